@@ -1,0 +1,57 @@
+"""Benchmark tools, `zhuzi bench offline | decode | serve`: they time the whole request path.
+
+offline: many requests through LLM.generate, against Hugging Face transformers.
+decode:  one stream's prefill and decode speed against the memory-bandwidth roofline.
+serve:   an OpenAI-API load generator for any compatible server.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.metadata
+import os
+import platform
+
+TOOLS = {
+    "offline": "throughput of many requests through LLM.generate, against transformers",
+    "decode": "single-stream prefill and decode speed, and the share of the bandwidth roofline",
+    "serve": "load-test an OpenAI-compatible server (TTFT, TPOT, ITL, end-to-end latency)",
+}
+
+
+def register(subparsers) -> None:
+    """Add `bench offline | decode | serve` to the zhuzi command line."""
+    bench = subparsers.add_parser("bench", help="run a benchmark", description=__doc__,
+                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    tools = bench.add_subparsers(dest="bench_tool", required=True, metavar="{offline,decode,serve}")
+    for name, summary in TOOLS.items():
+        # Each tool module imports its heavy dependencies (torch, transformers) only when it runs.
+        module = importlib.import_module(f"zhuzi.bench.{name}")
+        parser = tools.add_parser(name, help=summary, description=module.__doc__,
+                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        module.add_arguments(parser)
+        parser.set_defaults(func=module.run)
+
+
+def load_llm(args: argparse.Namespace):
+    """An LLM built from the engine options that zhuzi.cli.add_engine_arguments defined."""
+    from zhuzi import LLM
+    from zhuzi.cli import engine_config
+
+    return LLM(**vars(engine_config(args)))
+
+
+def machine_line() -> str:
+    """CPU model, core count and torch version: the context every figure needs."""
+    return f"{cpu_model()}, {os.cpu_count()} cores, torch {importlib.metadata.version('torch')}"
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

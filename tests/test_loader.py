@@ -1,0 +1,381 @@
+"""Checkpoint loading: HF safetensors directories and GGUF files -> ModelConfig + HF-named tensors."""
+import copy
+import json
+import os
+import time
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+import transformers
+from safetensors.torch import load_file, save_file
+
+from zhuzi.model.loader import CheckpointError, load_checkpoint, load_model_config
+
+MODEL_CLASSES = {"llama": transformers.LlamaForCausalLM, "qwen2": transformers.Qwen2ForCausalLM,
+                 "qwen3": transformers.Qwen3ForCausalLM}
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8192}
+DOWN_PROJ = "model.layers.0.mlp.down_proj.weight"  # (64, 256): one 256-wide block per row, fits K-quants
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cache_dir(tmp_path_factory):
+    """Keep the converted-GGUF cache of these tests out of the user's home."""
+    with pytest.MonkeyPatch.context() as patch:
+        directory = tmp_path_factory.mktemp("zhuzi-cache")
+        patch.setenv("ZHUZI_CACHE", str(directory))
+        yield directory
+
+
+def tiny_model(arch: str, **overrides) -> transformers.PreTrainedModel:
+    cls = MODEL_CLASSES[arch]
+    config = cls.config_class(hidden_size=64, num_hidden_layers=2, vocab_size=1000, num_attention_heads=4,
+                              num_key_value_heads=2, intermediate_size=256, bos_token_id=1, eos_token_id=2,
+                              max_position_embeddings=16384, **copy.deepcopy(overrides))  # HF edits dicts in place
+    torch.manual_seed(0)
+    model = cls(config).eval()
+    with torch.no_grad():  # HF initialises norms to ones; random values expose any mix-up of names
+        for parameter in model.parameters():
+            parameter.normal_(0, 0.02)
+    return model
+
+
+def reference_tensors(model: transformers.PreTrainedModel) -> dict[str, torch.Tensor]:
+    tensors = dict(model.state_dict())
+    if model.config.tie_word_embeddings:
+        del tensors["lm_head.weight"]
+    return tensors
+
+
+def assert_same_tensors(loaded: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
+    assert sorted(loaded) == sorted(expected)
+    for name, tensor in expected.items():
+        assert loaded[name].shape == tensor.shape, name
+        assert torch.equal(loaded[name], tensor.to(loaded[name].dtype)), name
+
+
+def llama_cpp_permute(weight: np.ndarray, heads: int) -> np.ndarray:
+    """What llama.cpp's converter does to Q/K rows (pairs for its RoPE); the loader must undo it."""
+    return weight.reshape(heads, 2, -1, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+
+
+def write_gguf(path: Path, model, arch: str, raw: dict[str, tuple[np.ndarray, gguf.GGMLQuantizationType]] = {},
+               drop: tuple[str, ...] = ()) -> Path:
+    """A GGUF file holding `model` the way llama.cpp writes it: its names, its permutation, its metadata.
+    `raw` replaces a tensor's data by pre-quantized bytes."""
+    cfg = model.config
+    writer = gguf.GGUFWriter(path, arch)
+    for key, value in {"block_count": cfg.num_hidden_layers, "context_length": cfg.max_position_embeddings,
+                       "embedding_length": cfg.hidden_size, "feed_forward_length": cfg.intermediate_size,
+                       "attention.head_count": cfg.num_attention_heads,
+                       "attention.head_count_kv": cfg.num_key_value_heads}.items():
+        writer.add_uint32(f"{arch}.{key}", value)
+    writer.add_float32(f"{arch}.rope.freq_base", 50000.0)
+    writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)
+    if arch == "qwen3":
+        writer.add_key_length(cfg.head_dim)
+    writer.add_token_list([f"t{i}" for i in range(cfg.vocab_size)])  # no vocab_size key: from the list
+    writer.add_uint32("tokenizer.ggml.bos_token_id", 1)
+    writer.add_eos_token_id(2)
+    writer.add_uint32("tokenizer.ggml.eot_token_id", 7)
+    arch_id = next(key for key, name in gguf.MODEL_ARCH_NAMES.items() if name == arch)
+    names = gguf.get_tensor_name_map(arch_id, cfg.num_hidden_layers)
+    heads = {"q_proj": cfg.num_attention_heads, "k_proj": cfg.num_key_value_heads}
+    for hf_name, tensor in reference_tensors(model).items():
+        name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        array = tensor.numpy()
+        if arch == "llama" and hf_name.split(".")[-2] in heads:
+            array = llama_cpp_permute(array, heads[hf_name.split(".")[-2]])
+        if hf_name in raw:
+            data, qtype = raw[hf_name]
+            writer.add_tensor(name, np.ascontiguousarray(data).view(np.uint8), raw_dtype=qtype)
+        elif name not in drop:
+            writer.add_tensor(name, np.ascontiguousarray(array))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def error_message(path: Path) -> str:
+    with pytest.raises(CheckpointError) as info:
+        load_checkpoint(path, torch.float32)
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+# ---------------------------------------------------------------- Hugging Face directories
+
+HF_CASES = {
+    "llama": ({"rope_scaling": LLAMA3_ROPE, "rope_theta": 500000.0},
+              {"head_dim": 16, "attention_bias": False, "qk_norm": False, "rope_theta": 500000.0}),
+    "qwen2": ({}, {"head_dim": 16, "attention_bias": True, "qk_norm": False, "rope_scaling": None}),
+    "qwen3": ({"head_dim": 32}, {"head_dim": 32, "attention_bias": False, "qk_norm": True}),
+}
+
+
+@pytest.mark.parametrize("arch", HF_CASES)
+def test_hf_directory_gives_transformers_tensors_and_config(tmp_path, arch):
+    overrides, expected_config = HF_CASES[arch]
+    model = tiny_model(arch, **overrides)
+    model.generation_config.eos_token_id = [2, 7]
+    model.save_pretrained(tmp_path)
+
+    checkpoint = load_checkpoint(tmp_path, torch.float32)
+
+    assert_same_tensors(checkpoint.tensors, reference_tensors(model))
+    config = checkpoint.config
+    assert (config.architecture, config.vocab_size, config.hidden_size, config.num_layers) == (arch, 1000, 64, 2)
+    assert (config.num_heads, config.num_kv_heads, config.intermediate_size) == (4, 2, 256)
+    assert {key: getattr(config, key) for key in expected_config} == expected_config
+    assert config.eos_token_ids == [2, 7] and config.bos_token_id == 1
+    assert checkpoint.path == tmp_path.resolve()
+    assert load_model_config(tmp_path) == config
+
+
+def test_llama3_rope_scaling_is_passed_through(tmp_path):
+    tiny_model("llama", rope_scaling=LLAMA3_ROPE, rope_theta=500000.0).save_pretrained(tmp_path)
+    assert load_model_config(tmp_path).rope_scaling == LLAMA3_ROPE
+
+
+def test_tied_embeddings_have_no_lm_head(tmp_path):
+    model = tiny_model("llama", tie_word_embeddings=True)
+    model.save_pretrained(tmp_path)
+    checkpoint = load_checkpoint(tmp_path, torch.float32)
+    assert checkpoint.config.tie_word_embeddings
+    assert_same_tensors(checkpoint.tensors, reference_tensors(model))
+
+
+def test_sharded_checkpoint_loads_every_shard(tmp_path):
+    model = tiny_model("qwen2")
+    model.save_pretrained(tmp_path, max_shard_size="100KB")
+    assert (tmp_path / "model.safetensors.index.json").is_file()
+    assert len(list(tmp_path.glob("*.safetensors"))) > 2
+    assert_same_tensors(load_checkpoint(tmp_path, torch.float32).tensors, reference_tensors(model))
+
+
+def test_default_dtype_is_bfloat16(tmp_path):
+    model = tiny_model("llama")
+    model.save_pretrained(tmp_path)
+    tensors = load_checkpoint(tmp_path).tensors
+    assert {t.dtype for t in tensors.values()} == {torch.bfloat16}
+    assert_same_tensors(tensors, reference_tensors(model))
+
+
+def test_config_needs_no_tensor_data(tmp_path):
+    tiny_model("qwen3", head_dim=32).save_pretrained(tmp_path)
+    (tmp_path / "model.safetensors").unlink()
+    assert load_model_config(tmp_path).head_dim == 32
+
+
+# ---------------------------------------------------------------- GGUF files
+
+@pytest.mark.parametrize("arch,tied", [("llama", True), ("qwen2", False), ("qwen3", False)])
+def test_gguf_gives_hf_names_unpermuted_tensors_and_config(tmp_path, arch, tied):
+    model = tiny_model(arch, tie_word_embeddings=tied, **HF_CASES[arch][0])
+    path = write_gguf(tmp_path / "tiny.gguf", model, arch)
+
+    checkpoint = load_checkpoint(path, torch.float32)
+
+    assert_same_tensors(checkpoint.tensors, reference_tensors(model))
+    config = checkpoint.config
+    assert (config.architecture, config.vocab_size, config.num_layers, config.tie_word_embeddings) == (arch, 1000, 2, tied)
+    assert (config.head_dim, config.attention_bias, config.qk_norm) == (
+        HF_CASES[arch][1]["head_dim"], arch == "qwen2", arch == "qwen3")
+    assert (config.rope_theta, config.max_position_embeddings) == (50000.0, 16384)
+    assert config.eos_token_ids == [2, 7] and config.bos_token_id == 1
+    assert load_model_config(path) == config
+
+
+ROUND_TRIP_TOLERANCE = {  # max |error| relative to the largest weight
+    "F32": 0.0, "F16": 1e-3, "BF16": 1e-2, "Q8_0": 1e-2,
+    "Q5_0": 0.05, "Q5_1": 0.05, "Q4_0": 0.1, "Q4_1": 0.1,
+}
+
+
+@pytest.mark.parametrize("type_name", ROUND_TRIP_TOLERANCE)
+def test_gguf_quant_types_round_trip(tmp_path, type_name):
+    qtype = gguf.GGMLQuantizationType[type_name]
+    model = tiny_model("llama")
+    weight = model.state_dict()[DOWN_PROJ].numpy()
+    quantized = gguf.quants.quantize(weight, qtype)
+    path = write_gguf(tmp_path / "q.gguf", model, "llama", raw={DOWN_PROJ: (quantized, qtype)})
+
+    loaded = load_checkpoint(path, torch.float32).tensors[DOWN_PROJ].numpy()
+
+    assert np.array_equal(loaded, gguf.quants.dequantize(quantized.view(np.uint8), qtype))
+    assert np.abs(loaded - weight).max() <= ROUND_TRIP_TOLERANCE[type_name] * np.abs(weight).max()
+
+
+def k_quant_rows(type_name: str, rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """Hand-built K-quant super-blocks (256 weights each, one per row; the gguf package cannot
+    quantize these types) and the values llama.cpp's block layout says they hold. Every quant byte
+    is 0x21, so the two nibbles (1 and 2) and every sub-block scale show up in distinct places."""
+    blocks, expected = [], []
+    sub = np.arange(8)
+    # 6-bit scales and mins of 8 sub-blocks packed into 12 bytes: scale j = j+1, min j = 8-j.
+    packed = np.array([1, 2, 3, 4, 8, 7, 6, 5, 5 | 4 << 4, 6 | 3 << 4, 7 | 2 << 4, 8 | 1 << 4], np.uint8)
+    for row in range(rows):
+        d, dmin = np.float16((row + 1) / 64), np.float16(0.25)
+        if type_name == "Q6_K":  # ql[128] qh[64] scales[16] d; value = d * scale[i // 16] * (q - 32)
+            scales = np.arange(1, 17, dtype=np.int8)
+            blocks.append(np.concatenate([np.full(128, 0x21, np.uint8), np.zeros(64, np.uint8),
+                                          scales.view(np.uint8), np.array([d]).view(np.uint8)]))
+            q = np.where(np.arange(256) % 128 < 64, 1, 2)
+            expected.append(np.float32(d) * np.repeat(scales, 16) * (q - 32))
+            continue
+        high = [np.full(32, 0xFF, np.uint8)] if type_name == "Q5_K" else []  # Q5_K: qh adds 16 to every q
+        blocks.append(np.concatenate([np.array([d, dmin]).view(np.uint8), packed, *high, np.full(128, 0x21, np.uint8)]))
+        q = np.where(sub % 2 == 0, 1, 2) + (16 if high else 0)
+        expected.append(np.repeat(np.float32(d) * (sub + 1) * q - np.float32(dmin) * (8 - sub), 32))
+    return np.stack(blocks), np.stack(expected).astype(np.float32)
+
+
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q5_K", "Q6_K"])
+def test_gguf_k_quants_dequantize_to_their_encoded_values(tmp_path, type_name):
+    qtype = gguf.GGMLQuantizationType[type_name]
+    raw, expected = k_quant_rows(type_name, rows=64)
+    assert raw.shape[1] == gguf.GGML_QUANT_SIZES[qtype][1]
+    path = write_gguf(tmp_path / "k.gguf", tiny_model("llama"), "llama", raw={DOWN_PROJ: (raw, qtype)})
+
+    loaded = load_checkpoint(path, torch.float32).tensors[DOWN_PROJ].numpy()
+
+    np.testing.assert_allclose(loaded, expected, rtol=1e-6)
+
+
+def test_gguf_conversion_is_cached_and_invalidated_by_a_new_file(tmp_path, cache_dir):
+    model = tiny_model("qwen2")
+    path = write_gguf(tmp_path / "cached.gguf", model, "qwen2")
+    written_at = path.stat().st_mtime_ns
+    before = set(cache_dir.rglob("*"))
+    first = load_checkpoint(path, torch.float32)
+    written = set(cache_dir.rglob("cached-*.safetensors")) - before
+    assert len(written) == 1 and not list(cache_dir.rglob("*.tmp"))
+
+    cache = written.pop()
+    assert load_file(cache).keys() == first.tensors.keys()
+    second = load_checkpoint(path, torch.float32)
+    assert second.config == first.config
+    assert_same_tensors(second.tensors, first.tensors)
+
+    os.utime(path, ns=(time.time_ns(), time.time_ns() + 10**9))
+    load_checkpoint(path, torch.float32)
+    assert len(list(cache_dir.rglob("cached-*.safetensors"))) == 2
+
+    cache.write_bytes(b"garbage")  # a damaged cache is converted again, never trusted
+    os.utime(path, ns=(written_at, written_at))
+    assert_same_tensors(load_checkpoint(path, torch.float32).tensors, reference_tensors(model))
+
+
+# ---------------------------------------------------------------- the embedded SmolLM2
+
+@pytest.fixture(scope="module")
+def smollm2(smollm2_path):
+    started = time.perf_counter()
+    checkpoint = load_checkpoint(smollm2_path, torch.float32)
+    print(f"SmolLM2 cold load: {time.perf_counter() - started:.2f} s")
+    return checkpoint
+
+
+def test_smollm2_config(smollm2, smollm2_path):
+    config = smollm2.config
+    assert config.architecture == "llama" and smollm2.path == smollm2_path
+    assert (config.num_layers, config.hidden_size, config.intermediate_size) == (30, 576, 1536)
+    assert (config.num_heads, config.num_kv_heads, config.head_dim) == (9, 3, 64)
+    assert (config.vocab_size, config.tie_word_embeddings, config.rope_theta) == (49152, True, 100000.0)
+    assert 2 in config.eos_token_ids and config.max_position_embeddings == 8192
+    assert load_model_config(smollm2_path) == config
+
+
+def test_smollm2_tensors_equal_transformers_gguf_load(smollm2, hf_smollm2):
+    """transformers dequantizes and un-permutes the same file; our q_proj/k_proj must match exactly."""
+    assert_same_tensors(smollm2.tensors, reference_tensors(hf_smollm2))
+
+
+def test_smollm2_second_load_is_fast(smollm2, smollm2_path):
+    started = time.perf_counter()
+    again = load_checkpoint(smollm2_path, torch.float32)
+    assert time.perf_counter() - started < 1.0
+    name = "model.layers.7.self_attn.q_proj.weight"
+    assert torch.equal(again.tensors[name], smollm2.tensors[name])
+
+
+# ---------------------------------------------------------------- errors
+
+def test_error_missing_path(tmp_path):
+    assert "no such file" in error_message(tmp_path / "nowhere")
+
+
+def test_error_directory_without_config(tmp_path):
+    assert "no config.json" in error_message(tmp_path) and str(tmp_path) in error_message(tmp_path)
+
+
+def test_error_config_not_json(tmp_path):
+    (tmp_path / "config.json").write_text("{'architectures': ")
+    message = error_message(tmp_path)
+    assert "not valid JSON" in message and str(tmp_path / "config.json") in message
+
+
+def test_error_no_safetensors(tmp_path):
+    tiny_model("llama").config.save_pretrained(tmp_path)
+    message = error_message(tmp_path)
+    assert "no *.safetensors" in message and str(tmp_path) in message
+
+
+def test_error_unknown_architecture(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}))
+    message = error_message(tmp_path)
+    assert "GPT2LMHeadModel" in message and "Qwen3ForCausalLM" in message and "config.json" in message
+
+
+def test_error_truncated_safetensors(tmp_path):
+    tiny_model("llama").save_pretrained(tmp_path)
+    file = tmp_path / "model.safetensors"
+    file.write_bytes(file.read_bytes()[: file.stat().st_size // 2])
+    message = error_message(tmp_path)
+    assert "truncated" in message and str(file) in message
+
+
+def test_error_missing_tensor_in_safetensors(tmp_path):
+    tiny_model("llama").save_pretrained(tmp_path)
+    file = tmp_path / "model.safetensors"
+    tensors = load_file(file)
+    del tensors["model.layers.1.mlp.up_proj.weight"]
+    save_file(tensors, file)
+    assert "missing tensor model.layers.1.mlp.up_proj.weight" in error_message(tmp_path)
+
+
+def test_error_gguf_bad_magic(tmp_path):
+    path = tmp_path / "model.gguf"
+    path.write_bytes(b"GGML" + bytes(1000))
+    message = error_message(path)
+    assert "not a GGUF file" in message and str(path) in message
+
+
+@pytest.mark.parametrize("keep", [0.5, 0.01])  # tensor data cut off; header cut off
+def test_error_truncated_gguf(tmp_path, keep):
+    path = write_gguf(tmp_path / "model.gguf", tiny_model("llama"), "llama")
+    path.write_bytes(path.read_bytes()[: int(path.stat().st_size * keep)])
+    message = error_message(path)
+    assert "truncated" in message and str(path) in message
+
+
+def test_error_gguf_unknown_architecture(tmp_path):
+    path = tmp_path / "model.gguf"
+    writer = gguf.GGUFWriter(path, "gpt2")
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    message = error_message(path)
+    assert "unknown architecture gpt2" in message and "qwen3" in message
+
+
+def test_error_missing_tensor_in_gguf(tmp_path):
+    path = write_gguf(tmp_path / "model.gguf", tiny_model("qwen3", head_dim=32), "qwen3", drop=("blk.1.ffn_up.weight",))
+    assert "missing tensor model.layers.1.mlp.up_proj.weight" in error_message(path)

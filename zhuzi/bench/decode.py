@@ -1,0 +1,132 @@
+"""`zhuzi bench decode`: one stream's prefill and decode speed, against the memory-bandwidth roofline.
+
+A decode step at batch 1 reads every weight once, so its speed is capped by
+memory bandwidth: roofline tokens/s = bandwidth / weight bytes read per step.
+The bandwidth is measured in the same process, with the same threads, as the
+best of several read-only sums over a buffer much larger than the caches.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass
+
+from zhuzi.bench import load_llm, machine_line
+from zhuzi.bench.datasets import random_token_requests
+from zhuzi.cli import add_engine_arguments
+
+BANDWIDTH_BUFFER_BYTES = 1 << 30
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_engine_arguments(parser)
+    parser.add_argument("--prompt-len", type=int, default=128, help="prompt tokens (try 512 for prefill)")
+    parser.add_argument("--max-tokens", type=int, default=256, help="tokens to generate")
+    parser.add_argument("--runs", type=int, default=3, help="measured runs; each figure is the best run's")
+    parser.add_argument("--bandwidth-repeats", type=int, default=5, help="reads of the buffer; the fastest counts")
+    parser.add_argument("--seed", type=int, default=0, help="seeds the random prompt")
+    parser.add_argument("--json-out", default=None, help="also write the report to this JSON file")
+
+
+@dataclass
+class DecodeReport:
+    machine: str
+    model: str
+    dtype: str
+    quantization: str | None
+    threads: int
+    prompt_tokens: int
+    output_tokens: int
+    prefill_s: float
+    decode_step_s: float  # mean seconds per decode step in the best run
+    bandwidth_bytes_per_s: float
+    weight_bytes_per_step: int
+
+    @property
+    def prefill_tokens_per_s(self) -> float:
+        return self.prompt_tokens / self.prefill_s
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        return 1.0 / self.decode_step_s
+
+    @property
+    def roofline_tokens_per_s(self) -> float:
+        return self.bandwidth_bytes_per_s / self.weight_bytes_per_step
+
+    @property
+    def roofline_fraction(self) -> float:
+        return self.decode_tokens_per_s / self.roofline_tokens_per_s
+
+    def to_dict(self) -> dict:
+        return asdict(self) | {name: getattr(self, name) for name in (
+            "prefill_tokens_per_s", "decode_tokens_per_s", "roofline_tokens_per_s", "roofline_fraction")}
+
+
+def measure_bandwidth(repeats: int, nbytes: int = BANDWIDTH_BUFFER_BYTES) -> float:
+    """Bytes/s of the fastest of `repeats` full reads (torch.sum) of an fp32 buffer."""
+    import torch
+
+    buffer = torch.ones(nbytes // 4, dtype=torch.float32)  # ones, not empty: touch every page first
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        buffer.sum()
+        best = min(best, time.perf_counter() - start)
+    return nbytes / best
+
+
+def decode_step_seconds(metrics, output_tokens: int) -> float:
+    """Mean seconds per decode step: the engine's per-step times, else the span after the first token."""
+    if metrics.decode_step_times:
+        return statistics.fmean(metrics.decode_step_times)
+    return (metrics.finished_time - metrics.first_token_time) / max(1, output_tokens - 1)
+
+
+def run(args: argparse.Namespace) -> DecodeReport:
+    import torch
+
+    from zhuzi import SamplingParams
+
+    llm = load_llm(args)
+    request = random_token_requests(llm.tokenizer.hf, 1, (args.prompt_len, args.prompt_len),
+                                    (args.max_tokens, args.max_tokens), args.seed,
+                                    llm.model_config.vocab_size)[0]
+    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
+    llm.generate([request.prompt_token_ids], params, use_tqdm=False)  # warm-up: first-call costs
+    prefill_s, step_s = float("inf"), float("inf")
+    for _ in range(args.runs):
+        output = llm.generate([request.prompt_token_ids], params, use_tqdm=False)[0]
+        prefill_s = min(prefill_s, output.metrics.prefill_time)
+        step_s = min(step_s, decode_step_seconds(output.metrics, len(output.outputs[0].token_ids)))
+    report = DecodeReport(
+        machine=machine_line(), model=args.model or "SmolLM2-135M-Instruct (embedded GGUF)",
+        dtype=args.dtype, quantization=args.quantization, threads=torch.get_num_threads(),
+        prompt_tokens=len(request.prompt_token_ids), output_tokens=len(output.outputs[0].token_ids),
+        prefill_s=prefill_s, decode_step_s=step_s,
+        bandwidth_bytes_per_s=measure_bandwidth(args.bandwidth_repeats),
+        weight_bytes_per_step=llm.weight_bytes_per_decode_step)
+    print(format_report(report, args))
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump(report.to_dict(), f, indent=2)
+    return report
+
+
+def format_report(r: DecodeReport, args: argparse.Namespace) -> str:
+    return "\n".join([
+        "=============== zhuzi bench decode ===============",
+        f"machine:    {r.machine}",
+        f"model:      {r.model}, {r.dtype}, quantization {r.quantization or 'none'}, {r.threads} threads",
+        f"request:    one stream, {r.prompt_tokens}-token prompt, {r.output_tokens} new tokens, greedy, "
+        f"ignore_eos; best of {args.runs} runs after a warm-up",
+        f"prefill:    {r.prefill_tokens_per_s:10.1f} tokens/s  ({r.prompt_tokens} tokens in {r.prefill_s * 1e3:.1f} ms)",
+        f"decode:     {r.decode_tokens_per_s:10.1f} tokens/s  ({r.decode_step_s * 1e3:.2f} ms a token)",
+        f"bandwidth:  {r.bandwidth_bytes_per_s / 1e9:10.1f} GB/s    (read-only sum over "
+        f"{BANDWIDTH_BUFFER_BYTES >> 20} MiB fp32, best of {args.bandwidth_repeats})",
+        f"weights:    {r.weight_bytes_per_step / 1e6:10.1f} MB a decode step",
+        f"roofline:   {r.roofline_tokens_per_s:10.1f} tokens/s  -> decode at "
+        f"{100 * r.roofline_fraction:.1f} % of roofline",
+    ])

@@ -1,0 +1,200 @@
+"""`zhuzi bench offline`: many requests through LLM.generate, then the same ones through transformers.
+
+The workload is nano-vllm's, scaled to a small CPU: random-token prompts and
+outputs of random lengths, ignore_eos so every request generates exactly what
+it asked for. Both engines get the same prompt token ids, dtype and sampling,
+and one short warm-up request each before the clock starts (first-call costs
+such as allocations are start-up, not throughput).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from dataclasses import asdict, dataclass
+
+from zhuzi.bench import load_llm, machine_line
+from zhuzi.bench.datasets import TokenRequest, hf_source, random_token_requests
+from zhuzi.cli import add_engine_arguments
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_engine_arguments(parser)
+    parser.add_argument("--num-prompts", type=int, default=64)
+    parser.add_argument("--min-input", type=int, default=64, help="shortest prompt, tokens")
+    parser.add_argument("--max-input", type=int, default=512, help="longest prompt, tokens")
+    parser.add_argument("--min-output", type=int, default=64, help="fewest output tokens")
+    parser.add_argument("--max-output", type=int, default=512, help="most output tokens")
+    parser.add_argument("--temperature", type=float, default=0.6)
+    parser.add_argument("--seed", type=int, default=0, help="seeds the workload (and transformers' sampling)")
+    parser.add_argument("--no-transformers", action="store_true", help="skip the transformers run")
+    parser.add_argument("--hf-batch-size", type=int, default=16)
+    parser.add_argument("--hf-num-prompts", type=int, default=None,
+                        help="run transformers on the first N requests only, rounded up to whole "
+                             "batches (default: all)")
+    parser.add_argument("--json-out", default=None, help="also write the report to this JSON file")
+
+
+@dataclass
+class EngineRun:
+    """One engine's pass over (part of) the workload; load time is kept out of the rate."""
+
+    engine: str
+    num_requests: int
+    output_tokens: int
+    wall_s: float
+    load_s: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.output_tokens / self.wall_s
+
+
+@dataclass
+class OfflineReport:
+    machine: str
+    model: str
+    dtype: str
+    quantization: str | None
+    num_prompts: int
+    input_tokens: int
+    requested_output_tokens: int
+    zhuzi: EngineRun
+    transformers: EngineRun | None
+    comparison: str  # what the ratio compares, in words
+
+    @property
+    def ratio(self) -> float | None:
+        return self.zhuzi.tokens_per_s / self.transformers.tokens_per_s if self.transformers else None
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["zhuzi"]["tokens_per_s"] = self.zhuzi.tokens_per_s
+        if self.transformers:
+            data["transformers"]["tokens_per_s"] = self.transformers.tokens_per_s
+        data["ratio"] = self.ratio
+        return data
+
+
+def run_zhuzi(args: argparse.Namespace) -> tuple[EngineRun, list[TokenRequest]]:
+    from zhuzi import SamplingParams
+
+    start = time.perf_counter()
+    llm = load_llm(args)
+    load_s = time.perf_counter() - start
+    requests = make_workload(args, llm.tokenizer.hf, llm.model_config.vocab_size)
+    llm.generate([requests[0].prompt_token_ids[:8]], SamplingParams(max_tokens=4), use_tqdm=False)
+    params = [SamplingParams(temperature=args.temperature, max_tokens=r.max_tokens, ignore_eos=True)
+              for r in requests]
+    start = time.perf_counter()
+    outputs = llm.generate([r.prompt_token_ids for r in requests], params, use_tqdm=True)
+    wall_s = time.perf_counter() - start
+    tokens = sum(len(out.outputs[0].token_ids) for out in outputs)
+    return EngineRun("zhuzi", len(requests), tokens, wall_s, load_s), requests
+
+
+def make_workload(args: argparse.Namespace, tokenizer, vocab_size: int) -> list[TokenRequest]:
+    return random_token_requests(tokenizer, args.num_prompts, (args.min_input, args.max_input),
+                                 (args.min_output, args.max_output), args.seed, vocab_size)
+
+
+def hf_subset_size(args: argparse.Namespace) -> int:
+    wanted = args.num_prompts if args.hf_num_prompts is None else args.hf_num_prompts
+    return min(args.num_prompts, math.ceil(wanted / args.hf_batch_size) * args.hf_batch_size)
+
+
+def run_transformers(args: argparse.Namespace, requests: list[TokenRequest]) -> EngineRun:
+    """transformers' generate in left-padded batches, each running to its longest requested output."""
+    import torch
+    from tqdm import tqdm
+    from transformers import AutoModelForCausalLM, GgufConfig
+
+    from zhuzi.config import parse_dtype
+
+    start = time.perf_counter()
+    directory, gguf_file = hf_source(args.model)
+    # Dense weights, as transformers users run it: its packed-GGUF path unpacks every weight on
+    # every forward pass without a hub kernel, which would make the baseline a strawman.
+    quantization = GgufConfig(dequantize=True) if gguf_file else None
+    model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=gguf_file, dtype=parse_dtype(args.dtype),
+                                                 quantization_config=quantization)
+    model.eval()
+    load_s = time.perf_counter() - start
+    pad_id = model.generation_config.pad_token_id or model.generation_config.eos_token_id or 0
+    pad_id = pad_id[0] if isinstance(pad_id, list) else pad_id
+    generate_batch(model, [TokenRequest(requests[0].prompt_token_ids[:8], 4)], pad_id, args.temperature)
+    torch.manual_seed(args.seed)
+    batches = [requests[i:i + args.hf_batch_size] for i in range(0, len(requests), args.hf_batch_size)]
+    counted = sum(r.max_tokens for r in requests)
+    start = time.perf_counter()
+    with tqdm(total=counted, desc="transformers", unit="tok") as bar:
+        for batch in batches:
+            generate_batch(model, batch, pad_id, args.temperature)
+            bar.update(sum(r.max_tokens for r in batch))
+    wall_s = time.perf_counter() - start
+    return EngineRun("transformers", len(requests), counted, wall_s, load_s)
+
+
+def generate_batch(model, batch: list[TokenRequest], pad_id: int, temperature: float) -> None:
+    import torch
+
+    width = max(len(r.prompt_token_ids) for r in batch)
+    input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
+    for row, request in enumerate(batch):
+        input_ids[row, width - len(request.prompt_token_ids):] = torch.tensor(request.prompt_token_ids)
+        attention_mask[row, width - len(request.prompt_token_ids):] = 1
+    longest = max(r.max_tokens for r in batch)
+    # min_new_tokens = max_new_tokens: EOS cannot end the batch early (ignore_eos).
+    model.generate(input_ids=input_ids, attention_mask=attention_mask, do_sample=True,
+                   temperature=temperature, top_k=0, top_p=1.0, max_new_tokens=longest,
+                   min_new_tokens=longest, pad_token_id=pad_id)
+
+
+def comparison_note(num_prompts: int, hf_run: EngineRun | None, batch_size: int) -> str:
+    if hf_run is None:
+        return "transformers not run"
+    batches = math.ceil(hf_run.num_requests / batch_size)
+    if hf_run.num_requests == num_prompts:
+        return f"both engines ran all {num_prompts} requests ({batches} transformers batches of {batch_size})"
+    return (f"transformers ran the first {hf_run.num_requests} of {num_prompts} requests "
+            f"({batches} whole batches of {batch_size}); its batches run one after another on the same "
+            f"length distribution, so its tokens/s over whole batches estimates the full run's, "
+            f"and the ratio compares that with zhuzi over all {num_prompts}")
+
+
+def run(args: argparse.Namespace) -> OfflineReport:
+    zhuzi_run, requests = run_zhuzi(args)
+    hf_run = None if args.no_transformers else run_transformers(args, requests[:hf_subset_size(args)])
+    report = OfflineReport(
+        machine=machine_line(), model=args.model or "SmolLM2-135M-Instruct (embedded GGUF)",
+        dtype=args.dtype, quantization=args.quantization, num_prompts=len(requests),
+        input_tokens=sum(len(r.prompt_token_ids) for r in requests),
+        requested_output_tokens=sum(r.max_tokens for r in requests),
+        zhuzi=zhuzi_run, transformers=hf_run,
+        comparison=comparison_note(len(requests), hf_run, args.hf_batch_size))
+    print(format_report(report, args))
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump(report.to_dict(), f, indent=2)
+    return report
+
+
+def format_report(report: OfflineReport, args: argparse.Namespace) -> str:
+    lines = [
+        "=============== zhuzi bench offline ===============",
+        f"machine:  {report.machine}",
+        f"model:    {report.model}, {report.dtype}, quantization {report.quantization or 'none'}",
+        f"workload: {report.num_prompts} requests, prompts U[{args.min_input}, {args.max_input}] "
+        f"({report.input_tokens} tokens), outputs U[{args.min_output}, {args.max_output}] "
+        f"({report.requested_output_tokens} tokens), ignore_eos, temperature {args.temperature}, seed {args.seed}",
+    ]
+    for run_ in (report.zhuzi, report.transformers):
+        if run_:
+            lines.append(f"{run_.engine:<13} {run_.num_requests:>4} requests  {run_.output_tokens:>7} output tokens  "
+                         f"{run_.wall_s:8.2f} s  {run_.tokens_per_s:9.1f} output tokens/s  (load {run_.load_s:.1f} s)")
+    if report.ratio is not None:
+        lines.append(f"zhuzi / transformers: {report.ratio:.2f}x output tokens/s")
+    lines.append(f"compared:  {report.comparison}")
+    return "\n".join(lines)

@@ -1,0 +1,109 @@
+"""asyncio bridge for the server: the step loop runs in a thread; each request gets its own stream."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from zhuzi.config import EngineConfig
+from zhuzi.engine.engine import Engine
+from zhuzi.outputs import EngineStats, RequestOutput
+from zhuzi.sampling_params import SamplingParams
+
+log = logging.getLogger("zhuzi")
+
+
+@dataclass
+class _Stream:
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue  # RequestOutput deltas, or an Exception
+
+
+class AsyncEngine:
+    """Runs the model off the event loop so the server answers while a forward pass runs."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.config = engine.config
+        self.tokenizer = engine.tokenizer
+        self.max_model_len = engine.max_model_len
+        self.model_name = engine.model_path.stem.split(".")[0] if engine.model_path.is_file() else engine.model_path.name
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()  # only the loop thread touches the engine
+        self._streams: dict[str, _Stream] = {}
+        self._wake = threading.Event()
+        self._stats = engine.stats()
+        threading.Thread(target=self._loop, name="zhuzi-engine", daemon=True).start()
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> AsyncEngine:
+        return cls(Engine(config))
+
+    def stats(self) -> EngineStats:
+        return self._stats
+
+    async def generate(self, prompt: str | list[int], params: SamplingParams,
+                       request_id: str) -> AsyncIterator[RequestOutput]:
+        """Yields deltas until the request finishes; closing the iterator aborts the request."""
+        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
+        self._streams[request_id] = stream
+        self._send(("add", request_id, prompt, params, time.monotonic()))
+        finished = False
+        try:
+            while not finished:
+                item = await stream.queue.get()
+                if isinstance(item, Exception):
+                    finished = True
+                    raise item
+                finished = item.finished
+                yield item
+        finally:
+            self._streams.pop(request_id, None)
+            if not finished:
+                self.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        self._send(("abort", request_id))
+
+    def _send(self, command: tuple) -> None:
+        self._commands.put(command)
+        self._wake.set()
+
+    def _deliver(self, request_id: str, item: RequestOutput | Exception) -> None:
+        stream = self._streams.get(request_id)
+        if stream is not None:
+            stream.loop.call_soon_threadsafe(stream.queue.put_nowait, item)
+
+    def _apply_commands(self) -> None:
+        while not self._commands.empty():
+            kind, request_id, *rest = self._commands.get()
+            if kind == "abort":
+                self.engine.abort(request_id)
+                continue
+            try:
+                self.engine.add_request(request_id, *rest)
+            except Exception as e:  # refused at admission: only this request hears of it
+                self._deliver(request_id, e)
+
+    def _loop(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            self._apply_commands()
+            while self.engine.has_unfinished():
+                try:
+                    outputs = self.engine.step()
+                except Exception as e:  # a bug must not hang every client: fail the in-flight requests
+                    log.exception("engine step failed")
+                    for request_id in list(self.engine.requests):
+                        self.engine.abort(request_id)
+                        self._deliver(request_id, RuntimeError(f"engine error: {e}"))
+                    outputs = []
+                for out in outputs:
+                    self._deliver(out.request_id, out)
+                self._stats = self.engine.stats()
+                self._apply_commands()
+            self._stats = self.engine.stats()

@@ -1,0 +1,115 @@
+"""Paged KV blocks: allocation, reference counts, and the prefix cache (hash chain + LRU)."""
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from zhuzi.engine.sequence import Sequence
+
+
+def block_hash(parent: bytes | None, tokens: list[int]) -> bytes:
+    """A full block is known by its tokens and everything before it (the parent's hash)."""
+    h = hashlib.blake2b(parent or b"", digest_size=16)
+    h.update(b",".join(str(t).encode() for t in tokens))
+    return h.digest()
+
+
+@dataclass
+class Block:
+    block_id: int
+    ref_count: int = 0
+    hash: bytes | None = None  # set once the block is full and its K/V computed
+
+
+@dataclass
+class BlockManager:
+    num_blocks: int
+    block_size: int
+    enable_prefix_caching: bool = True
+    blocks: list[Block] = field(init=False)
+    free: OrderedDict[int, None] = field(init=False)  # LRU order: the first is evicted first
+    cached: dict[bytes, int] = field(init=False)  # hash -> block id
+    prefix_queries: int = 0  # prompt tokens looked up
+    prefix_hits: int = 0  # of those, found cached
+
+    def __post_init__(self) -> None:
+        self.blocks = [Block(i) for i in range(self.num_blocks)]
+        self.free = OrderedDict.fromkeys(range(self.num_blocks))
+        self.cached = {}
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free)
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def _take(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        if block.ref_count == 0:
+            del self.free[block_id]
+        block.ref_count += 1
+
+    def _take_free(self) -> int:
+        block_id, _ = self.free.popitem(last=False)
+        block = self.blocks[block_id]
+        if block.hash is not None:  # evict: its old contents are about to be overwritten
+            del self.cached[block.hash]
+            block.hash = None
+        block.ref_count = 1
+        return block_id
+
+    def _full_block_hashes(self, seq: Sequence, num_tokens: int) -> list[bytes]:
+        """Hashes of the full blocks among the first num_tokens tokens (memoised: tokens only grow)."""
+        hashes, size = seq.block_hashes, self.block_size
+        while len(hashes) < num_tokens // size:
+            start = len(hashes) * size
+            hashes.append(block_hash(hashes[-1] if hashes else None, seq.token_ids[start:start + size]))
+        return hashes[:num_tokens // size]
+
+    def reuse_cached_prefix(self, seq: Sequence) -> int:
+        """At admission: attach the longest cached prefix; returns how many tokens it covers.
+
+        The last token is always recomputed, since its logits are needed to sample."""
+        assert not seq.block_table
+        if not self.enable_prefix_caching:
+            return 0
+        self.prefix_queries += seq.num_tokens
+        for h in self._full_block_hashes(seq, seq.num_tokens - 1):
+            if h not in self.cached:
+                break
+            self._take(self.cached[h])
+            seq.block_table.append(self.cached[h])
+        hit = len(seq.block_table) * self.block_size
+        self.prefix_hits += hit
+        return hit
+
+    def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
+        """Make room for num_new_tokens more K/V entries; False (and no change) if the pool is short."""
+        need = self.blocks_needed(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
+        if need > self.num_free_blocks:
+            return False
+        seq.block_table.extend(self._take_free() for _ in range(need))
+        return True
+
+    def register_computed(self, seq: Sequence) -> None:
+        """After a step: publish every block that is now full and computed to the prefix cache."""
+        if not self.enable_prefix_caching:
+            return
+        hashes = self._full_block_hashes(seq, seq.num_computed_tokens)
+        for block_id, h in zip(seq.block_table, hashes):
+            block = self.blocks[block_id]
+            if block.hash is None and h not in self.cached:
+                block.hash = h
+                self.cached[h] = block_id
+
+    def free_sequence(self, seq: Sequence) -> None:
+        """Return a sequence's blocks; cached ones stay findable until the pool needs them."""
+        for block_id in reversed(seq.block_table):  # the tail is least likely to be shared: evict it first
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self.free[block_id] = None
+        seq.block_table = []
+        seq.num_computed_tokens = 0

@@ -1,0 +1,226 @@
+"""The step loop: schedule -> run the model -> sample -> detokenize -> stop checks -> outputs."""
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from zhuzi.config import EngineConfig
+from zhuzi.detokenizer import IncrementalDetokenizer
+from zhuzi.engine.block_manager import BlockManager
+from zhuzi.engine.scheduler import Scheduler
+from zhuzi.engine.sequence import Sequence
+from zhuzi.model.decoder import Decoder
+from zhuzi.model.loader import load_checkpoint
+from zhuzi.outputs import CompletionOutput, EngineStats, Logprob, RequestMetrics, RequestOutput
+from zhuzi.runner import ModelRunner, kv_pool_blocks
+from zhuzi.sampler import make_generator, prompt_logprobs
+from zhuzi.sampling_params import SamplingParams
+from zhuzi.tokenizer import Tokenizer
+
+log = logging.getLogger("zhuzi")
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    seqs: list[Sequence]
+    detokenizers: list[IncrementalDetokenizer]
+    metrics: RequestMetrics
+    prompt_logits: list[torch.Tensor] = field(default_factory=list)
+    prompt_logprobs: list | None = None
+    deltas: dict[int, CompletionOutput] = field(default_factory=dict)  # news since the last output
+
+    @property
+    def finished(self) -> bool:
+        return all(s.finished for s in self.seqs)
+
+
+class Engine:
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        torch.manual_seed(config.seed)
+        ckpt = load_checkpoint(config.model, config.torch_dtype)
+        self.model_config = ckpt.config
+        self.model_path = ckpt.path
+        self.tokenizer = Tokenizer.load(ckpt.path)
+        self.max_model_len = config.max_model_len or ckpt.config.max_position_embeddings
+        self.eos_ids = list(ckpt.config.eos_token_ids)
+        model = Decoder(ckpt.config, ckpt.tensors, config.device, config.quantization,
+                        max_positions=max(self.max_model_len, ckpt.config.max_position_embeddings))
+        num_blocks = kv_pool_blocks(ckpt.config, config.torch_dtype, config.kv_cache_bytes, config.block_size)
+        if num_blocks < 1:
+            raise ValueError(f"kv_cache_memory {config.kv_cache_memory} holds no KV block")
+        self.runner = ModelRunner(model, config, num_blocks, self.eos_ids)
+        self.blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens)
+        self.requests: dict[str, Request] = {}
+        self._seq_ids = itertools.count()
+        per_token = ckpt.config.kv_bytes_per_token(torch.finfo(config.torch_dtype).bits // 8)
+        log.info("model %s (%s, %s), KV %d bytes/token, %d blocks of %d = %d tokens", ckpt.path.name,
+                 ckpt.config.architecture, config.dtype, per_token, num_blocks, config.block_size,
+                 self.kv_capacity_tokens)
+
+    @property
+    def weight_bytes_per_decode_step(self) -> int:
+        return self.runner.model.weight_bytes_per_decode_step
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self.blocks.num_blocks * self.blocks.block_size
+
+    # -- requests --------------------------------------------------------------------
+
+    def encode_prompt(self, prompt: str | list[int]) -> list[int]:
+        ids = self.tokenizer.encode(prompt, parse_special=True) if isinstance(prompt, str) else list(prompt)
+        if not ids:
+            raise ValueError("prompt is empty")
+        vocab = self.model_config.vocab_size
+        if any(not 0 <= t < vocab for t in ids):
+            raise ValueError(f"prompt has token ids outside the vocabulary [0, {vocab})")
+        return ids
+
+    def check_fits(self, prompt_len: int, max_tokens: int | None) -> None:
+        """Refuse at admission what can never fit, stating the numbers."""
+        total = prompt_len + (max_tokens or 1)
+        if total > self.max_model_len:
+            raise ValueError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, you "
+                f"requested {total} tokens ({prompt_len} in the prompt, {max_tokens or 1} for the "
+                f"completion). Please reduce the length of the prompt or the completion.")
+        if self.blocks.blocks_needed(total) > self.blocks.num_blocks:
+            raise ValueError(
+                f"request needs {total} tokens of KV cache but the whole pool holds "
+                f"{self.kv_capacity_tokens} tokens; raise kv_cache_memory or shorten the request")
+
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
+                    arrival_time: float | None = None) -> None:
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        ids = self.encode_prompt(prompt)
+        self.check_fits(len(ids), params.max_tokens)
+        seqs: list[Sequence] = []
+        for i in range(params.n):
+            seed = None if params.seed is None else params.seed + i
+            leader = seqs[0] if seqs and self.config.enable_prefix_caching else None
+            seqs.append(Sequence(next(self._seq_ids), request_id, i, ids, params, make_generator(seed), leader))
+        req = Request(request_id, prompt if isinstance(prompt, str) else None, ids, params, seqs,
+                      [IncrementalDetokenizer(self.tokenizer, params, ids) for _ in seqs],
+                      RequestMetrics(arrival_time or time.monotonic()))
+        self.requests[request_id] = req
+        for seq in seqs:
+            self.scheduler.add(seq)
+
+    def abort(self, request_id: str) -> None:
+        """Free the request's blocks now, in whatever state it is."""
+        req = self.requests.pop(request_id, None)
+        if req is None:
+            return
+        for seq in req.seqs:
+            if not seq.finished:
+                self.scheduler.finish(seq, "abort")
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    def stats(self) -> EngineStats:
+        return EngineStats(len(self.scheduler.running), len(self.scheduler.waiting), self.blocks.num_blocks,
+                           self.blocks.num_free_blocks, self.blocks.prefix_queries, self.blocks.prefix_hits)
+
+    # -- the step --------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """One forward pass for everything scheduled; returns the news of each touched request."""
+        batch = self.scheduler.schedule()
+        if not batch:
+            return []
+        start = time.monotonic()
+        result = self.runner.execute(batch)
+        now = time.monotonic()
+        touched: dict[str, Request] = {}
+        for item in batch:
+            seq = item.seq
+            req = touched.setdefault(seq.request_id, self.requests[seq.request_id])
+            req.metrics.first_scheduled_time = req.metrics.first_scheduled_time or start
+            seq.num_computed_tokens += item.num_new_tokens
+            self.blocks.register_computed(seq)
+            if seq.seq_id in result.prompt_logits:
+                self._collect_prompt_logits(req, seq, result.prompt_logits[seq.seq_id])
+        for item, token, logprobs in result.sampled:
+            self._append_token(touched[item.seq.request_id], item.seq, token, logprobs, now, now - start)
+        return [self._output(req) for req in touched.values()]
+
+    def _collect_prompt_logits(self, req: Request, seq: Sequence, logits: torch.Tensor) -> None:
+        if seq.index != 0 or req.prompt_logprobs is not None:
+            return
+        req.prompt_logits.append(logits)
+        if seq.prompt_done:
+            all_logits = torch.cat(req.prompt_logits)[: len(req.prompt_token_ids)]
+            req.prompt_logprobs = prompt_logprobs(all_logits, req.prompt_token_ids, req.params.prompt_logprobs)
+            self._decode_logprob_tokens(req.prompt_logprobs)
+            req.prompt_logits = []
+
+    def _decode_logprob_tokens(self, entries: list[dict[int, Logprob] | None]) -> None:
+        for entry in entries:
+            for tid, lp in (entry or {}).items():
+                lp.decoded_token = self.tokenizer.decode([tid], skip_special_tokens=False)
+
+    def _append_token(self, req: Request, seq: Sequence, token: int, logprobs: dict[int, Logprob] | None,
+                      now: float, step_time: float) -> None:
+        m, p = req.metrics, seq.params
+        if seq.num_output_tokens > 0:
+            m.decode_step_times.append(step_time)
+        m.first_token_time = m.first_token_time or now
+        m.last_token_time = now
+        seq.token_ids.append(token)
+        delta = req.deltas.setdefault(seq.index, CompletionOutput(seq.index, "", [], logprobs=[] if p.logprobs is not None else None))
+        delta.token_ids.append(token)
+        if logprobs is not None:
+            self._decode_logprob_tokens([logprobs])
+            seq.cumulative_logprob += logprobs[token].logprob
+            delta.logprobs.append(logprobs)
+        text, stop_str = req.detokenizers[seq.index].step(token)
+        delta.text += text
+        reason, stop_reason = self._stop_reason(seq, token, stop_str)
+        if reason is None:
+            return
+        if stop_str is None:  # the held-back tail is shown only when no stop string ended it
+            delta.text += req.detokenizers[seq.index].flush()
+        self.scheduler.finish(seq, reason, stop_reason)
+
+    def _stop_reason(self, seq: Sequence, token: int, stop_str: str | None) -> tuple[str | None, int | str | None]:
+        p = seq.params
+        if seq.num_output_tokens >= p.min_tokens:
+            if not p.ignore_eos and token in self.eos_ids:
+                return "stop", None
+            if token in p.stop_token_ids:
+                return "stop", token
+            if stop_str is not None:
+                return "stop", stop_str
+        limit = seq.num_prompt_tokens + p.max_tokens if p.max_tokens else self.max_model_len
+        if seq.num_tokens >= min(limit, self.max_model_len):
+            return "length", None
+        return None, None
+
+    def _output(self, req: Request) -> RequestOutput:
+        """The deltas since the last output of this request (the async engine streams these)."""
+        deltas = []
+        for index, delta in sorted(req.deltas.items()):
+            seq = req.seqs[index]
+            delta.finish_reason, delta.stop_reason = seq.finish_reason, seq.stop_reason
+            delta.cumulative_logprob = seq.cumulative_logprob if seq.params.logprobs is not None else None
+            deltas.append(delta)
+        req.deltas = {}
+        finished = req.finished
+        if finished:
+            req.metrics.finished_time = time.monotonic()
+            req.metrics.num_cached_tokens = req.seqs[0].num_cached_tokens
+            del self.requests[req.request_id]
+        return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, deltas, finished, req.metrics,
+                             req.prompt_logprobs, req.seqs[0].num_cached_tokens)

@@ -1,0 +1,94 @@
+"""Who runs this step: continuous batching under a token budget, chunked prefill, preemption."""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from zhuzi.engine.block_manager import BlockManager
+from zhuzi.engine.sequence import Sequence, Status
+
+
+@dataclass
+class ScheduledSeq:
+    seq: Sequence
+    num_new_tokens: int  # tokens whose K/V this step computes
+
+    @property
+    def samples(self) -> bool:
+        """True when this step reaches the sequence's last token, so its next token is drawn."""
+        return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
+
+
+class Scheduler:
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int):
+        self.blocks = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # in admission order: the last is preempted first
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> list[ScheduledSeq]:
+        budget = self.max_num_batched_tokens
+        scheduled = self._schedule_running(budget)
+        budget -= sum(s.num_new_tokens for s in scheduled)
+        return scheduled + self._admit_waiting(budget)
+
+    def _schedule_running(self, budget: int) -> list[ScheduledSeq]:
+        """Running sequences first, oldest first: decodes get their token before new prefills."""
+        scheduled, i = [], 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            while not self.blocks.allocate_slots(seq, n):
+                self._preempt(self.running.pop())
+                if seq.status is Status.WAITING:  # it was the newest itself
+                    return scheduled
+            scheduled.append(ScheduledSeq(seq, n))
+            budget -= n
+            i += 1
+        return scheduled
+
+    def _admit_waiting(self, budget: int) -> list[ScheduledSeq]:
+        scheduled = []
+        for seq in list(self.waiting):
+            if budget <= 0 or len(self.running) >= self.max_num_seqs:
+                break
+            if seq.leader is not None and not (seq.leader.prompt_done or seq.leader.finished):
+                continue  # let the leader fill the shared prompt blocks first
+            if not seq.block_table and seq.params.prompt_logprobs is None:
+                seq.num_computed_tokens = self.blocks.reuse_cached_prefix(seq)
+                if not seq.ever_scheduled:
+                    seq.num_cached_tokens = seq.num_computed_tokens
+            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if not self.blocks.allocate_slots(seq, n):
+                self.blocks.free_sequence(seq)  # give back the cached prefix it was holding
+                break
+            self.waiting.remove(seq)
+            self.running.append(seq)
+            seq.status, seq.ever_scheduled = Status.RUNNING, True
+            scheduled.append(ScheduledSeq(seq, n))
+            budget -= n
+        return scheduled
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Free the newest request's blocks and requeue it first in line; it recomputes later."""
+        self.blocks.free_sequence(seq)
+        seq.status = Status.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def finish(self, seq: Sequence, reason: str, stop_reason: int | str | None = None) -> None:
+        if seq.status is Status.RUNNING:
+            self.running.remove(seq)
+        elif seq.status is Status.WAITING:
+            self.waiting.remove(seq)
+        self.blocks.free_sequence(seq)
+        seq.status, seq.finish_reason, seq.stop_reason = Status.FINISHED, reason, stop_reason

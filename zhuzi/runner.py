@@ -1,0 +1,98 @@
+"""Model runner: owns the KV pool, turns a scheduled step into tensors, runs the forward pass, samples."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from zhuzi.config import EngineConfig, ModelConfig
+from zhuzi.engine.scheduler import ScheduledSeq
+from zhuzi.model.attention import AttentionMetadata, PrefillChunk, prefix_causal_mask
+from zhuzi.model.decoder import Decoder
+from zhuzi.outputs import Logprob
+from zhuzi.sampler import Sampler, SamplingRow
+
+log = logging.getLogger("zhuzi")
+
+
+@dataclass
+class StepResult:
+    sampled: list[tuple[ScheduledSeq, int, dict[int, Logprob] | None]]  # (item, token, logprobs)
+    prompt_logits: dict[int, torch.Tensor]  # seq_id -> logits of this chunk's rows (prompt_logprobs only)
+
+
+def kv_pool_blocks(model: ModelConfig, dtype: torch.dtype, budget_bytes: int, block_size: int) -> int:
+    per_block = model.kv_bytes_per_token(torch.finfo(dtype).bits // 8) * block_size
+    return budget_bytes // per_block
+
+
+class ModelRunner:
+    def __init__(self, model: Decoder, config: EngineConfig, num_blocks: int, eos_ids: list[int]):
+        c = model.config
+        self.model, self.block_size, self.eos_ids = model, config.block_size, eos_ids
+        self.device = torch.device(config.device)
+        # One preallocated pool: [layers, K/V, slots, kv_heads, head_dim].
+        self.kv_cache = torch.zeros(c.num_layers, 2, num_blocks * config.block_size, c.num_kv_heads,
+                                    c.head_dim, dtype=model.dtype, device=self.device)
+        self.sampler = Sampler()
+
+    def _tensor(self, data: list[int]) -> torch.Tensor:
+        return torch.tensor(data, dtype=torch.long, device=self.device)
+
+    def _slots(self, block_table: list[int], start: int, end: int) -> list[int]:
+        bs = self.block_size
+        return [block_table[p // bs] * bs + p % bs for p in range(start, end)]
+
+    def _metadata(self, batch: list[ScheduledSeq], slot_mapping: list[int]) -> AttentionMetadata:
+        """Batch must list its one-token items (decodes) first."""
+        decodes = [s for s in batch if s.num_new_tokens == 1]
+        bs = self.block_size
+        if decodes:
+            contexts = self._tensor([s.seq.num_computed_tokens + 1 for s in decodes])
+            width = max(len(s.seq.block_table) for s in decodes)
+            tables = self._tensor([s.seq.block_table + [0] * (width - len(s.seq.block_table)) for s in decodes])
+            longest = int(contexts.max())
+            slots = (tables[:, :, None] * bs + torch.arange(bs, device=self.device)).view(len(decodes), -1)
+            decode_slots = slots[:, :longest].contiguous()
+            decode_mask = (torch.arange(longest, device=self.device) < contexts[:, None])[:, None, None]
+        else:
+            decode_slots = decode_mask = torch.empty(0, device=self.device)
+        prefills, start = [], len(decodes)
+        for s in batch[len(decodes):]:
+            done, n = s.seq.num_computed_tokens, s.num_new_tokens
+            cached = done > 0
+            prefills.append(PrefillChunk(
+                start=start, length=n, context=done + n,
+                slots=self._tensor(self._slots(s.seq.block_table, 0, done + n)) if cached else None,
+                mask=prefix_causal_mask(n, done + n).to(self.device) if cached else None))
+            start += n
+        return AttentionMetadata(self._tensor(slot_mapping), len(decodes), decode_slots, decode_mask, prefills)
+
+    @torch.inference_mode()
+    def execute(self, batch: list[ScheduledSeq]) -> StepResult:
+        batch = sorted(batch, key=lambda s: s.num_new_tokens != 1)  # decodes first, order kept
+        input_ids, positions, slot_mapping, sample_rows, prompt_rows = [], [], [], [], {}
+        for s in batch:
+            seq, done, n = s.seq, s.seq.num_computed_tokens, s.num_new_tokens
+            row = len(input_ids)
+            input_ids += seq.token_ids[done:done + n]
+            positions += range(done, done + n)
+            slot_mapping += self._slots(seq.block_table, done, done + n)
+            if seq.params.prompt_logprobs is not None and done < seq.num_prompt_tokens:
+                prompt_rows[seq.seq_id] = (row, row + n)
+            if s.samples:
+                sample_rows.append(row + n - 1)
+        meta = self._metadata(batch, slot_mapping)
+        hidden = self.model.forward(self._tensor(input_ids), self._tensor(positions), meta, self.kv_cache)
+        sampling = [s for s in batch if s.samples]
+        result = StepResult([], {sid: self.model.logits(hidden[a:b]) for sid, (a, b) in prompt_rows.items()})
+        if not sampling:
+            return result
+        logits = self.model.logits(hidden[self._tensor(sample_rows)])
+        rows = [SamplingRow(s.seq.params, s.seq.output_token_ids, s.seq.prompt_token_ids, s.seq.generator,
+                            self.eos_ids + s.seq.params.stop_token_ids) for s in sampling]
+        out = self.sampler(logits, rows)
+        logprobs = out.logprobs or [None] * len(sampling)
+        result.sampled = list(zip(sampling, out.token_ids, logprobs))
+        return result

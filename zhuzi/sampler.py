@@ -1,0 +1,256 @@
+"""Sampling: the step after the forward pass, logits of a batch -> next tokens (+ logprobs).
+
+Order and meanings are vLLM's: logit_bias -> min_tokens -> repetition penalty ->
+frequency/presence penalties -> temperature (0: greedy argmax) -> top-k -> top-p
+-> min-p -> draw. Every step works on the whole batch at once; per-row Python
+only builds small index tensors.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from itertools import chain
+
+import torch
+import torch.nn.functional as F
+
+from zhuzi.outputs import Logprob
+from zhuzi.sampling_params import SamplingParams
+
+# top-p first looks for its cut among this many best tokens per row, then among
+# more, and sorts the whole vocabulary only for rows whose nucleus is wider
+# still: real next-token distributions are peaked, and a full sort costs ~100x more.
+_TOP_P_CANDIDATES = (64, 4096)
+# prompt_logprobs works through this many positions at a time, so a long prompt
+# does not need a second [P, V] tensor.
+_PROMPT_CHUNK = 256
+
+
+def make_generator(seed: int | None) -> torch.Generator | None:
+    """The per-sequence random stream for a seeded request (None: use the global one)."""
+    if seed is None:
+        return None
+    generator = torch.Generator()
+    generator.manual_seed(seed)
+    return generator
+
+
+@dataclass
+class SamplingRow:
+    """One row of the batch: what is needed to pick one sequence's next token."""
+
+    params: SamplingParams
+    output_token_ids: list[int]
+    prompt_token_ids: list[int]
+    generator: torch.Generator | None = None
+    stop_ids: list[int] = field(default_factory=list)  # EOS ids + params.stop_token_ids
+
+    @property
+    def forbids_stop(self) -> bool:
+        return bool(self.stop_ids) and len(self.output_token_ids) < self.params.min_tokens
+
+    @property
+    def needs_processing(self) -> bool:
+        p = self.params
+        return (bool(p.logit_bias) or self.forbids_stop or p.repetition_penalty != 1
+                or p.frequency_penalty != 0 or p.presence_penalty != 0)
+
+    @property
+    def truncates(self) -> bool:
+        p = self.params
+        return p.top_k > 0 or p.top_p < 1 or p.min_p > 0
+
+
+@dataclass
+class SamplerOutput:
+    token_ids: list[int]
+    # Per row, None where that row asked for no logprobs; None overall when no row did.
+    logprobs: list[dict[int, Logprob] | None] | None
+
+
+class Sampler:
+    """Picks each row's next token; logprobs come from the raw (unprocessed) logits."""
+
+    def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]) -> SamplerOutput:
+        processed = process_logits(logits, rows) if any(r.needs_processing for r in rows) else logits
+        token_ids = _choose_tokens(processed, rows)
+        return SamplerOutput(token_ids.tolist(), _sample_logprobs(logits, token_ids, rows))
+
+
+def process_logits(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    """A float32 copy of logits [B, V] with bias, min_tokens and penalties applied."""
+    out = logits.to(torch.float32, copy=True)
+    _add_logit_bias(out, rows)
+    _forbid_stop_ids(out, rows)
+    _apply_repetition_penalty(out, rows)
+    _apply_output_penalties(out, rows)
+    return out
+
+
+def _index(token_lists: dict[int, list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(row index, token id) tensors addressing the given tokens of the given rows."""
+    lengths = torch.tensor([len(t) for t in token_lists.values()], device=device)
+    row_ids = torch.tensor(list(token_lists), device=device).repeat_interleave(lengths)
+    token_ids = torch.tensor(list(chain.from_iterable(token_lists.values())), dtype=torch.long, device=device)
+    return row_ids, token_ids
+
+
+def _add_logit_bias(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
+    biases = {i: r.params.logit_bias for i, r in enumerate(rows) if r.params.logit_bias}
+    if biases:
+        values = torch.tensor([v for b in biases.values() for v in b.values()], device=logits.device)
+        logits.index_put_(_index({i: list(b) for i, b in biases.items()}, logits.device), values,
+                          accumulate=True)
+
+
+def _forbid_stop_ids(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
+    stops = {i: r.stop_ids for i, r in enumerate(rows) if r.forbids_stop}
+    if stops:
+        logits.index_put_(_index(stops, logits.device), torch.tensor(float("-inf"), device=logits.device))
+
+
+def _apply_repetition_penalty(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
+    seen = {i: r.prompt_token_ids + r.output_token_ids
+            for i, r in enumerate(rows) if r.params.repetition_penalty != 1}
+    if not seen:
+        return
+    row_ids, token_ids = _index(seen, logits.device)
+    penalty = torch.tensor([r.params.repetition_penalty for r in rows], device=logits.device)[row_ids]
+    values = logits[row_ids, token_ids]
+    # A token seen twice is written twice, with the same value: no double penalty.
+    logits[row_ids, token_ids] = torch.where(values > 0, values / penalty, values * penalty)
+
+
+def _apply_output_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
+    outputs = {i: r.output_token_ids for i, r in enumerate(rows)
+               if r.params.frequency_penalty or r.params.presence_penalty}
+    if not outputs:
+        return
+    row_ids, token_ids = _index(outputs, logits.device)
+    vocab = logits.shape[1]
+    keys, counts = (row_ids * vocab + token_ids).unique(return_counts=True)
+    row_ids, token_ids = keys // vocab, keys % vocab
+    frequency = torch.tensor([r.params.frequency_penalty for r in rows], device=logits.device)
+    presence = torch.tensor([r.params.presence_penalty for r in rows], device=logits.device)
+    logits[row_ids, token_ids] -= frequency[row_ids] * counts + presence[row_ids]
+
+
+def _choose_tokens(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    sampled = [i for i, r in enumerate(rows) if not r.params.greedy]
+    if len(sampled) < len(rows):
+        tokens = logits.argmax(dim=-1)  # the greedy rows' answer; sampled rows overwrite theirs
+    else:
+        tokens = torch.empty(len(rows), dtype=torch.long, device=logits.device)
+    if sampled:
+        tokens[sampled] = _draw(logits[sampled].float(), [rows[i] for i in sampled])
+    return tokens
+
+
+def _draw(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    """One token per row from softmax(logits / T) truncated by top-k/top-p/min-p; logits is ours to change."""
+    logits /= torch.tensor([[r.params.temperature] for r in rows], device=logits.device)
+    if any(r.truncates for r in rows):
+        logits.masked_fill_(logits < _truncation_floor(logits, rows)[:, None], float("-inf"))
+    # Inverse-CDF sampling takes a single uniform per row, from the row's own
+    # generator, so a seeded row draws the same whatever else is in the batch.
+    uniforms = torch.cat([torch.rand(1, dtype=torch.float64, generator=r.generator) for r in rows])
+    # float64: a float32 running sum over 49k tokens would distort the rare ones.
+    cdf = logits.softmax(dim=-1).double().cumsum(dim=-1)
+    # uniforms < 1 so target < cdf[:, -1]: the first cdf value above target
+    # always exists and belongs to a token of nonzero probability.
+    target = uniforms.to(logits.device)[:, None] * cdf[:, -1:]
+    return torch.searchsorted(cdf, target, right=True).squeeze(1)
+
+
+def _truncation_floor(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    """Per row, the lowest logit still allowed by top-k, then top-p, then min-p.
+
+    Cutting at a value (not a position) keeps tokens tied with the last kept
+    one, so the allowed set never depends on how a sort orders ties.
+    """
+    params = [r.params for r in rows]
+    floor = torch.full((len(rows),), float("-inf"), device=logits.device)
+    if any(p.top_k > 0 for p in params):
+        floor = _top_k_floor(logits, [p.top_k for p in params])
+    nucleus = [i for i, p in enumerate(params) if p.top_p < 1]
+    if nucleus:
+        top_p = torch.tensor([params[i].top_p for i in nucleus], device=logits.device)
+        floor[nucleus] = torch.maximum(floor[nucleus], _top_p_floor(logits[nucleus], top_p, floor[nucleus]))
+    # min-p compares probabilities with the top one's: a fixed distance below the top logit.
+    min_p = torch.tensor([p.min_p for p in params], device=logits.device)
+    return torch.maximum(floor, logits.amax(dim=-1) + min_p.log())
+
+
+def _top_k_floor(logits: torch.Tensor, top_k: list[int]) -> torch.Tensor:
+    vocab = logits.shape[1]
+    k = torch.tensor([min(k, vocab) for k in top_k], device=logits.device)
+    best = logits.topk(int(k.max()), dim=-1).values
+    kth = best.gather(1, (k - 1).clamp(min=0)[:, None]).squeeze(1)
+    return torch.where(k > 0, kth, float("-inf"))
+
+
+def _top_p_floor(logits: torch.Tensor, top_p: torch.Tensor, floor: torch.Tensor) -> torch.Tensor:
+    """The logit of the last token of the smallest top set holding top_p of the mass above floor."""
+    vocab = logits.shape[1]
+    peak = logits.amax(dim=-1, keepdim=True)
+    mass = (logits - peak).exp().masked_fill_(logits < floor[:, None], 0.0).sum(dim=-1, keepdim=True)
+    result = torch.empty_like(top_p)
+    pending = torch.arange(len(top_p), device=logits.device)
+    for size in (*_TOP_P_CANDIDATES, vocab):
+        best = logits[pending].topk(min(size, vocab), dim=-1).values
+        probs = ((best - peak[pending]).exp() / mass[pending]).masked_fill_(best < floor[pending, None], 0.0)
+        mass_before = F.pad(probs.cumsum(dim=-1)[:, :-1], (1, 0))
+        kept = (mass_before < top_p[pending, None]).sum(dim=-1)  # >= 1: the top token always stays
+        done = (kept < best.shape[1]) | (best.shape[1] == vocab)
+        result[pending[done]] = best[done].gather(1, kept[done, None] - 1).squeeze(1)
+        pending = pending[~done]
+        if not len(pending):
+            break
+    return result
+
+
+def _sample_logprobs(logits: torch.Tensor, token_ids: torch.Tensor,
+                     rows: list[SamplingRow]) -> list[dict[int, Logprob] | None] | None:
+    wanted = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
+    if not wanted:
+        return None
+    dicts = token_logprobs(logits[wanted], token_ids[wanted], [rows[i].params.logprobs for i in wanted])
+    out: list[dict[int, Logprob] | None] = [None] * len(rows)
+    for i, d in zip(wanted, dicts):
+        out[i] = d
+    return out
+
+
+def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor | list[int],
+                   num_top: list[int] | int) -> list[dict[int, Logprob]]:
+    """Per row of logits [N, V]: the given token's logprob and rank, plus the top num_top tokens.
+
+    Logprobs are log_softmax of these logits; a rank is 1 + the number of
+    tokens strictly more likely.
+    """
+    logprobs = logits.float().log_softmax(dim=-1)
+    token_ids = torch.as_tensor(token_ids, dtype=torch.long, device=logits.device)
+    num_top = [num_top] * len(token_ids) if isinstance(num_top, int) else num_top
+    chosen = logprobs.gather(1, token_ids[:, None])
+    ranks = (logprobs > chosen).sum(dim=-1) + 1
+    top_values, top_ids = (t.tolist() for t in logprobs.topk(max(num_top), dim=-1))
+    out = []
+    for token, value, rank, n, ids, values in zip(token_ids.tolist(), chosen.squeeze(1).tolist(),
+                                                 ranks.tolist(), num_top, top_ids, top_values):
+        entry = {token: Logprob(value, rank)}
+        for r, (top_id, top_value) in enumerate(zip(ids[:n], values[:n]), start=1):
+            entry.setdefault(top_id, Logprob(top_value, r))
+        out.append(entry)
+    return out
+
+
+def prompt_logprobs(logits: torch.Tensor, prompt_token_ids: list[int], k: int) -> list[dict[int, Logprob] | None]:
+    """Logprobs of each prompt token given the ones before it (+ top k); logits [P, V] of the prompt positions.
+
+    The first token has no context, so its entry is None, as in vLLM.
+    """
+    targets = prompt_token_ids[1:]
+    out: list[dict[int, Logprob] | None] = [None]
+    for start in range(0, len(targets), _PROMPT_CHUNK):
+        chunk = targets[start:start + _PROMPT_CHUNK]
+        out += token_logprobs(logits[start:start + len(chunk)], chunk, k)
+    return out

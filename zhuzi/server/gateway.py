@@ -1,0 +1,132 @@
+"""Step 2 of the request path: who may ask, how often, and whether there is room.
+
+- API keys: with keys configured, `Authorization: Bearer <key>` must name one (401).
+- Rate limits per key: requests per minute and tokens per minute, as token
+  buckets that refill continuously (429 with Retry-After). Tokens are charged
+  when known: the prompt at admission, the completion when it ends, so a
+  bucket may go negative and the key then waits until it refills.
+- A bounded queue: at most max_running + max_waiting sequences in flight;
+  past that a request gets 429 at once instead of queueing without limit.
+"""
+from __future__ import annotations
+
+import math
+import secrets
+import time
+from dataclasses import dataclass, field
+
+ANONYMOUS = ""  # the one identity when no keys are configured: limits then apply server-wide
+
+
+@dataclass
+class GatewayError(Exception):
+    status: int
+    message: str
+    type: str
+    code: str
+    retry_after: float | None = None
+
+    def __str__(self) -> str:
+        return self.message
+
+
+@dataclass
+class TokenBucket:
+    per_minute: float
+    level: float = field(init=False)
+    updated: float = field(default_factory=time.monotonic)
+
+    def __post_init__(self) -> None:
+        self.level = self.per_minute
+
+    def _refill(self, now: float) -> None:
+        self.level = min(self.per_minute, self.level + (now - self.updated) * self.per_minute / 60)
+        self.updated = now
+
+    def wait_time(self, now: float) -> float:
+        """Seconds until at least one unit is available (0 when one is)."""
+        self._refill(now)
+        return 0.0 if self.level >= 1 else (1 - self.level) * 60 / self.per_minute
+
+    def take(self, amount: float, now: float) -> None:
+        self._refill(now)
+        self.level -= amount
+
+
+@dataclass
+class Admission:
+    gateway: Gateway
+    num_seqs: int
+    released: bool = False
+
+    def release(self) -> None:
+        if not self.released:
+            self.released = True
+            self.gateway.in_flight -= self.num_seqs
+
+
+@dataclass
+class KeyLimits:
+    requests: TokenBucket | None
+    tokens: TokenBucket | None
+
+
+class Gateway:
+    def __init__(self, api_keys: list[str] | None = None, rpm: int | None = None, tpm: int | None = None,
+                 capacity: int = 0) -> None:
+        self.api_keys = [key.encode() for key in api_keys or []]
+        self.rpm, self.tpm = rpm, tpm
+        self.capacity = capacity  # sequences: the engine's max_num_seqs plus the waiting room
+        self.in_flight = 0  # sequences admitted and not yet finished
+        self._limits: dict[str, KeyLimits] = {}  # touched only from the event loop: no lock
+
+    def authenticate(self, authorization: str | None) -> str:
+        """The caller's key (ANONYMOUS without configured keys); GatewayError 401 otherwise."""
+        if not self.api_keys:
+            return ANONYMOUS
+        scheme, _, token = (authorization or "").partition(" ")
+        given = token.strip().encode()
+        # Compare against every key so the time taken says nothing about which one nearly matched.
+        matches = [secrets.compare_digest(given, key) for key in self.api_keys]
+        if scheme.lower() != "bearer" or not any(matches):
+            raise GatewayError(401, "Incorrect or missing API key: send 'Authorization: Bearer <key>'.",
+                               "invalid_request_error", "invalid_api_key")
+        return given.decode()
+
+    def check_rate(self, key: str) -> None:
+        """Count one request against the key's limits; GatewayError 429 when a limit is spent."""
+        now = time.monotonic()
+        limits = self._limits_of(key)
+        for bucket, kind in ((limits.requests, "requests"), (limits.tokens, "tokens")):
+            if bucket is not None and (wait := bucket.wait_time(now)) > 0:
+                raise GatewayError(
+                    429, f"Rate limit reached: {bucket.per_minute:g} {kind} per minute for this key. "
+                         f"Try again in {wait:.1f} s.", kind, "rate_limit_exceeded", retry_after=wait)
+        if limits.requests is not None:
+            limits.requests.take(1, now)
+
+    def charge_tokens(self, key: str, num_tokens: int) -> None:
+        bucket = self._limits_of(key).tokens
+        if bucket is not None:
+            bucket.take(num_tokens, time.monotonic())
+
+    def admit(self, num_seqs: int) -> Admission:
+        """Take num_seqs places in the bounded queue; the caller releases them when the request ends."""
+        if self.in_flight + num_seqs > self.capacity:
+            raise GatewayError(
+                429, f"Server busy: {self.in_flight} sequences are running or waiting "
+                     f"(limit {self.capacity}). Try again shortly.", "server_busy", "queue_full",
+                retry_after=1.0)
+        self.in_flight += num_seqs
+        return Admission(self, num_seqs)
+
+    def _limits_of(self, key: str) -> KeyLimits:
+        if key not in self._limits:
+            self._limits[key] = KeyLimits(TokenBucket(self.rpm) if self.rpm else None,
+                                          TokenBucket(self.tpm) if self.tpm else None)
+        return self._limits[key]
+
+
+def retry_after_header(seconds: float) -> str:
+    """Retry-After carries whole seconds; round up so a client that obeys it succeeds."""
+    return str(max(1, math.ceil(seconds)))

@@ -1,0 +1,96 @@
+"""The last step of a request's life: its timings and counts, in Prometheus form at /metrics.
+
+Names follow vLLM's (`vllm:` becomes `zhuzi:`) so existing dashboards fit. The
+per-request histograms and counters are recorded by the server when a request
+ends; the engine-wide state (running, waiting, KV usage, prefix-cache counts)
+is read from EngineStats at scrape time, so it is never stale.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
+
+from zhuzi.outputs import EngineStats, RequestMetrics
+
+PREFIX = "zhuzi:"
+LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+                   7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+LABELS = ["model_name"]
+
+
+class EngineCollector(Collector):
+    """Gauges and cumulative counters that the engine itself keeps."""
+
+    def __init__(self, engine_state: Callable[[], tuple[str, EngineStats] | None]) -> None:
+        self.engine_state = engine_state
+
+    def collect(self) -> Iterator[Metric]:
+        state = self.engine_state()
+        if state is None:  # still loading
+            return
+        model, stats = state
+        gauges = [
+            ("num_requests_running", "Sequences in the running batch.", stats.num_running),
+            ("num_requests_waiting", "Sequences waiting to be scheduled.", stats.num_waiting),
+            ("kv_cache_usage_perc", "Fraction of KV-cache blocks in use (1 = full).", stats.kv_cache_usage),
+        ]
+        for name, doc, value in gauges:
+            gauge = GaugeMetricFamily(PREFIX + name, doc, labels=LABELS)
+            gauge.add_metric([model], value)
+            yield gauge
+        counters = [
+            ("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", stats.prefix_cache_queries),
+            ("prefix_cache_hits", "Prompt tokens found in the prefix cache.", stats.prefix_cache_hits),
+        ]
+        for name, doc, value in counters:
+            counter = CounterMetricFamily(PREFIX + name, doc, labels=LABELS)
+            counter.add_metric([model], value)
+            yield counter
+
+
+class ServerMetrics:
+    def __init__(self, engine_state: Callable[[], tuple[str, EngineStats] | None]) -> None:
+        self.registry = CollectorRegistry()
+
+        def histogram(name: str, doc: str) -> Histogram:
+            return Histogram(PREFIX + name, doc, LABELS, buckets=LATENCY_BUCKETS, registry=self.registry)
+
+        def counter(name: str, doc: str, labels: list[str] = LABELS) -> Counter:
+            return Counter(PREFIX + name, doc, labels, registry=self.registry)
+
+        self.time_to_first_token = histogram("time_to_first_token_seconds", "Arrival to first token.")
+        self.inter_token_latency = histogram("inter_token_latency_seconds", "Time between output tokens.")
+        self.e2e_latency = histogram("e2e_request_latency_seconds", "Arrival to finish.")
+        self.queue_time = histogram("request_queue_time_seconds", "Arrival to first scheduled.")
+        self.prefill_time = histogram("request_prefill_time_seconds", "First scheduled to first token.")
+        self.decode_time = histogram("request_decode_time_seconds", "First token to finish.")
+        self.prompt_tokens = counter("prompt_tokens", "Prompt tokens processed.")
+        self.generation_tokens = counter("generation_tokens", "Tokens generated.")
+        self.request_success = counter("request_success", "Requests finished, by finish reason.",
+                                       LABELS + ["finished_reason"])
+        self.registry.register(EngineCollector(engine_state))
+
+    def observe_request(self, model: str, metrics: RequestMetrics | None, prompt_tokens: int,
+                        generation_tokens: int, finish_reasons: list[str]) -> None:
+        """Record one ended request (finished or aborted)."""
+        self.prompt_tokens.labels(model).inc(prompt_tokens)
+        self.generation_tokens.labels(model).inc(generation_tokens)
+        for reason in finish_reasons:
+            self.request_success.labels(model, reason).inc()
+        if metrics is None:
+            return
+        timings = [(self.time_to_first_token, metrics.time_to_first_token), (self.e2e_latency, metrics.e2e_latency),
+                   (self.queue_time, metrics.queue_time), (self.prefill_time, metrics.prefill_time),
+                   (self.decode_time, metrics.decode_time)]
+        for histogram, seconds in timings:
+            if seconds is not None:
+                histogram.labels(model).observe(seconds)
+        for seconds in metrics.decode_step_times:
+            self.inter_token_latency.labels(model).observe(seconds)
+
+    def render(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

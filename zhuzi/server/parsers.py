@@ -1,0 +1,198 @@
+"""Step after detokenizing: split a model's text into reasoning, content and tool calls.
+
+Thinking models write `<think>...</think>` before the answer; Qwen/Hermes-style
+models call tools with `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`.
+OutputParser is one incremental state machine that takes the text as it
+streams; a whole reply is parsed by feeding it at once, so streamed and
+non-streamed responses agree by construction, however the text was chunked.
+
+Text that could still turn into a tag (a trailing "<thi") or whitespace that
+might sit right before one is held back until the next text decides it.
+"""
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, field
+from enum import Enum
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
+
+
+@dataclass
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # a JSON object as text, as OpenAI sends it
+
+
+@dataclass
+class ParsedText:
+    """What one piece of model text turned out to be (a delta, or a whole reply)."""
+
+    content: str = ""
+    reasoning_content: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+
+    def extend(self, other: ParsedText) -> None:
+        self.content += other.content
+        self.reasoning_content += other.reasoning_content
+        self.tool_calls += other.tool_calls
+
+    def __bool__(self) -> bool:
+        return bool(self.content or self.reasoning_content or self.tool_calls)
+
+
+class Mode(Enum):
+    CONTENT = "content"
+    REASONING = "reasoning"
+    TOOL_CALL = "tool_call"
+
+
+def parse_tool_call(text: str) -> ToolCall | None:
+    """The JSON inside <tool_call>...</tool_call>, or None when it is not a well-formed call."""
+    try:
+        call = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(call, dict) or not isinstance(call.get("name"), str) or not call["name"]:
+        return None
+    arguments = call.get("arguments", call.get("parameters", {}))
+    if not isinstance(arguments, dict):
+        return None
+    return ToolCall(id=f"call_{uuid.uuid4().hex[:24]}", name=call["name"],
+                    arguments=json.dumps(arguments, ensure_ascii=False))
+
+
+def _partial_tag_len(text: str, tags: list[str]) -> int:
+    """Length of the longest suffix of text that is a proper prefix of one of the tags."""
+    for length in range(min(len(text), max((len(t) for t in tags), default=0) - 1), 0, -1):
+        if any(tag.startswith(text[-length:]) for tag in tags):
+            return length
+    return 0
+
+
+class OutputParser:
+    """Incremental parser for one completion's text.
+
+    reasoning: recognise a leading <think>...</think> block (thinking models).
+    tools: recognise <tool_call> blocks (only when the request offered tools).
+    prefill: text the prompt already holds of this reply (a template's trailing
+    "<think>", or the assistant message a client asks to continue): it sets
+    the starting state without being emitted again.
+    """
+
+    def __init__(self, reasoning: bool, tools: bool, prefill: str = "") -> None:
+        self.tools = tools
+        self.mode = Mode.CONTENT
+        self.think_may_open = reasoning  # a <think> counts only before any content
+        self.strip_leading = False  # drop whitespace right after a closing tag
+        self.buffer = ""  # text not yet classified
+        self.tool_text = ""  # the body of the open <tool_call> so far
+        self.tool_lead = ""  # whitespace before it, given back if the call is malformed
+        if prefill:
+            self.feed(prefill)
+            if self.mode is not Mode.TOOL_CALL:
+                self.buffer = ""  # the client already has the prefill: never emit it
+
+    def feed(self, text: str) -> ParsedText:
+        self.buffer += text
+        out = ParsedText()
+        while self._step(out):
+            pass
+        return out
+
+    def finish(self) -> ParsedText:
+        """Flush at the end of the reply: a thought cut off stays reasoning; an unclosed call
+        whose JSON is complete is still a call (models often stop right after it)."""
+        out = ParsedText()
+        rest = self.buffer.lstrip() if self.strip_leading else self.buffer
+        self.buffer = ""
+        if self.mode is Mode.REASONING:
+            out.reasoning_content += rest
+        elif self.mode is Mode.TOOL_CALL:
+            self._close_tool_call(self.tool_text + rest, out, closed=False)
+        else:
+            out.content += rest
+        return out
+
+    def parse(self, text: str) -> ParsedText:
+        """A whole reply at once."""
+        out = self.feed(text)
+        out.extend(self.finish())
+        return out
+
+    # ------------------------------------------------------------ internals
+
+    def _step(self, out: ParsedText) -> bool:
+        """Consume what can be decided now; True when the mode changed (so step again)."""
+        if self.strip_leading:
+            self.buffer = self.buffer.lstrip()
+            if not self.buffer:
+                return False
+            self.strip_leading = False
+        if self.mode is Mode.CONTENT:
+            return self._step_content(out)
+        if self.mode is Mode.REASONING:
+            return self._step_reasoning(out)
+        return self._step_tool_call(out)
+
+    def _step_content(self, out: ParsedText) -> bool:
+        if self.think_may_open:
+            stripped = self.buffer.lstrip()
+            if stripped.startswith(THINK_OPEN):
+                self._switch(Mode.REASONING, stripped[len(THINK_OPEN):])
+                self.think_may_open, self.strip_leading = False, True
+                return True
+            if THINK_OPEN.startswith(stripped):
+                return False  # only whitespace or the start of "<think>" so far
+            self.think_may_open = False
+        if self.tools and (at := self.buffer.find(TOOL_OPEN)) >= 0:
+            before = self.buffer[:at]
+            out.content += before.rstrip()
+            self._switch(Mode.TOOL_CALL, self.buffer[at + len(TOOL_OPEN):])
+            self.tool_lead = before[len(before.rstrip()):]
+            return True
+        tags = [TOOL_OPEN] if self.tools else []
+        out.content += self._take_decided(tags, hold_whitespace=self.tools)
+        return False
+
+    def _step_reasoning(self, out: ParsedText) -> bool:
+        if (at := self.buffer.find(THINK_CLOSE)) >= 0:
+            out.reasoning_content += self.buffer[:at].rstrip()
+            self._switch(Mode.CONTENT, self.buffer[at + len(THINK_CLOSE):])
+            self.strip_leading = True
+            return True
+        out.reasoning_content += self._take_decided([THINK_CLOSE], hold_whitespace=True)
+        return False
+
+    def _step_tool_call(self, out: ParsedText) -> bool:
+        if (at := self.buffer.find(TOOL_CLOSE)) >= 0:
+            body, rest = self.tool_text + self.buffer[:at], self.buffer[at + len(TOOL_CLOSE):]
+            self._switch(Mode.CONTENT, rest)
+            self._close_tool_call(body, out, closed=True)
+            return True
+        self.tool_text += self._take_decided([TOOL_CLOSE], hold_whitespace=False)
+        return False
+
+    def _take_decided(self, tags: list[str], hold_whitespace: bool) -> str:
+        """Remove and return the buffer's head that can no longer start one of the tags."""
+        end = len(self.buffer) - _partial_tag_len(self.buffer, tags)
+        decided = self.buffer[:end]
+        if hold_whitespace:
+            decided = decided.rstrip()
+        self.buffer = self.buffer[len(decided):]
+        return decided
+
+    def _switch(self, mode: Mode, rest: str) -> None:
+        self.mode, self.buffer, self.tool_text = mode, rest, ""
+
+    def _close_tool_call(self, body: str, out: ParsedText, closed: bool) -> None:
+        call = parse_tool_call(body)
+        self.mode = Mode.CONTENT
+        if call is not None:
+            out.tool_calls.append(call)
+            self.strip_leading = True
+        else:  # malformed: the user sees the text as the model wrote it
+            out.content += self.tool_lead + TOOL_OPEN + body + (TOOL_CLOSE if closed else "")

@@ -1,0 +1,443 @@
+"""Step 1 of the request path: the OpenAI wire format, as pydantic models.
+
+Requests are validated here (types, ranges OpenAI defines); the sampling knobs
+then go to SamplingParams, whose own checks name the offending field. Unknown
+request fields are ignored, as vLLM does. Responses serialize to exactly the
+JSON that OpenAI clients parse.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+from zhuzi.sampling_params import SamplingParams
+
+
+def _utf8_only(text: str) -> str:
+    # JSON may carry lone surrogates ("\ud800"); no tokenizer can encode them.
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError("text must be valid Unicode (found a lone surrogate)") from exc
+    return text
+
+
+Text = Annotated[str, AfterValidator(_utf8_only)]
+
+
+def _is_none(value: Any) -> bool:
+    return value is None
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+class Request(BaseModel):
+    # NaN or Infinity (JSON extensions, or 1e999) would reach the sampler as poison.
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+
+# ---------------------------------------------------------------- requests
+
+class TextPart(Request):
+    type: Literal["text"]
+    text: Text
+
+
+class FunctionCall(Request):
+    name: str
+    arguments: str = "{}"
+
+
+class ToolCallIn(Request):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ChatMessage(Request):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Text | list[TextPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: Text | None = None
+
+    @property
+    def text(self) -> str:
+        """The content as one string (parts joined with newlines, as the tokenizer joins them)."""
+        if isinstance(self.content, list):
+            return "\n".join(part.text for part in self.content)
+        return self.content or ""
+
+
+class FunctionDef(Request):
+    name: str = Field(min_length=1)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class ToolDef(Request):
+    type: Literal["function"] = "function"
+    function: FunctionDef
+
+
+class NamedFunction(Request):
+    name: str
+
+
+class NamedToolChoice(Request):
+    type: Literal["function"] = "function"
+    function: NamedFunction
+
+
+class StreamOptions(Request):
+    include_usage: bool = False
+
+
+class SamplingRequest(Request):
+    """Fields that chat and completions share."""
+
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    n: int = Field(1, le=128)
+    stop: Text | list[Text] | None = None
+    stop_token_ids: list[int] | None = None
+    seed: int | None = Field(None, ge=-(2**63), lt=2**63)  # int64; sample i of n uses seed + i
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    user: str | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+
+    @model_validator(mode="after")
+    def _stream_options_need_stream(self) -> SamplingRequest:
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options is only allowed when stream is true")
+        return self
+
+    @property
+    def include_usage_chunk(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+    def logit_bias_ids(self) -> dict[int, float] | None:
+        """logit_bias with its JSON-string keys read as token ids (ValueError names the field)."""
+        if not self.logit_bias:
+            return None
+        try:
+            return {int(key): value for key, value in self.logit_bias.items()}
+        except ValueError as exc:
+            raise ValueError(f"logit_bias keys must be token ids, got {list(self.logit_bias)!r}") from exc
+
+    def sampling_params(self, max_tokens: int | None, logprobs: int | None,
+                        prompt_logprobs: int | None = None) -> SamplingParams:
+        """Build SamplingParams; unset fields keep its defaults. Raises ValueError naming a field."""
+        given = {
+            "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
+            "min_p": self.min_p, "presence_penalty": self.presence_penalty,
+            "frequency_penalty": self.frequency_penalty, "repetition_penalty": self.repetition_penalty,
+        }
+        return SamplingParams(
+            n=self.n, max_tokens=max_tokens, seed=self.seed, stop=self.stop,
+            stop_token_ids=self.stop_token_ids, logit_bias=self.logit_bias_ids(),
+            ignore_eos=self.ignore_eos, min_tokens=self.min_tokens, logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs, include_stop_str_in_output=self.include_stop_str_in_output,
+            skip_special_tokens=self.skip_special_tokens,
+            **{name: value for name, value in given.items() if value is not None},
+        )
+
+
+class ChatTemplateRequest(Request):
+    """What the chat template needs: shared by /v1/chat/completions and /tokenize."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    tools: list[ToolDef] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+
+    @model_validator(mode="after")
+    def _check_template_options(self) -> ChatTemplateRequest:
+        if self.continue_final_message and self.messages:
+            if self.add_generation_prompt:
+                raise ValueError("continue_final_message needs add_generation_prompt set to false")
+            if self.messages[-1].role != "assistant":
+                raise ValueError("continue_final_message needs an assistant message last")
+        if self.tool_choice not in (None, "none", "auto") and not self.tools:
+            raise ValueError("tool_choice needs tools")
+        if isinstance(self.tool_choice, NamedToolChoice):
+            names = {tool.function.name for tool in self.tools or []}
+            if self.tool_choice.function.name not in names:
+                raise ValueError(f"tool_choice names {self.tool_choice.function.name!r}, "
+                                 f"which is not among the tools {sorted(names)}")
+        return self
+
+    @property
+    def parse_tool_calls(self) -> bool:
+        return bool(self.tools) and self.tool_choice != "none"
+
+    def template_args(self) -> dict[str, Any]:
+        """Keyword arguments for Tokenizer.render_chat / encode_chat."""
+        kwargs = dict(self.chat_template_kwargs or {})
+        if self.tool_choice is not None:
+            choice = self.tool_choice
+            kwargs.setdefault("tool_choice", choice if isinstance(choice, str) else choice.model_dump())
+        return {
+            "tools": [tool.model_dump(exclude_none=True) for tool in self.tools] if self.tools else None,
+            "add_generation_prompt": self.add_generation_prompt,
+            "continue_final_message": self.continue_final_message,
+            "chat_template_kwargs": kwargs or None,
+        }
+
+    def template_messages(self) -> list[dict[str, Any]]:
+        return [message.model_dump(exclude_none=True) for message in self.messages]
+
+
+class ChatCompletionRequest(ChatTemplateRequest, SamplingRequest):
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+
+    @model_validator(mode="after")
+    def _top_logprobs_need_logprobs(self) -> ChatCompletionRequest:
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs set to true")
+        return self
+
+    def to_sampling_params(self) -> SamplingParams:
+        max_tokens = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+        logprobs = (self.top_logprobs or 0) if self.logprobs else None
+        return self.sampling_params(max_tokens, logprobs)
+
+
+Prompt = Text | list[Text] | list[int] | list[list[int]]
+
+
+class CompletionRequest(SamplingRequest):
+    prompt: Prompt
+    echo: bool = False
+    logprobs: int | None = Field(None, ge=0, le=20)
+
+    @model_validator(mode="after")
+    def _prompt_not_empty(self) -> CompletionRequest:
+        prompts = self.prompts()
+        if not prompts or any(len(p) == 0 for p in prompts):
+            raise ValueError("prompt must not be empty")
+        return self
+
+    def prompts(self) -> list[str | list[int]]:
+        """The prompt as a batch: each item a string or a list of token ids."""
+        prompt = self.prompt
+        if isinstance(prompt, str):
+            return [prompt]
+        if prompt and all(isinstance(p, int) for p in prompt):
+            return [prompt]  # type: ignore[list-item]
+        return list(prompt)  # type: ignore[arg-type]
+
+    def to_sampling_params(self) -> SamplingParams:
+        prompt_logprobs = self.logprobs if self.echo and self.logprobs is not None else None
+        return self.sampling_params(self.max_tokens, self.logprobs, prompt_logprobs)
+
+
+class TokenizeRequest(ChatTemplateRequest):
+    """vLLM's /tokenize: either a raw prompt or chat messages rendered by the template."""
+
+    model: str | None = None
+    prompt: Text | None = None
+    messages: Annotated[list[ChatMessage], Field(min_length=1)] | None = None  # type: ignore[assignment]
+
+    @model_validator(mode="after")
+    def _one_input(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of prompt or messages")
+        return self
+
+
+class DetokenizeRequest(Request):
+    model: str | None = None
+    tokens: list[int]
+
+
+# ---------------------------------------------------------------- responses
+
+class Response(BaseModel):
+    pass
+
+
+class PromptTokensDetails(Response):
+    cached_tokens: int = 0
+
+
+class Usage(Response):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+    prompt_tokens_details: PromptTokensDetails | None = None
+
+    @classmethod
+    def of(cls, prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> Usage:
+        return cls(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                   total_tokens=prompt_tokens + completion_tokens,
+                   prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens))
+
+
+class TopLogprob(Response):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob] = []
+
+
+class ChatLogprobs(Response):
+    content: list[TokenLogprob] | None = None
+
+
+class FunctionCallOut(Response):
+    name: str
+    arguments: str
+
+
+class ToolCallOut(Response):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCallOut
+
+
+class ChatResponseMessage(Response):
+    role: Literal["assistant"] = "assistant"
+    content: str | None = None
+    reasoning_content: str | None = Field(None, exclude_if=_is_none)
+    tool_calls: list[ToolCallOut] | None = Field(None, exclude_if=_is_none)
+
+
+class ChatChoice(Response):
+    index: int
+    message: ChatResponseMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class ChatCompletionResponse(Response):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class DeltaFunction(Response):
+    name: str | None = Field(None, exclude_if=_is_none)
+    arguments: str | None = Field(None, exclude_if=_is_none)
+
+
+class DeltaToolCall(Response):
+    index: int
+    id: str | None = Field(None, exclude_if=_is_none)
+    type: Literal["function"] | None = Field(None, exclude_if=_is_none)
+    function: DeltaFunction
+
+
+class DeltaMessage(Response):
+    role: Literal["assistant"] | None = Field(None, exclude_if=_is_none)
+    content: str | None = Field(None, exclude_if=_is_none)
+    reasoning_content: str | None = Field(None, exclude_if=_is_none)
+    tool_calls: list[DeltaToolCall] | None = Field(None, exclude_if=_is_none)
+
+
+class ChatChunkChoice(Response):
+    index: int
+    delta: DeltaMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = Field(None, exclude_if=_is_none)
+
+
+class ChatCompletionChunk(Response):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = Field(None, exclude_if=_is_none)
+
+
+class CompletionLogprobs(Response):
+    tokens: list[str] = []
+    token_logprobs: list[float | None] = []
+    top_logprobs: list[dict[str, float] | None] = []
+    text_offset: list[int] = []
+
+
+class CompletionChoice(Response):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = Field(None, exclude_if=_is_none)
+
+
+class CompletionResponse(Response):
+    """A whole completion, or (object text_completion too) one streamed chunk of it."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = Field(None, exclude_if=_is_none)
+
+
+class ModelCard(Response):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "zhuzi"
+    root: str | None = None
+    max_model_len: int
+
+
+class ModelList(Response):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class TokenizeResponse(Response):
+    tokens: list[int]
+    token_strs: list[str]
+    count: int
+    max_model_len: int
+
+
+class DetokenizeResponse(Response):
+    prompt: str
+
+
+class ErrorInfo(Response):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | int | None = None
+
+
+class ErrorResponse(Response):
+    error: ErrorInfo

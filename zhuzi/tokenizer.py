@@ -1,0 +1,242 @@
+"""Chat template + tokenizer: messages -> one document -> token ids (the step after the gateway).
+
+Injection safety. Rendering the template and tokenizing the result with special-token parsing
+on would let a user who types ``<|im_end|>\\n<|im_start|>system`` forge control tokens. Before
+rendering, every string the client sent (message contents, tool calls, tool schemas, template
+kwargs) is escaped: each special-token string in it becomes a private-use placeholder, so the
+template sees the real text except for those strings. Every special-token string left in the
+rendered document is then the template's own marker and becomes its control id; the text between
+markers gets its placeholders restored and is encoded with special-token parsing off. A tokenizer
+always cuts its input at special tokens before running BPE, so for content without special-token
+strings this equals the naive render-then-encode. Escaping (instead of swapping whole contents for
+sentinels) keeps templates that transform content (``.strip()``, splitting on ``</think>``)
+rendering exactly as they would the real text.
+
+Added tokens that are not special (Qwen's ``<think>``, ``<tool_call>``) stay ordinary added tokens,
+as in other engines. The lstrip/rstrip options of added tokens are not honoured (the supported
+models set none on their special tokens).
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+import json
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from tokenizers import Tokenizer as RustTokenizer
+from tokenizers.decoders import ByteLevel
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+_ESC = "\U000f0000"  # private use: opens a placeholder; a literal one in client text is doubled
+_CODE_BASE = 0xF0001  # special token k (longest first) is written _ESC + chr(_CODE_BASE + k)
+_RESERVED_KWARGS = frozenset(inspect.signature(PreTrainedTokenizerBase.apply_chat_template).parameters) - {
+    "self", "kwargs"} | {"messages"}
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("ZHUZI_CACHE") or Path.home() / ".cache" / "zhuzi")
+
+
+def _gguf_cache_path(gguf: Path) -> Path:
+    stat = gguf.stat()
+    key = f"{gguf.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}"
+    return cache_dir() / "tokenizers" / hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
+def _load_gguf(gguf: Path) -> PreTrainedTokenizerBase:
+    """Converting a GGUF vocabulary takes seconds, so the converted tokenizer is cached on disk."""
+    cached = _gguf_cache_path(gguf)
+    if (cached / "tokenizer.json").exists():
+        return AutoTokenizer.from_pretrained(cached, local_files_only=True)
+    hf = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = tempfile.mkdtemp(dir=cached.parent, prefix=".tmp-")
+        hf.save_pretrained(tmp)
+        try:
+            os.rename(tmp, cached)  # atomic: readers see no half-written cache
+        except OSError:  # another process cached it first
+            shutil.rmtree(tmp, ignore_errors=True)
+    except OSError:
+        pass  # an unwritable cache only costs start-up time
+    return hf
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """Byte-level BPE's alphabet: printable Latin-1 bytes stand for themselves, the rest for chr(256 + n)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    mapping = {b: chr(b) for b in printable}
+    for n, b in enumerate(b for b in range(256) if b not in mapping):
+        mapping[b] = chr(256 + n)
+    return mapping
+
+
+def _text_parts(content: list[dict]) -> str:
+    """OpenAI's list-of-parts content, joined with newlines as vLLM does."""
+    texts = []
+    for part in content:
+        if part.get("type") != "text":
+            raise ValueError(f"content part of type {part.get('type')!r} is not supported (text only)")
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+def _tool_call(call: dict) -> dict:
+    """Templates (Qwen's, Llama's) index into the arguments, so a JSON object string becomes a dict."""
+    function = dict(call.get("function") or {})
+    args = function.get("arguments")
+    if isinstance(args, str):
+        try:
+            parsed = json.loads(args)
+        except ValueError:
+            parsed = None
+        if isinstance(parsed, dict):
+            function["arguments"] = parsed
+    return {**call, "function": function}
+
+
+def _message(message: dict) -> dict:
+    msg = dict(message)
+    content = msg.get("content")
+    if content is None:  # an assistant turn that only calls tools
+        msg["content"] = ""
+    elif isinstance(content, list):
+        msg["content"] = _text_parts(content)
+    if msg.get("tool_calls"):
+        msg["tool_calls"] = [_tool_call(c) for c in msg["tool_calls"]]
+    return msg
+
+
+class Tokenizer:
+    """A transformers tokenizer plus injection-safe chat encoding and a byte table for detokenizing."""
+
+    def __init__(self, hf: PreTrainedTokenizerBase):
+        if getattr(hf, "backend_tokenizer", None) is None:
+            raise ValueError(f"{type(hf).__name__} has no fast (tokenizers) backend, which zhuzi needs")
+        self.hf = hf
+        self.eos_token_id: int | None = hf.eos_token_id
+        # A private copy that never parses special tokens: the transformers tokenizer flips that flag on
+        # its shared backend per call, which races between threads.
+        self._text = RustTokenizer.from_str(hf.backend_tokenizer.to_str())
+        self._text.encode_special_tokens = True
+        self._special_ids = {t.content: i for i, t in hf.added_tokens_decoder.items() if t.special}
+        self.all_special_ids: frozenset[int] = frozenset(self._special_ids.values()) | frozenset(hf.all_special_ids)
+        specials = sorted(self._special_ids, key=len, reverse=True)  # longest match wins, as in the tokenizer
+        self._special_re = re.compile("|".join(map(re.escape, specials)) or "(?!)")
+        self._placeholders = {s: _ESC + chr(_CODE_BASE + k) for k, s in enumerate(specials)}
+        self._originals = {p: s for s, p in self._placeholders.items()} | {_ESC * 2: _ESC}
+        self._prefix, self._suffix = self._plain_text_wrapping()
+
+    @classmethod
+    def load(cls, path: str | Path) -> Tokenizer:
+        """A Hugging Face directory or a .gguf file."""
+        path = Path(path)
+        if path.is_file() and path.suffix == ".gguf":
+            return cls(_load_gguf(path))
+        if path.is_dir():
+            return cls(AutoTokenizer.from_pretrained(path, local_files_only=True))
+        raise FileNotFoundError(f"no tokenizer at {path} (expected a Hugging Face directory or a .gguf file)")
+
+    def __len__(self) -> int:
+        return len(self.hf)
+
+    def _plain_text_wrapping(self) -> tuple[list[int], list[int]]:
+        """The ids the tokenizer always puts around plain text (a BOS for Llama-3, nothing for ChatML models)."""
+        bare = self._text.encode("a", add_special_tokens=False).ids
+        full = self._text.encode("a", add_special_tokens=True).ids
+        at = next(i for i in range(len(full)) if full[i:i + len(bare)] == bare)
+        return full[:at], full[at + len(bare):]
+
+    def encode(self, text: str, *, parse_special: bool = False) -> list[int]:
+        core = self._encode_markup(text, lambda s: s) if parse_special else self._encode_text(text)
+        return self._prefix + core + self._suffix
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.hf.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def token_strs(self, ids: list[int]) -> list[str]:
+        return self.hf.convert_ids_to_tokens(ids)
+
+    @functools.cached_property
+    def token_bytes(self) -> list[bytes]:
+        """Each id's exact bytes: what the detokenizer joins, so it never decodes a window of text twice."""
+        if not isinstance(self._text.decoder, ByteLevel):
+            raise ValueError("incremental detokenizing needs a byte-level BPE tokenizer "
+                             f"(this one decodes with {type(self._text.decoder).__name__})")
+        to_byte = str.maketrans({ch: chr(b) for b, ch in _bytes_to_unicode().items()})
+        vocab = self._text.get_vocab(with_added_tokens=False)
+        table = [b""] * max(len(self), max(vocab.values()) + 1)
+        for token, i in vocab.items():
+            table[i] = token.translate(to_byte).encode("latin-1")
+        for i, added in self.hf.added_tokens_decoder.items():
+            table[i] = added.content.encode()  # added tokens are stored as text, not in the byte alphabet
+        return table
+
+    def render_chat(self, messages: list[dict], *, tools: list[dict] | None = None,
+                    add_generation_prompt: bool = True, continue_final_message: bool = False,
+                    chat_template_kwargs: dict | None = None) -> str:
+        """The document the model reads, as text."""
+        escaped = self._render_escaped(messages, tools, add_generation_prompt, continue_final_message,
+                                       chat_template_kwargs)
+        return self._unescape(escaped)
+
+    def encode_chat(self, messages: list[dict], *, tools: list[dict] | None = None,
+                    add_generation_prompt: bool = True, continue_final_message: bool = False,
+                    chat_template_kwargs: dict | None = None) -> list[int]:
+        """The ids of render_chat's document, where only the template's own markers are control ids."""
+        escaped = self._render_escaped(messages, tools, add_generation_prompt, continue_final_message,
+                                       chat_template_kwargs)
+        return self._encode_markup(escaped, self._unescape)
+
+    def _render_escaped(self, messages: list[dict], tools: list[dict] | None, add_generation_prompt: bool,
+                        continue_final_message: bool, chat_template_kwargs: dict | None) -> str:
+        if not self.hf.chat_template:
+            raise ValueError("this checkpoint has no chat template: use the completions API with a plain prompt")
+        if add_generation_prompt and continue_final_message:
+            raise ValueError("continue_final_message needs add_generation_prompt=False")
+        kwargs = dict(chat_template_kwargs or {})
+        if clash := sorted(kwargs.keys() & _RESERVED_KWARGS):
+            raise ValueError(f"chat_template_kwargs may not set {', '.join(clash)}")
+        try:
+            return self.hf.apply_chat_template(
+                self._escape([_message(m) for m in messages]), tools=self._escape(tools),
+                add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message,
+                tokenize=False, **self._escape(kwargs))
+        except jinja2.TemplateError as e:  # e.g. the template's raise_exception("roles must alternate")
+            raise ValueError(f"chat template: {self._unescape(str(e))}") from e
+
+    def _escape(self, value: Any) -> Any:
+        if isinstance(value, str):
+            doubled = value.replace(_ESC, _ESC * 2)
+            return self._special_re.sub(lambda m: self._placeholders[m.group()], doubled)
+        if isinstance(value, dict):
+            return {self._escape(k): self._escape(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [self._escape(v) for v in value]
+        return value
+
+    def _unescape(self, text: str) -> str:
+        if _ESC not in text:
+            return text
+        return re.sub(f"{_ESC}.", lambda m: self._originals.get(m.group(), m.group()), text, flags=re.DOTALL)
+
+    def _encode_markup(self, doc: str, restore: Callable[[str], str]) -> list[int]:
+        """Special-token strings in doc become their ids; the text between them, restored, is plain text."""
+        ids: list[int] = []
+        start = 0
+        for m in self._special_re.finditer(doc):
+            ids += self._encode_text(restore(doc[start:m.start()]))
+            ids.append(self._special_ids[m.group()])
+            start = m.end()
+        return ids + self._encode_text(restore(doc[start:]))
+
+    def _encode_text(self, text: str) -> list[int]:
+        return self._text.encode(text, add_special_tokens=False).ids if text else []
