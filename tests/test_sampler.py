@@ -21,10 +21,13 @@ def row(output: list[int] | None = None, prompt: list[int] | None = None, stop_i
 
 
 def draws(logits: torch.Tensor, n: int, seed: int = 0, **params) -> torch.Tensor:
-    """n tokens drawn from the one-row logits, as a batch of n identical rows."""
+    """n tokens drawn from the one-row logits, in batches of up to 256 identical rows."""
     torch.manual_seed(seed)
-    rows = [row(**params) for _ in range(n)]
-    return torch.tensor(sampler(logits.expand(n, -1), rows).token_ids)
+    tokens = []
+    for start in range(0, n, 256):
+        size = min(256, n - start)
+        tokens += sampler(logits.expand(size, -1), [row(**params) for _ in range(size)]).token_ids
+    return torch.tensor(tokens)
 
 
 def hand_made(vocab: int = VOCAB) -> torch.Tensor:
@@ -72,6 +75,7 @@ def test_same_seed_same_tokens_different_seeds_differ():
 
 def test_seeded_row_ignores_the_rest_of_the_batch():
     logits = torch.randn(6, VOCAB) * 2
+    logits[:, torch.randperm(VOCAB)[:100]] += 6.0  # a nucleus of ~100 tokens, as real logits have
     params = dict(temperature=0.8, top_p=0.9, seed=1234)
     alone_row = row(**params)
     alone = [sampler(logits[:1], [alone_row]).token_ids[0] for _ in range(20)]
@@ -102,7 +106,7 @@ def test_draws_follow_softmax_of_logits_over_temperature(temperature):
 
 def test_draws_follow_softmax_on_the_full_vocabulary():
     logits = hand_made()
-    n = 20000
+    n = 2000
     counts = torch.bincount(draws(logits, n, temperature=1.0), minlength=VOCAB).double()
     observed = torch.cat([counts[HAND_IDS], (n - counts[HAND_IDS].sum()).reshape(1)])
     expected = torch.tensor(HAND_PROBS + [0.01], dtype=torch.float64) * n
@@ -120,25 +124,39 @@ def allowed(*ranks: int) -> set[int]:
     (dict(top_p=0.85), allowed(0, 1, 2, 3)),  # 0.8 < 0.85 <= 0.9
     (dict(top_k=4, top_p=0.85), allowed(0, 1, 2)),  # top-p on the renormalized top 4: 0.72 < 0.85 <= 0.89
     (dict(min_p=0.3), allowed(0, 1, 2)),  # prob >= 0.12
-    (dict(min_p=0.2, temperature=2.0), allowed(0, 1, 2, 3, 4)),  # flatter: prob ratio >= 0.2 down to 0.05
+    (dict(min_p=0.3, temperature=2.0), allowed(0, 1, 2, 3, 4)),  # flatter: ratios are square roots, sqrt(.05/.4) > .3
     (dict(top_k=5, min_p=0.3), allowed(0, 1, 2)),
 ])
 def test_truncation_keeps_exactly_the_allowed_set(params, expected):
-    seen = set(draws(hand_made(), 4000, **params).tolist())
+    seen = set(draws(hand_made(vocab=1000), 2000, **params).tolist())
     assert seen == expected
+
+
+def test_each_row_of_a_mixed_batch_keeps_its_own_set():
+    configs = [(dict(top_k=3), allowed(0, 1, 2)), (dict(top_p=0.5), allowed(0, 1)),
+               (dict(min_p=0.3), allowed(0, 1, 2)), (dict(top_k=4, top_p=0.85), allowed(0, 1, 2)),
+               (dict(temperature=0), allowed(0)), (dict(temperature=0.5, top_p=0.7), allowed(0, 1))]
+    logits = hand_made()
+    torch.manual_seed(0)
+    seen = [set() for _ in configs]
+    for _ in range(3):
+        rows = [row(**configs[i % len(configs)][0]) for i in range(252)]
+        for i, token in enumerate(sampler(logits.expand(len(rows), -1), rows).token_ids):
+            seen[i % len(configs)].add(token)
+    assert seen == [expected for _, expected in configs]
 
 
 @pytest.mark.parametrize("top_p", [0.5, 0.95])
 def test_wide_nucleus_is_cut_where_a_full_sort_cuts(top_p):
     # Thousands of near-equal tokens: the cut lies beyond the first candidate
     # sets, so this checks the paths that look further (up to the full sort).
-    vocab = 8192
-    logits = torch.cat([torch.linspace(0.5, 0.0, 6000), torch.full((vocab - 6000,), -4.0)])
+    vocab = 5000
+    logits = torch.cat([torch.linspace(0.5, 0.0, 4600), torch.full((vocab - 4600,), -4.0)])
     logits = logits[torch.randperm(vocab, generator=torch.Generator().manual_seed(0))]
     probs, order = logits.softmax(-1).sort(descending=True)
     mass_before = probs.cumsum(-1) - probs
     nucleus = order[mass_before < top_p]
-    tokens = draws(logits, 6000, top_p=top_p)
+    tokens = draws(logits, 1000, top_p=top_p)
     assert set(tokens.tolist()) <= set(nucleus.tolist())
     rank = {t: r for r, t in enumerate(order.tolist())}
     assert max(rank[t] for t in tokens.tolist()) > 0.99 * len(nucleus)  # nor cut short
@@ -188,8 +206,8 @@ def test_logprobs_come_from_the_raw_distribution():
             row(logprobs=0, temperature=0),
             row(),
             row(logprobs=20, top_k=3, seed=1)]
-    out = sampler(logits.bfloat16(), rows)
-    raw = logits.bfloat16().float().log_softmax(-1)
+    out = sampler(logits, rows)
+    raw = logits.log_softmax(-1)
     assert out.logprobs[2] is None
     for i, n in [(0, 5), (1, 0), (3, 20)]:
         entry, token = out.logprobs[i], out.token_ids[i]

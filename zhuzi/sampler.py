@@ -7,6 +7,7 @@ only builds small index tensors.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import chain
 
@@ -18,8 +19,10 @@ from zhuzi.sampling_params import SamplingParams
 
 # top-p first looks for its cut among this many best tokens per row, then among
 # more, and sorts the whole vocabulary only for rows whose nucleus is wider
-# still: real next-token distributions are peaked, and a full sort costs ~100x more.
-_TOP_P_CANDIDATES = (64, 4096)
+# still: real next-token distributions are peaked, and a full sort costs ~60x more than a top 64.
+_TOP_P_CANDIDATES = (64, 512, 4096)
+# Sampling sums probabilities block by block (see _inverse_cdf).
+_BLOCK = 256
 # prompt_logprobs works through this many positions at a time, so a long prompt
 # does not need a second [P, V] tensor.
 _PROMPT_CHUNK = 256
@@ -53,11 +56,6 @@ class SamplingRow:
         p = self.params
         return (bool(p.logit_bias) or self.forbids_stop or p.repetition_penalty != 1
                 or p.frequency_penalty != 0 or p.presence_penalty != 0)
-
-    @property
-    def truncates(self) -> bool:
-        p = self.params
-        return p.top_k > 0 or p.top_p < 1 or p.min_p > 0
 
 
 @dataclass
@@ -148,64 +146,93 @@ def _choose_tokens(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tenso
 def _draw(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
     """One token per row from softmax(logits / T) truncated by top-k/top-p/min-p; logits is ours to change."""
     logits /= torch.tensor([[r.params.temperature] for r in rows], device=logits.device)
-    if any(r.truncates for r in rows):
-        logits.masked_fill_(logits < _truncation_floor(logits, rows)[:, None], float("-inf"))
+    _truncate(logits, rows)
     # Inverse-CDF sampling takes a single uniform per row, from the row's own
     # generator, so a seeded row draws the same whatever else is in the batch.
     uniforms = torch.cat([torch.rand(1, dtype=torch.float64, generator=r.generator) for r in rows])
-    # float64: a float32 running sum over 49k tokens would distort the rare ones.
-    cdf = logits.softmax(dim=-1).double().cumsum(dim=-1)
-    # uniforms < 1 so target < cdf[:, -1]: the first cdf value above target
-    # always exists and belongs to a token of nonzero probability.
-    target = uniforms.to(logits.device)[:, None] * cdf[:, -1:]
-    return torch.searchsorted(cdf, target, right=True).squeeze(1)
+    return _inverse_cdf(logits.softmax(dim=-1), uniforms.to(logits.device))
 
 
-def _truncation_floor(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-    """Per row, the lowest logit still allowed by top-k, then top-p, then min-p.
+def _inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Per row, the token where the running sum of probs [n, V] first exceeds uniform * total.
 
-    Cutting at a value (not a position) keeps tokens tied with the last kept
-    one, so the allowed set never depends on how a sort orders ties.
+    A float32 running sum over a whole vocabulary would blur the rare tokens
+    and a float64 one costs a pass of its own, so the sum is taken in two
+    levels: block totals pick a block, a float64 sum inside it picks the token.
+    """
+    n, vocab = probs.shape
+    blocks = (F.pad(probs, (0, -vocab % _BLOCK)) if vocab % _BLOCK else probs).view(n, -1, _BLOCK)
+    block_cdf = blocks.sum(dim=-1).double().cumsum(dim=-1)
+    # uniforms < 1, so target < block_cdf[:, -1]: the chosen block has mass.
+    target = uniforms[:, None] * block_cdf[:, -1:]
+    block = torch.searchsorted(block_cdf, target, right=True)
+    before = torch.where(block > 0, block_cdf.gather(1, (block - 1).clamp(min=0)), 0.0)
+    chunk = blocks.gather(1, block[:, :, None].expand(-1, -1, _BLOCK)).squeeze(1)
+    offset = torch.searchsorted(chunk.double().cumsum(dim=-1), target - before, right=True)
+    # The block total and the sum inside it may differ in the last bits; never
+    # step past the block's last token of nonzero probability.
+    last = _BLOCK - 1 - (chunk > 0).flip(-1).int().argmax(dim=-1, keepdim=True)
+    return (block * _BLOCK + torch.minimum(offset, last)).squeeze(1)
+
+
+def _truncate(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
+    """Sets to -inf, in place, what top-k rules out, then top-p of what is left, then min-p.
+
+    Each cut is at a logit value, not at a position in a sort: tokens tied
+    with the last kept one stay too, so the allowed set never depends on how
+    a sort orders ties.
     """
     params = [r.params for r in rows]
-    floor = torch.full((len(rows),), float("-inf"), device=logits.device)
-    if any(p.top_k > 0 for p in params):
-        floor = _top_k_floor(logits, [p.top_k for p in params])
-    nucleus = [i for i, p in enumerate(params) if p.top_p < 1]
-    if nucleus:
-        top_p = torch.tensor([params[i].top_p for i in nucleus], device=logits.device)
-        floor[nucleus] = torch.maximum(floor[nucleus], _top_p_floor(logits[nucleus], top_p, floor[nucleus]))
-    # min-p compares probabilities with the top one's: a fixed distance below the top logit.
-    min_p = torch.tensor([p.min_p for p in params], device=logits.device)
-    return torch.maximum(floor, logits.amax(dim=-1) + min_p.log())
+    _cut(logits, params, [i for i, p in enumerate(params) if p.top_k > 0], _top_k_floor)
+    _cut(logits, params, [i for i, p in enumerate(params) if p.top_p < 1], _top_p_floor)
+    _cut(logits, params, [i for i, p in enumerate(params) if p.min_p > 0], _min_p_floor)
 
 
-def _top_k_floor(logits: torch.Tensor, top_k: list[int]) -> torch.Tensor:
-    vocab = logits.shape[1]
-    k = torch.tensor([min(k, vocab) for k in top_k], device=logits.device)
+def _cut(logits: torch.Tensor, params: list[SamplingParams], chosen: list[int],
+         row_floor: Callable[[torch.Tensor, list[SamplingParams]], torch.Tensor]) -> None:
+    """Sets to -inf the logits of the chosen rows that lie below the floor row_floor finds."""
+    if chosen:
+        floor = torch.full((len(params), 1), float("-inf"), device=logits.device)
+        floor[chosen, 0] = row_floor(_select(logits, chosen), [params[i] for i in chosen])
+        logits.masked_fill_(logits < floor, float("-inf"))
+
+
+def _select(logits: torch.Tensor, rows: list[int] | torch.Tensor) -> torch.Tensor:
+    """logits[rows], without a copy when rows (ascending, distinct) are all of them."""
+    return logits if len(rows) == len(logits) else logits[rows]
+
+
+def _top_k_floor(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    k = torch.tensor([p.top_k for p in params], device=logits.device).clamp(max=logits.shape[1])
     best = logits.topk(int(k.max()), dim=-1).values
-    kth = best.gather(1, (k - 1).clamp(min=0)[:, None]).squeeze(1)
-    return torch.where(k > 0, kth, float("-inf"))
+    return best.gather(1, k[:, None] - 1).squeeze(1)
 
 
-def _top_p_floor(logits: torch.Tensor, top_p: torch.Tensor, floor: torch.Tensor) -> torch.Tensor:
-    """The logit of the last token of the smallest top set holding top_p of the mass above floor."""
+def _top_p_floor(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """The last logit of the smallest top set that holds top_p of the probability."""
     vocab = logits.shape[1]
-    peak = logits.amax(dim=-1, keepdim=True)
-    mass = (logits - peak).exp().masked_fill_(logits < floor[:, None], 0.0).sum(dim=-1, keepdim=True)
-    result = torch.empty_like(top_p)
-    pending = torch.arange(len(top_p), device=logits.device)
+    top_p = torch.tensor([p.top_p for p in params], device=logits.device)
+    log_mass = logits.logsumexp(dim=-1, keepdim=True)
+    floor = torch.empty_like(top_p)
+    pending = torch.arange(len(params), device=logits.device)
     for size in (*_TOP_P_CANDIDATES, vocab):
-        best = logits[pending].topk(min(size, vocab), dim=-1).values
-        probs = ((best - peak[pending]).exp() / mass[pending]).masked_fill_(best < floor[pending, None], 0.0)
+        best = _select(logits, pending).topk(min(size, vocab), dim=-1).values
+        probs = (best - log_mass[pending]).exp()
         mass_before = F.pad(probs.cumsum(dim=-1)[:, :-1], (1, 0))
         kept = (mass_before < top_p[pending, None]).sum(dim=-1)  # >= 1: the top token always stays
-        done = (kept < best.shape[1]) | (best.shape[1] == vocab)
-        result[pending[done]] = best[done].gather(1, kept[done, None] - 1).squeeze(1)
+        # Also done: rows whose candidates already reach the tokens ruled out before.
+        done = (kept < best.shape[1]) | (best.shape[1] == vocab) | (best[:, -1] == float("-inf"))
+        floor[pending[done]] = best[done].gather(1, kept[done, None] - 1).squeeze(1)
         pending = pending[~done]
         if not len(pending):
             break
-    return result
+    return floor
+
+
+def _min_p_floor(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    # A probability min_p times the top one's is a fixed distance below the top logit.
+    min_p = torch.tensor([p.min_p for p in params], device=logits.device)
+    return logits.amax(dim=-1) + min_p.log()
 
 
 def _sample_logprobs(logits: torch.Tensor, token_ids: torch.Tensor,
@@ -237,8 +264,9 @@ def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor | list[int],
     for token, value, rank, n, ids, values in zip(token_ids.tolist(), chosen.squeeze(1).tolist(),
                                                  ranks.tolist(), num_top, top_ids, top_values):
         entry = {token: Logprob(value, rank)}
-        for r, (top_id, top_value) in enumerate(zip(ids[:n], values[:n]), start=1):
-            entry.setdefault(top_id, Logprob(top_value, r))
+        for top_id, top_value in zip(ids[:n], values[:n]):
+            # values are sorted: the first equal one's place counts the tokens strictly more likely
+            entry.setdefault(top_id, Logprob(top_value, values.index(top_value) + 1))
         out.append(entry)
     return out
 

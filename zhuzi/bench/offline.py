@@ -155,13 +155,13 @@ def generate_batch(model, batch: list[TokenRequest], pad_id: int, temperature: f
 def comparison_note(num_prompts: int, hf_run: EngineRun | None, batch_size: int) -> str:
     if hf_run is None:
         return "transformers not run"
-    batches = math.ceil(hf_run.num_requests / batch_size)
+    batches = f"{math.ceil(hf_run.num_requests / batch_size)} transformers batch(es) of up to {batch_size}"
     if hf_run.num_requests == num_prompts:
-        return f"both engines ran all {num_prompts} requests ({batches} transformers batches of {batch_size})"
-    return (f"transformers ran the first {hf_run.num_requests} of {num_prompts} requests "
-            f"({batches} whole batches of {batch_size}); its batches run one after another on the same "
-            f"length distribution, so its tokens/s over whole batches estimates the full run's, "
-            f"and the ratio compares that with zhuzi over all {num_prompts}")
+        return f"both engines ran all {num_prompts} requests ({batches})"
+    return (f"transformers ran the first {hf_run.num_requests} of {num_prompts} requests ({batches}); "
+            f"its batches run one after another on the same length distribution, so its tokens/s over "
+            f"whole batches estimates the full run's, and the ratio compares that with zhuzi over all "
+            f"{num_prompts}")
 
 
 def run(args: argparse.Namespace) -> OfflineReport:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import time
 from dataclasses import asdict, dataclass, field
@@ -347,6 +348,7 @@ def format_report(r: ServeReport) -> str:
 
 
 def run(args: argparse.Namespace) -> ServeReport:
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request would bury the table
     report = asyncio.run(benchmark(args))
     print(format_report(report))
     if args.json_out:

@@ -34,7 +34,7 @@ from zhuzi.sampling_params import SamplingParams
 from zhuzi.server import protocol as p
 from zhuzi.server.gateway import Admission, Gateway, GatewayError, retry_after_header
 from zhuzi.server.metrics import ServerMetrics
-from zhuzi.server.parsers import THINK_CLOSE, THINK_OPEN, OutputParser, ParsedText
+from zhuzi.server.parsers import THINK_CLOSE, THINK_OPEN, OutputParser, ParsedText, prefill_of
 
 log = logging.getLogger("zhuzi.server")
 T = TypeVar("T")
@@ -468,10 +468,9 @@ class Server:
         try:
             ids = tokenizer.encode_chat(messages, **args)
             if body.continue_final_message:
-                return ids, body.messages[-1].text
-            if self.reasoning and tokenizer.render_chat(messages, **args).rstrip().endswith(THINK_OPEN):
-                return ids, THINK_OPEN  # the template opened the thought for the model
-            return ids, ""
+                return ids, prefill_of("", body.messages[-1].text)
+            # Only a thinking model's template can open a thought; skip the second render otherwise.
+            return ids, prefill_of(tokenizer.render_chat(messages, **args)) if self.reasoning else ""
         except (ValueError, TypeError) as exc:  # template errors, and templates fed unexpected types
             raise ApiError(400, f"Cannot render the chat template: {exc}", param="messages") from exc
 

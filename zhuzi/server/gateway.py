@@ -34,7 +34,7 @@ class GatewayError(Exception):
 class TokenBucket:
     per_minute: float
     level: float = field(init=False)
-    updated: float = field(default_factory=time.monotonic)
+    updated: float = field(default_factory=lambda: time.monotonic())
 
     def __post_init__(self) -> None:
         self.level = self.per_minute

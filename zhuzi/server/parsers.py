@@ -65,6 +65,14 @@ def parse_tool_call(text: str) -> ToolCall | None:
                     arguments=json.dumps(arguments, ensure_ascii=False))
 
 
+def prefill_of(prompt: str, continued_message: str | None = None) -> str:
+    """What the prompt already holds of the reply: the assistant message a client asked to
+    continue, or a "<think>" that the template opened (DeepSeek-R1 style templates do)."""
+    if continued_message is not None:
+        return continued_message
+    return THINK_OPEN if prompt.rstrip().endswith(THINK_OPEN) else ""
+
+
 def _partial_tag_len(text: str, tags: list[str]) -> int:
     """Length of the longest suffix of text that is a proper prefix of one of the tags."""
     for length in range(min(len(text), max((len(t) for t in tags), default=0) - 1), 0, -1):
@@ -91,9 +99,12 @@ class OutputParser:
         self.buffer = ""  # text not yet classified
         self.tool_text = ""  # the body of the open <tool_call> so far
         self.tool_lead = ""  # whitespace before it, given back if the call is malformed
+        self.hidden = 0  # characters of an open call that the prefill wrote: the client has them
         if prefill:
             self.feed(prefill)
-            if self.mode is not Mode.TOOL_CALL:
+            if self.mode is Mode.TOOL_CALL:
+                self.hidden = len(self.tool_lead + TOOL_OPEN + self.tool_text + self.buffer)
+            else:
                 self.buffer = ""  # the client already has the prefill: never emit it
 
     def feed(self, text: str) -> ParsedText:
@@ -190,9 +201,9 @@ class OutputParser:
 
     def _close_tool_call(self, body: str, out: ParsedText, closed: bool) -> None:
         call = parse_tool_call(body)
-        self.mode = Mode.CONTENT
+        self.mode, hidden, self.hidden = Mode.CONTENT, self.hidden, 0
         if call is not None:
             out.tool_calls.append(call)
             self.strip_leading = True
         else:  # malformed: the user sees the text as the model wrote it
-            out.content += self.tool_lead + TOOL_OPEN + body + (TOOL_CLOSE if closed else "")
+            out.content += (self.tool_lead + TOOL_OPEN + body + (TOOL_CLOSE if closed else ""))[hidden:]

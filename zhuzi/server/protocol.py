@@ -26,6 +26,7 @@ def _utf8_only(text: str) -> str:
 
 
 Text = Annotated[str, AfterValidator(_utf8_only)]
+MIN_TEMPERATURE = 0.01
 
 
 def _is_none(value: Any) -> bool:
@@ -114,7 +115,8 @@ class SamplingRequest(Request):
     seed: int | None = Field(None, ge=-(2**63), lt=2**63)  # int64; sample i of n uses seed + i
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
-    repetition_penalty: float | None = None
+    # Far below 1 it divides logits into overflow (NaN probabilities); real use stays near 1.
+    repetition_penalty: float | None = Field(None, ge=0.01, le=100)
     logit_bias: dict[str, float] | None = None
     ignore_eos: bool = False
     min_tokens: int = 0
@@ -146,8 +148,11 @@ class SamplingRequest(Request):
     def sampling_params(self, max_tokens: int | None, logprobs: int | None,
                         prompt_logprobs: int | None = None) -> SamplingParams:
         """Build SamplingParams; unset fields keep its defaults. Raises ValueError naming a field."""
+        temperature = self.temperature
+        if temperature is not None and 0 < temperature < MIN_TEMPERATURE:
+            temperature = MIN_TEMPERATURE  # as vLLM does: logits / 1e-40 overflow to NaN
         given = {
-            "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
+            "temperature": temperature, "top_p": self.top_p, "top_k": self.top_k,
             "min_p": self.min_p, "presence_penalty": self.presence_penalty,
             "frequency_penalty": self.frequency_penalty, "repetition_penalty": self.repetition_penalty,
         }

@@ -1,0 +1,83 @@
+"""The gateway's rules on their own, with a hand-driven clock (the HTTP side is in test_server_gateway.py)."""
+from __future__ import annotations
+
+import pytest
+
+from zhuzi.server import gateway as gw
+from zhuzi.server.gateway import ANONYMOUS, Gateway, GatewayError, retry_after_header
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    clock = Clock()
+    monkeypatch.setattr(gw.time, "monotonic", clock)
+    return clock
+
+
+def refused(call, *args) -> GatewayError:
+    with pytest.raises(GatewayError) as info:
+        call(*args)
+    return info.value
+
+
+def test_without_keys_everyone_is_the_anonymous_caller() -> None:
+    assert Gateway().authenticate(None) == ANONYMOUS
+
+
+def test_keys_need_a_matching_bearer_header() -> None:
+    gate = Gateway(api_keys=["k1", "k2"])
+    assert gate.authenticate("Bearer k2") == "k2"
+    assert gate.authenticate("bearer k1") == "k1"
+    for header in [None, "", "Bearer", "Bearer k3", "Basic k1", "k1", "Bearer k1x"]:
+        error = refused(gate.authenticate, header)
+        assert (error.status, error.code) == (401, "invalid_api_key")
+
+
+def test_requests_per_minute_refill_over_time(clock: Clock) -> None:
+    gate = Gateway(rpm=3)
+    for _ in range(3):
+        gate.check_rate("a")
+    error = refused(gate.check_rate, "a")
+    assert (error.status, error.type) == (429, "requests")
+    assert error.retry_after == pytest.approx(20.0)  # one request back every 60/3 s
+    assert retry_after_header(error.retry_after) == "20"
+    gate.check_rate("b")  # limits are per key
+    clock.now += 20.0
+    gate.check_rate("a")
+    refused(gate.check_rate, "a")
+
+
+def test_tokens_per_minute_charge_prompt_and_completion(clock: Clock) -> None:
+    gate = Gateway(tpm=600)
+    gate.check_rate("a")
+    gate.charge_tokens("a", 500)  # the prompt, at admission
+    gate.check_rate("a")  # 100 left: still allowed to start
+    gate.charge_tokens("a", 400)  # completions, at the end: the bucket is now 300 in debt
+    error = refused(gate.check_rate, "a")
+    assert (error.status, error.type, error.code) == (429, "tokens", "rate_limit_exceeded")
+    assert error.retry_after == pytest.approx(301 * 60 / 600)
+    clock.now += int(retry_after_header(error.retry_after))  # a client that obeys the header gets in
+    gate.check_rate("a")
+
+
+def test_bounded_queue_refuses_at_once_and_frees_on_release() -> None:
+    gate = Gateway(capacity=4)
+    first = gate.admit(3)
+    error = refused(gate.admit, 2)
+    assert (error.status, error.code) == (429, "queue_full")
+    second = gate.admit(1)
+    first.release()
+    first.release()  # a second release (stream end + cleanup) frees nothing more
+    assert gate.in_flight == 1
+    gate.admit(3)
+    refused(gate.admit, 1)
+    second.release()
+    assert gate.in_flight == 3

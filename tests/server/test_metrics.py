@@ -1,0 +1,48 @@
+"""/metrics exposition: vLLM's metric names under the zhuzi: prefix, with the values recorded."""
+from __future__ import annotations
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from zhuzi.outputs import EngineStats, RequestMetrics
+from zhuzi.server.metrics import ServerMetrics
+
+MODEL = "SmolLM2-135M-Instruct"
+
+
+def samples(metrics: ServerMetrics) -> dict[tuple[str, tuple], float]:
+    text = metrics.render()[0].decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def test_every_dashboard_metric_is_exposed_with_its_value() -> None:
+    stats = EngineStats(num_running=2, num_waiting=1, num_blocks=100, num_free_blocks=75,
+                        prefix_cache_queries=640, prefix_cache_hits=320)
+    metrics = ServerMetrics(lambda: (MODEL, stats))
+    timings = RequestMetrics(arrival_time=10.0, first_scheduled_time=10.5, first_token_time=11.0,
+                             last_token_time=12.0, finished_time=12.0, decode_step_times=[0.5, 0.5])
+    metrics.observe_request(MODEL, timings, prompt_tokens=30, generation_tokens=3, finish_reasons=["stop"])
+    metrics.observe_request(MODEL, None, prompt_tokens=7, generation_tokens=1, finish_reasons=["abort", "length"])
+    got = samples(metrics)
+    model = (("model_name", MODEL),)
+    assert got[("zhuzi:num_requests_running", model)] == 2
+    assert got[("zhuzi:num_requests_waiting", model)] == 1
+    assert got[("zhuzi:kv_cache_usage_perc", model)] == 0.25
+    assert got[("zhuzi:prefix_cache_queries_total", model)] == 640
+    assert got[("zhuzi:prefix_cache_hits_total", model)] == 320
+    assert got[("zhuzi:prompt_tokens_total", model)] == 37
+    assert got[("zhuzi:generation_tokens_total", model)] == 4
+    for reason in ("stop", "length", "abort"):
+        assert got[("zhuzi:request_success_total", (("finished_reason", reason), ("model_name", MODEL)))] == 1
+    expected_sums = {"time_to_first_token_seconds": 1.0, "e2e_request_latency_seconds": 2.0,
+                     "request_queue_time_seconds": 0.5, "request_prefill_time_seconds": 0.5,
+                     "request_decode_time_seconds": 1.0, "inter_token_latency_seconds": 1.0}
+    for name, total in expected_sums.items():
+        assert got[(f"zhuzi:{name}_sum", model)] == total, name
+    assert got[("zhuzi:inter_token_latency_seconds_count", model)] == 2
+
+
+def test_engine_gauges_are_absent_while_the_model_loads() -> None:
+    names = {name for name, _ in samples(ServerMetrics(lambda: None))}
+    assert "zhuzi:num_requests_running" not in names
+    assert "zhuzi:kv_cache_usage_perc" not in names

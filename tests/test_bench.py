@@ -1,0 +1,180 @@
+"""The benchmark tools (`zhuzi bench offline | decode | serve`) run end to end on tiny settings.
+
+They drive the real engine, real transformers and a real `zhuzi serve` subprocess; the figures
+are meaningless at this size, so the tests check that each report is complete and consistent.
+"""
+import json
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from zhuzi.bench.datasets import load_tokenizer, random_token_requests, read_sharegpt, sharegpt_conversations
+from zhuzi.bench.serve import chunk_content
+from zhuzi.cli import build_parser
+from zhuzi.model.loader import load_model_config
+
+
+def run_tool(argv: list[str]):
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer(None)
+
+
+def test_cli_lists_the_three_tools(capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bench", "--help"])
+    help_text = capsys.readouterr().out
+    assert all(tool in help_text for tool in ("offline", "decode", "serve"))
+
+
+def test_random_prompts_are_seeded_in_range_and_free_of_control_tokens(tokenizer):
+    requests = random_token_requests(tokenizer, 32, (5, 9), (3, 4), seed=7)
+    assert requests == random_token_requests(tokenizer, 32, (5, 9), (3, 4), seed=7)
+    assert requests != random_token_requests(tokenizer, 32, (5, 9), (3, 4), seed=8)
+    assert {len(r.prompt_token_ids) for r in requests} <= set(range(5, 10))
+    assert {r.max_tokens for r in requests} <= {3, 4}
+    ids = np.concatenate([r.prompt_token_ids for r in requests])
+    assert not set(ids.tolist()) & set(tokenizer.all_special_ids)
+    assert ids.min() >= 0 and ids.max() < len(tokenizer)
+
+
+def test_sharegpt_reads_the_packaged_file_although_it_is_cut_off():
+    records = read_sharegpt()
+    assert len(records) > 10_000
+    assert all("conversations" in r for r in records)
+
+
+def test_sharegpt_conversations_fill_exactly_the_requested_turns(tokenizer):
+    conversations = sharegpt_conversations(tokenizer, 30, seed=0, max_context=1024)
+    assert sum(len(c.turns) for c in conversations) == 30
+    assert any(len(c.turns) > 1 for c in conversations)
+    for c in conversations:
+        assert all(t.user.strip() and t.max_tokens >= 4 for t in c.turns)
+        assert sum(c.turn_lengths) + sum(t.max_tokens for t in c.turns) <= 1024  # the dataset's own history
+    again = sharegpt_conversations(tokenizer, 30, seed=0, max_context=1024)
+    assert [t.user for c in again for t in c.turns] == [t.user for c in conversations for t in c.turns]
+
+
+def test_stream_chunks_of_other_servers_are_read():
+    # llama-server: no role chunk, reasoning in its own field; completions: text; usage-only: no choices.
+    assert chunk_content({"index": 0, "delta": {"content": "Hi"}}) == "Hi"
+    assert chunk_content({"index": 0, "delta": {"reasoning_content": "hmm"}}) == "hmm"
+    assert chunk_content({"index": 0, "delta": {"role": "assistant", "content": None}}) == ""
+    assert chunk_content({"index": 0, "text": " there", "finish_reason": None}) == " there"
+
+
+def test_offline_compares_zhuzi_with_transformers_on_the_same_requests(tmp_path, capsys):
+    out = tmp_path / "offline.json"
+    report = run_tool(["bench", "offline", "--num-prompts", "4", "--min-input", "16", "--max-input", "32",
+                       "--min-output", "8", "--max-output", "16", "--hf-batch-size", "2",
+                       "--hf-num-prompts", "1", "--json-out", str(out)])
+    printed = capsys.readouterr().out
+    assert report.zhuzi.output_tokens == report.requested_output_tokens  # ignore_eos: every token asked for
+    assert report.transformers.num_requests == 2  # rounded up to one whole batch
+    assert "first 2 of 4 requests" in report.comparison
+    assert report.ratio == pytest.approx(report.zhuzi.tokens_per_s / report.transformers.tokens_per_s)
+    assert "output tokens/s" in printed and "zhuzi / transformers" in printed
+    data = json.loads(out.read_text())
+    assert data["ratio"] == pytest.approx(report.ratio)
+    assert data["zhuzi"]["tokens_per_s"] > 0 and data["transformers"]["output_tokens"] > 0
+
+
+@pytest.mark.parametrize("quantization", [None, "int8"])
+def test_decode_reports_speed_and_share_of_roofline(quantization, tmp_path, capsys):
+    out = tmp_path / "decode.json"
+    report = run_tool(["bench", "decode", "--prompt-len", "16", "--max-tokens", "8", "--runs", "1",
+                       "--bandwidth-repeats", "2", "--json-out", str(out)]
+                      + (["--quantization", quantization] if quantization else []))
+    assert (report.prompt_tokens, report.output_tokens) == (16, 8)
+    assert report.prefill_tokens_per_s > 0 and report.decode_tokens_per_s > 0
+    assert report.bandwidth_bytes_per_s > 1e9
+    bf16_bytes = load_model_config(None).decode_weight_bytes(2)  # ~269 MB for SmolLM2
+    if quantization:  # int8 matrices and their scales: the roofline rises as the bytes fall
+        assert report.quantization == "int8" and report.weight_bytes_per_step < 0.65 * bf16_bytes
+    else:
+        assert report.weight_bytes_per_step == pytest.approx(bf16_bytes, rel=0.02)
+    assert report.roofline_fraction == pytest.approx(report.decode_tokens_per_s * report.weight_bytes_per_step
+                                                     / report.bandwidth_bytes_per_s)
+    assert "% of roofline" in capsys.readouterr().out
+    assert json.loads(out.read_text())["roofline_fraction"] == pytest.approx(report.roofline_fraction)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server_url(tmp_path_factory):
+    port = free_port()
+    log = tmp_path_factory.mktemp("server") / "serve.log"
+    with open(log, "w") as log_file:
+        proc = subprocess.Popen([sys.executable, "-m", "zhuzi.cli", "serve", "--port", str(port)],
+                                stdout=log_file, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    try:
+        while not healthy(url):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"zhuzi serve did not become healthy:\n{log.read_text()[-3000:]}")
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def healthy(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/health", timeout=1).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def test_serve_measures_every_streamed_request(server_url, tmp_path, capsys):
+    out = tmp_path / "serve.json"
+    report = run_tool(["bench", "serve", "--base-url", server_url, "--num-prompts", "4",
+                       "--random-input-len", "24", "--random-output-len", "6", "--max-concurrency", "2",
+                       "--ignore-eos", "--disable-tqdm", "--json-out", str(out)])
+    assert (report.completed, report.failed) == (4, 0)
+    assert report.total_output_tokens == 4 * 6  # ignore_eos reached the server; usage was read
+    assert report.total_input_tokens >= 4 * 24  # the chat template adds to the prompt
+    for stat in (report.ttft_ms, report.tpot_ms, report.itl_ms, report.e2el_ms):
+        assert 0 < stat.median <= stat.p99
+    assert report.e2el_ms.mean > report.ttft_ms.mean
+    assert all(1 <= len(r.itl) <= 5 for r in report.requests)  # gaps between at most 6 content chunks
+    printed = capsys.readouterr().out
+    for row in ("Successful requests:", "Request throughput (req/s):", "Output token throughput (tok/s):",
+                "Median TTFT (ms):", "P99 TPOT (ms):", "Mean ITL (ms):", "P99 E2EL (ms):"):
+        assert row in printed
+    data = json.loads(out.read_text())
+    assert data["completed"] == 4 and data["ttft_ms"]["p99"] == pytest.approx(report.ttft_ms.p99)
+
+
+def test_serve_replays_sharegpt_with_the_servers_answers_in_the_history(server_url):
+    report = run_tool(["bench", "serve", "--base-url", server_url, "--dataset", "sharegpt", "--num-prompts", "4",
+                       "--sharegpt-output-len", "6", "--max-concurrency", "2", "--disable-tqdm"])
+    assert (report.completed, report.failed) == (4, 0)
+    by_turn = {(r.conversation, r.turn): r for r in report.requests}
+    later_turns = [(by_turn[c, t - 1], r) for (c, t), r in by_turn.items() if t > 0]
+    assert later_turns, "seed 0 should draw a multi-turn conversation"
+    for before, after in later_turns:
+        assert after.prompt_tokens > before.prompt_tokens + before.output_tokens
+
+
+def test_serve_counts_refused_requests_as_failed(server_url):
+    report = run_tool(["bench", "serve", "--base-url", server_url, "--endpoint", "completions",
+                       "--num-prompts", "2", "--random-input-len", "8", "--random-output-len", "1000000",
+                       "--disable-tqdm"])
+    assert (report.completed, report.failed) == (0, 2)
+    assert report.errors and report.errors[0].startswith("HTTP 400")

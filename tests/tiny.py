@@ -1,0 +1,33 @@
+"""Tiny random Llama / Qwen2 / Qwen3 checkpoints, saved the way Hugging Face saves them, with the
+real SmolLM2 tokenizer beside them so text paths work too."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import transformers
+
+from zhuzi.model.loader import default_model_path
+from zhuzi.tokenizer import Tokenizer
+
+CLASSES = {"llama": transformers.LlamaForCausalLM, "qwen2": transformers.Qwen2ForCausalLM,
+           "qwen3": transformers.Qwen3ForCausalLM}
+VOCAB = 1000
+
+
+def build(arch: str, directory: Path, layers: int = 2, **overrides) -> transformers.PreTrainedModel:
+    cls = CLASSES[arch]
+    config = cls.config_class(hidden_size=64, num_hidden_layers=layers, vocab_size=VOCAB, num_attention_heads=4,
+                              num_key_value_heads=2, intermediate_size=128, bos_token_id=1, eos_token_id=2,
+                              max_position_embeddings=4096, rope_theta=10000.0, **overrides)
+    torch.manual_seed(0)
+    model = cls(config).eval()
+    with torch.no_grad():  # larger than HF's init so that tokens are not near-ties everywhere
+        for p in model.parameters():
+            p.normal_(0, 0.1)
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(1.0)
+    model.save_pretrained(directory)
+    Tokenizer.load(default_model_path()).hf.save_pretrained(directory)
+    return model
