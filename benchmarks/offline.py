@@ -8,6 +8,6 @@ from zhuzi.bench import offline
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=offline.__doc__,
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     offline.add_arguments(parser)
     offline.run(parser.parse_args())

@@ -1,7 +1,6 @@
 """Tests of the sampling step: logits -> processed logits -> tokens (+ logprobs)."""
 from __future__ import annotations
 
-import math
 import time
 
 import pytest
@@ -12,6 +11,12 @@ from zhuzi.sampling_params import SamplingParams
 
 VOCAB = 49152  # SmolLM2's vocabulary
 sampler = Sampler()
+
+
+@pytest.fixture(autouse=True)
+def fixed_global_rng():
+    """Random logits and unseeded draws repeat from run to run, whatever tests ran before."""
+    torch.manual_seed(0)
 
 
 def row(output: list[int] | None = None, prompt: list[int] | None = None, stop_ids: list[int] | None = None,
@@ -38,7 +43,7 @@ def hand_made(vocab: int = VOCAB) -> torch.Tensor:
 
 
 HAND_PROBS = [0.4, 0.25, 0.15, 0.1, 0.05, 0.03, 0.01]
-HAND_IDS = [3001, 17, 40000, 256, 9999, 12, 31337]  # in order of probability
+HAND_IDS = [301, 17, 900, 256, 999, 12, 537]  # in order of probability
 
 
 def test_greedy_is_argmax_for_any_float_dtype():
@@ -74,8 +79,8 @@ def test_same_seed_same_tokens_different_seeds_differ():
 
 
 def test_seeded_row_ignores_the_rest_of_the_batch():
-    logits = torch.randn(6, VOCAB) * 2
-    logits[:, torch.randperm(VOCAB)[:100]] += 6.0  # a nucleus of ~100 tokens, as real logits have
+    logits = torch.randn(6, VOCAB)
+    logits[:, torch.randperm(VOCAB)[:100]] += 8.0  # a nucleus of dozens of tokens, as real logits have
     params = dict(temperature=0.8, top_p=0.9, seed=1234)
     alone_row = row(**params)
     alone = [sampler(logits[:1], [alone_row]).token_ids[0] for _ in range(20)]
@@ -236,21 +241,24 @@ def test_prompt_logprobs():
 
 
 def test_timing_mixed_batch_vs_greedy():
-    """Not an assertion: prints what the sampler costs per step on the real vocabulary size."""
-    torch.manual_seed(0)
-    peaked = torch.randn(64, VOCAB) * 2 + torch.zeros(64, VOCAB).index_fill_(1, torch.arange(20), 8.0)
+    """Prints what the sampler costs per step on the real vocabulary size (timings are not asserted)."""
+    # Twenty favourite tokens per row, favoured from barely to strongly: nuclei
+    # from thousands of tokens down to one, as a real model's rows vary.
+    boost = torch.zeros(64, VOCAB).index_fill_(1, torch.arange(20), 1.0) * torch.arange(4.0, 12.0).repeat(8)[:, None]
+    varied = torch.randn(64, VOCAB) * 2 + boost
+    flat = torch.randn(64, VOCAB)  # top-p nuclei of most of the vocabulary: every row needs a full sort
     variety = [dict(), dict(temperature=0.7, top_p=0.9), dict(temperature=0.8, top_k=40), dict(min_p=0.05),
                dict(temperature=0.6, top_p=0.95, top_k=50, repetition_penalty=1.1, seed=3),
                dict(temperature=0), dict(presence_penalty=0.5, frequency_penalty=0.5), dict(top_p=0.8, seed=9)]
     mixed = [row(output=list(range(i, i + 200)), prompt=list(range(500)), **variety[i % len(variety)])
              for i in range(64)]
     greedy = [row(temperature=0) for _ in range(64)]
-    flat = torch.randn(64, VOCAB)
-    for name, logits, rows in [("all greedy", peaked, greedy), ("mixed, peaked logits", peaked, mixed),
-                               ("mixed, flat logits (worst case)", flat, mixed)]:
-        sampler(logits, rows)
+    for name, logits, rows in [("all greedy", varied, greedy), ("mixed params", varied, mixed),
+                               ("mixed params, flat logits (worst case)", flat, mixed)]:
+        out = sampler(logits, rows)
         start = time.perf_counter()
-        for _ in range(5):
+        for _ in range(3):
             sampler(logits, rows)
-        print(f"\nsampler 64 x {VOCAB}, {name}: {(time.perf_counter() - start) / 5 * 1e3:.1f} ms/step")
-    assert math.isfinite(start)
+        print(f"\nsampler 64 x {VOCAB}, {name}: {(time.perf_counter() - start) / 3 * 1e3:.1f} ms/step")
+        plain_greedy = [i for i, r in enumerate(rows) if r.params.greedy]
+        assert [out.token_ids[i] for i in plain_greedy] == logits[plain_greedy].argmax(-1).tolist()

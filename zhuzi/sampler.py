@@ -69,8 +69,10 @@ class Sampler:
     """Picks each row's next token; logprobs come from the raw (unprocessed) logits."""
 
     def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]) -> SamplerOutput:
-        processed = process_logits(logits, rows) if any(r.needs_processing for r in rows) else logits
-        token_ids = _choose_tokens(processed, rows)
+        if all(r.params.greedy and not r.needs_processing for r in rows):
+            token_ids = logits.argmax(dim=-1)
+        else:
+            token_ids = _choose_tokens(process_logits(logits, rows), rows)
         return SamplerOutput(token_ids.tolist(), _sample_logprobs(logits, token_ids, rows))
 
 
@@ -133,13 +135,14 @@ def _apply_output_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> No
 
 
 def _choose_tokens(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    """Argmax for greedy rows, a draw for the others; logits is ours to change."""
     sampled = [i for i, r in enumerate(rows) if not r.params.greedy]
     if len(sampled) < len(rows):
         tokens = logits.argmax(dim=-1)  # the greedy rows' answer; sampled rows overwrite theirs
     else:
         tokens = torch.empty(len(rows), dtype=torch.long, device=logits.device)
     if sampled:
-        tokens[sampled] = _draw(logits[sampled].float(), [rows[i] for i in sampled])
+        tokens[sampled] = _draw(_select(logits, sampled), [rows[i] for i in sampled])
     return tokens
 
 
@@ -153,15 +156,15 @@ def _draw(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
     return _inverse_cdf(logits.softmax(dim=-1), uniforms.to(logits.device))
 
 
-def _inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """Per row, the token where the running sum of probs [n, V] first exceeds uniform * total.
+def _inverse_cdf(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Per row of weights [n, V] (>= 0, some > 0), the token where the running sum first exceeds uniform * total.
 
     A float32 running sum over a whole vocabulary would blur the rare tokens
     and a float64 one costs a pass of its own, so the sum is taken in two
     levels: block totals pick a block, a float64 sum inside it picks the token.
     """
-    n, vocab = probs.shape
-    blocks = (F.pad(probs, (0, -vocab % _BLOCK)) if vocab % _BLOCK else probs).view(n, -1, _BLOCK)
+    n, vocab = weights.shape
+    blocks = (F.pad(weights, (0, -vocab % _BLOCK)) if vocab % _BLOCK else weights).view(n, -1, _BLOCK)
     block_cdf = blocks.sum(dim=-1).double().cumsum(dim=-1)
     # uniforms < 1, so target < block_cdf[:, -1]: the chosen block has mass.
     target = uniforms[:, None] * block_cdf[:, -1:]
@@ -178,23 +181,24 @@ def _inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
 def _truncate(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
     """Sets to -inf, in place, what top-k rules out, then top-p of what is left, then min-p.
 
-    Each cut is at a logit value, not at a position in a sort: tokens tied
-    with the last kept one stay too, so the allowed set never depends on how
-    a sort orders ties.
+    Each cut is at a value, not at a position in a sort: tokens tied with the
+    last kept one stay too, so the allowed set never depends on how a sort
+    orders ties.
     """
     params = [r.params for r in rows]
-    _cut(logits, params, [i for i, p in enumerate(params) if p.top_k > 0], _top_k_floor)
-    _cut(logits, params, [i for i, p in enumerate(params) if p.top_p < 1], _top_p_floor)
-    _cut(logits, params, [i for i, p in enumerate(params) if p.min_p > 0], _min_p_floor)
+    _cut(logits, params, [i for i, p in enumerate(params) if p.top_k > 0], _outside_top_k)
+    _cut(logits, params, [i for i, p in enumerate(params) if p.top_p < 1], _outside_top_p)
+    _cut(logits, params, [i for i, p in enumerate(params) if p.min_p > 0], _below_min_p)
 
 
 def _cut(logits: torch.Tensor, params: list[SamplingParams], chosen: list[int],
-         row_floor: Callable[[torch.Tensor, list[SamplingParams]], torch.Tensor]) -> None:
-    """Sets to -inf the logits of the chosen rows that lie below the floor row_floor finds."""
+         rule: Callable[[torch.Tensor, list[SamplingParams]], torch.Tensor]) -> None:
+    """Sets to -inf the logits of the chosen rows where rule says they are out."""
     if chosen:
-        floor = torch.full((len(params), 1), float("-inf"), device=logits.device)
-        floor[chosen, 0] = row_floor(_select(logits, chosen), [params[i] for i in chosen])
-        logits.masked_fill_(logits < floor, float("-inf"))
+        selected = _select(logits, chosen)
+        selected.masked_fill_(rule(selected, [params[i] for i in chosen]), float("-inf"))
+        if selected is not logits:
+            logits[chosen] = selected
 
 
 def _select(logits: torch.Tensor, rows: list[int] | torch.Tensor) -> torch.Tensor:
@@ -202,37 +206,38 @@ def _select(logits: torch.Tensor, rows: list[int] | torch.Tensor) -> torch.Tenso
     return logits if len(rows) == len(logits) else logits[rows]
 
 
-def _top_k_floor(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+def _outside_top_k(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     k = torch.tensor([p.top_k for p in params], device=logits.device).clamp(max=logits.shape[1])
     best = logits.topk(int(k.max()), dim=-1).values
-    return best.gather(1, k[:, None] - 1).squeeze(1)
+    return logits < best.gather(1, k[:, None] - 1)
 
 
-def _top_p_floor(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
-    """The last logit of the smallest top set that holds top_p of the probability."""
-    vocab = logits.shape[1]
+def _outside_top_p(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """Outside the smallest top set that holds top_p of the probability."""
+    # softmax, not exp or logsumexp: its kernel stays fast on -inf and on
+    # probabilities too small for a normal float.
+    probs = logits.softmax(dim=-1)
+    vocab = probs.shape[1]
     top_p = torch.tensor([p.top_p for p in params], device=logits.device)
-    log_mass = logits.logsumexp(dim=-1, keepdim=True)
     floor = torch.empty_like(top_p)
     pending = torch.arange(len(params), device=logits.device)
     for size in (*_TOP_P_CANDIDATES, vocab):
-        best = _select(logits, pending).topk(min(size, vocab), dim=-1).values
-        probs = (best - log_mass[pending]).exp()
-        mass_before = F.pad(probs.cumsum(dim=-1)[:, :-1], (1, 0))
+        best = _select(probs, pending).topk(min(size, vocab), dim=-1).values
+        mass_before = F.pad(best.cumsum(dim=-1)[:, :-1], (1, 0))
         kept = (mass_before < top_p[pending, None]).sum(dim=-1)  # >= 1: the top token always stays
         # Also done: rows whose candidates already reach the tokens ruled out before.
-        done = (kept < best.shape[1]) | (best.shape[1] == vocab) | (best[:, -1] == float("-inf"))
+        done = (kept < best.shape[1]) | (best.shape[1] == vocab) | (best[:, -1] == 0)
         floor[pending[done]] = best[done].gather(1, kept[done, None] - 1).squeeze(1)
         pending = pending[~done]
         if not len(pending):
             break
-    return floor
+    return probs < floor[:, None]
 
 
-def _min_p_floor(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+def _below_min_p(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     # A probability min_p times the top one's is a fixed distance below the top logit.
     min_p = torch.tensor([p.min_p for p in params], device=logits.device)
-    return logits.amax(dim=-1) + min_p.log()
+    return logits < (logits.amax(dim=-1) + min_p.log())[:, None]
 
 
 def _sample_logprobs(logits: torch.Tensor, token_ids: torch.Tensor,

@@ -15,7 +15,7 @@ import pytest
 from zhuzi.detokenizer import IncrementalDetokenizer
 from zhuzi.model.loader import default_model_path
 from zhuzi.sampling_params import SamplingParams
-from zhuzi.server.parsers import OutputParser, ParsedText, prefill_of
+from zhuzi.server.parsers import OutputParser, ParsedText, opened_thought
 from zhuzi.server.protocol import ChatCompletionRequest
 from zhuzi.tokenizer import Tokenizer
 
@@ -111,7 +111,7 @@ def tool_calls_of(parsed: ParsedText) -> list[tuple[str, dict]]:
 def test_thinking_reply_splits_into_reasoning_then_content(qwen3: Tokenizer) -> None:
     answer = {"role": "assistant", "reasoning_content": REASONING, "content": "Paris: 18 °C. Zürich: 12 °C."}
     prompt, pieces = model_reply(qwen3, QUESTION, answer)
-    deltas = stream(OutputParser(reasoning=True, tools=False, prefill=prefill_of(prompt)), pieces)
+    deltas = stream(OutputParser(reasoning=True, tools=False, prefill=opened_thought(prompt)), pieces)
     total = merged(deltas)
     assert (total.reasoning_content, total.content) == (REASONING, "Paris: 18 °C. Zürich: 12 °C.")
     first_content = next(i for i, d in enumerate(deltas) if d.content)
@@ -126,7 +126,7 @@ def test_tool_calls_stream_as_whole_calls_with_json_arguments(qwen3: Tokenizer) 
         {"type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
         {"type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Zürich"}'}}]}
     prompt, pieces = model_reply(qwen3, QUESTION, answer, tools=[WEATHER_TOOL])
-    deltas = stream(OutputParser(reasoning=True, tools=True, prefill=prefill_of(prompt)), pieces)
+    deltas = stream(OutputParser(reasoning=True, tools=True, prefill=opened_thought(prompt)), pieces)
     total = merged(deltas)
     assert total.content == "Let me check."
     assert total.reasoning_content == REASONING
@@ -139,7 +139,7 @@ def test_template_that_opens_the_thought_leaves_only_the_closing_tag(r1: Tokeniz
     answer = {"role": "assistant", "reasoning_content": REASONING, "content": "Sunny in both."}
     prompt, pieces = model_reply(r1, QUESTION, answer)
     assert prompt.endswith("<think>\n") and "<think>" not in "".join(pieces)
-    total = merged(stream(OutputParser(reasoning=True, tools=False, prefill=prefill_of(prompt)), pieces))
+    total = merged(stream(OutputParser(reasoning=True, tools=False, prefill=opened_thought(prompt)), pieces))
     assert (total.reasoning_content, total.content) == (REASONING, "Sunny in both.")
 
 
@@ -147,7 +147,7 @@ def test_reply_cut_off_inside_the_thought_is_all_reasoning(qwen3: Tokenizer) -> 
     answer = {"role": "assistant", "reasoning_content": REASONING, "content": "Paris: 18 °C."}
     prompt, pieces = model_reply(qwen3, QUESTION, answer)
     cut = pieces[:8]  # max_tokens ran out mid-thought
-    total = merged(stream(OutputParser(reasoning=True, tools=False, prefill=prefill_of(prompt)), cut))
+    total = merged(stream(OutputParser(reasoning=True, tools=False, prefill=opened_thought(prompt)), cut))
     assert total.content == ""
     assert total.reasoning_content and REASONING.startswith(total.reasoning_content)
 
@@ -156,8 +156,8 @@ def test_thinking_switched_off_gives_plain_content(qwen3: Tokenizer) -> None:
     kwargs = {"chat_template_kwargs": {"enable_thinking": False}}
     answer = {"role": "assistant", "reasoning_content": "", "content": "Paris: 18 °C."}
     prompt, pieces = model_reply(qwen3, QUESTION, answer, **kwargs)
-    assert prompt.endswith("<think>\n\n</think>\n\n") and prefill_of(prompt) == ""
-    total = merged(stream(OutputParser(reasoning=True, tools=False, prefill=prefill_of(prompt)), pieces))
+    assert prompt.endswith("<think>\n\n</think>\n\n") and opened_thought(prompt) == ""
+    total = merged(stream(OutputParser(reasoning=True, tools=False, prefill=opened_thought(prompt)), pieces))
     assert (total.reasoning_content, total.content) == ("", "Paris: 18 °C.")
 
 
@@ -167,7 +167,7 @@ def test_malformed_tool_call_stays_in_content_as_written(qwen3: Tokenizer) -> No
     ids = qwen3.encode(text, parse_special=True)
     detok = IncrementalDetokenizer(qwen3, SamplingParams())
     pieces = [detok.step(i)[0] for i in ids] + [detok.flush()]
-    total = merged(stream(OutputParser(reasoning=True, tools=True, prefill=prefill_of(prompt)), pieces))
+    total = merged(stream(OutputParser(reasoning=True, tools=True, prefill=opened_thought(prompt)), pieces))
     assert total.tool_calls == []
     assert total.content == text
 
@@ -182,7 +182,7 @@ def test_without_reasoning_or_tools_text_passes_through_untouched() -> None:
 def test_continued_assistant_message_finishes_a_prefilled_call() -> None:
     """continue_final_message: the client wrote the start of the call, the model writes the rest."""
     prefill = 'Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par'
-    parser = OutputParser(reasoning=False, tools=True, prefill=prefill_of("", prefill))
+    parser = OutputParser(reasoning=False, tools=True, prefill=prefill)
     total = merged(stream(parser, ['is', '"}}', '\n</tool_call>']))
     assert tool_calls_of(total) == [("get_weather", {"city": "Paris"})]
     assert total.content == ""
@@ -201,7 +201,7 @@ def test_tool_round_trip_renders_the_call_and_the_result_into_the_next_prompt(qw
     answer = {"role": "assistant", "content": "", "tool_calls": [
         {"type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]}
     prompt, pieces = model_reply(qwen3, QUESTION, answer, tools=[WEATHER_TOOL])
-    call = OutputParser(reasoning=True, tools=True, prefill=prefill_of(prompt)).parse("".join(pieces)).tool_calls[0]
+    call = OutputParser(reasoning=True, tools=True, prefill=opened_thought(prompt)).parse("".join(pieces)).tool_calls[0]
     request = ChatCompletionRequest.model_validate({"tools": [WEATHER_TOOL], "messages": QUESTION + [
         {"role": "assistant", "content": None, "tool_calls": [
             {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}]},

@@ -28,7 +28,7 @@ def register(subparsers) -> None:
         # Each tool module imports its heavy dependencies (torch, transformers) only when it runs.
         module = importlib.import_module(f"zhuzi.bench.{name}")
         parser = tools.add_parser(name, help=summary, description=module.__doc__,
-                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                  formatter_class=argparse.RawDescriptionHelpFormatter)
         module.add_arguments(parser)
         parser.set_defaults(func=module.run)
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+
 def hf_source(model: str | None) -> tuple[str, str | None]:
     """(directory, gguf file name or None) as transformers' from_pretrained wants them."""
     from zhuzi.model.loader import default_model_path

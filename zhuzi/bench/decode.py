@@ -22,11 +22,14 @@ BANDWIDTH_BUFFER_BYTES = 1 << 30
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_engine_arguments(parser)
-    parser.add_argument("--prompt-len", type=int, default=128, help="prompt tokens (try 512 for prefill)")
-    parser.add_argument("--max-tokens", type=int, default=256, help="tokens to generate")
-    parser.add_argument("--runs", type=int, default=3, help="measured runs; each figure is the best run's")
-    parser.add_argument("--bandwidth-repeats", type=int, default=5, help="reads of the buffer; the fastest counts")
-    parser.add_argument("--seed", type=int, default=0, help="seeds the random prompt")
+    parser.add_argument("--prompt-len", type=int, default=128,
+                        help="prompt tokens; 512 measures prefill at length (default %(default)s)")
+    parser.add_argument("--max-tokens", type=int, default=256, help="tokens to generate (default %(default)s)")
+    parser.add_argument("--runs", type=int, default=3,
+                        help="measured runs after one warm-up; each figure is the best run's (default %(default)s)")
+    parser.add_argument("--bandwidth-repeats", type=int, default=5,
+                        help="reads of the bandwidth buffer; the fastest counts (default %(default)s)")
+    parser.add_argument("--seed", type=int, default=0, help="seeds the random prompt (default %(default)s)")
     parser.add_argument("--json-out", default=None, help="also write the report to this JSON file")
 
 

@@ -37,30 +37,36 @@ ENDPOINT_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completion
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--base-url", required=True, help="server root, e.g. http://127.0.0.1:8000")
-    parser.add_argument("--endpoint", choices=sorted(ENDPOINT_PATHS), default="chat")
+    parser.add_argument("--endpoint", choices=sorted(ENDPOINT_PATHS), default="chat",
+                        help="/v1/chat/completions or /v1/completions (default %(default)s)")
     parser.add_argument("--model", default=None, help="model name to send (default: the first of GET /v1/models)")
     parser.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"),
                         help="bearer token (default: $OPENAI_API_KEY)")
     parser.add_argument("--tokenizer", default=None,
-                        help="tokenizer directory or .gguf file for building prompts (default: the embedded SmolLM2's)")
-    parser.add_argument("--dataset", choices=["random", "sharegpt"], default="random")
-    parser.add_argument("--num-prompts", type=int, default=100, help="requests in all (sharegpt: turns)")
-    parser.add_argument("--max-concurrency", type=int, default=None, help="most conversations in flight")
+                        help="tokenizer directory or .gguf file that builds the prompts (default: the embedded SmolLM2's)")
+    parser.add_argument("--dataset", choices=["random", "sharegpt"], default="random", help="(default %(default)s)")
+    parser.add_argument("--num-prompts", type=int, default=100,
+                        help="requests in all; for sharegpt, turns (default %(default)s)")
+    parser.add_argument("--max-concurrency", type=int, default=None,
+                        help="most conversations, and so requests, in flight (default: no limit)")
     parser.add_argument("--request-rate", type=float, default=float("inf"),
-                        help="conversations per second, Poisson arrivals; inf sends all at once")
-    parser.add_argument("--random-input-len", type=int, default=256)
-    parser.add_argument("--random-output-len", type=int, default=128)
+                        help="conversations started per second, Poisson arrivals; inf starts all at once "
+                             "(default %(default)s)")
+    parser.add_argument("--random-input-len", type=int, default=256, help="prompt tokens (default %(default)s)")
+    parser.add_argument("--random-output-len", type=int, default=128, help="max_tokens (default %(default)s)")
     parser.add_argument("--random-range-ratio", type=float, default=0.0,
-                        help="lengths uniform in [len * (1 - r), len * (1 + r)]")
+                        help="lengths uniform in [len * (1 - r), len * (1 + r)] (default %(default)s)")
     parser.add_argument("--sharegpt-max-context", type=int, default=2048,
-                        help="end a conversation before its history would exceed this many tokens")
+                        help="end a conversation before its history would pass this many tokens (default %(default)s)")
     parser.add_argument("--sharegpt-output-len", type=int, default=None,
-                        help="tokens each turn may generate (default: the length of the dataset's answer)")
-    parser.add_argument("--ignore-eos", action="store_true", help="send ignore_eos: generate max_tokens every time")
-    parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--seed", type=int, default=0, help="seeds the dataset and the arrival times")
-    parser.add_argument("--timeout", type=float, default=600.0, help="seconds a request may wait for a chunk")
-    parser.add_argument("--disable-tqdm", action="store_true")
+                        help="max_tokens of every turn (default: the token length of the dataset's answer)")
+    parser.add_argument("--ignore-eos", action="store_true",
+                        help="send ignore_eos, so every request generates max_tokens (vLLM, zhuzi, llama-server)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="(default %(default)s)")
+    parser.add_argument("--seed", type=int, default=0, help="seeds the dataset and the arrivals (default %(default)s)")
+    parser.add_argument("--timeout", type=float, default=600.0,
+                        help="seconds a request may wait for its next chunk (default %(default)s)")
+    parser.add_argument("--disable-tqdm", action="store_true", help="no progress bar")
     parser.add_argument("--json-out", default=None, help="also write the report to this JSON file")
 
 
@@ -219,7 +225,8 @@ async def send_request(client, target: Target, body: dict, result: RequestResult
     result.latency = time.perf_counter() - start
     result.output_tokens = result.output_tokens or chunks
     result.success = chunks > 0
-    result.error = "" if chunks else "the stream carried no content"
+    if not result.success:
+        result.error = "the stream carried no content"
 
 
 async def run_conversation(client, target: Target, index: int, conversation: Conversation, start_at: float,
@@ -259,9 +266,13 @@ def arrival_offsets(count: int, rate: float, seed: int) -> np.ndarray:
 
 
 async def discover_model(client, base_url: str, headers: dict[str, str]) -> str:
-    response = await client.get(f"{base_url}/v1/models", headers=headers)
-    response.raise_for_status()
-    models = response.json().get("data") or []
+    try:
+        response = await client.get(f"{base_url}/v1/models", headers=headers)
+        response.raise_for_status()
+        models = response.json().get("data") or []
+    except Exception as error:
+        raise SystemExit(f"cannot list the models at {base_url}/v1/models ({error}); "
+                         f"is the server up? Or pass --model") from error
     if not models:
         raise SystemExit(f"{base_url}/v1/models lists no model; pass --model")
     return models[0]["id"]

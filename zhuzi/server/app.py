@@ -18,7 +18,6 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -34,7 +33,7 @@ from zhuzi.sampling_params import SamplingParams
 from zhuzi.server import protocol as p
 from zhuzi.server.gateway import Admission, Gateway, GatewayError, retry_after_header
 from zhuzi.server.metrics import ServerMetrics
-from zhuzi.server.parsers import THINK_CLOSE, THINK_OPEN, OutputParser, ParsedText, prefill_of
+from zhuzi.server.parsers import THINK_CLOSE, THINK_OPEN, OutputParser, ParsedText, opened_thought
 
 log = logging.getLogger("zhuzi.server")
 T = TypeVar("T")
@@ -142,37 +141,6 @@ class Generation:
         return [self.choices[i] for i in sorted(self.choices)]
 
 
-def _top(entry: dict[int, Logprob], top_n: int) -> list[Logprob]:
-    return sorted((lp for lp in entry.values() if lp.rank <= top_n), key=lambda lp: lp.rank)[:top_n]
-
-
-def chat_logprobs(token_ids: list[int], entries: list[dict[int, Logprob]], top_n: int) -> p.ChatLogprobs:
-    def item(lp: Logprob, cls: type[p.TopLogprob]) -> Any:
-        token = lp.decoded_token or ""
-        return cls(token=token, logprob=lp.logprob, bytes=list(token.encode()))
-
-    content = []
-    for token_id, entry in zip(token_ids, entries):
-        chosen = item(entry[token_id], p.TokenLogprob)
-        chosen.top_logprobs = [item(lp, p.TopLogprob) for lp in _top(entry, top_n)]
-        content.append(chosen)
-    return p.ChatLogprobs(content=content)
-
-
-def completion_logprobs(token_ids: list[int], entries: list[dict[int, Logprob] | None], top_n: int,
-                        offset: int, decode: Callable[[int], str]) -> p.CompletionLogprobs:
-    """Legacy completions format; a None entry (the first prompt token) has no logprob."""
-    out = p.CompletionLogprobs()
-    for token_id, entry in zip(token_ids, entries):
-        token = (entry[token_id].decoded_token if entry else None) or decode(token_id)
-        out.tokens.append(token)
-        out.token_logprobs.append(entry[token_id].logprob if entry else None)
-        out.top_logprobs.append({lp.decoded_token or "": lp.logprob for lp in _top(entry, top_n)} if entry else None)
-        out.text_offset.append(offset)
-        offset += len(token)
-    return out
-
-
 # ------------------------------------------------------------------ response formats
 
 class ChatFormat:
@@ -191,7 +159,7 @@ class ChatFormat:
                                          choices=[choice]))
 
     def _logprobs(self, token_ids: list[int], entries: list[dict[int, Logprob]]) -> p.ChatLogprobs | None:
-        return chat_logprobs(token_ids, entries, self.body.top_logprobs or 0) if self.body.logprobs else None
+        return p.ChatLogprobs.of(token_ids, entries, self.body.top_logprobs or 0) if self.body.logprobs else None
 
     def chunks(self, gen: Generation, choice: Choice, delta: CompletionOutput, piece: ParsedText,
                prompt_index: int) -> list[str]:
@@ -257,7 +225,7 @@ class CompletionFormat:
         logprobs = None
         if self.body.logprobs is not None:
             offset = self.offsets.get(choice.index, 0)
-            logprobs = completion_logprobs(token_ids, entries_in, self.body.logprobs, offset, self.decode)
+            logprobs = p.CompletionLogprobs.of(token_ids, entries_in, self.body.logprobs, offset, self.decode)
             self.offsets[choice.index] = offset + sum(len(token) for token in logprobs.tokens)
         return p.CompletionChoice(index=choice.index, text=text, logprobs=logprobs,
                                   finish_reason=choice.finish_reason, stop_reason=choice.stop_reason)
@@ -421,12 +389,16 @@ class Server:
             try:
                 engine = self.loader()
             except BaseException as exc:
-                log.exception("failed to load the model")
+                # A bad path or option is the user's to fix; anything else gets its traceback.
+                log.error("failed to load the model: %s", exc, exc_info=not isinstance(exc, (ValueError, OSError)))
                 self.load_error = exc
                 if self.on_load_error:
                     loop.call_soon_threadsafe(self.on_load_error, exc)
                 return
             loop.call_soon_threadsafe(self.attach, engine)
+            # Once the thread that started torch's first OpenMP team exits, libgomp makes every later
+            # team crawl (measured: 16 tokens in 3.5 s instead of 0.5 s), so this thread stays parked.
+            threading.Event().wait()
 
         threading.Thread(target=load, name="zhuzi-load", daemon=True).start()
 
@@ -468,9 +440,9 @@ class Server:
         try:
             ids = tokenizer.encode_chat(messages, **args)
             if body.continue_final_message:
-                return ids, prefill_of("", body.messages[-1].text)
+                return ids, body.messages[-1].text
             # Only a thinking model's template can open a thought; skip the second render otherwise.
-            return ids, prefill_of(tokenizer.render_chat(messages, **args)) if self.reasoning else ""
+            return ids, opened_thought(tokenizer.render_chat(messages, **args)) if self.reasoning else ""
         except (ValueError, TypeError) as exc:  # template errors, and templates fed unexpected types
             raise ApiError(400, f"Cannot render the chat template: {exc}", param="messages") from exc
 
@@ -485,10 +457,11 @@ class Server:
         run = Run(key, admission, streams, Generation(params.n, new_parser, [PromptState() for _ in prompts]))
         try:
             firsts = await until_disconnect(request, first_outputs(streams))
-        except BaseException as exc:
+        except ValueError as exc:  # the engine refused it: too long for the context or the KV pool
+            await self.close(run, ran=False)
+            raise ApiError(400, str(exc), code="context_length_exceeded") from exc
+        except BaseException:
             await self.close(run)
-            if isinstance(exc, ValueError):  # the engine refused it: too long for the context or the KV pool
-                raise ApiError(400, str(exc), code="context_length_exceeded") from exc
             raise
         run.merged = merge_streams(firsts, streams)
         if stream:
@@ -516,8 +489,8 @@ class Server:
             yield sse({"error": {"message": str(exc), "type": "internal_error", "param": None, "code": 500}})
         yield "data: [DONE]\n\n"
 
-    async def close(self, run: Run) -> None:
-        """End a request however it ended: abort what still runs, free its place, count it."""
+    async def close(self, run: Run, ran: bool = True) -> None:
+        """End a request however it ended: abort what still runs, free its place, count it if it ran."""
         if run.closed:
             return
         run.closed = True
@@ -528,6 +501,8 @@ class Server:
         run.admission.release()
         gen = run.gen
         self.gateway.charge_tokens(run.key, sum(len(c.token_ids) for c in gen.choices.values()))
+        if not ran:
+            return
         for prompt_index, state in enumerate(gen.prompts):
             choices = [gen.choices.get(prompt_index * gen.n + i) for i in range(gen.n)]
             self.metrics.observe_request(

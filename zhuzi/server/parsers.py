@@ -65,11 +65,9 @@ def parse_tool_call(text: str) -> ToolCall | None:
                     arguments=json.dumps(arguments, ensure_ascii=False))
 
 
-def prefill_of(prompt: str, continued_message: str | None = None) -> str:
-    """What the prompt already holds of the reply: the assistant message a client asked to
-    continue, or a "<think>" that the template opened (DeepSeek-R1 style templates do)."""
-    if continued_message is not None:
-        return continued_message
+def opened_thought(prompt: str) -> str:
+    """"<think>" when the template already opened the model's thought (DeepSeek-R1 style
+    templates end the prompt with it), else "": the parser's prefill for a fresh reply."""
     return THINK_OPEN if prompt.rstrip().endswith(THINK_OPEN) else ""
 
 

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
+from zhuzi.outputs import Logprob
 from zhuzi.sampling_params import SamplingParams
 
 
@@ -314,6 +316,24 @@ class TokenLogprob(TopLogprob):
 class ChatLogprobs(Response):
     content: list[TokenLogprob] | None = None
 
+    @classmethod
+    def of(cls, token_ids: list[int], entries: list[dict[int, Logprob]], top_n: int) -> ChatLogprobs:
+        """From the engine's per-token entries (the chosen token plus the top ones)."""
+        def item(lp: Logprob, kind: type[TopLogprob]) -> Any:
+            token = lp.decoded_token or ""
+            return kind(token=token, logprob=lp.logprob, bytes=list(token.encode()))
+
+        content = []
+        for token_id, entry in zip(token_ids, entries):
+            chosen = item(entry[token_id], TokenLogprob)
+            chosen.top_logprobs = [item(lp, TopLogprob) for lp in _top(entry, top_n)]
+            content.append(chosen)
+        return cls(content=content)
+
+
+def _top(entry: dict[int, Logprob], top_n: int) -> list[Logprob]:
+    return sorted((lp for lp in entry.values() if lp.rank <= top_n), key=lambda lp: lp.rank)[:top_n]
+
 
 class FunctionCallOut(Response):
     name: str
@@ -391,6 +411,21 @@ class CompletionLogprobs(Response):
     token_logprobs: list[float | None] = []
     top_logprobs: list[dict[str, float] | None] = []
     text_offset: list[int] = []
+
+    @classmethod
+    def of(cls, token_ids: list[int], entries: list[dict[int, Logprob] | None], top_n: int, offset: int,
+           decode: Callable[[int], str]) -> CompletionLogprobs:
+        """The legacy format; a None entry (a prompt's first token) has no logprob."""
+        out = cls()
+        for token_id, entry in zip(token_ids, entries):
+            token = (entry[token_id].decoded_token if entry else None) or decode(token_id)
+            out.tokens.append(token)
+            out.token_logprobs.append(entry[token_id].logprob if entry else None)
+            out.top_logprobs.append({lp.decoded_token or "": lp.logprob for lp in _top(entry, top_n)}
+                                    if entry else None)
+            out.text_offset.append(offset)
+            offset += len(token)
+        return out
 
 
 class CompletionChoice(Response):

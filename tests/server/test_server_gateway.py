@@ -1,0 +1,101 @@
+"""API keys, per-key rate limits and the bounded queue, over HTTP against a real `zhuzi serve`.
+
+The server runs one sequence at a time (--max-num-seqs 1) with room for one more to wait
+(--max-waiting 1), three requests per minute and 400 tokens per minute for each key.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import httpx
+import openai
+import pytest
+from serving import ServerProcess, running_server
+
+MODEL = "SmolLM2-135M-Instruct"
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+KEYS = ("key-auth", "key-rpm", "key-tpm", "key-queue")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> ServerProcess:
+    keys = [arg for key in KEYS for arg in ("--api-key", key)]
+    limits = ["--rate-limit-rpm", "3", "--rate-limit-tpm", "400", "--max-num-seqs", "1", "--max-waiting", "1"]
+    with running_server(tmp_path_factory.mktemp("gateway") / "server.log", *keys, *limits) as running:
+        yield running
+
+
+def client(server: ServerProcess, key: str) -> openai.OpenAI:
+    return openai.OpenAI(api_key=key, base_url=server.api, max_retries=0, timeout=60)
+
+
+def ask(server: ServerProcess, key: str, **extra) -> httpx.Response:
+    body = {"model": MODEL, "messages": QUESTION, "max_tokens": 4, "temperature": 0, **extra}
+    return httpx.post(server.api + "/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"},
+                      timeout=60)
+
+
+def test_missing_or_wrong_key_is_401(server: ServerProcess) -> None:
+    for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": "key-auth"}):
+        response = httpx.post(server.api + "/chat/completions", json={"messages": QUESTION}, headers=headers)
+        assert response.status_code == 401
+        assert response.json()["error"]["code"] == "invalid_api_key"
+    with pytest.raises(openai.AuthenticationError):
+        client(server, "nope").models.list()
+    assert client(server, "key-auth").models.list().data[0].id == MODEL
+    assert httpx.get(server.url + "/health").status_code == 200  # probes need no key
+
+
+def test_requests_per_minute_give_429_with_retry_after(server: ServerProcess) -> None:
+    for _ in range(3):
+        assert ask(server, "key-rpm").status_code == 200
+    refused = ask(server, "key-rpm")
+    assert refused.status_code == 429
+    assert refused.json()["error"]["type"] == "requests"
+    assert 1 <= int(refused.headers["Retry-After"]) <= 20  # one request back every 20 s
+    assert ask(server, "key-auth").status_code == 200  # another key is not affected
+
+
+def test_tokens_per_minute_give_429_with_retry_after(server: ServerProcess) -> None:
+    long_prompt = [{"role": "user", "content": "Tell me about Paris. " * 100}]  # ~500 tokens
+    assert ask(server, "key-tpm", messages=long_prompt).status_code == 200
+    refused = ask(server, "key-tpm")
+    assert refused.status_code == 429
+    assert refused.json()["error"]["type"] == "tokens"
+    assert int(refused.headers["Retry-After"]) >= 10
+
+
+def test_full_queue_gives_429_at_once(server: ServerProcess) -> None:
+    asyncio.run(fill_the_queue(server))
+    assert ask(server, "key-auth").status_code == 200  # the places are free again
+
+
+async def fill_the_queue(server: ServerProcess) -> None:
+    url = server.api + "/chat/completions"
+    endless = {"model": MODEL, "messages": QUESTION, "max_tokens": 1000, "ignore_eos": True, "stream": True}
+    async with httpx.AsyncClient(timeout=60, headers={"Authorization": "Bearer key-queue"}) as http:
+        async with http.stream("POST", url, json=endless) as running:
+            lines = running.aiter_lines()  # kept: a dropped iterator closes the connection
+            await anext(lines)  # generating: the one running sequence
+            waiting = asyncio.create_task(http.post(url, json=endless))  # queued behind it: the one waiting place
+            await until_waiting(http, server, 1)
+            started = time.monotonic()
+            refused = await http.post(url, json={**endless, "stream": False, "max_tokens": 1})
+            assert refused.status_code == 429 and time.monotonic() - started < 2
+            assert refused.json()["error"]["code"] == "queue_full"
+            assert int(refused.headers["Retry-After"]) >= 1
+            waiting.cancel()  # hanging up aborts it
+            with contextlib.suppress(asyncio.CancelledError):
+                await waiting
+
+
+async def until_waiting(http: httpx.AsyncClient, server: ServerProcess, count: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for line in (await http.get(server.url + "/metrics")).text.splitlines():
+            if line.startswith("zhuzi:num_requests_waiting{") and float(line.split()[-1]) == count:
+                return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"never saw {count} waiting request(s)")

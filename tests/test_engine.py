@@ -1,0 +1,254 @@
+"""Serving-engine invariants on the real SmolLM2 checkpoint: batching, prefix caching, chunked
+prefill and preemption never change a greedy result, and every KV block comes back."""
+import random
+
+import pytest
+
+from zhuzi import LLM, SamplingParams
+from zhuzi.config import EngineConfig
+from zhuzi.engine.engine import Engine
+from zhuzi.model.loader import default_model_path
+from zhuzi.tokenizer import Tokenizer
+
+GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=1)
+NEAR_TIE = 1e-4
+
+
+def mixed_prompts(tokenizer, count: int = 32, seed: int = 0) -> list[list[int]]:
+    """Real text, 8 to 600 tokens."""
+    rng = random.Random(seed)
+    words = ("the river city light morning question answer model token people write small house "
+             "garden music number paper window road story").split()
+    lengths = [8, 600] + [rng.randint(8, 600) for _ in range(count - 2)]
+    prompts = []
+    for n in lengths:
+        ids = tokenizer.encode(" ".join(rng.choice(words) for _ in range(n)))
+        prompts.append(ids[:n])
+    return prompts
+
+
+def assert_same_or_near_tie(a, b):
+    """Token for token; a difference is only allowed where the two best tokens were within NEAR_TIE,
+    and until then the chosen tokens' logprobs agree within NEAR_TIE."""
+    for out_a, out_b in zip(a, b):
+        ta, tb = out_a.outputs[0], out_b.outputs[0]
+        for i, (x, y) in enumerate(zip(ta.token_ids, tb.token_ids)):
+            lp_a, lp_b = ta.logprobs[i], tb.logprobs[i]
+            if x != y:
+                ranked = sorted(lp_a.values(), key=lambda l: l.rank)
+                assert ranked[0].logprob - ranked[1].logprob < NEAR_TIE, f"token {i} differs and is no near-tie"
+                break
+            assert abs(lp_a[x].logprob - lp_b[y].logprob) < NEAR_TIE
+        else:
+            assert ta.token_ids == tb.token_ids
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    return mixed_prompts(Tokenizer.load(default_model_path()))
+
+
+@pytest.fixture(scope="module")
+def alone(prompts):
+    llm = LLM(dtype="float32", enable_prefix_caching=False)
+    return [llm.generate([p], GREEDY)[0] for p in prompts]
+
+
+def run_together(prompts, **options):
+    llm = LLM(dtype="float32", **options)
+    outs = llm.generate(prompts, GREEDY)
+    engine = llm.engine
+    assert engine.blocks.num_free_blocks == engine.blocks.num_blocks  # every block returned
+    return outs, engine
+
+
+def test_batching_never_changes_a_greedy_result(prompts, alone):
+    together, _ = run_together(prompts, enable_prefix_caching=False)
+    assert_same_or_near_tie(alone, together)
+
+
+def test_prefix_caching_never_changes_a_greedy_result(prompts, alone):
+    shared = [prompts[0][:5] + p for p in prompts]  # and a shared prefix does get reused
+    llm = LLM(dtype="float32", enable_prefix_caching=False)
+    baseline = [llm.generate([p], GREEDY)[0] for p in shared[:4]]
+    cached, engine = run_together(shared[:4] + shared[:4], enable_prefix_caching=True)
+    assert_same_or_near_tie(baseline + baseline, cached)
+    assert engine.blocks.prefix_hits > 0
+
+
+def test_chunked_prefill_never_changes_a_greedy_result(prompts, alone):
+    chunked, _ = run_together(prompts, max_num_batched_tokens=64)
+    assert_same_or_near_tie(alone, chunked)
+
+
+def test_preemption_never_changes_a_greedy_result(prompts, alone):
+    # 46 blocks of 16 tokens: the longest request (600 + 12) fits alone, and little else does.
+    preempted, engine = run_together(prompts, kv_cache_memory=46 * 16 * 46080)
+    assert engine.blocks.num_blocks == 46
+    assert engine.scheduler.num_preemptions >= 3
+    assert_same_or_near_tie(alone, preempted)
+
+
+# -- engine mechanics on the default bf16 model ------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return Engine(EngineConfig(max_num_batched_tokens=64, kv_cache_memory="64MiB"))
+
+
+def run(engine: Engine, until=lambda: False) -> dict:
+    """Step until done (or until `until()`); returns request id -> concatenated text deltas."""
+    texts: dict[str, str] = {}
+    while engine.has_unfinished() and not until():
+        for out in engine.step():
+            for c in out.outputs:
+                texts[out.request_id] = texts.get(out.request_id, "") + c.text
+    return texts
+
+
+def assert_all_blocks_free(engine: Engine):
+    assert not engine.has_unfinished()
+    assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
+    assert all(b.ref_count == 0 for b in engine.blocks.blocks)
+
+
+def test_abort_in_every_state_returns_every_block(engine):
+    long_prompt = engine.tokenizer.encode("word " * 300)
+    params = SamplingParams(temperature=0, max_tokens=50, ignore_eos=True)
+    for i in range(3):
+        engine.add_request(f"decoding-{i}", "Tell me a story", params)
+    engine.add_request("prefilling", long_prompt, params)
+    engine.add_request("waiting", long_prompt, params)
+    seqs = {rid: engine.requests[rid].seqs[0] for rid in engine.requests}
+    run(engine, until=lambda: 0 < seqs["prefilling"].num_computed_tokens < len(long_prompt))
+    assert seqs["decoding-0"].num_output_tokens > 0 and seqs["waiting"].status.value == "waiting"
+    for rid in ("prefilling", "waiting", "decoding-0"):
+        engine.abort(rid)
+    run(engine)
+    assert_all_blocks_free(engine)
+
+
+def test_abort_of_a_preempted_request_and_resumed_ones_return_every_block():
+    engine = Engine(EngineConfig(kv_cache_memory=12 * 16 * 23040, max_num_batched_tokens=256))
+    params = SamplingParams(temperature=0, max_tokens=80, ignore_eos=True)
+    for i in range(4):
+        engine.add_request(f"r{i}", engine.tokenizer.encode(f"{i} " * 20), params)
+    victims = lambda: [s for r in engine.requests.values() for s in r.seqs if s.num_preemptions]
+    run(engine, until=lambda: bool(victims()))
+    assert victims(), "the pool was meant to run out"
+    engine.abort(victims()[0].request_id)
+    run(engine)
+    assert engine.scheduler.num_preemptions >= 1
+    assert_all_blocks_free(engine)
+
+
+def test_second_turn_computes_only_its_new_tokens(engine):
+    params = SamplingParams(temperature=0, max_tokens=20)
+    history = [{"role": "user", "content": "Name three rivers in Europe and say one thing about each."}]
+    first = engine.tokenizer.encode_chat(history)
+    engine.add_request("turn-1", first, params)
+    outs = []
+    while engine.has_unfinished():
+        outs += engine.step()
+    reply_ids = [t for o in outs for c in o.outputs for t in c.token_ids]
+    reply = "".join(c.text for o in outs for c in o.outputs)
+    history += [{"role": "assistant", "content": reply}, {"role": "user", "content": "Which is longest?"}]
+    second = engine.tokenizer.encode_chat(history)
+    queries, hits = engine.blocks.prefix_queries, engine.blocks.prefix_hits
+    engine.add_request("turn-2", second, params)
+    outs = []
+    while engine.has_unfinished():
+        outs += engine.step()
+    # Turn 1's prompt and reply sit in the cache; every whole block of what turn 2 shares with
+    # them is reused, so only the new messages (and a partial block) are computed.
+    seen = first + reply_ids
+    common = next(i for i, (a, b) in enumerate(zip(seen + [-1], second)) if a != b)
+    cached = outs[-1].num_cached_tokens
+    assert common > len(first)
+    assert cached == min(common, len(second) - 1) // 16 * 16
+    assert engine.blocks.prefix_queries - queries == len(second)
+    assert engine.blocks.prefix_hits - hits == cached
+    assert outs[-1].metrics.num_cached_tokens == cached
+    assert_all_blocks_free(engine)
+
+
+def test_n_samples_share_the_prompt_blocks_and_seeds_reproduce(engine):
+    prompt = engine.tokenizer.encode("Write a short poem about the sea. " * 6)
+    params = SamplingParams(n=4, temperature=1.0, seed=7, max_tokens=16, ignore_eos=True)
+    hits = engine.blocks.prefix_hits
+    engine.add_request("poem", prompt, params)
+    first = run(engine)["poem"]
+    shared = (len(prompt) - 1) // 16 * 16
+    assert engine.blocks.prefix_hits - hits >= 3 * shared  # samples 2-4 reuse sample 1's prompt blocks
+    llm_outputs = []
+    for rid in ("again-1", "again-2"):
+        engine.add_request(rid, prompt, params)
+        outs = []
+        while engine.has_unfinished():
+            outs += engine.step()
+        tokens = {}
+        for out in outs:
+            for c in out.outputs:
+                tokens.setdefault(c.index, []).extend(c.token_ids)
+        llm_outputs.append(tokens)
+    assert llm_outputs[0] == llm_outputs[1]  # same seed, same samples
+    assert len({tuple(t) for t in llm_outputs[0].values()}) == 4  # the 4 samples differ
+    assert first
+    assert_all_blocks_free(engine)
+
+
+def test_streamed_deltas_concatenate_to_the_final_text_with_stop_strings(engine):
+    llm_text = {}
+    prompt = "List the numbers from one to ten in words: one, two, three,"
+    engine.add_request("full", prompt, SamplingParams(temperature=0, max_tokens=30))
+    full = run(engine)["full"]
+    stop = full[10:14]  # a stop string that spans token boundaries inside the real output
+    for include in (False, True):
+        rid = f"stop-{include}"
+        engine.add_request(rid, prompt, SamplingParams(temperature=0, max_tokens=30, stop=[stop],
+                                                       include_stop_str_in_output=include))
+        outs = []
+        while engine.has_unfinished():
+            outs += engine.step()
+        llm_text[include] = "".join(c.text for o in outs for c in o.outputs)
+        last = outs[-1].outputs[-1]
+        assert (last.finish_reason, last.stop_reason) == ("stop", stop)
+    assert llm_text[False] == full[:full.index(stop)]
+    assert llm_text[True] == full[:full.index(stop)] + stop
+    assert_all_blocks_free(engine)
+
+
+def test_an_emoji_split_over_tokens_arrives_whole(engine):
+    cat = engine.tokenizer.encode("🐱")
+    assert len(cat) == 3  # each piece alone decodes to U+FFFD
+    engine.add_request("cat", "🐱" * 10, SamplingParams(temperature=0, max_tokens=9))  # the model copies it
+    outs = []
+    while engine.has_unfinished():
+        outs += engine.step()
+    ids = [t for o in outs for c in o.outputs for t in c.token_ids]
+    pieces = [c.text for o in outs for c in o.outputs]
+    assert ids == cat * 3
+    assert pieces.count("🐱") == 3 and "".join(pieces) == "🐱" * 3
+    assert all("\ufffd" not in p for p in pieces)
+
+
+def test_requests_that_can_never_fit_are_refused_with_the_numbers(engine):
+    with pytest.raises(ValueError, match=r"8192 tokens.*8200"):
+        engine.add_request("too-long", [5] * 8000, SamplingParams(max_tokens=200))
+    small = Engine(EngineConfig(kv_cache_memory=4 * 16 * 23040))
+    with pytest.raises(ValueError, match="64 tokens"):
+        small.add_request("too-big", [5] * 60, SamplingParams(max_tokens=10))
+    with pytest.raises(ValueError, match="prompt is empty"):
+        engine.add_request("empty", [], SamplingParams())
+
+
+def test_metrics_record_every_phase(engine):
+    engine.add_request("timed", "Hello there", SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    outs = []
+    while engine.has_unfinished():
+        outs += engine.step()
+    m = outs[-1].metrics
+    assert m.arrival_time <= m.first_scheduled_time <= m.first_token_time <= m.finished_time
+    assert m.queue_time >= 0 and m.prefill_time > 0 and m.time_to_first_token > 0
+    assert len(m.decode_step_times) == 7 and all(t > 0 for t in m.decode_step_times)
