@@ -19,7 +19,7 @@ from zhuzi.sampling_params import SamplingParams
 
 # top-p first looks for its cut among this many best tokens per row, then among
 # more, and sorts the whole vocabulary only for rows whose nucleus is wider
-# still: real next-token distributions are peaked, and a full sort costs ~60x more than a top 64.
+# still: real next-token distributions are peaked, and a full sort costs ~50x a top 64.
 _TOP_P_CANDIDATES = (64, 512, 4096)
 # Sampling sums probabilities block by block (see _inverse_cdf).
 _BLOCK = 256
@@ -149,6 +149,8 @@ def _choose_tokens(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tenso
 def _draw(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
     """One token per row from softmax(logits / T) truncated by top-k/top-p/min-p; logits is ours to change."""
     logits /= torch.tensor([[r.params.temperature] for r in rows], device=logits.device)
+    # Extreme temperatures or penalties overflow; an infinite logit must not turn into NaN odds.
+    logits.nan_to_num_(nan=float("-inf"), posinf=torch.finfo(logits.dtype).max)
     _truncate(logits, rows)
     # Inverse-CDF sampling takes a single uniform per row, from the row's own
     # generator, so a seeded row draws the same whatever else is in the batch.
@@ -157,7 +159,7 @@ def _draw(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
 
 
 def _inverse_cdf(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """Per row of weights [n, V] (>= 0, some > 0), the token where the running sum first exceeds uniform * total.
+    """Per row of weights [n, V] (>= 0, not all 0): the token where the running sum passes uniform * total.
 
     A float32 running sum over a whole vocabulary would blur the rare tokens
     and a float64 one costs a pass of its own, so the sum is taken in two
@@ -276,8 +278,9 @@ def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor | list[int],
     return out
 
 
-def prompt_logprobs(logits: torch.Tensor, prompt_token_ids: list[int], k: int) -> list[dict[int, Logprob] | None]:
-    """Logprobs of each prompt token given the ones before it (+ top k); logits [P, V] of the prompt positions.
+def prompt_logprobs(logits: torch.Tensor, prompt_token_ids: list[int],
+                    k: int) -> list[dict[int, Logprob] | None]:
+    """Logprobs of each prompt token given those before it (+ the top k); logits [P, V] of the prompt.
 
     The first token has no context, so its entry is None, as in vLLM.
     """

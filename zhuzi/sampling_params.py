@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+GREEDY_BELOW = 1e-5  # temperatures this small mean greedy (as vLLM): dividing by them overflows
+
 
 @dataclass
 class SamplingParams:
@@ -63,4 +65,4 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < GREEDY_BELOW

@@ -81,3 +81,5 @@ def test_bounded_queue_refuses_at_once_and_frees_on_release() -> None:
     refused(gate.admit, 1)
     second.release()
     assert gate.in_flight == 3
+    error = refused(gate.admit, 5)  # more than the whole queue: waiting would not help
+    assert (error.status, error.code) == (400, "too_many_sequences")

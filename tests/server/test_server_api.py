@@ -56,6 +56,9 @@ def stream_chunks(stream) -> list:
 def test_health_is_503_until_the_model_is_loaded_then_200(server: ServerProcess) -> None:
     assert 503 in server.health_statuses, "the server listened before the model was ready"
     assert server.health_statuses[-1] == 200
+    startup = server.log.read_text()
+    for fact in (MODEL, "bfloat16", "KV cache 2912 tokens", server.api):  # 64 MiB of SmolLM2's KV
+        assert fact in startup
     assert httpx.get(server.url + "/version").json() == {"version": zhuzi.__version__}
 
 
@@ -236,6 +239,8 @@ def test_tool_call_from_the_real_model_streamed_and_not(client: openai.OpenAI) -
     assert (streamed.index, streamed.type, streamed.function.name) == (0, "function", "get_weather")
     assert json.loads(streamed.function.arguments) == {"city": "Paris"}
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    declined = client.chat.completions.create(**args, tool_choice="none").choices[0]  # calls stay text
+    assert (declined.finish_reason, declined.message.tool_calls, declined.message.content) == ("stop", None, "}}")
 
 
 def test_tool_result_continues_the_conversation(server: ServerProcess, client: openai.OpenAI) -> None:

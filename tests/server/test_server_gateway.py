@@ -1,7 +1,8 @@
 """API keys, per-key rate limits and the bounded queue, over HTTP against a real `zhuzi serve`.
 
 The server runs one sequence at a time (--max-num-seqs 1) with room for one more to wait
-(--max-waiting 1), three requests per minute and 400 tokens per minute for each key.
+(--max-waiting 1), three requests per minute and 400 tokens per minute for each key, and
+serves the model under another name (--served-model-name).
 """
 from __future__ import annotations
 
@@ -14,16 +15,17 @@ import openai
 import pytest
 from serving import ServerProcess, running_server
 
-MODEL = "SmolLM2-135M-Instruct"
+MODEL = "smol"  # --served-model-name
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
-KEYS = ("key-auth", "key-rpm", "key-tpm", "key-queue")
+KEYS = ("key-auth", "key-rpm", "key-tpm", "key-queue", "key-big")  # 3 requests a minute each: no test spends more
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> ServerProcess:
     keys = [arg for key in KEYS for arg in ("--api-key", key)]
     limits = ["--rate-limit-rpm", "3", "--rate-limit-tpm", "400", "--max-num-seqs", "1", "--max-waiting", "1"]
-    with running_server(tmp_path_factory.mktemp("gateway") / "server.log", *keys, *limits) as running:
+    with running_server(tmp_path_factory.mktemp("gateway") / "server.log", "--served-model-name", MODEL,
+                        *keys, *limits) as running:
         yield running
 
 
@@ -44,7 +46,7 @@ def test_missing_or_wrong_key_is_401(server: ServerProcess) -> None:
         assert response.json()["error"]["code"] == "invalid_api_key"
     with pytest.raises(openai.AuthenticationError):
         client(server, "nope").models.list()
-    assert client(server, "key-auth").models.list().data[0].id == MODEL
+    assert [m.id for m in client(server, "key-auth").models.list().data] == [MODEL]
     assert httpx.get(server.url + "/health").status_code == 200  # probes need no key
 
 
@@ -56,6 +58,7 @@ def test_requests_per_minute_give_429_with_retry_after(server: ServerProcess) ->
     assert refused.json()["error"]["type"] == "requests"
     assert 1 <= int(refused.headers["Retry-After"]) <= 20  # one request back every 20 s
     assert ask(server, "key-auth").status_code == 200  # another key is not affected
+    assert ask(server, "key-auth", model="SmolLM2-135M-Instruct").status_code == 404  # served as "smol" only
 
 
 def test_tokens_per_minute_give_429_with_retry_after(server: ServerProcess) -> None:
@@ -65,6 +68,12 @@ def test_tokens_per_minute_give_429_with_retry_after(server: ServerProcess) -> N
     assert refused.status_code == 429
     assert refused.json()["error"]["type"] == "tokens"
     assert int(refused.headers["Retry-After"]) >= 10
+
+
+def test_more_samples_than_the_queue_holds_is_400_not_429(server: ServerProcess) -> None:
+    refused = ask(server, "key-big", n=3)  # 1 running + 1 waiting place: retrying could never help
+    assert refused.status_code == 400
+    assert refused.json()["error"]["code"] == "too_many_sequences"
 
 
 def test_full_queue_gives_429_at_once(server: ServerProcess) -> None:

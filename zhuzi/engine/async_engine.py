@@ -26,21 +26,37 @@ class _Stream:
 class AsyncEngine:
     """Runs the model off the event loop so the server answers while a forward pass runs."""
 
-    def __init__(self, engine: Engine):
-        self.engine = engine
-        self.config = engine.config
-        self.tokenizer = engine.tokenizer
-        self.max_model_len = engine.max_model_len
-        self.model_name = engine.model_path.stem.split(".")[0] if engine.model_path.is_file() else engine.model_path.name
+    def __init__(self, config: EngineConfig):
+        """Loads the model in the engine's own thread and returns once it is ready."""
         self._commands: queue.SimpleQueue = queue.SimpleQueue()  # only the loop thread touches the engine
         self._streams: dict[str, _Stream] = {}
         self._wake = threading.Event()
-        self._stats = engine.stats()
-        threading.Thread(target=self._loop, name="zhuzi-engine", daemon=True).start()
+        loaded: queue.SimpleQueue = queue.SimpleQueue()
+        # The thread that first runs torch must live on: once the thread that started OpenMP's
+        # first team exits, libgomp makes every later team crawl (measured: 7x slower steps).
+        threading.Thread(target=self._run, args=(config, loaded), name="zhuzi-engine", daemon=True).start()
+        error = loaded.get()
+        if error is not None:
+            raise error
+        self.config = self.engine.config
+        self.tokenizer = self.engine.tokenizer
+        self.max_model_len = self.engine.max_model_len
+        path = self.engine.model_path
+        self.model_name = path.name.split(".")[0] if path.is_file() else path.name
+        self._stats = self.engine.stats()
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> AsyncEngine:
-        return cls(Engine(config))
+        return cls(config)
+
+    def _run(self, config: EngineConfig, loaded: queue.SimpleQueue) -> None:
+        try:
+            self.engine = Engine(config)
+        except BaseException as e:  # the caller re-raises it
+            loaded.put(e)
+            return
+        loaded.put(None)
+        self._loop()
 
     def stats(self) -> EngineStats:
         return self._stats

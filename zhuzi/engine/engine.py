@@ -99,11 +99,18 @@ class Engine:
                 f"request needs {total} tokens of KV cache but the whole pool holds "
                 f"{self.kv_capacity_tokens} tokens; raise kv_cache_memory or shorten the request")
 
+    def check_token_ids(self, params: SamplingParams) -> None:
+        vocab = self.model_config.vocab_size
+        for name, ids in (("logit_bias", params.logit_bias or {}), ("stop_token_ids", params.stop_token_ids)):
+            if any(not 0 <= t < vocab for t in ids):
+                raise ValueError(f"{name} has token ids outside the vocabulary [0, {vocab})")
+
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
                     arrival_time: float | None = None) -> None:
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         ids = self.encode_prompt(prompt)
+        self.check_token_ids(params)
         self.check_fits(len(ids), params.max_tokens)
         seqs: list[Sequence] = []
         for i in range(params.n):
@@ -185,24 +192,31 @@ class Engine:
             self._decode_logprob_tokens([logprobs])
             seq.cumulative_logprob += logprobs[token].logprob
             delta.logprobs.append(logprobs)
-        text, stop_str = req.detokenizers[seq.index].step(token)
+        detokenizer = req.detokenizers[seq.index]
+        stop_token = self._is_stop_token(seq, token)
+        # A stop token (EOS or stop_token_ids) ends the text without showing it, as vLLM does.
+        text, stop_str = ("", None) if stop_token and not p.include_stop_str_in_output else detokenizer.step(token)
         delta.text += text
-        reason, stop_reason = self._stop_reason(seq, token, stop_str)
+        reason, stop_reason = self._finish_reason(seq, token, stop_token, stop_str)
         if reason is None:
             return
         if stop_str is None:  # the held-back tail is shown only when no stop string ended it
-            delta.text += req.detokenizers[seq.index].flush()
+            delta.text += detokenizer.flush()
         self.scheduler.finish(seq, reason, stop_reason)
 
-    def _stop_reason(self, seq: Sequence, token: int, stop_str: str | None) -> tuple[str | None, int | str | None]:
+    def _is_stop_token(self, seq: Sequence, token: int) -> bool:
         p = seq.params
-        if seq.num_output_tokens >= p.min_tokens:
-            if not p.ignore_eos and token in self.eos_ids:
-                return "stop", None
-            if token in p.stop_token_ids:
-                return "stop", token
-            if stop_str is not None:
-                return "stop", stop_str
+        if seq.num_output_tokens < p.min_tokens:
+            return False
+        return (not p.ignore_eos and token in self.eos_ids) or token in p.stop_token_ids
+
+    def _finish_reason(self, seq: Sequence, token: int, stop_token: bool,
+                       stop_str: str | None) -> tuple[str | None, int | str | None]:
+        p = seq.params
+        if stop_token:
+            return "stop", token if token in p.stop_token_ids else None
+        if stop_str is not None and seq.num_output_tokens >= p.min_tokens:
+            return "stop", stop_str
         limit = seq.num_prompt_tokens + p.max_tokens if p.max_tokens else self.max_model_len
         if seq.num_tokens >= min(limit, self.max_model_len):
             return "length", None

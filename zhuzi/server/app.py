@@ -396,9 +396,6 @@ class Server:
                     loop.call_soon_threadsafe(self.on_load_error, exc)
                 return
             loop.call_soon_threadsafe(self.attach, engine)
-            # Once the thread that started torch's first OpenMP team exits, libgomp makes every later
-            # team crawl (measured: 16 tokens in 3.5 s instead of 0.5 s), so this thread stays parked.
-            threading.Event().wait()
 
         threading.Thread(target=load, name="zhuzi-load", daemon=True).start()
 

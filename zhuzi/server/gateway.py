@@ -112,6 +112,9 @@ class Gateway:
 
     def admit(self, num_seqs: int) -> Admission:
         """Take num_seqs places in the bounded queue; the caller releases them when the request ends."""
+        if num_seqs > self.capacity:  # no wait would help: say so instead of 429
+            raise GatewayError(400, f"The request asks for {num_seqs} sequences (n times prompts); this server "
+                                    f"holds at most {self.capacity}.", "invalid_request_error", "too_many_sequences")
         if self.in_flight + num_seqs > self.capacity:
             raise GatewayError(
                 429, f"Server busy: {self.in_flight} sequences are running or waiting "

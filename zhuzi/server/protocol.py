@@ -1,4 +1,4 @@
-"""Step 1 of the request path: the OpenAI wire format, as pydantic models.
+"""The words of the HTTP step (the first of the request path): OpenAI's wire format in pydantic.
 
 Requests are validated here (types, ranges OpenAI defines); the sampling knobs
 then go to SamplingParams, whose own checks name the offending field. Unknown
@@ -28,7 +28,7 @@ def _utf8_only(text: str) -> str:
 
 
 Text = Annotated[str, AfterValidator(_utf8_only)]
-MIN_TEMPERATURE = 0.01
+MIN_TEMPERATURE = 0.01  # smaller positive temperatures are raised to this, as vLLM does
 
 
 def _is_none(value: Any) -> bool:
