@@ -40,7 +40,7 @@ PROGRESS_DELAY_S = 1.0
 log = logging.getLogger(__name__)
 
 
-class CheckpointError(Exception):
+class CheckpointError(ValueError):
     """A checkpoint that cannot be loaded; the message is one line naming the file and the problem."""
 
     def __init__(self, path: str | Path, problem: str):

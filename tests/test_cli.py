@@ -1,0 +1,39 @@
+"""The command line as a user runs it: a real `zhuzi` process."""
+import subprocess
+import sys
+
+
+def zhuzi(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "zhuzi.cli", "--log-level", "WARNING", *args], input=stdin,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_generate_prints_a_sensible_continuation():
+    out = zhuzi("generate", "--temperature", "0", "--max-tokens", "8", "The capital of France is")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("The capital of France is Paris")
+
+
+def test_chat_streams_replies_and_keeps_the_history():
+    out = zhuzi("chat", "--temperature", "0", "--max-tokens", "30",
+                stdin="What is the capital of France?\nAnd of Germany?\n\n")
+    assert out.returncode == 0, out.stderr
+    first, second = [line for line in out.stdout.splitlines() if line.startswith("> ")][:2]
+    assert "Paris" in first
+    assert "Berlin" in second  # "And of Germany?" only makes sense with the first turn in the history
+
+
+def test_plan_prints_the_kv_arithmetic():
+    out = zhuzi("plan", "--kv-cache-memory", "4GiB", "--context", "4096")
+    assert out.returncode == 0, out.stderr
+    assert "KV bytes per token: 2 x 30 layers x 3 kv_heads x 64 head_dim x 2 bytes = 23,040" in out.stdout
+    assert "186,400 tokens" in out.stdout  # 4 GiB / (23,040 x 16) = 11,650 blocks of 16
+    assert "requests of 4,096 tokens that fit at once: 45" in out.stdout
+    assert "weight bytes one decode step reads: 269,030,016" in out.stdout
+
+
+def test_a_bad_model_path_is_a_one_line_error():
+    out = zhuzi("generate", "--model", "/no/such/model.gguf", "hi")
+    assert out.returncode != 0
+    assert out.stderr.strip().count("\n") == 0
+    assert "/no/such/model.gguf" in out.stderr and "no such file" in out.stderr

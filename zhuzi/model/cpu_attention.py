@@ -1,0 +1,243 @@
+"""Decode attention over the paged KV pool on CPU (model runner -> attention, decode rows).
+
+Batched decoding reads every sequence's whole history each step, so this is a
+memory-bandwidth problem: a small C++ kernel walks each sequence's slot list
+and reads its keys and values straight from the pool, once, prefetching a few
+positions ahead, with an online (flash-decoding style) softmax in float32. No
+gathered copy is made and bf16 is widened in registers.
+
+Each row is computed by one thread with arithmetic that depends only on that
+row (its query, slots and length), never on the batch around it, so a request
+decodes to the same bits alone or in any batch.
+
+The kernel is compiled on first use with the system C++ compiler for this very
+CPU (-march=native) into a cache directory, and loaded with ctypes. It shares
+torch's OpenMP thread pool. Without a compiler the caller's torch path runs.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+_SOURCE = r"""
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+// glibc declares libmvec's vector expf only under -ffast-math; declaring it here lets the softmax
+// loop use it without fast-math's other licences (which would break the -inf start of the max).
+extern "C" __attribute__((simd("notinbranch"))) float expf(float) noexcept;
+
+typedef float vf __attribute__((vector_size(64)));
+typedef float v8 __attribute__((vector_size(32)));
+typedef float v4 __attribute__((vector_size(16)));
+typedef float v2 __attribute__((vector_size(8)));
+typedef uint32_t vu __attribute__((vector_size(64)));
+typedef uint16_t vh __attribute__((vector_size(32)));
+
+constexpr int TILE = 32;      // positions scored before their values are summed
+constexpr int AHEAD = 8;      // positions prefetched ahead: slot rows are scattered, so the
+                              // hardware prefetcher cannot see the next one coming
+constexpr int MAXH = 128;     // heads per row
+constexpr int MAXHD = 8192;   // heads * head_dim per row
+
+static inline vf load16(const float* p) { vf v; std::memcpy(&v, p, 64); return v; }
+static inline vf load16(const uint16_t* p) {  // bf16 is the top half of a float32
+  vh h; std::memcpy(&h, p, 32);
+  return (vf)(__builtin_convertvector(h, vu) << 16);
+}
+template <typename H, typename F> static inline H fold(F v) {
+  H a, b; std::memcpy(&a, &v, sizeof a); std::memcpy(&b, reinterpret_cast<char*>(&v) + sizeof a, sizeof b);
+  return a + b;
+}
+static inline float hsum(vf v) { v2 x = fold<v2>(fold<v4>(fold<v8>(v))); return x[0] + x[1]; }
+static inline void store(float x, float* p) { *p = x; }
+static inline void store(float x, uint16_t* p) {  // round to nearest even; a NaN stays a NaN
+  uint32_t u; std::memcpy(&u, &x, 4);
+  *p = (u & 0x7fffffffu) > 0x7f800000u ? uint16_t((u >> 16) | 0x40) : uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+// One sequence, all heads: slot rows hold every kv head side by side, so reading them whole
+// keeps the reads contiguous.
+template <typename T, int NV>
+static void attend(const T* q, const T* kc, const T* vc, const int64_t* slots, int64_t len, T* out,
+                   int H, int KV, int64_t nslots, float scale, int* bad) {
+  constexpr int D = NV * 16;
+  const int G = H / KV;
+  const int64_t row = int64_t(KV) * D;
+  vf qv[MAXHD / 16], acc[MAXHD / 16];
+  alignas(64) float s[MAXH][TILE];
+  float m[MAXH], l[MAXH];
+  for (int h = 0; h < H; ++h) {
+    for (int j = 0; j < NV; ++j) { qv[h * NV + j] = load16(q + h * D + j * 16) * scale; acc[h * NV + j] = vf{}; }
+    m[h] = -INFINITY; l[h] = 0.f;
+  }
+  for (int64_t t0 = 0; t0 < len; t0 += TILE) {
+    const int n = int(std::min<int64_t>(TILE, len - t0));
+    int64_t off[TILE];
+    for (int t = 0; t < n; ++t) {
+      const int64_t sl = slots[t0 + t];
+      if (sl < 0 || sl >= nslots) { *bad = 1; off[t] = 0; } else off[t] = sl * row;
+    }
+    for (int t = 0; t < n; ++t) {
+      if (t0 + t + AHEAD < len) {
+        const int64_t o = std::clamp<int64_t>(slots[t0 + t + AHEAD], 0, nslots - 1) * row;
+        const char* kr = reinterpret_cast<const char*>(kc + o);
+        const char* vr = reinterpret_cast<const char*>(vc + o);
+        for (int64_t i = 0; i < row * int64_t(sizeof(T)); i += 64) { __builtin_prefetch(kr + i); __builtin_prefetch(vr + i); }
+      }
+      for (int kh = 0; kh < KV; ++kh) {
+        vf k[NV];
+        for (int j = 0; j < NV; ++j) k[j] = load16(kc + off[t] + kh * D + j * 16);
+        for (int h = kh * G; h < (kh + 1) * G; ++h) {
+          vf d = qv[h * NV] * k[0];
+          for (int j = 1; j < NV; ++j) d += qv[h * NV + j] * k[j];
+          s[h][t] = hsum(d);
+        }
+      }
+    }
+    for (int h = 0; h < H; ++h) {
+      float mx = m[h];
+      for (int t = 0; t < n; ++t) mx = std::max(mx, s[h][t]);
+      float sum = 0.f;
+#pragma omp simd reduction(+:sum)
+      for (int t = 0; t < n; ++t) { s[h][t] = expf(s[h][t] - mx); sum += s[h][t]; }
+      const float alpha = expf(m[h] - mx);
+      l[h] = l[h] * alpha + sum;
+      m[h] = mx;
+      for (int j = 0; j < NV; ++j) acc[h * NV + j] *= alpha;
+    }
+    for (int t = 0; t < n; ++t)
+      for (int kh = 0; kh < KV; ++kh) {
+        vf v[NV];
+        for (int j = 0; j < NV; ++j) v[j] = load16(vc + off[t] + kh * D + j * 16);
+        for (int h = kh * G; h < (kh + 1) * G; ++h)
+          for (int j = 0; j < NV; ++j) acc[h * NV + j] += s[h][t] * v[j];
+      }
+  }
+  for (int h = 0; h < H; ++h)
+    for (int j = 0; j < NV; ++j) {
+      const vf o = acc[h * NV + j] / l[h];
+      for (int i = 0; i < 16; ++i) store(o[i], out + h * D + j * 16 + i);
+    }
+}
+
+template <typename T, int NV>
+static int run(const void* q, const void* kc, const void* vc, const int64_t* slots, const int64_t* lens,
+               void* out, int64_t B, int64_t W, int H, int KV, int64_t nslots, float scale, int threads) {
+  const int64_t stride = int64_t(H) * NV * 16;
+  int bad = 0;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+  for (int64_t b = 0; b < B; ++b) {
+    if (lens[b] < 1 || lens[b] > W) { bad = 1; continue; }
+    attend<T, NV>(static_cast<const T*>(q) + b * stride, static_cast<const T*>(kc), static_cast<const T*>(vc),
+                  slots + b * W, lens[b], static_cast<T*>(out) + b * stride, H, KV, nslots, scale, &bad);
+  }
+  return bad;
+}
+
+// Returns 0 on success, 1 for a length or slot out of range, 2 for shapes it was not built for.
+extern "C" int zhuzi_decode_attention(int bf16, const void* q, const void* kc, const void* vc,
+    const int64_t* slots, const int64_t* lens, void* out, int64_t B, int64_t W, int H, int KV, int D,
+    int64_t nslots, float scale, int threads) {
+  if (KV < 1 || H % KV || H > MAXH || H * D > MAXHD) return 2;
+  auto go = [&](auto run_t, auto run_b) {
+    return (bf16 ? run_b : run_t)(q, kc, vc, slots, lens, out, B, W, H, KV, nslots, scale, threads); };
+  switch (D) {
+    case 32: return go(run<float, 2>, run<uint16_t, 2>);
+    case 64: return go(run<float, 4>, run<uint16_t, 4>);
+    case 96: return go(run<float, 6>, run<uint16_t, 6>);
+    case 128: return go(run<float, 8>, run<uint16_t, 8>);
+    case 256: return go(run<float, 16>, run<uint16_t, 16>);
+    default: return 2;
+  }
+}
+"""
+
+_FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-shared", "-fPIC"]
+_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions"
+    return Path(root) / "zhuzi_cpu_attention"
+
+
+def _cpu_flags() -> str:
+    # -march=native code must not be reused on another CPU sharing the cache directory.
+    try:
+        return next((line for line in open("/proc/cpuinfo") if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        return ""
+
+
+def _build(cxx: str) -> Path:
+    key = hashlib.sha256("\n".join([_SOURCE, cxx, *_FLAGS, _cpu_flags()]).encode()).hexdigest()[:16]
+    lib = _cache_dir() / f"decode_attention_{key}.so"
+    if not lib.exists():
+        lib.parent.mkdir(parents=True, exist_ok=True)
+        tmp = lib.with_name(f"{lib.stem}.{os.getpid()}")  # concurrent builders each rename their own
+        tmp.with_suffix(".cpp").write_text(_SOURCE)
+        subprocess.run([cxx, *_FLAGS, str(tmp.with_suffix(".cpp")), "-o", str(tmp.with_suffix(".so"))],
+                       check=True, capture_output=True, text=True, timeout=300)
+        os.replace(tmp.with_suffix(".so"), lib)
+        tmp.with_suffix(".cpp").unlink()
+    return lib
+
+
+@functools.cache
+def _kernel():
+    """The compiled entry point, or None (warned once) when it cannot be built or loaded."""
+    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    try:
+        if cxx is None:
+            raise OSError("no C++ compiler found (set CXX)")
+        fn = ctypes.CDLL(str(_build(cxx))).zhuzi_decode_attention
+    except (OSError, subprocess.SubprocessError) as e:
+        detail = getattr(e, "stderr", None) or e
+        log.warning("CPU decode attention kernel unavailable, using the torch path: %s", detail)
+        return None
+    fn.restype = ctypes.c_int
+    fn.argtypes = ([ctypes.c_int] + [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 2 + [ctypes.c_int] * 3
+                   + [ctypes.c_int64, ctypes.c_float, ctypes.c_int])
+    return fn
+
+
+def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           slots: torch.Tensor, lengths: torch.Tensor, scale: float) -> torch.Tensor | None:
+    """One decode token per row attends over its first lengths[b] slots of the pool.
+
+    q: [B, heads, dim]; k_cache, v_cache: [slots, kv_heads, dim] contiguous, q's dtype (bf16 or
+    float32); slots: [B, W] int64 (entries past a row's length are ignored); lengths: [B] int64 in
+    1..W. Query head h reads kv head h // (heads // kv_heads). Returns [B, heads, dim] in q's dtype,
+    or None when this path cannot serve the call (the caller then uses its torch path).
+    """
+    b, heads, dim = q.shape
+    kv_heads = k_cache.shape[1]
+    usable = (q.device.type == "cpu" and q.dtype in _DTYPES and k_cache.dtype == v_cache.dtype == q.dtype
+              and k_cache.shape == v_cache.shape and k_cache.shape[2] == dim and heads % kv_heads == 0
+              and k_cache.is_contiguous() and v_cache.is_contiguous())
+    fn = _kernel() if usable else None
+    if fn is None:
+        return None
+    if slots.shape[0] != b or lengths.shape != (b,):
+        raise ValueError(f"decode attention: {b} queries but slots {tuple(slots.shape)}, lengths {tuple(lengths.shape)}")
+    q, slots, lengths = q.contiguous(), slots.contiguous().long(), lengths.contiguous().long()
+    out = torch.empty_like(q)
+    status = fn(_DTYPES[q.dtype], q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(),
+                lengths.data_ptr(), out.data_ptr(), b, slots.shape[1], heads, kv_heads, dim,
+                k_cache.shape[0], scale, torch.get_num_threads())
+    if status == 1:
+        raise IndexError("decode attention: a length is outside 1..W or a slot is outside the pool")
+    return out if status == 0 else None
