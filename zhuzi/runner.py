@@ -57,7 +57,7 @@ class ModelRunner:
             decode_slots = slots[:, :longest].contiguous()
             decode_mask = (torch.arange(longest, device=self.device) < contexts[:, None])[:, None, None]
         else:
-            decode_slots = decode_mask = torch.empty(0, device=self.device)
+            decode_slots = decode_mask = contexts = torch.empty(0, device=self.device)
         prefills, start = [], len(decodes)
         for s in batch[len(decodes):]:
             done, n = s.seq.num_computed_tokens, s.num_new_tokens
@@ -67,7 +67,8 @@ class ModelRunner:
                 slots=self._tensor(self._slots(s.seq.block_table, 0, done + n)) if cached else None,
                 mask=prefix_causal_mask(n, done + n).to(self.device) if cached else None))
             start += n
-        return AttentionMetadata(self._tensor(slot_mapping), len(decodes), decode_slots, decode_mask, prefills)
+        return AttentionMetadata(self._tensor(slot_mapping), len(decodes), decode_slots, decode_mask, contexts,
+                                 prefills)
 
     @torch.inference_mode()
     def execute(self, batch: list[ScheduledSeq]) -> StepResult:

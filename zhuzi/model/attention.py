@@ -1,7 +1,8 @@
 """Attention over the paged KV cache (the torch path, CPU or CUDA).
 
 Every token of a step lives in one flat batch. The first `num_decode_tokens`
-are decodes (one token per sequence) and are attended in one padded batch;
+are decodes (one token per sequence) and are attended in one batch (on CPU by
+the kernel in cpu_attention.py, reading the pool in place);
 the rest are prefill chunks, attended one sequence at a time. The pool stores
 keys and values per slot (block * block_size + offset), so a sequence's
 history is reached through its slot list, not copied into place beforehand.
@@ -12,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from zhuzi.model.cpu_attention import paged_decode_attention
 
 
 @dataclass
@@ -29,6 +32,7 @@ class AttentionMetadata:
     num_decode_tokens: int
     decode_slots: torch.Tensor  # [decodes, longest context] pool slots, padded
     decode_mask: torch.Tensor  # [decodes, 1, 1, longest context] True where a slot is real
+    decode_lengths: torch.Tensor  # [decodes] context length of each decode
     prefills: list[PrefillChunk]
 
 
@@ -47,10 +51,7 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     out = torch.empty_like(q)
     n = meta.num_decode_tokens
     if n:
-        b, width = meta.decode_slots.shape
-        keys = _gather(k_cache, meta.decode_slots.reshape(-1)).view(b, width, *k.shape[1:]).transpose(1, 2)
-        values = _gather(v_cache, meta.decode_slots.reshape(-1)).view(b, width, *v.shape[1:]).transpose(1, 2)
-        out[:n] = _sdpa(q[:n, :, None], keys, values, meta.decode_mask)[:, :, 0]
+        out[:n] = _decode_attention(q[:n], k_cache, v_cache, meta)
     for chunk in meta.prefills:
         rows = slice(chunk.start, chunk.start + chunk.length)
         if chunk.mask is None:  # no cached prefix: the chunk's own K/V is the whole context
@@ -60,6 +61,18 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         out[rows] = _sdpa(q[rows].transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1),
                           chunk.mask).transpose(0, 1)
     return out
+
+
+def _decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                      meta: AttentionMetadata) -> torch.Tensor:
+    out = paged_decode_attention(q, k_cache, v_cache, meta.decode_slots, meta.decode_lengths, q.shape[-1] ** -0.5)
+    if out is not None:
+        return out
+    # The portable path (CUDA, or no compiler): gather each history, then torch's attention.
+    b, width = meta.decode_slots.shape
+    keys = _gather(k_cache, meta.decode_slots.reshape(-1)).view(b, width, *k_cache.shape[1:]).transpose(1, 2)
+    values = _gather(v_cache, meta.decode_slots.reshape(-1)).view(b, width, *v_cache.shape[1:]).transpose(1, 2)
+    return _sdpa(q[:, :, None], keys, values, meta.decode_mask)[:, :, 0]
 
 
 def _compute_dtype(x: torch.Tensor) -> torch.Tensor:

@@ -44,31 +44,42 @@ typedef float v8 __attribute__((vector_size(32)));
 typedef float v4 __attribute__((vector_size(16)));
 typedef float v2 __attribute__((vector_size(8)));
 typedef uint32_t vu __attribute__((vector_size(64)));
-typedef uint16_t vh __attribute__((vector_size(32)));
 
-constexpr int TILE = 32;      // positions scored before their values are summed
-constexpr int AHEAD = 8;      // positions prefetched ahead: slot rows are scattered, so the
-                              // hardware prefetcher cannot see the next one coming
-constexpr int MAXH = 128;     // heads per row
-constexpr int MAXHD = 8192;   // heads * head_dim per row
+constexpr int TILE = 32;           // positions scored before their values are summed
+constexpr int AHEAD_BYTES = 3072;  // K+V bytes prefetched ahead: slot rows are scattered, so
+                                   // the hardware prefetcher cannot see the next one coming
+constexpr int MAXH = 128;          // heads per row
+constexpr int MAXHD = 8192;        // heads * head_dim per row
 
-static inline vf load16(const float* p) { vf v; std::memcpy(&v, p, 64); return v; }
-static inline vf load16(const uint16_t* p) {  // bf16 is the top half of a float32
-  vh h; std::memcpy(&h, p, 32);
-  return (vf)(__builtin_convertvector(h, vu) << 16);
+// A row of D values as NV float vectors. bf16 pairs are split into even and odd elements (a shift
+// and a mask per 32 values, no shuffles); queries, keys, values and outputs all share that order.
+static inline void load_row(const float* p, vf* out, int nv) {
+  for (int j = 0; j < nv; ++j) std::memcpy(&out[j], p + j * 16, 64);
 }
-template <typename H, typename F> static inline H fold(F v) {
-  H a, b; std::memcpy(&a, &v, sizeof a); std::memcpy(&b, reinterpret_cast<char*>(&v) + sizeof a, sizeof b);
-  return a + b;
+static inline void load_row(const uint16_t* p, vf* out, int nv) {
+  for (int j = 0; j < nv; j += 2) {
+    vu u; std::memcpy(&u, p + j * 16, 64);
+    out[j] = (vf)(u << 16);
+    out[j + 1] = (vf)(u & 0xffff0000u);
+  }
 }
-static inline float hsum(vf v) { v2 x = fold<v2>(fold<v4>(fold<v8>(v))); return x[0] + x[1]; }
+static inline int element(const float*, int j, int i) { return j * 16 + i; }
+static inline int element(const uint16_t*, int j, int i) { return (j & ~1) * 16 + 2 * i + (j & 1); }
 static inline void store(float x, float* p) { *p = x; }
 static inline void store(float x, uint16_t* p) {  // round to nearest even; a NaN stays a NaN
   uint32_t u; std::memcpy(&u, &x, 4);
-  *p = (u & 0x7fffffffu) > 0x7f800000u ? uint16_t((u >> 16) | 0x40) : uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
+  *p = nan ? uint16_t((u >> 16) | 0x40) : uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+static inline float hsum(vf v) {
+  v8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7)
+       + __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  v4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
+  v2 c = __builtin_shufflevector(b, b, 0, 1) + __builtin_shufflevector(b, b, 2, 3);
+  return c[0] + c[1];
 }
 
-// One sequence, all heads: slot rows hold every kv head side by side, so reading them whole
+// One sequence, all heads: a slot's row holds every kv head side by side, so reading rows whole
 // keeps the reads contiguous.
 template <typename T, int NV>
 static void attend(const T* q, const T* kc, const T* vc, const int64_t* slots, int64_t len, T* out,
@@ -76,11 +87,13 @@ static void attend(const T* q, const T* kc, const T* vc, const int64_t* slots, i
   constexpr int D = NV * 16;
   const int G = H / KV;
   const int64_t row = int64_t(KV) * D;
+  const int ahead = std::clamp(AHEAD_BYTES / int(2 * row * sizeof(T)), 1, TILE);
   vf qv[MAXHD / 16], acc[MAXHD / 16];
   alignas(64) float s[MAXH][TILE];
-  float m[MAXH], l[MAXH];
+  float m[MAXH], l[MAXH], alpha[MAXH];
   for (int h = 0; h < H; ++h) {
-    for (int j = 0; j < NV; ++j) { qv[h * NV + j] = load16(q + h * D + j * 16) * scale; acc[h * NV + j] = vf{}; }
+    load_row(q + h * D, qv + h * NV, NV);
+    for (int j = 0; j < NV; ++j) { qv[h * NV + j] *= scale; acc[h * NV + j] = vf{}; }
     m[h] = -INFINITY; l[h] = 0.f;
   }
   for (int64_t t0 = 0; t0 < len; t0 += TILE) {
@@ -91,15 +104,18 @@ static void attend(const T* q, const T* kc, const T* vc, const int64_t* slots, i
       if (sl < 0 || sl >= nslots) { *bad = 1; off[t] = 0; } else off[t] = sl * row;
     }
     for (int t = 0; t < n; ++t) {
-      if (t0 + t + AHEAD < len) {
-        const int64_t o = std::clamp<int64_t>(slots[t0 + t + AHEAD], 0, nslots - 1) * row;
+      if (t0 + t + ahead < len) {
+        const int64_t o = std::clamp<int64_t>(slots[t0 + t + ahead], 0, nslots - 1) * row;
         const char* kr = reinterpret_cast<const char*>(kc + o);
         const char* vr = reinterpret_cast<const char*>(vc + o);
-        for (int64_t i = 0; i < row * int64_t(sizeof(T)); i += 64) { __builtin_prefetch(kr + i); __builtin_prefetch(vr + i); }
+        for (int64_t i = 0; i < row * int64_t(sizeof(T)); i += 64) {
+          __builtin_prefetch(kr + i);
+          __builtin_prefetch(vr + i);
+        }
       }
       for (int kh = 0; kh < KV; ++kh) {
         vf k[NV];
-        for (int j = 0; j < NV; ++j) k[j] = load16(kc + off[t] + kh * D + j * 16);
+        load_row(kc + off[t] + kh * D, k, NV);
         for (int h = kh * G; h < (kh + 1) * G; ++h) {
           vf d = qv[h * NV] * k[0];
           for (int j = 1; j < NV; ++j) d += qv[h * NV + j] * k[j];
@@ -107,29 +123,31 @@ static void attend(const T* q, const T* kc, const T* vc, const int64_t* slots, i
         }
       }
     }
-    for (int h = 0; h < H; ++h) {
-      float mx = m[h];
+    for (int h = 0; h < H; ++h) {  // online softmax: rescale what came before to the new max
+      float mx = m[h], sum = 0.f;
+#pragma omp simd reduction(max:mx)
       for (int t = 0; t < n; ++t) mx = std::max(mx, s[h][t]);
-      float sum = 0.f;
 #pragma omp simd reduction(+:sum)
       for (int t = 0; t < n; ++t) { s[h][t] = expf(s[h][t] - mx); sum += s[h][t]; }
-      const float alpha = expf(m[h] - mx);
-      l[h] = l[h] * alpha + sum;
+      alpha[h] = expf(m[h] - mx);
+      l[h] = l[h] * alpha[h] + sum;
       m[h] = mx;
-      for (int j = 0; j < NV; ++j) acc[h * NV + j] *= alpha;
     }
-    for (int t = 0; t < n; ++t)
-      for (int kh = 0; kh < KV; ++kh) {
+    for (int h = 0; h < H; ++h) {  // head-outer keeps the accumulator in registers; the tile's
+      vf a[NV];                    // value rows are in L1 after the first head reads them
+      for (int j = 0; j < NV; ++j) a[j] = acc[h * NV + j] * alpha[h];
+      for (int t = 0; t < n; ++t) {
         vf v[NV];
-        for (int j = 0; j < NV; ++j) v[j] = load16(vc + off[t] + kh * D + j * 16);
-        for (int h = kh * G; h < (kh + 1) * G; ++h)
-          for (int j = 0; j < NV; ++j) acc[h * NV + j] += s[h][t] * v[j];
+        load_row(vc + off[t] + (h / G) * D, v, NV);
+        for (int j = 0; j < NV; ++j) a[j] += s[h][t] * v[j];
       }
+      for (int j = 0; j < NV; ++j) acc[h * NV + j] = a[j];
+    }
   }
   for (int h = 0; h < H; ++h)
     for (int j = 0; j < NV; ++j) {
       const vf o = acc[h * NV + j] / l[h];
-      for (int i = 0; i < 16; ++i) store(o[i], out + h * D + j * 16 + i);
+      for (int i = 0; i < 16; ++i) store(o[i], out + h * D + element(out, j, i));
     }
 }
 
@@ -152,9 +170,9 @@ extern "C" int zhuzi_decode_attention(int bf16, const void* q, const void* kc, c
     const int64_t* slots, const int64_t* lens, void* out, int64_t B, int64_t W, int H, int KV, int D,
     int64_t nslots, float scale, int threads) {
   if (KV < 1 || H % KV || H > MAXH || H * D > MAXHD) return 2;
-  auto go = [&](auto run_t, auto run_b) {
-    return (bf16 ? run_b : run_t)(q, kc, vc, slots, lens, out, B, W, H, KV, nslots, scale, threads); };
-  switch (D) {
+  auto go = [&](auto run_f32, auto run_bf16) {
+    return (bf16 ? run_bf16 : run_f32)(q, kc, vc, slots, lens, out, B, W, H, KV, nslots, scale, threads); };
+  switch (D) {  // bf16 rows are read 32 values at a time: D must be a multiple of 32
     case 32: return go(run<float, 2>, run<uint16_t, 2>);
     case 64: return go(run<float, 4>, run<uint16_t, 4>);
     case 96: return go(run<float, 6>, run<uint16_t, 6>);
@@ -177,22 +195,27 @@ def _cache_dir() -> Path:
 def _cpu_flags() -> str:
     # -march=native code must not be reused on another CPU sharing the cache directory.
     try:
-        return next((line for line in open("/proc/cpuinfo") if line.startswith(("flags", "Features"))), "")
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
         return ""
+    return next((line for line in lines if line.startswith(("flags", "Features"))), "")
 
 
 def _build(cxx: str) -> Path:
     key = hashlib.sha256("\n".join([_SOURCE, cxx, *_FLAGS, _cpu_flags()]).encode()).hexdigest()[:16]
     lib = _cache_dir() / f"decode_attention_{key}.so"
-    if not lib.exists():
-        lib.parent.mkdir(parents=True, exist_ok=True)
-        tmp = lib.with_name(f"{lib.stem}.{os.getpid()}")  # concurrent builders each rename their own
-        tmp.with_suffix(".cpp").write_text(_SOURCE)
-        subprocess.run([cxx, *_FLAGS, str(tmp.with_suffix(".cpp")), "-o", str(tmp.with_suffix(".so"))],
-                       check=True, capture_output=True, text=True, timeout=300)
-        os.replace(tmp.with_suffix(".so"), lib)
-        tmp.with_suffix(".cpp").unlink()
+    if lib.exists():
+        return lib
+    lib.parent.mkdir(parents=True, exist_ok=True)
+    tmp = lib.with_name(f"{lib.stem}.{os.getpid()}")  # concurrent builders each rename their own
+    src, obj = tmp.with_suffix(".cpp"), tmp.with_suffix(".so")
+    src.write_text(_SOURCE)
+    try:
+        subprocess.run([cxx, *_FLAGS, str(src), "-o", str(obj)], check=True, capture_output=True, text=True,
+                       timeout=300)
+        os.replace(obj, lib)
+    finally:
+        src.unlink(missing_ok=True)
     return lib
 
 
@@ -232,7 +255,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if fn is None:
         return None
     if slots.shape[0] != b or lengths.shape != (b,):
-        raise ValueError(f"decode attention: {b} queries but slots {tuple(slots.shape)}, lengths {tuple(lengths.shape)}")
+        raise ValueError(f"decode attention: {b} queries but slots {tuple(slots.shape)}, "
+                         f"lengths {tuple(lengths.shape)}")
     q, slots, lengths = q.contiguous(), slots.contiguous().long(), lengths.contiguous().long()
     out = torch.empty_like(q)
     status = fn(_DTYPES[q.dtype], q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(),

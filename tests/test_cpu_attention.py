@@ -1,0 +1,85 @@
+"""The CPU decode-attention kernel against a float64 softmax over the gathered rows."""
+import pytest
+import torch
+
+from zhuzi.model.cpu_attention import _kernel, paged_decode_attention
+
+pytestmark = pytest.mark.skipif(_kernel() is None, reason="no C++ compiler to build the kernel")
+
+TOLERANCE = {torch.float32: dict(rtol=1e-5, atol=1e-5),
+             # the output is rounded to bf16 once: half an ulp (2^-9) plus float32 noise
+             torch.bfloat16: dict(rtol=2 ** -8, atol=1e-5)}
+
+
+def reference(q, k_cache, v_cache, slots, lengths, scale):
+    group = q.shape[1] // k_cache.shape[1]
+    valid = torch.arange(slots.shape[1])[None, :] < lengths[:, None]  # [B, W]
+    rows = valid[:, :, None, None]
+    k = torch.where(rows, k_cache[slots].double(), 0).repeat_interleave(group, dim=2)  # [B, W, heads, dim]
+    v = torch.where(rows, v_cache[slots].double(), 0).repeat_interleave(group, dim=2)
+    scores = torch.einsum("bhd,bwhd->bhw", q.double(), k) * scale
+    p = torch.softmax(scores.masked_fill(~valid[:, None, :], float("-inf")), dim=-1)
+    return torch.einsum("bhw,bwhd->bhd", p, v)
+
+
+def make_batch(batch, width, heads, kv_heads, dim, dtype, seed=0):
+    """A pool whose live slots are scattered and shared between rows; padding points at NaN slots."""
+    g = torch.Generator().manual_seed(seed)
+    live, poison = 3 * width, 16
+    k_cache = torch.randn(live + poison, kv_heads, dim, generator=g).to(dtype)
+    v_cache = torch.randn(live + poison, kv_heads, dim, generator=g).to(dtype)
+    k_cache[live:], v_cache[live:] = float("nan"), float("nan")
+    q = (3 * torch.randn(batch, heads, dim, generator=g)).to(dtype)  # peaked softmaxes too
+    lengths = torch.randint(1, width + 1, (batch,), generator=g)
+    lengths[: min(batch, 4)] = torch.tensor([1, width, 32, 33])[: min(batch, 4)]  # ends and a tile edge
+    slots = torch.randint(0, live, (batch, width), generator=g)
+    pad = torch.arange(width)[None, :] >= lengths[:, None]
+    slots[pad] = torch.randint(live, live + poison, (int(pad.sum()),), generator=g)
+    return q, k_cache, v_cache, slots, lengths
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (9, 3), (8, 2)])
+@pytest.mark.parametrize("dim", [64, 128])
+@pytest.mark.parametrize("batch", [1, 70])
+def test_matches_float64_reference(dtype, heads, kv_heads, dim, batch):
+    args = make_batch(batch, 75, heads, kv_heads, dim, dtype)
+    out = paged_decode_attention(*args, scale=dim ** -0.5)
+    assert out.dtype == dtype and out.shape == (batch, heads, dim)
+    torch.testing.assert_close(out.double(), reference(*args, scale=dim ** -0.5), **TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_long_context(dtype):
+    args = make_batch(3, 3000, 9, 3, 64, dtype)
+    torch.testing.assert_close(paged_decode_attention(*args, scale=0.125).double(),
+                               reference(*args, scale=0.125), **TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_row_is_bitwise_the_same_alone_or_in_any_batch(dtype):
+    q, k_cache, v_cache, slots, lengths = make_batch(70, 300, 9, 3, 64, dtype)
+    batched = paged_decode_attention(q, k_cache, v_cache, slots, lengths, 0.125)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for b in (0, 1, 5, 69):
+            n = int(lengths[b])
+            alone = paged_decode_attention(q[b:b + 1], k_cache, v_cache, slots[b:b + 1, :n], lengths[b:b + 1], 0.125)
+            assert torch.equal(alone[0], batched[b])
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_declines_what_it_was_not_built_for():
+    q, k_cache, v_cache, slots, lengths = make_batch(2, 10, 4, 2, 64, torch.float16)
+    assert paged_decode_attention(q, k_cache, v_cache, slots, lengths, 0.125) is None
+    q, k_cache, v_cache, slots, lengths = make_batch(2, 10, 4, 2, 48, torch.float32)
+    assert paged_decode_attention(q, k_cache, v_cache, slots, lengths, 0.125) is None
+
+
+def test_rejects_slots_outside_the_pool():
+    q, k_cache, v_cache, slots, lengths = make_batch(2, 10, 4, 2, 64, torch.float32)
+    slots[1, 0] = k_cache.shape[0]
+    with pytest.raises(IndexError):
+        paged_decode_attention(q, k_cache, v_cache, slots, lengths, 0.125)
