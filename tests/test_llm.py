@@ -37,3 +37,17 @@ def test_generate_accepts_token_ids_and_one_params_per_prompt(llm32):
     assert a.prompt_token_ids == b.prompt_token_ids == ids
     assert b.outputs[0].token_ids[:3] == a.outputs[0].token_ids
     assert (a.outputs[0].finish_reason, len(b.outputs[0].token_ids)) == ("length", 5)
+
+
+def test_int8_weights_stay_close_to_bf16_and_sensible():
+    """Weight-only int8 (per-output-channel scales, quantized at load): the next-token distribution
+    stays within a stated tolerance of bf16 and the answer is unchanged."""
+    prompt = "The capital of France is"
+    params = SamplingParams(temperature=0, max_tokens=8, logprobs=5)
+    bf16, int8 = LLM(), LLM(quantization="int8")
+    assert int8.weight_bytes_per_decode_step < 0.6 * bf16.weight_bytes_per_decode_step
+    a, b = bf16.generate(prompt, params)[0].outputs[0], int8.generate(prompt, params)[0].outputs[0]
+    assert b.text.startswith(" Paris") and b.token_ids == a.token_ids  # the same greedy answer
+    for step_a, step_b, token in zip(a.logprobs, b.logprobs, a.token_ids):
+        assert abs(step_a[token].logprob - step_b[token].logprob) < 0.25  # stated tolerance (nats)
+        assert len(set(step_a) & set(step_b)) >= 3  # mostly the same top-5 candidates

@@ -94,13 +94,14 @@ def run(args: argparse.Namespace) -> DecodeReport:
     from zhuzi import SamplingParams
 
     llm = load_llm(args)
-    request = random_token_requests(llm.tokenizer.hf, 1, (args.prompt_len, args.prompt_len),
-                                    (args.max_tokens, args.max_tokens), args.seed,
-                                    llm.model_config.vocab_size)[0]
+    # A fresh prompt per run: a repeated one would be served from the prefix cache, not prefilled.
+    requests = random_token_requests(llm.tokenizer.hf, args.runs + 1, (args.prompt_len, args.prompt_len),
+                                     (args.max_tokens, args.max_tokens), args.seed,
+                                     llm.model_config.vocab_size)
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
-    llm.generate([request.prompt_token_ids], params, use_tqdm=False)  # warm-up: first-call costs
+    llm.generate([requests[0].prompt_token_ids], params, use_tqdm=False)  # warm-up: first-call costs
     prefill_s, step_s = float("inf"), float("inf")
-    for _ in range(args.runs):
+    for request in requests[1:]:
         output = llm.generate([request.prompt_token_ids], params, use_tqdm=False)[0]
         prefill_s = min(prefill_s, output.metrics.prefill_time)
         step_s = min(step_s, decode_step_seconds(output.metrics, len(output.outputs[0].token_ids)))

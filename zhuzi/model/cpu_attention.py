@@ -10,40 +10,26 @@ Each row is computed by one thread with arithmetic that depends only on that
 row (its query, slots and length), never on the batch around it, so a request
 decodes to the same bits alone or in any batch.
 
-The kernel is compiled on first use with the system C++ compiler for this very
-CPU (-march=native) into a cache directory, and loaded with ctypes. It shares
-torch's OpenMP thread pool. Without a compiler the caller's torch path runs.
+The kernel is compiled on first use for this very CPU and loaded by native.py;
+it shares torch's OpenMP thread pool. Without a compiler the caller's torch
+path runs.
 """
 from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import logging
-import os
-import shutil
-import subprocess
-from pathlib import Path
 
 import torch
 
-log = logging.getLogger(__name__)
+from zhuzi.model import native
 
 _SOURCE = r"""
 #include <algorithm>
 #include <cmath>
-#include <cstdint>
-#include <cstring>
 
 // glibc declares libmvec's vector expf only under -ffast-math; declaring it here lets the softmax
 // loop use it without fast-math's other licences (which would break the -inf start of the max).
 extern "C" __attribute__((simd("notinbranch"))) float expf(float) noexcept;
-
-typedef float vf __attribute__((vector_size(64)));
-typedef float v8 __attribute__((vector_size(32)));
-typedef float v4 __attribute__((vector_size(16)));
-typedef float v2 __attribute__((vector_size(8)));
-typedef uint32_t vu __attribute__((vector_size(64)));
 
 constexpr int TILE = 32;           // positions scored before their values are summed
 constexpr int AHEAD_BYTES = 3072;  // K+V bytes prefetched ahead: slot rows are scattered, so
@@ -65,19 +51,6 @@ static inline void load_row(const uint16_t* p, vf* out, int nv) {
 }
 static inline int element(const float*, int j, int i) { return j * 16 + i; }
 static inline int element(const uint16_t*, int j, int i) { return (j & ~1) * 16 + 2 * i + (j & 1); }
-static inline void store(float x, float* p) { *p = x; }
-static inline void store(float x, uint16_t* p) {  // round to nearest even; a NaN stays a NaN
-  uint32_t u; std::memcpy(&u, &x, 4);
-  const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
-  *p = nan ? uint16_t((u >> 16) | 0x40) : uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-static inline float hsum(vf v) {
-  v8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7)
-       + __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-  v4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
-  v2 c = __builtin_shufflevector(b, b, 0, 1) + __builtin_shufflevector(b, b, 2, 3);
-  return c[0] + c[1];
-}
 
 // One sequence, all heads: a slot's row holds every kv head side by side, so reading rows whole
 // keeps the reads contiguous.
@@ -183,54 +156,16 @@ extern "C" int zhuzi_decode_attention(int bf16, const void* q, const void* kc, c
 }
 """
 
-_FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-shared", "-fPIC"]
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}
-
-
-def _cache_dir() -> Path:
-    root = os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions"
-    return Path(root) / "zhuzi_cpu_attention"
-
-
-def _cpu_flags() -> str:
-    # -march=native code must not be reused on another CPU sharing the cache directory.
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return ""
-    return next((line for line in lines if line.startswith(("flags", "Features"))), "")
-
-
-def _build(cxx: str) -> Path:
-    key = hashlib.sha256("\n".join([_SOURCE, cxx, *_FLAGS, _cpu_flags()]).encode()).hexdigest()[:16]
-    lib = _cache_dir() / f"decode_attention_{key}.so"
-    if lib.exists():
-        return lib
-    lib.parent.mkdir(parents=True, exist_ok=True)
-    tmp = lib.with_name(f"{lib.stem}.{os.getpid()}")  # concurrent builders each rename their own
-    src, obj = tmp.with_suffix(".cpp"), tmp.with_suffix(".so")
-    src.write_text(_SOURCE)
-    try:
-        subprocess.run([cxx, *_FLAGS, str(src), "-o", str(obj)], check=True, capture_output=True, text=True,
-                       timeout=300)
-        os.replace(obj, lib)
-    finally:
-        src.unlink(missing_ok=True)
-    return lib
 
 
 @functools.cache
 def _kernel():
-    """The compiled entry point, or None (warned once) when it cannot be built or loaded."""
-    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
-    try:
-        if cxx is None:
-            raise OSError("no C++ compiler found (set CXX)")
-        fn = ctypes.CDLL(str(_build(cxx))).zhuzi_decode_attention
-    except (OSError, subprocess.SubprocessError) as e:
-        detail = getattr(e, "stderr", None) or e
-        log.warning("CPU decode attention kernel unavailable, using the torch path: %s", detail)
+    """The compiled entry point, or None when it cannot be built or loaded."""
+    lib = native.load("decode_attention", _SOURCE)
+    if lib is None:
         return None
+    fn = lib.zhuzi_decode_attention
     fn.restype = ctypes.c_int
     fn.argtypes = ([ctypes.c_int] + [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 2 + [ctypes.c_int] * 3
                    + [ctypes.c_int64, ctypes.c_float, ctypes.c_int])
