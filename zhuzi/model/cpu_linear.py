@@ -4,8 +4,9 @@ A decode step multiplies a handful of rows (one per running request) by every
 weight matrix once, so its time is the time to stream the weights from memory.
 torch's GEMM is built for the other case and reaches about half the bandwidth at
 one row. This kernel streams each weight row once for all M <= 8 input rows,
-widening bf16 (with AVX512-BF16 `vdpbf16ps` where the CPU has it) or int8 in
-registers and accumulating in float32.
+prefetching ahead, and accumulates in float32: bf16 weights (and int8 ones,
+which are exact in bf16, when the inputs are bf16) with AVX512-BF16
+`vdpbf16ps` where the CPU has it, otherwise widened to float in registers.
 
 Output rows are split over torch's OpenMP threads. The arithmetic of one output
 value depends only on its input row and weight row, never on M or the thread
@@ -32,7 +33,7 @@ _SOURCE = r"""
 #endif
 
 // A weight format: how LANES weights meet LANES prepared inputs. Inputs are prepared once per call
-// (padded to whole chunks, int8's widened to float) so the inner loop only ever loads them.
+// (padded to whole chunks, widened to float for float weights) so the inner loop only loads them.
 struct F32 {
   using W = float; using X = float; using WV = vf; using XV = vf;
   static constexpr int LANES = 16;

@@ -12,21 +12,35 @@ import torch.nn.functional as F
 
 from zhuzi.config import ModelConfig
 from zhuzi.model.attention import AttentionMetadata, paged_attention
+from zhuzi.model.cpu_linear import small_m_linear
 from zhuzi.model.layers import Rotary, apply_rotary, rms_norm
 
 
 class Linear:
     """y = x W^T + b with W kept in the compute dtype."""
 
+    scale: torch.Tensor | None = None
+
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
         self.weight, self.bias = weight.contiguous(), bias
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        flat = x.reshape(-1, x.shape[-1])
+        # Decode batches of a few rows are a weight-streaming problem: the kernel reads W at close to
+        # memory speed, where torch's GEMV reaches half of it. float32 stays on torch: the reference.
+        y = small_m_linear(flat, self.weight, self.scale) if x.dtype != torch.float32 else None
+        if y is None:
+            y = self._matmul(flat)
+        elif self.bias is not None:
+            y = y + self.bias
+        return y.view(*x.shape[:-1], -1)
+
+    def _matmul(self, flat: torch.Tensor) -> torch.Tensor:
+        return F.linear(flat, self.weight, self.bias)
 
     @property
     def nbytes(self) -> int:
-        return self.weight.nbytes + (self.bias.nbytes if self.bias is not None else 0)
+        return sum(t.nbytes for t in (self.weight, self.bias, self.scale) if t is not None)
 
 
 class Int8Linear(Linear):
@@ -36,16 +50,11 @@ class Int8Linear(Linear):
         w = weight.float()
         scale = w.abs().amax(dim=1).clamp(min=1e-8) / 127
         self.weight = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
-        self.scale, self.bias, self.dtype = scale.to(weight.dtype), bias, weight.dtype
+        self.scale, self.bias = scale.to(weight.dtype), bias
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch._weight_int8pack_mm(x.reshape(-1, x.shape[-1]), self.weight, self.scale)
-        y = y.reshape(*x.shape[:-1], -1)
+    def _matmul(self, flat: torch.Tensor) -> torch.Tensor:
+        y = torch._weight_int8pack_mm(flat, self.weight, self.scale)
         return y + self.bias if self.bias is not None else y
-
-    @property
-    def nbytes(self) -> int:
-        return super().nbytes + self.scale.nbytes
 
 
 @dataclass
