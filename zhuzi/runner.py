@@ -1,7 +1,6 @@
 """Model runner: owns the KV pool, turns a scheduled step into tensors, runs the forward pass, samples."""
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 import torch
@@ -12,8 +11,6 @@ from zhuzi.model.attention import AttentionMetadata, PrefillChunk, prefix_causal
 from zhuzi.model.decoder import Decoder
 from zhuzi.outputs import Logprob
 from zhuzi.sampler import Sampler, SamplingRow
-
-log = logging.getLogger("zhuzi")
 
 
 @dataclass
