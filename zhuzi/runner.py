@@ -7,7 +7,7 @@ import torch
 
 from zhuzi.config import EngineConfig, ModelConfig
 from zhuzi.engine.scheduler import ScheduledSeq
-from zhuzi.model.attention import AttentionMetadata, PrefillChunk, prefix_causal_mask
+from zhuzi.model.attention import AttentionMetadata, PrefillChunk
 from zhuzi.model.decoder import Decoder
 from zhuzi.outputs import Logprob
 from zhuzi.sampler import Sampler, SamplingRow
@@ -58,11 +58,7 @@ class ModelRunner:
         prefills, start = [], len(decodes)
         for s in batch[len(decodes):]:
             done, n = s.seq.num_computed_tokens, s.num_new_tokens
-            cached = done > 0
-            prefills.append(PrefillChunk(
-                start=start, length=n, context=done + n,
-                slots=self._tensor(self._slots(s.seq.block_table, 0, done + n)) if cached else None,
-                mask=prefix_causal_mask(n, done + n).to(self.device) if cached else None))
+            prefills.append(PrefillChunk(start, n, done + n, self._tensor(self._slots(s.seq.block_table, 0, done + n))))
             start += n
         return AttentionMetadata(self._tensor(slot_mapping), len(decodes), decode_slots, decode_mask, contexts,
                                  prefills)
