@@ -252,3 +252,24 @@ def test_metrics_record_every_phase(engine):
     assert m.arrival_time <= m.first_scheduled_time <= m.first_token_time <= m.finished_time
     assert m.queue_time >= 0 and m.prefill_time > 0 and m.time_to_first_token > 0
     assert len(m.decode_step_times) == 7 and all(t > 0 for t in m.decode_step_times)
+
+
+def test_a_long_prompt_is_chunked_beside_running_streams_which_get_a_token_every_step():
+    engine = Engine(EngineConfig(kv_cache_memory="64MiB", max_num_batched_tokens=512,
+                                 long_prefill_token_threshold=128))
+    params = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
+    engine.add_request("stream", "Tell me a story", params)
+    while not engine.requests["stream"].seqs[0].num_output_tokens:
+        engine.step()
+    long_prompt = engine.tokenizer.encode("word " * 2000)[:1500]
+    engine.add_request("long", long_prompt, SamplingParams(temperature=0, max_tokens=2))
+    stream, long = engine.requests["stream"].seqs[0], engine.requests["long"].seqs[0]
+    chunks = []
+    while not long.prompt_done:
+        before, tokens = long.num_computed_tokens, stream.num_output_tokens
+        engine.step()
+        chunks.append(long.num_computed_tokens - before)
+        assert stream.num_output_tokens == tokens + 1  # the stream never waits a step
+    assert max(chunks) <= 128 and sum(chunks) == len(long_prompt)
+    run(engine)
+    assert_all_blocks_free(engine)

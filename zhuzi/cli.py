@@ -19,6 +19,8 @@ def add_engine_arguments(p: argparse.ArgumentParser, model_flag: bool = True) ->
     p.add_argument("--max-model-len", type=int, default=None, help="context window (default: the checkpoint's)")
     p.add_argument("--max-num-seqs", type=int, default=ENGINE_DEFAULTS.max_num_seqs)
     p.add_argument("--max-num-batched-tokens", type=int, default=ENGINE_DEFAULTS.max_num_batched_tokens)
+    p.add_argument("--long-prefill-token-threshold", type=int, default=ENGINE_DEFAULTS.long_prefill_token_threshold,
+                   help="while others decode, a prompt advances at most this many tokens a step (0: no cap)")
     p.add_argument("--quantization", choices=["int8"], default=None, help="weight-only int8, quantized at load")
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                    default=ENGINE_DEFAULTS.enable_prefix_caching)
@@ -28,6 +30,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(model=args.model, dtype=args.dtype, kv_cache_memory=args.kv_cache_memory,
                         max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
                         max_num_batched_tokens=args.max_num_batched_tokens, quantization=args.quantization,
+                        long_prefill_token_threshold=args.long_prefill_token_threshold,
                         enable_prefix_caching=args.enable_prefix_caching)
 
 

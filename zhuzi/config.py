@@ -84,6 +84,9 @@ class EngineConfig:
     max_model_len: int | None = None  # default: the checkpoint's context length
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512
+    # While other sequences decode, one prompt advances at most this many tokens a step, so a long
+    # prompt cannot stall the running streams (vLLM's name; 0 = no cap beyond the budget).
+    long_prefill_token_threshold: int = 128
     enable_prefix_caching: bool = True
     quantization: str | None = None  # None or "int8"
     seed: int = 0

@@ -59,7 +59,8 @@ class Engine:
             raise ValueError(f"kv_cache_memory {config.kv_cache_memory} holds no KV block")
         self.runner = ModelRunner(model, config, num_blocks, self.eos_ids)
         self.blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens)
+        self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens,
+                                   config.long_prefill_token_threshold)
         self.requests: dict[str, Request] = {}
         self._seq_ids = itertools.count()
         per_token = ckpt.config.kv_bytes_per_token(torch.finfo(config.torch_dtype).bits // 8)

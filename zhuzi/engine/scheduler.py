@@ -20,10 +20,12 @@ class ScheduledSeq:
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int):
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 long_prefill_token_threshold: int = 0):
         self.blocks = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.long_prefill_token_threshold = long_prefill_token_threshold
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order: the last is preempted first
         self.num_preemptions = 0
@@ -31,21 +33,25 @@ class Scheduler:
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
 
-    def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
-
     def schedule(self) -> list[ScheduledSeq]:
         budget = self.max_num_batched_tokens
-        scheduled = self._schedule_running(budget)
+        # While anyone decodes, a long prompt advances in small chunks so the streams keep their pace.
+        cap = self.long_prefill_token_threshold if any(s.prompt_done for s in self.running) else 0
+        scheduled = self._schedule_running(budget, cap)
         budget -= sum(s.num_new_tokens for s in scheduled)
-        return scheduled + self._admit_waiting(budget)
+        return scheduled + self._admit_waiting(budget, cap)
 
-    def _schedule_running(self, budget: int) -> list[ScheduledSeq]:
+    @staticmethod
+    def _chunk(seq: Sequence, budget: int, cap: int) -> int:
+        n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+        return min(n, cap) if cap else n
+
+    def _schedule_running(self, budget: int, cap: int) -> list[ScheduledSeq]:
         """Running sequences first, oldest first: decodes get their token before new prefills."""
         scheduled, i = [], 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            n = self._chunk(seq, budget, cap)
             while not self.blocks.allocate_slots(seq, n):
                 self._preempt(self.running.pop())
                 if seq.status is Status.WAITING:  # it was the newest itself
@@ -55,7 +61,7 @@ class Scheduler:
             i += 1
         return scheduled
 
-    def _admit_waiting(self, budget: int) -> list[ScheduledSeq]:
+    def _admit_waiting(self, budget: int, cap: int) -> list[ScheduledSeq]:
         scheduled = []
         for seq in list(self.waiting):
             if budget <= 0 or len(self.running) >= self.max_num_seqs:
@@ -66,7 +72,7 @@ class Scheduler:
                 seq.num_computed_tokens = self.blocks.reuse_cached_prefix(seq)
                 if not seq.ever_scheduled:
                     seq.num_cached_tokens = seq.num_computed_tokens
-            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            n = self._chunk(seq, budget, cap)
             if not self.blocks.allocate_slots(seq, n):
                 self.blocks.free_sequence(seq)  # give back the cached prefix it was holding
                 break
