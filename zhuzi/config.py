@@ -85,8 +85,8 @@ class EngineConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512
     # While other sequences decode, one prompt advances at most this many tokens a step, so a long
-    # prompt cannot stall the running streams (vLLM's name; 0 = no cap beyond the budget).
-    long_prefill_token_threshold: int = 128
+    # prompt cannot stall the running streams (vLLM's name; 0 = no cap; `zhuzi serve` uses 128).
+    long_prefill_token_threshold: int = 0
     enable_prefix_caching: bool = True
     quantization: str | None = None  # None or "int8"
     seed: int = 0

@@ -36,6 +36,7 @@ from zhuzi.server.metrics import ServerMetrics
 from zhuzi.server.parsers import THINK_CLOSE, THINK_OPEN, OutputParser, ParsedText, opened_thought
 
 log = logging.getLogger("zhuzi.server")
+SERVE_LONG_PREFILL_TOKENS = 128
 T = TypeVar("T")
 ModelT = TypeVar("ModelT", bound=pydantic.BaseModel)
 
@@ -686,6 +687,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", nargs="?", default=None,
                         help="HF directory or .gguf file (default: embedded SmolLM2-135M-Instruct)")
     add_engine_arguments(parser, model_flag=False)
+    # A server has streams to protect: a long prompt joins them in small chunks (offline runs don't cap).
+    parser.set_defaults(long_prefill_token_threshold=SERVE_LONG_PREFILL_TOKENS)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--api-key", action="append", default=[], dest="api_keys",
