@@ -15,7 +15,7 @@ def full_logits(model: Decoder, ids: list[int]) -> torch.Tensor:
     """Logits of every position from one prefill with no cached prefix."""
     c, n = model.config, len(ids)
     kv = torch.zeros(c.num_layers, 2, n, c.num_kv_heads, c.head_dim, dtype=model.dtype)
-    meta = AttentionMetadata(torch.arange(n), 0, EMPTY, EMPTY, EMPTY, [PrefillChunk(0, n, n, torch.arange(n))])
+    meta = AttentionMetadata(torch.arange(n), 0, EMPTY, EMPTY, [PrefillChunk(0, n, n, torch.arange(n))])
     with torch.inference_mode():
         return model.logits(model.forward(torch.tensor(ids), torch.arange(n), meta, kv))
 

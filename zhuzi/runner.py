@@ -52,15 +52,14 @@ class ModelRunner:
             longest = int(contexts.max())
             slots = (tables[:, :, None] * bs + torch.arange(bs, device=self.device)).view(len(decodes), -1)
             decode_slots = slots[:, :longest].contiguous()
-            decode_mask = (torch.arange(longest, device=self.device) < contexts[:, None])[:, None, None]
         else:
-            decode_slots = decode_mask = contexts = torch.empty(0, device=self.device)
+            decode_slots = contexts = torch.empty(0, device=self.device)
         prefills, start = [], len(decodes)
         for s in batch[len(decodes):]:
             done, n = s.seq.num_computed_tokens, s.num_new_tokens
             prefills.append(PrefillChunk(start, n, done + n, self._tensor(self._slots(s.seq.block_table, 0, done + n))))
             start += n
-        return AttentionMetadata(self._tensor(slot_mapping), len(decodes), decode_slots, decode_mask, contexts,
+        return AttentionMetadata(self._tensor(slot_mapping), len(decodes), decode_slots, contexts,
                                  prefills)
 
     @torch.inference_mode()

@@ -40,7 +40,6 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor  # [tokens] where each new token's K/V is written
     num_decode_tokens: int
     decode_slots: torch.Tensor  # [decodes, longest context] pool slots, padded
-    decode_mask: torch.Tensor  # [decodes, 1, 1, longest context] True where a slot is real
     decode_lengths: torch.Tensor  # [decodes] context length of each decode
     prefills: list[PrefillChunk]
 
@@ -92,7 +91,8 @@ def _decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     b, width = meta.decode_slots.shape
     keys = _gather(k_cache, meta.decode_slots.reshape(-1)).view(b, width, *k_cache.shape[1:]).transpose(1, 2)
     values = _gather(v_cache, meta.decode_slots.reshape(-1)).view(b, width, *v_cache.shape[1:]).transpose(1, 2)
-    return _sdpa(q[:, :, None], keys, values, meta.decode_mask)[:, :, 0]
+    mask = (torch.arange(width, device=q.device) < meta.decode_lengths[:, None])[:, None, None]
+    return _sdpa(q[:, :, None], keys, values, mask)[:, :, 0]
 
 
 def _compute_dtype(x: torch.Tensor) -> torch.Tensor:
