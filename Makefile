@@ -20,6 +20,7 @@ serve: $(STAMP)
 	$(BIN)/zhuzi serve --host 127.0.0.1 --port 8000
 
 test: $(STAMP)
+	$(BIN)/ruff check zhuzi tests
 	$(BIN)/python -m pytest -q tests
 
 clean:

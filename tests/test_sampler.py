@@ -6,7 +6,7 @@ import time
 import pytest
 import torch
 
-from zhuzi.sampler import Sampler, SamplingRow, make_generator, process_logits, prompt_logprobs
+from zhuzi.sampler import Sampler, SamplingRow, make_generator, process_logits, token_logprobs
 from zhuzi.sampling_params import SamplingParams
 
 VOCAB = 49152  # SmolLM2's vocabulary
@@ -227,18 +227,17 @@ def test_logprobs_come_from_the_raw_distribution():
     assert list(out.logprobs[1]) == [out.token_ids[1]]
 
 
-def test_prompt_logprobs():
-    prompt = [5, 9, 2, 7, 7]
-    logits = torch.randn(len(prompt), 50)
-    out = prompt_logprobs(logits, prompt, 3)
-    assert len(out) == len(prompt) and out[0] is None
+def test_token_logprobs_give_the_chosen_token_and_the_top_k_with_ranks():
+    chosen = [9, 2, 7, 7]
+    logits = torch.randn(len(chosen), 50)
+    out = token_logprobs(logits, chosen, 3)
     raw = logits.log_softmax(-1)
-    for j in range(1, len(prompt)):
-        entry = out[j]
-        assert entry[prompt[j]].logprob == pytest.approx(raw[j - 1, prompt[j]].item(), abs=1e-6)
-        top3 = raw[j - 1].topk(3).indices.tolist()
-        assert all(entry[t].rank == r for r, t in enumerate(top3, start=1) if t != prompt[j])
-        assert set(entry) == set(top3) | {prompt[j]}
+    for j, entry in enumerate(out):
+        assert entry[chosen[j]].logprob == pytest.approx(raw[j, chosen[j]].item(), abs=1e-6)
+        assert entry[chosen[j]].rank == 1 + int((raw[j] > raw[j, chosen[j]]).sum())
+        top3 = raw[j].topk(3).indices.tolist()
+        assert all(entry[t].rank == r for r, t in enumerate(top3, start=1))
+        assert set(entry) == set(top3) | {chosen[j]}
 
 
 def test_timing_mixed_batch_vs_greedy():

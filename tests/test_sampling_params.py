@@ -2,6 +2,7 @@
 import pytest
 
 from zhuzi import SamplingParams
+from zhuzi.sampling_params import MIN_TEMPERATURE
 
 
 @pytest.mark.parametrize("field,value", [
@@ -20,6 +21,12 @@ def test_min_tokens_above_max_tokens_is_refused():
 
 
 def test_normalised_forms():
-    p = SamplingParams(stop="END", top_k=-1, logit_bias={"7": 2}, temperature=1e-6)
-    assert (p.stop_strings, p.top_k, p.logit_bias, p.greedy) == (["END"], 0, {7: 2.0}, True)
-    assert not SamplingParams(temperature=0.5).greedy
+    p = SamplingParams(stop="END", top_k=-1, logit_bias={"7": 2})
+    assert (p.stop_strings, p.top_k, p.logit_bias) == (["END"], 0, {7: 2.0})
+    assert SamplingParams(temperature=0).greedy and not SamplingParams(temperature=0.5).greedy
+
+
+def test_tiny_temperatures_are_raised_to_the_floor_as_in_vllm():
+    """Dividing logits by 1e-40 overflows to NaN; offline and HTTP users get the same floor."""
+    p = SamplingParams(temperature=1e-6)
+    assert p.temperature == MIN_TEMPERATURE == 0.01 and not p.greedy

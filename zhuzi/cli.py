@@ -1,37 +1,20 @@
-"""Command line: zhuzi serve | chat | generate | plan | bench."""
+"""Command line: zhuzi serve | chat | generate | plan | bench.
+
+Engine and server flags are generated from EngineConfig and ServerConfig (config.py); this module
+only adds what belongs to one command. The server is a library the CLI calls, never the reverse.
+"""
 from __future__ import annotations
 
 import argparse
 import logging
 import sys
 
-from zhuzi.config import EngineConfig, parse_bytes, parse_dtype
+from zhuzi import bench
+from zhuzi.config import EngineConfig, ServerConfig
 
-ENGINE_DEFAULTS = EngineConfig()
-
-
-def add_engine_arguments(p: argparse.ArgumentParser, model_flag: bool = True) -> None:
-    """Options shared by every command that loads a model."""
-    if model_flag:
-        p.add_argument("--model", "-m", default=None, help="HF directory or .gguf file (default: embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--dtype", default=ENGINE_DEFAULTS.dtype, help="bfloat16 (default) or float32")
-    p.add_argument("--kv-cache-memory", default=ENGINE_DEFAULTS.kv_cache_memory, help="KV pool size, e.g. 1GiB")
-    p.add_argument("--max-model-len", type=int, default=None, help="context window (default: the checkpoint's)")
-    p.add_argument("--max-num-seqs", type=int, default=ENGINE_DEFAULTS.max_num_seqs)
-    p.add_argument("--max-num-batched-tokens", type=int, default=ENGINE_DEFAULTS.max_num_batched_tokens)
-    p.add_argument("--long-prefill-token-threshold", type=int, default=ENGINE_DEFAULTS.long_prefill_token_threshold,
-                   help="while others decode, a prompt advances at most this many tokens a step (0: no cap)")
-    p.add_argument("--quantization", choices=["int8"], default=None, help="weight-only int8, quantized at load")
-    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
-                   default=ENGINE_DEFAULTS.enable_prefix_caching)
-
-
-def engine_config(args: argparse.Namespace) -> EngineConfig:
-    return EngineConfig(model=args.model, dtype=args.dtype, kv_cache_memory=args.kv_cache_memory,
-                        max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
-                        max_num_batched_tokens=args.max_num_batched_tokens, quantization=args.quantization,
-                        long_prefill_token_threshold=args.long_prefill_token_threshold,
-                        enable_prefix_caching=args.enable_prefix_caching)
+log = logging.getLogger("zhuzi")
+# A server has streams to protect: a long prompt joins them in small chunks (offline runs don't cap).
+SERVE_LONG_PREFILL_TOKENS = 128
 
 
 def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
@@ -39,18 +22,39 @@ def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--max-tokens", type=int, default=256)
-    p.add_argument("--seed", type=int, default=None)
 
 
 def sampling_params(args: argparse.Namespace):
     from zhuzi.sampling_params import SamplingParams
     return SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                          max_tokens=args.max_tokens, seed=args.seed)
+                          max_tokens=args.max_tokens)
+
+
+def cmd_serve(args: argparse.Namespace) -> None:
+    import uvicorn
+
+    from zhuzi.engine.async_engine import AsyncEngine
+    from zhuzi.server.app import create_app
+
+    config, engine_config = ServerConfig.from_cli_args(args), EngineConfig.from_cli_args(args)
+    log.info("loading %s (%s) in the background; /health answers 503 until it is ready",
+             engine_config.model or "the embedded SmolLM2-135M-Instruct", engine_config.dtype)
+    holder: dict[str, uvicorn.Server] = {}
+
+    def stop(exc: BaseException) -> None:
+        holder["server"].should_exit = True
+
+    app = create_app(lambda: AsyncEngine(engine_config), config, on_load_error=stop)
+    holder["server"] = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_config=None,
+                                                     timeout_graceful_shutdown=2))
+    holder["server"].run()
+    if (error := app.state.server.load_error) is not None:
+        raise SystemExit(f"zhuzi: failed to load the model: {error}")
 
 
 def cmd_generate(args: argparse.Namespace) -> None:
     from zhuzi.llm import LLM
-    llm = LLM(**vars(engine_config(args)))
+    llm = LLM(**vars(EngineConfig.from_cli_args(args)))
     out = llm.generate(args.prompt, sampling_params(args))[0]
     print(args.prompt + out.outputs[0].text)
 
@@ -58,7 +62,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
 def cmd_chat(args: argparse.Namespace) -> None:
     """An interactive chat that streams each reply and keeps the whole history."""
     from zhuzi.engine.engine import Engine
-    engine = Engine(engine_config(args))
+    engine = Engine(EngineConfig.from_cli_args(args))
     params = sampling_params(args)
     history: list[dict] = [{"role": "system", "content": args.system}] if args.system else []
     print("zhuzi chat — empty line or Ctrl-D to quit", file=sys.stderr)
@@ -86,55 +90,50 @@ def cmd_chat(args: argparse.Namespace) -> None:
 def cmd_plan(args: argparse.Namespace) -> None:
     """The KV arithmetic of a model, without loading its weights."""
     from zhuzi.model.loader import load_model_config
-    c = load_model_config(args.model)
-    dtype = parse_dtype(args.dtype)
-    value_bytes = dtype.itemsize
-    per_token = c.kv_bytes_per_token(value_bytes)
-    budget = parse_bytes(args.kv_cache_memory)
-    blocks = budget // (per_token * args.block_size)
-    capacity = blocks * args.block_size
-    weight_bytes = c.decode_weight_bytes(1.0 if args.quantization == "int8" else value_bytes)
+    config = EngineConfig.from_cli_args(args)
+    c = load_model_config(config.model)
+    plan = config.kv_plan(c)
+    value_bytes = config.torch_dtype.itemsize
+    weight_bytes = c.decode_weight_bytes(1.0 if config.quantization == "int8" else value_bytes)
     print(f"model: {c.architecture}, {c.num_layers} layers, {c.num_kv_heads} KV heads x {c.head_dim} dims, "
-          f"{c.num_parameters / 1e6:.1f} M parameters, {args.dtype}")
+          f"{c.num_parameters / 1e6:.1f} M parameters, {config.dtype}")
     print(f"KV bytes per token: 2 x {c.num_layers} layers x {c.num_kv_heads} kv_heads x {c.head_dim} head_dim "
-          f"x {value_bytes} bytes = {per_token:,}")
-    print(f"KV pool: {budget:,} bytes = {blocks:,} blocks of {args.block_size} tokens = {capacity:,} tokens")
-    print(f"requests of {args.context:,} tokens that fit at once: {capacity // args.context:,}")
+          f"x {value_bytes} bytes = {plan.bytes_per_token:,}")
+    print(f"KV pool: {config.kv_cache_bytes:,} bytes = {plan.num_blocks:,} blocks of {plan.block_size} tokens "
+          f"= {plan.capacity_tokens:,} tokens")
+    print(f"requests of {args.context:,} tokens that fit at once: {plan.capacity_tokens // args.context:,}")
     print(f"weight bytes one decode step reads: {weight_bytes:,} ({weight_bytes / 2**20:.0f} MiB)")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from zhuzi import bench
-    from zhuzi.server import app
-
-    parser = argparse.ArgumentParser(prog="zhuzi", description="逐字: LLM inference engine and OpenAI-compatible server")
+    parser = argparse.ArgumentParser(prog="zhuzi",
+                                     description="逐字: LLM inference engine and OpenAI-compatible server")
     parser.add_argument("--log-level", default="INFO")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
-    app.add_serve_arguments(p)
-    p.set_defaults(func=app.serve)
+    p.add_argument("model", nargs="?", default=None,
+                   help="HF directory or .gguf file (default: embedded SmolLM2-135M-Instruct)")
+    EngineConfig.add_cli_args(p, skip=("model",))
+    ServerConfig.add_cli_args(p)
+    p.set_defaults(func=cmd_serve, long_prefill_token_threshold=SERVE_LONG_PREFILL_TOKENS)
 
     p = sub.add_parser("generate", help="print the continuation of a prompt")
     p.add_argument("prompt")
-    add_engine_arguments(p)
+    EngineConfig.add_cli_args(p)
     add_sampling_arguments(p)
     p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("chat", help="interactive terminal chat, streamed")
     p.add_argument("--system", default=None, help="a system message to start the conversation")
-    add_engine_arguments(p)
+    EngineConfig.add_cli_args(p)
     add_sampling_arguments(p)
     p.set_defaults(func=cmd_chat)
 
     p = sub.add_parser("plan", help="KV-cache arithmetic for a model")
-    p.add_argument("--model", "-m", default=None)
-    p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--kv-cache-memory", default="4GiB")
-    p.add_argument("--context", type=int, default=4096)
-    p.add_argument("--block-size", type=int, default=ENGINE_DEFAULTS.block_size)
-    p.add_argument("--quantization", choices=["int8"], default=None)
-    p.set_defaults(func=cmd_plan)
+    EngineConfig.add_cli_args(p)
+    p.add_argument("--context", type=int, default=4096, help="tokens per request (default: %(default)s)")
+    p.set_defaults(func=cmd_plan, kv_cache_memory="4GiB")
 
     bench.register(sub)
     return parser

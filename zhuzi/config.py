@@ -1,19 +1,24 @@
-"""Configuration: the model's shape (read from a checkpoint) and every engine tunable."""
+"""Configuration: the model's shape (read from a checkpoint), the KV pool's arithmetic, and every
+engine and server setting. Command-line flags are generated from the settings' fields, so a new
+setting is one edit here."""
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import re
+import types
+import typing
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
-
-ARCHITECTURES = ("llama", "qwen2", "qwen3")
 
 
 @dataclass
 class ModelConfig:
     """The shape of a decoder-only checkpoint, independent of its file format."""
 
-    architecture: str  # one of ARCHITECTURES
+    architecture: str  # llama, qwen2 or qwen3
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -33,19 +38,34 @@ class ModelConfig:
 
     @property
     def num_parameters(self) -> int:
-        h, i, l = self.hidden_size, self.intermediate_size, self.num_layers
+        h, i, n = self.hidden_size, self.intermediate_size, self.num_layers
         q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         per_layer = h * (q + 2 * kv) + q * h + 3 * h * i + 2 * h
         embed = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
-        return l * per_layer + embed + h
+        return n * per_layer + embed + h
 
     def decode_weight_bytes(self, bytes_per_weight: float) -> int:
         """Weight bytes one decode step reads: every matrix once, but only one embedding row."""
         unread_embedding = (self.vocab_size - 1) * self.hidden_size if not self.tie_word_embeddings else 0
         return int((self.num_parameters - unread_embedding) * bytes_per_weight)
 
-    def kv_bytes_per_token(self, bytes_per_value: int) -> int:
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * bytes_per_value
+
+@dataclass(frozen=True)
+class KVPlan:
+    """The KV pool: K and V for every layer and KV head, per token, in blocks of block_size tokens."""
+
+    bytes_per_token: int
+    block_size: int
+    num_blocks: int
+
+    @classmethod
+    def of(cls, model: ModelConfig, dtype: torch.dtype, budget_bytes: int, block_size: int) -> KVPlan:
+        per_token = 2 * model.num_layers * model.num_kv_heads * model.head_dim * dtype.itemsize
+        return cls(per_token, block_size, budget_bytes // (per_token * block_size))
+
+    @property
+    def capacity_tokens(self) -> int:
+        return self.num_blocks * self.block_size
 
 
 def parse_bytes(text: str | int) -> int:
@@ -72,24 +92,69 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
     return DTYPES[name]
 
 
-@dataclass
-class EngineConfig:
-    """Every tunable of the engine in one place; the CLI and LLM() fill it."""
+# ---------------------------------------------------------------- settings and their flags
 
-    model: str | None = None  # HF directory or .gguf file; None = embedded SmolLM2
-    dtype: str = "bfloat16"
-    device: str = "cpu"
-    kv_cache_memory: str | int = "1GiB"
-    block_size: int = 16
-    max_model_len: int | None = None  # default: the checkpoint's context length
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 512
-    # While other sequences decode, one prompt advances at most this many tokens a step, so a long
-    # prompt cannot stall the running streams (vLLM's name; 0 = no cap; `zhuzi serve` uses 128).
-    long_prefill_token_threshold: int = 0
-    enable_prefix_caching: bool = True
-    quantization: str | None = None  # None or "int8"
-    seed: int = 0
+def setting(default: Any, help: str, **flag: Any) -> Any:
+    """A settings field; flag holds argparse options beyond the ones read from the field
+    (e.g. choices, or flags=["--api-key"] for a list field's singular flag)."""
+    factory = {"default_factory": lambda: list(default)} if isinstance(default, list) else {"default": default}
+    return field(**factory, metadata={"help": help, **flag})
+
+
+class Settings:
+    """Settings whose fields are also command-line flags (--max-num-seqs for max_num_seqs)."""
+
+    @classmethod
+    def add_cli_args(cls, parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if f.init and f.name not in skip:
+                _add_flag(parser, f, hints[f.name])
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> Any:
+        return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)
+                      if f.init and hasattr(args, f.name)})
+
+
+def _add_flag(parser: argparse.ArgumentParser, f: dataclasses.Field, hint: Any) -> None:
+    options = dict(f.metadata)
+    flags = options.pop("flags", ["--" + f.name.replace("_", "-")])
+    default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+    union = isinstance(hint, types.UnionType)
+    kinds = [t for t in typing.get_args(hint) if t is not type(None)] if union else [hint]
+    kind = typing.get_origin(kinds[0]) or kinds[0]
+    if kind is bool:
+        options["action"] = argparse.BooleanOptionalAction
+    elif kind is list:
+        options.update(action="append", type=typing.get_args(kinds[0])[0])
+    else:  # str | int reads as text: the field's own parser (e.g. parse_bytes) takes it from there
+        options["type"] = str if str in kinds else kind
+    if default is not None and "action" not in options:  # BooleanOptionalAction adds its own
+        options["help"] += " (default: %(default)s)"
+    parser.add_argument(*flags, dest=f.name, default=default, **options)
+
+
+@dataclass
+class EngineConfig(Settings):
+    """Every tunable of the engine in one place; LLM() and the command line fill it."""
+
+    model: str | None = setting(None, "HF directory or .gguf file (default: embedded SmolLM2-135M-Instruct)",
+                                flags=["--model", "-m"])
+    dtype: str = setting("bfloat16", "weights, activations and KV cache: bfloat16 or float32")
+    device: str = setting("cpu", "torch device to run the model on")
+    kv_cache_memory: str | int = setting("1GiB", "memory for the KV pool, e.g. 1GiB or 512MiB")
+    block_size: int = setting(16, "tokens per KV block")
+    max_model_len: int | None = setting(None, "context window in tokens (default: the checkpoint's)")
+    max_num_seqs: int = setting(64, "sequences running at once")
+    max_num_batched_tokens: int = setting(512, "tokens one step computes, over all sequences")
+    # vLLM's name; off offline, where only throughput counts (`zhuzi serve` sets 128).
+    long_prefill_token_threshold: int = setting(
+        0, "while others decode, a prompt advances at most this many tokens a step, so a long prompt "
+           "cannot stall the running streams (0: no cap)")
+    enable_prefix_caching: bool = setting(True, "reuse the KV blocks of prompt prefixes seen before")
+    quantization: str | None = setting(None, "weight-only quantization, applied at load", choices=["int8"])
+    seed: int = setting(0, "seed of the random stream that unseeded requests sample from")
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -98,3 +163,20 @@ class EngineConfig:
     @property
     def kv_cache_bytes(self) -> int:
         return parse_bytes(self.kv_cache_memory)
+
+    def kv_plan(self, model: ModelConfig) -> KVPlan:
+        return KVPlan.of(model, self.torch_dtype, self.kv_cache_bytes, self.block_size)
+
+
+@dataclass
+class ServerConfig(Settings):
+    """The HTTP side of `zhuzi serve`."""
+
+    host: str = setting("127.0.0.1", "address to listen on")
+    port: int = setting(8000, "port to listen on")
+    api_keys: list[str] = setting([], "accept this key as 'Authorization: Bearer KEY' (repeatable); "
+                                      "none: no authentication", flags=["--api-key"])
+    served_model_name: str | None = setting(None, "the model name clients send (default: the file's)")
+    rate_limit_rpm: int | None = setting(None, "requests per minute per key")
+    rate_limit_tpm: int | None = setting(None, "prompt + completion tokens per minute per key")
+    max_waiting: int = setting(256, "sequences that may queue beyond --max-num-seqs before 429")

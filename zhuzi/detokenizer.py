@@ -18,10 +18,9 @@ from zhuzi.tokenizer import Tokenizer
 
 
 class IncrementalDetokenizer:
-    """One sequence's streaming text. prompt_token_ids is accepted for API parity with engines whose
-    tokenizers decode a token differently after context; byte-level tokens decode the same anywhere."""
+    """One sequence's streaming text (byte-level tokens decode the same whatever came before them)."""
 
-    def __init__(self, tokenizer: Tokenizer, params: SamplingParams, prompt_token_ids: list[int] | None = None):
+    def __init__(self, tokenizer: Tokenizer, params: SamplingParams):
         self._bytes = tokenizer.token_bytes
         self._skipped = tokenizer.all_special_ids if params.skip_special_tokens else frozenset()
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import itertools
+
 from tqdm import tqdm
 
 from zhuzi.config import EngineConfig
@@ -16,7 +17,7 @@ def merge(total: RequestOutput | None, delta: RequestOutput) -> RequestOutput:
         total = RequestOutput(delta.request_id, delta.prompt, delta.prompt_token_ids, [], False)
     by_index = {c.index: c for c in total.outputs}
     for d in delta.outputs:
-        c = by_index.setdefault(d.index, CompletionOutput(d.index, "", [], logprobs=[] if d.logprobs is not None else None))
+        c = by_index.setdefault(d.index, CompletionOutput.empty(d.index, d.logprobs is not None))
         c.text += d.text
         c.token_ids += d.token_ids
         if d.logprobs is not None:

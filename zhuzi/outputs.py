@@ -70,9 +70,9 @@ class CompletionOutput:
     finish_reason: str | None = None  # "stop" | "length" | "abort" | None while running
     stop_reason: int | str | None = None  # the stop string or stop token id that ended it
 
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
+    @classmethod
+    def empty(cls, index: int, with_logprobs: bool) -> CompletionOutput:
+        return cls(index, "", [], logprobs=[] if with_logprobs else None)
 
 
 @dataclass

@@ -23,9 +23,6 @@ from zhuzi.sampling_params import SamplingParams
 _TOP_P_CANDIDATES = (64, 512, 4096)
 # Sampling sums probabilities block by block (see _inverse_cdf).
 _BLOCK = 256
-# prompt_logprobs works through this many positions at a time, so a long prompt
-# does not need a second [P, V] tensor.
-_PROMPT_CHUNK = 256
 
 
 def make_generator(seed: int | None) -> torch.Generator | None:
@@ -275,18 +272,4 @@ def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor | list[int],
             # values are sorted: the first equal one's place counts the tokens strictly more likely
             entry.setdefault(top_id, Logprob(top_value, values.index(top_value) + 1))
         out.append(entry)
-    return out
-
-
-def prompt_logprobs(logits: torch.Tensor, prompt_token_ids: list[int],
-                    k: int) -> list[dict[int, Logprob] | None]:
-    """Logprobs of each prompt token given those before it (+ the top k); logits [P, V] of the prompt.
-
-    The first token has no context, so its entry is None, as in vLLM.
-    """
-    targets = prompt_token_ids[1:]
-    out: list[dict[int, Logprob] | None] = [None]
-    for start in range(0, len(targets), _PROMPT_CHUNK):
-        chunk = targets[start:start + _PROMPT_CHUNK]
-        out += token_logprobs(logits[start:start + len(chunk)], chunk, k)
     return out

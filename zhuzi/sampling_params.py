@@ -1,9 +1,18 @@
-"""Sampling parameters, with vLLM's names and meanings."""
+"""Sampling parameters, with vLLM's names and meanings; their checks and defaults live here."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-GREEDY_BELOW = 1e-5  # temperatures this small mean greedy (as vLLM): dividing by them overflows
+# Smaller positive temperatures are raised to this, as vLLM does: logits / 1e-40 overflow to NaN.
+MIN_TEMPERATURE = 0.01
+
+
+class InvalidRequest(ValueError):
+    """A request the engine refuses; param names the offending field (OpenAI's error `param`)."""
+
+    def __init__(self, param: str | None, message: str, code: str | None = None):
+        super().__init__(message)
+        self.param, self.code = param, code
 
 
 @dataclass
@@ -34,6 +43,8 @@ class SamplingParams:
         self.stop_token_ids = list(self.stop_token_ids or [])
         if self.top_k == -1:
             self.top_k = 0
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            self.temperature = MIN_TEMPERATURE
         self.logit_bias = {int(k): float(v) for k, v in (self.logit_bias or {}).items()} or None
         self._validate()
 
@@ -61,8 +72,8 @@ class SamplingParams:
         ]
         for name, ok, why in checks:
             if not ok:
-                raise ValueError(f"{name} {why}, got {getattr(self, name)!r}")
+                raise InvalidRequest(name, f"{name} {why}, got {getattr(self, name)!r}")
 
     @property
     def greedy(self) -> bool:
-        return self.temperature < GREEDY_BELOW
+        return self.temperature == 0

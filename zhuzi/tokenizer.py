@@ -19,13 +19,9 @@ models set none on their special tokens).
 from __future__ import annotations
 
 import functools
-import hashlib
 import inspect
 import json
-import os
 import re
-import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -35,36 +31,23 @@ from tokenizers import Tokenizer as RustTokenizer
 from tokenizers.decoders import ByteLevel
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from zhuzi.cache import atomic_write, cache_path, file_identity
+
 _ESC = "\U000f0000"  # private use: opens a placeholder; a literal one in client text is doubled
 _CODE_BASE = 0xF0001  # special token k (longest first) is written _ESC + chr(_CODE_BASE + k)
 _RESERVED_KWARGS = frozenset(inspect.signature(PreTrainedTokenizerBase.apply_chat_template).parameters) - {
     "self", "kwargs"} | {"messages"}
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("ZHUZI_CACHE") or Path.home() / ".cache" / "zhuzi")
-
-
-def _gguf_cache_path(gguf: Path) -> Path:
-    stat = gguf.stat()
-    key = f"{gguf.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}"
-    return cache_dir() / "tokenizers" / hashlib.sha256(key.encode()).hexdigest()[:32]
-
-
 def _load_gguf(gguf: Path) -> PreTrainedTokenizerBase:
     """Converting a GGUF vocabulary takes seconds, so the converted tokenizer is cached on disk."""
-    cached = _gguf_cache_path(gguf)
+    cached = cache_path("tokenizers", gguf.stem, *file_identity(gguf))
     if (cached / "tokenizer.json").exists():
         return AutoTokenizer.from_pretrained(cached, local_files_only=True)
     hf = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
     try:
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        tmp = tempfile.mkdtemp(dir=cached.parent, prefix=".tmp-")
-        hf.save_pretrained(tmp)
-        try:
-            os.rename(tmp, cached)  # atomic: readers see no half-written cache
-        except OSError:  # another process cached it first
-            shutil.rmtree(tmp, ignore_errors=True)
+        with atomic_write(cached) as tmp:
+            hf.save_pretrained(tmp)
     except OSError:
         pass  # an unwritable cache only costs start-up time
     return hf
@@ -79,8 +62,10 @@ def _bytes_to_unicode() -> dict[int, str]:
     return mapping
 
 
-def _text_parts(content: list[dict]) -> str:
-    """OpenAI's list-of-parts content, joined with newlines as vLLM does."""
+def message_text(content: str | list[dict] | None) -> str:
+    """A message's content as one string: OpenAI's list of parts is joined with newlines, as vLLM does."""
+    if not isinstance(content, list):
+        return content or ""
     texts = []
     for part in content:
         if part.get("type") != "text":
@@ -105,11 +90,7 @@ def _tool_call(call: dict) -> dict:
 
 def _message(message: dict) -> dict:
     msg = dict(message)
-    content = msg.get("content")
-    if content is None:  # an assistant turn that only calls tools
-        msg["content"] = ""
-    elif isinstance(content, list):
-        msg["content"] = _text_parts(content)
+    msg["content"] = message_text(msg.get("content"))  # None: an assistant turn that only calls tools
     if msg.get("tool_calls"):
         msg["tool_calls"] = [_tool_call(c) for c in msg["tool_calls"]]
     return msg
@@ -158,6 +139,11 @@ class Tokenizer:
     def encode(self, text: str, *, parse_special: bool = False) -> list[int]:
         core = self._encode_markup(text, lambda s: s) if parse_special else self._encode_text(text)
         return self._prefix + core + self._suffix
+
+    def encode_prompt(self, prompt: str | list[int]) -> list[int]:
+        """A completions prompt: ids as given, or text whose special-token strings are control tokens
+        (a raw prompt is the caller's own document, as vLLM reads it)."""
+        return self.encode(prompt, parse_special=True) if isinstance(prompt, str) else list(prompt)
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.hf.decode(ids, skip_special_tokens=skip_special_tokens)

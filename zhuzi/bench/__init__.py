@@ -34,11 +34,11 @@ def register(subparsers) -> None:
 
 
 def load_llm(args: argparse.Namespace):
-    """An LLM built from the engine options that zhuzi.cli.add_engine_arguments defined."""
+    """An LLM built from the engine flags (EngineConfig.add_cli_args)."""
     from zhuzi import LLM
-    from zhuzi.cli import engine_config
+    from zhuzi.config import EngineConfig
 
-    return LLM(**vars(engine_config(args)))
+    return LLM(**vars(EngineConfig.from_cli_args(args)))
 
 
 def machine_line() -> str:

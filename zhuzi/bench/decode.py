@@ -15,13 +15,13 @@ from dataclasses import asdict, dataclass
 
 from zhuzi.bench import load_llm, machine_line
 from zhuzi.bench.datasets import random_token_requests
-from zhuzi.cli import add_engine_arguments
+from zhuzi.config import EngineConfig
 
 BANDWIDTH_BUFFER_BYTES = 1 << 30
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_engine_arguments(parser)
+    EngineConfig.add_cli_args(parser)
     parser.add_argument("--prompt-len", type=int, default=128,
                         help="prompt tokens; 512 measures prefill at length (default %(default)s)")
     parser.add_argument("--max-tokens", type=int, default=256, help="tokens to generate (default %(default)s)")
@@ -29,7 +29,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="measured runs after one warm-up; each figure is the best run's (default %(default)s)")
     parser.add_argument("--bandwidth-repeats", type=int, default=5,
                         help="reads of the bandwidth buffer; the fastest counts (default %(default)s)")
-    parser.add_argument("--seed", type=int, default=0, help="seeds the random prompt (default %(default)s)")
     parser.add_argument("--json-out", default=None, help="also write the report to this JSON file")
 
 
@@ -126,7 +125,8 @@ def format_report(r: DecodeReport, args: argparse.Namespace) -> str:
         f"model:      {r.model}, {r.dtype}, quantization {r.quantization or 'none'}, {r.threads} threads",
         f"request:    one stream, {r.prompt_tokens}-token prompt, {r.output_tokens} new tokens, greedy, "
         f"ignore_eos; best of {args.runs} runs after a warm-up",
-        f"prefill:    {r.prefill_tokens_per_s:10.1f} tokens/s  ({r.prompt_tokens} tokens in {r.prefill_s * 1e3:.1f} ms)",
+        f"prefill:    {r.prefill_tokens_per_s:10.1f} tokens/s  "
+        f"({r.prompt_tokens} tokens in {r.prefill_s * 1e3:.1f} ms)",
         f"decode:     {r.decode_tokens_per_s:10.1f} tokens/s  ({r.decode_step_s * 1e3:.2f} ms a token)",
         f"bandwidth:  {r.bandwidth_bytes_per_s / 1e9:10.1f} GB/s    (read-only sum over "
         f"{BANDWIDTH_BUFFER_BYTES >> 20} MiB fp32, best of {args.bandwidth_repeats})",

@@ -16,19 +16,17 @@ from dataclasses import asdict, dataclass
 
 from zhuzi.bench import load_llm, machine_line
 from zhuzi.bench.datasets import TokenRequest, hf_source, random_token_requests
-from zhuzi.cli import add_engine_arguments
+from zhuzi.config import EngineConfig
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_engine_arguments(parser)
+    EngineConfig.add_cli_args(parser)
     parser.add_argument("--num-prompts", type=int, default=64, help="requests (default %(default)s)")
     parser.add_argument("--min-input", type=int, default=64, help="shortest prompt in tokens (default %(default)s)")
     parser.add_argument("--max-input", type=int, default=512, help="longest prompt in tokens (default %(default)s)")
     parser.add_argument("--min-output", type=int, default=64, help="fewest output tokens (default %(default)s)")
     parser.add_argument("--max-output", type=int, default=512, help="most output tokens (default %(default)s)")
     parser.add_argument("--temperature", type=float, default=0.6, help="(default %(default)s)")
-    parser.add_argument("--seed", type=int, default=0,
-                        help="seeds the workload and transformers' sampling (default %(default)s)")
     parser.add_argument("--no-transformers", action="store_true", help="skip the transformers run")
     parser.add_argument("--hf-batch-size", type=int, default=16,
                         help="requests per transformers generate call (default %(default)s)")

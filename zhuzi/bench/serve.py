@@ -43,7 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"),
                         help="bearer token (default: $OPENAI_API_KEY)")
     parser.add_argument("--tokenizer", default=None,
-                        help="tokenizer directory or .gguf file that builds the prompts (default: the embedded SmolLM2's)")
+                        help="tokenizer directory or .gguf file that builds the prompts "
+                             "(default: the embedded SmolLM2's)")
     parser.add_argument("--dataset", choices=["random", "sharegpt"], default="random", help="(default %(default)s)")
     parser.add_argument("--num-prompts", type=int, default=100,
                         help="requests in all; for sharegpt, turns (default %(default)s)")

@@ -26,6 +26,8 @@ class _Stream:
 class AsyncEngine:
     """Runs the model off the event loop so the server answers while a forward pass runs."""
 
+    engine: Engine  # set by the engine thread before __init__ returns
+
     def __init__(self, config: EngineConfig):
         """Loads the model in the engine's own thread and returns once it is ready."""
         self._commands: queue.SimpleQueue = queue.SimpleQueue()  # only the loop thread touches the engine
@@ -45,10 +47,6 @@ class AsyncEngine:
         self.model_name = path.name.split(".")[0] if path.is_file() else path.name
         self._stats = self.engine.stats()
 
-    @classmethod
-    def from_config(cls, config: EngineConfig) -> AsyncEngine:
-        return cls(config)
-
     def _run(self, config: EngineConfig, loaded: queue.SimpleQueue) -> None:
         try:
             self.engine = Engine(config)
@@ -60,6 +58,9 @@ class AsyncEngine:
 
     def stats(self) -> EngineStats:
         return self._stats
+
+    def check_token_ids(self, ids: list[int], param: str) -> None:
+        self.engine.check_token_ids(ids, param)  # reads only the model's shape: safe from any thread
 
     async def generate(self, prompt: str | list[int], params: SamplingParams,
                        request_id: str) -> AsyncIterator[RequestOutput]:

@@ -11,14 +11,14 @@ import torch
 from zhuzi.config import EngineConfig
 from zhuzi.detokenizer import IncrementalDetokenizer
 from zhuzi.engine.block_manager import BlockManager
+from zhuzi.engine.model_runner import ModelRunner, PromptLogprobs
 from zhuzi.engine.scheduler import Scheduler
 from zhuzi.engine.sequence import Sequence
 from zhuzi.model.decoder import Decoder
 from zhuzi.model.loader import load_checkpoint
 from zhuzi.outputs import CompletionOutput, EngineStats, Logprob, RequestMetrics, RequestOutput
-from zhuzi.runner import ModelRunner, kv_pool_blocks
-from zhuzi.sampler import make_generator, prompt_logprobs
-from zhuzi.sampling_params import SamplingParams
+from zhuzi.sampler import make_generator
+from zhuzi.sampling_params import InvalidRequest, SamplingParams
 from zhuzi.tokenizer import Tokenizer
 
 log = logging.getLogger("zhuzi")
@@ -33,8 +33,8 @@ class Request:
     seqs: list[Sequence]
     detokenizers: list[IncrementalDetokenizer]
     metrics: RequestMetrics
-    prompt_logits: list[torch.Tensor] = field(default_factory=list)
-    prompt_logprobs: list | None = None
+    prompt_logprobs: PromptLogprobs | None = None  # complete once the prompt is computed
+    partial_prompt_logprobs: PromptLogprobs = field(default_factory=list)
     deltas: dict[int, CompletionOutput] = field(default_factory=dict)  # news since the last output
 
     @property
@@ -54,19 +54,18 @@ class Engine:
         self.eos_ids = list(ckpt.config.eos_token_ids)
         model = Decoder(ckpt.config, ckpt.tensors, config.device, config.quantization,
                         max_positions=max(self.max_model_len, ckpt.config.max_position_embeddings))
-        num_blocks = kv_pool_blocks(ckpt.config, config.torch_dtype, config.kv_cache_bytes, config.block_size)
-        if num_blocks < 1:
+        plan = config.kv_plan(ckpt.config)
+        if plan.num_blocks < 1:
             raise ValueError(f"kv_cache_memory {config.kv_cache_memory} holds no KV block")
-        self.runner = ModelRunner(model, config, num_blocks, self.eos_ids)
-        self.blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.runner = ModelRunner(model, config, plan.num_blocks, self.eos_ids)
+        self.blocks = BlockManager(plan.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens,
                                    config.long_prefill_token_threshold)
         self.requests: dict[str, Request] = {}
         self._seq_ids = itertools.count()
-        per_token = ckpt.config.kv_bytes_per_token(torch.finfo(config.torch_dtype).bits // 8)
         log.info("model %s (%s, %s), KV %d bytes/token, %d blocks of %d = %d tokens", ckpt.path.name,
-                 ckpt.config.architecture, config.dtype, per_token, num_blocks, config.block_size,
-                 self.kv_capacity_tokens)
+                 ckpt.config.architecture, config.dtype, plan.bytes_per_token, plan.num_blocks, plan.block_size,
+                 plan.capacity_tokens)
 
     @property
     def weight_bytes_per_decode_step(self) -> int:
@@ -78,48 +77,46 @@ class Engine:
 
     # -- requests --------------------------------------------------------------------
 
-    def encode_prompt(self, prompt: str | list[int]) -> list[int]:
-        ids = self.tokenizer.encode(prompt, parse_special=True) if isinstance(prompt, str) else list(prompt)
+    def check_token_ids(self, ids: list[int], param: str) -> None:
+        """Every id must index the model's embedding and LM head (a Qwen vocabulary is larger than its
+        tokenizer's: those extra ids are valid tokens that decode to nothing)."""
+        vocab = self.model_config.vocab_size
+        if bad := [t for t in ids if not 0 <= t < vocab]:
+            raise InvalidRequest(param, f"{param} holds token ids outside the vocabulary [0, {vocab}): {bad[:5]}")
+
+    def validate(self, prompt: str | list[int], params: SamplingParams) -> list[int]:
+        """The prompt's ids, or InvalidRequest naming what the engine cannot run."""
+        ids = self.tokenizer.encode_prompt(prompt)
         if not ids:
-            raise ValueError("prompt is empty")
-        vocab = self.model_config.vocab_size
-        if any(not 0 <= t < vocab for t in ids):
-            raise ValueError(f"prompt has token ids outside the vocabulary [0, {vocab})")
-        return ids
-
-    def check_fits(self, prompt_len: int, max_tokens: int | None) -> None:
-        """Refuse at admission what can never fit, stating the numbers."""
-        total = prompt_len + (max_tokens or 1)
+            raise InvalidRequest("prompt", "prompt is empty")
+        self.check_token_ids(ids, "prompt")
+        self.check_token_ids(list(params.logit_bias or {}), "logit_bias")
+        self.check_token_ids(params.stop_token_ids, "stop_token_ids")
+        total = len(ids) + (params.max_tokens or 1)
         if total > self.max_model_len:
-            raise ValueError(
+            raise InvalidRequest(None, (
                 f"This model's maximum context length is {self.max_model_len} tokens. However, you "
-                f"requested {total} tokens ({prompt_len} in the prompt, {max_tokens or 1} for the "
-                f"completion). Please reduce the length of the prompt or the completion.")
+                f"requested {total} tokens ({len(ids)} in the prompt, {params.max_tokens or 1} for the "
+                f"completion). Please reduce the length of the prompt or the completion."), "context_length_exceeded")
         if self.blocks.blocks_needed(total) > self.blocks.num_blocks:
-            raise ValueError(
+            raise InvalidRequest(None, (
                 f"request needs {total} tokens of KV cache but the whole pool holds "
-                f"{self.kv_capacity_tokens} tokens; raise kv_cache_memory or shorten the request")
-
-    def check_token_ids(self, params: SamplingParams) -> None:
-        vocab = self.model_config.vocab_size
-        for name, ids in (("logit_bias", params.logit_bias or {}), ("stop_token_ids", params.stop_token_ids)):
-            if any(not 0 <= t < vocab for t in ids):
-                raise ValueError(f"{name} has token ids outside the vocabulary [0, {vocab})")
+                f"{self.kv_capacity_tokens} tokens; raise kv_cache_memory or shorten the request"),
+                "context_length_exceeded")
+        return ids
 
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
                     arrival_time: float | None = None) -> None:
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
-        ids = self.encode_prompt(prompt)
-        self.check_token_ids(params)
-        self.check_fits(len(ids), params.max_tokens)
+        ids = self.validate(prompt, params)
         seqs: list[Sequence] = []
         for i in range(params.n):
             seed = None if params.seed is None else params.seed + i
             leader = seqs[0] if seqs and self.config.enable_prefix_caching else None
             seqs.append(Sequence(next(self._seq_ids), request_id, i, ids, params, make_generator(seed), leader))
         req = Request(request_id, prompt if isinstance(prompt, str) else None, ids, params, seqs,
-                      [IncrementalDetokenizer(self.tokenizer, params, ids) for _ in seqs],
+                      [IncrementalDetokenizer(self.tokenizer, params) for _ in seqs],
                       RequestMetrics(arrival_time or time.monotonic()))
         self.requests[request_id] = req
         for seq in seqs:
@@ -156,23 +153,22 @@ class Engine:
             seq = item.seq
             req = touched.setdefault(seq.request_id, self.requests[seq.request_id])
             req.metrics.first_scheduled_time = req.metrics.first_scheduled_time or start
+            if seq.seq_id in result.prompt_logprobs:
+                self._collect_prompt_logprobs(req, seq, result.prompt_logprobs[seq.seq_id])
             seq.num_computed_tokens += item.num_new_tokens
             self.blocks.register_computed(seq)
-            if seq.seq_id in result.prompt_logits:
-                self._collect_prompt_logits(req, seq, result.prompt_logits[seq.seq_id])
         for item, token, logprobs in result.sampled:
             self._append_token(touched[item.seq.request_id], item.seq, token, logprobs, now, now - start)
         return [self._output(req) for req in touched.values()]
 
-    def _collect_prompt_logits(self, req: Request, seq: Sequence, logits: torch.Tensor) -> None:
-        if seq.index != 0 or req.prompt_logprobs is not None:
-            return
-        req.prompt_logits.append(logits)
-        if seq.prompt_done:
-            all_logits = torch.cat(req.prompt_logits)[: len(req.prompt_token_ids)]
-            req.prompt_logprobs = prompt_logprobs(all_logits, req.prompt_token_ids, req.params.prompt_logprobs)
-            self._decode_logprob_tokens(req.prompt_logprobs)
-            req.prompt_logits = []
+    def _collect_prompt_logprobs(self, req: Request, seq: Sequence, entries: PromptLogprobs) -> None:
+        """Called before the chunk counts as computed; a preempted prompt starts over from its first token."""
+        if seq.num_computed_tokens == 0:
+            req.partial_prompt_logprobs = []
+        req.partial_prompt_logprobs += entries
+        if len(req.partial_prompt_logprobs) == seq.num_prompt_tokens:
+            self._decode_logprob_tokens(req.partial_prompt_logprobs)
+            req.prompt_logprobs, req.partial_prompt_logprobs = req.partial_prompt_logprobs, []
 
     def _decode_logprob_tokens(self, entries: list[dict[int, Logprob] | None]) -> None:
         for entry in entries:
@@ -187,7 +183,7 @@ class Engine:
         m.first_token_time = m.first_token_time or now
         m.last_token_time = now
         seq.token_ids.append(token)
-        delta = req.deltas.setdefault(seq.index, CompletionOutput(seq.index, "", [], logprobs=[] if p.logprobs is not None else None))
+        delta = req.deltas.setdefault(seq.index, CompletionOutput.empty(seq.index, p.logprobs is not None))
         delta.token_ids.append(token)
         if logprobs is not None:
             self._decode_logprob_tokens([logprobs])

@@ -2,21 +2,9 @@
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
 
 from zhuzi.engine.block_manager import BlockManager
-from zhuzi.engine.sequence import Sequence, Status
-
-
-@dataclass
-class ScheduledSeq:
-    seq: Sequence
-    num_new_tokens: int  # tokens whose K/V this step computes
-
-    @property
-    def samples(self) -> bool:
-        """True when this step reaches the sequence's last token, so its next token is drawn."""
-        return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
+from zhuzi.engine.sequence import ScheduledSeq, Sequence, Status
 
 
 class Scheduler:

@@ -1,4 +1,5 @@
-"""One sequence's state: its tokens, KV blocks, progress through prefill, and outcome."""
+"""One sequence's state (its tokens, KV blocks, progress through prefill, outcome) and what the
+scheduler hands the model runner for it each step: data only, shared by both."""
 from __future__ import annotations
 
 import enum
@@ -64,3 +65,16 @@ class Sequence:
     @property
     def prompt_done(self) -> bool:
         return self.num_computed_tokens >= self.num_prompt_tokens
+
+
+@dataclass
+class ScheduledSeq:
+    """One sequence's share of a step: the scheduler's output, the model runner's input."""
+
+    seq: Sequence
+    num_new_tokens: int  # tokens whose K/V this step computes
+
+    @property
+    def samples(self) -> bool:
+        """True when this step reaches the sequence's last token, so its next token is drawn."""
+        return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens

@@ -12,7 +12,7 @@ Output rows are split over torch's OpenMP threads. The arithmetic of one output
 value depends only on its input row and weight row, never on M or the thread
 count, so a request's logits are the same bits alone or in a small batch.
 
-The kernel is compiled on first use for this very CPU and loaded by native.py;
+The kernel (kernels/small_m_linear.cpp) is compiled on first use for this very CPU and loaded by native.py;
 without a compiler, and for shapes it does not serve, the caller's torch path runs.
 """
 from __future__ import annotations
@@ -26,186 +26,6 @@ from zhuzi.model import native
 
 MAX_ROWS = 8
 
-_SOURCE = r"""
-#include <vector>
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
-
-// A weight format: how LANES weights meet LANES prepared inputs. Inputs are prepared once per call
-// (padded to whole chunks, widened to float for float weights) so the inner loop only loads them.
-struct F32 {
-  using W = float; using X = float; using WV = vf; using XV = vf;
-  static constexpr int LANES = 16;
-  static WV load_w(const W* p) { vf v; std::memcpy(&v, p, 64); return v; }
-  static XV load_x(const X* p) { vf v; std::memcpy(&v, p, 64); return v; }
-  static void dot(vf& acc, WV w, XV x) { acc += w * x; }
-};
-
-struct I8 {
-  using W = int8_t; using X = float; using WV = vf; using XV = vf;
-  static constexpr int LANES = 16;
-  static WV load_w(const W* p) {
-#if defined(__AVX512F__)  // GCC's __builtin_convertvector does this one element at a time
-    return (vf)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-#else
-    float f[16];
-    for (int i = 0; i < 16; ++i) f[i] = p[i];
-    return load_x(f);
-#endif
-  }
-  static XV load_x(const X* p) { vf v; std::memcpy(&v, p, 64); return v; }
-  static void dot(vf& acc, WV w, XV x) { acc += w * x; }
-};
-
-struct BF16 {
-  using W = uint16_t; using X = uint16_t;
-  static constexpr int LANES = 32;
-#if defined(__AVX512BF16__)
-  using WV = __m512i; using XV = __m512i;
-  static WV load_w(const W* p) { return _mm512_loadu_si512(p); }
-  static XV load_x(const X* p) { return _mm512_loadu_si512(p); }
-  static void dot(vf& acc, WV w, XV x) { acc = (vf)_mm512_dpbf16_ps((__m512)acc, (__m512bh)w, (__m512bh)x); }
-#else
-  // Even and odd elements of both operands, widened by a shift and a mask (their dot product is the
-  // sum of the two halves' products, so no shuffle is needed).
-  struct WV { vf even, odd; };
-  using XV = WV;
-  static WV load_w(const W* p) { vu u; std::memcpy(&u, p, 64); return {(vf)(u << 16), (vf)(u & 0xffff0000u)}; }
-  static XV load_x(const X* p) { return load_w(p); }
-  static void dot(vf& acc, WV w, XV x) { acc += w.even * x.even; acc += w.odd * x.odd; }
-#endif
-};
-
-#if defined(__AVX512BF16__)
-// int8 weights are exact in bf16 (8 significant bits), so with bf16 inputs they can use vdpbf16ps too:
-// it does 32 multiply-adds where a float FMA does 16, and an int8 row streams twice as fast as bf16.
-struct I8BF16 : BF16 {
-  using W = int8_t;
-  static WV load_w(const W* p) {
-    const __m128i* q = reinterpret_cast<const __m128i*>(p);
-    const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q)));
-    const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q + 1)));
-    return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
-  }
-};
-#else
-using I8BF16 = I8;
-#endif
-
-// Bytes prefetched ahead in each row's stream: the hardware prefetcher alone falls behind, the more so
-// the more multiply-adds each weight byte feeds (M > 1). 8 KiB measured best on AMD EPYC (Zen).
-constexpr int AHEAD = 8192;
-
-// R weight rows against M input rows. Every (row, input) pair has its own accumulator and the same
-// sequence of operations whatever R and M are, which is what keeps results batch-invariant.
-template <class F, int M, int R>
-static void rows(const typename F::W* w, int64_t K, const typename F::X* x, int64_t kp, float out[R][M]) {
-  constexpr int L = F::LANES;
-  const int64_t full = K / L, rest = K % L;
-  vf acc[R][M];
-  for (int r = 0; r < R; ++r)
-    for (int m = 0; m < M; ++m) acc[r][m] = vf{};
-  auto step = [&](const typename F::WV* wv, int64_t k) {
-    for (int m = 0; m < M; ++m) {
-      const typename F::XV xv = F::load_x(x + m * kp + k);
-      for (int r = 0; r < R; ++r) F::dot(acc[r][m], wv[r], xv);
-    }
-  };
-  typename F::WV wv[R];
-  for (int64_t c = 0; c < full; ++c) {
-    for (int r = 0; r < R; ++r) __builtin_prefetch(reinterpret_cast<const char*>(w + r * K + c * L) + AHEAD);
-    for (int r = 0; r < R; ++r) wv[r] = F::load_w(w + r * K + c * L);
-    step(wv, c * L);
-  }
-  if (rest) {  // the row's tail, zero-padded like the prepared inputs
-    for (int r = 0; r < R; ++r) {
-      typename F::W tail[L] = {};
-      std::memcpy(tail, w + r * K + full * L, rest * sizeof(typename F::W));
-      wv[r] = F::load_w(tail);
-    }
-    step(wv, full * L);
-  }
-  for (int r = 0; r < R; ++r)
-    for (int m = 0; m < M; ++m) out[r][m] = hsum(acc[r][m]);
-}
-
-static float input(const float* p) { return *p; }
-static float input(const uint16_t* p) { return widen(*p); }
-static void prepare(const float* x, float* p) { *p = *x; }
-static void prepare(const uint16_t* x, float* p) { *p = widen(*x); }
-static void prepare(const uint16_t* x, uint16_t* p) { *p = *x; }
-
-// Weight rows per block for M inputs: enough independent accumulators to hide vdpbf16ps/FMA latency,
-// few enough (R * M + R + 1) to stay in the 32 vector registers.
-constexpr int ROWS[9] = {0, 8, 6, 4, 4, 3, 3, 3, 3};
-
-template <class F, int M, typename T>
-static void linear(const T* x, const typename F::W* w, const void* scale, int scale_bf16, T* y,
-                   int64_t N, int64_t K, int threads) {
-  constexpr int L = F::LANES, R = ROWS[M];
-  const int64_t kp = (K + L - 1) / L * L;
-  std::vector<typename F::X> xp(M * kp);
-  for (int m = 0; m < M; ++m)
-    for (int64_t k = 0; k < K; ++k) prepare(x + m * K + k, &xp[m * kp + k]);
-  auto emit = [&](int64_t n, const float* dots) {
-    const float s = !scale ? 1.f : scale_bf16 ? input(static_cast<const uint16_t*>(scale) + n)
-                                              : input(static_cast<const float*>(scale) + n);
-    for (int m = 0; m < M; ++m) store(scale ? dots[m] * s : dots[m], y + m * N + n);
-  };
-  const int64_t blocks = (N + R - 1) / R;
-#pragma omp parallel for schedule(static) num_threads(threads)
-  for (int64_t b = 0; b < blocks; ++b) {
-    const int64_t n0 = b * R;
-    if (n0 + R <= N) {
-      float out[R][M];
-      rows<F, M, R>(w + n0 * K, K, xp.data(), kp, out);
-      for (int r = 0; r < R; ++r) emit(n0 + r, out[r]);
-    } else {
-      for (int64_t n = n0; n < N; ++n) {
-        float out[1][M];
-        rows<F, M, 1>(w + n * K, K, xp.data(), kp, out);
-        emit(n, out[0]);
-      }
-    }
-  }
-}
-
-template <class F, typename T>
-static int dispatch(int64_t M, const void* x, const void* w, const void* scale, int scale_bf16, void* y,
-                    int64_t N, int64_t K, int threads) {
-  auto go = [&](auto fn) {
-    fn(static_cast<const T*>(x), static_cast<const typename F::W*>(w), scale, scale_bf16, static_cast<T*>(y),
-       N, K, threads);
-    return 0;
-  };
-  switch (M) {
-    case 1: return go(linear<F, 1, T>);
-    case 2: return go(linear<F, 2, T>);
-    case 3: return go(linear<F, 3, T>);
-    case 4: return go(linear<F, 4, T>);
-    case 5: return go(linear<F, 5, T>);
-    case 6: return go(linear<F, 6, T>);
-    case 7: return go(linear<F, 7, T>);
-    case 8: return go(linear<F, 8, T>);
-    default: return 2;
-  }
-}
-
-// weight: 0 float32, 1 bf16 (x has the weight's dtype), 2 int8 (x float32 or bf16, scale per row).
-// Returns 0 on success, 2 for a case it was not built for.
-extern "C" int zhuzi_small_m_linear(int weight, int x_bf16, const void* x, const void* w, const void* scale,
-                                    int scale_bf16, void* y, int64_t M, int64_t N, int64_t K, int threads) {
-  switch (weight * 2 + x_bf16) {
-    case 0: return dispatch<F32, float>(M, x, w, nullptr, 0, y, N, K, threads);
-    case 3: return dispatch<BF16, uint16_t>(M, x, w, nullptr, 0, y, N, K, threads);
-    case 4: return dispatch<I8, float>(M, x, w, scale, scale_bf16, y, N, K, threads);
-    case 5: return dispatch<I8BF16, uint16_t>(M, x, w, scale, scale_bf16, y, N, K, threads);
-    default: return 2;
-  }
-}
-"""
-
 _WEIGHTS = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}
 _FLOATS = (torch.float32, torch.bfloat16)
 
@@ -213,7 +33,7 @@ _FLOATS = (torch.float32, torch.bfloat16)
 @functools.cache
 def _kernel():
     """The compiled entry point, or None when it cannot be built or loaded."""
-    lib = native.load("small_m_linear", _SOURCE)
+    lib = native.load("small_m_linear")
     if lib is None:
         return None
     fn = lib.zhuzi_small_m_linear
@@ -245,7 +65,8 @@ def small_m_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | 
     x = x.contiguous()
     scale = scale.contiguous() if scale is not None else None
     y = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype)
+    scale_bf16 = int(scale is not None and scale.dtype == torch.bfloat16)
     status = fn(_WEIGHTS[weight.dtype], int(x.dtype == torch.bfloat16), x.data_ptr(), weight.data_ptr(),
-                scale.data_ptr() if scale is not None else None, int(scale is not None and scale.dtype == torch.bfloat16),
+                scale.data_ptr() if scale is not None else None, scale_bf16,
                 y.data_ptr(), x.shape[0], weight.shape[0], x.shape[1], torch.get_num_threads())
     return y if status == 0 else None

@@ -110,8 +110,8 @@ class Decoder:
     def weight_bytes_per_decode_step(self) -> int:
         """Bytes of weights one decode step reads: every matrix and norm, one embedding row."""
         row = self.embed.nbytes // self.embed.shape[0]
-        norms = self.norm.nbytes + sum(l.input_norm.nbytes + l.post_norm.nbytes for l in self.layers)
-        mats = sum(m.nbytes for l in self.layers for m in (l.qkv, l.o, l.gate_up, l.down))
+        norms = self.norm.nbytes + sum(layer.input_norm.nbytes + layer.post_norm.nbytes for layer in self.layers)
+        mats = sum(m.nbytes for layer in self.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down))
         return row + norms + mats + self.lm_head.nbytes
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,

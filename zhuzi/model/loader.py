@@ -7,20 +7,18 @@ takes 1-4 s on two busy cores, reading the cache ~10 ms (memory-mapped), so a se
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import importlib.metadata
 import json
 import logging
 import math
 import mmap
-import os
 import re
 import struct
-import tempfile
+from collections.abc import Iterable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import gguf
 import numpy as np
@@ -29,6 +27,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from tqdm import tqdm
 
+from zhuzi.cache import atomic_write, cache_path, file_identity
 from zhuzi.config import ModelConfig
 
 HF_ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
@@ -332,7 +331,8 @@ def _gguf_config(path: Path, header: GGUFHeader) -> ModelConfig:
     arch = meta.get("general.architecture")
     if arch not in GGUF_ARCHITECTURES:
         raise CheckpointError(path, f"unknown architecture {arch}; supported: {', '.join(GGUF_ARCHITECTURES)}")
-    if meta.get(f"{arch}.rope.scaling.type", "none") != "none" or any(t.name == "rope_freqs.weight" for t in header.tensors):
+    scaled = meta.get(f"{arch}.rope.scaling.type", "none") != "none"
+    if scaled or any(t.name == "rope_freqs.weight" for t in header.tensors):
         raise CheckpointError(path, "RoPE scaling in GGUF files is not supported; use the Hugging Face checkpoint")
     try:
         hidden, heads = meta[f"{arch}.embedding_length"], meta[f"{arch}.attention.head_count"]
@@ -396,7 +396,8 @@ def _load_gguf(path: Path, dtype: torch.dtype) -> tuple[ModelConfig, dict[str, t
     _check_complete(path, config, infos)
     # Copy-on-write: tensors made from views of the file stay writable, and the file untouched.
     data = np.memmap(path, dtype=np.uint8, mode="c").view(np.ndarray)
-    permuted_heads = {"q_proj": config.num_heads, "k_proj": config.num_kv_heads} if config.architecture == "llama" else {}
+    permuted_heads = ({"q_proj": config.num_heads, "k_proj": config.num_kv_heads}
+                      if config.architecture == "llama" else {})
     tensors = {}
     for name, info in tqdm(infos.items(), desc=f"dequantizing {path.name}", unit="tensor",
                            delay=PROGRESS_DELAY_S, leave=False):
@@ -410,11 +411,7 @@ def _load_gguf(path: Path, dtype: torch.dtype) -> tuple[ModelConfig, dict[str, t
 # ---------------------------------------------------------------- converted-GGUF cache
 
 def _cache_file(path: Path, dtype: torch.dtype) -> Path:
-    stat = path.stat()
-    key = f"{CACHE_VERSION}|{path}|{stat.st_size}|{stat.st_mtime_ns}|{dtype}"
-    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    root = Path(os.environ.get("ZHUZI_CACHE") or Path.home() / ".cache" / "zhuzi")
-    return root / "checkpoints" / f"{path.stem}-{digest}.safetensors"
+    return cache_path("checkpoints", path.stem, CACHE_VERSION, *file_identity(path), dtype, suffix=".safetensors")
 
 
 def _read_cache(cache: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]] | None:
@@ -429,15 +426,9 @@ def _read_cache(cache: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]] | No
 
 
 def _write_cache(cache: Path, config: ModelConfig, tensors: dict[str, torch.Tensor]) -> None:
-    """Atomic (temp file + rename), so a reader never sees half a cache; a failure only costs speed."""
+    """A failure only costs speed: the next start converts again."""
     try:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=cache.parent, suffix=".tmp")
-        os.close(fd)
-        try:
+        with atomic_write(cache) as tmp:
             save_file(tensors, tmp, metadata={"config": json.dumps(dataclasses.asdict(config))})
-            os.replace(tmp, cache)
-        finally:
-            Path(tmp).unlink(missing_ok=True)
     except OSError as e:
         log.warning("cannot cache the converted checkpoint at %s (%s); the next start converts again", cache, e)

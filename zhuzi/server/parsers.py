@@ -40,9 +40,6 @@ class ParsedText:
         self.reasoning_content += other.reasoning_content
         self.tool_calls += other.tool_calls
 
-    def __bool__(self) -> bool:
-        return bool(self.content or self.reasoning_content or self.tool_calls)
-
 
 class Mode(Enum):
     CONTENT = "content"

@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from zhuzi.outputs import Logprob
-from zhuzi.sampling_params import SamplingParams
+from zhuzi.sampling_params import InvalidRequest, SamplingParams
 
 
 def _utf8_only(text: str) -> str:
@@ -28,7 +26,6 @@ def _utf8_only(text: str) -> str:
 
 
 Text = Annotated[str, AfterValidator(_utf8_only)]
-MIN_TEMPERATURE = 0.01  # smaller positive temperatures are raised to this, as vLLM does
 
 
 def _is_none(value: Any) -> bool:
@@ -69,13 +66,6 @@ class ChatMessage(Request):
     tool_calls: list[ToolCallIn] | None = None
     tool_call_id: str | None = None
     reasoning_content: Text | None = None
-
-    @property
-    def text(self) -> str:
-        """The content as one string (parts joined with newlines, as the tokenizer joins them)."""
-        if isinstance(self.content, list):
-            return "\n".join(part.text for part in self.content)
-        return self.content or ""
 
 
 class FunctionDef(Request):
@@ -139,22 +129,20 @@ class SamplingRequest(Request):
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
     def logit_bias_ids(self) -> dict[int, float] | None:
-        """logit_bias with its JSON-string keys read as token ids (ValueError names the field)."""
+        """logit_bias with its JSON-string keys read as token ids."""
         if not self.logit_bias:
             return None
         try:
             return {int(key): value for key, value in self.logit_bias.items()}
         except ValueError as exc:
-            raise ValueError(f"logit_bias keys must be token ids, got {list(self.logit_bias)!r}") from exc
+            why = f"logit_bias keys must be token ids, got {list(self.logit_bias)!r}"
+            raise InvalidRequest("logit_bias", why) from exc
 
     def sampling_params(self, max_tokens: int | None, logprobs: int | None,
                         prompt_logprobs: int | None = None) -> SamplingParams:
-        """Build SamplingParams; unset fields keep its defaults. Raises ValueError naming a field."""
-        temperature = self.temperature
-        if temperature is not None and 0 < temperature < MIN_TEMPERATURE:
-            temperature = MIN_TEMPERATURE  # as vLLM does: logits / 1e-40 overflow to NaN
+        """Build SamplingParams; unset fields keep its defaults. Raises InvalidRequest naming a field."""
         given = {
-            "temperature": temperature, "top_p": self.top_p, "top_k": self.top_k,
+            "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
             "min_p": self.min_p, "presence_penalty": self.presence_penalty,
             "frequency_penalty": self.frequency_penalty, "repetition_penalty": self.repetition_penalty,
         }
@@ -241,10 +229,9 @@ class CompletionRequest(SamplingRequest):
     logprobs: int | None = Field(None, ge=0, le=20)
 
     @model_validator(mode="after")
-    def _prompt_not_empty(self) -> CompletionRequest:
-        prompts = self.prompts()
-        if not prompts or any(len(p) == 0 for p in prompts):
-            raise ValueError("prompt must not be empty")
+    def _prompt_batch_not_empty(self) -> CompletionRequest:
+        if not self.prompts():  # each prompt's own emptiness is the engine's to refuse
+            raise ValueError("prompt must not be an empty list")
         return self
 
     def prompts(self) -> list[str | list[int]]:
@@ -315,25 +302,6 @@ class TokenLogprob(TopLogprob):
 
 class ChatLogprobs(Response):
     content: list[TokenLogprob] | None = None
-
-    @classmethod
-    def of(cls, token_ids: list[int], entries: list[dict[int, Logprob]], top_n: int) -> ChatLogprobs:
-        """From the engine's per-token entries (the chosen token plus the top ones)."""
-        def item(lp: Logprob, kind: type[TopLogprob]) -> Any:
-            token = lp.decoded_token or ""
-            return kind(token=token, logprob=lp.logprob, bytes=list(token.encode()))
-
-        content = []
-        for token_id, entry in zip(token_ids, entries):
-            chosen = item(entry[token_id], TokenLogprob)
-            chosen.top_logprobs = [item(lp, TopLogprob) for lp in _top(entry, top_n)]
-            content.append(chosen)
-        return cls(content=content)
-
-
-def _top(entry: dict[int, Logprob], top_n: int) -> list[Logprob]:
-    return sorted((lp for lp in entry.values() if lp.rank <= top_n), key=lambda lp: lp.rank)[:top_n]
-
 
 class FunctionCallOut(Response):
     name: str
@@ -412,20 +380,6 @@ class CompletionLogprobs(Response):
     top_logprobs: list[dict[str, float] | None] = []
     text_offset: list[int] = []
 
-    @classmethod
-    def of(cls, token_ids: list[int], entries: list[dict[int, Logprob] | None], top_n: int, offset: int,
-           decode: Callable[[int], str]) -> CompletionLogprobs:
-        """The legacy format; a None entry (a prompt's first token) has no logprob."""
-        out = cls()
-        for token_id, entry in zip(token_ids, entries):
-            token = (entry[token_id].decoded_token if entry else None) or decode(token_id)
-            out.tokens.append(token)
-            out.token_logprobs.append(entry[token_id].logprob if entry else None)
-            out.top_logprobs.append({lp.decoded_token or "": lp.logprob for lp in _top(entry, top_n)}
-                                    if entry else None)
-            out.text_offset.append(offset)
-            offset += len(token)
-        return out
 
 
 class CompletionChoice(Response):

@@ -1,27 +1,29 @@
-"""Model runner: owns the KV pool, turns a scheduled step into tensors, runs the forward pass, samples."""
+"""Model runner: owns the KV pool, turns a scheduled step into tensors, runs the forward pass,
+samples, and scores prompt tokens for prompt_logprobs."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
 
-from zhuzi.config import EngineConfig, ModelConfig
-from zhuzi.engine.scheduler import ScheduledSeq
+from zhuzi.config import EngineConfig
+from zhuzi.engine.sequence import ScheduledSeq
 from zhuzi.model.attention import AttentionMetadata, PrefillChunk
 from zhuzi.model.decoder import Decoder
 from zhuzi.outputs import Logprob
-from zhuzi.sampler import Sampler, SamplingRow
+from zhuzi.sampler import Sampler, SamplingRow, token_logprobs
+
+# Prompt logprobs are computed this many positions at a time, so a long chunk never needs a
+# second [tokens, vocab] tensor of logits.
+_PROMPT_ROWS = 256
+
+PromptLogprobs = list[dict[int, Logprob] | None]
 
 
 @dataclass
 class StepResult:
     sampled: list[tuple[ScheduledSeq, int, dict[int, Logprob] | None]]  # (item, token, logprobs)
-    prompt_logits: dict[int, torch.Tensor]  # seq_id -> logits of this chunk's rows (prompt_logprobs only)
-
-
-def kv_pool_blocks(model: ModelConfig, dtype: torch.dtype, budget_bytes: int, block_size: int) -> int:
-    per_block = model.kv_bytes_per_token(torch.finfo(dtype).bits // 8) * block_size
-    return budget_bytes // per_block
+    prompt_logprobs: dict[int, PromptLogprobs]  # seq_id -> entries of the prompt tokens this chunk predicts
 
 
 class ModelRunner:
@@ -65,21 +67,21 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, batch: list[ScheduledSeq]) -> StepResult:
         batch = sorted(batch, key=lambda s: s.num_new_tokens != 1)  # decodes first, order kept
-        input_ids, positions, slot_mapping, sample_rows, prompt_rows = [], [], [], [], {}
+        input_ids, positions, slot_mapping, sample_rows, prompt_rows = [], [], [], [], []
         for s in batch:
             seq, done, n = s.seq, s.seq.num_computed_tokens, s.num_new_tokens
             row = len(input_ids)
             input_ids += seq.token_ids[done:done + n]
             positions += range(done, done + n)
             slot_mapping += self._slots(seq.block_table, done, done + n)
-            if seq.params.prompt_logprobs is not None and done < seq.num_prompt_tokens:
-                prompt_rows[seq.seq_id] = (row, row + n)
+            if seq.params.prompt_logprobs is not None and seq.index == 0 and done < seq.num_prompt_tokens:
+                prompt_rows.append((s, row))
             if s.samples:
                 sample_rows.append(row + n - 1)
         meta = self._metadata(batch, slot_mapping)
         hidden = self.model.forward(self._tensor(input_ids), self._tensor(positions), meta, self.kv_cache)
         sampling = [s for s in batch if s.samples]
-        result = StepResult([], {sid: self.model.logits(hidden[a:b]) for sid, (a, b) in prompt_rows.items()})
+        result = StepResult([], {s.seq.seq_id: self._prompt_logprobs(s, hidden[row:]) for s, row in prompt_rows})
         if not sampling:
             return result
         logits = self.model.logits(hidden[self._tensor(sample_rows)])
@@ -89,3 +91,15 @@ class ModelRunner:
         logprobs = out.logprobs or [None] * len(sampling)
         result.sampled = list(zip(sampling, out.token_ids, logprobs))
         return result
+
+    def _prompt_logprobs(self, item: ScheduledSeq, hidden: torch.Tensor) -> PromptLogprobs:
+        """Each prompt token's logprob given those before it (+ the top k), for the tokens this chunk
+        predicts; hidden starts at the chunk's first row. The very first token has no context: None."""
+        seq, done = item.seq, item.seq.num_computed_tokens
+        targets = seq.prompt_token_ids[done + 1:done + item.num_new_tokens + 1]
+        entries: PromptLogprobs = [None] if done == 0 else []
+        for start in range(0, len(targets), _PROMPT_ROWS):
+            part = targets[start:start + _PROMPT_ROWS]
+            logits = self.model.logits(hidden[start:start + len(part)])
+            entries += token_logprobs(logits, part, seq.params.prompt_logprobs)
+        return entries

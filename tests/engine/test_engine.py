@@ -35,7 +35,7 @@ def assert_same_or_near_tie(a, b):
         for i, (x, y) in enumerate(zip(ta.token_ids, tb.token_ids)):
             lp_a, lp_b = ta.logprobs[i], tb.logprobs[i]
             if x != y:
-                ranked = sorted(lp_a.values(), key=lambda l: l.rank)
+                ranked = sorted(lp_a.values(), key=lambda lp: lp.rank)
                 assert ranked[0].logprob - ranked[1].logprob < NEAR_TIE, f"token {i} differs and is no near-tie"
                 break
             assert abs(lp_a[x].logprob - lp_b[y].logprob) < NEAR_TIE
@@ -134,7 +134,10 @@ def test_abort_of_a_preempted_request_and_resumed_ones_return_every_block():
     params = SamplingParams(temperature=0, max_tokens=80, ignore_eos=True)
     for i in range(4):
         engine.add_request(f"r{i}", engine.tokenizer.encode(f"{i} " * 20), params)
-    victims = lambda: [s for r in engine.requests.values() for s in r.seqs if s.num_preemptions]
+
+    def victims() -> list:
+        return [s for r in engine.requests.values() for s in r.seqs if s.num_preemptions]
+
     run(engine, until=lambda: bool(victims()))
     assert victims(), "the pool was meant to run out"
     engine.abort(victims()[0].request_id)
@@ -273,3 +276,17 @@ def test_a_long_prompt_is_chunked_beside_running_streams_which_get_a_token_every
     assert max(chunks) <= 128 and sum(chunks) == len(long_prompt)
     run(engine)
     assert_all_blocks_free(engine)
+
+
+def test_prompt_logprobs_survive_chunked_prefill_and_preemption(prompts):
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, prompt_logprobs=1)
+    batch = prompts[1:9]  # the 600-token prompt and seven others
+    alone = [LLM(dtype="float32").generate([p], params)[0] for p in batch[:3]]
+    # 46 blocks and 64-token chunks: prompts are preempted half-prefilled and computed again
+    llm = LLM(dtype="float32", kv_cache_memory=46 * 16 * 46080, max_num_batched_tokens=64)
+    together = llm.generate(batch, params)
+    assert llm.engine.scheduler.num_preemptions >= 1
+    for a, b in zip(alone, together):
+        assert len(b.prompt_logprobs) == len(b.prompt_token_ids) and b.prompt_logprobs[0] is None
+        for token, x, y in zip(a.prompt_token_ids[1:], a.prompt_logprobs[1:], b.prompt_logprobs[1:]):
+            assert abs(x[token].logprob - y[token].logprob) < NEAR_TIE

@@ -62,8 +62,10 @@ def llama_cpp_permute(weight: np.ndarray, heads: int) -> np.ndarray:
     return weight.reshape(heads, 2, -1, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
 
 
-def write_gguf(path: Path, model, arch: str, raw: dict[str, tuple[np.ndarray, gguf.GGMLQuantizationType]] = {},
-               drop: tuple[str, ...] = ()) -> Path:
+RawTensors = dict[str, tuple[np.ndarray, gguf.GGMLQuantizationType]]
+
+
+def write_gguf(path: Path, model, arch: str, raw: RawTensors | None = None, drop: tuple[str, ...] = ()) -> Path:
     """A GGUF file holding `model` the way llama.cpp writes it: its names, its permutation, its metadata.
     `raw` replaces a tensor's data by pre-quantized bytes."""
     cfg = model.config
@@ -89,7 +91,7 @@ def write_gguf(path: Path, model, arch: str, raw: dict[str, tuple[np.ndarray, gg
         array = tensor.numpy()
         if arch == "llama" and hf_name.split(".")[-2] in heads:
             array = llama_cpp_permute(array, heads[hf_name.split(".")[-2]])
-        if hf_name in raw:
+        if hf_name in (raw or {}):
             data, qtype = raw[hf_name]
             writer.add_tensor(name, np.ascontiguousarray(data).view(np.uint8), raw_dtype=qtype)
         elif name not in drop:
@@ -184,7 +186,8 @@ def test_gguf_gives_hf_names_unpermuted_tensors_and_config(tmp_path, arch, tied)
 
     assert_same_tensors(checkpoint.tensors, reference_tensors(model))
     config = checkpoint.config
-    assert (config.architecture, config.vocab_size, config.num_layers, config.tie_word_embeddings) == (arch, 1000, 2, tied)
+    shape = (config.architecture, config.vocab_size, config.num_layers, config.tie_word_embeddings)
+    assert shape == (arch, 1000, 2, tied)
     assert (config.head_dim, config.attention_bias, config.qk_norm) == (
         HF_CASES[arch][1]["head_dim"], arch == "qwen2", arch == "qwen3")
     assert (config.rope_theta, config.max_position_embeddings) == (50000.0, 16384)

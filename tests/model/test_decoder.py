@@ -1,8 +1,8 @@
 """Our forward pass against transformers' on the same weights, and paged KV against no cache."""
 import pytest
+import tiny
 import torch
 
-import tiny
 from zhuzi import LLM, SamplingParams
 from zhuzi.model.attention import AttentionMetadata, PrefillChunk
 from zhuzi.model.decoder import Decoder
@@ -30,8 +30,9 @@ def greedy_without_cache(model: Decoder, ids: list[int], steps: int) -> list[int
 @pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3"])
 def tiny_pair(request, tmp_path_factory):
     arch = request.param
-    extra = {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                              "high_freq_factor": 4.0, "original_max_position_embeddings": 256}} if arch == "llama" else {}
+    llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+              "original_max_position_embeddings": 256}
+    extra = {"rope_scaling": llama3} if arch == "llama" else {}
     directory = tmp_path_factory.mktemp(arch)
     hf = tiny.build(arch, directory, **extra)
     ckpt = load_checkpoint(directory, torch.float32)

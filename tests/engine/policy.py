@@ -1,0 +1,36 @@
+"""Fake sequences for the scheduler and block-manager tests: the engine's bookkeeping without a model."""
+from __future__ import annotations
+
+import itertools
+
+from zhuzi.engine.block_manager import BlockManager
+from zhuzi.engine.scheduler import Scheduler
+from zhuzi.engine.sequence import ScheduledSeq, Sequence
+from zhuzi.sampling_params import SamplingParams
+
+_ids = itertools.count()
+
+
+def seq(prompt: list[int] | int, **params) -> Sequence:
+    """A sequence whose prompt is the given ids, or that many distinct ids."""
+    seq_id = next(_ids)
+    tokens = list(range(1000 * seq_id, 1000 * seq_id + prompt)) if isinstance(prompt, int) else prompt
+    return Sequence(seq_id, f"r{seq_id}", 0, tokens, SamplingParams(max_tokens=None, **params))
+
+
+def run_step(scheduler: Scheduler, token: int = 7) -> list[ScheduledSeq]:
+    """One engine step as the engine does its bookkeeping: compute the scheduled tokens, publish full
+    blocks to the prefix cache, and append a token for each sequence that reached its end."""
+    batch = scheduler.schedule()
+    for item in batch:
+        samples = item.samples
+        item.seq.num_computed_tokens += item.num_new_tokens
+        scheduler.blocks.register_computed(item.seq)
+        if samples:
+            item.seq.token_ids.append(token)
+    return batch
+
+
+def scheduler(num_blocks: int = 64, block_size: int = 4, max_num_seqs: int = 8, budget: int = 32,
+              long_prefill: int = 0, prefix_caching: bool = True) -> Scheduler:
+    return Scheduler(BlockManager(num_blocks, block_size, prefix_caching), max_num_seqs, budget, long_prefill)

@@ -1,0 +1,65 @@
+"""Settings and their flags: every EngineConfig / ServerConfig field is a flag with its default and
+help, generated, so a new setting is one edit in config.py."""
+import argparse
+import dataclasses
+
+import pytest
+import torch
+
+from zhuzi.cli import build_parser
+from zhuzi.config import EngineConfig, KVPlan, ModelConfig, ServerConfig, parse_bytes
+
+
+def parsed(*argv: str) -> argparse.Namespace:
+    return build_parser().parse_args(["serve", *argv])
+
+
+def test_every_field_is_a_flag_with_its_default():
+    args = parsed()
+    engine, server = EngineConfig.from_cli_args(args), ServerConfig.from_cli_args(args)
+    assert server == ServerConfig()
+    # `zhuzi serve` protects running streams from long prompts; everything else is the field's default
+    assert dataclasses.replace(engine, long_prefill_token_threshold=0) == EngineConfig()
+    assert engine.long_prefill_token_threshold == 128
+
+
+def test_flags_of_each_kind_reach_their_field():
+    args = parsed("/m.gguf", "--max-num-seqs", "3", "--max-model-len", "100", "--no-enable-prefix-caching",
+                  "--quantization", "int8", "--api-key", "a", "--api-key", "b", "--rate-limit-rpm", "5",
+                  "--kv-cache-memory", "2GiB")
+    engine, server = EngineConfig.from_cli_args(args), ServerConfig.from_cli_args(args)
+    assert (engine.model, engine.max_num_seqs, engine.max_model_len) == ("/m.gguf", 3, 100)
+    assert (engine.enable_prefix_caching, engine.quantization, engine.kv_cache_bytes) == (False, "int8", 2 * 2**30)
+    assert (server.api_keys, server.rate_limit_rpm) == (["a", "b"], 5)
+
+
+def test_a_bad_choice_is_refused_by_the_parser():
+    with pytest.raises(SystemExit):
+        parsed("--quantization", "int3")
+
+
+def test_help_shows_each_setting_with_its_help_text(capsys: pytest.CaptureFixture[str]):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["generate", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    for f in dataclasses.fields(EngineConfig):
+        assert "--" + f.name.replace("_", "-") in help_text
+        assert " ".join(f.metadata["help"].split())[:30] in help_text
+
+
+def test_a_new_setting_is_one_field():
+    @dataclasses.dataclass
+    class Extended(EngineConfig):
+        draft_tokens: int = dataclasses.field(default=4, metadata={"help": "tokens to guess"})
+
+    parser = argparse.ArgumentParser()
+    Extended.add_cli_args(parser)
+    assert Extended.from_cli_args(parser.parse_args(["--draft-tokens", "7"])).draft_tokens == 7
+
+
+def test_the_kv_plan_is_the_one_arithmetic():
+    smol = ModelConfig("llama", 49152, 576, 1536, 30, 9, 3, 64)
+    plan = KVPlan.of(smol, torch.bfloat16, parse_bytes("4GiB"), 16)
+    assert plan.bytes_per_token == 2 * 30 * 3 * 64 * 2 == 23040
+    assert (plan.num_blocks, plan.capacity_tokens) == (11650, 186400)
+    assert EngineConfig(kv_cache_memory="4GiB").kv_plan(smol) == plan

@@ -1,0 +1,52 @@
+"""On-disk caches of start-up work: converted tokenizers, converted checkpoints, compiled kernels.
+
+Each entry lives at $ZHUZI_CACHE (default ~/.cache/zhuzi) / kind / name-digest, where the digest
+covers everything the entry was made from, so a changed input is never answered from a stale
+entry. Entries are written under a temporary name and renamed into place, so a reader never sees
+half an entry and concurrent writers never see each other's.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("ZHUZI_CACHE") or Path.home() / ".cache" / "zhuzi")
+
+
+def cache_path(kind: str, name: str, *key: object, suffix: str = "") -> Path:
+    """Where the entry made from key lives."""
+    digest = hashlib.sha256("\0".join(map(str, key)).encode()).hexdigest()[:16]
+    return cache_root() / kind / f"{name}-{digest}{suffix}"
+
+
+def file_identity(path: Path) -> tuple[str, int, int]:
+    """What tells a file apart from its earlier versions without reading it."""
+    stat = path.stat()
+    return str(path.resolve()), stat.st_size, stat.st_mtime_ns
+
+
+@contextmanager
+def atomic_write(target: Path) -> Iterator[Path]:
+    """Yields a temporary path to create a file or folder at; it becomes target when the block ends
+    without an error. When another writer published a folder first, theirs is kept."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}-{threading.get_ident()}.tmp")
+    try:
+        yield tmp
+        try:
+            os.replace(tmp, target)
+        except OSError:
+            if not target.is_dir():
+                raise
+    finally:
+        if tmp.is_dir():
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            tmp.unlink(missing_ok=True)

@@ -1,0 +1,237 @@
+"""Response formats, the last step before the wire: engine deltas -> OpenAI's JSON bodies and SSE chunks.
+
+A Generation gathers what one API request produced (its prompts, their n choices each, parsed into
+content / reasoning / tool calls); ChatFormat and CompletionFormat turn it into chat.completion(.chunk)
+and text_completion objects.
+"""
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import pydantic
+
+from zhuzi.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
+from zhuzi.server import protocol as p
+from zhuzi.server.parsers import OutputParser, ParsedText
+
+
+def sse(payload: pydantic.BaseModel | dict) -> str:
+    data = payload.model_dump_json() if isinstance(payload, pydantic.BaseModel) else json.dumps(payload)
+    return f"data: {data}\n\n"
+
+
+@dataclass
+class Choice:
+    """One of the n completions of one prompt, as its deltas accumulate."""
+
+    index: int
+    parser: OutputParser
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[dict[int, Logprob]] = field(default_factory=list)
+    parsed: ParsedText = field(default_factory=ParsedText)
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    started: bool = False  # streaming: whether its first chunk went out
+
+    def absorb(self, delta: CompletionOutput) -> ParsedText:
+        """Take one engine delta; return the parsed news it brings."""
+        self.token_ids += delta.token_ids
+        self.logprobs += delta.logprobs or []
+        piece = self.parser.feed(delta.text)
+        if delta.finish_reason is not None:
+            piece.extend(self.parser.finish())
+            self.finish_reason, self.stop_reason = delta.finish_reason, delta.stop_reason
+        self.parsed.extend(piece)
+        return piece
+
+    @property
+    def openai_finish_reason(self) -> str | None:
+        if self.finish_reason == "stop" and self.parsed.tool_calls:
+            return "tool_calls"
+        return self.finish_reason
+
+
+@dataclass
+class PromptState:
+    token_count: int = 0
+    cached_tokens: int = 0
+    metrics: RequestMetrics | None = None
+    logprobs: list[dict[int, Logprob] | None] | None = None  # prompt logprobs (echo)
+
+
+@dataclass
+class Generation:
+    """Everything one API request produced so far, across its prompts and choices."""
+
+    n: int
+    new_parser: Callable[[], OutputParser]
+    prompts: list[PromptState]
+    choices: dict[int, Choice] = field(default_factory=dict)
+
+    def update(self, prompt_index: int, out: RequestOutput) -> list[tuple[Choice, CompletionOutput, ParsedText]]:
+        state = self.prompts[prompt_index]
+        state.token_count, state.cached_tokens = len(out.prompt_token_ids), out.num_cached_tokens
+        state.metrics = out.metrics or state.metrics
+        if state.logprobs is None:
+            state.logprobs = out.prompt_logprobs
+        news = []
+        for delta in out.outputs:
+            index = prompt_index * self.n + delta.index
+            choice = self.choices.setdefault(index, Choice(index, self.new_parser()))
+            news.append((choice, delta, choice.absorb(delta)))
+        return news
+
+    def usage(self) -> p.Usage:
+        completion = sum(len(c.token_ids) for c in self.choices.values())
+        return p.Usage.of(sum(s.token_count for s in self.prompts), completion,
+                          sum(s.cached_tokens for s in self.prompts))
+
+    def sorted_choices(self) -> list[Choice]:
+        return [self.choices[i] for i in sorted(self.choices)]
+
+
+class ChatFormat:
+    """chat.completion / chat.completion.chunk."""
+
+    def __init__(self, request_id: str, model: str, body: p.ChatCompletionRequest) -> None:
+        self.request_id, self.model, self.body = request_id, model, body
+        self.created = int(time.time())
+        self.tool_call_counts: dict[int, int] = {}
+
+    def _chunk(self, index: int, delta: p.DeltaMessage, logprobs: p.ChatLogprobs | None = None,
+               finish_reason: str | None = None, stop_reason: int | str | None = None) -> str:
+        choice = p.ChatChunkChoice(index=index, delta=delta, logprobs=logprobs, finish_reason=finish_reason,
+                                   stop_reason=stop_reason)
+        return sse(p.ChatCompletionChunk(id=self.request_id, created=self.created, model=self.model,
+                                         choices=[choice]))
+
+    def _logprobs(self, token_ids: list[int], entries: list[dict[int, Logprob]]) -> p.ChatLogprobs | None:
+        return chat_logprobs(token_ids, entries, self.body.top_logprobs or 0) if self.body.logprobs else None
+
+    def chunks(self, gen: Generation, choice: Choice, delta: CompletionOutput, piece: ParsedText,
+               prompt_index: int) -> list[str]:
+        out = []
+        if not choice.started:
+            choice.started = True
+            out.append(self._chunk(choice.index, p.DeltaMessage(role="assistant", content="")))
+        logprobs = self._logprobs(delta.token_ids, delta.logprobs or [])
+        if piece.content or piece.reasoning_content or (logprobs and logprobs.content):
+            message = p.DeltaMessage(content=piece.content or None,
+                                     reasoning_content=piece.reasoning_content or None)
+            if message.content is None and message.reasoning_content is None:
+                message.content = ""  # logprobs of text still held back
+            out.append(self._chunk(choice.index, message, logprobs))
+        for call in piece.tool_calls:
+            number = self.tool_call_counts.get(choice.index, 0)
+            self.tool_call_counts[choice.index] = number + 1
+            tool = p.DeltaToolCall(index=number, id=call.id, type="function",
+                                   function=p.DeltaFunction(name=call.name, arguments=call.arguments))
+            out.append(self._chunk(choice.index, p.DeltaMessage(tool_calls=[tool])))
+        if choice.finish_reason is not None:
+            out.append(self._chunk(choice.index, p.DeltaMessage(), finish_reason=choice.openai_finish_reason,
+                                   stop_reason=choice.stop_reason))
+        return out
+
+    def usage_chunk(self, gen: Generation) -> str:
+        return sse(p.ChatCompletionChunk(id=self.request_id, created=self.created, model=self.model,
+                                         choices=[], usage=gen.usage()))
+
+    def response(self, gen: Generation) -> p.ChatCompletionResponse:
+        choices = []
+        for c in gen.sorted_choices():
+            calls = [p.ToolCallOut(id=t.id, function=p.FunctionCallOut(name=t.name, arguments=t.arguments))
+                     for t in c.parsed.tool_calls]
+            message = p.ChatResponseMessage(content=c.parsed.content if c.parsed.content or not calls else None,
+                                            reasoning_content=c.parsed.reasoning_content or None,
+                                            tool_calls=calls or None)
+            choices.append(p.ChatChoice(index=c.index, message=message, finish_reason=c.openai_finish_reason,
+                                        stop_reason=c.stop_reason, logprobs=self._logprobs(c.token_ids, c.logprobs)))
+        return p.ChatCompletionResponse(id=self.request_id, created=self.created, model=self.model,
+                                        choices=choices, usage=gen.usage())
+
+
+class CompletionFormat:
+    """text_completion, whole or chunked; echo puts the prompt before the first text of each choice."""
+
+    def __init__(self, request_id: str, model: str, body: p.CompletionRequest, prompt_texts: list[str],
+                 prompt_ids: list[list[int]], decode: Callable[[int], str]) -> None:
+        self.request_id, self.model, self.body = request_id, model, body
+        self.prompt_texts, self.prompt_ids, self.decode = prompt_texts, prompt_ids, decode
+        self.created = int(time.time())
+        self.offsets: dict[int, int] = {}  # text_offset reached per choice
+
+    def _piece(self, gen: Generation, choice: Choice, prompt_index: int, text: str, token_ids: list[int],
+               entries: list[dict[int, Logprob]], first: bool) -> p.CompletionChoice:
+        """A choice's text and logprobs for some tokens, with the echoed prompt before the first."""
+        entries_in: list[dict[int, Logprob] | None] = list(entries)
+        if first and self.body.echo:
+            prompt = self.prompt_ids[prompt_index]
+            text = self.prompt_texts[prompt_index] + text
+            token_ids = prompt + token_ids
+            entries_in = (gen.prompts[prompt_index].logprobs or [None] * len(prompt)) + entries_in
+        logprobs = None
+        if self.body.logprobs is not None:
+            offset = self.offsets.get(choice.index, 0)
+            logprobs = completion_logprobs(token_ids, entries_in, self.body.logprobs, offset, self.decode)
+            self.offsets[choice.index] = offset + sum(len(token) for token in logprobs.tokens)
+        return p.CompletionChoice(index=choice.index, text=text, logprobs=logprobs,
+                                  finish_reason=choice.finish_reason, stop_reason=choice.stop_reason)
+
+    def chunks(self, gen: Generation, choice: Choice, delta: CompletionOutput, piece: ParsedText,
+               prompt_index: int) -> list[str]:
+        first, choice.started = not choice.started, True
+        item = self._piece(gen, choice, prompt_index, piece.content, delta.token_ids, delta.logprobs or [], first)
+        if not (item.text or item.finish_reason or (item.logprobs and item.logprobs.tokens)):
+            return []
+        return [sse(p.CompletionResponse(id=self.request_id, created=self.created, model=self.model,
+                                         choices=[item]))]
+
+    def usage_chunk(self, gen: Generation) -> str:
+        return sse(p.CompletionResponse(id=self.request_id, created=self.created, model=self.model,
+                                        choices=[], usage=gen.usage()))
+
+    def response(self, gen: Generation) -> p.CompletionResponse:
+        choices = [self._piece(gen, c, c.index // gen.n, c.parsed.content, c.token_ids, c.logprobs, True)
+                   for c in gen.sorted_choices()]
+        return p.CompletionResponse(id=self.request_id, created=self.created, model=self.model,
+                                    choices=choices, usage=gen.usage())
+
+
+Format = ChatFormat | CompletionFormat
+
+
+# ------------------------------------------------------------------ logprobs
+
+def _top(entry: dict[int, Logprob], top_n: int) -> list[Logprob]:
+    return sorted((lp for lp in entry.values() if lp.rank <= top_n), key=lambda lp: lp.rank)[:top_n]
+
+
+def chat_logprobs(token_ids: list[int], entries: list[dict[int, Logprob]], top_n: int) -> p.ChatLogprobs:
+    """From the engine's per-token entries (the chosen token plus the top ones)."""
+    def item(lp: Logprob) -> p.TopLogprob:
+        token = lp.decoded_token or ""
+        return p.TopLogprob(token=token, logprob=lp.logprob, bytes=list(token.encode()))
+
+    content = []
+    for token_id, entry in zip(token_ids, entries):
+        chosen = item(entry[token_id])
+        content.append(p.TokenLogprob(**chosen.model_dump(), top_logprobs=[item(lp) for lp in _top(entry, top_n)]))
+    return p.ChatLogprobs(content=content)
+
+
+def completion_logprobs(token_ids: list[int], entries: list[dict[int, Logprob] | None], top_n: int, offset: int,
+                        decode: Callable[[int], str]) -> p.CompletionLogprobs:
+    """The legacy format; a None entry (a prompt's first token) has no logprob."""
+    out = p.CompletionLogprobs()
+    for token_id, entry in zip(token_ids, entries):
+        token = (entry[token_id].decoded_token if entry else None) or decode(token_id)
+        out.tokens.append(token)
+        out.token_logprobs.append(entry[token_id].logprob if entry else None)
+        out.top_logprobs.append({lp.decoded_token or "": lp.logprob for lp in _top(entry, top_n)}
+                                if entry else None)
+        out.text_offset.append(offset)
+        offset += len(token)
+    return out
