@@ -26,6 +26,14 @@ def row(output: list[int] | None = None, prompt: list[int] | None = None, stop_i
                        list(stop_ids or []))
 
 
+def steps(**params):
+    """One sequence's rows, step after step: a new row each step (a row draws once), one generator."""
+    first = row(**params)
+    yield first
+    while True:
+        yield SamplingRow(first.params, [], [], first.generator, [])
+
+
 def draws(logits: torch.Tensor, n: int, seed: int = 0, **params) -> torch.Tensor:
     """n tokens drawn from the one-row logits, as batches of identical rows (256 on a real vocabulary)."""
     torch.manual_seed(seed)
@@ -73,8 +81,8 @@ def test_same_seed_same_tokens_different_seeds_differ():
     logits = torch.randn(1, VOCAB)
 
     def run(seed: int) -> list[int]:
-        r = row(temperature=1.0, seed=seed)
-        return [sampler(logits, [r]).token_ids[0] for _ in range(10)]
+        rows = steps(temperature=1.0, seed=seed)
+        return [sampler(logits, [next(rows)]).token_ids[0] for _ in range(10)]
 
     assert run(7) == run(7)
     assert run(7) != run(8)
@@ -84,11 +92,11 @@ def test_seeded_row_ignores_the_rest_of_the_batch():
     logits = torch.randn(6, VOCAB)
     logits[:, torch.randperm(VOCAB)[:100]] += 8.0  # a nucleus of dozens of tokens, as real logits have
     params = dict(temperature=0.8, top_p=0.9, seed=1234)
-    alone_row = row(**params)
-    alone = [sampler(logits[:1], [alone_row]).token_ids[0] for _ in range(10)]
-    seeded = row(**params)
+    alone_rows = steps(**params)
+    alone = [sampler(logits[:1], [next(alone_rows)]).token_ids[0] for _ in range(10)]
+    seeded = steps(**params)
     others = [row(), row(temperature=0), row(seed=5, top_k=20), row(min_p=0.1), row(repetition_penalty=1.3)]
-    batched = [sampler(logits, [seeded, *others]).token_ids[0] for _ in range(10)]
+    batched = [sampler(logits, [next(seeded), *others]).token_ids[0] for _ in range(10)]
     assert batched == alone
     assert len(set(alone)) > 1  # it really sampled
 
@@ -263,3 +271,10 @@ def test_timing_mixed_batch_vs_greedy():
         print(f"\nsampler 64 x {VOCAB}, {name}: {(time.perf_counter() - start) / 3 * 1e3:.1f} ms/step")
         plain_greedy = [i for i, r in enumerate(rows) if r.params.greedy]
         assert [out.token_ids[i] for i in plain_greedy] == logits[plain_greedy].argmax(-1).tolist()
+
+
+def test_a_top_p_too_small_for_float32_keeps_only_the_top_token():
+    """5e-324 is a valid top_p in (0, 1] but 0 in float32: the nucleus is the top token, not an index error."""
+    logits = torch.randn(3, VOCAB)
+    out = sampler(logits, [row(top_p=5e-324, seed=i) for i in range(3)])
+    assert out.token_ids == logits.argmax(-1).tolist()

@@ -7,7 +7,7 @@ from tqdm import tqdm
 
 from zhuzi.config import EngineConfig
 from zhuzi.engine.engine import Engine
-from zhuzi.outputs import CompletionOutput, RequestOutput
+from zhuzi.outputs import CompletionOutput, RequestError, RequestOutput
 from zhuzi.sampling_params import SamplingParams
 
 
@@ -27,6 +27,7 @@ def merge(total: RequestOutput | None, delta: RequestOutput) -> RequestOutput:
     total.finished, total.metrics = delta.finished, delta.metrics
     total.num_cached_tokens = delta.num_cached_tokens
     total.prompt_logprobs = delta.prompt_logprobs or total.prompt_logprobs
+    total.error = delta.error
     return total
 
 
@@ -44,7 +45,8 @@ class LLM:
     def generate(self, prompts: str | list[int] | list[str] | list[list[int]],
                  sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = False) -> list[RequestOutput]:
-        """Run every prompt as one batch; results come back in the order of the prompts."""
+        """Run every prompt as one batch; results come back in the order of the prompts. A prompt the
+        engine failed (see Engine.step) raises RequestError once the others have finished."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         params = sampling_params or SamplingParams()
@@ -60,7 +62,10 @@ class LLM:
                 for delta in self.engine.step():
                     results[delta.request_id] = merge(results.get(delta.request_id), delta)
                     bar.update(delta.finished)
-        return [results[rid] for rid in ids]
+        outputs = [results[rid] for rid in ids]
+        if failed := [f"prompt {i}: {out.error}" for i, out in enumerate(outputs) if out.error]:
+            raise RequestError("generation failed for " + "; ".join(failed))
+        return outputs
 
     def chat(self, messages: list[dict] | list[list[dict]], sampling_params: SamplingParams | None = None,
              **template_options) -> list[RequestOutput]:

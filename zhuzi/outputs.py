@@ -67,7 +67,7 @@ class CompletionOutput:
     token_ids: list[int]
     cumulative_logprob: float | None = None
     logprobs: SampleLogprobs | None = None
-    finish_reason: str | None = None  # "stop" | "length" | "abort" | None while running
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error" | None while running
     stop_reason: int | str | None = None  # the stop string or stop token id that ended it
 
     @classmethod
@@ -85,6 +85,11 @@ class RequestOutput:
     metrics: RequestMetrics | None = None
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
     num_cached_tokens: int = 0
+    error: str | None = None  # set (and finished) when the engine failed this request
+
+
+class RequestError(RuntimeError):
+    """The engine failed this request while running it; other requests were not affected."""
 
 
 @dataclass

@@ -7,6 +7,7 @@ only builds small index tensors.
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import chain
@@ -47,6 +48,12 @@ class SamplingRow:
     @property
     def forbids_stop(self) -> bool:
         return bool(self.stop_ids) and len(self.output_token_ids) < self.params.min_tokens
+
+    @functools.cached_property
+    def uniform(self) -> torch.Tensor:
+        """The row's one random draw of this step, taken once: a row sampled again on its own (after a
+        neighbour failed the batch) draws the same number, so its result does not change."""
+        return torch.rand(1, dtype=torch.float64, generator=self.generator)
 
     @property
     def needs_processing(self) -> bool:
@@ -151,7 +158,7 @@ def _draw(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
     _truncate(logits, rows)
     # Inverse-CDF sampling takes a single uniform per row, from the row's own
     # generator, so a seeded row draws the same whatever else is in the batch.
-    uniforms = torch.cat([torch.rand(1, dtype=torch.float64, generator=r.generator) for r in rows])
+    uniforms = torch.cat([r.uniform for r in rows])
     return _inverse_cdf(logits.softmax(dim=-1), uniforms.to(logits.device))
 
 
@@ -223,7 +230,8 @@ def _outside_top_p(logits: torch.Tensor, params: list[SamplingParams]) -> torch.
     for size in (*_TOP_P_CANDIDATES, vocab):
         best = _select(probs, pending).topk(min(size, vocab), dim=-1).values
         mass_before = F.pad(best.cumsum(dim=-1)[:, :-1], (1, 0))
-        kept = (mass_before < top_p[pending, None]).sum(dim=-1)  # >= 1: the top token always stays
+        # The top token always stays, also for a top_p too small for float32 (5e-324 becomes 0).
+        kept = (mass_before < top_p[pending, None]).sum(dim=-1).clamp(min=1)
         # Also done: rows whose candidates already reach the tokens ruled out before.
         done = (kept < best.shape[1]) | (best.shape[1] == vocab) | (best[:, -1] == 0)
         floor[pending[done]] = best[done].gather(1, kept[done, None] - 1).squeeze(1)

@@ -1,10 +1,17 @@
 """Sampling parameters, with vLLM's names and meanings; their checks and defaults live here."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from typing import Any
 
 # Smaller positive temperatures are raised to this, as vLLM does: logits / 1e-40 overflow to NaN.
 MIN_TEMPERATURE = 0.01
+MAX_N = 128  # OpenAI's limit; also keeps seed + i (sample i of n) within 64 bits
+# Counts and top_k end up in int64 tensors or loops: bound them far above any real use, far below overflow.
+MAX_COUNT = 2**31 - 1
+MIN_SEED, MAX_SEED = -(2**63), 2**63 - 1  # int64; torch's generators take any 64-bit seed
+MAX_LOGPROBS = 20
 
 
 class InvalidRequest(ValueError):
@@ -43,37 +50,56 @@ class SamplingParams:
         self.stop_token_ids = list(self.stop_token_ids or [])
         if self.top_k == -1:
             self.top_k = 0
-        if 0 < self.temperature < MIN_TEMPERATURE:
+        if _float_in(self.temperature, 0, MIN_TEMPERATURE) and self.temperature > 0:
             self.temperature = MIN_TEMPERATURE
         self.logit_bias = {int(k): float(v) for k, v in (self.logit_bias or {}).items()} or None
         self._validate()
 
     def _validate(self) -> None:
+        """Every field in its range, so that nothing a request carries can fail a step later (the engine
+        adds what only it knows: token ids and top_k against the vocabulary, lengths against the context)."""
         checks = [
-            ("n", self.n >= 1, "must be at least 1"),
-            ("temperature", self.temperature >= 0, "must be non-negative"),
-            ("top_p", 0 < self.top_p <= 1, "must be in (0, 1]"),
-            ("top_k", self.top_k >= 0, "must be -1 (off), 0 (off) or positive"),
-            ("min_p", 0 <= self.min_p <= 1, "must be in [0, 1]"),
-            ("presence_penalty", -2 <= self.presence_penalty <= 2, "must be in [-2, 2]"),
-            ("frequency_penalty", -2 <= self.frequency_penalty <= 2, "must be in [-2, 2]"),
-            ("repetition_penalty", self.repetition_penalty > 0, "must be greater than 0"),
-            ("min_tokens", self.min_tokens >= 0, "must be non-negative"),
-            ("max_tokens", self.max_tokens is None or self.max_tokens >= 1, "must be at least 1"),
-            ("min_tokens", self.max_tokens is None or self.min_tokens <= self.max_tokens,
-             "must not exceed max_tokens"),
-            ("logprobs", self.logprobs is None or 0 <= self.logprobs <= 20, "must be in [0, 20]"),
-            ("prompt_logprobs", self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= 20,
-             "must be in [0, 20]"),
-            ("logit_bias", all(-100 <= v <= 100 for v in (self.logit_bias or {}).values()),
+            ("n", _int_in(self.n, 1, MAX_N), f"must be an integer in [1, {MAX_N}]"),
+            ("temperature", _float_in(self.temperature, 0, math.inf), "must be a non-negative number"),
+            ("top_p", _float_in(self.top_p, 0, 1) and self.top_p > 0, "must be in (0, 1]"),
+            ("top_k", _int_in(self.top_k, 0, MAX_COUNT), f"must be -1 or 0 (off), or a count up to {MAX_COUNT}"),
+            ("min_p", _float_in(self.min_p, 0, 1), "must be in [0, 1]"),
+            ("presence_penalty", _float_in(self.presence_penalty, -2, 2), "must be in [-2, 2]"),
+            ("frequency_penalty", _float_in(self.frequency_penalty, -2, 2), "must be in [-2, 2]"),
+            ("repetition_penalty", _float_in(self.repetition_penalty, 0, math.inf) and self.repetition_penalty > 0,
+             "must be a number greater than 0"),
+            ("seed", self.seed is None or _int_in(self.seed, MIN_SEED, MAX_SEED), "must be a 64-bit signed integer"),
+            ("min_tokens", _int_in(self.min_tokens, 0, MAX_COUNT), f"must be an integer in [0, {MAX_COUNT}]"),
+            ("max_tokens", self.max_tokens is None or _int_in(self.max_tokens, 1, MAX_COUNT),
+             f"must be an integer in [1, {MAX_COUNT}]"),
+            ("min_tokens", not (_int_in(self.min_tokens, 0, MAX_COUNT) and _int_in(self.max_tokens, 1, MAX_COUNT))
+             or self.min_tokens <= self.max_tokens, "must not exceed max_tokens"),
+            ("logprobs", self.logprobs is None or _int_in(self.logprobs, 0, MAX_LOGPROBS),
+             f"must be an integer in [0, {MAX_LOGPROBS}]"),
+            ("prompt_logprobs", self.prompt_logprobs is None or _int_in(self.prompt_logprobs, 0, MAX_LOGPROBS),
+             f"must be an integer in [0, {MAX_LOGPROBS}]"),
+            ("logit_bias", all(_float_in(v, -100, 100) for v in (self.logit_bias or {}).values()),
              "values must be in [-100, 100]"),
-            ("stop", all(isinstance(s, str) and s for s in self.stop_strings),
-             "must be non-empty strings"),
+            ("stop", all(isinstance(s, str) and s for s in self.stop_strings), "must be non-empty strings"),
         ]
         for name, ok, why in checks:
             if not ok:
-                raise InvalidRequest(name, f"{name} {why}, got {getattr(self, name)!r}")
+                raise InvalidRequest(name, f"{name} {why}, got {_short(getattr(self, name))}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+def _int_in(value: Any, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def _float_in(value: Any, low: float, high: float) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
+        and low <= value <= high
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."

@@ -37,3 +37,11 @@ def test_an_overlong_request_names_both_numbers_and_the_openai_code(small_vocab_
     with pytest.raises(InvalidRequest) as info:
         small_vocab_llm.generate([[5] * 4000], SamplingParams(max_tokens=200))
     assert info.value.code == "context_length_exceeded" and "4096" in str(info.value)
+
+
+def test_top_k_beyond_the_vocabulary_is_refused(small_vocab_llm):
+    with pytest.raises(InvalidRequest) as info:
+        small_vocab_llm.generate([[5]], SamplingParams(max_tokens=2, top_k=1001))
+    assert info.value.param == "top_k" and "1000" in str(info.value)
+    out = small_vocab_llm.generate([[5]], SamplingParams(max_tokens=2, top_k=1000, seed=1))[0]
+    assert len(out.outputs[0].token_ids) == 2

@@ -1,4 +1,9 @@
-"""The step loop: schedule -> run the model -> sample -> detokenize -> stop checks -> outputs."""
+"""The step loop: schedule -> run the model -> sample -> detokenize -> stop checks -> outputs.
+
+A fault stays with the request that caused it: a row whose sampling or bookkeeping raises fails
+its request alone (its output carries the error) while the rest of the batch goes on; a failure of
+the whole step (the forward pass) is retried once, and then fails only that step's requests.
+"""
 from __future__ import annotations
 
 import itertools
@@ -11,9 +16,9 @@ import torch
 from zhuzi.config import EngineConfig
 from zhuzi.detokenizer import IncrementalDetokenizer
 from zhuzi.engine.block_manager import BlockManager
-from zhuzi.engine.model_runner import ModelRunner, PromptLogprobs
+from zhuzi.engine.model_runner import ModelRunner, PromptLogprobs, StepResult
 from zhuzi.engine.scheduler import Scheduler
-from zhuzi.engine.sequence import Sequence
+from zhuzi.engine.sequence import ScheduledSeq, Sequence
 from zhuzi.model.decoder import Decoder
 from zhuzi.model.loader import load_checkpoint
 from zhuzi.outputs import CompletionOutput, EngineStats, Logprob, RequestMetrics, RequestOutput
@@ -36,10 +41,15 @@ class Request:
     prompt_logprobs: PromptLogprobs | None = None  # complete once the prompt is computed
     partial_prompt_logprobs: PromptLogprobs = field(default_factory=list)
     deltas: dict[int, CompletionOutput] = field(default_factory=dict)  # news since the last output
+    error: str | None = None  # why the engine failed this request
 
     @property
     def finished(self) -> bool:
         return all(s.finished for s in self.seqs)
+
+    @property
+    def wants_logprobs(self) -> bool:
+        return self.params.logprobs is not None
 
 
 class Engine:
@@ -92,6 +102,8 @@ class Engine:
         self.check_token_ids(ids, "prompt")
         self.check_token_ids(list(params.logit_bias or {}), "logit_bias")
         self.check_token_ids(params.stop_token_ids, "stop_token_ids")
+        if params.top_k > (vocab := self.model_config.vocab_size):
+            raise InvalidRequest("top_k", f"top_k must be at most the vocabulary size {vocab}, got {params.top_k}")
         total = len(ids) + (params.max_tokens or 1)
         if total > self.max_model_len:
             raise InvalidRequest(None, (
@@ -122,14 +134,18 @@ class Engine:
         for seq in seqs:
             self.scheduler.add(seq)
 
-    def abort(self, request_id: str) -> None:
-        """Free the request's blocks now, in whatever state it is."""
-        req = self.requests.pop(request_id, None)
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """End the request now, in whatever state it is, and free its blocks. Its last output gives every
+        sample still running finish_reason "abort" and the text held back so far."""
+        req = self.requests.get(request_id)
         if req is None:
-            return
+            return None
         for seq in req.seqs:
             if not seq.finished:
+                delta = req.deltas.setdefault(seq.index, CompletionOutput.empty(seq.index, req.wants_logprobs))
+                delta.text += req.detokenizers[seq.index].flush()
                 self.scheduler.finish(seq, "abort")
+        return self._output(req)
 
     def has_unfinished(self) -> bool:
         return bool(self.requests)
@@ -146,20 +162,53 @@ class Engine:
         if not batch:
             return []
         start = time.monotonic()
-        result = self.runner.execute(batch)
+        touched = {item.seq.request_id: self.requests[item.seq.request_id] for item in batch}
+        try:
+            result = self._execute(batch)
+        except Exception as exc:  # failed twice: these requests end with the error; the engine goes on
+            for req in touched.values():
+                self._fail(req, exc)
+            return [self._output(req) for req in touched.values()]
         now = time.monotonic()
-        touched: dict[str, Request] = {}
+        failed = {item.seq.request_id: exc for item, exc in result.failed}
         for item in batch:
-            seq = item.seq
-            req = touched.setdefault(seq.request_id, self.requests[seq.request_id])
+            seq, req = item.seq, touched[item.seq.request_id]
             req.metrics.first_scheduled_time = req.metrics.first_scheduled_time or start
-            if seq.seq_id in result.prompt_logprobs:
-                self._collect_prompt_logprobs(req, seq, result.prompt_logprobs[seq.seq_id])
+            if seq.seq_id in result.prompt_logprobs and req.request_id not in failed:
+                try:
+                    self._collect_prompt_logprobs(req, seq, result.prompt_logprobs[seq.seq_id])
+                except Exception as exc:
+                    failed[req.request_id] = exc
             seq.num_computed_tokens += item.num_new_tokens
             self.blocks.register_computed(seq)
         for item, token, logprobs in result.sampled:
-            self._append_token(touched[item.seq.request_id], item.seq, token, logprobs, now, now - start)
+            req = touched[item.seq.request_id]
+            if req.request_id not in failed:
+                try:
+                    self._append_token(req, item.seq, token, logprobs, now, now - start)
+                except Exception as exc:
+                    failed[req.request_id] = exc
+        for request_id, exc in failed.items():
+            self._fail(touched[request_id], exc)
         return [self._output(req) for req in touched.values()]
+
+    def _execute(self, batch: list[ScheduledSeq]) -> StepResult:
+        """Run the step; a failure of the whole step (not of one row: the runner keeps those apart) may be
+        passing, so the step is tried once more before its requests give up."""
+        try:
+            return self.runner.execute(batch)
+        except Exception:
+            log.exception("a step of %d sequences failed; trying it once more", len(batch))
+            return self.runner.execute(batch)
+
+    def _fail(self, req: Request, exc: Exception) -> None:
+        """End this request alone with the error; its blocks go back, its samples finish as "error"."""
+        log.error("request %s failed: %s: %s", req.request_id, type(exc).__name__, exc, exc_info=exc)
+        req.error = f"{type(exc).__name__}: {exc}"
+        for seq in req.seqs:
+            if not seq.finished:
+                req.deltas.setdefault(seq.index, CompletionOutput.empty(seq.index, req.wants_logprobs))
+                self.scheduler.finish(seq, "error")
 
     def _collect_prompt_logprobs(self, req: Request, seq: Sequence, entries: PromptLogprobs) -> None:
         """Called before the chunk counts as computed; a preempted prompt starts over from its first token."""
@@ -183,7 +232,7 @@ class Engine:
         m.first_token_time = m.first_token_time or now
         m.last_token_time = now
         seq.token_ids.append(token)
-        delta = req.deltas.setdefault(seq.index, CompletionOutput.empty(seq.index, p.logprobs is not None))
+        delta = req.deltas.setdefault(seq.index, CompletionOutput.empty(seq.index, req.wants_logprobs))
         delta.token_ids.append(token)
         if logprobs is not None:
             self._decode_logprob_tokens([logprobs])
@@ -234,4 +283,4 @@ class Engine:
             req.metrics.num_cached_tokens = req.seqs[0].num_cached_tokens
             del self.requests[req.request_id]
         return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, deltas, finished, req.metrics,
-                             req.prompt_logprobs, req.seqs[0].num_cached_tokens)
+                             req.prompt_logprobs, req.seqs[0].num_cached_tokens, req.error)

@@ -2,7 +2,7 @@
 samples, and scores prompt tokens for prompt_logprobs."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -22,8 +22,10 @@ PromptLogprobs = list[dict[int, Logprob] | None]
 
 @dataclass
 class StepResult:
-    sampled: list[tuple[ScheduledSeq, int, dict[int, Logprob] | None]]  # (item, token, logprobs)
-    prompt_logprobs: dict[int, PromptLogprobs]  # seq_id -> entries of the prompt tokens this chunk predicts
+    sampled: list[tuple[ScheduledSeq, int, dict[int, Logprob] | None]] = field(default_factory=list)
+    # seq_id -> entries of the prompt tokens this chunk predicts
+    prompt_logprobs: dict[int, PromptLogprobs] = field(default_factory=dict)
+    failed: list[tuple[ScheduledSeq, Exception]] = field(default_factory=list)  # rows that failed alone
 
 
 class ModelRunner:
@@ -80,17 +82,36 @@ class ModelRunner:
                 sample_rows.append(row + n - 1)
         meta = self._metadata(batch, slot_mapping)
         hidden = self.model.forward(self._tensor(input_ids), self._tensor(positions), meta, self.kv_cache)
+        result = StepResult()
+        for s, row in prompt_rows:
+            try:
+                result.prompt_logprobs[s.seq.seq_id] = self._prompt_logprobs(s, hidden[row:])
+            except Exception as exc:
+                result.failed.append((s, exc))
         sampling = [s for s in batch if s.samples]
-        result = StepResult([], {s.seq.seq_id: self._prompt_logprobs(s, hidden[row:]) for s, row in prompt_rows})
         if not sampling:
             return result
         logits = self.model.logits(hidden[self._tensor(sample_rows)])
         rows = [SamplingRow(s.seq.params, s.seq.output_token_ids, s.seq.prompt_token_ids, s.seq.generator,
                             self.eos_ids + s.seq.params.stop_token_ids) for s in sampling]
-        out = self.sampler(logits, rows)
-        logprobs = out.logprobs or [None] * len(sampling)
-        result.sampled = list(zip(sampling, out.token_ids, logprobs))
+        for item, outcome in zip(sampling, self._sample(logits, rows)):
+            if isinstance(outcome, Exception):
+                result.failed.append((item, outcome))
+            else:
+                result.sampled.append((item, *outcome))
         return result
+
+    def _sample(self, logits: torch.Tensor,
+                rows: list[SamplingRow]) -> list[tuple[int, dict[int, Logprob] | None] | Exception]:
+        """Each row's token and logprobs, or the exception that row alone raises: when the batch fails,
+        each row is sampled again on its own (with the same random draw) to find the culprits."""
+        try:
+            out = self.sampler(logits, rows)
+        except Exception as exc:
+            if len(rows) == 1:
+                return [exc]
+            return [outcome for i in range(len(rows)) for outcome in self._sample(logits[i:i + 1], rows[i:i + 1])]
+        return list(zip(out.token_ids, out.logprobs or [None] * len(rows)))
 
     def _prompt_logprobs(self, item: ScheduledSeq, hidden: torch.Tensor) -> PromptLogprobs:
         """Each prompt token's logprob given those before it (+ the top k), for the tokens this chunk
