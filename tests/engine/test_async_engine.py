@@ -1,12 +1,16 @@
-"""The asyncio bridge: streams of deltas, cancellation aborts, the event loop stays free."""
+"""The asyncio bridge: streams of deltas, cancellation aborts, the event loop stays free, faults stay with
+their request, and health() tells a stalled or failed engine from a working one."""
 import asyncio
+import threading
 import time
 
 import pytest
+from faults import Unchecked
 
 from zhuzi import SamplingParams
 from zhuzi.config import EngineConfig
-from zhuzi.engine.async_engine import AsyncEngine
+from zhuzi.engine.async_engine import AsyncEngine, EngineDead
+from zhuzi.outputs import RequestError
 
 
 @pytest.fixture(scope="module")
@@ -87,3 +91,86 @@ def test_a_request_that_cannot_fit_raises_for_that_request_only(engine):
 
     text, outs = asyncio.run(main())
     assert outs[-1].finished and text
+
+
+def test_a_request_the_engine_fails_raises_for_it_alone(engine):
+    """The reported bug: one request's failure inside a step ended every stream with "engine error"."""
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    culprit = Unchecked(temperature=1.0, logprobs=2**64, max_tokens=24)  # overflows in the sampler
+
+    async def main():
+        solo = await collect(engine, "The capital of France is", params, "solo")
+        neighbours = [asyncio.ensure_future(collect(engine, "The capital of France is", params, f"neighbour-{i}"))
+                      for i in range(3)]
+        with pytest.raises(RequestError, match="Overflow"):
+            await collect(engine, "Hi", culprit, "culprit")
+        return solo, await asyncio.gather(*neighbours)
+
+    (solo_text, _), neighbours = asyncio.run(main())
+    assert [text for text, _ in neighbours] == [solo_text] * 3
+    assert all(outs[-1].outputs[0].finish_reason == "length" for _, outs in neighbours)
+
+
+def test_abort_ends_a_stream_that_is_still_read_with_finish_reason_abort(engine):
+    async def main():
+        outs = []
+        params = SamplingParams(temperature=0, max_tokens=400, ignore_eos=True)
+        async for out in engine.generate("Tell me a story", params, "ended"):
+            outs.append(out)
+            if len(outs) == 3:
+                engine.abort("ended")  # as a shutdown or --request-timeout does
+        return outs
+
+    outs = asyncio.run(main())
+    assert outs[-1].finished and outs[-1].outputs[0].finish_reason == "abort"
+    assert len(outs) < 20
+
+
+def test_health_tells_a_stall_with_work_pending_from_an_idle_engine(engine):
+    step, stalled = engine.engine.step, threading.Event()
+
+    def slow_step():
+        if not stalled.is_set():
+            stalled.set()
+            time.sleep(1.0)
+        return step()
+
+    async def main():
+        await asyncio.sleep(0.5)
+        idle = engine.health(stall_timeout=0.3)  # no work for a while: an old heartbeat is no stall
+        task = asyncio.ensure_future(collect(engine, "Hi", SamplingParams(temperature=0, max_tokens=4), "slow"))
+        seen = []
+        while not task.done():
+            seen.append(engine.health(stall_timeout=0.3))
+            await asyncio.sleep(0.05)
+        await task
+        return idle, seen
+
+    engine.engine.step = slow_step
+    try:
+        idle, seen = asyncio.run(main())
+    finally:
+        del engine.engine.step
+    assert idle is None
+    assert any(problem and "no progress for" in problem for problem in seen)
+    assert engine.health(stall_timeout=0.3) is None  # it moved again
+
+
+def test_a_failed_engine_loop_ends_every_stream_and_refuses_later_requests():
+    dying = AsyncEngine(EngineConfig(kv_cache_memory="16MiB"))
+
+    def broken():
+        raise RuntimeError("the scheduler's state is broken")
+
+    async def main():
+        stream = dying.generate("Tell me a story", SamplingParams(max_tokens=400, ignore_eos=True), "running")
+        await anext(stream)
+        dying.engine.scheduler.schedule = broken
+        with pytest.raises(EngineDead, match="scheduler's state is broken"):
+            async for _ in stream:
+                pass
+        with pytest.raises(EngineDead):
+            await anext(dying.generate("Hi", SamplingParams(max_tokens=4), "later"))
+
+    asyncio.run(main())
+    assert dying.health(stall_timeout=60) == "the engine failed: RuntimeError: the scheduler's state is broken"

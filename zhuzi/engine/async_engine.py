@@ -1,4 +1,9 @@
-"""asyncio bridge for the server: the step loop runs in a thread; each request gets its own stream."""
+"""asyncio bridge for the server: the step loop runs in a thread; each request gets its own stream.
+
+The loop beats a heartbeat after every step, so health() tells a working engine from one whose
+thread is gone, whose loop failed, or that has work and has stopped making progress. The server
+asks only health() and fail(), so the engine can move to a process of its own behind them.
+"""
 from __future__ import annotations
 
 import asyncio
@@ -11,7 +16,7 @@ from dataclasses import dataclass
 
 from zhuzi.config import EngineConfig
 from zhuzi.engine.engine import Engine
-from zhuzi.outputs import EngineStats, RequestOutput
+from zhuzi.outputs import EngineStats, RequestError, RequestOutput
 from zhuzi.sampling_params import SamplingParams
 
 log = logging.getLogger("zhuzi")
@@ -21,6 +26,10 @@ log = logging.getLogger("zhuzi")
 class _Stream:
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue  # RequestOutput deltas, or an Exception
+
+
+class EngineDead(RuntimeError):
+    """The engine can run nothing more (its loop failed, or it was declared stalled)."""
 
 
 class AsyncEngine:
@@ -33,16 +42,21 @@ class AsyncEngine:
         self._commands: queue.SimpleQueue = queue.SimpleQueue()  # only the loop thread touches the engine
         self._streams: dict[str, _Stream] = {}
         self._wake = threading.Event()
+        self._failure: str | None = None  # why the engine can run nothing more
+        self._idle = True  # the loop waits for work (an old heartbeat then means nothing)
+        self._heartbeat = time.monotonic()
         loaded: queue.SimpleQueue = queue.SimpleQueue()
         # The thread that first runs torch must live on: once the thread that started OpenMP's
         # first team exits, libgomp makes every later team crawl (measured: 7x slower steps).
-        threading.Thread(target=self._run, args=(config, loaded), name="zhuzi-engine", daemon=True).start()
+        self._thread = threading.Thread(target=self._run, args=(config, loaded), name="zhuzi-engine", daemon=True)
+        self._thread.start()
         error = loaded.get()
         if error is not None:
             raise error
         self.config = self.engine.config
         self.tokenizer = self.engine.tokenizer
         self.max_model_len = self.engine.max_model_len
+        self.vocab_size = self.engine.model_config.vocab_size
         path = self.engine.model_path
         self.model_name = path.name.split(".")[0] if path.is_file() else path.name
         self._stats = self.engine.stats()
@@ -54,19 +68,49 @@ class AsyncEngine:
             loaded.put(e)
             return
         loaded.put(None)
-        self._loop()
+        try:
+            self._loop()
+        except BaseException as exc:  # the engine's own state may be broken: nothing more may run on it
+            log.critical("the engine loop failed; every request ends with an error", exc_info=exc)
+            self.fail(f"the engine failed: {type(exc).__name__}: {exc}")
 
     def stats(self) -> EngineStats:
         return self._stats
+
+    def health(self, stall_timeout: float) -> str | None:
+        """None while the engine works; otherwise what is wrong: it failed, its thread is gone, or it has
+        work and has not finished a step for stall_timeout seconds (0: never counted as stalled)."""
+        if self._failure is not None:
+            return self._failure
+        if not self._thread.is_alive():
+            return "the engine thread has stopped"
+        silent = time.monotonic() - self._heartbeat
+        if stall_timeout and not self._idle and silent > stall_timeout:
+            return f"the engine has made no progress for {silent:.0f} s with requests pending"
+        return None
+
+    def fail(self, reason: str) -> None:
+        """Declare the engine unusable: every open stream and every later request gets EngineDead(reason).
+        Safe from any thread."""
+        if self._failure is None:
+            self._failure = reason
+        for request_id in list(self._streams):
+            self._deliver(request_id, EngineDead(reason))
 
     def check_token_ids(self, ids: list[int], param: str) -> None:
         self.engine.check_token_ids(ids, param)  # reads only the model's shape: safe from any thread
 
     async def generate(self, prompt: str | list[int], params: SamplingParams,
                        request_id: str) -> AsyncIterator[RequestOutput]:
-        """Yields deltas until the request finishes; closing the iterator aborts the request."""
+        """Yields deltas until the request finishes; closing the iterator aborts the request. A request the
+        engine failed raises RequestError; all of them raise EngineDead once the engine is gone."""
+        if self._failure is not None:
+            raise EngineDead(self._failure)
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
         self._streams[request_id] = stream
+        if self._failure is not None:  # failed between the check and the line above: fail() missed this stream
+            self._streams.pop(request_id)
+            raise EngineDead(self._failure)
         self._send(("add", request_id, prompt, params, time.monotonic()))
         finished = False
         try:
@@ -76,6 +120,8 @@ class AsyncEngine:
                     finished = True
                     raise item
                 finished = item.finished
+                if item.error is not None:
+                    raise RequestError(item.error)
                 yield item
         finally:
             self._streams.pop(request_id, None)
@@ -83,6 +129,7 @@ class AsyncEngine:
                 self.abort(request_id)
 
     def abort(self, request_id: str) -> None:
+        """End a request now; if its stream is still read, its last output says finish_reason "abort"."""
         self._send(("abort", request_id))
 
     def _send(self, command: tuple) -> None:
@@ -98,7 +145,8 @@ class AsyncEngine:
         while not self._commands.empty():
             kind, request_id, *rest = self._commands.get()
             if kind == "abort":
-                self.engine.abort(request_id)
+                if (out := self.engine.abort(request_id)) is not None:
+                    self._deliver(request_id, out)
                 continue
             try:
                 self.engine.add_request(request_id, *rest)
@@ -107,20 +155,16 @@ class AsyncEngine:
 
     def _loop(self) -> None:
         while True:
+            self._idle = True
             self._wake.wait()
             self._wake.clear()
+            self._heartbeat = time.monotonic()  # before leaving idle: health never sees a stale beat as busy
+            self._idle = False
             self._apply_commands()
             while self.engine.has_unfinished():
-                try:
-                    outputs = self.engine.step()
-                except Exception as e:  # a bug must not hang every client: fail the in-flight requests
-                    log.exception("engine step failed")
-                    for request_id in list(self.engine.requests):
-                        self.engine.abort(request_id)
-                        self._deliver(request_id, RuntimeError(f"engine error: {e}"))
-                    outputs = []
-                for out in outputs:
+                for out in self.engine.step():  # a request's own failure comes back as its output's error
                     self._deliver(out.request_id, out)
+                self._heartbeat = time.monotonic()
                 self._stats = self.engine.stats()
                 self._apply_commands()
             self._stats = self.engine.stats()
