@@ -149,7 +149,14 @@ class Tokenizer:
         return self.hf.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def token_strs(self, ids: list[int]) -> list[str]:
-        return self.hf.convert_ids_to_tokens(ids)
+        """Each id's token as the vocabulary writes it ("Ġworld")."""
+        return list(map(self._token_strs.__getitem__, ids))
+
+    @functools.cached_property
+    def _token_strs(self) -> list[str]:
+        # A table: converting a million ids one by one would hold the GIL for half a second.
+        size = max(len(self), max(self.hf.get_vocab().values()) + 1)
+        return [token or "" for token in self.hf.convert_ids_to_tokens(list(range(size)))]
 
     @functools.cached_property
     def token_bytes(self) -> list[bytes]:
@@ -216,13 +223,20 @@ class Tokenizer:
 
     def _encode_markup(self, doc: str, restore: Callable[[str], str]) -> list[int]:
         """Special-token strings in doc become their ids; the text between them, restored, is plain text."""
-        ids: list[int] = []
+        texts, markers = [], []
         start = 0
         for m in self._special_re.finditer(doc):
-            ids += self._encode_text(restore(doc[start:m.start()]))
-            ids.append(self._special_ids[m.group()])
+            texts.append(restore(doc[start:m.start()]))
+            markers.append([self._special_ids[m.group()]])
             start = m.end()
-        return ids + self._encode_text(restore(doc[start:]))
+        texts.append(restore(doc[start:]))
+        pieces = self._encode_texts(texts)
+        return [i for text, marker in zip(pieces, markers + [[]]) for i in text + marker]
 
     def _encode_text(self, text: str) -> list[int]:
-        return self._text.encode(text, add_special_tokens=False).ids if text else []
+        return self._encode_texts([text])[0]
+
+    def _encode_texts(self, texts: list[str]) -> list[list[int]]:
+        # A batch call, even for one text: the tokenizers library lets go of the GIL for a batch (not for a
+        # single encode), so tokenizing a long text never stalls the server's event loop or the engine.
+        return [e.ids for e in self._text.encode_batch_fast(texts, add_special_tokens=False)]
