@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from zhuzi import bench
@@ -35,21 +36,24 @@ def cmd_serve(args: argparse.Namespace) -> None:
 
     from zhuzi.engine.async_engine import AsyncEngine
     from zhuzi.server.app import create_app
+    from zhuzi.server.lifecycle import GracefulServer
 
+    # Tokenizing runs in the server's low-priority worker threads (see serving.py), not in a pool of its own.
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     config, engine_config = ServerConfig.from_cli_args(args), EngineConfig.from_cli_args(args)
     log.info("loading %s (%s) in the background; /health answers 503 until it is ready",
              engine_config.model or "the embedded SmolLM2-135M-Instruct", engine_config.dtype)
     holder: dict[str, uvicorn.Server] = {}
 
-    def stop(exc: BaseException) -> None:
+    def stop(reason: str) -> None:
         holder["server"].should_exit = True
 
-    app = create_app(lambda: AsyncEngine(engine_config), config, on_load_error=stop)
-    holder["server"] = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_config=None,
+    app = create_app(lambda: AsyncEngine(engine_config), config, on_failure=stop)
+    holder["server"] = GracefulServer(uvicorn.Config(app, host=config.host, port=config.port, log_config=None,
                                                      timeout_graceful_shutdown=2))
     holder["server"].run()
-    if (error := app.state.server.load_error) is not None:
-        raise SystemExit(f"zhuzi: failed to load the model: {error}")
+    if (failure := app.state.server.failure) is not None:
+        raise SystemExit(f"zhuzi: {failure}")  # exit status 1: a supervisor restarts the server
 
 
 def cmd_generate(args: argparse.Namespace) -> None:

@@ -180,3 +180,10 @@ class ServerConfig(Settings):
     rate_limit_rpm: int | None = setting(None, "requests per minute per key")
     rate_limit_tpm: int | None = setting(None, "prompt + completion tokens per minute per key")
     max_waiting: int = setting(256, "sequences that may queue beyond --max-num-seqs before 429")
+    max_request_body_bytes: int = setting(8 * 2**20, "larger request bodies get 413")
+    request_timeout: float | None = setting(None, "seconds after which a request still running ends with "
+                                                  "finish_reason 'abort' (default: no limit)")
+    shutdown_timeout: float = setting(30.0, "on SIGTERM or SIGINT, seconds the running requests may take to "
+                                            "finish before they end with finish_reason 'abort'")
+    engine_stall_timeout: float = setting(60.0, "seconds the engine may hold pending work without finishing a "
+                                                "step before /health says 503 and the server exits (0: never)")

@@ -19,6 +19,7 @@ START_TIMEOUT_S = 180.0
 class ServerProcess:
     url: str  # http://127.0.0.1:PORT
     log: Path
+    proc: subprocess.Popen
     health_statuses: list[int] = field(default_factory=list)  # what /health said while starting
 
     @property
@@ -36,13 +37,16 @@ def free_port() -> int:
 
 
 @contextmanager
-def running_server(log: Path, *args: str) -> Iterator[ServerProcess]:
-    """The embedded SmolLM2 in bf16 with a small KV pool (fast start), plus the given flags."""
+def running_server(log: Path, *args: str, inject: str = "") -> Iterator[ServerProcess]:
+    """The embedded SmolLM2 in bf16 with a small KV pool (fast start), plus the given flags. inject: Python
+    code the server process runs before it starts (a fault to plant in it)."""
     port = free_port()
-    server = ServerProcess(f"http://127.0.0.1:{port}", log)
-    command = [sys.executable, "-m", "zhuzi.cli", "serve", "--port", str(port), "--kv-cache-memory", "64MiB", *args]
+    launch = ["-c", f"{inject}\nimport sys\nfrom zhuzi.cli import main\nmain(sys.argv[1:])"] if inject else [
+        "-m", "zhuzi.cli"]
+    command = [sys.executable, *launch, "serve", "--port", str(port), "--kv-cache-memory", "64MiB", *args]
     with open(log, "w") as out:
         proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+    server = ServerProcess(f"http://127.0.0.1:{port}", log, proc)
     try:
         _wait_healthy(server, proc)
         yield server

@@ -294,6 +294,10 @@ MALFORMED = [  # (path, body: dict or raw bytes, status, param)
     (CHAT, {"messages": MESSAGES, "logit_bias": {"5": 1000}}, 400, "logit_bias"),
     (CHAT, {"messages": MESSAGES, "stop_token_ids": [-1]}, 400, "stop_token_ids"),
     (CHAT, {"messages": MESSAGES, "seed": 2**70}, 400, "seed"),
+    # The reported attack: passed validation, overflowed inside the engine's step, aborted every request.
+    (CHAT, {"messages": MESSAGES, "max_tokens": 4, "temperature": 1, "top_k": 2**64}, 400, "top_k"),
+    (CHAT, {"messages": MESSAGES, "top_k": 49153}, 400, "top_k"),  # beyond the vocabulary
+
     (CHAT, {"messages": MESSAGES, "stream": "maybe"}, 400, "stream"),
     (CHAT, {"messages": MESSAGES, "stream_options": {"include_usage": True}}, 400, None),
     (CHAT, {"messages": MESSAGES, "tool_choice": "required"}, 400, None),
@@ -313,6 +317,64 @@ MALFORMED = [  # (path, body: dict or raw bytes, status, param)
 ]
 
 
+LAX = [  # accepted with 200 before: types are strict where OpenAI's schema is, and roles have their rules
+    (CHAT, {"messages": MESSAGES, "temperature": False}, 400, "temperature"),
+    (CHAT, {"messages": MESSAGES, "max_tokens": "5"}, 400, "max_tokens"),
+    (CHAT, {"messages": MESSAGES, "max_tokens": 5.0}, 400, "max_tokens"),
+    (CHAT, {"messages": MESSAGES, "logprobs": True, "top_logprobs": False}, 400, "top_logprobs"),
+    (CHAT, {"messages": MESSAGES, "stream": 1}, 400, "stream"),
+    (CHAT, {"messages": [{"role": "user", "content": None}]}, 400, "messages.0.content"),
+    (CHAT, {"messages": [{"role": "user"}]}, 400, "messages.0.content"),
+    (CHAT, {"messages": [{"role": "tool", "content": "18 degrees"}]}, 400, "messages.0.tool_call_id"),
+    (CHAT, {"messages": [{"role": "assistant"}]}, 400, "messages.0"),
+    (COMPLETIONS, {"prompt": [1.0, 2.0]}, 400, "prompt"),
+    (COMPLETIONS, {"prompt": [True]}, 400, "prompt"),
+    (COMPLETIONS, {"prompt": [2**64]}, 400, "prompt"),
+    ("/detokenize", {"tokens": [False]}, 400, "tokens.0"),
+    ("/detokenize", {"tokens": ["5"]}, 400, "tokens.0"),
+    (CHAT, ("text/plain", b'{"messages": [{"role": "user", "content": "hi"}]}'), 415, None),
+    ("/tokenize", ("application/x-www-form-urlencoded", b'{"prompt": "hi"}'), 415, None),
+]
+
+
+def assert_refused(http: httpx.Client, url: str, path: str, bad: dict | bytes | tuple[str, bytes], status: int,
+                   param: str | None) -> None:
+    """An OpenAI error object with the status and the param. bad: JSON, raw bytes, or (content type, bytes)."""
+    if isinstance(bad, tuple):
+        kwargs = {"content": bad[1], "headers": {"content-type": bad[0]}}
+    else:
+        kwargs = {"content": bad} if isinstance(bad, bytes) else {"json": bad}
+    response = http.post(url + path, **kwargs)
+    assert response.status_code == status, (path, bad, response.text)
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"], error
+    assert error["param"] == param, (bad, error)
+
+
+def test_lax_types_and_role_rules_are_refused(server: ServerProcess) -> None:
+    with httpx.Client(timeout=60) as http:
+        for path, bad, status, param in LAX:
+            assert_refused(http, server.url, path, bad, status, param)
+
+
+def test_405_carries_allow(server: ServerProcess) -> None:
+    wrong_method = httpx.get(server.url + CHAT)
+    assert (wrong_method.status_code, wrong_method.headers.get("allow")) == (405, "POST")
+    assert wrong_method.json()["error"]["message"] == "Method Not Allowed"
+
+
+def test_a_body_over_the_limit_gets_413(server: ServerProcess) -> None:
+    """A 64 MB body was read whole (RSS 1.8 -> 3.3 GB); now anything past 8 MiB is refused unread."""
+    for body in ({"prompt": "a" * (8 * 2**20)}, {"prompt": "a" * (64 * 2**20)}):
+        too_big = httpx.post(server.url + "/tokenize", json=body, timeout=60)
+        assert too_big.status_code == 413 and "8388608 bytes" in too_big.json()["error"]["message"]
+    chunked = httpx.post(server.url + "/tokenize", content=iter([b'{"prompt": "', b"a" * (9 * 2**20), b'"}']),
+                         headers={"content-type": "application/json"}, timeout=60)  # no Content-Length
+    assert chunked.status_code == 413
+    fits = httpx.post(server.url + "/tokenize", json={"prompt": "a" * (2**20)}, timeout=60)
+    assert fits.status_code == 200
+
+
 def test_bad_requests_get_4xx_error_objects_and_leave_a_running_stream_alone(server: ServerProcess) -> None:
     body = {"messages": QUESTION, "temperature": 0, "max_tokens": 48, "ignore_eos": True}
     reference = post(server, CHAT, body).json()["choices"][0]["message"]["content"]
@@ -320,17 +382,22 @@ def test_bad_requests_get_4xx_error_objects_and_leave_a_running_stream_alone(ser
         with streamer.stream("POST", server.url + CHAT, json={**body, "stream": True}) as stream:
             lines = stream.iter_lines()
             assert next(lines).startswith("data: ")  # generating now
-            for path, bad, status, param in MALFORMED:
-                kwargs = {"content": bad} if isinstance(bad, bytes) else {"json": bad}
-                response = other.post(server.url + path, **kwargs)
-                assert response.status_code == status, (path, bad, response.text)
-                error = response.json()["error"]
-                assert set(error) == {"message", "type", "param", "code"} and error["message"], error
-                assert error["param"] == param, (bad, error)
+            for path, bad, status, param in MALFORMED + LAX:
+                assert_refused(other, server.url, path, bad, status, param)
             assert other.get(server.url + CHAT).status_code == 405
             events = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
     assert events[-1]["choices"][0]["finish_reason"] == "length"
     assert "".join(e["choices"][0]["delta"].get("content", "") for e in events) == reference
+
+
+def test_completions_default_to_16_tokens_and_chat_to_the_rest_of_the_context(client: openai.OpenAI) -> None:
+    """As OpenAI and vLLM: without max_tokens a completion stops at 16 tokens (it ran to the context window)."""
+    completion = client.completions.create(model=MODEL, prompt="Once upon a time", temperature=0,
+                                           extra_body={"ignore_eos": True})
+    assert (completion.usage.completion_tokens, completion.choices[0].finish_reason) == (16, "length")
+    chat = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0,
+                                          extra_body={"ignore_eos": True, "min_tokens": 40, "stop": ["."]})
+    assert chat.usage.completion_tokens > 16
 
 
 def test_prompt_over_the_context_window_names_both_numbers(client: openai.OpenAI) -> None:
@@ -377,3 +444,26 @@ def test_the_server_logged_no_error(server: ServerProcess) -> None:
     """Last in this module: after everything above, including the bad requests, no traceback."""
     log = server.log.read_text()
     assert "Traceback" not in log and " ERROR " not in log, server.log_tail()
+
+
+def test_the_openapi_spec_documents_every_body_answer_and_error(server: ServerProcess) -> None:
+    """What a client generator reads: each JSON route's request body and answer come from the protocol models,
+    each error status is OpenAI's error object."""
+    spec = httpx.get(server.url + "/openapi.json").json()
+    schemas = spec["components"]["schemas"]
+    bodies = {"/v1/chat/completions": "ChatCompletionRequest", "/v1/completions": "CompletionRequest",
+              "/tokenize": "TokenizeRequest", "/detokenize": "DetokenizeRequest"}
+    for path, body in bodies.items():
+        operation = spec["paths"][path]["post"]
+        assert operation["requestBody"]["content"]["application/json"]["schema"] == {
+            "$ref": f"#/components/schemas/{body}"}
+        for status in ("400", "401", "413", "415", "429", "503"):
+            error = operation["responses"][status]["content"]["application/json"]["schema"]
+            assert error == {"$ref": "#/components/schemas/ErrorResponse"}
+    chat = schemas["ChatCompletionRequest"]
+    assert chat["required"] == ["messages"] and "temperature" in chat["properties"]
+    assert schemas["ChatMessage"]["properties"]["role"]["enum"] == ["system", "developer", "user", "assistant",
+                                                                     "tool"]
+    ok = spec["paths"]["/v1/chat/completions"]["post"]["responses"]["200"]["content"]
+    assert ok["application/json"]["schema"] == {"$ref": "#/components/schemas/ChatCompletionResponse"}
+    assert "text/event-stream" in ok

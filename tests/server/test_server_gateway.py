@@ -17,7 +17,8 @@ from serving import ServerProcess, running_server
 
 MODEL = "smol"  # --served-model-name
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
-KEYS = ("key-auth", "key-rpm", "key-tpm", "key-queue", "key-big")  # 3 requests a minute each: no test spends more
+# 3 requests a minute each: no test spends more
+KEYS = ("key-auth", "key-rpm", "key-tpm", "key-queue", "key-big", "key-tokenize", "key-tokenize-tpm")
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +60,20 @@ def test_requests_per_minute_give_429_with_retry_after(server: ServerProcess) ->
     assert 1 <= int(refused.headers["Retry-After"]) <= 20  # one request back every 20 s
     assert ask(server, "key-auth").status_code == 200  # another key is not affected
     assert ask(server, "key-auth", model="SmolLM2-135M-Instruct").status_code == 404  # served as "smol" only
+
+
+def test_tokenize_and_detokenize_count_against_the_rate_limits(server: ServerProcess) -> None:
+    """They cost CPU as a prompt does: a key cannot tokenize without limit (they were outside the limits)."""
+    headers = {"Authorization": "Bearer key-tokenize"}
+    statuses = [httpx.post(server.url + path, json=body, headers=headers, timeout=60).status_code
+                for path, body in [("/tokenize", {"prompt": "hi"}), ("/detokenize", {"tokens": [1, 2]}),
+                                   ("/tokenize", {"prompt": "hi"}), ("/detokenize", {"tokens": [1, 2]})]]
+    assert statuses == [200, 200, 200, 429]
+    headers = {"Authorization": "Bearer key-tokenize-tpm"}
+    long_text = {"prompt": "Tell me about Paris. " * 100}  # ~500 tokens: the 400 a minute are spent
+    assert httpx.post(server.url + "/tokenize", json=long_text, headers=headers, timeout=60).status_code == 200
+    refused = httpx.post(server.url + "/tokenize", json={"prompt": "hi"}, headers=headers, timeout=60)
+    assert refused.status_code == 429 and refused.json()["error"]["type"] == "tokens"
 
 
 def test_tokens_per_minute_give_429_with_retry_after(server: ServerProcess) -> None:

@@ -1,27 +1,32 @@
 """The first and last steps of the request path: HTTP routes in, OpenAI's error objects out.
 
-A request comes in -> gateway (key, rate) -> its body validated into the protocol models ->
-the serving logic (serving.py) -> JSON or SSE out. Every refusal is OpenAI's error object with
-a 4xx. The app starts at once and loads the model in a thread, so /health says 503 until the
-model is ready.
+A request comes in -> gateway (key, rate) -> its body (JSON, within the size limit) validated into
+the protocol models -> the serving logic (serving.py) -> JSON or SSE out. Every refusal is OpenAI's
+error object with a 4xx. /openapi.json documents each route's body, its answer and its error
+statuses from the same models. The app starts at once and loads the model in a thread, so /health
+says 503 until the model is ready, and again once the engine fails or the server shuts down.
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pydantic
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from pydantic.json_schema import models_json_schema
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import zhuzi
 from zhuzi.config import ServerConfig
-from zhuzi.engine.async_engine import AsyncEngine
+from zhuzi.engine.async_engine import AsyncEngine, EngineDead
+from zhuzi.outputs import RequestError
 from zhuzi.server import protocol as p
 from zhuzi.server.gateway import GatewayError, retry_after_header
-from zhuzi.server.serving import ApiError, Server
+from zhuzi.server.serving import ApiError, Server, failure_info
 from zhuzi.server.streams import ClientGone
 
 ModelT = TypeVar("ModelT", bound=pydantic.BaseModel)
@@ -32,8 +37,33 @@ def error_response(status: int, message: str, type: str, param: str | None = Non
     body = p.ErrorResponse(error=p.ErrorInfo(message=message, type=type, param=param, code=code))
     return JSONResponse(body.model_dump(), status_code=status, headers=headers)
 
-async def parse_body(request: Request, model: type[ModelT]) -> ModelT:
-    raw = await request.body()
+
+def is_json(content_type: str) -> bool:
+    media = content_type.partition(";")[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, if it is JSON (or unlabelled, as curl -d sends it) and at most limit bytes."""
+    content_type = request.headers.get("content-type")
+    if content_type is not None and not is_json(content_type):
+        raise ApiError(415, f"Content-Type must be application/json, got {content_type!r}.",
+                       code="unsupported_media_type")
+    too_large = ApiError(413, f"The request body is larger than this server's limit of {limit} bytes.",
+                         code="request_too_large")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise too_large
+    return bytes(body)
+
+
+async def parse_body(request: Request, model: type[ModelT], limit: int) -> ModelT:
+    raw = await read_body(request, limit)
     try:
         return model.model_validate_json(raw)
     except pydantic.ValidationError as exc:
@@ -55,15 +85,82 @@ _FIELD_NAMES = {name for model in vars(p).values()
                 if isinstance(model, type) and issubclass(model, p.Request) for name in model.model_fields}
 
 
-def create_app(engine: AsyncEngine | Callable[[], AsyncEngine], server_config: ServerConfig | None = None,
-               on_load_error: Callable[[BaseException], None] | None = None) -> FastAPI:
-    """The FastAPI app around an AsyncEngine, or around a callable that loads one (in a thread)."""
-    server = Server(engine, server_config or ServerConfig(), on_load_error)
+# ---------------------------------------------------------------- the OpenAPI description
 
+_ERROR_DESCRIPTIONS = {
+    400: "Invalid request: the error's param names the field", 401: "Missing or wrong API key",
+    404: "Unknown model", 413: "Request body too large", 415: "Body not JSON", 429: "Rate limit or queue full",
+    500: "The engine failed this request", 503: "Loading, shutting down, or the engine failed",
+}
+_BODY_ERRORS = (400, 401, 404, 413, 415, 429, 503)
+
+
+def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    return {status: {"model": p.ErrorResponse, "description": _ERROR_DESCRIPTIONS[status]} for status in statuses}
+
+
+def _ref(model: type[pydantic.BaseModel]) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{model.__name__}"}
+
+
+def _sse_event(chunk: type[pydantic.BaseModel]) -> dict[str, Any]:
+    """One server-sent event (OpenAPI 3.1 describes each event): its data is a JSON chunk, an error object
+    (a failure after the headers went out), or the final [DONE]."""
+    json_data = {"type": "string", "contentMediaType": "application/json",
+                 "contentSchema": {"anyOf": [_ref(chunk), _ref(p.ErrorResponse)]}}
+    return {"type": "object", "required": ["data"],
+            "properties": {"data": {"anyOf": [{"const": "[DONE]"}, json_data]}}}
+
+
+def _documented(body: type[pydantic.BaseModel] | None, answer: type[pydantic.BaseModel] | None,
+                statuses: tuple[int, ...], chunk: type[pydantic.BaseModel] | None = None) -> dict[str, Any]:
+    """A route's OpenAPI description: its JSON body, its answer (and the chunks of its SSE stream), its
+    error objects."""
+    responses = _errors(*statuses)
+    if answer is not None:
+        ok: dict[str, Any] = {"model": answer, "description": "Success"}
+        if chunk is not None:
+            ok["content"] = {"text/event-stream": {"schema": _sse_event(chunk)}}
+            ok["description"] = "Success: the whole answer, or its chunks as server-sent events with stream true"
+        responses[200] = ok
+    extra = {"requestBody": {"required": True, "content": {"application/json": {"schema": _ref(body)}}}} \
+        if body is not None else None
+    return {"responses": responses, "openapi_extra": extra}
+
+
+_BODIES = [p.ChatCompletionRequest, p.CompletionRequest, p.TokenizeRequest, p.DetokenizeRequest]
+_CHUNKS = [p.ChatCompletionChunk]  # a completion's chunks are CompletionResponse objects, as OpenAI's are
+
+
+def _openapi(app: FastAPI) -> Callable[[], dict[str, Any]]:
+    """FastAPI's spec plus the request bodies, which the routes parse themselves (to check the key, the
+    size and the content type first), and the SSE chunks."""
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            spec = get_openapi(title=app.title, version=app.version, routes=app.routes,
+                               description="An OpenAI-compatible API; every error is OpenAI's error object.")
+            models = [(model, "validation") for model in _BODIES] + [(model, "serialization") for model in _CHUNKS]
+            _, defs = models_json_schema(models, ref_template="#/components/schemas/{model}")
+            spec.setdefault("components", {}).setdefault("schemas", {}).update(defs["$defs"])
+            app.openapi_schema = spec
+        return app.openapi_schema
+    return openapi
+
+
+def create_app(engine: AsyncEngine | Callable[[], AsyncEngine], server_config: ServerConfig | None = None,
+               on_failure: Callable[[str], None] | None = None) -> FastAPI:
+    """The FastAPI app around an AsyncEngine, or around a callable that loads one (in a thread).
+    on_failure hears why the server cannot go on (the model failed to load, the engine failed)."""
+    server = Server(engine, server_config or ServerConfig(), on_failure)
+    config = server.config
+
+    @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if server.loader is not None:
             server.start_loading(asyncio.get_running_loop())
+        watcher = asyncio.create_task(server.watch_engine())
         yield
+        watcher.cancel()
 
     app = FastAPI(title="zhuzi", version=zhuzi.__version__, lifespan=lifespan)
     app.state.server = server
@@ -71,56 +168,60 @@ def create_app(engine: AsyncEngine | Callable[[], AsyncEngine], server_config: S
     def authenticated(request: Request) -> str:
         return server.gateway.authenticate(request.headers.get("authorization"))
 
-    async def generation(request: Request, body_model: type[ModelT],
-                         handler: Callable[[Request, str, ModelT], Awaitable[Response]]) -> Response:
+    async def admitted(request: Request, body_model: type[ModelT]) -> tuple[str, ModelT]:
+        """The caller's key and the parsed body, in the order that spends least on a refusal."""
         key = authenticated(request)
         server.ready()
         server.gateway.check_rate(key)
-        body = await parse_body(request, body_model)
+        return key, await parse_body(request, body_model, config.max_request_body_bytes)
+
+    async def generation(request: Request, body_model: type[ModelT],
+                         handler: Callable[[Request, str, ModelT], Awaitable[Response]]) -> Response:
+        key, body = await admitted(request, body_model)
         try:
             return await handler(request, key, body)
         except ClientGone:
             return Response(status_code=499)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", **_documented(p.ChatCompletionRequest, p.ChatCompletionResponse,
+                                                     (*_BODY_ERRORS, 500), p.ChatCompletionChunk))
     async def chat_completions(request: Request) -> Response:
         return await generation(request, p.ChatCompletionRequest, server.chat)
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", **_documented(p.CompletionRequest, p.CompletionResponse, (*_BODY_ERRORS, 500),
+                                               p.CompletionResponse))
     async def completions(request: Request) -> Response:
         return await generation(request, p.CompletionRequest, server.completions)
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", **_documented(None, p.ModelList, (401, 503)))
     async def models(request: Request) -> Response:
         authenticated(request)
         server.ready()
         return JSONResponse(server.models().model_dump())
 
-    @app.post("/tokenize")
+    @app.post("/tokenize", **_documented(p.TokenizeRequest, p.TokenizeResponse, _BODY_ERRORS))
     async def tokenize(request: Request) -> Response:
-        authenticated(request)
-        server.ready()
-        return JSONResponse(server.tokenize(await parse_body(request, p.TokenizeRequest)).model_dump())
+        return await server.tokenize(*await admitted(request, p.TokenizeRequest))
 
-    @app.post("/detokenize")
+    @app.post("/detokenize", **_documented(p.DetokenizeRequest, p.DetokenizeResponse, _BODY_ERRORS))
     async def detokenize(request: Request) -> Response:
-        authenticated(request)
-        server.ready()
-        return JSONResponse(server.detokenize(await parse_body(request, p.DetokenizeRequest)).model_dump())
+        return await server.detokenize(*await admitted(request, p.DetokenizeRequest))
 
-    @app.get("/health")
+    @app.get("/health", **_documented(None, p.HealthResponse, (503,)))
     async def health() -> Response:
         server.ready()
-        return JSONResponse({"status": "ok"})
+        return JSONResponse(p.HealthResponse().model_dump())
 
-    @app.get("/version")
+    @app.get("/version", **_documented(None, p.VersionResponse, ()))
     async def version() -> Response:
-        return JSONResponse({"version": zhuzi.__version__})
+        return JSONResponse(p.VersionResponse(version=zhuzi.__version__).model_dump())
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse, responses={200: {"description": "Prometheus metrics"}})
     async def metrics() -> Response:
         body, content_type = server.metrics.render()
         return Response(body, media_type=content_type)
+
+    app.openapi = _openapi(app)  # type: ignore[method-assign]
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> Response:
@@ -135,11 +236,19 @@ def create_app(engine: AsyncEngine | Callable[[], AsyncEngine], server_config: S
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
-        return error_response(exc.status_code, str(exc.detail), "invalid_request_error")
+        # 405 carries Allow, as HTTP wants
+        return error_response(exc.status_code, str(exc.detail), "invalid_request_error", headers=exc.headers)
+
+    @app.exception_handler(RequestError)
+    @app.exception_handler(EngineDead)
+    async def failed(request: Request, exc: Exception) -> Response:
+        info = failure_info(exc)
+        return JSONResponse(p.ErrorResponse(error=info).model_dump(), status_code=int(info.code or 500))
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception) -> Response:
         # Starlette logs the traceback after this answer goes out.
-        return error_response(500, f"Internal server error: {type(exc).__name__}", "internal_error", code=500)
+        info = failure_info(exc)
+        return JSONResponse(p.ErrorResponse(error=info).model_dump(), status_code=500)
 
     return app

@@ -1,9 +1,11 @@
 """The words of the HTTP step (the first of the request path): OpenAI's wire format in pydantic.
 
 Requests are validated here (types, ranges OpenAI defines); the sampling knobs
-then go to SamplingParams, whose own checks name the offending field. Unknown
-request fields are ignored, as vLLM does. Responses serialize to exactly the
-JSON that OpenAI clients parse.
+then go to SamplingParams, whose own checks name the offending field. Types are
+strict, as OpenAI's schema is: a number is a JSON number, a boolean a JSON boolean,
+a token id an integer. Unknown request fields are ignored, as vLLM does. Responses
+serialize to exactly the JSON that OpenAI clients parse. These models are also the
+OpenAPI spec's schemas (see app.py).
 """
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import time
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from zhuzi.sampling_params import InvalidRequest, SamplingParams
 
@@ -38,7 +40,7 @@ def new_id(prefix: str) -> str:
 
 class Request(BaseModel):
     # NaN or Infinity (JSON extensions, or 1e999) would reach the sampler as poison.
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False, strict=True)
 
 
 # ---------------------------------------------------------------- requests
@@ -60,12 +62,36 @@ class ToolCallIn(Request):
 
 
 class ChatMessage(Request):
+    """OpenAI's rules per role: only an assistant message that calls tools may go without content, and a
+    tool message names the call it answers."""
+
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Text | list[TextPart] | None = None
+    content: Text | list[TextPart] | None = Field(None, validate_default=True)
     name: str | None = None
     tool_calls: list[ToolCallIn] | None = None
-    tool_call_id: str | None = None
+    tool_call_id: str | None = Field(None, validate_default=True)
     reasoning_content: Text | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _content_by_role(cls, content: str | list[TextPart] | None, info: ValidationInfo) -> Any:
+        role = info.data.get("role")
+        if content is None and role not in (None, "assistant"):
+            raise ValueError(f"a {role} message needs content: a string or a list of text parts")
+        return content
+
+    @field_validator("tool_call_id")
+    @classmethod
+    def _tool_call_id_by_role(cls, tool_call_id: str | None, info: ValidationInfo) -> str | None:
+        if tool_call_id is None and info.data.get("role") == "tool":
+            raise ValueError("a tool message needs the tool_call_id of the call it answers")
+        return tool_call_id
+
+    @model_validator(mode="after")
+    def _assistant_says_something(self) -> ChatMessage:
+        if self.role == "assistant" and self.content is None and not self.tool_calls:
+            raise ValueError("an assistant message needs content or tool_calls")
+        return self
 
 
 class FunctionDef(Request):
@@ -101,10 +127,10 @@ class SamplingRequest(Request):
     top_p: float | None = None
     top_k: int | None = None
     min_p: float | None = None
-    n: int = Field(1, le=128)
+    n: int = 1
     stop: Text | list[Text] | None = None
     stop_token_ids: list[int] | None = None
-    seed: int | None = Field(None, ge=-(2**63), lt=2**63)  # int64; sample i of n uses seed + i
+    seed: int | None = None  # sample i of n uses seed + i
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     # Far below 1 it divides logits into overflow (NaN probabilities); real use stays near 1.
@@ -225,6 +251,7 @@ Prompt = Text | list[Text] | list[int] | list[list[int]]
 
 class CompletionRequest(SamplingRequest):
     prompt: Prompt
+    max_tokens: int | None = 16  # OpenAI's default here (chat's is the rest of the context); null: the rest
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=20)
 
@@ -435,3 +462,11 @@ class ErrorInfo(Response):
 
 class ErrorResponse(Response):
     error: ErrorInfo
+
+
+class HealthResponse(Response):
+    status: Literal["ok"] = "ok"
+
+
+class VersionResponse(Response):
+    version: str

@@ -1,25 +1,38 @@
 """The serving logic of each endpoint, between the HTTP routes and the engine.
 
-A request is checked (model name, sampling fields; the engine checks the rest), its prompt
-rendered by the chat template and tokenized, admitted by the gateway, handed to the async
-engine as one stream per prompt, and its deltas collected into one response or streamed as
-SSE chunks. However it ends, close() aborts what still runs and frees its place.
+A request is checked (model name, sampling fields; the engine checks the rest), its prompt rendered
+by the chat template and tokenized in a worker thread (so that no prompt, however long, holds up the
+event loop), admitted by the gateway, handed to the async engine as one stream per prompt, and its
+deltas collected into one response or streamed as SSE chunks. However it ends, close() aborts what
+still runs and frees its place.
+
+The server's own life: it loads the model, serves, and on shutdown drains (new requests get 503; the
+running ones may finish until a deadline, then end with finish_reason "abort"). It watches the engine
+too: once the engine fails or stalls, /health says 503, the open streams end with an error, and
+on_failure tells the process to exit non-zero so that a supervisor restarts it.
 """
 from __future__ import annotations
 
 import asyncio
+import functools
+import json
 import logging
+import os
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TypeVar
 
+import pydantic
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from zhuzi.config import ServerConfig
-from zhuzi.engine.async_engine import AsyncEngine
-from zhuzi.outputs import EngineStats, RequestOutput
+from zhuzi.engine.async_engine import AsyncEngine, EngineDead
+from zhuzi.outputs import EngineStats, RequestError, RequestOutput
 from zhuzi.sampling_params import InvalidRequest, SamplingParams
 from zhuzi.server import protocol as p
 from zhuzi.server.formats import ChatFormat, CompletionFormat, Format, Generation, PromptState, sse
@@ -29,6 +42,7 @@ from zhuzi.server.parsers import THINK_CLOSE, THINK_OPEN, OutputParser, opened_t
 from zhuzi.server.streams import ClosingStreamingResponse, first_outputs, merge_streams, until_disconnect
 from zhuzi.tokenizer import message_text
 
+T = TypeVar("T")
 log = logging.getLogger("zhuzi.server")
 
 
@@ -45,26 +59,74 @@ class ApiError(Exception):
         return cls(400, str(exc), param=exc.param, code=exc.code)
 
 
-@dataclass
+def failure_info(exc: Exception) -> p.ErrorInfo:
+    """OpenAI's error object for a request that failed after it was accepted (500, or 503 if the engine is gone)."""
+    if isinstance(exc, EngineDead):
+        return p.ErrorInfo(message=f"Service unavailable: {exc}", type="service_unavailable", code=503)
+    if isinstance(exc, RequestError):
+        return p.ErrorInfo(message=f"The engine failed this request: {exc}", type="internal_error", code=500)
+    return p.ErrorInfo(message=f"Internal server error: {type(exc).__name__}", type="internal_error", code=500)
+
+
+def json_response(body: pydantic.BaseModel) -> Response:
+    return Response(body.model_dump_json(), media_type="application/json")
+
+
+def sliced_json(body: pydantic.BaseModel) -> str:
+    """body's JSON with each list written in slices, so that no single call holds the GIL for long (a /tokenize
+    answer may list a million tokens): the event loop and the engine get their turns between the slices. For
+    flat models of JSON values, as TokenizeResponse is."""
+    def value(item: object) -> str:
+        if not isinstance(item, list):
+            return json.dumps(item, ensure_ascii=False)
+        slices = (json.dumps(item[i:i + JSON_SLICE], ensure_ascii=False)[1:-1] for i in range(0, len(item), JSON_SLICE))
+        return "[" + ",".join(slices) + "]"
+
+    return "{" + ",".join(f"{json.dumps(name)}:{value(item)}" for name, item in body) + "}"
+
+
+def _lower_priority() -> None:
+    """The tokenizing threads yield the CPU to the engine's, so a long prompt does not slow running streams."""
+    if sys.platform == "linux":  # where a thread has a nice value of its own
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WORKER_NICENESS)
+
+
+@dataclass(eq=False)
 class Run:
     """One API request in flight: its engine streams and what must happen when it ends."""
 
     key: str
     admission: Admission
+    request_ids: list[str]  # the engine's, one per prompt
     streams: list[AsyncIterator[RequestOutput]]
     gen: Generation
     merged: AsyncIterator[tuple[int, RequestOutput]] | None = None
+    timer: asyncio.TimerHandle | None = None  # --request-timeout
     closed: bool = False
+
+
+# Running requests' last chunks after a shutdown ended them: they need a step or two.
+ABORT_GRACE_S = 5.0
+# Threads that render and tokenize prompts: a few long prompts must not queue everyone else's behind them.
+TOKENIZER_THREADS = 8
+WORKER_NICENESS = 10  # the engine's threads get ~10x their CPU share when both want it
+JSON_SLICE = 1 << 15  # list items one json.dumps call writes (a few ms)
+WATCH_PERIOD_S = 0.5
 
 
 class Server:
     def __init__(self, engine: AsyncEngine | Callable[[], AsyncEngine], config: ServerConfig,
-                 on_load_error: Callable[[BaseException], None] | None = None) -> None:
+                 on_failure: Callable[[str], None] | None = None) -> None:
         self.config = config
         self.engine: AsyncEngine | None = None
         self.loader = engine if callable(engine) else None
-        self.load_error: BaseException | None = None
-        self.on_load_error = on_load_error
+        self.failure: str | None = None  # why the server must stop: the model failed to load, or the engine
+        self.on_failure = on_failure
+        self.draining = False
+        self.drain_deadline = 0.0
+        self.runs: set[Run] = set()
+        self.workers = ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="zhuzi-tokenize",
+                                          initializer=_lower_priority)
         self.gateway = Gateway(config.api_keys, config.rate_limit_rpm, config.rate_limit_tpm)
         self.metrics = ServerMetrics(self.engine_state)
         self.model_name = ""
@@ -97,10 +159,9 @@ class Server:
                 engine = loader()
             except BaseException as exc:
                 # A bad path or option is the user's to fix; anything else gets its traceback.
-                log.error("failed to load the model: %s", exc, exc_info=not isinstance(exc, (ValueError, OSError)))
-                self.load_error = exc
-                if self.on_load_error:
-                    loop.call_soon_threadsafe(self.on_load_error, exc)
+                if not isinstance(exc, (ValueError, OSError)):
+                    log.error("failed to load the model", exc_info=exc)
+                loop.call_soon_threadsafe(self.fail, f"the model failed to load: {exc}")
                 return
             loop.call_soon_threadsafe(self.attach, engine)
 
@@ -109,11 +170,71 @@ class Server:
     def engine_state(self) -> tuple[str, EngineStats] | None:
         return (self.model_name, self.engine.stats()) if self.engine is not None else None
 
-    def ready(self) -> AsyncEngine:
+    # -- health and the end of the server's life
+
+    def unavailable(self) -> str | None:
+        """Why the server takes no request now (what /health says with its 503), or None."""
+        if self.failure is not None:
+            return self.failure
+        if self.draining:
+            return "the server is shutting down"
         if self.engine is None:
-            why = f"the model failed to load: {self.load_error}" if self.load_error else "the model is loading"
+            return "the model is loading"
+        return self.engine.health(self.config.engine_stall_timeout)
+
+    def ready(self) -> AsyncEngine:
+        if (why := self.unavailable()) is not None:
             raise ApiError(503, f"Service unavailable: {why}.", "service_unavailable")
+        assert self.engine is not None
         return self.engine
+
+    def fail(self, reason: str) -> None:
+        """The server cannot go on: say why, and have the process exit non-zero."""
+        if self.failure is not None:
+            return
+        log.error("%s; the server stops", reason)
+        self.failure = reason
+        if self.on_failure:
+            self.on_failure(reason)
+
+    async def watch_engine(self) -> None:
+        """Stops the server once the engine has failed or stalled; its open streams end with the error."""
+        while self.failure is None:
+            await asyncio.sleep(WATCH_PERIOD_S)
+            if self.engine is not None and (problem := self.engine.health(self.config.engine_stall_timeout)):
+                self.engine.fail(problem)
+                self.fail(problem)
+
+    async def drain(self, timeout: float) -> None:
+        """Take no new request; give the running ones timeout seconds to finish, then end them with
+        finish_reason "abort" (their streams still end properly, with [DONE])."""
+        self.draining = True
+        self.drain_deadline = time.monotonic() + timeout
+        log.info("shutting down: %d requests running, %g s for them to finish", len(self.runs), timeout)
+        while self.runs and time.monotonic() < self.drain_deadline:
+            await asyncio.sleep(0.05)
+        if not self.runs:
+            return
+        log.warning("ending the %d requests still running (finish_reason 'abort')", len(self.runs))
+        for run in list(self.runs):
+            self.end(run)
+        deadline = time.monotonic() + ABORT_GRACE_S
+        while self.runs and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+
+    def hurry(self) -> None:
+        """A second signal: end the running requests now."""
+        self.drain_deadline = 0.0
+
+    def end(self, run: Run) -> None:
+        """End a running request early; its outputs end with finish_reason "abort" (timeouts, shutdown)."""
+        if self.engine is not None and not run.closed:
+            for request_id in run.request_ids:
+                self.engine.abort(request_id)
+
+    async def in_worker(self, fn: Callable[..., T], *args: object) -> T:
+        """Run CPU-bound work (templates, tokenizing, big JSON) off the event loop."""
+        return await asyncio.get_running_loop().run_in_executor(self.workers, functools.partial(fn, *args))
 
     # -- request helpers
 
@@ -129,18 +250,6 @@ class Server:
         except InvalidRequest as exc:
             raise ApiError.of(exc) from exc
 
-    def render_chat(self, body: p.ChatTemplateRequest) -> tuple[list[int], str]:
-        """The prompt ids, and the text the prompt already holds of the reply (see OutputParser)."""
-        tokenizer, messages, args = self.ready().tokenizer, body.template_messages(), body.template_args()
-        try:
-            ids = tokenizer.encode_chat(messages, **args)
-            if body.continue_final_message:
-                return ids, message_text(messages[-1].get("content"))
-            # Only a thinking model's template can open a thought; skip the second render otherwise.
-            return ids, opened_thought(tokenizer.render_chat(messages, **args)) if self.reasoning else ""
-        except (ValueError, TypeError) as exc:  # template errors, and templates fed unexpected types
-            raise ApiError(400, f"Cannot render the chat template: {exc}", param="messages") from exc
-
     # -- generation
 
     async def generate(self, request: Request, key: str, prompts: list[list[int]], params: SamplingParams,
@@ -149,8 +258,13 @@ class Server:
         engine = self.ready()
         admission = self.gateway.admit(params.n * len(prompts))
         self.gateway.charge_tokens(key, sum(len(ids) for ids in prompts))
-        streams = [engine.generate(ids, params, f"{fmt.request_id}-{i}") for i, ids in enumerate(prompts)]
-        run = Run(key, admission, streams, Generation(params.n, new_parser, [PromptState() for _ in prompts]))
+        request_ids = [f"{fmt.request_id}-{i}" for i in range(len(prompts))]
+        streams = [engine.generate(ids, params, rid) for ids, rid in zip(prompts, request_ids)]
+        run = Run(key, admission, request_ids, streams,
+                  Generation(params.n, new_parser, [PromptState() for _ in prompts]))
+        self.runs.add(run)
+        if self.config.request_timeout:
+            run.timer = asyncio.get_running_loop().call_later(self.config.request_timeout, self.end, run)
         try:
             firsts = await until_disconnect(request, first_outputs(streams))
         except InvalidRequest as exc:  # the engine refused it: too long for the context or the KV pool
@@ -166,7 +280,7 @@ class Server:
             await until_disconnect(request, self.collect(run))
         finally:
             await self.close(run)
-        return JSONResponse(fmt.response(run.gen).model_dump())
+        return json_response(fmt.response(run.gen))
 
     @staticmethod
     async def collect(run: Run) -> None:
@@ -185,8 +299,9 @@ class Server:
             if include_usage:
                 yield fmt.usage_chunk(run.gen)
         except Exception as exc:  # the headers are out: report in-band, as OpenAI's streams do
-            log.exception("stream %s failed", fmt.request_id)
-            yield sse({"error": {"message": str(exc), "type": "internal_error", "param": None, "code": 500}})
+            if not isinstance(exc, (RequestError, EngineDead)):  # the engine logged those
+                log.exception("stream %s failed", fmt.request_id)
+            yield sse(p.ErrorResponse(error=failure_info(exc)))
         yield "data: [DONE]\n\n"
 
     async def close(self, run: Run, ran: bool = True) -> None:
@@ -194,6 +309,9 @@ class Server:
         if run.closed:
             return
         run.closed = True
+        self.runs.discard(run)
+        if run.timer is not None:
+            run.timer.cancel()
         if run.merged is not None:
             await run.merged.aclose()  # type: ignore[attr-defined]
         for stream in run.streams:
@@ -209,12 +327,39 @@ class Server:
                 self.model_name, state.metrics, state.token_count, sum(len(c.token_ids) for c in choices if c),
                 [c.finish_reason if c and c.finish_reason else "abort" for c in choices])
 
+    # -- prompts (in worker threads)
+
+    def render_chat(self, body: p.ChatTemplateRequest) -> tuple[list[int], str]:
+        """The prompt ids, and the text the prompt already holds of the reply (see OutputParser)."""
+        tokenizer, messages, args = self.ready().tokenizer, body.template_messages(), body.template_args()
+        try:
+            ids = tokenizer.encode_chat(messages, **args)
+            if body.continue_final_message:
+                return ids, message_text(messages[-1].get("content"))
+            # Only a thinking model's template can open a thought; skip the second render otherwise.
+            return ids, opened_thought(tokenizer.render_chat(messages, **args)) if self.reasoning else ""
+        except (ValueError, TypeError) as exc:  # template errors, and templates fed unexpected types
+            raise ApiError(400, f"Cannot render the chat template: {exc}", param="messages") from exc
+
+    @staticmethod
+    def completion_prompts(engine: AsyncEngine, prompts: list[str | list[int]]) -> tuple[list[str], list[list[int]]]:
+        """Each prompt's text and ids (echo and logprobs show the prompt's tokens)."""
+        tokenizer = engine.tokenizer
+        try:
+            for prompt in prompts:
+                if not isinstance(prompt, str):
+                    engine.check_token_ids(prompt, "prompt")
+        except InvalidRequest as exc:
+            raise ApiError.of(exc) from exc
+        texts = [x if isinstance(x, str) else tokenizer.decode(x, skip_special_tokens=False) for x in prompts]
+        return texts, [tokenizer.encode_prompt(x) for x in prompts]
+
     # -- endpoints
 
     async def chat(self, request: Request, key: str, body: p.ChatCompletionRequest) -> Response:
         self.check_model(body.model)
         params = self.sampling_params(body)
-        ids, prefill = self.render_chat(body)
+        ids, prefill = await self.in_worker(self.render_chat, body)
         fmt = ChatFormat(p.new_id("chatcmpl"), self.model_name, body)
         tools = body.parse_tool_calls
 
@@ -226,10 +371,9 @@ class Server:
     async def completions(self, request: Request, key: str, body: p.CompletionRequest) -> Response:
         self.check_model(body.model)
         params = self.sampling_params(body)
-        tokenizer = self.ready().tokenizer
-        prompts = body.prompts()
-        texts = [x if isinstance(x, str) else tokenizer.decode(x, skip_special_tokens=False) for x in prompts]
-        prompt_ids = [tokenizer.encode_prompt(x) for x in prompts]  # echo and logprobs show the prompt's tokens
+        engine = self.ready()
+        tokenizer = engine.tokenizer
+        texts, prompt_ids = await self.in_worker(self.completion_prompts, engine, body.prompts())
 
         def decode(token_id: int) -> str:
             return tokenizer.decode([token_id], skip_special_tokens=False)
@@ -242,25 +386,39 @@ class Server:
         return await self.generate(request, key, prompt_ids, params, fmt, new_parser, body.stream,
                                    body.include_usage_chunk)
 
-    def tokenize(self, body: p.TokenizeRequest) -> p.TokenizeResponse:
+    async def tokenize(self, key: str, body: p.TokenizeRequest) -> Response:
         self.check_model(body.model)
         engine = self.ready()
-        tokenizer = engine.tokenizer
-        if body.messages is not None:
-            ids = self.render_chat(body)[0]
-        else:
-            ids = tokenizer.encode_prompt(body.prompt or "")
-        return p.TokenizeResponse(tokens=ids, token_strs=tokenizer.token_strs(ids), count=len(ids),
-                                  max_model_len=engine.max_model_len)
 
-    def detokenize(self, body: p.DetokenizeRequest) -> p.DetokenizeResponse:
+        def tokenize() -> tuple[int, Response]:
+            if body.messages is not None:
+                ids = self.render_chat(body)[0]
+            else:
+                ids = engine.tokenizer.encode_prompt(body.prompt or "")
+            answer = p.TokenizeResponse.model_construct(  # built here: no need to validate a million items
+                tokens=ids, token_strs=engine.tokenizer.token_strs(ids), count=len(ids),
+                max_model_len=engine.max_model_len)
+            return len(ids), Response(sliced_json(answer), media_type="application/json")
+
+        count, response = await self.in_worker(tokenize)
+        self.gateway.charge_tokens(key, count)
+        return response
+
+    async def detokenize(self, key: str, body: p.DetokenizeRequest) -> Response:
         self.check_model(body.model)
         engine = self.ready()
-        try:
-            engine.check_token_ids(body.tokens, "tokens")
-        except InvalidRequest as exc:
-            raise ApiError.of(exc) from exc
-        return p.DetokenizeResponse(prompt=engine.tokenizer.decode(body.tokens, skip_special_tokens=False))
+
+        def detokenize() -> Response:
+            try:
+                engine.check_token_ids(body.tokens, "tokens")
+            except InvalidRequest as exc:
+                raise ApiError.of(exc) from exc
+            return json_response(p.DetokenizeResponse(prompt=engine.tokenizer.decode(body.tokens,
+                                                                                     skip_special_tokens=False)))
+
+        response = await self.in_worker(detokenize)
+        self.gateway.charge_tokens(key, len(body.tokens))
+        return response
 
     def models(self) -> p.ModelList:
         engine = self.ready()
