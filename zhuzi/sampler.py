@@ -37,7 +37,7 @@ def make_generator(seed: int | None) -> torch.Generator | None:
 
 @dataclass
 class SamplingRow:
-    """One row of the batch: what is needed to pick one sequence's next token."""
+    """One row of a step's batch: what is needed to pick one sequence's next token (a new row each step)."""
 
     params: SamplingParams
     output_token_ids: list[int]

@@ -54,6 +54,7 @@ def test_sigterm_lets_running_streams_finish_then_ends_the_rest_with_abort_and_e
                 return events, {"refused": refused, "health": health, "drained": time.monotonic() - signalled}
 
         events, seen = asyncio.run(main())
+        print(f"\nSIGTERM: drained in {seen['drained']:.2f} s (--shutdown-timeout {timeout:g})")
         assert seen["refused"].status_code == 503 and "shutting down" in seen["refused"].json()["error"]["message"]
         assert seen["health"].status_code == 503
         assert [finish_reason(e) for e in events] == ["length", "abort", "abort", "abort"]

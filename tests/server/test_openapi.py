@@ -3,6 +3,8 @@ in-process (a tiny random Llama with SmolLM2's tokenizer and vocabulary, so gene
 finds no 5xx and no answer outside the spec."""
 from __future__ import annotations
 
+import os
+
 import pytest
 import schemathesis
 import tiny
@@ -14,7 +16,7 @@ from zhuzi.config import EngineConfig, ServerConfig
 from zhuzi.engine.async_engine import AsyncEngine
 from zhuzi.server.app import create_app
 
-EXAMPLES = 25  # per route
+EXAMPLES = int(os.environ.get("ZHUZI_FUZZ_EXAMPLES", 25))  # per route and mode: a few seconds each in make test
 BODIES = [("POST", "/v1/chat/completions"), ("POST", "/v1/completions"), ("POST", "/tokenize"), ("POST", "/detokenize")]
 # Routes without a body have no invalid request to make.
 CASES = [(*route, mode) for route in BODIES for mode in GenerationMode] + [
