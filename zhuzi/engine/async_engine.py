@@ -56,7 +56,6 @@ class AsyncEngine:
         self.config = self.engine.config
         self.tokenizer = self.engine.tokenizer
         self.max_model_len = self.engine.max_model_len
-        self.vocab_size = self.engine.model_config.vocab_size
         path = self.engine.model_path
         self.model_name = path.name.split(".")[0] if path.is_file() else path.name
         self._stats = self.engine.stats()
