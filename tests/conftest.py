@@ -21,3 +21,18 @@ def hf_smollm2(smollm2_path: Path):
     model = AutoModelForCausalLM.from_pretrained(smollm2_path.parent, gguf_file=smollm2_path.name,
                                                  dtype=torch.float32)
     return model.eval()
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer(smollm2_path: Path):
+    from zhuzi.tokenizer import Tokenizer
+
+    return Tokenizer.load(smollm2_path)
+
+
+@pytest.fixture(scope="session")
+def grammars(smollm2_tokenizer):
+    """One grammar compiler on SmolLM2's tokenizer (its tokenizer view takes about a second to build)."""
+    from zhuzi.engine.structured import GrammarCompiler
+
+    return GrammarCompiler(smollm2_tokenizer.hf, 49152, [2])

@@ -1,6 +1,7 @@
 """Sampling parameters, with vLLM's names and meanings; their checks and defaults live here."""
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +21,74 @@ class InvalidRequest(ValueError):
     def __init__(self, param: str | None, message: str, code: str | None = None):
         super().__init__(message)
         self.param, self.code = param, code
+
+
+class StructuredOutputError(InvalidRequest):
+    """A constraint the engine cannot enforce; field names which of StructuredOutputsParams' fields
+    (a server renames it to its own, e.g. response_format.json_schema.schema)."""
+
+    def __init__(self, field: str, reason: str):
+        super().__init__(f"structured_outputs.{field}", f"structured_outputs.{field}: {reason}")
+        self.field, self.reason = field, reason
+
+
+_CONSTRAINTS = ("json", "regex", "choice", "grammar", "json_object")
+
+
+@dataclass
+class StructuredOutputsParams:
+    """vLLM's structured_outputs: the output must match exactly one of these.
+
+    json: a JSON schema (a dict, or its JSON text; property order is kept); json_object: any JSON
+    object; regex: the whole output matches it (Rust regex syntax: no look-around or backreferences;
+    \\d is [0-9]); choice: the output is one of the strings; grammar: a Lark grammar
+    (llguidance's dialect, which also embeds JSON schemas as `%json {...}` and names special tokens
+    as `<|name|>`) or GBNF. In JSON, runs of whitespace are at most a few characters long (a small
+    model left unbounded can write newlines until max_tokens), none with disable_any_whitespace, or
+    whatever whitespace_pattern matches. disable_additional_properties closes every object schema
+    that does not say otherwise (additionalProperties: false), as OpenAI's strict mode does.
+    """
+
+    json: str | dict[str, Any] | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+    whitespace_pattern: str | None = None
+
+    def __post_init__(self) -> None:
+        self.json_object = self.json_object or None  # json_object=False asks for nothing
+        given = [k for k in _CONSTRAINTS if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise InvalidRequest("structured_outputs", "structured_outputs needs exactly one of "
+                                 f"{', '.join(_CONSTRAINTS)}" + (f"; got {', '.join(given)}" if given else ""))
+        if isinstance(self.json, str):
+            try:
+                self.json = json.loads(self.json)
+            except ValueError as exc:
+                raise StructuredOutputError("json", f"not valid JSON: {exc}") from exc
+        if self.json is not None and not isinstance(self.json, (dict, bool)):
+            raise StructuredOutputError("json", "a JSON schema must be an object or a boolean")
+        for name in ("regex", "grammar", "whitespace_pattern"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
+                raise StructuredOutputError(name, "must be a string")
+        if self.choice is not None and (not self.choice or not all(isinstance(c, str) and c for c in self.choice)):
+            raise StructuredOutputError("choice", "must be a non-empty list of non-empty strings")
+        if self.disable_any_whitespace and self.whitespace_pattern is not None:
+            raise StructuredOutputError("whitespace_pattern", "cannot be combined with disable_any_whitespace")
+
+    @property
+    def kind(self) -> str:
+        """Which constraint this is: json, regex, choice, grammar or json_object."""
+        return next(k for k in _CONSTRAINTS if getattr(self, k) is not None)
+
+    @property
+    def key(self) -> str:
+        """Everything the compiled grammar depends on (property order included): the cache key."""
+        return json.dumps([self.kind, getattr(self, self.kind), self.disable_any_whitespace,
+                           self.disable_additional_properties, self.whitespace_pattern])
 
 
 @dataclass
@@ -43,6 +112,7 @@ class SamplingParams:
     logprobs: int | None = None  # top-N alternatives per generated token
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
+    structured_outputs: StructuredOutputsParams | None = None  # the output follows a grammar
     stop_strings: list[str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -81,6 +151,8 @@ class SamplingParams:
             ("logit_bias", all(_float_in(v, -100, 100) for v in (self.logit_bias or {}).values()),
              "values must be in [-100, 100]"),
             ("stop", all(isinstance(s, str) and s for s in self.stop_strings), "must be non-empty strings"),
+            ("structured_outputs", self.structured_outputs is None
+             or isinstance(self.structured_outputs, StructuredOutputsParams), "must be a StructuredOutputsParams"),
         ]
         for name, ok, why in checks:
             if not ok:

@@ -3,6 +3,11 @@
 A fault stays with the request that caused it: a row whose sampling or bookkeeping raises fails
 its request alone (its output carries the error) while the rest of the batch goes on; a failure of
 the whole step (the forward pass) is retried once, and then fails only that step's requests.
+
+A constrained request (SamplingParams.structured_outputs) gets one grammar matcher per sequence;
+the sampler masks with it, each sampled token advances it, and the sequence ends ("stop") the
+moment its grammar does: that end wins over min_tokens and ignore_eos. Stop strings and max_tokens
+still cut the output short, as they do any other ("length" may leave an object unfinished).
 """
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ from zhuzi.engine.block_manager import BlockManager
 from zhuzi.engine.model_runner import ModelRunner, PromptLogprobs, StepResult
 from zhuzi.engine.scheduler import Scheduler
 from zhuzi.engine.sequence import ScheduledSeq, Sequence
+from zhuzi.engine.structured import GrammarCompiler
 from zhuzi.model.decoder import Decoder
 from zhuzi.model.loader import load_checkpoint
 from zhuzi.outputs import CompletionOutput, EngineStats, Logprob, RequestMetrics, RequestOutput
@@ -67,6 +73,7 @@ class Engine:
         plan = config.kv_plan(ckpt.config)
         if plan.num_blocks < 1:
             raise ValueError(f"kv_cache_memory {config.kv_cache_memory} holds no KV block")
+        self.grammars = GrammarCompiler(self.tokenizer.hf, ckpt.config.vocab_size, self.eos_ids)
         self.runner = ModelRunner(model, config, plan.num_blocks, self.eos_ids)
         self.blocks = BlockManager(plan.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens,
@@ -104,6 +111,8 @@ class Engine:
         self.check_token_ids(params.stop_token_ids, "stop_token_ids")
         if params.top_k > (vocab := self.model_config.vocab_size):
             raise InvalidRequest("top_k", f"top_k must be at most the vocabulary size {vocab}, got {params.top_k}")
+        if params.structured_outputs is not None:
+            self.grammars.matcher(params.structured_outputs)  # compiles (or finds) it: errors name the field
         total = len(ids) + (params.max_tokens or 1)
         if total > self.max_model_len:
             raise InvalidRequest(None, (
@@ -126,7 +135,9 @@ class Engine:
         for i in range(params.n):
             seed = None if params.seed is None else params.seed + i
             leader = seqs[0] if seqs and self.config.enable_prefix_caching else None
-            seqs.append(Sequence(next(self._seq_ids), request_id, i, ids, params, make_generator(seed), leader))
+            grammar = self.grammars.matcher(params.structured_outputs) if params.structured_outputs else None
+            seqs.append(Sequence(next(self._seq_ids), request_id, i, ids, params, make_generator(seed), leader,
+                                 grammar))
         req = Request(request_id, prompt if isinstance(prompt, str) else None, ids, params, seqs,
                       [IncrementalDetokenizer(self.tokenizer, params) for _ in seqs],
                       RequestMetrics(arrival_time or time.monotonic()))
@@ -232,6 +243,8 @@ class Engine:
         m.first_token_time = m.first_token_time or now
         m.last_token_time = now
         seq.token_ids.append(token)
+        if seq.grammar is not None and not seq.grammar.accept(token):
+            raise RuntimeError(f"sampled token {token} breaks the grammar of request {req.request_id}")
         delta = req.deltas.setdefault(seq.index, CompletionOutput.empty(seq.index, req.wants_logprobs))
         delta.token_ids.append(token)
         if logprobs is not None:
@@ -263,6 +276,8 @@ class Engine:
             return "stop", token if token in p.stop_token_ids else None
         if stop_str is not None and seq.num_output_tokens >= p.min_tokens:
             return "stop", stop_str
+        if seq.grammar is not None and seq.grammar.is_terminated:
+            return "stop", None
         limit = seq.num_prompt_tokens + p.max_tokens if p.max_tokens else self.max_model_len
         if seq.num_tokens >= min(limit, self.max_model_len):
             return "length", None

@@ -93,7 +93,7 @@ class ModelRunner:
             return result
         logits = self.model.logits(hidden[self._tensor(sample_rows)])
         rows = [SamplingRow(s.seq.params, s.seq.output_token_ids, s.seq.prompt_token_ids, s.seq.generator,
-                            self.eos_ids + s.seq.params.stop_token_ids) for s in sampling]
+                            self.eos_ids + s.seq.params.stop_token_ids, s.seq.grammar) for s in sampling]
         for item, outcome in zip(sampling, self._sample(logits, rows)):
             if isinstance(outcome, Exception):
                 result.failed.append((item, outcome))

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from zhuzi.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from zhuzi.engine.structured import GrammarMatcher
 
 
 class Status(enum.Enum):
@@ -27,6 +31,7 @@ class Sequence:
     params: SamplingParams
     generator: torch.Generator | None = None
     leader: Sequence | None = None  # a sibling that must prefill first so its prompt blocks are shared
+    grammar: GrammarMatcher | None = None  # structured output: where the output is in its grammar
     token_ids: list[int] = field(init=False)
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[bytes] = field(default_factory=list)  # of the full blocks so far
