@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+import jinja2.ext
+import jinja2.meta
 from tokenizers import Tokenizer as RustTokenizer
 from tokenizers.decoders import ByteLevel
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
@@ -172,6 +174,18 @@ class Tokenizer:
         for i, added in self.hf.added_tokens_decoder.items():
             table[i] = added.content.encode()  # added tokens are stored as text, not in the byte alphabet
         return table
+
+    @functools.cached_property
+    def template_variables(self) -> frozenset[str]:
+        """The names the chat template reads (tools, enable_thinking, ...), so callers know what it renders."""
+        template = self.hf.chat_template
+        if not isinstance(template, str):
+            return frozenset()
+        try:
+            parsed = jinja2.Environment(extensions=[jinja2.ext.loopcontrols]).parse(template)
+        except jinja2.TemplateSyntaxError:  # an extension tag transformers knows: read the words instead
+            return frozenset(re.findall(r"[A-Za-z_]\w*", template))
+        return frozenset(jinja2.meta.find_undeclared_variables(parsed))
 
     def render_chat(self, messages: list[dict], *, tools: list[dict] | None = None,
                     add_generation_prompt: bool = True, continue_final_message: bool = False,

@@ -211,3 +211,34 @@ def test_tool_round_trip_renders_the_call_and_the_result_into_the_next_prompt(qw
             '</tool_call><|im_end|>\n') in document
     assert document.endswith('<|im_start|>user\n<tool_response>\n{"temperature": 18}\n</tool_response><|im_end|>\n'
                              '<|im_start|>assistant\n')
+
+
+def test_a_forced_call_streams_as_openai_does_id_and_name_first_then_its_arguments() -> None:
+    pieces = ['<tool_call>\n{"na', 'me": "get_', 'weather", "argu', 'ments": {"ci', 'ty": "Pa', 'ris"}',
+              '}\n</tool_call>']
+    parser = OutputParser(reasoning=False, tools=True, forced=True)
+    deltas = stream(parser, pieces)
+    calls = [call for delta in deltas for call in delta.tool_calls]
+    # the name is out once the arguments begin; then each piece of the arguments as it comes
+    assert (calls[0].index, calls[0].name, calls[0].arguments) == (0, "get_weather", '{"ci')
+    assert calls[0].id.startswith("call_") and all(c.id is None and c.name is None for c in calls[1:])
+    assert [c.arguments for c in calls[1:]] == ['ty": "Pa', 'ris"}']
+    whole = OutputParser(reasoning=False, tools=True, forced=True).parse("".join(pieces)).tool_calls
+    assert [(c.name, c.arguments) for c in whole] == [("get_weather", '{"city": "Paris"}')]
+    assert tool_calls_of(merged(deltas)) == [("get_weather", {"city": "Paris"})] and merged(deltas).content == ""
+
+
+def test_a_forced_call_cut_short_keeps_what_was_streamed() -> None:
+    """max_tokens ran out inside the arguments: the client has the call's start, and the reply says so."""
+    text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa'
+    whole = OutputParser(reasoning=False, tools=True, forced=True).parse(text)
+    [call] = whole.tool_calls
+    assert (call.name, call.arguments, whole.content) == ("get_weather", '{"city": "Pa', "")
+    assert merged(stream(OutputParser(reasoning=False, tools=True, forced=True), list(text))).tool_calls[0].arguments \
+        == '{"city": "Pa'
+
+
+def test_parallel_tool_calls_false_keeps_only_the_first_call() -> None:
+    text = ''.join(f'<tool_call>\n{{"name": "f", "arguments": {{"n": {n}}}}}\n</tool_call>\n' for n in range(3))
+    parsed = OutputParser(reasoning=False, tools=True, max_calls=1).parse(text)
+    assert tool_calls_of(parsed) == [("f", {"n": 0})] and parsed.content == ""

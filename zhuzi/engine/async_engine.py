@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from zhuzi.config import EngineConfig
 from zhuzi.engine.engine import Engine
 from zhuzi.outputs import EngineStats, RequestError, RequestOutput
-from zhuzi.sampling_params import SamplingParams
+from zhuzi.sampling_params import SamplingParams, StructuredOutputsParams
 
 log = logging.getLogger("zhuzi")
 
@@ -59,6 +59,8 @@ class AsyncEngine:
         path = self.engine.model_path
         self.model_name = path.name.split(".")[0] if path.is_file() else path.name
         self._stats = self.engine.stats()
+        # The grammar library's view of the tokenizer takes a second or so: build it before a request needs it.
+        threading.Thread(target=self.engine.grammars.warm, name="zhuzi-grammar-warmup", daemon=True).start()
 
     def _run(self, config: EngineConfig, loaded: queue.SimpleQueue) -> None:
         try:
@@ -98,6 +100,11 @@ class AsyncEngine:
 
     def check_token_ids(self, ids: list[int], param: str) -> None:
         self.engine.check_token_ids(ids, param)  # reads only the model's shape: safe from any thread
+
+    async def check_structured_output(self, params: StructuredOutputsParams) -> None:
+        """Compile params' grammar in a worker thread (InvalidRequest if it cannot be), so that the engine
+        thread finds it cached and the streams it runs never wait for a compile."""
+        await asyncio.to_thread(self.engine.grammars.matcher, params)  # the compiler is thread-safe
 
     async def generate(self, prompt: str | list[int], params: SamplingParams,
                        request_id: str) -> AsyncIterator[RequestOutput]:

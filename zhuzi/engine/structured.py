@@ -41,11 +41,11 @@ _SUBSCHEMA_LISTS = {"prefixItems", "anyOf", "oneOf", "allOf"}
 _SUBSCHEMA_MAPS = {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"}
 
 
-def json_options(params: StructuredOutputsParams) -> dict[str, Any]:
-    """llguidance's x-guidance options for the whitespace of params' JSON."""
-    if params.disable_any_whitespace:
+def json_options(params: StructuredOutputsParams | None = None) -> dict[str, Any]:
+    """llguidance's x-guidance options for the whitespace of params' JSON (None: the defaults)."""
+    if params is not None and params.disable_any_whitespace:
         return {"whitespace_flexible": False}
-    return {"whitespace_pattern": params.whitespace_pattern or _WHITESPACE}
+    return {"whitespace_pattern": params and params.whitespace_pattern or _WHITESPACE}
 
 
 def close_objects(schema: Any) -> Any:

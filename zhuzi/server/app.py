@@ -76,13 +76,18 @@ def validation_error(exc: pydantic.ValidationError) -> ApiError:
         return ApiError(400, f"The body is not valid JSON: {first['msg']}")
     # A union's alternatives add their type names to loc; keep the list indexes and field names.
     loc = [str(x) for x in first["loc"] if isinstance(x, int) or x in _FIELD_NAMES]
-    param = ".".join(loc) or None
     message = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "extra_forbidden":  # a field no model declares: name it, and say why if zhuzi knows
+        field = str(first["loc"][-1])
+        loc = loc[:-1] + [field] if loc[-1:] == [field] else loc + [field]
+        message = p.UNSUPPORTED.get(field, "is not a field zhuzi knows (no field is accepted and ignored)")
+        return ApiError(400, f"{'.'.join(loc)} {message}", param=".".join(loc))
+    param = ".".join(loc) or None
     return ApiError(400, f"{param}: {message}" if param else message, param=param)
 
 
-_FIELD_NAMES = {name for model in vars(p).values()
-                if isinstance(model, type) and issubclass(model, p.Request) for name in model.model_fields}
+_FIELD_NAMES = {field.alias or name for model in vars(p).values() if isinstance(model, type)
+                and issubclass(model, p.Request) for name, field in model.model_fields.items()}
 
 
 # ---------------------------------------------------------------- the OpenAPI description

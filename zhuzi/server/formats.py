@@ -99,7 +99,6 @@ class ChatFormat:
     def __init__(self, request_id: str, model: str, body: p.ChatCompletionRequest) -> None:
         self.request_id, self.model, self.body = request_id, model, body
         self.created = int(time.time())
-        self.tool_call_counts: dict[int, int] = {}
 
     def _chunk(self, index: int, delta: p.DeltaMessage, logprobs: p.ChatLogprobs | None = None,
                finish_reason: str | None = None, stop_reason: int | str | None = None) -> str:
@@ -124,10 +123,8 @@ class ChatFormat:
             if message.content is None and message.reasoning_content is None:
                 message.content = ""  # logprobs of text still held back
             out.append(self._chunk(choice.index, message, logprobs))
-        for call in piece.tool_calls:
-            number = self.tool_call_counts.get(choice.index, 0)
-            self.tool_call_counts[choice.index] = number + 1
-            tool = p.DeltaToolCall(index=number, id=call.id, type="function",
+        for call in piece.tool_calls:  # a whole call, or OpenAI's pieces: id and name first, then arguments
+            tool = p.DeltaToolCall(index=call.index, id=call.id, type="function" if call.id else None,
                                    function=p.DeltaFunction(name=call.name, arguments=call.arguments))
             out.append(self._chunk(choice.index, p.DeltaMessage(tool_calls=[tool])))
         if choice.finish_reason is not None:

@@ -8,23 +8,38 @@ non-streamed responses agree by construction, however the text was chunked.
 
 Text that could still turn into a tag (a trailing "<thi") or whitespace that
 might sit right before one is held back until the next text decides it.
+
+A free model's call may turn out malformed, so it is emitted whole once it
+closes (and given back as text if it does not parse). A call a grammar forces
+(server/tools.py) always parses and writes "name" before "arguments", so it
+streams as OpenAI's do: its id and name as soon as the name is complete, then
+its arguments piece by piece, as the model writes them.
 """
 from __future__ import annotations
 
 import json
+import re
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
 
 
+# A forced call's start, up to the first character of its arguments' value.
+_CALL_HEADER = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*(?=\S)')
+
+
 @dataclass
 class ToolCall:
-    id: str
-    name: str
-    arguments: str  # a JSON object as text, as OpenAI sends it
+    """A call, or one piece of a call as it streams: the first piece carries the call's id and name,
+    the later ones more of its arguments."""
+
+    index: int  # which call of the reply
+    id: str | None
+    name: str | None
+    arguments: str  # a JSON object as text, as OpenAI sends it (or the next piece of it)
 
 
 @dataclass
@@ -38,7 +53,44 @@ class ParsedText:
     def extend(self, other: ParsedText) -> None:
         self.content += other.content
         self.reasoning_content += other.reasoning_content
-        self.tool_calls += other.tool_calls
+        for call in other.tool_calls:
+            self.add_call(call)
+
+    def add_call(self, call: ToolCall) -> None:
+        if self.tool_calls and self.tool_calls[-1].index == call.index:  # a later piece of the same call
+            self.tool_calls[-1].arguments += call.arguments
+        else:
+            self.tool_calls.append(replace(call))  # a copy: a piece already sent stays as it was
+
+
+@dataclass
+class _Arguments:
+    """Where a streaming call's arguments are: a scan of their JSON value for the point it closes."""
+
+    position: int  # in the call's text: the next character to scan
+    depth: int = 0
+    in_string: bool = False
+    escaped: bool = False
+    done: bool = False
+
+    def scan(self, text: str) -> str:
+        """The arguments' text from position on, up to their closing bracket once it comes."""
+        start = self.position
+        while self.position < len(text) and not self.done:
+            self._advance(text[self.position])
+            self.position += 1
+        return text[start:self.position]
+
+    def _advance(self, char: str) -> None:
+        if self.in_string:
+            self.escaped, self.in_string = (False, True) if self.escaped else (char == "\\", char != '"')
+        elif char == '"':
+            self.in_string = True
+        elif char in "{[":
+            self.depth += 1
+        elif char in "}]":
+            self.depth -= 1
+            self.done = self.depth == 0
 
 
 class Mode(Enum):
@@ -47,7 +99,11 @@ class Mode(Enum):
     TOOL_CALL = "tool_call"
 
 
-def parse_tool_call(text: str) -> ToolCall | None:
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def parse_tool_call(text: str, index: int = 0) -> ToolCall | None:
     """The JSON inside <tool_call>...</tool_call>, or None when it is not a well-formed call."""
     try:
         call = json.loads(text)
@@ -58,8 +114,7 @@ def parse_tool_call(text: str) -> ToolCall | None:
     arguments = call.get("arguments", call.get("parameters", {}))
     if not isinstance(arguments, dict):
         return None
-    return ToolCall(id=f"call_{uuid.uuid4().hex[:24]}", name=call["name"],
-                    arguments=json.dumps(arguments, ensure_ascii=False))
+    return ToolCall(index, new_call_id(), call["name"], json.dumps(arguments, ensure_ascii=False))
 
 
 def opened_thought(prompt: str) -> str:
@@ -84,10 +139,15 @@ class OutputParser:
     prefill: text the prompt already holds of this reply (a template's trailing
     "<think>", or the assistant message a client asks to continue): it sets
     the starting state without being emitted again.
+    forced: a grammar writes the calls (never after a prefill): stream their arguments.
+    max_calls: calls after this many are dropped (parallel_tool_calls=false).
     """
 
-    def __init__(self, reasoning: bool, tools: bool, prefill: str = "") -> None:
-        self.tools = tools
+    def __init__(self, reasoning: bool, tools: bool, prefill: str = "", forced: bool = False,
+                 max_calls: int | None = None) -> None:
+        self.tools, self.forced, self.max_calls = tools, forced, max_calls
+        self.calls = 0  # calls emitted so far
+        self.arguments: _Arguments | None = None  # the streaming call's, once its header went out
         self.mode = Mode.CONTENT
         self.think_may_open = reasoning  # a <think> counts only before any content
         self.strip_leading = False  # drop whitespace right after a closing tag
@@ -118,7 +178,9 @@ class OutputParser:
         if self.mode is Mode.REASONING:
             out.reasoning_content += rest
         elif self.mode is Mode.TOOL_CALL:
-            self._close_tool_call(self.tool_text + rest, out, closed=False)
+            self.tool_text += rest
+            self._stream_call(out)
+            self._close_tool_call(self.tool_text, out, closed=False)
         else:
             out.content += rest
         return out
@@ -175,12 +237,27 @@ class OutputParser:
 
     def _step_tool_call(self, out: ParsedText) -> bool:
         if (at := self.buffer.find(TOOL_CLOSE)) >= 0:
-            body, rest = self.tool_text + self.buffer[:at], self.buffer[at + len(TOOL_CLOSE):]
+            self.tool_text += self.buffer[:at]
+            self._stream_call(out)
+            body, rest = self.tool_text, self.buffer[at + len(TOOL_CLOSE):]
             self._switch(Mode.CONTENT, rest)
             self._close_tool_call(body, out, closed=True)
             return True
         self.tool_text += self._take_decided([TOOL_CLOSE], hold_whitespace=False)
+        self._stream_call(out)
         return False
+
+    def _stream_call(self, out: ParsedText) -> None:
+        """A forced call's news: its header once the name is complete, then its arguments as they come."""
+        if not self.forced:
+            return
+        if self.arguments is None:
+            if not (header := _CALL_HEADER.match(self.tool_text)):
+                return
+            out.add_call(ToolCall(self.calls, new_call_id(), json.loads(f'"{header.group(1)}"'), ""))
+            self.arguments = _Arguments(header.end())
+        if piece := self.arguments.scan(self.tool_text):
+            out.add_call(ToolCall(self.calls, None, None, piece))
 
     def _take_decided(self, tags: list[str], hold_whitespace: bool) -> str:
         """Remove and return the buffer's head that can no longer start one of the tags."""
@@ -195,10 +272,15 @@ class OutputParser:
         self.mode, self.buffer, self.tool_text = mode, rest, ""
 
     def _close_tool_call(self, body: str, out: ParsedText, closed: bool) -> None:
-        call = parse_tool_call(body)
         self.mode, hidden, self.hidden = Mode.CONTENT, self.hidden, 0
+        if self.arguments is not None:  # streamed already (only max_tokens can have cut it short)
+            self.arguments, self.calls, self.strip_leading = None, self.calls + 1, True
+            return
+        call = parse_tool_call(body, self.calls)
         if call is not None:
-            out.tool_calls.append(call)
+            if self.max_calls is None or self.calls < self.max_calls:
+                out.add_call(call)
+            self.calls += 1
             self.strip_leading = True
         else:  # malformed: the user sees the text as the model wrote it
             out.content += (self.tool_lead + TOOL_OPEN + body + (TOOL_CLOSE if closed else ""))[hidden:]

@@ -3,19 +3,22 @@
 Requests are validated here (types, ranges OpenAI defines); the sampling knobs
 then go to SamplingParams, whose own checks name the offending field. Types are
 strict, as OpenAI's schema is: a number is a JSON number, a boolean a JSON boolean,
-a token id an integer. Unknown request fields are ignored, as vLLM does. Responses
-serialize to exactly the JSON that OpenAI clients parse. These models are also the
-OpenAPI spec's schemas (see app.py).
+a token id an integer. No field is accepted and ignored: every field a request model
+declares does something, and any other field is refused with a 400 that names it
+(UNSUPPORTED says why for OpenAI's and vLLM's fields that zhuzi does not implement).
+Responses serialize to exactly the JSON that OpenAI clients parse. These models are
+also the OpenAPI spec's schemas (see app.py).
 """
 from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from zhuzi.sampling_params import InvalidRequest, SamplingParams
+from zhuzi.sampling_params import InvalidRequest, SamplingParams, StructuredOutputError, StructuredOutputsParams
 
 
 def _utf8_only(text: str) -> str:
@@ -40,7 +43,28 @@ def new_id(prefix: str) -> str:
 
 class Request(BaseModel):
     # NaN or Infinity (JSON extensions, or 1e999) would reach the sampler as poison.
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False, strict=True)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
+
+
+# Fields of OpenAI's or vLLM's requests that zhuzi refuses, and why (any other unknown field is refused too).
+UNSUPPORTED = {
+    "functions": "is deprecated by OpenAI and not supported: use tools",
+    "function_call": "is deprecated by OpenAI and not supported: use tool_choice",
+    "audio": "is not supported: zhuzi writes text only",
+    "modalities": "is not supported: zhuzi writes text only",
+    "prediction": "(predicted outputs) is not supported",
+    "store": "is not supported: zhuzi stores no completions",
+    "metadata": "is not supported: zhuzi stores no completions",
+    "service_tier": "is not supported: zhuzi has one tier",
+    "reasoning_effort": "is not supported: a thinking model's template may take chat_template_kwargs "
+                        "such as enable_thinking",
+    "web_search_options": "is not supported: zhuzi has no web search",
+    "suffix": "is not supported: zhuzi does not fill in the middle",
+    "best_of": "is not supported: use n",
+    "use_beam_search": "is not supported: zhuzi does not search beams",
+    "guided_decoding_backend": "is not supported: zhuzi's one grammar backend is llguidance",
+    "structural_tag": "is not supported: use tools with tool_choice, or a grammar",
+}
 
 
 # ---------------------------------------------------------------- requests
@@ -98,6 +122,7 @@ class FunctionDef(Request):
     name: str = Field(min_length=1)
     description: str | None = None
     parameters: dict[str, Any] | None = None
+    strict: bool | None = None  # true: its calls always match parameters (held to it by a grammar)
 
 
 class ToolDef(Request):
@@ -116,6 +141,68 @@ class NamedToolChoice(Request):
 
 class StreamOptions(Request):
     include_usage: bool = False
+
+
+class JsonSchemaFormat(Request):
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for the name
+    description: str | None = None  # for the reader: zhuzi enforces the schema and tells the model nothing
+    schema_: dict[str, Any] | None = Field(None, alias="schema")  # None: any JSON object
+    strict: bool | None = None  # true: objects take no properties beyond their schema's
+
+
+class ResponseFormat(Request):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_with_its_type(self) -> ResponseFormat:
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError("json_schema is required with type json_schema, and allowed only with it")
+        return self
+
+
+class StructuredOutputsRequest(Request):
+    """vLLM's structured_outputs: exactly one of json, regex, choice, grammar, json_object."""
+
+    json_: dict[str, Any] | bool | str | None = Field(None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+    whitespace_pattern: str | None = None
+
+
+@dataclass
+class Constraint:
+    """A structured-output constraint as the request gave it: the engine's parameters, plus the
+    request's own names for their fields, so that an error names what the client sent."""
+
+    params: StructuredOutputsParams
+    source: str  # the request field it came from
+    names: dict[str, str]  # StructuredOutputsParams field -> request field
+
+    @classmethod
+    def build(cls, source: str, names: dict[str, str], **fields: Any) -> Constraint:
+        try:
+            return cls(StructuredOutputsParams(**fields), source, names)
+        except InvalidRequest as exc:
+            raise _renamed(exc, source, names) from exc
+
+    def rename(self, exc: InvalidRequest) -> InvalidRequest:
+        """The engine's complaint about a StructuredOutputsParams field, under the request's name for it."""
+        return _renamed(exc, self.source, self.names)
+
+
+def _renamed(exc: InvalidRequest, source: str, names: dict[str, str]) -> InvalidRequest:
+    if not isinstance(exc, StructuredOutputError):
+        return exc if source == "structured_outputs" else InvalidRequest(source, str(exc))
+    param = names.get(exc.field, source)
+    return InvalidRequest(param, f"{param}: {exc.reason}")
+
+
+_GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
 
 
 class SamplingRequest(Request):
@@ -140,15 +227,57 @@ class SamplingRequest(Request):
     min_tokens: int = 0
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
-    user: str | None = None
+    user: str | None = None  # logged with the request, for tracing abuse to an end user
     stream: bool = False
     stream_options: StreamOptions | None = None
+    # Structured output: OpenAI's response_format, vLLM's structured_outputs and its older guided_* fields.
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsRequest | None = None
+    guided_json: dict[str, Any] | bool | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_whitespace_pattern: str | None = None
 
     @model_validator(mode="after")
     def _stream_options_need_stream(self) -> SamplingRequest:
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed when stream is true")
         return self
+
+    def constraint_fields(self) -> list[str]:
+        """The fields of this request that constrain its output."""
+        given = [name for name in ("structured_outputs", *_GUIDED) if getattr(self, name) is not None]
+        if self.response_format is not None and self.response_format.type != "text":
+            given.insert(0, "response_format")
+        return given
+
+    def constraint(self) -> Constraint | None:
+        """The output constraint the request asks for; InvalidRequest names the field that is wrong."""
+        given = self.constraint_fields()
+        if len(given) > 1:
+            raise InvalidRequest(given[1], f"{given[0]} and {given[1]} both constrain the output: give one of them")
+        if self.guided_whitespace_pattern is not None and self.guided_json is None:
+            raise InvalidRequest("guided_whitespace_pattern", "guided_whitespace_pattern needs guided_json")
+        if not given:
+            return None
+        source = given[0]
+        if source == "response_format":
+            assert self.response_format is not None
+            spec = self.response_format.json_schema
+            if spec is None or spec.schema_ is None:
+                return Constraint.build(source, {}, json_object=True)
+            return Constraint.build(source, {"json": "response_format.json_schema.schema"}, json=spec.schema_,
+                                    disable_additional_properties=bool(spec.strict))
+        if source == "structured_outputs":
+            assert self.structured_outputs is not None
+            fields = self.structured_outputs.model_dump(exclude_defaults=True)
+            fields["json"] = fields.pop("json_", None)
+            names = {name: f"structured_outputs.{name}" for name in fields}
+            return Constraint.build(source, names, **fields)
+        names = {_GUIDED[source]: source, "whitespace_pattern": "guided_whitespace_pattern"}
+        return Constraint.build(source, names, **{_GUIDED[source]: getattr(self, source)},
+                                whitespace_pattern=self.guided_whitespace_pattern)
 
     @property
     def include_usage_chunk(self) -> bool:
@@ -164,8 +293,8 @@ class SamplingRequest(Request):
             why = f"logit_bias keys must be token ids, got {list(self.logit_bias)!r}"
             raise InvalidRequest("logit_bias", why) from exc
 
-    def sampling_params(self, max_tokens: int | None, logprobs: int | None,
-                        prompt_logprobs: int | None = None) -> SamplingParams:
+    def sampling_params(self, max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None = None,
+                        structured_outputs: StructuredOutputsParams | None = None) -> SamplingParams:
         """Build SamplingParams; unset fields keep its defaults. Raises InvalidRequest naming a field."""
         given = {
             "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
@@ -177,7 +306,7 @@ class SamplingRequest(Request):
             stop_token_ids=self.stop_token_ids, logit_bias=self.logit_bias_ids(),
             ignore_eos=self.ignore_eos, min_tokens=self.min_tokens, logprobs=logprobs,
             prompt_logprobs=prompt_logprobs, include_stop_str_in_output=self.include_stop_str_in_output,
-            skip_special_tokens=self.skip_special_tokens,
+            skip_special_tokens=self.skip_special_tokens, structured_outputs=structured_outputs,
             **{name: value for name, value in given.items() if value is not None},
         )
 
@@ -233,6 +362,11 @@ class ChatCompletionRequest(ChatTemplateRequest, SamplingRequest):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
+    parallel_tool_calls: bool = True  # false: at most one tool call a reply
+
+    @property
+    def forces_tool_call(self) -> bool:
+        return bool(self.tools) and (self.tool_choice == "required" or isinstance(self.tool_choice, NamedToolChoice))
 
     @model_validator(mode="after")
     def _top_logprobs_need_logprobs(self) -> ChatCompletionRequest:
@@ -240,10 +374,20 @@ class ChatCompletionRequest(ChatTemplateRequest, SamplingRequest):
             raise ValueError("top_logprobs needs logprobs set to true")
         return self
 
-    def to_sampling_params(self) -> SamplingParams:
+    def constraint(self) -> Constraint | None:
+        given = self.constraint_fields()
+        if given and self.forces_tool_call:
+            raise InvalidRequest("tool_choice", f"{given[0]} and tool_choice both constrain the output: "
+                                 "give one of them")
+        if (given or self.forces_tool_call) and self.continue_final_message:
+            raise InvalidRequest("continue_final_message", f"{given[0] if given else 'tool_choice'} cannot "
+                                 "constrain a continued message (continue_final_message)")
+        return super().constraint()
+
+    def to_sampling_params(self, structured_outputs: StructuredOutputsParams | None = None) -> SamplingParams:
         max_tokens = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
-        return self.sampling_params(max_tokens, logprobs)
+        return self.sampling_params(max_tokens, logprobs, structured_outputs=structured_outputs)
 
 
 Prompt = Text | list[Text] | list[int] | list[list[int]]
@@ -270,9 +414,9 @@ class CompletionRequest(SamplingRequest):
             return [prompt]  # type: ignore[list-item]
         return list(prompt)  # type: ignore[arg-type]
 
-    def to_sampling_params(self) -> SamplingParams:
+    def to_sampling_params(self, structured_outputs: StructuredOutputsParams | None = None) -> SamplingParams:
         prompt_logprobs = self.logprobs if self.echo and self.logprobs is not None else None
-        return self.sampling_params(self.max_tokens, self.logprobs, prompt_logprobs)
+        return self.sampling_params(self.max_tokens, self.logprobs, prompt_logprobs, structured_outputs)
 
 
 class TokenizeRequest(ChatTemplateRequest):

@@ -6,6 +6,11 @@ event loop), admitted by the gateway, handed to the async engine as one stream p
 deltas collected into one response or streamed as SSE chunks. However it ends, close() aborts what
 still runs and frees its place.
 
+An output constraint (response_format, structured_outputs, guided_*, or the grammar of tool calls,
+see tools.py) is compiled in a worker thread before anything is queued, so a bad schema is a 400
+naming the field the client sent. Under a constraint a thinking model answers without a thought:
+the grammar holds from the first token, so the template is asked for none (enable_thinking=false).
+
 The server's own life: it loads the model, serves, and on shutdown drains (new requests get 503; the
 running ones may finish until a deadline, then end with finish_reason "abort"). It watches the engine
 too: once the engine fails or stalls, /health says 503, the open streams end with an error, and
@@ -40,6 +45,7 @@ from zhuzi.server.gateway import Admission, Gateway
 from zhuzi.server.metrics import ServerMetrics
 from zhuzi.server.parsers import THINK_CLOSE, THINK_OPEN, OutputParser, opened_thought
 from zhuzi.server.streams import ClosingStreamingResponse, first_outputs, merge_streams, until_disconnect
+from zhuzi.server.tools import chat_constraints, template_renders_tools, with_generic_tools
 from zhuzi.tokenizer import message_text
 
 T = TypeVar("T")
@@ -131,6 +137,7 @@ class Server:
         self.metrics = ServerMetrics(self.engine_state)
         self.model_name = ""
         self.reasoning = False
+        self.added_tokens: set[str] = set()  # the tokenizer's added tokens (a forced call's markers may be)
         self.created = int(time.time())
         if isinstance(engine, AsyncEngine):
             self.attach(engine)
@@ -141,6 +148,7 @@ class Server:
         self.model_name = self.config.served_model_name or engine.model_name
         vocab = engine.tokenizer.hf.get_vocab()
         self.reasoning = THINK_OPEN in vocab and THINK_CLOSE in vocab  # a thinking model's own tags
+        self.added_tokens = set(engine.tokenizer.hf.get_added_vocab())
         self.gateway.capacity = engine.config.max_num_seqs + self.config.max_waiting
         self.engine = engine
         stats = engine.stats()
@@ -244,11 +252,34 @@ class Server:
                            param="model", code="model_not_found")
 
     @staticmethod
-    def sampling_params(body: p.ChatCompletionRequest | p.CompletionRequest) -> SamplingParams:
+    def sampling_params(body: p.ChatCompletionRequest | p.CompletionRequest,
+                        constraint: p.Constraint | None = None) -> SamplingParams:
         try:
-            return body.to_sampling_params()
+            return body.to_sampling_params(constraint.params if constraint else None)
         except InvalidRequest as exc:
             raise ApiError.of(exc) from exc
+
+    def constraints(self, body: p.ChatCompletionRequest | p.CompletionRequest) -> tuple[list[p.Constraint], bool]:
+        """The output constraints to compile, the last one the reply's, and whether it is only tool calls."""
+        try:
+            if isinstance(body, p.ChatCompletionRequest):
+                return chat_constraints(body, self.added_tokens)
+            constraint = body.constraint()
+            return [constraint] if constraint else [], False
+        except InvalidRequest as exc:
+            raise ApiError.of(exc) from exc
+
+    async def check_constraints(self, constraints: list[p.Constraint]) -> None:
+        for constraint in constraints:
+            try:
+                await self.ready().check_structured_output(constraint.params)
+            except InvalidRequest as exc:
+                raise ApiError.of(constraint.rename(exc)) from exc
+
+    @staticmethod
+    def log_user(request_id: str, body: p.SamplingRequest) -> None:
+        if body.user is not None:  # OpenAI's end-user id: what an operator needs to trace abuse
+            log.info("%s for user %r", request_id, body.user)
 
     # -- generation
 
@@ -329,17 +360,33 @@ class Server:
 
     # -- prompts (in worker threads)
 
-    def render_chat(self, body: p.ChatTemplateRequest) -> tuple[list[int], str]:
+    def render_chat(self, body: p.ChatTemplateRequest, constraint: p.Constraint | None = None) -> tuple[list[int], str]:
         """The prompt ids, and the text the prompt already holds of the reply (see OutputParser)."""
         tokenizer, messages, args = self.ready().tokenizer, body.template_messages(), body.template_args()
+        if body.parse_tool_calls and not template_renders_tools(tokenizer.template_variables):
+            messages = with_generic_tools(messages, args["tools"])
+        if constraint is not None and self.reasoning:
+            args["chat_template_kwargs"] = self.without_thought(args["chat_template_kwargs"])
         try:
             ids = tokenizer.encode_chat(messages, **args)
             if body.continue_final_message:
                 return ids, message_text(messages[-1].get("content"))
             # Only a thinking model's template can open a thought; skip the second render otherwise.
-            return ids, opened_thought(tokenizer.render_chat(messages, **args)) if self.reasoning else ""
+            prefill = opened_thought(tokenizer.render_chat(messages, **args)) if self.reasoning else ""
         except (ValueError, TypeError) as exc:  # template errors, and templates fed unexpected types
             raise ApiError(400, f"Cannot render the chat template: {exc}", param="messages") from exc
+        if constraint is not None and prefill:
+            raise ApiError(400, f"{constraint.source} cannot hold here: this model's template opens a thought, "
+                           "and a constrained reply cannot think", param=constraint.source)
+        return ids, prefill
+
+    @staticmethod
+    def without_thought(kwargs: dict | None) -> dict:
+        kwargs = dict(kwargs or {})
+        if kwargs.setdefault("enable_thinking", False):
+            raise ApiError(400, "chat_template_kwargs.enable_thinking: a constrained reply cannot think",
+                           param="chat_template_kwargs.enable_thinking")
+        return kwargs
 
     @staticmethod
     def completion_prompts(engine: AsyncEngine, prompts: list[str | list[int]]) -> tuple[list[str], list[list[int]]]:
@@ -358,19 +405,26 @@ class Server:
 
     async def chat(self, request: Request, key: str, body: p.ChatCompletionRequest) -> Response:
         self.check_model(body.model)
-        params = self.sampling_params(body)
-        ids, prefill = await self.in_worker(self.render_chat, body)
+        constraints, forced = self.constraints(body)
+        constraint = constraints[-1] if constraints else None
+        params = self.sampling_params(body, constraint)
+        ids, prefill = await self.in_worker(self.render_chat, body, constraint)
+        await self.check_constraints(constraints)
         fmt = ChatFormat(p.new_id("chatcmpl"), self.model_name, body)
-        tools = body.parse_tool_calls
+        self.log_user(fmt.request_id, body)
+        tools, max_calls = body.parse_tool_calls, None if body.parallel_tool_calls else 1
 
         def new_parser() -> OutputParser:
-            return OutputParser(reasoning=self.reasoning, tools=tools, prefill=prefill)
+            return OutputParser(reasoning=self.reasoning, tools=tools, prefill=prefill, forced=forced,
+                                max_calls=max_calls)
 
         return await self.generate(request, key, [ids], params, fmt, new_parser, body.stream, body.include_usage_chunk)
 
     async def completions(self, request: Request, key: str, body: p.CompletionRequest) -> Response:
         self.check_model(body.model)
-        params = self.sampling_params(body)
+        constraints, _ = self.constraints(body)
+        params = self.sampling_params(body, constraints[-1] if constraints else None)
+        await self.check_constraints(constraints)
         engine = self.ready()
         tokenizer = engine.tokenizer
         texts, prompt_ids = await self.in_worker(self.completion_prompts, engine, body.prompts())
@@ -379,6 +433,7 @@ class Server:
             return tokenizer.decode([token_id], skip_special_tokens=False)
 
         fmt = CompletionFormat(p.new_id("cmpl"), self.model_name, body, texts, prompt_ids, decode)
+        self.log_user(fmt.request_id, body)
 
         def new_parser() -> OutputParser:
             return OutputParser(reasoning=False, tools=False)

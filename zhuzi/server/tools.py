@@ -1,0 +1,165 @@
+"""Tool calls on the way in: what the model is told about tools, and the grammar its calls must follow.
+
+The server's step before the engine. zhuzi reads one tool-call format (server/parsers.py), the
+Hermes/Qwen one:
+
+    <tool_call>
+    {"name": "get_weather", "arguments": {"city": "Paris"}}
+    </tool_call>
+
+Templates with their own tool support (Qwen2.5, Qwen3, Hermes) render the tools and trained
+their models on it. For templates that ignore tools (SmolLM2) this is zhuzi's generic format:
+the tools and the format are described in a system message (tools_system_prompt) and earlier
+calls are written into the assistant turns as that text (calls_as_text).
+
+tool_choice "required" or a named function makes the reply a grammar: only calls, each one's
+arguments valid under its function's parameters schema ("name" before "arguments", so they
+stream). "auto" leaves the reply free, unless a function is strict (OpenAI's strict function
+calling) or a JSON response_format is given: then the reply is free text with calls, or the
+formatted answer or calls, and every call is held to its schema. "none" never calls.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from zhuzi.engine.structured import close_objects, json_options, json_schema
+from zhuzi.sampling_params import InvalidRequest, StructuredOutputsParams
+from zhuzi.server.parsers import TOOL_CLOSE, TOOL_OPEN
+from zhuzi.server.protocol import ChatCompletionRequest, Constraint, NamedToolChoice
+from zhuzi.tokenizer import message_text
+
+# Text between tool calls and after the last one, in the grammar for "auto".
+_TEXT = r"/(.|\n)*/"
+
+
+@dataclass
+class ToolGrammar:
+    """The grammar a reply with tools must follow: the whole reply (forced), or text and calls (auto)."""
+
+    grammar: str
+    forced: bool  # only calls: the parser streams their arguments
+
+
+def call_schema(function: dict[str, Any]) -> dict[str, Any]:
+    """The JSON of one call to function: its name, then arguments valid under its parameters."""
+    arguments = function.get("parameters") or {"type": "object"}
+    if function.get("strict"):
+        arguments = close_objects(arguments)
+    return {
+        "type": "object",
+        "properties": {"name": {"const": function["name"]}, "arguments": arguments},
+        "required": ["name", "arguments"],
+        "additionalProperties": False,
+    }
+
+
+def _marker(text: str, added_tokens: set[str]) -> str:
+    """A marker in Lark: an added token (Qwen's <tool_call>) must be named as a token, or llguidance would
+    spell its text with ordinary tokens and never allow the single id the model writes."""
+    return text if text in added_tokens else json.dumps(text)
+
+
+def tool_grammar(functions: list[dict[str, Any]], tool_choice: str | dict[str, Any] | None,
+                 parallel_tool_calls: bool, added_tokens: set[str],
+                 answer: StructuredOutputsParams | None = None) -> ToolGrammar | None:
+    """The reply's grammar (Lark), or None when the reply is free.
+
+    functions: the tools' "function" objects; tool_choice: "required", "auto" (None), or
+    {"type": "function", "function": {"name": ...}}; answer: the JSON (json or json_object) the reply
+    must be when it calls nothing ("auto" with a JSON response_format); added_tokens: the tokenizer's.
+    """
+    forced = tool_choice == "required" or isinstance(tool_choice, dict)
+    strict = any(f.get("strict") for f in functions)
+    if not (forced or strict or answer is not None):
+        return None
+    if isinstance(tool_choice, dict):
+        functions = [f for f in functions if f["name"] == tool_choice["function"]["name"]]
+    schemas = [call_schema(f) for f in functions]
+    body = {**(schemas[0] if len(schemas) == 1 else {"anyOf": schemas}), "x-guidance": json_options()}
+    open_, close = _marker(TOOL_OPEN, added_tokens), _marker(TOOL_CLOSE, added_tokens)
+    single = isinstance(tool_choice, dict) or not parallel_tool_calls
+    lines = [f"body: %json {json.dumps(body)}"]
+    if forced or answer is not None:
+        lines.append(f'call: {open_} "\\n" body "\\n" {close}')
+        calls = "call" if single else 'call ("\\n" call)*'
+        if forced:
+            lines.append(f"start: {calls}")
+        else:
+            answer_schema = {**json_schema(answer), "x-guidance": json_options(answer)}
+            lines += [f"start: {calls} | answer", f"answer: %json {json.dumps(answer_schema)}"]
+    else:  # auto with strict functions: any text, but what starts a call is held to the schemas
+        lines += [f"start: {'call?' if single else 'call*'} text", f"text: TEXT\nTEXT: {_TEXT}"]
+        if TOOL_OPEN in added_tokens:  # the marker is one token, which free text never contains
+            lines.append(f'call: TEXT {open_} "\\n" body "\\n" {close}')
+        else:  # a string: free text runs lazily, up to the first marker
+            lines += [f"call_start[lazy]: TEXT {open_}", f'call: call_start "\\n" body "\\n" {close}']
+    return ToolGrammar("\n".join(lines), forced)
+
+
+def chat_constraints(body: ChatCompletionRequest, added_tokens: set[str]) -> tuple[list[Constraint], bool]:
+    """A chat request's constraints to compile, in order, the last being the reply's (the earlier ones
+    check a part alone, so that an error names that part), and whether the reply is only tool calls."""
+    answer = body.constraint()
+    answers = [answer] if answer else []
+    if not body.parse_tool_calls:
+        return answers, False
+    assert body.tools is not None
+    functions = [tool.function.model_dump(exclude_none=True) for tool in body.tools]
+    choice = body.tool_choice.model_dump() if isinstance(body.tool_choice, NamedToolChoice) else body.tool_choice
+    if answer is not None and answer.params.kind not in ("json", "json_object"):
+        raise InvalidRequest(answer.source, f"{answer.source} can go with tools only as JSON (a schema or any "
+                             "object): set tool_choice to none, or drop the tools")
+    grammar = tool_grammar(functions, choice, body.parallel_tool_calls, added_tokens,
+                           answer.params if answer else None)
+    if grammar is None:
+        return answers, False
+    arguments = [Constraint(StructuredOutputsParams(json=call_schema(f)["properties"]["arguments"]),
+                            f"tools.{i}.function.parameters", {}) for i, f in enumerate(functions)]
+    whole = Constraint(StructuredOutputsParams(grammar=grammar.grammar), "tools", {})
+    return answers + arguments + [whole], grammar.forced
+
+
+def template_renders_tools(template_variables: frozenset[str]) -> bool:
+    """Whether a chat template tells the model about tools itself (it reads the `tools` variable)."""
+    return "tools" in template_variables
+
+
+def tools_system_prompt(tools: list[dict[str, Any]]) -> str:
+    """The generic format's instructions, for templates that do not render tools: the words
+    Hermes-style templates use, so a model sees one format whichever template it has."""
+    listing = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+    return ("You can call functions. Their signatures, as JSON schemas, are inside <tools></tools>:\n"
+            f"<tools>\n{listing}\n</tools>\n"
+            "To call a function, write a JSON object with its name and arguments inside "
+            "<tool_call></tool_call> tags, one call per block:\n"
+            f'{TOOL_OPEN}\n{{"name": <function-name>, "arguments": <args-json-object>}}\n{TOOL_CLOSE}')
+
+
+def call_as_text(call: dict[str, Any]) -> str:
+    """An earlier call (OpenAI's form, arguments as JSON text) written as the model writes one."""
+    function = call["function"]
+    try:
+        arguments = json.loads(function.get("arguments") or "{}")
+    except ValueError:
+        arguments = function.get("arguments")
+    return f"{TOOL_OPEN}\n{json.dumps({'name': function['name'], 'arguments': arguments})}\n{TOOL_CLOSE}"
+
+
+def with_generic_tools(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The conversation for a template without tool support: the tools described at the end of the
+    system message (or in one of their own), earlier calls written into their assistant turns."""
+    out = [{"role": "system", "content": tools_system_prompt(tools)}]
+    if messages and messages[0].get("role") == "system":
+        instructions = message_text(messages[0].get("content"))
+        out = [{**messages[0], "content": f"{instructions}\n\n{out[0]['content']}"}]
+        messages = messages[1:]
+    for message in messages:
+        if message.get("role") == "assistant" and message.get("tool_calls"):
+            calls = "\n".join(call_as_text(c) for c in message["tool_calls"])
+            content = message.get("content") or ""
+            message = {k: v for k, v in message.items() if k != "tool_calls"}
+            message["content"] = f"{content}\n{calls}" if content else calls
+        out.append(message)
+    return out
