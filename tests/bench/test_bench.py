@@ -1,4 +1,4 @@
-"""The benchmark tools (`zhuzi bench offline | decode | serve`) run end to end on tiny settings.
+"""The benchmark tools (`zhuzi bench offline | decode | structured | serve`) run end to end on tiny settings.
 
 They drive the real engine, real transformers and a real `zhuzi serve` subprocess; the figures
 are meaningless at this size, so the tests check that each report is complete and consistent.
@@ -29,11 +29,11 @@ def tokenizer():
     return load_tokenizer(None)
 
 
-def test_cli_lists_the_three_tools(capsys):
+def test_cli_lists_the_four_tools(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["bench", "--help"])
     help_text = capsys.readouterr().out
-    assert all(tool in help_text for tool in ("offline", "decode", "serve"))
+    assert all(tool in help_text for tool in ("offline", "decode", "structured", "serve"))
 
 
 def test_random_prompts_are_seeded_in_range_and_free_of_control_tokens(tokenizer):
@@ -106,6 +106,17 @@ def test_decode_reports_speed_and_share_of_roofline(quantization, tmp_path, caps
                                                      / report.bandwidth_bytes_per_s)
     assert "% of roofline" in capsys.readouterr().out
     assert json.loads(out.read_text())["roofline_fraction"] == pytest.approx(report.roofline_fraction)
+
+
+def test_structured_compares_constrained_and_free_decode_steps(tmp_path, capsys):
+    out = tmp_path / "structured.json"
+    report = run_tool(["bench", "structured", "--batch", "2", "--steps", "6", "--rounds", "1",
+                       "--json-out", str(out)])
+    assert (report.batch, report.steps) == (2, 6)
+    assert report.free_step_s > 0 and report.constrained_step_s > 0
+    assert report.ratio == pytest.approx(report.constrained_step_s / report.free_step_s)
+    assert "ms a decode step" in capsys.readouterr().out
+    assert json.loads(out.read_text())["ratio"] == pytest.approx(report.ratio)
 
 
 def free_port() -> int:
