@@ -1,9 +1,9 @@
 """zhuzi (逐字): an LLM inference engine and OpenAI-compatible chat server on PyTorch."""
 from zhuzi.outputs import CompletionOutput, RequestOutput
-from zhuzi.sampling_params import SamplingParams
+from zhuzi.sampling_params import SamplingParams, StructuredOutputsParams
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "__version__"]
+__all__ = ["LLM", "SamplingParams", "StructuredOutputsParams", "RequestOutput", "CompletionOutput", "__version__"]
 
 
 def __getattr__(name: str):
