@@ -278,3 +278,44 @@ def test_a_top_p_too_small_for_float32_keeps_only_the_top_token():
     logits = torch.randn(3, VOCAB)
     out = sampler(logits, [row(top_p=5e-324, seed=i) for i in range(3)])
     assert out.token_ids == logits.argmax(-1).tolist()
+
+
+# ------------------------------------------------------------------ grammar masks
+
+def constrained_rows(grammars, count: int, every: int) -> list[SamplingRow]:
+    """count rows, every `every`-th one held to a yes/no choice (the rest free)."""
+    from zhuzi.sampling_params import StructuredOutputsParams
+
+    choice = StructuredOutputsParams(choice=["yes", "no"])
+    return [SamplingRow(SamplingParams(temperature=0), [], [], grammar=grammars.matcher(choice) if i % every == 0
+                        else None) for i in range(count)]
+
+
+def test_grammar_masks_touch_only_constrained_rows_and_allow_exactly_the_grammars_tokens(grammars,
+                                                                                         smollm2_tokenizer):
+    from zhuzi.sampler import apply_grammar_masks
+
+    logits = torch.randn(16, VOCAB)
+    rows = constrained_rows(grammars, 16, 3)
+    masked = logits.clone()
+    apply_grammar_masks(masked, rows)
+    # the first token of either choice, spelled any way: every token that is a prefix of one
+    allowed = {i for i, text in enumerate(smollm2_tokenizer.token_bytes[:VOCAB])
+               if text and (b"yes".startswith(text) or b"no".startswith(text))}
+    for i, r in enumerate(rows):
+        if r.grammar is None:
+            assert torch.equal(masked[i], logits[i])
+        else:
+            assert set(torch.isfinite(masked[i]).nonzero().flatten().tolist()) == allowed
+            assert torch.equal(masked[i, list(allowed)], logits[i, list(allowed)])
+    tokens = sampler(logits.clone(), rows).token_ids
+    assert all(tokens[i] in allowed for i in range(0, 16, 3))
+
+
+def test_an_infinite_logit_stays_masked(grammars, smollm2_tokenizer):
+    logits = torch.zeros(1, VOCAB)
+    forbidden = smollm2_tokenizer.encode("zebra")[0]
+    logits[0, forbidden] = float("inf")
+    out = sampler(logits, constrained_rows(grammars, 1, 1))
+    assert logits[0, forbidden] == float("-inf") and not logits.isnan().any()
+    assert out.token_ids[0] != forbidden
