@@ -373,7 +373,7 @@ def test_mixed_batch_constrains_only_its_constrained_rows(llm, chats, alone):
 
 
 @pytest.mark.parametrize("options", [
-    dict(kv_cache_memory=24 * 16 * 46080),  # 24 blocks of 16 tokens: sequences are preempted and recomputed
+    dict(kv_cache_memory=16 * 16 * 46080),  # 16 blocks of 16 tokens: sequences are preempted and recomputed
     dict(max_num_batched_tokens=32, enable_prefix_caching=True),  # prompts prefilled in chunks, prefixes shared
 ])
 def test_preemption_chunked_prefill_and_prefix_caching_keep_the_output(chats, alone, options):
