@@ -28,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     EngineConfig.add_cli_args(parser)
     parser.add_argument("--batch", type=int, default=16, help="rows decoding together (default %(default)s)")
     parser.add_argument("--steps", type=int, default=128, help="decode steps per run (default %(default)s)")
-    parser.add_argument("--rounds", type=int, default=3,
+    parser.add_argument("--rounds", type=int, default=5,
                         help="free and constrained runs, interleaved after a warm-up; the best counts "
                              "(default %(default)s)")
     parser.add_argument("--json-out", default=None, help="also write the report to this JSON file")
@@ -45,7 +45,7 @@ class StructuredReport:
     rounds: int
     free_step_s: float  # median decode step with no row constrained, best round
     constrained_step_s: float  # the same with every row under the schema
-    load_before: float  # 1-minute load average when the measurement started, and when it ended
+    load_before: float  # 1-minute load average before the model was loaded, and at the end (this run included)
     load_after: float
 
     @property
@@ -69,6 +69,7 @@ def run(args: argparse.Namespace) -> StructuredReport:
     from zhuzi import SamplingParams
     from zhuzi.sampling_params import StructuredOutputsParams
 
+    load_before = os.getloadavg()[0]
     llm = load_llm(args)
     prompts = [llm.tokenizer.encode_chat([{"role": "user", "content": f"List {TOPICS[i % len(TOPICS)]} as JSON "
                                                                       f"(list {i})."}])
@@ -81,7 +82,6 @@ def run(args: argparse.Namespace) -> StructuredReport:
     for constrained in (False, True):  # warm-up: first-call costs, the grammar's tokenizer view and compile
         llm.generate(prompts, params(8, constrained))
     free, constrained = params(args.steps, False), params(args.steps, True)
-    load_before = os.getloadavg()[0]
     free_s, constrained_s = [], []
     for _ in range(args.rounds):
         free_s.append(median_step_seconds(llm, prompts, free))
@@ -108,5 +108,6 @@ def format_report(r: StructuredReport) -> str:
         f"free:         {r.free_step_s * 1e3:8.2f} ms a decode step",
         f"constrained:  {r.constrained_step_s * 1e3:8.2f} ms a decode step",
         f"ratio:        {r.ratio:8.3f} x   (target <= 1.15)",
-        f"load:         1-minute load average {r.load_before:.2f} before, {r.load_after:.2f} after",
+        f"load:         1-minute load average {r.load_before:.2f} at the start, {r.load_after:.2f} at the end "
+        f"(this run's {r.threads} threads included)",
     ])
