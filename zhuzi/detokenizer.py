@@ -49,9 +49,10 @@ class IncrementalDetokenizer:
         return self._check_stops(self._held + new)
 
     def flush(self) -> str:
-        """The sequence ended for another reason: show everything held back."""
-        piece = self._held + self._utf8.decode(b"", final=True)
-        self._held = ""
+        """The sequence ended for another reason: show everything held back but an unfinished character,
+        whose bytes stay only in the token ids (the text never shows a U+FFFD the model did not write)."""
+        piece, self._held = self._held, ""
+        self._utf8.reset()
         self._shown.write(piece)
         return piece
 

@@ -1,7 +1,13 @@
-"""What the engine hands back: per-request outputs, logprobs and timings."""
+"""What the engine hands back: per-request outputs, logprobs and timings, inspections and snapshots.
+
+All plain data (dataclasses, lists, CPU tensors), so it can cross a process boundary."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+import torch
+
+from zhuzi.config import KVPlan, ModelConfig
 
 
 @dataclass
@@ -76,6 +82,22 @@ class CompletionOutput:
 
 
 @dataclass
+class LensLayer:
+    """The logit lens at one layer: the top tokens of its residual stream read out through the LM head."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+
+
+@dataclass
+class Inspection:
+    """What an inspection read at the last position of its token ids."""
+
+    logits: torch.Tensor  # [vocab] float32: the raw next-token logits, before any sampling step
+    lens: list[LensLayer] | None = None  # one per layer, when the probe asked for the logit lens
+
+
+@dataclass
 class RequestOutput:
     request_id: str
     prompt: str | None
@@ -86,6 +108,7 @@ class RequestOutput:
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
     num_cached_tokens: int = 0
     error: str | None = None  # set (and finished) when the engine failed this request
+    inspection: Inspection | None = None  # on the final output of a probe
 
 
 class RequestError(RuntimeError):
@@ -106,3 +129,30 @@ class EngineStats:
     @property
     def kv_cache_usage(self) -> float:
         return 1.0 - self.num_free_blocks / self.num_blocks if self.num_blocks else 0.0
+
+
+@dataclass
+class StepRecord:
+    """One forward pass of the step loop, as the inspector's engine view plots it."""
+
+    end_time: float  # time.monotonic()
+    duration: float  # seconds of model execution (forward pass and sampling)
+    prefill_tokens: int
+    decode_tokens: int  # sequences that decoded one token
+    kv_tokens_read: int  # context tokens those decodes attended to
+
+
+@dataclass
+class EngineSnapshot:
+    """The engine between two steps: its model, KV pool, queues and recent steps."""
+
+    time: float  # time.monotonic() when taken
+    model: ModelConfig
+    dtype: str
+    max_model_len: int
+    weight_bytes_per_decode_step: int
+    stats: EngineStats
+    kv_plan: KVPlan
+    cached_blocks: int  # blocks holding a prefix-cache entry, in use or free
+    read_bandwidth: float  # bytes/s, measured once on the step loop's thread
+    steps: list[StepRecord]  # the most recent, oldest first

@@ -1,15 +1,17 @@
-"""The asyncio bridge: streams of deltas, cancellation aborts, the event loop stays free, faults stay with
-their request, and health() tells a stalled or failed engine from a working one."""
+"""The asyncio bridge: streams of deltas, probes and snapshots, cancellation aborts, the event loop stays free,
+faults stay with their request, and health() tells a stalled or failed engine from a working one."""
 import asyncio
 import threading
 import time
 
 import pytest
+import torch
 from faults import Unchecked
 
 from zhuzi import SamplingParams
 from zhuzi.config import EngineConfig
 from zhuzi.engine.async_engine import AsyncEngine, EngineDead
+from zhuzi.engine.sequence import Probe
 from zhuzi.outputs import RequestError
 
 
@@ -174,3 +176,32 @@ def test_a_failed_engine_loop_ends_every_stream_and_refuses_later_requests():
 
     asyncio.run(main())
     assert dying.health(stall_timeout=60) == "the engine failed: RuntimeError: the scheduler's state is broken"
+
+
+def test_probes_and_snapshots_go_through_the_loop_and_a_cancelled_probe_frees_its_blocks(engine):
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    ids = engine.tokenizer.encode("The capital of France is")
+
+    async def main():
+        streaming = asyncio.create_task(collect(engine, "Once upon a time", params, "beside"))
+        probes = await asyncio.gather(*(engine.probe(ids, Probe(lens_top=k), f"probe-{k}") for k in (0, 2)))
+        during = await engine.snapshot(8)
+        await streaming
+        long = asyncio.create_task(engine.probe(engine.tokenizer.encode("word " * 1000), Probe(), "cancelled"))
+        while (await engine.snapshot(0)).stats.num_running == 0:  # until admitted (a prefill of two chunks)
+            await asyncio.sleep(0.01)
+        long.cancel()
+        await asyncio.gather(long, return_exceptions=True)
+        for _ in range(100):  # the abort lands within a step or two
+            after = await engine.snapshot(0)
+            if after.stats.num_running == 0 and after.stats.num_free_blocks == after.stats.num_blocks:
+                break
+            await asyncio.sleep(0.05)
+        return probes, during, after
+
+    probes, during, after = asyncio.run(main())
+    assert torch.equal(probes[0].inspection.logits, probes[1].inspection.logits)
+    assert len(probes[1].inspection.lens) == during.model.num_layers
+    assert during.stats.num_running >= 1 and 1 <= len(during.steps) <= 8
+    assert after.stats.num_running == after.stats.num_waiting == 0
+    assert after.stats.num_free_blocks == after.stats.num_blocks and after.steps == []

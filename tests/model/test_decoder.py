@@ -5,19 +5,19 @@ import torch
 
 from zhuzi import LLM, SamplingParams
 from zhuzi.model.attention import AttentionMetadata, PrefillChunk
-from zhuzi.model.decoder import Decoder
+from zhuzi.model.decoder import Decoder, LayerTap
 from zhuzi.model.loader import load_checkpoint
 
 EMPTY = torch.empty(0)
 
 
-def full_logits(model: Decoder, ids: list[int]) -> torch.Tensor:
+def full_logits(model: Decoder, ids: list[int], tap: LayerTap | None = None) -> torch.Tensor:
     """Logits of every position from one prefill with no cached prefix."""
     c, n = model.config, len(ids)
     kv = torch.zeros(c.num_layers, 2, n, c.num_kv_heads, c.head_dim, dtype=model.dtype)
     meta = AttentionMetadata(torch.arange(n), 0, EMPTY, EMPTY, [PrefillChunk(0, n, n, torch.arange(n))])
     with torch.inference_mode():
-        return model.logits(model.forward(torch.tensor(ids), torch.arange(n), meta, kv))
+        return model.logits(model.forward(torch.tensor(ids), torch.arange(n), meta, kv, tap))
 
 
 def greedy_without_cache(model: Decoder, ids: list[int], steps: int) -> list[int]:
@@ -48,6 +48,23 @@ def test_logits_match_transformers(tiny_pair):
         with torch.no_grad():
             expected = hf(torch.tensor([ids])).logits[0]
         assert (full_logits(ours, ids) - expected).abs().max() < 1e-3
+
+
+def test_the_tap_reads_each_layers_residual_stream(tiny_pair):
+    """What the logit lens reads: after layer i, the hidden state transformers reports as hidden_states[i + 1];
+    the last layer's, read through the lens (final norm, LM head), is the model's own output."""
+    hf, ours, _ = tiny_pair
+    ids = PROMPTS[1]
+    rows = torch.tensor([3, len(ids) - 1])
+    tap = LayerTap(rows)
+    logits = full_logits(ours, ids, tap)
+    with torch.no_grad():
+        hidden = hf(torch.tensor([ids]), output_hidden_states=True).hidden_states
+    assert len(tap.residuals) == ours.config.num_layers
+    for i, residual in enumerate(tap.residuals[:-1]):
+        assert (residual - hidden[i + 1][0, rows]).abs().max() < 1e-4
+    with torch.inference_mode():
+        assert (ours.lens_logits(tap.residuals[-1]) - logits[rows]).abs().max() < 1e-5
 
 
 def test_greedy_generation_matches_transformers(tiny_pair):

@@ -10,12 +10,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from dataclasses import asdict, dataclass
 
 from zhuzi.bench import load_llm, machine_line
 from zhuzi.bench.datasets import random_token_requests
 from zhuzi.config import EngineConfig
+from zhuzi.engine.model_runner import measure_read_bandwidth
 
 BANDWIDTH_BUFFER_BYTES = 1 << 30
 
@@ -67,19 +67,6 @@ class DecodeReport:
             "prefill_tokens_per_s", "decode_tokens_per_s", "roofline_tokens_per_s", "roofline_fraction")}
 
 
-def measure_bandwidth(repeats: int, nbytes: int = BANDWIDTH_BUFFER_BYTES) -> float:
-    """Bytes/s of the fastest of `repeats` full reads (torch.sum) of an fp32 buffer."""
-    import torch
-
-    buffer = torch.ones(nbytes // 4, dtype=torch.float32)  # ones, not empty: touch every page first
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        buffer.sum()
-        best = min(best, time.perf_counter() - start)
-    return nbytes / best
-
-
 def decode_step_seconds(metrics, output_tokens: int) -> float:
     """Mean seconds per decode step: the engine's per-step times, else the span after the first token."""
     if metrics.decode_step_times:
@@ -109,7 +96,7 @@ def run(args: argparse.Namespace) -> DecodeReport:
         dtype=args.dtype, quantization=args.quantization, threads=torch.get_num_threads(),
         prompt_tokens=len(request.prompt_token_ids), output_tokens=len(output.outputs[0].token_ids),
         prefill_s=prefill_s, decode_step_s=step_s,
-        bandwidth_bytes_per_s=measure_bandwidth(args.bandwidth_repeats),
+        bandwidth_bytes_per_s=measure_read_bandwidth(args.device, BANDWIDTH_BUFFER_BYTES, args.bandwidth_repeats),
         weight_bytes_per_step=llm.weight_bytes_per_decode_step)
     print(format_report(report, args))
     if args.json_out:

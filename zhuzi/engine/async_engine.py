@@ -1,12 +1,14 @@
 """asyncio bridge for the server: the step loop runs in a thread; each request gets its own stream.
 
-The loop beats a heartbeat after every step, so health() tells a working engine from one whose
-thread is gone, whose loop failed, or that has work and has stopped making progress. The server
+Everything reaches the loop as a command of plain data (add, probe, snapshot, abort) and comes back as
+plain data. The loop beats a heartbeat after every step, so health() tells a working engine from one
+whose thread is gone, whose loop failed, or that has work and has stopped making progress. The server
 asks only health() and fail(), so the engine can move to a process of its own behind them.
 """
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import queue
 import threading
@@ -16,7 +18,8 @@ from dataclasses import dataclass
 
 from zhuzi.config import EngineConfig
 from zhuzi.engine.engine import Engine
-from zhuzi.outputs import EngineStats, RequestError, RequestOutput
+from zhuzi.engine.sequence import Probe
+from zhuzi.outputs import EngineSnapshot, EngineStats, RequestError, RequestOutput
 from zhuzi.sampling_params import SamplingParams, StructuredOutputsParams
 
 log = logging.getLogger("zhuzi")
@@ -41,6 +44,7 @@ class AsyncEngine:
         """Loads the model in the engine's own thread and returns once it is ready."""
         self._commands: queue.SimpleQueue = queue.SimpleQueue()  # only the loop thread touches the engine
         self._streams: dict[str, _Stream] = {}
+        self._snapshot_ids = itertools.count()
         self._wake = threading.Event()
         self._failure: str | None = None  # why the engine can run nothing more
         self._idle = True  # the loop waits for work (an old heartbeat then means nothing)
@@ -110,6 +114,33 @@ class AsyncEngine:
                        request_id: str) -> AsyncIterator[RequestOutput]:
         """Yields deltas until the request finishes; closing the iterator aborts the request. A request the
         engine failed raises RequestError; all of them raise EngineDead once the engine is gone."""
+        async for out in self._outputs(("add", request_id, prompt, params, time.monotonic())):
+            yield out
+
+    async def probe(self, token_ids: list[int], probe: Probe, request_id: str) -> RequestOutput:
+        """An inspection through the step loop: its final output, whose .inspection holds the reading.
+        Cancelling the caller aborts it in the engine."""
+        last = None
+        async for out in self._outputs(("probe", request_id, token_ids, probe)):
+            last = out
+        if last is None or last.inspection is None:
+            raise RequestError("the inspection ended without a reading (aborted)")
+        return last
+
+    async def snapshot(self, num_steps: int) -> EngineSnapshot:
+        """The engine's state, taken on the step loop's thread between two steps."""
+        request_id = f"snapshot-{next(self._snapshot_ids)}"
+        stream = self._open(request_id)
+        self._send(("snapshot", request_id, num_steps))
+        try:
+            item = await stream.queue.get()
+        finally:
+            self._streams.pop(request_id, None)
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+    def _open(self, request_id: str) -> _Stream:
         if self._failure is not None:
             raise EngineDead(self._failure)
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
@@ -117,7 +148,13 @@ class AsyncEngine:
         if self._failure is not None:  # failed between the check and the line above: fail() missed this stream
             self._streams.pop(request_id)
             raise EngineDead(self._failure)
-        self._send(("add", request_id, prompt, params, time.monotonic()))
+        return stream
+
+    async def _outputs(self, command: tuple) -> AsyncIterator[RequestOutput]:
+        """Sends a request's command; yields its outputs until the last; leaving early aborts it."""
+        request_id = command[1]
+        stream = self._open(request_id)
+        self._send(command)
         finished = False
         try:
             while not finished:
@@ -155,7 +192,10 @@ class AsyncEngine:
                     self._deliver(request_id, out)
                 continue
             try:
-                self.engine.add_request(request_id, *rest)
+                if kind == "snapshot":
+                    self._deliver(request_id, self.engine.snapshot(*rest))
+                else:
+                    (self.engine.add_probe if kind == "probe" else self.engine.add_request)(request_id, *rest)
             except Exception as e:  # refused at admission: only this request hears of it
                 self._deliver(request_id, e)
 

@@ -8,12 +8,17 @@ A constrained request (SamplingParams.structured_outputs) gets one grammar match
 the sampler masks with it, each sampled token advances it, and the sequence ends ("stop") the
 moment its grammar does: that end wins over min_tokens and ignore_eos. Stop strings and max_tokens
 still cut the output short, as they do any other ("length" may leave an object unfinished).
+
+Inspections (probes) take the same loop: a probe is a sequence that is scheduled, prefix-cached and
+batched like any other, but at its last token the model is read out instead of sampled.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import torch
@@ -21,18 +26,28 @@ import torch
 from zhuzi.config import EngineConfig
 from zhuzi.detokenizer import IncrementalDetokenizer
 from zhuzi.engine.block_manager import BlockManager
-from zhuzi.engine.model_runner import ModelRunner, PromptLogprobs, StepResult
+from zhuzi.engine.model_runner import ModelRunner, PromptLogprobs, StepResult, measure_read_bandwidth
 from zhuzi.engine.scheduler import Scheduler
-from zhuzi.engine.sequence import ScheduledSeq, Sequence
+from zhuzi.engine.sequence import Probe, ScheduledSeq, Sequence
 from zhuzi.engine.structured import GrammarCompiler
 from zhuzi.model.decoder import Decoder
 from zhuzi.model.loader import load_checkpoint
-from zhuzi.outputs import CompletionOutput, EngineStats, Logprob, RequestMetrics, RequestOutput
+from zhuzi.outputs import (
+    CompletionOutput,
+    EngineSnapshot,
+    EngineStats,
+    Inspection,
+    Logprob,
+    RequestMetrics,
+    RequestOutput,
+    StepRecord,
+)
 from zhuzi.sampler import make_generator
 from zhuzi.sampling_params import InvalidRequest, SamplingParams
 from zhuzi.tokenizer import Tokenizer
 
 log = logging.getLogger("zhuzi")
+RECENT_STEPS = 256  # step records kept for snapshots
 
 
 @dataclass
@@ -48,6 +63,7 @@ class Request:
     partial_prompt_logprobs: PromptLogprobs = field(default_factory=list)
     deltas: dict[int, CompletionOutput] = field(default_factory=dict)  # news since the last output
     error: str | None = None  # why the engine failed this request
+    inspection: Inspection | None = None  # a probe's reading, once its last token ran
 
     @property
     def finished(self) -> bool:
@@ -70,7 +86,7 @@ class Engine:
         self.eos_ids = list(ckpt.config.eos_token_ids)
         model = Decoder(ckpt.config, ckpt.tensors, config.device, config.quantization,
                         max_positions=max(self.max_model_len, ckpt.config.max_position_embeddings))
-        plan = config.kv_plan(ckpt.config)
+        self.kv_plan = plan = config.kv_plan(ckpt.config)
         if plan.num_blocks < 1:
             raise ValueError(f"kv_cache_memory {config.kv_cache_memory} holds no KV block")
         self.grammars = GrammarCompiler(self.tokenizer.hf, ckpt.config.vocab_size, self.eos_ids)
@@ -80,6 +96,7 @@ class Engine:
                                    config.long_prefill_token_threshold)
         self.requests: dict[str, Request] = {}
         self._seq_ids = itertools.count()
+        self.recent_steps: deque[StepRecord] = deque(maxlen=RECENT_STEPS)
         log.info("model %s (%s, %s), KV %d bytes/token, %d blocks of %d = %d tokens", ckpt.path.name,
                  ckpt.config.architecture, config.dtype, plan.bytes_per_token, plan.num_blocks, plan.block_size,
                  plan.capacity_tokens)
@@ -145,6 +162,19 @@ class Engine:
         for seq in seqs:
             self.scheduler.add(seq)
 
+    def add_probe(self, request_id: str, token_ids: list[int], probe: Probe) -> None:
+        """An inspection of token_ids (checked like a prompt): its final output carries what the model read
+        at the last one. It shares the prefix cache, so re-reading a context the engine has seen is cheap."""
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        params = SamplingParams(max_tokens=1, temperature=0)
+        ids = self.validate(token_ids, params)
+        seq = Sequence(next(self._seq_ids), request_id, 0, ids, params, probe=probe)
+        self.requests[request_id] = Request(request_id, None, ids, params, [seq],
+                                            [IncrementalDetokenizer(self.tokenizer, params)],
+                                            RequestMetrics(time.monotonic()))
+        self.scheduler.add(seq)
+
     def abort(self, request_id: str) -> RequestOutput | None:
         """End the request now, in whatever state it is, and free its blocks. Its last output gives every
         sample still running finish_reason "abort" and the text held back so far."""
@@ -165,6 +195,19 @@ class Engine:
         return EngineStats(len(self.scheduler.running), len(self.scheduler.waiting), self.blocks.num_blocks,
                            self.blocks.num_free_blocks, self.blocks.prefix_queries, self.blocks.prefix_hits)
 
+    @functools.cached_property
+    def read_bandwidth(self) -> float:
+        """Bytes/s this device reads memory at; measured at the first call (on the step loop's thread,
+        between two steps, so no forward pass shares the memory bus)."""
+        return measure_read_bandwidth(self.config.device)
+
+    def snapshot(self, num_steps: int) -> EngineSnapshot:
+        """The engine's state and its last num_steps step records."""
+        steps = list(self.recent_steps)[-num_steps:] if num_steps > 0 else []
+        return EngineSnapshot(time.monotonic(), self.model_config, self.config.dtype, self.max_model_len,
+                              self.weight_bytes_per_decode_step, self.stats(), self.kv_plan, len(self.blocks.cached),
+                              self.read_bandwidth, steps)
+
     # -- the step --------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
@@ -181,6 +224,7 @@ class Engine:
                 self._fail(req, exc)
             return [self._output(req) for req in touched.values()]
         now = time.monotonic()
+        self.recent_steps.append(self._step_record(batch, now, now - start))
         failed = {item.seq.request_id: exc for item, exc in result.failed}
         for item in batch:
             seq, req = item.seq, touched[item.seq.request_id]
@@ -199,9 +243,20 @@ class Engine:
                     self._append_token(req, item.seq, token, logprobs, now, now - start)
                 except Exception as exc:
                     failed[req.request_id] = exc
+        for item, inspection in result.inspections:
+            if item.seq.request_id not in failed:
+                touched[item.seq.request_id].inspection = inspection
+                self.scheduler.finish(item.seq, "stop")
         for request_id, exc in failed.items():
             self._fail(touched[request_id], exc)
         return [self._output(req) for req in touched.values()]
+
+    @staticmethod
+    def _step_record(batch: list[ScheduledSeq], end: float, duration: float) -> StepRecord:
+        """Called before the batch counts as computed: a decode is one token past a computed prompt."""
+        decodes = [item.seq for item in batch if item.num_new_tokens == 1 and item.seq.prompt_done]
+        prefill = sum(item.num_new_tokens for item in batch) - len(decodes)
+        return StepRecord(end, duration, prefill, len(decodes), sum(seq.num_computed_tokens + 1 for seq in decodes))
 
     def _execute(self, batch: list[ScheduledSeq]) -> StepResult:
         """Run the step; a failure of the whole step (not of one row: the runner keeps those apart) may be
@@ -298,4 +353,4 @@ class Engine:
             req.metrics.num_cached_tokens = req.seqs[0].num_cached_tokens
             del self.requests[req.request_id]
         return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, deltas, finished, req.metrics,
-                             req.prompt_logprobs, req.seqs[0].num_cached_tokens, req.error)
+                             req.prompt_logprobs, req.seqs[0].num_cached_tokens, req.error, req.inspection)

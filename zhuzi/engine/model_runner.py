@@ -1,7 +1,8 @@
 """Model runner: owns the KV pool, turns a scheduled step into tensors, runs the forward pass,
-samples, and scores prompt tokens for prompt_logprobs."""
+samples, scores prompt tokens for prompt_logprobs, and reads out inspections (probes)."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -9,8 +10,8 @@ import torch
 from zhuzi.config import EngineConfig
 from zhuzi.engine.sequence import ScheduledSeq
 from zhuzi.model.attention import AttentionMetadata, PrefillChunk
-from zhuzi.model.decoder import Decoder
-from zhuzi.outputs import Logprob
+from zhuzi.model.decoder import Decoder, LayerTap
+from zhuzi.outputs import Inspection, LensLayer, Logprob
 from zhuzi.sampler import Sampler, SamplingRow, token_logprobs
 
 # Prompt logprobs are computed this many positions at a time, so a long chunk never needs a
@@ -26,6 +27,18 @@ class StepResult:
     # seq_id -> entries of the prompt tokens this chunk predicts
     prompt_logprobs: dict[int, PromptLogprobs] = field(default_factory=dict)
     failed: list[tuple[ScheduledSeq, Exception]] = field(default_factory=list)  # rows that failed alone
+    inspections: list[tuple[ScheduledSeq, Inspection]] = field(default_factory=list)  # probes that reached their end
+
+
+def measure_read_bandwidth(device: str | torch.device = "cpu", nbytes: int = 256 << 20, repeats: int = 5) -> float:
+    """Bytes/s of the fastest of `repeats` full reads (torch.sum) of a buffer larger than any cache."""
+    buffer = torch.ones(nbytes // 4, dtype=torch.float32, device=device)  # ones, not empty: touch every page
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        float(buffer.sum())
+        best = min(best, time.perf_counter() - start)
+    return nbytes / best
 
 
 class ModelRunner:
@@ -81,17 +94,26 @@ class ModelRunner:
             if s.samples:
                 sample_rows.append(row + n - 1)
         meta = self._metadata(batch, slot_mapping)
-        hidden = self.model.forward(self._tensor(input_ids), self._tensor(positions), meta, self.kv_cache)
+        sampling = [s for s in batch if s.samples]
+        lens = [k for k, s in enumerate(sampling) if s.seq.probe is not None and s.seq.probe.lens_top]
+        tap = LayerTap(self._tensor([sample_rows[k] for k in lens])) if lens else None
+        hidden = self.model.forward(self._tensor(input_ids), self._tensor(positions), meta, self.kv_cache, tap)
         result = StepResult()
         for s, row in prompt_rows:
             try:
                 result.prompt_logprobs[s.seq.seq_id] = self._prompt_logprobs(s, hidden[row:])
             except Exception as exc:
                 result.failed.append((s, exc))
-        sampling = [s for s in batch if s.samples]
         if not sampling:
             return result
         logits = self.model.logits(hidden[self._tensor(sample_rows)])
+        probes = [k for k, s in enumerate(sampling) if s.seq.probe is not None]
+        if probes:
+            self._inspect(result, sampling, logits, probes, lens, tap)
+            drawn = [k for k, s in enumerate(sampling) if s.seq.probe is None]
+            sampling, logits = [sampling[k] for k in drawn], logits[self._tensor(drawn)]
+            if not sampling:
+                return result
         rows = [SamplingRow(s.seq.params, s.seq.output_token_ids, s.seq.prompt_token_ids, s.seq.generator,
                             self.eos_ids + s.seq.params.stop_token_ids, s.seq.grammar) for s in sampling]
         for item, outcome in zip(sampling, self._sample(logits, rows)):
@@ -112,6 +134,25 @@ class ModelRunner:
                 return [exc]
             return [outcome for i in range(len(rows)) for outcome in self._sample(logits[i:i + 1], rows[i:i + 1])]
         return list(zip(out.token_ids, out.logprobs or [None] * len(rows)))
+
+    def _inspect(self, result: StepResult, sampling: list[ScheduledSeq], logits: torch.Tensor, probes: list[int],
+                 lens: list[int], tap: LayerTap | None) -> None:
+        """The probes' readings: their logits row, and per layer the lens's top tokens for those that asked;
+        a probe whose reading raises fails alone."""
+        for k in probes:
+            item = sampling[k]
+            try:
+                inspection = Inspection(logits[k].clone())
+                if k in lens:
+                    assert tap is not None and item.seq.probe is not None
+                    j = lens.index(k)
+                    residual = torch.stack([layer[j] for layer in tap.residuals])
+                    top = self.model.lens_logits(residual).log_softmax(-1).topk(item.seq.probe.lens_top, dim=-1)
+                    inspection.lens = [LensLayer(ids, values)
+                                       for ids, values in zip(top.indices.tolist(), top.values.tolist())]
+                result.inspections.append((item, inspection))
+            except Exception as exc:
+                result.failed.append((item, exc))
 
     def _prompt_logprobs(self, item: ScheduledSeq, hidden: torch.Tensor) -> PromptLogprobs:
         """Each prompt token's logprob given those before it (+ the top k), for the tokens this chunk

@@ -14,6 +14,14 @@ if TYPE_CHECKING:
     from zhuzi.engine.structured import GrammarMatcher
 
 
+@dataclass(frozen=True)
+class Probe:
+    """An inspection: run some token ids through the step loop and read the model at the last one
+    instead of sampling a token there."""
+
+    lens_top: int = 0  # the logit lens: this many top tokens per layer (0: no lens)
+
+
 class Status(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
@@ -32,6 +40,7 @@ class Sequence:
     generator: torch.Generator | None = None
     leader: Sequence | None = None  # a sibling that must prefill first so its prompt blocks are shared
     grammar: GrammarMatcher | None = None  # structured output: where the output is in its grammar
+    probe: Probe | None = None  # an inspection: read out at its last token, never sampled
     token_ids: list[int] = field(init=False)
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[bytes] = field(default_factory=list)  # of the full blocks so far

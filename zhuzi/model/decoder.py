@@ -5,7 +5,7 @@ flags in ModelConfig. Q/K/V and gate/up projections are fused into one matmul ea
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -55,6 +55,14 @@ class Int8Linear(Linear):
     def _matmul(self, flat: torch.Tensor) -> torch.Tensor:
         y = torch._weight_int8pack_mm(flat, self.weight, self.scale)
         return y + self.bias if self.bias is not None else y
+
+
+@dataclass
+class LayerTap:
+    """Rows of a batch whose residual stream the forward pass keeps after every layer (the logit lens)."""
+
+    rows: torch.Tensor  # [n] row indexes into the batch's tokens
+    residuals: list[torch.Tensor] = field(default_factory=list)  # per layer: [n, hidden], filled by forward
 
 
 @dataclass
@@ -115,8 +123,10 @@ class Decoder:
         return row + norms + mats + self.lm_head.nbytes
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                kv_cache: torch.Tensor) -> torch.Tensor:
-        """input_ids, positions: [tokens]; kv_cache: [layers, 2, slots, kv_heads, head_dim]. Returns hidden states."""
+                kv_cache: torch.Tensor, tap: LayerTap | None = None) -> torch.Tensor:
+        """input_ids, positions: [tokens]; kv_cache: [layers, 2, slots, kv_heads, head_dim]. Returns hidden states.
+
+        With a tap, the residual stream of its rows after each layer is appended to tap.residuals."""
         c = self.config
         cos, sin = self.rotary.tables(positions, self.dtype)
         h = self.embed[input_ids]
@@ -134,7 +144,13 @@ class Decoder:
             x = rms_norm(h, layer.post_norm, c.rms_norm_eps)
             gate, up = layer.gate_up(x).chunk(2, -1)
             h = h + layer.down(F.silu(gate) * up)
+            if tap is not None:
+                tap.residuals.append(h[tap.rows])
         return rms_norm(h, self.norm, c.rms_norm_eps)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()
+
+    def lens_logits(self, residual: torch.Tensor) -> torch.Tensor:
+        """The logit lens: a layer's residual stream read out as the last one's is (final norm, LM head)."""
+        return self.logits(rms_norm(residual, self.norm, self.config.rms_norm_eps))
