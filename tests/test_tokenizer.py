@@ -252,3 +252,40 @@ def test_qwen3_style_continue_final_message(qwen_style: Tokenizer) -> None:
     assert text.endswith("<|im_start|>assistant\nOne, two,")
     closed = qwen_style.render_chat(chat, add_generation_prompt=False)
     assert closed.endswith("One, two,<|im_end|>\n")
+
+
+def authored_text(tok: Tokenizer, doc: list) -> dict[str, str]:
+    """Each author's tokens decoded together, in document order."""
+    by_author: dict[str, list[int]] = {}
+    for t in doc:
+        by_author.setdefault(t.author, []).append(t.id)
+    return {author: tok.decode(ids, skip_special_tokens=False) for author, ids in by_author.items()}
+
+
+@pytest.mark.parametrize("messages", [*BENIGN_CONVERSATIONS, [{"role": "user", "content": INJECTION}]])
+def test_the_document_is_encode_chats_tokens_each_with_its_author(tok: Tokenizer, messages: list[dict]) -> None:
+    doc = tok.chat_document(messages)
+    assert [t.id for t in doc] == tok.encode_chat(messages)
+    assert [t.special for t in doc] == [t.id in tok.all_special_ids for t in doc]
+    assert {t.author for t in doc if t.special} == {"template"}
+    texts = authored_text(tok, doc)
+    for role in {m["role"] for m in messages}:  # (a token may hold the template's newline and a leading space)
+        assert texts[role].strip() == "".join(m["content"] for m in messages if m["role"] == role).strip()
+    if "system" not in texts:  # the template's default system turn
+        assert "You are a helpful AI assistant named SmolLM" in texts["template"]
+
+
+def test_a_typed_im_end_is_the_users_plain_tokens(tok: Tokenizer) -> None:
+    doc = tok.chat_document([{"role": "user", "content": INJECTION}])
+    assert [t.id for t in doc if t.author == "user"] == tok.encode(INJECTION)
+    assert not any(t.special for t in doc if t.author == "user")
+
+
+def test_authors_survive_templates_that_cut_into_content(qwen_style: Tokenizer) -> None:
+    """Qwen3's template drops an earlier answer's reasoning: its marks break, the contents are searched for."""
+    doc = qwen_style.chat_document(TOOL_CONVERSATION, tools=[WEATHER_TOOL])
+    assert [t.id for t in doc] == qwen_style.encode_chat(TOOL_CONVERSATION, tools=[WEATHER_TOOL])
+    texts = authored_text(qwen_style, doc)
+    assert texts["system"] == "You are a weather bot." and texts["user"] == "Weather in Paris and Rome?"
+    assert texts["assistant"] == "Let me check." and texts["tool"] == "18 °C, sunny24 °C, clear"
+    assert "<think>" not in qwen_style.render_chat(TOOL_CONVERSATION, tools=[WEATHER_TOOL])

@@ -15,6 +15,9 @@ rendering exactly as they would the real text.
 Added tokens that are not special (Qwen's ``<think>``, ``<tool_call>``) stay ordinary added tokens,
 as in other engines. The lstrip/rstrip options of added tokens are not honoured (the supported
 models set none on their special tokens).
+
+Authorship (for the inspector's document view): the same render with each message's content wrapped
+in private-use marks shows where the template put it; every other character is the template's.
 """
 from __future__ import annotations
 
@@ -22,7 +25,9 @@ import functools
 import inspect
 import json
 import re
+from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +42,8 @@ from zhuzi.cache import atomic_write, cache_path, file_identity
 
 _ESC = "\U000f0000"  # private use: opens a placeholder; a literal one in client text is doubled
 _CODE_BASE = 0xF0001  # special token k (longest first) is written _ESC + chr(_CODE_BASE + k)
+_AUTHOR_BASE = 0x100000  # message i's content is marked chr(_AUTHOR_BASE + i) ... _AUTHOR_END (plane 16)
+_AUTHOR_END = "\U0010fffd"
 _RESERVED_KWARGS = frozenset(inspect.signature(PreTrainedTokenizerBase.apply_chat_template).parameters) - {
     "self", "kwargs"} | {"messages"}
 
@@ -96,6 +103,15 @@ def _message(message: dict) -> dict:
     if msg.get("tool_calls"):
         msg["tool_calls"] = [_tool_call(c) for c in msg["tool_calls"]]
     return msg
+
+
+@dataclass
+class DocToken:
+    """One token of the document the model reads, and who wrote its text."""
+
+    id: int
+    author: str  # "template" (markers, role names, defaults it adds) or the role of the message it came from
+    special: bool  # a control token: only the template's own markers become one
 
 
 class Tokenizer:
@@ -187,6 +203,22 @@ class Tokenizer:
             return frozenset(re.findall(r"[A-Za-z_]\w*", template))
         return frozenset(jinja2.meta.find_undeclared_variables(parsed))
 
+    @functools.cached_property
+    def bpe_model(self) -> dict[str, Any]:
+        """The BPE model as tokenizer.json stores it: vocab, merges in rank order, options."""
+        model = json.loads(self._text.to_str())["model"]
+        if model.get("type") != "BPE":
+            raise ValueError(f"this tokenizer's model is {model.get('type')}, not byte-level BPE")
+        return model
+
+    def pre_tokenize(self, text: str) -> list[tuple[str, str]]:
+        """The words BPE runs on, each as (its text, its characters in the model's byte alphabet)."""
+        if self._text.normalizer is not None:
+            text = self._text.normalizer.normalize_str(text)
+        if self._text.pre_tokenizer is None:
+            return [(text, text)] if text else []
+        return [(text[a:b], word) for word, (a, b) in self._text.pre_tokenizer.pre_tokenize_str(text)]
+
     def render_chat(self, messages: list[dict], *, tools: list[dict] | None = None,
                     add_generation_prompt: bool = True, continue_final_message: bool = False,
                     chat_template_kwargs: dict | None = None) -> str:
@@ -203,8 +235,96 @@ class Tokenizer:
                                        chat_template_kwargs)
         return self._encode_markup(escaped, self._unescape)
 
+    def chat_document(self, messages: list[dict], *, tools: list[dict] | None = None,
+                      add_generation_prompt: bool = True, continue_final_message: bool = False,
+                      chat_template_kwargs: dict | None = None) -> list[DocToken]:
+        """encode_chat's tokens, each with its author.
+
+        A template that cuts into content (a strip, dropping an answer's reasoning) damages the marks or
+        changes the tokens; each message's content (else each of its lines) is then searched for, in order,
+        in the unmarked render."""
+        args = (tools, add_generation_prompt, continue_final_message, chat_template_kwargs)
+        ids = self.encode_chat(messages, tools=tools, add_generation_prompt=add_generation_prompt,
+                               continue_final_message=continue_final_message,
+                               chat_template_kwargs=chat_template_kwargs)
+        roles = [m.get("role", "template") for m in messages]
+        pieces = self._pieces(self._render_escaped(messages, *args, mark_authors=True), roles)
+        tokens = self._author_tokens(pieces) if pieces is not None else []
+        if [t.id for t in tokens] != ids:
+            pieces = self._pieces(self._render_escaped(messages, *args), [])  # no roles: nothing reads as a mark
+            assert pieces is not None
+            self._search_authors(pieces, messages)
+            tokens = self._author_tokens(pieces)
+        return tokens
+
+    def _pieces(self, escaped: str, roles: list[str]) -> list[tuple[str, list[str]] | int] | None:
+        """A rendered document cut as encode_chat cuts it: the template's markers (their ids) and the
+        text between them with each character's author; None if the marks came out damaged."""
+        pieces: list[tuple[str, list[str]] | int] = []
+        start = 0
+        for m in [*self._special_re.finditer(escaped), None]:
+            text = self._unmark(escaped[start:m.start() if m else len(escaped)], roles)
+            if text is None:
+                return None
+            pieces.append(text)
+            if m:
+                pieces.append(self._special_ids[m.group()])
+                start = m.end()
+        return pieces
+
+    def _unmark(self, escaped: str, roles: list[str]) -> tuple[str, list[str]] | None:
+        """Escaped, marked text -> the real text and each character's author (None: unpaired marks)."""
+        text: list[str] = []
+        authors: list[str] = []
+        author, chars = None, iter(escaped)
+        for ch in chars:
+            if ch == _AUTHOR_END or 0 <= ord(ch) - _AUTHOR_BASE < len(roles):
+                if (ch == _AUTHOR_END) == (author is None):  # an end without a start, or a start inside one
+                    return None
+                author = None if ch == _AUTHOR_END else roles[ord(ch) - _AUTHOR_BASE]
+            else:
+                real = self._unescape(ch + next(chars, "")) if ch == _ESC else ch
+                text.append(real)
+                authors += [author or "template"] * len(real)
+        return ("".join(text), authors) if author is None else None
+
+    @staticmethod
+    def _search_authors(pieces: list[tuple[str, list[str]] | int], messages: list[dict]) -> None:
+        """Marks each message's text found, in order, in the pieces: its stripped content, else its lines."""
+        k, at = 0, 0  # where the search goes on: piece index, offset in it
+        for message in messages:
+            content = _message(message)["content"].strip()
+            parts = [content] if content else []
+            if parts and not any(content in p[0] for p in pieces[k:] if not isinstance(p, int)):
+                parts = [line.strip() for line in content.splitlines() if line.strip()]
+            for part in parts:
+                for j in range(k, len(pieces)):
+                    piece = pieces[j]
+                    found = -1 if isinstance(piece, int) else piece[0].find(part, at if j == k else 0)
+                    if found >= 0:
+                        piece[1][found:found + len(part)] = [message.get("role", "template")] * len(part)
+                        k, at = j, found + len(part)
+                        break
+
+    def _author_tokens(self, pieces: list[tuple[str, list[str]] | int]) -> list[DocToken]:
+        """Tokens of the pieces; a token's author is the one who wrote most of its characters."""
+        tokens = []
+        for piece in pieces:
+            if isinstance(piece, int):
+                tokens.append(DocToken(piece, "template", True))
+                continue
+            text, authors = piece
+            if not text:
+                continue
+            encoding = self._text.encode(text, add_special_tokens=False)
+            for token_id, (start, end) in zip(encoding.ids, encoding.offsets):
+                owners = Counter(authors[start:max(end, start + 1)])
+                tokens.append(DocToken(token_id, owners.most_common(1)[0][0] if owners else "template", False))
+        return tokens
+
     def _render_escaped(self, messages: list[dict], tools: list[dict] | None, add_generation_prompt: bool,
-                        continue_final_message: bool, chat_template_kwargs: dict | None) -> str:
+                        continue_final_message: bool, chat_template_kwargs: dict | None,
+                        mark_authors: bool = False) -> str:
         if not self.hf.chat_template:
             raise ValueError("this checkpoint has no chat template: use the completions API with a plain prompt")
         if add_generation_prompt and continue_final_message:
@@ -212,9 +332,13 @@ class Tokenizer:
         kwargs = dict(chat_template_kwargs or {})
         if clash := sorted(kwargs.keys() & _RESERVED_KWARGS):
             raise ValueError(f"chat_template_kwargs may not set {', '.join(clash)}")
+        escaped = self._escape([_message(m) for m in messages])
+        if mark_authors:
+            escaped = [{**m, "content": f"{chr(_AUTHOR_BASE + i)}{m['content']}{_AUTHOR_END}"} if m["content"] else m
+                       for i, m in enumerate(escaped)]
         try:
             return self.hf.apply_chat_template(
-                self._escape([_message(m) for m in messages]), tools=self._escape(tools),
+                escaped, tools=self._escape(tools),
                 add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message,
                 tokenize=False, **self._escape(kwargs))
         except jinja2.TemplateError as e:  # e.g. the template's raise_exception("roles must alternate")
