@@ -19,7 +19,9 @@ install: $(STAMP)
 serve: $(STAMP)
 	$(BIN)/zhuzi serve --host 127.0.0.1 --port 8000
 
+# The inspector's page tests drive Debian's Chromium (Playwright's own browser download is unreachable here).
 test: $(STAMP)
+	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)
 	$(BIN)/ruff check zhuzi tests
 	$(BIN)/python -m pytest -q tests
 

@@ -154,9 +154,10 @@ class Tokenizer:
         at = next(i for i in range(len(full)) if full[i:i + len(bare)] == bare)
         return full[:at], full[at + len(bare):]
 
-    def encode(self, text: str, *, parse_special: bool = False) -> list[int]:
+    def encode(self, text: str, *, parse_special: bool = False, add_special_tokens: bool = True) -> list[int]:
+        """add_special_tokens: the ids the tokenizer puts around plain text (a BOS for Llama-3)."""
         core = self._encode_markup(text, lambda s: s) if parse_special else self._encode_text(text)
-        return self._prefix + core + self._suffix
+        return self._prefix + core + self._suffix if add_special_tokens else core
 
     def encode_prompt(self, prompt: str | list[int]) -> list[int]:
         """A completions prompt: ids as given, or text whose special-token strings are control tokens

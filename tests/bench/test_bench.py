@@ -172,6 +172,17 @@ def test_serve_measures_every_streamed_request(server_url, tmp_path, capsys):
     assert data["completed"] == 4 and data["ttft_ms"]["p99"] == pytest.approx(report.ttft_ms.p99)
 
 
+def test_serve_polls_a_path_while_the_load_runs(server_url):
+    report = run_tool(["bench", "serve", "--base-url", server_url, "--num-prompts", "4", "--random-input-len", "24",
+                       "--random-output-len", "24", "--max-concurrency", "4", "--ignore-eos", "--disable-tqdm",
+                       "--poll", "/inspect/engine?steps=128", "--poll-interval", "0.05"])
+    assert (report.completed, report.failed) == (4, 0)
+    assert report.polls >= 2 and 0 < report.poll_ms.median <= report.poll_ms.p99
+    with pytest.raises(RuntimeError, match="--poll /inspect/nowhere failed"):
+        run_tool(["bench", "serve", "--base-url", server_url, "--num-prompts", "1", "--random-output-len", "4",
+                  "--disable-tqdm", "--poll", "/inspect/nowhere"])
+
+
 def test_serve_replays_sharegpt_with_the_servers_answers_in_the_history(server_url):
     report = run_tool(["bench", "serve", "--base-url", server_url, "--dataset", "sharegpt", "--num-prompts", "4",
                        "--sharegpt-output-len", "6", "--max-concurrency", "2", "--disable-tqdm"])

@@ -26,6 +26,16 @@ class ServerProcess:
     def api(self) -> str:
         return self.url + "/v1"
 
+    def get(self, path: str) -> dict:
+        response = httpx.get(self.url + path, timeout=120)
+        response.raise_for_status()
+        return response.json()
+
+    def post(self, path: str, body: dict) -> dict:
+        response = httpx.post(self.url + path, json=body, timeout=120)
+        response.raise_for_status()
+        return response.json()
+
     def log_tail(self, lines: int = 40) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
 

@@ -15,7 +15,8 @@ of random tokens; `sharegpt` replays real multi-turn chats turn by turn, each
 next turn carrying the whole history including the server's previous answer,
 so a prefix cache pays off. --request-rate is the Poisson arrival rate of
 conversations; --max-concurrency caps the conversations (and so the requests)
-in flight.
+in flight. --poll GETs a path every --poll-interval seconds while the load runs (the inspector page
+polls /inspect/engine so): run with and without it to see what watching costs the streams.
 """
 from __future__ import annotations
 
@@ -68,6 +69,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=600.0,
                         help="seconds a request may wait for its next chunk (default %(default)s)")
     parser.add_argument("--disable-tqdm", action="store_true", help="no progress bar")
+    parser.add_argument("--poll", default=None,
+                        help="also GET this path during the run, e.g. '/inspect/engine?steps=128' as the "
+                             "inspector page does while its engine view is open")
+    parser.add_argument("--poll-interval", type=float, default=0.25,
+                        help="seconds between the end of one poll and the next (default %(default)s: the page's "
+                             "rate while a reply streams)")
     parser.add_argument("--json-out", default=None, help="also write the report to this JSON file")
 
 
@@ -140,6 +147,8 @@ class ServeReport:
     e2el_ms: Stat
     errors: list[str]  # the first few distinct failure messages
     requests: list[RequestResult] = field(repr=False)
+    poll_ms: Stat | None = None  # --poll: the polls' latencies
+    polls: int = 0
 
     @property
     def request_throughput(self) -> float:
@@ -303,6 +312,9 @@ async def benchmark(args: argparse.Namespace) -> ServeReport:
                         render_template=args.dataset == "sharegpt")
         limit = asyncio.Semaphore(args.max_concurrency or len(conversations))
         total = sum(len(c.turns) for c in conversations)
+        polls: list[float] = []
+        poller = asyncio.create_task(poll(client, base_url + args.poll, headers, args.poll_interval, polls)) \
+            if args.poll else None
         with tqdm(total=total, desc="requests", disable=args.disable_tqdm) as progress:
             start = time.perf_counter()
             offsets = arrival_offsets(len(conversations), args.request_rate, args.seed)
@@ -310,8 +322,26 @@ async def benchmark(args: argparse.Namespace) -> ServeReport:
                 run_conversation(client, target, i, c, start + offsets[i], limit, tokenizer, progress)
                 for i, c in enumerate(conversations)))
             duration = time.perf_counter() - start
+        if poller is not None:
+            poller.cancel()
+            (outcome,) = await asyncio.gather(poller, return_exceptions=True)
+            if isinstance(outcome, Exception):
+                raise RuntimeError(f"--poll {args.poll} failed: {outcome}") from outcome
     results = [r for rs in per_conversation for r in rs]
-    return summarize(args, base_url, model, results, duration)
+    report = summarize(args, base_url, model, results, duration)
+    if args.poll:
+        report.poll_ms, report.polls = Stat.of(polls), len(polls)
+    return report
+
+
+async def poll(client, url: str, headers: dict[str, str], interval: float, latencies: list[float]) -> None:
+    """GET url every interval seconds until cancelled, keeping each answer's latency."""
+    while True:
+        start = time.perf_counter()
+        response = await client.get(url, headers=headers)
+        response.raise_for_status()
+        latencies.append(time.perf_counter() - start)
+        await asyncio.sleep(interval)
 
 
 def summarize(args: argparse.Namespace, base_url: str, model: str, results: list[RequestResult],
@@ -354,6 +384,9 @@ def format_report(r: ServeReport) -> str:
                                ("End-to-end Latency", "E2EL", r.e2el_ms)):
         lines += [rule(title, "-"), row(f"Mean {short} (ms):", stat.mean),
                   row(f"Median {short} (ms):", stat.median), row(f"P99 {short} (ms):", stat.p99)]
+    if r.poll_ms is not None:
+        lines += [rule("Polling (--poll)", "-"), row("Polls:", r.polls),
+                  row("Median poll latency (ms):", r.poll_ms.median), row("P99 poll latency (ms):", r.poll_ms.p99)]
     lines.append("=" * 50)
     lines += [f"error: {e}" for e in r.errors]
     return "\n".join(lines)

@@ -1,22 +1,25 @@
 """The first and last steps of the request path: HTTP routes in, OpenAI's error objects out.
 
 A request comes in -> gateway (key, rate) -> its body (JSON, within the size limit) validated into
-the protocol models -> the serving logic (serving.py) -> JSON or SSE out. Every refusal is OpenAI's
-error object with a 4xx. /openapi.json documents each route's body, its answer and its error
-statuses from the same models. The app starts at once and loads the model in a thread, so /health
-says 503 until the model is ready, and again once the engine fails or the server shuts down.
+the protocol models -> the serving logic (serving.py; serving_inspect.py for /inspect) -> JSON or SSE
+out. Every refusal is OpenAI's error object with a 4xx. /openapi.json documents each route's body, its
+answer and its error statuses from the same models. The app starts at once and loads the model in a
+thread, so /health says 503 until the model is ready, and again once the engine fails or the server
+shuts down. The inspector page (static/) is served at /.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pydantic
 from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Response
+from fastapi.staticfiles import StaticFiles
 from pydantic.json_schema import models_json_schema
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -27,9 +30,14 @@ from zhuzi.outputs import RequestError
 from zhuzi.server import protocol as p
 from zhuzi.server.gateway import GatewayError, retry_after_header
 from zhuzi.server.serving import ApiError, Server, failure_info
+from zhuzi.server.serving_inspect import Inspector
 from zhuzi.server.streams import ClientGone
 
 ModelT = TypeVar("ModelT", bound=pydantic.BaseModel)
+STATIC = Path(__file__).parent / "static"
+# The page loads nothing from elsewhere, and nothing else may run in it.
+PAGE_POLICY = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+               "connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'")
 
 
 def error_response(status: int, message: str, type: str, param: str | None = None, code: str | int | None = None,
@@ -133,7 +141,12 @@ def _documented(body: type[pydantic.BaseModel] | None, answer: type[pydantic.Bas
     return {"responses": responses, "openapi_extra": extra}
 
 
-_BODIES = [p.ChatCompletionRequest, p.CompletionRequest, p.TokenizeRequest, p.DetokenizeRequest]
+_BODIES = [p.ChatCompletionRequest, p.CompletionRequest, p.TokenizeRequest, p.DetokenizeRequest,
+           p.NextTokenRequest, p.LogitLensRequest, p.DocumentRequest, p.BpeRequest]
+# GET /inspect/engine's one parameter, which the route reads itself (a bad value is OpenAI's 400, not 422).
+_ENGINE_QUERY = {"parameters": [{"name": "steps", "in": "query", "required": False,
+                                 "description": "how many recent step records to include",
+                                 "schema": {"type": "integer", "minimum": 0, "maximum": p.MAX_STEPS, "default": 64}}]}
 _CHUNKS = [p.ChatCompletionChunk]  # a completion's chunks are CompletionResponse objects, as OpenAI's are
 
 
@@ -157,6 +170,7 @@ def create_app(engine: AsyncEngine | Callable[[], AsyncEngine], server_config: S
     """The FastAPI app around an AsyncEngine, or around a callable that loads one (in a thread).
     on_failure hears why the server cannot go on (the model failed to load, the engine failed)."""
     server = Server(engine, server_config or ServerConfig(), on_failure)
+    inspector = Inspector(server)
     config = server.config
 
     @contextlib.asynccontextmanager
@@ -211,6 +225,38 @@ def create_app(engine: AsyncEngine | Callable[[], AsyncEngine], server_config: S
     @app.post("/detokenize", **_documented(p.DetokenizeRequest, p.DetokenizeResponse, _BODY_ERRORS))
     async def detokenize(request: Request) -> Response:
         return await server.detokenize(*await admitted(request, p.DetokenizeRequest))
+
+    @app.get("/", include_in_schema=False)
+    async def page() -> Response:
+        return FileResponse(STATIC / "index.html", headers={"Content-Security-Policy": PAGE_POLICY})
+
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+
+    @app.post("/inspect/next-token", **_documented(p.NextTokenRequest, p.NextTokenResponse, (*_BODY_ERRORS, 500)))
+    async def next_token(request: Request) -> Response:
+        return await generation(request, p.NextTokenRequest, inspector.next_token)
+
+    @app.post("/inspect/logit-lens", **_documented(p.LogitLensRequest, p.LogitLensResponse, (*_BODY_ERRORS, 500)))
+    async def logit_lens(request: Request) -> Response:
+        return await generation(request, p.LogitLensRequest, inspector.logit_lens)
+
+    @app.post("/inspect/document", **_documented(p.DocumentRequest, p.DocumentResponse, _BODY_ERRORS))
+    async def document(request: Request) -> Response:
+        return await inspector.document(*await admitted(request, p.DocumentRequest))
+
+    @app.post("/inspect/bpe", **_documented(p.BpeRequest, p.BpeResponse, _BODY_ERRORS))
+    async def bpe(request: Request) -> Response:
+        return await inspector.bpe(*await admitted(request, p.BpeRequest))
+
+    @app.get("/inspect/engine", **{**_documented(None, p.EngineResponse, (400, 401, 503)),
+                                  "openapi_extra": _ENGINE_QUERY})
+    async def engine_view(request: Request) -> Response:
+        authenticated(request)
+        server.ready()
+        raw = request.query_params.get("steps", "64")
+        if not (raw.isascii() and raw.isdigit()) or int(raw) > p.MAX_STEPS:
+            raise ApiError(400, f"steps must be a whole number in [0, {p.MAX_STEPS}], got {raw!r}", param="steps")
+        return await inspector.engine(int(raw))
 
     @app.get("/health", **_documented(None, p.HealthResponse, (503,)))
     async def health() -> Response:

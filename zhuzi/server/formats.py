@@ -96,33 +96,42 @@ class Generation:
 class ChatFormat:
     """chat.completion / chat.completion.chunk."""
 
-    def __init__(self, request_id: str, model: str, body: p.ChatCompletionRequest) -> None:
+    def __init__(self, request_id: str, model: str, body: p.ChatCompletionRequest, prompt_ids: list[int],
+                 token_bytes: list[bytes]) -> None:
         self.request_id, self.model, self.body = request_id, model, body
+        self.prompt_ids, self.token_bytes = prompt_ids, token_bytes
         self.created = int(time.time())
 
     def _chunk(self, index: int, delta: p.DeltaMessage, logprobs: p.ChatLogprobs | None = None,
-               finish_reason: str | None = None, stop_reason: int | str | None = None) -> str:
+               finish_reason: str | None = None, stop_reason: int | str | None = None,
+               token_ids: list[int] | None = None, prompt_token_ids: list[int] | None = None) -> str:
         choice = p.ChatChunkChoice(index=index, delta=delta, logprobs=logprobs, finish_reason=finish_reason,
-                                   stop_reason=stop_reason)
+                                   stop_reason=stop_reason, token_ids=token_ids)
         return sse(p.ChatCompletionChunk(id=self.request_id, created=self.created, model=self.model,
-                                         choices=[choice]))
+                                         choices=[choice], prompt_token_ids=prompt_token_ids))
 
     def _logprobs(self, token_ids: list[int], entries: list[dict[int, Logprob]]) -> p.ChatLogprobs | None:
-        return chat_logprobs(token_ids, entries, self.body.top_logprobs or 0) if self.body.logprobs else None
+        if not self.body.logprobs:
+            return None
+        return chat_logprobs(token_ids, entries, self.body.top_logprobs or 0, self.token_bytes,
+                             self.body.return_tokens_as_token_ids)
 
     def chunks(self, gen: Generation, choice: Choice, delta: CompletionOutput, piece: ParsedText,
                prompt_index: int) -> list[str]:
         out = []
+        with_ids = self.body.return_token_ids
         if not choice.started:
             choice.started = True
-            out.append(self._chunk(choice.index, p.DeltaMessage(role="assistant", content="")))
+            out.append(self._chunk(choice.index, p.DeltaMessage(role="assistant", content=""),
+                                   prompt_token_ids=self.prompt_ids if with_ids else None))
         logprobs = self._logprobs(delta.token_ids, delta.logprobs or [])
-        if piece.content or piece.reasoning_content or (logprobs and logprobs.content):
+        held_back = (logprobs and logprobs.content) or (with_ids and delta.token_ids)  # news without text
+        if piece.content or piece.reasoning_content or held_back:
             message = p.DeltaMessage(content=piece.content or None,
                                      reasoning_content=piece.reasoning_content or None)
             if message.content is None and message.reasoning_content is None:
-                message.content = ""  # logprobs of text still held back
-            out.append(self._chunk(choice.index, message, logprobs))
+                message.content = ""  # logprobs or ids of text still held back
+            out.append(self._chunk(choice.index, message, logprobs, token_ids=delta.token_ids if with_ids else None))
         for call in piece.tool_calls:  # a whole call, or OpenAI's pieces: id and name first, then arguments
             tool = p.DeltaToolCall(index=call.index, id=call.id, type="function" if call.id else None,
                                    function=p.DeltaFunction(name=call.name, arguments=call.arguments))
@@ -145,9 +154,11 @@ class ChatFormat:
                                             reasoning_content=c.parsed.reasoning_content or None,
                                             tool_calls=calls or None)
             choices.append(p.ChatChoice(index=c.index, message=message, finish_reason=c.openai_finish_reason,
-                                        stop_reason=c.stop_reason, logprobs=self._logprobs(c.token_ids, c.logprobs)))
+                                        stop_reason=c.stop_reason, logprobs=self._logprobs(c.token_ids, c.logprobs),
+                                        token_ids=c.token_ids if self.body.return_token_ids else None))
         return p.ChatCompletionResponse(id=self.request_id, created=self.created, model=self.model,
-                                        choices=choices, usage=gen.usage())
+                                        choices=choices, usage=gen.usage(),
+                                        prompt_token_ids=self.prompt_ids if self.body.return_token_ids else None)
 
 
 class CompletionFormat:
@@ -202,20 +213,23 @@ Format = ChatFormat | CompletionFormat
 
 # ------------------------------------------------------------------ logprobs
 
-def _top(entry: dict[int, Logprob], top_n: int) -> list[Logprob]:
-    return sorted((lp for lp in entry.values() if lp.rank <= top_n), key=lambda lp: lp.rank)[:top_n]
+def _top(entry: dict[int, Logprob], top_n: int) -> list[tuple[int, Logprob]]:
+    return sorted((item for item in entry.items() if item[1].rank <= top_n), key=lambda item: item[1].rank)[:top_n]
 
 
-def chat_logprobs(token_ids: list[int], entries: list[dict[int, Logprob]], top_n: int) -> p.ChatLogprobs:
-    """From the engine's per-token entries (the chosen token plus the top ones)."""
-    def item(lp: Logprob) -> p.TopLogprob:
-        token = lp.decoded_token or ""
-        return p.TopLogprob(token=token, logprob=lp.logprob, bytes=list(token.encode()))
+def chat_logprobs(token_ids: list[int], entries: list[dict[int, Logprob]], top_n: int, token_bytes: list[bytes],
+                  as_ids: bool = False) -> p.ChatLogprobs:
+    """From the engine's per-token entries (the chosen token plus the top ones). bytes are each token's own,
+    as OpenAI defines them: a token holding part of a character shows U+FFFD as text but its real bytes."""
+    def item(token_id: int, lp: Logprob) -> p.TopLogprob:
+        token = f"token_id:{token_id}" if as_ids else lp.decoded_token or ""
+        return p.TopLogprob(token=token, logprob=lp.logprob, bytes=list(token_bytes[token_id]))
 
     content = []
     for token_id, entry in zip(token_ids, entries):
-        chosen = item(entry[token_id])
-        content.append(p.TokenLogprob(**chosen.model_dump(), top_logprobs=[item(lp) for lp in _top(entry, top_n)]))
+        chosen = item(token_id, entry[token_id])
+        tops = [item(i, lp) for i, lp in _top(entry, top_n)]
+        content.append(p.TokenLogprob(**chosen.model_dump(), top_logprobs=tops))
     return p.ChatLogprobs(content=content)
 
 
@@ -227,7 +241,7 @@ def completion_logprobs(token_ids: list[int], entries: list[dict[int, Logprob] |
         token = (entry[token_id].decoded_token if entry else None) or decode(token_id)
         out.tokens.append(token)
         out.token_logprobs.append(entry[token_id].logprob if entry else None)
-        out.top_logprobs.append({lp.decoded_token or "": lp.logprob for lp in _top(entry, top_n)}
+        out.top_logprobs.append({lp.decoded_token or "": lp.logprob for _, lp in _top(entry, top_n)}
                                 if entry else None)
         out.text_offset.append(offset)
         offset += len(token)

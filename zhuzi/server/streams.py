@@ -17,7 +17,12 @@ T = TypeVar("T")
 
 async def first_outputs(streams: list[AsyncIterator[RequestOutput]]) -> list[RequestOutput]:
     """The first output of every stream, concurrently; a refusal (ValueError) surfaces here."""
-    tasks = [asyncio.ensure_future(anext(s)) for s in streams]
+    return await gather_or_cancel([anext(s) for s in streams])
+
+
+async def gather_or_cancel(work: list[Awaitable[T]]) -> list[T]:
+    """Every result, concurrently; the first failure (or a cancellation) cancels the rest."""
+    tasks = [asyncio.ensure_future(w) for w in work]
     try:
         return list(await asyncio.gather(*tasks))
     except BaseException:

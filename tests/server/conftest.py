@@ -1,0 +1,36 @@
+"""The inspector's server (float32, so that an inspection re-run reproduces a step's probabilities to ~1e-6;
+bf16: ~1e-3) and browser, one each per session, shared by the /inspect API and page tests."""
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from inspector import Inspector, launch
+from playwright.sync_api import Browser, expect, sync_playwright
+from serving import ServerProcess, running_server
+
+
+@pytest.fixture(scope="session")
+def inspect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    with running_server(tmp_path_factory.mktemp("inspect") / "server.log", "--dtype", "float32") as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Browser]:
+    with sync_playwright() as playwright:
+        browser = launch(playwright)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def inspector(browser: Browser, inspect_server: ServerProcess) -> Iterator[Inspector]:
+    expect.set_options(timeout=60_000)  # inspection calls share two busy cores with the step loop
+    context = browser.new_context(viewport={"width": 1500, "height": 950})
+    page = context.new_page()
+    page.set_default_timeout(60_000)
+    ui = Inspector(page, inspect_server).open()
+    yield ui
+    context.close()
+    assert ui.errors == [], f"the browser console logged errors: {ui.errors}"

@@ -1,0 +1,162 @@
+// View 2, slow motion: every generated token is a span; selecting one shows that turn of the loop,
+// its candidates (top_logprobs, from the very request that produced it), bytes, and timing.
+import { emit, on, state } from './state.js';
+import { $, el, hex, ms, pct, tokenLabel } from './util.js';
+
+let shown = null; // the reply on screen
+let replaying = null;
+
+const seconds = (t) => t / 1000;
+
+/** TTFT, TPOT and tokens/s as the page measured them (arrival of the SSE chunks). */
+export function timings(reply) {
+  const n = reply.tokens.length;
+  if (!n) return null;
+  const first = reply.tokens[0].at;
+  const last = reply.tokens[n - 1].at;
+  return {
+    ttft: seconds(first - reply.sentAt),
+    tpot: n > 1 ? seconds(last - first) / (n - 1) : null,
+    rate: n > 1 && last > first ? (n - 1) / seconds(last - first) : null,
+    total: seconds(last - reply.sentAt),
+  };
+}
+
+function renderTiming(reply) {
+  const box = $('#timing');
+  const t = timings(reply);
+  if (!t) { box.replaceChildren(el('span', { class: 'hint', text: 'Waiting for the first token (prefill)…' })); return; }
+  const usage = reply.usage;
+  const cached = usage?.prompt_tokens_details?.cached_tokens;
+  const item = (label, value, key) => el('span', { dataset: { metric: key } }, `${label} `, el('b', { text: value }));
+  const line = el('div', { class: 'timeline' }, el('div', { class: 'prefill' }));
+  line.firstChild.style.width = `${(100 * t.ttft) / t.total}%`;
+  for (const token of reply.tokens) {
+    const tick = el('div', { class: 'tick' });
+    tick.style.left = `${(100 * seconds(token.at - reply.sentAt)) / t.total}%`;
+    line.append(tick);
+  }
+  box.replaceChildren(
+    item('TTFT', ms(t.ttft), 'ttft'),
+    item('TPOT', t.tpot === null ? '–' : ms(t.tpot), 'tpot'),
+    item('decode', t.rate === null ? '–' : `${t.rate.toFixed(1)} tokens/s`, 'rate'),
+    item('prompt', usage ? `${usage.prompt_tokens} tokens` : reply.promptIds ? `${reply.promptIds.length} tokens` : '–', 'prompt'),
+    item('cached prompt', cached === undefined ? '–' : `${cached} tokens`, 'cached'),
+    item('generated', `${reply.tokens.length} tokens`, 'generated'),
+    line,
+    el('span', { class: 'timeline-legend', text: 'blue: prefill (queue + reading the whole prompt, until the first token) · ticks: each token as it arrived (decode, one forward pass each)' }),
+  );
+}
+
+function tokenSpan(token, step) {
+  const span = el('span', {
+    class: `tok${token.special ? ' special' : ''}`,
+    dataset: { testid: 'token', tokenId: token.id, step, partial: token.partial ? 'true' : undefined },
+    title: `step ${step} · id ${token.id}`,
+    text: token.special ? tokenLabel(token.bytes) : token.partial ? `‹${hex(token.bytes)}›` : tokenLabel(token.bytes),
+  });
+  if (token.logprob !== null) span.style.backgroundColor = `hsla(28, 90%, 55%, ${(0.08 + 0.5 * (1 - Math.exp(token.logprob))).toFixed(3)})`;
+  span.addEventListener('click', () => select(shown, step));
+  return span;
+}
+
+function renderTokens(reply) {
+  const box = $('#tokens');
+  // Append only what is new, so a long reply does not redraw every token per chunk.
+  if (box.dataset.reply !== String(state.replies.indexOf(reply))) {
+    box.replaceChildren();
+    box.dataset.reply = String(state.replies.indexOf(reply));
+  }
+  for (let step = box.childElementCount; step < reply.tokens.length; step += 1) box.append(tokenSpan(reply.tokens[step], step));
+}
+
+function candidateRows(token) {
+  const rows = [...token.top];
+  if (token.logprob !== null && !rows.some((c) => c.id === token.id)) rows.push({ id: token.id, bytes: token.bytes, logprob: token.logprob, outside: true });
+  return rows.map((c, k) => {
+    const p = Math.exp(c.logprob);
+    const bar = el('div', { class: 'bar' });
+    bar.style.width = `${100 * p}%`;
+    return el('tr', { dataset: { testid: 'candidate', tokenId: c.id, prob: String(p), chosen: c.id === token.id ? 'true' : undefined } },
+      el('td', { class: 'num', text: c.outside ? '>20' : String(k + 1) }),
+      el('td', { class: 'tk', text: tokenLabel(c.bytes) }),
+      el('td', { class: 'num', text: String(c.id) }),
+      el('td', { class: 'num', text: hex(c.bytes) }),
+      el('td', { class: 'bar-cell' }, bar),
+      el('td', { class: 'num', text: pct(p) }),
+      el('td', { class: 'num', text: c.logprob.toFixed(3) }));
+  });
+}
+
+function renderStep(reply, step) {
+  const panel = $('#step-panel');
+  const token = reply?.tokens[step];
+  if (!token) { panel.replaceChildren(el('p', { class: 'hint', text: 'Select a token above to open its step.' })); return; }
+  const previous = step === 0 ? reply.sentAt : reply.tokens[step - 1].at;
+  const gap = seconds(token.at - previous);
+  const phase = step === 0 ? `prefill → first token: ${ms(gap)} after Enter` : `decode: ${ms(gap)} after the previous token${gap < 0.0005 ? ' (same SSE chunk)' : ''}`;
+  const rank = token.top.findIndex((c) => c.id === token.id);
+  const notes = [];
+  if (token.partial) notes.push(`This step printed nothing: its bytes (${hex(token.bytes)}) are only part of a UTF-8 character, so the detokenizer holds them until the rest arrives.`);
+  if (token.special) notes.push('A control token: the engine stops here and never shows its text.');
+  if (rank > 0) notes.push(`The sampler drew the #${rank + 1} candidate, not the most likely one: the dice, not the argmax.`);
+  if (rank < 0 && token.top.length) notes.push('The sampler drew a token outside the top 20.');
+  panel.replaceChildren(
+    el('div', { class: 'step-head' },
+      el('span', {}, 'step ', el('b', { text: `${step + 1} / ${reply.tokens.length}` })),
+      el('span', {}, 'token id ', el('b', { text: String(token.id) })),
+      el('span', {}, 'bytes ', el('b', { text: `[${hex(token.bytes)}]` })),
+      el('span', {}, 'p ', el('b', { text: token.logprob === null ? '–' : pct(Math.exp(token.logprob)) })),
+      el('span', { text: phase }),
+      el('span', { text: `position ${reply.promptIds ? reply.promptIds.length + step : '?'} in the document` })),
+    ...notes.map((n) => el('div', { class: 'note', text: n })),
+    el('table', { class: 'cands' },
+      el('thead', {}, el('tr', {}, ...['#', 'token', 'id', 'bytes', '', 'p', 'logprob'].map((h) => el('th', { text: h })))),
+      el('tbody', {}, candidateRows(token))),
+    el('div', { class: 'actions' },
+      ...[['lab', 'Sampling lab for this step'], ['lens', 'Logit lens at this step'], ['tree', 'Name tree of this reply']]
+        .map(([tab, label]) => el('button', { type: 'button', class: 'ghost', text: label, onclick: () => emit('show-tab', tab) }))),
+  );
+}
+
+export function select(reply, step) {
+  state.selected = { reply, step };
+  document.querySelectorAll('.tok.selected').forEach((n) => n.classList.remove('selected'));
+  $(`#tokens [data-step="${step}"]`)?.classList.add('selected');
+  renderStep(reply, step);
+  emit('step-selected', state.selected);
+}
+
+function show(reply) {
+  shown = reply;
+  renderTiming(reply);
+  renderTokens(reply);
+}
+
+/** Reveals the shown reply again, token by token, at its measured pace slowed down. */
+function replay(slowdown = 4) {
+  if (!shown?.tokens.length) return;
+  clearTimeout(replaying);
+  const spans = Array.from($('#tokens').children);
+  spans.forEach((s) => s.classList.add('hidden-replay'));
+  const times = shown.tokens.map((t) => (t.at - shown.sentAt) * slowdown);
+  const start = performance.now();
+  const tick = () => {
+    const now = performance.now() - start;
+    spans.forEach((s, k) => { if (times[k] <= now) s.classList.remove('hidden-replay'); });
+    if (now < times.at(-1)) replaying = setTimeout(tick, 16);
+  };
+  tick();
+}
+
+export function initSteps() {
+  on('reply-selected', (reply) => { $('#tokens').dataset.reply = ''; show(reply); });
+  on('reply-updated', (reply) => { if (reply === shown) show(reply); });
+  on('reply-finished', (reply) => {
+    if (reply !== shown || !reply.tokens.length) return;
+    if (!state.selected || state.selected.reply !== reply) select(reply, 0);
+    else renderStep(reply, state.selected.step);
+  });
+  $('#replay').addEventListener('click', () => replay());
+  renderStep(null, 0);
+}
