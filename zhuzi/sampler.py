@@ -201,15 +201,21 @@ def _choose_tokens(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tenso
 
 
 def _draw(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-    """One token per row from softmax(logits / T) truncated by top-k/top-p/min-p; logits is ours to change."""
+    """One token per row from its sampling distribution; logits is ours to change."""
+    # Inverse-CDF sampling takes a single uniform per row, from the row's own
+    # generator, so a seeded row draws the same whatever else is in the batch.
+    uniforms = torch.cat([r.uniform for r in rows])
+    return _inverse_cdf(sampling_distribution(logits, rows), uniforms.to(logits.device))
+
+
+def sampling_distribution(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    """What a non-greedy row draws from: softmax(logits / T) truncated by top-k, top-p and min-p.
+    logits (processed: bias and penalties applied) is changed in place."""
     logits /= torch.tensor([[r.params.temperature] for r in rows], device=logits.device)
     # Extreme temperatures or penalties overflow; an infinite logit must not turn into NaN odds.
     logits.nan_to_num_(nan=float("-inf"), posinf=torch.finfo(logits.dtype).max)
     _truncate(logits, rows)
-    # Inverse-CDF sampling takes a single uniform per row, from the row's own
-    # generator, so a seeded row draws the same whatever else is in the batch.
-    uniforms = torch.cat([r.uniform for r in rows])
-    return _inverse_cdf(logits.softmax(dim=-1), uniforms.to(logits.device))
+    return logits.softmax(dim=-1)
 
 
 def _inverse_cdf(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:

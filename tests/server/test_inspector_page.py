@@ -9,17 +9,23 @@ import math
 import re
 import time
 
+import httpx
 import torch
 from inspector import Inspector
 from openai import OpenAI
 from playwright.sync_api import expect
 
 from zhuzi.model.loader import default_model_path
-from zhuzi.sampler import SamplingRow, _truncate
+from zhuzi.sampler import SamplingRow, sampling_distribution
 from zhuzi.sampling_params import SamplingParams
 from zhuzi.tokenizer import Tokenizer
 
 STORY = "Tell me a long story about a cat who lives in a library."
+
+
+def squash(text: str) -> str:
+    """Text without whitespace: markdown rendering may move it."""
+    return re.sub(r"\s+", "", text)
 
 
 def client(ui: Inspector) -> OpenAI:
@@ -28,6 +34,13 @@ def client(ui: Inspector) -> OpenAI:
 
 def engine(ui: Inspector) -> dict:
     return ui.server.get("/inspect/engine")
+
+
+def aborted_requests(ui: Inspector) -> float:
+    """The server's own count of requests that ended aborted (/metrics)."""
+    metrics = httpx.get(ui.server.url + "/metrics").text
+    found = re.search(r'^zhuzi:request_success_total\{[^}]*finished_reason="abort"[^}]*\} (\S+)$', metrics, re.M)
+    return float(found.group(1)) if found else 0.0
 
 
 def api_logits(ui: Inspector, context: list[int]) -> torch.Tensor:
@@ -59,8 +72,7 @@ def test_a_reply_streams_into_the_page(inspector: Inspector) -> None:
     final = reply.locator(".body").inner_text()
     growing = sorted({s for s in seen if s}, key=len)
     assert len(growing) >= 3, f"the reply appeared in {len(growing)} pieces, not streamed: {growing}"
-    squash = lambda s: re.sub(r"\s+", "", s)  # markdown rendering may move whitespace  # noqa: E731
-    assert all(squash(final).startswith(squash(s)) for s in growing), "an intermediate text is not a prefix of the reply"
+    assert all(squash(final).startswith(squash(s)) for s in growing), "a text on the way is no prefix of the reply"
     # one span per generated token, as many as the server billed
     usage = ui.page.locator('#timing [data-metric="generated"] b').inner_text()
     assert int(usage.split()[0]) == len(ui.tokens()) > 0
@@ -73,28 +85,36 @@ def test_the_whole_history_goes_out_every_turn(inspector: Inspector) -> None:
     ui.chat("My cat is called Momo.", temperature=0, max_tokens=12)
     first_reply = ui.assistant().locator(".body").inner_text()
     ui.chat("What is my cat called?")
+    # the second turn re-reads the first from the prefix cache
+    cached = ui.page.locator('#timing [data-metric="cached"] b').inner_text()
+    assert int(cached.split()[0]) >= 16
+    snapshot = engine(ui)["prefix_cache"]
+    expect(ui.page.get_by_test_id("prefix-hit-rate")).to_have_attribute("data-value", re.compile(r"^0\.\d+$"))
+    assert abs(float(ui.page.get_by_test_id("prefix-hit-rate").get_attribute("data-value")) -
+               snapshot["hit_rate"]) < 0.05
     ui.tab("document")
-    document = ui.page.get_by_test_id("document")
-    expect(document.locator('[data-testid=doc-token][data-author=user]').first).to_be_visible()
-    user_text = "".join(document.locator('[data-testid=doc-token][data-author=user]').all_text_contents()).replace("·", " ")
+    doc_tokens = ui.page.get_by_test_id("document").get_by_test_id("doc-token")
+    user = doc_tokens.and_(ui.page.locator("[data-author=user]"))
+    expect(user.first).to_be_visible()
+    user_text = "".join(user.all_text_contents()).replace("·", " ")
     assert "My cat is called Momo." in user_text and "What is my cat called?" in user_text
-    earlier = document.locator('[data-testid=doc-token][data-author=assistant]:not([data-generated])').all_text_contents()
-    squash = lambda s: re.sub(r"\s+", "", s)  # noqa: E731
+    earlier = doc_tokens.and_(ui.page.locator("[data-author=assistant]:not([data-generated])")).all_text_contents()
     assert squash("".join(earlier).replace("·", " ").replace("↵", "\n")) == squash(first_reply)
 
 
 def test_stop_aborts_the_request_in_the_engine(inspector: Inspector) -> None:
     ui = inspector
-    ui.settings(temperature=0.8, max_tokens=400)
+    before = aborted_requests(ui)
+    ui.settings(temperature=0.8, max_tokens=1200, seed=5)  # a minute of decoding if nothing stopped it
     ui.send(STORY)
     expect(ui.page.get_by_test_id("token").nth(3)).to_be_attached(timeout=240_000)
     ui.page.get_by_test_id("stop").click()
     ui.wait_reply(state="stopped")
     count = len(ui.tokens())
-    assert count < 400
-    expect(ui.page.get_by_test_id("running")).to_have_attribute("data-value", "0", timeout=20_000)
-    expect(ui.page.get_by_test_id("kv-used")).to_have_attribute("data-value", "0", timeout=20_000)
-    assert len(ui.tokens()) == count, "tokens kept coming after Stop"
+    expect(ui.page.get_by_test_id("running")).to_have_attribute("data-value", "0", timeout=5_000)
+    expect(ui.page.get_by_test_id("kv-used")).to_have_attribute("data-value", "0", timeout=5_000)
+    assert aborted_requests(ui) == before + 1
+    assert len(ui.tokens()) == count < 1200, "tokens kept coming after Stop"
 
 
 def test_markdown_stays_plain_until_it_closes(inspector: Inspector) -> None:
@@ -228,9 +248,7 @@ def test_the_lab_cuts_exactly_as_the_sampler(inspector: Inspector) -> None:
         for name, value in (("temperature", temperature), ("top-k", top_k), ("top-p", top_p), ("min-p", min_p)):
             lab.get_by_test_id(name).fill(str(value))
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
-        scaled = (logits / temperature)[None, :].clone()
-        _truncate(scaled, [SamplingRow(params, [], [])])
-        probs = scaled.softmax(-1)[0]
+        probs = sampling_distribution(logits[None, :].clone(), [SamplingRow(params, [], [])])[0]
         survivors = torch.nonzero(probs > 0).flatten()
         shown = lab.get_by_test_id("lab-candidate")
         want = sorted(survivors.tolist(), key=lambda i: (-probs[i].item(), i))[:300]
@@ -273,7 +291,7 @@ def test_the_bpe_replay_ends_in_the_tokenizers_ids(inspector: Inspector) -> None
     assert len(rows[0]) == len(text.encode()), "the replay starts from one token per byte"
     assert all(len(a) > len(b) for a, b in zip(rows, rows[1:])), "every merge makes the text shorter"
     middle = rows[len(rows) // 2]
-    assert ui.server.post("/detokenize", {"tokens": middle})["prompt"] == text, "a middle state is not the same text"
+    assert ui.server.post("/detokenize", {"tokens": middle})["prompt"] == text, "a state on the way spells another text"
 
 
 # ------------------------------------------------------------------ probability tree
@@ -297,7 +315,7 @@ def test_the_name_tree_widens_with_temperature_and_is_one_path_at_zero(inspector
     cold, cold_tail = first_row(), tail()
     ui.page.get_by_test_id("tree-temperature").fill("1.5")
     hot, hot_tail = first_row(), tail()
-    assert max(hot) < max(cold) and hot_tail > cold_tail, "a higher temperature flattens the first token and widens the tail"
+    assert max(hot) < max(cold) and hot_tail > cold_tail, "a higher temperature flattens the row, widens the tail"
     ui.page.get_by_test_id("tree-top-p").fill("0.5")
     assert tail() < hot_tail, "top-p cuts the tail"
     assert abs(sum(first_row()) + tail() - 1) < 1e-9
@@ -325,7 +343,11 @@ def test_kv_usage_rises_during_a_reply_and_falls_after(inspector: Inspector) -> 
     ui.wait_reply()
     assert peak > 0 and running == 1
     expect(used).to_have_attribute("data-value", "0", timeout=20_000)
+    expect(ui.page.get_by_test_id("waiting")).to_have_attribute("data-value", "0")
     assert int(ui.page.get_by_test_id("kv-total").get_attribute("data-value")) == engine(ui)["kv"]["num_blocks"]
+    ui.tab("engine")  # the reply's steps, each decode step against its bandwidth roofline
+    expect(ui.page.locator("#steps-chart rect").nth(80)).to_be_attached()
+    expect(ui.page.locator("#steps-legend")).to_contain_text("of their roofline")
 
 
 def test_the_kv_calculator_starts_from_the_loaded_model(inspector: Inspector) -> None:
