@@ -51,6 +51,7 @@ export async function send(text) {
   node.addEventListener('click', () => selectReply(reply, node));
   selectReply(reply, node);
   controller = new AbortController();
+  emit('reply-started', reply);
   $('#send').disabled = true;
   $('#stop').disabled = false;
   let frame = 0;

@@ -116,7 +116,16 @@ function compute() {
 
 // ---------------------------------------------------------------- polling
 
+let timer = null;
+let inFlight = false;
+
+function schedule(delay) {
+  clearTimeout(timer);
+  timer = setTimeout(poll, delay);
+}
+
 async function poll() {
+  inFlight = true;
   let delay = SLOW_MS;
   try {
     const s = await inspect.engine(state.tab === 'engine' ? STEPS : 0);
@@ -134,11 +143,14 @@ async function poll() {
       ? 'This server wants an API key: click "API key" (top right) to enter it.'
       : error instanceof ApiError && error.status === 503 ? 'The model is loading…' : `The server does not answer: ${error.message}`;
   }
-  setTimeout(poll, delay);
+  inFlight = false;
+  schedule(delay);
 }
 
 export function initEngine() {
   buildCalculator();
   on('tab-shown', (tab) => { if (tab === 'engine' && state.engine) renderEngine(state.engine); });
+  // A reply starts: watch at the fast pace from now, not from the next slow poll (one in flight reschedules itself).
+  on('reply-started', () => { if (!inFlight) schedule(FAST_MS); });
   poll();
 }
