@@ -192,6 +192,11 @@ class Tokenizer:
             table[i] = added.content.encode()  # added tokens are stored as text, not in the byte alphabet
         return table
 
+    def bytes_of(self, token_id: int) -> bytes:
+        """A token's own bytes; empty for the spare ids of a model whose vocabulary outgrows its tokenizer's."""
+        table = self.token_bytes
+        return table[token_id] if token_id < len(table) else b""
+
     @functools.cached_property
     def template_variables(self) -> frozenset[str]:
         """The names the chat template reads (tools, enable_thinking, ...), so callers know what it renders."""

@@ -97,7 +97,7 @@ class ChatFormat:
     """chat.completion / chat.completion.chunk."""
 
     def __init__(self, request_id: str, model: str, body: p.ChatCompletionRequest, prompt_ids: list[int],
-                 token_bytes: list[bytes]) -> None:
+                 token_bytes: Callable[[int], bytes]) -> None:
         self.request_id, self.model, self.body = request_id, model, body
         self.prompt_ids, self.token_bytes = prompt_ids, token_bytes
         self.created = int(time.time())
@@ -217,13 +217,13 @@ def _top(entry: dict[int, Logprob], top_n: int) -> list[tuple[int, Logprob]]:
     return sorted((item for item in entry.items() if item[1].rank <= top_n), key=lambda item: item[1].rank)[:top_n]
 
 
-def chat_logprobs(token_ids: list[int], entries: list[dict[int, Logprob]], top_n: int, token_bytes: list[bytes],
-                  as_ids: bool = False) -> p.ChatLogprobs:
+def chat_logprobs(token_ids: list[int], entries: list[dict[int, Logprob]], top_n: int,
+                  token_bytes: Callable[[int], bytes], as_ids: bool = False) -> p.ChatLogprobs:
     """From the engine's per-token entries (the chosen token plus the top ones). bytes are each token's own,
     as OpenAI defines them: a token holding part of a character shows U+FFFD as text but its real bytes."""
     def item(token_id: int, lp: Logprob) -> p.TopLogprob:
         token = f"token_id:{token_id}" if as_ids else lp.decoded_token or ""
-        return p.TopLogprob(token=token, logprob=lp.logprob, bytes=list(token_bytes[token_id]))
+        return p.TopLogprob(token=token, logprob=lp.logprob, bytes=list(token_bytes(token_id)))
 
     content = []
     for token_id, entry in zip(token_ids, entries):

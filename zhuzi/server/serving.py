@@ -410,7 +410,7 @@ class Server:
         params = self.sampling_params(body, constraint)
         ids, prefill = await self.in_worker(self.render_chat, body, constraint)
         await self.check_constraints(constraints)
-        fmt = ChatFormat(p.new_id("chatcmpl"), self.model_name, body, ids, self.ready().tokenizer.token_bytes)
+        fmt = ChatFormat(p.new_id("chatcmpl"), self.model_name, body, ids, self.ready().tokenizer.bytes_of)
         self.log_user(fmt.request_id, body)
         tools, max_calls = body.parse_tool_calls, None if body.parallel_tool_calls else 1
 

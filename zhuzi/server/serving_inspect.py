@@ -28,8 +28,7 @@ class Inspector:
         self.server = server
 
     def _token(self, token_id: int) -> dict:
-        table = self.server.ready().tokenizer.token_bytes
-        raw = table[token_id] if token_id < len(table) else b""  # a padded vocabulary's spare ids are empty
+        raw = self.server.ready().tokenizer.bytes_of(token_id)
         return {"id": token_id, "token": raw.decode(errors="replace"), "bytes": list(raw)}
 
     async def _probe(self, request: Request, key: str, contexts: list[list[int]], probe: Probe,
