@@ -3,12 +3,17 @@ from __future__ import annotations
 
 import base64
 import math
+import time
 
 import httpx
 import pytest
 import torch
 from openai import OpenAI
 from serving import ServerProcess
+
+from zhuzi.model.loader import default_model_path
+from zhuzi.server.protocol import MAX_STEPS
+from zhuzi.tokenizer import Tokenizer
 
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
 
@@ -110,18 +115,27 @@ def test_bad_inspection_requests_get_openai_errors(server: ServerProcess, body: 
 
 
 def test_logprob_bytes_are_the_tokens_own_and_text_drops_a_cut_character(server: ServerProcess) -> None:
-    # This tokenizer spells 猫 as three one-byte tokens: cutting after the first leaves half a character.
-    reply = chat(server, [{"role": "user", "content": "请用中文回答：猫是什么动物？"}], max_tokens=16)
+    # This tokenizer spells many CJK characters as two or three byte tokens.
+    question = [{"role": "user", "content": "请用中文回答：猫是什么动物？"}]
+    reply = chat(server, question, max_tokens=16)
     content = reply["choices"][0]["logprobs"]["content"]
-    raw = b"".join(bytes(t["bytes"]) for t in content)
-    assert [239, 191, 189] not in [t["bytes"] for t in content]
-    for cut in range(1, 6):
-        short = chat(server, [{"role": "user", "content": "请用中文回答：猫是什么动物？"}], max_tokens=cut)
-        text = short["choices"][0]["message"]["content"]
+    own = Tokenizer.load(default_model_path()).token_bytes
+    entries = [e for t in content for e in (t, *t["top_logprobs"])]
+    assert all(bytes(e["bytes"]) == own[int(e["token"].split(":")[1])] for e in entries)
+    partial = [t for t in content if not utf8(bytes(t["bytes"]))]
+    assert partial and all(t["bytes"] != [239, 191, 189] for t in partial)  # not U+FFFD's bytes
+    for cut in range(1, 6):  # each of these ends on "length", some in the middle of a character
+        text = chat(server, question, max_tokens=cut)["choices"][0]["message"]["content"]
+        assert text == b"".join(bytes(t["bytes"]) for t in content[:cut]).decode("utf-8", errors="ignore")
         assert "\ufffd" not in text
-        head = b"".join(bytes(t["bytes"]) for t in content[:cut]).decode("utf-8", errors="ignore")
-        assert text == head
-    assert raw.decode("utf-8", errors="ignore").startswith(reply["choices"][0]["message"]["content"])
+
+
+def utf8(raw: bytes) -> bool:
+    try:
+        raw.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False
 
 
 def test_streamed_token_ids(server: ServerProcess) -> None:
@@ -134,3 +148,19 @@ def test_streamed_token_ids(server: ServerProcess) -> None:
     ids = [i for c in chunks for ch in c.choices for i in (ch.model_extra.get("token_ids") or [])]
     assert len(prompt) == chunks[-1].usage.prompt_tokens and len(ids) == chunks[-1].usage.completion_tokens
     assert ids == chat(server, FRANCE)["choices"][0]["token_ids"]
+
+
+def test_a_client_that_hangs_up_aborts_its_probes(server: ServerProcess) -> None:
+    contexts = [[1000 + 7 * k + i for i in range(1000)] for k in range(16)]  # one at a time in this KV pool
+    sent = time.monotonic()
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url + "/inspect/next-token", json={"contexts": contexts}, timeout=0.5)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        s = server.get(f"/inspect/engine?steps={MAX_STEPS}")
+        if s["requests"] == {"running": 0, "waiting": 0} and s["kv"]["used_blocks"] == 0:
+            break
+        time.sleep(0.05)
+    assert s["requests"] == {"running": 0, "waiting": 0} and s["kv"]["used_blocks"] == 0
+    computed = sum(step["prefill_tokens"] for step in s["steps"] if step["age_s"] < time.monotonic() - sent)
+    assert 0 < computed < 16 * 1000, "the probes ran to the end although their client had gone"
