@@ -314,15 +314,15 @@ class Tokenizer:
 
     def _author_tokens(self, pieces: list[tuple[str, list[str]] | int]) -> list[DocToken]:
         """Tokens of the pieces; a token's author is the one who wrote most of its characters."""
+        texts = [piece for piece in pieces if not isinstance(piece, int)]
+        # One batch call: the tokenizers library lets go of the GIL for a batch (as _encode_texts relies on).
+        encodings = iter(self._text.encode_batch([text for text, _ in texts], add_special_tokens=False))
         tokens = []
         for piece in pieces:
             if isinstance(piece, int):
                 tokens.append(DocToken(piece, "template", True))
                 continue
-            text, authors = piece
-            if not text:
-                continue
-            encoding = self._text.encode(text, add_special_tokens=False)
+            authors, encoding = piece[1], next(encodings)
             for token_id, (start, end) in zip(encoding.ids, encoding.offsets):
                 owners = Counter(authors[start:max(end, start + 1)])
                 tokens.append(DocToken(token_id, owners.most_common(1)[0][0] if owners else "template", False))

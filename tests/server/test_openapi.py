@@ -17,8 +17,10 @@ from zhuzi.engine.async_engine import AsyncEngine
 from zhuzi.server.app import create_app
 
 EXAMPLES = int(os.environ.get("ZHUZI_FUZZ_EXAMPLES", 25))  # per route and mode: a few seconds each in make test
-BODIES = [("POST", "/v1/chat/completions"), ("POST", "/v1/completions"), ("POST", "/tokenize"), ("POST", "/detokenize")]
-# Routes without a body have no invalid request to make.
+BODIES = [("POST", "/v1/chat/completions"), ("POST", "/v1/completions"), ("POST", "/tokenize"), ("POST", "/detokenize"),
+          ("POST", "/inspect/next-token"), ("POST", "/inspect/logit-lens"), ("POST", "/inspect/document"),
+          ("POST", "/inspect/bpe"), ("GET", "/inspect/engine")]
+# Routes without a body or parameters have no invalid request to make.
 CASES = [(*route, mode) for route in BODIES for mode in GenerationMode] + [
     ("GET", path, GenerationMode.POSITIVE) for path in ("/v1/models", "/health", "/version", "/metrics")]
 

@@ -452,7 +452,9 @@ def test_the_openapi_spec_documents_every_body_answer_and_error(server: ServerPr
     spec = httpx.get(server.url + "/openapi.json").json()
     schemas = spec["components"]["schemas"]
     bodies = {"/v1/chat/completions": "ChatCompletionRequest", "/v1/completions": "CompletionRequest",
-              "/tokenize": "TokenizeRequest", "/detokenize": "DetokenizeRequest"}
+              "/tokenize": "TokenizeRequest", "/detokenize": "DetokenizeRequest",
+              "/inspect/next-token": "NextTokenRequest", "/inspect/logit-lens": "LogitLensRequest",
+              "/inspect/document": "DocumentRequest", "/inspect/bpe": "BpeRequest"}
     for path, body in bodies.items():
         operation = spec["paths"][path]["post"]
         assert operation["requestBody"]["content"]["application/json"]["schema"] == {

@@ -18,7 +18,8 @@ from serving import ServerProcess, running_server
 MODEL = "smol"  # --served-model-name
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 # 3 requests a minute each: no test spends more
-KEYS = ("key-auth", "key-rpm", "key-tpm", "key-queue", "key-big", "key-tokenize", "key-tokenize-tpm", "key-inspect")
+KEYS = ("key-auth", "key-rpm", "key-tpm", "key-queue", "key-big", "key-tokenize", "key-tokenize-tpm", "key-inspect",
+        "key-inspect-2")
 
 
 @pytest.fixture(scope="module")
@@ -55,24 +56,25 @@ def test_the_page_is_public_and_inspection_obeys_keys_and_limits(server: ServerP
     page = httpx.get(server.url + "/")
     assert page.status_code == 200 and "default-src 'self'" in page.headers["content-security-policy"]
     assert httpx.get(server.url + "/static/js/app.js").status_code == 200
-    key = {"Authorization": "Bearer key-inspect"}
-    calls = [("GET", "/inspect/engine?steps=0", None), ("POST", "/inspect/bpe", {"text": "hi"}),
-             ("POST", "/inspect/document", {"messages": QUESTION}),
-             ("POST", "/inspect/logit-lens", {"token_ids": [1, 2, 3]}),
+    key, other = {"Authorization": "Bearer key-inspect"}, {"Authorization": "Bearer key-inspect-2"}
+    engine = ("GET", "/inspect/engine?steps=0", None)
+    posts = [("POST", "/inspect/bpe", {"text": "hi"}), ("POST", "/inspect/document", {"messages": QUESTION}),
              ("POST", "/inspect/next-token", {"contexts": [[1, 2]], "model": MODEL})]
-    for method, path, body in calls:
+    lens = ("POST", "/inspect/logit-lens", {"token_ids": [1, 2, 3]})
+    for method, path, body in (engine, *posts, lens):
         bare = httpx.request(method, server.url + path, json=body, timeout=60)
         assert bare.status_code == 401 and bare.json()["error"]["code"] == "invalid_api_key"
+    for method, path, body in posts:  # the key's three requests a minute
         assert httpx.request(method, server.url + path, json=body, headers=key, timeout=60).status_code == 200
-    # a probe is a request: the two above and this one spend the key's three a minute; reading does not
-    wrong_model = httpx.post(server.url + "/inspect/next-token", json={"contexts": [[1]], "model": "other"},
-                             headers=key, timeout=60)
-    assert wrong_model.status_code == 404 and wrong_model.json()["error"]["code"] == "model_not_found"
-    refused = httpx.post(server.url + "/inspect/next-token", json={"contexts": [[1, 2]]}, headers=key, timeout=60)
+    refused = httpx.post(server.url + lens[1], json=lens[2], headers=key, timeout=60)
     assert refused.status_code == 429 and refused.json()["error"]["type"] == "requests"
-    assert httpx.get(server.url + "/inspect/engine?steps=0", headers=key).status_code == 200
+    assert httpx.get(server.url + engine[1], headers=key).status_code == 200  # reading the engine costs nothing
+    assert httpx.post(server.url + lens[1], json=lens[2], headers=other, timeout=60).status_code == 200
+    wrong_model = httpx.post(server.url + "/inspect/next-token", json={"contexts": [[1]], "model": "other"},
+                             headers=other, timeout=60)
+    assert wrong_model.status_code == 404 and wrong_model.json()["error"]["code"] == "model_not_found"
     too_many = httpx.post(server.url + "/inspect/next-token", json={"contexts": [[1]] * 3}, timeout=60,
-                          headers={"Authorization": "Bearer key-big"})
+                          headers={"Authorization": "Bearer key-big"})  # 1 running + 1 waiting place
     assert too_many.status_code == 400 and too_many.json()["error"]["code"] == "too_many_sequences"
 
 
