@@ -1,4 +1,4 @@
-"""The benchmark tools (`zhuzi bench offline | decode | structured | serve`) run end to end on tiny settings.
+"""The benchmark tools (`zhuzi bench offline | decode | structured | serve | polling`) run end to end on tiny settings.
 
 They drive the real engine, real transformers and a real `zhuzi serve` subprocess; the figures
 are meaningless at this size, so the tests check that each report is complete and consistent.
@@ -29,11 +29,11 @@ def tokenizer():
     return load_tokenizer(None)
 
 
-def test_cli_lists_the_four_tools(capsys):
+def test_cli_lists_the_tools(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["bench", "--help"])
     help_text = capsys.readouterr().out
-    assert all(tool in help_text for tool in ("offline", "decode", "structured", "serve"))
+    assert all(tool in help_text for tool in ("offline", "decode", "structured", "serve", "polling"))
 
 
 def test_random_prompts_are_seeded_in_range_and_free_of_control_tokens(tokenizer):
@@ -181,6 +181,19 @@ def test_serve_polls_a_path_while_the_load_runs(server_url):
     with pytest.raises(RuntimeError, match="--poll /inspect/nowhere failed"):
         run_tool(["bench", "serve", "--base-url", server_url, "--num-prompts", "1", "--random-output-len", "4",
                   "--disable-tqdm", "--poll", "/inspect/nowhere"])
+
+
+def test_polling_runs_the_load_quiet_and_polled_side_by_side(server_url, tmp_path, capsys):
+    out = tmp_path / "polling.json"
+    report = run_tool(["bench", "polling", "--base-url", server_url, "--num-prompts", "2", "--max-concurrency", "2",
+                       "--random-input-len", "16", "--random-output-len", "12", "--poll-interval", "0.02",
+                       "--rounds", "2", "--json-out", str(out)])
+    assert [(r.round, r.arm) for r in report.runs] == [(0, "quiet"), (0, "polled"), (1, "polled"), (1, "quiet")]
+    assert all((r.polls > 0) == (r.arm == "polled") and r.tpot_ms > 0 for r in report.runs)
+    best = min(report.tpots("polled")) / min(report.tpots("quiet"))
+    assert report.best_ratio == pytest.approx(best)
+    assert "polled/quiet" in capsys.readouterr().out
+    assert json.loads(out.read_text())["median_ratio"] == pytest.approx(report.median_ratio)
 
 
 def test_serve_replays_sharegpt_with_the_servers_answers_in_the_history(server_url):
