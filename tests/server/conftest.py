@@ -1,5 +1,5 @@
 """The inspector's server (float32, so that an inspection re-run reproduces a step's probabilities to ~1e-6;
-bf16: ~1e-3) and browser, one each per session, shared by the /inspect API and page tests."""
+bf16: ~1e-3), one per session, shared by the /inspect API and page tests; and the page tests' browser."""
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -16,8 +16,10 @@ def inspect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerP
         yield server
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
+    # Module, not session: while sync_playwright runs, its event loop is the thread's running loop, and every
+    # later test that calls asyncio.run() would fail.
     with sync_playwright() as playwright:
         browser = launch(playwright)
         yield browser
