@@ -12,7 +12,7 @@ from openai import OpenAI
 from serving import ServerProcess
 
 from zhuzi.model.loader import default_model_path
-from zhuzi.server.protocol import MAX_STEPS
+from zhuzi.server.inspect_protocol import MAX_STEPS
 from zhuzi.tokenizer import Tokenizer
 
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]

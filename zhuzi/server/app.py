@@ -27,7 +27,9 @@ import zhuzi
 from zhuzi.config import ServerConfig
 from zhuzi.engine.async_engine import AsyncEngine, EngineDead
 from zhuzi.outputs import RequestError
+from zhuzi.server import inspect_protocol as ip
 from zhuzi.server import protocol as p
+from zhuzi.server import responses as r
 from zhuzi.server.gateway import GatewayError, retry_after_header
 from zhuzi.server.serving import ApiError, Server, failure_info
 from zhuzi.server.serving_inspect import Inspector
@@ -42,7 +44,7 @@ PAGE_POLICY = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src
 
 def error_response(status: int, message: str, type: str, param: str | None = None, code: str | int | None = None,
                    headers: dict[str, str] | None = None) -> JSONResponse:
-    body = p.ErrorResponse(error=p.ErrorInfo(message=message, type=type, param=param, code=code))
+    body = r.ErrorResponse(error=r.ErrorInfo(message=message, type=type, param=param, code=code))
     return JSONResponse(body.model_dump(), status_code=status, headers=headers)
 
 
@@ -94,8 +96,9 @@ def validation_error(exc: pydantic.ValidationError) -> ApiError:
     return ApiError(400, f"{param}: {message}" if param else message, param=param)
 
 
-_FIELD_NAMES = {field.alias or name for model in vars(p).values() if isinstance(model, type)
-                and issubclass(model, p.Request) for name, field in model.model_fields.items()}
+_FIELD_NAMES = {field.alias or name for module in (p, ip) for model in vars(module).values()
+                if isinstance(model, type) and issubclass(model, p.Request)
+                for name, field in model.model_fields.items()}
 
 
 # ---------------------------------------------------------------- the OpenAPI description
@@ -109,7 +112,7 @@ _BODY_ERRORS = (400, 401, 404, 413, 415, 429, 503)
 
 
 def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    return {status: {"model": p.ErrorResponse, "description": _ERROR_DESCRIPTIONS[status]} for status in statuses}
+    return {status: {"model": r.ErrorResponse, "description": _ERROR_DESCRIPTIONS[status]} for status in statuses}
 
 
 def _ref(model: type[pydantic.BaseModel]) -> dict[str, str]:
@@ -120,7 +123,7 @@ def _sse_event(chunk: type[pydantic.BaseModel]) -> dict[str, Any]:
     """One server-sent event (OpenAPI 3.1 describes each event): its data is a JSON chunk, an error object
     (a failure after the headers went out), or the final [DONE]."""
     json_data = {"type": "string", "contentMediaType": "application/json",
-                 "contentSchema": {"anyOf": [_ref(chunk), _ref(p.ErrorResponse)]}}
+                 "contentSchema": {"anyOf": [_ref(chunk), _ref(r.ErrorResponse)]}}
     return {"type": "object", "required": ["data"],
             "properties": {"data": {"anyOf": [{"const": "[DONE]"}, json_data]}}}
 
@@ -142,12 +145,12 @@ def _documented(body: type[pydantic.BaseModel] | None, answer: type[pydantic.Bas
 
 
 _BODIES = [p.ChatCompletionRequest, p.CompletionRequest, p.TokenizeRequest, p.DetokenizeRequest,
-           p.NextTokenRequest, p.LogitLensRequest, p.DocumentRequest, p.BpeRequest]
+           ip.NextTokenRequest, ip.LogitLensRequest, ip.DocumentRequest, ip.BpeRequest]
 # GET /inspect/engine's one parameter, which the route reads itself (a bad value is OpenAI's 400, not 422).
 _ENGINE_QUERY = {"parameters": [{"name": "steps", "in": "query", "required": False,
                                  "description": "how many recent step records to include",
-                                 "schema": {"type": "integer", "minimum": 0, "maximum": p.MAX_STEPS, "default": 64}}]}
-_CHUNKS = [p.ChatCompletionChunk]  # a completion's chunks are CompletionResponse objects, as OpenAI's are
+                                 "schema": {"type": "integer", "minimum": 0, "maximum": ip.MAX_STEPS, "default": 64}}]}
+_CHUNKS = [r.ChatCompletionChunk]  # a completion's chunks are CompletionResponse objects, as OpenAI's are
 
 
 def _openapi(app: FastAPI) -> Callable[[], dict[str, Any]]:
@@ -202,27 +205,27 @@ def create_app(engine: AsyncEngine | Callable[[], AsyncEngine], server_config: S
         except ClientGone:
             return Response(status_code=499)
 
-    @app.post("/v1/chat/completions", **_documented(p.ChatCompletionRequest, p.ChatCompletionResponse,
-                                                     (*_BODY_ERRORS, 500), p.ChatCompletionChunk))
+    @app.post("/v1/chat/completions", **_documented(p.ChatCompletionRequest, r.ChatCompletionResponse,
+                                                     (*_BODY_ERRORS, 500), r.ChatCompletionChunk))
     async def chat_completions(request: Request) -> Response:
         return await generation(request, p.ChatCompletionRequest, server.chat)
 
-    @app.post("/v1/completions", **_documented(p.CompletionRequest, p.CompletionResponse, (*_BODY_ERRORS, 500),
-                                               p.CompletionResponse))
+    @app.post("/v1/completions", **_documented(p.CompletionRequest, r.CompletionResponse, (*_BODY_ERRORS, 500),
+                                               r.CompletionResponse))
     async def completions(request: Request) -> Response:
         return await generation(request, p.CompletionRequest, server.completions)
 
-    @app.get("/v1/models", **_documented(None, p.ModelList, (401, 503)))
+    @app.get("/v1/models", **_documented(None, r.ModelList, (401, 503)))
     async def models(request: Request) -> Response:
         authenticated(request)
         server.ready()
         return JSONResponse(server.models().model_dump())
 
-    @app.post("/tokenize", **_documented(p.TokenizeRequest, p.TokenizeResponse, _BODY_ERRORS))
+    @app.post("/tokenize", **_documented(p.TokenizeRequest, r.TokenizeResponse, _BODY_ERRORS))
     async def tokenize(request: Request) -> Response:
         return await server.tokenize(*await admitted(request, p.TokenizeRequest))
 
-    @app.post("/detokenize", **_documented(p.DetokenizeRequest, p.DetokenizeResponse, _BODY_ERRORS))
+    @app.post("/detokenize", **_documented(p.DetokenizeRequest, r.DetokenizeResponse, _BODY_ERRORS))
     async def detokenize(request: Request) -> Response:
         return await server.detokenize(*await admitted(request, p.DetokenizeRequest))
 
@@ -232,40 +235,40 @@ def create_app(engine: AsyncEngine | Callable[[], AsyncEngine], server_config: S
 
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
-    @app.post("/inspect/next-token", **_documented(p.NextTokenRequest, p.NextTokenResponse, (*_BODY_ERRORS, 500)))
+    @app.post("/inspect/next-token", **_documented(ip.NextTokenRequest, ip.NextTokenResponse, (*_BODY_ERRORS, 500)))
     async def next_token(request: Request) -> Response:
-        return await generation(request, p.NextTokenRequest, inspector.next_token)
+        return await generation(request, ip.NextTokenRequest, inspector.next_token)
 
-    @app.post("/inspect/logit-lens", **_documented(p.LogitLensRequest, p.LogitLensResponse, (*_BODY_ERRORS, 500)))
+    @app.post("/inspect/logit-lens", **_documented(ip.LogitLensRequest, ip.LogitLensResponse, (*_BODY_ERRORS, 500)))
     async def logit_lens(request: Request) -> Response:
-        return await generation(request, p.LogitLensRequest, inspector.logit_lens)
+        return await generation(request, ip.LogitLensRequest, inspector.logit_lens)
 
-    @app.post("/inspect/document", **_documented(p.DocumentRequest, p.DocumentResponse, _BODY_ERRORS))
+    @app.post("/inspect/document", **_documented(ip.DocumentRequest, ip.DocumentResponse, _BODY_ERRORS))
     async def document(request: Request) -> Response:
-        return await inspector.document(*await admitted(request, p.DocumentRequest))
+        return await inspector.document(*await admitted(request, ip.DocumentRequest))
 
-    @app.post("/inspect/bpe", **_documented(p.BpeRequest, p.BpeResponse, _BODY_ERRORS))
+    @app.post("/inspect/bpe", **_documented(ip.BpeRequest, ip.BpeResponse, _BODY_ERRORS))
     async def bpe(request: Request) -> Response:
-        return await inspector.bpe(*await admitted(request, p.BpeRequest))
+        return await inspector.bpe(*await admitted(request, ip.BpeRequest))
 
-    @app.get("/inspect/engine", **{**_documented(None, p.EngineResponse, (400, 401, 503)),
+    @app.get("/inspect/engine", **{**_documented(None, ip.EngineResponse, (400, 401, 503)),
                                   "openapi_extra": _ENGINE_QUERY})
     async def engine_view(request: Request) -> Response:
         authenticated(request)
         server.ready()
         raw = request.query_params.get("steps", "64")
-        if not (raw.isascii() and raw.isdigit()) or int(raw) > p.MAX_STEPS:
-            raise ApiError(400, f"steps must be a whole number in [0, {p.MAX_STEPS}], got {raw!r}", param="steps")
+        if not (raw.isascii() and raw.isdigit()) or int(raw) > ip.MAX_STEPS:
+            raise ApiError(400, f"steps must be a whole number in [0, {ip.MAX_STEPS}], got {raw!r}", param="steps")
         return await inspector.engine(int(raw))
 
-    @app.get("/health", **_documented(None, p.HealthResponse, (503,)))
+    @app.get("/health", **_documented(None, r.HealthResponse, (503,)))
     async def health() -> Response:
         server.ready()
-        return JSONResponse(p.HealthResponse().model_dump())
+        return JSONResponse(r.HealthResponse().model_dump())
 
-    @app.get("/version", **_documented(None, p.VersionResponse, ()))
+    @app.get("/version", **_documented(None, r.VersionResponse, ()))
     async def version() -> Response:
-        return JSONResponse(p.VersionResponse(version=zhuzi.__version__).model_dump())
+        return JSONResponse(r.VersionResponse(version=zhuzi.__version__).model_dump())
 
     @app.get("/metrics", response_class=PlainTextResponse, responses={200: {"description": "Prometheus metrics"}})
     async def metrics() -> Response:
@@ -294,12 +297,12 @@ def create_app(engine: AsyncEngine | Callable[[], AsyncEngine], server_config: S
     @app.exception_handler(EngineDead)
     async def failed(request: Request, exc: Exception) -> Response:
         info = failure_info(exc)
-        return JSONResponse(p.ErrorResponse(error=info).model_dump(), status_code=int(info.code or 500))
+        return JSONResponse(r.ErrorResponse(error=info).model_dump(), status_code=int(info.code or 500))
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception) -> Response:
         # Starlette logs the traceback after this answer goes out.
         info = failure_info(exc)
-        return JSONResponse(p.ErrorResponse(error=info).model_dump(), status_code=500)
+        return JSONResponse(r.ErrorResponse(error=info).model_dump(), status_code=500)
 
     return app

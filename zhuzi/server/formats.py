@@ -15,6 +15,7 @@ import pydantic
 
 from zhuzi.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from zhuzi.server import protocol as p
+from zhuzi.server import responses as r
 from zhuzi.server.parsers import OutputParser, ParsedText
 
 
@@ -84,9 +85,9 @@ class Generation:
             news.append((choice, delta, choice.absorb(delta)))
         return news
 
-    def usage(self) -> p.Usage:
+    def usage(self) -> r.Usage:
         completion = sum(len(c.token_ids) for c in self.choices.values())
-        return p.Usage.of(sum(s.token_count for s in self.prompts), completion,
+        return r.Usage.of(sum(s.token_count for s in self.prompts), completion,
                           sum(s.cached_tokens for s in self.prompts))
 
     def sorted_choices(self) -> list[Choice]:
@@ -102,15 +103,15 @@ class ChatFormat:
         self.prompt_ids, self.token_bytes = prompt_ids, token_bytes
         self.created = int(time.time())
 
-    def _chunk(self, index: int, delta: p.DeltaMessage, logprobs: p.ChatLogprobs | None = None,
+    def _chunk(self, index: int, delta: r.DeltaMessage, logprobs: r.ChatLogprobs | None = None,
                finish_reason: str | None = None, stop_reason: int | str | None = None,
                token_ids: list[int] | None = None, prompt_token_ids: list[int] | None = None) -> str:
-        choice = p.ChatChunkChoice(index=index, delta=delta, logprobs=logprobs, finish_reason=finish_reason,
+        choice = r.ChatChunkChoice(index=index, delta=delta, logprobs=logprobs, finish_reason=finish_reason,
                                    stop_reason=stop_reason, token_ids=token_ids)
-        return sse(p.ChatCompletionChunk(id=self.request_id, created=self.created, model=self.model,
+        return sse(r.ChatCompletionChunk(id=self.request_id, created=self.created, model=self.model,
                                          choices=[choice], prompt_token_ids=prompt_token_ids))
 
-    def _logprobs(self, token_ids: list[int], entries: list[dict[int, Logprob]]) -> p.ChatLogprobs | None:
+    def _logprobs(self, token_ids: list[int], entries: list[dict[int, Logprob]]) -> r.ChatLogprobs | None:
         if not self.body.logprobs:
             return None
         return chat_logprobs(token_ids, entries, self.body.top_logprobs or 0, self.token_bytes,
@@ -122,41 +123,41 @@ class ChatFormat:
         with_ids = self.body.return_token_ids
         if not choice.started:
             choice.started = True
-            out.append(self._chunk(choice.index, p.DeltaMessage(role="assistant", content=""),
+            out.append(self._chunk(choice.index, r.DeltaMessage(role="assistant", content=""),
                                    prompt_token_ids=self.prompt_ids if with_ids else None))
         logprobs = self._logprobs(delta.token_ids, delta.logprobs or [])
         held_back = (logprobs and logprobs.content) or (with_ids and delta.token_ids)  # news without text
         if piece.content or piece.reasoning_content or held_back:
-            message = p.DeltaMessage(content=piece.content or None,
+            message = r.DeltaMessage(content=piece.content or None,
                                      reasoning_content=piece.reasoning_content or None)
             if message.content is None and message.reasoning_content is None:
                 message.content = ""  # logprobs or ids of text still held back
             out.append(self._chunk(choice.index, message, logprobs, token_ids=delta.token_ids if with_ids else None))
         for call in piece.tool_calls:  # a whole call, or OpenAI's pieces: id and name first, then arguments
-            tool = p.DeltaToolCall(index=call.index, id=call.id, type="function" if call.id else None,
-                                   function=p.DeltaFunction(name=call.name, arguments=call.arguments))
-            out.append(self._chunk(choice.index, p.DeltaMessage(tool_calls=[tool])))
+            tool = r.DeltaToolCall(index=call.index, id=call.id, type="function" if call.id else None,
+                                   function=r.DeltaFunction(name=call.name, arguments=call.arguments))
+            out.append(self._chunk(choice.index, r.DeltaMessage(tool_calls=[tool])))
         if choice.finish_reason is not None:
-            out.append(self._chunk(choice.index, p.DeltaMessage(), finish_reason=choice.openai_finish_reason,
+            out.append(self._chunk(choice.index, r.DeltaMessage(), finish_reason=choice.openai_finish_reason,
                                    stop_reason=choice.stop_reason))
         return out
 
     def usage_chunk(self, gen: Generation) -> str:
-        return sse(p.ChatCompletionChunk(id=self.request_id, created=self.created, model=self.model,
+        return sse(r.ChatCompletionChunk(id=self.request_id, created=self.created, model=self.model,
                                          choices=[], usage=gen.usage()))
 
-    def response(self, gen: Generation) -> p.ChatCompletionResponse:
+    def response(self, gen: Generation) -> r.ChatCompletionResponse:
         choices = []
         for c in gen.sorted_choices():
-            calls = [p.ToolCallOut(id=t.id, function=p.FunctionCallOut(name=t.name, arguments=t.arguments))
+            calls = [r.ToolCallOut(id=t.id, function=r.FunctionCallOut(name=t.name, arguments=t.arguments))
                      for t in c.parsed.tool_calls]
-            message = p.ChatResponseMessage(content=c.parsed.content if c.parsed.content or not calls else None,
+            message = r.ChatResponseMessage(content=c.parsed.content if c.parsed.content or not calls else None,
                                             reasoning_content=c.parsed.reasoning_content or None,
                                             tool_calls=calls or None)
-            choices.append(p.ChatChoice(index=c.index, message=message, finish_reason=c.openai_finish_reason,
+            choices.append(r.ChatChoice(index=c.index, message=message, finish_reason=c.openai_finish_reason,
                                         stop_reason=c.stop_reason, logprobs=self._logprobs(c.token_ids, c.logprobs),
                                         token_ids=c.token_ids if self.body.return_token_ids else None))
-        return p.ChatCompletionResponse(id=self.request_id, created=self.created, model=self.model,
+        return r.ChatCompletionResponse(id=self.request_id, created=self.created, model=self.model,
                                         choices=choices, usage=gen.usage(),
                                         prompt_token_ids=self.prompt_ids if self.body.return_token_ids else None)
 
@@ -172,7 +173,7 @@ class CompletionFormat:
         self.offsets: dict[int, int] = {}  # text_offset reached per choice
 
     def _piece(self, gen: Generation, choice: Choice, prompt_index: int, text: str, token_ids: list[int],
-               entries: list[dict[int, Logprob]], first: bool) -> p.CompletionChoice:
+               entries: list[dict[int, Logprob]], first: bool) -> r.CompletionChoice:
         """A choice's text and logprobs for some tokens, with the echoed prompt before the first."""
         entries_in: list[dict[int, Logprob] | None] = list(entries)
         if first and self.body.echo:
@@ -185,7 +186,7 @@ class CompletionFormat:
             offset = self.offsets.get(choice.index, 0)
             logprobs = completion_logprobs(token_ids, entries_in, self.body.logprobs, offset, self.decode)
             self.offsets[choice.index] = offset + sum(len(token) for token in logprobs.tokens)
-        return p.CompletionChoice(index=choice.index, text=text, logprobs=logprobs,
+        return r.CompletionChoice(index=choice.index, text=text, logprobs=logprobs,
                                   finish_reason=choice.finish_reason, stop_reason=choice.stop_reason)
 
     def chunks(self, gen: Generation, choice: Choice, delta: CompletionOutput, piece: ParsedText,
@@ -194,17 +195,17 @@ class CompletionFormat:
         item = self._piece(gen, choice, prompt_index, piece.content, delta.token_ids, delta.logprobs or [], first)
         if not (item.text or item.finish_reason or (item.logprobs and item.logprobs.tokens)):
             return []
-        return [sse(p.CompletionResponse(id=self.request_id, created=self.created, model=self.model,
+        return [sse(r.CompletionResponse(id=self.request_id, created=self.created, model=self.model,
                                          choices=[item]))]
 
     def usage_chunk(self, gen: Generation) -> str:
-        return sse(p.CompletionResponse(id=self.request_id, created=self.created, model=self.model,
+        return sse(r.CompletionResponse(id=self.request_id, created=self.created, model=self.model,
                                         choices=[], usage=gen.usage()))
 
-    def response(self, gen: Generation) -> p.CompletionResponse:
+    def response(self, gen: Generation) -> r.CompletionResponse:
         choices = [self._piece(gen, c, c.index // gen.n, c.parsed.content, c.token_ids, c.logprobs, True)
                    for c in gen.sorted_choices()]
-        return p.CompletionResponse(id=self.request_id, created=self.created, model=self.model,
+        return r.CompletionResponse(id=self.request_id, created=self.created, model=self.model,
                                     choices=choices, usage=gen.usage())
 
 
@@ -218,25 +219,25 @@ def _top(entry: dict[int, Logprob], top_n: int) -> list[tuple[int, Logprob]]:
 
 
 def chat_logprobs(token_ids: list[int], entries: list[dict[int, Logprob]], top_n: int,
-                  token_bytes: Callable[[int], bytes], as_ids: bool = False) -> p.ChatLogprobs:
+                  token_bytes: Callable[[int], bytes], as_ids: bool = False) -> r.ChatLogprobs:
     """From the engine's per-token entries (the chosen token plus the top ones). bytes are each token's own,
     as OpenAI defines them: a token holding part of a character shows U+FFFD as text but its real bytes."""
-    def item(token_id: int, lp: Logprob) -> p.TopLogprob:
+    def item(token_id: int, lp: Logprob) -> r.TopLogprob:
         token = f"token_id:{token_id}" if as_ids else lp.decoded_token or ""
-        return p.TopLogprob(token=token, logprob=lp.logprob, bytes=list(token_bytes(token_id)))
+        return r.TopLogprob(token=token, logprob=lp.logprob, bytes=list(token_bytes(token_id)))
 
     content = []
     for token_id, entry in zip(token_ids, entries):
         chosen = item(token_id, entry[token_id])
         tops = [item(i, lp) for i, lp in _top(entry, top_n)]
-        content.append(p.TokenLogprob(**chosen.model_dump(), top_logprobs=tops))
-    return p.ChatLogprobs(content=content)
+        content.append(r.TokenLogprob(**chosen.model_dump(), top_logprobs=tops))
+    return r.ChatLogprobs(content=content)
 
 
 def completion_logprobs(token_ids: list[int], entries: list[dict[int, Logprob] | None], top_n: int, offset: int,
-                        decode: Callable[[int], str]) -> p.CompletionLogprobs:
+                        decode: Callable[[int], str]) -> r.CompletionLogprobs:
     """The legacy format; a None entry (a prompt's first token) has no logprob."""
-    out = p.CompletionLogprobs()
+    out = r.CompletionLogprobs()
     for token_id, entry in zip(token_ids, entries):
         token = (entry[token_id].decoded_token if entry else None) or decode(token_id)
         out.tokens.append(token)

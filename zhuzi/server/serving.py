@@ -40,6 +40,7 @@ from zhuzi.engine.async_engine import AsyncEngine, EngineDead
 from zhuzi.outputs import EngineStats, RequestError, RequestOutput
 from zhuzi.sampling_params import InvalidRequest, SamplingParams
 from zhuzi.server import protocol as p
+from zhuzi.server import responses as r
 from zhuzi.server.formats import ChatFormat, CompletionFormat, Format, Generation, PromptState, sse
 from zhuzi.server.gateway import Admission, Gateway
 from zhuzi.server.metrics import ServerMetrics
@@ -65,13 +66,13 @@ class ApiError(Exception):
         return cls(400, str(exc), param=exc.param, code=exc.code)
 
 
-def failure_info(exc: Exception) -> p.ErrorInfo:
+def failure_info(exc: Exception) -> r.ErrorInfo:
     """OpenAI's error object for a request that failed after it was accepted (500, or 503 if the engine is gone)."""
     if isinstance(exc, EngineDead):
-        return p.ErrorInfo(message=f"Service unavailable: {exc}", type="service_unavailable", code=503)
+        return r.ErrorInfo(message=f"Service unavailable: {exc}", type="service_unavailable", code=503)
     if isinstance(exc, RequestError):
-        return p.ErrorInfo(message=f"The engine failed this request: {exc}", type="internal_error", code=500)
-    return p.ErrorInfo(message=f"Internal server error: {type(exc).__name__}", type="internal_error", code=500)
+        return r.ErrorInfo(message=f"The engine failed this request: {exc}", type="internal_error", code=500)
+    return r.ErrorInfo(message=f"Internal server error: {type(exc).__name__}", type="internal_error", code=500)
 
 
 def json_response(body: pydantic.BaseModel) -> Response:
@@ -332,7 +333,7 @@ class Server:
         except Exception as exc:  # the headers are out: report in-band, as OpenAI's streams do
             if not isinstance(exc, (RequestError, EngineDead)):  # the engine logged those
                 log.exception("stream %s failed", fmt.request_id)
-            yield sse(p.ErrorResponse(error=failure_info(exc)))
+            yield sse(r.ErrorResponse(error=failure_info(exc)))
         yield "data: [DONE]\n\n"
 
     async def close(self, run: Run, ran: bool = True) -> None:
@@ -410,7 +411,7 @@ class Server:
         params = self.sampling_params(body, constraint)
         ids, prefill = await self.in_worker(self.render_chat, body, constraint)
         await self.check_constraints(constraints)
-        fmt = ChatFormat(p.new_id("chatcmpl"), self.model_name, body, ids, self.ready().tokenizer.bytes_of)
+        fmt = ChatFormat(r.new_id("chatcmpl"), self.model_name, body, ids, self.ready().tokenizer.bytes_of)
         self.log_user(fmt.request_id, body)
         tools, max_calls = body.parse_tool_calls, None if body.parallel_tool_calls else 1
 
@@ -432,7 +433,7 @@ class Server:
         def decode(token_id: int) -> str:
             return tokenizer.decode([token_id], skip_special_tokens=False)
 
-        fmt = CompletionFormat(p.new_id("cmpl"), self.model_name, body, texts, prompt_ids, decode)
+        fmt = CompletionFormat(r.new_id("cmpl"), self.model_name, body, texts, prompt_ids, decode)
         self.log_user(fmt.request_id, body)
 
         def new_parser() -> OutputParser:
@@ -450,7 +451,7 @@ class Server:
                 ids = self.render_chat(body)[0]
             else:
                 ids = engine.tokenizer.encode_prompt(body.prompt or "")
-            answer = p.TokenizeResponse.model_construct(  # built here: no need to validate a million items
+            answer = r.TokenizeResponse.model_construct(  # built here: no need to validate a million items
                 tokens=ids, token_strs=engine.tokenizer.token_strs(ids), count=len(ids),
                 max_model_len=engine.max_model_len)
             return len(ids), Response(sliced_json(answer), media_type="application/json")
@@ -468,15 +469,15 @@ class Server:
                 engine.check_token_ids(body.tokens, "tokens")
             except InvalidRequest as exc:
                 raise ApiError.of(exc) from exc
-            return json_response(p.DetokenizeResponse(prompt=engine.tokenizer.decode(body.tokens,
+            return json_response(r.DetokenizeResponse(prompt=engine.tokenizer.decode(body.tokens,
                                                                                      skip_special_tokens=False)))
 
         response = await self.in_worker(detokenize)
         self.gateway.charge_tokens(key, len(body.tokens))
         return response
 
-    def models(self) -> p.ModelList:
+    def models(self) -> r.ModelList:
         engine = self.ready()
-        card = p.ModelCard(id=self.model_name, created=self.created, root=engine.config.model or engine.model_name,
+        card = r.ModelCard(id=self.model_name, created=self.created, root=engine.config.model or engine.model_name,
                            max_model_len=engine.max_model_len)
-        return p.ModelList(data=[card])
+        return r.ModelList(data=[card])

@@ -18,7 +18,8 @@ from zhuzi.bpe_replay import replay
 from zhuzi.engine.sequence import Probe
 from zhuzi.outputs import RequestOutput
 from zhuzi.sampling_params import InvalidRequest
-from zhuzi.server import protocol as p
+from zhuzi.server import inspect_protocol as ip
+from zhuzi.server import responses as r
 from zhuzi.server.serving import ApiError, Server, json_response
 from zhuzi.server.streams import gather_or_cancel, until_disconnect
 
@@ -41,7 +42,7 @@ class Inspector:
         except InvalidRequest as exc:
             raise ApiError.of(exc) from exc
         admission = self.server.gateway.admit(len(contexts))
-        request_id = p.new_id("inspect")
+        request_id = r.new_id("inspect")
         try:
             outs = await until_disconnect(request, gather_or_cancel(
                 [engine.probe(ids, probe, f"{request_id}-{k}") for k, ids in enumerate(contexts)]))
@@ -53,7 +54,7 @@ class Inspector:
                                                    for ids, out in zip(contexts, outs)))
         return outs
 
-    async def next_token(self, request: Request, key: str, body: p.NextTokenRequest) -> Response:
+    async def next_token(self, request: Request, key: str, body: ip.NextTokenRequest) -> Response:
         self.server.check_model(body.model)
         outs = await self._probe(request, key, body.contexts, Probe(), "contexts")
 
@@ -64,25 +65,25 @@ class Inspector:
                 top = logits.topk(min(body.top_n, logits.numel()))
                 logprobs = logits.log_softmax(-1)[top.indices].tolist()
                 full = base64.b64encode(logits.numpy().astype("<f4").tobytes()).decode() if body.full_logits else None
-                results.append(p.NextTokenResult(
+                results.append(ip.NextTokenResult(
                     position=len(ids) - 1, cached_tokens=out.num_cached_tokens, logits_b64=full,
-                    top=[p.NextTokenCandidate(**self._token(i), logit=z, logprob=lp)
+                    top=[ip.NextTokenCandidate(**self._token(i), logit=z, logprob=lp)
                          for i, z, lp in zip(top.indices.tolist(), top.values.tolist(), logprobs)]))
-            return json_response(p.NextTokenResponse(vocab_size=outs[0].inspection.logits.numel(), results=results))
+            return json_response(ip.NextTokenResponse(vocab_size=outs[0].inspection.logits.numel(), results=results))
 
         return await self.server.in_worker(answer)
 
-    async def logit_lens(self, request: Request, key: str, body: p.LogitLensRequest) -> Response:
+    async def logit_lens(self, request: Request, key: str, body: ip.LogitLensRequest) -> Response:
         self.server.check_model(body.model)
         (out,) = await self._probe(request, key, [body.token_ids], Probe(lens_top=body.top_k), "token_ids")
-        layers = [p.LensRow(layer=n, top=[p.LensCandidate(**self._token(i), logprob=lp)
+        layers = [ip.LensRow(layer=n, top=[ip.LensCandidate(**self._token(i), logprob=lp)
                                           for i, lp in zip(row.token_ids, row.logprobs)])
                   for n, row in enumerate(out.inspection.lens or [])]
-        return json_response(p.LogitLensResponse(
+        return json_response(ip.LogitLensResponse(
             position=len(body.token_ids) - 1, cached_tokens=out.num_cached_tokens,
-            token=p.InspectToken(**self._token(body.token_ids[-1])), layers=layers))
+            token=ip.InspectToken(**self._token(body.token_ids[-1])), layers=layers))
 
-    async def document(self, key: str, body: p.DocumentRequest) -> Response:
+    async def document(self, key: str, body: ip.DocumentRequest) -> Response:
         self.server.check_model(body.model)
         tokenizer = self.server.ready().tokenizer
 
@@ -90,15 +91,15 @@ class Inspector:
             ids, _ = self.server.render_chat(body)  # the checks and errors of a chat request
             messages, args = body.template_messages(), body.template_args()
             tokens = tokenizer.chat_document(messages, **args)
-            return len(ids), json_response(p.DocumentResponse(
+            return len(ids), json_response(ip.DocumentResponse(
                 text=tokenizer.render_chat(messages, **args), token_ids=ids,
-                tokens=[p.DocumentToken(**self._token(t.id), author=t.author, special=t.special) for t in tokens]))
+                tokens=[ip.DocumentToken(**self._token(t.id), author=t.author, special=t.special) for t in tokens]))
 
         count, response = await self.server.in_worker(document)
         self.server.gateway.charge_tokens(key, count)
         return response
 
-    async def bpe(self, key: str, body: p.BpeRequest) -> Response:
+    async def bpe(self, key: str, body: ip.BpeRequest) -> Response:
         self.server.check_model(body.model)
         tokenizer = self.server.ready().tokenizer
 
@@ -107,10 +108,10 @@ class Inspector:
                 r = replay(tokenizer, body.text)
             except ValueError as exc:
                 raise ApiError(400, str(exc), param="text") from exc
-            return len(r.token_ids), json_response(p.BpeResponse(
-                words=[p.BpeWord(text=w.text, pieces=[p.InspectToken(**self._token(i)) for i in w.ids])
+            return len(r.token_ids), json_response(ip.BpeResponse(
+                words=[ip.BpeWord(text=w.text, pieces=[ip.InspectToken(**self._token(i)) for i in w.ids])
                        for w in r.words],
-                steps=[p.BpeStep(rank=s.rank, pair=s.pair, merged=p.InspectToken(**self._token(s.merged_id)),
+                steps=[ip.BpeStep(rank=s.rank, pair=s.pair, merged=ip.InspectToken(**self._token(s.merged_id)),
                                  at=s.at) for s in r.steps],
                 token_ids=r.token_ids, tokenizer_token_ids=tokenizer.encode(body.text, add_special_tokens=False)))
 
@@ -122,22 +123,22 @@ class Inspector:
         engine = self.server.ready()
         s = await engine.snapshot(steps)
         m, plan, stats = s.model, s.kv_plan, s.stats
-        model = p.EngineModel(
+        model = ip.EngineModel(
             name=self.server.model_name, architecture=m.architecture, dtype=s.dtype,
             bytes_per_value=plan.bytes_per_token // (2 * m.num_layers * m.num_kv_heads * m.head_dim),
             num_layers=m.num_layers, num_heads=m.num_heads, num_kv_heads=m.num_kv_heads, head_dim=m.head_dim,
             hidden_size=m.hidden_size, vocab_size=m.vocab_size, max_model_len=s.max_model_len,
             kv_bytes_per_token=plan.bytes_per_token, weight_bytes_per_decode_step=s.weight_bytes_per_decode_step,
             eos_token_ids=m.eos_token_ids, special_token_ids=sorted(engine.tokenizer.all_special_ids))
-        kv = p.EngineKV(block_size=plan.block_size, num_blocks=stats.num_blocks,
+        kv = ip.EngineKV(block_size=plan.block_size, num_blocks=stats.num_blocks,
                         used_blocks=stats.num_blocks - stats.num_free_blocks, free_blocks=stats.num_free_blocks,
                         cached_blocks=s.cached_blocks, capacity_tokens=plan.capacity_tokens,
                         pool_bytes=plan.capacity_tokens * plan.bytes_per_token)
         queries, hits = stats.prefix_cache_queries, stats.prefix_cache_hits
-        return json_response(p.EngineResponse(
-            model=model, kv=kv, requests=p.EngineRequests(running=stats.num_running, waiting=stats.num_waiting),
-            prefix_cache=p.EnginePrefixCache(queries=queries, hits=hits, hit_rate=hits / queries if queries else None),
-            steps=[p.EngineStep(age_s=s.time - r.end_time, duration_s=r.duration, prefill_tokens=r.prefill_tokens,
+        return json_response(ip.EngineResponse(
+            model=model, kv=kv, requests=ip.EngineRequests(running=stats.num_running, waiting=stats.num_waiting),
+            prefix_cache=ip.EnginePrefixCache(queries=queries, hits=hits, hit_rate=hits / queries if queries else None),
+            steps=[ip.EngineStep(age_s=s.time - r.end_time, duration_s=r.duration, prefill_tokens=r.prefill_tokens,
                                 decode_tokens=r.decode_tokens, kv_tokens_read=r.kv_tokens_read) for r in s.steps],
-            roofline=p.EngineRoofline(read_bandwidth_bytes_per_s=s.read_bandwidth,
+            roofline=ip.EngineRoofline(read_bandwidth_bytes_per_s=s.read_bandwidth,
                                       decode_step_floor_s=s.weight_bytes_per_decode_step / s.read_bandwidth)))

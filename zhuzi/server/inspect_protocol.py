@@ -1,0 +1,187 @@
+"""The words of the inspector's own endpoints (/inspect/...): what the page asks the engine and what it gets.
+
+zhuzi's words, not OpenAI's, so unknown fields are refused as everywhere else.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import ConfigDict, Field
+
+from zhuzi.server.protocol import ChatTemplateRequest, Request, Text
+from zhuzi.server.responses import Response
+
+MAX_CONTEXTS = 16
+MAX_TOP_N = 1000
+MAX_STEPS = 256
+TokenIds = Annotated[list[int], Field(min_length=1)]
+
+
+class InspectRequest(Request):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    model: str | None = None
+
+
+class NextTokenRequest(InspectRequest):
+    """The raw next-token logits at the end of each context (read at its last position)."""
+
+    contexts: list[TokenIds] = Field(min_length=1, max_length=MAX_CONTEXTS)
+    top_n: int = Field(300, ge=0, le=MAX_TOP_N)  # the best tokens listed with their text
+    full_logits: bool = False  # also every logit, float32 little-endian, base64
+
+
+class LogitLensRequest(InspectRequest):
+    """Every layer's residual stream at the last of token_ids, read out through the final norm and LM head."""
+
+    token_ids: TokenIds
+    top_k: int = Field(5, ge=1, le=20)
+
+
+class DocumentRequest(ChatTemplateRequest):
+    """The document a chat request with these messages makes, each token with its author."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    model: str | None = None
+
+
+class BpeRequest(InspectRequest):
+    """The tokenizer's byte-level BPE on text, merge by merge."""
+
+    text: Text
+
+
+class InspectToken(Response):
+    id: int
+    token: str  # its bytes as text (U+FFFD where they hold part of a character)
+    bytes: list[int]
+
+
+class NextTokenCandidate(InspectToken):
+    logit: float
+    logprob: float
+
+
+class NextTokenResult(Response):
+    position: int  # of the context's last token
+    cached_tokens: int  # of the context, found in the prefix cache (the rest was computed again)
+    top: list[NextTokenCandidate]
+    logits_b64: str | None = None
+
+
+class NextTokenResponse(Response):
+    object: Literal["inspect.next_token"] = "inspect.next_token"
+    vocab_size: int
+    results: list[NextTokenResult]
+
+
+class LensCandidate(InspectToken):
+    logprob: float
+
+
+class LensRow(Response):
+    layer: int  # 0: after the first block; the last row is the model's output
+    top: list[LensCandidate]
+
+
+class LogitLensResponse(Response):
+    object: Literal["inspect.logit_lens"] = "inspect.logit_lens"
+    position: int
+    cached_tokens: int
+    token: InspectToken  # the input token at that position
+    layers: list[LensRow]
+
+
+class DocumentToken(InspectToken):
+    author: Literal["template", "system", "developer", "user", "assistant", "tool"]
+    special: bool  # a control token (only the template's own markers are)
+
+
+class DocumentResponse(Response):
+    object: Literal["inspect.document"] = "inspect.document"
+    text: str
+    token_ids: list[int]  # the prompt a chat request with these messages reads
+    tokens: list[DocumentToken]
+
+
+class BpeWord(Response):
+    text: str
+    pieces: list[InspectToken]  # before any merge: one per byte
+
+
+class BpeStep(Response):
+    rank: int  # the rule's line in the merges list
+    pair: tuple[str, str]  # as the merges list writes it (the byte alphabet)
+    merged: InspectToken
+    at: list[tuple[int, int]]  # (word, piece index before this step) where it applied
+
+
+class BpeResponse(Response):
+    object: Literal["inspect.bpe"] = "inspect.bpe"
+    words: list[BpeWord]
+    steps: list[BpeStep]  # lowest rank first
+    token_ids: list[int]  # after the last step
+    tokenizer_token_ids: list[int]  # what the tokenizer itself gives
+
+
+class EngineModel(Response):
+    name: str
+    architecture: str
+    dtype: str
+    bytes_per_value: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    hidden_size: int
+    vocab_size: int
+    max_model_len: int
+    kv_bytes_per_token: int  # 2 x layers x KV heads x head dim x bytes per value
+    weight_bytes_per_decode_step: int
+    eos_token_ids: list[int]
+    special_token_ids: list[int]
+
+
+class EngineKV(Response):
+    block_size: int
+    num_blocks: int
+    used_blocks: int
+    free_blocks: int  # a free block may still hold a cached prefix: it is reusable
+    cached_blocks: int
+    capacity_tokens: int
+    pool_bytes: int
+
+
+class EngineRequests(Response):
+    running: int  # sequences, inspections included
+    waiting: int
+
+
+class EnginePrefixCache(Response):
+    queries: int  # prompt tokens looked up
+    hits: int
+    hit_rate: float | None
+
+
+class EngineStep(Response):
+    age_s: float
+    duration_s: float
+    prefill_tokens: int
+    decode_tokens: int
+    kv_tokens_read: int
+
+
+class EngineRoofline(Response):
+    read_bandwidth_bytes_per_s: float  # measured on this machine
+    decode_step_floor_s: float  # the weights of one decode step read at that bandwidth
+
+
+class EngineResponse(Response):
+    object: Literal["inspect.engine"] = "inspect.engine"
+    model: EngineModel
+    kv: EngineKV
+    requests: EngineRequests
+    prefix_cache: EnginePrefixCache
+    steps: list[EngineStep]  # oldest first
+    roofline: EngineRoofline
