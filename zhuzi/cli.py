@@ -11,7 +11,7 @@ import os
 import sys
 
 from zhuzi import bench
-from zhuzi.config import EngineConfig, ServerConfig
+from zhuzi.config import EngineConfig, ParallelConfig, ServerConfig
 
 log = logging.getLogger("zhuzi")
 # A server has streams to protect: a long prompt joins them in small chunks (offline runs don't cap).
@@ -34,24 +34,50 @@ def sampling_params(args: argparse.Namespace):
 def cmd_serve(args: argparse.Namespace) -> None:
     import uvicorn
 
+    from zhuzi.engine import tp_worker
     from zhuzi.engine.async_engine import AsyncEngine
+    from zhuzi.engine.core_client import EngineClient, ServingEngine, init_ray
     from zhuzi.server.app import create_app
     from zhuzi.server.lifecycle import GracefulServer
 
     # Tokenizing runs in the server's low-priority worker threads (see serving.py), not in a pool of its own.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     config, engine_config = ServerConfig.from_cli_args(args), EngineConfig.from_cli_args(args)
+    parallel = ParallelConfig.from_cli_args(args)
+    if engine_config.tensor_parallel_size > 1 and tp_worker.torchrun_rank():
+        log.info("tensor-parallel rank %s: following rank 0 at %s:%s", os.environ["RANK"],
+                 os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT"))
+        tp_worker.run_torchrun_rank(engine_config)
+        return
+    if parallel.data_parallel_size > 1 and not parallel.engine_process:
+        raise ValueError("--data-parallel-size needs the engine cores in processes of their own (--engine-process)")
+    if parallel.data_parallel_size > 1 and tp_worker.torchrun_rank() is not None:
+        raise ValueError("tensor parallelism across machines (RANK set) serves with one engine core: drop "
+                         "--data-parallel-size")
+    if parallel.engine_process and parallel.data_parallel_backend == "ray":
+        init_ray(parallel.ray_address)  # in the main thread, before any other starts
     log.info("loading %s (%s) in the background; /health answers 503 until it is ready",
              engine_config.model or "the embedded SmolLM2-135M-Instruct", engine_config.dtype)
     holder: dict[str, uvicorn.Server] = {}
+    clients: list[EngineClient] = []
 
     def stop(reason: str) -> None:
         holder["server"].should_exit = True
 
-    app = create_app(lambda: AsyncEngine(engine_config), config, on_failure=stop)
+    def load() -> ServingEngine:
+        if not parallel.engine_process:
+            return AsyncEngine(engine_config)
+        clients.append(EngineClient(engine_config, parallel))
+        return clients[-1].start()
+
+    app = create_app(load, config, on_failure=stop)
     holder["server"] = GracefulServer(uvicorn.Config(app, host=config.host, port=config.port, log_config=None,
                                                      timeout_graceful_shutdown=2))
-    holder["server"].run()
+    try:
+        holder["server"].run()
+    finally:
+        for client in clients:
+            client.close()
     if (failure := app.state.server.failure) is not None:
         raise SystemExit(f"zhuzi: {failure}")  # exit status 1: a supervisor restarts the server
 
@@ -119,6 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", nargs="?", default=None,
                    help="HF directory or .gguf file (default: embedded SmolLM2-135M-Instruct)")
     EngineConfig.add_cli_args(p, skip=("model",))
+    ParallelConfig.add_cli_args(p)
     ServerConfig.add_cli_args(p)
     p.set_defaults(func=cmd_serve, long_prefill_token_threshold=SERVE_LONG_PREFILL_TOKENS)
 

@@ -155,6 +155,12 @@ class EngineConfig(Settings):
     enable_prefix_caching: bool = setting(True, "reuse the KV blocks of prompt prefixes seen before")
     quantization: str | None = setting(None, "weight-only quantization, applied at load", choices=["int8"])
     seed: int = setting(0, "seed of the random stream that unseeded requests sample from")
+    tensor_parallel_size: int = setting(
+        1, "split every layer across this many processes (torch.distributed: gloo on CPU, NCCL on CUDA); "
+           "across machines, start one per rank with MASTER_ADDR, MASTER_PORT, WORLD_SIZE and RANK set, "
+           "as torchrun does")
+    num_threads: int | None = setting(None, "torch threads of each engine process (default: the cores shared "
+                                            "among data-parallel replicas and tensor-parallel ranks)")
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -166,6 +172,20 @@ class EngineConfig(Settings):
 
     def kv_plan(self, model: ModelConfig) -> KVPlan:
         return KVPlan.of(model, self.torch_dtype, self.kv_cache_bytes, self.block_size)
+
+
+@dataclass
+class ParallelConfig(Settings):
+    """Where `zhuzi serve` runs its engine cores: how many, in which processes."""
+
+    engine_process: bool = setting(True, "run the step loop in a process of its own, apart from the HTTP "
+                                         "server (--no-engine-process: in a thread of the server's process)")
+    data_parallel_size: int = setting(1, "engine cores, each with its own KV cache and threads; requests go "
+                                         "to the one holding the longest cached prefix, else the least loaded")
+    data_parallel_backend: str = setting("mp", "how the engine cores are placed: local processes (mp) or "
+                                               "Ray actors (ray)", choices=["mp", "ray"])
+    ray_address: str | None = setting(None, "the Ray cluster to place engine cores on, e.g. HOST:6379 "
+                                            "(default: start a local Ray)")
 
 
 @dataclass

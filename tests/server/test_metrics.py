@@ -18,18 +18,23 @@ def samples(metrics: ServerMetrics) -> dict[tuple[str, tuple], float]:
 def test_every_dashboard_metric_is_exposed_with_its_value() -> None:
     stats = EngineStats(num_running=2, num_waiting=1, num_blocks=100, num_free_blocks=75,
                         prefix_cache_queries=640, prefix_cache_hits=320)
-    metrics = ServerMetrics(lambda: (MODEL, stats))
+    other = EngineStats(num_running=0, num_waiting=0, num_blocks=100, num_free_blocks=100,
+                        prefix_cache_queries=16, prefix_cache_hits=0)
+    metrics = ServerMetrics(lambda: (MODEL, {0: stats, 1: other}))
     timings = RequestMetrics(arrival_time=10.0, first_scheduled_time=10.5, first_token_time=11.0,
                              last_token_time=12.0, finished_time=12.0, decode_step_times=[0.5, 0.5])
     metrics.observe_request(MODEL, timings, prompt_tokens=30, generation_tokens=3, finish_reasons=["stop"])
     metrics.observe_request(MODEL, None, prompt_tokens=7, generation_tokens=1, finish_reasons=["abort", "length"])
     got = samples(metrics)
     model = (("model_name", MODEL),)
-    assert got[("zhuzi:num_requests_running", model)] == 2
-    assert got[("zhuzi:num_requests_waiting", model)] == 1
-    assert got[("zhuzi:kv_cache_usage_perc", model)] == 0.25
-    assert got[("zhuzi:prefix_cache_queries_total", model)] == 640
-    assert got[("zhuzi:prefix_cache_hits_total", model)] == 320
+    replica0, replica1 = (("model_name", MODEL), ("replica", "0")), (("model_name", MODEL), ("replica", "1"))
+    assert got[("zhuzi:num_requests_running", replica0)] == 2
+    assert got[("zhuzi:num_requests_waiting", replica0)] == 1
+    assert got[("zhuzi:kv_cache_usage_perc", replica0)] == 0.25
+    assert got[("zhuzi:prefix_cache_queries_total", replica0)] == 640
+    assert got[("zhuzi:prefix_cache_hits_total", replica0)] == 320
+    assert got[("zhuzi:num_requests_running", replica1)] == 0  # each replica's engine state under its label
+    assert got[("zhuzi:prefix_cache_queries_total", replica1)] == 16
     assert got[("zhuzi:prompt_tokens_total", model)] == 37
     assert got[("zhuzi:generation_tokens_total", model)] == 4
     for reason in ("stop", "length", "abort"):

@@ -26,7 +26,9 @@ log = logging.getLogger("zhuzi")
 
 
 @dataclass
-class _Stream:
+class Stream:
+    """Where a request's deltas wait for its reader, filled from another thread."""
+
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue  # RequestOutput deltas, or an Exception
 
@@ -43,7 +45,7 @@ class AsyncEngine:
     def __init__(self, config: EngineConfig):
         """Loads the model in the engine's own thread and returns once it is ready."""
         self._commands: queue.SimpleQueue = queue.SimpleQueue()  # only the loop thread touches the engine
-        self._streams: dict[str, _Stream] = {}
+        self._streams: dict[str, Stream] = {}
         self._snapshot_ids = itertools.count()
         self._wake = threading.Event()
         self._failure: str | None = None  # why the engine can run nothing more
@@ -60,8 +62,7 @@ class AsyncEngine:
         self.config = self.engine.config
         self.tokenizer = self.engine.tokenizer
         self.max_model_len = self.engine.max_model_len
-        path = self.engine.model_path
-        self.model_name = path.name.split(".")[0] if path.is_file() else path.name
+        self.model_name = self.engine.model_name
         self._stats = self.engine.stats()
         # The grammar library's view of the tokenizer takes a second or so: build it before a request needs it.
         threading.Thread(target=self.engine.grammars.warm, name="zhuzi-grammar-warmup", daemon=True).start()
@@ -81,6 +82,9 @@ class AsyncEngine:
 
     def stats(self) -> EngineStats:
         return self._stats
+
+    def replica_stats(self) -> dict[int, EngineStats]:
+        return {0: self._stats}
 
     def health(self, stall_timeout: float) -> str | None:
         """None while the engine works; otherwise what is wrong: it failed, its thread is gone, or it has
@@ -140,10 +144,10 @@ class AsyncEngine:
             raise item
         return item
 
-    def _open(self, request_id: str) -> _Stream:
+    def _open(self, request_id: str) -> Stream:
         if self._failure is not None:
             raise EngineDead(self._failure)
-        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
+        stream = Stream(asyncio.get_running_loop(), asyncio.Queue())
         self._streams[request_id] = stream
         if self._failure is not None:  # failed between the check and the line above: fail() missed this stream
             self._streams.pop(request_id)

@@ -23,6 +23,19 @@ class Block:
 
 
 @dataclass
+class KVEvents:
+    """Prefix-cache blocks stored and evicted since they were last taken (for a router in front of replicas)."""
+
+    stored: list[bytes] = field(default_factory=list)
+    removed: list[bytes] = field(default_factory=list)
+
+    def take(self) -> tuple[list[bytes], list[bytes]]:
+        taken = self.stored, self.removed
+        self.stored, self.removed = [], []
+        return taken
+
+
+@dataclass
 class BlockManager:
     num_blocks: int
     block_size: int
@@ -32,6 +45,7 @@ class BlockManager:
     cached: dict[bytes, int] = field(init=False)  # hash -> block id
     prefix_queries: int = 0  # prompt tokens looked up
     prefix_hits: int = 0  # of those, found cached
+    events: KVEvents | None = None  # recorded only when someone takes them
 
     def __post_init__(self) -> None:
         self.blocks = [Block(i) for i in range(self.num_blocks)]
@@ -56,6 +70,8 @@ class BlockManager:
         block = self.blocks[block_id]
         if block.hash is not None:  # evict: its old contents are about to be overwritten
             del self.cached[block.hash]
+            if self.events is not None:
+                self.events.removed.append(block.hash)
             block.hash = None
         block.ref_count = 1
         return block_id
@@ -103,6 +119,8 @@ class BlockManager:
             if block.hash is None and h not in self.cached:
                 block.hash = h
                 self.cached[h] = block_id
+                if self.events is not None:
+                    self.events.stored.append(h)
 
     def free_sequence(self, seq: Sequence) -> None:
         """Return a sequence's blocks; cached ones stay findable until the pool needs them."""

@@ -25,13 +25,12 @@ import torch
 
 from zhuzi.config import EngineConfig
 from zhuzi.detokenizer import IncrementalDetokenizer
-from zhuzi.engine.block_manager import BlockManager
-from zhuzi.engine.model_runner import ModelRunner, PromptLogprobs, StepResult, measure_read_bandwidth
+from zhuzi.engine import tp_worker
+from zhuzi.engine.block_manager import BlockManager, KVEvents
+from zhuzi.engine.model_runner import PromptLogprobs, StepResult, load_runner, measure_read_bandwidth
 from zhuzi.engine.scheduler import Scheduler
 from zhuzi.engine.sequence import Probe, ScheduledSeq, Sequence
 from zhuzi.engine.structured import GrammarCompiler
-from zhuzi.model.decoder import Decoder
-from zhuzi.model.loader import load_checkpoint
 from zhuzi.outputs import (
     CompletionOutput,
     EngineSnapshot,
@@ -48,6 +47,13 @@ from zhuzi.tokenizer import Tokenizer
 
 log = logging.getLogger("zhuzi")
 RECENT_STEPS = 256  # step records kept for snapshots
+
+
+def check_token_ids(ids: list[int], vocab: int, param: str) -> None:
+    """Every id must index the model's embedding and LM head (a Qwen vocabulary is larger than its
+    tokenizer's: those extra ids are valid tokens that decode to nothing)."""
+    if bad := [t for t in ids if not 0 <= t < vocab]:
+        raise InvalidRequest(param, f"{param} holds token ids outside the vocabulary [0, {vocab}): {bad[:5]}")
 
 
 @dataclass
@@ -75,31 +81,48 @@ class Request:
 
 
 class Engine:
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, kv_events: bool = False):
+        """kv_events: record the prefix-cache blocks stored and evicted (blocks.events), for a router."""
         self.config = config
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
         torch.manual_seed(config.seed)
-        ckpt = load_checkpoint(config.model, config.torch_dtype)
+        # With tensor parallelism this process is rank 0: it schedules and samples, the others follow.
+        self.tp, self.workers = tp_worker.start(config)
+        try:
+            ckpt, self.runner = load_runner(config, self.tp)
+        except BaseException:
+            self.shutdown()
+            raise
         self.model_config = ckpt.config
         self.model_path = ckpt.path
         self.tokenizer = Tokenizer.load(ckpt.path)
         self.max_model_len = config.max_model_len or ckpt.config.max_position_embeddings
         self.eos_ids = list(ckpt.config.eos_token_ids)
-        model = Decoder(ckpt.config, ckpt.tensors, config.device, config.quantization,
-                        max_positions=max(self.max_model_len, ckpt.config.max_position_embeddings))
         self.kv_plan = plan = config.kv_plan(ckpt.config)
-        if plan.num_blocks < 1:
-            raise ValueError(f"kv_cache_memory {config.kv_cache_memory} holds no KV block")
         self.grammars = GrammarCompiler(self.tokenizer.hf, ckpt.config.vocab_size, self.eos_ids)
-        self.runner = ModelRunner(model, config, plan.num_blocks, self.eos_ids)
-        self.blocks = BlockManager(plan.num_blocks, config.block_size, config.enable_prefix_caching)
+        self.blocks = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching,
+                                   events=KVEvents() if kv_events else None)
         self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens,
                                    config.long_prefill_token_threshold)
         self.requests: dict[str, Request] = {}
         self._seq_ids = itertools.count()
         self.recent_steps: deque[StepRecord] = deque(maxlen=RECENT_STEPS)
-        log.info("model %s (%s, %s), KV %d bytes/token, %d blocks of %d = %d tokens", ckpt.path.name,
+        log.info("model %s (%s, %s), KV %d bytes/token, %d blocks of %d = %d tokens%s", ckpt.path.name,
                  ckpt.config.architecture, config.dtype, plan.bytes_per_token, plan.num_blocks, plan.block_size,
-                 plan.capacity_tokens)
+                 plan.capacity_tokens, f", tensor parallel over {self.tp.world_size} ranks" if self.tp else "")
+
+    def shutdown(self) -> None:
+        """Release the other tensor-parallel ranks (nothing to do without them)."""
+        if self.tp is not None:
+            tp_worker.stop(self.tp, self.workers)
+            self.tp = None
+
+    @property
+    def model_name(self) -> str:
+        """The name clients know the model by: its directory's, or its file's without the extension."""
+        path = self.model_path
+        return path.name.split(".")[0] if path.is_file() else path.name
 
     @property
     def weight_bytes_per_decode_step(self) -> int:
@@ -112,11 +135,7 @@ class Engine:
     # -- requests --------------------------------------------------------------------
 
     def check_token_ids(self, ids: list[int], param: str) -> None:
-        """Every id must index the model's embedding and LM head (a Qwen vocabulary is larger than its
-        tokenizer's: those extra ids are valid tokens that decode to nothing)."""
-        vocab = self.model_config.vocab_size
-        if bad := [t for t in ids if not 0 <= t < vocab]:
-            raise InvalidRequest(param, f"{param} holds token ids outside the vocabulary [0, {vocab}): {bad[:5]}")
+        check_token_ids(ids, self.model_config.vocab_size, param)
 
     def validate(self, prompt: str | list[int], params: SamplingParams) -> list[int]:
         """The prompt's ids, or InvalidRequest naming what the engine cannot run."""

@@ -11,6 +11,8 @@ from zhuzi.config import EngineConfig
 from zhuzi.engine.sequence import ScheduledSeq
 from zhuzi.model.attention import AttentionMetadata, PrefillChunk
 from zhuzi.model.decoder import Decoder, LayerTap
+from zhuzi.model.loader import Checkpoint, load_checkpoint
+from zhuzi.model.parallel import TPGroup
 from zhuzi.outputs import Inspection, LensLayer, Logprob
 from zhuzi.sampler import Sampler, SamplingRow, token_logprobs
 
@@ -41,13 +43,26 @@ def measure_read_bandwidth(device: str | torch.device = "cpu", nbytes: int = 256
     return nbytes / best
 
 
+def load_runner(config: EngineConfig, tp: TPGroup | None = None) -> tuple[Checkpoint, ModelRunner]:
+    """The checkpoint, and a runner around its model (this rank's slice of it) with the KV pool the plan allows."""
+    ckpt = load_checkpoint(config.model, config.torch_dtype)
+    positions = max(config.max_model_len or 0, ckpt.config.max_position_embeddings)
+    model = Decoder(ckpt.config, ckpt.tensors, config.device, config.quantization, positions, tp)
+    plan = config.kv_plan(ckpt.config)
+    if plan.num_blocks < 1:
+        raise ValueError(f"kv_cache_memory {config.kv_cache_memory} holds no KV block")
+    return ckpt, ModelRunner(model, config, plan.num_blocks, list(ckpt.config.eos_token_ids))
+
+
 class ModelRunner:
     def __init__(self, model: Decoder, config: EngineConfig, num_blocks: int, eos_ids: list[int]):
         c = model.config
         self.model, self.block_size, self.eos_ids = model, config.block_size, eos_ids
+        self.num_blocks = num_blocks
         self.device = torch.device(config.device)
-        # One preallocated pool: [layers, K/V, slots, kv_heads, head_dim].
-        self.kv_cache = torch.zeros(c.num_layers, 2, num_blocks * config.block_size, c.num_kv_heads,
+        # One preallocated pool: [layers, K/V, slots, kv_heads, head_dim], of this rank's KV heads (all of them
+        # without tensor parallelism): every rank has the same blocks, each for its own heads.
+        self.kv_cache = torch.zeros(c.num_layers, 2, num_blocks * config.block_size, model.num_kv_heads,
                                     c.head_dim, dtype=model.dtype, device=self.device)
         self.sampler = Sampler()
 

@@ -25,7 +25,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import zhuzi
 from zhuzi.config import ServerConfig
-from zhuzi.engine.async_engine import AsyncEngine, EngineDead
+from zhuzi.engine.async_engine import EngineDead
+from zhuzi.engine.core_client import ServingEngine
 from zhuzi.outputs import RequestError
 from zhuzi.server import inspect_protocol as ip
 from zhuzi.server import protocol as p
@@ -168,9 +169,10 @@ def _openapi(app: FastAPI) -> Callable[[], dict[str, Any]]:
     return openapi
 
 
-def create_app(engine: AsyncEngine | Callable[[], AsyncEngine], server_config: ServerConfig | None = None,
+def create_app(engine: ServingEngine | Callable[[], ServingEngine], server_config: ServerConfig | None = None,
                on_failure: Callable[[str], None] | None = None) -> FastAPI:
-    """The FastAPI app around an AsyncEngine, or around a callable that loads one (in a thread).
+    """The FastAPI app around an engine (AsyncEngine or EngineClient), or around a callable that loads one (in a
+    thread).
     on_failure hears why the server cannot go on (the model failed to load, the engine failed)."""
     server = Server(engine, server_config or ServerConfig(), on_failure)
     inspector = Inspector(server)

@@ -3,7 +3,8 @@
 Names follow vLLM's (`vllm:` becomes `zhuzi:`) so existing dashboards fit. The
 per-request histograms and counters are recorded by the server when a request
 ends; the engine-wide state (running, waiting, KV usage, prefix-cache counts)
-is read from EngineStats at scrape time, so it is never stale.
+is read from each replica's EngineStats at scrape time, so it is never stale,
+and is labelled with the replica (data-parallel engine core) it describes.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ PREFIX = "zhuzi:"
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
                    7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
 LABELS = ["model_name"]
+ENGINE_LABELS = ["model_name", "replica"]
 
 disable_created_metrics()  # the *_created series only double the scrape size
 
@@ -27,35 +29,32 @@ disable_created_metrics()  # the *_created series only double the scrape size
 class EngineCollector(Collector):
     """Gauges and cumulative counters that the engine itself keeps."""
 
-    def __init__(self, engine_state: Callable[[], tuple[str, EngineStats] | None]) -> None:
+    def __init__(self, engine_state: Callable[[], tuple[str, dict[int, EngineStats]] | None]) -> None:
         self.engine_state = engine_state
 
     def collect(self) -> Iterator[Metric]:
         state = self.engine_state()
         if state is None:  # still loading
             return
-        model, stats = state
-        gauges = [
-            ("num_requests_running", "Sequences in the running batch.", stats.num_running),
-            ("num_requests_waiting", "Sequences waiting to be scheduled.", stats.num_waiting),
-            ("kv_cache_usage_perc", "Fraction of KV-cache blocks in use (1 = full).", stats.kv_cache_usage),
+        model, replicas = state
+        families = [
+            (GaugeMetricFamily, "num_requests_running", "Sequences in the running batch.", "num_running"),
+            (GaugeMetricFamily, "num_requests_waiting", "Sequences waiting to be scheduled.", "num_waiting"),
+            (GaugeMetricFamily, "kv_cache_usage_perc", "Fraction of KV-cache blocks in use (1 = full).",
+             "kv_cache_usage"),
+            (CounterMetricFamily, "prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+             "prefix_cache_queries"),
+            (CounterMetricFamily, "prefix_cache_hits", "Prompt tokens found in the prefix cache.", "prefix_cache_hits"),
         ]
-        for name, doc, value in gauges:
-            gauge = GaugeMetricFamily(PREFIX + name, doc, labels=LABELS)
-            gauge.add_metric([model], value)
-            yield gauge
-        counters = [
-            ("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", stats.prefix_cache_queries),
-            ("prefix_cache_hits", "Prompt tokens found in the prefix cache.", stats.prefix_cache_hits),
-        ]
-        for name, doc, value in counters:
-            counter = CounterMetricFamily(PREFIX + name, doc, labels=LABELS)
-            counter.add_metric([model], value)
-            yield counter
+        for family, name, doc, attribute in families:
+            metric = family(PREFIX + name, doc, labels=ENGINE_LABELS)
+            for replica, stats in sorted(replicas.items()):
+                metric.add_metric([model, str(replica)], getattr(stats, attribute))
+            yield metric
 
 
 class ServerMetrics:
-    def __init__(self, engine_state: Callable[[], tuple[str, EngineStats] | None]) -> None:
+    def __init__(self, engine_state: Callable[[], tuple[str, dict[int, EngineStats]] | None]) -> None:
         self.registry = CollectorRegistry()
 
         def histogram(name: str, doc: str) -> Histogram:

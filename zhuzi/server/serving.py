@@ -36,7 +36,8 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from zhuzi.config import ServerConfig
-from zhuzi.engine.async_engine import AsyncEngine, EngineDead
+from zhuzi.engine.async_engine import EngineDead
+from zhuzi.engine.core_client import ServingEngine
 from zhuzi.outputs import EngineStats, RequestError, RequestOutput
 from zhuzi.sampling_params import InvalidRequest, SamplingParams
 from zhuzi.server import protocol as p
@@ -122,10 +123,10 @@ WATCH_PERIOD_S = 0.5
 
 
 class Server:
-    def __init__(self, engine: AsyncEngine | Callable[[], AsyncEngine], config: ServerConfig,
+    def __init__(self, engine: ServingEngine | Callable[[], ServingEngine], config: ServerConfig,
                  on_failure: Callable[[str], None] | None = None) -> None:
         self.config = config
-        self.engine: AsyncEngine | None = None
+        self.engine: ServingEngine | None = None
         self.loader = engine if callable(engine) else None
         self.failure: str | None = None  # why the server must stop: the model failed to load, or the engine
         self.on_failure = on_failure
@@ -140,12 +141,12 @@ class Server:
         self.reasoning = False
         self.added_tokens: set[str] = set()  # the tokenizer's added tokens (a forced call's markers may be)
         self.created = int(time.time())
-        if isinstance(engine, AsyncEngine):
+        if not callable(engine):
             self.attach(engine)
 
     # -- loading
 
-    def attach(self, engine: AsyncEngine) -> None:
+    def attach(self, engine: ServingEngine) -> None:
         self.model_name = self.config.served_model_name or engine.model_name
         vocab = engine.tokenizer.hf.get_vocab()
         self.reasoning = THINK_OPEN in vocab and THINK_CLOSE in vocab  # a thinking model's own tags
@@ -176,8 +177,8 @@ class Server:
 
         threading.Thread(target=load, name="zhuzi-load", daemon=True).start()
 
-    def engine_state(self) -> tuple[str, EngineStats] | None:
-        return (self.model_name, self.engine.stats()) if self.engine is not None else None
+    def engine_state(self) -> tuple[str, dict[int, EngineStats]] | None:
+        return (self.model_name, self.engine.replica_stats()) if self.engine is not None else None
 
     # -- health and the end of the server's life
 
@@ -191,7 +192,7 @@ class Server:
             return "the model is loading"
         return self.engine.health(self.config.engine_stall_timeout)
 
-    def ready(self) -> AsyncEngine:
+    def ready(self) -> ServingEngine:
         if (why := self.unavailable()) is not None:
             raise ApiError(503, f"Service unavailable: {why}.", "service_unavailable")
         assert self.engine is not None
@@ -390,7 +391,7 @@ class Server:
         return kwargs
 
     @staticmethod
-    def completion_prompts(engine: AsyncEngine, prompts: list[str | list[int]]) -> tuple[list[str], list[list[int]]]:
+    def completion_prompts(engine: ServingEngine, prompts: list[str | list[int]]) -> tuple[list[str], list[list[int]]]:
         """Each prompt's text and ids (echo and logprobs show the prompt's tokens)."""
         tokenizer = engine.tokenizer
         try:

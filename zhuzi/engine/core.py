@@ -1,0 +1,232 @@
+"""The engine core: the step loop in a process of its own (a local process or a Ray actor), and what
+crosses the boundary between it and the front (core_client.py).
+
+Commands come in (add a request, abort one, shut down), and after every step one message goes out with
+the news of every request that step touched, the engine's stats, and the prefix-cache blocks it stored
+and evicted (the front routes a conversation's next turn to the replica that holds its history). The
+messages are msgspec structs around the engine's own dataclasses, as msgpack on ZeroMQ sockets: ipc://
+for local processes, tcp:// for Ray actors on any node. The engine core knows nothing of HTTP; the front
+knows nothing of blocks beyond their hashes.
+"""
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+from dataclasses import dataclass, field, replace
+
+import msgspec
+import zmq
+
+from zhuzi.config import EngineConfig
+from zhuzi.engine.engine import Engine
+from zhuzi.outputs import EngineStats, RequestOutput
+from zhuzi.sampling_params import InvalidRequest, SamplingParams
+
+log = logging.getLogger("zhuzi")
+
+
+# ---------------------------------------------------------------- front -> engine core
+
+class AddRequest(msgspec.Struct, tag=True):
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+
+
+class Abort(msgspec.Struct, tag=True):
+    request_id: str
+
+
+class Shutdown(msgspec.Struct, tag=True):
+    pass
+
+
+Command = AddRequest | Abort | Shutdown
+
+
+# ---------------------------------------------------------------- engine core -> front
+
+class Ready(msgspec.Struct, tag=True):
+    """The model is loaded: what the front needs to know of it."""
+
+    replica: int
+    pid: int
+    model_path: str
+    model_name: str
+    vocab_size: int
+    max_model_len: int
+    stats: EngineStats
+
+
+class Refused(msgspec.Struct):
+    """A request the engine would not admit: InvalidRequest's fields (or a plain ValueError's message)."""
+
+    request_id: str
+    message: str
+    param: str | None = None
+    code: str | None = None
+    invalid: bool = True  # InvalidRequest, else ValueError
+
+    def error(self) -> ValueError:
+        return InvalidRequest(self.param, self.message, self.code) if self.invalid else ValueError(self.message)
+
+
+class Outputs(msgspec.Struct, tag=True):
+    """One loop turn's news: at most one per step, so a step costs one send however many requests ran."""
+
+    replica: int
+    outputs: list[RequestOutput]
+    refused: list[Refused]
+    stats: EngineStats
+    stored: list[bytes]  # prefix-cache block hashes registered this turn
+    removed: list[bytes]  # and evicted
+
+
+class Failed(msgspec.Struct, tag=True):
+    """The engine core cannot go on (the model did not load, or the loop failed): its last word."""
+
+    replica: int
+    reason: str
+    user_error: bool = False  # a bad path or option (ValueError, OSError): the user's to fix
+
+
+Message = Ready | Outputs | Failed
+
+encode = msgspec.msgpack.Encoder().encode
+decode_command = msgspec.msgpack.Decoder(Command).decode
+decode_message = msgspec.msgpack.Decoder(Message).decode
+
+
+@dataclass
+class Addresses:
+    """ZeroMQ endpoints the front has bound for one replica: its commands, and everyone's outputs."""
+
+    commands: str
+    outputs: str
+
+
+# ---------------------------------------------------------------- the loop
+
+@dataclass
+class EngineCore:
+    """Drains the commands, runs a step while there is work, sends the news; blocks only while idle."""
+
+    engine: Engine
+    replica: int
+    commands: zmq.Socket
+    outputs: zmq.Socket
+    watched: list[tuple[int, str]] = field(default_factory=list)  # (fd, what its end means): stop when readable
+    _news: list[RequestOutput] = field(default_factory=list)
+    _refused: list[Refused] = field(default_factory=list)
+    _logprobs_sent: set[str] = field(default_factory=set)  # requests whose prompt logprobs went out
+
+    def run(self) -> str | None:
+        """None once told to shut down; otherwise why it stopped (a watched process ended)."""
+        poller = zmq.Poller()
+        poller.register(self.commands, zmq.POLLIN)
+        for fd, _ in self.watched:
+            poller.register(fd, zmq.POLLIN)
+        ends = dict(self.watched)
+        while True:
+            ready = dict(poller.poll(0 if self.engine.has_unfinished() else None))
+            if gone := [ends[fd] for fd in ends if fd in ready]:
+                return gone[0]
+            if not self._apply_commands():
+                return None
+            if self.engine.has_unfinished():
+                self._news += self.engine.step()
+            self._send_news()
+
+    def _apply_commands(self) -> bool:
+        """Every command waiting; False once told to shut down."""
+        while True:
+            try:
+                command = decode_command(self.commands.recv(zmq.NOBLOCK))
+            except zmq.Again:
+                return True
+            if isinstance(command, Shutdown):
+                return False
+            if isinstance(command, Abort):
+                if (out := self.engine.abort(command.request_id)) is not None:
+                    self._news.append(out)
+                continue
+            try:
+                self.engine.add_request(command.request_id, command.prompt_token_ids, command.params)
+            except InvalidRequest as exc:
+                self._refused.append(Refused(command.request_id, str(exc), exc.param, exc.code))
+            except ValueError as exc:
+                self._refused.append(Refused(command.request_id, str(exc), invalid=False))
+
+    def _send_news(self) -> None:
+        events = self.engine.blocks.events
+        if not (self._news or self._refused or events.stored or events.removed):
+            return
+        outputs = [self._lean(out) for out in self._news]
+        stored, removed = events.take()
+        self.outputs.send(encode(Outputs(self.replica, outputs, self._refused, self.engine.stats(), stored, removed)))
+        self._news, self._refused = [], []
+
+    def _lean(self, out: RequestOutput) -> RequestOutput:
+        """What the front does not have yet: it knows the prompt it sent, needs the timings once (at the end)
+        and the prompt logprobs once (they grow no more), so no message repeats a growing list."""
+        logprobs = out.prompt_logprobs if out.request_id not in self._logprobs_sent else None
+        if logprobs is not None:
+            self._logprobs_sent.add(out.request_id)
+        if out.finished:
+            self._logprobs_sent.discard(out.request_id)
+        return replace(out, prompt=None, prompt_token_ids=[], prompt_logprobs=logprobs,
+                       metrics=out.metrics if out.finished else None)
+
+
+def serve(config: EngineConfig, replica: int, addresses: Addresses, watched: list[tuple[int, str]]) -> None:
+    """Load the model and run the loop; the front hears Ready, then the news, then Failed if it ends badly."""
+    context = zmq.Context()
+    commands = context.socket(zmq.PULL)
+    commands.connect(addresses.commands)
+    outputs = context.socket(zmq.PUSH)
+    outputs.connect(addresses.outputs)
+    try:
+        try:
+            engine = Engine(config, kv_events=True)
+        except (ValueError, OSError) as exc:
+            outputs.send(encode(Failed(replica, str(exc), user_error=True)))
+            return
+        except BaseException as exc:
+            log.exception("replica %d failed to load the model", replica)
+            outputs.send(encode(Failed(replica, f"{type(exc).__name__}: {exc}")))
+            return
+        outputs.send(encode(Ready(replica, os.getpid(), str(engine.model_path), engine.model_name,
+                                  engine.model_config.vocab_size, engine.max_model_len, engine.stats())))
+        core = EngineCore(engine, replica, commands, outputs,
+                          watched + [(p.sentinel, f"tensor-parallel rank {p.rank} has exited") for p in engine.workers])
+        try:
+            if (reason := core.run()) is not None:
+                log.error("replica %d: %s; the engine core stops", replica, reason)
+                outputs.send(encode(Failed(replica, reason)))
+        except BaseException as exc:  # the engine's state may be broken: nothing more may run on it
+            log.critical("replica %d: the engine loop failed", replica, exc_info=exc)
+            outputs.send(encode(Failed(replica, f"the engine failed: {type(exc).__name__}: {exc}")))
+        engine.shutdown()
+    finally:
+        context.destroy(linger=1000)  # the last message still goes out
+
+
+def run_process(config: EngineConfig, replica: int, addresses: Addresses) -> None:
+    """The entry point of a local engine-core process (spawned by the front)."""
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s zhuzi.engine[{replica}]: %(message)s")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    parent = multiprocessing.parent_process()
+    # The front's end makes its sentinel readable: an orphaned engine core exits rather than linger.
+    watched = [(parent.sentinel, "the server process has exited")] if parent is not None else []
+    serve(config, replica, addresses, watched)
+
+
+class CoreActor:
+    """The engine core as a Ray actor (core_client.py wraps it with ray.remote, so that importing zhuzi never
+    imports Ray): Ray places it and watches it, the same loop and sockets carry its work."""
+
+    def run(self, config: EngineConfig, replica: int, addresses: Addresses) -> None:
+        """Returns only when the loop ends; the front awaits it to learn that the replica is gone."""
+        logging.basicConfig(level=logging.INFO)
+        serve(config, replica, addresses, [])

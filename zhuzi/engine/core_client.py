@@ -1,0 +1,412 @@
+"""The process boundary, front side: the engine cores the server talks to, wherever they run.
+
+EngineClient starts data_parallel_size engine cores (core.py), as local processes (mp) or as Ray actors
+on a local or existing Ray cluster (ray), sends each request to one of them (router.py) and streams its
+deltas back. It offers the AsyncEngine's interface (generate, abort, stats, health, fail), so the server
+does not know where the step loop runs. One reader thread receives every replica's messages and notices
+a replica's end at once (a local process's sentinel, a Ray actor's run() call returning): its requests
+end with EngineDead, it leaves the rotation, the others keep serving; health() reports a problem when
+none is left, or when one with work pending has been silent for the stall timeout.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import multiprocessing
+import os
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field, replace
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from zhuzi.config import EngineConfig, ParallelConfig
+from zhuzi.engine import core
+from zhuzi.engine.async_engine import AsyncEngine, EngineDead, Stream
+from zhuzi.engine.engine import check_token_ids
+from zhuzi.engine.router import PrefixRouter
+from zhuzi.outputs import EngineStats, RequestError, RequestOutput
+from zhuzi.sampling_params import SamplingParams
+from zhuzi.tokenizer import Tokenizer
+
+log = logging.getLogger("zhuzi")
+READER_POLL_MS = 100  # how often the reader thread looks up from its sockets to see whether to stop
+SHUTDOWN_WAIT_S = 5.0
+
+
+@dataclass(eq=False)
+class Replica:
+    """One engine core, as the front sees it."""
+
+    index: int
+    commands: zmq.Socket  # PUSH, bound by the front
+    process: BaseProcess | None = None  # mp
+    actor: Any = None  # ray
+    run_ref: Any = None  # ray: resolves when the actor's loop ends
+    ready: core.Ready | None = None
+    stats: EngineStats | None = None
+    failure: str | None = None  # why it is out of the rotation
+    load_error: Exception | None = None  # why it never got ready
+    requests: set[str] = field(default_factory=set)  # in flight there
+    heartbeat: float = field(default_factory=time.monotonic)  # its last message (or the work it got when idle)
+
+    def send(self, command: core.Command) -> None:
+        try:  # never blocks: a replica gone has no peer socket (its requests already heard)
+            self.commands.send(core.encode(command), zmq.NOBLOCK)
+        except zmq.Again:
+            log.warning("replica %d is not connected; %s not sent", self.index, type(command).__name__)
+
+
+def init_ray(address: str | None) -> None:
+    """Connect to Ray (or start a local one) from the main thread, before any thread runs: Ray started from
+    another thread leaves helper processes behind at exit."""
+    import ray
+
+    if address is None:  # a Ray of our own, for this machine only: keep it on the loopback interface
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    ray.init(address=address, include_dashboard=False)
+
+
+def default_threads(config: EngineConfig, parallel: ParallelConfig) -> int | None:
+    """The cores shared out among every engine process (None: torch's default for a single one)."""
+    processes = parallel.data_parallel_size * config.tensor_parallel_size
+    return config.num_threads or (max(1, len(os.sched_getaffinity(0)) // processes) if processes > 1 else None)
+
+
+class EngineClient:
+    """Engine cores in processes of their own, behind the AsyncEngine's interface."""
+
+    tokenizer: Tokenizer  # these four once started
+    model_name: str
+    max_model_len: int
+    vocab_size: int
+
+    def __init__(self, config: EngineConfig, parallel: ParallelConfig):
+        """Nothing runs until start(); close() stops whatever start() began, even while it waits."""
+        if parallel.data_parallel_size < 1:
+            raise ValueError(f"data_parallel_size must be at least 1, got {parallel.data_parallel_size}")
+        self.config = config
+        self.parallel = parallel
+        self.router = PrefixRouter(config.block_size)
+        self._lock = threading.Lock()  # replicas' bookkeeping: the event loop and the reader thread share it
+        self._ready = threading.Condition(self._lock)
+        self._streams: dict[str, Stream] = {}
+        self._prompts: dict[str, list[int]] = {}  # the prompt of each request in flight (not sent back)
+        self._where: dict[str, Replica] = {}
+        self._failure: str | None = None  # why the whole engine can run nothing more
+        self._closing = False
+        self._context = zmq.Context()
+        self._outputs = self._context.socket(zmq.PULL)
+        self._directory = tempfile.mkdtemp(prefix="zhuzi-")  # short: ipc paths must stay under 107 bytes
+        self._reader = threading.Thread(target=self._read, name="zhuzi-engine-client", daemon=True)
+        self.replicas: list[Replica] = []
+
+    def start(self) -> EngineClient:
+        """Start the replicas; returns once all have loaded the model (raises if any could not)."""
+        try:
+            self._start(replace(self.config, num_threads=default_threads(self.config, self.parallel)))
+        except BaseException:
+            self.close()
+            raise
+        info = self.replicas[0].ready
+        assert info is not None
+        self.tokenizer = Tokenizer.load(Path(info.model_path))
+        self.model_name, self.max_model_len, self.vocab_size = info.model_name, info.max_model_len, info.vocab_size
+        return self
+
+    # -- starting and stopping
+
+    def _start(self, config: EngineConfig) -> None:
+        ray_backend = self.parallel.data_parallel_backend == "ray"
+        host = _ray_node_ip() if ray_backend else None
+        outputs = self._bind(self._outputs, host, "outputs")
+        for index in range(self.parallel.data_parallel_size):
+            commands = self._context.socket(zmq.PUSH)
+            commands.setsockopt(zmq.SNDHWM, 0)  # a replica reads its commands every step: never drop one
+            self.replicas.append(Replica(index, commands))
+            addresses = core.Addresses(self._bind(commands, host, f"commands-{index}"), outputs)
+            if ray_backend:
+                self._start_actor(self.replicas[-1], config, addresses)
+            else:
+                self._start_process(self.replicas[-1], config, addresses)
+        self._reader.start()
+        if ray_backend:
+            threading.Thread(target=self._watch_actors, name="zhuzi-ray-watch", daemon=True).start()
+        with self._ready:
+            self._ready.wait_for(lambda: self._closing or all(r.ready or r.failure for r in self.replicas))
+        if self._closing:
+            raise RuntimeError("the engine client was closed while starting")
+        if failed := [r.load_error or RuntimeError(r.failure) for r in self.replicas if r.failure]:
+            raise failed[0]
+        for r in self.replicas:
+            assert r.ready is not None
+            log.info("engine core %d ready: pid %d, %d KV blocks (%s)", r.index, r.ready.pid, r.ready.stats.num_blocks,
+                     "Ray actor" if ray_backend else "local process")
+
+    def _bind(self, socket: zmq.Socket, host: str | None, name: str) -> str:
+        if host is None:
+            address = f"ipc://{self._directory}/{name}"
+            socket.bind(address)
+            return address
+        return f"tcp://{host}:{socket.bind_to_random_port(f'tcp://{host}')}"
+
+    def _start_process(self, replica: Replica, config: EngineConfig, addresses: core.Addresses) -> None:
+        context = multiprocessing.get_context("spawn")  # never fork a process with threads and an event loop
+        replica.process = context.Process(target=core.run_process, args=(config, replica.index, addresses),
+                                          name=f"zhuzi-engine-{replica.index}")
+        replica.process.start()
+
+    def _start_actor(self, replica: Replica, config: EngineConfig, addresses: core.Addresses) -> None:
+        import ray
+
+        cpus = (config.num_threads or 1) * config.tensor_parallel_size
+        actor_class = ray.remote(num_cpus=cpus)(core.CoreActor)
+        replica.actor = actor_class.options(name=f"zhuzi-engine-{replica.index}-{os.getpid()}").remote()
+        replica.run_ref = replica.actor.run.remote(config, replica.index, addresses)
+
+    def close(self) -> None:
+        """Stop every replica (asking first) and release the sockets."""
+        if self._closing:
+            return
+        with self._ready:
+            self._closing = True
+            self._ready.notify_all()
+        live = [r for r in self.replicas if r.failure is None]
+        for r in live:
+            r.send(core.Shutdown())
+        deadline = time.monotonic() + SHUTDOWN_WAIT_S
+        for r in self.replicas:
+            if r.process is not None:
+                r.process.join(max(0.0, deadline - time.monotonic()))
+                if r.process.is_alive():
+                    r.process.kill()
+                    r.process.join()
+            elif r.actor is not None:
+                _end_actor(r, max(0.0, deadline - time.monotonic()))
+        if self._reader.is_alive():
+            self._reader.join()
+        self._context.destroy(linger=0)
+        shutil.rmtree(self._directory, ignore_errors=True)
+
+    # -- the reader thread
+
+    def _read(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._outputs, zmq.POLLIN)
+        sentinels = {r.process.sentinel: r for r in self.replicas if r.process is not None}
+        for fd in sentinels:
+            poller.register(fd, zmq.POLLIN)
+        while not self._closing:
+            try:
+                events = dict(poller.poll(READER_POLL_MS))
+                if self._outputs in events:
+                    while True:
+                        self._handle(core.decode_message(self._outputs.recv(zmq.NOBLOCK)))
+            except zmq.Again:
+                pass
+            for fd in [fd for fd in sentinels if fd in events]:
+                poller.unregister(fd)
+                replica = sentinels.pop(fd)
+                if not self._closing:
+                    self._gone(replica, self._exit_reason(replica))
+
+    def _exit_reason(self, replica: Replica) -> str:
+        process = replica.process
+        assert process is not None
+        process.join(1)  # the sentinel fires as the process ends; its exit code comes a moment later
+        code = process.exitcode
+        how = f"was killed by {signal.Signals(-code).name}" if code is not None and code < 0 else \
+            f"exited with code {code}"
+        return f"the engine core process{self._of(replica)} (pid {process.pid}) {how}"
+
+    def _of(self, replica: Replica) -> str:
+        return f" of replica {replica.index}" if len(self.replicas) > 1 else ""
+
+    def _handle(self, message: core.Message) -> None:
+        replica = self.replicas[message.replica]
+        if isinstance(message, core.Failed):
+            if replica.ready is None:  # it never loaded: the whole start fails
+                replica.load_error = (ValueError if message.user_error else RuntimeError)(message.reason)
+            self._gone(replica, f"{message.reason}{self._of(replica)}" if replica.ready else message.reason)
+            return
+        with self._lock:
+            replica.heartbeat = time.monotonic()
+            replica.stats = message.stats
+            if isinstance(message, core.Ready):
+                replica.ready = message
+                self._ready.notify_all()
+                return
+            self.router.update(replica.index, message.stored, message.removed)
+            for out in message.outputs:
+                out.prompt_token_ids = self._prompts.get(out.request_id, [])
+                if out.finished:
+                    self._forget(out.request_id)
+            for refused in message.refused:
+                self._forget(refused.request_id)
+        for out in message.outputs:
+            self._deliver(out.request_id, out)
+        for refused in message.refused:
+            self._deliver(refused.request_id, refused.error())
+
+    def _forget(self, request_id: str) -> None:
+        """The request has ended (under the lock)."""
+        self._prompts.pop(request_id, None)
+        if (replica := self._where.pop(request_id, None)) is not None:
+            replica.requests.discard(request_id)
+
+    def _deliver(self, request_id: str, item: RequestOutput | Exception) -> None:
+        stream = self._streams.get(request_id)
+        if stream is not None:
+            stream.loop.call_soon_threadsafe(stream.queue.put_nowait, item)
+
+    def _gone(self, replica: Replica, reason: str) -> None:
+        """Take a replica out of the rotation: its requests end with EngineDead(reason)."""
+        with self._lock:
+            if replica.failure is not None:
+                return
+            replica.failure = reason
+            lost = list(replica.requests)
+            for request_id in lost:
+                self._forget(request_id)
+            self.router.forget(replica.index)
+            self._ready.notify_all()
+            left = sum(r.failure is None for r in self.replicas)
+        if self._closing or replica.ready is None:
+            return
+        log.error("%s; %d requests there end with an error, %d of %d replicas left", reason, len(lost), left,
+                  len(self.replicas))
+        for request_id in lost:
+            self._deliver(request_id, EngineDead(reason))
+
+    def _watch_actors(self) -> None:
+        import ray
+
+        pending = {r.run_ref: r for r in self.replicas}
+        while pending and not self._closing:
+            done, _ = ray.wait(list(pending), num_returns=1)
+            for ref in done:
+                replica = pending.pop(ref)
+                try:
+                    ray.get(ref)
+                    reason = f"the engine core{self._of(replica)} ended"
+                except Exception as exc:  # Ray's word for how the actor died
+                    reason = f"the engine core{self._of(replica)} (Ray actor) died: {type(exc).__name__}"
+                if not self._closing:
+                    self._gone(replica, reason)
+
+    # -- the AsyncEngine interface
+
+    def stats(self) -> EngineStats:
+        """The live replicas' stats added up."""
+        parts = list(self.replica_stats().values())
+        if not parts:
+            return EngineStats(0, 0, 0, 0, 0, 0)
+        return EngineStats(*(sum(getattr(s, f.name) for s in parts) for f in dataclasses.fields(EngineStats)))
+
+    def replica_stats(self) -> dict[int, EngineStats]:
+        return {r.index: r.stats for r in self.replicas if r.failure is None and r.stats is not None}
+
+    def health(self, stall_timeout: float) -> str | None:
+        """None while a replica serves; otherwise what is wrong. A replica with work that has been silent for
+        stall_timeout seconds (0: never) is taken out of the rotation."""
+        if self._failure is not None:
+            return self._failure
+        now = time.monotonic()
+        for r in self.replicas:
+            silent = now - r.heartbeat
+            if stall_timeout and r.failure is None and r.requests and silent > stall_timeout:
+                self._gone(r, f"the engine{self._of(r)} has made no progress for {silent:.0f} s with requests "
+                              "pending")
+                self._kill(r)
+        if all(r.failure is not None for r in self.replicas):
+            return self.replicas[-1].failure if len(self.replicas) == 1 else \
+                f"every replica has failed (the last: {self._last_failure()})"
+        return None
+
+    def _last_failure(self) -> str:
+        return next(r.failure for r in reversed(self.replicas) if r.failure)  # type: ignore[misc]
+
+    def _kill(self, replica: Replica) -> None:
+        if replica.process is not None:
+            replica.process.kill()
+        elif replica.actor is not None:
+            _end_actor(replica, 0)
+
+    def fail(self, reason: str) -> None:
+        """Declare the engine unusable: every open stream and every later request gets EngineDead(reason)."""
+        if self._failure is None:
+            self._failure = reason
+        for request_id in list(self._streams):
+            self._deliver(request_id, EngineDead(reason))
+
+    def check_token_ids(self, ids: list[int], param: str) -> None:
+        check_token_ids(ids, self.vocab_size, param)
+
+    async def generate(self, prompt: str | list[int], params: SamplingParams,
+                       request_id: str) -> AsyncIterator[RequestOutput]:
+        """Yields deltas until the request finishes; closing the iterator aborts the request. A request the
+        engine failed raises RequestError; EngineDead once its replica (or the whole engine) is gone."""
+        if self._failure is not None:
+            raise EngineDead(self._failure)
+        ids = prompt if isinstance(prompt, list) else self.tokenizer.encode_prompt(prompt)
+        stream = Stream(asyncio.get_running_loop(), asyncio.Queue())
+        with self._lock:
+            load = {r.index: len(r.requests) for r in self.replicas if r.failure is None}
+            if not load:
+                raise EngineDead(self._last_failure())
+            replica = self.replicas[self.router.pick(ids, load) if len(load) > 1 else next(iter(load))]
+            if not replica.requests:
+                replica.heartbeat = time.monotonic()  # it was idle: its silence so far is no stall
+            replica.requests.add(request_id)
+            self._where[request_id], self._prompts[request_id] = replica, ids
+            self._streams[request_id] = stream
+        replica.send(core.AddRequest(request_id, ids, params))
+        finished = False
+        try:
+            while not finished:
+                item = await stream.queue.get()
+                if isinstance(item, Exception):
+                    finished = True
+                    raise item
+                finished = item.finished
+                if item.error is not None:
+                    raise RequestError(item.error)
+                yield item
+        finally:
+            self._streams.pop(request_id, None)
+            if not finished:
+                self.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        """End a request now; if its stream is still read, its last output says finish_reason "abort"."""
+        replica = self._where.get(request_id)
+        if replica is not None and replica.failure is None:
+            replica.send(core.Abort(request_id))
+
+
+# What the server serves from: the step loop in a thread of its own process, or engine cores apart.
+ServingEngine = AsyncEngine | EngineClient
+
+
+def _ray_node_ip() -> str:
+    import ray
+
+    return ray.util.get_node_ip_address()
+
+
+def _end_actor(replica: Replica, wait: float) -> None:
+    import ray
+
+    try:
+        ray.get(replica.run_ref, timeout=wait)
+    except Exception:  # still running, or already dead: make sure
+        ray.kill(replica.actor)

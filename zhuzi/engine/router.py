@@ -1,0 +1,46 @@
+"""Which data-parallel replica runs a request: the one whose prefix cache holds the longest prefix of its
+prompt (a conversation's next turn lands where its history is cached), else the least loaded.
+
+Each replica reports the block hashes its prefix cache stored and evicted (core.Outputs); the router
+keeps which replicas hold each hash and walks a new prompt's hash chain, computed with the engine's own
+block_hash, so a match here is a match there.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from zhuzi.engine.block_manager import block_hash
+
+
+@dataclass
+class PrefixRouter:
+    block_size: int
+    holders: defaultdict[bytes, set[int]] = field(default_factory=lambda: defaultdict(set))
+
+    def update(self, replica: int, stored: list[bytes], removed: list[bytes]) -> None:
+        for h in removed:
+            if (holding := self.holders.get(h)) is not None:
+                holding.discard(replica)
+                if not holding:
+                    del self.holders[h]
+        for h in stored:
+            self.holders[h].add(replica)
+
+    def forget(self, replica: int) -> None:
+        for h in [h for h, holding in self.holders.items() if replica in holding]:
+            self.update(replica, [], [h])
+
+    def pick(self, prompt: list[int], load: dict[int, int]) -> int:
+        """The replica (a key of load: the live ones, with their requests in flight) to run prompt on."""
+        candidates = set(load)
+        parent: bytes | None = None
+        size = self.block_size
+        # The engine always computes a prompt's last token, so only the full blocks before it can hit.
+        for start in range(0, len(prompt) - size, size):
+            parent = block_hash(parent, prompt[start:start + size])
+            holding = candidates & self.holders.get(parent, set())
+            if not holding:
+                break
+            candidates = holding
+        return min(candidates, key=lambda r: (load[r], r))

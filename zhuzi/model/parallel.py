@@ -1,0 +1,168 @@
+"""Tensor parallelism over torch.distributed (gloo on CPU, NCCL on CUDA): each rank holds a slice of every
+layer and the ranks add up their partial results.
+
+QKV and gate/up are split by output rows (column-parallel), O and down by input columns (row-parallel,
+then an all-reduce), the LM head by vocabulary (then the logits are gathered); the embedding and the norms
+are whole on every rank. Attention heads split in whole GQA groups: a rank takes a range of KV heads and
+the query heads that read them, so its attention and its slice of the KV pool need nothing from the
+others. Ranges are contiguous and the first ranks take the remainder (SmolLM2's 3 KV heads over 2 ranks:
+2 and 1), since a model's head count need not divide by the number of ranks.
+
+Rank 0 is the engine: before each forward pass and each LM-head call it posts what to run to the group's
+store, and the other ranks, which only follow, run the same pass over their slices.
+"""
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from zhuzi.config import ModelConfig
+from zhuzi.model.attention import AttentionMetadata, PrefillChunk
+
+# A collective waits this long for its peers (a rank that hangs mid-step); the followers wait for their next
+# step as long as the server idles, in turns of IDLE_WAIT.
+COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=5)
+IDLE_WAIT = datetime.timedelta(hours=1)
+FORWARD, LOGITS, STOP = "forward", "logits", "stop"
+
+
+def split(n: int, parts: int, index: int) -> range:
+    """Part index of range(n) cut into contiguous parts; the first n % parts parts are one longer."""
+    size, extra = divmod(n, parts)
+    start = index * size + min(index, extra)
+    return range(start, start + size + (index < extra))
+
+
+@dataclass(frozen=True)
+class Shard:
+    """What one rank holds of the model: ranges of heads, of the MLP's width and of the vocabulary."""
+
+    q_heads: range
+    kv_heads: range
+    mlp: range
+    vocab: range
+
+    @classmethod
+    def of(cls, c: ModelConfig, rank: int = 0, world_size: int = 1) -> Shard:
+        if c.num_kv_heads < world_size:
+            raise ValueError(f"tensor_parallel_size {world_size} is more than the model's {c.num_kv_heads} KV heads")
+        kv = split(c.num_kv_heads, world_size, rank)
+        group = c.num_heads // c.num_kv_heads
+        return cls(range(kv.start * group, kv.stop * group), kv, split(c.intermediate_size, world_size, rank),
+                   split(c.vocab_size, world_size, rank))
+
+
+def head_rows(w: torch.Tensor, heads: range, head_dim: int) -> torch.Tensor:
+    """The rows (dim 0) of a projection's weight or bias that produce these heads."""
+    return w[heads.start * head_dim:heads.stop * head_dim]
+
+
+@dataclass
+class TPGroup:
+    """This process's place in the tensor-parallel group."""
+
+    rank: int
+    world_size: int
+    store: dist.Store
+    device: torch.device
+    _step: int = 0  # the ops posted (rank 0) or run (the others)
+
+    @classmethod
+    def join(cls, rank: int, world_size: int, master_addr: str, master_port: int, device: str) -> TPGroup:
+        """Meet the other ranks at master_addr:master_port (rank 0 listens there)."""
+        store = dist.TCPStore(master_addr, master_port, world_size, is_master=rank == 0, timeout=COLLECTIVE_TIMEOUT,
+                              wait_for_workers=False)
+        dev = torch.device(device)
+        dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", store=store, rank=rank,
+                                world_size=world_size, timeout=COLLECTIVE_TIMEOUT)
+        return cls(rank, world_size, store, dev)
+
+    @property
+    def leads(self) -> bool:
+        return self.rank == 0
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        dist.all_reduce(x)
+        return x
+
+    def gather_vocab(self, logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+        """[rows, this rank's vocabulary] -> [rows, vocab_size] on every rank. gloo gathers equal shapes only:
+        the shorter slices are padded to the longest and trimmed after."""
+        sizes = [len(split(vocab_size, self.world_size, r)) for r in range(self.world_size)]
+        width = max(sizes)
+        padded = torch.nn.functional.pad(logits, (0, width - logits.shape[1])).contiguous()
+        parts = [torch.empty_like(padded) for _ in sizes]
+        dist.all_gather(parts, padded)
+        return torch.cat([part[:, :size] for part, size in zip(parts, sizes)], 1)
+
+    # -- rank 0 posts, the others follow
+
+    def post(self, op: str, payload: torch.Tensor | None = None) -> None:
+        """Tell the followers what to run next; a payload goes as raw bytes beside it."""
+        self._step += 1
+        data = b"" if payload is None else payload.contiguous().cpu().view(torch.uint8).numpy().tobytes()
+        header = f"{op},{'' if payload is None else str(payload.dtype).removeprefix('torch.')},"
+        header += ",".join(map(str, payload.shape if payload is not None else ()))
+        self.store.set(f"op/{self._step}", header.encode() + b";" + data)
+
+    def done(self) -> None:
+        """The op just posted has run on every rank (its collective is behind us): its key can go."""
+        self.store.delete_key(f"op/{self._step}")
+
+    def next_op(self) -> tuple[str, torch.Tensor | None]:
+        """Wait, however long the server idles, for rank 0's next op."""
+        self._step += 1
+        self.store.set_timeout(IDLE_WAIT)
+        while True:
+            try:
+                raw = self.store.get(f"op/{self._step}")
+                break
+            except dist.DistStoreError as exc:
+                if "timeout" not in str(exc):
+                    raise
+        header, _, data = raw.partition(b";")
+        op, dtype, *shape = header.decode().split(",")
+        if not dtype:
+            return op, None
+        flat = torch.frombuffer(bytearray(data), dtype=torch.uint8).view(getattr(torch, dtype))
+        return op, flat.view(*map(int, filter(None, shape))).to(self.device)
+
+    def close(self) -> None:
+        if self.leads:
+            self.post(STOP)
+        dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------- a step's inputs as one tensor
+
+def pack_step(input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    """Everything a follower needs to run the same forward pass, as one int64 tensor."""
+    num_decodes = meta.num_decode_tokens
+    width = meta.decode_slots.shape[1] if num_decodes else 0
+    header = [len(input_ids), num_decodes, width, len(meta.prefills)]
+    header += [x for c in meta.prefills for x in (c.start, c.length, c.context)]
+    parts = [torch.tensor(header), input_ids, positions, meta.slot_mapping]
+    if num_decodes:
+        parts += [meta.decode_slots.reshape(-1), meta.decode_lengths]
+    parts += [c.slots for c in meta.prefills]
+    return torch.cat([p.to("cpu", torch.long) for p in parts])
+
+
+def unpack_step(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+    tokens, num_decodes, width, num_prefills = flat[:4].tolist()
+    chunks = flat[4:4 + 3 * num_prefills].view(-1, 3).tolist()
+    at = 4 + 3 * num_prefills
+
+    def take(n: int) -> torch.Tensor:
+        nonlocal at
+        at += n
+        return flat[at - n:at]
+
+    input_ids, positions, slot_mapping = take(tokens), take(tokens), take(tokens)
+    decode_slots = take(num_decodes * width).view(num_decodes, width)
+    decode_lengths = take(num_decodes)
+    prefills = [PrefillChunk(start, length, context, take(context)) for start, length, context in chunks]
+    return input_ids, positions, AttentionMetadata(slot_mapping, num_decodes, decode_slots, decode_lengths, prefills)
