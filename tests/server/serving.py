@@ -1,9 +1,12 @@
 """Start a real `zhuzi serve` process on a free localhost port for the HTTP tests."""
 from __future__ import annotations
 
+import os
+import re
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -47,26 +50,38 @@ def free_port() -> int:
 
 
 @contextmanager
-def running_server(log: Path, *args: str, inject: str = "") -> Iterator[ServerProcess]:
+def running_server(log: Path, *args: str, inject: str = "", env: dict[str, str] | None = None,
+                   wait: bool = True) -> Iterator[ServerProcess]:
     """The embedded SmolLM2 in bf16 with a small KV pool (fast start), plus the given flags. inject: Python
-    code the server process runs before it starts (a fault to plant in it)."""
+    code that every process of the server runs as it starts, the engine cores' too (a fault to plant);
+    env: variables to add to the server's environment; wait: for /health to say 200 first."""
     port = free_port()
-    launch = ["-c", f"{inject}\nimport sys\nfrom zhuzi.cli import main\nmain(sys.argv[1:])"] if inject else [
-        "-m", "zhuzi.cli"]
-    command = [sys.executable, *launch, "serve", "--port", str(port), "--kv-cache-memory", "64MiB", *args]
-    with open(log, "w") as out:
-        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
-    server = ServerProcess(f"http://127.0.0.1:{port}", log, proc)
-    try:
-        _wait_healthy(server, proc)
-        yield server
-    finally:
-        proc.terminate()
+    command = [sys.executable, "-m", "zhuzi.cli", "serve", "--port", str(port), "--kv-cache-memory", "64MiB", *args]
+    environment = {**os.environ, **(env or {})}
+    with tempfile.TemporaryDirectory(prefix="zhuzi-inject-") as site:
+        if inject:  # Python imports sitecustomize at start-up, in spawned processes too
+            Path(site, "sitecustomize.py").write_text(inject)
+            environment["PYTHONPATH"] = os.pathsep.join(filter(None, [site, environment.get("PYTHONPATH")]))
+        with open(log, "w") as out:
+            proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=environment)
+        server = ServerProcess(f"http://127.0.0.1:{port}", log, proc)
         try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            if wait:
+                _wait_healthy(server, proc)
+            yield server
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def engine_pids(server: ServerProcess) -> dict[int, int]:
+    """replica -> pid of its engine core, as the server logged them."""
+    pattern = re.compile(r"engine core (\d+) ready: pid (\d+)")
+    return {int(m[1]): int(m[2]) for m in pattern.finditer(server.log.read_text())}
 
 
 def _wait_healthy(server: ServerProcess, proc: subprocess.Popen) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import signal
 from dataclasses import dataclass, field, replace
 
 import msgspec
@@ -216,6 +217,10 @@ def run_process(config: EngineConfig, replica: int, addresses: Addresses) -> Non
     """The entry point of a local engine-core process (spawned by the front)."""
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s zhuzi.engine[{replica}]: %(message)s")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # Ctrl-C in a terminal (or a supervisor's SIGTERM to the whole group) is for the server, which drains and
+    # then stops its engine cores: an engine core that died of it first would fail the requests draining.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
     parent = multiprocessing.parent_process()
     # The front's end makes its sentinel readable: an orphaned engine core exits rather than linger.
     watched = [(parent.sentinel, "the server process has exited")] if parent is not None else []

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import signal
 import socket
 from dataclasses import replace
 from multiprocessing.process import BaseProcess
@@ -64,7 +65,7 @@ def start(config: EngineConfig) -> tuple[TPGroup | None, list[BaseProcess]]:
         return TPGroup.join(0, world, addr, port, config.device), []
     port = _free_port()
     context = multiprocessing.get_context("spawn")
-    workers = [context.Process(target=run, args=(config, rank, world, LOCALHOST, port), daemon=True,
+    workers = [context.Process(target=_spawned, args=(config, rank, world, LOCALHOST, port), daemon=True,
                                name=f"tensor-parallel rank {rank}") for rank in range(1, world)]
     for worker in workers:
         worker.start()
@@ -87,6 +88,12 @@ def _end(workers: list[BaseProcess]) -> None:
         if worker.is_alive():
             worker.kill()
             worker.join()
+
+
+def _spawned(config: EngineConfig, rank: int, world: int, addr: str, port: int) -> None:
+    """A rank spawned by rank 0, which decides when it ends (a terminal's Ctrl-C reaches every process)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    run(config, rank, world, addr, port)
 
 
 def run(config: EngineConfig, rank: int, world: int, addr: str, port: int) -> None:
