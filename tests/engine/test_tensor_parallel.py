@@ -1,0 +1,35 @@
+"""Tensor parallelism: two local processes (gloo) produce the greedy tokens one process does, in fp32, on the
+default model (9 query / 3 KV heads: an uneven split, 2 KV heads and 1) and on a tiny Qwen3 (q/k norms)."""
+from __future__ import annotations
+
+import pytest
+import tiny
+
+from zhuzi import LLM, SamplingParams
+from zhuzi.model.parallel import split
+
+PROMPTS = [list(range(3, 40)), [5, 9, 13] * 7, [42, 7]]  # token ids within both vocabularies
+
+
+def greedy(model: str | None, tp: int) -> list[list[int]]:
+    llm = LLM(model, dtype="float32", kv_cache_memory="32MiB", tensor_parallel_size=tp, num_threads=1)
+    try:
+        params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+        outs = llm.generate(PROMPTS, params)
+        return [out.outputs[0].token_ids for out in outs]
+    finally:
+        llm.engine.shutdown()
+
+
+@pytest.mark.parametrize("arch", ["smollm2", "qwen3"])
+def test_tp2_greedy_equals_tp1_in_fp32(arch, tmp_path):
+    model = None if arch == "smollm2" else str(tmp_path)
+    if arch == "qwen3":
+        tiny.build("qwen3", tmp_path, layers=3, vocab_size=1001)  # an odd vocabulary: unequal LM-head slices
+    assert greedy(model, 2) == greedy(model, 1)
+
+
+def test_split_gives_the_remainder_to_the_first_parts():
+    assert [split(3, 2, r) for r in range(2)] == [range(0, 2), range(2, 3)]
+    assert [len(split(49152, 3, r)) for r in range(3)] == [16384] * 3
+    assert [split(5, 3, r) for r in range(3)] == [range(0, 2), range(2, 4), range(4, 5)]
