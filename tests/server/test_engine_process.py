@@ -1,16 +1,24 @@
 """`zhuzi serve` runs the step loop in an engine-core process of its own: when that process dies, the server
-notices at once (/health 503, the streams in flight end with an error event) and exits 1 with a clear message."""
+notices at once (/health 503, the streams in flight end with an error event) and exits 1 with a clear message.
+With tensor parallelism started torchrun-style, one `zhuzi serve` per rank, the ranks serve what one process
+computes."""
 from __future__ import annotations
 
 import asyncio
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import httpx
-from serving import engine_pids, running_server
+from serving import engine_pids, free_port, running_server
 from test_lifecycle import stream_events
+
+from zhuzi import LLM, SamplingParams
+
+PROMPT = "The capital of France is"
 
 
 def test_killing_the_engine_process_ends_the_streams_and_stops_the_server(tmp_path):
@@ -41,3 +49,24 @@ def test_killing_the_engine_process_ends_the_streams_and_stops_the_server(tmp_pa
             assert error["code"] == 503 and f"(pid {pid}) was killed by SIGKILL" in error["message"]
         assert server.proc.wait(timeout=30) == 1
         assert f"zhuzi: the engine core process (pid {pid}) was killed by SIGKILL" in server.log.read_text()
+
+
+def test_ranks_started_torchrun_style_serve_what_one_process_computes(tmp_path):
+    """What the README says to run on each machine, here on one: `zhuzi serve` with RANK 1 follows, `zhuzi serve`
+    with RANK 0 serves; the answer is TP=1's."""
+    world = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2"}
+    args = ["--tensor-parallel-size", "2", "--dtype", "float32", "--num-threads", "1"]
+    follower_env = {**os.environ, **world, "RANK": "1"}
+    follower = subprocess.Popen([sys.executable, "-m", "zhuzi.cli", "serve", "--kv-cache-memory", "64MiB", *args],
+                                env=follower_env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        with running_server(tmp_path / "rank0.log", *args, env={**world, "RANK": "0"}) as server:
+            body = {"prompt": PROMPT, "max_tokens": 24, "temperature": 0, "ignore_eos": True}
+            answer = httpx.post(server.url + "/v1/completions", json=body, timeout=120).json()
+            text = answer["choices"][0]["text"]
+        assert follower.wait(timeout=30) == 0  # rank 0 told it to stop
+    finally:
+        follower.kill()
+    llm = LLM(dtype="float32", kv_cache_memory="32MiB")
+    assert text == llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))[0] \
+        .outputs[0].text
