@@ -32,6 +32,11 @@ def torchrun_rank() -> int | None:
     return int(os.environ["RANK"]) if "RANK" in os.environ else None
 
 
+def _torchrun_store() -> bool:
+    """torchrun's agent already serves the rendezvous store at MASTER_ADDR:MASTER_PORT."""
+    return os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+
+
 def _torchrun_group(config: EngineConfig) -> tuple[int, str, int]:
     world = int(os.environ.get("WORLD_SIZE", 0))
     if world != config.tensor_parallel_size:
@@ -62,7 +67,7 @@ def start(config: EngineConfig) -> tuple[TPGroup | None, list[BaseProcess]]:
         if rank != 0:
             raise ValueError(f"RANK {rank} follows rank 0 and runs no engine of its own")
         log.info("tensor parallel: rank 0 of %d, waiting for the others at %s:%d", world, addr, port)
-        return TPGroup.join(0, world, addr, port, config.device), []
+        return TPGroup.join(0, world, addr, port, config.device, _torchrun_store()), []
     port = _free_port()
     context = multiprocessing.get_context("spawn")
     workers = [context.Process(target=_spawned, args=(config, rank, world, LOCALHOST, port), daemon=True,
@@ -103,7 +108,7 @@ def run(config: EngineConfig, rank: int, world: int, addr: str, port: int) -> No
         torch.set_num_threads(config.num_threads)
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     device = f"cuda:{local_rank}" if config.device == "cuda" else config.device
-    tp = TPGroup.join(rank, world, addr, port, device)
+    tp = TPGroup.join(rank, world, addr, port, device, _torchrun_store())
     _, runner = load_runner(replace(config, device=device), tp)
     log.info("rank %d of %d: %d of %d query heads, %d KV heads", rank, world, runner.model.num_heads,
              runner.model.config.num_heads, runner.model.num_kv_heads)

@@ -71,14 +71,16 @@ class TPGroup:
     _step: int = 0  # the ops posted (rank 0) or run (the others)
 
     @classmethod
-    def join(cls, rank: int, world_size: int, master_addr: str, master_port: int, device: str) -> TPGroup:
-        """Meet the other ranks at master_addr:master_port (rank 0 listens there)."""
-        store = dist.TCPStore(master_addr, master_port, world_size, is_master=rank == 0, timeout=COLLECTIVE_TIMEOUT,
-                              wait_for_workers=False)
+    def join(cls, rank: int, world_size: int, master_addr: str, master_port: int, device: str,
+             store_running: bool = False) -> TPGroup:
+        """Meet the other ranks at master_addr:master_port, where rank 0 listens (or, with store_running, a
+        store already listens: torchrun's agent hosts one there)."""
+        store = dist.TCPStore(master_addr, master_port, world_size, is_master=rank == 0 and not store_running,
+                              timeout=COLLECTIVE_TIMEOUT, wait_for_workers=False)
         dev = torch.device(device)
         dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", store=store, rank=rank,
                                 world_size=world_size, timeout=COLLECTIVE_TIMEOUT)
-        return cls(rank, world_size, store, dev)
+        return cls(rank, world_size, dist.PrefixStore("zhuzi-tp/", store), dev)
 
     @property
     def leads(self) -> bool:
