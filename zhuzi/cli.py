@@ -36,7 +36,8 @@ def cmd_serve(args: argparse.Namespace) -> None:
 
     from zhuzi.engine import tp_worker
     from zhuzi.engine.async_engine import AsyncEngine
-    from zhuzi.engine.core_client import EngineClient, ServingEngine, init_ray
+    from zhuzi.engine.core_client import EngineClient, ServingEngine
+    from zhuzi.engine.placement import init_ray
     from zhuzi.server.app import create_app
     from zhuzi.server.lifecycle import GracefulServer
 

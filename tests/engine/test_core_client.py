@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 
+import msgspec
 import pytest
 
 from zhuzi import LLM, SamplingParams
 from zhuzi.config import EngineConfig, ParallelConfig
 from zhuzi.engine.core_client import EngineClient
-from zhuzi.sampling_params import InvalidRequest
+from zhuzi.sampling_params import InvalidRequest, StructuredOutputError, StructuredOutputsParams
 
 CONFIG = EngineConfig(dtype="float32", kv_cache_memory="64MiB")  # fp32: batch-invariant
 
@@ -81,3 +82,34 @@ def test_a_refused_request_raises_for_it_alone(client):
     refused, (text, outs) = asyncio.run(main())
     assert refused.code == "context_length_exceeded"
     assert outs[-1].finished and text
+
+
+def test_a_constrained_request_gets_what_the_in_process_engine_computes(client):
+    """The constraint crosses with the request; the front checks constraints itself (as vLLM's does), and its
+    refusal is a StructuredOutputError naming the field, which the server renames to the request's own."""
+    schema = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}, "why": {"type": "string",
+              "maxLength": 12}}, "required": ["answer", "why"], "additionalProperties": False}
+    params = SamplingParams(temperature=0, max_tokens=40, structured_outputs=StructuredOutputsParams(json=schema))
+    want = LLM(**vars(CONFIG)).generate(["Is the sky blue? Answer in JSON."], params)[0].outputs[0]
+
+    async def main():
+        await client.check_structured_output(params.structured_outputs)
+        with pytest.raises(StructuredOutputError) as refused:
+            await client.check_structured_output(StructuredOutputsParams(json={"type": "array", "uniqueItems": True}))
+        return refused.value, await collect(client, "Is the sky blue? Answer in JSON.", params, "constrained")
+
+    refused, (text, outs) = asyncio.run(main())
+    assert refused.field == "json" and "uniqueItems" in refused.reason
+    assert text == want.text and outs[-1].outputs[0].finish_reason == want.finish_reason == "stop"
+
+
+def test_a_command_the_engine_core_cannot_read_leaves_it_serving(client):
+    """A request that would not decode (a front of another version, a type the wire does not carry) is
+    refused on its own; the engine core goes on with the next one."""
+    bad = msgspec.msgpack.encode({"type": "AddRequest", "request_id": "unreadable", "prompt_token_ids": "text",
+                                  "params": {}})
+    for replica in client.replicas:
+        replica.send(bad)
+    text, outs = asyncio.run(collect(client, "Hi", SamplingParams(temperature=0, max_tokens=4), "after"))
+    assert outs[-1].finished and text
+    assert client.health(60) is None

@@ -10,6 +10,8 @@ knows nothing of blocks beyond their hashes.
 """
 from __future__ import annotations
 
+import copy
+import json
 import logging
 import multiprocessing
 import os
@@ -22,7 +24,7 @@ import zmq
 from zhuzi.config import EngineConfig
 from zhuzi.engine.engine import Engine
 from zhuzi.outputs import EngineStats, RequestOutput
-from zhuzi.sampling_params import InvalidRequest, SamplingParams
+from zhuzi.sampling_params import InvalidRequest, SamplingParams, StructuredOutputError
 
 log = logging.getLogger("zhuzi")
 
@@ -33,6 +35,18 @@ class AddRequest(msgspec.Struct, tag=True):
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
+
+    @classmethod
+    def of(cls, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> AddRequest:
+        """A JSON schema travels as its JSON text (the engine core parses it back, in the same order): msgpack
+        holds no integer beyond 64 bits, and a schema may hold one (or be true or false, no msgpack map)."""
+        constraint = params.structured_outputs
+        if constraint is not None and constraint.json is not None and not isinstance(constraint.json, str):
+            constraint = copy.copy(constraint)
+            constraint.json = json.dumps(constraint.json)
+            params = copy.copy(params)
+            params.structured_outputs = constraint
+        return cls(request_id, prompt_token_ids, params)
 
 
 class Abort(msgspec.Struct, tag=True):
@@ -57,19 +71,32 @@ class Ready(msgspec.Struct, tag=True):
     model_name: str
     vocab_size: int
     max_model_len: int
+    eos_token_ids: list[int]
     stats: EngineStats
 
 
 class Refused(msgspec.Struct):
-    """A request the engine would not admit: InvalidRequest's fields (or a plain ValueError's message)."""
+    """A request the engine would not admit: InvalidRequest's fields (or a plain ValueError's message), and
+    StructuredOutputError's, so the front can name the request field the constraint came from."""
 
     request_id: str
     message: str
     param: str | None = None
     code: str | None = None
     invalid: bool = True  # InvalidRequest, else ValueError
+    constraint: tuple[str, str] | None = None  # a StructuredOutputError's field and reason
+
+    @classmethod
+    def of(cls, request_id: str, exc: ValueError) -> Refused:
+        if isinstance(exc, StructuredOutputError):
+            return cls(request_id, str(exc), exc.param, exc.code, constraint=(exc.field, exc.reason))
+        if isinstance(exc, InvalidRequest):
+            return cls(request_id, str(exc), exc.param, exc.code)
+        return cls(request_id, str(exc), invalid=False)
 
     def error(self) -> ValueError:
+        if self.constraint is not None:
+            return StructuredOutputError(*self.constraint)
         return InvalidRequest(self.param, self.message, self.code) if self.invalid else ValueError(self.message)
 
 
@@ -143,9 +170,14 @@ class EngineCore:
         """Every command waiting; False once told to shut down."""
         while True:
             try:
-                command = decode_command(self.commands.recv(zmq.NOBLOCK))
+                payload = self.commands.recv(zmq.NOBLOCK)
             except zmq.Again:
                 return True
+            try:
+                command = decode_command(payload)
+            except msgspec.ValidationError as exc:  # a front of another version: refuse what it sent, go on
+                self._refuse_undecodable(payload, exc)
+                continue
             if isinstance(command, Shutdown):
                 return False
             if isinstance(command, Abort):
@@ -154,10 +186,15 @@ class EngineCore:
                 continue
             try:
                 self.engine.add_request(command.request_id, command.prompt_token_ids, command.params)
-            except InvalidRequest as exc:
-                self._refused.append(Refused(command.request_id, str(exc), exc.param, exc.code))
-            except ValueError as exc:
-                self._refused.append(Refused(command.request_id, str(exc), invalid=False))
+            except ValueError as exc:  # InvalidRequest among them
+                self._refused.append(Refused.of(command.request_id, exc))
+
+    def _refuse_undecodable(self, payload: bytes, exc: msgspec.ValidationError) -> None:
+        log.error("replica %d: a command it cannot read: %s", self.replica, exc)
+        command = msgspec.msgpack.decode(payload)
+        if isinstance(command, dict) and isinstance(command.get("request_id"), str):
+            self._refused.append(Refused(command["request_id"], f"the engine core could not read the request: {exc}",
+                                         invalid=False))
 
     def _send_news(self) -> None:
         events = self.engine.blocks.events
@@ -198,7 +235,8 @@ def serve(config: EngineConfig, replica: int, addresses: Addresses, watched: lis
             outputs.send(encode(Failed(replica, f"{type(exc).__name__}: {exc}")))
             return
         outputs.send(encode(Ready(replica, os.getpid(), str(engine.model_path), engine.model_name,
-                                  engine.model_config.vocab_size, engine.max_model_len, engine.stats())))
+                                  engine.model_config.vocab_size, engine.max_model_len, engine.eos_ids,
+                                  engine.stats())))
         core = EngineCore(engine, replica, commands, outputs,
                           watched + [(p.sentinel, f"tensor-parallel rank {p.rank} has exited") for p in engine.workers])
         try:

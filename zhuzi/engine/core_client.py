@@ -13,28 +13,26 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import multiprocessing
-import os
 import shutil
 import signal
 import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field, replace
-from multiprocessing.process import BaseProcess
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import zmq
 
 from zhuzi.config import EngineConfig, ParallelConfig
-from zhuzi.engine import core
+from zhuzi.engine import core, placement
 from zhuzi.engine.async_engine import AsyncEngine, EngineDead, Stream
 from zhuzi.engine.engine import check_token_ids
+from zhuzi.engine.placement import Replica, default_threads
 from zhuzi.engine.router import PrefixRouter
+from zhuzi.engine.structured import GrammarCompiler
 from zhuzi.outputs import EngineStats, RequestError, RequestOutput
-from zhuzi.sampling_params import SamplingParams
+from zhuzi.sampling_params import SamplingParams, StructuredOutputsParams
 from zhuzi.tokenizer import Tokenizer
 
 log = logging.getLogger("zhuzi")
@@ -42,53 +40,14 @@ READER_POLL_MS = 100  # how often the reader thread looks up from its sockets to
 SHUTDOWN_WAIT_S = 5.0
 
 
-@dataclass(eq=False)
-class Replica:
-    """One engine core, as the front sees it."""
-
-    index: int
-    commands: zmq.Socket  # PUSH, bound by the front
-    process: BaseProcess | None = None  # mp
-    actor: Any = None  # ray
-    run_ref: Any = None  # ray: resolves when the actor's loop ends
-    ready: core.Ready | None = None
-    stats: EngineStats | None = None
-    failure: str | None = None  # why it is out of the rotation
-    load_error: Exception | None = None  # why it never got ready
-    requests: set[str] = field(default_factory=set)  # in flight there
-    heartbeat: float = field(default_factory=time.monotonic)  # its last message (or the work it got when idle)
-
-    def send(self, command: core.Command) -> None:
-        try:  # never blocks: a replica gone has no peer socket (its requests already heard)
-            self.commands.send(core.encode(command), zmq.NOBLOCK)
-        except zmq.Again:
-            log.warning("replica %d is not connected; %s not sent", self.index, type(command).__name__)
-
-
-def init_ray(address: str | None) -> None:
-    """Connect to Ray (or start a local one) from the main thread, before any thread runs: Ray started from
-    another thread leaves helper processes behind at exit."""
-    import ray
-
-    if address is None:  # a Ray of our own, for this machine only: keep it on the loopback interface
-        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    ray.init(address=address, include_dashboard=False)
-
-
-def default_threads(config: EngineConfig, parallel: ParallelConfig) -> int | None:
-    """The cores shared out among every engine process (None: torch's default for a single one)."""
-    processes = parallel.data_parallel_size * config.tensor_parallel_size
-    return config.num_threads or (max(1, len(os.sched_getaffinity(0)) // processes) if processes > 1 else None)
-
-
 class EngineClient:
     """Engine cores in processes of their own, behind the AsyncEngine's interface."""
 
-    tokenizer: Tokenizer  # these four once started
+    tokenizer: Tokenizer  # these once started
     model_name: str
     max_model_len: int
     vocab_size: int
+    grammars: GrammarCompiler  # the front's own, to check constraints: errors then name the request's field
 
     def __init__(self, config: EngineConfig, parallel: ParallelConfig):
         """Nothing runs until start(); close() stops whatever start() began, even while it waits."""
@@ -121,13 +80,14 @@ class EngineClient:
         assert info is not None
         self.tokenizer = Tokenizer.load(Path(info.model_path))
         self.model_name, self.max_model_len, self.vocab_size = info.model_name, info.max_model_len, info.vocab_size
+        self.grammars = GrammarCompiler(self.tokenizer.hf, info.vocab_size, info.eos_token_ids)
         return self
 
     # -- starting and stopping
 
     def _start(self, config: EngineConfig) -> None:
         ray_backend = self.parallel.data_parallel_backend == "ray"
-        host = _ray_node_ip() if ray_backend else None
+        host = placement.ray_node_ip() if ray_backend else None
         outputs = self._bind(self._outputs, host, "outputs")
         for index in range(self.parallel.data_parallel_size):
             commands = self._context.socket(zmq.PUSH)
@@ -135,12 +95,14 @@ class EngineClient:
             self.replicas.append(Replica(index, commands))
             addresses = core.Addresses(self._bind(commands, host, f"commands-{index}"), outputs)
             if ray_backend:
-                self._start_actor(self.replicas[-1], config, addresses)
+                placement.start_actor(self.replicas[-1], config, addresses)
             else:
-                self._start_process(self.replicas[-1], config, addresses)
+                placement.start_process(self.replicas[-1], config, addresses)
         self._reader.start()
         if ray_backend:
-            threading.Thread(target=self._watch_actors, name="zhuzi-ray-watch", daemon=True).start()
+            threading.Thread(target=placement.watch_actors, args=(self.replicas, lambda: self._closing, self._gone,
+                                                         lambda r: f"the engine core{self._of(r)}"),
+                             name="zhuzi-ray-watch", daemon=True).start()
         with self._ready:
             self._ready.wait_for(lambda: self._closing or all(r.ready or r.failure for r in self.replicas))
         if self._closing:
@@ -159,20 +121,6 @@ class EngineClient:
             return address
         return f"tcp://{host}:{socket.bind_to_random_port(f'tcp://{host}')}"
 
-    def _start_process(self, replica: Replica, config: EngineConfig, addresses: core.Addresses) -> None:
-        context = multiprocessing.get_context("spawn")  # never fork a process with threads and an event loop
-        replica.process = context.Process(target=core.run_process, args=(config, replica.index, addresses),
-                                          name=f"zhuzi-engine-{replica.index}")
-        replica.process.start()
-
-    def _start_actor(self, replica: Replica, config: EngineConfig, addresses: core.Addresses) -> None:
-        import ray
-
-        cpus = (config.num_threads or 1) * config.tensor_parallel_size
-        actor_class = ray.remote(num_cpus=cpus)(core.CoreActor)
-        replica.actor = actor_class.options(name=f"zhuzi-engine-{replica.index}-{os.getpid()}").remote()
-        replica.run_ref = replica.actor.run.remote(config, replica.index, addresses)
-
     def close(self) -> None:
         """Stop every replica (asking first) and release the sockets."""
         if self._closing:
@@ -182,7 +130,7 @@ class EngineClient:
             self._ready.notify_all()
         live = [r for r in self.replicas if r.failure is None]
         for r in live:
-            r.send(core.Shutdown())
+            r.send(core.encode(core.Shutdown()))
         deadline = time.monotonic() + SHUTDOWN_WAIT_S
         for r in self.replicas:
             if r.process is not None:
@@ -191,7 +139,7 @@ class EngineClient:
                     r.process.kill()
                     r.process.join()
             elif r.actor is not None:
-                _end_actor(r, max(0.0, deadline - time.monotonic()))
+                placement.end_actor(r, max(0.0, deadline - time.monotonic()))
         if self._reader.is_alive():
             self._reader.join()
         self._context.destroy(linger=0)
@@ -287,22 +235,6 @@ class EngineClient:
         for request_id in lost:
             self._deliver(request_id, EngineDead(reason))
 
-    def _watch_actors(self) -> None:
-        import ray
-
-        pending = {r.run_ref: r for r in self.replicas}
-        while pending and not self._closing:
-            done, _ = ray.wait(list(pending), num_returns=1)
-            for ref in done:
-                replica = pending.pop(ref)
-                try:
-                    ray.get(ref)
-                    reason = f"the engine core{self._of(replica)} ended"
-                except Exception as exc:  # Ray's word for how the actor died
-                    reason = f"the engine core{self._of(replica)} (Ray actor) died: {type(exc).__name__}"
-                if not self._closing:
-                    self._gone(replica, reason)
-
     # -- the AsyncEngine interface
 
     def stats(self) -> EngineStats:
@@ -326,7 +258,7 @@ class EngineClient:
             if stall_timeout and r.failure is None and r.requests and silent > stall_timeout:
                 self._gone(r, f"the engine{self._of(r)} has made no progress for {silent:.0f} s with requests "
                               "pending")
-                self._kill(r)
+                r.kill()
         if all(r.failure is not None for r in self.replicas):
             return self.replicas[-1].failure if len(self.replicas) == 1 else \
                 f"every replica has failed (the last: {self._last_failure()})"
@@ -334,12 +266,6 @@ class EngineClient:
 
     def _last_failure(self) -> str:
         return next(r.failure for r in reversed(self.replicas) if r.failure)  # type: ignore[misc]
-
-    def _kill(self, replica: Replica) -> None:
-        if replica.process is not None:
-            replica.process.kill()
-        elif replica.actor is not None:
-            _end_actor(replica, 0)
 
     def fail(self, reason: str) -> None:
         """Declare the engine unusable: every open stream and every later request gets EngineDead(reason)."""
@@ -351,6 +277,11 @@ class EngineClient:
     def check_token_ids(self, ids: list[int], param: str) -> None:
         check_token_ids(ids, self.vocab_size, param)
 
+    async def check_structured_output(self, params: StructuredOutputsParams) -> None:
+        """Compile params' grammar here, in a worker thread (StructuredOutputError if it cannot be), as vLLM's
+        front validates: the engine core compiles it again for its own use, from its own cache."""
+        await asyncio.to_thread(self.grammars.matcher, params)
+
     async def generate(self, prompt: str | list[int], params: SamplingParams,
                        request_id: str) -> AsyncIterator[RequestOutput]:
         """Yields deltas until the request finishes; closing the iterator aborts the request. A request the
@@ -358,6 +289,7 @@ class EngineClient:
         if self._failure is not None:
             raise EngineDead(self._failure)
         ids = prompt if isinstance(prompt, list) else self.tokenizer.encode_prompt(prompt)
+        command = core.encode(core.AddRequest.of(request_id, ids, params))
         stream = Stream(asyncio.get_running_loop(), asyncio.Queue())
         with self._lock:
             load = {r.index: len(r.requests) for r in self.replicas if r.failure is None}
@@ -369,7 +301,7 @@ class EngineClient:
             replica.requests.add(request_id)
             self._where[request_id], self._prompts[request_id] = replica, ids
             self._streams[request_id] = stream
-        replica.send(core.AddRequest(request_id, ids, params))
+        replica.send(command)
         finished = False
         try:
             while not finished:
@@ -390,23 +322,8 @@ class EngineClient:
         """End a request now; if its stream is still read, its last output says finish_reason "abort"."""
         replica = self._where.get(request_id)
         if replica is not None and replica.failure is None:
-            replica.send(core.Abort(request_id))
+            replica.send(core.encode(core.Abort(request_id)))
 
 
 # What the server serves from: the step loop in a thread of its own process, or engine cores apart.
 ServingEngine = AsyncEngine | EngineClient
-
-
-def _ray_node_ip() -> str:
-    import ray
-
-    return ray.util.get_node_ip_address()
-
-
-def _end_actor(replica: Replica, wait: float) -> None:
-    import ray
-
-    try:
-        ray.get(replica.run_ref, timeout=wait)
-    except Exception:  # still running, or already dead: make sure
-        ray.kill(replica.actor)

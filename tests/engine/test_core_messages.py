@@ -1,0 +1,93 @@
+"""What crosses the process boundary (engine/core.py's msgspec messages): every field a request sets reaches
+the engine core as it was set, structured-output constraints included, and a refusal comes back as the same
+error, so the server still names the request field at fault."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from zhuzi.engine import core
+from zhuzi.outputs import EngineStats
+from zhuzi.sampling_params import InvalidRequest, SamplingParams, StructuredOutputError, StructuredOutputsParams
+
+ORDERED_SCHEMA = {"type": "object", "properties": {"zeta": {"type": "integer"}, "alpha": {"type": "string"},
+                                                   "mid": {"type": "array", "items": {"type": "number"}}},
+                  "required": ["zeta", "alpha"], "additionalProperties": False}
+CONSTRAINTS = {
+    "json schema": StructuredOutputsParams(json=ORDERED_SCHEMA, disable_additional_properties=True,
+                                           whitespace_pattern=r"[ ]?"),
+    "json schema as text": StructuredOutputsParams(json='{"type": "array", "maxItems": 3}',
+                                                   disable_any_whitespace=True),
+    "schema true": StructuredOutputsParams(json=True),
+    "schema with an integer beyond 64 bits": StructuredOutputsParams(json={"type": "integer", "maximum": 10**30}),
+    "regex": StructuredOutputsParams(regex=r"\d{3}-\d{4}"),
+    "choice": StructuredOutputsParams(choice=["yes", "no", "ünïcode ✓"]),
+    "grammar": StructuredOutputsParams(grammar='start: "a" | "b"'),
+    "json_object": StructuredOutputsParams(json_object=True),
+}
+
+
+def every_field_set(constraint: StructuredOutputsParams) -> SamplingParams:
+    return SamplingParams(
+        n=3, temperature=0.7, top_p=0.9, top_k=40, min_p=0.05, seed=-(2**63), presence_penalty=0.5,
+        frequency_penalty=-0.5, repetition_penalty=1.2, logit_bias={0: -100.0, 49151: 2.5}, stop=["\n\n", "END"],
+        stop_token_ids=[2, 7], include_stop_str_in_output=True, ignore_eos=True, min_tokens=2, max_tokens=None,
+        logprobs=5, prompt_logprobs=1, skip_special_tokens=False, structured_outputs=constraint)
+
+
+def across(params: SamplingParams) -> SamplingParams:
+    command = core.decode_command(core.encode(core.AddRequest.of("r-1", [1, 2, 49151], params)))
+    assert isinstance(command, core.AddRequest)
+    assert command.request_id == "r-1" and command.prompt_token_ids == [1, 2, 49151]
+    return command.params
+
+
+def test_the_sample_request_sets_every_field():
+    """A field added to SamplingParams later must be added here too, or this fails: else nothing would
+    show that it crosses the boundary."""
+    params = every_field_set(CONSTRAINTS["regex"])
+    unset = [f.name for f in dataclasses.fields(SamplingParams)
+             if f.init and getattr(params, f.name) == getattr(SamplingParams(), f.name)]
+    assert unset == []
+
+
+@pytest.mark.parametrize("name", CONSTRAINTS)
+def test_every_request_field_reaches_the_engine_core_as_set(name: str):
+    params = every_field_set(CONSTRAINTS[name])
+    received = across(params)
+    assert received == params
+    assert received.stop_strings == ["\n\n", "END"]  # derived again on the far side
+    assert type(received.structured_outputs) is StructuredOutputsParams
+    assert received.structured_outputs.key == params.structured_outputs.key  # the compiler's cache key: the same
+
+
+def test_a_schema_keeps_its_property_order_and_the_sender_keeps_its_own():
+    """Properties come out in the schema's order, so the order must survive; the text form the wire uses is
+    the engine core's business, not the request's."""
+    params = SamplingParams(structured_outputs=StructuredOutputsParams(json=ORDERED_SCHEMA))
+    received = across(params)
+    assert list(received.structured_outputs.json["properties"]) == ["zeta", "alpha", "mid"]
+    assert params.structured_outputs.json is ORDERED_SCHEMA
+
+
+def test_a_constraint_the_engine_refuses_comes_back_as_the_same_error():
+    """The server renames a StructuredOutputError's field to the request's own (response_format..., tools.N...)."""
+    refused = core.Refused.of("r-2", StructuredOutputError("json", "uniqueItems is not supported"))
+    error = core.decode_message(core.encode(core.Outputs(0, [], [refused], core_stats(), [], []))).refused[0].error()
+    assert isinstance(error, StructuredOutputError)
+    assert (error.field, error.reason, error.param) == ("json", "uniqueItems is not supported",
+                                                        "structured_outputs.json")
+
+
+def test_other_refusals_keep_their_param_and_code():
+    refused = core.Refused.of("r-3", InvalidRequest(None, "too long", "context_length_exceeded"))
+    error = core.decode_message(core.encode(core.Outputs(0, [], [refused], core_stats(), [], []))).refused[0].error()
+    assert type(error) is InvalidRequest and (error.param, error.code, str(error)) == (None, "context_length_exceeded",
+                                                                                        "too long")
+    plain = core.Refused.of("r-4", ValueError("prompt is not text"))
+    assert type(plain.error()) is ValueError
+
+
+def core_stats() -> EngineStats:
+    return EngineStats(*(0 for _ in dataclasses.fields(EngineStats)))

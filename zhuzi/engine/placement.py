@@ -1,0 +1,126 @@
+"""Where the engine cores run, for the front (core_client.py): local processes (mp) or Ray actors (ray).
+
+A Replica is one engine core as the front sees it: the socket its commands go to, the process or actor
+that runs it, and its bookkeeping. This module starts it, watches a Ray actor's end and stops it; Ray is
+imported only here and only when the ray backend runs, so importing zhuzi never imports Ray.
+"""
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+import zmq
+
+from zhuzi.config import EngineConfig, ParallelConfig
+from zhuzi.engine import core
+from zhuzi.outputs import EngineStats
+
+log = logging.getLogger("zhuzi")
+
+
+@dataclass(eq=False)
+class Replica:
+    """One engine core, as the front sees it."""
+
+    index: int
+    commands: zmq.Socket  # PUSH, bound by the front
+    process: BaseProcess | None = None  # mp
+    actor: Any = None  # ray
+    run_ref: Any = None  # ray: resolves when the actor's loop ends
+    ready: core.Ready | None = None
+    stats: EngineStats | None = None
+    failure: str | None = None  # why it is out of the rotation
+    load_error: Exception | None = None  # why it never got ready
+    requests: set[str] = field(default_factory=set)  # in flight there
+    heartbeat: float = field(default_factory=time.monotonic)  # its last message (or the work it got when idle)
+
+    def send(self, payload: bytes) -> None:
+        """An encoded command; never blocks: a replica gone has no peer socket (its requests already heard)."""
+        try:
+            self.commands.send(payload, zmq.NOBLOCK)
+        except zmq.Again:
+            log.warning("replica %d is not connected; a command was not sent", self.index)
+
+    def kill(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+        elif self.actor is not None:
+            end_actor(self, 0)
+
+
+def default_threads(config: EngineConfig, parallel: ParallelConfig) -> int | None:
+    """The cores shared out among every engine process (None: torch's default for a single one)."""
+    processes = parallel.data_parallel_size * config.tensor_parallel_size
+    return config.num_threads or (max(1, len(os.sched_getaffinity(0)) // processes) if processes > 1 else None)
+
+
+def start_process(replica: Replica, config: EngineConfig, addresses: core.Addresses) -> None:
+    context = multiprocessing.get_context("spawn")  # never fork a process with threads and an event loop
+    replica.process = context.Process(target=core.run_process, args=(config, replica.index, addresses),
+                                      name=f"zhuzi-engine-{replica.index}")
+    replica.process.start()
+
+
+# -- Ray
+
+def init_ray(address: str | None) -> None:
+    """Connect to Ray (or start a local one) from the main thread, before any thread runs: Ray started from
+    another thread leaves helper processes behind at exit."""
+    import ray
+
+    if address is None:  # a Ray of our own, for this machine only: keep it on the loopback interface
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    ray.init(address=address, include_dashboard=False)
+
+
+def ray_node_ip() -> str:
+    """The address Ray actors on other nodes reach this one at."""
+    import ray
+
+    return ray.util.get_node_ip_address()
+
+
+def start_actor(replica: Replica, config: EngineConfig, addresses: core.Addresses) -> None:
+    import ray
+
+    cpus = (config.num_threads or 1) * config.tensor_parallel_size
+    actor_class = ray.remote(num_cpus=cpus)(core.CoreActor)
+    replica.actor = actor_class.options(name=f"zhuzi-engine-{replica.index}-{os.getpid()}").remote()
+    replica.run_ref = replica.actor.run.remote(config, replica.index, addresses)
+
+
+def watch_actors(replicas: list[Replica], closing: Callable[[], bool], gone: Callable[[Replica, str], None],
+                 name: Callable[[Replica], str]) -> None:
+    """Until closing(): tell gone(replica, why) as each actor's run() call returns (its loop ended) or fails
+    (the actor died). name(replica) says which engine core it is."""
+    import ray
+
+    pending = {r.run_ref: r for r in replicas}
+    while pending and not closing():
+        done, _ = ray.wait(list(pending), num_returns=1)
+        for ref in done:
+            replica = pending.pop(ref)
+            try:
+                ray.get(ref)
+                reason = f"{name(replica)} ended"
+            except Exception as exc:  # Ray's word for how the actor died
+                reason = f"{name(replica)} (Ray actor) died: {type(exc).__name__}"
+            if not closing():
+                gone(replica, reason)
+
+
+def end_actor(replica: Replica, wait: float) -> None:
+    """Give the actor's loop wait seconds to return, then kill the actor."""
+    import ray
+
+    try:
+        ray.get(replica.run_ref, timeout=wait)
+    except Exception:  # still running, or already dead: make sure
+        ray.kill(replica.actor)
