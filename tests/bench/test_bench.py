@@ -1,4 +1,5 @@
-"""The benchmark tools (`zhuzi bench offline | decode | structured | serve | polling`) run end to end on tiny settings.
+"""The benchmark tools (`zhuzi bench offline | decode | structured | serve | polling | scaling`) run end to end
+on tiny settings.
 
 They drive the real engine, real transformers and a real `zhuzi serve` subprocess; the figures
 are meaningless at this size, so the tests check that each report is complete and consistent.
@@ -13,6 +14,7 @@ import httpx
 import numpy as np
 import pytest
 
+from zhuzi.bench import collectives
 from zhuzi.bench.datasets import load_tokenizer, random_token_requests, read_sharegpt, sharegpt_conversations
 from zhuzi.bench.serve import chunk_content
 from zhuzi.cli import build_parser
@@ -29,11 +31,11 @@ def tokenizer():
     return load_tokenizer(None)
 
 
-def test_cli_lists_the_tools(capsys):
+def test_cli_lists_every_tool(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["bench", "--help"])
     help_text = capsys.readouterr().out
-    assert all(tool in help_text for tool in ("offline", "decode", "structured", "serve", "polling"))
+    assert all(tool in help_text for tool in ("offline", "decode", "structured", "serve", "polling", "scaling"))
 
 
 def test_random_prompts_are_seeded_in_range_and_free_of_control_tokens(tokenizer):
@@ -213,3 +215,29 @@ def test_serve_counts_refused_requests_as_failed(server_url):
                        "--disable-tqdm"])
     assert (report.completed, report.failed) == (0, 2)
     assert report.errors and report.errors[0].startswith("HTTP 400")
+
+
+def test_scaling_loads_each_setup_while_probing_the_front(tmp_path, capsys):
+    out = tmp_path / "scaling.json"
+    rows = run_tool(["bench", "scaling", "--setups", "engine-process", "--num-prompts", "2", "--max-concurrency", "2",
+                     "--input-len", "8", "--output-len", "4", "--serve-args=--kv-cache-memory 64MiB",
+                     "--json-out", str(out)])
+    assert [r.setup for r in rows] == ["engine-process"]
+    row = rows[0]
+    assert row.failed == 0 and row.output_tok_s > 0 and row.command.endswith("--kv-cache-memory 64MiB")
+    assert row.probes >= 2 and 0 < row.health_p50_ms <= row.health_p99_ms and 0 < row.models_p50_ms <= row.models_p99_ms
+    assert "| engine-process |" in capsys.readouterr().out
+    assert json.loads(out.read_text())["setups"][0]["tpot_p50_ms"] == pytest.approx(row.tpot_p50_ms)
+
+
+def test_scaling_refuses_an_unknown_setup():
+    with pytest.raises(SystemExit, match="unknown setup 'dp3'"):
+        run_tool(["bench", "scaling", "--setups", "dp3"])
+
+
+def test_collectives_time_two_gloo_ranks_and_a_layer_split_in_two():
+    report = collectives.measure(iterations=20)
+    assert report.all_reduce_bf16_p50_us > 0 and report.all_reduce_fp32_p50_us > 0
+    assert report.layer_whole_us > 0 and report.layer_rank0_us > 0
+    assert report.saved_us == pytest.approx(report.layer_whole_us - report.layer_rank0_us)
+    assert report.added_us == pytest.approx(2 * report.all_reduce_bf16_p50_us)

@@ -1,10 +1,12 @@
-"""Benchmark tools, `zhuzi bench offline | decode | structured | serve | polling`: they time the whole request path.
+"""Benchmark tools, `zhuzi bench offline | decode | structured | serve | polling | scaling`: they time the whole
+request path.
 
 offline:    many requests through LLM.generate, against Hugging Face transformers.
 decode:     one stream's prefill and decode speed against the memory-bandwidth roofline.
 structured: a batch's decode step with every row under a JSON schema, against none.
 serve:      an OpenAI-API load generator for any compatible server.
 polling:    serve's load with and without the inspector page's polling, side by side.
+scaling:    `zhuzi serve` in-process, with an engine process, 2 data-parallel replicas, TP=2, side by side.
 """
 from __future__ import annotations
 
@@ -20,14 +22,16 @@ TOOLS = {
     "structured": "the cost of structured output: a batch's decode step constrained vs free",
     "serve": "load-test an OpenAI-compatible server (TTFT, TPOT, ITL, end-to-end latency)",
     "polling": "what the inspector's polling costs: serve's load quiet vs polled, alternating on one server",
+    "scaling": "zhuzi serve's process layouts (engine process, data and tensor parallel) under one load",
 }
 
 
 def register(subparsers) -> None:
-    """Add `bench offline | decode | structured | serve | polling` to the zhuzi command line."""
+    """Add `bench offline | decode | structured | serve | polling | scaling` to the zhuzi command line."""
     bench = subparsers.add_parser("bench", help="run a benchmark", description=__doc__,
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-    tools = bench.add_subparsers(dest="bench_tool", required=True, metavar="{offline,decode,structured,serve,polling}")
+    tools = bench.add_subparsers(dest="bench_tool", required=True,
+                                 metavar="{offline,decode,structured,serve,polling,scaling}")
     for name, summary in TOOLS.items():
         # Each tool module imports its heavy dependencies (torch, transformers) only when it runs.
         module = importlib.import_module(f"zhuzi.bench.{name}")
