@@ -3,9 +3,9 @@
 
 Two local ranks (spawned, gloo, 1 thread each, as `--tensor-parallel-size 2` runs them) time an all-reduce of
 one token's hidden state (the default model's 576 wide, bf16 and fp32); a layer pays two of them (after O
-and after down). Against that: one layer's four matmuls for one token (QKV, O, gate/up, down; torch's
-linear in bf16), whole on one thread and rank 0's share under TP=2 (6 of 9 query heads and 2 of 3 KV heads,
-half the MLP): the compute TP takes off a rank's hands.
+and after down). Against that: one layer's four matmuls for one token (QKV, O, gate/up, down, bf16, through
+the engine's own Linear and its weight-streaming kernel), whole on one thread and rank 0's share under TP=2
+(6 of 9 query heads and 2 of 3 KV heads, half the MLP): the compute TP takes off a rank's hands.
 """
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-import torch.nn.functional as F
+
+from zhuzi.model.decoder import Linear
 
 HIDDEN, INTERMEDIATE, HEAD_DIM, Q_HEADS, KV_HEADS = 576, 1536, 64, 9, 3  # SmolLM2-135M's layer
 ITERATIONS = 2000
@@ -57,16 +58,14 @@ def _layer_us(q_heads: int, kv_heads: int, intermediate: int, iterations: int) -
     """Median time of one token through QKV, O, gate/up and down of that size (bf16)."""
     dtype = torch.bfloat16
     x = torch.randn(1, HIDDEN, dtype=dtype)
-    qkv = torch.randn((q_heads + 2 * kv_heads) * HEAD_DIM, HIDDEN, dtype=dtype)
-    o = torch.randn(HIDDEN, q_heads * HEAD_DIM, dtype=dtype)
-    gate_up = torch.randn(2 * intermediate, HIDDEN, dtype=dtype)
-    down = torch.randn(HIDDEN, intermediate, dtype=dtype)
+    qkv = Linear(torch.randn((q_heads + 2 * kv_heads) * HEAD_DIM, HIDDEN, dtype=dtype))
+    o = Linear(torch.randn(HIDDEN, q_heads * HEAD_DIM, dtype=dtype))
+    gate_up = Linear(torch.randn(2 * intermediate, HIDDEN, dtype=dtype))
+    down = Linear(torch.randn(HIDDEN, intermediate, dtype=dtype))
 
     def layer() -> None:
-        h = F.linear(x, qkv)
-        F.linear(h[:, :q_heads * HEAD_DIM], o)
-        g = F.linear(x, gate_up)
-        F.linear(g[:, :intermediate], down)
+        o(qkv(x)[:, :q_heads * HEAD_DIM].contiguous())
+        down(gate_up(x)[:, :intermediate].contiguous())
 
     return statistics.median(_times_us(layer, iterations))
 
@@ -114,7 +113,7 @@ def format_report(r: CollectiveReport) -> str:
         f"all-reduce [1, {HIDDEN}] over 2 gloo ranks: bf16 p50 {r.all_reduce_bf16_p50_us:.0f} us "
         f"(mean {r.all_reduce_bf16_mean_us:.0f}), fp32 p50 {r.all_reduce_fp32_p50_us:.0f} us "
         f"(mean {r.all_reduce_fp32_mean_us:.0f})",
-        f"one layer's matmuls, 1 token, bf16, 1 thread: whole {r.layer_whole_us:.0f} us, rank 0's TP=2 share "
-        f"{r.layer_rank0_us:.0f} us",
+        f"one layer's matmuls (zhuzi's Linear), 1 token, bf16, 1 thread: whole {r.layer_whole_us:.0f} us, "
+        f"rank 0's TP=2 share {r.layer_rank0_us:.0f} us",
         f"TP=2 per layer: saves {r.saved_us:.0f} us of compute, adds 2 all-reduces = {r.added_us:.0f} us (p50)",
     ])
