@@ -171,6 +171,11 @@ class Tokenizer:
         """Each id's token as the vocabulary writes it ("Ġworld")."""
         return list(map(self._token_strs.__getitem__, ids))
 
+    def warm(self) -> None:
+        """Build token_strs' table now (a server does as it loads): built on first use, it holds the GIL for
+        0.1-0.4 s in the middle of a request, and the event loop waits that long."""
+        self._token_strs  # noqa: B018 (a cached property: reading it builds it)
+
     @functools.cached_property
     def _token_strs(self) -> list[str]:
         # A table: converting a million ids one by one would hold the GIL for half a second.

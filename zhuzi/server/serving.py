@@ -151,6 +151,7 @@ class Server:
         vocab = engine.tokenizer.hf.get_vocab()
         self.reasoning = THINK_OPEN in vocab and THINK_CLOSE in vocab  # a thinking model's own tags
         self.added_tokens = set(engine.tokenizer.hf.get_added_vocab())
+        engine.tokenizer.warm()
         self.gateway.capacity = engine.config.max_num_seqs + self.config.max_waiting
         self.engine = engine
         stats = engine.stats()
