@@ -1,10 +1,11 @@
 """`zhuzi serve` runs the step loop in an engine-core process of its own: when that process dies, the server
 notices at once (/health 503, the streams in flight end with an error event) and exits 1 with a clear message.
-With tensor parallelism started torchrun-style, one `zhuzi serve` per rank, the ranks serve what one process
-computes."""
+With tensor parallelism, the ranks serve what one process computes, spawned by the engine core or started
+torchrun-style, one `zhuzi serve` per rank."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import signal
@@ -13,7 +14,7 @@ import sys
 import time
 
 import httpx
-from serving import engine_pids, free_port, running_server
+from serving import ServerProcess, engine_pids, free_port, running_server
 from test_lifecycle import stream_events
 
 from zhuzi import LLM, SamplingParams
@@ -55,18 +56,35 @@ def test_ranks_started_torchrun_style_serve_what_one_process_computes(tmp_path):
     """What the README says to run on each machine, here on one: `zhuzi serve` with RANK 1 follows, `zhuzi serve`
     with RANK 0 serves; the answer is TP=1's."""
     world = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2"}
-    args = ["--tensor-parallel-size", "2", "--dtype", "float32", "--num-threads", "1"]
     follower_env = {**os.environ, **world, "RANK": "1"}
-    follower = subprocess.Popen([sys.executable, "-m", "zhuzi.cli", "serve", "--kv-cache-memory", "64MiB", *args],
+    follower = subprocess.Popen([sys.executable, "-m", "zhuzi.cli", "serve", "--kv-cache-memory", "64MiB", *TP_ARGS],
                                 env=follower_env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     try:
-        with running_server(tmp_path / "rank0.log", *args, env={**world, "RANK": "0"}) as server:
-            body = {"prompt": PROMPT, "max_tokens": 24, "temperature": 0, "ignore_eos": True}
-            answer = httpx.post(server.url + "/v1/completions", json=body, timeout=120).json()
-            text = answer["choices"][0]["text"]
+        with running_server(tmp_path / "rank0.log", *TP_ARGS, env={**world, "RANK": "0"}) as server:
+            text = greedy_text(server)
         assert follower.wait(timeout=30) == 0  # rank 0 told it to stop
     finally:
         follower.kill()
+    assert text == one_process_text()
+
+
+def test_ranks_the_engine_core_spawns_serve_what_one_process_computes(tmp_path):
+    """`zhuzi serve --tensor-parallel-size 2` on one machine: the engine-core process starts rank 1 itself."""
+    with running_server(tmp_path / "tp.log", *TP_ARGS) as server:
+        text = greedy_text(server)
+        assert greedy_text(server) == text  # the ranks stay in step from one request to the next
+    assert text == one_process_text()
+
+
+TP_ARGS = ["--tensor-parallel-size", "2", "--dtype", "float32", "--num-threads", "1"]
+
+
+def greedy_text(server: ServerProcess) -> str:
+    body = {"prompt": PROMPT, "max_tokens": 24, "temperature": 0, "ignore_eos": True}
+    return httpx.post(server.url + "/v1/completions", json=body, timeout=120).json()["choices"][0]["text"]
+
+
+@functools.cache
+def one_process_text() -> str:
     llm = LLM(dtype="float32", kv_cache_memory="32MiB")
-    assert text == llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))[0] \
-        .outputs[0].text
+    return llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))[0].outputs[0].text

@@ -7,6 +7,8 @@ GETs /health and /v1/models in turn every 10 ms: the front's latency while the e
 
   in-process      the step loop in a thread of the server's process (--no-engine-process)
   engine-process  the step loop in an engine-core process of its own (the default)
+  in-process-1t   in-process with 1 thread: against tp1-1t, the engine process's cost alone (on a busy
+                  machine 2 OpenMP threads can run many times slower than 1)
   dp2-mp          --data-parallel-size 2: two engine-core processes, the cores split between them
   dp2-ray         the same two as Ray actors on a local Ray (started by the server)
   tp1-1t          one engine core with 1 thread: the reference for tp2 (one rank's share of the cores)
@@ -35,6 +37,7 @@ from zhuzi.bench import serve as serve_bench
 SETUPS = {
     "in-process": ["--no-engine-process"],
     "engine-process": [],
+    "in-process-1t": ["--no-engine-process", "--num-threads", "1"],
     "dp2-mp": ["--data-parallel-size", "2"],
     "dp2-ray": ["--data-parallel-size", "2", "--data-parallel-backend", "ray"],
     "tp1-1t": ["--num-threads", "1"],

@@ -237,9 +237,9 @@ def serve(config: EngineConfig, replica: int, addresses: Addresses, watched: lis
         outputs.send(encode(Ready(replica, os.getpid(), str(engine.model_path), engine.model_name,
                                   engine.model_config.vocab_size, engine.max_model_len, engine.eos_ids,
                                   engine.stats())))
-        core = EngineCore(engine, replica, commands, outputs,
-                          watched + [(p.sentinel, f"tensor-parallel rank {p.rank} has exited") for p in engine.workers])
         try:
+            core = EngineCore(engine, replica, commands, outputs,
+                              watched + [(p.sentinel, f"{p.name} has exited") for p in engine.workers])
             if (reason := core.run()) is not None:
                 log.error("replica %d: %s; the engine core stops", replica, reason)
                 outputs.send(encode(Failed(replica, reason)))
