@@ -1,15 +1,18 @@
 """The process boundary: an engine core in a process of its own streams what the in-process engine computes,
-token for token; an abort lands before its next step; a refusal reaches its request alone."""
+token for token, and reads what it reads (the inspector's probes and snapshots); an abort lands before its
+next step; a refusal reaches its request alone."""
 from __future__ import annotations
 
 import asyncio
 
 import msgspec
 import pytest
+import torch
 
 from zhuzi import LLM, SamplingParams
 from zhuzi.config import EngineConfig, ParallelConfig
 from zhuzi.engine.core_client import EngineClient
+from zhuzi.engine.sequence import Probe
 from zhuzi.sampling_params import InvalidRequest, StructuredOutputError, StructuredOutputsParams
 
 CONFIG = EngineConfig(dtype="float32", kv_cache_memory="64MiB")  # fp32: batch-invariant
@@ -113,3 +116,25 @@ def test_a_command_the_engine_core_cannot_read_leaves_it_serving(client):
     text, outs = asyncio.run(collect(client, "Hi", SamplingParams(temperature=0, max_tokens=4), "after"))
     assert outs[-1].finished and text
     assert client.health(60) is None
+
+
+def test_probes_and_snapshots_read_what_the_in_process_engine_reads(client):
+    """The inspector's calls cross too: a probe's raw logits and logit lens (a tensor on the wire), a snapshot of
+    the pool and the recent steps."""
+    llm = LLM(**vars(CONFIG))
+    ids = llm.engine.tokenizer.encode("The capital of France is")
+    llm.engine.add_probe("here", ids, Probe(lens_top=3))
+    outs = [out for step in iter(llm.engine.step, []) for out in step]
+    want = next(out for out in outs if out.finished).inspection
+
+    async def main():
+        reading = await client.probe(ids, Probe(lens_top=3), "there")
+        return reading, await client.snapshot(8)
+
+    reading, snapshot = asyncio.run(main())
+    got = reading.inspection
+    assert got.logits.dtype == torch.float32 and got.logits.shape == want.logits.shape
+    assert torch.allclose(got.logits, want.logits, atol=1e-4)
+    assert [layer.token_ids for layer in got.lens] == [layer.token_ids for layer in want.lens]
+    assert snapshot.stats.num_blocks == client.stats().num_blocks and snapshot.model == llm.engine.model_config
+    assert snapshot.steps and snapshot.steps[-1].prefill_tokens + snapshot.steps[-1].decode_tokens > 0

@@ -19,11 +19,13 @@ import signal
 from dataclasses import dataclass, field, replace
 
 import msgspec
+import torch
 import zmq
 
 from zhuzi.config import EngineConfig
 from zhuzi.engine.engine import Engine
-from zhuzi.outputs import EngineStats, RequestOutput
+from zhuzi.engine.sequence import Probe
+from zhuzi.outputs import EngineSnapshot, EngineStats, RequestOutput
 from zhuzi.sampling_params import InvalidRequest, SamplingParams, StructuredOutputError
 
 log = logging.getLogger("zhuzi")
@@ -49,6 +51,19 @@ class AddRequest(msgspec.Struct, tag=True):
         return cls(request_id, prompt_token_ids, params)
 
 
+class AddProbe(msgspec.Struct, tag=True):
+    """An inspection (the inspector's next-token logits, logit lens), batched with everyone's tokens."""
+
+    request_id: str
+    token_ids: list[int]
+    probe: Probe
+
+
+class Snapshot(msgspec.Struct, tag=True):
+    request_id: str  # the call's, for the answer
+    num_steps: int
+
+
 class Abort(msgspec.Struct, tag=True):
     request_id: str
 
@@ -57,7 +72,7 @@ class Shutdown(msgspec.Struct, tag=True):
     pass
 
 
-Command = AddRequest | Abort | Shutdown
+Command = AddRequest | AddProbe | Snapshot | Abort | Shutdown
 
 
 # ---------------------------------------------------------------- engine core -> front
@@ -119,11 +134,31 @@ class Failed(msgspec.Struct, tag=True):
     user_error: bool = False  # a bad path or option (ValueError, OSError): the user's to fix
 
 
-Message = Ready | Outputs | Failed
+class SnapshotTaken(msgspec.Struct, tag=True):
+    replica: int
+    request_id: str
+    snapshot: EngineSnapshot
 
-encode = msgspec.msgpack.Encoder().encode
+
+Message = Ready | Outputs | SnapshotTaken | Failed
+
+
+def _encode_tensor(obj: object) -> bytes:
+    """An inspection's logits: float32 bytes (the only tensor that crosses)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", torch.float32).contiguous().numpy().tobytes()
+    raise NotImplementedError(f"{type(obj).__name__} does not cross the process boundary")
+
+
+def _decode_tensor(kind: type, obj: object) -> object:
+    if kind is torch.Tensor and isinstance(obj, bytes):
+        return torch.frombuffer(bytearray(obj), dtype=torch.float32)
+    raise NotImplementedError(f"{kind} does not cross the process boundary")
+
+
+encode = msgspec.msgpack.Encoder(enc_hook=_encode_tensor).encode
 decode_command = msgspec.msgpack.Decoder(Command).decode
-decode_message = msgspec.msgpack.Decoder(Message).decode
+decode_message = msgspec.msgpack.Decoder(Message, dec_hook=_decode_tensor).decode
 
 
 @dataclass
@@ -184,8 +219,15 @@ class EngineCore:
                 if (out := self.engine.abort(command.request_id)) is not None:
                     self._news.append(out)
                 continue
+            if isinstance(command, Snapshot):
+                taken = SnapshotTaken(self.replica, command.request_id, self.engine.snapshot(command.num_steps))
+                self.outputs.send(encode(taken))
+                continue
             try:
-                self.engine.add_request(command.request_id, command.prompt_token_ids, command.params)
+                if isinstance(command, AddProbe):
+                    self.engine.add_probe(command.request_id, command.token_ids, command.probe)
+                else:
+                    self.engine.add_request(command.request_id, command.prompt_token_ids, command.params)
             except ValueError as exc:  # InvalidRequest among them
                 self._refused.append(Refused.of(command.request_id, exc))
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import logging
 import shutil
 import signal
@@ -30,8 +31,9 @@ from zhuzi.engine.async_engine import AsyncEngine, EngineDead, Stream
 from zhuzi.engine.engine import check_token_ids
 from zhuzi.engine.placement import Replica, default_threads
 from zhuzi.engine.router import PrefixRouter
+from zhuzi.engine.sequence import Probe
 from zhuzi.engine.structured import GrammarCompiler
-from zhuzi.outputs import EngineStats, RequestError, RequestOutput
+from zhuzi.outputs import EngineSnapshot, EngineStats, RequestError, RequestOutput
 from zhuzi.sampling_params import SamplingParams, StructuredOutputsParams
 from zhuzi.tokenizer import Tokenizer
 
@@ -61,6 +63,7 @@ class EngineClient:
         self._streams: dict[str, Stream] = {}
         self._prompts: dict[str, list[int]] = {}  # the prompt of each request in flight (not sent back)
         self._where: dict[str, Replica] = {}
+        self._snapshot_ids = itertools.count()
         self._failure: str | None = None  # why the whole engine can run nothing more
         self._closing = False
         self._context = zmq.Context()
@@ -181,6 +184,11 @@ class EngineClient:
 
     def _handle(self, message: core.Message) -> None:
         replica = self.replicas[message.replica]
+        if isinstance(message, core.SnapshotTaken):
+            with self._lock:
+                self._where.pop(message.request_id, None)
+            self._deliver(message.request_id, message.snapshot)
+            return
         if isinstance(message, core.Failed):
             if replica.ready is None:  # it never loaded: the whole start fails
                 replica.load_error = (ValueError if message.user_error else RuntimeError)(message.reason)
@@ -211,7 +219,7 @@ class EngineClient:
         if (replica := self._where.pop(request_id, None)) is not None:
             replica.requests.discard(request_id)
 
-    def _deliver(self, request_id: str, item: RequestOutput | Exception) -> None:
+    def _deliver(self, request_id: str, item: RequestOutput | EngineSnapshot | Exception) -> None:
         stream = self._streams.get(request_id)
         if stream is not None:
             stream.loop.call_soon_threadsafe(stream.queue.put_nowait, item)
@@ -222,7 +230,7 @@ class EngineClient:
             if replica.failure is not None:
                 return
             replica.failure = reason
-            lost = list(replica.requests)
+            lost = [request_id for request_id, where in self._where.items() if where is replica]
             for request_id in lost:
                 self._forget(request_id)
             self.router.forget(replica.index)
@@ -286,22 +294,56 @@ class EngineClient:
                        request_id: str) -> AsyncIterator[RequestOutput]:
         """Yields deltas until the request finishes; closing the iterator aborts the request. A request the
         engine failed raises RequestError; EngineDead once its replica (or the whole engine) is gone."""
+        ids = prompt if isinstance(prompt, list) else self.tokenizer.encode_prompt(prompt)
+        stream = self._submit(request_id, ids, core.encode(core.AddRequest.of(request_id, ids, params)))
+        async for out in self._read_stream(request_id, stream):
+            yield out
+
+    async def probe(self, token_ids: list[int], probe: Probe, request_id: str) -> RequestOutput:
+        """An inspection through a replica's step loop (the one caching most of the context): its final
+        output, whose .inspection holds the reading. Cancelling the caller aborts it in the engine."""
+        stream = self._submit(request_id, token_ids, core.encode(core.AddProbe(request_id, token_ids, probe)))
+        last = None
+        async for out in self._read_stream(request_id, stream):
+            last = out
+        if last is None or last.inspection is None:
+            raise RequestError("the inspection ended without a reading (aborted)")
+        return last
+
+    async def snapshot(self, num_steps: int) -> EngineSnapshot:
+        """The first live replica's state, taken between two of its steps."""
+        request_id = f"snapshot-{next(self._snapshot_ids)}"
+        stream = self._submit(request_id, [], core.encode(core.Snapshot(request_id, num_steps)), track=False)
+        try:
+            item = await stream.queue.get()
+        finally:
+            self._streams.pop(request_id, None)
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+    def _submit(self, request_id: str, ids: list[int], command: bytes, track: bool = True) -> Stream:
+        """Send an encoded command to the replica the router picks for ids; the stream its answers go to.
+        track: the replica counts it as a request in flight (a snapshot is answered at once)."""
         if self._failure is not None:
             raise EngineDead(self._failure)
-        ids = prompt if isinstance(prompt, list) else self.tokenizer.encode_prompt(prompt)
-        command = core.encode(core.AddRequest.of(request_id, ids, params))
         stream = Stream(asyncio.get_running_loop(), asyncio.Queue())
         with self._lock:
             load = {r.index: len(r.requests) for r in self.replicas if r.failure is None}
             if not load:
                 raise EngineDead(self._last_failure())
-            replica = self.replicas[self.router.pick(ids, load) if len(load) > 1 else next(iter(load))]
-            if not replica.requests:
-                replica.heartbeat = time.monotonic()  # it was idle: its silence so far is no stall
-            replica.requests.add(request_id)
-            self._where[request_id], self._prompts[request_id] = replica, ids
+            replica = self.replicas[self.router.pick(ids, load) if len(load) > 1 and ids else min(load)]
+            if track:
+                if not replica.requests:
+                    replica.heartbeat = time.monotonic()  # it was idle: its silence so far is no stall
+                replica.requests.add(request_id)
+                self._prompts[request_id] = ids
+            self._where[request_id] = replica
             self._streams[request_id] = stream
         replica.send(command)
+        return stream
+
+    async def _read_stream(self, request_id: str, stream: Stream) -> AsyncIterator[RequestOutput]:
         finished = False
         try:
             while not finished:
