@@ -33,7 +33,9 @@ from zhuzi.server import protocol as p
 from zhuzi.server import responses as r
 from zhuzi.server.gateway import GatewayError, retry_after_header
 from zhuzi.server.serving import ApiError, Server, failure_info
+from zhuzi.server.serving_completions import Completions
 from zhuzi.server.serving_inspect import Inspector
+from zhuzi.server.serving_tokenize import Tokenization
 from zhuzi.server.streams import ClientGone
 
 ModelT = TypeVar("ModelT", bound=pydantic.BaseModel)
@@ -175,7 +177,7 @@ def create_app(engine: ServingEngine | Callable[[], ServingEngine], server_confi
     thread).
     on_failure hears why the server cannot go on (the model failed to load, the engine failed)."""
     server = Server(engine, server_config or ServerConfig(), on_failure)
-    inspector = Inspector(server)
+    generations, tokenization, inspector = Completions(server), Tokenization(server), Inspector(server)
     config = server.config
 
     @contextlib.asynccontextmanager
@@ -210,12 +212,12 @@ def create_app(engine: ServingEngine | Callable[[], ServingEngine], server_confi
     @app.post("/v1/chat/completions", **_documented(p.ChatCompletionRequest, r.ChatCompletionResponse,
                                                      (*_BODY_ERRORS, 500), r.ChatCompletionChunk))
     async def chat_completions(request: Request) -> Response:
-        return await generation(request, p.ChatCompletionRequest, server.chat)
+        return await generation(request, p.ChatCompletionRequest, generations.chat)
 
     @app.post("/v1/completions", **_documented(p.CompletionRequest, r.CompletionResponse, (*_BODY_ERRORS, 500),
                                                r.CompletionResponse))
     async def completions(request: Request) -> Response:
-        return await generation(request, p.CompletionRequest, server.completions)
+        return await generation(request, p.CompletionRequest, generations.completions)
 
     @app.get("/v1/models", **_documented(None, r.ModelList, (401, 503)))
     async def models(request: Request) -> Response:
@@ -225,11 +227,11 @@ def create_app(engine: ServingEngine | Callable[[], ServingEngine], server_confi
 
     @app.post("/tokenize", **_documented(p.TokenizeRequest, r.TokenizeResponse, _BODY_ERRORS))
     async def tokenize(request: Request) -> Response:
-        return await server.tokenize(*await admitted(request, p.TokenizeRequest))
+        return await tokenization.tokenize(*await admitted(request, p.TokenizeRequest))
 
     @app.post("/detokenize", **_documented(p.DetokenizeRequest, r.DetokenizeResponse, _BODY_ERRORS))
     async def detokenize(request: Request) -> Response:
-        return await server.detokenize(*await admitted(request, p.DetokenizeRequest))
+        return await tokenization.detokenize(*await admitted(request, p.DetokenizeRequest))
 
     @app.get("/", include_in_schema=False)
     async def page() -> Response:

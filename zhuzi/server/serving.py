@@ -1,15 +1,11 @@
-"""The serving logic of each endpoint, between the HTTP routes and the engine.
+"""The server's shared serving machinery, between the HTTP routes and the engine.
 
-A request is checked (model name, sampling fields; the engine checks the rest), its prompt rendered
-by the chat template and tokenized in a worker thread (so that no prompt, however long, holds up the
-event loop), admitted by the gateway, handed to the async engine as one stream per prompt, and its
-deltas collected into one response or streamed as SSE chunks. However it ends, close() aborts what
-still runs and frees its place.
-
-An output constraint (response_format, structured_outputs, guided_*, or the grammar of tool calls,
-see tools.py) is compiled in a worker thread before anything is queued, so a bad schema is a 400
-naming the field the client sent. Under a constraint a thinking model answers without a thought:
-the grammar holds from the first token, so the template is asked for none (enable_thinking=false).
+Every endpoint family has its module (serving_completions.py, serving_tokenize.py, serving_inspect.py);
+what they share is here: the errors, rendering a chat (in a worker thread, so that no prompt, however
+long, holds up the event loop; under an output constraint a thinking model is asked for no thought, since
+the grammar holds from the first token), and generate(): admitted by the gateway, handed to the engine as
+one stream per prompt, its deltas collected into one response or streamed as SSE chunks. However it
+ends, close() aborts what still runs and frees its place.
 
 The server's own life: it loads the model, serves, and on shutdown drains (new requests get 503; the
 running ones may finish until a deadline, then end with finish_reason "abort"). It watches the engine
@@ -20,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import logging
 import os
 import sys
@@ -42,12 +37,12 @@ from zhuzi.outputs import EngineStats, RequestError, RequestOutput
 from zhuzi.sampling_params import InvalidRequest, SamplingParams
 from zhuzi.server import protocol as p
 from zhuzi.server import responses as r
-from zhuzi.server.formats import ChatFormat, CompletionFormat, Format, Generation, PromptState, sse
+from zhuzi.server.formats import Format, Generation, PromptState, sse
 from zhuzi.server.gateway import Admission, Gateway
 from zhuzi.server.metrics import ServerMetrics
 from zhuzi.server.parsers import THINK_CLOSE, THINK_OPEN, OutputParser, opened_thought
 from zhuzi.server.streams import ClosingStreamingResponse, first_outputs, merge_streams, until_disconnect
-from zhuzi.server.tools import chat_constraints, template_renders_tools, with_generic_tools
+from zhuzi.server.tools import template_renders_tools, with_generic_tools
 from zhuzi.tokenizer import message_text
 
 T = TypeVar("T")
@@ -80,19 +75,6 @@ def json_response(body: pydantic.BaseModel) -> Response:
     return Response(body.model_dump_json(), media_type="application/json")
 
 
-def sliced_json(body: pydantic.BaseModel) -> str:
-    """body's JSON with each list written in slices, so that no single call holds the GIL for long (a /tokenize
-    answer may list a million tokens): the event loop and the engine get their turns between the slices. For
-    flat models of JSON values, as TokenizeResponse is."""
-    def value(item: object) -> str:
-        if not isinstance(item, list):
-            return json.dumps(item, ensure_ascii=False)
-        slices = (json.dumps(item[i:i + JSON_SLICE], ensure_ascii=False)[1:-1] for i in range(0, len(item), JSON_SLICE))
-        return "[" + ",".join(slices) + "]"
-
-    return "{" + ",".join(f"{json.dumps(name)}:{value(item)}" for name, item in body) + "}"
-
-
 def _lower_priority() -> None:
     """The tokenizing threads yield the CPU to the engine's, so a long prompt does not slow running streams."""
     if sys.platform == "linux":  # where a thread has a nice value of its own
@@ -118,7 +100,6 @@ ABORT_GRACE_S = 5.0
 # Threads that render and tokenize prompts: a few long prompts must not queue everyone else's behind them.
 TOKENIZER_THREADS = 8
 WORKER_NICENESS = 10  # the engine's threads get ~10x their CPU share when both want it
-JSON_SLICE = 1 << 15  # list items one json.dumps call writes (a few ms)
 WATCH_PERIOD_S = 0.5
 
 
@@ -254,36 +235,6 @@ class Server:
             raise ApiError(404, f"The model {model!r} does not exist; this server serves {self.model_name!r}.",
                            param="model", code="model_not_found")
 
-    @staticmethod
-    def sampling_params(body: p.ChatCompletionRequest | p.CompletionRequest,
-                        constraint: p.Constraint | None = None) -> SamplingParams:
-        try:
-            return body.to_sampling_params(constraint.params if constraint else None)
-        except InvalidRequest as exc:
-            raise ApiError.of(exc) from exc
-
-    def constraints(self, body: p.ChatCompletionRequest | p.CompletionRequest) -> tuple[list[p.Constraint], bool]:
-        """The output constraints to compile, the last one the reply's, and whether it is only tool calls."""
-        try:
-            if isinstance(body, p.ChatCompletionRequest):
-                return chat_constraints(body, self.added_tokens)
-            constraint = body.constraint()
-            return [constraint] if constraint else [], False
-        except InvalidRequest as exc:
-            raise ApiError.of(exc) from exc
-
-    async def check_constraints(self, constraints: list[p.Constraint]) -> None:
-        for constraint in constraints:
-            try:
-                await self.ready().check_structured_output(constraint.params)
-            except InvalidRequest as exc:
-                raise ApiError.of(constraint.rename(exc)) from exc
-
-    @staticmethod
-    def log_user(request_id: str, body: p.SamplingRequest) -> None:
-        if body.user is not None:  # OpenAI's end-user id: what an operator needs to trace abuse
-            log.info("%s for user %r", request_id, body.user)
-
     # -- generation
 
     async def generate(self, request: Request, key: str, prompts: list[list[int]], params: SamplingParams,
@@ -390,93 +341,6 @@ class Server:
             raise ApiError(400, "chat_template_kwargs.enable_thinking: a constrained reply cannot think",
                            param="chat_template_kwargs.enable_thinking")
         return kwargs
-
-    @staticmethod
-    def completion_prompts(engine: ServingEngine, prompts: list[str | list[int]]) -> tuple[list[str], list[list[int]]]:
-        """Each prompt's text and ids (echo and logprobs show the prompt's tokens)."""
-        tokenizer = engine.tokenizer
-        try:
-            for prompt in prompts:
-                if not isinstance(prompt, str):
-                    engine.check_token_ids(prompt, "prompt")
-        except InvalidRequest as exc:
-            raise ApiError.of(exc) from exc
-        texts = [x if isinstance(x, str) else tokenizer.decode(x, skip_special_tokens=False) for x in prompts]
-        return texts, [tokenizer.encode_prompt(x) for x in prompts]
-
-    # -- endpoints
-
-    async def chat(self, request: Request, key: str, body: p.ChatCompletionRequest) -> Response:
-        self.check_model(body.model)
-        constraints, forced = self.constraints(body)
-        constraint = constraints[-1] if constraints else None
-        params = self.sampling_params(body, constraint)
-        ids, prefill = await self.in_worker(self.render_chat, body, constraint)
-        await self.check_constraints(constraints)
-        fmt = ChatFormat(r.new_id("chatcmpl"), self.model_name, body, ids, self.ready().tokenizer.bytes_of)
-        self.log_user(fmt.request_id, body)
-        tools, max_calls = body.parse_tool_calls, None if body.parallel_tool_calls else 1
-
-        def new_parser() -> OutputParser:
-            return OutputParser(reasoning=self.reasoning, tools=tools, prefill=prefill, forced=forced,
-                                max_calls=max_calls)
-
-        return await self.generate(request, key, [ids], params, fmt, new_parser, body.stream, body.include_usage_chunk)
-
-    async def completions(self, request: Request, key: str, body: p.CompletionRequest) -> Response:
-        self.check_model(body.model)
-        constraints, _ = self.constraints(body)
-        params = self.sampling_params(body, constraints[-1] if constraints else None)
-        await self.check_constraints(constraints)
-        engine = self.ready()
-        tokenizer = engine.tokenizer
-        texts, prompt_ids = await self.in_worker(self.completion_prompts, engine, body.prompts())
-
-        def decode(token_id: int) -> str:
-            return tokenizer.decode([token_id], skip_special_tokens=False)
-
-        fmt = CompletionFormat(r.new_id("cmpl"), self.model_name, body, texts, prompt_ids, decode)
-        self.log_user(fmt.request_id, body)
-
-        def new_parser() -> OutputParser:
-            return OutputParser(reasoning=False, tools=False)
-
-        return await self.generate(request, key, prompt_ids, params, fmt, new_parser, body.stream,
-                                   body.include_usage_chunk)
-
-    async def tokenize(self, key: str, body: p.TokenizeRequest) -> Response:
-        self.check_model(body.model)
-        engine = self.ready()
-
-        def tokenize() -> tuple[int, Response]:
-            if body.messages is not None:
-                ids = self.render_chat(body)[0]
-            else:
-                ids = engine.tokenizer.encode_prompt(body.prompt or "")
-            answer = r.TokenizeResponse.model_construct(  # built here: no need to validate a million items
-                tokens=ids, token_strs=engine.tokenizer.token_strs(ids), count=len(ids),
-                max_model_len=engine.max_model_len)
-            return len(ids), Response(sliced_json(answer), media_type="application/json")
-
-        count, response = await self.in_worker(tokenize)
-        self.gateway.charge_tokens(key, count)
-        return response
-
-    async def detokenize(self, key: str, body: p.DetokenizeRequest) -> Response:
-        self.check_model(body.model)
-        engine = self.ready()
-
-        def detokenize() -> Response:
-            try:
-                engine.check_token_ids(body.tokens, "tokens")
-            except InvalidRequest as exc:
-                raise ApiError.of(exc) from exc
-            return json_response(r.DetokenizeResponse(prompt=engine.tokenizer.decode(body.tokens,
-                                                                                     skip_special_tokens=False)))
-
-        response = await self.in_worker(detokenize)
-        self.gateway.charge_tokens(key, len(body.tokens))
-        return response
 
     def models(self) -> r.ModelList:
         engine = self.ready()
