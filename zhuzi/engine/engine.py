@@ -85,7 +85,8 @@ class Engine:
         self.max_model_len = config.max_model_len or ckpt.config.max_position_embeddings
         self.eos_ids = list(ckpt.config.eos_token_ids)
         model = Decoder(ckpt.config, ckpt.tensors, config.device, config.quantization,
-                        max_positions=max(self.max_model_len, ckpt.config.max_position_embeddings))
+                        max_positions=max(self.max_model_len, ckpt.config.max_position_embeddings),
+                        fused_decode=config.fused_decode)
         self.kv_plan = plan = config.kv_plan(ckpt.config)
         if plan.num_blocks < 1:
             raise ValueError(f"kv_cache_memory {config.kv_cache_memory} holds no KV block")

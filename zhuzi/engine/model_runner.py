@@ -94,19 +94,25 @@ class ModelRunner:
             if s.samples:
                 sample_rows.append(row + n - 1)
         meta = self._metadata(batch, slot_mapping)
+        ids, positions = self._tensor(input_ids), self._tensor(positions)
         sampling = [s for s in batch if s.samples]
         lens = [k for k, s in enumerate(sampling) if s.seq.probe is not None and s.seq.probe.lens_top]
         tap = LayerTap(self._tensor([sample_rows[k] for k in lens])) if lens else None
-        hidden = self.model.forward(self._tensor(input_ids), self._tensor(positions), meta, self.kv_cache, tap)
+        # A step of decodes only (each samples its next token) can run as one fused call; a layer tap needs
+        # the per-layer path.
+        fusable = tap is None and not prompt_rows and len(sampling) == len(batch) == meta.num_decode_tokens
+        logits = self.model.decode_step(ids, positions, meta, self.kv_cache) if fusable else None
         result = StepResult()
-        for s, row in prompt_rows:
-            try:
-                result.prompt_logprobs[s.seq.seq_id] = self._prompt_logprobs(s, hidden[row:])
-            except Exception as exc:
-                result.failed.append((s, exc))
-        if not sampling:
-            return result
-        logits = self.model.logits(hidden[self._tensor(sample_rows)])
+        if logits is None:
+            hidden = self.model.forward(ids, positions, meta, self.kv_cache, tap)
+            for s, row in prompt_rows:
+                try:
+                    result.prompt_logprobs[s.seq.seq_id] = self._prompt_logprobs(s, hidden[row:])
+                except Exception as exc:
+                    result.failed.append((s, exc))
+            if not sampling:
+                return result
+            logits = self.model.logits(hidden[self._tensor(sample_rows)])
         probes = [k for k, s in enumerate(sampling) if s.seq.probe is not None]
         if probes:
             self._inspect(result, sampling, logits, probes, lens, tap)

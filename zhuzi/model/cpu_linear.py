@@ -1,4 +1,7 @@
-"""Small-batch linear layers on CPU (model runner -> every projection of a decode step).
+"""Linear layers on CPU through native kernels (model runner -> every projection of a step).
+
+small_m_linear: dense bf16 / float32 / int8 weights against a decode batch of M <= 8 rows.
+tiled_linear: the 4-bit and 8-bit tiles of quant.py against any number of bf16 rows.
 
 A decode step multiplies a handful of rows (one per running request) by every
 weight matrix once, so its time is the time to stream the weights from memory.
@@ -12,8 +15,13 @@ Output rows are split over torch's OpenMP threads. The arithmetic of one output
 value depends only on its input row and weight row, never on M or the thread
 count, so a request's logits are the same bits alone or in a small batch.
 
-The kernel (kernels/small_m_linear.cpp) is compiled on first use for this very CPU and loaded by native.py;
-without a compiler, and for shapes it does not serve, the caller's torch path runs.
+The tiled kernel (kernels/tiled_linear.cpp, loops in kernels/tiles.h) streams each 16-row block of
+tiles once per 8 input rows, turning codes into bf16 in registers: at one row it reads int4 weights at
+close to memory speed, and for prefill it does the same vdpbf16ps work as a bf16 GEMM without ever
+materialising bf16 weights. Results are batch-invariant in the same way.
+
+The kernels (kernels/*.cpp) are compiled on first use for this very CPU and loaded by native.py;
+without a compiler, and for shapes they do not serve, the caller's torch path runs.
 """
 from __future__ import annotations
 
@@ -69,4 +77,43 @@ def small_m_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | 
     status = fn(_WEIGHTS[weight.dtype], int(x.dtype == torch.bfloat16), x.data_ptr(), weight.data_ptr(),
                 scale.data_ptr() if scale is not None else None, scale_bf16,
                 y.data_ptr(), x.shape[0], weight.shape[0], x.shape[1], torch.get_num_threads())
+    return y if status == 0 else None
+
+
+@functools.cache
+def _tiled_kernel():
+    lib = native.load("tiled_linear")
+    if lib is None:
+        return None
+    fn = lib.zhuzi_tiled_linear
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+    return fn
+
+
+TILE_FORMATS = {"q4": 0, "q8": 1}
+
+
+@functools.cache
+def tiled_linear_available() -> bool:
+    """Whether this CPU and compiler serve tiled weights (AVX512-BF16 and VBMI)."""
+    fn = _tiled_kernel()
+    if fn is None:
+        return False
+    x, y = torch.zeros(1, 32, dtype=torch.bfloat16), torch.empty(1, 16, dtype=torch.bfloat16)
+    w = torch.zeros(1, 1, 544, dtype=torch.uint8)
+    return fn(1, x.data_ptr(), w.data_ptr(), y.data_ptr(), 1, 16, 32, 1) == 0
+
+
+def tiled_linear(x: torch.Tensor, tiles: torch.Tensor, fmt: str, out_features: int) -> torch.Tensor | None:
+    """y = x @ W^T for W packed as quant.py's `fmt` tiles ("q4" or "q8"); x: [M, K] bf16 on CPU.
+    Returns [M, out_features] bf16, or None when the kernel does not serve the call."""
+    fn = _tiled_kernel()
+    if fn is None or not (x.is_cpu and x.dtype == torch.bfloat16 and x.dim() == 2 and x.shape[0] > 0
+                          and x.shape[1] == tiles.shape[1] * 32):
+        return None
+    x = x.contiguous()
+    y = torch.empty(x.shape[0], out_features, dtype=torch.bfloat16)
+    status = fn(TILE_FORMATS[fmt], x.data_ptr(), tiles.data_ptr(), y.data_ptr(), x.shape[0], out_features,
+                x.shape[1], torch.get_num_threads())
     return y if status == 0 else None

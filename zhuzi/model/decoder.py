@@ -12,49 +12,9 @@ import torch.nn.functional as F
 
 from zhuzi.config import ModelConfig
 from zhuzi.model.attention import AttentionMetadata, paged_attention
-from zhuzi.model.cpu_linear import small_m_linear
+from zhuzi.model.fused import FusedDecode
 from zhuzi.model.layers import Rotary, apply_rotary, rms_norm
-
-
-class Linear:
-    """y = x W^T + b with W kept in the compute dtype."""
-
-    scale: torch.Tensor | None = None
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
-        self.weight, self.bias = weight.contiguous(), bias
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, x.shape[-1])
-        # Decode batches of a few rows are a weight-streaming problem: the kernel reads W at close to
-        # memory speed, where torch's GEMV reaches half of it. float32 stays on torch: the reference.
-        y = small_m_linear(flat, self.weight, self.scale) if x.dtype != torch.float32 else None
-        if y is None:
-            y = self._matmul(flat)
-        elif self.bias is not None:
-            y = y + self.bias
-        return y.view(*x.shape[:-1], -1)
-
-    def _matmul(self, flat: torch.Tensor) -> torch.Tensor:
-        return F.linear(flat, self.weight, self.bias)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(t.nbytes for t in (self.weight, self.bias, self.scale) if t is not None)
-
-
-class Int8Linear(Linear):
-    """Weight-only int8: one scale per output channel, quantized at load (halves decode's reads)."""
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
-        w = weight.float()
-        scale = w.abs().amax(dim=1).clamp(min=1e-8) / 127
-        self.weight = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
-        self.scale, self.bias = scale.to(weight.dtype), bias
-
-    def _matmul(self, flat: torch.Tensor) -> torch.Tensor:
-        y = torch._weight_int8pack_mm(flat, self.weight, self.scale)
-        return y + self.bias if self.bias is not None else y
+from zhuzi.model.linear import FORMATS, QUANTIZATIONS, Linear, make_linear
 
 
 @dataclass
@@ -84,34 +44,35 @@ def _fuse(tensors: dict[str, torch.Tensor], prefix: str, names: list[str], suffi
 
 class Decoder:
     def __init__(self, config: ModelConfig, tensors: dict[str, torch.Tensor], device: str = "cpu",
-                 quantization: str | None = None, max_positions: int | None = None):
-        if quantization not in (None, "int8"):
-            raise ValueError(f"unknown quantization {quantization!r} (supported: int8)")
-        self.config = config
-        make = Int8Linear if quantization == "int8" else Linear
+                 quantization: str | None = None, max_positions: int | None = None, fused_decode: bool = True):
+        if quantization is not None and quantization not in QUANTIZATIONS:
+            raise ValueError(f"unknown quantization {quantization!r} (supported: {', '.join(QUANTIZATIONS)})")
+        self.config, self.quantization = config, quantization
+        layer_format, head_format = FORMATS[quantization]
         t = {k: v.to(device) for k, v in tensors.items()}
         self.dtype = t["model.embed_tokens.weight"].dtype
         self.embed = t["model.embed_tokens.weight"]
         self.norm = t["model.norm.weight"]
-        self.lm_head = make(t.get("lm_head.weight", self.embed))
-        self.layers = [self._layer(t, f"model.layers.{i}", make) for i in range(config.num_layers)]
+        self.lm_head = make_linear(t.get("lm_head.weight", self.embed), None, head_format)
+        self.layers = [self._layer(t, f"model.layers.{i}", layer_format) for i in range(config.num_layers)]
         self.rotary = Rotary(config.head_dim, config.rope_theta, config.rope_scaling,
                              max_positions or config.max_position_embeddings)
         self.q_size = config.num_heads * config.head_dim
         self.kv_size = config.num_kv_heads * config.head_dim
+        self.fused = FusedDecode.build(self) if fused_decode else None
 
-    def _layer(self, t: dict[str, torch.Tensor], p: str, make: type[Linear]) -> Layer:
+    def _layer(self, t: dict[str, torch.Tensor], p: str, fmt: str | None) -> Layer:
         attn, mlp = f"{p}.self_attn", f"{p}.mlp"
         return Layer(
             input_norm=t[f"{p}.input_layernorm.weight"],
-            qkv=make(_fuse(t, attn, ["q_proj", "k_proj", "v_proj"], "weight"),
-                     _fuse(t, attn, ["q_proj", "k_proj", "v_proj"], "bias")),
+            qkv=make_linear(_fuse(t, attn, ["q_proj", "k_proj", "v_proj"], "weight"),
+                            _fuse(t, attn, ["q_proj", "k_proj", "v_proj"], "bias"), fmt),
             q_norm=t.get(f"{attn}.q_norm.weight") if self.config.qk_norm else None,
             k_norm=t.get(f"{attn}.k_norm.weight") if self.config.qk_norm else None,
-            o=make(t[f"{attn}.o_proj.weight"]),
+            o=make_linear(t[f"{attn}.o_proj.weight"], None, fmt),
             post_norm=t[f"{p}.post_attention_layernorm.weight"],
-            gate_up=make(_fuse(t, mlp, ["gate_proj", "up_proj"], "weight")),
-            down=make(t[f"{mlp}.down_proj.weight"]),
+            gate_up=make_linear(_fuse(t, mlp, ["gate_proj", "up_proj"], "weight"), None, fmt),
+            down=make_linear(t[f"{mlp}.down_proj.weight"], None, fmt),
         )
 
     @property
@@ -147,6 +108,14 @@ class Decoder:
             if tap is not None:
                 tap.residuals.append(h[tap.rows])
         return rms_norm(h, self.norm, c.rms_norm_eps)
+
+    def decode_step(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                    kv_cache: torch.Tensor) -> torch.Tensor | None:
+        """The logits of a step of decodes only, in one fused call (fused.py); None where that path does
+        not serve the step (then forward + logits run)."""
+        if self.fused is None or meta.prefills or meta.num_decode_tokens != len(input_ids):
+            return None
+        return self.fused(input_ids, positions, meta.decode_slots, meta.decode_lengths, kv_cache)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()
