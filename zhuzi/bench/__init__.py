@@ -1,10 +1,12 @@
-"""Benchmark tools, `zhuzi bench offline | decode | structured | serve | polling`: they time the whole request path.
+"""Benchmark tools, `zhuzi bench offline | decode | structured | serve | polling | accuracy`: they time the
+whole request path.
 
-offline:    many requests through LLM.generate, against Hugging Face transformers.
-decode:     one stream's prefill and decode speed against the memory-bandwidth roofline.
+offline:    many requests through LLM.generate, against Hugging Face transformers (and llama.cpp).
+decode:     one stream's prefill and decode speed against the memory-bandwidth roofline (and llama.cpp).
 structured: a batch's decode step with every row under a JSON schema, against none.
 serve:      an OpenAI-API load generator for any compatible server.
 polling:    serve's load with and without the inspector page's polling, side by side.
+accuracy:   what each quantization costs in quality against bf16.
 """
 from __future__ import annotations
 
@@ -20,14 +22,15 @@ TOOLS = {
     "structured": "the cost of structured output: a batch's decode step constrained vs free",
     "serve": "load-test an OpenAI-compatible server (TTFT, TPOT, ITL, end-to-end latency)",
     "polling": "what the inspector's polling costs: serve's load quiet vs polled, alternating on one server",
+    "accuracy": "greedy agreement, logprob differences and perplexity of each quantization against bf16",
 }
 
 
 def register(subparsers) -> None:
-    """Add `bench offline | decode | structured | serve | polling` to the zhuzi command line."""
+    """Add `bench offline | decode | structured | serve | polling | accuracy` to the zhuzi command line."""
     bench = subparsers.add_parser("bench", help="run a benchmark", description=__doc__,
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-    tools = bench.add_subparsers(dest="bench_tool", required=True, metavar="{offline,decode,structured,serve,polling}")
+    tools = bench.add_subparsers(dest="bench_tool", required=True, metavar="{" + ",".join(TOOLS) + "}")
     for name, summary in TOOLS.items():
         # Each tool module imports its heavy dependencies (torch, transformers) only when it runs.
         module = importlib.import_module(f"zhuzi.bench.{name}")

@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import functools
 import itertools
+import json
 import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -86,7 +88,8 @@ class Engine:
         self.eos_ids = list(ckpt.config.eos_token_ids)
         model = Decoder(ckpt.config, ckpt.tensors, config.device, config.quantization,
                         max_positions=max(self.max_model_len, ckpt.config.max_position_embeddings),
-                        fused_decode=config.fused_decode)
+                        fused_decode=config.fused_decode,
+                        calibration=self._calibration_ids() if config.quantization == "int8" else None)
         self.kv_plan = plan = config.kv_plan(ckpt.config)
         if plan.num_blocks < 1:
             raise ValueError(f"kv_cache_memory {config.kv_cache_memory} holds no KV block")
@@ -101,6 +104,12 @@ class Engine:
         log.info("model %s (%s, %s), KV %d bytes/token, %d blocks of %d = %d tokens", ckpt.path.name,
                  ckpt.config.architecture, config.dtype, plan.bytes_per_token, plan.num_blocks, plan.block_size,
                  plan.capacity_tokens)
+
+    def _calibration_ids(self) -> list[int]:
+        """A short fixed chat (prose, a list, code, a table, four languages) in the model's template:
+        int8's smoothing factors are calibrated on it."""
+        messages = json.loads((Path(__file__).parent / "calibration.json").read_text())
+        return self.tokenizer.encode_chat(messages)
 
     @property
     def weight_bytes_per_decode_step(self) -> int:

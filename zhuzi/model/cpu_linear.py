@@ -117,3 +117,44 @@ def tiled_linear(x: torch.Tensor, tiles: torch.Tensor, fmt: str, out_features: i
     status = fn(TILE_FORMATS[fmt], x.data_ptr(), tiles.data_ptr(), y.data_ptr(), x.shape[0], out_features,
                 x.shape[1], torch.get_num_threads())
     return y if status == 0 else None
+
+
+@functools.cache
+def _int8_rows():
+    lib = native.load("int8_rows")
+    if lib is None:
+        return None
+    lib.zhuzi_quantize_rows.restype = lib.zhuzi_scale_rows.restype = None
+    lib.zhuzi_quantize_rows.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 2 + [ctypes.c_int]
+    lib.zhuzi_scale_rows.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 7 + [ctypes.c_int64] * 2 + [ctypes.c_int]
+    return lib
+
+
+def int8_matmul(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, code_sums: torch.Tensor,
+                bias: torch.Tensor | None = None) -> torch.Tensor | None:
+    """x @ (weight * scale[:, None])^T + bias with int8 compute: each row of x quantized to int8 over its
+    own range (asymmetric: x = s (q - z), the range widened to hold 0), exact int32 products
+    (torch._int_mm: VNNI, ~2x a bf16 GEMM here), the zero point's share removed with the weight rows'
+    code sums, then scaled back and rounded once. A row's result depends only on that row.
+
+    x: [M, K] float32 or bf16 on CPU; weight: int8 [N, K]; scale: float32 [N]; code_sums: int32 [N]
+    (weight.sum(1)); bias in x's dtype. None when the kernels cannot be built."""
+    lib = _int8_rows()
+    if lib is None or not (x.is_cpu and x.dtype in _FLOATS):
+        return None
+    x = x.contiguous()
+    m, k = x.shape
+    bf16, threads = int(x.dtype == torch.bfloat16), torch.get_num_threads()
+    q = torch.empty(m, k, dtype=torch.int8)
+    row_scale, zero = torch.empty(m, dtype=torch.float32), torch.empty(m, dtype=torch.int32)
+    lib.zhuzi_quantize_rows(bf16, x.data_ptr(), q.data_ptr(), row_scale.data_ptr(), zero.data_ptr(), m, k, threads)
+    acc = torch._int_mm(q, weight.t())
+    y = torch.empty(m, weight.shape[0], dtype=x.dtype)
+    bias = bias.contiguous() if bias is not None else None
+    lib.zhuzi_scale_rows(bf16, acc.data_ptr(), row_scale.data_ptr(), zero.data_ptr(), code_sums.data_ptr(),
+                         scale.data_ptr(), _ptr(bias), y.data_ptr(), m, weight.shape[0], threads)
+    return y
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()

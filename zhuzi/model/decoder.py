@@ -15,6 +15,7 @@ from zhuzi.model.attention import AttentionMetadata, paged_attention
 from zhuzi.model.fused import FusedDecode
 from zhuzi.model.layers import Rotary, apply_rotary, rms_norm
 from zhuzi.model.linear import FORMATS, QUANTIZATIONS, Linear, make_linear
+from zhuzi.model.smooth import smooth
 
 
 @dataclass
@@ -44,36 +45,51 @@ def _fuse(tensors: dict[str, torch.Tensor], prefix: str, names: list[str], suffi
 
 class Decoder:
     def __init__(self, config: ModelConfig, tensors: dict[str, torch.Tensor], device: str = "cpu",
-                 quantization: str | None = None, max_positions: int | None = None, fused_decode: bool = True):
+                 quantization: str | None = None, max_positions: int | None = None, fused_decode: bool = True,
+                 calibration: list[int] | None = None):
+        """calibration: token ids of a short real text; with int8, smoothing factors are calibrated on it
+        (smooth.py)."""
         if quantization is not None and quantization not in QUANTIZATIONS:
             raise ValueError(f"unknown quantization {quantization!r} (supported: {', '.join(QUANTIZATIONS)})")
         self.config, self.quantization = config, quantization
-        layer_format, head_format = FORMATS[quantization]
         t = {k: v.to(device) for k, v in tensors.items()}
         self.dtype = t["model.embed_tokens.weight"].dtype
         self.embed = t["model.embed_tokens.weight"]
         self.norm = t["model.norm.weight"]
-        self.lm_head = make_linear(t.get("lm_head.weight", self.embed), None, head_format)
-        self.layers = [self._layer(t, f"model.layers.{i}", layer_format) for i in range(config.num_layers)]
+        self.lm_head = Linear(t.get("lm_head.weight", self.embed))
+        self.layers = [self._layer(t, f"model.layers.{i}") for i in range(config.num_layers)]
         self.rotary = Rotary(config.head_dim, config.rope_theta, config.rope_scaling,
                              max_positions or config.max_position_embeddings)
         self.q_size = config.num_heads * config.head_dim
         self.kv_size = config.num_kv_heads * config.head_dim
+        if quantization == "int8" and calibration:
+            smooth(self, calibration)
+        if quantization:
+            self._quantize(*FORMATS[quantization])
         self.fused = FusedDecode.build(self) if fused_decode else None
 
-    def _layer(self, t: dict[str, torch.Tensor], p: str, fmt: str | None) -> Layer:
+    def _layer(self, t: dict[str, torch.Tensor], p: str) -> Layer:
         attn, mlp = f"{p}.self_attn", f"{p}.mlp"
         return Layer(
             input_norm=t[f"{p}.input_layernorm.weight"],
-            qkv=make_linear(_fuse(t, attn, ["q_proj", "k_proj", "v_proj"], "weight"),
-                            _fuse(t, attn, ["q_proj", "k_proj", "v_proj"], "bias"), fmt),
+            qkv=Linear(_fuse(t, attn, ["q_proj", "k_proj", "v_proj"], "weight"),
+                       _fuse(t, attn, ["q_proj", "k_proj", "v_proj"], "bias")),
             q_norm=t.get(f"{attn}.q_norm.weight") if self.config.qk_norm else None,
             k_norm=t.get(f"{attn}.k_norm.weight") if self.config.qk_norm else None,
-            o=make_linear(t[f"{attn}.o_proj.weight"], None, fmt),
+            o=Linear(t[f"{attn}.o_proj.weight"]),
             post_norm=t[f"{p}.post_attention_layernorm.weight"],
-            gate_up=make_linear(_fuse(t, mlp, ["gate_proj", "up_proj"], "weight"), None, fmt),
-            down=make_linear(t[f"{mlp}.down_proj.weight"], None, fmt),
+            gate_up=Linear(_fuse(t, mlp, ["gate_proj", "up_proj"], "weight")),
+            down=Linear(t[f"{mlp}.down_proj.weight"]),
         )
+
+    def _quantize(self, layer_format: str, head_format: str) -> None:
+        """Store every matrix in its quantized format (linear.py picks the path that runs it)."""
+        for layer in self.layers:
+            for part in ("qkv", "o", "gate_up", "down"):
+                dense = getattr(layer, part)
+                bias = dense.bias.to(self.dtype) if dense.bias is not None else None
+                setattr(layer, part, make_linear(dense.weight, bias, layer_format, self.dtype))
+        self.lm_head = make_linear(self.lm_head.weight, None, head_format, self.dtype)
 
     @property
     def weight_bytes_per_decode_step(self) -> int:

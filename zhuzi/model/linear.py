@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from zhuzi.model.cpu_linear import small_m_linear, tiled_linear, tiled_linear_available
+from zhuzi.model.cpu_linear import int8_matmul, small_m_linear, tiled_linear, tiled_linear_available
 from zhuzi.model.quant import pack_q4, pack_q8, quantize_int8, unpack_q4, unpack_q8
 
 QUANTIZATIONS = ("int8", "int4")
@@ -51,18 +51,24 @@ class Linear:
 
 
 class Int8Linear(Linear):
-    """Weight-only int8, one float32 scale per output channel (halves decode's reads)."""
+    """int8 weights, one float32 scale per output channel. Decode batches (<= 8 rows) stream them against
+    the bf16 inputs as they are (half of bf16's reads); bigger batches run int8 compute."""
 
     def __init__(self, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None):
         super().__init__(weight, bias)
         self.scale = scale.float().contiguous()
+        self.code_sums = weight.sum(1, dtype=torch.int32)  # int8 compute removes the inputs' zero points with these
 
     def _kernel(self, flat: torch.Tensor) -> torch.Tensor | None:
         return small_m_linear(flat, self.weight, self.scale)
 
     def _matmul(self, flat: torch.Tensor) -> torch.Tensor:
-        y = torch._weight_int8pack_mm(flat, self.weight, self.scale.to(flat.dtype))
-        return y + self.bias if self.bias is not None else y
+        # Beyond a few rows the step is compute-bound: int8 inputs and products (smooth.py keeps the
+        # inputs' ranges tame).
+        y = int8_matmul(flat, self.weight, self.scale, self.code_sums, self.bias)
+        if y is None:  # no kernels: dequantize on the fly
+            y = F.linear(flat, (self.weight.float() * self.scale[:, None]).to(flat.dtype), self.bias)
+        return y
 
     @property
     def tensors(self) -> list[torch.Tensor]:
@@ -86,18 +92,19 @@ class TiledLinear(Linear):
         return [t for t in (self.tiles, self.bias) if t is not None]
 
 
-def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, fmt: str | None) -> Linear:
-    """A layer of weight [N, K] (in the model's dtype and device) stored in format fmt: None (dense),
-    "int8", "q4" or "q8". Without a kernel for the format, its exact values run dense through torch."""
+def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, fmt: str | None, dtype: torch.dtype) -> Linear:
+    """A layer of weight [N, K] stored in format fmt (None: dense, "int8", "q4" or "q8") for a model of
+    dtype. Without a kernel for the format, its exact values run dense through torch."""
+    device = weight.device
     if fmt is None:
-        return Linear(weight, bias)
+        return Linear(weight.to(dtype), bias)
     if fmt == "int8":
         q, scale = quantize_int8(weight)
-        if weight.dtype == torch.float32:
+        if dtype == torch.float32:
             return Linear(q.float() * scale[:, None], bias)
-        return Int8Linear(q.to(weight.device), scale.to(weight.device), bias)
+        return Int8Linear(q.to(device), scale.to(device), bias)
     pack, unpack = _TILES[fmt]
     tiles = pack(weight)
-    if weight.dtype == torch.bfloat16 and weight.is_cpu and tiled_linear_available():
+    if dtype == torch.bfloat16 and device.type == "cpu" and tiled_linear_available():
         return TiledLinear(tiles, fmt, weight.shape[0], bias)
-    return Linear(unpack(tiles, weight.shape[0]).to(weight.dtype).to(weight.device), bias)
+    return Linear(unpack(tiles, weight.shape[0]).to(dtype).to(device), bias)
