@@ -48,17 +48,40 @@ def load_llm(args: argparse.Namespace):
     return LLM(**vars(EngineConfig.from_cli_args(args)))
 
 
+def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--compare", choices=["llama.cpp"], default=None,
+                        help="also run this peer on the same GGUF with the same threads, and print the ratio")
+    parser.add_argument("--llama-cpp-bin", default=None,
+                        help="folder of llama.cpp's llama-bench / llama-batched-bench (default: $LLAMA_CPP_BIN, "
+                             "else where benchmarks/build-llamacpp.sh builds them, else the PATH)")
+
+
+def load_average() -> float:
+    """The 1-minute load average: on a shared machine, every figure needs it beside it."""
+    return os.getloadavg()[0]
+
+
 def machine_line() -> str:
-    """CPU model, core count and torch version: the context every figure needs."""
-    return f"{cpu_model()}, {os.cpu_count()} cores, torch {importlib.metadata.version('torch')}"
+    """CPU model, family and flags of note, cores, torch version: the context every figure needs."""
+    info = cpu_info()
+    family = f" (family {info['cpu family']}, model {info['model']})" if "cpu family" in info else ""
+    flags = set(info.get("flags", "").split())
+    noted = [f for f in ("avx512_bf16", "avx512_vnni", "amx_tile") if f in flags]
+    absent = ", no AMX" if flags and "amx_tile" not in flags else ""
+    return (f"{info.get('model name') or platform.processor() or platform.machine()}{family}, {os.cpu_count()} cores, "
+            f"{' '.join(noted) or 'no AVX512-BF16/VNNI'}{absent}, torch {importlib.metadata.version('torch')}")
 
 
-def cpu_model() -> str:
+def cpu_info() -> dict[str, str]:
+    """The first processor's fields of /proc/cpuinfo (empty where there is none)."""
+    info: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+                if not line.strip():
+                    break
+                key, _, value = line.partition(":")
+                info[key.strip()] = value.strip()
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    return info

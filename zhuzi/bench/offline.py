@@ -1,10 +1,14 @@
-"""`zhuzi bench offline`: many requests through LLM.generate, then the same ones through transformers.
+"""`zhuzi bench offline`: many requests through LLM.generate, then the same ones through transformers
+and, with --compare llama.cpp, llama-batched-bench on the same GGUF with the same threads.
 
 The workload is nano-vllm's, scaled to a small CPU: random-token prompts and
 outputs of random lengths, ignore_eos so every request generates exactly what
 it asked for. Both engines get the same prompt token ids, dtype and sampling,
 and one short warm-up request each before the clock starts (first-call costs
-such as allocations are start-up, not throughput).
+such as allocations are start-up, not throughput). llama-batched-bench runs as
+many sequences at once, each with the workload's mean prompt and output
+lengths (the same token totals); its output tokens/s count its whole run,
+prefill included, as zhuzi's do.
 """
 from __future__ import annotations
 
@@ -14,8 +18,9 @@ import math
 import time
 from dataclasses import asdict, dataclass
 
-from zhuzi.bench import load_llm, machine_line
+from zhuzi.bench import add_compare_arguments, load_average, load_llm, machine_line
 from zhuzi.bench.datasets import TokenRequest, hf_source, random_token_requests
+from zhuzi.bench.llamacpp import BatchedRun, batched_bench, gguf_of
 from zhuzi.config import EngineConfig
 
 
@@ -34,6 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run transformers on the first N requests only, rounded up to whole "
                              "batches (default: all)")
     parser.add_argument("--json-out", default=None, help="also write the report to this JSON file")
+    add_compare_arguments(parser)
 
 
 @dataclass
@@ -63,17 +69,27 @@ class OfflineReport:
     zhuzi: EngineRun
     transformers: EngineRun | None
     comparison: str  # what the ratio compares, in words
+    threads: int
+    load: tuple[float, float]  # 1-minute load average at the start and at the end
+    llama_cpp: BatchedRun | None = None
+    llama_cpp_command: str | None = None
 
     @property
     def ratio(self) -> float | None:
         return self.zhuzi.tokens_per_s / self.transformers.tokens_per_s if self.transformers else None
+
+    @property
+    def llama_cpp_ratio(self) -> float | None:
+        return self.zhuzi.tokens_per_s / self.llama_cpp.output_tokens_per_s if self.llama_cpp else None
 
     def to_dict(self) -> dict:
         data = asdict(self)
         data["zhuzi"]["tokens_per_s"] = self.zhuzi.tokens_per_s
         if self.transformers:
             data["transformers"]["tokens_per_s"] = self.transformers.tokens_per_s
-        data["ratio"] = self.ratio
+        if self.llama_cpp:
+            data["llama_cpp"]["output_tokens_per_s"] = self.llama_cpp.output_tokens_per_s
+        data["ratio"], data["llama_cpp_ratio"] = self.ratio, self.llama_cpp_ratio
         return data
 
 
@@ -165,6 +181,10 @@ def comparison_note(num_prompts: int, hf_run: EngineRun | None, batch_size: int)
 
 
 def run(args: argparse.Namespace) -> OfflineReport:
+    import torch
+
+    load_at_start = load_average()
+    gguf = gguf_of(args.model) if args.compare else None  # a bad --compare fails before anything runs
     zhuzi_run, requests = run_zhuzi(args)
     hf_run = None if args.no_transformers else run_transformers(args, requests[:hf_subset_size(args)])
     report = OfflineReport(
@@ -173,7 +193,14 @@ def run(args: argparse.Namespace) -> OfflineReport:
         input_tokens=sum(len(r.prompt_token_ids) for r in requests),
         requested_output_tokens=sum(r.max_tokens for r in requests),
         zhuzi=zhuzi_run, transformers=hf_run,
-        comparison=comparison_note(len(requests), hf_run, args.hf_batch_size))
+        comparison=comparison_note(len(requests), hf_run, args.hf_batch_size),
+        threads=torch.get_num_threads(), load=(load_at_start, 0.0))
+    if gguf is not None:
+        report.llama_cpp, command = batched_bench(gguf, report.threads, round(report.input_tokens / len(requests)),
+                                                  round(report.requested_output_tokens / len(requests)),
+                                                  len(requests), args.llama_cpp_bin)
+        report.llama_cpp_command = " ".join(command)
+    report.load = (load_at_start, load_average())
     print(format_report(report, args))
     if args.json_out:
         with open(args.json_out, "w") as f:
@@ -185,7 +212,9 @@ def format_report(report: OfflineReport, args: argparse.Namespace) -> str:
     lines = [
         "=============== zhuzi bench offline ===============",
         f"machine:  {report.machine}",
-        f"model:    {report.model}, {report.dtype}, quantization {report.quantization or 'none'}",
+        f"load:     1-minute load average {report.load[0]:.2f} at the start, {report.load[1]:.2f} at the end",
+        f"model:    {report.model}, {report.dtype}, quantization {report.quantization or 'none'}, "
+        f"{report.threads} threads",
         f"workload: {report.num_prompts} requests, prompts U[{args.min_input}, {args.max_input}] "
         f"({report.input_tokens} tokens), outputs U[{args.min_output}, {args.max_output}] "
         f"({report.requested_output_tokens} tokens), ignore_eos, temperature {args.temperature}, seed {args.seed}",
@@ -194,7 +223,16 @@ def format_report(report: OfflineReport, args: argparse.Namespace) -> str:
         if run_:
             lines.append(f"{run_.engine:<13} {run_.num_requests:>4} requests  {run_.output_tokens:>7} output tokens  "
                          f"{run_.wall_s:8.2f} s  {run_.tokens_per_s:9.1f} output tokens/s  (load {run_.load_s:.1f} s)")
+    if (peer := report.llama_cpp) is not None:
+        lines.append(f"{'llama.cpp':<13} {peer.pl:>4} seqs      {peer.output_tokens:>7} output tokens  "
+                     f"{peer.total_s:8.2f} s  {peer.output_tokens_per_s:9.1f} output tokens/s  "
+                     f"(llama-batched-bench: {peer.pl} x {peer.pp} prompt + {peer.tg} output tokens; prefill "
+                     f"{peer.prefill_tokens_per_s:.1f} tokens/s, decode {peer.decode_tokens_per_s:.1f} tokens/s)")
     if report.ratio is not None:
         lines.append(f"zhuzi / transformers: {report.ratio:.2f}x output tokens/s")
+    if report.llama_cpp_ratio is not None:
+        lines.append(f"zhuzi / llama.cpp:    {report.llama_cpp_ratio:.2f}x output tokens/s")
     lines.append(f"compared:  {report.comparison}")
+    if report.llama_cpp_command:
+        lines.append(f"llama.cpp: {report.llama_cpp_command}")
     return "\n".join(lines)
