@@ -6,7 +6,7 @@ Why: at batch 1 a step streams every weight once, and the per-layer torch path a
 step here, more than the int4 weights take to read. One call a step leaves ~0.3 ms beside the reads.
 
 How: one OpenMP parallel region for the whole step. Per layer: RMSNorm -> QKV (+ bias) -> q/k norms,
-RoPE, K/V into the pool -> attention per query head (kernels/attention.h, the decode kernel's loop) ->
+RoPE, K/V into the pool -> attention per kv head (kernels/attention.h, the decode kernel's loop) ->
 O + residual -> RMSNorm -> gate and up rows in matching 16-row chunks, SiLU(gate) * up -> down +
 residual; then the final norm and the LM head. Weight rows are split over the threads in chunks of 16,
 through the linear kernels' own inner loops (kernels/rows.h, kernels/tiles.h); each thread prepares a

@@ -57,8 +57,12 @@ def input_maxima(decoder, ids: list[int]) -> tuple[list[dict[str, torch.Tensor]]
     return [{part: r.amax for part, r in parts.items()} for parts in recorders], hidden.float().abs().amax(0)
 
 
+def _column_maxima(weight: torch.Tensor) -> torch.Tensor:
+    return weight.abs().amax(0).float()  # exact in the weight's own dtype
+
+
 def _factors(amax: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    return (amax.clamp(min=1e-5) ** ALPHA / weight.float().abs().amax(0).clamp(min=1e-5) ** (1 - ALPHA))
+    return amax.clamp(min=1e-5) ** ALPHA / _column_maxima(weight).clamp(min=1e-5) ** (1 - ALPHA)
 
 
 def smooth(decoder, ids: list[int]) -> None:
@@ -72,7 +76,7 @@ def smooth(decoder, ids: list[int]) -> None:
         s_down = _factors(amax["down"], layer.down.weight)
         # O's inputs come from V rows: a kv head's channel serves `group` query heads, so they share a factor.
         o_amax = amax["o"].view(c.num_kv_heads, group, d).amax(1)
-        o_wmax = layer.o.weight.float().abs().amax(0).view(c.num_kv_heads, group, d).amax(1)
+        o_wmax = _column_maxima(layer.o.weight).view(c.num_kv_heads, group, d).amax(1)
         s_v = (o_amax.clamp(min=1e-5) ** ALPHA / o_wmax.clamp(min=1e-5) ** (1 - ALPHA)).reshape(-1)
         s_o = s_v.view(c.num_kv_heads, 1, d).expand(-1, group, -1).reshape(-1)
 

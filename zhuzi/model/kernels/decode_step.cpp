@@ -167,9 +167,11 @@ static void rope(float* x, const float* cos, const float* sin, int64_t D) {
   }
 }
 
-static void attend_head(int64_t D, const uint16_t* q, const uint16_t* kc, const uint16_t* vc, const int64_t* slots,
-                        int64_t len, uint16_t* out, int h, int H, int KV, int64_t nslots, float scale, int* bad) {
-  auto go = [&](auto fn) { fn(q, kc, vc, slots, len, out, h, h + 1, H, KV, nslots, scale, bad); };
+// The query heads of kv head kh: each K/V row is read once for all of them.
+static void attend_group(int64_t D, const uint16_t* q, const uint16_t* kc, const uint16_t* vc, const int64_t* slots,
+                         int64_t len, uint16_t* out, int kh, int H, int KV, int64_t nslots, float scale, int* bad) {
+  const int G = H / KV;
+  auto go = [&](auto fn) { fn(q, kc, vc, slots, len, out, kh * G, (kh + 1) * G, H, KV, nslots, scale, bad); };
   switch (D) {
     case 32: go(attend<uint16_t, 2>); break;
     case 64: go(attend<uint16_t, 4>); break;
@@ -223,10 +225,10 @@ static int run(const Args& a) {
         }
       }
 #pragma omp for schedule(static)
-      for (int64_t i = 0; i < M * H; ++i) {
-        const int64_t m = i / H;
-        attend_head(D, &q[m * H * D], kc, vc, a.slots + m * a.width, a.lens[m], &attn[m * H * D], int(i % H),
-                    int(H), int(KV), a.num_slots, a.scale, &bad);
+      for (int64_t i = 0; i < M * KV; ++i) {
+        const int64_t m = i / KV;
+        attend_group(D, &q[m * H * D], kc, vc, a.slots + m * a.width, a.lens[m], &attn[m * H * D], int(i % KV),
+                     int(H), int(KV), a.num_slots, a.scale, &bad);
       }
       in.use(attn.data(), M, H * D);
       matmul<M>(L.o, in, [&](int64_t n0, int count, float out[M][CHUNK]) {
