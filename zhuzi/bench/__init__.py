@@ -53,7 +53,7 @@ def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also run this peer on the same GGUF with the same threads, and print the ratio")
     parser.add_argument("--llama-cpp-bin", default=None,
                         help="folder of llama.cpp's llama-bench / llama-batched-bench (default: $LLAMA_CPP_BIN, "
-                             "else where benchmarks/build-llamacpp.sh builds them, else the PATH)")
+                             "else where ../shared/tools/build-llamacpp.sh builds them, else the PATH)")
 
 
 def load_average() -> float:

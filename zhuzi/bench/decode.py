@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 
 from zhuzi.bench import add_compare_arguments, load_average, load_llm, machine_line
 from zhuzi.bench.datasets import random_token_requests
-from zhuzi.bench.llamacpp import BenchTest, gguf_of, llama_bench
+from zhuzi.bench.llamacpp import BenchTest, find_tool, gguf_of, llama_bench
 from zhuzi.config import EngineConfig
 from zhuzi.engine.model_runner import measure_read_bandwidth
 
@@ -103,7 +103,8 @@ def run(args: argparse.Namespace) -> DecodeReport:
     from zhuzi import SamplingParams
 
     load_at_start = load_average()
-    gguf = gguf_of(args.model) if args.compare else None  # a bad --compare fails before anything runs
+    # A --compare that cannot run fails before anything else does.
+    gguf, tool = (gguf_of(args.model), find_tool("llama-bench", args.llama_cpp_bin)) if args.compare else (None, None)
     llm = load_llm(args)
     # A fresh prompt per run: a repeated one would be served from the prefix cache, not prefilled.
     requests = random_token_requests(llm.tokenizer.hf, args.runs + 1, (args.prompt_len, args.prompt_len),
@@ -126,8 +127,8 @@ def run(args: argparse.Namespace) -> DecodeReport:
         weight_bytes_per_step=llm.weight_bytes_per_decode_step, model_step_s=model_s, load=(load_at_start, 0.0))
     if gguf is not None:
         del llm  # llama.cpp gets the memory and the cores to itself
-        prefill, decode, command = llama_bench(gguf, report.threads, report.prompt_tokens, report.output_tokens,
-                                               args.runs, args.llama_cpp_bin)
+        prefill, decode, command = llama_bench(tool, gguf, report.threads, report.prompt_tokens, report.output_tokens,
+                                               args.runs)
         report.llama_cpp = LlamaCppDecode(" ".join(command), prefill, decode)
     report.load = (load_at_start, load_average())
     print(format_report(report, args))

@@ -1,8 +1,9 @@
 """llama.cpp as the peer of `zhuzi bench decode | offline --compare llama.cpp`: its llama-bench and
 llama-batched-bench run on the same GGUF file with the same thread count, in the same run.
 
-The binaries are found in --llama-cpp-bin DIR, else $LLAMA_CPP_BIN, else the folder that
-benchmarks/build-llamacpp.sh builds them in, else on the PATH. Both tools print JSON (llama-bench -o json,
+The binaries are found in --llama-cpp-bin DIR, else $LLAMA_CPP_BIN, else the folder that the team's
+../shared/tools/build-llamacpp.sh builds them in (under $LLAMA_CPP_DIR, default ~/.cache/llama.cpp), else on
+the PATH. Both tools print JSON (llama-bench -o json,
 llama-batched-bench --output-format jsonl), which is what is read here.
 """
 from __future__ import annotations
@@ -15,13 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ENV = "LLAMA_CPP_BIN"
-BUILT = ".cache/llama.cpp/llama_cpp_python-*/vendor/llama.cpp/build/bin"  # under the home folder
-HOW_TO_BUILD = (f"build them with benchmarks/build-llamacpp.sh (10-25 minutes on 2 cores; it prints their "
+BUILT = "llama_cpp_python-*/vendor/llama.cpp/build/bin"  # under $LLAMA_CPP_DIR, as the build script lays it out
+HOW_TO_BUILD = (f"build them with ../shared/tools/build-llamacpp.sh (10-25 minutes on 2 cores; it prints their "
                 f"folder), then pass --llama-cpp-bin DIR or set {ENV}=DIR")
 
 
-class LlamaCppError(RuntimeError):
-    """llama.cpp is missing, or one of its tools failed; the message says what to do."""
+class LlamaCppError(OSError):
+    """llama.cpp is missing, or one of its tools failed; the message (one line) says what to do."""
 
 
 def _folders(directory: str | None) -> tuple[list[Path], str]:
@@ -30,7 +31,8 @@ def _folders(directory: str | None) -> tuple[list[Path], str]:
         return [Path(directory)], f"in {directory}"
     if os.environ.get(ENV):
         return [Path(os.environ[ENV])], f"in ${ENV} ({os.environ[ENV]})"
-    return sorted(Path.home().glob(BUILT), reverse=True), f"in ~/{BUILT} or on the PATH"
+    home = Path(os.environ.get("LLAMA_CPP_DIR") or Path.home() / ".cache/llama.cpp")
+    return sorted(home.glob(BUILT), reverse=True), f"in {home}/{BUILT} or on the PATH"
 
 
 def find_tool(name: str, directory: str | None = None) -> Path:
@@ -82,11 +84,11 @@ def parse_llama_bench(text: str) -> list[BenchTest]:
     return tests
 
 
-def llama_bench(gguf: Path, threads: int, prompt: int, gen: int, repetitions: int,
-                directory: str | None = None) -> tuple[BenchTest, BenchTest, list[str]]:
+def llama_bench(tool: Path, gguf: Path, threads: int, prompt: int, gen: int,
+                repetitions: int) -> tuple[BenchTest, BenchTest, list[str]]:
     """(pp<prompt>, tg<gen>, the command line) from one llama-bench run."""
-    command = [str(find_tool("llama-bench", directory)), "-m", str(gguf), "-t", str(threads), "-p", str(prompt),
-               "-n", str(gen), "-r", str(repetitions), "-o", "json"]
+    command = [str(tool), "-m", str(gguf), "-t", str(threads), "-p", str(prompt), "-n", str(gen),
+               "-r", str(repetitions), "-o", "json"]
     tests = {(t.n_prompt, t.n_gen): t for t in parse_llama_bench(_run(command, timeout=3600))}
     return tests[prompt, 0], tests[0, gen], command
 
@@ -126,11 +128,11 @@ def parse_batched_bench(text: str) -> list[BatchedRun]:
     return runs
 
 
-def batched_bench(gguf: Path, threads: int, prompt: int, gen: int, sequences: int,
-                  directory: str | None = None) -> tuple[BatchedRun, list[str]]:
+def batched_bench(tool: Path, gguf: Path, threads: int, prompt: int, gen: int,
+                  sequences: int) -> tuple[BatchedRun, list[str]]:
     """One llama-batched-bench run of `sequences` parallel sequences of prompt + gen tokens."""
     context = sequences * (prompt + gen) + 64
-    command = [str(find_tool("llama-batched-bench", directory)), "-m", str(gguf), "-t", str(threads),
+    command = [str(tool), "-m", str(gguf), "-t", str(threads),
                "-c", str(context), "-b", "2048", "-ub", "512", "-npp", str(prompt), "-ntg", str(gen),
                "-npl", str(sequences), "--output-format", "jsonl"]
     runs = parse_batched_bench(_run(command, timeout=7200))

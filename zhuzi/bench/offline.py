@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 
 from zhuzi.bench import add_compare_arguments, load_average, load_llm, machine_line
 from zhuzi.bench.datasets import TokenRequest, hf_source, random_token_requests
-from zhuzi.bench.llamacpp import BatchedRun, batched_bench, gguf_of
+from zhuzi.bench.llamacpp import BatchedRun, batched_bench, find_tool, gguf_of
 from zhuzi.config import EngineConfig
 
 
@@ -184,7 +184,9 @@ def run(args: argparse.Namespace) -> OfflineReport:
     import torch
 
     load_at_start = load_average()
-    gguf = gguf_of(args.model) if args.compare else None  # a bad --compare fails before anything runs
+    # A --compare that cannot run fails before anything else does.
+    gguf, tool = ((gguf_of(args.model), find_tool("llama-batched-bench", args.llama_cpp_bin)) if args.compare
+                  else (None, None))
     zhuzi_run, requests = run_zhuzi(args)
     hf_run = None if args.no_transformers else run_transformers(args, requests[:hf_subset_size(args)])
     report = OfflineReport(
@@ -196,9 +198,8 @@ def run(args: argparse.Namespace) -> OfflineReport:
         comparison=comparison_note(len(requests), hf_run, args.hf_batch_size),
         threads=torch.get_num_threads(), load=(load_at_start, 0.0))
     if gguf is not None:
-        report.llama_cpp, command = batched_bench(gguf, report.threads, round(report.input_tokens / len(requests)),
-                                                  round(report.requested_output_tokens / len(requests)),
-                                                  len(requests), args.llama_cpp_bin)
+        mean_in, mean_out = (round(n / len(requests)) for n in (report.input_tokens, report.requested_output_tokens))
+        report.llama_cpp, command = batched_bench(tool, gguf, report.threads, mean_in, mean_out, len(requests))
         report.llama_cpp_command = " ".join(command)
     report.load = (load_at_start, load_average())
     print(format_report(report, args))
