@@ -9,6 +9,7 @@ from zhuzi.bench.llamacpp import LlamaCppError, find_tool, parse_batched_bench, 
 from zhuzi.cli import build_parser
 
 DATA = Path(__file__).parent / "data"
+NOT_BUILT = "llama.cpp is not built (../shared/tools/build-llamacpp.sh)"
 
 
 def run_tool(argv: list[str]):
@@ -61,7 +62,7 @@ def test_compare_needs_a_gguf_model(tmp_path):
         run_tool(["bench", "decode", "--model", str(tmp_path), "--compare", "llama.cpp"])
 
 
-@pytest.mark.skipif(not built("llama-bench"), reason="llama.cpp is not built (../shared/tools/build-llamacpp.sh)")
+@pytest.mark.skipif(not built("llama-bench"), reason=NOT_BUILT)
 def test_decode_runs_llama_bench_on_the_same_gguf_and_threads(capsys):
     report = run_tool(["bench", "decode", "--quantization", "int4", "--prompt-len", "16", "--max-tokens", "8",
                        "--runs", "1", "--bandwidth-repeats", "1", "--compare", "llama.cpp"])
@@ -76,7 +77,7 @@ def test_decode_runs_llama_bench_on_the_same_gguf_and_threads(capsys):
     assert "zhuzi / llama.cpp decode:" in printed and "tg8:" in printed and "load:" in printed
 
 
-@pytest.mark.skipif(not built("llama-batched-bench"), reason="llama.cpp is not built (../shared/tools/build-llamacpp.sh)")
+@pytest.mark.skipif(not built("llama-batched-bench"), reason=NOT_BUILT)
 def test_offline_runs_llama_batched_bench_with_the_workloads_mean_lengths(capsys):
     report = run_tool(["bench", "offline", "--num-prompts", "4", "--min-input", "16", "--max-input", "32",
                        "--min-output", "8", "--max-output", "12", "--no-transformers", "--compare", "llama.cpp"])

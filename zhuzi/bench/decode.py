@@ -7,6 +7,11 @@ The bandwidth is measured in the same process, with the same threads, as the
 best of several read-only sums over a buffer much larger than the caches.
 Decode tokens/s count the whole step loop (scheduler, model, sampler,
 detokenizer); llama-bench's tg counts its model calls, from an empty context.
+
+With --compare llama.cpp the two engines take turns, round by round (zhuzi's
+run, then `llama-bench -r 1`, then zhuzi again ...), so that on a shared
+machine both see the same load: each engine's figure is its best round, and
+every round's ratio is kept beside them.
 """
 from __future__ import annotations
 
@@ -30,7 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="prompt tokens; 512 measures prefill at length (default %(default)s)")
     parser.add_argument("--max-tokens", type=int, default=256, help="tokens to generate (default %(default)s)")
     parser.add_argument("--runs", type=int, default=3,
-                        help="measured runs after one warm-up; each figure is the best run's (default %(default)s)")
+                        help="measured runs after one warm-up, each followed by a llama-bench run with --compare; "
+                             "each figure is the best run's (default %(default)s)")
     parser.add_argument("--bandwidth-repeats", type=int, default=5,
                         help="reads of the bandwidth buffer; the fastest counts (default %(default)s)")
     parser.add_argument("--json-out", default=None, help="also write the report to this JSON file")
@@ -39,11 +45,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 @dataclass
 class LlamaCppDecode:
-    """llama-bench's prompt processing (pp) and generation (tg) tests of the same lengths."""
+    """llama-bench's prompt processing (pp) and generation (tg) tests of the same lengths: the best of its
+    rounds, and each round's."""
 
     command: str
-    prefill: BenchTest
-    decode: BenchTest
+    rounds: list[tuple[BenchTest, BenchTest]]
+
+    @property
+    def prefill(self) -> BenchTest:
+        return max((pp for pp, _ in self.rounds), key=lambda t: t.tokens_per_s)
+
+    @property
+    def decode(self) -> BenchTest:
+        return max((tg for _, tg in self.rounds), key=lambda t: t.tokens_per_s)
 
 
 @dataclass
@@ -61,6 +75,7 @@ class DecodeReport:
     weight_bytes_per_step: int
     model_step_s: float  # mean seconds of the model runner's part of a decode step
     load: tuple[float, float]  # 1-minute load average at the start and at the end
+    decode_rounds: list[float]  # decode tokens/s of each measured run
     llama_cpp: LlamaCppDecode | None = None
 
     @property
@@ -80,6 +95,11 @@ class DecodeReport:
         return self.decode_tokens_per_s / self.roofline_tokens_per_s
 
     @property
+    def step_overhead_s(self) -> float:
+        """A decode step's time beyond reading its weights at the measured bandwidth (norms, attention, Python...)."""
+        return self.decode_step_s - self.weight_bytes_per_step / self.bandwidth_bytes_per_s
+
+    @property
     def ratios(self) -> tuple[float, float] | None:
         """zhuzi / llama.cpp tokens/s: (prefill, decode)."""
         if self.llama_cpp is None:
@@ -87,9 +107,17 @@ class DecodeReport:
         return (self.prefill_tokens_per_s / self.llama_cpp.prefill.tokens_per_s,
                 self.decode_tokens_per_s / self.llama_cpp.decode.tokens_per_s)
 
+    @property
+    def decode_ratios_by_round(self) -> list[float] | None:
+        """zhuzi / llama.cpp decode tokens/s of each round (the two runs of a round are neighbours in time)."""
+        if self.llama_cpp is None:
+            return None
+        return [ours / tg.tokens_per_s for ours, (_, tg) in zip(self.decode_rounds, self.llama_cpp.rounds)]
+
     def to_dict(self) -> dict:
         return asdict(self) | {name: getattr(self, name) for name in (
-            "prefill_tokens_per_s", "decode_tokens_per_s", "roofline_tokens_per_s", "roofline_fraction", "ratios")}
+            "prefill_tokens_per_s", "decode_tokens_per_s", "roofline_tokens_per_s", "roofline_fraction", "ratios",
+            "step_overhead_s", "decode_ratios_by_round")}
 
 
 def decode_step_seconds(metrics, output_tokens: int) -> float:
@@ -112,24 +140,24 @@ def run(args: argparse.Namespace) -> DecodeReport:
                                      llm.model_config.vocab_size)
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
     llm.generate([requests[0].prompt_token_ids], params, use_tqdm=False)  # warm-up: first-call costs
-    prefill_s, step_s, model_s = float("inf"), float("inf"), float("inf")
+    prefill_s, model_s, rounds, peer_rounds = float("inf"), float("inf"), [], []
     for request in requests[1:]:
         output = llm.generate([request.prompt_token_ids], params, use_tqdm=False)[0]
         prefill_s = min(prefill_s, output.metrics.prefill_time)
-        step_s = min(step_s, decode_step_seconds(output.metrics, len(output.outputs[0].token_ids)))
+        rounds.append(1 / decode_step_seconds(output.metrics, len(output.outputs[0].token_ids)))
         model_s = min(model_s, statistics.fmean(output.metrics.decode_step_times or [float("nan")]))
+        if tool is not None:
+            *tests, command = llama_bench(tool, gguf, torch.get_num_threads(), len(request.prompt_token_ids),
+                                          len(output.outputs[0].token_ids), 1)
+            peer_rounds.append(tuple(tests))
     report = DecodeReport(
         machine=machine_line(), model=args.model or "SmolLM2-135M-Instruct (embedded GGUF)",
         dtype=args.dtype, quantization=args.quantization, threads=torch.get_num_threads(),
         prompt_tokens=len(request.prompt_token_ids), output_tokens=len(output.outputs[0].token_ids),
-        prefill_s=prefill_s, decode_step_s=step_s,
+        prefill_s=prefill_s, decode_step_s=1 / max(rounds),
         bandwidth_bytes_per_s=measure_bandwidth(args.bandwidth_repeats),
-        weight_bytes_per_step=llm.weight_bytes_per_decode_step, model_step_s=model_s, load=(load_at_start, 0.0))
-    if gguf is not None:
-        del llm  # llama.cpp gets the memory and the cores to itself
-        prefill, decode, command = llama_bench(tool, gguf, report.threads, report.prompt_tokens, report.output_tokens,
-                                               args.runs)
-        report.llama_cpp = LlamaCppDecode(" ".join(command), prefill, decode)
+        weight_bytes_per_step=llm.weight_bytes_per_decode_step, model_step_s=model_s, load=(load_at_start, 0.0),
+        decode_rounds=rounds, llama_cpp=LlamaCppDecode(" ".join(command), peer_rounds) if tool else None)
     report.load = (load_at_start, load_average())
     print(format_report(report, args))
     if args.json_out:
@@ -155,15 +183,20 @@ def format_report(r: DecodeReport, args: argparse.Namespace) -> str:
         f"weights:    {r.weight_bytes_per_step / 1e6:10.1f} MB a decode step",
         f"roofline:   {r.roofline_tokens_per_s:10.1f} tokens/s  -> decode at "
         f"{100 * r.roofline_fraction:.1f} % of roofline",
+        f"overhead:   {r.step_overhead_s * 1e3:10.2f} ms a step beside reading the weights at that bandwidth",
     ]
     if r.llama_cpp:
         peer, (prefill_ratio, decode_ratio) = r.llama_cpp, r.ratios
         lines += [
             f"llama.cpp:  {peer.command}",
             f"            build {peer.decode.build}, {peer.decode.model_type}, {peer.decode.n_threads} threads",
-            f"  {peer.prefill.name + ':':<9} {peer.prefill.tokens_per_s:10.1f} tokens/s  (+- {peer.prefill.stddev:.1f})"
+            f"  {peer.prefill.name + ':':<9} {peer.prefill.tokens_per_s:10.1f} tokens/s  (best round)"
             f"   zhuzi / llama.cpp prefill: {prefill_ratio:.2f}x",
-            f"  {peer.decode.name + ':':<9} {peer.decode.tokens_per_s:10.1f} tokens/s  (+- {peer.decode.stddev:.1f})"
+            f"  {peer.decode.name + ':':<9} {peer.decode.tokens_per_s:10.1f} tokens/s  (best round)"
             f"   zhuzi / llama.cpp decode:  {decode_ratio:.2f}x",
+            f"rounds:     zhuzi, then llama-bench -r 1, {len(peer.rounds)} times; decode tokens/s by round: zhuzi "
+            + " ".join(f"{x:.1f}" for x in r.decode_rounds) + ", llama.cpp "
+            + " ".join(f"{tg.tokens_per_s:.1f}" for _, tg in peer.rounds) + "; ratios "
+            + " ".join(f"{x:.2f}" for x in r.decode_ratios_by_round),
         ]
     return "\n".join(lines)
