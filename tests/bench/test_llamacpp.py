@@ -65,8 +65,9 @@ def test_compare_needs_a_gguf_model(tmp_path):
 @pytest.mark.skipif(not built("llama-bench"), reason=NOT_BUILT)
 def test_decode_runs_llama_bench_on_the_same_gguf_and_threads(capsys):
     report = run_tool(["bench", "decode", "--quantization", "int4", "--prompt-len", "16", "--max-tokens", "8",
-                       "--runs", "1", "--bandwidth-repeats", "1", "--compare", "llama.cpp"])
+                       "--runs", "2", "--bandwidth-repeats", "1", "--compare", "llama.cpp"])
     peer = report.llama_cpp
+    assert len(peer.rounds) == len(report.decode_rounds) == len(report.decode_ratios_by_round) == 2  # taking turns
     assert (peer.prefill.n_prompt, peer.decode.n_gen) == (16, 8)
     assert peer.decode.n_threads == report.threads and "Q4_1" in peer.decode.model_type
     assert "SmolLM2-135M-Instruct.Q4_1.gguf" in peer.command
@@ -80,7 +81,10 @@ def test_decode_runs_llama_bench_on_the_same_gguf_and_threads(capsys):
 @pytest.mark.skipif(not built("llama-batched-bench"), reason=NOT_BUILT)
 def test_offline_runs_llama_batched_bench_with_the_workloads_mean_lengths(capsys):
     report = run_tool(["bench", "offline", "--num-prompts", "4", "--min-input", "16", "--max-input", "32",
-                       "--min-output", "8", "--max-output", "12", "--no-transformers", "--compare", "llama.cpp"])
+                       "--min-output", "8", "--max-output", "12", "--no-transformers", "--rounds", "2",
+                       "--compare", "llama.cpp"])
+    assert len(report.zhuzi_rounds) == len(report.llama_cpp_rounds) == 2  # taking turns
+    assert report.zhuzi.tokens_per_s == max(report.zhuzi_rounds)
     peer = report.llama_cpp
     assert peer.pl == 4 and peer.n_threads == report.threads
     assert peer.pp == round(report.input_tokens / 4) and peer.tg == round(report.requested_output_tokens / 4)

@@ -8,7 +8,11 @@ and one short warm-up request each before the clock starts (first-call costs
 such as allocations are start-up, not throughput). llama-batched-bench runs as
 many sequences at once, each with the workload's mean prompt and output
 lengths (the same token totals); its output tokens/s count its whole run,
-prefill included, as zhuzi's do.
+prefill included, as zhuzi's do. With --rounds N the two take turns N times
+(zhuzi's pass, then llama-batched-bench, ...), so that on a shared machine both
+see the same load; each engine's figure is its best round. Every round's prompts
+start with a token of their own, so that no round is served from the prefix
+cache of an earlier one.
 """
 from __future__ import annotations
 
@@ -19,7 +23,7 @@ import time
 from dataclasses import asdict, dataclass
 
 from zhuzi.bench import add_compare_arguments, load_average, load_llm, machine_line
-from zhuzi.bench.datasets import TokenRequest, hf_source, random_token_requests
+from zhuzi.bench.datasets import TokenRequest, hf_source, random_token_requests, sampleable_token_ids
 from zhuzi.bench.llamacpp import BatchedRun, batched_bench, find_tool, gguf_of
 from zhuzi.config import EngineConfig
 
@@ -38,6 +42,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hf-num-prompts", type=int, default=None,
                         help="run transformers on the first N requests only, rounded up to whole "
                              "batches (default: all)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="zhuzi passes over the workload, each followed by llama-batched-bench with --compare; "
+                             "each engine's best round counts (default %(default)s)")
     parser.add_argument("--json-out", default=None, help="also write the report to this JSON file")
     add_compare_arguments(parser)
 
@@ -71,8 +78,14 @@ class OfflineReport:
     comparison: str  # what the ratio compares, in words
     threads: int
     load: tuple[float, float]  # 1-minute load average at the start and at the end
-    llama_cpp: BatchedRun | None = None
+    zhuzi_rounds: list[float]  # zhuzi's output tokens/s of each round
+    llama_cpp_rounds: list[BatchedRun]
     llama_cpp_command: str | None = None
+
+    @property
+    def llama_cpp(self) -> BatchedRun | None:
+        """llama-batched-bench's best round."""
+        return max(self.llama_cpp_rounds, key=lambda r: r.output_tokens_per_s, default=None)
 
     @property
     def ratio(self) -> float | None:
@@ -88,12 +101,13 @@ class OfflineReport:
         if self.transformers:
             data["transformers"]["tokens_per_s"] = self.transformers.tokens_per_s
         if self.llama_cpp:
-            data["llama_cpp"]["output_tokens_per_s"] = self.llama_cpp.output_tokens_per_s
+            data["llama_cpp"] = asdict(self.llama_cpp) | {"output_tokens_per_s": self.llama_cpp.output_tokens_per_s}
         data["ratio"], data["llama_cpp_ratio"] = self.ratio, self.llama_cpp_ratio
         return data
 
 
-def run_zhuzi(args: argparse.Namespace) -> tuple[EngineRun, list[TokenRequest]]:
+def load_zhuzi(args: argparse.Namespace) -> tuple:
+    """(the LLM, the workload, load seconds), after a short warm-up request."""
     from zhuzi import SamplingParams
 
     start = time.perf_counter()
@@ -101,13 +115,20 @@ def run_zhuzi(args: argparse.Namespace) -> tuple[EngineRun, list[TokenRequest]]:
     load_s = time.perf_counter() - start
     requests = make_workload(args, llm.tokenizer.hf, llm.model_config.vocab_size)
     llm.generate([requests[0].prompt_token_ids[:8]], SamplingParams(max_tokens=4), use_tqdm=False)
-    params = [SamplingParams(temperature=args.temperature, max_tokens=r.max_tokens, ignore_eos=True)
+    return llm, requests, load_s
+
+
+def run_zhuzi(llm, requests: list[TokenRequest], temperature: float, first_token: int, load_s: float) -> EngineRun:
+    """One pass over the workload, every prompt starting with `first_token` (a round's own)."""
+    from zhuzi import SamplingParams
+
+    params = [SamplingParams(temperature=temperature, max_tokens=r.max_tokens, ignore_eos=True)
               for r in requests]
     start = time.perf_counter()
-    outputs = llm.generate([r.prompt_token_ids for r in requests], params, use_tqdm=True)
+    outputs = llm.generate([[first_token] + r.prompt_token_ids[1:] for r in requests], params, use_tqdm=True)
     wall_s = time.perf_counter() - start
     tokens = sum(len(out.outputs[0].token_ids) for out in outputs)
-    return EngineRun("zhuzi", len(requests), tokens, wall_s, load_s), requests
+    return EngineRun("zhuzi", len(requests), tokens, wall_s, load_s)
 
 
 def make_workload(args: argparse.Namespace, tokenizer, vocab_size: int) -> list[TokenRequest]:
@@ -187,20 +208,28 @@ def run(args: argparse.Namespace) -> OfflineReport:
     # A --compare that cannot run fails before anything else does.
     gguf, tool = ((gguf_of(args.model), find_tool("llama-batched-bench", args.llama_cpp_bin)) if args.compare
                   else (None, None))
-    zhuzi_run, requests = run_zhuzi(args)
+    llm, requests, load_s = load_zhuzi(args)
+    mean_in, mean_out = (round(sum(lengths) / len(requests)) for lengths in zip(
+        *((len(r.prompt_token_ids), r.max_tokens) for r in requests)))
+    first_tokens = sampleable_token_ids(llm.tokenizer.hf, llm.model_config.vocab_size)[:args.rounds].tolist()
+    zhuzi_runs, peer_runs, command = [], [], None
+    for first in first_tokens:
+        zhuzi_runs.append(run_zhuzi(llm, requests, args.temperature, first, load_s))
+        if tool is not None:
+            run_, command = batched_bench(tool, gguf, torch.get_num_threads(), mean_in, mean_out, len(requests))
+            peer_runs.append(run_)
+    del llm  # transformers gets the memory to itself
     hf_run = None if args.no_transformers else run_transformers(args, requests[:hf_subset_size(args)])
     report = OfflineReport(
         machine=machine_line(), model=args.model or "SmolLM2-135M-Instruct (embedded GGUF)",
         dtype=args.dtype, quantization=args.quantization, num_prompts=len(requests),
         input_tokens=sum(len(r.prompt_token_ids) for r in requests),
         requested_output_tokens=sum(r.max_tokens for r in requests),
-        zhuzi=zhuzi_run, transformers=hf_run,
+        zhuzi=max(zhuzi_runs, key=lambda r: r.tokens_per_s), transformers=hf_run,
         comparison=comparison_note(len(requests), hf_run, args.hf_batch_size),
-        threads=torch.get_num_threads(), load=(load_at_start, 0.0))
-    if gguf is not None:
-        mean_in, mean_out = (round(n / len(requests)) for n in (report.input_tokens, report.requested_output_tokens))
-        report.llama_cpp, command = batched_bench(tool, gguf, report.threads, mean_in, mean_out, len(requests))
-        report.llama_cpp_command = " ".join(command)
+        threads=torch.get_num_threads(), load=(load_at_start, 0.0),
+        zhuzi_rounds=[r.tokens_per_s for r in zhuzi_runs], llama_cpp_rounds=peer_runs,
+        llama_cpp_command=" ".join(command) if command else None)
     report.load = (load_at_start, load_average())
     print(format_report(report, args))
     if args.json_out:
@@ -236,4 +265,8 @@ def format_report(report: OfflineReport, args: argparse.Namespace) -> str:
     lines.append(f"compared:  {report.comparison}")
     if report.llama_cpp_command:
         lines.append(f"llama.cpp: {report.llama_cpp_command}")
+    if len(report.zhuzi_rounds) > 1:
+        peer = " ".join(f"{r.output_tokens_per_s:.1f}" for r in report.llama_cpp_rounds)
+        lines.append("rounds:    output tokens/s by round (each engine's best counts): zhuzi "
+                     + " ".join(f"{x:.1f}" for x in report.zhuzi_rounds) + (f", llama.cpp {peer}" if peer else ""))
     return "\n".join(lines)
