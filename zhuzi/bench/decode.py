@@ -155,7 +155,7 @@ def run(args: argparse.Namespace) -> DecodeReport:
         dtype=args.dtype, quantization=args.quantization, threads=torch.get_num_threads(),
         prompt_tokens=len(request.prompt_token_ids), output_tokens=len(output.outputs[0].token_ids),
         prefill_s=prefill_s, decode_step_s=1 / max(rounds),
-        bandwidth_bytes_per_s=measure_bandwidth(args.bandwidth_repeats),
+        bandwidth_bytes_per_s=measure_read_bandwidth(args.device, BANDWIDTH_BUFFER_BYTES, args.bandwidth_repeats),
         weight_bytes_per_step=llm.weight_bytes_per_decode_step, model_step_s=model_s, load=(load_at_start, 0.0),
         decode_rounds=rounds, llama_cpp=LlamaCppDecode(" ".join(command), peer_rounds) if tool else None)
     report.load = (load_at_start, load_average())
