@@ -18,9 +18,10 @@ VOCAB = 1000
 def build(arch: str, directory: Path, layers: int = 2, vocab_size: int = VOCAB,
           **overrides) -> transformers.PreTrainedModel:
     cls = CLASSES[arch]
-    config = cls.config_class(hidden_size=64, num_hidden_layers=layers, vocab_size=vocab_size, num_attention_heads=4,
-                              num_key_value_heads=2, intermediate_size=128, bos_token_id=1, eos_token_id=2,
-                              max_position_embeddings=4096, rope_theta=10000.0, **overrides)
+    shape = dict(hidden_size=64, num_hidden_layers=layers, vocab_size=vocab_size, num_attention_heads=4,
+                 num_key_value_heads=2, intermediate_size=128, bos_token_id=1, eos_token_id=2,
+                 max_position_embeddings=4096, rope_theta=10000.0)
+    config = cls.config_class(**(shape | overrides))
     torch.manual_seed(0)
     model = cls(config).eval()
     with torch.no_grad():  # larger than HF's init so that tokens are not near-ties everywhere

@@ -125,7 +125,9 @@ def cmd_plan(args: argparse.Namespace) -> None:
     c = load_model_config(config.model)
     plan = config.kv_plan(c)
     value_bytes = config.torch_dtype.itemsize
-    weight_bytes = c.decode_weight_bytes(1.0 if config.quantization == "int8" else value_bytes)
+    # int8: a byte a weight; int4: Q4_1 blocks (20 bytes per 32 weights) and a Q8_0 LM head (34 per 32)
+    per_weight = {None: (value_bytes, None), "int8": (1.0, None), "int4": (20 / 32, 34 / 32)}[config.quantization]
+    weight_bytes = c.decode_weight_bytes(*per_weight)
     print(f"model: {c.architecture}, {c.num_layers} layers, {c.num_kv_heads} KV heads x {c.head_dim} dims, "
           f"{c.num_parameters / 1e6:.1f} M parameters, {config.dtype}")
     print(f"KV bytes per token: 2 x {c.num_layers} layers x {c.num_kv_heads} kv_heads x {c.head_dim} head_dim "

@@ -44,10 +44,12 @@ class ModelConfig:
         embed = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
         return n * per_layer + embed + h
 
-    def decode_weight_bytes(self, bytes_per_weight: float) -> int:
+    def decode_weight_bytes(self, bytes_per_weight: float, head_bytes_per_weight: float | None = None) -> int:
         """Weight bytes one decode step reads: every matrix once, but only one embedding row."""
+        head = self.vocab_size * self.hidden_size
         unread_embedding = (self.vocab_size - 1) * self.hidden_size if not self.tie_word_embeddings else 0
-        return int((self.num_parameters - unread_embedding) * bytes_per_weight)
+        body = self.num_parameters - unread_embedding - head
+        return int(body * bytes_per_weight + head * (head_bytes_per_weight or bytes_per_weight))
 
 
 @dataclass(frozen=True)
@@ -153,7 +155,12 @@ class EngineConfig(Settings):
         0, "while others decode, a prompt advances at most this many tokens a step, so a long prompt "
            "cannot stall the running streams (0: no cap)")
     enable_prefix_caching: bool = setting(True, "reuse the KV blocks of prompt prefixes seen before")
-    quantization: str | None = setting(None, "weight-only quantization, applied at load", choices=["int8"])
+    quantization: str | None = setting(
+        None, "weight quantization, applied at load: int8 (per output channel) or int4 (the GGUF's Q4_1 "
+              "blocks, Q8_0 LM head)", choices=["int8", "int4"])
+    fused_decode: bool = setting(
+        True, "run a step of at most 8 decodes as one native call (CPU, bfloat16); off: the per-layer path, "
+              "whose bf16 rounding differs (see zhuzi/model/fused.py)")
     seed: int = setting(0, "seed of the random stream that unseeded requests sample from")
     tensor_parallel_size: int = setting(
         1, "split every layer across this many processes (torch.distributed: gloo on CPU, NCCL on CUDA); "

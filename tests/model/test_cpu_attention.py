@@ -1,8 +1,9 @@
-"""The CPU decode-attention kernel against a float64 softmax over the gathered rows."""
+"""The CPU attention kernels against a float64 softmax over the gathered rows: decode rows, and the
+tiled kernel for prompt chunks."""
 import pytest
 import torch
 
-from zhuzi.model.cpu_attention import _kernel, paged_decode_attention
+from zhuzi.model.cpu_attention import _kernel, _prefill_kernel, paged_decode_attention, paged_prefill_attention
 
 pytestmark = pytest.mark.skipif(_kernel() is None, reason="no C++ compiler to build the kernel")
 
@@ -83,3 +84,70 @@ def test_rejects_slots_outside_the_pool():
     slots[1, 0] = k_cache.shape[0]
     with pytest.raises(IndexError):
         paged_decode_attention(q, k_cache, v_cache, slots, lengths, 0.125)
+
+
+def causal_reference(q, k_cache, v_cache, slots, scale):
+    """q: [L, heads, dim] at positions context - L ..; slots: [context]."""
+    length, context, group = q.shape[0], slots.shape[0], q.shape[1] // k_cache.shape[1]
+    k = k_cache[slots].double().repeat_interleave(group, dim=1)  # [context, heads, dim]
+    v = v_cache[slots].double().repeat_interleave(group, dim=1)
+    scores = torch.einsum("lhd,chd->hlc", q.double(), k) * scale
+    late = torch.arange(context)[None, :] > torch.arange(context - length, context)[:, None]
+    return torch.einsum("hlc,chd->lhd", torch.softmax(scores.masked_fill(late, float("-inf")), dim=-1), v)
+
+
+def make_chunk(length, context, heads, kv_heads, dim, seed=0):
+    """bf16 queries of a chunk and a pool whose history slots are scattered; other slots hold NaN."""
+    g = torch.Generator().manual_seed(seed)
+    pool = 2 * context + 16
+    k_cache = torch.full((pool, kv_heads, dim), float("nan")).bfloat16()
+    v_cache = k_cache.clone()
+    slots = torch.randperm(pool, generator=g)[:context]
+    k_cache[slots] = torch.randn(context, kv_heads, dim, generator=g).bfloat16()
+    v_cache[slots] = torch.randn(context, kv_heads, dim, generator=g).bfloat16()
+    q = (3 * torch.randn(length, heads, dim, generator=g)).bfloat16()  # peaked softmaxes too
+    return q, k_cache, v_cache, slots
+
+
+needs_prefill_kernel = pytest.mark.skipif(
+    _prefill_kernel() is None or paged_prefill_attention(*make_chunk(1, 1, 1, 1, 32), 1.0) is None,
+    reason="no AVX512-BF16 for the tiled prefill kernel")
+
+
+@needs_prefill_kernel
+@pytest.mark.parametrize("length,context", [(1, 1), (1, 40), (16, 16), (17, 50), (100, 100), (45, 700)])
+@pytest.mark.parametrize("heads,kv_heads,dim", [(9, 3, 64), (4, 4, 32), (8, 2, 128), (2, 1, 96)])
+def test_prefill_matches_the_float64_causal_reference(length, context, heads, kv_heads, dim):
+    q, k_cache, v_cache, slots = make_chunk(length, context, heads, kv_heads, dim)
+    out = paged_prefill_attention(q, k_cache, v_cache, slots, dim ** -0.5)
+    assert out.dtype == torch.bfloat16 and out.shape == q.shape
+    expected = causal_reference(q, k_cache, v_cache, slots, dim ** -0.5)
+    # probabilities meet V as bf16 (2^-9 of each weight) and the output is rounded once (2^-9 of it)
+    bound = 2 ** -9 * v_cache[slots].double().abs().max() + 2 ** -8 * expected.abs() + 1e-5
+    assert ((out.double() - expected).abs() <= bound).all()
+
+
+@needs_prefill_kernel
+def test_a_query_gets_the_same_bits_however_its_prompt_is_chunked():
+    """Each query's arithmetic depends only on its position and history, never on the chunk around it."""
+    q, k_cache, v_cache, slots = make_chunk(300, 300, 9, 3, 64)
+    whole = paged_prefill_attention(q, k_cache, v_cache, slots, 0.125)
+    for start, end in [(0, 23), (23, 64), (64, 65), (65, 300)]:
+        part = paged_prefill_attention(q[start:end], k_cache, v_cache, slots[:end], 0.125)
+        assert torch.equal(part, whole[start:end])
+
+
+@needs_prefill_kernel
+def test_prefill_declines_what_it_was_not_built_for():
+    q, k_cache, v_cache, slots = make_chunk(4, 10, 4, 2, 64)
+    assert paged_prefill_attention(q.float(), k_cache.float(), v_cache.float(), slots, 0.125) is None  # fp32
+    q, k_cache, v_cache, slots = make_chunk(4, 10, 4, 2, 48)
+    assert paged_prefill_attention(q, k_cache, v_cache, slots, 0.125) is None
+
+
+@needs_prefill_kernel
+def test_prefill_rejects_slots_outside_the_pool():
+    q, k_cache, v_cache, slots = make_chunk(4, 10, 4, 2, 64)
+    slots[3] = k_cache.shape[0]
+    with pytest.raises(IndexError):
+        paged_prefill_attention(q, k_cache, v_cache, slots, 0.125)

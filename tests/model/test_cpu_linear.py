@@ -1,10 +1,13 @@
-"""The small-batch CPU linear kernel against a float64 matrix product."""
+"""The CPU linear kernels against float64 matrix products: the small-batch kernel (dense and int8
+weights), the tiled kernel (Q4/Q8 tiles, any number of rows) and int8 compute (per-row int8 inputs)."""
 import pytest
 import torch
 
-from zhuzi.model.cpu_linear import _kernel, small_m_linear
+from zhuzi.model.cpu_linear import _kernel, int8_matmul, small_m_linear, tiled_linear, tiled_linear_available
+from zhuzi.model.quant import pack_q4, pack_q8, unpack_q4, unpack_q8
 
 pytestmark = pytest.mark.skipif(_kernel() is None, reason="no C++ compiler to build the kernel")
+needs_tiles = pytest.mark.skipif(not tiled_linear_available(), reason="no AVX512-BF16/VBMI for the tiled kernel")
 
 # Relative to the largest |output|: the float32 sums of K products, plus one rounding of the output
 # to bf16 (half an ulp, 2^-9) when x is bf16.
@@ -72,3 +75,92 @@ def test_declines_what_it_does_not_serve():
     x, w, scale = problem(2, 16, 64, torch.float32, int8=True)
     assert small_m_linear(x, w) is None  # int8 needs its scales
     assert small_m_linear(x, w, scale[:8]) is None
+
+
+TILES = {"q4": (pack_q4, unpack_q4), "q8": (pack_q8, unpack_q8)}
+
+
+def tiled_problem(m: int, n: int, k: int, fmt: str, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g)
+    x[:, 7] *= 20  # an outlier channel, as real activations have
+    pack, unpack = TILES[fmt]
+    tiles = pack(torch.randn(n, k, generator=g) * 0.05)
+    return x.bfloat16(), tiles, unpack(tiles, n)
+
+
+@needs_tiles
+@pytest.mark.parametrize("fmt", ["q4", "q8"])
+@pytest.mark.parametrize("n,k", [(64, 576), (37, 1536), (5, 32)])
+@pytest.mark.parametrize("m", [1, 2, 3, 5, 8, 9, 17, 130])
+def test_tiles_match_the_float64_product_of_their_weights(m, n, k, fmt):
+    """The inputs meet the weights unrounded: only float32 sums and the output's bf16 rounding remain."""
+    x, tiles, w = tiled_problem(m, n, k, fmt)
+    y = tiled_linear(x, tiles, fmt, n)
+    assert y is not None and y.dtype == torch.bfloat16 and y.shape == (m, n)
+    expected = x.double() @ w.double().T
+    assert (y.double() - expected).abs().max() <= TOLERANCE[torch.bfloat16] * expected.abs().max()
+
+
+@needs_tiles
+@pytest.mark.parametrize("fmt", ["q4", "q8"])
+def test_tiled_row_is_bitwise_the_same_alone_in_any_batch_and_thread_count(fmt):
+    x, tiles, _ = tiled_problem(40, 203, 576, fmt)
+    batched = tiled_linear(x, tiles, fmt, 203)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for i in (0, 9, 39):
+            assert torch.equal(tiled_linear(x[i:i + 1], tiles, fmt, 203)[0], batched[i])
+            assert torch.equal(tiled_linear(x[i:i + 3], tiles, fmt, 203)[0], batched[i])
+    finally:
+        torch.set_num_threads(threads)
+
+
+@needs_tiles
+def test_tiled_kernel_declines_what_it_does_not_serve():
+    x, tiles, _ = tiled_problem(2, 16, 64, "q4")
+    assert tiled_linear(x.float(), tiles, "q4", 16) is None  # float32 runs on torch (the reference)
+    assert tiled_linear(x[:, :32], tiles, "q4", 16) is None  # inputs of another width
+
+
+def emulated_int8(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """int8 compute in float64: each row over its range (widened to hold 0) onto -128..127, x = s (q - z)."""
+    xf = x.float()
+    lo, hi = xf.amin(1, keepdim=True).clamp(max=0), xf.amax(1, keepdim=True).clamp(min=0)
+    inv = torch.where(hi > lo, 255 / (hi - lo), 0)
+    zero = torch.round(-lo * inv) - 128
+    q = torch.clamp(torch.round(xf * inv) + zero, -128, 127)
+    s = ((hi - lo) / 255).double()
+    return (q.double() - zero.double()) @ w.double().T * s * scale.double()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("m,n,k", [(9, 64, 576), (33, 37, 1536), (200, 130, 96)])
+def test_int8_compute_matches_its_arithmetic_and_stays_near_the_exact_product(m, n, k, dtype):
+    g = torch.Generator().manual_seed(m)
+    x = (torch.randn(m, k, generator=g) + 0.3).to(dtype)
+    x[:, 3] *= 20
+    w, scale = quantize(torch.randn(n, k, generator=g))
+    y = int8_matmul(x, w, scale.float(), w.sum(1, dtype=torch.int32))
+    assert y is not None and y.dtype == dtype and y.shape == (m, n)
+    expected = emulated_int8(x, w, scale.float())
+    assert (y.double() - expected).abs().max() <= TOLERANCE[dtype] * expected.abs().max()
+    weights = w.double() * scale.double()[:, None]
+    exact = x.double() @ weights.T
+    # each input moves by at most half a step (1/255 of its row's range, widened to hold 0)
+    xf = x.double()
+    step = (xf.amax(1).clamp(min=0) - xf.amin(1).clamp(max=0)) / 255
+    bound = step[:, None] / 2 * weights.abs().sum(1)[None, :]
+    assert ((y.double() - exact).abs() <= bound + TOLERANCE[dtype] * exact.abs().max()).all()
+
+
+def test_int8_compute_adds_the_bias_and_is_row_by_row():
+    x, w, scale = problem(40, 50, 96, torch.bfloat16, int8=True)
+    bias = torch.randn(50).bfloat16()
+    sums = w.sum(1, dtype=torch.int32)
+    batched = int8_matmul(x, w, scale.float(), sums, bias)
+    unbiased = int8_matmul(x, w, scale.float(), sums).float() + bias.float()
+    assert (batched.float() - unbiased).abs().max() <= 2 ** -7 * unbiased.abs().max()  # two roundings to bf16
+    for i in (0, 17, 39):
+        assert torch.equal(int8_matmul(x[i:i + 1], w, scale.float(), sums, bias)[0], batched[i])

@@ -1,12 +1,13 @@
-"""Benchmark tools, `zhuzi bench offline | decode | structured | serve | polling | scaling`: they time the whole
-request path.
+"""Benchmark tools, `zhuzi bench offline | decode | structured | serve | polling | scaling | accuracy`: they time
+the whole request path.
 
-offline:    many requests through LLM.generate, against Hugging Face transformers.
-decode:     one stream's prefill and decode speed against the memory-bandwidth roofline.
+offline:    many requests through LLM.generate, against Hugging Face transformers (and llama.cpp).
+decode:     one stream's prefill and decode speed against the memory-bandwidth roofline (and llama.cpp).
 structured: a batch's decode step with every row under a JSON schema, against none.
 serve:      an OpenAI-API load generator for any compatible server.
 polling:    serve's load with and without the inspector page's polling, side by side.
 scaling:    `zhuzi serve` in-process, with an engine process, 2 data-parallel replicas, TP=2, side by side.
+accuracy:   what each quantization costs in quality against bf16.
 """
 from __future__ import annotations
 
@@ -23,15 +24,15 @@ TOOLS = {
     "serve": "load-test an OpenAI-compatible server (TTFT, TPOT, ITL, end-to-end latency)",
     "polling": "what the inspector's polling costs: serve's load quiet vs polled, alternating on one server",
     "scaling": "zhuzi serve's process layouts (engine process, data and tensor parallel) under one load",
+    "accuracy": "greedy agreement, logprob differences and perplexity of each quantization against bf16",
 }
 
 
 def register(subparsers) -> None:
-    """Add `bench offline | decode | structured | serve | polling | scaling` to the zhuzi command line."""
+    """Add `bench offline | decode | structured | serve | polling | scaling | accuracy` to the zhuzi command line."""
     bench = subparsers.add_parser("bench", help="run a benchmark", description=__doc__,
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-    tools = bench.add_subparsers(dest="bench_tool", required=True,
-                                 metavar="{offline,decode,structured,serve,polling,scaling}")
+    tools = bench.add_subparsers(dest="bench_tool", required=True, metavar="{" + ",".join(TOOLS) + "}")
     for name, summary in TOOLS.items():
         # Each tool module imports its heavy dependencies (torch, transformers) only when it runs.
         module = importlib.import_module(f"zhuzi.bench.{name}")
@@ -49,17 +50,40 @@ def load_llm(args: argparse.Namespace):
     return LLM(**vars(EngineConfig.from_cli_args(args)))
 
 
+def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--compare", choices=["llama.cpp"], default=None,
+                        help="also run this peer on the same GGUF with the same threads, and print the ratio")
+    parser.add_argument("--llama-cpp-bin", default=None,
+                        help="folder of llama.cpp's llama-bench / llama-batched-bench (default: $LLAMA_CPP_BIN, "
+                             "else where ../shared/tools/build-llamacpp.sh builds them, else the PATH)")
+
+
+def load_average() -> float:
+    """The 1-minute load average: on a shared machine, every figure needs it beside it."""
+    return os.getloadavg()[0]
+
+
 def machine_line() -> str:
-    """CPU model, core count and torch version: the context every figure needs."""
-    return f"{cpu_model()}, {os.cpu_count()} cores, torch {importlib.metadata.version('torch')}"
+    """CPU model, family and flags of note, cores, torch version: the context every figure needs."""
+    info = cpu_info()
+    family = f" (family {info['cpu family']}, model {info['model']})" if "cpu family" in info else ""
+    flags = set(info.get("flags", "").split())
+    noted = [f for f in ("avx512_bf16", "avx512_vnni", "amx_tile") if f in flags]
+    absent = ", no AMX" if flags and "amx_tile" not in flags else ""
+    return (f"{info.get('model name') or platform.processor() or platform.machine()}{family}, {os.cpu_count()} cores, "
+            f"{' '.join(noted) or 'no AVX512-BF16/VNNI'}{absent}, torch {importlib.metadata.version('torch')}")
 
 
-def cpu_model() -> str:
+def cpu_info() -> dict[str, str]:
+    """The first processor's fields of /proc/cpuinfo (empty where there is none)."""
+    info: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+                if not line.strip():
+                    break
+                key, _, value = line.partition(":")
+                info[key.strip()] = value.strip()
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    return info

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from zhuzi.model.decoder import Linear
+from zhuzi.model.linear import Linear
 
 HIDDEN, INTERMEDIATE, HEAD_DIM, Q_HEADS, KV_HEADS = 576, 1536, 64, 9, 3  # SmolLM2-135M's layer
 ITERATIONS = 2000

@@ -190,3 +190,29 @@ def sharegpt_conversations(tokenizer, num_requests: int, seed: int, max_context:
         raise ValueError(f"ShareGPT yields only {total} turns within {max_context} tokens, "
                          f"fewer than --num-prompts {num_requests}")
     return conversations
+
+
+def sharegpt_answer_tokens(tokenizer, num_tokens: int) -> list[int]:
+    """A fixed real text: the assistant answers of ShareGPT in the file's order, separated by blank lines,
+    as tokens; the first num_tokens of them."""
+    ids: list[int] = []
+    for record in read_sharegpt():
+        answers = [m["content"] for m in sharegpt_messages(record) if m["role"] == "assistant"]
+        for text in answers:
+            ids += tokenizer.encode(text + "\n\n", add_special_tokens=False)
+            if len(ids) >= num_tokens:
+                return ids[:num_tokens]
+    raise ValueError(f"ShareGPT holds fewer than {num_tokens} answer tokens")
+
+
+def sharegpt_user_prompts(num: int, max_chars: int = 600) -> list[str]:
+    """The first num user messages of ShareGPT (file order) of 20 to max_chars characters."""
+    prompts = []
+    for record in read_sharegpt():
+        messages = sharegpt_messages(record)
+        first = next((m["content"] for m in messages if m["role"] == "user"), "")
+        if 20 <= len(first) <= max_chars:
+            prompts.append(first)
+            if len(prompts) == num:
+                return prompts
+    raise ValueError(f"ShareGPT holds fewer than {num} user messages of 20 to {max_chars} characters")

@@ -1,9 +1,17 @@
-"""`zhuzi bench decode`: one stream's prefill and decode speed, against the memory-bandwidth roofline.
+"""`zhuzi bench decode`: one stream's prefill and decode speed, against the memory-bandwidth roofline
+and, with --compare llama.cpp, against llama-bench on the same GGUF with the same threads.
 
 A decode step at batch 1 reads every weight once, so its speed is capped by
 memory bandwidth: roofline tokens/s = bandwidth / weight bytes read per step.
 The bandwidth is measured in the same process, with the same threads, as the
 best of several read-only sums over a buffer much larger than the caches.
+Decode tokens/s count the whole step loop (scheduler, model, sampler,
+detokenizer); llama-bench's tg counts its model calls, from an empty context.
+
+With --compare llama.cpp the two engines take turns, round by round (zhuzi's
+run, then `llama-bench -r 1`, then zhuzi again ...), so that on a shared
+machine both see the same load: each engine's figure is its best round, and
+every round's ratio is kept beside them.
 """
 from __future__ import annotations
 
@@ -12,8 +20,9 @@ import json
 import statistics
 from dataclasses import asdict, dataclass
 
-from zhuzi.bench import load_llm, machine_line
+from zhuzi.bench import add_compare_arguments, load_average, load_llm, machine_line
 from zhuzi.bench.datasets import random_token_requests
+from zhuzi.bench.llamacpp import BenchTest, find_tool, gguf_of, llama_bench
 from zhuzi.config import EngineConfig
 from zhuzi.engine.model_runner import measure_read_bandwidth
 
@@ -26,10 +35,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="prompt tokens; 512 measures prefill at length (default %(default)s)")
     parser.add_argument("--max-tokens", type=int, default=256, help="tokens to generate (default %(default)s)")
     parser.add_argument("--runs", type=int, default=3,
-                        help="measured runs after one warm-up; each figure is the best run's (default %(default)s)")
+                        help="measured runs after one warm-up, each followed by a llama-bench run with --compare; "
+                             "each figure is the best run's (default %(default)s)")
     parser.add_argument("--bandwidth-repeats", type=int, default=5,
                         help="reads of the bandwidth buffer; the fastest counts (default %(default)s)")
     parser.add_argument("--json-out", default=None, help="also write the report to this JSON file")
+    add_compare_arguments(parser)
+
+
+@dataclass
+class LlamaCppDecode:
+    """llama-bench's prompt processing (pp) and generation (tg) tests of the same lengths: the best of its
+    rounds, and each round's."""
+
+    command: str
+    rounds: list[tuple[BenchTest, BenchTest]]
+
+    @property
+    def prefill(self) -> BenchTest:
+        return max((pp for pp, _ in self.rounds), key=lambda t: t.tokens_per_s)
+
+    @property
+    def decode(self) -> BenchTest:
+        return max((tg for _, tg in self.rounds), key=lambda t: t.tokens_per_s)
 
 
 @dataclass
@@ -45,6 +73,10 @@ class DecodeReport:
     decode_step_s: float  # mean seconds per decode step in the best run
     bandwidth_bytes_per_s: float
     weight_bytes_per_step: int
+    model_step_s: float  # mean seconds of the model runner's part of a decode step
+    load: tuple[float, float]  # 1-minute load average at the start and at the end
+    decode_rounds: list[float]  # decode tokens/s of each measured run
+    llama_cpp: LlamaCppDecode | None = None
 
     @property
     def prefill_tokens_per_s(self) -> float:
@@ -62,16 +94,35 @@ class DecodeReport:
     def roofline_fraction(self) -> float:
         return self.decode_tokens_per_s / self.roofline_tokens_per_s
 
+    @property
+    def step_overhead_s(self) -> float:
+        """A decode step's time beyond reading its weights at the measured bandwidth (norms, attention, Python...)."""
+        return self.decode_step_s - self.weight_bytes_per_step / self.bandwidth_bytes_per_s
+
+    @property
+    def ratios(self) -> tuple[float, float] | None:
+        """zhuzi / llama.cpp tokens/s: (prefill, decode)."""
+        if self.llama_cpp is None:
+            return None
+        return (self.prefill_tokens_per_s / self.llama_cpp.prefill.tokens_per_s,
+                self.decode_tokens_per_s / self.llama_cpp.decode.tokens_per_s)
+
+    @property
+    def decode_ratios_by_round(self) -> list[float] | None:
+        """zhuzi / llama.cpp decode tokens/s of each round (the two runs of a round are neighbours in time)."""
+        if self.llama_cpp is None:
+            return None
+        return [ours / tg.tokens_per_s for ours, (_, tg) in zip(self.decode_rounds, self.llama_cpp.rounds)]
+
     def to_dict(self) -> dict:
         return asdict(self) | {name: getattr(self, name) for name in (
-            "prefill_tokens_per_s", "decode_tokens_per_s", "roofline_tokens_per_s", "roofline_fraction")}
+            "prefill_tokens_per_s", "decode_tokens_per_s", "roofline_tokens_per_s", "roofline_fraction", "ratios",
+            "step_overhead_s", "decode_ratios_by_round")}
 
 
 def decode_step_seconds(metrics, output_tokens: int) -> float:
-    """Mean seconds per decode step: the engine's per-step times, else the span after the first token."""
-    if metrics.decode_step_times:
-        return statistics.fmean(metrics.decode_step_times)
-    return (metrics.finished_time - metrics.first_token_time) / max(1, output_tokens - 1)
+    """Mean seconds per generated token after the first: the whole step loop."""
+    return (metrics.last_token_time - metrics.first_token_time) / max(1, output_tokens - 1)
 
 
 def run(args: argparse.Namespace) -> DecodeReport:
@@ -79,6 +130,9 @@ def run(args: argparse.Namespace) -> DecodeReport:
 
     from zhuzi import SamplingParams
 
+    load_at_start = load_average()
+    # A --compare that cannot run fails before anything else does.
+    gguf, tool = (gguf_of(args.model), find_tool("llama-bench", args.llama_cpp_bin)) if args.compare else (None, None)
     llm = load_llm(args)
     # A fresh prompt per run: a repeated one would be served from the prefix cache, not prefilled.
     requests = random_token_requests(llm.tokenizer.hf, args.runs + 1, (args.prompt_len, args.prompt_len),
@@ -86,18 +140,25 @@ def run(args: argparse.Namespace) -> DecodeReport:
                                      llm.model_config.vocab_size)
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
     llm.generate([requests[0].prompt_token_ids], params, use_tqdm=False)  # warm-up: first-call costs
-    prefill_s, step_s = float("inf"), float("inf")
+    prefill_s, model_s, rounds, peer_rounds = float("inf"), float("inf"), [], []
     for request in requests[1:]:
         output = llm.generate([request.prompt_token_ids], params, use_tqdm=False)[0]
         prefill_s = min(prefill_s, output.metrics.prefill_time)
-        step_s = min(step_s, decode_step_seconds(output.metrics, len(output.outputs[0].token_ids)))
+        rounds.append(1 / decode_step_seconds(output.metrics, len(output.outputs[0].token_ids)))
+        model_s = min(model_s, statistics.fmean(output.metrics.decode_step_times or [float("nan")]))
+        if tool is not None:
+            *tests, command = llama_bench(tool, gguf, torch.get_num_threads(), len(request.prompt_token_ids),
+                                          len(output.outputs[0].token_ids), 1)
+            peer_rounds.append(tuple(tests))
     report = DecodeReport(
         machine=machine_line(), model=args.model or "SmolLM2-135M-Instruct (embedded GGUF)",
         dtype=args.dtype, quantization=args.quantization, threads=torch.get_num_threads(),
         prompt_tokens=len(request.prompt_token_ids), output_tokens=len(output.outputs[0].token_ids),
-        prefill_s=prefill_s, decode_step_s=step_s,
+        prefill_s=prefill_s, decode_step_s=1 / max(rounds),
         bandwidth_bytes_per_s=measure_read_bandwidth(args.device, BANDWIDTH_BUFFER_BYTES, args.bandwidth_repeats),
-        weight_bytes_per_step=llm.weight_bytes_per_decode_step)
+        weight_bytes_per_step=llm.weight_bytes_per_decode_step, model_step_s=model_s, load=(load_at_start, 0.0),
+        decode_rounds=rounds, llama_cpp=LlamaCppDecode(" ".join(command), peer_rounds) if tool else None)
+    report.load = (load_at_start, load_average())
     print(format_report(report, args))
     if args.json_out:
         with open(args.json_out, "w") as f:
@@ -106,18 +167,36 @@ def run(args: argparse.Namespace) -> DecodeReport:
 
 
 def format_report(r: DecodeReport, args: argparse.Namespace) -> str:
-    return "\n".join([
+    lines = [
         "=============== zhuzi bench decode ===============",
         f"machine:    {r.machine}",
+        f"load:       1-minute load average {r.load[0]:.2f} at the start, {r.load[1]:.2f} at the end",
         f"model:      {r.model}, {r.dtype}, quantization {r.quantization or 'none'}, {r.threads} threads",
         f"request:    one stream, {r.prompt_tokens}-token prompt, {r.output_tokens} new tokens, greedy, "
         f"ignore_eos; best of {args.runs} runs after a warm-up",
         f"prefill:    {r.prefill_tokens_per_s:10.1f} tokens/s  "
         f"({r.prompt_tokens} tokens in {r.prefill_s * 1e3:.1f} ms)",
-        f"decode:     {r.decode_tokens_per_s:10.1f} tokens/s  ({r.decode_step_s * 1e3:.2f} ms a token)",
+        f"decode:     {r.decode_tokens_per_s:10.1f} tokens/s  ({r.decode_step_s * 1e3:.2f} ms a token, the whole "
+        f"step loop; the model runner's part {r.model_step_s * 1e3:.2f} ms)",
         f"bandwidth:  {r.bandwidth_bytes_per_s / 1e9:10.1f} GB/s    (read-only sum over "
         f"{BANDWIDTH_BUFFER_BYTES >> 20} MiB fp32, best of {args.bandwidth_repeats})",
         f"weights:    {r.weight_bytes_per_step / 1e6:10.1f} MB a decode step",
         f"roofline:   {r.roofline_tokens_per_s:10.1f} tokens/s  -> decode at "
         f"{100 * r.roofline_fraction:.1f} % of roofline",
-    ])
+        f"overhead:   {r.step_overhead_s * 1e3:10.2f} ms a step beside reading the weights at that bandwidth",
+    ]
+    if r.llama_cpp:
+        peer, (prefill_ratio, decode_ratio) = r.llama_cpp, r.ratios
+        lines += [
+            f"llama.cpp:  {peer.command}",
+            f"            build {peer.decode.build}, {peer.decode.model_type}, {peer.decode.n_threads} threads",
+            f"  {peer.prefill.name + ':':<9} {peer.prefill.tokens_per_s:10.1f} tokens/s  (best round)"
+            f"   zhuzi / llama.cpp prefill: {prefill_ratio:.2f}x",
+            f"  {peer.decode.name + ':':<9} {peer.decode.tokens_per_s:10.1f} tokens/s  (best round)"
+            f"   zhuzi / llama.cpp decode:  {decode_ratio:.2f}x",
+            f"rounds:     zhuzi, then llama-bench -r 1, {len(peer.rounds)} times; decode tokens/s by round: zhuzi "
+            + " ".join(f"{x:.1f}" for x in r.decode_rounds) + ", llama.cpp "
+            + " ".join(f"{tg.tokens_per_s:.1f}" for _, tg in peer.rounds) + "; ratios "
+            + " ".join(f"{x:.2f}" for x in r.decode_ratios_by_round),
+        ]
+    return "\n".join(lines)

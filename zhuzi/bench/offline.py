@@ -1,10 +1,18 @@
-"""`zhuzi bench offline`: many requests through LLM.generate, then the same ones through transformers.
+"""`zhuzi bench offline`: many requests through LLM.generate, then the same ones through transformers
+and, with --compare llama.cpp, llama-batched-bench on the same GGUF with the same threads.
 
 The workload is nano-vllm's, scaled to a small CPU: random-token prompts and
 outputs of random lengths, ignore_eos so every request generates exactly what
 it asked for. Both engines get the same prompt token ids, dtype and sampling,
 and one short warm-up request each before the clock starts (first-call costs
-such as allocations are start-up, not throughput).
+such as allocations are start-up, not throughput). llama-batched-bench runs as
+many sequences at once, each with the workload's mean prompt and output
+lengths (the same token totals); its output tokens/s count its whole run,
+prefill included, as zhuzi's do. With --rounds N the two take turns N times
+(zhuzi's pass, then llama-batched-bench, ...), so that on a shared machine both
+see the same load; each engine's figure is its best round. Every round's prompts
+start with a token of their own, so that no round is served from the prefix
+cache of an earlier one.
 """
 from __future__ import annotations
 
@@ -14,8 +22,9 @@ import math
 import time
 from dataclasses import asdict, dataclass
 
-from zhuzi.bench import load_llm, machine_line
-from zhuzi.bench.datasets import TokenRequest, hf_source, random_token_requests
+from zhuzi.bench import add_compare_arguments, load_average, load_llm, machine_line
+from zhuzi.bench.datasets import TokenRequest, hf_source, random_token_requests, sampleable_token_ids
+from zhuzi.bench.llamacpp import BatchedRun, batched_bench, find_tool, gguf_of
 from zhuzi.config import EngineConfig
 
 
@@ -33,7 +42,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hf-num-prompts", type=int, default=None,
                         help="run transformers on the first N requests only, rounded up to whole "
                              "batches (default: all)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="zhuzi passes over the workload, each followed by llama-batched-bench with --compare; "
+                             "each engine's best round counts (default %(default)s)")
     parser.add_argument("--json-out", default=None, help="also write the report to this JSON file")
+    add_compare_arguments(parser)
 
 
 @dataclass
@@ -63,21 +76,38 @@ class OfflineReport:
     zhuzi: EngineRun
     transformers: EngineRun | None
     comparison: str  # what the ratio compares, in words
+    threads: int
+    load: tuple[float, float]  # 1-minute load average at the start and at the end
+    zhuzi_rounds: list[float]  # zhuzi's output tokens/s of each round
+    llama_cpp_rounds: list[BatchedRun]
+    llama_cpp_command: str | None = None
+
+    @property
+    def llama_cpp(self) -> BatchedRun | None:
+        """llama-batched-bench's best round."""
+        return max(self.llama_cpp_rounds, key=lambda r: r.output_tokens_per_s, default=None)
 
     @property
     def ratio(self) -> float | None:
         return self.zhuzi.tokens_per_s / self.transformers.tokens_per_s if self.transformers else None
+
+    @property
+    def llama_cpp_ratio(self) -> float | None:
+        return self.zhuzi.tokens_per_s / self.llama_cpp.output_tokens_per_s if self.llama_cpp else None
 
     def to_dict(self) -> dict:
         data = asdict(self)
         data["zhuzi"]["tokens_per_s"] = self.zhuzi.tokens_per_s
         if self.transformers:
             data["transformers"]["tokens_per_s"] = self.transformers.tokens_per_s
-        data["ratio"] = self.ratio
+        if self.llama_cpp:
+            data["llama_cpp"] = asdict(self.llama_cpp) | {"output_tokens_per_s": self.llama_cpp.output_tokens_per_s}
+        data["ratio"], data["llama_cpp_ratio"] = self.ratio, self.llama_cpp_ratio
         return data
 
 
-def run_zhuzi(args: argparse.Namespace) -> tuple[EngineRun, list[TokenRequest]]:
+def load_zhuzi(args: argparse.Namespace) -> tuple:
+    """(the LLM, the workload, load seconds), after a short warm-up request."""
     from zhuzi import SamplingParams
 
     start = time.perf_counter()
@@ -85,13 +115,20 @@ def run_zhuzi(args: argparse.Namespace) -> tuple[EngineRun, list[TokenRequest]]:
     load_s = time.perf_counter() - start
     requests = make_workload(args, llm.tokenizer.hf, llm.model_config.vocab_size)
     llm.generate([requests[0].prompt_token_ids[:8]], SamplingParams(max_tokens=4), use_tqdm=False)
-    params = [SamplingParams(temperature=args.temperature, max_tokens=r.max_tokens, ignore_eos=True)
+    return llm, requests, load_s
+
+
+def run_zhuzi(llm, requests: list[TokenRequest], temperature: float, first_token: int, load_s: float) -> EngineRun:
+    """One pass over the workload, every prompt starting with `first_token` (a round's own)."""
+    from zhuzi import SamplingParams
+
+    params = [SamplingParams(temperature=temperature, max_tokens=r.max_tokens, ignore_eos=True)
               for r in requests]
     start = time.perf_counter()
-    outputs = llm.generate([r.prompt_token_ids for r in requests], params, use_tqdm=True)
+    outputs = llm.generate([[first_token] + r.prompt_token_ids[1:] for r in requests], params, use_tqdm=True)
     wall_s = time.perf_counter() - start
     tokens = sum(len(out.outputs[0].token_ids) for out in outputs)
-    return EngineRun("zhuzi", len(requests), tokens, wall_s, load_s), requests
+    return EngineRun("zhuzi", len(requests), tokens, wall_s, load_s)
 
 
 def make_workload(args: argparse.Namespace, tokenizer, vocab_size: int) -> list[TokenRequest]:
@@ -165,15 +202,35 @@ def comparison_note(num_prompts: int, hf_run: EngineRun | None, batch_size: int)
 
 
 def run(args: argparse.Namespace) -> OfflineReport:
-    zhuzi_run, requests = run_zhuzi(args)
+    import torch
+
+    load_at_start = load_average()
+    # A --compare that cannot run fails before anything else does.
+    gguf, tool = ((gguf_of(args.model), find_tool("llama-batched-bench", args.llama_cpp_bin)) if args.compare
+                  else (None, None))
+    llm, requests, load_s = load_zhuzi(args)
+    mean_in, mean_out = (round(sum(lengths) / len(requests)) for lengths in zip(
+        *((len(r.prompt_token_ids), r.max_tokens) for r in requests)))
+    first_tokens = sampleable_token_ids(llm.tokenizer.hf, llm.model_config.vocab_size)[:args.rounds].tolist()
+    zhuzi_runs, peer_runs, command = [], [], None
+    for first in first_tokens:
+        zhuzi_runs.append(run_zhuzi(llm, requests, args.temperature, first, load_s))
+        if tool is not None:
+            run_, command = batched_bench(tool, gguf, torch.get_num_threads(), mean_in, mean_out, len(requests))
+            peer_runs.append(run_)
+    del llm  # transformers gets the memory to itself
     hf_run = None if args.no_transformers else run_transformers(args, requests[:hf_subset_size(args)])
     report = OfflineReport(
         machine=machine_line(), model=args.model or "SmolLM2-135M-Instruct (embedded GGUF)",
         dtype=args.dtype, quantization=args.quantization, num_prompts=len(requests),
         input_tokens=sum(len(r.prompt_token_ids) for r in requests),
         requested_output_tokens=sum(r.max_tokens for r in requests),
-        zhuzi=zhuzi_run, transformers=hf_run,
-        comparison=comparison_note(len(requests), hf_run, args.hf_batch_size))
+        zhuzi=max(zhuzi_runs, key=lambda r: r.tokens_per_s), transformers=hf_run,
+        comparison=comparison_note(len(requests), hf_run, args.hf_batch_size),
+        threads=torch.get_num_threads(), load=(load_at_start, 0.0),
+        zhuzi_rounds=[r.tokens_per_s for r in zhuzi_runs], llama_cpp_rounds=peer_runs,
+        llama_cpp_command=" ".join(command) if command else None)
+    report.load = (load_at_start, load_average())
     print(format_report(report, args))
     if args.json_out:
         with open(args.json_out, "w") as f:
@@ -185,7 +242,9 @@ def format_report(report: OfflineReport, args: argparse.Namespace) -> str:
     lines = [
         "=============== zhuzi bench offline ===============",
         f"machine:  {report.machine}",
-        f"model:    {report.model}, {report.dtype}, quantization {report.quantization or 'none'}",
+        f"load:     1-minute load average {report.load[0]:.2f} at the start, {report.load[1]:.2f} at the end",
+        f"model:    {report.model}, {report.dtype}, quantization {report.quantization or 'none'}, "
+        f"{report.threads} threads",
         f"workload: {report.num_prompts} requests, prompts U[{args.min_input}, {args.max_input}] "
         f"({report.input_tokens} tokens), outputs U[{args.min_output}, {args.max_output}] "
         f"({report.requested_output_tokens} tokens), ignore_eos, temperature {args.temperature}, seed {args.seed}",
@@ -194,7 +253,20 @@ def format_report(report: OfflineReport, args: argparse.Namespace) -> str:
         if run_:
             lines.append(f"{run_.engine:<13} {run_.num_requests:>4} requests  {run_.output_tokens:>7} output tokens  "
                          f"{run_.wall_s:8.2f} s  {run_.tokens_per_s:9.1f} output tokens/s  (load {run_.load_s:.1f} s)")
+    if (peer := report.llama_cpp) is not None:
+        lines.append(f"{'llama.cpp':<13} {peer.pl:>4} seqs      {peer.output_tokens:>7} output tokens  "
+                     f"{peer.total_s:8.2f} s  {peer.output_tokens_per_s:9.1f} output tokens/s  "
+                     f"(llama-batched-bench: {peer.pl} x {peer.pp} prompt + {peer.tg} output tokens; prefill "
+                     f"{peer.prefill_tokens_per_s:.1f} tokens/s, decode {peer.decode_tokens_per_s:.1f} tokens/s)")
     if report.ratio is not None:
         lines.append(f"zhuzi / transformers: {report.ratio:.2f}x output tokens/s")
+    if report.llama_cpp_ratio is not None:
+        lines.append(f"zhuzi / llama.cpp:    {report.llama_cpp_ratio:.2f}x output tokens/s")
     lines.append(f"compared:  {report.comparison}")
+    if report.llama_cpp_command:
+        lines.append(f"llama.cpp: {report.llama_cpp_command}")
+    if len(report.zhuzi_rounds) > 1:
+        peer = " ".join(f"{r.output_tokens_per_s:.1f}" for r in report.llama_cpp_rounds)
+        lines.append("rounds:    output tokens/s by round (each engine's best counts): zhuzi "
+                     + " ".join(f"{x:.1f}" for x in report.zhuzi_rounds) + (f", llama.cpp {peer}" if peer else ""))
     return "\n".join(lines)

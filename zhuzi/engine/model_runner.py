@@ -2,8 +2,10 @@
 samples, scores prompt tokens for prompt_logprobs, and reads out inspections (probes)."""
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -15,6 +17,7 @@ from zhuzi.model.loader import Checkpoint, load_checkpoint
 from zhuzi.model.parallel import TPGroup
 from zhuzi.outputs import Inspection, LensLayer, Logprob
 from zhuzi.sampler import Sampler, SamplingRow, token_logprobs
+from zhuzi.tokenizer import Tokenizer
 
 # Prompt logprobs are computed this many positions at a time, so a long chunk never needs a
 # second [tokens, vocab] tensor of logits.
@@ -47,11 +50,20 @@ def load_runner(config: EngineConfig, tp: TPGroup | None = None) -> tuple[Checkp
     """The checkpoint, and a runner around its model (this rank's slice of it) with the KV pool the plan allows."""
     ckpt = load_checkpoint(config.model, config.torch_dtype)
     positions = max(config.max_model_len or 0, ckpt.config.max_position_embeddings)
-    model = Decoder(ckpt.config, ckpt.tensors, config.device, config.quantization, positions, tp)
+    calibration = calibration_ids(ckpt.path) if config.quantization == "int8" and tp is None else None
+    model = Decoder(ckpt.config, ckpt.tensors, config.device, config.quantization, positions, tp,
+                    fused_decode=config.fused_decode, calibration=calibration)
     plan = config.kv_plan(ckpt.config)
     if plan.num_blocks < 1:
         raise ValueError(f"kv_cache_memory {config.kv_cache_memory} holds no KV block")
     return ckpt, ModelRunner(model, config, plan.num_blocks, list(ckpt.config.eos_token_ids))
+
+
+def calibration_ids(model_path: Path) -> list[int]:
+    """A short fixed chat (prose, a list, code, a table, four languages) in the model's template: int8's
+    smoothing factors are calibrated on it."""
+    messages = json.loads((Path(__file__).parent / "calibration.json").read_text())
+    return Tokenizer.load(model_path).encode_chat(messages)
 
 
 class ModelRunner:
@@ -109,19 +121,25 @@ class ModelRunner:
             if s.samples:
                 sample_rows.append(row + n - 1)
         meta = self._metadata(batch, slot_mapping)
+        ids, positions = self._tensor(input_ids), self._tensor(positions)
         sampling = [s for s in batch if s.samples]
         lens = [k for k, s in enumerate(sampling) if s.seq.probe is not None and s.seq.probe.lens_top]
         tap = LayerTap(self._tensor([sample_rows[k] for k in lens])) if lens else None
-        hidden = self.model.forward(self._tensor(input_ids), self._tensor(positions), meta, self.kv_cache, tap)
+        # A step of decodes only (each samples its next token) can run as one fused call; a layer tap needs
+        # the per-layer path.
+        fusable = tap is None and not prompt_rows and len(sampling) == len(batch) == meta.num_decode_tokens
+        logits = self.model.decode_step(ids, positions, meta, self.kv_cache) if fusable else None
         result = StepResult()
-        for s, row in prompt_rows:
-            try:
-                result.prompt_logprobs[s.seq.seq_id] = self._prompt_logprobs(s, hidden[row:])
-            except Exception as exc:
-                result.failed.append((s, exc))
-        if not sampling:
-            return result
-        logits = self.model.logits(hidden[self._tensor(sample_rows)])
+        if logits is None:
+            hidden = self.model.forward(ids, positions, meta, self.kv_cache, tap)
+            for s, row in prompt_rows:
+                try:
+                    result.prompt_logprobs[s.seq.seq_id] = self._prompt_logprobs(s, hidden[row:])
+                except Exception as exc:
+                    result.failed.append((s, exc))
+            if not sampling:
+                return result
+            logits = self.model.logits(hidden[self._tensor(sample_rows)])
         probes = [k for k, s in enumerate(sampling) if s.seq.probe is not None]
         if probes:
             self._inspect(result, sampling, logits, probes, lens, tap)

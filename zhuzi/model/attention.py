@@ -15,7 +15,7 @@ from functools import cached_property
 import torch
 import torch.nn.functional as F
 
-from zhuzi.model.cpu_attention import paged_decode_attention
+from zhuzi.model.cpu_attention import paged_decode_attention, paged_prefill_attention
 
 
 @dataclass
@@ -68,10 +68,14 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 def _prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                        v_cache: torch.Tensor, chunk: PrefillChunk) -> torch.Tensor:
-    """A prompt chunk is a batch of queries that each read the history up to their own position:
-    the decode kernel serves it too, 2-5x faster than torch's CPU attention, with the same
-    per-token arithmetic as a decode step."""
-    out = paged_decode_attention(q, k_cache, v_cache, chunk.query_slots, chunk.query_lengths, q.shape[-1] ** -0.5)
+    """A prompt chunk is a batch of queries that each read the history up to their own position. In bf16
+    the tiled kernel reads each K/V row once for 16 queries; in float32 the decode kernel serves each
+    query with a decode step's own arithmetic (the reference: a token's K/V are the same bits whether it
+    was prefilled or decoded)."""
+    scale = q.shape[-1] ** -0.5
+    out = paged_prefill_attention(q, k_cache, v_cache, chunk.slots, scale)
+    if out is None:
+        out = paged_decode_attention(q, k_cache, v_cache, chunk.query_slots, chunk.query_lengths, scale)
     if out is not None:
         return out
     if chunk.context == chunk.length:  # no cached prefix: the chunk's own K/V is the whole context

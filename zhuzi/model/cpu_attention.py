@@ -1,4 +1,4 @@
-"""Decode attention over the paged KV pool on CPU (model runner -> attention, decode rows).
+"""Attention over the paged KV pool on CPU (model runner -> attention): decode rows, and prompt chunks.
 
 Batched decoding reads every sequence's whole history each step, so this is a
 memory-bandwidth problem: a small C++ kernel walks each sequence's slot list
@@ -10,9 +10,20 @@ Each row is computed by one thread with arithmetic that depends only on that
 row (its query, slots and length), never on the batch around it, so a request
 decodes to the same bits alone or in any batch.
 
-The kernel (kernels/decode_attention.cpp) is compiled on first use for this very CPU and loaded by native.py;
-it shares torch's OpenMP thread pool. Without a compiler the caller's torch
-path runs.
+A prompt chunk's queries are many and share their history, so there the
+problem is compute and reuse: the prefill kernel (bf16) takes 16 consecutive
+query positions of one head at a time, one per vector lane, and walks their
+keys from position 0 in tiles of 32. Each K and V row it reads serves the 16
+queries at once: scores come from broadcasting the key's bf16 pairs against
+the queries' (vdpbf16ps), the online softmax runs per lane in float32, and the
+probabilities meet V as bf16 pairs. Before, every prompt token re-read its
+whole history alone, as a decode row does. float32 keeps the per-token decode
+arithmetic for prompts too (its results are the reference: the same bits
+whether a token was prefilled or decoded).
+
+The kernels (kernels/decode_attention.cpp, kernels/prefill_attention.cpp) are compiled on first use for this
+very CPU and loaded by native.py; they share torch's OpenMP thread pool. Without a compiler the caller's
+torch path runs.
 """
 from __future__ import annotations
 
@@ -66,4 +77,39 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                 k_cache.shape[0], scale, torch.get_num_threads())
     if status == 1:
         raise IndexError("decode attention: a length is outside 1..W or a slot is outside the pool")
+    return out if status == 0 else None
+
+
+@functools.cache
+def _prefill_kernel():
+    lib = native.load("prefill_attention")
+    if lib is None:
+        return None
+    fn = lib.zhuzi_prefill_attention
+    fn.restype = ctypes.c_int
+    fn.argtypes = ([ctypes.c_void_p] * 4 + [ctypes.c_int64] * 2 + [ctypes.c_int] * 3 + [ctypes.c_int64, ctypes.c_float]
+                   + [ctypes.c_void_p, ctypes.c_int])
+    return fn
+
+
+def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
+                            scale: float) -> torch.Tensor | None:
+    """A prompt chunk's causal attention over its whole history, in tiles (bf16 only).
+
+    q: [L, heads, dim], the queries of positions context - L .. context - 1; caches: [slots, kv_heads, dim]
+    with the chunk's own K/V already written; slots: [context] int64, the pool slots of positions
+    0 .. context - 1. Returns [L, heads, dim] bf16, or None when this path cannot serve the call."""
+    length, heads, dim = q.shape
+    usable = (q.device.type == "cpu" and q.dtype == k_cache.dtype == v_cache.dtype == torch.bfloat16
+              and k_cache.shape == v_cache.shape and k_cache.shape[2] == dim and heads % k_cache.shape[1] == 0
+              and k_cache.is_contiguous() and v_cache.is_contiguous() and 1 <= length <= slots.shape[0])
+    fn = _prefill_kernel() if usable else None
+    if fn is None:
+        return None
+    q, slots = q.contiguous(), slots.contiguous().long()
+    out = torch.empty_like(q)
+    status = fn(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(), length, slots.shape[0],
+                heads, k_cache.shape[1], dim, k_cache.shape[0], scale, out.data_ptr(), torch.get_num_threads())
+    if status == 1:
+        raise IndexError("prefill attention: a slot is outside the pool")
     return out if status == 0 else None

@@ -1,4 +1,7 @@
-"""Small-batch linear layers on CPU (model runner -> every projection of a decode step).
+"""Linear layers on CPU through native kernels (model runner -> every projection of a step).
+
+small_m_linear: dense bf16 / float32 / int8 weights against a decode batch of M <= 8 rows.
+tiled_linear: the 4-bit and 8-bit tiles of quant.py against any number of bf16 rows.
 
 A decode step multiplies a handful of rows (one per running request) by every
 weight matrix once, so its time is the time to stream the weights from memory.
@@ -12,8 +15,13 @@ Output rows are split over torch's OpenMP threads. The arithmetic of one output
 value depends only on its input row and weight row, never on M or the thread
 count, so a request's logits are the same bits alone or in a small batch.
 
-The kernel (kernels/small_m_linear.cpp) is compiled on first use for this very CPU and loaded by native.py;
-without a compiler, and for shapes it does not serve, the caller's torch path runs.
+The tiled kernel (kernels/tiled_linear.cpp, loops in kernels/tiles.h) streams each 16-row block of
+tiles once per 8 input rows, turning codes into bf16 in registers: at one row it reads int4 weights at
+close to memory speed, and for prefill it does the same vdpbf16ps work as a bf16 GEMM without ever
+materialising bf16 weights. Results are batch-invariant in the same way.
+
+The kernels (kernels/*.cpp) are compiled on first use for this very CPU and loaded by native.py;
+without a compiler, and for shapes they do not serve, the caller's torch path runs.
 """
 from __future__ import annotations
 
@@ -70,3 +78,83 @@ def small_m_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | 
                 scale.data_ptr() if scale is not None else None, scale_bf16,
                 y.data_ptr(), x.shape[0], weight.shape[0], x.shape[1], torch.get_num_threads())
     return y if status == 0 else None
+
+
+@functools.cache
+def _tiled_kernel():
+    lib = native.load("tiled_linear")
+    if lib is None:
+        return None
+    fn = lib.zhuzi_tiled_linear
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+    return fn
+
+
+TILE_FORMATS = {"q4": 0, "q8": 1}
+
+
+@functools.cache
+def tiled_linear_available() -> bool:
+    """Whether this CPU and compiler serve tiled weights (AVX512-BF16 and VBMI)."""
+    fn = _tiled_kernel()
+    if fn is None:
+        return False
+    x, y = torch.zeros(1, 32, dtype=torch.bfloat16), torch.empty(1, 16, dtype=torch.bfloat16)
+    w = torch.zeros(1, 1, 544, dtype=torch.uint8)
+    return fn(1, x.data_ptr(), w.data_ptr(), y.data_ptr(), 1, 16, 32, 1) == 0
+
+
+def tiled_linear(x: torch.Tensor, tiles: torch.Tensor, fmt: str, out_features: int) -> torch.Tensor | None:
+    """y = x @ W^T for W packed as quant.py's `fmt` tiles ("q4" or "q8"); x: [M, K] bf16 on CPU.
+    Returns [M, out_features] bf16, or None when the kernel does not serve the call."""
+    fn = _tiled_kernel()
+    if fn is None or not (x.is_cpu and x.dtype == torch.bfloat16 and x.dim() == 2 and x.shape[0] > 0
+                          and x.shape[1] == tiles.shape[1] * 32):
+        return None
+    x = x.contiguous()
+    y = torch.empty(x.shape[0], out_features, dtype=torch.bfloat16)
+    status = fn(TILE_FORMATS[fmt], x.data_ptr(), tiles.data_ptr(), y.data_ptr(), x.shape[0], out_features,
+                x.shape[1], torch.get_num_threads())
+    return y if status == 0 else None
+
+
+@functools.cache
+def _int8_rows():
+    lib = native.load("int8_rows")
+    if lib is None:
+        return None
+    lib.zhuzi_quantize_rows.restype = lib.zhuzi_scale_rows.restype = None
+    lib.zhuzi_quantize_rows.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 2 + [ctypes.c_int]
+    lib.zhuzi_scale_rows.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 7 + [ctypes.c_int64] * 2 + [ctypes.c_int]
+    return lib
+
+
+def int8_matmul(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, code_sums: torch.Tensor,
+                bias: torch.Tensor | None = None) -> torch.Tensor | None:
+    """x @ (weight * scale[:, None])^T + bias with int8 compute: each row of x quantized to int8 over its
+    own range (asymmetric: x = s (q - z), the range widened to hold 0), exact int32 products
+    (torch._int_mm: VNNI, ~2x a bf16 GEMM here), the zero point's share removed with the weight rows'
+    code sums, then scaled back and rounded once. A row's result depends only on that row.
+
+    x: [M, K] float32 or bf16 on CPU; weight: int8 [N, K]; scale: float32 [N]; code_sums: int32 [N]
+    (weight.sum(1)); bias in x's dtype. None when the kernels cannot be built."""
+    lib = _int8_rows()
+    if lib is None or not (x.is_cpu and x.dtype in _FLOATS):
+        return None
+    x = x.contiguous()
+    m, k = x.shape
+    bf16, threads = int(x.dtype == torch.bfloat16), torch.get_num_threads()
+    q = torch.empty(m, k, dtype=torch.int8)
+    row_scale, zero = torch.empty(m, dtype=torch.float32), torch.empty(m, dtype=torch.int32)
+    lib.zhuzi_quantize_rows(bf16, x.data_ptr(), q.data_ptr(), row_scale.data_ptr(), zero.data_ptr(), m, k, threads)
+    acc = torch._int_mm(q, weight.t())
+    y = torch.empty(m, weight.shape[0], dtype=x.dtype)
+    bias = bias.contiguous() if bias is not None else None
+    lib.zhuzi_scale_rows(bf16, acc.data_ptr(), row_scale.data_ptr(), zero.data_ptr(), code_sums.data_ptr(),
+                         scale.data_ptr(), _ptr(bias), y.data_ptr(), m, weight.shape[0], threads)
+    return y
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()

@@ -13,50 +13,11 @@ import torch.nn.functional as F
 
 from zhuzi.config import ModelConfig
 from zhuzi.model.attention import AttentionMetadata, paged_attention
-from zhuzi.model.cpu_linear import small_m_linear
+from zhuzi.model.fused import FusedDecode
 from zhuzi.model.layers import Rotary, apply_rotary, rms_norm
+from zhuzi.model.linear import FORMATS, QUANTIZATIONS, Linear, make_linear
 from zhuzi.model.parallel import FORWARD, LOGITS, Shard, TPGroup, head_rows, pack_step
-
-
-class Linear:
-    """y = x W^T + b with W kept in the compute dtype."""
-
-    scale: torch.Tensor | None = None
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
-        self.weight, self.bias = weight.contiguous(), bias
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, x.shape[-1])
-        # Decode batches of a few rows are a weight-streaming problem: the kernel reads W at close to
-        # memory speed, where torch's GEMV reaches half of it. float32 stays on torch: the reference.
-        y = small_m_linear(flat, self.weight, self.scale) if x.dtype != torch.float32 else None
-        if y is None:
-            y = self._matmul(flat)
-        elif self.bias is not None:
-            y = y + self.bias
-        return y.view(*x.shape[:-1], -1)
-
-    def _matmul(self, flat: torch.Tensor) -> torch.Tensor:
-        return F.linear(flat, self.weight, self.bias)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(t.nbytes for t in (self.weight, self.bias, self.scale) if t is not None)
-
-
-class Int8Linear(Linear):
-    """Weight-only int8: one scale per output channel, quantized at load (halves decode's reads)."""
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
-        w = weight.float()
-        scale = w.abs().amax(dim=1).clamp(min=1e-8) / 127
-        self.weight = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
-        self.scale, self.bias = scale.to(weight.dtype), bias
-
-    def _matmul(self, flat: torch.Tensor) -> torch.Tensor:
-        y = torch._weight_int8pack_mm(flat, self.weight, self.scale)
-        return y + self.bias if self.bias is not None else y
+from zhuzi.model.smooth import smooth
 
 
 @dataclass
@@ -81,24 +42,34 @@ class Layer:
 
 class Decoder:
     def __init__(self, config: ModelConfig, tensors: dict[str, torch.Tensor], device: str = "cpu",
-                 quantization: str | None = None, max_positions: int | None = None, tp: TPGroup | None = None):
-        if quantization not in (None, "int8"):
-            raise ValueError(f"unknown quantization {quantization!r} (supported: int8)")
-        self.config, self.tp = config, tp
+                 quantization: str | None = None, max_positions: int | None = None, tp: TPGroup | None = None,
+                 fused_decode: bool = True, calibration: list[int] | None = None):
+        """calibration: token ids of a short real text; with int8, smoothing factors are calibrated on it
+        (smooth.py). tp: this rank holds its slice of every layer; the fused step and the smoothing, both
+        whole-model, are then off."""
+        if quantization is not None and quantization not in QUANTIZATIONS:
+            raise ValueError(f"unknown quantization {quantization!r} (supported: {', '.join(QUANTIZATIONS)})")
+        if tp and quantization == "int4":  # its 32-wide blocks do not follow a rank's column split
+            raise ValueError("quantization int4 does not split across tensor-parallel ranks: use int8 or none")
+        self.config, self.quantization, self.tp = config, quantization, tp
         self.shard = Shard.of(config, tp.rank, tp.world_size) if tp else Shard.of(config)
-        make = Int8Linear if quantization == "int8" else Linear
         t = {k: v.to(device) for k, v in tensors.items()}
         self.dtype = t["model.embed_tokens.weight"].dtype
         self.embed = t["model.embed_tokens.weight"]
         self.norm = t["model.norm.weight"]
         vocab = self.shard.vocab
-        self.lm_head = make(t.get("lm_head.weight", self.embed)[vocab.start:vocab.stop])
-        self.layers = [self._layer(t, f"model.layers.{i}", make) for i in range(config.num_layers)]
+        self.lm_head = Linear(t.get("lm_head.weight", self.embed)[vocab.start:vocab.stop])
+        self.layers = [self._layer(t, f"model.layers.{i}") for i in range(config.num_layers)]
         self.rotary = Rotary(config.head_dim, config.rope_theta, config.rope_scaling,
                              max_positions or config.max_position_embeddings)
         self.num_heads, self.num_kv_heads = len(self.shard.q_heads), len(self.shard.kv_heads)
         self.q_size = self.num_heads * config.head_dim
         self.kv_size = self.num_kv_heads * config.head_dim
+        if quantization == "int8" and calibration and not tp:
+            smooth(self, calibration)
+        if quantization:
+            self._quantize(*FORMATS[quantization])
+        self.fused = FusedDecode.build(self) if fused_decode and not tp else None
 
     def _qkv(self, t: dict[str, torch.Tensor], attn: str, suffix: str) -> torch.Tensor | None:
         """This rank's rows of q, k and v, fused into one matrix (or bias)."""
@@ -108,20 +79,29 @@ class Decoder:
         heads = [self.shard.q_heads, self.shard.kv_heads, self.shard.kv_heads]
         return torch.cat([head_rows(w, h, self.config.head_dim) for w, h in zip(parts, heads)], 0)
 
-    def _layer(self, t: dict[str, torch.Tensor], p: str, make: type[Linear]) -> Layer:
+    def _layer(self, t: dict[str, torch.Tensor], p: str) -> Layer:
         attn, mlp, s, d = f"{p}.self_attn", f"{p}.mlp", self.shard, self.config.head_dim
         cols = slice(s.q_heads.start * d, s.q_heads.stop * d)
         width = slice(s.mlp.start, s.mlp.stop)
         return Layer(
             input_norm=t[f"{p}.input_layernorm.weight"],
-            qkv=make(self._qkv(t, attn, "weight"), self._qkv(t, attn, "bias")),
+            qkv=Linear(self._qkv(t, attn, "weight"), self._qkv(t, attn, "bias")),
             q_norm=t.get(f"{attn}.q_norm.weight") if self.config.qk_norm else None,
             k_norm=t.get(f"{attn}.k_norm.weight") if self.config.qk_norm else None,
-            o=make(t[f"{attn}.o_proj.weight"][:, cols]),
+            o=Linear(t[f"{attn}.o_proj.weight"][:, cols]),
             post_norm=t[f"{p}.post_attention_layernorm.weight"],
-            gate_up=make(torch.cat([t[f"{mlp}.gate_proj.weight"][width], t[f"{mlp}.up_proj.weight"][width]], 0)),
-            down=make(t[f"{mlp}.down_proj.weight"][:, width]),
+            gate_up=Linear(torch.cat([t[f"{mlp}.gate_proj.weight"][width], t[f"{mlp}.up_proj.weight"][width]], 0)),
+            down=Linear(t[f"{mlp}.down_proj.weight"][:, width]),
         )
+
+    def _quantize(self, layer_format: str, head_format: str) -> None:
+        """Store every matrix in its quantized format (linear.py picks the path that runs it)."""
+        for layer in self.layers:
+            for part in ("qkv", "o", "gate_up", "down"):
+                dense = getattr(layer, part)
+                bias = dense.bias.to(self.dtype) if dense.bias is not None else None
+                setattr(layer, part, make_linear(dense.weight, bias, layer_format, self.dtype))
+        self.lm_head = make_linear(self.lm_head.weight, None, head_format, self.dtype)
 
     @property
     def weight_bytes_per_decode_step(self) -> int:
@@ -164,6 +144,14 @@ class Decoder:
     def _sum(self, partial: torch.Tensor) -> torch.Tensor:
         """A row-parallel layer's output: every rank's partial sum added up."""
         return self.tp.all_reduce(partial) if self.tp else partial
+
+    def decode_step(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                    kv_cache: torch.Tensor) -> torch.Tensor | None:
+        """The logits of a step of decodes only, in one fused call (fused.py); None where that path does
+        not serve the step (then forward + logits run)."""
+        if self.fused is None or meta.prefills or meta.num_decode_tokens != len(input_ids):
+            return None
+        return self.fused(input_ids, positions, meta.decode_slots, meta.decode_lengths, kv_cache)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         tp = self.tp

@@ -1,0 +1,134 @@
+"""The fused decode step (one native call a step) against the per-layer path and a float32 forward, on
+tiny Llama / Qwen2 (QKV bias) / Qwen3 (q/k norms) checkpoints in every weight format."""
+import pytest
+import tiny
+import torch
+
+from zhuzi.model.attention import AttentionMetadata, PrefillChunk
+from zhuzi.model.decoder import Decoder
+from zhuzi.model.fused import _kernel
+from zhuzi.model.loader import load_checkpoint
+
+SHAPE = dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2)  # head_dim 32
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3"])
+def checkpoint(request, tmp_path_factory):
+    directory = tmp_path_factory.mktemp(request.param)
+    tiny.build(request.param, directory, **SHAPE)
+    return directory
+
+
+def decoder(directory, dtype=torch.bfloat16, quantization=None, fused=True) -> Decoder:
+    ckpt = load_checkpoint(directory, dtype)
+    return Decoder(ckpt.config, ckpt.tensors, quantization=quantization, fused_decode=fused)
+
+
+def prefill(model: Decoder, ids: list[int], pool: int = 256, kv: torch.Tensor | None = None,
+            first_slot: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits of every position, the KV pool) of one prompt at slots first_slot + position."""
+    c, n = model.config, len(ids)
+    if kv is None:
+        kv = torch.zeros(c.num_layers, 2, pool, c.num_kv_heads, c.head_dim, dtype=model.dtype)
+    slots = torch.arange(n) + first_slot
+    meta = AttentionMetadata(slots, 0, torch.empty(0), torch.empty(0), [PrefillChunk(0, n, n, slots)])
+    with torch.inference_mode():
+        return model.logits(model.forward(torch.tensor(ids), torch.arange(n), meta, kv)), kv
+
+
+def decode_meta(slots: list[list[int]]) -> AttentionMetadata:
+    """Decode rows whose histories (new token's slot last) are these slot lists."""
+    width = max(map(len, slots))
+    table = torch.tensor([s + [0] * (width - len(s)) for s in slots])
+    return AttentionMetadata(torch.tensor([s[-1] for s in slots]), len(slots), table,
+                             torch.tensor([len(s) for s in slots]), [])
+
+
+IDS = [5, 17, 300, 42, 9, 801, 77, 3, 250, 18] * 4
+
+needs_kernel = pytest.mark.skipif(_kernel() is None or decoder is None, reason="no compiler for the fused step")
+
+
+def fused_and_per_layer(model: Decoder, ids: list[int]):
+    """The last token's logits as a fused decode step and through the per-layer path, from the same pool."""
+    _, kv = prefill(model, ids[:-1])
+    meta = decode_meta([list(range(len(ids)))])
+    args = torch.tensor(ids[-1:]), torch.tensor([len(ids) - 1])
+    with torch.inference_mode():
+        fused_kv, per_layer_kv = kv.clone(), kv.clone()
+        fused = model.decode_step(*args, meta, fused_kv)
+        per_layer = model.logits(model.forward(*args, meta, per_layer_kv))
+    return fused, per_layer, fused_kv, per_layer_kv
+
+
+@pytest.mark.parametrize("quantization", [None, "int8", "int4"])
+def test_fused_step_agrees_with_the_per_layer_path(checkpoint, quantization):
+    """Both round to bf16, at different points (fused.py): 1-2 % of the largest logit apart here."""
+    model = decoder(checkpoint, quantization=quantization)
+    if model.fused is None:
+        pytest.skip("this CPU or compiler cannot build the fused step")
+    fused, per_layer, fused_kv, per_layer_kv = fused_and_per_layer(model, IDS)
+    assert fused.shape == (1, model.config.vocab_size) and fused.dtype == torch.float32
+    assert (fused - per_layer).abs().max() <= 0.03 * per_layer.abs().max()
+    new = len(IDS) - 1  # the new token's K and V went into its slot, as the per-layer path writes them
+    written = fused_kv[:, :, new].float()
+    assert (written - per_layer_kv[:, :, new].float()).abs().max() <= 0.03 * written.abs().max()
+    assert torch.equal(fused_kv[:, :, :new], per_layer_kv[:, :, :new])  # and nowhere else
+
+
+def test_fused_step_is_as_close_to_float32_as_the_per_layer_path(checkpoint):
+    """Its float32 residual stream rounds less than the per-layer path's bf16 one."""
+    model = decoder(checkpoint)
+    if model.fused is None:
+        pytest.skip("this CPU or compiler cannot build the fused step")
+    fused, per_layer, _, _ = fused_and_per_layer(model, IDS)
+    reference, _ = prefill(decoder(checkpoint, torch.float32), IDS)
+    fused_error, per_layer_error = ((x[0] - reference[-1]).abs().max() for x in (fused, per_layer))
+    assert fused_error <= 1.25 * per_layer_error
+
+
+@pytest.mark.parametrize("quantization", [None, "int4"])
+def test_rows_never_influence_each_other(checkpoint, quantization):
+    """A row's logits are the same bits alone or beside others of other lengths, on any thread count."""
+    model = decoder(checkpoint, quantization=quantization)
+    if model.fused is None:
+        pytest.skip("this CPU or compiler cannot build the fused step")
+    _, kv = prefill(model, IDS[:11])  # three sequences, each with its own slots
+    prefill(model, IDS[:39], kv=kv, first_slot=64)
+    prefill(model, IDS[:24], kv=kv, first_slot=128)
+    rows = [list(range(12)), list(range(64, 104)), list(range(128, 153))]
+    ids, positions = torch.tensor([7, 8, 9]), torch.tensor([11, 39, 24])
+    with torch.inference_mode():
+        together = model.decode_step(ids, positions, decode_meta(rows), kv.clone())
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            for i, row in enumerate(rows):
+                alone = model.decode_step(ids[i:i + 1], positions[i:i + 1], decode_meta([row]), kv.clone())
+                assert torch.equal(alone[0], together[i])
+        finally:
+            torch.set_num_threads(threads)
+
+
+def test_fused_step_is_used_only_where_it_serves(checkpoint):
+    assert decoder(checkpoint, torch.float32).fused is None  # float32 is the reference: the per-layer path
+    assert decoder(checkpoint, fused=False).fused is None  # EngineConfig.fused_decode=False
+    model = decoder(checkpoint)
+    if model.fused is None:
+        pytest.skip("this CPU or compiler cannot build the fused step")
+    _, kv = prefill(model, IDS)
+    nine = [list(range(i + 1)) for i in range(9)]
+    with torch.inference_mode():
+        assert model.decode_step(torch.arange(9), torch.arange(9), decode_meta(nine), kv) is None  # 9 rows
+        chunk = AttentionMetadata(torch.arange(2), 0, torch.empty(0), torch.empty(0),
+                                  [PrefillChunk(0, 2, 2, torch.arange(2))])
+        assert model.decode_step(torch.arange(2), torch.arange(2), chunk, kv) is None  # a prompt chunk
+
+
+def test_fused_step_rejects_slots_outside_the_pool(checkpoint):
+    model = decoder(checkpoint)
+    if model.fused is None:
+        pytest.skip("this CPU or compiler cannot build the fused step")
+    _, kv = prefill(model, IDS, pool=64)
+    with torch.inference_mode(), pytest.raises(IndexError):
+        model.decode_step(torch.tensor([3]), torch.tensor([40]), decode_meta([list(range(40)) + [64]]), kv)

@@ -1,0 +1,149 @@
+"""`zhuzi bench accuracy`: what each quantization costs in quality, against bf16 on the same model.
+
+Per quantization (and bf16 itself, and float32 as the reference the others approximate):
+- greedy agreement with bf16: ShareGPT's first 32 chat prompts, 64 greedy tokens each (ignore_eos);
+  the share of tokens generated before the first difference from bf16's continuation, and how many
+  continuations are identical;
+- mean |logprob difference| of the chosen tokens: bf16's continuations scored teacher-forced (prompt
+  logprobs of prompt + continuation) by each model, against bf16's own scores;
+- perplexity on a fixed real text: the first N tokens of ShareGPT's answers (file order), in windows.
+
+Greedy tokens come from the decode path (fused steps at batch <= 8, as served); logprobs and perplexity
+come from prefill (the path of prompts and big batches).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+from dataclasses import asdict, dataclass
+
+from zhuzi.bench import machine_line
+from zhuzi.bench.datasets import sharegpt_answer_tokens, sharegpt_user_prompts
+
+VARIANTS = {"float32": {"dtype": "float32"}, "bf16": {}, "int8": {"quantization": "int8"},
+            "int4": {"quantization": "int4"}}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", "-m", default=None, help="HF directory or .gguf file (default: embedded SmolLM2)")
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS),
+                        help="models to compare with bf16 (default: all)")
+    parser.add_argument("--num-prompts", type=int, default=32, help="chat prompts (default %(default)s)")
+    parser.add_argument("--max-tokens", type=int, default=64, help="greedy tokens a prompt (default %(default)s)")
+    parser.add_argument("--text-tokens", type=int, default=20000,
+                        help="tokens of ShareGPT answers for the perplexity (default %(default)s)")
+    parser.add_argument("--window", type=int, default=1024, help="perplexity window in tokens (default %(default)s)")
+    parser.add_argument("--json-out", default=None, help="also write the report to this JSON file")
+
+
+@dataclass
+class Quality:
+    variant: str
+    perplexity: float
+    greedy_agreement: float  # share of greedy tokens before the first difference from bf16
+    identical: int  # continuations identical to bf16's
+    mean_abs_logprob_diff: float  # nats, over bf16's chosen tokens, teacher-forced
+
+
+@dataclass
+class AccuracyReport:
+    machine: str
+    model: str
+    num_prompts: int
+    max_tokens: int
+    text_tokens: int
+    window: int
+    results: list[Quality]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def perplexity(llm, tokens: list[int], window: int) -> float:
+    """exp(mean negative log-likelihood) of every token after the first of each window."""
+    from zhuzi import SamplingParams
+
+    windows = [tokens[i:i + window] for i in range(0, len(tokens), window) if len(tokens[i:i + window]) > 1]
+    outs = llm.generate(windows, SamplingParams(max_tokens=1, prompt_logprobs=0))
+    nll = [-entry[token].logprob for out, ids in zip(outs, windows)
+           for entry, token in zip(out.prompt_logprobs[1:], ids[1:])]
+    return math.exp(statistics.fmean(nll))
+
+
+def greedy(llm, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    from zhuzi import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    return [out.outputs[0].token_ids for out in llm.generate(prompts, params)]
+
+
+def continuation_logprobs(llm, prompts: list[list[int]], continuations: list[list[int]]) -> list[list[float]]:
+    """Each continuation token's logprob given the prompt and the tokens before it (teacher-forced)."""
+    from zhuzi import SamplingParams
+
+    outs = llm.generate([p + c for p, c in zip(prompts, continuations)],
+                        SamplingParams(max_tokens=1, prompt_logprobs=0))
+    return [[entry[token].logprob for entry, token in zip(out.prompt_logprobs[len(p):], c)]
+            for out, p, c in zip(outs, prompts, continuations)]
+
+
+def agreement(reference: list[list[int]], other: list[list[int]]) -> tuple[float, int]:
+    """(share of tokens before the first difference, number of identical continuations)."""
+    prefix = [next((i for i, (a, b) in enumerate(zip(r, o)) if a != b), len(r)) for r, o in zip(reference, other)]
+    return sum(prefix) / sum(len(r) for r in reference), sum(r == o for r, o in zip(reference, other))
+
+
+def measure(model: str | None, variants: list[str], prompts: list[list[int]], text: list[int], max_tokens: int,
+            window: int) -> list[Quality]:
+    """Quality of each variant against bf16 (which is always measured first)."""
+    from zhuzi import LLM
+
+    bf16 = LLM(model)
+    reference = greedy(bf16, prompts, max_tokens)
+    reference_lp = continuation_logprobs(bf16, prompts, reference)
+    results = []
+    for variant in variants:
+        llm = bf16 if variant == "bf16" else LLM(model, **VARIANTS[variant])
+        tokens = reference if variant == "bf16" else greedy(llm, prompts, max_tokens)
+        share, identical = agreement(reference, tokens)
+        lp = reference_lp if variant == "bf16" else continuation_logprobs(llm, prompts, reference)
+        diffs = [abs(a - b) for ra, rb in zip(reference_lp, lp) for a, b in zip(ra, rb)]
+        results.append(Quality(variant, perplexity(llm, text, window), share, identical, statistics.fmean(diffs)))
+    return results
+
+
+def run(args: argparse.Namespace) -> AccuracyReport:
+    from zhuzi.model.loader import default_model_path
+    from zhuzi.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer.load(args.model or default_model_path())
+    prompts = [tokenizer.encode_chat([{"role": "user", "content": p}]) for p in sharegpt_user_prompts(args.num_prompts)]
+    text = sharegpt_answer_tokens(tokenizer.hf, args.text_tokens)
+    report = AccuracyReport(machine_line(), args.model or "SmolLM2-135M-Instruct (embedded GGUF)", len(prompts),
+                            args.max_tokens, len(text), args.window,
+                            measure(args.model, args.variants, prompts, text, args.max_tokens, args.window))
+    print(format_report(report))
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump(report.to_dict(), f, indent=2)
+    return report
+
+
+def format_report(r: AccuracyReport) -> str:
+    lines = [
+        "=============== zhuzi bench accuracy ===============",
+        f"machine:    {r.machine}",
+        f"model:      {r.model}",
+        f"greedy:     {r.num_prompts} ShareGPT chat prompts x {r.max_tokens} tokens, against bf16",
+        f"perplexity: first {r.text_tokens} tokens of ShareGPT answers, windows of {r.window}",
+        f"{'variant':<9} {'perplexity':>10} {'vs bf16':>8} {'greedy agreement':>17} {'identical':>10} "
+        f"{'mean |dlogprob|':>16}",
+    ]
+    bf16 = next((q.perplexity for q in r.results if q.variant == "bf16"), None)
+    for q in r.results:
+        change = f"{100 * (q.perplexity / bf16 - 1):+7.2f}%" if bf16 else ""
+        lines.append(f"{q.variant:<9} {q.perplexity:10.4f} {change:>8} {100 * q.greedy_agreement:16.1f}% "
+                     f"{q.identical:>5}/{r.num_prompts:<4} {q.mean_abs_logprob_diff:16.4f}")
+    return "\n".join(lines)

@@ -1,0 +1,139 @@
+"""The fused decode step (model runner -> model, for steps that are all decodes): every layer, the final
+norm and the LM head of up to 8 decode rows in one native call (kernels/decode_step.cpp).
+
+Why: at batch 1 a step streams every weight once, and the per-layer torch path adds ~150 small ops
+(norms, dtype copies, cats, slices, index_copy) and as many OpenMP fork/joins around them: 4-6 ms a
+step here, more than the int4 weights take to read. One call a step leaves ~0.3 ms beside the reads.
+
+How: one OpenMP parallel region for the whole step. Per layer: RMSNorm -> QKV (+ bias) -> q/k norms,
+RoPE, K/V into the pool -> attention per kv head (kernels/attention.h, the decode kernel's loop) ->
+O + residual -> RMSNorm -> gate and up rows in matching 16-row chunks, SiLU(gate) * up -> down +
+residual; then the final norm and the LM head. Weight rows are split over the threads in chunks of 16,
+through the linear kernels' own inner loops (kernels/rows.h, kernels/tiles.h); each thread prepares a
+matrix's input rows itself, so a layer costs six barriers. The decoder's weight tensors are used in
+place (dense bf16, int8 with scales, Q4/Q8 tiles).
+
+Arithmetic, and how it differs from the per-layer path: the residual stream stays float32 for the whole
+step, and each matrix input is rounded to bf16 once (the RMSNorm output computed in float32, the
+SiLU(gate) * up product, the attention output); RoPE and the q/k norms run in float32 before the
+query and the new K/V are rounded to bf16. The per-layer path keeps the residual stream in bf16 and
+rounds after every op. So in bf16 a request's tokens can depend on whether its steps ran fused (all
+decodes, at most 8 rows) or not; against a float32 reference the fused step is the closer of the two.
+Rows never influence each other: a row's logits are the same bits alone or in a batch of up to 8.
+float32 models never take this path; EngineConfig.fused_decode switches it off (e.g. for a mode that
+wants bf16 results independent of the batch).
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+
+from zhuzi.model import native
+from zhuzi.model.linear import Int8Linear, Linear, TiledLinear
+
+MAX_ROWS = 8
+_DENSE, _INT8, _Q4, _Q8 = range(4)
+
+
+class _Mat(ctypes.Structure):
+    _fields_ = [("kind", ctypes.c_int32), ("w", ctypes.c_void_p), ("scale", ctypes.c_void_p),
+                ("bias", ctypes.c_void_p), ("n", ctypes.c_int64), ("k", ctypes.c_int64)]
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [("input_norm", ctypes.c_void_p), ("qkv", _Mat), ("q_norm", ctypes.c_void_p),
+                ("k_norm", ctypes.c_void_p), ("o", _Mat), ("post_norm", ctypes.c_void_p), ("gate_up", _Mat),
+                ("down", _Mat)]
+
+
+class _Args(ctypes.Structure):
+    _fields_ = [("layers", ctypes.c_void_p), ("num_layers", ctypes.c_int64), ("norm", ctypes.c_void_p),
+                ("lm_head", _Mat), ("heads", ctypes.c_int64), ("kv_heads", ctypes.c_int64),
+                ("head_dim", ctypes.c_int64), ("hidden", ctypes.c_int64), ("ffn", ctypes.c_int64),
+                ("eps", ctypes.c_float), ("scale", ctypes.c_float), ("embed", ctypes.c_void_p),
+                ("ids", ctypes.c_void_p), ("positions", ctypes.c_void_p), ("cos", ctypes.c_void_p),
+                ("sin", ctypes.c_void_p), ("kv", ctypes.c_void_p), ("num_slots", ctypes.c_int64),
+                ("slots", ctypes.c_void_p), ("lens", ctypes.c_void_p), ("width", ctypes.c_int64),
+                ("logits", ctypes.c_void_p), ("threads", ctypes.c_int32)]
+
+
+@functools.cache
+def _kernel():
+    lib = native.load("decode_step")
+    if lib is None:
+        return None
+    fn = lib.zhuzi_decode_step
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int64]
+    return fn
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def _mat(layer: Linear) -> _Mat:
+    """The kernel's view of a decoder layer; ValueError for a kind it does not serve."""
+    bias = _ptr(layer.bias)
+    if isinstance(layer, TiledLinear):
+        kind = _Q4 if layer.fmt == "q4" else _Q8
+        return _Mat(kind, layer.tiles.data_ptr(), None, bias, layer.out_features, layer.tiles.shape[1] * 32)
+    w = layer.weight
+    if isinstance(layer, Int8Linear):
+        return _Mat(_INT8, w.data_ptr(), layer.scale.data_ptr(), bias, *w.shape)
+    if w.dtype != torch.bfloat16:
+        raise ValueError(f"the fused decode step takes bf16 weights, not {w.dtype}")
+    return _Mat(_DENSE, w.data_ptr(), None, bias, *w.shape)
+
+
+class FusedDecode:
+    """One decode step of a Decoder in one call; build() returns None where the kernel cannot serve it."""
+
+    def __init__(self, decoder, fn):
+        c = decoder.config
+        self.fn, self.decoder = fn, decoder  # the decoder owns every tensor the structs point at
+        self.layers = (_Layer * c.num_layers)(*[
+            _Layer(_ptr(layer.input_norm), _mat(layer.qkv), _ptr(layer.q_norm), _ptr(layer.k_norm), _mat(layer.o),
+                   _ptr(layer.post_norm), _mat(layer.gate_up), _mat(layer.down)) for layer in decoder.layers])
+        self.cos, self.sin = decoder.rotary.cos.contiguous(), decoder.rotary.sin.contiguous()
+        self.args = _Args(ctypes.addressof(self.layers), c.num_layers, _ptr(decoder.norm), _mat(decoder.lm_head),
+                          c.num_heads, c.num_kv_heads, c.head_dim, c.hidden_size, c.intermediate_size,
+                          c.rms_norm_eps, c.head_dim ** -0.5, _ptr(decoder.embed), cos=_ptr(self.cos),
+                          sin=_ptr(self.sin))
+        self.vocab = decoder.lm_head.out_features if isinstance(decoder.lm_head, TiledLinear) \
+            else decoder.lm_head.weight.shape[0]
+
+    @classmethod
+    def build(cls, decoder) -> FusedDecode | None:
+        tensors = [decoder.embed, decoder.norm] + [t for layer in decoder.layers for t in
+                                                   (layer.input_norm, layer.post_norm, layer.q_norm, layer.k_norm)
+                                                   if t is not None]
+        if not all(t.is_cpu and t.dtype == torch.bfloat16 and t.is_contiguous() for t in tensors):
+            return None
+        fn = _kernel()
+        try:
+            return cls(decoder, fn) if fn is not None else None
+        except ValueError:
+            return None
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                 lengths: torch.Tensor, kv_cache: torch.Tensor) -> torch.Tensor | None:
+        """Logits [M, vocab] float32 of M <= 8 decode rows; row m attends its first lengths[m] slots, the
+        last of which receives its new K/V. None when the kernel does not serve the call."""
+        m = input_ids.shape[0]
+        if not (1 <= m <= MAX_ROWS and kv_cache.dtype == torch.bfloat16 and kv_cache.is_contiguous()):
+            return None
+        ids, positions = input_ids.contiguous(), positions.contiguous()
+        slots, lengths = slots.contiguous(), lengths.contiguous()
+        logits = torch.empty(m, self.vocab, dtype=torch.float32)
+        a = self.args
+        a.ids, a.positions, a.slots, a.lens, a.width = (ids.data_ptr(), positions.data_ptr(), slots.data_ptr(),
+                                                        lengths.data_ptr(), slots.shape[1])
+        a.kv, a.num_slots, a.logits, a.threads = kv_cache.data_ptr(), kv_cache.shape[2], logits.data_ptr(), \
+            torch.get_num_threads()
+        status = self.fn(ctypes.addressof(a), m)
+        if status == 1:
+            raise IndexError("fused decode step: a length is outside 1..W or a slot is outside the pool")
+        return logits if status == 0 else None

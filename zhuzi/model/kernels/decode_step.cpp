@@ -1,0 +1,294 @@
+// A whole decode step in one call: every layer, the final norm and the LM head for M <= 8 decode rows,
+// in one OpenMP parallel region; see fused.py for the design and for how its arithmetic differs from
+// the per-layer path.
+#include "attention.h"
+#include "rows.h"
+#include "tiles.h"
+
+#include <vector>
+
+#if ZHUZI_TILES
+namespace step {
+
+enum Kind : int32_t { DENSE = 0, INT8 = 1, Q4 = 2, Q8 = 3 };  // Q4 - Q4 and Q8 - Q4 are tiles.h's formats
+
+struct Mat {
+  int32_t kind;
+  const void* w;         // bf16 / int8 rows [n, k], or tiles [ceil(n / 16), k / 32, tile bytes]
+  const float* scale;    // int8: one per row
+  const uint16_t* bias;  // bf16 [n], or null
+  int64_t n, k;
+};
+
+struct Layer {
+  const uint16_t* input_norm;
+  Mat qkv;
+  const uint16_t* q_norm;  // [head_dim] (Qwen3), or null
+  const uint16_t* k_norm;
+  Mat o;
+  const uint16_t* post_norm;
+  Mat gate_up;  // gate rows, then up rows
+  Mat down;
+};
+
+struct Args {
+  const Layer* layers;
+  int64_t num_layers;
+  const uint16_t* norm;
+  Mat lm_head;
+  int64_t heads, kv_heads, head_dim, hidden, ffn;
+  float eps, scale;           // RMSNorm epsilon, attention scale
+  const uint16_t* embed;      // [vocab, hidden]
+  const int64_t* ids;         // [M]
+  const int64_t* positions;   // [M]
+  const float* cos;           // [positions, head_dim / 2]
+  const float* sin;
+  uint16_t* kv;               // [layers, 2, slots, kv_heads, head_dim]
+  int64_t num_slots;
+  const int64_t* slots;       // [M, width]: the last of row m's lens[m] slots is its new token's
+  const int64_t* lens;        // [M]
+  int64_t width;
+  float* logits;              // [M, lm_head.n]
+  int32_t threads;
+};
+
+constexpr int CHUNK = 16;  // output rows per work item: one block of tiles
+
+// One matrix's input rows, as each thread prepares them for itself (no barrier needed): bf16, padded to
+// whole 32s, and each group's sum for Q4 weights.
+struct Inputs {
+  std::vector<uint16_t> own;
+  std::vector<float> sums;
+  const uint16_t* x = nullptr;
+  int64_t ld = 0;
+
+  void sum_groups(int M, int64_t K) {
+    sums.resize(M * (K / 32));
+    for (int m = 0; m < M; ++m) tiles::group_sums(x + m * ld, K / 32, sums.data() + m * (K / 32));
+  }
+  // Rows of float32 values, optionally RMS-normalised with weight w, rounded once to bf16.
+  void set(const float* src, int M, int64_t K, const uint16_t* w = nullptr, float eps = 0.f) {
+    ld = (K + 31) / 32 * 32;
+    own.assign(M * ld, 0);
+    for (int m = 0; m < M; ++m) {
+      const float* s = src + m * K;
+      float r = 1.f;
+      if (w) {
+        vf ss{};
+        int64_t i = 0;
+        for (; i + 16 <= K; i += 16) { vf v; std::memcpy(&v, s + i, 64); ss += v * v; }
+        float tail = 0.f;
+        for (; i < K; ++i) tail += s[i] * s[i];
+        r = 1.f / std::sqrt((hsum(ss) + tail) / float(K) + eps);
+      }
+      for (int64_t i = 0; i < K; ++i) store(w ? s[i] * r * widen(w[i]) : s[i], &own[m * ld + i]);
+    }
+    x = own.data();
+    sum_groups(M, K);
+  }
+  void use(const uint16_t* rows, int M, int64_t K) {  // bf16 rows as they are (K a multiple of 32)
+    x = rows;
+    ld = K;
+    sum_groups(M, K);
+  }
+};
+
+// Rows [n0, n0 + count) of a row-major matrix against M inputs: out[m][r].
+template <class F, int M>
+static void dense_rows(const typename F::W* w, int64_t K, const Inputs& in, int64_t n0, int count,
+                       float out[M][CHUNK]) {
+  constexpr int R = ROWS[M];
+  int r = 0;
+  for (; r + R <= count; r += R) {
+    float o[R][M];
+    rows<F, M, R>(w + (n0 + r) * K, K, in.x, in.ld, o);
+    for (int i = 0; i < R; ++i)
+      for (int m = 0; m < M; ++m) out[m][r + i] = o[i][m];
+  }
+  for (; r < count; ++r) {
+    float o[1][M];
+    rows<F, M, 1>(w + (n0 + r) * K, K, in.x, in.ld, o);
+    for (int m = 0; m < M; ++m) out[m][r] = o[0][m];
+  }
+}
+
+// Output rows [n0, n0 + count) of matrix a (count <= 16, n0 a multiple of 16): out[m][r].
+template <int M>
+static void chunk(const Mat& a, const Inputs& in, int64_t n0, int count, float out[M][CHUNK]) {
+  const int64_t K = a.k;
+  switch (a.kind) {
+    case DENSE: dense_rows<BF16, M>(static_cast<const uint16_t*>(a.w), K, in, n0, count, out); break;
+    case INT8:
+      dense_rows<I8BF16, M>(static_cast<const int8_t*>(a.w), K, in, n0, count, out);
+      for (int r = 0; r < count; ++r)
+        for (int m = 0; m < M; ++m) out[m][r] *= a.scale[n0 + r];
+      break;
+    default: {
+      const int format = a.kind == Q4 ? tiles::Q4 : tiles::Q8;
+      const auto* w = static_cast<const uint8_t*>(a.w) + (n0 / CHUNK) * (K / 32) * tiles::tile_bytes(format);
+      __m512 v[M];
+      if (format == tiles::Q4) tiles::block<tiles::Q4, M>(w, K / 32, in.x, in.ld, in.sums.data(), v);
+      else tiles::block<tiles::Q8, M>(w, K / 32, in.x, in.ld, nullptr, v);
+      for (int m = 0; m < M; ++m) _mm512_storeu_ps(out[m], v[m]);
+    }
+  }
+  if (a.bias)
+    for (int r = 0; r < count; ++r)
+      for (int m = 0; m < M; ++m) out[m][r] += widen(a.bias[n0 + r]);
+}
+
+// Every chunk of 16 output rows of a, split over the team; emit(n0, count, out) takes each chunk's results.
+template <int M, typename Emit>
+static void matmul(const Mat& a, const Inputs& in, Emit emit) {
+  const int64_t chunks = (a.n + CHUNK - 1) / CHUNK;
+#pragma omp for schedule(static)
+  for (int64_t c = 0; c < chunks; ++c) {
+    float out[M][CHUNK];
+    const int count = int(std::min<int64_t>(CHUNK, a.n - c * CHUNK));
+    chunk<M>(a, in, c * CHUNK, count, out);
+    emit(c * CHUNK, count, out);
+  }
+}
+
+static void head_norm(float* x, const uint16_t* w, int64_t D, float eps) {
+  float ss = 0.f;
+  for (int64_t i = 0; i < D; ++i) ss += x[i] * x[i];
+  const float r = 1.f / std::sqrt(ss / float(D) + eps);
+  for (int64_t i = 0; i < D; ++i) x[i] = x[i] * r * widen(w[i]);
+}
+
+// Rotate-half RoPE (the Hugging Face layout): the two halves of a head rotate as pairs.
+static void rope(float* x, const float* cos, const float* sin, int64_t D) {
+  const int64_t half = D / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    const float a = x[i], b = x[i + half];
+    x[i] = a * cos[i] - b * sin[i];
+    x[i + half] = b * cos[i] + a * sin[i];
+  }
+}
+
+// The query heads of kv head kh: each K/V row is read once for all of them.
+static void attend_group(int64_t D, const uint16_t* q, const uint16_t* kc, const uint16_t* vc, const int64_t* slots,
+                         int64_t len, uint16_t* out, int kh, int H, int KV, int64_t nslots, float scale, int* bad) {
+  const int G = H / KV;
+  auto go = [&](auto fn) { fn(q, kc, vc, slots, len, out, kh * G, (kh + 1) * G, H, KV, nslots, scale, bad); };
+  switch (D) {
+    case 32: go(attend<uint16_t, 2>); break;
+    case 64: go(attend<uint16_t, 4>); break;
+    case 96: go(attend<uint16_t, 6>); break;
+    case 128: go(attend<uint16_t, 8>); break;
+    default: go(attend<uint16_t, 16>); break;
+  }
+}
+
+template <int M>
+static int run(const Args& a) {
+  const int64_t H = a.heads, KV = a.kv_heads, D = a.head_dim, E = a.hidden, F = a.ffn, V = a.lm_head.n;
+  const int64_t QKV = (H + 2 * KV) * D, row = KV * D, pool = a.num_slots * row;
+  std::vector<float> h(M * E), qkv(M * QKV), act(M * F);
+  std::vector<uint16_t> q(M * H * D), attn(M * H * D);
+  for (int m = 0; m < M; ++m)
+    for (int64_t i = 0; i < E; ++i) h[m * E + i] = widen(a.embed[a.ids[m] * E + i]);
+  int bad = 0;
+  for (int m = 0; m < M; ++m) bad |= a.lens[m] < 1 || a.lens[m] > a.width;
+  if (bad) return 1;
+#pragma omp parallel num_threads(a.threads)
+  {
+    static thread_local Inputs in;
+    for (int64_t l = 0; l < a.num_layers; ++l) {
+      const Layer& L = a.layers[l];
+      uint16_t* kc = a.kv + 2 * l * pool;
+      uint16_t* vc = kc + pool;
+      in.set(h.data(), M, E, L.input_norm, a.eps);
+      matmul<M>(L.qkv, in, [&](int64_t n0, int count, float out[M][CHUNK]) {
+        for (int m = 0; m < M; ++m) std::memcpy(&qkv[m * QKV + n0], out[m], count * 4);
+      });
+#pragma omp for schedule(static)
+      for (int64_t i = 0; i < M * (H + KV); ++i) {  // q/k norms, RoPE; queries to bf16, K and V into the pool
+        const int64_t m = i / (H + KV), j = i % (H + KV);
+        const float* cos = a.cos + a.positions[m] * (D / 2);
+        const float* sin = a.sin + a.positions[m] * (D / 2);
+        float* x = &qkv[m * QKV + j * D];
+        if (j < H) {
+          if (L.q_norm) head_norm(x, L.q_norm, D, a.eps);
+          rope(x, cos, sin, D);
+          for (int64_t d = 0; d < D; ++d) store(x[d], &q[(m * H + j) * D + d]);
+          continue;
+        }
+        const int64_t kh = j - H, slot = a.slots[m * a.width + a.lens[m] - 1];
+        if (slot < 0 || slot >= a.num_slots) { bad = 1; continue; }
+        if (L.k_norm) head_norm(x, L.k_norm, D, a.eps);
+        rope(x, cos, sin, D);
+        for (int64_t d = 0; d < D; ++d) {
+          store(x[d], kc + slot * row + kh * D + d);
+          store(x[KV * D + d], vc + slot * row + kh * D + d);
+        }
+      }
+#pragma omp for schedule(static)
+      for (int64_t i = 0; i < M * KV; ++i) {
+        const int64_t m = i / KV;
+        attend_group(D, &q[m * H * D], kc, vc, a.slots + m * a.width, a.lens[m], &attn[m * H * D], int(i % KV),
+                     int(H), int(KV), a.num_slots, a.scale, &bad);
+      }
+      in.use(attn.data(), M, H * D);
+      matmul<M>(L.o, in, [&](int64_t n0, int count, float out[M][CHUNK]) {
+        for (int m = 0; m < M; ++m)
+          for (int r = 0; r < count; ++r) h[m * E + n0 + r] += out[m][r];
+      });
+      in.set(h.data(), M, E, L.post_norm, a.eps);
+      // A work item computes 16 gate rows and the 16 matching up rows, and applies SiLU(gate) * up itself.
+      const Mat gate = {L.gate_up.kind, L.gate_up.w, L.gate_up.scale, L.gate_up.bias, F, E};
+      Mat up = gate;
+      if (gate.kind == DENSE) up.w = static_cast<const uint16_t*>(gate.w) + F * E;
+      else if (gate.kind == INT8) up.w = static_cast<const int8_t*>(gate.w) + F * E, up.scale = gate.scale + F;
+      else up.w = static_cast<const uint8_t*>(gate.w) + (F / CHUNK) * (E / 32) * tiles::tile_bytes(gate.kind - Q4);
+#pragma omp for schedule(static)
+      for (int64_t c = 0; c < F / CHUNK; ++c) {
+        float g[M][CHUNK], u[M][CHUNK];
+        chunk<M>(gate, in, c * CHUNK, CHUNK, g);
+        chunk<M>(up, in, c * CHUNK, CHUNK, u);
+        for (int m = 0; m < M; ++m)
+          for (int r = 0; r < CHUNK; ++r) act[m * F + c * CHUNK + r] = g[m][r] / (1.f + expf(-g[m][r])) * u[m][r];
+      }
+      in.set(act.data(), M, F);
+      matmul<M>(L.down, in, [&](int64_t n0, int count, float out[M][CHUNK]) {
+        for (int m = 0; m < M; ++m)
+          for (int r = 0; r < count; ++r) h[m * E + n0 + r] += out[m][r];
+      });
+    }
+    in.set(h.data(), M, E, a.norm, a.eps);
+    matmul<M>(a.lm_head, in, [&](int64_t n0, int count, float out[M][CHUNK]) {
+      for (int m = 0; m < M; ++m) std::memcpy(a.logits + m * V + n0, out[m], count * 4);
+    });
+  }
+  return bad;
+}
+
+}  // namespace step
+#endif
+
+// Returns 0 on success, 1 for a length or slot out of range, 2 for what this build does not serve
+// (M outside 1..8, a shape not a multiple of 32, no AVX512-BF16/VBMI).
+extern "C" int zhuzi_decode_step(const void* args, int64_t M) {
+#if ZHUZI_TILES
+  const auto& a = *static_cast<const step::Args*>(args);
+  const int64_t D = a.head_dim;
+  const bool heads = (D == 32 || D == 64 || D == 96 || D == 128 || D == 256) && a.kv_heads > 0
+                     && a.heads % a.kv_heads == 0 && a.heads <= MAXH && a.heads * D <= MAXHD;
+  if (!heads || a.hidden % 32 || a.ffn % 32) return 2;
+  switch (M) {
+    case 1: return step::run<1>(a);
+    case 2: return step::run<2>(a);
+    case 3: return step::run<3>(a);
+    case 4: return step::run<4>(a);
+    case 5: return step::run<5>(a);
+    case 6: return step::run<6>(a);
+    case 7: return step::run<7>(a);
+    case 8: return step::run<8>(a);
+    default: return 2;
+  }
+#else
+  (void)args, (void)M;
+  return 2;
+#endif
+}

@@ -1,0 +1,110 @@
+"""The model's linear layers (decoder -> every projection): dense, int8, or 4/8-bit tiles, each picking
+its fastest path for the rows of a step.
+
+float32 is the reference dtype: every format runs there as torch's matmul over its weights' exact values
+(quantized values included), so a quantized fp32 model keeps the invariants of an fp32 one.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from zhuzi.model.cpu_linear import int8_matmul, small_m_linear, tiled_linear, tiled_linear_available
+from zhuzi.model.quant import pack_q4, pack_q8, quantize_int8, unpack_q4, unpack_q8
+
+QUANTIZATIONS = ("int8", "int4")
+# Weight format of the layers and of the LM head for each quantization.
+FORMATS = {None: (None, None), "int8": ("int8", "int8"), "int4": ("q4", "q8")}
+_TILES = {"q4": (pack_q4, unpack_q4), "q8": (pack_q8, unpack_q8)}
+
+
+class Linear:
+    """y = x W^T + b with W kept in the compute dtype."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+        self.weight, self.bias = weight.contiguous(), bias
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])
+        y = self._kernel(flat) if x.dtype != torch.float32 else None
+        if y is None:
+            y = self._matmul(flat)
+        elif self.bias is not None:
+            y = y + self.bias
+        return y.view(*x.shape[:-1], -1)
+
+    def _kernel(self, flat: torch.Tensor) -> torch.Tensor | None:
+        # Decode batches of a few rows are a weight-streaming problem: the kernel reads W at close to
+        # memory speed, where torch's GEMV reaches half of it.
+        return small_m_linear(flat, self.weight)
+
+    def _matmul(self, flat: torch.Tensor) -> torch.Tensor:
+        return F.linear(flat, self.weight, self.bias)
+
+    @property
+    def tensors(self) -> list[torch.Tensor]:
+        return [t for t in (self.weight, self.bias) if t is not None]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors)
+
+
+class Int8Linear(Linear):
+    """int8 weights, one float32 scale per output channel. Decode batches (<= 8 rows) stream them against
+    the bf16 inputs as they are (half of bf16's reads); bigger batches run int8 compute."""
+
+    def __init__(self, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None):
+        super().__init__(weight, bias)
+        self.scale = scale.float().contiguous()
+        self.code_sums = weight.sum(1, dtype=torch.int32)  # int8 compute removes the inputs' zero points with these
+
+    def _kernel(self, flat: torch.Tensor) -> torch.Tensor | None:
+        return small_m_linear(flat, self.weight, self.scale)
+
+    def _matmul(self, flat: torch.Tensor) -> torch.Tensor:
+        # Beyond a few rows the step is compute-bound: int8 inputs and products (smooth.py keeps the
+        # inputs' ranges tame).
+        y = int8_matmul(flat, self.weight, self.scale, self.code_sums, self.bias)
+        if y is None:  # no kernels: dequantize on the fly
+            y = F.linear(flat, (self.weight.float() * self.scale[:, None]).to(flat.dtype), self.bias)
+        return y
+
+    @property
+    def tensors(self) -> list[torch.Tensor]:
+        return super().tensors + [self.scale]
+
+
+class TiledLinear(Linear):
+    """4-bit or 8-bit tiles (quant.py) through the tiled kernel, for any number of bf16 rows on CPU."""
+
+    def __init__(self, tiles: torch.Tensor, fmt: str, out_features: int, bias: torch.Tensor | None = None):
+        self.tiles, self.fmt, self.out_features, self.bias = tiles, fmt, out_features, bias
+
+    def _kernel(self, flat: torch.Tensor) -> torch.Tensor | None:
+        return tiled_linear(flat, self.tiles, self.fmt, self.out_features)
+
+    def _matmul(self, flat: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError(f"{self.fmt} tiles take bf16 CPU inputs, got {flat.dtype} on {flat.device}")
+
+    @property
+    def tensors(self) -> list[torch.Tensor]:
+        return [t for t in (self.tiles, self.bias) if t is not None]
+
+
+def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, fmt: str | None, dtype: torch.dtype) -> Linear:
+    """A layer of weight [N, K] stored in format fmt (None: dense, "int8", "q4" or "q8") for a model of
+    dtype. Without a kernel for the format, its exact values run dense through torch."""
+    device = weight.device
+    if fmt is None:
+        return Linear(weight.to(dtype), bias)
+    if fmt == "int8":
+        q, scale = quantize_int8(weight)
+        if dtype == torch.float32:
+            return Linear(q.float() * scale[:, None], bias)
+        return Int8Linear(q.to(device), scale.to(device), bias)
+    pack, unpack = _TILES[fmt]
+    tiles = pack(weight)
+    if dtype == torch.bfloat16 and device.type == "cpu" and tiled_linear_available():
+        return TiledLinear(tiles, fmt, weight.shape[0], bias)
+    return Linear(unpack(tiles, weight.shape[0]).to(dtype).to(device), bias)
