@@ -27,6 +27,7 @@ import json
 import re
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -126,6 +127,8 @@ class Tokenizer:
         # its shared backend per call, which races between threads.
         self._text = RustTokenizer.from_str(hf.backend_tokenizer.to_str())
         self._text.encode_special_tokens = True
+        # Where the library's GIL-free batch calls run; a server gives low-priority threads (see _batch).
+        self.batch_executor: Executor | None = None
         self._special_ids = {t.content: i for i, t in hf.added_tokens_decoder.items() if t.special}
         self.all_special_ids: frozenset[int] = frozenset(self._special_ids.values()) | frozenset(hf.all_special_ids)
         specials = sorted(self._special_ids, key=len, reverse=True)  # longest match wins, as in the tokenizer
@@ -320,8 +323,7 @@ class Tokenizer:
     def _author_tokens(self, pieces: list[tuple[str, list[str]] | int]) -> list[DocToken]:
         """Tokens of the pieces; a token's author is the one who wrote most of its characters."""
         texts = [piece for piece in pieces if not isinstance(piece, int)]
-        # One batch call: the tokenizers library lets go of the GIL for a batch (as _encode_texts relies on).
-        encodings = iter(self._text.encode_batch([text for text, _ in texts], add_special_tokens=False))
+        encodings = iter(self._batch(self._text.encode_batch, [text for text, _ in texts]))
         tokens = []
         for piece in pieces:
             if isinstance(piece, int):
@@ -386,6 +388,13 @@ class Tokenizer:
         return self._encode_texts([text])[0]
 
     def _encode_texts(self, texts: list[str]) -> list[list[int]]:
-        # A batch call, even for one text: the tokenizers library lets go of the GIL for a batch (not for a
-        # single encode), so tokenizing a long text never stalls the server's event loop or the engine.
-        return [e.ids for e in self._text.encode_batch_fast(texts, add_special_tokens=False)]
+        return [e.ids for e in self._batch(self._text.encode_batch_fast, texts)]
+
+    def _batch(self, encode: Callable[..., list[Any]], texts: list[str]) -> list[Any]:
+        """A batch call, even for one text: the tokenizers library lets go of the GIL for a batch (not for a
+        single encode), so tokenizing a long text never stalls the server's event loop or the engine. It runs
+        in batch_executor if one is set: a server's low-priority threads. What holds the GIL (reading the ids
+        out) stays in the caller's thread: a low-priority thread holding the GIL would keep every other thread
+        of the process waiting while the engine's threads have the CPU."""
+        call = functools.partial(encode, texts, add_special_tokens=False)
+        return self.batch_executor.submit(call).result() if self.batch_executor else call()

@@ -76,7 +76,7 @@ def json_response(body: pydantic.BaseModel) -> Response:
 
 
 def _lower_priority() -> None:
-    """The tokenizing threads yield the CPU to the engine's, so a long prompt does not slow running streams."""
+    """The encoding threads yield the CPU to the engine's, so a long prompt does not slow running streams."""
     if sys.platform == "linux":  # where a thread has a nice value of its own
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WORKER_NICENESS)
 
@@ -114,8 +114,11 @@ class Server:
         self.draining = False
         self.drain_deadline = 0.0
         self.runs: set[Run] = set()
-        self.workers = ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="zhuzi-tokenize",
-                                          initializer=_lower_priority)
+        # Templates, tokenizing and big JSON run in workers; the tokenizer library's GIL-free encoding in the
+        # low-priority encoders (Tokenizer.batch_executor).
+        self.workers = ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="zhuzi-tokenize")
+        self.encoders = ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="zhuzi-encode",
+                                           initializer=_lower_priority)
         self.gateway = Gateway(config.api_keys, config.rate_limit_rpm, config.rate_limit_tpm)
         self.metrics = ServerMetrics(self.engine_state)
         self.model_name = ""
@@ -133,6 +136,7 @@ class Server:
         self.reasoning = THINK_OPEN in vocab and THINK_CLOSE in vocab  # a thinking model's own tags
         self.added_tokens = set(engine.tokenizer.hf.get_added_vocab())
         engine.tokenizer.warm()
+        engine.tokenizer.batch_executor = self.encoders
         self.gateway.capacity = engine.config.max_num_seqs + self.config.max_waiting
         self.engine = engine
         stats = engine.stats()
