@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import re
 import types
 import typing
@@ -94,6 +95,74 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
     return DTYPES[name]
 
 
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding, with vLLM's keys and meanings (--speculative-config '{"method": "ngram", ...}').
+
+    ngram: prompt lookup, the tokens that followed the latest earlier occurrence of the longest suffix of
+    prompt + output of prompt_lookup_min..prompt_lookup_max tokens (both default to the other, or to 5).
+    draft_model: a small model sharing the target's tokenizer proposes, with a KV cache of its own.
+    max_step_tokens (zhuzi's): drafts join a step only while it computes at most this many tokens; on
+    CPU a step of up to 8 rows costs about one row's (the weights are read once), beyond it costs ~2x.
+    """
+
+    method: str
+    num_speculative_tokens: int
+    prompt_lookup_max: int | None = None
+    prompt_lookup_min: int | None = None
+    model: str | None = None
+    max_step_tokens: int = 8
+
+    METHODS = ("ngram", "draft_model")
+
+    @classmethod
+    def parse(cls, value: str | dict | SpeculativeConfig | None) -> SpeculativeConfig | None:
+        """From the flag's JSON text or the offline API's dict; ValueError says what is wrong, in one line."""
+        if value is None or isinstance(value, SpeculativeConfig):
+            return value
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"speculative_config is not valid JSON: {exc}") from None
+        if not isinstance(value, dict):
+            raise ValueError(f"speculative_config must be a JSON object, got {type(value).__name__}")
+        keys = {f.name for f in dataclasses.fields(cls)}
+        if unknown := sorted(set(value) - keys):
+            raise ValueError(f"speculative_config: unknown key(s) {unknown}; known: {sorted(keys)}")
+        value = dict(value)
+        value.setdefault("method", "draft_model" if value.get("model") else None)
+        if value["method"] not in cls.METHODS:
+            raise ValueError(f"speculative_config: method must be one of {list(cls.METHODS)}, got {value['method']!r}")
+        if "num_speculative_tokens" not in value:
+            raise ValueError("speculative_config: num_speculative_tokens is required")
+        if value["method"] == "ngram":  # vLLM: a missing bound takes the other's value, both missing are 5
+            low, high = value.get("prompt_lookup_min"), value.get("prompt_lookup_max")
+            low, high = (5, 5) if low is None and high is None else (high if low is None else low,
+                                                                     low if high is None else high)
+            value["prompt_lookup_min"], value["prompt_lookup_max"] = low, high
+        return cls(**value)
+
+    def __post_init__(self) -> None:
+        def count(name: str, low: int = 1, high: int = 64) -> None:
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or not low <= v <= high:
+                raise ValueError(f"speculative_config: {name} must be an integer in [{low}, {high}], got {v!r}")
+
+        count("num_speculative_tokens")
+        count("max_step_tokens", 2, 2**20)
+        if self.method == "ngram":
+            count("prompt_lookup_min")
+            count("prompt_lookup_max")
+            if self.prompt_lookup_min > self.prompt_lookup_max:
+                raise ValueError(f"speculative_config: prompt_lookup_min ({self.prompt_lookup_min}) exceeds "
+                                 f"prompt_lookup_max ({self.prompt_lookup_max})")
+            if self.model is not None:
+                raise ValueError("speculative_config: ngram takes no model")
+        elif not isinstance(self.model, str) or not self.model:
+            raise ValueError("speculative_config: draft_model needs a model (an HF directory or a .gguf file)")
+
+
 # ---------------------------------------------------------------- settings and their flags
 
 def setting(default: Any, help: str, **flag: Any) -> Any:
@@ -168,10 +237,24 @@ class EngineConfig(Settings):
            "as torchrun does")
     num_threads: int | None = setting(None, "torch threads of each engine process (default: the cores shared "
                                             "among data-parallel replicas and tensor-parallel ranks)")
+    speculative_config: str | dict | None = setting(
+        None, 'speculative decoding, as vLLM\'s JSON: \'{"method": "ngram", "num_speculative_tokens": 5, '
+              '"prompt_lookup_max": 4, "prompt_lookup_min": 2}\' or \'{"method": "draft_model", "model": PATH, '
+              '"num_speculative_tokens": 3}\'')
+    deterministic: bool = setting(
+        False, "batch invariance: a request's tokens at temperature 0 (or with a seed) do not depend on the "
+               "batch, chunking or prefix cache around it (every linear in one fixed order per row; CPU)")
+
+    def __post_init__(self) -> None:
+        SpeculativeConfig.parse(self.speculative_config)  # a bad value fails here, in one line
 
     @property
     def torch_dtype(self) -> torch.dtype:
         return parse_dtype(self.dtype)
+
+    @property
+    def speculative(self) -> SpeculativeConfig | None:
+        return SpeculativeConfig.parse(self.speculative_config)
 
     @property
     def kv_cache_bytes(self) -> int:

@@ -116,6 +116,31 @@ class RequestError(RuntimeError):
 
 
 @dataclass
+class SpecDecodingStats:
+    """Speculative decoding so far, with vLLM's meanings: a draft is one sequence's proposal checked in one
+    step (counted before any stop cuts the accepted run short)."""
+
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_accepted_tokens_per_pos: list[int] = field(default_factory=list)  # position i: drafts with > i accepted
+
+    def observe(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
+        self.num_drafts += 1
+        self.num_draft_tokens += num_draft_tokens
+        self.num_accepted_tokens += num_accepted_tokens
+        per_pos = self.num_accepted_tokens_per_pos
+        per_pos += [0] * (num_draft_tokens - len(per_pos))
+        for i in range(num_accepted_tokens):
+            per_pos[i] += 1
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """Tokens a drafted step emits on average, the target's own token included (vLLM's convention)."""
+        return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
+
+
+@dataclass
 class EngineStats:
     """A snapshot of the engine for /metrics and logs."""
 
@@ -125,6 +150,7 @@ class EngineStats:
     num_free_blocks: int
     prefix_cache_queries: int  # prompt tokens looked up in the prefix cache
     prefix_cache_hits: int  # of those, tokens found cached
+    spec_decoding: SpecDecodingStats | None = None  # None: speculative decoding is off
 
     @property
     def kv_cache_usage(self) -> float:

@@ -121,6 +121,23 @@ def read_sharegpt(limit: int | None = None) -> list[dict]:
     return records
 
 
+def sharegpt_first_turns(tokenizer, num: int, seed: int, length: tuple[int, int] = (40, 400),
+                         records: int = 3000) -> list[list[int]]:
+    """Chat documents (token ids, via tokenizer.encode_chat) of the first user turns of ShareGPT
+    conversations in a seeded order, each within length tokens."""
+    found = read_sharegpt(limit=records)
+    out = []
+    for i in np.random.default_rng(seed).permutation(len(found)):
+        messages = sharegpt_messages(found[i])
+        if messages and messages[0]["role"] == "user":
+            ids = tokenizer.encode_chat(messages[:1])
+            if length[0] <= len(ids) <= length[1]:
+                out.append(ids)
+                if len(out) == num:
+                    return out
+    raise ValueError(f"the first {records} ShareGPT records hold fewer than {num} first turns of {length} tokens")
+
+
 def skip_separators(text: str, pos: int) -> int:
     while pos < len(text) and text[pos] in " \t\r\n,":
         pos += 1

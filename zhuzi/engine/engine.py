@@ -4,6 +4,12 @@ A fault stays with the request that caused it: a row whose sampling or bookkeepi
 its request alone (its output carries the error) while the rest of the batch goes on; a failure of
 the whole step (the forward pass) is retried once, and then fails only that step's requests.
 
+With speculative decoding (EngineConfig.speculative_config) a proposer guesses each decoding sequence's
+next tokens at the end of a step; the next step verifies them in the same forward pass as the rest of
+the batch and emits the accepted ones plus one token of the target's own, one at a time through the
+same stop checks: nothing after a stop string, stop token or max_tokens is emitted. KV entries of
+rejected drafts sit beyond num_computed_tokens, where the next step overwrites them.
+
 A constrained request (SamplingParams.structured_outputs) gets one grammar matcher per sequence;
 the sampler masks with it, each sampled token advances it, and the sequence ends ("stop") the
 moment its grammar does: that end wins over min_tokens and ignore_eos. Stop strings and max_tokens
@@ -14,6 +20,7 @@ batched like any other, but at its last token the model is read out instead of s
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import logging
@@ -30,6 +37,7 @@ from zhuzi.engine.block_manager import BlockManager, KVEvents
 from zhuzi.engine.model_runner import PromptLogprobs, StepResult, load_runner, measure_read_bandwidth
 from zhuzi.engine.scheduler import Scheduler
 from zhuzi.engine.sequence import Probe, ScheduledSeq, Sequence
+from zhuzi.engine.spec_decode import DraftModelProposer, NgramProposer, Proposer
 from zhuzi.engine.structured import GrammarCompiler
 from zhuzi.outputs import (
     CompletionOutput,
@@ -39,9 +47,10 @@ from zhuzi.outputs import (
     Logprob,
     RequestMetrics,
     RequestOutput,
+    SpecDecodingStats,
     StepRecord,
 )
-from zhuzi.sampler import make_generator
+from zhuzi.sampler import Verdict, make_generator
 from zhuzi.sampling_params import InvalidRequest, SamplingParams
 from zhuzi.tokenizer import Tokenizer
 
@@ -99,12 +108,22 @@ class Engine:
         self.tokenizer = Tokenizer.load(ckpt.path)
         self.max_model_len = config.max_model_len or ckpt.config.max_position_embeddings
         self.eos_ids = list(ckpt.config.eos_token_ids)
+        spec = config.speculative
+        max_positions = max(self.max_model_len, ckpt.config.max_position_embeddings)
         self.kv_plan = plan = config.kv_plan(ckpt.config)
         self.grammars = GrammarCompiler(self.tokenizer.hf, ckpt.config.vocab_size, self.eos_ids)
         self.blocks = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching,
                                    events=KVEvents() if kv_events else None)
         self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens,
-                                   config.long_prefill_token_threshold)
+                                   config.long_prefill_token_threshold, spec.max_step_tokens if spec else 0)
+        self.spec = spec
+        self.proposer: Proposer | None = None
+        self.spec_stats: SpecDecodingStats | None = None
+        if spec is not None:
+            self.proposer = NgramProposer(spec) if spec.method == "ngram" else DraftModelProposer(
+                spec, config, self.tokenizer, self.eos_ids, ckpt.config.vocab_size, self.runner.num_blocks,
+                max_positions)
+            self.spec_stats = SpecDecodingStats(num_accepted_tokens_per_pos=[0] * spec.num_speculative_tokens)
         self.requests: dict[str, Request] = {}
         self._seq_ids = itertools.count()
         self.recent_steps: deque[StepRecord] = deque(maxlen=RECENT_STEPS)
@@ -211,8 +230,11 @@ class Engine:
         return bool(self.requests)
 
     def stats(self) -> EngineStats:
+        spec = self.spec_stats
         return EngineStats(len(self.scheduler.running), len(self.scheduler.waiting), self.blocks.num_blocks,
-                           self.blocks.num_free_blocks, self.blocks.prefix_queries, self.blocks.prefix_hits)
+                           self.blocks.num_free_blocks, self.blocks.prefix_queries, self.blocks.prefix_hits,
+                           None if spec is None else dataclasses.replace(
+                               spec, num_accepted_tokens_per_pos=list(spec.num_accepted_tokens_per_pos)))
 
     @functools.cached_property
     def read_bandwidth(self) -> float:
@@ -253,13 +275,17 @@ class Engine:
                     self._collect_prompt_logprobs(req, seq, result.prompt_logprobs[seq.seq_id])
                 except Exception as exc:
                     failed[req.request_id] = exc
-            seq.num_computed_tokens += item.num_new_tokens
-            self.blocks.register_computed(seq)
-        for item, token, logprobs in result.sampled:
+            samples = item.samples
+            seq.num_computed_tokens += item.num_new_tokens - len(item.spec_token_ids)  # drafts count once accepted
+            if not samples:
+                self.blocks.register_computed(seq)
+        for item, verdict in result.sampled:
             req = touched[item.seq.request_id]
+            if item.spec_token_ids:
+                self.spec_stats.observe(len(item.spec_token_ids), verdict.num_accepted)
             if req.request_id not in failed:
                 try:
-                    self._append_token(req, item.seq, token, logprobs, now, now - start)
+                    self._append_tokens(req, item.seq, verdict, now, now - start)
                 except Exception as exc:
                     failed[req.request_id] = exc
         for item, inspection in result.inspections:
@@ -268,6 +294,8 @@ class Engine:
                 self.scheduler.finish(item.seq, "stop")
         for request_id, exc in failed.items():
             self._fail(touched[request_id], exc)
+        if self.proposer is not None:
+            self._propose()
         return [self._output(req) for req in touched.values()]
 
     @staticmethod
@@ -276,6 +304,24 @@ class Engine:
         decodes = [item.seq for item in batch if item.num_new_tokens == 1 and item.seq.prompt_done]
         prefill = sum(item.num_new_tokens for item in batch) - len(decodes)
         return StepRecord(end, duration, prefill, len(decodes), sum(seq.num_computed_tokens + 1 for seq in decodes))
+
+    def _propose(self) -> None:
+        """Drafts for the next step: each decoding sequence gets at most what the step could verify and
+        what its max_tokens and the context window leave room for."""
+        decoding = [s for s in self.scheduler.running if s.prompt_done and s.num_tokens - s.num_computed_tokens == 1]
+        room = min(self.spec.num_speculative_tokens, self.spec.max_step_tokens - len(decoding))
+        seqs, limits = [], []
+        for seq in self.scheduler.running:
+            seq.spec_token_ids, seq.spec_probs = [], None
+        for seq in decoding:
+            p = seq.params
+            limit = min(seq.num_prompt_tokens + p.max_tokens if p.max_tokens else self.max_model_len,
+                        self.max_model_len)
+            if (k := min(room, limit - seq.num_tokens - 1)) > 0:  # the step emits up to k + 1 tokens
+                seqs.append(seq)
+                limits.append(k)
+        if seqs:
+            self.proposer.propose(seqs, limits)
 
     def _execute(self, batch: list[ScheduledSeq]) -> StepResult:
         """Run the step; a failure of the whole step (not of one row: the runner keeps those apart) may be
@@ -309,13 +355,29 @@ class Engine:
             for tid, lp in (entry or {}).items():
                 lp.decoded_token = self.tokenizer.decode([tid], skip_special_tokens=False)
 
-    def _append_token(self, req: Request, seq: Sequence, token: int, logprobs: dict[int, Logprob] | None,
-                      now: float, step_time: float) -> None:
-        m, p = req.metrics, seq.params
+    def _append_tokens(self, req: Request, seq: Sequence, verdict: Verdict, now: float, step_time: float) -> None:
+        """A step's tokens for one sequence, one at a time through the stop checks; the first one that ends
+        the sequence is its last (the rest of an accepted run is dropped)."""
+        m = req.metrics
         if seq.num_output_tokens > 0:
             m.decode_step_times.append(step_time)
         m.first_token_time = m.first_token_time or now
         m.last_token_time = now
+        finish = None
+        for i, token in enumerate(verdict.token_ids):
+            finish = self._append_token(req, seq, token, verdict.logprobs[i] if verdict.logprobs else None)
+            if finish is not None:
+                break
+            if i < verdict.num_accepted:  # an accepted draft: this step computed its K/V
+                seq.num_computed_tokens += 1
+        self.blocks.register_computed(seq)  # before finishing, so the last blocks reach the prefix cache
+        if finish is not None:
+            self.scheduler.finish(seq, *finish)
+
+    def _append_token(self, req: Request, seq: Sequence, token: int,
+                      logprobs: dict[int, Logprob] | None) -> tuple[str, int | str | None] | None:
+        """Emit one token; returns (finish reason, stop reason) when it ends the sequence."""
+        p = seq.params
         seq.token_ids.append(token)
         if seq.grammar is not None and not seq.grammar.accept(token):
             raise RuntimeError(f"sampled token {token} breaks the grammar of request {req.request_id}")
@@ -332,10 +394,10 @@ class Engine:
         delta.text += text
         reason, stop_reason = self._finish_reason(seq, token, stop_token, stop_str)
         if reason is None:
-            return
+            return None
         if stop_str is None:  # the held-back tail is shown only when no stop string ended it
             delta.text += detokenizer.flush()
-        self.scheduler.finish(seq, reason, stop_reason)
+        return reason, stop_reason
 
     def _is_stop_token(self, seq: Sequence, token: int) -> bool:
         p = seq.params
@@ -368,6 +430,9 @@ class Engine:
         req.deltas = {}
         finished = req.finished
         if finished:
+            if self.proposer is not None:
+                for seq in req.seqs:
+                    self.proposer.release(seq)
             req.metrics.finished_time = time.monotonic()
             req.metrics.num_cached_tokens = req.seqs[0].num_cached_tokens
             del self.requests[req.request_id]

@@ -1,5 +1,10 @@
 """Model runner: owns the KV pool, turns a scheduled step into tensors, runs the forward pass,
-samples, scores prompt tokens for prompt_logprobs, and reads out inspections (probes)."""
+samples (verifying speculative drafts), scores prompt tokens for prompt_logprobs, and reads out
+inspections (probes).
+
+A sequence's drafts ride in the same pass as the rest of the batch: its last token and k drafts
+are k + 1 new tokens, laid out as a prefill chunk (each row attends to the history up to its own
+position, with a decode row's arithmetic), and all k + 1 rows get logits for the verifier."""
 from __future__ import annotations
 
 import json
@@ -16,7 +21,7 @@ from zhuzi.model.decoder import Decoder, LayerTap
 from zhuzi.model.loader import Checkpoint, load_checkpoint
 from zhuzi.model.parallel import TPGroup
 from zhuzi.outputs import Inspection, LensLayer, Logprob
-from zhuzi.sampler import Sampler, SamplingRow, token_logprobs
+from zhuzi.sampler import Draft, Sampler, SamplingRow, Verdict, token_logprobs
 from zhuzi.tokenizer import Tokenizer
 
 # Prompt logprobs are computed this many positions at a time, so a long chunk never needs a
@@ -28,7 +33,7 @@ PromptLogprobs = list[dict[int, Logprob] | None]
 
 @dataclass
 class StepResult:
-    sampled: list[tuple[ScheduledSeq, int, dict[int, Logprob] | None]] = field(default_factory=list)
+    sampled: list[tuple[ScheduledSeq, Verdict]] = field(default_factory=list)
     # seq_id -> entries of the prompt tokens this chunk predicts
     prompt_logprobs: dict[int, PromptLogprobs] = field(default_factory=dict)
     failed: list[tuple[ScheduledSeq, Exception]] = field(default_factory=list)  # rows that failed alone
@@ -52,7 +57,8 @@ def load_runner(config: EngineConfig, tp: TPGroup | None = None) -> tuple[Checkp
     positions = max(config.max_model_len or 0, ckpt.config.max_position_embeddings)
     calibration = calibration_ids(ckpt.path) if config.quantization == "int8" and tp is None else None
     model = Decoder(ckpt.config, ckpt.tensors, config.device, config.quantization, positions, tp,
-                    fused_decode=config.fused_decode, calibration=calibration)
+                    fused_decode=config.fused_decode, calibration=calibration,
+                    deterministic=config.deterministic)
     plan = config.kv_plan(ckpt.config)
     if plan.num_blocks < 1:
         raise ValueError(f"kv_cache_memory {config.kv_cache_memory} holds no KV block")
@@ -106,67 +112,97 @@ class ModelRunner:
         return AttentionMetadata(self._tensor(slot_mapping), len(decodes), decode_slots, contexts,
                                  prefills)
 
+    def _inputs(self, batch: list[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
+        """A step's token ids, positions and attention metadata (decodes first), and each item's first row."""
+        input_ids, positions, slot_mapping, starts = [], [], [], []
+        for s in batch:
+            seq, done, n = s.seq, s.seq.num_computed_tokens, s.num_new_tokens
+            starts.append(len(input_ids))
+            input_ids += seq.token_ids[done:done + n - len(s.spec_token_ids)] + s.spec_token_ids
+            positions += range(done, done + n)
+            slot_mapping += self._slots(seq.block_table, done, done + n)
+        return self._tensor(input_ids), self._tensor(positions), self._metadata(batch, slot_mapping), starts
+
     @torch.inference_mode()
     def execute(self, batch: list[ScheduledSeq]) -> StepResult:
         batch = sorted(batch, key=lambda s: s.num_new_tokens != 1)  # decodes first, order kept
-        input_ids, positions, slot_mapping, sample_rows, prompt_rows = [], [], [], [], []
-        for s in batch:
-            seq, done, n = s.seq, s.seq.num_computed_tokens, s.num_new_tokens
-            row = len(input_ids)
-            input_ids += seq.token_ids[done:done + n]
-            positions += range(done, done + n)
-            slot_mapping += self._slots(seq.block_table, done, done + n)
-            if seq.params.prompt_logprobs is not None and seq.index == 0 and done < seq.num_prompt_tokens:
-                prompt_rows.append((s, row))
-            if s.samples:
-                sample_rows.append(row + n - 1)
-        meta = self._metadata(batch, slot_mapping)
-        ids, positions = self._tensor(input_ids), self._tensor(positions)
-        sampling = [s for s in batch if s.samples]
-        lens = [k for k, s in enumerate(sampling) if s.seq.probe is not None and s.seq.probe.lens_top]
-        tap = LayerTap(self._tensor([sample_rows[k] for k in lens])) if lens else None
-        # A step of decodes only (each samples its next token) can run as one fused call; a layer tap needs
-        # the per-layer path.
-        fusable = tap is None and not prompt_rows and len(sampling) == len(batch) == meta.num_decode_tokens
-        logits = self.model.decode_step(ids, positions, meta, self.kv_cache) if fusable else None
+        lens = [s for s in batch if s.samples and s.seq.probe is not None and s.seq.probe.lens_top]
+        ids, positions, meta, starts = self._inputs(batch)
+        prompt_rows = [(s, row) for s, row in zip(batch, starts) if s.seq.params.prompt_logprobs is not None
+                       and s.seq.index == 0 and not s.seq.prompt_done]
+        # A step of decodes only (each samples its next token; drafts make an item more than one token) can
+        # run as one fused call, whose logits row i is item i's; a layer tap needs the per-layer path.
+        fusable = not lens and not prompt_rows and meta.num_decode_tokens == len(batch) and all(
+            s.samples for s in batch)
+        fused = self.model.decode_step(ids, positions, meta, self.kv_cache) if fusable else None
         result = StepResult()
-        if logits is None:
+        if fused is not None:
+            def read(rows: list[int]) -> torch.Tensor:
+                return fused[self._tensor(rows)]
+            tap = None
+        else:
+            last = {id(s): start + s.num_new_tokens - 1 for s, start in zip(batch, starts)}
+            tap = LayerTap(self._tensor([last[id(s)] for s in lens])) if lens else None
             hidden = self.model.forward(ids, positions, meta, self.kv_cache, tap)
+
+            def read(rows: list[int]) -> torch.Tensor:
+                return self.model.logits(hidden[self._tensor(rows)])
             for s, row in prompt_rows:
                 try:
                     result.prompt_logprobs[s.seq.seq_id] = self._prompt_logprobs(s, hidden[row:])
                 except Exception as exc:
                     result.failed.append((s, exc))
-            if not sampling:
-                return result
-            logits = self.model.logits(hidden[self._tensor(sample_rows)])
-        probes = [k for k, s in enumerate(sampling) if s.seq.probe is not None]
+        sampling = [(s, row) for s, row in zip(batch, starts) if s.samples]
+        probes = [(s, row) for s, row in sampling if s.seq.probe is not None]
         if probes:
-            self._inspect(result, sampling, logits, probes, lens, tap)
-            drawn = [k for k, s in enumerate(sampling) if s.seq.probe is None]
-            sampling, logits = [sampling[k] for k in drawn], logits[self._tensor(drawn)]
-            if not sampling:
-                return result
-        rows = [SamplingRow(s.seq.params, s.seq.output_token_ids, s.seq.prompt_token_ids, s.seq.generator,
-                            self.eos_ids + s.seq.params.stop_token_ids, s.seq.grammar) for s in sampling]
-        for item, outcome in zip(sampling, self._sample(logits, rows)):
+            logits = read([row + s.num_new_tokens - 1 for s, row in probes])
+            self._inspect(result, [s for s, _ in probes], logits, list(range(len(probes))),
+                          [k for k, (s, _) in enumerate(probes) if s.seq.probe.lens_top], tap)
+            sampling = [(s, row) for s, row in sampling if s.seq.probe is None]
+        if not sampling:
+            return result
+        # The last row of a plain item; the k + 1 rows of an item with k drafts.
+        logits = read([r for s, row in sampling for r in range(row + s.num_new_tokens - len(s.spec_token_ids) - 1,
+                                                                 row + s.num_new_tokens)])
+        drafts = [self._draft(s) for s, _ in sampling]
+        for (item, _), outcome in zip(sampling, self._verify(logits, drafts)):
             if isinstance(outcome, Exception):
                 result.failed.append((item, outcome))
             else:
-                result.sampled.append((item, *outcome))
+                result.sampled.append((item, outcome))
         return result
 
-    def _sample(self, logits: torch.Tensor,
-                rows: list[SamplingRow]) -> list[tuple[int, dict[int, Logprob] | None] | Exception]:
-        """Each row's token and logprobs, or the exception that row alone raises: when the batch fails,
-        each row is sampled again on its own (with the same random draw) to find the culprits."""
+    @torch.inference_mode()
+    def last_logits(self, batch: list[ScheduledSeq]) -> torch.Tensor:
+        """[len(batch), V]: the logits after each item's last new token (a draft model's forward pass)."""
+        order = sorted(range(len(batch)), key=lambda i: batch[i].num_new_tokens != 1)
+        ids, positions, meta, starts = self._inputs([batch[i] for i in order])
+        hidden = self.model.forward(ids, positions, meta, self.kv_cache)
+        rows = [0] * len(batch)
+        for i, start in zip(order, starts):
+            rows[i] = start + batch[i].num_new_tokens - 1
+        return self.model.logits(hidden[self._tensor(rows)])
+
+    def _draft(self, item: ScheduledSeq) -> Draft:
+        seq, k = item.seq, len(item.spec_token_ids)
+        row = SamplingRow(seq.params, seq.output_token_ids, seq.prompt_token_ids, seq.generator,
+                          self.eos_ids + seq.params.stop_token_ids, seq.grammar)
+        probs = seq.spec_probs[:k] if k and seq.spec_probs is not None else None
+        return Draft(row, item.spec_token_ids, probs)
+
+    def _verify(self, logits: torch.Tensor, drafts: list[Draft]) -> list[Verdict | Exception]:
+        """Each draft's verdict, or the exception that draft alone raises: when the batch fails, each draft
+        is verified again on its own (with the same random draws) to find the culprits."""
         try:
-            out = self.sampler(logits, rows)
+            return self.sampler.verify(logits, drafts)
         except Exception as exc:
-            if len(rows) == 1:
+            if len(drafts) == 1:
                 return [exc]
-            return [outcome for i in range(len(rows)) for outcome in self._sample(logits[i:i + 1], rows[i:i + 1])]
-        return list(zip(out.token_ids, out.logprobs or [None] * len(rows)))
+            out, start = [], 0
+            for d in drafts:
+                out += self._verify(logits[start:start + d.k + 1], [d])
+                start += d.k + 1
+            return out
 
     def _inspect(self, result: StepResult, sampling: list[ScheduledSeq], logits: torch.Tensor, probes: list[int],
                  lens: list[int], tap: LayerTap | None) -> None:

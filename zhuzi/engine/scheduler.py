@@ -1,4 +1,5 @@
-"""Who runs this step: continuous batching under a token budget, chunked prefill, preemption."""
+"""Who runs this step: continuous batching under a token budget, chunked prefill, preemption, and which
+speculative drafts ride along."""
 from __future__ import annotations
 
 from collections import deque
@@ -9,11 +10,12 @@ from zhuzi.engine.sequence import ScheduledSeq, Sequence, Status
 
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 long_prefill_token_threshold: int = 0):
+                 long_prefill_token_threshold: int = 0, spec_step_tokens: int = 0):
         self.blocks = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.long_prefill_token_threshold = long_prefill_token_threshold
+        self.spec_step_tokens = spec_step_tokens  # drafts join while a step computes at most this many tokens
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order: the last is preempted first
         self.num_preemptions = 0
@@ -27,7 +29,24 @@ class Scheduler:
         cap = self.long_prefill_token_threshold if any(s.prompt_done for s in self.running) else 0
         scheduled = self._schedule_running(budget, cap)
         budget -= sum(s.num_new_tokens for s in scheduled)
-        return scheduled + self._admit_waiting(budget, cap)
+        scheduled += self._admit_waiting(budget, cap)
+        self._attach_drafts(scheduled)
+        return scheduled
+
+    def _attach_drafts(self, scheduled: list[ScheduledSeq]) -> None:
+        """Drafts are extras: they fill what is left of the step's room, one token per sequence in turn,
+        and never push anyone out (when the pool is short, a sequence goes without)."""
+        room = min(self.max_num_batched_tokens, self.spec_step_tokens) - sum(s.num_new_tokens for s in scheduled)
+        wanting = [s for s in scheduled if s.seq.spec_token_ids and s.num_new_tokens == 1 and s.samples]
+        given = [0] * len(wanting)
+        while room > 0 and any(k < len(s.seq.spec_token_ids) for k, s in zip(given, wanting)):
+            for i, item in enumerate(wanting):
+                if room > 0 and given[i] < len(item.seq.spec_token_ids):
+                    given[i] += 1
+                    room -= 1
+        for item, k in zip(wanting, given):
+            if k and self.blocks.allocate_slots(item.seq, 1 + k):
+                item.spec_token_ids, item.num_new_tokens = item.seq.spec_token_ids[:k], 1 + k
 
     @staticmethod
     def _chunk(seq: Sequence, budget: int, cap: int) -> int:
@@ -75,6 +94,7 @@ class Scheduler:
         """Free the newest request's blocks and requeue it first in line; it recomputes later."""
         self.blocks.free_sequence(seq)
         seq.status = Status.WAITING
+        seq.spec_token_ids, seq.spec_probs = [], None
         seq.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(seq)

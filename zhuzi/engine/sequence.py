@@ -52,6 +52,10 @@ class Sequence:
     stop_reason: int | str | None = None
     cumulative_logprob: float = 0.0
     ever_scheduled: bool = False
+    # Speculative decoding: tokens proposed to follow token_ids, checked by the next step. They never enter
+    # token_ids (block hashes assume tokens only grow) until the target accepts them.
+    spec_token_ids: list[int] = field(default_factory=list)
+    spec_probs: torch.Tensor | None = None  # [k, V]: a draft model's distributions; None for prompt lookup
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_token_ids)
@@ -86,9 +90,10 @@ class ScheduledSeq:
     """One sequence's share of a step: the scheduler's output, the model runner's input."""
 
     seq: Sequence
-    num_new_tokens: int  # tokens whose K/V this step computes
+    num_new_tokens: int  # tokens whose K/V this step computes, drafts included
+    spec_token_ids: list[int] = field(default_factory=list)  # the drafts this step verifies
 
     @property
     def samples(self) -> bool:
         """True when this step reaches the sequence's last token, so its next token is drawn."""
-        return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
+        return self.seq.num_computed_tokens + self.num_new_tokens - len(self.spec_token_ids) == self.seq.num_tokens

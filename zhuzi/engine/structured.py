@@ -9,14 +9,11 @@ matcher with the token its sequence got. A matcher lives with its sequence and m
 sampled tokens, never on prefill: a preempted sequence recomputes its KV cache and its matcher is
 still exactly where its output is.
 
-For speculative decoding (drafts checked against the grammar before the target model runs):
-- validate(draft) says how long a prefix of the draft the grammar allows, committing nothing;
-  proposals can be cut there, since the target's masked distribution gives the rest zero odds;
-- accept() the accepted tokens and the bonus token, as for one token a step;
-- rollback(n) forgets the last n accepted tokens (a draft model's matcher advanced while drafting,
-  or a verifier that commits before checking); copy() forks a matcher for a drafter of its own;
-- llguidance's LLExecutor.unsafe_compute_mask_ptr_with_draft_token fills the k+1 masks of a
-  k-token draft in one call (about 30 us for k=5) without moving the matcher.
+Speculative decoding: prompt-lookup drafts are cut where validate() says the grammar stops taking
+them (the target's masked distribution gives the rest zero odds, and a point-mass proposal may be
+cut anywhere); a draft model masks its own logits with the matcher while drafting (accept, then
+rollback), so its q is the distribution it really drew from; the verifier takes the k + 1 masks of
+a draft with fill_draft_masks; the engine then accepts the emitted tokens, as for one token a step.
 """
 from __future__ import annotations
 
@@ -113,6 +110,22 @@ class GrammarMatcher:
         """Write the allowed-token bits into bitmask[row] (int32, CPU, contiguous; bit t of the row: token t)."""
         words = bitmask[row]
         self._inner.unsafe_compute_mask_ptr(words.data_ptr(), words.numel() * 4)
+
+    def fill_draft_masks(self, bitmask: torch.Tensor, row: int, draft: list[int]) -> None:
+        """The masks of a draft's k + 1 positions into bitmask[row:row + k + 1]: the mask here, then after
+        each draft token in turn; the matcher ends where it started. After a token the grammar refuses,
+        rows allow everything: they are never used, since the refused token is rejected for certain."""
+        taken = 0
+        try:
+            for j in range(len(draft) + 1):
+                if j > taken:
+                    bitmask[row + j] = -1
+                    continue
+                self.fill_mask(bitmask, row + j)
+                if j < len(draft) and self.accept(draft[j]):
+                    taken += 1
+        finally:
+            self.rollback(taken)
 
     def accept(self, token: int) -> bool:
         """Advance by one sampled token; False (and no change) when the grammar forbids it."""

@@ -20,6 +20,11 @@ tiles once per 8 input rows, turning codes into bf16 in registers: at one row it
 close to memory speed, and for prefill it does the same vdpbf16ps work as a bf16 GEMM without ever
 materialising bf16 weights. Results are batch-invariant in the same way.
 
+For --deterministic, fixed_order_linear serves any number of rows with that same per-output
+routine (inputs in tiles of up to 8 rows): a token's projections are then the same bits in a decode
+of one row, a batch of 30 or a prefill chunk of 512, which torch's GEMM (whose blocking follows the
+shape) does not promise.
+
 The kernels (kernels/*.cpp) are compiled on first use for this very CPU and loaded by native.py;
 without a compiler, and for shapes they do not serve, the caller's torch path runs.
 """
@@ -33,26 +38,36 @@ import torch
 from zhuzi.model import native
 
 MAX_ROWS = 8
+# fixed_order_linear's input rows per pass over the weights: 128 rows of K = 1536 bf16 (384 KiB) stay in L2.
+PASS_ROWS = 128
 
 _WEIGHTS = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}
 _FLOATS = (torch.float32, torch.bfloat16)
 
 
 @functools.cache
-def _kernel():
-    """The compiled entry point, or None when it cannot be built or loaded."""
+def _entry(name: str, sizes: int):
+    """An entry point of the compiled kernel, or None when it cannot be built or loaded."""
     lib = native.load("small_m_linear")
     if lib is None:
         return None
-    fn = lib.zhuzi_small_m_linear
+    fn = getattr(lib, name)
     fn.restype = ctypes.c_int
     fn.argtypes = ([ctypes.c_int] * 2 + [ctypes.c_void_p] * 3 + [ctypes.c_int, ctypes.c_void_p]
-                   + [ctypes.c_int64] * 3 + [ctypes.c_int])
+                   + [ctypes.c_int64] * sizes + [ctypes.c_int])
     return fn
 
 
-def _serves(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None) -> bool:
-    if not (x.is_cpu and weight.is_cpu and x.dim() == weight.dim() == 2 and 1 <= x.shape[0] <= MAX_ROWS
+def _kernel():
+    return _entry("zhuzi_small_m_linear", 3)
+
+
+def fixed_order_available() -> bool:
+    return _entry("zhuzi_fixed_order_linear", 4) is not None
+
+
+def _serves(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, max_rows: int = MAX_ROWS) -> bool:
+    if not (x.is_cpu and weight.is_cpu and x.dim() == weight.dim() == 2 and 1 <= x.shape[0] <= max_rows
             and x.shape[1] == weight.shape[1] and x.dtype in _FLOATS and weight.is_contiguous()):
         return False
     if weight.dtype == torch.int8:
@@ -68,15 +83,25 @@ def small_m_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | 
     the call (M > 8, not CPU, other dtypes or shapes, no compiler): the caller then uses torch.
     """
     fn = _kernel() if _serves(x, weight, scale) else None
-    if fn is None:
-        return None
+    return None if fn is None else _call(fn, x, weight, scale)
+
+
+def fixed_order_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None = None,
+                       pass_rows: int = PASS_ROWS) -> torch.Tensor | None:
+    """small_m_linear for any number of rows: each row's outputs are the bits small_m_linear gives that
+    row alone, whatever M, pass_rows or the thread count. None when it cannot serve the call."""
+    fn = _entry("zhuzi_fixed_order_linear", 4) if _serves(x, weight, scale, max_rows=x.shape[0]) else None
+    return None if fn is None else _call(fn, x, weight, scale, pass_rows)
+
+
+def _call(fn, x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, *sizes: int) -> torch.Tensor | None:
     x = x.contiguous()
     scale = scale.contiguous() if scale is not None else None
     y = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype)
     scale_bf16 = int(scale is not None and scale.dtype == torch.bfloat16)
     status = fn(_WEIGHTS[weight.dtype], int(x.dtype == torch.bfloat16), x.data_ptr(), weight.data_ptr(),
                 scale.data_ptr() if scale is not None else None, scale_bf16,
-                y.data_ptr(), x.shape[0], weight.shape[0], x.shape[1], torch.get_num_threads())
+                y.data_ptr(), x.shape[0], weight.shape[0], x.shape[1], *sizes, torch.get_num_threads())
     return y if status == 0 else None
 
 

@@ -12,7 +12,9 @@ import torch
 import torch.nn.functional as F
 
 from zhuzi.config import ModelConfig
+from zhuzi.model import cpu_attention
 from zhuzi.model.attention import AttentionMetadata, paged_attention
+from zhuzi.model.cpu_linear import fixed_order_available
 from zhuzi.model.fused import FusedDecode
 from zhuzi.model.layers import Rotary, apply_rotary, rms_norm
 from zhuzi.model.linear import FORMATS, QUANTIZATIONS, Linear, make_linear
@@ -43,10 +45,10 @@ class Layer:
 class Decoder:
     def __init__(self, config: ModelConfig, tensors: dict[str, torch.Tensor], device: str = "cpu",
                  quantization: str | None = None, max_positions: int | None = None, tp: TPGroup | None = None,
-                 fused_decode: bool = True, calibration: list[int] | None = None):
+                 fused_decode: bool = True, calibration: list[int] | None = None, deterministic: bool = False):
         """calibration: token ids of a short real text; with int8, smoothing factors are calibrated on it
         (smooth.py). tp: this rank holds its slice of every layer; the fused step and the smoothing, both
-        whole-model, are then off."""
+        whole-model, are then off. deterministic: see _make_deterministic."""
         if quantization is not None and quantization not in QUANTIZATIONS:
             raise ValueError(f"unknown quantization {quantization!r} (supported: {', '.join(QUANTIZATIONS)})")
         if tp and quantization == "int4":  # its 32-wide blocks do not follow a rank's column split
@@ -69,7 +71,24 @@ class Decoder:
             smooth(self, calibration)
         if quantization:
             self._quantize(*FORMATS[quantization])
-        self.fused = FusedDecode.build(self) if fused_decode and not tp else None
+        self.fused = FusedDecode.build(self) if fused_decode and not tp and not deterministic else None
+        if deterministic:
+            self._make_deterministic(device)
+
+    def _make_deterministic(self, device: str) -> None:
+        """Every linear through the fixed-order kernel and attention through the CPU kernel, whose per-row
+        arithmetic never depends on the rows around it (batch, chunk, cached prefix); no fused step."""
+        if torch.device(device).type != "cpu" or self.dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"deterministic mode runs on CPU in bfloat16 or float32, not {self.dtype} on {device}")
+        if self.tp is not None or self.quantization is not None:
+            raise ValueError("deterministic mode runs without tensor parallelism and quantization (an all-reduce "
+                             "and int8 compute sum in orders of their own)")
+        if not fixed_order_available() or cpu_attention._kernel() is None:
+            raise ValueError("deterministic mode needs zhuzi's CPU kernels, which could not be built here "
+                             "(is a C++ compiler installed? see the log)")
+        for linear in [self.lm_head] + [m for layer in self.layers for m in (layer.qkv, layer.o, layer.gate_up,
+                                                                            layer.down)]:
+            linear.fixed_order = True
 
     def _qkv(self, t: dict[str, torch.Tensor], attn: str, suffix: str) -> torch.Tensor | None:
         """This rank's rows of q, k and v, fused into one matrix (or bias)."""

@@ -9,7 +9,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from zhuzi.model.cpu_linear import int8_matmul, small_m_linear, tiled_linear, tiled_linear_available
+from zhuzi.model.cpu_linear import (
+    fixed_order_linear,
+    int8_matmul,
+    small_m_linear,
+    tiled_linear,
+    tiled_linear_available,
+)
 from zhuzi.model.quant import pack_q4, pack_q8, quantize_int8, unpack_q4, unpack_q8
 
 QUANTIZATIONS = ("int8", "int4")
@@ -24,9 +30,16 @@ class Linear:
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
         self.weight, self.bias = weight.contiguous(), bias
 
+    fixed_order = False  # --deterministic: every row's outputs by the same operations, whatever the rows
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
-        y = self._kernel(flat) if x.dtype != torch.float32 else None
+        if self.fixed_order:
+            y = fixed_order_linear(flat, self.weight)
+            if y is None:
+                raise RuntimeError(f"the fixed-order kernel cannot serve {tuple(flat.shape)} {flat.dtype} inputs")
+        else:
+            y = self._kernel(flat) if x.dtype != torch.float32 else None
         if y is None:
             y = self._matmul(flat)
         elif self.bias is not None:

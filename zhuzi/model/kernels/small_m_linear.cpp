@@ -1,6 +1,7 @@
 // Weight-streaming linear for M <= 8 rows; see cpu_linear.py for the design.
 #include "rows.h"
 
+#include <algorithm>
 #include <vector>
 
 static float input(const float* p) { return *p; }
@@ -9,35 +10,50 @@ static void prepare(const float* x, float* p) { *p = *x; }
 static void prepare(const uint16_t* x, float* p) { *p = widen(*x); }
 static void prepare(const uint16_t* x, uint16_t* p) { *p = *x; }
 
-template <class F, int M, typename T>
-static void linear(const T* x, const typename F::W* w, const void* scale, int scale_bf16, T* y,
-                   int64_t N, int64_t K, int threads) {
-  constexpr int L = F::LANES, R = ROWS[M];
-  const int64_t kp = (K + L - 1) / L * L;
-  std::vector<typename F::X> xp(M * kp);
-  for (int m = 0; m < M; ++m)
-    for (int64_t k = 0; k < K; ++k) prepare(x + m * K + k, &xp[m * kp + k]);
+// Weight rows n0..n1 (a block of R, or the matrix's last few one by one) against M prepared input rows.
+template <class F, int M, int R, typename T>
+static void block(const typename F::W* w, int64_t n0, int64_t n1, int64_t K, const typename F::X* xp, int64_t kp,
+                  const void* scale, int scale_bf16, T* y, int64_t N) {
   auto emit = [&](int64_t n, const float* dots) {
     const float s = !scale ? 1.f : scale_bf16 ? input(static_cast<const uint16_t*>(scale) + n)
                                               : input(static_cast<const float*>(scale) + n);
     for (int m = 0; m < M; ++m) store(scale ? dots[m] * s : dots[m], y + m * N + n);
   };
-  const int64_t blocks = (N + R - 1) / R;
-#pragma omp parallel for schedule(static) num_threads(threads)
-  for (int64_t b = 0; b < blocks; ++b) {
-    const int64_t n0 = b * R;
-    if (n0 + R <= N) {
-      float out[R][M];
-      rows<F, M, R>(w + n0 * K, K, xp.data(), kp, out);
-      for (int r = 0; r < R; ++r) emit(n0 + r, out[r]);
-    } else {
-      for (int64_t n = n0; n < N; ++n) {
-        float out[1][M];
-        rows<F, M, 1>(w + n * K, K, xp.data(), kp, out);
-        emit(n, out[0]);
-      }
+  if (n1 - n0 == R) {
+    float out[R][M];
+    rows<F, M, R>(w + n0 * K, K, xp, kp, out);
+    for (int r = 0; r < R; ++r) emit(n0 + r, out[r]);
+  } else {
+    for (int64_t n = n0; n < n1; ++n) {
+      float out[1][M];
+      rows<F, M, 1>(w + n * K, K, xp, kp, out);
+      emit(n, out[0]);
     }
   }
+}
+
+// Inputs padded to whole chunks (and widened to float for float weights), so the inner loop only loads them.
+template <class F, typename T>
+static std::vector<typename F::X> prepared(const T* x, int64_t M, int64_t K, int64_t kp, int threads) {
+  std::vector<typename F::X> xp(M * kp);
+#pragma omp parallel for schedule(static) num_threads(threads) if (M > 8)
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t k = 0; k < K; ++k) prepare(x + m * K + k, &xp[m * kp + k]);
+    for (int64_t k = K; k < kp; ++k) xp[m * kp + k] = {};
+  }
+  return xp;
+}
+
+template <class F, int M, typename T>
+static void linear(const T* x, const typename F::W* w, const void* scale, int scale_bf16, T* y,
+                   int64_t N, int64_t K, int threads) {
+  constexpr int R = ROWS[M];
+  const int64_t kp = (K + F::LANES - 1) / F::LANES * F::LANES;
+  const std::vector<typename F::X> xp = prepared<F>(x, M, K, kp, threads);
+  const int64_t blocks = (N + R - 1) / R;
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t b = 0; b < blocks; ++b)
+    block<F, M, R>(w, b * R, std::min(N, b * R + R), K, xp.data(), kp, scale, scale_bf16, y, N);
 }
 
 template <class F, typename T>
@@ -61,6 +77,44 @@ static int dispatch(int64_t M, const void* x, const void* w, const void* scale, 
   }
 }
 
+// --deterministic: any number of rows, each output value computed by the very operations the M <= 8 path
+// uses (rows<> gives every (row, input) pair its own accumulator and sequence), so a token gets the same
+// bits in a decode of one row, a batch of 30 or a prefill chunk of 512. Inputs go in tiles of up to 8
+// rows; a tile meets a group of weight blocks (~24 KiB) while both sit in L1, and the MB input rows of
+// one pass over the weights stay in L2.
+template <class F, typename T>
+static void fixed_order(const T* x, const typename F::W* w, const void* scale, int scale_bf16, T* y,
+                        int64_t M, int64_t N, int64_t K, int64_t MB, int threads) {
+  constexpr int R = ROWS[8];  // one weight block for every tile size: R does not change any output's bits
+  const int64_t kp = (K + F::LANES - 1) / F::LANES * F::LANES;
+  const std::vector<typename F::X> xp = prepared<F>(x, M, K, kp, threads);
+  const int64_t blocks = (N + R - 1) / R;
+  const int64_t group = std::max<int64_t>(1, (24 << 10) / (int64_t(R) * K * int64_t(sizeof(typename F::W))));
+  const int64_t groups = (blocks + group - 1) / group;
+  for (int64_t m0 = 0; m0 < M; m0 += MB) {
+    const int64_t m1 = std::min(M, m0 + MB);
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t g = 0; g < groups; ++g)
+      for (int64_t m = m0; m < m1; m += 8) {
+        const typename F::X* xt = xp.data() + m * kp;
+        T* yt = y + m * N;
+        for (int64_t b = g * group; b < std::min(blocks, (g + 1) * group); ++b) {
+          const int64_t n0 = b * R, n1 = std::min(N, n0 + R);
+          switch (std::min<int64_t>(8, m1 - m)) {
+            case 1: block<F, 1, R>(w, n0, n1, K, xt, kp, scale, scale_bf16, yt, N); break;
+            case 2: block<F, 2, R>(w, n0, n1, K, xt, kp, scale, scale_bf16, yt, N); break;
+            case 3: block<F, 3, R>(w, n0, n1, K, xt, kp, scale, scale_bf16, yt, N); break;
+            case 4: block<F, 4, R>(w, n0, n1, K, xt, kp, scale, scale_bf16, yt, N); break;
+            case 5: block<F, 5, R>(w, n0, n1, K, xt, kp, scale, scale_bf16, yt, N); break;
+            case 6: block<F, 6, R>(w, n0, n1, K, xt, kp, scale, scale_bf16, yt, N); break;
+            case 7: block<F, 7, R>(w, n0, n1, K, xt, kp, scale, scale_bf16, yt, N); break;
+            default: block<F, 8, R>(w, n0, n1, K, xt, kp, scale, scale_bf16, yt, N); break;
+          }
+        }
+      }
+  }
+}
+
 // weight: 0 float32, 1 bf16 (x has the weight's dtype), 2 int8 (x float32 or bf16, scale per row).
 // Returns 0 on success, 2 for a case it was not built for.
 extern "C" int zhuzi_small_m_linear(int weight, int x_bf16, const void* x, const void* w, const void* scale,
@@ -70,6 +124,23 @@ extern "C" int zhuzi_small_m_linear(int weight, int x_bf16, const void* x, const
     case 3: return dispatch<BF16, uint16_t>(M, x, w, nullptr, 0, y, N, K, threads);
     case 4: return dispatch<I8, float>(M, x, w, scale, scale_bf16, y, N, K, threads);
     case 5: return dispatch<I8BF16, uint16_t>(M, x, w, scale, scale_bf16, y, N, K, threads);
+    default: return 2;
+  }
+}
+
+// The same formats as zhuzi_small_m_linear, for any M >= 1 (see fixed_order); MB input rows per pass.
+extern "C" int zhuzi_fixed_order_linear(int weight, int x_bf16, const void* x, const void* w, const void* scale,
+                                        int scale_bf16, void* y, int64_t M, int64_t N, int64_t K, int64_t MB,
+                                        int threads) {
+  switch (weight * 2 + x_bf16) {
+    case 0: fixed_order<F32>((const float*)x, (const float*)w, nullptr, 0, (float*)y, M, N, K, MB, threads); return 0;
+    case 3: fixed_order<BF16>((const uint16_t*)x, (const uint16_t*)w, nullptr, 0, (uint16_t*)y, M, N, K, MB, threads);
+      return 0;
+    case 4: fixed_order<I8>((const float*)x, (const int8_t*)w, scale, scale_bf16, (float*)y, M, N, K, MB, threads);
+      return 0;
+    case 5: fixed_order<I8BF16>((const uint16_t*)x, (const int8_t*)w, scale, scale_bf16, (uint16_t*)y, M, N, K, MB,
+                                threads);
+      return 0;
     default: return 2;
   }
 }
