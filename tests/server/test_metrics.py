@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from zhuzi.outputs import EngineStats, RequestMetrics
+from zhuzi.outputs import EngineStats, RequestMetrics, SpecDecodingStats
 from zhuzi.server.metrics import ServerMetrics
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -45,6 +45,23 @@ def test_every_dashboard_metric_is_exposed_with_its_value() -> None:
     for name, total in expected_sums.items():
         assert got[(f"zhuzi:{name}_sum", model)] == total, name
     assert got[("zhuzi:inter_token_latency_seconds_count", model)] == 2
+
+
+def test_speculative_decoding_counters_have_vllms_names_and_meanings() -> None:
+    spec = SpecDecodingStats()
+    spec.observe(3, 2)  # a proposal of 3 tokens, the first 2 accepted
+    spec.observe(3, 0)
+    stats = EngineStats(1, 0, 10, 10, 0, 0, spec)
+    got = samples(ServerMetrics(lambda: (MODEL, {0: stats})))
+    model = (("model_name", MODEL), ("replica", "0"))
+    assert got[("zhuzi:spec_decode_num_drafts_total", model)] == 2
+    assert got[("zhuzi:spec_decode_num_draft_tokens_total", model)] == 6
+    assert got[("zhuzi:spec_decode_num_accepted_tokens_total", model)] == 2
+    per_pos = {dict(labels)["position"]: v for (name, labels), v in got.items()
+               if name == "zhuzi:spec_decode_num_accepted_tokens_per_pos_total"}
+    assert per_pos == {"0": 1, "1": 1, "2": 0}
+    without = samples(ServerMetrics(lambda: (MODEL, {0: EngineStats(1, 0, 10, 10, 0, 0)})))
+    assert not any(name.startswith("zhuzi:spec_decode") for name, _ in without)
 
 
 def test_engine_gauges_are_absent_while_the_model_loads() -> None:

@@ -2,9 +2,10 @@
 
 Names follow vLLM's (`vllm:` becomes `zhuzi:`) so existing dashboards fit. The
 per-request histograms and counters are recorded by the server when a request
-ends; the engine-wide state (running, waiting, KV usage, prefix-cache counts)
-is read from each replica's EngineStats at scrape time, so it is never stale,
-and is labelled with the replica (data-parallel engine core) it describes.
+ends; the engine-wide state (running, waiting, KV usage, prefix-cache and
+speculative-decoding counts) is read from each replica's EngineStats at scrape
+time, so it is never stale, and is labelled with the replica (data-parallel
+engine core) it describes.
 """
 from __future__ import annotations
 
@@ -51,6 +52,31 @@ class EngineCollector(Collector):
             for replica, stats in sorted(replicas.items()):
                 metric.add_metric([model, str(replica)], getattr(stats, attribute))
             yield metric
+        yield from self._spec_decoding(model, replicas)
+
+    @staticmethod
+    def _spec_decoding(model: str, replicas: dict[int, EngineStats]) -> Iterator[Metric]:
+        """vLLM's speculative-decoding counters, for the replicas that speculate."""
+        specs = {replica: stats.spec_decoding for replica, stats in sorted(replicas.items())
+                 if stats.spec_decoding is not None}
+        if not specs:
+            return
+        for name, doc, attribute in [
+            ("spec_decode_num_drafts", "Speculative proposals verified (one per sequence and step).", "num_drafts"),
+            ("spec_decode_num_draft_tokens", "Tokens proposed.", "num_draft_tokens"),
+            ("spec_decode_num_accepted_tokens", "Proposed tokens the target model accepted.", "num_accepted_tokens"),
+        ]:
+            metric = CounterMetricFamily(PREFIX + name, doc, labels=ENGINE_LABELS)
+            for replica, spec in specs.items():
+                metric.add_metric([model, str(replica)], getattr(spec, attribute))
+            yield metric
+        per_pos = CounterMetricFamily(PREFIX + "spec_decode_num_accepted_tokens_per_pos",
+                                      "Proposals whose token at this position was accepted.",
+                                      labels=ENGINE_LABELS + ["position"])
+        for replica, spec in specs.items():
+            for position, value in enumerate(spec.num_accepted_tokens_per_pos):
+                per_pos.add_metric([model, str(replica), str(position)], value)
+        yield per_pos
 
 
 class ServerMetrics:
