@@ -15,7 +15,13 @@ import numpy as np
 import pytest
 
 from zhuzi.bench import collectives
-from zhuzi.bench.datasets import load_tokenizer, random_token_requests, read_sharegpt, sharegpt_conversations
+from zhuzi.bench.datasets import (
+    input_grounded_chats,
+    load_tokenizer,
+    random_token_requests,
+    read_sharegpt,
+    sharegpt_conversations,
+)
 from zhuzi.bench.serve import chunk_content
 from zhuzi.cli import build_parser
 from zhuzi.model.loader import load_model_config
@@ -108,6 +114,27 @@ def test_decode_reports_speed_and_share_of_roofline(quantization, tmp_path, caps
                                                      / report.bandwidth_bytes_per_s)
     assert "% of roofline" in capsys.readouterr().out
     assert json.loads(out.read_text())["roofline_fraction"] == pytest.approx(report.roofline_fraction)
+
+
+def test_decode_compares_speculation_with_none_on_grounded_prompts(tmp_path, capsys):
+    out = tmp_path / "spec.json"
+    ngram = '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}'
+    report = run_tool(["bench", "decode", "--speculative-config", ngram, "--workload", "grounded", "--num-prompts", "2",
+                       "--max-tokens", "16", "--json-out", str(out)])
+    assert report.num_prompts == 2 and report.identical_outputs == 2  # greedy: the same text, faster or not
+    assert report.output_tokens > 0 and report.num_drafts > 0 and report.num_accepted_tokens > 0
+    assert report.speedup == pytest.approx(report.spec_tokens_per_s / report.plain_tokens_per_s)
+    assert report.mean_acceptance_length == pytest.approx(1 + report.num_accepted_tokens / report.num_drafts)
+    assert "speedup:" in capsys.readouterr().out
+    assert json.loads(out.read_text())["speculative_config"]["num_speculative_tokens"] == 4
+
+
+def test_grounded_chats_ask_to_repeat_real_text():
+    chats = input_grounded_chats(8, seed=3)
+    assert len(chats) == 8 and chats == input_grounded_chats(8, seed=3)
+    asks = [chat[0]["content"] for chat in chats]
+    assert [a.split()[0].strip(",") for a in asks[:4]] == ["Fix", "Add", "Rewrite", "Quote"]
+    assert all("def " in a for a in asks[1:3]) and all(len(a) > 400 for a in asks)
 
 
 def test_structured_compares_constrained_and_free_decode_steps(tmp_path, capsys):

@@ -1,9 +1,17 @@
 """The CPU linear kernels against float64 matrix products: the small-batch kernel (dense and int8
-weights), the tiled kernel (Q4/Q8 tiles, any number of rows) and int8 compute (per-row int8 inputs)."""
+weights), the tiled kernel (Q4/Q8 tiles, any number of rows), int8 compute (per-row int8 inputs), and the fixed-order
+form (--deterministic) that gives every row the bits it gets alone, for any number of rows."""
 import pytest
 import torch
 
-from zhuzi.model.cpu_linear import _kernel, int8_matmul, small_m_linear, tiled_linear, tiled_linear_available
+from zhuzi.model.cpu_linear import (
+    _kernel,
+    fixed_order_linear,
+    int8_matmul,
+    small_m_linear,
+    tiled_linear,
+    tiled_linear_available,
+)
 from zhuzi.model.quant import pack_q4, pack_q8, unpack_q4, unpack_q8
 
 pytestmark = pytest.mark.skipif(_kernel() is None, reason="no C++ compiler to build the kernel")
@@ -62,6 +70,22 @@ def test_row_is_bitwise_the_same_alone_or_in_a_batch(dtype, int8):
         for i in (0, 3, 7):
             assert torch.equal(small_m_linear(x[i:i + 1], w, scale)[0], batched[i])
             assert torch.equal(small_m_linear(x[i:i + 3], w, scale)[0], batched[i])
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("int8", [False, True])
+def test_fixed_order_rows_are_the_bits_of_a_row_alone_for_any_batch(dtype, int8):
+    x, w, scale = problem(300, 203, 581, dtype, int8)
+    alone = torch.cat([small_m_linear(x[i:i + 1], w, scale) for i in range(len(x))])
+    expected = reference(x, w, scale)
+    assert (alone.double() - expected).abs().max() <= TOLERANCE[dtype] * expected.abs().max()
+    threads = torch.get_num_threads()
+    try:
+        for m, pass_rows, num_threads in [(300, 128, 2), (300, 7, 1), (29, 128, 2), (9, 3, 1), (1, 128, 1)]:
+            torch.set_num_threads(num_threads)
+            assert torch.equal(fixed_order_linear(x[:m], w, scale, pass_rows), alone[:m]), (m, pass_rows)
     finally:
         torch.set_num_threads(threads)
 

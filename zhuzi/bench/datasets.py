@@ -1,12 +1,19 @@
 """Benchmark workloads: what the benchmark tools send into the request path.
 
-Random-token prompts (offline, decode, serve --dataset random) and ShareGPT
-conversations replayed turn by turn (serve --dataset sharegpt).
+Random-token prompts (offline, decode, serve --dataset random), ShareGPT
+conversations replayed turn by turn (serve --dataset sharegpt), and input-grounded
+chat requests whose answers largely repeat their prompt (decode --workload grounded,
+where prompt-lookup speculation pays).
 """
 from __future__ import annotations
 
+import ast
+import inspect
 import json
+import random
+import textwrap
 from dataclasses import dataclass, field
+from importlib import import_module
 from pathlib import Path
 
 import numpy as np
@@ -233,3 +240,57 @@ def sharegpt_user_prompts(num: int, max_chars: int = 600) -> list[str]:
             if len(prompts) == num:
                 return prompts
     raise ValueError(f"ShareGPT holds fewer than {num} user messages of 20 to {max_chars} characters")
+
+
+STDLIB_MODULES = ["textwrap", "shlex", "difflib", "heapq", "bisect", "fractions", "statistics", "csv",
+                  "calendar", "ipaddress", "string", "glob", "fnmatch", "base64", "colorsys", "json.encoder"]
+
+
+def _sharegpt_prose(num: int, seed: int) -> list[str]:
+    """English ShareGPT assistant answers of 400-1200 characters without code, in a seeded order."""
+    found = [m["content"] for record in read_sharegpt(limit=4000) for m in sharegpt_messages(record)
+             if m["role"] == "assistant" and 400 < len(m["content"]) < 1200 and m["content"].isascii()
+             and "```" not in m["content"]]
+    random.Random(seed).shuffle(found)
+    return found[:num]
+
+
+def _stdlib_functions(num: int, seed: int) -> list[str]:
+    """Functions of 8-40 lines from Python's standard library, as written, in a seeded order."""
+    found = []
+    for name in STDLIB_MODULES:
+        source = inspect.getsource(import_module(name))
+        lines = source.splitlines()
+        found += [textwrap.dedent("\n".join(lines[node.lineno - 1:node.end_lineno]))
+                  for node in ast.walk(ast.parse(source))
+                  if isinstance(node, ast.FunctionDef) and 8 <= node.end_lineno - node.lineno + 1 <= 40]
+    random.Random(seed).shuffle(found)
+    return found[:num]
+
+
+def _add_typos(text: str, rng: random.Random, rate: float = 0.08) -> str:
+    """Two neighbouring letters swapped in about `rate` of the words."""
+    words = text.split(" ")
+    for i, w in enumerate(words):
+        if len(w) > 3 and w.isalpha() and rng.random() < rate:
+            j = rng.randrange(1, len(w) - 2)
+            words[i] = w[:j] + w[j + 1] + w[j] + w[j + 2:]
+    return " ".join(words)
+
+
+def input_grounded_chats(num: int, seed: int = 0) -> list[list[dict]]:
+    """Chat requests whose answer largely repeats the prompt, from real text, kinds in turn: fix the typos
+    in a ShareGPT answer, comment a standard-library function, add type hints to another, quote two
+    sentences of a ShareGPT answer word for word."""
+    per_kind = -(-num // 4)
+    rng = random.Random(seed)
+    prose, code = _sharegpt_prose(2 * per_kind, seed), _stdlib_functions(2 * per_kind, seed)
+    asks = [
+        [f"Fix the typos in the following text. Reply with the corrected text only.\n\n{_add_typos(t, rng)}"
+         for t in prose[:per_kind]],
+        [f"Add a comment to each block of this Python function. Reply with the whole function.\n\n"
+         f"```python\n{c}\n```" for c in code[:per_kind]],
+        [f"Rewrite this Python function with type hints added.\n\n```python\n{c}\n```" for c in code[per_kind:]],
+        [f"Quote, word for word, the two most important sentences of this text.\n\n{t}" for t in prose[per_kind:]],
+    ]
+    return [[{"role": "user", "content": kind[i]}] for i in range(per_kind) for kind in asks][:num]

@@ -12,6 +12,9 @@ With --compare llama.cpp the two engines take turns, round by round (zhuzi's
 run, then `llama-bench -r 1`, then zhuzi again ...), so that on a shared
 machine both see the same load: each engine's figure is its best round, and
 every round's ratio is kept beside them.
+
+With --speculative-config the tool compares decode speed with and without speculation instead
+(zhuzi/bench/speculative.py), on --workload random or grounded prompts.
 """
 from __future__ import annotations
 
@@ -20,9 +23,10 @@ import json
 import statistics
 from dataclasses import asdict, dataclass
 
-from zhuzi.bench import add_compare_arguments, load_average, load_llm, machine_line
+from zhuzi.bench import add_compare_arguments, load_average, load_llm, machine_line, speculative
 from zhuzi.bench.datasets import random_token_requests
 from zhuzi.bench.llamacpp import BenchTest, find_tool, gguf_of, llama_bench
+from zhuzi.bench.speculative import SpecDecodeReport
 from zhuzi.config import EngineConfig
 from zhuzi.engine.model_runner import measure_read_bandwidth
 
@@ -41,6 +45,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="reads of the bandwidth buffer; the fastest counts (default %(default)s)")
     parser.add_argument("--json-out", default=None, help="also write the report to this JSON file")
     add_compare_arguments(parser)
+    parser.add_argument("--workload", choices=["random", "grounded"], default="random",
+                        help="with --speculative-config: random-token prompts of --prompt-len, or chat requests "
+                             "whose answers repeat their prompt (fix typos, comment code, quote)")
+    parser.add_argument("--num-prompts", type=int, default=8,
+                        help="with --speculative-config: prompts, each run with and without (default %(default)s)")
 
 
 @dataclass
@@ -125,7 +134,9 @@ def decode_step_seconds(metrics, output_tokens: int) -> float:
     return (metrics.last_token_time - metrics.first_token_time) / max(1, output_tokens - 1)
 
 
-def run(args: argparse.Namespace) -> DecodeReport:
+def run(args: argparse.Namespace) -> DecodeReport | SpecDecodeReport:
+    if args.speculative_config:
+        return speculative.run(args)
     import torch
 
     from zhuzi import SamplingParams
