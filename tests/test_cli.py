@@ -44,12 +44,3 @@ def test_a_bad_speculative_config_is_a_one_line_error():
     assert out.returncode != 0 and out.stderr.strip().count("\n") == 0
     assert "num_speculative_tokens must be an integer in [1, 64], got 0" in out.stderr
 
-
-def test_generate_with_prompt_lookup_speculation_prints_the_same_text():
-    prompt = "Repeat: the quick brown fox jumps over the lazy dog. Repeat: the quick brown fox"
-    plain = zhuzi("generate", "--temperature", "0", "--max-tokens", "12", prompt)
-    spec = zhuzi("generate", "--temperature", "0", "--max-tokens", "12", "--speculative-config",
-                 '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 2}',
-                 prompt)
-    assert plain.returncode == spec.returncode == 0, spec.stderr
-    assert spec.stdout == plain.stdout and "jumps over" in spec.stdout
