@@ -50,7 +50,8 @@ from zhuzi.outputs import (
     SpecDecodingStats,
     StepRecord,
 )
-from zhuzi.sampler import Verdict, make_generator
+from zhuzi.rejection_sampler import Verdict
+from zhuzi.sampler import make_generator
 from zhuzi.sampling_params import InvalidRequest, SamplingParams
 from zhuzi.tokenizer import Tokenizer
 

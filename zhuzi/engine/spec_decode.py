@@ -1,5 +1,5 @@
 """Speculative decoding, proposing: at the end of a step, guesses of each decoding sequence's next tokens,
-which the next step's forward pass checks (sampler.Sampler.verify decides which stand).
+which the next step's forward pass checks (rejection_sampler.verify decides which stand).
 
 - NgramProposer (vLLM's "ngram", prompt lookup): the text a model is asked to edit, comment or quote is
   already in its context, so the tokens that followed an earlier occurrence of the current suffix are a
@@ -28,7 +28,8 @@ from zhuzi.engine.model_runner import ModelRunner
 from zhuzi.engine.sequence import ScheduledSeq, Sequence
 from zhuzi.model.decoder import Decoder
 from zhuzi.model.loader import load_checkpoint
-from zhuzi.sampler import Sampler, SamplingRow
+from zhuzi.rejection_sampler import sample_drafts
+from zhuzi.sampler import SamplingRow
 from zhuzi.tokenizer import Tokenizer
 
 
@@ -99,7 +100,6 @@ class DraftModelProposer:
         self.runner = ModelRunner(model, config, num_blocks, self.eos_ids)
         self.blocks = BlockManager(num_blocks, config.block_size, enable_prefix_caching=False)
         self.budget = config.max_num_batched_tokens  # tokens a catch-up pass computes at most
-        self.sampler = Sampler()
         self.shadows: dict[int, _Shadow] = {}
 
     def release(self, seq: Sequence) -> None:
@@ -118,7 +118,7 @@ class DraftModelProposer:
                 rows = [SamplingRow(seq.params, self.shadows[seq.seq_id].seq.output_token_ids, seq.prompt_token_ids,
                                     seq.generator, self.eos_ids + seq.params.stop_token_ids, seq.grammar)
                         for seq, _ in drafting]
-                tokens, dists = self.sampler.draft(torch.stack([logits[seq.seq_id] for seq, _ in drafting]), rows)
+                tokens, dists = sample_drafts(torch.stack([logits[seq.seq_id] for seq, _ in drafting]), rows)
                 step = []
                 for (seq, k), token, q in zip(drafting, tokens, dists):
                     if seq.grammar is not None and not seq.grammar.accept(token):
