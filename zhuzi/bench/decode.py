@@ -48,6 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workload", choices=["random", "grounded"], default="random",
                         help="with --speculative-config: random-token prompts of --prompt-len, or chat requests "
                              "whose answers repeat their prompt (fix typos, comment code, quote)")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="with --speculative-config: sampling temperature (default greedy, %(default)s)")
     parser.add_argument("--num-prompts", type=int, default=8,
                         help="with --speculative-config: prompts, each run with and without (default %(default)s)")
 

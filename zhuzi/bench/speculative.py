@@ -1,10 +1,11 @@
 """`zhuzi bench decode --speculative-config ...`: one stream's decode speed with speculative decoding
 against the same engine without it, in the same run.
 
-Both engines load side by side; each prompt runs greedily through one and then the other (which one
-goes first alternates), one request at a time. Decode speed is output tokens after the first over the
-time from the first token to the last, summed over the prompts. Greedy speculation emits exactly the
-plain tokens, so the two runs decode the same text and the ratio is a pure speed ratio.
+Both engines load side by side; each prompt runs through one and then the other (which one goes first
+alternates), one request at a time. Decode speed is output tokens after the first over the time from
+the first token to the last, summed over the prompts. Greedy speculation emits exactly the plain
+tokens, so the two runs decode the same text and the ratio is a pure speed ratio; with --temperature
+the texts differ (same distribution, other draws), and the ratio compares different texts.
 """
 from __future__ import annotations
 
@@ -27,7 +28,9 @@ class SpecDecodeReport:
     num_prompts: int
     threads: int
     load_average: float  # 1-minute load average before the run: other work on the machine
-    output_tokens: int  # decoded by each engine, the first token of each request not counted
+    temperature: float
+    plain_tokens: int  # decoded without speculation, the first token of each request not counted
+    spec_tokens: int  # and with it
     plain_decode_s: float
     spec_decode_s: float
     identical_outputs: int  # prompts whose tokens came out the same with and without speculation
@@ -37,15 +40,15 @@ class SpecDecodeReport:
 
     @property
     def plain_tokens_per_s(self) -> float:
-        return self.output_tokens / self.plain_decode_s
+        return self.plain_tokens / self.plain_decode_s
 
     @property
     def spec_tokens_per_s(self) -> float:
-        return self.output_tokens / self.spec_decode_s
+        return self.spec_tokens / self.spec_decode_s
 
     @property
     def speedup(self) -> float:
-        return self.plain_decode_s / self.spec_decode_s
+        return self.spec_tokens_per_s / self.plain_tokens_per_s
 
     @property
     def mean_acceptance_length(self) -> float:
@@ -75,12 +78,13 @@ def run(args: argparse.Namespace) -> SpecDecodeReport:
     spec_llm = LLM(**vars(config))
     plain_llm = LLM(**vars(dataclasses.replace(config, speculative_config=None)))
     # A grounded answer ends where the model ends it; a random prompt's "answer" is only decode work.
-    params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=args.workload == "random")
+    params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens,
+                            ignore_eos=args.workload == "random")
     work = prompts(plain_llm, args)
     for llm in (plain_llm, spec_llm):  # warm-up: first-call costs
         llm.generate([work[0][:32]], SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)
     before = spec_llm.engine.stats().spec_decoding
-    seconds, tokens, identical = {"plain": 0.0, "spec": 0.0}, 0, 0
+    seconds, tokens, identical = {"plain": 0.0, "spec": 0.0}, {"plain": 0, "spec": 0}, 0
     for i, prompt in enumerate(work):
         order = [("plain", plain_llm), ("spec", spec_llm)]
         outs = {}
@@ -88,12 +92,13 @@ def run(args: argparse.Namespace) -> SpecDecodeReport:
             out = llm.generate([prompt], params, use_tqdm=False)[0]
             seconds[name] += out.metrics.last_token_time - out.metrics.first_token_time
             outs[name] = out.outputs[0].token_ids
-        tokens += len(outs["plain"]) - 1
+            tokens[name] += len(outs[name]) - 1
         identical += outs["plain"] == outs["spec"]
     after = spec_llm.engine.stats().spec_decoding
     report = SpecDecodeReport(
         machine=machine_line(), speculative_config=dataclasses.asdict(config.speculative), workload=args.workload,
-        num_prompts=len(work), threads=torch.get_num_threads(), load_average=load, output_tokens=tokens,
+        num_prompts=len(work), threads=torch.get_num_threads(), load_average=load, temperature=args.temperature,
+        plain_tokens=tokens["plain"], spec_tokens=tokens["spec"],
         plain_decode_s=seconds["plain"], spec_decode_s=seconds["spec"], identical_outputs=identical,
         num_drafts=after.num_drafts - before.num_drafts,
         num_draft_tokens=after.num_draft_tokens - before.num_draft_tokens,
@@ -111,10 +116,10 @@ def format_report(r: SpecDecodeReport, args: argparse.Namespace) -> str:
         "========= zhuzi bench decode, speculative =========",
         f"machine:      {r.machine}, {r.threads} threads, load average {r.load_average:.2f} before the run",
         f"speculation:  {json.dumps(r.speculative_config)}",
-        f"workload:     {r.num_prompts} {r.workload} prompts, one at a time, greedy, up to {args.max_tokens} "
-        f"tokens each; {r.identical_outputs}/{r.num_prompts} outputs identical with and without",
-        f"without:      {r.plain_tokens_per_s:10.1f} tokens/s  ({r.output_tokens} tokens in {r.plain_decode_s:.2f} s)",
-        f"with:         {r.spec_tokens_per_s:10.1f} tokens/s  ({r.output_tokens} tokens in {r.spec_decode_s:.2f} s)",
+        f"workload:     {r.num_prompts} {r.workload} prompts, one at a time, temperature {r.temperature:g}, up to "
+        f"{args.max_tokens} tokens each; {r.identical_outputs}/{r.num_prompts} outputs identical with and without",
+        f"without:      {r.plain_tokens_per_s:10.1f} tokens/s  ({r.plain_tokens} tokens in {r.plain_decode_s:.2f} s)",
+        f"with:         {r.spec_tokens_per_s:10.1f} tokens/s  ({r.spec_tokens} tokens in {r.spec_decode_s:.2f} s)",
         f"speedup:      {r.speedup:10.2f}x",
         f"acceptance:   mean accepted length {r.mean_acceptance_length:.2f} (vLLM's: 1 + accepted / drafts), "
         f"{100 * rate:.1f} % of {r.num_draft_tokens} draft tokens in {r.num_drafts} drafts",
