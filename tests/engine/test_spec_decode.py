@@ -123,6 +123,10 @@ def test_greedy_output_is_the_same_with_speculation_alone_and_batched(prompts, p
     assert_same_greedy(plain, alone)
     batched = llm.generate(prompts, GREEDY)
     assert_same_greedy(plain, batched)
+    if k == 3:  # prompts in 32-token chunks beside speculating decodes
+        chunked = LLM(dtype="float32", max_num_batched_tokens=32, speculative_config=ngram(k))
+        assert_same_greedy(plain, chunked.generate(prompts, GREEDY))
+        assert chunked.engine.stats().spec_decoding.num_accepted_tokens > 0
     stats = llm.engine.stats().spec_decoding
     assert stats.num_accepted_tokens > 0 and stats.num_draft_tokens > stats.num_accepted_tokens
     assert len(stats.num_accepted_tokens_per_pos) == k
