@@ -68,10 +68,11 @@ class Verdict:
     logprobs: list[dict[int, Logprob]] | None = None  # one per emitted token, when the request asked
 
 
-def verify(logits: torch.Tensor, drafts: list[Draft]) -> list[Verdict]:
-    """Each draft's verdict; logits [sum(k + 1), V]: each draft's k + 1 rows in a run, drafts in order."""
+def verify(logits: torch.Tensor, drafts: list[Draft], sampler: Sampler) -> list[Verdict]:
+    """Each draft's verdict; logits [sum(k + 1), V]: each draft's k + 1 rows in a run, drafts in order.
+    A step without drafts is the plain sampler's."""
     if all(d.k == 0 for d in drafts):
-        out = Sampler()(logits, [d.row for d in drafts])
+        out = sampler(logits, [d.row for d in drafts])
         logprobs = out.logprobs or [None] * len(drafts)
         return [Verdict([t], 0, None if lp is None else [lp]) for t, lp in zip(out.token_ids, logprobs)]
     starts = [0]

@@ -22,7 +22,7 @@ from zhuzi.model.loader import Checkpoint, load_checkpoint
 from zhuzi.model.parallel import TPGroup
 from zhuzi.outputs import Inspection, LensLayer, Logprob
 from zhuzi.rejection_sampler import Draft, Verdict, verify
-from zhuzi.sampler import SamplingRow, token_logprobs
+from zhuzi.sampler import Sampler, SamplingRow, token_logprobs
 from zhuzi.tokenizer import Tokenizer
 
 # Prompt logprobs are computed this many positions at a time, so a long chunk never needs a
@@ -83,6 +83,7 @@ class ModelRunner:
         # without tensor parallelism): every rank has the same blocks, each for its own heads.
         self.kv_cache = torch.zeros(c.num_layers, 2, num_blocks * config.block_size, model.num_kv_heads,
                                     c.head_dim, dtype=model.dtype, device=self.device)
+        self.sampler = Sampler()
 
     def _tensor(self, data: list[int]) -> torch.Tensor:
         return torch.tensor(data, dtype=torch.long, device=self.device)
@@ -194,7 +195,7 @@ class ModelRunner:
         """Each draft's verdict, or the exception that draft alone raises: when the batch fails, each draft
         is verified again on its own (with the same random draws) to find the culprits."""
         try:
-            return verify(logits, drafts)
+            return verify(logits, drafts, self.sampler)
         except Exception as exc:
             if len(drafts) == 1:
                 return [exc]
