@@ -134,6 +134,23 @@ class SpecDecodingStats:
         for i in range(num_accepted_tokens):
             per_pos[i] += 1
 
+    @classmethod
+    def total(cls, parts: list[SpecDecodingStats | None]) -> SpecDecodingStats | None:
+        """Several engines' counts added up; None when none of them speculates."""
+        parts = [p for p in parts if p is not None]
+        if not parts:
+            return None
+        out = cls()
+        for p in parts:
+            out.num_drafts += p.num_drafts
+            out.num_draft_tokens += p.num_draft_tokens
+            out.num_accepted_tokens += p.num_accepted_tokens
+            per_pos = out.num_accepted_tokens_per_pos
+            per_pos += [0] * (len(p.num_accepted_tokens_per_pos) - len(per_pos))
+            for i, n in enumerate(p.num_accepted_tokens_per_pos):
+                per_pos[i] += n
+        return out
+
     @property
     def mean_acceptance_length(self) -> float:
         """Tokens a drafted step emits on average, the target's own token included (vLLM's convention)."""

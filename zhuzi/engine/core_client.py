@@ -33,7 +33,7 @@ from zhuzi.engine.placement import Replica, default_threads
 from zhuzi.engine.router import PrefixRouter
 from zhuzi.engine.sequence import Probe
 from zhuzi.engine.structured import GrammarCompiler
-from zhuzi.outputs import EngineSnapshot, EngineStats, RequestError, RequestOutput
+from zhuzi.outputs import EngineSnapshot, EngineStats, RequestError, RequestOutput, SpecDecodingStats
 from zhuzi.sampling_params import SamplingParams, StructuredOutputsParams
 from zhuzi.tokenizer import Tokenizer
 
@@ -250,7 +250,9 @@ class EngineClient:
         parts = list(self.replica_stats().values())
         if not parts:
             return EngineStats(0, 0, 0, 0, 0, 0)
-        return EngineStats(*(sum(getattr(s, f.name) for s in parts) for f in dataclasses.fields(EngineStats)))
+        counts = [f.name for f in dataclasses.fields(EngineStats) if f.name != "spec_decoding"]
+        return EngineStats(*(sum(getattr(s, name) for s in parts) for name in counts),
+                           SpecDecodingStats.total([s.spec_decoding for s in parts]))
 
     def replica_stats(self) -> dict[int, EngineStats]:
         return {r.index: r.stats for r in self.replicas if r.failure is None and r.stats is not None}
