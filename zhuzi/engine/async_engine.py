@@ -13,7 +13,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from zhuzi.config import EngineConfig
@@ -31,6 +31,36 @@ class Stream:
 
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue  # RequestOutput deltas, or an Exception
+
+    async def read(self, request_id: str, streams: dict[str, Stream],
+                   abort: Callable[[str], None]) -> AsyncIterator[RequestOutput]:
+        """The deltas until the last; a request the engine failed raises RequestError. However the reading
+        ends, the stream leaves streams; a reader that leaves before the last delta aborts the request."""
+        finished = False
+        try:
+            while not finished:
+                item = await self.queue.get()
+                if isinstance(item, Exception):
+                    finished = True
+                    raise item
+                finished = item.finished
+                if item.error is not None:
+                    raise RequestError(item.error)
+                yield item
+        finally:
+            streams.pop(request_id, None)
+            if not finished:
+                abort(request_id)
+
+
+async def final_inspection(outputs: AsyncIterator[RequestOutput]) -> RequestOutput:
+    """A probe's last output, whose .inspection holds the reading."""
+    last = None
+    async for out in outputs:
+        last = out
+    if last is None or last.inspection is None:
+        raise RequestError("the inspection ended without a reading (aborted)")
+    return last
 
 
 class EngineDead(RuntimeError):
@@ -124,12 +154,7 @@ class AsyncEngine:
     async def probe(self, token_ids: list[int], probe: Probe, request_id: str) -> RequestOutput:
         """An inspection through the step loop: its final output, whose .inspection holds the reading.
         Cancelling the caller aborts it in the engine."""
-        last = None
-        async for out in self._outputs(("probe", request_id, token_ids, probe)):
-            last = out
-        if last is None or last.inspection is None:
-            raise RequestError("the inspection ended without a reading (aborted)")
-        return last
+        return await final_inspection(self._outputs(("probe", request_id, token_ids, probe)))
 
     async def snapshot(self, num_steps: int) -> EngineSnapshot:
         """The engine's state, taken on the step loop's thread between two steps."""
@@ -154,26 +179,12 @@ class AsyncEngine:
             raise EngineDead(self._failure)
         return stream
 
-    async def _outputs(self, command: tuple) -> AsyncIterator[RequestOutput]:
+    def _outputs(self, command: tuple) -> AsyncIterator[RequestOutput]:
         """Sends a request's command; yields its outputs until the last; leaving early aborts it."""
         request_id = command[1]
         stream = self._open(request_id)
         self._send(command)
-        finished = False
-        try:
-            while not finished:
-                item = await stream.queue.get()
-                if isinstance(item, Exception):
-                    finished = True
-                    raise item
-                finished = item.finished
-                if item.error is not None:
-                    raise RequestError(item.error)
-                yield item
-        finally:
-            self._streams.pop(request_id, None)
-            if not finished:
-                self.abort(request_id)
+        return stream.read(request_id, self._streams, self.abort)
 
     def abort(self, request_id: str) -> None:
         """End a request now; if its stream is still read, its last output says finish_reason "abort"."""

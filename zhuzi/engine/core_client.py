@@ -27,13 +27,13 @@ import zmq
 
 from zhuzi.config import EngineConfig, ParallelConfig
 from zhuzi.engine import core, placement
-from zhuzi.engine.async_engine import AsyncEngine, EngineDead, Stream
+from zhuzi.engine.async_engine import AsyncEngine, EngineDead, Stream, final_inspection
 from zhuzi.engine.engine import check_token_ids
 from zhuzi.engine.placement import Replica, default_threads
 from zhuzi.engine.router import PrefixRouter
 from zhuzi.engine.sequence import Probe
 from zhuzi.engine.structured import GrammarCompiler
-from zhuzi.outputs import EngineSnapshot, EngineStats, RequestError, RequestOutput, SpecDecodingStats
+from zhuzi.outputs import EngineSnapshot, EngineStats, RequestOutput, SpecDecodingStats
 from zhuzi.sampling_params import SamplingParams, StructuredOutputsParams
 from zhuzi.tokenizer import Tokenizer
 
@@ -298,19 +298,14 @@ class EngineClient:
         engine failed raises RequestError; EngineDead once its replica (or the whole engine) is gone."""
         ids = prompt if isinstance(prompt, list) else self.tokenizer.encode_prompt(prompt)
         stream = self._submit(request_id, ids, core.encode(core.AddRequest.of(request_id, ids, params)))
-        async for out in self._read_stream(request_id, stream):
+        async for out in stream.read(request_id, self._streams, self.abort):
             yield out
 
     async def probe(self, token_ids: list[int], probe: Probe, request_id: str) -> RequestOutput:
         """An inspection through a replica's step loop (the one caching most of the context): its final
         output, whose .inspection holds the reading. Cancelling the caller aborts it in the engine."""
         stream = self._submit(request_id, token_ids, core.encode(core.AddProbe(request_id, token_ids, probe)))
-        last = None
-        async for out in self._read_stream(request_id, stream):
-            last = out
-        if last is None or last.inspection is None:
-            raise RequestError("the inspection ended without a reading (aborted)")
-        return last
+        return await final_inspection(stream.read(request_id, self._streams, self.abort))
 
     async def snapshot(self, num_steps: int) -> EngineSnapshot:
         """The first live replica's state, taken between two of its steps."""
@@ -344,23 +339,6 @@ class EngineClient:
             self._streams[request_id] = stream
         replica.send(command)
         return stream
-
-    async def _read_stream(self, request_id: str, stream: Stream) -> AsyncIterator[RequestOutput]:
-        finished = False
-        try:
-            while not finished:
-                item = await stream.queue.get()
-                if isinstance(item, Exception):
-                    finished = True
-                    raise item
-                finished = item.finished
-                if item.error is not None:
-                    raise RequestError(item.error)
-                yield item
-        finally:
-            self._streams.pop(request_id, None)
-            if not finished:
-                self.abort(request_id)
 
     def abort(self, request_id: str) -> None:
         """End a request now; if its stream is still read, its last output says finish_reason "abort"."""
