@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.metadata
+import json
 import os
 import platform
 
@@ -56,6 +57,14 @@ def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--llama-cpp-bin", default=None,
                         help="folder of llama.cpp's llama-bench / llama-batched-bench (default: $LLAMA_CPP_BIN, "
                              "else where ../shared/tools/build-llamacpp.sh builds them, else the PATH)")
+
+
+def save_report(report, path: str | None):
+    """Write a tool's report as JSON where --json-out asks; the report, for the caller to return."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(report.to_dict(), f, indent=2)
+    return report
 
 
 def load_average() -> float:

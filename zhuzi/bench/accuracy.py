@@ -14,12 +14,11 @@ come from prefill (the path of prompts and big batches).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 from dataclasses import asdict, dataclass
 
-from zhuzi.bench import machine_line
+from zhuzi.bench import machine_line, save_report
 from zhuzi.bench.datasets import sharegpt_answer_tokens, sharegpt_user_prompts
 
 VARIANTS = {"float32": {"dtype": "float32"}, "bf16": {}, "int8": {"quantization": "int8"},
@@ -125,10 +124,7 @@ def run(args: argparse.Namespace) -> AccuracyReport:
                             args.max_tokens, len(text), args.window,
                             measure(args.model, args.variants, prompts, text, args.max_tokens, args.window))
     print(format_report(report))
-    if args.json_out:
-        with open(args.json_out, "w") as f:
-            json.dump(report.to_dict(), f, indent=2)
-    return report
+    return save_report(report, args.json_out)
 
 
 def format_report(r: AccuracyReport) -> str:

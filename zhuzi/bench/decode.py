@@ -19,11 +19,10 @@ With --speculative-config the tool compares decode speed with and without specul
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from dataclasses import asdict, dataclass
 
-from zhuzi.bench import add_compare_arguments, load_average, load_llm, machine_line, speculative
+from zhuzi.bench import add_compare_arguments, load_average, load_llm, machine_line, save_report, speculative
 from zhuzi.bench.datasets import random_token_requests
 from zhuzi.bench.llamacpp import BenchTest, find_tool, gguf_of, llama_bench
 from zhuzi.bench.speculative import SpecDecodeReport
@@ -173,10 +172,7 @@ def run(args: argparse.Namespace) -> DecodeReport | SpecDecodeReport:
         decode_rounds=rounds, llama_cpp=LlamaCppDecode(" ".join(command), peer_rounds) if tool else None)
     report.load = (load_at_start, load_average())
     print(format_report(report, args))
-    if args.json_out:
-        with open(args.json_out, "w") as f:
-            json.dump(report.to_dict(), f, indent=2)
-    return report
+    return save_report(report, args.json_out)
 
 
 def format_report(r: DecodeReport, args: argparse.Namespace) -> str:

@@ -17,12 +17,11 @@ cache of an earlier one.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import time
 from dataclasses import asdict, dataclass
 
-from zhuzi.bench import add_compare_arguments, load_average, load_llm, machine_line
+from zhuzi.bench import add_compare_arguments, load_average, load_llm, machine_line, save_report
 from zhuzi.bench.datasets import TokenRequest, hf_source, random_token_requests, sampleable_token_ids
 from zhuzi.bench.llamacpp import BatchedRun, batched_bench, find_tool, gguf_of
 from zhuzi.config import EngineConfig
@@ -232,10 +231,7 @@ def run(args: argparse.Namespace) -> OfflineReport:
         llama_cpp_command=" ".join(command) if command else None)
     report.load = (load_at_start, load_average())
     print(format_report(report, args))
-    if args.json_out:
-        with open(args.json_out, "w") as f:
-            json.dump(report.to_dict(), f, indent=2)
-    return report
+    return save_report(report, args.json_out)
 
 
 def format_report(report: OfflineReport, args: argparse.Namespace) -> str:

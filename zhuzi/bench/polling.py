@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import os
 import statistics
 from dataclasses import asdict, dataclass, field
 
-from zhuzi.bench import machine_line
+from zhuzi.bench import machine_line, save_report
 from zhuzi.bench import serve as serve_bench
 
 PAGE_POLL = "/inspect/engine?steps=128"  # the page's poll while its engine view is open
@@ -97,7 +96,4 @@ def run(args: argparse.Namespace) -> PollingReport:
           f"best median TPOT: quiet {min(report.tpots('quiet')):.2f} ms, polled {min(report.tpots('polled')):.2f} ms"
           f" -> polled/quiet {report.best_ratio:.3f}\n"
           f"median of the {args.rounds} rounds' polled/quiet: {report.median_ratio:.3f}")
-    if args.json_out:
-        with open(args.json_out, "w") as f:
-            json.dump(report.to_dict(), f, indent=2)
-    return report
+    return save_report(report, args.json_out)

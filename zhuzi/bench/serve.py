@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from zhuzi.bench import machine_line
+from zhuzi.bench import machine_line, save_report
 from zhuzi.bench.datasets import Conversation, load_tokenizer, random_text_conversations, sharegpt_conversations
 
 ENDPOINT_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
@@ -396,7 +396,4 @@ def run(args: argparse.Namespace) -> ServeReport:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request would bury the table
     report = asyncio.run(benchmark(args))
     print(format_report(report))
-    if args.json_out:
-        with open(args.json_out, "w") as f:
-            json.dump(report.to_dict(), f, indent=2)
-    return report
+    return save_report(report, args.json_out)

@@ -15,7 +15,7 @@ import json
 import os
 from dataclasses import asdict, dataclass
 
-from zhuzi.bench import machine_line
+from zhuzi.bench import machine_line, save_report
 from zhuzi.bench.datasets import input_grounded_chats, random_token_requests
 from zhuzi.config import EngineConfig
 
@@ -104,10 +104,7 @@ def run(args: argparse.Namespace) -> SpecDecodeReport:
         num_draft_tokens=after.num_draft_tokens - before.num_draft_tokens,
         num_accepted_tokens=after.num_accepted_tokens - before.num_accepted_tokens)
     print(format_report(report, args))
-    if args.json_out:
-        with open(args.json_out, "w") as f:
-            json.dump(report.to_dict(), f, indent=2)
-    return report
+    return save_report(report, args.json_out)
 
 
 def format_report(r: SpecDecodeReport, args: argparse.Namespace) -> str:

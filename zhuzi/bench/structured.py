@@ -8,12 +8,11 @@ of filling each row's token mask, applying the masks and advancing the matchers.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 from dataclasses import asdict, dataclass
 
-from zhuzi.bench import load_llm, machine_line
+from zhuzi.bench import load_llm, machine_line, save_report
 from zhuzi.config import EngineConfig
 
 SCHEMA = {"type": "array", "minItems": 64, "items": {
@@ -92,10 +91,7 @@ def run(args: argparse.Namespace) -> StructuredReport:
         free_step_s=min(free_s), constrained_step_s=min(constrained_s), load_before=load_before,
         load_after=os.getloadavg()[0])
     print(format_report(report))
-    if args.json_out:
-        with open(args.json_out, "w") as f:
-            json.dump(report.to_dict(), f, indent=2)
-    return report
+    return save_report(report, args.json_out)
 
 
 def format_report(r: StructuredReport) -> str:

@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from zhuzi.config import EngineConfig
 from zhuzi.engine.engine import Engine
@@ -51,6 +52,16 @@ class Stream:
             streams.pop(request_id, None)
             if not finished:
                 abort(request_id)
+
+    async def answer(self, request_id: str, streams: dict[str, Stream]) -> Any:
+        """The one answer of a command that gets one (a snapshot)."""
+        try:
+            item = await self.queue.get()
+        finally:
+            streams.pop(request_id, None)
+        if isinstance(item, Exception):
+            raise item
+        return item
 
 
 async def final_inspection(outputs: AsyncIterator[RequestOutput]) -> RequestOutput:
@@ -161,13 +172,7 @@ class AsyncEngine:
         request_id = f"snapshot-{next(self._snapshot_ids)}"
         stream = self._open(request_id)
         self._send(("snapshot", request_id, num_steps))
-        try:
-            item = await stream.queue.get()
-        finally:
-            self._streams.pop(request_id, None)
-        if isinstance(item, Exception):
-            raise item
-        return item
+        return await stream.answer(request_id, self._streams)
 
     def _open(self, request_id: str) -> Stream:
         if self._failure is not None:

@@ -311,13 +311,7 @@ class EngineClient:
         """The first live replica's state, taken between two of its steps."""
         request_id = f"snapshot-{next(self._snapshot_ids)}"
         stream = self._submit(request_id, [], core.encode(core.Snapshot(request_id, num_steps)), track=False)
-        try:
-            item = await stream.queue.get()
-        finally:
-            self._streams.pop(request_id, None)
-        if isinstance(item, Exception):
-            raise item
-        return item
+        return await stream.answer(request_id, self._streams)
 
     def _submit(self, request_id: str, ids: list[int], command: bytes, track: bool = True) -> Stream:
         """Send an encoded command to the replica the router picks for ids; the stream its answers go to.
