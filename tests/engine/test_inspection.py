@@ -57,11 +57,11 @@ def test_a_probe_reads_the_distribution_each_step_sampled_from(engine):
 
 
 def test_the_logit_lens_has_every_layer_and_ends_in_the_output(engine):
-    ids = engine.tokenizer.encode(PROMPT)
-    engine.add_probe("lens", ids, Probe(lens_top=5))
+    ids = engine.tokenizer.encode(PROMPT)  # shorter than a block: each probe computes all of it
     engine.add_probe("plain", ids, Probe())
-    outs = run(engine)
-    lens, plain = outs["lens"][0].inspection, outs["plain"][0].inspection
+    plain = run(engine)["plain"][0].inspection
+    engine.add_probe("lens", ids, Probe(lens_top=5))  # the very step plain ran, with the layers tapped
+    lens = run(engine)["lens"][0].inspection
     assert len(lens.lens) == engine.model_config.num_layers
     assert all(len(layer.token_ids) == len(layer.logprobs) == 5 for layer in lens.lens)
     top = plain.logits.log_softmax(-1).topk(5)

@@ -132,9 +132,10 @@ class ModelRunner:
         prompt_rows = [(s, row) for s, row in zip(batch, starts) if s.seq.params.prompt_logprobs is not None
                        and s.seq.index == 0 and not s.seq.prompt_done]
         # A step of decodes only (each samples its next token; drafts make an item more than one token) can
-        # run as one fused call, whose logits row i is item i's; a layer tap needs the per-layer path.
-        fusable = not lens and not prompt_rows and meta.num_decode_tokens == len(batch) and all(
-            s.samples for s in batch)
+        # run as one fused call, whose logits row i is item i's. A step with a probe takes the per-layer path,
+        # where the logit lens taps: with the lens or without, a probe reads the same bits.
+        fusable = not prompt_rows and meta.num_decode_tokens == len(batch) and all(
+            s.samples and s.seq.probe is None for s in batch)
         fused = self.model.decode_step(ids, positions, meta, self.kv_cache) if fusable else None
         result = StepResult()
         if fused is not None:
