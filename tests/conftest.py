@@ -36,3 +36,13 @@ def grammars(smollm2_tokenizer):
     from zhuzi.engine.structured import GrammarCompiler
 
     return GrammarCompiler(smollm2_tokenizer.hf, 49152, [2])
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """torch on one thread for a module: two OpenMP threads on a loaded 2-core machine made each small op ~50x
+    slower. Use with pytestmark = pytest.mark.usefixtures("one_thread")."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

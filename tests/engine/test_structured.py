@@ -21,6 +21,8 @@ from zhuzi.engine.structured import GrammarCompiler, GrammarMatcher
 from zhuzi.sampler import SamplingRow, apply_grammar_masks
 from zhuzi.sampling_params import InvalidRequest, StructuredOutputsParams
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 EOS = 2
 VOCAB = 49152
 SEEDS = range(8)
@@ -92,15 +94,6 @@ SCHEMAS = {
     },
     "top-level array": {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 2, "maxItems": 4},
 }
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # Two OpenMP threads on a loaded 2-core machine made each small op ~50x slower.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,8 @@ from zhuzi.server.parsers import OutputParser, ParsedText
 from zhuzi.server.tools import template_renders_tools, tool_grammar, with_generic_tools
 from zhuzi.tokenizer import Tokenizer
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 EOS = 2
 FUNCTIONS = [
     {"name": "get_weather", "strict": True, "parameters": {
@@ -31,14 +33,6 @@ FUNCTIONS = [
 ]
 SCHEMAS = {f["name"]: f.get("parameters") or {"type": "object"} for f in FUNCTIONS}
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module", params=["text markers", "added-token markers"])
