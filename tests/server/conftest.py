@@ -1,13 +1,27 @@
-"""The inspector's server (float32, so that an inspection re-run reproduces a step's probabilities to ~1e-6;
-bf16: ~1e-3), one per session, shared by the /inspect API and page tests; and the page tests' browser."""
+"""Shared server fixtures: a `zhuzi serve` per test module with the default flags and an `openai` client for
+it (a module may define its own `server`); the inspector's server (float32, so that an inspection re-run
+reproduces a step's probabilities to ~1e-6; bf16: ~1e-3), one per session, shared by the /inspect API and
+page tests; and the page tests' browser."""
 from __future__ import annotations
 
 from collections.abc import Iterator
 
+import openai
 import pytest
 from inspector import Inspector, launch
 from playwright.sync_api import Browser, expect, sync_playwright
 from serving import ServerProcess, running_server
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    with running_server(tmp_path_factory.mktemp("serve") / "server.log") as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(server: ServerProcess) -> openai.OpenAI:
+    return openai.OpenAI(api_key="none", base_url=server.api, max_retries=0, timeout=120)
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from serving import ServerProcess, running_server
+from serving import ServerProcess
 
 import zhuzi
 
@@ -23,17 +23,6 @@ IM_START, IM_END = 1, 2  # SmolLM2's control-token ids
 WEATHER_TOOL = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> ServerProcess:
-    with running_server(tmp_path_factory.mktemp("serve") / "server.log") as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def client(server: ServerProcess) -> openai.OpenAI:
-    return openai.OpenAI(api_key="none", base_url=server.api, max_retries=0, timeout=60)
 
 
 def post(server: ServerProcess, path: str, body: dict) -> httpx.Response:

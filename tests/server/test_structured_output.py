@@ -15,7 +15,7 @@ import httpx
 import jsonschema
 import openai
 import pytest
-from serving import ServerProcess, running_server
+from serving import ServerProcess
 
 MODEL = "SmolLM2-135M-Instruct"
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
@@ -60,17 +60,6 @@ ADD = {"type": "function", "function": {
     "name": "add", "description": "Add two integers",
     "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
                    "required": ["a", "b"], "additionalProperties": False}}}
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> ServerProcess:
-    with running_server(tmp_path_factory.mktemp("serve") / "server.log") as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def client(server: ServerProcess) -> openai.OpenAI:
-    return openai.OpenAI(api_key="none", base_url=server.api, max_retries=0, timeout=120)
 
 
 def ask(text: str) -> list[dict]:
