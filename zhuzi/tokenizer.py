@@ -27,7 +27,6 @@ import json
 import re
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +39,7 @@ from tokenizers.decoders import ByteLevel
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from zhuzi.cache import atomic_write, cache_path, file_identity
+from zhuzi.encoder_process import LONG_TEXT, EncoderProcess, in_slices
 
 _ESC = "\U000f0000"  # private use: opens a placeholder; a literal one in client text is doubled
 _CODE_BASE = 0xF0001  # special token k (longest first) is written _ESC + chr(_CODE_BASE + k)
@@ -127,8 +127,8 @@ class Tokenizer:
         # its shared backend per call, which races between threads.
         self._text = RustTokenizer.from_str(hf.backend_tokenizer.to_str())
         self._text.encode_special_tokens = True
-        # Where the library's GIL-free batch calls run; a server gives low-priority threads (see _batch).
-        self.batch_executor: Executor | None = None
+        # Where a server's long texts are encoded (see encoder_process.py); else in the caller's thread.
+        self.encoder: EncoderProcess | None = None
         self._special_ids = {t.content: i for i, t in hf.added_tokens_decoder.items() if t.special}
         self.all_special_ids: frozenset[int] = frozenset(self._special_ids.values()) | frozenset(hf.all_special_ids)
         specials = sorted(self._special_ids, key=len, reverse=True)  # longest match wins, as in the tokenizer
@@ -146,6 +146,10 @@ class Tokenizer:
         if path.is_dir():
             return cls(AutoTokenizer.from_pretrained(path, local_files_only=True))
         raise FileNotFoundError(f"no tokenizer at {path} (expected a Hugging Face directory or a .gguf file)")
+
+    def use_encoder_process(self) -> None:
+        """From now on long texts are encoded in a helper process (a server's choice: see encoder_process.py)."""
+        self.encoder = EncoderProcess(self._text)
 
     def __len__(self) -> int:
         return len(self.hf)
@@ -172,7 +176,7 @@ class Tokenizer:
 
     def token_strs(self, ids: list[int]) -> list[str]:
         """Each id's token as the vocabulary writes it ("Ġworld")."""
-        return list(map(self._token_strs.__getitem__, ids))
+        return in_slices(functools.partial(map, self._token_strs.__getitem__), ids)
 
     def warm(self) -> None:
         """Build token_strs' table now (a server does as it loads): built on first use, it holds the GIL for
@@ -323,7 +327,7 @@ class Tokenizer:
     def _author_tokens(self, pieces: list[tuple[str, list[str]] | int]) -> list[DocToken]:
         """Tokens of the pieces; a token's author is the one who wrote most of its characters."""
         texts = [piece for piece in pieces if not isinstance(piece, int)]
-        encodings = iter(self._batch(self._text.encode_batch, [text for text, _ in texts]))
+        encodings = iter(self._text.encode_batch([text for text, _ in texts], add_special_tokens=False))
         tokens = []
         for piece in pieces:
             if isinstance(piece, int):
@@ -388,13 +392,8 @@ class Tokenizer:
         return self._encode_texts([text])[0]
 
     def _encode_texts(self, texts: list[str]) -> list[list[int]]:
-        return [e.ids for e in self._batch(self._text.encode_batch_fast, texts)]
-
-    def _batch(self, encode: Callable[..., list[Any]], texts: list[str]) -> list[Any]:
-        """A batch call, even for one text: the tokenizers library lets go of the GIL for a batch (not for a
-        single encode), so tokenizing a long text never stalls the server's event loop or the engine. It runs
-        in batch_executor if one is set: a server's low-priority threads. What holds the GIL (reading the ids
-        out) stays in the caller's thread: a low-priority thread holding the GIL would keep every other thread
-        of the process waiting while the engine's threads have the CPU."""
-        call = functools.partial(encode, texts, add_special_tokens=False)
-        return self.batch_executor.submit(call).result() if self.batch_executor else call()
+        # A batch call, even for one text: the tokenizers library lets go of the GIL for a batch (not for a
+        # single encode), so that the event loop and the engine go on meanwhile.
+        if self.encoder is not None and sum(map(len, texts)) >= LONG_TEXT:
+            return self.encoder.encode(texts)
+        return [e.ids for e in self._text.encode_batch_fast(texts, add_special_tokens=False)]

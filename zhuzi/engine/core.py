@@ -11,6 +11,7 @@ knows nothing of blocks beyond their hashes.
 from __future__ import annotations
 
 import copy
+import gc
 import json
 import logging
 import multiprocessing
@@ -276,6 +277,8 @@ def serve(config: EngineConfig, replica: int, addresses: Addresses, watched: lis
             log.exception("replica %d failed to load the model", replica)
             outputs.send(encode(Failed(replica, f"{type(exc).__name__}: {exc}")))
             return
+        gc.collect()
+        gc.freeze()  # the loaded engine is here to stay: no collection walks it again (a pause between steps)
         outputs.send(encode(Ready(replica, os.getpid(), str(engine.model_path), engine.model_name,
                                   engine.model_config.vocab_size, engine.max_model_len, engine.eos_ids,
                                   engine.stats())))

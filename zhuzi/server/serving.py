@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import gc
 import logging
-import os
-import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -75,12 +74,6 @@ def json_response(body: pydantic.BaseModel) -> Response:
     return Response(body.model_dump_json(), media_type="application/json")
 
 
-def _lower_priority() -> None:
-    """The encoding threads yield the CPU to the engine's, so a long prompt does not slow running streams."""
-    if sys.platform == "linux":  # where a thread has a nice value of its own
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WORKER_NICENESS)
-
-
 @dataclass(eq=False)
 class Run:
     """One API request in flight: its engine streams and what must happen when it ends."""
@@ -99,7 +92,6 @@ class Run:
 ABORT_GRACE_S = 5.0
 # Threads that render and tokenize prompts: a few long prompts must not queue everyone else's behind them.
 TOKENIZER_THREADS = 8
-WORKER_NICENESS = 10  # the engine's threads get ~10x their CPU share when both want it
 WATCH_PERIOD_S = 0.5
 
 
@@ -114,11 +106,8 @@ class Server:
         self.draining = False
         self.drain_deadline = 0.0
         self.runs: set[Run] = set()
-        # Templates, tokenizing and big JSON run in workers; the tokenizer library's GIL-free encoding in the
-        # low-priority encoders (Tokenizer.batch_executor).
+        # Templates and tokenizing run in workers, long texts' encoding in the tokenizer's helper process.
         self.workers = ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="zhuzi-tokenize")
-        self.encoders = ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="zhuzi-encode",
-                                           initializer=_lower_priority)
         self.gateway = Gateway(config.api_keys, config.rate_limit_rpm, config.rate_limit_tpm)
         self.metrics = ServerMetrics(self.engine_state)
         self.model_name = ""
@@ -136,7 +125,11 @@ class Server:
         self.reasoning = THINK_OPEN in vocab and THINK_CLOSE in vocab  # a thinking model's own tags
         self.added_tokens = set(engine.tokenizer.hf.get_added_vocab())
         engine.tokenizer.warm()
-        engine.tokenizer.batch_executor = self.encoders
+        engine.tokenizer.use_encoder_process()
+        # What loading left is here to stay: frozen, it is no longer walked by every oldest-generation
+        # collection, a pause of 0.1 s or more on the event loop.
+        gc.collect()
+        gc.freeze()
         self.gateway.capacity = engine.config.max_num_seqs + self.config.max_waiting
         self.engine = engine
         stats = engine.stats()

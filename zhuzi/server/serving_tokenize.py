@@ -1,34 +1,42 @@
 """The tokenizer endpoints' logic (/tokenize, /detokenize, vLLM's), between the routes and the engine.
 
-Both run in worker threads and count against the caller's token budget: a /tokenize of megabytes must
+Both tokenize in worker threads and count against the caller's token budget: a /tokenize of megabytes must
 neither hold up the event loop nor be free.
 """
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import AsyncIterator
 
 import pydantic
-from fastapi.responses import Response
+from fastapi.responses import Response, StreamingResponse
 
 from zhuzi.sampling_params import InvalidRequest
 from zhuzi.server import protocol as p
 from zhuzi.server import responses as r
 from zhuzi.server.serving import ApiError, Server, json_response
 
-JSON_SLICE = 1 << 15  # list items one json.dumps call writes (a few ms)
+JSON_SLICE = 1 << 13  # list items one json.dumps call writes (about a millisecond)
 
 
-def sliced_json(body: pydantic.BaseModel) -> str:
-    """body's JSON with each list written in slices, so that no single call holds the GIL for long (a /tokenize
-    answer may list a million tokens): the event loop and the engine get their turns between the slices. For
-    flat models of JSON values, as TokenizeResponse is."""
-    def value(item: object) -> str:
-        if not isinstance(item, list):
-            return json.dumps(item, ensure_ascii=False)
-        slices = (json.dumps(item[i:i + JSON_SLICE], ensure_ascii=False)[1:-1] for i in range(0, len(item), JSON_SLICE))
-        return "[" + ",".join(slices) + "]"
-
-    return "{" + ",".join(f"{json.dumps(name)}:{value(item)}" for name, item in body) + "}"
+async def json_slices(body: pydantic.BaseModel) -> AsyncIterator[str]:
+    """body's JSON, written on the event loop a slice at a time: a /tokenize answer may list a million tokens
+    (25 MB, a third of a second of json.dumps), and built in a worker thread it would fight the event loop for
+    the GIL all that time. Here other requests get their turn between slices. For flat models of JSON values,
+    as TokenizeResponse is."""
+    yield "{"
+    for n, (name, item) in enumerate(body):
+        yield ("," if n else "") + json.dumps(name) + ":"
+        if isinstance(item, list):
+            yield "["
+            for i in range(0, len(item), JSON_SLICE):
+                yield ("," if i else "") + json.dumps(item[i:i + JSON_SLICE], ensure_ascii=False)[1:-1]
+                await asyncio.sleep(0)
+            yield "]"
+        else:
+            yield json.dumps(item, ensure_ascii=False)
+    yield "}"
 
 
 class Tokenization:
@@ -39,19 +47,18 @@ class Tokenization:
         self.server.check_model(body.model)
         engine = self.server.ready()
 
-        def tokenize() -> tuple[int, Response]:
+        def tokenize() -> r.TokenizeResponse:
             if body.messages is not None:
                 ids = self.server.render_chat(body)[0]
             else:
                 ids = engine.tokenizer.encode_prompt(body.prompt or "")
-            answer = r.TokenizeResponse.model_construct(  # built here: no need to validate a million items
+            return r.TokenizeResponse.model_construct(  # no need to validate a million items
                 tokens=ids, token_strs=engine.tokenizer.token_strs(ids), count=len(ids),
                 max_model_len=engine.max_model_len)
-            return len(ids), Response(sliced_json(answer), media_type="application/json")
 
-        count, response = await self.server.in_worker(tokenize)
-        self.server.gateway.charge_tokens(key, count)
-        return response
+        answer = await self.server.in_worker(tokenize)
+        self.server.gateway.charge_tokens(key, answer.count)
+        return StreamingResponse(json_slices(answer), media_type="application/json")
 
     async def detokenize(self, key: str, body: p.DetokenizeRequest) -> Response:
         self.server.check_model(body.model)

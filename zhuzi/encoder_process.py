@@ -1,0 +1,89 @@
+"""The tokenizer's helper process: a server's long texts are encoded there, at low priority.
+
+A text of megabytes takes the tokenizers library seconds. In a thread of the server at normal priority it
+would slow running streams; in a thread at low priority it would, on its way in and out of the library,
+hold the server's GIL while it waits for the CPU, and every other thread of the server, the event loop's
+too, would wait with it (/health stalled for 0.7 s behind a 4 MB /tokenize). A process of its own at low
+priority holds nothing the server needs: the text goes over a pipe, the ids come back packed.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import threading
+from array import array
+from collections.abc import Callable, Iterable, Sequence
+from multiprocessing.connection import Connection
+from typing import TypeVar
+
+from tokenizers import Tokenizer as RustTokenizer
+
+NICENESS = 10  # the engine's threads get ~10x its CPU share when both want it
+LONG_TEXT = 1 << 16  # characters (~16 k tokens, ~20 ms of encoding) from which texts go to the process
+WATCH_PERIOD_S = 0.5  # how often a caller waiting for the answer checks that the process lives
+SLICE = 1 << 16  # items one C call converts (about a millisecond)
+T = TypeVar("T")
+
+
+def in_slices(convert: Callable[[Sequence], Iterable[T]], items: Sequence) -> list[T]:
+    """convert(items) as one list, made a slice at a time: one call over a million items holds the GIL for
+    tens of ms, and a server's event loop would wait that long; between slices it gets its turn."""
+    out: list[T] = []
+    for i in range(0, len(items), SLICE):
+        out += convert(items[i:i + SLICE])
+    return out
+
+
+def _serve(conn: Connection, tokenizer_json: str) -> None:
+    """The helper's loop: texts in, their ids (or the library's error) out, until the server hangs up."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the server, which drains first
+    tokenizer = RustTokenizer.from_str(tokenizer_json)
+    tokenizer.encode_special_tokens = True
+    while True:
+        try:
+            texts = conn.recv()
+        except EOFError:
+            return
+        try:
+            encodings = tokenizer.encode_batch_fast(texts, add_special_tokens=False)
+        except Exception as exc:  # the caller's to raise
+            conn.send(exc)
+            continue
+        conn.send([array("I", e.ids).tobytes() for e in encodings])
+
+
+class EncoderProcess:
+    """Encodes texts as the given tokenizer does with special-token parsing off, one call at a time."""
+
+    def __init__(self, tokenizer: RustTokenizer) -> None:
+        self.tokenizer_json = tokenizer.to_str()
+        self.lock = threading.Lock()
+        self.conn, self.process = self._start()
+
+    def _start(self) -> tuple[Connection, multiprocessing.process.BaseProcess]:
+        ours, theirs = multiprocessing.Pipe()
+        process = multiprocessing.get_context("spawn").Process(
+            target=_serve, args=(theirs, self.tokenizer_json), name="zhuzi-encoder", daemon=True)
+        process.start()
+        # Set from here, so that its start-up (importing the server's modules) is low priority too; the
+        # library's threads, started later, inherit it.
+        os.setpriority(os.PRIO_PROCESS, process.pid, NICENESS)
+        theirs.close()
+        return ours, process
+
+    def encode(self, texts: list[str]) -> list[list[int]]:
+        with self.lock:
+            if not self.process.is_alive():  # killed (out of memory?) by an earlier text: a new one
+                self.conn, self.process = self._start()
+            try:
+                self.conn.send(texts)
+                while not self.conn.poll(WATCH_PERIOD_S):
+                    if not self.process.is_alive():
+                        raise EOFError
+                answer = self.conn.recv()
+            except (EOFError, OSError) as exc:
+                raise RuntimeError("the tokenizer process died") from exc
+        if isinstance(answer, Exception):
+            raise answer
+        return [in_slices(array.tolist, array("I", ids)) for ids in answer]
