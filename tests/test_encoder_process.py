@@ -57,6 +57,21 @@ def test_a_helper_that_dies_fails_the_waiting_call_and_the_next_gets_a_new_one(
     assert with_helper.encoder.process.pid != first.pid and with_helper.encoder.process.is_alive()
 
 
+def test_a_group_sigterm_leaves_the_helper_to_the_server_which_ends_it_by_hanging_up(
+        smollm2_path: Path, smollm2_tokenizer: Tokenizer) -> None:
+    """A supervisor's SIGTERM reaches every process of the group: the helper stays for the requests the server
+    drains, and ends when the server hangs up (as it does on its way out)."""
+    tok = Tokenizer.load(smollm2_path)
+    tok.use_encoder_process()
+    helper = tok.encoder.process
+    assert tok.encode(LONG) == smollm2_tokenizer.encode(LONG)  # the helper is up and serving
+    os.kill(helper.pid, signal.SIGTERM)
+    assert tok.encode(LONG) == smollm2_tokenizer.encode(LONG) and tok.encoder.process is helper
+    tok.encoder.hang_up()
+    helper.join(timeout=30)
+    assert helper.exitcode == 0
+
+
 def test_in_slices_is_the_one_call_it_stands_for() -> None:
     items = list(range(3 * 65536 + 5))
     assert in_slices(lambda part: [i * 2 for i in part], items) == [i * 2 for i in items]

@@ -8,6 +8,7 @@ priority holds nothing the server needs: the text goes over a pipe, the ids come
 """
 from __future__ import annotations
 
+import atexit
 import multiprocessing
 import os
 import signal
@@ -37,7 +38,10 @@ def in_slices(convert: Callable[[Sequence], Iterable[T]], items: Sequence) -> li
 
 def _serve(conn: Connection, tokenizer_json: str) -> None:
     """The helper's loop: texts in, their ids (or the library's error) out, until the server hangs up."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the server, which drains first
+    # Ctrl-C in a terminal, or a supervisor's SIGTERM to the whole group, is for the server, which drains
+    # first (a text being encoded may belong to a request draining); the server's hanging up ends this loop.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
     tokenizer = RustTokenizer.from_str(tokenizer_json)
     tokenizer.encode_special_tokens = True
     while True:
@@ -60,6 +64,11 @@ class EncoderProcess:
         self.tokenizer_json = tokenizer.to_str()
         self.lock = threading.Lock()
         self.conn, self.process = self._start()
+        # Before multiprocessing's own exit handler, which would wait for the helper that ignores its SIGTERM.
+        atexit.register(self.hang_up)
+
+    def hang_up(self) -> None:
+        self.conn.close()
 
     def _start(self) -> tuple[Connection, multiprocessing.process.BaseProcess]:
         ours, theirs = multiprocessing.Pipe()
@@ -75,6 +84,7 @@ class EncoderProcess:
     def encode(self, texts: list[str]) -> list[list[int]]:
         with self.lock:
             if not self.process.is_alive():  # killed (out of memory?) by an earlier text: a new one
+                self.conn.close()
                 self.conn, self.process = self._start()
             try:
                 self.conn.send(texts)
