@@ -40,14 +40,9 @@ _DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 @functools.cache
 def _kernel():
     """The compiled entry point, or None when it cannot be built or loaded."""
-    lib = native.load("decode_attention")
-    if lib is None:
-        return None
-    fn = lib.zhuzi_decode_attention
-    fn.restype = ctypes.c_int
-    fn.argtypes = ([ctypes.c_int] + [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 2 + [ctypes.c_int] * 3
-                   + [ctypes.c_int64, ctypes.c_float, ctypes.c_int])
-    return fn
+    return native.entry("decode_attention", "zhuzi_decode_attention",
+                        [ctypes.c_int] + [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 2 + [ctypes.c_int] * 3
+                        + [ctypes.c_int64, ctypes.c_float, ctypes.c_int])
 
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -82,14 +77,9 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 
 @functools.cache
 def _prefill_kernel():
-    lib = native.load("prefill_attention")
-    if lib is None:
-        return None
-    fn = lib.zhuzi_prefill_attention
-    fn.restype = ctypes.c_int
-    fn.argtypes = ([ctypes.c_void_p] * 4 + [ctypes.c_int64] * 2 + [ctypes.c_int] * 3 + [ctypes.c_int64, ctypes.c_float]
-                   + [ctypes.c_void_p, ctypes.c_int])
-    return fn
+    return native.entry("prefill_attention", "zhuzi_prefill_attention",
+                        [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 2 + [ctypes.c_int] * 3
+                        + [ctypes.c_int64, ctypes.c_float, ctypes.c_void_p, ctypes.c_int])
 
 
 def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,

@@ -48,14 +48,8 @@ _FLOATS = (torch.float32, torch.bfloat16)
 @functools.cache
 def _entry(name: str, sizes: int):
     """An entry point of the compiled kernel, or None when it cannot be built or loaded."""
-    lib = native.load("small_m_linear")
-    if lib is None:
-        return None
-    fn = getattr(lib, name)
-    fn.restype = ctypes.c_int
-    fn.argtypes = ([ctypes.c_int] * 2 + [ctypes.c_void_p] * 3 + [ctypes.c_int, ctypes.c_void_p]
-                   + [ctypes.c_int64] * sizes + [ctypes.c_int])
-    return fn
+    return native.entry("small_m_linear", name, [ctypes.c_int] * 2 + [ctypes.c_void_p] * 3
+                        + [ctypes.c_int, ctypes.c_void_p] + [ctypes.c_int64] * sizes + [ctypes.c_int])
 
 
 def _kernel():
@@ -107,13 +101,8 @@ def _call(fn, x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None,
 
 @functools.cache
 def _tiled_kernel():
-    lib = native.load("tiled_linear")
-    if lib is None:
-        return None
-    fn = lib.zhuzi_tiled_linear
-    fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3 + [ctypes.c_int]
-    return fn
+    return native.entry("tiled_linear", "zhuzi_tiled_linear",
+                        [ctypes.c_int] + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3 + [ctypes.c_int])
 
 
 TILE_FORMATS = {"q4": 0, "q8": 1}

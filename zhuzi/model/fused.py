@@ -61,13 +61,7 @@ class _Args(ctypes.Structure):
 
 @functools.cache
 def _kernel():
-    lib = native.load("decode_step")
-    if lib is None:
-        return None
-    fn = lib.zhuzi_decode_step
-    fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_int64]
-    return fn
+    return native.entry("decode_step", "zhuzi_decode_step", [ctypes.c_void_p, ctypes.c_int64])
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:

@@ -14,6 +14,7 @@ import logging
 import os
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 from zhuzi.cache import atomic_write, cache_path
@@ -42,6 +43,17 @@ def _build(cxx: str, name: str) -> Path:
             subprocess.run([cxx, *_FLAGS, f"-I{KERNELS}", str(sources[0]), "-o", str(tmp)], check=True,
                            capture_output=True, text=True, timeout=300)
     return lib
+
+
+def entry(name: str, symbol: str, argtypes: list[type]) -> Callable[..., int] | None:
+    """kernels/<name>.cpp's function symbol, returning an int status, with its C signature set; or None when
+    the library cannot be built or loaded."""
+    lib = load(name)
+    if lib is None:
+        return None
+    fn = getattr(lib, symbol)
+    fn.restype, fn.argtypes = ctypes.c_int, argtypes
+    return fn
 
 
 @functools.cache
