@@ -83,7 +83,9 @@ class EncoderProcess:
 
     def encode(self, texts: list[str]) -> list[list[int]]:
         with self.lock:
-            if not self.process.is_alive():  # killed (out of memory?) by an earlier text: a new one
+            # Dead (out of memory?): the last call saw it go (its pipe may close before the process is reaped,
+            # so is_alive alone can still say yes), or it died since. A new one serves this call.
+            if self.conn.closed or not self.process.is_alive():
                 self.conn.close()
                 self.conn, self.process = self._start()
             try:
@@ -93,6 +95,8 @@ class EncoderProcess:
                         raise EOFError
                 answer = self.conn.recv()
             except (EOFError, OSError) as exc:
+                self.conn.close()
+                self.process.kill()  # in case it lives on without its pipe
                 raise RuntimeError("the tokenizer process died") from exc
         if isinstance(answer, Exception):
             raise answer
