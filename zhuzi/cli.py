@@ -35,8 +35,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
     import uvicorn
 
     from zhuzi.engine import tp_worker
-    from zhuzi.engine.async_engine import AsyncEngine
-    from zhuzi.engine.core_client import EngineClient, ServingEngine
+    from zhuzi.engine.core_client import CoreClient
     from zhuzi.engine.placement import init_ray
     from zhuzi.server.app import create_app
     from zhuzi.server.lifecycle import GracefulServer
@@ -60,15 +59,13 @@ def cmd_serve(args: argparse.Namespace) -> None:
     log.info("loading %s (%s) in the background; /health answers 503 until it is ready",
              engine_config.model or "the embedded SmolLM2-135M-Instruct", engine_config.dtype)
     holder: dict[str, uvicorn.Server] = {}
-    clients: list[EngineClient] = []
+    clients: list[CoreClient] = []
 
     def stop(reason: str) -> None:
         holder["server"].should_exit = True
 
-    def load() -> ServingEngine:
-        if not parallel.engine_process:
-            return AsyncEngine(engine_config)
-        clients.append(EngineClient(engine_config, parallel))
+    def load() -> CoreClient:
+        clients.append(CoreClient(engine_config, parallel))
         return clients[-1].start()
 
     app = create_app(load, config, on_failure=stop)

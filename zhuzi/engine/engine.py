@@ -38,7 +38,7 @@ from zhuzi.engine.model_runner import PromptLogprobs, StepResult, load_runner, m
 from zhuzi.engine.scheduler import Scheduler
 from zhuzi.engine.sequence import Probe, ScheduledSeq, Sequence
 from zhuzi.engine.spec_decode import DraftModelProposer, NgramProposer, Proposer
-from zhuzi.engine.structured import GrammarCompiler
+from zhuzi.engine.structured import shared_compiler
 from zhuzi.outputs import (
     CompletionOutput,
     EngineSnapshot,
@@ -112,7 +112,7 @@ class Engine:
         spec = config.speculative
         max_positions = max(self.max_model_len, ckpt.config.max_position_embeddings)
         self.kv_plan = plan = config.kv_plan(ckpt.config)
-        self.grammars = GrammarCompiler(self.tokenizer.hf, ckpt.config.vocab_size, self.eos_ids)
+        self.grammars = shared_compiler(self.tokenizer.hf, ckpt.config.vocab_size, self.eos_ids)
         self.blocks = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching,
                                    events=KVEvents() if kv_events else None)
         self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens,

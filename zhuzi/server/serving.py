@@ -30,8 +30,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from zhuzi.config import ServerConfig
-from zhuzi.engine.async_engine import EngineDead
-from zhuzi.engine.core_client import ServingEngine
+from zhuzi.engine.client import EngineClient, EngineDead
 from zhuzi.outputs import EngineStats, RequestError, RequestOutput
 from zhuzi.sampling_params import InvalidRequest, SamplingParams
 from zhuzi.server import protocol as p
@@ -96,10 +95,10 @@ WATCH_PERIOD_S = 0.5
 
 
 class Server:
-    def __init__(self, engine: ServingEngine | Callable[[], ServingEngine], config: ServerConfig,
+    def __init__(self, engine: EngineClient | Callable[[], EngineClient], config: ServerConfig,
                  on_failure: Callable[[str], None] | None = None) -> None:
         self.config = config
-        self.engine: ServingEngine | None = None
+        self.engine: EngineClient | None = None
         self.loader = engine if callable(engine) else None
         self.failure: str | None = None  # why the server must stop: the model failed to load, or the engine
         self.on_failure = on_failure
@@ -119,7 +118,7 @@ class Server:
 
     # -- loading
 
-    def attach(self, engine: ServingEngine) -> None:
+    def attach(self, engine: EngineClient) -> None:
         self.model_name = self.config.served_model_name or engine.model_name
         vocab = engine.tokenizer.hf.get_vocab()
         self.reasoning = THINK_OPEN in vocab and THINK_CLOSE in vocab  # a thinking model's own tags
@@ -171,7 +170,7 @@ class Server:
             return "the model is loading"
         return self.engine.health(self.config.engine_stall_timeout)
 
-    def ready(self) -> ServingEngine:
+    def ready(self) -> EngineClient:
         if (why := self.unavailable()) is not None:
             raise ApiError(503, f"Service unavailable: {why}.", "service_unavailable")
         assert self.engine is not None
