@@ -14,8 +14,6 @@ from zhuzi import bench
 from zhuzi.config import EngineConfig, ParallelConfig, ServerConfig
 
 log = logging.getLogger("zhuzi")
-# A server has streams to protect: a long prompt joins them in small chunks (offline runs don't cap).
-SERVE_LONG_PREFILL_TOKENS = 128
 
 
 def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
@@ -144,10 +142,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
     p.add_argument("model", nargs="?", default=None,
                    help="HF directory or .gguf file (default: embedded SmolLM2-135M-Instruct)")
-    EngineConfig.add_cli_args(p, skip=("model",))
+    EngineConfig.add_cli_args(p, skip=("model",), serving=True)
     ParallelConfig.add_cli_args(p)
     ServerConfig.add_cli_args(p)
-    p.set_defaults(func=cmd_serve, long_prefill_token_threshold=SERVE_LONG_PREFILL_TOKENS)
+    p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("generate", help="print the continuation of a prompt")
     p.add_argument("prompt")
