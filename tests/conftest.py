@@ -33,7 +33,7 @@ def smollm2_tokenizer(smollm2_path: Path):
 @pytest.fixture(scope="session")
 def grammars(smollm2_tokenizer):
     """One grammar compiler on SmolLM2's tokenizer (its tokenizer view takes about a second to build)."""
-    from zhuzi.engine.structured import GrammarCompiler
+    from zhuzi.sample.grammar import GrammarCompiler
 
     return GrammarCompiler(smollm2_tokenizer.hf, 49152, [2])
 

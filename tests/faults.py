@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from zhuzi.engine.scheduler import Scheduler
-from zhuzi.sampler import Sampler
+from zhuzi.sample.sampler import Sampler
 from zhuzi.sampling_params import SamplingParams
 
 

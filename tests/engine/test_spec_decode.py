@@ -21,7 +21,7 @@ from zhuzi.config import EngineConfig
 from zhuzi.engine.engine import Engine
 from zhuzi.engine.spec_decode import lookup
 from zhuzi.llm import merge
-from zhuzi.sampler import SamplingRow, sampling_probs
+from zhuzi.sample.sampler import SamplingRow, sampling_probs
 
 NEAR_TIE = 1e-4
 

@@ -34,8 +34,8 @@ from zhuzi.engine.engine import check_token_ids
 from zhuzi.engine.placement import Replica, default_threads
 from zhuzi.engine.router import PrefixRouter
 from zhuzi.engine.sequence import Probe
-from zhuzi.engine.structured import GrammarCompiler, shared_compiler
 from zhuzi.outputs import EngineSnapshot, EngineStats, RequestOutput, SpecDecodingStats
+from zhuzi.sample.grammar import GrammarCompiler, shared_compiler
 from zhuzi.sampling_params import SamplingParams, StructuredOutputsParams
 from zhuzi.tokenizer import Tokenizer
 

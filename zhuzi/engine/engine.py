@@ -39,9 +39,9 @@ from zhuzi.engine.output_processor import OutputProcessor, RequestState
 from zhuzi.engine.scheduler import Scheduler
 from zhuzi.engine.sequence import Probe, ScheduledSeq, Sequence, StepOutcome
 from zhuzi.engine.spec_decode import DraftModelProposer, NgramProposer, Proposer
-from zhuzi.engine.structured import shared_compiler
 from zhuzi.outputs import EngineSnapshot, EngineStats, RequestMetrics, RequestOutput, SpecDecodingStats, StepRecord
-from zhuzi.sampler import make_generator
+from zhuzi.sample.grammar import shared_compiler
+from zhuzi.sample.sampler import make_generator
 from zhuzi.sampling_params import InvalidRequest, SamplingParams
 from zhuzi.tokenizer import Tokenizer
 

@@ -1,6 +1,6 @@
-"""Model runner: owns the KV pool, turns a scheduled step into tensors, runs the forward pass,
-samples (verifying speculative drafts), scores prompt tokens for prompt_logprobs, and reads out
-inspections (probes).
+"""Model runner: owns the KV pool, turns a scheduled step into tensors, runs the forward pass, then
+the sampler (or, when the step carries speculative drafts, their verification), scores prompt tokens
+for prompt_logprobs, and reads out inspections (probes).
 
 A sequence's drafts ride in the same pass as the rest of the batch: its last token and k drafts
 are k + 1 new tokens, laid out as a prefill chunk (each row attends to the history up to its own
@@ -21,8 +21,8 @@ from zhuzi.model.decoder import Decoder, LayerTap
 from zhuzi.model.loader import Checkpoint, load_checkpoint
 from zhuzi.model.parallel import TPGroup
 from zhuzi.outputs import Inspection, LensLayer, Logprob
-from zhuzi.rejection_sampler import Draft, Verdict, verify
-from zhuzi.sampler import Sampler, SamplingRow, token_logprobs
+from zhuzi.sample.rejection import Draft, verify
+from zhuzi.sample.sampler import Sampler, SamplingRow, Verdict, token_logprobs
 from zhuzi.tokenizer import Tokenizer
 
 # Prompt logprobs are computed this many positions at a time, so a long chunk never needs a
@@ -167,7 +167,7 @@ class ModelRunner:
         logits = read([r for s, row in sampling for r in range(row + s.num_new_tokens - len(s.spec_token_ids) - 1,
                                                                  row + s.num_new_tokens)])
         drafts = [self._draft(s) for s, _ in sampling]
-        for (item, _), outcome in zip(sampling, self._verify(logits, drafts)):
+        for (item, _), outcome in zip(sampling, self._decide(logits, drafts)):
             if isinstance(outcome, Exception):
                 result.failed.append((item, outcome))
             else:
@@ -192,17 +192,20 @@ class ModelRunner:
         probs = seq.spec_probs[:k] if k and seq.spec_probs is not None else None
         return Draft(row, item.spec_token_ids, probs)
 
-    def _verify(self, logits: torch.Tensor, drafts: list[Draft]) -> list[Verdict | Exception]:
-        """Each draft's verdict, or the exception that draft alone raises: when the batch fails, each draft
-        is verified again on its own (with the same random draws) to find the culprits."""
+    def _decide(self, logits: torch.Tensor, drafts: list[Draft]) -> list[Verdict | Exception]:
+        """Each sequence's verdict: the sampler's token, or, when drafts ride along, the verifier's; or the
+        exception that sequence alone raises: when the batch fails, each is decided again on its own (with the
+        same random draws) to find the culprits."""
         try:
-            return verify(logits, drafts, self.sampler)
+            if any(d.k for d in drafts):
+                return verify(logits, drafts)
+            return self.sampler(logits, [d.row for d in drafts]).verdicts()
         except Exception as exc:
             if len(drafts) == 1:
                 return [exc]
             out, start = [], 0
             for d in drafts:
-                out += self._verify(logits[start:start + d.k + 1], [d])
+                out += self._decide(logits[start:start + d.k + 1], [d])
                 start += d.k + 1
             return out
 

@@ -21,7 +21,7 @@ from zhuzi.detokenizer import IncrementalDetokenizer
 from zhuzi.engine.model_runner import PromptLogprobs, StepResult
 from zhuzi.engine.sequence import ScheduledSeq, Sequence, StepOutcome
 from zhuzi.outputs import CompletionOutput, Inspection, Logprob, RequestMetrics, RequestOutput
-from zhuzi.rejection_sampler import Verdict
+from zhuzi.sample.sampler import Verdict
 from zhuzi.sampling_params import SamplingParams
 from zhuzi.tokenizer import Tokenizer
 

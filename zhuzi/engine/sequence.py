@@ -12,7 +12,7 @@ import torch
 from zhuzi.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from zhuzi.engine.structured import GrammarMatcher
+    from zhuzi.sample.grammar import GrammarMatcher
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@ import itertools
 import pytest
 import torch
 
-from zhuzi.rejection_sampler import Draft, verify
-from zhuzi.sampler import Sampler, SamplingRow, make_generator, sampling_probs
+from zhuzi.sample.rejection import Draft, verify
+from zhuzi.sample.sampler import Sampler, SamplingRow, make_generator, sampling_probs
 from zhuzi.sampling_params import SamplingParams
 
 V, L = 6, 3  # vocabulary and output length of the toy: 216 possible outputs
@@ -74,7 +74,7 @@ def generate(rows: list[SamplingRow], k: int, proposer, claimed_q=None) -> tuple
             drafts.append(Draft(SamplingRow(r.params, outs[i], r.prompt_token_ids, r.generator, r.stop_ids), tokens,
                                 claimed_q(probs) if claimed_q else probs))
             logits += [toy_logits(context + tokens[:j]) for j in range(len(tokens) + 1)]
-        for i, verdict in zip(active, verify(torch.stack(logits), drafts, Sampler())):
+        for i, verdict in zip(active, verify(torch.stack(logits), drafts)):
             outs[i] = (outs[i] + verdict.token_ids)[:L]
             accepted[verdict.num_accepted] += 1
     return outs, accepted
@@ -161,11 +161,11 @@ def test_a_greedy_verdict_stops_at_the_first_mismatch_and_reports_logprobs():
     r = row([], temperature=0, logprobs=1)
     logits = torch.zeros(4, V)
     logits[0, 3], logits[1, 5], logits[2, 1], logits[3, 2] = 1, 1, 1, 1  # argmax chain 3, 5, 1, 2
-    (v,) = verify(logits.clone(), [Draft(r, [3, 5, 0])], Sampler())
+    (v,) = verify(logits.clone(), [Draft(r, [3, 5, 0])])
     assert (v.token_ids, v.num_accepted) == ([3, 5, 1], 2)
     assert [next(iter(lp)) for lp in v.logprobs] == [3, 5, 1]  # each token's logprob from its own row
     assert all(lp[t].rank == 1 for lp, t in zip(v.logprobs, v.token_ids))
-    (v,) = verify(logits.clone(), [Draft(r, [3, 5, 1])], Sampler())
+    (v,) = verify(logits.clone(), [Draft(r, [3, 5, 1])])
     assert (v.token_ids, v.num_accepted) == ([3, 5, 1, 2], 3)  # all stand: the bonus token follows
 
 
@@ -191,9 +191,9 @@ def test_without_drafts_a_row_draws_what_the_plain_sampler_draws():
                 for i, p in enumerate(params)]
 
     plain = Sampler()(logits.clone(), rows()).token_ids
-    alone = verify(logits.clone(), [Draft(r) for r in rows()], Sampler())
+    alone = verify(logits.clone(), [Draft(r) for r in rows()])
     assert [v.token_ids for v in alone] == [[t] for t in plain]
     extra = torch.randn(3, 49152)  # a neighbour with two drafts, verified in the same call
     mixed = verify(torch.cat([logits, extra]), [Draft(r) for r in rows()]
-                   + [Draft(SamplingRow(SamplingParams(max_tokens=None), [], [1], None, [2]), [7, 8])], Sampler())
+                   + [Draft(SamplingRow(SamplingParams(max_tokens=None), [], [1], None, [2]), [7, 8])])
     assert [v.token_ids for v in mixed[:8]] == [[t] for t in plain]
