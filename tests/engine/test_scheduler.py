@@ -1,5 +1,5 @@
 """Scheduler policy on fake sequences (no model): who runs each step, with how many tokens."""
-from policy import run_step, scheduler, seq
+from fake_sequences import run_step, scheduler, seq
 
 from zhuzi.engine.sequence import Status
 

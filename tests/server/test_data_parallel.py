@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from serving import ServerProcess, engine_pids, running_server
+from server_process import ServerProcess, engine_pids, running_server
 from test_lifecycle import stream_events
 
 # A Ray for this machine alone: on the loopback interface (Ray would take the first network interface).

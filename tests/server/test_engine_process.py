@@ -14,7 +14,7 @@ import sys
 import time
 
 import httpx
-from serving import ServerProcess, engine_pids, free_port, running_server
+from server_process import ServerProcess, engine_pids, free_port, running_server
 from test_lifecycle import stream_events
 
 from zhuzi import LLM, SamplingParams

@@ -9,7 +9,7 @@ import signal
 import time
 
 import httpx
-from serving import running_server
+from server_process import running_server
 
 QUESTION = [{"role": "user", "content": "Tell me a long story"}]
 

@@ -11,7 +11,7 @@ import time
 
 import httpx
 import pytest
-from serving import ServerProcess, running_server
+from server_process import ServerProcess, running_server
 
 BIG_PROMPT = "Hello world, this is a test. " * (4_000_000 // 29)  # 4 MB, 1.1 M tokens
 HEALTH_LIMIT_S = 0.1

@@ -13,7 +13,7 @@ import time
 import httpx
 import openai
 import pytest
-from serving import ServerProcess, running_server
+from server_process import ServerProcess, running_server
 
 MODEL = "smol"  # --served-model-name
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
