@@ -114,7 +114,7 @@ class CoreClient:
         self._reader.start()
         if ray_backend:
             threading.Thread(target=placement.watch_actors, args=(self.replicas, lambda: self._closing, self._gone,
-                                                         lambda r: f"the engine core{self._of(r)}"),
+                                                         lambda r: f"the engine core{self._which(r)}"),
                              name="zhuzi-ray-watch", daemon=True).start()
         with self._ready:
             self._ready.wait_for(lambda: self._closing or all(r.ready or r.failure for r in self.replicas))
@@ -191,7 +191,7 @@ class CoreClient:
             for replica in ended:
                 threads.remove(replica)
                 if not self._closing:
-                    self._gone(replica, f"the engine thread{self._of(replica)} has stopped")
+                    self._gone(replica, f"the engine thread{self._which(replica)} has stopped")
 
     def _exit_reason(self, replica: Replica) -> str:
         process = replica.process
@@ -200,9 +200,9 @@ class CoreClient:
         code = process.exitcode
         how = f"was killed by {signal.Signals(-code).name}" if code is not None and code < 0 else \
             f"exited with code {code}"
-        return f"the engine core process{self._of(replica)} (pid {process.pid}) {how}"
+        return f"the engine core process{self._which(replica)} (pid {process.pid}) {how}"
 
-    def _of(self, replica: Replica) -> str:
+    def _which(self, replica: Replica) -> str:
         return f" of replica {replica.index}" if len(self.replicas) > 1 else ""
 
     def _handle(self, message: core.Message) -> None:
@@ -215,7 +215,7 @@ class CoreClient:
         if isinstance(message, core.Failed):
             if replica.ready is None:  # it never loaded: the whole start fails
                 replica.load_error = (ValueError if message.user_error else RuntimeError)(message.reason)
-            self._gone(replica, f"{message.reason}{self._of(replica)}" if replica.ready else message.reason)
+            self._gone(replica, f"{message.reason}{self._which(replica)}" if replica.ready else message.reason)
             return
         with self._lock:
             replica.heartbeat = time.monotonic()
@@ -290,7 +290,7 @@ class CoreClient:
         for r in self.replicas:
             silent = now - r.heartbeat
             if stall_timeout and r.failure is None and r.requests and silent > stall_timeout:
-                stall = f"the engine{self._of(r)} has made no progress for {silent:.0f} s with requests pending"
+                stall = f"the engine{self._which(r)} has made no progress for {silent:.0f} s with requests pending"
                 if sum(other.failure is None for other in self.replicas) == 1:
                     return stall
                 self._gone(r, stall)
