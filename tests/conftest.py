@@ -40,8 +40,8 @@ def grammars(smollm2_tokenizer):
 
 @pytest.fixture(scope="module")
 def one_thread():
-    """torch on one thread for a module: two OpenMP threads on a loaded 2-core machine made each small op ~50x
-    slower. Use with pytestmark = pytest.mark.usefixtures("one_thread")."""
+    """torch on one thread for a module: two OpenMP threads on a loaded 2-core machine make each small op many
+    times slower. Use with pytestmark = pytest.mark.usefixtures("one_thread")."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

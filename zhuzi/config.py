@@ -103,7 +103,7 @@ class SpeculativeConfig:
     prompt + output of prompt_lookup_min..prompt_lookup_max tokens (both default to the other, or to 5).
     draft_model: a small model sharing the target's tokenizer proposes, with a KV cache of its own.
     max_step_tokens (zhuzi's): drafts join a step only while it computes at most this many tokens; on
-    CPU a step of up to 8 rows costs about one row's (the weights are read once), beyond it costs ~2x.
+    CPU a step of up to 8 rows costs about one row's (the weights are read once), beyond it costs more.
     """
 
     method: str

@@ -25,7 +25,7 @@ from zhuzi.sampling_params import SamplingParams
 
 # top-p first looks for its cut among this many best tokens per row, then among
 # more, and sorts the whole vocabulary only for rows whose nucleus is wider
-# still: real next-token distributions are peaked, and a full sort costs ~50x a top 64.
+# still: real next-token distributions are peaked, and a full sort costs far more than a top 64.
 _TOP_P_CANDIDATES = (64, 512, 4096)
 # Sampling sums probabilities block by block (see inverse_cdf).
 _BLOCK = 256
