@@ -39,6 +39,7 @@ from zhuzi.engine.output_processor import OutputProcessor, RequestState
 from zhuzi.engine.scheduler import Scheduler
 from zhuzi.engine.sequence import Probe, ScheduledSeq, Sequence, StepOutcome
 from zhuzi.engine.spec_decode import DraftModelProposer, NgramProposer, Proposer
+from zhuzi.engine.tp_control import StepChannel
 from zhuzi.outputs import EngineSnapshot, EngineStats, RequestMetrics, RequestOutput, SpecDecodingStats, StepRecord
 from zhuzi.sample.grammar import shared_compiler
 from zhuzi.sample.sampler import make_generator
@@ -68,7 +69,8 @@ class Engine:
         try:
             ckpt, self.runner = load_runner(config, self.tp)
         except BaseException:
-            self.shutdown()
+            if self.tp is not None:  # nothing was posted yet: a fresh channel's first op is the stop
+                tp_worker.stop(self.tp, StepChannel(self.tp), self.workers)
             raise
         self.model_config = ckpt.config
         self.model_path = ckpt.path
@@ -102,7 +104,8 @@ class Engine:
     def shutdown(self) -> None:
         """Release the other tensor-parallel ranks (nothing to do without them)."""
         if self.tp is not None:
-            tp_worker.stop(self.tp, self.workers)
+            assert self.runner.channel is not None
+            tp_worker.stop(self.tp, self.runner.channel, self.workers)
             self.tp = None
 
     @property
