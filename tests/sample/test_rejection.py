@@ -1,4 +1,4 @@
-"""rejection_sampler.verify keeps the target's distribution: the exact probability of every 3-token output of a toy
+"""rejection.verify keeps the target's distribution: the exact probability of every 3-token output of a toy
 model against thousands of speculative draws (chi-square), with penalties, min_tokens, top-k/p/min-p and
 bias on, for prompt-lookup (point-mass) and draft-model proposals; greedy verdicts; seeded draws."""
 from __future__ import annotations
@@ -7,6 +7,7 @@ import itertools
 
 import pytest
 import torch
+from chi_square import chi_square_p
 
 from zhuzi.sample.rejection import Draft, verify
 from zhuzi.sample.sampler import Sampler, SamplingRow, make_generator, sampling_probs
@@ -92,25 +93,6 @@ def exact_distribution(**params) -> dict[tuple[int, ...], float]:
     return out
 
 
-def chi_square_p(samples: list[list[int]], expected: dict[tuple[int, ...], float]) -> float:
-    """p-value of the samples under the expected distribution; cells expecting < 5 are pooled."""
-    n = len(samples)
-    counts = dict.fromkeys(expected, 0)
-    for s in samples:
-        counts[tuple(s)] += 1  # a KeyError here would be an impossible output
-    big = [s for s, p in expected.items() if p * n >= 5]
-    small = [s for s, p in expected.items() if p * n < 5]
-    observed = [counts[s] for s in big] + [sum(counts[s] for s in small)]
-    wanted = [expected[s] * n for s in big] + [sum(expected[s] for s in small) * n]
-    if wanted[-1] < 5:  # too little pooled mass for a cell of its own: fold it into the first
-        observed[0] += observed.pop()
-        wanted[0] += wanted.pop()
-    stat = sum((o - e) ** 2 / e for o, e in zip(observed, wanted))
-    df = len(observed) - 1
-    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64),
-                                         torch.tensor(stat / 2, dtype=torch.float64)))
-
-
 @pytest.fixture(autouse=True)
 def fixed_rng():
     torch.manual_seed(0)
@@ -122,7 +104,7 @@ def fixed_rng():
 def test_speculative_outputs_follow_the_target_distribution(params, proposer, k):
     samples, accepted = generate([row([], **params) for _ in range(N)], k, proposer)
     assert accepted[0] > 0 and accepted[1:].sum() > 0  # both rejections and acceptances happened
-    assert chi_square_p(samples, exact_distribution(**params)) > 1e-3
+    assert chi_square_p([tuple(x) for x in samples], exact_distribution(**params)) > 1e-3
 
 
 def test_the_plain_sampler_follows_the_same_exact_distribution():
@@ -134,7 +116,7 @@ def test_the_plain_sampler_follows_the_same_exact_distribution():
         step = [SamplingRow(r.params, o, r.prompt_token_ids, r.generator, r.stop_ids) for r, o in zip(rows, outs)]
         for o, t in zip(outs, Sampler()(logits, step).token_ids):
             o.append(t)
-    assert chi_square_p(outs, exact_distribution(**FULL)) > 1e-3
+    assert chi_square_p([tuple(x) for x in outs], exact_distribution(**FULL)) > 1e-3
 
 
 def test_a_verifier_told_the_wrong_draft_distribution_is_caught():
@@ -143,7 +125,7 @@ def test_a_verifier_told_the_wrong_draft_distribution_is_caught():
     keeps p for any x however it was chosen, which is why prompt lookup needs no q.)"""
     samples, _ = generate([row([], **PLAIN) for _ in range(N)], 3, propose_model,
                           claimed_q=lambda q: torch.full_like(q, 1 / V))
-    assert chi_square_p(samples, exact_distribution(**PLAIN)) < 1e-6
+    assert chi_square_p([tuple(x) for x in samples], exact_distribution(**PLAIN)) < 1e-6
 
 
 def test_greedy_accepts_while_the_draft_is_the_argmax():
