@@ -42,6 +42,7 @@ from zhuzi.tokenizer import Tokenizer
 log = logging.getLogger("zhuzi")
 READER_POLL_MS = 100  # how often the reader thread looks up from its sockets to see whether to stop
 SHUTDOWN_WAIT_S = 5.0
+EXIT_CODE_WAIT_S = 1.0  # an ended process's sentinel fires as it ends; its exit code comes a moment later
 
 
 class CoreClient:
@@ -196,7 +197,7 @@ class CoreClient:
     def _exit_reason(self, replica: Replica) -> str:
         process = replica.process
         assert process is not None
-        process.join(1)  # the sentinel fires as the process ends; its exit code comes a moment later
+        process.join(EXIT_CODE_WAIT_S)
         code = process.exitcode
         how = f"was killed by {signal.Signals(-code).name}" if code is not None and code < 0 else \
             f"exited with code {code}"
