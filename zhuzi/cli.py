@@ -47,8 +47,6 @@ def cmd_serve(args: argparse.Namespace) -> None:
                  os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT"))
         tp_worker.run_torchrun_rank(engine_config)
         return
-    if parallel.data_parallel_size > 1 and not parallel.engine_process:
-        raise ValueError("--data-parallel-size needs the engine cores in processes of their own (--engine-process)")
     if parallel.data_parallel_size > 1 and tp_worker.torchrun_rank() is not None:
         raise ValueError("tensor parallelism across machines (RANK set) serves with one engine core: drop "
                          "--data-parallel-size")

@@ -281,6 +281,13 @@ class ParallelConfig(Settings):
     ray_address: str | None = setting(None, "the Ray cluster to place engine cores on, e.g. HOST:6379 "
                                             "(default: start a local Ray)")
 
+    def __post_init__(self) -> None:
+        if self.data_parallel_size < 1:
+            raise ValueError(f"data_parallel_size must be at least 1, got {self.data_parallel_size}")
+        if self.data_parallel_size > 1 and not self.engine_process:
+            raise ValueError("--data-parallel-size needs the engine cores in processes of their own "
+                             "(--engine-process)")
+
 
 @dataclass
 class ServerConfig(Settings):

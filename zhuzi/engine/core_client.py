@@ -56,8 +56,6 @@ class CoreClient:
 
     def __init__(self, config: EngineConfig, parallel: ParallelConfig):
         """Nothing runs until start(); close() stops whatever start() began, even while it waits."""
-        if parallel.data_parallel_size < 1:
-            raise ValueError(f"data_parallel_size must be at least 1, got {parallel.data_parallel_size}")
         self.config = config
         self.parallel = parallel
         self.router = PrefixRouter(config.block_size)
@@ -96,8 +94,6 @@ class CoreClient:
 
     def _start(self, config: EngineConfig) -> None:
         in_thread = not self.parallel.engine_process
-        if in_thread and self.parallel.data_parallel_size > 1:
-            raise ValueError("data parallelism needs the engine cores in processes of their own (engine_process)")
         ray_backend = self.parallel.data_parallel_backend == "ray" and not in_thread
         host = placement.ray_node_ip() if ray_backend else None
         outputs = self._bind(self._outputs, host, "outputs")
