@@ -32,15 +32,20 @@ def cached_llm() -> LLM:
 
 
 @pytest.fixture(scope="module")
+def uncached_llm() -> LLM:
+    """Without a prefix cache: what changes with the batch comes from the batch alone."""
+    return LLM(dtype="bfloat16", deterministic=True, enable_prefix_caching=False)
+
+
+@pytest.fixture(scope="module")
 def alone(prompts, cached_llm) -> list[list[int]]:
     """Each prompt on its own (only the chat template's system prompt is in the prefix cache)."""
     return [tokens(cached_llm, [p])[0] for p in prompts]
 
 
-def test_batched_in_any_order_changes_no_token(prompts, alone):
-    llm = LLM(dtype="bfloat16", deterministic=True, enable_prefix_caching=False)
-    assert tokens(llm, prompts) == alone
-    assert tokens(llm, prompts[::-1])[::-1] == alone
+def test_batched_in_any_order_changes_no_token(prompts, alone, uncached_llm):
+    assert tokens(uncached_llm, prompts) == alone
+    assert tokens(uncached_llm, prompts[::-1])[::-1] == alone
 
 
 def test_chunked_prefill_in_a_busy_batch_changes_no_token(prompts, alone):
@@ -54,8 +59,8 @@ def test_a_prompt_from_the_prefix_cache_changes_no_token(prompts, alone, cached_
     assert cached_llm.engine.blocks.prefix_hits - hits >= sum(len(p) for p in prompts) // 2
 
 
-def test_a_seeded_sample_is_the_same_alone_and_batched(prompts):
-    llm = LLM(dtype="bfloat16", deterministic=True, enable_prefix_caching=False)
+def test_a_seeded_sample_is_the_same_alone_and_batched(prompts, uncached_llm):
+    llm = uncached_llm
     seeded = SamplingParams(temperature=0.8, top_p=0.95, seed=7, max_tokens=24, ignore_eos=True)
     alone = llm.generate(prompts[:1], seeded, use_tqdm=False)[0].outputs[0].token_ids
     batched = llm.generate(prompts[:8], [seeded] + [SamplingParams(temperature=0.8, max_tokens=24)] * 7,
@@ -79,11 +84,11 @@ def next_token_logits(llm: LLM, contexts: list[list[int]], together: bool) -> li
 
 
 @pytest.mark.parametrize("deterministic", [True, False], ids=["with-the-flag", "without-it"])
-def test_a_contexts_logits_keep_their_bits_in_a_batch_only_with_the_flag(prompts, deterministic):
+def test_a_contexts_logits_keep_their_bits_in_a_batch_only_with_the_flag(prompts, uncached_llm, deterministic):
     """With the flag every context's logits are the same bits alone and batched; without it, batching the same
     contexts changes the bits of some (torch's GEMM blocks by the batch's shape): the control that shows the
     comparisons above can fail."""
-    llm = LLM(dtype="bfloat16", deterministic=deterministic, enable_prefix_caching=False)
+    llm = uncached_llm if deterministic else LLM(dtype="bfloat16", enable_prefix_caching=False)
     alone, together = next_token_logits(llm, prompts, False), next_token_logits(llm, prompts, True)
     same = [torch.equal(a, b) for a, b in zip(alone, together)]
     assert all(same) if deterministic else not all(same)
