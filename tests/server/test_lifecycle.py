@@ -9,6 +9,7 @@ import signal
 import time
 
 import httpx
+import pytest
 from server_process import running_server
 
 QUESTION = [{"role": "user", "content": "Tell me a long story"}]
@@ -76,9 +77,11 @@ Scheduler.schedule = failing
 """
 
 
-def test_an_engine_that_fails_ends_its_streams_with_an_error_and_the_server_exits_non_zero(tmp_path):
-    """/health said 200 whatever the engine's state; now a failed engine stops the server for its supervisor."""
-    with running_server(tmp_path / "server.log", inject=FAILING_ENGINE) as server:
+@pytest.mark.parametrize("transport", [[], ["--no-engine-process"]], ids=["engine-process", "engine-thread"])
+def test_an_engine_that_fails_ends_its_streams_with_an_error_and_the_server_exits_non_zero(tmp_path, transport):
+    """/health said 200 whatever the engine's state; now a failed engine stops the server for its supervisor,
+    wherever the step loop runs."""
+    with running_server(tmp_path / "server.log", *transport, inject=FAILING_ENGINE) as server:
         async def main() -> list[str]:
             async with httpx.AsyncClient(timeout=60) as http:
                 return await stream_events(http, server.url, max_tokens=100)
