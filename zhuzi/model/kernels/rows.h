@@ -3,40 +3,37 @@
 #pragma once
 #include "prelude.h"
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
-
 // A weight format: how LANES weights meet LANES prepared inputs. Inputs are prepared once per call
 // (padded to whole chunks, widened to float for float weights) so the inner loop only loads them.
 struct F32 {
   using W = float; using X = float; using WV = vf; using XV = vf;
-  static constexpr int LANES = 16;
-  static WV load_w(const W* p) { vf v; std::memcpy(&v, p, 64); return v; }
-  static XV load_x(const X* p) { vf v; std::memcpy(&v, p, 64); return v; }
+  static constexpr int LANES = VL;
+  static WV load_w(const W* p) { return load_vf(p); }
+  static XV load_x(const X* p) { return load_vf(p); }
   static void dot(vf& acc, WV w, XV x) { acc += w * x; }
 };
 
 struct I8 {
   using W = int8_t; using X = float; using WV = vf; using XV = vf;
-  static constexpr int LANES = 16;
-  static WV load_w(const W* p) {
-#if defined(__AVX512F__)  // GCC's __builtin_convertvector does this one element at a time
+  static constexpr int LANES = VL;
+  static WV load_w(const W* p) {  // GCC's __builtin_convertvector does this one element at a time
+#if ZHUZI_AVX512
     return (vf)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+#elif ZHUZI_AVX2
+    return (vf)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
 #else
-    float f[16];
-    for (int i = 0; i < 16; ++i) f[i] = p[i];
-    return load_x(f);
+    int32_t v; std::memcpy(&v, p, 4);
+    return (vf)vcvtq_f32_s32(vmovl_s16(vget_low_s16(vmovl_s8(vreinterpret_s8_s32(vdup_n_s32(v))))));
 #endif
   }
-  static XV load_x(const X* p) { vf v; std::memcpy(&v, p, 64); return v; }
+  static XV load_x(const X* p) { return load_vf(p); }
   static void dot(vf& acc, WV w, XV x) { acc += w * x; }
 };
 
 struct BF16 {
   using W = uint16_t; using X = uint16_t;
-  static constexpr int LANES = 32;
-#if defined(__AVX512BF16__)
+  static constexpr int LANES = 2 * VL;
+#if ZHUZI_AVX512
   using WV = __m512i; using XV = __m512i;
   static WV load_w(const W* p) { return _mm512_loadu_si512(p); }
   static XV load_x(const X* p) { return _mm512_loadu_si512(p); }
@@ -46,13 +43,13 @@ struct BF16 {
   // sum of the two halves' products, so no shuffle is needed).
   struct WV { vf even, odd; };
   using XV = WV;
-  static WV load_w(const W* p) { vu u; std::memcpy(&u, p, 64); return {(vf)(u << 16), (vf)(u & 0xffff0000u)}; }
+  static WV load_w(const W* p) { vu u; std::memcpy(&u, p, sizeof u); return {(vf)(u << 16), (vf)(u & 0xffff0000u)}; }
   static XV load_x(const X* p) { return load_w(p); }
   static void dot(vf& acc, WV w, XV x) { acc += w.even * x.even; acc += w.odd * x.odd; }
 #endif
 };
 
-#if defined(__AVX512BF16__)
+#if ZHUZI_AVX512
 // int8 weights are exact in bf16 (8 significant bits), so with bf16 inputs they can use vdpbf16ps too:
 // it does 32 multiply-adds where a float FMA does 16, and an int8 row streams twice as fast as bf16.
 struct I8BF16 : BF16 {
@@ -106,5 +103,9 @@ static void rows(const typename F::W* w, int64_t K, const typename F::X* x, int6
 }
 
 // Weight rows per block for M inputs: enough independent accumulators to hide vdpbf16ps/FMA latency,
-// few enough (R * M + R + 1) to stay in the 32 vector registers.
+// few enough (R * M + R + 1) to stay in the vector registers (32; AVX2 has 16).
+#if ZHUZI_AVX2
+constexpr int ROWS[9] = {0, 6, 4, 3, 3, 2, 2, 1, 1};
+#else
 constexpr int ROWS[9] = {0, 8, 6, 4, 4, 3, 3, 3, 3};
+#endif

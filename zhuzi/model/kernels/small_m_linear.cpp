@@ -1,4 +1,5 @@
 // Weight-streaming linear for M <= 8 rows; see cpu_linear.py for the design.
+#include "api.h"
 #include "rows.h"
 
 #include <algorithm>
