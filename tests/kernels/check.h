@@ -2,6 +2,7 @@
 // its values and goes on; main() runs every test (or those whose name contains argv[1]) and exits 1 if
 // any check failed. Helpers: a seeded generator, bf16 rounding, and the float64 references' error bound.
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstdarg>
 #include <cstdint>
