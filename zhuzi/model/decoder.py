@@ -45,10 +45,13 @@ class Layer:
 class Decoder:
     def __init__(self, config: ModelConfig, tensors: dict[str, torch.Tensor], device: str = "cpu",
                  quantization: str | None = None, max_positions: int | None = None, tp: TPGroup | None = None,
-                 fused_decode: bool = True, calibration: list[int] | None = None, deterministic: bool = False):
-        """calibration: token ids of a short real text; with int8, smoothing factors are calibrated on it
-        (smooth.py). tp: this rank holds its slice of every layer; the fused step and the smoothing, both
-        whole-model, are then off. deterministic: see _make_deterministic."""
+                 fused_decode: bool = True, calibration: list[int] | None = None, deterministic: bool = False,
+                 dtype: torch.dtype | None = None):
+        """The tensors' dtype is the weights' and the KV cache's; dtype, the activations' (default the same:
+        float32 over bf16 tensors is dtype auto without native bf16). calibration: token ids of a short real
+        text; with int8, smoothing factors are calibrated on it (smooth.py). tp: this rank holds its slice of
+        every layer; the fused step and the smoothing, both whole-model, are then off. deterministic: see
+        _make_deterministic."""
         if quantization is not None and quantization not in QUANTIZATIONS:
             raise ValueError(f"unknown quantization {quantization!r} (supported: {', '.join(QUANTIZATIONS)})")
         if tp and quantization == "int4":  # its 32-wide blocks do not follow a rank's column split
@@ -56,7 +59,8 @@ class Decoder:
         self.config, self.quantization, self.tp = config, quantization, tp
         self.shard = Shard.of(config, tp.rank, tp.world_size) if tp else Shard.of(config)
         t = {k: v.to(device) for k, v in tensors.items()}
-        self.dtype = t["model.embed_tokens.weight"].dtype
+        self.kv_dtype = t["model.embed_tokens.weight"].dtype
+        self.dtype = dtype or self.kv_dtype
         self.embed = t["model.embed_tokens.weight"]
         self.norm = t["model.norm.weight"]
         vocab = self.shard.vocab
@@ -98,13 +102,16 @@ class Decoder:
         heads = [self.shard.q_heads, self.shard.kv_heads, self.shard.kv_heads]
         return torch.cat([head_rows(w, h, self.config.head_dim) for w, h in zip(parts, heads)], 0)
 
+    def _bias(self, bias: torch.Tensor | None) -> torch.Tensor | None:
+        return bias.to(self.dtype) if bias is not None else None
+
     def _layer(self, t: dict[str, torch.Tensor], p: str) -> Layer:
         attn, mlp, s, d = f"{p}.self_attn", f"{p}.mlp", self.shard, self.config.head_dim
         cols = slice(s.q_heads.start * d, s.q_heads.stop * d)
         width = slice(s.mlp.start, s.mlp.stop)
         return Layer(
             input_norm=t[f"{p}.input_layernorm.weight"],
-            qkv=Linear(self._qkv(t, attn, "weight"), self._qkv(t, attn, "bias")),
+            qkv=Linear(self._qkv(t, attn, "weight"), self._bias(self._qkv(t, attn, "bias"))),
             q_norm=t.get(f"{attn}.q_norm.weight") if self.config.qk_norm else None,
             k_norm=t.get(f"{attn}.k_norm.weight") if self.config.qk_norm else None,
             o=Linear(t[f"{attn}.o_proj.weight"][:, cols]),
@@ -118,9 +125,8 @@ class Decoder:
         for layer in self.layers:
             for part in ("qkv", "o", "gate_up", "down"):
                 dense = getattr(layer, part)
-                bias = dense.bias.to(self.dtype) if dense.bias is not None else None
-                setattr(layer, part, make_linear(dense.weight, bias, layer_format, self.dtype))
-        self.lm_head = make_linear(self.lm_head.weight, None, head_format, self.dtype)
+                setattr(layer, part, make_linear(dense.weight, self._bias(dense.bias), layer_format, self.kv_dtype))
+        self.lm_head = make_linear(self.lm_head.weight, None, head_format, self.kv_dtype)
 
     @property
     def weight_bytes_per_decode_step(self) -> int:
@@ -139,7 +145,7 @@ class Decoder:
         if tp and tp.leads:
             tp.post(FORWARD, pack_step(input_ids, positions, meta))
         cos, sin = self.rotary.tables(positions, self.dtype)
-        h = self.embed[input_ids]
+        h = self.embed[input_ids].to(self.dtype)
         for layer, cache in zip(self.layers, kv_cache):
             x = rms_norm(h, layer.input_norm, c.rms_norm_eps)
             q, k, v = layer.qkv(x).split([self.q_size, self.kv_size, self.kv_size], -1)
