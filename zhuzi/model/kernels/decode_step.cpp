@@ -77,10 +77,14 @@ struct Inputs {
 };
 
 // Rows [n0, n0 + count) of a row-major matrix against M inputs: out[m][r].
+// Weight rows per block that divide a chunk: a remainder would stream its rows one at a time, with a single
+// accumulator chain each, below memory speed.
+constexpr int chunk_rows(int r) { return r >= 8 ? 8 : r >= 4 ? 4 : r >= 2 ? 2 : 1; }
+
 template <class F, int M>
 static void dense_rows(const typename F::W* w, int64_t K, const typename F::X* x, int64_t kp, int64_t n0, int count,
                        float out[M][CHUNK]) {
-  constexpr int R = ROWS[M];
+  constexpr int R = chunk_rows(ROWS[M]);
   int r = 0;
   for (; r + R <= count; r += R) {
     float o[R][M];
