@@ -14,12 +14,6 @@ namespace tiles {
 constexpr int PASS = 4;
 constexpr int AHEAD = 4096;
 
-struct Input {
-  q8::Rows rows;
-
-  template <typename T>
-  void set(const T* x, int64_t M, int64_t K, int64_t ldx, int threads = 1) { rows.set(x, M, K, ldx, threads); }
-};
 
 // sum over a group of code vectors c[j] (inputs 4j .. 4j + 3 of the quarter's rows) times q8 inputs x.
 static inline int32x4_t dot8(const int8x16_t c[8], const int8_t* x) {
@@ -104,12 +98,6 @@ static void block(const uint8_t* w, int64_t groups, const Input& in, int64_t m0,
   }
   for (int m = 0; m < M; ++m)
     for (int q = 0; q < 4; ++q) vst1q_f32(out[m] + 4 * q, acc[m][q]);
-}
-
-template <int M>
-static void block(int format, const uint8_t* w, int64_t groups, const Input& in, int64_t m0, float out[M][LANES]) {
-  if (format == Q4) block<Q4, M>(w, groups, in, m0, out);
-  else block<Q8, M>(w, groups, in, m0, out);
 }
 
 }  // namespace tiles
