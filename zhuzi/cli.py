@@ -58,7 +58,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
     if parallel.engine_process and parallel.data_parallel_backend == "ray":
         init_ray(parallel.ray_address)  # in the main thread, before any other starts
     log.info("loading %s (%s) in the background; /health answers 503 until it is ready",
-             engine_config.model or "the embedded SmolLM2-135M-Instruct", engine_config.dtype)
+             engine_config.model or "the embedded SmolLM2-135M-Instruct", engine_config.precision)
     holder: dict[str, uvicorn.Server] = {}
     clients: list[EngineClient] = []
 
