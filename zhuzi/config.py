@@ -108,10 +108,12 @@ class Precision:
     reason: str
 
     @classmethod
-    def of(cls, dtype: str, cpu_kernels: str) -> Precision:
+    def of(cls, dtype: str, cpu_kernels: str, device: str = "cpu") -> Precision:
         if dtype != "auto":
             d = parse_dtype(dtype)
             return cls(d, d, d, f"--dtype {dtype}")
+        if torch.device(device).type != "cpu":
+            return cls(torch.bfloat16, torch.bfloat16, torch.bfloat16, f"{device} computes bf16")
         variant = native.resolve(cpu_kernels)
         if native.native_bf16(variant):
             who = "the CPU" if variant == "torch" else f"the {variant} kernels"
@@ -296,7 +298,7 @@ class EngineConfig(Settings):
 
     @property
     def precision(self) -> Precision:
-        return Precision.of(self.dtype, self.cpu_kernels)
+        return Precision.of(self.dtype, self.cpu_kernels, self.device)
 
     @property
     def torch_dtype(self) -> torch.dtype:
