@@ -53,7 +53,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
     if parallel.engine_process and parallel.data_parallel_backend == "ray":
         init_ray(parallel.ray_address)  # in the main thread, before any other starts
     log.info("loading %s (%s) in the background; /health answers 503 until it is ready",
-             engine_config.model or "the embedded SmolLM2-135M-Instruct", engine_config.dtype)
+             engine_config.model or "the embedded SmolLM2-135M-Instruct", engine_config.precision)
     holder: dict[str, uvicorn.Server] = {}
     clients: list[CoreClient] = []
 
@@ -113,16 +113,19 @@ def cmd_chat(args: argparse.Namespace) -> None:
 
 def cmd_plan(args: argparse.Namespace) -> None:
     """The KV arithmetic of a model, without loading its weights."""
+    from zhuzi.model import native
     from zhuzi.model.loader import load_model_config
     config = EngineConfig.from_cli_args(args)
     c = load_model_config(config.model)
-    plan = config.kv_plan(c)
-    value_bytes = config.torch_dtype.itemsize
+    plan, precision = config.kv_plan(c), config.precision
+    value_bytes = precision.kv.itemsize
     # int8: a byte a weight; int4: Q4_1 blocks (20 bytes per 32 weights) and a Q8_0 LM head (34 per 32)
-    per_weight = {None: (value_bytes, None), "int8": (1.0, None), "int4": (20 / 32, 34 / 32)}[config.quantization]
+    dense = precision.weights.itemsize
+    per_weight = {None: (dense, None), "int8": (1.0, None), "int4": (20 / 32, 34 / 32)}[config.quantization]
     weight_bytes = c.decode_weight_bytes(*per_weight)
     print(f"model: {c.architecture}, {c.num_layers} layers, {c.num_kv_heads} KV heads x {c.head_dim} dims, "
-          f"{c.num_parameters / 1e6:.1f} M parameters, {config.dtype}")
+          f"{c.num_parameters / 1e6:.1f} M parameters")
+    print(f"dtype {config.dtype}: {precision}; {precision.reason}; CPU kernels {native.resolve(config.cpu_kernels)}")
     print(f"KV bytes per token: 2 x {c.num_layers} layers x {c.num_kv_heads} kv_heads x {c.head_dim} head_dim "
           f"x {value_bytes} bytes = {plan.bytes_per_token:,}")
     print(f"KV pool: {config.kv_cache_bytes:,} bytes = {plan.num_blocks:,} blocks of {plan.block_size} tokens "

@@ -12,12 +12,12 @@ import torch
 import torch.nn.functional as F
 
 from zhuzi.config import ModelConfig
-from zhuzi.model import cpu_attention
+from zhuzi.model import cpu_attention, native
 from zhuzi.model.attention import AttentionMetadata, paged_attention
 from zhuzi.model.cpu_linear import fixed_order_available
 from zhuzi.model.fused import FusedDecode
 from zhuzi.model.layers import Rotary, apply_rotary, rms_norm
-from zhuzi.model.linear import FORMATS, QUANTIZATIONS, Linear, make_linear
+from zhuzi.model.linear import FORMATS, QUANTIZATIONS, Linear, TiledLinear, make_linear
 from zhuzi.model.parallel import Shard, TPGroup, head_rows
 from zhuzi.model.smooth import smooth
 
@@ -45,10 +45,13 @@ class Layer:
 class Decoder:
     def __init__(self, config: ModelConfig, tensors: dict[str, torch.Tensor], device: str = "cpu",
                  quantization: str | None = None, max_positions: int | None = None, tp: TPGroup | None = None,
-                 fused_decode: bool = True, calibration: list[int] | None = None, deterministic: bool = False):
-        """calibration: token ids of a short real text; with int8, smoothing factors are calibrated on it
-        (smooth.py). tp: this rank holds its slice of every layer; the fused step and the smoothing, both
-        whole-model, are then off. deterministic: see _make_deterministic."""
+                 fused_decode: bool = True, calibration: list[int] | None = None, deterministic: bool = False,
+                 dtype: torch.dtype | None = None):
+        """The tensors' dtype is the weights' and the KV cache's; dtype, the activations' (default the same:
+        float32 over bf16 tensors is dtype auto without native bf16). calibration: token ids of a short real
+        text; with int8, smoothing factors are calibrated on it (smooth.py). tp: this rank holds its slice of
+        every layer; the fused step and the smoothing, both whole-model, are then off. deterministic: see
+        _make_deterministic."""
         if quantization is not None and quantization not in QUANTIZATIONS:
             raise ValueError(f"unknown quantization {quantization!r} (supported: {', '.join(QUANTIZATIONS)})")
         if tp and quantization == "int4":  # its 32-wide blocks do not follow a rank's column split
@@ -56,7 +59,8 @@ class Decoder:
         self.config, self.quantization, self.tp = config, quantization, tp
         self.shard = Shard.of(config, tp.rank, tp.world_size) if tp else Shard.of(config)
         t = {k: v.to(device) for k, v in tensors.items()}
-        self.dtype = t["model.embed_tokens.weight"].dtype
+        self.kv_dtype = t["model.embed_tokens.weight"].dtype
+        self.dtype = dtype or self.kv_dtype
         self.embed = t["model.embed_tokens.weight"]
         self.norm = t["model.norm.weight"]
         vocab = self.shard.vocab
@@ -98,13 +102,16 @@ class Decoder:
         heads = [self.shard.q_heads, self.shard.kv_heads, self.shard.kv_heads]
         return torch.cat([head_rows(w, h, self.config.head_dim) for w, h in zip(parts, heads)], 0)
 
+    def _bias(self, bias: torch.Tensor | None) -> torch.Tensor | None:
+        return bias.to(self.dtype) if bias is not None else None
+
     def _layer(self, t: dict[str, torch.Tensor], p: str) -> Layer:
         attn, mlp, s, d = f"{p}.self_attn", f"{p}.mlp", self.shard, self.config.head_dim
         cols = slice(s.q_heads.start * d, s.q_heads.stop * d)
         width = slice(s.mlp.start, s.mlp.stop)
         return Layer(
             input_norm=t[f"{p}.input_layernorm.weight"],
-            qkv=Linear(self._qkv(t, attn, "weight"), self._qkv(t, attn, "bias")),
+            qkv=Linear(self._qkv(t, attn, "weight"), self._bias(self._qkv(t, attn, "bias"))),
             q_norm=t.get(f"{attn}.q_norm.weight") if self.config.qk_norm else None,
             k_norm=t.get(f"{attn}.k_norm.weight") if self.config.qk_norm else None,
             o=Linear(t[f"{attn}.o_proj.weight"][:, cols]),
@@ -118,9 +125,27 @@ class Decoder:
         for layer in self.layers:
             for part in ("qkv", "o", "gate_up", "down"):
                 dense = getattr(layer, part)
-                bias = dense.bias.to(self.dtype) if dense.bias is not None else None
-                setattr(layer, part, make_linear(dense.weight, bias, layer_format, self.dtype))
-        self.lm_head = make_linear(self.lm_head.weight, None, head_format, self.dtype)
+                setattr(layer, part, make_linear(dense.weight, self._bias(dense.bias), layer_format, self.kv_dtype))
+        self.lm_head = make_linear(self.lm_head.weight, None, head_format, self.kv_dtype)
+
+    def kernel_paths(self) -> dict[str, str]:
+        """Which build serves each operation of this model: the CPU variant's kernels, or torch (README has
+        the paths of prefill matmuls)."""
+        v = native.current()
+        if self.embed.device.type != "cpu" or v == "torch":
+            return {"variant": v}
+        x, c = torch.zeros(1, 2, 64, dtype=self.dtype), self.config
+        pool = torch.zeros(4, 1, 64, dtype=self.kv_dtype)
+        slots, lens = torch.zeros(1, 1, dtype=torch.long), torch.ones(1, dtype=torch.long)
+        layer = self.layers[0].gate_up
+        served = {
+            "decode_matmul": isinstance(layer, TiledLinear)
+            or layer._kernel(torch.zeros(1, c.hidden_size, dtype=self.dtype)) is not None,
+            "fused_decode_step": self.fused is not None,
+            "decode_attention": cpu_attention.paged_decode_attention(x, pool, pool, slots, lens, 1.0) is not None,
+            "prefill_attention": cpu_attention.paged_prefill_attention(x, pool, pool, slots[0], 1.0) is not None,
+        }
+        return {"variant": v, **{op: v if ok else "torch" for op, ok in served.items()}}
 
     @property
     def weight_bytes_per_decode_step(self) -> int:
@@ -137,7 +162,7 @@ class Decoder:
         With a tap, the residual stream of its rows after each layer is appended to tap.residuals."""
         c = self.config
         cos, sin = self.rotary.tables(positions, self.dtype)
-        h = self.embed[input_ids]
+        h = self.embed[input_ids].to(self.dtype)
         for layer, cache in zip(self.layers, kv_cache):
             x = rms_norm(h, layer.input_norm, c.rms_norm_eps)
             q, k, v = layer.qkv(x).split([self.q_size, self.kv_size, self.kv_size], -1)
