@@ -31,7 +31,7 @@ import functools
 import torch
 
 from zhuzi.model import native
-from zhuzi.model.linear import Int8Linear, Linear, TiledLinear
+from zhuzi.model.linear import BlockLinear, Int8Linear, Linear, TiledLinear
 
 MAX_ROWS = 8
 _DENSE, _INT8, _Q4, _Q8 = range(4)
@@ -71,6 +71,8 @@ def _ptr(t: torch.Tensor | None) -> int | None:
 def _mat(layer: Linear) -> _Mat:
     """The kernel's view of a decoder layer; ValueError for a kind it does not serve."""
     bias = _ptr(layer.bias)
+    if isinstance(layer, BlockLinear):
+        raise ValueError("the fused decode step does not take GGUF blocks yet")
     if isinstance(layer, TiledLinear):
         kind = _Q4 if layer.fmt == "q4" else _Q8
         return _Mat(kind, layer.tiles.data_ptr(), None, bias, layer.out_features, layer.tiles.shape[1] * 32)
@@ -104,7 +106,9 @@ class FusedDecode:
         tensors = [decoder.embed, decoder.norm] + [t for layer in decoder.layers for t in
                                                    (layer.input_norm, layer.post_norm, layer.q_norm, layer.k_norm)
                                                    if t is not None]
-        if not all(t.is_cpu and t.dtype == torch.bfloat16 and t.is_contiguous() for t in tensors):
+        if decoder.config.rope_interleaved or not all(
+                isinstance(t, torch.Tensor) and t.is_cpu and t.dtype == torch.bfloat16 and t.is_contiguous()
+                for t in tensors):
             return None
         fn = _kernel()
         try:
