@@ -89,6 +89,18 @@ def load_checkpoint(path: str | Path | None, dtype: torch.dtype = torch.bfloat16
     return Checkpoint(config, _gguf_tensors(path, header, config, dtype), path)
 
 
+def gguf_weights(path: str | Path | None) -> dict[str, tuple[str, int, int]] | None:
+    """A GGUF file's decoder tensors, without reading their data: Hugging Face name -> (type name, bytes in
+    the file, values); None for a Hugging Face directory."""
+    path = _existing_path(path)
+    if path.is_dir():
+        return None
+    header = _read_gguf_header(path)
+    wanted = set(expected_tensor_names(_gguf_config(path, header)))
+    return {name: (info.qtype.name, info.nbytes, math.prod(info.shape)) for info in header.tensors
+            if (name := _hf_name(info.name)) in wanted}
+
+
 def expected_tensor_names(config: ModelConfig) -> list[str]:
     names = ["model.embed_tokens.weight", "model.norm.weight"]
     if not config.tie_word_embeddings:
