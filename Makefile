@@ -19,9 +19,12 @@ install: $(STAMP)
 serve: $(STAMP)
 	$(BIN)/zhuzi serve --host 127.0.0.1 --port 8000
 
-# The inspector's page tests drive Debian's Chromium (Playwright's own browser download is unreachable here).
+# The inspector's page tests drive Debian's Chromium (Playwright's own browser download is unreachable here);
+# the aarch64 kernels are cross-compiled and their unit tests run under qemu-user.
 test: $(STAMP)
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)
+	command -v aarch64-linux-gnu-g++ >/dev/null && command -v qemu-aarch64 >/dev/null || \
+		(apt-get update -qq && apt-get install -y -qq g++-aarch64-linux-gnu qemu-user)
 	$(BIN)/ruff check zhuzi tests
 	$(BIN)/python -m pytest -q tests
 

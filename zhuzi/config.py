@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from zhuzi.model import native
+
 
 @dataclass
 class ModelConfig:
@@ -94,6 +96,39 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
     if name not in DTYPES:
         raise ValueError(f"unknown dtype {name!r}; choose one of {sorted(DTYPES)}")
     return DTYPES[name]
+
+
+@dataclass(frozen=True)
+class Precision:
+    """The dtypes a model runs in: weights as stored (dense ones; quantized formats keep theirs), activations
+    (and every matmul that falls to torch), KV cache; and why `auto` chose them."""
+
+    weights: torch.dtype
+    compute: torch.dtype
+    kv: torch.dtype
+    reason: str
+
+    @classmethod
+    def of(cls, dtype: str, cpu_kernels: str) -> Precision:
+        if dtype != "auto":
+            d = parse_dtype(dtype)
+            return cls(d, d, d, f"--dtype {dtype}")
+        variant = native.resolve(cpu_kernels)
+        if native.native_bf16(variant):
+            why = "the CPU computes bf16 natively" if variant == "torch" else f"the {variant} kernels compute bf16"
+            return cls(torch.bfloat16, torch.bfloat16, torch.bfloat16, why)
+        # Weights and the KV cache stay bf16 (half the bytes to read), widened in registers by the kernels.
+        why = f"no native bf16 ({variant} kernels): float32 math, bf16 weights and KV cache widened in registers"
+        return cls(torch.bfloat16, torch.float32, torch.bfloat16, why)
+
+    def __str__(self) -> str:
+        if self.weights == self.compute == self.kv:
+            return _name(self.compute)
+        return f"{_name(self.compute)} (weights and KV {_name(self.weights)})"
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 @dataclass(frozen=True)
@@ -213,7 +248,14 @@ class EngineConfig(Settings):
 
     model: str | None = setting(None, "HF directory or .gguf file (default: embedded SmolLM2-135M-Instruct)",
                                 flags=["--model", "-m"])
-    dtype: str = setting("bfloat16", "weights, activations and KV cache: bfloat16 or float32")
+    dtype: str = setting(
+        "auto", "auto: bfloat16 where the CPU computes it natively (AVX512-BF16, AMX), else float32 activations "
+                "over bfloat16 weights and KV cache; bfloat16 or float32: everything (float32 is the reference)",
+        choices=["auto", *DTYPES])
+    cpu_kernels: str = setting(
+        native.default_choice(), "CPU kernel variant: auto (the best this CPU runs), avx512, avx2-vnni, avx2, "
+                                 "neon-i8mm, neon, or torch (none); $ZHUZI_CPU_KERNELS sets the default",
+        choices=list(native.CHOICES))
     device: str = setting("cpu", "torch device to run the model on")
     kv_cache_memory: str | int = setting("1GiB", "memory for the KV pool, e.g. 1GiB or 512MiB")
     block_size: int = setting(16, "tokens per KV block")
@@ -250,10 +292,18 @@ class EngineConfig(Settings):
 
     def __post_init__(self) -> None:
         SpeculativeConfig.parse(self.speculative_config)  # a bad value fails here, in one line
+        native.resolve(self.cpu_kernels)
+        if self.dtype != "auto":
+            parse_dtype(self.dtype)
+
+    @property
+    def precision(self) -> Precision:
+        return Precision.of(self.dtype, self.cpu_kernels)
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        return parse_dtype(self.dtype)
+        """The compute dtype (activations)."""
+        return self.precision.compute
 
     @property
     def speculative(self) -> SpeculativeConfig | None:
@@ -264,7 +314,7 @@ class EngineConfig(Settings):
         return parse_bytes(self.kv_cache_memory)
 
     def kv_plan(self, model: ModelConfig) -> KVPlan:
-        return KVPlan.of(model, self.torch_dtype, self.kv_cache_bytes, self.block_size)
+        return KVPlan.of(model, self.precision.kv, self.kv_cache_bytes, self.block_size)
 
 
 @dataclass

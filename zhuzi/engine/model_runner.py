@@ -16,6 +16,7 @@ import torch
 
 from zhuzi.config import EngineConfig
 from zhuzi.engine.sequence import ScheduledSeq
+from zhuzi.model import native
 from zhuzi.model.attention import AttentionMetadata, PrefillChunk
 from zhuzi.model.decoder import Decoder, LayerTap, layer_format
 from zhuzi.model.loader import Checkpoint, load_checkpoint
@@ -54,6 +55,7 @@ def measure_read_bandwidth(device: str | torch.device = "cpu", nbytes: int = 256
 
 def load_runner(config: EngineConfig, tp: TPGroup | None = None) -> tuple[Checkpoint, ModelRunner]:
     """The checkpoint, and a runner around its model (this rank's slice of it) with the KV pool the plan allows."""
+    native.select(config.cpu_kernels)
     ckpt = load_checkpoint(config.model, config.torch_dtype)
     positions = max(config.max_model_len or 0, ckpt.config.max_position_embeddings)
     quantization = layer_format(config.quantization, ckpt.is_gguf, tp is not None)

@@ -28,7 +28,6 @@ torch path runs.
 from __future__ import annotations
 
 import ctypes
-import functools
 
 import torch
 
@@ -37,7 +36,6 @@ from zhuzi.model import native
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 
 
-@functools.cache
 def _kernel():
     """The compiled entry point, or None when it cannot be built or loaded."""
     return native.entry("decode_attention", "zhuzi_decode_attention",
@@ -75,7 +73,6 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     return out if status == 0 else None
 
 
-@functools.cache
 def _prefill_kernel():
     return native.entry("prefill_attention", "zhuzi_prefill_attention",
                         [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 2 + [ctypes.c_int] * 3

@@ -45,7 +45,6 @@ _WEIGHTS = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}
 _FLOATS = (torch.float32, torch.bfloat16)
 
 
-@functools.cache
 def _entry(name: str, sizes: int):
     """An entry point of the compiled kernel, or None when it cannot be built or loaded."""
     return native.entry("small_m_linear", name, [ctypes.c_int] * 2 + [ctypes.c_void_p] * 3
@@ -99,19 +98,22 @@ def _call(fn, x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None,
     return y if status == 0 else None
 
 
-@functools.cache
-def _tiled_kernel():
+def _tiled_kernel(variant: str | None = None):
     return native.entry("tiled_linear", "zhuzi_tiled_linear",
-                        [ctypes.c_int] + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3 + [ctypes.c_int])
+                        [ctypes.c_int] + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3 + [ctypes.c_int], variant)
 
 
 TILE_FORMATS = {"q4": 0, "q8": 1}
 
 
-@functools.cache
 def tiled_linear_available() -> bool:
-    """Whether this CPU and compiler serve tiled weights (AVX512-BF16 and VBMI)."""
-    fn = _tiled_kernel()
+    """Whether the process's kernels serve tiled weights."""
+    return _tiles_served(native.current())
+
+
+@functools.cache
+def _tiles_served(variant: str) -> bool:
+    fn = _tiled_kernel(variant)
     if fn is None:
         return False
     x, y = torch.zeros(1, 32, dtype=torch.bfloat16), torch.empty(1, 16, dtype=torch.bfloat16)
@@ -133,9 +135,13 @@ def tiled_linear(x: torch.Tensor, tiles: torch.Tensor, fmt: str, out_features: i
     return y if status == 0 else None
 
 
-@functools.cache
 def _int8_rows():
-    lib = native.load("int8_rows")
+    return _int8_rows_of(native.current())
+
+
+@functools.cache
+def _int8_rows_of(variant: str):
+    lib = native.load("int8_rows", variant)
     if lib is None:
         return None
     lib.zhuzi_quantize_rows.restype = lib.zhuzi_scale_rows.restype = None

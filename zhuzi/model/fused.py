@@ -26,7 +26,6 @@ wants bf16 results independent of the batch).
 from __future__ import annotations
 
 import ctypes
-import functools
 
 import torch
 
@@ -59,7 +58,6 @@ class _Args(ctypes.Structure):
                 ("logits", ctypes.c_void_p), ("threads", ctypes.c_int32)]
 
 
-@functools.cache
 def _kernel():
     return native.entry("decode_step", "zhuzi_decode_step", [ctypes.c_void_p, ctypes.c_int64])
 

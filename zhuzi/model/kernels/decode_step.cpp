@@ -1,6 +1,7 @@
 // A whole decode step in one call: every layer, the final norm and the LM head for M <= 8 decode rows,
 // in one OpenMP parallel region; see fused.py for the design and for how its arithmetic differs from
 // the per-layer path.
+#include "api.h"
 #include "attention.h"
 #include "rows.h"
 #include "tiles.h"
@@ -76,7 +77,7 @@ struct Inputs {
       if (w) {
         vf ss{};
         int64_t i = 0;
-        for (; i + 16 <= K; i += 16) { vf v; std::memcpy(&v, s + i, 64); ss += v * v; }
+        for (; i + VL <= K; i += VL) { const vf v = load_vf(s + i); ss += v * v; }
         float tail = 0.f;
         for (; i < K; ++i) tail += s[i] * s[i];
         r = 1.f / std::sqrt((hsum(ss) + tail) / float(K) + eps);
@@ -173,11 +174,11 @@ static void attend_group(int64_t D, const uint16_t* q, const uint16_t* kc, const
   const int G = H / KV;
   auto go = [&](auto fn) { fn(q, kc, vc, slots, len, out, kh * G, (kh + 1) * G, H, KV, nslots, scale, bad); };
   switch (D) {
-    case 32: go(attend<uint16_t, 2>); break;
-    case 64: go(attend<uint16_t, 4>); break;
-    case 96: go(attend<uint16_t, 6>); break;
-    case 128: go(attend<uint16_t, 8>); break;
-    default: go(attend<uint16_t, 16>); break;
+    case 32: go(attend<uint16_t, 32>); break;
+    case 64: go(attend<uint16_t, 64>); break;
+    case 96: go(attend<uint16_t, 96>); break;
+    case 128: go(attend<uint16_t, 128>); break;
+    default: go(attend<uint16_t, 256>); break;
   }
 }
 

@@ -5,6 +5,7 @@
 // a tile reads serves 16 queries: the scores of a key for all 16 queries come from broadcasting the
 // key's bf16 pairs against the queries' pairs (vdpbf16ps), and each value row likewise updates 16
 // output accumulators. Softmax is online per lane in float32; the probabilities meet V as bf16 pairs.
+#include "api.h"
 #include "prelude.h"
 
 #include <algorithm>
@@ -13,8 +14,7 @@
 
 extern "C" __attribute__((simd("notinbranch"))) float expf(float) noexcept;
 
-#if defined(__AVX512BF16__) && defined(__AVX512BW__)
-#include <immintrin.h>
+#if ZHUZI_AVX512
 
 constexpr int Q = 16;          // query positions per item (vector lanes)
 constexpr int T = 32;          // keys per tile
@@ -146,7 +146,7 @@ static int run(const uint16_t* q, const uint16_t* kc, const uint16_t* vc, const 
 extern "C" int zhuzi_prefill_attention(const void* q, const void* kc, const void* vc, const int64_t* slots, int64_t L,
                                        int64_t context, int H, int KV, int D, int64_t nslots, float scale, void* out,
                                        int threads) {
-#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+#if ZHUZI_AVX512
   if (KV < 1 || H % KV || L < 1 || L > context) return 2;
   auto go = [&](auto fn) {
     return fn(static_cast<const uint16_t*>(q), static_cast<const uint16_t*>(kc), static_cast<const uint16_t*>(vc),

@@ -1,5 +1,6 @@
 // Linear layers with tiled 4-bit / 8-bit weights (tiles.h) for any number of bf16 input rows; see
 // cpu_linear.py for the design.
+#include "api.h"
 #include "tiles.h"
 
 #include <algorithm>

@@ -19,9 +19,8 @@
 #pragma once
 #include "prelude.h"
 
-#if defined(__AVX512BF16__) && defined(__AVX512VBMI__) && defined(__AVX512BW__)
+#if ZHUZI_AVX512
 #define ZHUZI_TILES 1
-#include <immintrin.h>
 
 #include <type_traits>
 
