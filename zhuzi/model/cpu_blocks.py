@@ -7,7 +7,6 @@ block_linear: bf16 input rows against one or more matrices of blocks (kernels/bl
 from __future__ import annotations
 
 import ctypes
-import functools
 
 import torch
 
@@ -17,7 +16,6 @@ KERNEL_TYPES = frozenset({2, 3, 6, 7, 8, 12, 13, 14})  # kernels/blocks.h: Q4_0 
 _OUT = {torch.float32: 0, torch.bfloat16: 1}
 
 
-@functools.cache
 def _dequantize_kernel():
     return native.entry("dequantize_blocks", "zhuzi_dequantize_rows",
                         [ctypes.c_int, ctypes.c_void_p] + [ctypes.c_int64] * 2 + [ctypes.c_void_p]
@@ -53,10 +51,10 @@ class _Part(ctypes.Structure):
                 ("row_bytes", ctypes.c_int64)]
 
 
-@functools.cache
 def _linear_kernel():
     return native.entry("block_linear", "zhuzi_block_linear",
-                        [ctypes.c_void_p, ctypes.c_int] + [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 3 + [ctypes.c_int])
+                        [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+                        + [ctypes.c_int64] * 3 + [ctypes.c_int])
 
 
 def linear_serves(qtype: int) -> bool:
@@ -70,13 +68,14 @@ def part_table(parts) -> ctypes.Array:
 
 
 def block_linear(x: torch.Tensor, table: ctypes.Array, out_features: int) -> torch.Tensor | None:
-    """y = x @ W^T for W the parts' rows one after another; x: [M, K] bf16 on CPU. Returns [M, out_features]
-    bf16, or None when the kernel does not serve the call."""
+    """y = x @ W^T for W the parts' rows one after another; x: [M, K] float32 or bf16 on CPU, quantized to
+    q8 blocks per 32 inputs. Returns [M, out_features] in x's dtype, or None when the kernel does not serve
+    the call."""
     fn = _linear_kernel()
-    if fn is None or not (x.is_cpu and x.dtype == torch.bfloat16 and x.dim() == 2 and x.shape[0] > 0):
+    if fn is None or not (x.is_cpu and x.dtype in _OUT and x.dim() == 2 and x.shape[0] > 0):
         return None
     x = x.contiguous()
-    y = torch.empty(x.shape[0], out_features, dtype=torch.bfloat16)
-    status = fn(ctypes.addressof(table), len(table), x.data_ptr(), y.data_ptr(), x.shape[0], out_features,
-                x.shape[1], torch.get_num_threads())
+    y = torch.empty(x.shape[0], out_features, dtype=x.dtype)
+    status = fn(ctypes.addressof(table), len(table), x.data_ptr(), _OUT[x.dtype], y.data_ptr(), x.shape[0],
+                out_features, x.shape[1], torch.get_num_threads())
     return y if status == 0 else None

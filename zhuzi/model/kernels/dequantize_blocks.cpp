@@ -2,8 +2,8 @@
 // that run dense (float32, the reference; int8 / int4 re-quantized; types without a kernel). Compiled
 // without FMA contraction, so that the values equal gguf's reference dequantization bit for bit.
 #pragma GCC optimize("fp-contract=off")
+#include "api.h"
 #include "blocks.h"
-#include "prelude.h"
 
 // Row ids[i] (or row i when ids is null) of a tensor of `rows` rows of K weights, each row_bytes long,
 // into out[i * K ...]. Returns 0, 1 for an id out of range, 2 for a type or K this file does not serve.
@@ -21,7 +21,7 @@ extern "C" int zhuzi_dequantize_rows(int type, const void* src, int64_t rows, in
       const auto* row = static_cast<const uint8_t*>(src) + (ids ? ids[i] : i) * row_bytes;
       float values[F::QK];
       for (int64_t b = 0; b < K / F::QK; ++b) {
-        F::values(row + b * F::BYTES, values);
+        blocks::values<F>(row + b * F::BYTES, values);
         for (int j = 0; j < F::QK; ++j) {
           const int64_t at = i * K + b * F::QK + j;
           if (out_bf16) store(values[j], static_cast<uint16_t*>(out) + at);
