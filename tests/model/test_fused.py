@@ -1,13 +1,18 @@
 """The fused decode step (one native call a step) against the per-layer path and a float32 forward, on
-tiny Llama / Qwen2 (QKV bias) / Qwen3 (q/k norms) checkpoints in every weight format."""
+tiny Llama / Qwen2 (QKV bias) / Qwen3 (q/k norms) checkpoints in every weight format, under every CPU
+variant this machine runs, in the precision dtype auto picks there (bf16 with AVX512-BF16, else float32
+activations over bf16 weights and KV cache)."""
 import pytest
 import tiny
 import torch
 
+from zhuzi.config import Precision
+from zhuzi.model import native
 from zhuzi.model.attention import AttentionMetadata, PrefillChunk
 from zhuzi.model.decoder import Decoder
-from zhuzi.model.fused import _kernel
 from zhuzi.model.loader import load_checkpoint
+
+pytestmark = pytest.mark.usefixtures("variant")
 
 SHAPE = dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2)  # head_dim 32
 
@@ -19,9 +24,10 @@ def checkpoint(request, tmp_path_factory):
     return directory
 
 
-def decoder(directory, dtype=torch.bfloat16, quantization=None, fused=True) -> Decoder:
-    ckpt = load_checkpoint(directory, dtype)
-    return Decoder(ckpt.config, ckpt.tensors, quantization=quantization, fused_decode=fused)
+def decoder(directory, dtype="auto", quantization=None, fused=True) -> Decoder:
+    precision = Precision.of(dtype, native.current())
+    ckpt = load_checkpoint(directory, precision.weights)
+    return Decoder(ckpt.config, ckpt.tensors, quantization=quantization, fused_decode=fused, dtype=precision.compute)
 
 
 def prefill(model: Decoder, ids: list[int], pool: int = 256, kv: torch.Tensor | None = None,
@@ -29,7 +35,7 @@ def prefill(model: Decoder, ids: list[int], pool: int = 256, kv: torch.Tensor | 
     """(logits of every position, the KV pool) of one prompt at slots first_slot + position."""
     c, n = model.config, len(ids)
     if kv is None:
-        kv = torch.zeros(c.num_layers, 2, pool, c.num_kv_heads, c.head_dim, dtype=model.dtype)
+        kv = torch.zeros(c.num_layers, 2, pool, c.num_kv_heads, c.head_dim, dtype=model.kv_dtype)
     slots = torch.arange(n) + first_slot
     meta = AttentionMetadata(slots, 0, torch.empty(0), torch.empty(0), [PrefillChunk(0, n, n, slots)])
     with torch.inference_mode():
@@ -46,8 +52,6 @@ def decode_meta(slots: list[list[int]]) -> AttentionMetadata:
 
 IDS = [5, 17, 300, 42, 9, 801, 77, 3, 250, 18] * 4
 
-needs_kernel = pytest.mark.skipif(_kernel() is None or decoder is None, reason="no compiler for the fused step")
-
 
 def fused_and_per_layer(model: Decoder, ids: list[int]):
     """The last token's logits as a fused decode step and through the per-layer path, from the same pool."""
@@ -63,10 +67,9 @@ def fused_and_per_layer(model: Decoder, ids: list[int]):
 
 @pytest.mark.parametrize("quantization", [None, "int8", "int4"])
 def test_fused_step_agrees_with_the_per_layer_path(checkpoint, quantization):
-    """Both round to bf16, at different points (fused.py): 1-2 % of the largest logit apart here."""
+    """In bf16 both round, at different points (fused.py): 1-2 % of the largest logit apart here."""
     model = decoder(checkpoint, quantization=quantization)
-    if model.fused is None:
-        pytest.skip("this CPU or compiler cannot build the fused step")
+    assert model.fused is not None  # every variant serves it
     fused, per_layer, fused_kv, per_layer_kv = fused_and_per_layer(model, IDS)
     assert fused.shape == (1, model.config.vocab_size) and fused.dtype == torch.float32
     assert (fused - per_layer).abs().max() <= 0.03 * per_layer.abs().max()
@@ -77,12 +80,11 @@ def test_fused_step_agrees_with_the_per_layer_path(checkpoint, quantization):
 
 
 def test_fused_step_is_as_close_to_float32_as_the_per_layer_path(checkpoint):
-    """Its float32 residual stream rounds less than the per-layer path's bf16 one."""
+    """Its float32 residual stream rounds less than the per-layer path's bf16 one (and as little as the
+    float32 one's)."""
     model = decoder(checkpoint)
-    if model.fused is None:
-        pytest.skip("this CPU or compiler cannot build the fused step")
     fused, per_layer, _, _ = fused_and_per_layer(model, IDS)
-    reference, _ = prefill(decoder(checkpoint, torch.float32), IDS)
+    reference, _ = prefill(decoder(checkpoint, "float32"), IDS)
     fused_error, per_layer_error = ((x[0] - reference[-1]).abs().max() for x in (fused, per_layer))
     assert fused_error <= 1.25 * per_layer_error
 
@@ -91,8 +93,6 @@ def test_fused_step_is_as_close_to_float32_as_the_per_layer_path(checkpoint):
 def test_rows_never_influence_each_other(checkpoint, quantization):
     """A row's logits are the same bits alone or beside others of other lengths, on any thread count."""
     model = decoder(checkpoint, quantization=quantization)
-    if model.fused is None:
-        pytest.skip("this CPU or compiler cannot build the fused step")
     _, kv = prefill(model, IDS[:11])  # three sequences, each with its own slots
     prefill(model, IDS[:39], kv=kv, first_slot=64)
     prefill(model, IDS[:24], kv=kv, first_slot=128)
@@ -111,11 +111,9 @@ def test_rows_never_influence_each_other(checkpoint, quantization):
 
 
 def test_fused_step_is_used_only_where_it_serves(checkpoint):
-    assert decoder(checkpoint, torch.float32).fused is None  # float32 is the reference: the per-layer path
+    assert decoder(checkpoint, "float32").fused is None  # float32 is the reference: the per-layer path
     assert decoder(checkpoint, fused=False).fused is None  # EngineConfig.fused_decode=False
     model = decoder(checkpoint)
-    if model.fused is None:
-        pytest.skip("this CPU or compiler cannot build the fused step")
     _, kv = prefill(model, IDS)
     nine = [list(range(i + 1)) for i in range(9)]
     with torch.inference_mode():
@@ -127,8 +125,6 @@ def test_fused_step_is_used_only_where_it_serves(checkpoint):
 
 def test_fused_step_rejects_slots_outside_the_pool(checkpoint):
     model = decoder(checkpoint)
-    if model.fused is None:
-        pytest.skip("this CPU or compiler cannot build the fused step")
     _, kv = prefill(model, IDS, pool=64)
     with torch.inference_mode(), pytest.raises(IndexError):
         model.decode_step(torch.tensor([3]), torch.tensor([40]), decode_meta([list(range(40)) + [64]]), kv)

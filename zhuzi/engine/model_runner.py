@@ -56,13 +56,14 @@ def measure_read_bandwidth(device: str | torch.device = "cpu", nbytes: int = 256
 def load_runner(config: EngineConfig, tp: TPGroup | None = None) -> tuple[Checkpoint, ModelRunner]:
     """The checkpoint, and a runner around its model (this rank's slice of it) with the KV pool the plan allows."""
     native.select(config.cpu_kernels)
-    ckpt = load_checkpoint(config.model, config.torch_dtype)
+    precision = config.precision
+    ckpt = load_checkpoint(config.model, precision.weights)
     positions = max(config.max_model_len or 0, ckpt.config.max_position_embeddings)
     quantization = layer_format(config.quantization, ckpt.is_gguf, tp is not None)
     calibration = calibration_ids(ckpt.path) if quantization == "int8" and tp is None else None
     model = Decoder(ckpt.config, ckpt.tensors, config.device, quantization, positions, tp,
                     fused_decode=config.fused_decode, calibration=calibration,
-                    deterministic=config.deterministic)
+                    deterministic=config.deterministic, dtype=precision.compute)
     plan = config.kv_plan(ckpt.config)
     if plan.num_blocks < 1:
         raise ValueError(f"kv_cache_memory {config.kv_cache_memory} holds no KV block")
@@ -85,7 +86,7 @@ class ModelRunner:
         # One preallocated pool: [layers, K/V, slots, kv_heads, head_dim], of this rank's KV heads (all of them
         # without tensor parallelism): every rank has the same blocks, each for its own heads.
         self.kv_cache = torch.zeros(c.num_layers, 2, num_blocks * config.block_size, model.num_kv_heads,
-                                    c.head_dim, dtype=model.dtype, device=self.device)
+                                    c.head_dim, dtype=model.kv_dtype, device=self.device)
         self.sampler = Sampler()
 
     def _tensor(self, data: list[int]) -> torch.Tensor:

@@ -67,10 +67,13 @@ class Layer:
 class Decoder:
     def __init__(self, config: ModelConfig, tensors: dict[str, torch.Tensor], device: str = "cpu",
                  quantization: str | None = None, max_positions: int | None = None, tp: TPGroup | None = None,
-                 fused_decode: bool = True, calibration: list[int] | None = None, deterministic: bool = False):
-        """calibration: token ids of a short real text; with int8, smoothing factors are calibrated on it
-        (smooth.py). tp: this rank holds its slice of every layer; the fused step and the smoothing, both
-        whole-model, are then off. deterministic: see _make_deterministic."""
+                 fused_decode: bool = True, calibration: list[int] | None = None, deterministic: bool = False,
+                 dtype: torch.dtype | None = None):
+        """The tensors' dtype is the weights' and the KV cache's; dtype, the activations' (default the same:
+        float32 over bf16 tensors is dtype auto without native bf16). calibration: token ids of a short real
+        text; with int8, smoothing factors are calibrated on it (smooth.py). tp: this rank holds its slice of
+        every layer; the fused step and the smoothing, both whole-model, are then off. deterministic: see
+        _make_deterministic."""
         if quantization is not None and quantization not in QUANTIZATIONS:
             raise ValueError(f"unknown quantization {quantization!r} (supported: {', '.join(QUANTIZATIONS)})")
         if tp and quantization in ("int4", "gguf"):  # 32-wide blocks do not follow a rank's column split
@@ -78,7 +81,8 @@ class Decoder:
                              "use int8 or none")
         self.config, self.quantization, self.tp, self.device = config, quantization, tp, device
         self.shard = Shard.of(config, tp.rank, tp.world_size) if tp else Shard.of(config)
-        self.dtype = tensors["model.norm.weight"].dtype
+        self.kv_dtype = tensors["model.norm.weight"].dtype  # the loader's: weights' (dense ones) and KV cache's
+        self.dtype = dtype or self.kv_dtype
         self.dequantized: Counter[str] = Counter()  # GGUF types run dense for want of a kernel: matrices
         t = {k: v.to(device) if isinstance(v, torch.Tensor) else v if quantization == "gguf" else self._dense(v)
              for k, v in tensors.items()}
@@ -119,23 +123,26 @@ class Decoder:
             linear.fixed_order = True  # block layers are fixed-order by design
 
     def _dense(self, w: Weight) -> torch.Tensor:
-        return w.dequantize(self.dtype).to(self.device) if isinstance(w, BlockWeight) else w
+        return w.dequantize(self.kv_dtype).to(self.device) if isinstance(w, BlockWeight) else w
 
     def _embedding(self, w: Weight) -> Weight:
         """The token embedding: a GGUF's blocks stay blocks (a step's rows dequantized) where a kernel serves."""
         return w if isinstance(w, BlockWeight) and cpu_blocks.dequantize_serves(w.qtype) else self._dense(w)
 
+    def _bias(self, bias: torch.Tensor | None) -> torch.Tensor | None:
+        return bias.to(self.dtype) if bias is not None else None
+
     def _linear(self, parts: list[Weight], bias: torch.Tensor | None = None) -> Linear:
         """One layer whose output rows are the parts' rows, one after another (q, k, v or gate, up). With
         quantization gguf, blocks stay blocks where a kernel serves every part's type."""
         blocks = [w for w in parts if isinstance(w, BlockWeight)]
-        # float32, the reference, runs the blocks' exact values dense; the kernels are CPU ones
-        if blocks and self.dtype != torch.float32 and torch.device(self.device).type == "cpu":
-            layer = block_linear(parts, bias) if len(blocks) == len(parts) else None
+        # float32 weights, the reference, run the blocks' exact values dense; the kernels are CPU ones
+        if blocks and self.kv_dtype != torch.float32 and torch.device(self.device).type == "cpu":
+            layer = block_linear(parts, self._bias(bias)) if len(blocks) == len(parts) else None
             if layer is not None:
                 return layer
             self.dequantized.update(w.qtype.name for w in blocks)
-        return Linear(torch.cat([self._dense(w) for w in parts], 0), bias)
+        return Linear(torch.cat([self._dense(w) for w in parts], 0), self._bias(bias))
 
     def _layer(self, t: dict[str, Weight], p: str) -> Layer:
         attn, mlp, s, d = f"{p}.self_attn", f"{p}.mlp", self.shard, self.config.head_dim
@@ -160,9 +167,8 @@ class Decoder:
         for layer in self.layers:
             for part in ("qkv", "o", "gate_up", "down"):
                 dense = getattr(layer, part)
-                bias = dense.bias.to(self.dtype) if dense.bias is not None else None
-                setattr(layer, part, make_linear(dense.weight, bias, layer_format, self.dtype))
-        self.lm_head = make_linear(self.lm_head.weight, None, head_format, self.dtype)
+                setattr(layer, part, make_linear(dense.weight, self._bias(dense.bias), layer_format, self.kv_dtype))
+        self.lm_head = make_linear(self.lm_head.weight, None, head_format, self.kv_dtype)
 
     @property
     def weight_bytes_per_decode_step(self) -> int:
@@ -181,7 +187,8 @@ class Decoder:
         if tp and tp.leads:
             tp.post(FORWARD, pack_step(input_ids, positions, meta))
         cos, sin = self.rotary.tables(positions, self.dtype)
-        h = self.embed.take(input_ids, self.dtype) if isinstance(self.embed, BlockWeight) else self.embed[input_ids]
+        h = self.embed.take(input_ids, self.dtype) if isinstance(self.embed, BlockWeight) \
+            else self.embed[input_ids].to(self.dtype)
         for layer, cache in zip(self.layers, kv_cache):
             x = rms_norm(h, layer.input_norm, c.rms_norm_eps)
             q, k, v = layer.qkv(x).split([self.q_size, self.kv_size, self.kv_size], -1)

@@ -14,14 +14,16 @@ matrix's input rows itself, so a layer costs six barriers. The decoder's weight 
 place (dense bf16, int8 with scales, Q4/Q8 tiles).
 
 Arithmetic, and how it differs from the per-layer path: the residual stream stays float32 for the whole
-step, and each matrix input is rounded to bf16 once (the RMSNorm output computed in float32, the
-SiLU(gate) * up product, the attention output); RoPE and the q/k norms run in float32 before the
-query and the new K/V are rounded to bf16. The per-layer path keeps the residual stream in bf16 and
-rounds after every op. So in bf16 a request's tokens can depend on whether its steps ran fused (all
-decodes, at most 8 rows) or not; against a float32 reference the fused step is the closer of the two.
-Rows never influence each other: a row's logits are the same bits alone or in a batch of up to 8.
-float32 models never take this path; EngineConfig.fused_decode switches it off (e.g. for a mode that
-wants bf16 results independent of the batch).
+step. With AVX512-BF16 each matrix input is rounded to bf16 once (the RMSNorm output computed in
+float32, the SiLU(gate) * up product, the attention output); RoPE and the q/k norms run in float32
+before the query and the new K/V are rounded to bf16. The per-layer path keeps the residual stream in
+bf16 and rounds after every op. So in bf16 a request's tokens can depend on whether its steps ran fused
+(all decodes, at most 8 rows) or not; against a float32 reference the fused step is the closer of the
+two. On the other variants (float32 activations over bf16 weights) the inputs stay float32 for bf16
+weights and become q8 blocks for int8 and 4-bit ones, as in the per-layer path's kernels; only the new
+K/V are rounded (to the bf16 pool). Rows never influence each other: a row's logits are the same bits
+alone or in a batch of up to 8. float32 weights never take this path; EngineConfig.fused_decode switches
+it off (e.g. for a mode that wants bf16 results independent of the batch).
 """
 from __future__ import annotations
 
@@ -66,9 +68,13 @@ def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
-def _mat(layer: Linear) -> _Mat:
-    """The kernel's view of a decoder layer; ValueError for a kind it does not serve."""
-    bias = _ptr(layer.bias)
+def _mat(layer: Linear, keep: list[torch.Tensor]) -> _Mat:
+    """The kernel's view of a decoder layer (its bias as float32, kept alive in keep); ValueError for a kind
+    it does not serve."""
+    bias = None
+    if layer.bias is not None:
+        keep.append(layer.bias.float().contiguous())
+        bias = keep[-1].data_ptr()
     if isinstance(layer, BlockLinear):
         raise ValueError("the fused decode step does not take GGUF blocks yet")
     if isinstance(layer, TiledLinear):
@@ -87,12 +93,16 @@ class FusedDecode:
 
     def __init__(self, decoder, fn):
         c = decoder.config
-        self.fn, self.decoder = fn, decoder  # the decoder owns every tensor the structs point at
+        self.fn, self.decoder = fn, decoder  # the decoder owns every tensor the structs point at, but the biases
+        self.biases: list[torch.Tensor] = []
+        mats = [[_mat(getattr(layer, part), self.biases) for part in ("qkv", "o", "gate_up", "down")]
+                for layer in decoder.layers]
         self.layers = (_Layer * c.num_layers)(*[
-            _Layer(_ptr(layer.input_norm), _mat(layer.qkv), _ptr(layer.q_norm), _ptr(layer.k_norm), _mat(layer.o),
-                   _ptr(layer.post_norm), _mat(layer.gate_up), _mat(layer.down)) for layer in decoder.layers])
+            _Layer(_ptr(layer.input_norm), qkv, _ptr(layer.q_norm), _ptr(layer.k_norm), o, _ptr(layer.post_norm),
+                   gate_up, down) for layer, (qkv, o, gate_up, down) in zip(decoder.layers, mats)])
         self.cos, self.sin = decoder.rotary.cos.contiguous(), decoder.rotary.sin.contiguous()
-        self.args = _Args(ctypes.addressof(self.layers), c.num_layers, _ptr(decoder.norm), _mat(decoder.lm_head),
+        self.args = _Args(ctypes.addressof(self.layers), c.num_layers, _ptr(decoder.norm),
+                          _mat(decoder.lm_head, self.biases),
                           c.num_heads, c.num_kv_heads, c.head_dim, c.hidden_size, c.intermediate_size,
                           c.rms_norm_eps, c.head_dim ** -0.5, _ptr(decoder.embed), cos=_ptr(self.cos),
                           sin=_ptr(self.sin))

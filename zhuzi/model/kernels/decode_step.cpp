@@ -8,7 +8,6 @@
 
 #include <vector>
 
-#if ZHUZI_TILES
 namespace step {
 
 enum Kind : int32_t { DENSE = 0, INT8 = 1, Q4 = 2, Q8 = 3 };  // Q4 - Q4 and Q8 - Q4 are tiles.h's formats
@@ -17,7 +16,7 @@ struct Mat {
   int32_t kind;
   const void* w;         // bf16 / int8 rows [n, k], or tiles [ceil(n / 16), k / 32, tile bytes]
   const float* scale;    // int8: one per row
-  const uint16_t* bias;  // bf16 [n], or null
+  const float* bias;     // [n], or null
   int64_t n, k;
 };
 
@@ -55,22 +54,31 @@ struct Args {
 
 constexpr int CHUNK = 16;  // output rows per work item: one block of tiles
 
-// One matrix's input rows, as each thread prepares them for itself (no barrier needed): bf16, padded to
-// whole 32s, and each group's sum for Q4 weights.
-struct Inputs {
-  std::vector<uint16_t> own;
-  std::vector<float> sums;
-  const uint16_t* x = nullptr;
-  int64_t ld = 0;
+#if ZHUZI_AVX512
+using Act = uint16_t;  // queries and attention outputs: bf16, as the matrices take them
+using Dense = BF16;    // bf16 weights against bf16 inputs
+using Int8 = I8BF16;
+#else
+using Act = float;
+using Dense = BF16F32;  // bf16 weights widened against float inputs
+using Int8 = I8Q8;      // int8 weights against q8 activations
+#endif
 
-  void sum_groups(int M, int64_t K) {
-    sums.resize(M * (K / 32));
-    for (int m = 0; m < M; ++m) tiles::group_sums(x + m * ld, K / 32, sums.data() + m * (K / 32));
-  }
-  // Rows of float32 values, optionally RMS-normalised with weight w, rounded once to bf16.
-  void set(const float* src, int M, int64_t K, const uint16_t* w = nullptr, float eps = 0.f) {
-    ld = (K + 31) / 32 * 32;
-    own.assign(M * ld, 0);
+// One matrix's input rows, as each thread prepares them for itself (no barrier needed): float rows (an
+// RMSNorm's output, an activation), then the form each weight kind reads, made on first use: the tiles'
+// Input (bf16 rows and group sums with AVX-512, q8 blocks elsewhere), and off AVX-512 the float rows in
+// the bf16 weights' even / odd split.
+struct Inputs {
+  std::vector<float> f, split;
+  tiles::Input t;
+  int M = 0;
+  int64_t K = 0;
+  bool tiled_ready = false, split_ready = false;
+
+  // Rows of float32 values, optionally RMS-normalised with weight w.
+  void set(const float* src, int rows, int64_t width, const uint16_t* w = nullptr, float eps = 0.f) {
+    M = rows, K = width, tiled_ready = split_ready = false;
+    f.resize(M * K);
     for (int m = 0; m < M; ++m) {
       const float* s = src + m * K;
       float r = 1.f;
@@ -82,65 +90,91 @@ struct Inputs {
         for (; i < K; ++i) tail += s[i] * s[i];
         r = 1.f / std::sqrt((hsum(ss) + tail) / float(K) + eps);
       }
-      for (int64_t i = 0; i < K; ++i) store(w ? s[i] * r * widen(w[i]) : s[i], &own[m * ld + i]);
+      for (int64_t i = 0; i < K; ++i) f[m * K + i] = w ? s[i] * r * widen(w[i]) : s[i];
     }
-    x = own.data();
-    sum_groups(M, K);
   }
-  void use(const uint16_t* rows, int M, int64_t K) {  // bf16 rows as they are (K a multiple of 32)
-    x = rows;
-    ld = K;
-    sum_groups(M, K);
+#if ZHUZI_AVX512
+  void use(const uint16_t* rows, int count, int64_t width) {  // bf16 rows as they are
+    M = count, K = width, split_ready = false;
+    t.set(rows, M, K, K);
+    tiled_ready = true;
+  }
+#else
+  void use(const float* rows, int count, int64_t width) { set(rows, count, width); }
+#endif
+  const tiles::Input& tiled() {
+    if (!tiled_ready) t.set(f.data(), M, K, K);
+    tiled_ready = true;
+    return t;
+  }
+  const float* dense() {
+    if (!split_ready) {
+      split.resize(M * K);
+      for (int m = 0; m < M; ++m) BF16F32::prepare(f.data() + m * K, K, K, split.data() + m * K);
+    }
+    split_ready = true;
+    return split.data();
   }
 };
 
 // Rows [n0, n0 + count) of a row-major matrix against M inputs: out[m][r].
 template <class F, int M>
-static void dense_rows(const typename F::W* w, int64_t K, const Inputs& in, int64_t n0, int count,
+static void dense_rows(const typename F::W* w, int64_t K, const typename F::X* x, int64_t kp, int64_t n0, int count,
                        float out[M][CHUNK]) {
   constexpr int R = ROWS[M];
   int r = 0;
   for (; r + R <= count; r += R) {
     float o[R][M];
-    rows<F, M, R>(w + (n0 + r) * K, K, in.x, in.ld, o);
+    rows<F, M, R>(w + (n0 + r) * K, K, x, kp, o);
     for (int i = 0; i < R; ++i)
       for (int m = 0; m < M; ++m) out[m][r + i] = o[i][m];
   }
   for (; r < count; ++r) {
     float o[1][M];
-    rows<F, M, 1>(w + (n0 + r) * K, K, in.x, in.ld, o);
+    rows<F, M, 1>(w + (n0 + r) * K, K, x, kp, o);
     for (int m = 0; m < M; ++m) out[m][r] = o[0][m];
   }
 }
 
 // Output rows [n0, n0 + count) of matrix a (count <= 16, n0 a multiple of 16): out[m][r].
 template <int M>
-static void chunk(const Mat& a, const Inputs& in, int64_t n0, int count, float out[M][CHUNK]) {
+static void chunk(const Mat& a, Inputs& in, int64_t n0, int count, float out[M][CHUNK]) {
   const int64_t K = a.k;
   switch (a.kind) {
-    case DENSE: dense_rows<BF16, M>(static_cast<const uint16_t*>(a.w), K, in, n0, count, out); break;
-    case INT8:
-      dense_rows<I8BF16, M>(static_cast<const int8_t*>(a.w), K, in, n0, count, out);
+    case DENSE: {
+#if ZHUZI_AVX512
+      const tiles::Input& t = in.tiled();
+      dense_rows<Dense, M>(static_cast<const uint16_t*>(a.w), K, t.x, t.ld, n0, count, out);
+#else
+      dense_rows<Dense, M>(static_cast<const uint16_t*>(a.w), K, in.dense(), K, n0, count, out);
+#endif
+      break;
+    }
+    case INT8: {
+      const tiles::Input& t = in.tiled();
+#if ZHUZI_AVX512
+      dense_rows<Int8, M>(static_cast<const int8_t*>(a.w), K, t.x, t.ld, n0, count, out);
+#else
+      dense_rows<Int8, M>(static_cast<const int8_t*>(a.w), K, t.rows.row(0), t.rows.n, n0, count, out);
+#endif
       for (int r = 0; r < count; ++r)
         for (int m = 0; m < M; ++m) out[m][r] *= a.scale[n0 + r];
       break;
+    }
     default: {
       const int format = a.kind == Q4 ? tiles::Q4 : tiles::Q8;
       const auto* w = static_cast<const uint8_t*>(a.w) + (n0 / CHUNK) * (K / 32) * tiles::tile_bytes(format);
-      __m512 v[M];
-      if (format == tiles::Q4) tiles::block<tiles::Q4, M>(w, K / 32, in.x, in.ld, in.sums.data(), v);
-      else tiles::block<tiles::Q8, M>(w, K / 32, in.x, in.ld, nullptr, v);
-      for (int m = 0; m < M; ++m) _mm512_storeu_ps(out[m], v[m]);
+      tiles::block<M>(format, w, K / 32, in.tiled(), 0, out);
     }
   }
   if (a.bias)
     for (int r = 0; r < count; ++r)
-      for (int m = 0; m < M; ++m) out[m][r] += widen(a.bias[n0 + r]);
+      for (int m = 0; m < M; ++m) out[m][r] += a.bias[n0 + r];
 }
 
 // Every chunk of 16 output rows of a, split over the team; emit(n0, count, out) takes each chunk's results.
 template <int M, typename Emit>
-static void matmul(const Mat& a, const Inputs& in, Emit emit) {
+static void matmul(const Mat& a, Inputs& in, Emit emit) {
   const int64_t chunks = (a.n + CHUNK - 1) / CHUNK;
 #pragma omp for schedule(static)
   for (int64_t c = 0; c < chunks; ++c) {
@@ -169,16 +203,16 @@ static void rope(float* x, const float* cos, const float* sin, int64_t D) {
 }
 
 // The query heads of kv head kh: each K/V row is read once for all of them.
-static void attend_group(int64_t D, const uint16_t* q, const uint16_t* kc, const uint16_t* vc, const int64_t* slots,
-                         int64_t len, uint16_t* out, int kh, int H, int KV, int64_t nslots, float scale, int* bad) {
+static void attend_group(int64_t D, const Act* q, const uint16_t* kc, const uint16_t* vc, const int64_t* slots,
+                         int64_t len, Act* out, int kh, int H, int KV, int64_t nslots, float scale, int* bad) {
   const int G = H / KV;
   auto go = [&](auto fn) { fn(q, kc, vc, slots, len, out, kh * G, (kh + 1) * G, H, KV, nslots, scale, bad); };
   switch (D) {
-    case 32: go(attend<uint16_t, 32>); break;
-    case 64: go(attend<uint16_t, 64>); break;
-    case 96: go(attend<uint16_t, 96>); break;
-    case 128: go(attend<uint16_t, 128>); break;
-    default: go(attend<uint16_t, 256>); break;
+    case 32: go(attend<Act, uint16_t, 32>); break;
+    case 64: go(attend<Act, uint16_t, 64>); break;
+    case 96: go(attend<Act, uint16_t, 96>); break;
+    case 128: go(attend<Act, uint16_t, 128>); break;
+    default: go(attend<Act, uint16_t, 256>); break;
   }
 }
 
@@ -187,7 +221,7 @@ static int run(const Args& a) {
   const int64_t H = a.heads, KV = a.kv_heads, D = a.head_dim, E = a.hidden, F = a.ffn, V = a.lm_head.n;
   const int64_t QKV = (H + 2 * KV) * D, row = KV * D, pool = a.num_slots * row;
   std::vector<float> h(M * E), qkv(M * QKV), act(M * F);
-  std::vector<uint16_t> q(M * H * D), attn(M * H * D);
+  std::vector<Act> q(M * H * D), attn(M * H * D);
   for (int m = 0; m < M; ++m)
     for (int64_t i = 0; i < E; ++i) h[m * E + i] = widen(a.embed[a.ids[m] * E + i]);
   int bad = 0;
@@ -266,12 +300,10 @@ static int run(const Args& a) {
 }
 
 }  // namespace step
-#endif
 
 // Returns 0 on success, 1 for a length or slot out of range, 2 for what this build does not serve
-// (M outside 1..8, a shape not a multiple of 32, no AVX512-BF16/VBMI).
+// (M outside 1..8, a shape not a multiple of 32).
 extern "C" int zhuzi_decode_step(const void* args, int64_t M) {
-#if ZHUZI_TILES
   const auto& a = *static_cast<const step::Args*>(args);
   const int64_t D = a.head_dim;
   const bool heads = (D == 32 || D == 64 || D == 96 || D == 128 || D == 256) && a.kv_heads > 0
@@ -288,8 +320,4 @@ extern "C" int zhuzi_decode_step(const void* args, int64_t M) {
     case 8: return step::run<8>(a);
     default: return 2;
   }
-#else
-  (void)args, (void)M;
-  return 2;
-#endif
 }

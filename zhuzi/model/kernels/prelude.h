@@ -82,3 +82,24 @@ static inline float half_to_float(uint16_t h) {
   return _cvtsh_ss(h);
 #endif
 }
+
+// e^x for softmax, in vectors (glibc's vector expf is not on every target, aarch64 Debian 12 has none):
+// x = n ln2 + r with |r| <= ln2 / 2, e^r by Cephes' polynomial (about 1 ulp), 2^n into the exponent.
+// Below -87.3 (and -inf) it is 0, as a masked score needs.
+static inline vf vexp(vf x) {
+  const vf lo = splat(-87.33f), hi = splat(88.37f);
+  const vf c = x < lo ? lo : x > hi ? hi : x;
+  const vi n = __builtin_convertvector(c * 1.44269504088896341f + (vf)(c < 0 ? -0.5f : 0.5f), vi);  // round
+  const vf nf = __builtin_convertvector(n, vf);
+  const vf r = (c - nf * 0.693359375f) + nf * 2.12194440e-4f;
+  vf p = splat(1.9875691500e-4f);
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const vf e = p * r * r + r + 1.f;
+  const vf scaled = (vf)((vi)e + (n << 23));
+  return x < lo ? vf{} : scaled;
+}
+static inline float scalar_exp(float x) { return vexp(splat(x))[0]; }
