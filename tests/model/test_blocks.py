@@ -4,8 +4,8 @@ import gguf
 import numpy as np
 import pytest
 import torch
+from gguf_blocks import KERNEL_TYPES, random_blocks
 
-from tests.gguf_blocks import KERNEL_TYPES, random_blocks
 from zhuzi.model import cpu_blocks
 from zhuzi.model.blocks import BlockWeight
 

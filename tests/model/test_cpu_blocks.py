@@ -5,8 +5,8 @@ import gguf
 import numpy as np
 import pytest
 import torch
+from gguf_blocks import KERNEL_TYPES, random_blocks
 
-from tests.gguf_blocks import KERNEL_TYPES, random_blocks
 from zhuzi.model import cpu_blocks, native
 from zhuzi.model.blocks import BlockWeight
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 import transformers
 from safetensors.torch import load_file, save_file
+from tiny import llama_cpp_permute, reference_tensors, write_gguf
 
 from zhuzi.model.blocks import BlockWeight
 from zhuzi.model.loader import CheckpointError, load_checkpoint, load_model_config
@@ -43,23 +44,11 @@ def tiny_model(arch: str, **overrides) -> transformers.PreTrainedModel:
     return model
 
 
-def reference_tensors(model: transformers.PreTrainedModel) -> dict[str, torch.Tensor]:
-    tensors = dict(model.state_dict())
-    if model.config.tie_word_embeddings:
-        del tensors["lm_head.weight"]
-    return tensors
-
-
 def assert_same_tensors(loaded: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
     assert sorted(loaded) == sorted(expected)
     for name, tensor in expected.items():
         assert loaded[name].shape == tensor.shape, name
         assert torch.equal(loaded[name], tensor.to(loaded[name].dtype)), name
-
-
-def llama_cpp_permute(weight: np.ndarray, heads: int) -> np.ndarray:
-    """What llama.cpp's converter does to Q/K rows (pairs for its RoPE); the model rotates them as they are."""
-    return weight.reshape(heads, 2, -1, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
 
 
 def unpermute(weight: torch.Tensor, heads: int) -> torch.Tensor:
@@ -77,47 +66,6 @@ def file_order(model, arch: str) -> dict[str, torch.Tensor]:
     heads = {"q_proj": model.config.num_attention_heads, "k_proj": model.config.num_key_value_heads}
     return {name: torch.from_numpy(llama_cpp_permute(t.numpy(), heads[name.split(".")[-2]]))
             if arch == "llama" and name.split(".")[-2] in heads else t for name, t in reference_tensors(model).items()}
-
-
-RawTensors = dict[str, tuple[np.ndarray, gguf.GGMLQuantizationType]]
-
-
-def write_gguf(path: Path, model, arch: str, raw: RawTensors | None = None, drop: tuple[str, ...] = ()) -> Path:
-    """A GGUF file holding `model` the way llama.cpp writes it: its names, its permutation, its metadata.
-    `raw` replaces a tensor's data by pre-quantized bytes."""
-    cfg = model.config
-    writer = gguf.GGUFWriter(path, arch)
-    for key, value in {"block_count": cfg.num_hidden_layers, "context_length": cfg.max_position_embeddings,
-                       "embedding_length": cfg.hidden_size, "feed_forward_length": cfg.intermediate_size,
-                       "attention.head_count": cfg.num_attention_heads,
-                       "attention.head_count_kv": cfg.num_key_value_heads}.items():
-        writer.add_uint32(f"{arch}.{key}", value)
-    writer.add_float32(f"{arch}.rope.freq_base", 50000.0)
-    writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)
-    if arch == "qwen3":
-        writer.add_key_length(cfg.head_dim)
-    writer.add_token_list([f"t{i}" for i in range(cfg.vocab_size)])  # no vocab_size key: from the list
-    writer.add_uint32("tokenizer.ggml.bos_token_id", 1)
-    writer.add_eos_token_id(2)
-    writer.add_uint32("tokenizer.ggml.eot_token_id", 7)
-    arch_id = next(key for key, name in gguf.MODEL_ARCH_NAMES.items() if name == arch)
-    names = gguf.get_tensor_name_map(arch_id, cfg.num_hidden_layers)
-    heads = {"q_proj": cfg.num_attention_heads, "k_proj": cfg.num_key_value_heads}
-    for hf_name, tensor in reference_tensors(model).items():
-        name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
-        array = tensor.numpy()
-        if arch == "llama" and hf_name.split(".")[-2] in heads:
-            array = llama_cpp_permute(array, heads[hf_name.split(".")[-2]])
-        if hf_name in (raw or {}):
-            data, qtype = raw[hf_name]
-            writer.add_tensor(name, np.ascontiguousarray(data).view(np.uint8), raw_dtype=qtype)
-        elif name not in drop:
-            writer.add_tensor(name, np.ascontiguousarray(array))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
 
 
 def error_message(path: Path) -> str:

@@ -53,7 +53,7 @@ class _Part(ctypes.Structure):
 
 def _linear_kernel():
     return native.entry("block_linear", "zhuzi_block_linear",
-                        [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+                        [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
                         + [ctypes.c_int64] * 3 + [ctypes.c_int])
 
 
@@ -67,15 +67,16 @@ def part_table(parts) -> ctypes.Array:
                                   for p in parts])
 
 
-def block_linear(x: torch.Tensor, table: ctypes.Array, out_features: int) -> torch.Tensor | None:
+def block_linear(x: torch.Tensor, table: ctypes.Array, out_features: int,
+                 out_dtype: torch.dtype | None = None) -> torch.Tensor | None:
     """y = x @ W^T for W the parts' rows one after another; x: [M, K] float32 or bf16 on CPU, quantized to
-    q8 blocks per 32 inputs. Returns [M, out_features] in x's dtype, or None when the kernel does not serve
-    the call."""
+    q8 blocks per 32 inputs. Returns [M, out_features] in out_dtype (default x's), or None when the kernel
+    does not serve the call."""
     fn = _linear_kernel()
     if fn is None or not (x.is_cpu and x.dtype in _OUT and x.dim() == 2 and x.shape[0] > 0):
         return None
     x = x.contiguous()
-    y = torch.empty(x.shape[0], out_features, dtype=x.dtype)
-    status = fn(ctypes.addressof(table), len(table), x.data_ptr(), _OUT[x.dtype], y.data_ptr(), x.shape[0],
-                out_features, x.shape[1], torch.get_num_threads())
+    y = torch.empty(x.shape[0], out_features, dtype=out_dtype or x.dtype)
+    status = fn(ctypes.addressof(table), len(table), x.data_ptr(), _OUT[x.dtype], y.data_ptr(), _OUT[y.dtype],
+                x.shape[0], out_features, x.shape[1], torch.get_num_threads())
     return y if status == 0 else None

@@ -89,7 +89,9 @@ class Decoder:
         self.embed = self._embedding(t["model.embed_tokens.weight"])
         self.norm = t["model.norm.weight"]
         vocab = self.shard.vocab
-        self.lm_head = self._linear([head_rows(t.get("lm_head.weight", t["model.embed_tokens.weight"]), vocab, 1)])
+        # Logits in float32 where the kernel makes them (as the fused step's): bf16 ties near-equal candidates.
+        self.lm_head = self._linear([head_rows(t.get("lm_head.weight", t["model.embed_tokens.weight"]), vocab, 1)],
+                                    out_dtype=torch.float32)
         self.layers = [self._layer(t, f"model.layers.{i}") for i in range(config.num_layers)]
         for name, count in self.dequantized.items():
             log.warning("GGUF type %s has no kernel here: %d matrices run dense in %s (dequantized at load)",
@@ -132,13 +134,14 @@ class Decoder:
     def _bias(self, bias: torch.Tensor | None) -> torch.Tensor | None:
         return bias.to(self.dtype) if bias is not None else None
 
-    def _linear(self, parts: list[Weight], bias: torch.Tensor | None = None) -> Linear:
+    def _linear(self, parts: list[Weight], bias: torch.Tensor | None = None,
+                out_dtype: torch.dtype | None = None) -> Linear:
         """One layer whose output rows are the parts' rows, one after another (q, k, v or gate, up). With
         quantization gguf, blocks stay blocks where a kernel serves every part's type."""
         blocks = [w for w in parts if isinstance(w, BlockWeight)]
         # float32 weights, the reference, run the blocks' exact values dense; the kernels are CPU ones
         if blocks and self.kv_dtype != torch.float32 and torch.device(self.device).type == "cpu":
-            layer = block_linear(parts, self._bias(bias)) if len(blocks) == len(parts) else None
+            layer = block_linear(parts, self._bias(bias), out_dtype) if len(blocks) == len(parts) else None
             if layer is not None:
                 return layer
             self.dequantized.update(w.qtype.name for w in blocks)

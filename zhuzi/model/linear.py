@@ -122,13 +122,14 @@ class BlockLinear(Linear):
     (q, k, v; gate, up), each of its own type, through the block kernels for any number of bf16 rows. An
     output's arithmetic depends only on its own input row, so the layer is fixed-order as it is."""
 
-    def __init__(self, parts: list[BlockWeight], bias: torch.Tensor | None = None):
-        self.parts, self.bias = parts, bias
+    def __init__(self, parts: list[BlockWeight], bias: torch.Tensor | None = None,
+                 out_dtype: torch.dtype | None = None):
+        self.parts, self.bias, self.out_dtype = parts, bias, out_dtype  # out_dtype: default the inputs'
         self.out_features = sum(p.shape[0] for p in parts)
         self.table = cpu_blocks.part_table(parts)
 
     def _kernel(self, flat: torch.Tensor) -> torch.Tensor | None:
-        return cpu_blocks.block_linear(flat, self.table, self.out_features)
+        return cpu_blocks.block_linear(flat, self.table, self.out_features, self.out_dtype)
 
     _fixed_order = _kernel
 
@@ -140,9 +141,10 @@ class BlockLinear(Linear):
         return [p.data for p in self.parts] + ([self.bias] if self.bias is not None else [])
 
 
-def block_linear(parts: list[BlockWeight], bias: torch.Tensor | None) -> BlockLinear | None:
+def block_linear(parts: list[BlockWeight], bias: torch.Tensor | None,
+                 out_dtype: torch.dtype | None = None) -> BlockLinear | None:
     """A layer on these blocks, or None where the kernels do not serve one of their types on this CPU."""
-    return BlockLinear(parts, bias) if all(cpu_blocks.linear_serves(p.qtype) for p in parts) else None
+    return BlockLinear(parts, bias, out_dtype) if all(cpu_blocks.linear_serves(p.qtype) for p in parts) else None
 
 
 def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, fmt: str | None, dtype: torch.dtype) -> Linear:

@@ -9,8 +9,8 @@ using namespace block_tiles;
 // Input rows a work item takes: their q8 blocks stay in L2 while a tile's chunks pass over them.
 constexpr int64_t CHUNK_ROWS = 64;
 
-template <typename T>
-static void linear(const Part* parts, int nparts, const T* x, T* y, int64_t M, int64_t N, int64_t K, int threads) {
+template <typename T, typename Y>
+static void linear(const Part* parts, int nparts, const T* x, Y* y, int64_t M, int64_t N, int64_t K, int threads) {
   q8::Rows xq;
   xq.set(x, M, K, K, threads);
   struct Ref { const Part* part; int64_t row, n0; };  // a tile: its part, its first row there, and in y
@@ -35,8 +35,8 @@ static void linear(const Part* parts, int nparts, const T* x, T* y, int64_t M, i
 
 // Returns 0, or 2 for parts this build does not serve (a type without a kernel, rows not of K inputs, or
 // rows adding up to other than N).
-extern "C" int zhuzi_block_linear(const void* parts, int nparts, const void* x, int x_bf16, void* y, int64_t M,
-                                  int64_t N, int64_t K, int threads) {
+extern "C" int zhuzi_block_linear(const void* parts, int nparts, const void* x, int x_bf16, void* y, int y_bf16,
+                                  int64_t M, int64_t N, int64_t K, int threads) {
   const auto* p = static_cast<const Part*>(parts);
   int64_t rows = 0;
   for (int i = 0; i < nparts; ++i) {
@@ -44,7 +44,11 @@ extern "C" int zhuzi_block_linear(const void* parts, int nparts, const void* x, 
     rows += p[i].rows;
   }
   if (rows != N || M < 1) return 2;
-  if (x_bf16) linear(p, nparts, static_cast<const uint16_t*>(x), static_cast<uint16_t*>(y), M, N, K, threads);
-  else linear(p, nparts, static_cast<const float*>(x), static_cast<float*>(y), M, N, K, threads);
+  auto go = [&](const auto* in) {
+    if (y_bf16) linear(p, nparts, in, static_cast<uint16_t*>(y), M, N, K, threads);
+    else linear(p, nparts, in, static_cast<float*>(y), M, N, K, threads);
+  };
+  if (x_bf16) go(static_cast<const uint16_t*>(x));
+  else go(static_cast<const float*>(x));
   return 0;
 }
