@@ -31,10 +31,11 @@ def test_float32_greedy_tokens_are_transformers(qwen_small):
 
 
 RESIDENT = """
-import json, sys, resource
+import json, sys
 from pathlib import Path
 def rss():
-    return int(next(l for l in Path("/proc/self/status").read_text().splitlines() if l.startswith("VmRSS")).split()[1]) << 10
+    status = Path("/proc/self/status").read_text().splitlines()
+    return int(next(line for line in status if line.startswith("VmRSS")).split()[1]) << 10
 from zhuzi import LLM, SamplingParams
 from zhuzi.tokenizer import Tokenizer
 Tokenizer.load(sys.argv[1])  # the tokenizer's memory is not the weights'
