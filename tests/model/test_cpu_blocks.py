@@ -5,31 +5,21 @@ import gguf
 import numpy as np
 import pytest
 import torch
+from conftest import q8_bound
 from gguf_blocks import KERNEL_TYPES, random_blocks
 
-from zhuzi.model import cpu_blocks, native
+from zhuzi.model import cpu_blocks
 from zhuzi.model.blocks import BlockWeight
 
-VARIANTS = [v.name for v in native.runnable()]
-
-
-@pytest.fixture(params=VARIANTS)
-def variant(request):
-    before = native.current()
-    native.select(request.param)
-    yield request.param
-    native.select(before)
+pytestmark = pytest.mark.usefixtures("variant")
 
 
 def reference(x: torch.Tensor, parts: list[BlockWeight]) -> tuple[np.ndarray, np.ndarray]:
-    """x W^T in float64 from gguf's values, and each output's bound: the products' share of the q8 rounding
-    of x (half a step, amax / 254 per block of 32), plus float32 sums."""
-    w = np.concatenate([gguf.quants.dequantize(p.data.numpy(), p.qtype) for p in parts]).astype(np.float64)
-    x64 = x.double().numpy()
-    step = np.abs(x64).reshape(x64.shape[0], -1, 32).max(-1) / 254  # [M, blocks]
-    per_block = np.abs(w).reshape(w.shape[0], -1, 32).sum(-1)  # [N, blocks]
-    y = x64 @ w.T
-    return y, step @ per_block.T + 1e-5 * np.abs(x64) @ np.abs(w).T
+    """x W^T in float64 from gguf's values, and each output's bound: the q8 rounding of x (conftest.q8_bound)
+    plus float32 sums."""
+    w = torch.from_numpy(np.concatenate([gguf.quants.dequantize(p.data.numpy(), p.qtype) for p in parts]))
+    x64, w64 = x.double(), w.double()
+    return (x64 @ w64.T).numpy(), (q8_bound(x, w) + 1e-5 * x64.abs() @ w64.abs().T).numpy()
 
 
 def weight(qtype, rows: int, cols: int, seed: int) -> BlockWeight:
@@ -38,7 +28,7 @@ def weight(qtype, rows: int, cols: int, seed: int) -> BlockWeight:
 
 @pytest.mark.parametrize("qtype", KERNEL_TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("m", [1, 3, 8, 70])  # decode rows, and rows over several passes and work items
-def test_block_linear_equals_gguf_values(variant, qtype, m):
+def test_block_linear_equals_gguf_values(qtype, m):
     cols = 512 if qtype in (gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q5_K,
                             gguf.GGMLQuantizationType.Q6_K) else 288  # 288: a chunk of 256 and a tail of 32
     parts = [weight(qtype, 40, cols, 1), weight(qtype, 16, cols, 2)]  # a partial tile, then a second part
@@ -50,7 +40,7 @@ def test_block_linear_equals_gguf_values(variant, qtype, m):
 
 
 @pytest.mark.parametrize("qtype", [gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q8_0], ids=str)
-def test_bf16_rows_give_bf16_outputs(variant, qtype):
+def test_bf16_rows_give_bf16_outputs(qtype):
     parts = [weight(qtype, 32, 256, 3)]
     x = torch.randn(5, 256, generator=torch.Generator().manual_seed(5)).bfloat16()
     y = cpu_blocks.block_linear(x, cpu_blocks.part_table(parts), 32)
@@ -59,7 +49,7 @@ def test_bf16_rows_give_bf16_outputs(variant, qtype):
     assert (np.abs(y.float().numpy() - want) <= bound + np.abs(want) * 2**-8).all()
 
 
-def test_parts_of_mixed_types_and_a_row_alone_or_in_a_batch(variant):
+def test_parts_of_mixed_types_and_a_row_alone_or_in_a_batch():
     """q, k and v of a Q4_K_M file are Q5_0, Q5_0 and Q8_0, or Q4_K and Q6_K: one layer; and a row's outputs
     are the same bits whatever the rows around it (--deterministic, speculative verification)."""
     parts = [weight(gguf.GGMLQuantizationType.Q4_K, 48, 1536, 4), weight(gguf.GGMLQuantizationType.Q6_K, 16, 1536, 5),
@@ -73,6 +63,6 @@ def test_parts_of_mixed_types_and_a_row_alone_or_in_a_batch(variant):
         assert torch.equal(cpu_blocks.block_linear(x[row:row + 1], table, 80), whole[row:row + 1])
 
 
-def test_rows_of_another_length_are_not_served(variant):
+def test_rows_of_another_length_are_not_served():
     parts = [weight(gguf.GGMLQuantizationType.Q4_0, 16, 256, 6)]
     assert cpu_blocks.block_linear(torch.randn(2, 288), cpu_blocks.part_table(parts), 16) is None

@@ -55,6 +55,32 @@ static inline i8::B8 broadcast4(const int8_t* p) {
 #endif
 }
 
+// 16 rows' 16 quads (at rows[r * CHUNK + 4 j]) -> out[j][r]: a 16 x 16 transpose of 4-byte words, in four
+// rounds that swap ever smaller blocks across the diagonal (GCC vectors: a two-source permute a row each).
+typedef uint32_t v16w __attribute__((vector_size(64)));
+static inline void interleave(const uint8_t* rows, uint8_t* out) {
+  v16w r[ROWS];
+  for (int i = 0; i < ROWS; ++i) std::memcpy(&r[i], rows + i * CHUNK, 64);
+  auto round = [&](int b, const v16w& keep, const v16w& swap) {
+    for (int i = 0; i < ROWS; ++i)
+      if (!(i & b)) {
+        const v16w lo = __builtin_shuffle(r[i], r[i + b], keep), hi = __builtin_shuffle(r[i], r[i + b], swap);
+        r[i] = lo, r[i + b] = hi;
+      }
+  };
+  // Round b: row i (bit b clear) keeps its words k without bit b and takes row i + b's words k - b; row i + b
+  // takes row i's words k + b and keeps its own with bit b set (indexes >= 16 select the second row).
+  round(8, v16w{0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23},
+        v16w{8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31});
+  round(4, v16w{0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27},
+        v16w{4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31});
+  round(2, v16w{0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29},
+        v16w{2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31});
+  round(1, v16w{0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30},
+        v16w{1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31});
+  for (int j = 0; j < ROWS; ++j) std::memcpy(out + j * ROWS * 4, &r[j], 64);
+}
+
 // Rows [0, rows) (the rest zeros) of a tile whose first row's blocks start at w, inputs [k0, k0 + n): n a
 // multiple of F::QK, at most CHUNK.
 template <class F>
@@ -77,8 +103,7 @@ static void decode(const uint8_t* w, int64_t row_bytes, int rows, int64_t k0, in
       }
     }
   }
-  for (int quad = 0; quad < n / 4; ++quad)
-    for (int r = 0; r < ROWS; ++r) std::memcpy(t.codes[quad][r], &q[r][4 * quad], 4);
+  for (int quad = 0; quad < n / 4; quad += 16) interleave(&q[0][4 * quad], &t.codes[quad][0][0]);
 }
 
 // acc[m][r] += the chunk's products for P <= MB input rows; x[m]: row m's q8 blocks from the chunk's first.

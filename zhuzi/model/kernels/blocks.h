@@ -44,14 +44,23 @@ struct BQ6_K { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; uint16_t d; }
 static_assert(sizeof(BQ4_0) == 18 && sizeof(BQ4_1) == 20 && sizeof(BQ5_0) == 22 && sizeof(BQ5_1) == 24, "");
 static_assert(sizeof(BQ8_0) == 34 && sizeof(BQ4_K) == 144 && sizeof(BQ5_K) == 176 && sizeof(BQ6_K) == 210, "");
 
-// A 32-block's 4-bit codes (and Q5's fifth bits).
+// A 32-block's 4-bit codes (and Q5's fifth bits), in vector registers of any width (GCC vectors).
+typedef uint8_t v16b __attribute__((vector_size(16)));
 static inline void nibbles(const uint8_t* qs, uint8_t* q) {
-  for (int i = 0; i < 16; ++i) q[i] = qs[i] & 15, q[i + 16] = qs[i] >> 4;
+  v16b v;
+  std::memcpy(&v, qs, 16);
+  const v16b lo = v & 15, hi = v >> 4;
+  std::memcpy(q, &lo, 16), std::memcpy(q + 16, &hi, 16);
 }
 static inline void fifth_bits(const uint8_t* qh, uint8_t* q) {
-  uint32_t h;
+  // Byte i of a lane group takes the byte of qh holding bit i, then tests that bit.
+  static const v16b bit = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
+  v16b h = {}, lo, hi;
   std::memcpy(&h, qh, 4);
-  for (int i = 0; i < 32; ++i) q[i] |= ((h >> i) & 1) << 4;
+  std::memcpy(&lo, q, 16), std::memcpy(&hi, q + 16, 16);
+  lo |= (v16b)((__builtin_shufflevector(h, h, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1) & bit) != 0) & 16;
+  hi |= (v16b)((__builtin_shufflevector(h, h, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3) & bit) != 0) & 16;
+  std::memcpy(q, &lo, 16), std::memcpy(q + 16, &hi, 16);
 }
 
 // The 8 sub-block scales (times d) and offsets (-dmin mn) of a Q4_K / Q5_K block.
