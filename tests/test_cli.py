@@ -1,6 +1,11 @@
 """The command line as a user runs it: a real `zhuzi` process."""
+import platform
 import subprocess
 import sys
+
+import pytest
+
+from zhuzi.model import native
 
 
 def zhuzi(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
@@ -39,6 +44,25 @@ def test_plan_of_dense_weights():
     out = zhuzi("plan", "--quantization", "none")
     assert out.returncode == 0, out.stderr
     assert "weights: 269,030,016 bytes (257 MiB) in memory: dense (2-byte values)" in out.stdout
+
+
+@pytest.mark.parametrize("kernels", [v.name for v in native.runnable() if v.name in ("avx512", "avx2")])
+def test_plan_says_which_dtype_auto_picked_and_why(kernels):
+    out = zhuzi("plan", "--cpu-kernels", kernels)
+    assert out.returncode == 0, out.stderr
+    if kernels == "avx512":
+        assert "dtype auto: bfloat16; the avx512 kernels compute bf16 natively; CPU kernels avx512" in out.stdout
+    else:  # float32 activations over bf16 weights and KV cache: the KV and weight bytes of bf16
+        assert ("dtype auto: float32 (weights and KV bfloat16); no native bf16 in the avx2 kernels: float32 math, "
+                "bf16 weights and KV cache widened in registers; CPU kernels avx2") in out.stdout
+    assert "x 2 bytes = 23,040" in out.stdout and "weight bytes one decode step reads: 269,030,016" in out.stdout
+
+
+def test_a_cpu_kernel_variant_the_cpu_cannot_run_is_a_one_line_error():
+    other = "neon" if platform.machine() != "aarch64" else "avx2"
+    out = zhuzi("plan", "--cpu-kernels", other)
+    assert out.returncode != 0 and out.stderr.strip().count("\n") == 0
+    assert f"cpu_kernels {other} runs on" in out.stderr
 
 
 def test_a_bad_model_path_is_a_one_line_error():

@@ -58,7 +58,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
     if parallel.engine_process and parallel.data_parallel_backend == "ray":
         init_ray(parallel.ray_address)  # in the main thread, before any other starts
     log.info("loading %s (%s) in the background; /health answers 503 until it is ready",
-             engine_config.model or "the embedded SmolLM2-135M-Instruct", engine_config.dtype)
+             engine_config.model or "the embedded SmolLM2-135M-Instruct", engine_config.precision)
     holder: dict[str, uvicorn.Server] = {}
     clients: list[EngineClient] = []
 
@@ -120,19 +120,21 @@ def cmd_chat(args: argparse.Namespace) -> None:
 
 def cmd_plan(args: argparse.Namespace) -> None:
     """Weight and KV memory of a model for a context and a number of sequences, without loading its weights."""
+    from zhuzi.model import native
     from zhuzi.model.decoder import layer_format
     from zhuzi.model.loader import gguf_weights, load_model_config
     config = EngineConfig.from_cli_args(args)
     c = load_model_config(config.model)
-    plan = config.kv_plan(c)
-    value_bytes = config.torch_dtype.itemsize
+    plan, precision = config.kv_plan(c), config.precision
+    value_bytes = precision.kv.itemsize
     tensors = gguf_weights(config.model)
     fmt = layer_format(config.quantization, tensors is not None, config.tensor_parallel_size > 1)
-    resident, step, parts = _weight_plan(c, fmt, value_bytes, tensors)
+    resident, step, parts = _weight_plan(c, fmt, precision.weights.itemsize, tensors)
     per_seq = -(-args.context // plan.block_size) * plan.block_size * plan.bytes_per_token
     kv = per_seq * args.sequences
     print(f"model: {c.architecture}, {c.num_layers} layers, {c.num_kv_heads} KV heads x {c.head_dim} dims, "
-          f"{c.num_parameters / 1e6:.1f} M parameters, {config.dtype}, weights {fmt or 'dense'}")
+          f"{c.num_parameters / 1e6:.1f} M parameters, weights {fmt or 'dense'}")
+    print(f"dtype {config.dtype}: {precision}; {precision.reason}; CPU kernels {native.resolve(config.cpu_kernels)}")
     print(f"weights: {resident:,} bytes ({resident / 2**20:.0f} MiB) in memory: {parts}")
     print(f"KV bytes per token: 2 x {c.num_layers} layers x {c.num_kv_heads} kv_heads x {c.head_dim} head_dim "
           f"x {value_bytes} bytes = {plan.bytes_per_token:,}")

@@ -109,16 +109,19 @@ class Precision:
     reason: str
 
     @classmethod
-    def of(cls, dtype: str, cpu_kernels: str) -> Precision:
+    def of(cls, dtype: str, cpu_kernels: str, device: str = "cpu") -> Precision:
         if dtype != "auto":
             d = parse_dtype(dtype)
             return cls(d, d, d, f"--dtype {dtype}")
+        if torch.device(device).type != "cpu":
+            return cls(torch.bfloat16, torch.bfloat16, torch.bfloat16, f"{device} computes bf16")
         variant = native.resolve(cpu_kernels)
         if native.native_bf16(variant):
-            why = "the CPU computes bf16 natively" if variant == "torch" else f"the {variant} kernels compute bf16"
+            who = "the CPU" if variant == "torch" else f"the {variant} kernels"
+            why = f"{who} compute bf16 natively"
             return cls(torch.bfloat16, torch.bfloat16, torch.bfloat16, why)
         # Weights and the KV cache stay bf16 (half the bytes to read), widened in registers by the kernels.
-        why = f"no native bf16 ({variant} kernels): float32 math, bf16 weights and KV cache widened in registers"
+        why = f"no native bf16 in the {variant} kernels: float32 math, bf16 weights and KV cache widened in registers"
         return cls(torch.bfloat16, torch.float32, torch.bfloat16, why)
 
     def __str__(self) -> str:
@@ -298,7 +301,7 @@ class EngineConfig(Settings):
 
     @property
     def precision(self) -> Precision:
-        return Precision.of(self.dtype, self.cpu_kernels)
+        return Precision.of(self.dtype, self.cpu_kernels, self.device)
 
     @property
     def torch_dtype(self) -> torch.dtype:

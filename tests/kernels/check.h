@@ -14,6 +14,10 @@
 
 #include "api.h"
 
+#if !defined(__aarch64__)
+#include <immintrin.h>
+#endif
+
 namespace check {
 
 struct Test { const char* name; std::function<void()> fn; };
@@ -67,6 +71,35 @@ inline Error compare(const A* got, const double* want, int64_t n, double (*value
 }
 inline double of_float(float x) { return x; }
 inline double of_bf16(uint16_t x) { return from_bf16(x); }
+
+// IEEE half <-> float, round to nearest even (the tiles' scales).
+inline uint16_t half(float x) {
+#if defined(__aarch64__)
+  __fp16 h = __fp16(x); uint16_t u; std::memcpy(&u, &h, 2); return u;
+#else
+  return _cvtss_sh(x, 0);
+#endif
+}
+inline float from_half(uint16_t u) {
+#if defined(__aarch64__)
+  __fp16 h; std::memcpy(&h, &u, 2); return float(h);
+#else
+  return _cvtsh_ss(u);
+#endif
+}
+
+// How far a dot product of w[0..K) with x[0..K) moves when x is rounded to q8 blocks of 32 (kernels/q8.h):
+// half a step (amax / 254) per block, times the block's |w|.
+inline double q8_bound(const float* x, const double* w, int64_t K) {
+  double bound = 0;
+  for (int64_t k0 = 0; k0 < K; k0 += 32) {
+    double amax = 0, wsum = 0;
+    for (int64_t k = k0; k < std::min<int64_t>(K, k0 + 32); ++k)
+      amax = std::fmax(amax, std::fabs(x[k])), wsum += std::fabs(w[k]);
+    bound += amax / 254 * wsum;
+  }
+  return bound * (1 + 1e-6);
+}
 
 }  // namespace check
 

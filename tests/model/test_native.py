@@ -2,6 +2,7 @@
 kernel that does not compile fails loudly; and the kernels' own C++ unit tests (tests/kernels, against
 float64 references) pass for every x86 variant this CPU runs, natively, and for both aarch64 variants,
 cross-compiled and run under qemu-aarch64 (the neon one on a CPU model without i8mm)."""
+import os
 import platform
 import shutil
 import subprocess
@@ -26,7 +27,7 @@ def test_auto_picks_the_first_variant_this_cpu_runs():
 
 def test_a_variant_this_cpu_cannot_run_is_a_one_line_error():
     other = "neon" if platform.machine() != "aarch64" else "avx2"
-    with pytest.raises(ValueError, match=f"^cpu_kernels {other} is for .* CPUs.*it runs: ") as info:
+    with pytest.raises(ValueError, match=f"^cpu_kernels {other} runs on .* CPUs, this one is .*it runs: ") as info:
         native.resolve(other)
     assert "\n" not in str(info.value)
     with pytest.raises(ValueError, match="unknown cpu_kernels 'sse2'; choose one of auto, avx512"):
@@ -35,7 +36,7 @@ def test_a_variant_this_cpu_cannot_run_is_a_one_line_error():
 
 @pytest.mark.skipif("avx512" in X86 or platform.machine() != "x86_64", reason="this CPU runs avx512")
 def test_avx512_is_refused_naming_what_the_cpu_lacks():
-    with pytest.raises(ValueError, match="^cpu_kernels avx512 needs .*avx512"):
+    with pytest.raises(ValueError, match="^cpu_kernels avx512 needs .*avx512.*, which this CPU lacks"):
         native.resolve("avx512")
 
 
@@ -61,7 +62,7 @@ def kernel_tests(variant: str, cxx: str, out: Path) -> Path:
     """The C++ tests of tests/kernels, linked against the variant's kernel libraries (built by native)."""
     libs = [str(native.build(src.stem, variant, cxx)) for src in sorted(native.KERNELS.glob("*.cpp"))]
     binary = out / f"kernel-tests-{variant}"
-    done = subprocess.run([cxx, "-O2", "-fopenmp", *native.VARIANTS[variant].flags, f"-I{native.KERNELS}",
+    done = subprocess.run([cxx, "-O1", "-fopenmp", *native.VARIANTS[variant].flags, f"-I{native.KERNELS}",
                            *map(str, sorted(TESTS.glob("*.cpp"))), "-o", str(binary), *libs, "-lm"],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
@@ -69,7 +70,9 @@ def kernel_tests(variant: str, cxx: str, out: Path) -> Path:
 
 
 def expect_pass(command: list[str], variant: str) -> None:
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    # Threads that spin at barriers crawl on a shared machine; the tests count checks, not time.
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600,
+                          env=os.environ | {"OMP_WAIT_POLICY": "passive"})
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.splitlines()[-1].startswith(f"{variant}: ")  # the build is the variant it claims
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from zhuzi.bench import add_compare_arguments, machine_line, save_report
 from zhuzi.bench.datasets import sharegpt_answer_tokens, sharegpt_user_prompts
 from zhuzi.bench.llamacpp import find_tool, gguf_of, llama_perplexity
+from zhuzi.model import native
 
 VARIANTS = {"float32": {"dtype": "float32"}, "bf16": {"quantization": "none"}, "gguf": {"quantization": "gguf"},
             "int8": {"quantization": "int8"}, "int4": {"quantization": "int4"}}
@@ -159,9 +160,9 @@ def run(args: argparse.Namespace) -> AccuracyReport | TextPerplexity:
     tokenizer = Tokenizer.load(args.model or default_model_path())
     prompts = [tokenizer.encode_chat([{"role": "user", "content": p}]) for p in sharegpt_user_prompts(args.num_prompts)]
     text = sharegpt_answer_tokens(tokenizer.hf, args.text_tokens)
-    report = AccuracyReport(machine_line(), args.model or "SmolLM2-135M-Instruct (embedded GGUF)", len(prompts),
-                            args.max_tokens, len(text), args.window,
-                            measure(args.model, args.variants, prompts, text, args.max_tokens, args.window))
+    results = measure(args.model, args.variants, prompts, text, args.max_tokens, args.window)
+    report = AccuracyReport(machine_line(native.current()), args.model or "SmolLM2-135M-Instruct (embedded GGUF)",
+                            len(prompts), args.max_tokens, len(text), args.window, results)
     print(format_report(report))
     return save_report(report, args.json_out)
 

@@ -14,13 +14,13 @@ import torch
 import torch.nn.functional as F
 
 from zhuzi.config import ModelConfig
-from zhuzi.model import cpu_attention, cpu_blocks
+from zhuzi.model import cpu_attention, cpu_blocks, native
 from zhuzi.model.attention import AttentionMetadata, paged_attention
 from zhuzi.model.blocks import BlockWeight
 from zhuzi.model.cpu_linear import fixed_order_available
 from zhuzi.model.fused import FusedDecode
 from zhuzi.model.layers import Rotary, rms_norm
-from zhuzi.model.linear import FORMATS, QUANTIZATIONS, Linear, block_linear, make_linear
+from zhuzi.model.linear import FORMATS, QUANTIZATIONS, Linear, TiledLinear, block_linear, make_linear
 from zhuzi.model.parallel import FORWARD, LOGITS, Shard, TPGroup, head_rows, pack_step
 from zhuzi.model.smooth import smooth
 
@@ -172,6 +172,25 @@ class Decoder:
                 dense = getattr(layer, part)
                 setattr(layer, part, make_linear(dense.weight, self._bias(dense.bias), layer_format, self.kv_dtype))
         self.lm_head = make_linear(self.lm_head.weight, None, head_format, self.kv_dtype)
+
+    def kernel_paths(self) -> dict[str, str]:
+        """Which build serves each operation of this model: the CPU variant's kernels, or torch (README has
+        the paths of prefill matmuls)."""
+        v = native.current()
+        if self.norm.device.type != "cpu" or v == "torch":
+            return {"variant": v}
+        x, c = torch.zeros(1, 2, 64, dtype=self.dtype), self.config
+        pool = torch.zeros(4, 1, 64, dtype=self.kv_dtype)
+        slots, lens = torch.zeros(1, 1, dtype=torch.long), torch.ones(1, dtype=torch.long)
+        layer = self.layers[0].gate_up
+        served = {
+            "decode_matmul": isinstance(layer, TiledLinear)
+            or layer._kernel(torch.zeros(1, c.hidden_size, dtype=self.dtype)) is not None,
+            "fused_decode_step": self.fused is not None,
+            "decode_attention": cpu_attention.paged_decode_attention(x, pool, pool, slots, lens, 1.0) is not None,
+            "prefill_attention": cpu_attention.paged_prefill_attention(x, pool, pool, slots[0], 1.0) is not None,
+        }
+        return {"variant": v, **{op: v if ok else "torch" for op, ok in served.items()}}
 
     @property
     def weight_bytes_per_decode_step(self) -> int:

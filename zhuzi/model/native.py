@@ -98,8 +98,9 @@ def resolve(choice: str) -> str:
         raise ValueError(f"unknown cpu_kernels {choice!r}; choose one of {', '.join(CHOICES)}")
     if lacks := VARIANTS[choice].missing(cpu_features(), platform.machine()):
         runs = ", ".join([v.name for v in runnable()] + ["torch"])
-        what = f"is for {lacks[0]} CPUs" if lacks[0] == VARIANTS[choice].arch else f"needs {' '.join(lacks)}"
-        raise ValueError(f"cpu_kernels {choice} {what}, which this CPU is not or lacks (it runs: {runs})")
+        what = (f"runs on {lacks[0]} CPUs, this one is {platform.machine()}" if lacks[0] == VARIANTS[choice].arch
+                else f"needs {' '.join(lacks)}, which this CPU lacks")
+        raise ValueError(f"cpu_kernels {choice} {what} (it runs: {runs})")
     return choice
 
 

@@ -13,9 +13,10 @@
 //   as an int8 in -127..127), then 16 fp16 scales d; the weight is q d.
 //
 // avx512/tiles.h turns the codes into bf16 and meets bf16 inputs as they are; avx2/tiles.h and
-// neon/tiles.h meet q8 activations (q8.h) with int8 dot products. Each provides Input (the prepared input
-// rows: set(x, M, K, ldx, threads) from float or bf16 rows), PASS (input rows per pass over a block) and
-// block<M>(format, w, groups, in, m0, out): a block's 16 rows against input rows m0 .. m0 + M - 1. Every
+// neon/tiles.h meet q8 activations (q8.h, tiles::Input here) with int8 dot products. Each provides Input
+// (the prepared input rows: set(x, M, K, ldx, threads) from float or bf16 rows), PASS (input rows per pass
+// over a block) and block<F, M>(w, groups, in, m0, out): a block's 16 rows against input rows m0 .. m0 + M -
+// 1 (block<M>(format, ...) below picks F at run time). Every
 // (output, input row) pair has its own accumulators and the same operations whatever the number of rows,
 // the block or the thread, so results are batch-invariant.
 #pragma once
@@ -32,6 +33,21 @@ static inline int64_t tile_bytes(int format) { return format == Q4 ? Q4_BYTES : 
 
 }  // namespace tiles
 
+#if !ZHUZI_AVX512
+#include "q8.h"
+
+namespace tiles {
+
+struct Input {  // q8 blocks of every row
+  q8::Rows rows;
+
+  template <typename T>
+  void set(const T* x, int64_t M, int64_t K, int64_t ldx, int threads = 1) { rows.set(x, M, K, ldx, threads); }
+};
+
+}  // namespace tiles
+#endif
+
 #if ZHUZI_AVX512
 #include "avx512/tiles.h"
 #elif ZHUZI_AVX2
@@ -41,6 +57,12 @@ static inline int64_t tile_bytes(int format) { return format == Q4 ? Q4_BYTES : 
 #endif
 
 namespace tiles {
+
+template <int M>
+static void block(int format, const uint8_t* w, int64_t groups, const Input& in, int64_t m0, float out[M][LANES]) {
+  if (format == Q4) block<Q4, M>(w, groups, in, m0, out);
+  else block<Q8, M>(w, groups, in, m0, out);
+}
 
 // block<M> for any M <= PASS chosen at run time.
 static inline void block_rows(int format, const uint8_t* w, int64_t groups, const Input& in, int64_t m0, int M,

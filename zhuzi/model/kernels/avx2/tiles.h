@@ -13,12 +13,6 @@ namespace tiles {
 constexpr int PASS = 4;      // input rows per pass: 8 code vectors + 4 accumulators fit the 16 registers
 constexpr int AHEAD = 4096;  // bytes prefetched ahead in a block's stream
 
-struct Input {
-  q8::Rows rows;
-
-  template <typename T>
-  void set(const T* x, int64_t M, int64_t K, int64_t ldx, int threads = 1) { rows.set(x, M, K, ldx, threads); }
-};
 
 static inline __m256i broadcast4(const int8_t* p) { int32_t v; std::memcpy(&v, p, 4); return _mm256_set1_epi32(v); }
 
@@ -96,12 +90,6 @@ static void block(const uint8_t* w, int64_t groups, const Input& in, int64_t m0,
     _mm256_storeu_ps(out[m], acc[m][0]);
     _mm256_storeu_ps(out[m] + 8, acc[m][1]);
   }
-}
-
-template <int M>
-static void block(int format, const uint8_t* w, int64_t groups, const Input& in, int64_t m0, float out[M][LANES]) {
-  if (format == Q4) block<Q4, M>(w, groups, in, m0, out);
-  else block<Q8, M>(w, groups, in, m0, out);
 }
 
 }  // namespace tiles

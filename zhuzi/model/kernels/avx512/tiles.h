@@ -128,11 +128,10 @@ struct Input {
 };
 
 // One block (16 rows) against input rows m0 .. m0 + M - 1 (M <= PASS): out[m][r].
-template <int M>
-static void block(int format, const uint8_t* w, int64_t groups, const Input& in, int64_t m0, float out[M][LANES]) {
+template <int F, int M>
+static void block(const uint8_t* w, int64_t groups, const Input& in, int64_t m0, float out[M][LANES]) {
   __m512 v[M];
-  if (format == Q4) block<Q4, M>(w, groups, in.x + m0 * in.ld, in.ld, in.sums.data() + m0 * in.groups, v);
-  else block<Q8, M>(w, groups, in.x + m0 * in.ld, in.ld, nullptr, v);
+  block<F, M>(w, groups, in.x + m0 * in.ld, in.ld, F == Q4 ? in.sums.data() + m0 * in.groups : nullptr, v);
   for (int m = 0; m < M; ++m) _mm512_storeu_ps(out[m], v[m]);
 }
 
