@@ -28,13 +28,22 @@ def test_chat_streams_replies_and_keeps_the_history():
     assert "Berlin" in second  # "And of Germany?" only makes sense with the first turn in the history
 
 
-def test_plan_prints_the_kv_arithmetic():
-    out = zhuzi("plan", "--kv-cache-memory", "4GiB", "--context", "4096")
+def test_plan_prints_the_weight_and_kv_arithmetic():
+    out = zhuzi("plan", "--kv-cache-memory", "4GiB", "--context", "4096", "--sequences", "4")
     assert out.returncode == 0, out.stderr
     assert "KV bytes per token: 2 x 30 layers x 3 kv_heads x 64 head_dim x 2 bytes = 23,040" in out.stdout
     assert "186,400 tokens" in out.stdout  # 4 GiB / (23,040 x 16) = 11,650 blocks of 16
     assert "requests of 4,096 tokens that fit at once: 45" in out.stdout
-    assert "weight bytes one decode step reads: 269,030,016" in out.stdout
+    # The GGUF's own blocks: Q4_1 layers, the tied Q8_0 embedding (the LM head), float32 norms as bf16
+    assert "weights: 96,506,496 bytes (92 MiB) in memory: the file's blocks (Q4_1 63.3 MiB, Q8_0 28.7 MiB" in out.stdout
+    assert "4 x 4,096-token sequences: KV 377,487,360 bytes (360 MiB), with the weights 473,993,856" in out.stdout
+    assert "weight bytes one decode step reads: 96,506,496" in out.stdout
+
+
+def test_plan_of_dense_weights():
+    out = zhuzi("plan", "--quantization", "none")
+    assert out.returncode == 0, out.stderr
+    assert "weights: 269,030,016 bytes (257 MiB) in memory: dense (2-byte values)" in out.stdout
 
 
 @pytest.mark.parametrize("kernels", [v.name for v in native.runnable() if v.name in ("avx512", "avx2")])

@@ -36,6 +36,7 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     attention_bias: bool = False  # Qwen2: bias on q/k/v projections
     qk_norm: bool = False  # Qwen3: RMSNorm on q and k per head
+    rope_interleaved: bool = False  # RoPE rotates pairs (0, 1), (2, 3), ...: a llama GGUF's Q/K row order
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
 
@@ -274,8 +275,10 @@ class EngineConfig(Settings):
            "cannot stall the running streams (0: no cap; offline 0, `zhuzi serve` 128)", serve=128)
     enable_prefix_caching: bool = setting(True, "reuse the KV blocks of prompt prefixes seen before")
     quantization: str | None = setting(
-        None, "weight quantization, applied at load: int8 (per output channel) or int4 (the GGUF's Q4_1 "
-              "blocks, Q8_0 LM head)", choices=["int8", "int4"])
+        None, "weight format: gguf (a .gguf file's own blocks, read in place; the default for a .gguf), none "
+              "(dense in --dtype; the default for a Hugging Face directory), or quantized at load from the "
+              "dense values: int8 (per output channel) or int4 (Q4_1 blocks, Q8_0 LM head)",
+        choices=["gguf", "none", "int8", "int4"])
     fused_decode: bool = setting(
         True, "run a step of at most 8 decodes as one native call (CPU, bfloat16); off: the per-layer path, "
               "whose bf16 rounding differs (see zhuzi/model/fused.py)")

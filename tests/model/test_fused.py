@@ -1,7 +1,8 @@
 """The fused decode step (one native call a step) against the per-layer path and a float32 forward, on
-tiny Llama / Qwen2 (QKV bias) / Qwen3 (q/k norms) checkpoints in every weight format, under every CPU
-variant this machine runs, in the precision dtype auto picks there (bf16 with AVX512-BF16, else float32
-activations over bf16 weights and KV cache)."""
+tiny Llama / Qwen2 (QKV bias) / Qwen3 (q/k norms) checkpoints in every weight format, and as GGUF files of
+every block type, under every CPU variant this machine runs, in the precision dtype auto picks there (bf16
+with AVX512-BF16, else float32 activations over bf16 weights and KV cache)."""
+import gguf
 import pytest
 import tiny
 import torch
@@ -22,6 +23,23 @@ def checkpoint(request, tmp_path_factory):
     directory = tmp_path_factory.mktemp(request.param)
     tiny.build(request.param, directory, **SHAPE)
     return directory
+
+
+Q = gguf.GGMLQuantizationType
+# Every block type a kernel serves, as a Q4_K_M file mixes them: q/k/v side by side in one layer.
+BLOCK_TYPES = {"q_proj": Q.Q4_0, "k_proj": Q.Q5_1, "v_proj": Q.Q8_0, "o_proj": Q.Q4_K, "gate_proj": Q.Q5_K,
+               "up_proj": Q.Q4_1, "down_proj": Q.Q6_K, "embed_tokens": Q.Q5_0, "lm_head": Q.Q6_K}
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def gguf_file(request, tmp_path_factory):
+    """A tiny model as a GGUF file of blocks (llama: Q/K rows in llama.cpp's order, rotated interleaved)."""
+    directory = tmp_path_factory.mktemp(f"{request.param}-gguf")
+    model = tiny.build(request.param, directory, hidden_size=256, intermediate_size=512, num_attention_heads=4,
+                       num_key_value_heads=2, vocab_size=1024)  # K-quant rows of 256; whole 16-row tiles
+    types = {name: BLOCK_TYPES[name.split(".")[-2]] for name in model.state_dict()
+             if name.endswith(".weight") and name.split(".")[-2] in BLOCK_TYPES}
+    return tiny.write_gguf(directory / "tiny.gguf", model, request.param, types=types)
 
 
 def decoder(directory, dtype="auto", quantization=None, fused=True) -> Decoder:
@@ -89,10 +107,21 @@ def test_fused_step_is_as_close_to_float32_as_the_per_layer_path(checkpoint):
     assert fused_error <= 1.25 * per_layer_error
 
 
-@pytest.mark.parametrize("quantization", [None, "int4"])
-def test_rows_never_influence_each_other(checkpoint, quantization):
+def test_fused_step_on_gguf_blocks_agrees_with_the_per_layer_path(gguf_file):
+    """Both meet the blocks with q8 activations; only the bf16 rounding of the per-layer path differs."""
+    model = decoder(gguf_file, quantization="gguf")
+    assert model.fused is not None
+    fused, per_layer, fused_kv, per_layer_kv = fused_and_per_layer(model, IDS)
+    assert (fused - per_layer).abs().max() <= 0.03 * per_layer.abs().max()
+    new = len(IDS) - 1
+    written = fused_kv[:, :, new].float()
+    assert (written - per_layer_kv[:, :, new].float()).abs().max() <= 0.03 * written.abs().max()
+
+
+@pytest.mark.parametrize("quantization", [None, "int4", "gguf"])
+def test_rows_never_influence_each_other(checkpoint, gguf_file, quantization):
     """A row's logits are the same bits alone or beside others of other lengths, on any thread count."""
-    model = decoder(checkpoint, quantization=quantization)
+    model = decoder(gguf_file if quantization == "gguf" else checkpoint, quantization=quantization)
     _, kv = prefill(model, IDS[:11])  # three sequences, each with its own slots
     prefill(model, IDS[:39], kv=kv, first_slot=64)
     prefill(model, IDS[:24], kv=kv, first_slot=128)

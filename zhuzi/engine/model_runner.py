@@ -21,7 +21,7 @@ from zhuzi.engine.sequence import ScheduledSeq
 from zhuzi.engine.tp_control import FORWARD, LOGITS, StepChannel, pack_step
 from zhuzi.model import native
 from zhuzi.model.attention import AttentionMetadata, PrefillChunk
-from zhuzi.model.decoder import Decoder, LayerTap
+from zhuzi.model.decoder import Decoder, LayerTap, layer_format
 from zhuzi.model.loader import Checkpoint, load_checkpoint
 from zhuzi.model.parallel import TPGroup
 from zhuzi.outputs import Inspection, LensLayer, Logprob
@@ -62,8 +62,9 @@ def load_runner(config: EngineConfig, tp: TPGroup | None = None) -> tuple[Checkp
     precision = config.precision
     ckpt = load_checkpoint(config.model, precision.weights)
     positions = max(config.max_model_len or 0, ckpt.config.max_position_embeddings)
-    calibration = calibration_ids(ckpt.path) if config.quantization == "int8" and tp is None else None
-    model = Decoder(ckpt.config, ckpt.tensors, config.device, config.quantization, positions, tp,
+    quantization = layer_format(config.quantization, ckpt.is_gguf, tp is not None)
+    calibration = calibration_ids(ckpt.path) if quantization == "int8" and tp is None else None
+    model = Decoder(ckpt.config, ckpt.tensors, config.device, quantization, positions, tp,
                     fused_decode=config.fused_decode, calibration=calibration,
                     deterministic=config.deterministic, dtype=precision.compute)
     plan = config.kv_plan(ckpt.config)

@@ -26,7 +26,7 @@ from zhuzi.config import EngineConfig, SpeculativeConfig
 from zhuzi.engine.block_manager import BlockManager
 from zhuzi.engine.model_runner import ModelRunner
 from zhuzi.engine.sequence import ScheduledSeq, Sequence
-from zhuzi.model.decoder import Decoder
+from zhuzi.model.decoder import Decoder, layer_format
 from zhuzi.model.loader import load_checkpoint
 from zhuzi.sample.rejection import sample_drafts
 from zhuzi.sample.sampler import SamplingRow
@@ -95,7 +95,8 @@ class DraftModelProposer:
             raise ValueError(f"speculative_config: the draft model {spec.model} does not share the target's "
                              f"tokenizer (vocabulary, or size {ckpt.config.vocab_size} vs {vocab_size})")
         self.eos_ids = eos_ids
-        model = Decoder(ckpt.config, ckpt.tensors, config.device, config.quantization,
+        quantization = layer_format(config.quantization, ckpt.is_gguf, False)
+        model = Decoder(ckpt.config, ckpt.tensors, config.device, quantization,
                         max_positions=max(max_positions, ckpt.config.max_position_embeddings),
                         deterministic=config.deterministic, dtype=precision.compute)
         self.runner = ModelRunner(model, config, num_blocks, self.eos_ids)

@@ -1,5 +1,5 @@
-"""The model's linear layers (decoder -> every projection): dense, int8, or 4/8-bit tiles, each picking
-its fastest path for the rows of a step.
+"""The model's linear layers (decoder -> every projection): dense, int8, 4/8-bit tiles, or a GGUF file's
+own blocks, each picking its fastest path for the rows of a step.
 
 float32 weights are the reference: every format runs there as torch's matmul over its weights' exact values
 (quantized values included), so a quantized fp32 model keeps the invariants of an fp32 one. float32
@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from zhuzi.model import cpu_blocks
+from zhuzi.model.blocks import BlockWeight
 from zhuzi.model.cpu_linear import (
     fixed_order_linear,
     int8_matmul,
@@ -20,9 +22,9 @@ from zhuzi.model.cpu_linear import (
 )
 from zhuzi.model.quant import pack_q4, pack_q8, quantize_int8, unpack_q4, unpack_q8
 
-QUANTIZATIONS = ("int8", "int4")
-# Weight format of the layers and of the LM head for each quantization.
-FORMATS = {None: (None, None), "int8": ("int8", "int8"), "int4": ("q4", "q8")}
+QUANTIZATIONS = ("int8", "int4", "gguf")
+# Weight format of the layers and of the LM head for the quantizations made at load.
+FORMATS = {"int8": ("int8", "int8"), "int4": ("q4", "q8")}
 _TILES = {"q4": (pack_q4, unpack_q4), "q8": (pack_q8, unpack_q8)}
 
 
@@ -36,17 +38,18 @@ class Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
-        if self.fixed_order:
-            y = fixed_order_linear(flat, self.weight)
-            if y is None:
-                raise RuntimeError(f"the fixed-order kernel cannot serve {tuple(flat.shape)} {flat.dtype} inputs")
-        else:
-            y = self._kernel(flat)
+        y = self._fixed_order(flat) if self.fixed_order else self._kernel(flat)
         if y is None:
             y = self._matmul(flat)
         elif self.bias is not None:
             y = y + self.bias
         return y.view(*x.shape[:-1], -1)
+
+    def _fixed_order(self, flat: torch.Tensor) -> torch.Tensor:
+        y = fixed_order_linear(flat, self.weight)
+        if y is None:
+            raise RuntimeError(f"the fixed-order kernel cannot serve {tuple(flat.shape)} {flat.dtype} inputs")
+        return y
 
     def _kernel(self, flat: torch.Tensor) -> torch.Tensor | None:
         # Decode batches of a few rows are a weight-streaming problem: the kernel reads W at close to
@@ -112,6 +115,36 @@ class TiledLinear(Linear):
     @property
     def tensors(self) -> list[torch.Tensor]:
         return [t for t in (self.tiles, self.bias) if t is not None]
+
+
+class BlockLinear(Linear):
+    """A GGUF file's blocks as they are (blocks.py): one matrix, or several whose output rows follow each other
+    (q, k, v; gate, up), each of its own type, through the block kernels for any number of bf16 rows. An
+    output's arithmetic depends only on its own input row, so the layer is fixed-order as it is."""
+
+    def __init__(self, parts: list[BlockWeight], bias: torch.Tensor | None = None,
+                 out_dtype: torch.dtype | None = None):
+        self.parts, self.bias, self.out_dtype = parts, bias, out_dtype  # out_dtype: default the inputs'
+        self.out_features = sum(p.shape[0] for p in parts)
+        self.table = cpu_blocks.part_table(parts)
+
+    def _kernel(self, flat: torch.Tensor) -> torch.Tensor | None:
+        return cpu_blocks.block_linear(flat, self.table, self.out_features, self.out_dtype)
+
+    _fixed_order = _kernel
+
+    def _matmul(self, flat: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError(f"GGUF blocks take bf16 CPU inputs, got {flat.dtype} on {flat.device}")
+
+    @property
+    def tensors(self) -> list[torch.Tensor]:
+        return [p.data for p in self.parts] + ([self.bias] if self.bias is not None else [])
+
+
+def block_linear(parts: list[BlockWeight], bias: torch.Tensor | None,
+                 out_dtype: torch.dtype | None = None) -> BlockLinear | None:
+    """A layer on these blocks, or None where the kernels do not serve one of their types on this CPU."""
+    return BlockLinear(parts, bias, out_dtype) if all(cpu_blocks.linear_serves(p.qtype) for p in parts) else None
 
 
 def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, fmt: str | None, dtype: torch.dtype) -> Linear:

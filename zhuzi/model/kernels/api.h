@@ -29,6 +29,14 @@ int zhuzi_decode_attention(int q_bf16, int kv_bf16, const void* q, const void* k
 int zhuzi_prefill_attention(int q_bf16, int kv_bf16, const void* q, const void* kc, const void* vc,
                             const int64_t* slots, int64_t L, int64_t context, int H, int KV, int D, int64_t nslots,
                             float scale, void* out, int threads);
+// dequantize_blocks.cpp: rows ids[i] (all n rows when ids is null) of a GGUF block matrix -> their exact
+// values, float32 or bf16 [n, K].
+int zhuzi_dequantize_rows(int type, const void* src, int64_t rows, int64_t row_bytes, const int64_t* ids, int64_t n,
+                          int64_t K, void* out, int out_bf16, int threads);
+// block_linear.cpp: y[M, N] = x[M, K] W^T for W the rows of GGUF block matrices one after another (parts:
+// block_tiles.h's Part); x and y each float32, or bf16 (x_bf16, y_bf16).
+int zhuzi_block_linear(const void* parts, int nparts, const void* x, int x_bf16, void* y, int y_bf16, int64_t M,
+                       int64_t N, int64_t K, int threads);
 // decode_step.cpp: a whole decode step of M <= 8 rows (args: step::Args, see fused.py).
 int zhuzi_decode_step(const void* args, int64_t M);
 }

@@ -3,6 +3,7 @@
 // the per-layer path.
 #include "api.h"
 #include "attention.h"
+#include "block_tiles.h"
 #include "decode_step.h"
 #include "rows.h"
 #include "tiles.h"
@@ -30,13 +31,15 @@ using Int8 = I8Q8;      // int8 weights against q8 activations
 struct Inputs {
   std::vector<float> f, split;
   tiles::Input t;
+  q8::Rows q8;           // for GGUF blocks
+  const uint16_t* bf16 = nullptr;  // rows given as bf16 (use()), not in f
   int M = 0;
   int64_t K = 0;
-  bool tiled_ready = false, split_ready = false;
+  bool tiled_ready = false, split_ready = false, q8_ready = false;
 
   // Rows of float32 values, optionally RMS-normalised with weight w.
   void set(const float* src, int rows, int64_t width, const uint16_t* w = nullptr, float eps = 0.f) {
-    M = rows, K = width, tiled_ready = split_ready = false;
+    M = rows, K = width, tiled_ready = split_ready = q8_ready = false, bf16 = nullptr;
     f.resize(M * K);
     for (int m = 0; m < M; ++m) {
       const float* s = src + m * K;
@@ -54,7 +57,7 @@ struct Inputs {
   }
 #if ZHUZI_AVX512
   void use(const uint16_t* rows, int count, int64_t width) {  // bf16 rows as they are
-    M = count, K = width, split_ready = false;
+    M = count, K = width, split_ready = q8_ready = false, bf16 = rows;
     t.set(rows, M, K, K);
     tiled_ready = true;
   }
@@ -65,6 +68,14 @@ struct Inputs {
     if (!tiled_ready) t.set(f.data(), M, K, K);
     tiled_ready = true;
     return t;
+  }
+  const q8::Rows& blocks() {
+    if (!q8_ready) {
+      if (bf16) q8.set(bf16, M, K, K);
+      else q8.set(f.data(), M, K, K);
+    }
+    q8_ready = true;
+    return q8;
   }
   const float* dense() {
     if (!split_ready) {
@@ -124,6 +135,18 @@ static void chunk(const Mat& a, Inputs& in, int64_t n0, int count, float out[M][
         for (int m = 0; m < M; ++m) out[m][r] *= a.scale[n0 + r];
       break;
     }
+    case BLOCKS: {
+      const auto* part = static_cast<const block_tiles::Part*>(a.w);
+      int64_t row = n0;
+      for (; row >= part->rows; ++part) row -= part->rows;
+      float acc[M][block_tiles::ROWS];
+      blocks::with_format(part->type, [&](auto f) {
+        block_tiles::tile<decltype(f)>(part->w + row * part->row_bytes, part->row_bytes, count, K, in.blocks(), 0, M,
+                                       acc);
+      });
+      for (int m = 0; m < M; ++m) std::memcpy(out[m], acc[m], count * 4);
+      break;
+    }
     default: {
       const int format = a.kind == Q4 ? tiles::Q4 : tiles::Q8;
       const auto* w = static_cast<const uint8_t*>(a.w) + (n0 / CHUNK) * (K / 32) * tiles::tile_bytes(format);
@@ -155,14 +178,27 @@ static void head_norm(float* x, const uint16_t* w, int64_t D, float eps) {
   for (int64_t i = 0; i < D; ++i) x[i] = x[i] * r * widen(w[i]);
 }
 
-// Rotate-half RoPE (the Hugging Face layout): the two halves of a head rotate as pairs.
-static void rope(float* x, const float* cos, const float* sin, int64_t D) {
-  const int64_t half = D / 2;
+// RoPE: frequency i turns dims (i, i + D/2) (the Hugging Face layout), or (2i, 2i + 1) when interleaved.
+static void rope(float* x, const float* cos, const float* sin, int64_t D, bool interleaved) {
+  const int64_t half = D / 2, at = interleaved ? 2 : 1, other = interleaved ? 1 : half;
   for (int64_t i = 0; i < half; ++i) {
-    const float a = x[i], b = x[i + half];
-    x[i] = a * cos[i] - b * sin[i];
-    x[i + half] = b * cos[i] + a * sin[i];
+    const float a = x[i * at], b = x[i * at + other];
+    x[i * at] = a * cos[i] - b * sin[i];
+    x[i * at + other] = b * cos[i] + a * sin[i];
   }
+}
+
+// Row `id` of the embedding, as float.
+static void embedding(const Args& a, int64_t id, float* h) {
+  if (!a.embed_type) {
+    for (int64_t i = 0; i < a.hidden; ++i) h[i] = widen(a.embed[id * a.hidden + i]);
+    return;
+  }
+  const auto* row = reinterpret_cast<const uint8_t*>(a.embed) + id * a.embed_row_bytes;
+  blocks::with_format(a.embed_type, [&](auto f) {
+    using F = decltype(f);
+    for (int64_t b = 0; b < a.hidden / F::QK; ++b) blocks::values<F>(row + b * F::BYTES, h + b * F::QK);
+  });
 }
 
 // The query heads of kv head kh: each K/V row is read once for all of them.
@@ -185,8 +221,7 @@ static int run(const Args& a) {
   const int64_t QKV = (H + 2 * KV) * D, row = KV * D, pool = a.num_slots * row;
   std::vector<float> h(M * E), qkv(M * QKV), act(M * F);
   std::vector<Act> q(M * H * D), attn(M * H * D);
-  for (int m = 0; m < M; ++m)
-    for (int64_t i = 0; i < E; ++i) h[m * E + i] = widen(a.embed[a.ids[m] * E + i]);
+  for (int m = 0; m < M; ++m) embedding(a, a.ids[m], &h[m * E]);
   int bad = 0;
   for (int m = 0; m < M; ++m) bad |= a.lens[m] < 1 || a.lens[m] > a.width;
   if (bad) return 1;
@@ -209,14 +244,14 @@ static int run(const Args& a) {
         float* x = &qkv[m * QKV + j * D];
         if (j < H) {
           if (L.q_norm) head_norm(x, L.q_norm, D, a.eps);
-          rope(x, cos, sin, D);
+          rope(x, cos, sin, D, a.rope_interleaved);
           for (int64_t d = 0; d < D; ++d) store(x[d], &q[(m * H + j) * D + d]);
           continue;
         }
         const int64_t kh = j - H, slot = a.slots[m * a.width + a.lens[m] - 1];
         if (slot < 0 || slot >= a.num_slots) { bad = 1; continue; }
         if (L.k_norm) head_norm(x, L.k_norm, D, a.eps);
-        rope(x, cos, sin, D);
+        rope(x, cos, sin, D, a.rope_interleaved);
         for (int64_t d = 0; d < D; ++d) {
           store(x[d], kc + slot * row + kh * D + d);
           store(x[KV * D + d], vc + slot * row + kh * D + d);
@@ -239,6 +274,7 @@ static int run(const Args& a) {
       Mat up = gate;
       if (gate.kind == DENSE) up.w = static_cast<const uint16_t*>(gate.w) + F * E;
       else if (gate.kind == INT8) up.w = static_cast<const int8_t*>(gate.w) + F * E, up.scale = gate.scale + F;
+      else if (gate.kind == BLOCKS) up.w = static_cast<const block_tiles::Part*>(gate.w) + 1;
       else up.w = static_cast<const uint8_t*>(gate.w) + (F / CHUNK) * (E / 32) * tiles::tile_bytes(gate.kind - Q4);
 #pragma omp for schedule(static)
       for (int64_t c = 0; c < F / CHUNK; ++c) {
@@ -272,6 +308,7 @@ extern "C" int zhuzi_decode_step(const void* args, int64_t M) {
   const bool heads = (D == 32 || D == 64 || D == 96 || D == 128 || D == 256) && a.kv_heads > 0
                      && a.heads % a.kv_heads == 0 && a.heads <= MAXH && a.heads * D <= MAXHD;
   if (!heads || a.hidden % 32 || a.ffn % 32) return 2;
+  if (a.embed_type && !block_tiles::serves(a.embed_type, a.hidden, a.embed_row_bytes)) return 2;
   switch (M) {
     case 1: return step::run<1>(a);
     case 2: return step::run<2>(a);

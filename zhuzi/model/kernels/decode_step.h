@@ -5,11 +5,13 @@
 
 namespace step {
 
-enum Kind : int32_t { DENSE = 0, INT8 = 1, Q4 = 2, Q8 = 3 };  // Q4 - Q4 and Q8 - Q4 are tiles.h's formats
+// Q4 - Q4 and Q8 - Q4 are tiles.h's formats; BLOCKS: GGUF block matrices (block_tiles.h's Parts)
+enum Kind : int32_t { DENSE = 0, INT8 = 1, Q4 = 2, Q8 = 3, BLOCKS = 4 };
 
 struct Mat {
   int32_t kind;
-  const void* w;         // bf16 / int8 rows [n, k], or tiles [ceil(n / 16), k / 32, tile bytes]
+  const void* w;         // bf16 / int8 rows [n, k], tiles [ceil(n / 16), k / 32, tile bytes], or Parts whose
+                         // rows add up to n, each a multiple of 16
   const float* scale;    // int8: one per row
   const float* bias;     // [n], or null
   int64_t n, k;
@@ -45,6 +47,9 @@ struct Args {
   int64_t width;
   float* logits;              // [M, lm_head.n]
   int32_t threads;
+  int32_t embed_type;         // 0: embed is bf16; else a GGUF block type, rows of embed_row_bytes
+  int64_t embed_row_bytes;
+  int32_t rope_interleaved;   // RoPE on pairs (2i, 2i + 1) (a llama GGUF's Q/K order), not (i, i + D/2)
 };
 
 }  // namespace step
