@@ -147,14 +147,14 @@ def run_transformers(args: argparse.Namespace, requests: list[TokenRequest]) -> 
     from tqdm import tqdm
     from transformers import AutoModelForCausalLM, GgufConfig
 
-    from zhuzi.config import parse_dtype
-
     start = time.perf_counter()
     directory, gguf_file = hf_source(args.model)
     # Dense weights, as transformers users run it: its packed-GGUF path unpacks every weight on
     # every forward pass without a hub kernel, which would make the baseline a strawman.
     quantization = GgufConfig(dequantize=True) if gguf_file else None
-    model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=gguf_file, dtype=parse_dtype(args.dtype),
+    # zhuzi's activations' dtype (dtype auto resolved for this CPU), so both compute alike.
+    dtype = EngineConfig.from_cli_args(args).precision.compute
+    model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=gguf_file, dtype=dtype,
                                                  quantization_config=quantization)
     model.eval()
     load_s = time.perf_counter() - start
