@@ -51,6 +51,11 @@ def load_llm(args: argparse.Namespace):
     return LLM(**vars(EngineConfig.from_cli_args(args)))
 
 
+def model_label(model: str | None) -> str:
+    """The model as a report names it: its file or folder name, never this machine's path."""
+    return os.path.basename(os.path.normpath(model)) if model else "SmolLM2-135M-Instruct (embedded GGUF)"
+
+
 def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compare", choices=["llama.cpp"], default=None,
                         help="also run this peer on the same GGUF with the same threads, and print the ratio")

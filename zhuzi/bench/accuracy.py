@@ -25,7 +25,7 @@ import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from zhuzi.bench import add_compare_arguments, machine_line, save_report
+from zhuzi.bench import add_compare_arguments, machine_line, model_label, save_report
 from zhuzi.bench.datasets import sharegpt_answer_tokens, sharegpt_user_prompts
 from zhuzi.bench.llamacpp import find_tool, gguf_of, llama_perplexity
 from zhuzi.model import native
@@ -161,7 +161,7 @@ def run(args: argparse.Namespace) -> AccuracyReport | TextPerplexity:
     prompts = [tokenizer.encode_chat([{"role": "user", "content": p}]) for p in sharegpt_user_prompts(args.num_prompts)]
     text = sharegpt_answer_tokens(tokenizer.hf, args.text_tokens)
     results = measure(args.model, args.variants, prompts, text, args.max_tokens, args.window)
-    report = AccuracyReport(machine_line(native.current()), args.model or "SmolLM2-135M-Instruct (embedded GGUF)",
+    report = AccuracyReport(machine_line(native.current()), model_label(args.model),
                             len(prompts), args.max_tokens, len(text), args.window, results)
     print(format_report(report))
     return save_report(report, args.json_out)
@@ -204,7 +204,7 @@ def run_text(args: argparse.Namespace) -> TextPerplexity:
             bos = tokens[0] if llm.tokenizer.hf.encode("") else None
         results[variant] = perplexity(llm, tokens, args.window, bos)
         del llm
-    report = TextPerplexity(machine_line(), args.model or "SmolLM2-135M-Instruct (embedded GGUF)",
+    report = TextPerplexity(machine_line(), model_label(args.model),
                             Path(args.perplexity).name, len(tokens), args.window, len(tokens) // args.window, results)
     if tool is not None:
         report.llama_cpp, report.llama_cpp_windows, report.llama_cpp_command = llama_perplexity(

@@ -119,6 +119,11 @@ class Engine:
     def weight_bytes_per_decode_step(self) -> int:
         return self.runner.model.weight_bytes_per_decode_step
 
+    @property
+    def weight_format(self) -> str:
+        """What the layers run on, resolved: gguf (a file's blocks), int8, int4 or none (dense)."""
+        return self.runner.model.quantization or "none"
+
     @functools.cached_property
     def kernel_paths(self) -> dict[str, str]:
         return self.runner.model.kernel_paths()
