@@ -33,3 +33,20 @@ def build(arch: str, directory: Path, layers: int = 2, vocab_size: int = VOCAB,
     model.save_pretrained(directory)
     Tokenizer.load(default_model_path()).hf.save_pretrained(directory)
     return model
+
+
+THINKING_TEMPLATE = (  # ChatML whose generation prompt opens a thought, as DeepSeek-R1's does
+    "{%- for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+    "'<|im_end|>\\n' }}{%- endfor %}{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n<think>\\n' }}"
+    "{%- endif %}")
+
+
+def build_thinking(directory: Path) -> tuple[int, int]:
+    """A tiny random Qwen3 that thinks: SmolLM2's tokenizer plus <think> and </think> as added tokens, and a
+    template that opens the thought. Returns the two tags' ids."""
+    build("qwen3", directory, vocab_size=49152 + 2)
+    hf = Tokenizer.load(directory).hf
+    hf.add_tokens(["<think>", "</think>"])
+    hf.chat_template = THINKING_TEMPLATE
+    hf.save_pretrained(directory)
+    return tuple(hf.convert_tokens_to_ids(["<think>", "</think>"]))

@@ -39,6 +39,7 @@ from zhuzi.engine.scheduler import Scheduler
 from zhuzi.engine.sequence import Probe, ScheduledSeq, Sequence
 from zhuzi.engine.spec_decode import DraftModelProposer, NgramProposer, Proposer
 from zhuzi.engine.structured import GrammarCompiler
+from zhuzi.engine.thinking import ThoughtBudget, think_token_ids
 from zhuzi.outputs import (
     CompletionOutput,
     EngineSnapshot,
@@ -109,6 +110,7 @@ class Engine:
         self.tokenizer = Tokenizer.load(ckpt.path)
         self.max_model_len = config.max_model_len or ckpt.config.max_position_embeddings
         self.eos_ids = list(ckpt.config.eos_token_ids)
+        self.think_ids = think_token_ids(self.tokenizer.hf.get_vocab())  # for thinking_token_budget
         spec = config.speculative
         max_positions = max(self.max_model_len, ckpt.config.max_position_embeddings)
         self.kv_plan = plan = config.kv_plan(ckpt.config)
@@ -165,6 +167,8 @@ class Engine:
         self.check_token_ids(ids, "prompt")
         self.check_token_ids(list(params.logit_bias or {}), "logit_bias")
         self.check_token_ids(params.stop_token_ids, "stop_token_ids")
+        self.check_token_ids(params.allowed_token_ids or [], "allowed_token_ids")
+        params.tokenize_bad_words(lambda text: self.tokenizer.encode(text, add_special_tokens=False))
         if params.top_k > (vocab := self.model_config.vocab_size):
             raise InvalidRequest("top_k", f"top_k must be at most the vocabulary size {vocab}, got {params.top_k}")
         if params.structured_outputs is not None:
@@ -193,7 +197,7 @@ class Engine:
             leader = seqs[0] if seqs and self.config.enable_prefix_caching else None
             grammar = self.grammars.matcher(params.structured_outputs) if params.structured_outputs else None
             seqs.append(Sequence(next(self._seq_ids), request_id, i, ids, params, make_generator(seed), leader,
-                                 grammar))
+                                 grammar, thought=ThoughtBudget.of(params, ids, self.think_ids)))
         req = Request(request_id, prompt if isinstance(prompt, str) else None, ids, params, seqs,
                       [IncrementalDetokenizer(self.tokenizer, params) for _ in seqs],
                       RequestMetrics(arrival_time or time.monotonic()))
@@ -365,9 +369,11 @@ class Engine:
         m.first_token_time = m.first_token_time or now
         m.last_token_time = now
         finish = None
-        for i, token in enumerate(verdict.token_ids):
-            finish = self._append_token(req, seq, token, verdict.logprobs[i] if verdict.logprobs else None)
-            if finish is not None:
+        for i, sampled in enumerate(verdict.token_ids):
+            logprobs = verdict.logprobs[i] if verdict.logprobs else None
+            token, logprobs = seq.thought.write(sampled, logprobs) if seq.thought else (sampled, logprobs)
+            finish = self._append_token(req, seq, token, logprobs)
+            if finish is not None or token != sampled:  # what follows a replaced token was drawn after another
                 break
             if i < verdict.num_accepted:  # an accepted draft: this step computed its K/V
                 seq.num_computed_tokens += 1
