@@ -23,7 +23,8 @@ import uuid
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+from zhuzi.engine.thinking import THINK_CLOSE, THINK_OPEN
+
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
 
 
@@ -149,6 +150,7 @@ class OutputParser:
         self.calls = 0  # calls emitted so far
         self.arguments: _Arguments | None = None  # the streaming call's, once its header went out
         self.mode = Mode.CONTENT
+        self.thought = False  # whether the reply opened a thought (or the prompt opened it)
         self.think_may_open = reasoning  # a <think> counts only before any content
         self.strip_leading = False  # drop whitespace right after a closing tag
         self.buffer = ""  # text not yet classified
@@ -211,7 +213,7 @@ class OutputParser:
             stripped = self.buffer.lstrip()
             if stripped.startswith(THINK_OPEN):
                 self._switch(Mode.REASONING, stripped[len(THINK_OPEN):])
-                self.think_may_open, self.strip_leading = False, True
+                self.think_may_open, self.strip_leading, self.thought = False, True, True
                 return True
             if THINK_OPEN.startswith(stripped):
                 return False  # only whitespace or the start of "<think>" so far

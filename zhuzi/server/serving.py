@@ -18,12 +18,13 @@ import asyncio
 import functools
 import gc
 import logging
+import re
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pydantic
 from fastapi import Request
@@ -32,14 +33,15 @@ from fastapi.responses import Response
 from zhuzi.config import ServerConfig
 from zhuzi.engine.async_engine import EngineDead
 from zhuzi.engine.core_client import ServingEngine
+from zhuzi.engine.thinking import think_token_ids
 from zhuzi.outputs import EngineStats, RequestError, RequestOutput
 from zhuzi.sampling_params import InvalidRequest, SamplingParams
 from zhuzi.server import protocol as p
 from zhuzi.server import responses as r
-from zhuzi.server.formats import Format, Generation, PromptState, sse
+from zhuzi.server.formats import Format, Generation, PromptState
 from zhuzi.server.gateway import Admission, Gateway
 from zhuzi.server.metrics import ServerMetrics
-from zhuzi.server.parsers import THINK_CLOSE, THINK_OPEN, OutputParser, opened_thought
+from zhuzi.server.parsers import OutputParser, opened_thought
 from zhuzi.server.streams import ClosingStreamingResponse, first_outputs, merge_streams, until_disconnect
 from zhuzi.server.tools import template_renders_tools, with_generic_tools
 from zhuzi.tokenizer import message_text
@@ -59,6 +61,15 @@ class ApiError(Exception):
     @classmethod
     def of(cls, exc: InvalidRequest) -> ApiError:
         return cls(400, str(exc), param=exc.param, code=exc.code)
+
+    def renamed(self, names: dict[str, str]) -> ApiError:
+        """The error under another API's names for the chat request's fields: names maps a pattern of the
+        param to its replacement (re.sub), the first that matches."""
+        for pattern, name in names.items():
+            if self.param is not None and re.match(pattern, self.param):
+                param = re.sub(pattern, name, self.param, count=1)
+                return ApiError(self.status, self.message.replace(self.param, param), self.type, param, self.code)
+        return self
 
 
 def failure_info(exc: Exception) -> r.ErrorInfo:
@@ -88,6 +99,16 @@ class Run:
     closed: bool = False
 
 
+@dataclass
+class RenderedChat:
+    """A chat request's prompt: its ids, and what the template was given to make it."""
+
+    ids: list[int]
+    prefill: str  # the text the prompt already holds of the reply (see OutputParser)
+    messages: list[dict[str, Any]]
+    args: dict[str, Any]
+
+
 # Running requests' last chunks after a shutdown ended them: they need a step or two.
 ABORT_GRACE_S = 5.0
 # Threads that render and tokenize prompts: a few long prompts must not queue everyone else's behind them.
@@ -112,6 +133,7 @@ class Server:
         self.metrics = ServerMetrics(self.engine_state)
         self.model_name = ""
         self.reasoning = False
+        self.think_close: int | None = None  # a thinking model's </think> id
         self.added_tokens: set[str] = set()  # the tokenizer's added tokens (a forced call's markers may be)
         self.created = int(time.time())
         if not callable(engine):
@@ -122,7 +144,8 @@ class Server:
     def attach(self, engine: ServingEngine) -> None:
         self.model_name = self.config.served_model_name or engine.model_name
         vocab = engine.tokenizer.hf.get_vocab()
-        self.reasoning = THINK_OPEN in vocab and THINK_CLOSE in vocab  # a thinking model's own tags
+        tags = think_token_ids(vocab)  # a thinking model's own tags
+        self.reasoning, self.think_close = tags is not None, tags[1] if tags else None
         self.added_tokens = set(engine.tokenizer.hf.get_added_vocab())
         engine.tokenizer.warm()
         engine.tokenizer.use_encoder_process()
@@ -236,14 +259,17 @@ class Server:
 
     async def generate(self, request: Request, key: str, prompts: list[list[int]], params: SamplingParams,
                        fmt: Format, new_parser: Callable[[], OutputParser], stream: bool,
-                       include_usage: bool) -> Response:
+                       on_answer: Callable[[pydantic.BaseModel], Awaitable[None]] | None = None) -> Response:
+        """Run the prompts; answer with fmt's whole answer, or stream its chunks. on_answer sees the whole
+        answer before the client does (a stream's last chunks wait for it): what must outlive the answer
+        (a stored response) is kept by then."""
         engine = self.ready()
         admission = self.gateway.admit(params.n * len(prompts))
         self.gateway.charge_tokens(key, sum(len(ids) for ids in prompts))
         request_ids = [f"{fmt.request_id}-{i}" for i in range(len(prompts))]
         streams = [engine.generate(ids, params, rid) for ids, rid in zip(prompts, request_ids)]
         run = Run(key, admission, request_ids, streams,
-                  Generation(params.n, new_parser, [PromptState() for _ in prompts]))
+                  Generation(params.n, new_parser, [PromptState() for _ in prompts], self.think_close))
         self.runs.add(run)
         if self.config.request_timeout:
             run.timer = asyncio.get_running_loop().call_later(self.config.request_timeout, self.end, run)
@@ -257,12 +283,15 @@ class Server:
             raise
         run.merged = merge_streams(firsts, streams)
         if stream:
-            return ClosingStreamingResponse(self.stream(run, fmt, include_usage), lambda: self.close(run))
+            return ClosingStreamingResponse(self.stream(run, fmt, on_answer), lambda: self.close(run))
         try:
             await until_disconnect(request, self.collect(run))
         finally:
             await self.close(run)
-        return json_response(fmt.response(run.gen))
+        answer = fmt.response(run.gen)
+        if on_answer is not None:
+            await on_answer(answer)
+        return json_response(answer)
 
     @staticmethod
     async def collect(run: Run) -> None:
@@ -271,20 +300,23 @@ class Server:
             run.gen.update(index, out)
 
     @staticmethod
-    async def stream(run: Run, fmt: Format, include_usage: bool) -> AsyncIterator[str]:
+    async def stream(run: Run, fmt: Format,
+                     on_answer: Callable[[pydantic.BaseModel], Awaitable[None]] | None) -> AsyncIterator[str]:
         assert run.merged is not None
         try:
             async for index, out in run.merged:
                 for choice, delta, piece in run.gen.update(index, out):
                     for chunk in fmt.chunks(run.gen, choice, delta, piece, index):
                         yield chunk
-            if include_usage:
-                yield fmt.usage_chunk(run.gen)
+            if on_answer is not None:
+                await on_answer(fmt.response(run.gen))
+            for chunk in fmt.end(run.gen):
+                yield chunk
         except Exception as exc:  # the headers are out: report in-band, as OpenAI's streams do
             if not isinstance(exc, (RequestError, EngineDead)):  # the engine logged those
                 log.exception("stream %s failed", fmt.request_id)
-            yield sse(r.ErrorResponse(error=failure_info(exc)))
-        yield "data: [DONE]\n\n"
+            for chunk in fmt.failure(run.gen, failure_info(exc)):
+                yield chunk
 
     async def close(self, run: Run, ran: bool = True) -> None:
         """End a request however it ended: abort what still runs, free its place, count it if it ran."""
@@ -311,8 +343,9 @@ class Server:
 
     # -- prompts (in worker threads)
 
-    def render_chat(self, body: p.ChatTemplateRequest, constraint: p.Constraint | None = None) -> tuple[list[int], str]:
-        """The prompt ids, and the text the prompt already holds of the reply (see OutputParser)."""
+    def render_chat(self, body: p.ChatTemplateRequest, constraint: p.Constraint | None = None) -> RenderedChat:
+        """The prompt a chat request makes (the generic tool format written in where the template has none;
+        under a constraint a thinking model is asked for no thought)."""
         tokenizer, messages, args = self.ready().tokenizer, body.template_messages(), body.template_args()
         if body.parse_tool_calls and not template_renders_tools(tokenizer.template_variables):
             messages = with_generic_tools(messages, args["tools"])
@@ -321,7 +354,7 @@ class Server:
         try:
             ids = tokenizer.encode_chat(messages, **args)
             if body.continue_final_message:
-                return ids, message_text(messages[-1].get("content"))
+                return RenderedChat(ids, message_text(messages[-1].get("content")), messages, args)
             # Only a thinking model's template can open a thought; skip the second render otherwise.
             prefill = opened_thought(tokenizer.render_chat(messages, **args)) if self.reasoning else ""
         except (ValueError, TypeError) as exc:  # template errors, and templates fed unexpected types
@@ -329,7 +362,7 @@ class Server:
         if constraint is not None and prefill:
             raise ApiError(400, f"{constraint.source} cannot hold here: this model's template opens a thought, "
                            "and a constrained reply cannot think", param=constraint.source)
-        return ids, prefill
+        return RenderedChat(ids, prefill, messages, args)
 
     @staticmethod
     def without_thought(kwargs: dict | None) -> dict:
