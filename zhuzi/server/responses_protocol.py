@@ -292,7 +292,7 @@ class InputItemList(Response):
 # ---------------------------------------------------------------- the stream's events
 
 class Event(Response):
-    sequence_number: int
+    sequence_number: int = 0  # numbered as it goes out
 
 
 class ResponseEvent(Event):
@@ -307,43 +307,39 @@ class ItemEvent(Event):
     item: OutputItem
 
 
-class PartEvent(Event):
-    type: Literal["response.content_part.added", "response.content_part.done"]
+class ItemEventBase(Event):
     item_id: str
     output_index: int
-    content_index: int = 0
+
+
+class ContentEvent(ItemEventBase):
+    content_index: int = 0  # zhuzi's items hold one part
+
+
+class PartEvent(ContentEvent):
+    type: Literal["response.content_part.added", "response.content_part.done"]
     part: OutputText | ReasoningContent
 
 
-class TextDeltaEvent(Event):
+class TextDeltaEvent(ContentEvent):
     type: Literal["response.output_text.delta", "response.reasoning_text.delta"]
-    item_id: str
-    output_index: int
-    content_index: int = 0
     delta: str
     logprobs: list[dict[str, Any]] | None = Field(None, exclude_if=_is_none)  # output_text's: always []
 
 
-class TextDoneEvent(Event):
+class TextDoneEvent(ContentEvent):
     type: Literal["response.output_text.done", "response.reasoning_text.done"]
-    item_id: str
-    output_index: int
-    content_index: int = 0
     text: str
     logprobs: list[dict[str, Any]] | None = Field(None, exclude_if=_is_none)
 
 
-class ArgumentsDeltaEvent(Event):
+class ArgumentsDeltaEvent(ItemEventBase):
     type: Literal["response.function_call_arguments.delta"] = "response.function_call_arguments.delta"
-    item_id: str
-    output_index: int
     delta: str
 
 
-class ArgumentsDoneEvent(Event):
+class ArgumentsDoneEvent(ItemEventBase):
     type: Literal["response.function_call_arguments.done"] = "response.function_call_arguments.done"
-    item_id: str
-    output_index: int
     name: str
     arguments: str
 

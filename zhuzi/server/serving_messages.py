@@ -96,12 +96,11 @@ def _message(message: a.MessageParam) -> list[dict[str, Any]]:
     return [out]
 
 
-def _tool_choice(choice: a.ToolChoice | None) -> Any:
-    if choice is None or isinstance(choice, a.ToolChoiceAuto):
-        return None if choice is None else "auto"
+def _tool_choice(choice: a.ToolChoice) -> Any:
+    """Chat's tool_choice for Anthropic's: any is required, tool names a function."""
     if isinstance(choice, a.ToolChoiceTool):
         return {"type": "function", "function": {"name": choice.name}}
-    return "required" if isinstance(choice, a.ToolChoiceAny) else "none"
+    return {"auto": "auto", "any": "required", "none": "none"}[choice.type]
 
 
 def chat_request(body: a.MessagesPrompt) -> p.ChatCompletionRequest:
@@ -122,10 +121,10 @@ def chat_request(body: a.MessagesPrompt) -> p.ChatCompletionRequest:
         chat["tools"] = [{"type": "function", "function": {
             "name": t.name, "description": t.description, "parameters": t.input_schema, "strict": t.strict}}
             for t in body.tools]
-    if (choice := _tool_choice(body.tool_choice)) is not None:
-        chat["tool_choice"] = choice
-    if body.tool_choice is not None and not isinstance(body.tool_choice, a.ToolChoiceNone):
-        chat["parallel_tool_calls"] = not body.tool_choice.disable_parallel_tool_use
+    if body.tool_choice is not None:
+        chat["tool_choice"] = _tool_choice(body.tool_choice)
+        if not isinstance(body.tool_choice, a.ToolChoiceNone):
+            chat["parallel_tool_calls"] = not body.tool_choice.disable_parallel_tool_use
     if body.thinking is not None:
         chat["chat_template_kwargs"] = {"enable_thinking": thinks}
     if isinstance(body.thinking, a.ThinkingEnabled):

@@ -113,13 +113,15 @@ def chat_request(body: rp.ResponsesRequest, history: list[dict[str, Any]],
 
 # ---------------------------------------------------------------- the answer
 
-def _item(block: Block, status: rp.ItemStatus) -> rp.OutputItem:
+def _item(block: Block, status: rp.ItemStatus, text: str | None = None) -> rp.OutputItem:
+    """A block as its output item; text: instead of the block's (an item just added is empty)."""
+    text = block.text if text is None else text
     if block.kind == "thinking":
-        return rp.ReasoningOutput(id=block.id, status=status, content=[rp.ReasoningContent(text=block.text)])
+        return rp.ReasoningOutput(id=block.id, status=status, content=[rp.ReasoningContent(text=text)])
     if block.kind == "text":
-        return rp.OutputMessage(id=block.id, status=status, content=[rp.OutputText(text=block.text)])
+        return rp.OutputMessage(id=block.id, status=status, content=[rp.OutputText(text=text)])
     return rp.FunctionCallOutput(id=block.id, status=status, call_id=block.call_id or "", name=block.name or "",
-                                 arguments=block.text)
+                                 arguments=text)
 
 
 def _part(block: Block, text: str) -> rp.OutputText | rp.ReasoningContent:
@@ -178,31 +180,28 @@ class ResponsesFormat:
         block, index = e.block, e.index
         where = {"item_id": block.id, "output_index": index}
         if e.kind == "start":
-            item = _item(block, "in_progress")
-            for part in getattr(item, "content", []):
-                part.text = ""
-            events: list[rp.Event] = [rp.ItemEvent(sequence_number=0, type="response.output_item.added",
-                                                   output_index=index, item=item)]
+            events: list[rp.Event] = [rp.ItemEvent(type="response.output_item.added", output_index=index,
+                                                   item=_item(block, "in_progress", ""))]
             if block.kind != "tool_use":
-                events.append(rp.PartEvent(sequence_number=0, type="response.content_part.added",
+                events.append(rp.PartEvent(type="response.content_part.added",
                                            part=_part(block, ""), **where))
             return events
         if block.kind == "tool_use":
             if e.kind == "delta":
-                return [rp.ArgumentsDeltaEvent(sequence_number=0, delta=e.text, **where)]
-            done: list[rp.Event] = [rp.ArgumentsDoneEvent(sequence_number=0, name=block.name or "",
+                return [rp.ArgumentsDeltaEvent(delta=e.text, **where)]
+            done: list[rp.Event] = [rp.ArgumentsDoneEvent(name=block.name or "",
                                                           arguments=block.text, **where)]
         else:
             kind = "reasoning_text" if block.kind == "thinking" else "output_text"
             logprobs = [] if kind == "output_text" else None
             if e.kind == "delta":
-                return [rp.TextDeltaEvent(sequence_number=0, type=f"response.{kind}.delta", delta=e.text,
+                return [rp.TextDeltaEvent(type=f"response.{kind}.delta", delta=e.text,
                                           logprobs=logprobs, **where)]
-            done = [rp.TextDoneEvent(sequence_number=0, type=f"response.{kind}.done", text=block.text,
+            done = [rp.TextDoneEvent(type=f"response.{kind}.done", text=block.text,
                                      logprobs=logprobs, **where),
-                    rp.PartEvent(sequence_number=0, type="response.content_part.done", part=_part(block, block.text),
+                    rp.PartEvent(type="response.content_part.done", part=_part(block, block.text),
                                  **where)]
-        return done + [rp.ItemEvent(sequence_number=0, type="response.output_item.done", output_index=index,
+        return done + [rp.ItemEvent(type="response.output_item.done", output_index=index,
                                     item=_item(block, self._item_status(gen, index)))]
 
     def chunks(self, gen: Generation, choice: Choice, delta: CompletionOutput, piece: ParsedText,
@@ -216,17 +215,17 @@ class ResponsesFormat:
         if self.sequence:
             return []
         started = self._response(gen, "in_progress")
-        return [self._event(rp.ResponseEvent(sequence_number=0, type=kind, response=started))
+        return [self._event(rp.ResponseEvent(type=kind, response=started))
                 for kind in ("response.created", "response.in_progress")]
 
     def end(self, gen: Generation) -> list[str]:
         response = self.response(gen)
         kind = "response.completed" if response.status == "completed" else "response.incomplete"
-        return self._start(gen) + [self._event(rp.ResponseEvent(sequence_number=0, type=kind, response=response))]
+        return self._start(gen) + [self._event(rp.ResponseEvent(type=kind, response=response))]
 
     def failure(self, gen: Generation, error: r.ErrorInfo) -> list[str]:
         failed = self._response(gen, "failed", rp.ResponseError(code="server_error", message=error.message))
-        return [self._event(rp.ResponseEvent(sequence_number=0, type="response.failed", response=failed))]
+        return self._start(gen) + [self._event(rp.ResponseEvent(type="response.failed", response=failed))]
 
     def response(self, gen: Generation) -> rp.ResponseObject:
         return self._response(gen, self._status(gen))

@@ -105,10 +105,6 @@ class Database:
                     conn.execute(statement)
             conn.execute("UPDATE zhuzi_schema SET version = ? WHERE component = ?", (component.version, component.name))
 
-    def close(self) -> None:
-        with self.lock:
-            self.conn.close()
-
 
 RESPONSES = Component("responses", 1, (
     "CREATE TABLE responses (id TEXT PRIMARY KEY, owner TEXT NOT NULL, previous_id TEXT, created_at REAL NOT NULL, "
