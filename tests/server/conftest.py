@@ -1,5 +1,6 @@
 """Shared server fixtures: a `zhuzi serve` per test module with the default flags and an `openai` client for
-it (a module may define its own `server`); the inspector's server (float32, so that an inspection re-run
+it (a module may define its own `server`); a server with two API keys (KEYS), one per session, shared by the
+Anthropic and Responses API tests; the inspector's server (float32, so that an inspection re-run
 reproduces a step's probabilities to ~1e-6; bf16: ~1e-3), one per session, shared by the /inspect API and
 page tests; and the page tests' browser."""
 from __future__ import annotations
@@ -22,6 +23,16 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 @pytest.fixture(scope="module")
 def client(server: ServerProcess) -> openai.OpenAI:
     return openai.OpenAI(api_key="none", base_url=server.api, max_retries=0, timeout=120)
+
+
+KEYS = ("key-one", "key-two")
+
+
+@pytest.fixture(scope="session")
+def keyed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    keys = [arg for key in KEYS for arg in ("--api-key", key)]
+    with running_server(tmp_path_factory.mktemp("keyed") / "server.log", *keys) as server:
+        yield server
 
 
 @pytest.fixture(scope="session")
