@@ -165,7 +165,8 @@ class ResponsesRequest(Request):
     max_output_tokens: int | None = None
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
-    metadata: dict[str, Annotated[str, Field(max_length=512)]] | None = Field(None, max_length=MAX_METADATA)
+    metadata: dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]] | None = Field(
+        None, max_length=MAX_METADATA)  # OpenAI's limits: 16 pairs, keys of 64 characters, values of 512
     store: bool = True  # kept for GET, input_items and a later previous_response_id
     previous_response_id: str | None = None
     stream: bool = False
