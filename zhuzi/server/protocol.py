@@ -14,17 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    ConfigDict,
-    Discriminator,
-    Field,
-    Tag,
-    ValidationInfo,
-    field_validator,
-    model_validator,
-)
+import pydantic
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from zhuzi.sampling_params import InvalidRequest, SamplingParams, StructuredOutputError, StructuredOutputsParams
 
@@ -46,9 +37,10 @@ def text_or(parts: Any, min_parts: int = 0) -> Any:
     def form(value: Any) -> str | None:
         return "text" if isinstance(value, str) else "parts" if isinstance(value, list) else None
 
-    return Annotated[Annotated[Text, Tag("text")] | Annotated[list[parts], Field(min_length=min_parts), Tag("parts")],
-                     Discriminator(form, custom_error_type="text_or_parts",
-                                   custom_error_message="must be a string or a list of parts")]
+    return Annotated[Annotated[Text, pydantic.Tag("text")]
+                     | Annotated[list[parts], Field(min_length=min_parts), pydantic.Tag("parts")],
+                     pydantic.Discriminator(form, custom_error_type="text_or_parts",
+                                            custom_error_message="must be a string or a list of parts")]
 
 
 class Request(BaseModel):
@@ -66,8 +58,7 @@ UNSUPPORTED = {
     "store": "is not supported: zhuzi stores no completions",
     "metadata": "is not supported: zhuzi stores no completions",
     "service_tier": "is not supported: zhuzi has one tier",
-    "reasoning_effort": "is not supported: a thinking model's template may take chat_template_kwargs "
-                        "such as enable_thinking",
+    "reasoning_effort": "is not supported: use thinking_token_budget (and chat_template_kwargs' enable_thinking)",
     "web_search_options": "is not supported: zhuzi has no web search",
     "suffix": "is not supported: zhuzi does not fill in the middle",
     "best_of": "is not supported: use n",
@@ -307,7 +298,7 @@ class SamplingRequest(Request):
 
     def sampling_params(self, max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None = None,
                         structured_outputs: StructuredOutputsParams | None = None,
-                        thinking_token_budget: int | None = None) -> SamplingParams:
+                        thinking_budget: int | None = None) -> SamplingParams:
         """Build SamplingParams; unset fields keep its defaults. Raises InvalidRequest naming a field."""
         given = {
             "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
@@ -320,8 +311,7 @@ class SamplingRequest(Request):
             ignore_eos=self.ignore_eos, min_tokens=self.min_tokens, logprobs=logprobs,
             prompt_logprobs=prompt_logprobs, include_stop_str_in_output=self.include_stop_str_in_output,
             skip_special_tokens=self.skip_special_tokens, structured_outputs=structured_outputs,
-            bad_words=self.bad_words, allowed_token_ids=self.allowed_token_ids,
-            thinking_token_budget=thinking_token_budget,
+            bad_words=self.bad_words, allowed_token_ids=self.allowed_token_ids, thinking_token_budget=thinking_budget,
             **{name: value for name, value in given.items() if value is not None},
         )
 
@@ -407,7 +397,7 @@ class ChatCompletionRequest(ChatTemplateRequest, SamplingRequest):
         max_tokens = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
         return self.sampling_params(max_tokens, logprobs, structured_outputs=structured_outputs,
-                                    thinking_token_budget=self.thinking_token_budget)
+                                    thinking_budget=self.thinking_token_budget)
 
 
 Prompt = Text | list[Text] | list[int] | list[list[int]]
