@@ -10,7 +10,7 @@ import httpx
 import jsonschema
 import pytest
 from conftest import KEYS
-from serving import ServerProcess
+from server_process import ServerProcess
 
 MODEL = "SmolLM2-135M-Instruct"
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]

@@ -11,7 +11,7 @@ import jsonschema
 import openai
 import pytest
 from conftest import KEYS
-from serving import ServerProcess, running_server
+from server_process import ServerProcess, running_server
 
 MODEL = "SmolLM2-135M-Instruct"
 GREEDY = {"model": MODEL, "temperature": 0, "max_output_tokens": 24}

@@ -10,7 +10,7 @@ import anthropic
 import openai
 import pytest
 import tiny
-from serving import ServerProcess, running_server
+from server_process import ServerProcess, running_server
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 

@@ -13,15 +13,6 @@ from dataclasses import dataclass
 from zhuzi.outputs import Logprob
 from zhuzi.sampling_params import SamplingParams
 
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
-
-
-def think_token_ids(vocab: dict[str, int]) -> tuple[int, int] | None:
-    """The ids of a thinking model's tags (each one token), or None."""
-    if THINK_OPEN in vocab and THINK_CLOSE in vocab:
-        return vocab[THINK_OPEN], vocab[THINK_CLOSE]
-    return None
-
 
 @dataclass
 class ThoughtBudget:

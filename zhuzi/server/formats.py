@@ -1,6 +1,6 @@
 """Response formats, the last step before the wire: engine deltas -> OpenAI's JSON bodies and SSE chunks.
 
-A Generation gathers what one API request produced (its prompts, their n choices each, parsed into
+A ResponseState gathers what one API request produced (its prompts, their n choices each, parsed into
 content / reasoning / tool calls, and laid out as content blocks); ChatFormat and CompletionFormat turn it
 into chat.completion(.chunk) and text_completion objects. Every format (messages.py and responses_api.py
 have the others) answers the same four calls: the chunks of a delta, the end of a stream, a failure once
@@ -76,7 +76,7 @@ class Choice:
 
 
 @dataclass
-class PromptState:
+class PromptStats:
     token_count: int = 0
     cached_tokens: int = 0
     metrics: RequestMetrics | None = None
@@ -84,12 +84,12 @@ class PromptState:
 
 
 @dataclass
-class Generation:
+class ResponseState:
     """Everything one API request produced so far, across its prompts and choices."""
 
     n: int
     new_parser: Callable[[], OutputParser]
-    prompts: list[PromptState]
+    prompts: list[PromptStats]
     think_close: int | None = None  # a thinking model's </think> id: usage counts the thoughts' tokens
     choices: dict[int, Choice] = field(default_factory=dict)
 
@@ -135,17 +135,17 @@ class Generation:
 class Format(Protocol):
     request_id: str
 
-    def chunks(self, gen: Generation, choice: Choice, delta: CompletionOutput, piece: ParsedText,
+    def chunks(self, gen: ResponseState, choice: Choice, delta: CompletionOutput, piece: ParsedText,
                prompt_index: int) -> list[str]:
         """The SSE chunks one engine delta makes."""
 
-    def end(self, gen: Generation) -> list[str]:
+    def end(self, gen: ResponseState) -> list[str]:
         """The chunks that end a stream that went well."""
 
-    def failure(self, gen: Generation, error: r.ErrorInfo) -> list[str]:
+    def failure(self, gen: ResponseState, error: r.ErrorInfo) -> list[str]:
         """The chunks that end a stream the engine failed (the headers are out: the error goes in-band)."""
 
-    def response(self, gen: Generation) -> pydantic.BaseModel:
+    def response(self, gen: ResponseState) -> pydantic.BaseModel:
         """The whole answer."""
 
 
@@ -158,12 +158,12 @@ class OpenAIStream:
     model: str
     created: int
 
-    def end(self, gen: Generation) -> list[str]:
+    def end(self, gen: ResponseState) -> list[str]:
         usage = sse(self.chunk_type(id=self.request_id, created=self.created, model=self.model, choices=[],
                                     usage=gen.usage()))
         return ([usage] if self.body.include_usage_chunk else []) + [DONE]
 
-    def failure(self, gen: Generation, error: r.ErrorInfo) -> list[str]:
+    def failure(self, gen: ResponseState, error: r.ErrorInfo) -> list[str]:
         return [sse(r.ErrorResponse(error=error)), DONE]
 
 
@@ -195,7 +195,7 @@ class ChatFormat(OpenAIStream):
         return chat_logprobs(token_ids, entries, self.body.top_logprobs or 0, self.token_bytes,
                              self.body.return_tokens_as_token_ids)
 
-    def chunks(self, gen: Generation, choice: Choice, delta: CompletionOutput, piece: ParsedText,
+    def chunks(self, gen: ResponseState, choice: Choice, delta: CompletionOutput, piece: ParsedText,
                prompt_index: int) -> list[str]:
         out = []
         with_ids = self.body.return_token_ids
@@ -220,7 +220,7 @@ class ChatFormat(OpenAIStream):
                                    stop_reason=choice.stop_reason))
         return out
 
-    def response(self, gen: Generation) -> r.ChatCompletionResponse:
+    def response(self, gen: ResponseState) -> r.ChatCompletionResponse:
         choices = []
         for c in gen.sorted_choices():
             calls = [r.ToolCallOut(id=t.id, function=r.FunctionCallOut(name=t.name, arguments=t.arguments))
@@ -248,7 +248,7 @@ class CompletionFormat(OpenAIStream):
         self.created = int(time.time())
         self.offsets: dict[int, int] = {}  # text_offset reached per choice
 
-    def _piece(self, gen: Generation, choice: Choice, prompt_index: int, text: str, token_ids: list[int],
+    def _piece(self, gen: ResponseState, choice: Choice, prompt_index: int, text: str, token_ids: list[int],
                entries: list[dict[int, Logprob]], first: bool) -> r.CompletionChoice:
         """A choice's text and logprobs for some tokens, with the echoed prompt before the first."""
         entries_in: list[dict[int, Logprob] | None] = list(entries)
@@ -266,7 +266,7 @@ class CompletionFormat(OpenAIStream):
                                   finish_reason=choice.finish_reason, stop_reason=choice.stop_reason,
                                   prompt_logprobs=self._prompt_logprobs(gen, prompt_index) if first else None)
 
-    def _prompt_logprobs(self, gen: Generation, prompt_index: int) -> list[dict[str, r.PromptLogprob] | None] | None:
+    def _prompt_logprobs(self, gen: ResponseState, prompt_index: int) -> list[dict[str, r.PromptLogprob] | None] | None:
         """vLLM's prompt_logprobs: per prompt token (none for the first) its own and the top ones."""
         top_n, entries = self.body.prompt_logprobs, gen.prompts[prompt_index].logprobs
         if top_n is None or entries is None:
@@ -276,7 +276,7 @@ class CompletionFormat(OpenAIStream):
             for i, lp in entry.items() if i == token_id or lp.rank <= top_n}
             for token_id, entry in zip(self.prompt_ids[prompt_index], entries)]
 
-    def chunks(self, gen: Generation, choice: Choice, delta: CompletionOutput, piece: ParsedText,
+    def chunks(self, gen: ResponseState, choice: Choice, delta: CompletionOutput, piece: ParsedText,
                prompt_index: int) -> list[str]:
         first, choice.started = not choice.started, True
         item = self._piece(gen, choice, prompt_index, piece.content, delta.token_ids, delta.logprobs or [], first)
@@ -285,7 +285,7 @@ class CompletionFormat(OpenAIStream):
         return [sse(r.CompletionResponse(id=self.request_id, created=self.created, model=self.model,
                                          choices=[item]))]
 
-    def response(self, gen: Generation) -> r.CompletionResponse:
+    def response(self, gen: ResponseState) -> r.CompletionResponse:
         choices = [self._piece(gen, c, c.index // gen.n, c.parsed.content, c.token_ids, c.logprobs, True)
                    for c in gen.sorted_choices()]
         return r.CompletionResponse(id=self.request_id, created=self.created, model=self.model,

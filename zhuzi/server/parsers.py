@@ -23,7 +23,7 @@ import uuid
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
-from zhuzi.engine.thinking import THINK_CLOSE, THINK_OPEN
+from zhuzi.tokenizer import THINK_CLOSE, THINK_OPEN
 
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
 

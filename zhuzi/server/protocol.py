@@ -14,39 +14,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-import pydantic
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from zhuzi.sampling_params import InvalidRequest, SamplingParams, StructuredOutputError, StructuredOutputsParams
-
-
-def _utf8_only(text: str) -> str:
-    # JSON may carry lone surrogates ("\ud800"); no tokenizer can encode them.
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise ValueError("text must be valid Unicode (found a lone surrogate)") from exc
-    return text
-
-
-Text = Annotated[str, AfterValidator(_utf8_only)]
-
-
-def text_or(parts: Any, min_parts: int = 0) -> Any:
-    """A string, or a list of parts: an error then names what is wrong in the form the client chose."""
-    def form(value: Any) -> str | None:
-        return "text" if isinstance(value, str) else "parts" if isinstance(value, list) else None
-
-    return Annotated[Annotated[Text, pydantic.Tag("text")]
-                     | Annotated[list[parts], Field(min_length=min_parts), pydantic.Tag("parts")],
-                     pydantic.Discriminator(form, custom_error_type="text_or_parts",
-                                            custom_error_message="must be a string or a list of parts")]
-
-
-class Request(BaseModel):
-    # NaN or Infinity (JSON extensions, or 1e999) would reach the sampler as poison.
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
-
+from zhuzi.sampling_params import (
+    MAX_REPETITION_PENALTY,
+    MIN_REPETITION_PENALTY,
+    InvalidRequest,
+    SamplingParams,
+    StructuredOutputError,
+    StructuredOutputsParams,
+)
+from zhuzi.server.schema import Request, Text
 
 # Fields of OpenAI's or vLLM's requests that zhuzi refuses, and why (any other unknown field is refused too).
 UNSUPPORTED = {
@@ -221,8 +199,7 @@ class SamplingRequest(Request):
     seed: int | None = None  # sample i of n uses seed + i
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
-    # Far below 1 it divides logits into overflow (NaN probabilities); real use stays near 1.
-    repetition_penalty: float | None = Field(None, ge=0.01, le=100)
+    repetition_penalty: float | None = Field(None, ge=MIN_REPETITION_PENALTY, le=MAX_REPETITION_PENALTY)
     logit_bias: dict[str, float] | None = None
     ignore_eos: bool = False
     min_tokens: int = 0

@@ -23,7 +23,7 @@ from zhuzi.server import anthropic_protocol as a
 from zhuzi.server import protocol as p
 from zhuzi.server import responses as r
 from zhuzi.server.blocks import BlockEvent, new_item_id
-from zhuzi.server.formats import Choice, Generation, sse_event
+from zhuzi.server.formats import Choice, ResponseState, sse_event
 from zhuzi.server.parsers import ParsedText
 from zhuzi.server.serving import ApiError, json_response
 from zhuzi.server.serving_completions import Completions, as_chat_request
@@ -183,25 +183,25 @@ class MessagesFormat:
         self.request_id, self.model = request_id, model
         self.started = False
 
-    def _usage(self, gen: Generation) -> a.MessageUsage:
+    def _usage(self, gen: ResponseState) -> a.MessageUsage:
         thinking = gen.reasoning_tokens
         return a.MessageUsage(input_tokens=gen.prompt_tokens - gen.cached_tokens, output_tokens=gen.completion_tokens,
                        cache_read_input_tokens=gen.cached_tokens,
                        output_tokens_details=None if thinking is None else a.ThinkingTokensDetails(
                            thinking_tokens=thinking))
 
-    def _message(self, gen: Generation, content: list[a.Content]) -> a.Message:
+    def _message(self, gen: ResponseState, content: list[a.Content]) -> a.Message:
         reason, sequence = stop_reason(gen.choices.get(0))
         return a.Message(id=self.request_id, model=self.model, content=content, stop_reason=reason,
                          stop_sequence=sequence, usage=self._usage(gen))
 
-    def _start(self, gen: Generation) -> list[str]:
+    def _start(self, gen: ResponseState) -> list[str]:
         if self.started:
             return []
         self.started = True
         return [event(a.MessageStart(message=self._message(gen, []))), event(a.Ping())]
 
-    def chunks(self, gen: Generation, choice: Choice, delta: CompletionOutput, piece: ParsedText,
+    def chunks(self, gen: ResponseState, choice: Choice, delta: CompletionOutput, piece: ParsedText,
                prompt_index: int) -> list[str]:
         out = self._start(gen)
         for block_event in choice.events:
@@ -216,16 +216,16 @@ class MessagesFormat:
                 out.append(event(a.ContentBlockStop(index=block_event.index)))
         return out
 
-    def end(self, gen: Generation) -> list[str]:
+    def end(self, gen: ResponseState) -> list[str]:
         reason, sequence = stop_reason(gen.choices.get(0))
         return self._start(gen) + [event(a.MessageDelta(delta=a.StopDelta(stop_reason=reason, stop_sequence=sequence),
                                                         usage=self._usage(gen))), event(a.MessageStop())]
 
-    def failure(self, gen: Generation, error: r.ErrorInfo) -> list[str]:
+    def failure(self, gen: ResponseState, error: r.ErrorInfo) -> list[str]:
         status = anthropic_status(int(error.code or 500))
         return [event(error_body(status, error.message))]
 
-    def response(self, gen: Generation) -> a.Message:
+    def response(self, gen: ResponseState) -> a.Message:
         choice = gen.choices.get(0)
         content: list[a.Content] = []
         for block in choice.blocks.blocks if choice else []:

@@ -23,7 +23,7 @@ from zhuzi.server import protocol as p
 from zhuzi.server import responses as r
 from zhuzi.server import responses_protocol as rp
 from zhuzi.server.blocks import Block, BlockEvent, new_item_id
-from zhuzi.server.formats import Choice, Generation, sse_event
+from zhuzi.server.formats import Choice, ResponseState, sse_event
 from zhuzi.server.parsers import ParsedText
 from zhuzi.server.serving import ApiError, json_response
 from zhuzi.server.serving_completions import Completions, as_chat_request
@@ -137,20 +137,20 @@ class ResponsesFormat:
         self.created = int(time.time())
         self.sequence = 0
 
-    def _status(self, gen: Generation) -> rp.ResponseStatus:
+    def _status(self, gen: ResponseState) -> rp.ResponseStatus:
         choice = gen.choices.get(0)
         if choice is None or choice.finish_reason is None:
             return "in_progress"
         return "completed" if choice.finish_reason == "stop" else "incomplete"
 
-    def _item_status(self, gen: Generation, index: int) -> rp.ItemStatus:
+    def _item_status(self, gen: ResponseState, index: int) -> rp.ItemStatus:
         choice = gen.choices.get(0)
         last = choice is not None and index == len(choice.blocks.blocks) - 1
         if last and choice.finish_reason is None:
             return "in_progress"
         return "incomplete" if last and choice.finish_reason != "stop" else "completed"
 
-    def _response(self, gen: Generation, status: rp.ResponseStatus, error: rp.ResponseError | None = None
+    def _response(self, gen: ResponseState, status: rp.ResponseStatus, error: rp.ResponseError | None = None
                   ) -> rp.ResponseObject:
         body, choice = self.body, gen.choices.get(0)
         blocks = choice.blocks.blocks if choice and status != "in_progress" else []
@@ -176,7 +176,7 @@ class ResponsesFormat:
         event.sequence_number, self.sequence = self.sequence, self.sequence + 1
         return sse_event(event.type, event)  # type: ignore[attr-defined]
 
-    def _block_events(self, gen: Generation, e: BlockEvent) -> list[rp.Event]:
+    def _block_events(self, gen: ResponseState, e: BlockEvent) -> list[rp.Event]:
         block, index = e.block, e.index
         where = {"item_id": block.id, "output_index": index}
         if e.kind == "start":
@@ -204,30 +204,30 @@ class ResponsesFormat:
         return done + [rp.ItemEvent(type="response.output_item.done", output_index=index,
                                     item=_item(block, self._item_status(gen, index)))]
 
-    def chunks(self, gen: Generation, choice: Choice, delta: CompletionOutput, piece: ParsedText,
+    def chunks(self, gen: ResponseState, choice: Choice, delta: CompletionOutput, piece: ParsedText,
                prompt_index: int) -> list[str]:
         out = self._start(gen)
         for e in choice.events:
             out += [self._event(event) for event in self._block_events(gen, e)]
         return out
 
-    def _start(self, gen: Generation) -> list[str]:
+    def _start(self, gen: ResponseState) -> list[str]:
         if self.sequence:
             return []
         started = self._response(gen, "in_progress")
         return [self._event(rp.ResponseEvent(type=kind, response=started))
                 for kind in ("response.created", "response.in_progress")]
 
-    def end(self, gen: Generation) -> list[str]:
+    def end(self, gen: ResponseState) -> list[str]:
         response = self.response(gen)
         kind = "response.completed" if response.status == "completed" else "response.incomplete"
         return self._start(gen) + [self._event(rp.ResponseEvent(type=kind, response=response))]
 
-    def failure(self, gen: Generation, error: r.ErrorInfo) -> list[str]:
+    def failure(self, gen: ResponseState, error: r.ErrorInfo) -> list[str]:
         failed = self._response(gen, "failed", rp.ResponseError(code="server_error", message=error.message))
         return self._start(gen) + [self._event(rp.ResponseEvent(type="response.failed", response=failed))]
 
-    def response(self, gen: Generation) -> rp.ResponseObject:
+    def response(self, gen: ResponseState) -> rp.ResponseObject:
         return self._response(gen, self._status(gen))
 
 
