@@ -51,3 +51,22 @@ def test_the_written_tag_has_logprob_zero(thinker) -> None:
     assert out.token_ids[2] == close_id
     assert {t: lp.logprob for t, lp in out.logprobs[2].items()} == {close_id: 0.0}
     assert len(out.logprobs[1]) >= 3  # the sampled tokens keep their distribution's logprobs
+
+
+def test_with_prompt_lookup_the_budget_ends_the_thought_where_it_ends_without(thinker) -> None:
+    """Speculation emits runs of accepted drafts; a </think> written inside one drops the rest of the run, and
+    the answer after it is the answer without speculation, whichever token of a run the budget falls on."""
+    llm, open_id, close_id = thinker
+    spec = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2,
+            "max_step_tokens": 512}
+    fast = LLM(str(llm.engine.model_path), dtype="float32", kv_cache_memory="16MiB",
+               speculative_config=spec)
+    # The thought goes on repeating one token (this random model's habit), so that lookup's drafts of it are
+    # accepted in runs: each budget below falls inside one.
+    prompt = [1, 2000, 3000, open_id, 25538, 35088, 34975, 34975, 34975]
+    budgets = list(range(1, 11))
+    params = [SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, thinking_token_budget=b) for b in budgets]
+    plain = [out.outputs[0].token_ids for out in llm.generate([prompt] * len(budgets), params)]
+    assert [ids[b] for ids, b in zip(plain, budgets)] == [close_id] * len(budgets)
+    assert [out.outputs[0].token_ids for out in fast.generate([prompt] * len(budgets), params)] == plain
+    assert fast.engine.spec_stats.num_accepted_tokens > 0
