@@ -96,10 +96,26 @@ def write_gguf(path: Path, model, arch: str, raw: RawTensors | None = None, drop
     return path
 
 
-
 def quantized(array: np.ndarray, qtype: gguf.GGMLQuantizationType) -> np.ndarray:
     """The matrix's blocks of qtype; random blocks of its shape for the types gguf cannot quantize."""
     try:
         return gguf.quants.quantize(array.astype(np.float32), qtype)
     except NotImplementedError:
         return random_blocks(qtype, *array.shape, seed=array.size)
+
+
+THINKING_TEMPLATE = (  # ChatML whose generation prompt opens a thought, as DeepSeek-R1's does
+    "{%- for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+    "'<|im_end|>\\n' }}{%- endfor %}{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n<think>\\n' }}"
+    "{%- endif %}")
+
+
+def build_thinking(directory: Path) -> tuple[int, int]:
+    """A tiny random Qwen3 that thinks: SmolLM2's tokenizer plus <think> and </think> as added tokens, and a
+    template that opens the thought. Returns the two tags' ids."""
+    build("qwen3", directory, vocab_size=49152 + 2)
+    hf = Tokenizer.load(directory).hf
+    hf.add_tokens(["<think>", "</think>"])
+    hf.chat_template = THINKING_TEMPLATE
+    hf.save_pretrained(directory)
+    return tuple(hf.convert_tokens_to_ids(["<think>", "</think>"]))

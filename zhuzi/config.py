@@ -362,5 +362,10 @@ class ServerConfig(Settings):
                                                   "finish_reason 'abort' (default: no limit)")
     shutdown_timeout: float = setting(30.0, "on SIGTERM or SIGINT, seconds the running requests may take to "
                                             "finish before they end with finish_reason 'abort'")
+    responses_store: str | None = setting(None, "the SQLite file that keeps /v1/responses' stored responses "
+                                                "(default: responses.sqlite3 in zhuzi's cache directory, "
+                                                "$ZHUZI_CACHE or ~/.cache/zhuzi)")
+    responses_ttl: float = setting(30 * 24 * 3600.0, "seconds a stored conversation is kept after its latest "
+                                                     "response (0: for ever)")
     engine_stall_timeout: float = setting(60.0, "seconds the engine may hold pending work without finishing a "
                                                 "step before /health says 503 and the server exits (0: never)")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -115,11 +116,16 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     structured_outputs: StructuredOutputsParams | None = None  # the output follows a grammar
+    bad_words: list[str] | None = None  # never written (as the tokens the engine's tokenizer gives them)
+    allowed_token_ids: list[int] | None = None  # the only tokens that may be drawn
+    thinking_token_budget: int | None = None  # a thinking model's thought ends after this many tokens
     stop_strings: list[str] = field(init=False, repr=False)
+    bad_words_token_ids: list[list[int]] = field(init=False, repr=False)  # the engine fills it from bad_words
 
     def __post_init__(self) -> None:
         self.stop_strings = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
+        self.bad_words_token_ids = []
         if self.top_k == -1:
             self.top_k = 0
         if _float_in(self.temperature, 0, MIN_TEMPERATURE) and self.temperature > 0:
@@ -153,6 +159,13 @@ class SamplingParams:
             ("logit_bias", all(_float_in(v, -100, 100) for v in (self.logit_bias or {}).values()),
              "values must be in [-100, 100]"),
             ("stop", all(isinstance(s, str) and s for s in self.stop_strings), "must be non-empty strings"),
+            ("bad_words", self.bad_words is None or all(isinstance(w, str) and w.strip() for w in self.bad_words),
+             "must be a list of words that are not blank"),
+            ("allowed_token_ids", self.allowed_token_ids is None or (
+                bool(self.allowed_token_ids) and all(_int_in(t, 0, MAX_COUNT) for t in self.allowed_token_ids)),
+             "must be a non-empty list of token ids"),
+            ("thinking_token_budget", self.thinking_token_budget is None
+             or _int_in(self.thinking_token_budget, 0, MAX_COUNT), f"must be an integer in [0, {MAX_COUNT}]"),
             ("structured_outputs", self.structured_outputs is None
              or isinstance(self.structured_outputs, StructuredOutputsParams), "must be a StructuredOutputsParams"),
         ]
@@ -163,6 +176,16 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    def tokenize_bad_words(self, encode: Callable[[str], list[int]]) -> None:
+        """bad_words as token ids (vLLM's rule): each word as a text's start, and after a space too where that
+        changes only its first token."""
+        self.bad_words_token_ids = []
+        for word in self.bad_words or []:
+            plain, spaced = encode(word.lstrip()), encode(" " + word.lstrip())
+            self.bad_words_token_ids.append(plain)
+            if len(spaced) == len(plain) and spaced[0] != plain[0]:
+                self.bad_words_token_ids.append(spaced)
 
 
 def _int_in(value: Any, low: int, high: int) -> bool:

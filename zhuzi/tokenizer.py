@@ -41,6 +41,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from zhuzi.cache import atomic_write, cache_path, file_identity
 from zhuzi.encoder_process import LONG_TEXT, EncoderProcess, in_slices
 
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"  # a thinking model's tags, each one token of its vocabulary
 _ESC = "\U000f0000"  # private use: opens a placeholder; a literal one in client text is doubled
 _CODE_BASE = 0xF0001  # special token k (longest first) is written _ESC + chr(_CODE_BASE + k)
 _AUTHOR_BASE = 0x100000  # message i's content is marked chr(_AUTHOR_BASE + i) ... _AUTHOR_END (plane 16)
@@ -208,6 +209,12 @@ class Tokenizer:
         """A token's own bytes; empty for the spare ids of a model whose vocabulary outgrows its tokenizer's."""
         table = self.token_bytes
         return table[token_id] if token_id < len(table) else b""
+
+    @functools.cached_property
+    def think_ids(self) -> tuple[int, int] | None:
+        """The ids of a thinking model's <think> and </think>; None for a model that does not think."""
+        vocab = self.hf.get_vocab()
+        return (vocab[THINK_OPEN], vocab[THINK_CLOSE]) if THINK_OPEN in vocab and THINK_CLOSE in vocab else None
 
     @functools.cached_property
     def template_variables(self) -> frozenset[str]:

@@ -33,7 +33,8 @@ def every_field_set(constraint: StructuredOutputsParams) -> SamplingParams:
         n=3, temperature=0.7, top_p=0.9, top_k=40, min_p=0.05, seed=-(2**63), presence_penalty=0.5,
         frequency_penalty=-0.5, repetition_penalty=1.2, logit_bias={0: -100.0, 49151: 2.5}, stop=["\n\n", "END"],
         stop_token_ids=[2, 7], include_stop_str_in_output=True, ignore_eos=True, min_tokens=2, max_tokens=None,
-        logprobs=5, prompt_logprobs=1, skip_special_tokens=False, structured_outputs=constraint)
+        logprobs=5, prompt_logprobs=1, skip_special_tokens=False, structured_outputs=constraint,
+        bad_words=["Paris", " ünïcode"], allowed_token_ids=[0, 5, 49151], thinking_token_budget=7)
 
 
 def across(params: SamplingParams) -> SamplingParams:

@@ -200,6 +200,34 @@ def test_penalties_turn_a_greedy_choice():
     assert sampler(logits, [row(output=[0], temperature=0, frequency_penalty=0.05)]).token_ids == [0]
 
 
+def test_allowed_token_ids_leave_nothing_else_greedy_or_drawn():
+    logits = torch.tensor([[5.0, 1.0, 0.5, 4.0, 0.0]])
+    assert sampler(logits, [row(temperature=0, allowed_token_ids=[1, 2])]).token_ids == [1]
+    drawn = sampler(logits.expand(300, -1), [row(allowed_token_ids=[2, 4]) for _ in range(300)]).token_ids
+    assert set(drawn) == {2, 4}
+    assert sampler(logits, [row(temperature=0)]).token_ids == [0]  # the rule is the row's own
+
+
+def test_a_bad_word_loses_its_last_token_only_where_the_output_holds_the_rest():
+    logits = torch.tensor([[0.0, 1.0, 5.0, 4.0]])
+    single, pair = row(temperature=0), row(temperature=0)
+    single.params.bad_words_token_ids = [[2]]
+    pair.params.bad_words_token_ids = [[1, 2]]
+    assert sampler(logits, [single]).token_ids == [3]  # a one-token word is never written
+    assert sampler(logits, [pair]).token_ids == [2]  # the output does not end with 1: token 2 is fine
+    after = row(output=[0, 1], temperature=0)
+    after.params.bad_words_token_ids = [[1, 2], [0, 0, 2]]
+    assert sampler(logits, [after]).token_ids == [3]
+
+
+def test_bad_words_become_their_tokens_at_a_start_and_after_a_space(smollm2_tokenizer):
+    params = SamplingParams(bad_words=["Paris", " London town"])
+    params.tokenize_bad_words(lambda text: smollm2_tokenizer.encode(text, add_special_tokens=False))
+    encode = smollm2_tokenizer.hf.encode
+    assert encode("Paris") in params.bad_words_token_ids and encode(" Paris") in params.bad_words_token_ids
+    assert encode("London town") in params.bad_words_token_ids
+
+
 def test_min_tokens_forbids_stop_ids_until_reached():
     logits = torch.zeros(1, 10)
     logits[0, 2] = 10.0  # EOS is by far the most likely

@@ -1,5 +1,6 @@
 """Shared server fixtures: a `zhuzi serve` per test module with the default flags and an `openai` client for
-it (a module may define its own `server`); the inspector's server (float32, so that an inspection re-run
+it (a module may define its own `server`); a server with two API keys (KEYS), one per session, shared by the
+Anthropic and Responses API tests; the inspector's server (float32, so that an inspection re-run
 reproduces a step's probabilities to ~1e-6; bf16: ~1e-3), one per session, shared by the /inspect API and
 page tests; and the page tests' browser."""
 from __future__ import annotations
@@ -22,6 +23,31 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 @pytest.fixture(scope="module")
 def client(server: ServerProcess) -> openai.OpenAI:
     return openai.OpenAI(api_key="none", base_url=server.api, max_retries=0, timeout=120)
+
+
+KEYS = ("key-one", "key-two")
+
+
+@pytest.fixture(scope="session")
+def keyed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    keys = [arg for key in KEYS for arg in ("--api-key", key)]
+    # Dense weights: the Messages and Responses tests read the answers (Paris, then Berlin from the stored
+    # history), and SmolLM2's greedy answers to them fork at a near-tie on its Q4_1 blocks (the default path,
+    # which the `server` fixture serves).
+    with running_server(tmp_path_factory.mktemp("keyed") / "server.log", *keys, "--quantization", "none") as server:
+        yield server
+
+
+CAPITAL = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="session")
+def capital_answer(keyed_server: ServerProcess) -> str:
+    """The chat endpoint's greedy reply (24 tokens at most) to CAPITAL: every API runs the one chat path, so each
+    answers it with these words."""
+    chat = openai.OpenAI(api_key=KEYS[0], base_url=keyed_server.api, max_retries=0, timeout=120)
+    return chat.chat.completions.create(model="SmolLM2-135M-Instruct", messages=CAPITAL, max_tokens=24,
+                                        temperature=0).choices[0].message.content
 
 
 @pytest.fixture(scope="session")

@@ -41,6 +41,15 @@ def test_keys_need_a_matching_bearer_header() -> None:
         assert (error.status, error.code) == (401, "invalid_api_key")
 
 
+def test_anthropics_x_api_key_header_carries_a_key_too() -> None:
+    gate = Gateway(api_keys=["k1", "k2"])
+    assert gate.authenticate(None, "k2") == "k2"
+    assert gate.authenticate("Basic k9", "k1") == "k1"  # no bearer: the other header decides
+    for authorization, x_api_key in [(None, "k3"), (None, ""), ("Bearer k3", "k1")]:
+        error = refused(gate.authenticate, authorization, x_api_key)
+        assert (error.status, error.code) == (401, "invalid_api_key")
+
+
 def test_requests_per_minute_refill_over_time(clock: Clock) -> None:
     gate = Gateway(rpm=3)
     for _ in range(3):

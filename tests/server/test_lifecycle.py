@@ -16,11 +16,13 @@ QUESTION = [{"role": "user", "content": "Tell me a long story"}]
 
 
 async def stream_events(http: httpx.AsyncClient, url: str, started: asyncio.Event | None = None,
-                        **body) -> list[str]:
-    """The data of every SSE event of one chat stream; sets started at its first event."""
+                        path: str = "/v1/chat/completions", **body) -> list[str]:
+    """The data of every SSE event of one stream (a chat's, unless path and body say otherwise); sets started
+    at its first event."""
     events = []
-    request = {"messages": QUESTION, "temperature": 0, "ignore_eos": True, "stream": True, **body}
-    async with http.stream("POST", url + "/v1/chat/completions", json=request) as response:
+    chat = {"messages": QUESTION, "temperature": 0, "ignore_eos": True} if path == "/v1/chat/completions" else {}
+    request = {**chat, "stream": True, **body}
+    async with http.stream("POST", url + path, json=request) as response:
         assert response.status_code == 200
         async for line in response.aiter_lines():
             if line.startswith("data: "):
@@ -65,12 +67,13 @@ def test_sigterm_lets_running_streams_finish_then_ends_the_rest_with_abort_and_e
         assert "ending the 3 requests still running" in log and "Traceback" not in log
 
 
+MODEL = "SmolLM2-135M-Instruct"
 FAILING_ENGINE = """
 from zhuzi.engine.scheduler import Scheduler
 schedule, calls = Scheduler.schedule, []
 def failing(self):
     calls.append(1)
-    if len(calls) == 5:
+    if len(calls) == 8:
         raise RuntimeError("injected: the scheduler's state is broken")
     return schedule(self)
 Scheduler.schedule = failing
@@ -80,16 +83,29 @@ Scheduler.schedule = failing
 @pytest.mark.parametrize("transport", [[], ["--no-engine-process"]], ids=["engine-process", "engine-thread"])
 def test_an_engine_that_fails_ends_its_streams_with_an_error_and_the_server_exits_non_zero(tmp_path, transport):
     """/health said 200 whatever the engine's state; now a failed engine stops the server for its supervisor,
-    wherever the step loop runs."""
+    wherever the step loop runs. Each API's stream ends in its own words: chat's error chunk and [DONE],
+    Anthropic's error event, the Responses API's response.failed."""
+    story = [{"role": "user", "content": "Write a long story about a dragon."}]
     with running_server(tmp_path / "server.log", *transport, inject=FAILING_ENGINE) as server:
-        async def main() -> list[str]:
+        async def main() -> list[list[str]]:
             async with httpx.AsyncClient(timeout=60) as http:
-                return await stream_events(http, server.url, max_tokens=100)
+                return await asyncio.gather(
+                    stream_events(http, server.url, max_tokens=100),
+                    stream_events(http, server.url, path="/v1/messages", model=MODEL, max_tokens=100,
+                                  messages=story, temperature=0),
+                    stream_events(http, server.url, path="/v1/responses", input=story, max_output_tokens=100,
+                                  temperature=0))
 
-        events = asyncio.run(main())
-        assert events[-1] == "[DONE]"
-        error = json.loads(events[-2])["error"]
+        chat, messages, responses = asyncio.run(main())
+        assert chat[-1] == "[DONE]"
+        error = json.loads(chat[-2])["error"]
         assert error["code"] == 503 and "injected: the scheduler's state is broken" in error["message"]
+        error = json.loads(messages[-1])
+        assert error["type"] == "error" and error["error"]["type"] == "overloaded_error"
+        assert "injected" in error["error"]["message"]
+        failed = json.loads(responses[-1])
+        assert failed["type"] == "response.failed" and failed["response"]["status"] == "failed"
+        assert "injected" in failed["response"]["error"]["message"]
         assert server.proc.wait(timeout=30) == 1
         assert "zhuzi: the engine failed: RuntimeError: injected" in server.log.read_text()
 

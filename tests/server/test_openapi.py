@@ -19,10 +19,14 @@ from zhuzi.server.app import create_app
 EXAMPLES = int(os.environ.get("ZHUZI_FUZZ_EXAMPLES", 25))  # per route and mode: a few seconds each in make test
 BODIES = [("POST", "/v1/chat/completions"), ("POST", "/v1/completions"), ("POST", "/tokenize"), ("POST", "/detokenize"),
           ("POST", "/inspect/next-token"), ("POST", "/inspect/logit-lens"), ("POST", "/inspect/document"),
-          ("POST", "/inspect/bpe"), ("GET", "/inspect/engine")]
-# Routes without a body or parameters have no invalid request to make.
+          ("POST", "/inspect/bpe"), ("GET", "/inspect/engine"), ("POST", "/v1/chat/completions/render"),
+          ("POST", "/v1/messages"), ("POST", "/v1/messages/count_tokens"), ("POST", "/v1/responses"),
+          ("GET", "/v1/responses/{response_id}/input_items")]
+# Routes without a body or parameters (or with a path's string alone) have no invalid request to make.
 CASES = [(*route, mode) for route in BODIES for mode in GenerationMode] + [
-    ("GET", path, GenerationMode.POSITIVE) for path in ("/v1/models", "/health", "/version", "/metrics")]
+    ("GET", path, GenerationMode.POSITIVE) for path in ("/v1/models", "/health", "/version", "/metrics",
+                                                        "/v1/responses/{response_id}")] + [
+    ("DELETE", "/v1/responses/{response_id}", GenerationMode.POSITIVE)]
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +36,7 @@ def app(tmp_path_factory):
     config = EngineConfig(model=str(directory), dtype="float32", kv_cache_memory="16MiB", max_model_len=64,
                           max_num_seqs=8)
     engine = CoreClient(config, ParallelConfig(engine_process=False)).start()
-    yield create_app(engine, ServerConfig(max_waiting=8))
+    yield create_app(engine, ServerConfig(max_waiting=8, responses_store=str(directory / "responses.sqlite3")))
     engine.close()
 
 

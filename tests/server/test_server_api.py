@@ -110,6 +110,47 @@ def test_completions_streamed_equal_non_streamed_with_echo_and_logprobs(client: 
     assert lp.text_offset[:2] == [0, len(lp.tokens[0])]
 
 
+def test_prompt_logprobs_give_each_prompt_token_its_logprob_streamed_and_whole(server: ServerProcess,
+                                                                               client: openai.OpenAI) -> None:
+    args = {"model": MODEL, "prompt": "The capital of France is", "temperature": 0, "max_tokens": 2}
+    whole = client.completions.create(**args, extra_body={"prompt_logprobs": 1}).choices[0]
+    entries = whole.model_extra["prompt_logprobs"]
+    ids = post(server, "/tokenize", {"prompt": args["prompt"]}).json()["tokens"]
+    assert len(entries) == len(ids) and entries[0] is None
+    for token_id, entry in zip(ids[1:], entries[1:]):
+        assert str(token_id) in entry and any(e["rank"] == 1 for e in entry.values()) and len(entry) <= 2
+    first = next(iter(client.completions.create(**args, stream=True, extra_body={"prompt_logprobs": 1})))
+    assert first.choices[0].model_extra["prompt_logprobs"] == entries
+
+
+def test_bad_words_and_allowed_token_ids_hold_the_answer(server: ServerProcess, client: openai.OpenAI) -> None:
+    plain = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0, max_tokens=12)
+    assert "Paris" in plain.choices[0].message.content
+    banned = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0, max_tokens=12,
+                                            extra_body={"bad_words": ["Paris"]})
+    assert "Paris" not in banned.choices[0].message.content
+    yes, no = (post(server, "/tokenize", {"prompt": word}).json()["tokens"] for word in ("Yes", "No"))
+    allowed = client.completions.create(model=MODEL, prompt="Is Paris in France?", max_tokens=6, temperature=1,
+                                        seed=1, logprobs=0, extra_body={"allowed_token_ids": yes + no})
+    assert len(allowed.choices[0].logprobs.tokens) == 6 and set(allowed.choices[0].logprobs.tokens) <= {"Yes", "No"}
+    with pytest.raises(openai.BadRequestError, match="allowed_token_ids"):
+        client.completions.create(model=MODEL, prompt="Hi", extra_body={"allowed_token_ids": [10**6]})
+
+
+def test_render_gives_the_prompt_a_chat_request_makes_and_generates_nothing(server: ServerProcess) -> None:
+    body = {"model": MODEL, "messages": QUESTION, "tools": [WEATHER_TOOL], "tool_choice": "required"}
+    rendered = post(server, "/v1/chat/completions/render", body).json()
+    tokenized = post(server, "/tokenize", {"messages": QUESTION, "tools": [WEATHER_TOOL],
+                                           "tool_choice": "required"}).json()
+    assert rendered["token_ids"] == tokenized["tokens"]
+    assert rendered["prompt"].endswith("<|im_start|>assistant\n") and "<tools>" in rendered["prompt"]
+    document = post(server, "/inspect/document", {"messages": QUESTION, "tools": [WEATHER_TOOL]}).json()
+    assert document["text"] == rendered["prompt"]  # the inspector shows the same prompt
+    refused = post(server, "/v1/chat/completions/render", {**body, "tool_choice": {"type": "function", "function": {
+        "name": "nope"}}})
+    assert refused.status_code == 400 and "nope" in refused.json()["error"]["message"]
+
+
 def test_second_turn_reports_prompt_tokens_found_in_the_prefix_cache(client: openai.OpenAI) -> None:
     system = {"role": "system", "content": f"Session {uuid.uuid4()}. Answer in one sentence."}
     first = client.chat.completions.create(model=MODEL, messages=[system, *QUESTION], temperature=0, max_tokens=16)
@@ -443,7 +484,8 @@ def test_the_openapi_spec_documents_every_body_answer_and_error(server: ServerPr
     bodies = {"/v1/chat/completions": "ChatCompletionRequest", "/v1/completions": "CompletionRequest",
               "/tokenize": "TokenizeRequest", "/detokenize": "DetokenizeRequest",
               "/inspect/next-token": "NextTokenRequest", "/inspect/logit-lens": "LogitLensRequest",
-              "/inspect/document": "DocumentRequest", "/inspect/bpe": "BpeRequest"}
+              "/inspect/document": "DocumentRequest", "/inspect/bpe": "BpeRequest",
+              "/v1/chat/completions/render": "ChatCompletionRequest", "/v1/responses": "ResponsesRequest"}
     for path, body in bodies.items():
         operation = spec["paths"][path]["post"]
         assert operation["requestBody"]["content"]["application/json"]["schema"] == {
@@ -458,3 +500,14 @@ def test_the_openapi_spec_documents_every_body_answer_and_error(server: ServerPr
     ok = spec["paths"]["/v1/chat/completions"]["post"]["responses"]["200"]["content"]
     assert ok["application/json"]["schema"] == {"$ref": "#/components/schemas/ChatCompletionResponse"}
     assert "text/event-stream" in ok
+    for path, body in {"/v1/messages": "MessagesRequest", "/v1/messages/count_tokens": "CountTokensRequest"}.items():
+        operation = spec["paths"][path]["post"]  # Anthropic's routes: its error object and statuses
+        assert operation["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith(body)
+        assert {"400", "401", "404", "413", "429", "529"} <= set(operation["responses"]) and "415" not in \
+            operation["responses"]
+        error = operation["responses"]["529"]["content"]["application/json"]["schema"]
+        assert error == {"$ref": "#/components/schemas/AnthropicError"}
+    for path in ("/v1/responses/{response_id}", "/v1/responses/{response_id}/input_items"):
+        assert "404" in spec["paths"][path]["get"]["responses"]
+    events = spec["paths"]["/v1/messages"]["post"]["responses"]["200"]["content"]["text/event-stream"]["schema"]
+    assert events["required"] == ["event", "data"]  # named events, no [DONE]

@@ -39,6 +39,7 @@ from zhuzi.engine.output_processor import OutputProcessor, RequestState
 from zhuzi.engine.scheduler import Scheduler
 from zhuzi.engine.sequence import Probe, ScheduledSeq, Sequence, StepOutcome
 from zhuzi.engine.spec_decode import DraftModelProposer, NgramProposer, Proposer
+from zhuzi.engine.thinking import ThoughtBudget
 from zhuzi.engine.tp_control import StepChannel
 from zhuzi.outputs import EngineSnapshot, EngineStats, RequestMetrics, RequestOutput, SpecDecodingStats, StepRecord
 from zhuzi.sample.grammar import shared_compiler
@@ -145,6 +146,8 @@ class Engine:
         self.check_token_ids(ids, "prompt")
         self.check_token_ids(list(params.logit_bias or {}), "logit_bias")
         self.check_token_ids(params.stop_token_ids, "stop_token_ids")
+        self.check_token_ids(params.allowed_token_ids or [], "allowed_token_ids")
+        params.tokenize_bad_words(lambda text: self.tokenizer.encode(text, add_special_tokens=False))
         if params.top_k > (vocab := self.model_config.vocab_size):
             raise InvalidRequest("top_k", f"top_k must be at most the vocabulary size {vocab}, got {params.top_k}")
         if params.structured_outputs is not None:
@@ -173,7 +176,7 @@ class Engine:
             leader = seqs[0] if seqs and self.config.enable_prefix_caching else None
             grammar = self.grammars.matcher(params.structured_outputs) if params.structured_outputs else None
             seqs.append(Sequence(next(self._seq_ids), request_id, i, ids, params, make_generator(seed), leader,
-                                 grammar))
+                                 grammar, thought=ThoughtBudget.of(params, ids, self.tokenizer.think_ids)))
         req = RequestState(request_id, prompt if isinstance(prompt, str) else None, ids, params, seqs,
                            [IncrementalDetokenizer(self.tokenizer, params) for _ in seqs],
                            RequestMetrics(arrival_time or time.monotonic()))

@@ -7,6 +7,8 @@ logprobs and text, and is checked against EOS and stop_token_ids (not before min
 the grammar's end and the length limit. The first token that ends the sequence is its last; the rest of
 an accepted run is dropped. A stop token ends the text without showing it, as vLLM does; the text held
 back (an incomplete character, a possible stop-string prefix) is shown when the sequence ends otherwise.
+A thinking budget (thinking.py) may put </think> in place of a sampled token; what was drawn after that
+token is dropped too, as it followed another.
 
 What the step decided for each sequence (how many drafts stand, who ended and why) goes back to the
 scheduler as a StepOutcome; a request whose processing raises fails alone.
@@ -144,11 +146,14 @@ class OutputProcessor:
         m.first_token_time = m.first_token_time or now
         m.last_token_time = now
         standing = verdict.num_accepted
-        for i, token in enumerate(verdict.token_ids):
-            finish = self._append_token(req, seq, token, verdict.logprobs[i] if verdict.logprobs else None)
-            if finish is not None:
-                standing = min(i, verdict.num_accepted)  # the drafts emitted before the one that ended it
-                outcome.finished.append((seq, *finish))
+        for i, sampled in enumerate(verdict.token_ids):
+            logprobs = verdict.logprobs[i] if verdict.logprobs else None
+            token, logprobs = seq.thought.write(sampled, logprobs) if seq.thought else (sampled, logprobs)
+            finish = self._append_token(req, seq, token, logprobs)
+            if finish is not None or token != sampled:  # what follows a replaced token was drawn after another
+                standing = min(i, verdict.num_accepted)  # the drafts emitted before this one
+                if finish is not None:
+                    outcome.finished.append((seq, *finish))
                 break
         outcome.emitted[seq.seq_id] = standing
 

@@ -12,6 +12,7 @@ import torch
 from zhuzi.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from zhuzi.engine.thinking import ThoughtBudget
     from zhuzi.sample.grammar import GrammarMatcher
 
 
@@ -42,6 +43,7 @@ class Sequence:
     leader: Sequence | None = None  # a sibling that must prefill first so its prompt blocks are shared
     grammar: GrammarMatcher | None = None  # structured output: where the output is in its grammar
     probe: Probe | None = None  # an inspection: read out at its last token, never sampled
+    thought: ThoughtBudget | None = None  # thinking_token_budget: where the sequence is in its thought
     token_ids: list[int] = field(init=False)
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[bytes] = field(default_factory=list)  # of the full blocks so far

@@ -1,8 +1,8 @@
 """Sampling: the step after the forward pass, logits of a batch -> next tokens (+ logprobs).
 
-Order and meanings are vLLM's: grammar masks -> logit_bias -> min_tokens -> repetition
-penalty -> frequency/presence penalties -> temperature (0: greedy argmax) -> top-k ->
-top-p -> min-p -> draw. Every step works on the whole batch at once; per-row Python
+Order and meanings are vLLM's: grammar masks -> allowed_token_ids and bad_words -> logit_bias ->
+min_tokens -> repetition penalty -> frequency/presence penalties -> temperature (0: greedy argmax)
+-> top-k -> top-p -> min-p -> draw. Every step works on the whole batch at once; per-row Python
 only builds small index tensors. Grammar masks come first, in place, as in vLLM: logprobs
 then describe the distribution the token was actually drawn from.
 
@@ -64,8 +64,8 @@ class SamplingRow:
     @property
     def needs_processing(self) -> bool:
         p = self.params
-        return (bool(p.logit_bias) or self.forbids_stop or p.repetition_penalty != 1
-                or p.frequency_penalty != 0 or p.presence_penalty != 0)
+        return (bool(p.logit_bias) or self.forbids_stop or p.repetition_penalty != 1 or p.frequency_penalty != 0
+                or p.presence_penalty != 0 or bool(p.allowed_token_ids) or bool(p.bad_words_token_ids))
 
 
 @dataclass
@@ -146,6 +146,7 @@ def apply_bitmask(logits: torch.Tensor, constrained: list[int], bitmask: torch.T
 def process_logits(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
     """A float32 copy of logits [B, V] with bias, min_tokens and penalties applied."""
     out = logits.to(torch.float32, copy=True)
+    _restrict_tokens(out, rows)
     _add_logit_bias(out, rows)
     _forbid_stop_ids(out, rows)
     _apply_repetition_penalty(out, rows)
@@ -159,6 +160,22 @@ def _index(token_lists: dict[int, list[int]], device: torch.device) -> tuple[tor
     row_ids = torch.tensor(list(token_lists), device=device).repeat_interleave(lengths)
     token_ids = torch.tensor(list(chain.from_iterable(token_lists.values())), dtype=torch.long, device=device)
     return row_ids, token_ids
+
+
+def _restrict_tokens(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
+    """vLLM's allowed_token_ids (nothing else may be drawn) and bad_words (a word's last token is ruled out
+    where the output already ends with the rest of it)."""
+    for i, row in enumerate(rows):
+        p = row.params
+        if p.allowed_token_ids:
+            outside = torch.ones(logits.shape[1], dtype=torch.bool, device=logits.device)
+            outside[p.allowed_token_ids] = False
+            logits[i].masked_fill_(outside, float("-inf"))
+        output = row.output_token_ids
+        banned = [word[-1] for word in p.bad_words_token_ids
+                  if len(word) <= len(output) + 1 and output[len(output) - len(word) + 1:] == word[:-1]]
+        if banned:
+            logits[i, banned] = float("-inf")
 
 
 def _add_logit_bias(logits: torch.Tensor, rows: list[SamplingRow]) -> None:

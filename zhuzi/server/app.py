@@ -27,25 +27,36 @@ import zhuzi
 from zhuzi.config import ServerConfig
 from zhuzi.engine.client import EngineClient, EngineDead
 from zhuzi.outputs import RequestError
+from zhuzi.server import anthropic_protocol as a
 from zhuzi.server import inspect_protocol as ip
 from zhuzi.server import protocol as p
 from zhuzi.server import responses as r
+from zhuzi.server import responses_protocol as rp
+from zhuzi.server import schema
 from zhuzi.server.gateway import GatewayError, retry_after_header
 from zhuzi.server.serving import ApiError, Server, failure_info
 from zhuzi.server.serving_completions import Completions
 from zhuzi.server.serving_inspect import Inspector
+from zhuzi.server.serving_messages import Messages, anthropic_status
+from zhuzi.server.serving_messages import error_response as messages_error
+from zhuzi.server.serving_responses import MAX_ITEMS_PAGE, Responses
 from zhuzi.server.serving_tokenize import Tokenization
+from zhuzi.server.store import Database, ResponseStore
 from zhuzi.server.streams import ClientGone
 
 ModelT = TypeVar("ModelT", bound=pydantic.BaseModel)
+MESSAGES = "/v1/messages"  # Anthropic's routes: its error object and status codes
 STATIC = Path(__file__).parent / "static"
 # The page loads nothing from elsewhere, and nothing else may run in it.
 PAGE_POLICY = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
                "connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'")
 
 
-def error_response(status: int, message: str, type: str, param: str | None = None, code: str | int | None = None,
-                   headers: dict[str, str] | None = None) -> JSONResponse:
+def error_response(request: Request, status: int, message: str, type: str, param: str | None = None,
+                   code: str | int | None = None, headers: dict[str, str] | None = None) -> JSONResponse:
+    """OpenAI's error object, or Anthropic's under its routes."""
+    if request.url.path.startswith(MESSAGES):
+        return messages_error(status, message, code, headers)
     body = r.ErrorResponse(error=r.ErrorInfo(message=message, type=type, param=param, code=code))
     return JSONResponse(body.model_dump(), status_code=status, headers=headers)
 
@@ -92,14 +103,15 @@ def validation_error(exc: pydantic.ValidationError) -> ApiError:
     if first["type"] == "extra_forbidden":  # a field no model declares: name it, and say why if zhuzi knows
         field = str(first["loc"][-1])
         loc = loc[:-1] + [field] if loc[-1:] == [field] else loc + [field]
-        message = p.UNSUPPORTED.get(field, "is not a field zhuzi knows (no field is accepted and ignored)")
+        message = UNSUPPORTED.get(field, "is not a field zhuzi knows (no field is accepted and ignored)")
         return ApiError(400, f"{'.'.join(loc)} {message}", param=".".join(loc))
     param = ".".join(loc) or None
     return ApiError(400, f"{param}: {message}" if param else message, param=param)
 
 
-_FIELD_NAMES = {field.alias or name for module in (p, ip) for model in vars(module).values()
-                if isinstance(model, type) and issubclass(model, p.Request)
+UNSUPPORTED = {**p.UNSUPPORTED, **rp.UNSUPPORTED}
+_FIELD_NAMES = {field.alias or name for module in (p, ip, a, rp) for model in vars(module).values()
+                if isinstance(model, type) and issubclass(model, schema.Request)
                 for name, field in model.model_fields.items()}
 
 
@@ -107,38 +119,43 @@ _FIELD_NAMES = {field.alias or name for module in (p, ip) for model in vars(modu
 
 _ERROR_DESCRIPTIONS = {
     400: "Invalid request: the error's param names the field", 401: "Missing or wrong API key",
-    404: "Unknown model", 413: "Request body too large", 415: "Body not JSON", 429: "Rate limit or queue full",
-    500: "The engine failed this request", 503: "Loading, shutting down, or the engine failed",
+    404: "Unknown model (or stored response)", 413: "Request body too large", 415: "Body not JSON",
+    429: "Rate limit or queue full", 500: "The engine failed this request",
+    503: "Loading, shutting down, or the engine failed", 529: "Overloaded: queue full, loading or shutting down",
 }
 _BODY_ERRORS = (400, 401, 404, 413, 415, 429, 503)
-
-
-def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    return {status: {"model": r.ErrorResponse, "description": _ERROR_DESCRIPTIONS[status]} for status in statuses}
 
 
 def _ref(model: type[pydantic.BaseModel]) -> dict[str, str]:
     return {"$ref": f"#/components/schemas/{model.__name__}"}
 
 
-def _sse_event(chunk: type[pydantic.BaseModel]) -> dict[str, Any]:
-    """One server-sent event (OpenAPI 3.1 describes each event): its data is a JSON chunk, an error object
-    (a failure after the headers went out), or the final [DONE]."""
+def _sse_event(chunk: type[pydantic.BaseModel], error: type[pydantic.BaseModel], named: bool) -> dict[str, Any]:
+    """One server-sent event (OpenAPI 3.1 describes each event): its data is a JSON chunk or an error object
+    (a failure after the headers went out); OpenAI's chat and completion streams end with [DONE], Anthropic's
+    and the Responses API's name each event instead."""
     json_data = {"type": "string", "contentMediaType": "application/json",
-                 "contentSchema": {"anyOf": [_ref(chunk), _ref(r.ErrorResponse)]}}
-    return {"type": "object", "required": ["data"],
-            "properties": {"data": {"anyOf": [{"const": "[DONE]"}, json_data]}}}
+                 "contentSchema": {"anyOf": [_ref(chunk), _ref(error)]}}
+    if not named:
+        return {"type": "object", "required": ["data"],
+                "properties": {"data": {"anyOf": [{"const": "[DONE]"}, json_data]}}}
+    return {"type": "object", "required": ["event", "data"],
+            "properties": {"event": {"type": "string"}, "data": json_data}}
 
 
 def _documented(body: type[pydantic.BaseModel] | None, answer: type[pydantic.BaseModel] | None,
-                statuses: tuple[int, ...], chunk: type[pydantic.BaseModel] | None = None) -> dict[str, Any]:
-    """A route's OpenAPI description: its JSON body, its answer (and the chunks of its SSE stream), its
-    error objects."""
-    responses = _errors(*statuses)
+                statuses: tuple[int, ...], chunk: type[pydantic.BaseModel] | None = None,
+                error: type[pydantic.BaseModel] = r.ErrorResponse, named: bool = False) -> dict[str, Any]:
+    """A route's OpenAPI description: its JSON body, its answer (and the chunks of its SSE stream, named
+    events or not), its error objects (Anthropic's, with its statuses, where error says so)."""
+    if error is a.AnthropicError:
+        statuses = tuple(sorted({anthropic_status(s) for s in statuses} | ({529} if 429 in statuses else set())))
+    responses: dict[int | str, dict[str, Any]] = {
+        status: {"model": error, "description": _ERROR_DESCRIPTIONS[status]} for status in statuses}
     if answer is not None:
         ok: dict[str, Any] = {"model": answer, "description": "Success"}
         if chunk is not None:
-            ok["content"] = {"text/event-stream": {"schema": _sse_event(chunk)}}
+            ok["content"] = {"text/event-stream": {"schema": _sse_event(chunk, error, named)}}
             ok["description"] = "Success: the whole answer, or its chunks as server-sent events with stream true"
         responses[200] = ok
     extra = {"requestBody": {"required": True, "content": {"application/json": {"schema": _ref(body)}}}} \
@@ -147,12 +164,21 @@ def _documented(body: type[pydantic.BaseModel] | None, answer: type[pydantic.Bas
 
 
 _BODIES = [p.ChatCompletionRequest, p.CompletionRequest, p.TokenizeRequest, p.DetokenizeRequest,
-           ip.NextTokenRequest, ip.LogitLensRequest, ip.DocumentRequest, ip.BpeRequest]
+           ip.NextTokenRequest, ip.LogitLensRequest, ip.DocumentRequest, ip.BpeRequest,
+           a.MessagesRequest, a.CountTokensRequest, rp.ResponsesRequest]
 # GET /inspect/engine's one parameter, which the route reads itself (a bad value is OpenAI's 400, not 422).
 _ENGINE_QUERY = {"parameters": [{"name": "steps", "in": "query", "required": False,
                                  "description": "how many recent step records to include",
                                  "schema": {"type": "integer", "minimum": 0, "maximum": ip.MAX_STEPS, "default": 64}}]}
-_CHUNKS = [r.ChatCompletionChunk]  # a completion's chunks are CompletionResponse objects, as OpenAI's are
+_ITEMS_QUERY = {"parameters": [
+    {"name": "after", "in": "query", "required": False, "description": "list the items after this item id",
+     "schema": {"type": "string"}},
+    {"name": "limit", "in": "query", "required": False, "description": "how many items (1-100)",
+     "schema": {"type": "integer", "minimum": 1, "maximum": MAX_ITEMS_PAGE, "default": 20}},
+    {"name": "order", "in": "query", "required": False, "description": "asc: oldest first; desc: newest first",
+     "schema": {"enum": ["asc", "desc"], "default": "desc"}}]}
+# A completion's chunks are CompletionResponse objects, as OpenAI's are.
+_CHUNKS = [r.ChatCompletionChunk, a.MessageStreamEvent, a.AnthropicError, rp.ResponseStreamEvent]
 
 
 def _openapi(app: FastAPI) -> Callable[[], dict[str, Any]]:
@@ -177,6 +203,10 @@ def create_app(engine: EngineClient | Callable[[], EngineClient], server_config:
     server = Server(engine, server_config or ServerConfig(), on_failure)
     generations, tokenization, inspector = Completions(server), Tokenization(server), Inspector(server)
     config = server.config
+    anthropic = Messages(generations)
+    # A file zhuzi cannot use stops the server here, in one line. What was answered is committed: the
+    # connection needs no closing (a killed server loses nothing either).
+    responses = Responses(generations, ResponseStore(Database(config.responses_store), config.responses_ttl))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -190,7 +220,7 @@ def create_app(engine: EngineClient | Callable[[], EngineClient], server_config:
     app.state.server = server
 
     def authenticated(request: Request) -> str:
-        return server.gateway.authenticate(request.headers.get("authorization"))
+        return server.gateway.authenticate(request.headers.get("authorization"), request.headers.get("x-api-key"))
 
     async def admitted(request: Request, body_model: type[ModelT]) -> tuple[str, ModelT]:
         """The caller's key and the parsed body, in the order that spends least on a refusal."""
@@ -211,6 +241,55 @@ def create_app(engine: EngineClient | Callable[[], EngineClient], server_config:
                                                      (*_BODY_ERRORS, 500), r.ChatCompletionChunk))
     async def chat_completions(request: Request) -> Response:
         return await generation(request, p.ChatCompletionRequest, generations.chat)
+
+    @app.post("/v1/chat/completions/render", **_documented(p.ChatCompletionRequest, r.RenderResponse, _BODY_ERRORS))
+    async def render(request: Request) -> Response:
+        return await generations.render(*await admitted(request, p.ChatCompletionRequest))
+
+    @app.post(MESSAGES, **_documented(a.MessagesRequest, a.Message, (*_BODY_ERRORS, 500), a.MessageStreamEvent,
+                                      a.AnthropicError, named=True))
+    async def messages(request: Request) -> Response:
+        return await generation(request, a.MessagesRequest, anthropic.create)
+
+    @app.post(f"{MESSAGES}/count_tokens", **_documented(a.CountTokensRequest, a.TokenCount, _BODY_ERRORS,
+                                                         error=a.AnthropicError))
+    async def count_tokens(request: Request) -> Response:
+        return await anthropic.count_tokens(*await admitted(request, a.CountTokensRequest))
+
+    @app.post("/v1/responses", **_documented(rp.ResponsesRequest, rp.ResponseObject, (*_BODY_ERRORS, 500),
+                                             rp.ResponseStreamEvent, named=True))
+    async def create_response(request: Request) -> Response:
+        return await generation(request, rp.ResponsesRequest, responses.create)
+
+    def stored(request: Request, allowed: tuple[str, ...] = ()) -> str:
+        """The caller's key, for a stored response (the engine need not be ready); no query parameter but
+        the allowed ones."""
+        key = authenticated(request)
+        server.gateway.check_rate(key)
+        for name in request.query_params:
+            if name not in allowed:
+                raise ApiError(400, f"{name} is not a parameter zhuzi knows (no parameter is accepted and "
+                               "ignored)", param=name)
+        return key
+
+    @app.get("/v1/responses/{response_id}", **_documented(None, rp.ResponseObject, (400, 401, 404, 429)))
+    async def retrieve_response(request: Request, response_id: str) -> Response:
+        return await responses.retrieve(stored(request), response_id)
+
+    @app.delete("/v1/responses/{response_id}", **_documented(None, rp.DeletedResponse, (400, 401, 404, 429)))
+    async def delete_response(request: Request, response_id: str) -> Response:
+        return await responses.delete(stored(request), response_id)
+
+    @app.get("/v1/responses/{response_id}/input_items", **{
+        **_documented(None, rp.InputItemList, (400, 401, 404, 429)), "openapi_extra": _ITEMS_QUERY})
+    async def response_input_items(request: Request, response_id: str) -> Response:
+        key, query = stored(request, ("after", "limit", "order")), request.query_params
+        limit, order = query.get("limit", "20"), query.get("order", "desc")
+        if not (limit.isascii() and limit.isdigit()) or not 1 <= int(limit) <= MAX_ITEMS_PAGE:
+            raise ApiError(400, f"limit must be a whole number in [1, {MAX_ITEMS_PAGE}], got {limit!r}", param="limit")
+        if order not in ("asc", "desc"):
+            raise ApiError(400, f"order must be asc or desc, got {order!r}", param="order")
+        return await responses.input_items(key, response_id, query.get("after"), int(limit), order)
 
     @app.post("/v1/completions", **_documented(p.CompletionRequest, r.CompletionResponse, (*_BODY_ERRORS, 500),
                                                r.CompletionResponse))
@@ -281,30 +360,27 @@ def create_app(engine: EngineClient | Callable[[], EngineClient], server_config:
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> Response:
-        return error_response(exc.status, exc.message, exc.type, exc.param, exc.code)
+        return error_response(request, exc.status, exc.message, exc.type, exc.param, exc.code)
 
     @app.exception_handler(GatewayError)
     async def gateway_error(request: Request, exc: GatewayError) -> Response:
         headers = {"Retry-After": retry_after_header(exc.retry_after)} if exc.retry_after is not None else None
         if exc.status == 401:
             headers = {"WWW-Authenticate": "Bearer"}
-        return error_response(exc.status, exc.message, exc.type, None, exc.code, headers)
+        return error_response(request, exc.status, exc.message, exc.type, None, exc.code, headers)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
         # 405 carries Allow, as HTTP wants
-        return error_response(exc.status_code, str(exc.detail), "invalid_request_error", headers=exc.headers)
+        return error_response(request, exc.status_code, str(exc.detail), "invalid_request_error",
+                              headers=exc.headers)
 
     @app.exception_handler(RequestError)
     @app.exception_handler(EngineDead)
-    async def failed(request: Request, exc: Exception) -> Response:
-        info = failure_info(exc)
-        return JSONResponse(r.ErrorResponse(error=info).model_dump(), status_code=int(info.code or 500))
-
     @app.exception_handler(Exception)
-    async def internal_error(request: Request, exc: Exception) -> Response:
-        # Starlette logs the traceback after this answer goes out.
+    async def failed(request: Request, exc: Exception) -> Response:
+        # Starlette logs an unexpected exception's traceback after this answer goes out.
         info = failure_info(exc)
-        return JSONResponse(r.ErrorResponse(error=info).model_dump(), status_code=500)
+        return error_response(request, int(info.code or 500), info.message, info.type, code=info.code)
 
     return app

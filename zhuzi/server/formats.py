@@ -1,8 +1,10 @@
 """Response formats, the last step before the wire: engine deltas -> OpenAI's JSON bodies and SSE chunks.
 
 A ResponseState gathers what one API request produced (its prompts, their n choices each, parsed into
-content / reasoning / tool calls); ChatFormat and CompletionFormat turn it into chat.completion(.chunk)
-and text_completion objects.
+content / reasoning / tool calls, and laid out as content blocks); ChatFormat and CompletionFormat turn it
+into chat.completion(.chunk) and text_completion objects. Every format (messages.py and responses_api.py
+have the others) answers the same four calls: the chunks of a delta, the end of a stream, a failure once
+the stream has begun, and the whole answer.
 """
 from __future__ import annotations
 
@@ -10,18 +12,25 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import pydantic
 
 from zhuzi.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from zhuzi.server import protocol as p
 from zhuzi.server import responses as r
+from zhuzi.server.content_blocks import BlockEvent, Blocks
 from zhuzi.server.parsers import OutputParser, ParsedText
 
 
 def sse(payload: pydantic.BaseModel | dict) -> str:
     data = payload.model_dump_json() if isinstance(payload, pydantic.BaseModel) else json.dumps(payload)
     return f"data: {data}\n\n"
+
+
+def sse_event(name: str, payload: pydantic.BaseModel) -> str:
+    """A named server-sent event, as Anthropic's and the Responses API's streams send them."""
+    return f"event: {name}\n{sse(payload)}"
 
 
 @dataclass
@@ -36,6 +45,8 @@ class Choice:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     started: bool = False  # streaming: whether its first chunk went out
+    blocks: Blocks = field(default_factory=Blocks)
+    events: list[BlockEvent] = field(default_factory=list)  # what the latest delta did to the blocks
 
     def absorb(self, delta: CompletionOutput) -> ParsedText:
         """Take one engine delta; return the parsed news it brings."""
@@ -46,7 +57,16 @@ class Choice:
             piece.extend(self.parser.finish())
             self.finish_reason, self.stop_reason = delta.finish_reason, delta.stop_reason
         self.parsed.extend(piece)
+        self.events = self.blocks.feed(piece) + (self.blocks.close() if self.finish_reason else [])
         return piece
+
+    def reasoning_tokens(self, think_close: int | None) -> int:
+        """The tokens of the reply's thought, its closing tag included (all of them while it is open)."""
+        if not self.parser.thought:
+            return 0
+        if think_close is not None and think_close in self.token_ids:
+            return self.token_ids.index(think_close) + 1
+        return len(self.token_ids)
 
     @property
     def openai_finish_reason(self) -> str | None:
@@ -57,8 +77,6 @@ class Choice:
 
 @dataclass
 class PromptStats:
-    """One prompt of an API request, for its usage, metrics and echo."""
-
     token_count: int = 0
     cached_tokens: int = 0
     metrics: RequestMetrics | None = None
@@ -72,6 +90,7 @@ class ResponseState:
     n: int
     new_parser: Callable[[], OutputParser]
     prompts: list[PromptStats]
+    think_close: int | None = None  # a thinking model's </think> id: usage counts the thoughts' tokens
     choices: dict[int, Choice] = field(default_factory=dict)
 
     def update(self, prompt_index: int, out: RequestOutput) -> list[tuple[Choice, CompletionOutput, ParsedText]]:
@@ -87,17 +106,74 @@ class ResponseState:
             news.append((choice, delta, choice.absorb(delta)))
         return news
 
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(s.token_count for s in self.prompts)
+
+    @property
+    def cached_tokens(self) -> int:
+        return sum(s.cached_tokens for s in self.prompts)
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(len(c.token_ids) for c in self.choices.values())
+
+    @property
+    def reasoning_tokens(self) -> int | None:
+        """None for a model that does not think."""
+        if self.think_close is None:
+            return None
+        return sum(c.reasoning_tokens(self.think_close) for c in self.choices.values())
+
     def usage(self) -> r.Usage:
-        completion = sum(len(c.token_ids) for c in self.choices.values())
-        return r.Usage.of(sum(s.token_count for s in self.prompts), completion,
-                          sum(s.cached_tokens for s in self.prompts))
+        return r.Usage.of(self.prompt_tokens, self.completion_tokens, self.cached_tokens, self.reasoning_tokens)
 
     def sorted_choices(self) -> list[Choice]:
         return [self.choices[i] for i in sorted(self.choices)]
 
 
-class ChatFormat:
+class Format(Protocol):
+    request_id: str
+
+    def chunks(self, gen: ResponseState, choice: Choice, delta: CompletionOutput, piece: ParsedText,
+               prompt_index: int) -> list[str]:
+        """The SSE chunks one engine delta makes."""
+
+    def end(self, gen: ResponseState) -> list[str]:
+        """The chunks that end a stream that went well."""
+
+    def failure(self, gen: ResponseState, error: r.ErrorInfo) -> list[str]:
+        """The chunks that end a stream the engine failed (the headers are out: the error goes in-band)."""
+
+    def response(self, gen: ResponseState) -> pydantic.BaseModel:
+        """The whole answer."""
+
+
+class OpenAIStream:
+    """How OpenAI's chat and completion streams end: the usage chunk if asked for, an error object, [DONE]."""
+
+    body: p.ChatCompletionRequest | p.CompletionRequest
+    chunk_type: type[r.ChatCompletionChunk] | type[r.CompletionResponse]
+    request_id: str
+    model: str
+    created: int
+
+    def end(self, gen: ResponseState) -> list[str]:
+        usage = sse(self.chunk_type(id=self.request_id, created=self.created, model=self.model, choices=[],
+                                    usage=gen.usage()))
+        return ([usage] if self.body.include_usage_chunk else []) + [DONE]
+
+    def failure(self, gen: ResponseState, error: r.ErrorInfo) -> list[str]:
+        return [sse(r.ErrorResponse(error=error)), DONE]
+
+
+DONE = "data: [DONE]\n\n"
+
+
+class ChatFormat(OpenAIStream):
     """chat.completion / chat.completion.chunk."""
+
+    chunk_type = r.ChatCompletionChunk
 
     def __init__(self, request_id: str, model: str, body: p.ChatCompletionRequest, prompt_ids: list[int],
                  token_bytes: Callable[[int], bytes]) -> None:
@@ -144,10 +220,6 @@ class ChatFormat:
                                    stop_reason=choice.stop_reason))
         return out
 
-    def usage_chunk(self, gen: ResponseState) -> str:
-        return sse(r.ChatCompletionChunk(id=self.request_id, created=self.created, model=self.model,
-                                         choices=[], usage=gen.usage()))
-
     def response(self, gen: ResponseState) -> r.ChatCompletionResponse:
         choices = []
         for c in gen.sorted_choices():
@@ -164,8 +236,10 @@ class ChatFormat:
                                         prompt_token_ids=self.prompt_ids if self.body.return_token_ids else None)
 
 
-class CompletionFormat:
+class CompletionFormat(OpenAIStream):
     """text_completion, whole or chunked; echo puts the prompt before the first text of each choice."""
+
+    chunk_type = r.CompletionResponse
 
     def __init__(self, request_id: str, model: str, body: p.CompletionRequest, prompt_texts: list[str],
                  prompt_ids: list[list[int]], decode: Callable[[int], str]) -> None:
@@ -189,29 +263,33 @@ class CompletionFormat:
             logprobs = completion_logprobs(token_ids, entries_in, self.body.logprobs, offset, self.decode)
             self.offsets[choice.index] = offset + sum(len(token) for token in logprobs.tokens)
         return r.CompletionChoice(index=choice.index, text=text, logprobs=logprobs,
-                                  finish_reason=choice.finish_reason, stop_reason=choice.stop_reason)
+                                  finish_reason=choice.finish_reason, stop_reason=choice.stop_reason,
+                                  prompt_logprobs=self._prompt_logprobs(gen, prompt_index) if first else None)
+
+    def _prompt_logprobs(self, gen: ResponseState, prompt_index: int) -> list[dict[str, r.PromptLogprob] | None] | None:
+        """vLLM's prompt_logprobs: per prompt token (none for the first) its own and the top ones."""
+        top_n, entries = self.body.prompt_logprobs, gen.prompts[prompt_index].logprobs
+        if top_n is None or entries is None:
+            return None
+        return [None if entry is None else {
+            str(i): r.PromptLogprob(logprob=lp.logprob, rank=lp.rank, decoded_token=lp.decoded_token)
+            for i, lp in entry.items() if i == token_id or lp.rank <= top_n}
+            for token_id, entry in zip(self.prompt_ids[prompt_index], entries)]
 
     def chunks(self, gen: ResponseState, choice: Choice, delta: CompletionOutput, piece: ParsedText,
                prompt_index: int) -> list[str]:
         first, choice.started = not choice.started, True
         item = self._piece(gen, choice, prompt_index, piece.content, delta.token_ids, delta.logprobs or [], first)
-        if not (item.text or item.finish_reason or (item.logprobs and item.logprobs.tokens)):
+        if not (item.text or item.finish_reason or item.prompt_logprobs or (item.logprobs and item.logprobs.tokens)):
             return []
         return [sse(r.CompletionResponse(id=self.request_id, created=self.created, model=self.model,
                                          choices=[item]))]
-
-    def usage_chunk(self, gen: ResponseState) -> str:
-        return sse(r.CompletionResponse(id=self.request_id, created=self.created, model=self.model,
-                                        choices=[], usage=gen.usage()))
 
     def response(self, gen: ResponseState) -> r.CompletionResponse:
         choices = [self._piece(gen, c, c.index // gen.n, c.parsed.content, c.token_ids, c.logprobs, True)
                    for c in gen.sorted_choices()]
         return r.CompletionResponse(id=self.request_id, created=self.created, model=self.model,
                                     choices=choices, usage=gen.usage())
-
-
-Format = ChatFormat | CompletionFormat
 
 
 # ------------------------------------------------------------------ logprobs

@@ -1,6 +1,7 @@
 """Step 2 of the request path: who may ask, how often, and whether there is room.
 
-- API keys: with keys configured, `Authorization: Bearer <key>` must name one (401).
+- API keys: with keys configured, `Authorization: Bearer <key>` (OpenAI's) or `x-api-key: <key>`
+  (Anthropic's) must name one (401).
 - Rate limits per key: requests per minute and tokens per minute, as token
   buckets that refill continuously (429 with Retry-After). Tokens are charged
   when known: the prompt at admission, the completion when it ends, so a
@@ -80,17 +81,19 @@ class Gateway:
         self.in_flight = 0  # sequences admitted and not yet finished
         self._limits: dict[str, KeyLimits] = {}  # touched only from the event loop: no lock
 
-    def authenticate(self, authorization: str | None) -> str:
-        """The caller's key (ANONYMOUS without configured keys); GatewayError 401 otherwise."""
+    def authenticate(self, authorization: str | None, x_api_key: str | None = None) -> str:
+        """The caller's key (ANONYMOUS without configured keys), from either header; GatewayError 401 otherwise."""
         if not self.api_keys:
             return ANONYMOUS
         scheme, _, token = (authorization or "").partition(" ")
-        given = token.strip().encode()
+        given = (token.strip() if scheme.lower() == "bearer" else "").encode()
+        if x_api_key is not None and not given:
+            given = x_api_key.strip().encode()
         # Compare against every key so the time taken says nothing about which one nearly matched.
         matches = [secrets.compare_digest(given, key) for key in self.api_keys]
-        if scheme.lower() != "bearer" or not any(matches):
-            raise GatewayError(401, "Incorrect or missing API key: send 'Authorization: Bearer <key>'.",
-                               "invalid_request_error", "invalid_api_key")
+        if not any(matches):
+            raise GatewayError(401, "Incorrect or missing API key: send 'Authorization: Bearer <key>' "
+                               "or 'x-api-key: <key>'.", "invalid_request_error", "invalid_api_key")
         return given.decode()
 
     def check_rate(self, key: str) -> None:

@@ -27,7 +27,8 @@ import uuid
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+from zhuzi.tokenizer import THINK_CLOSE, THINK_OPEN
+
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
 
 
@@ -156,6 +157,7 @@ class OutputParser:
         self.calls = 0  # calls emitted so far
         self.arguments: _Arguments | None = None  # the streaming call's, once its header went out
         self.mode = Mode.CONTENT
+        self.thought = False  # whether the reply opened a thought (or the prompt opened it)
         self.think_may_open = reasoning  # a <think> counts only before any content
         self.bare_may_open = tools  # so does a call without tags (a reply opening with "{")
         self.bare: _Arguments | None = None  # the open untagged call's scan for its end
@@ -220,7 +222,7 @@ class OutputParser:
             stripped = self.buffer.lstrip()
             if stripped.startswith(THINK_OPEN):
                 self._switch(Mode.REASONING, stripped[len(THINK_OPEN):])
-                self.think_may_open, self.strip_leading = False, True
+                self.think_may_open, self.strip_leading, self.thought = False, True, True
                 return True
             if THINK_OPEN.startswith(stripped):
                 return False  # only whitespace or the start of "<think>" so far

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from zhuzi.sampling_params import (
     MAX_REPETITION_PENALTY,
@@ -24,24 +24,7 @@ from zhuzi.sampling_params import (
     StructuredOutputError,
     StructuredOutputsParams,
 )
-
-
-def _utf8_only(text: str) -> str:
-    # JSON may carry lone surrogates ("\ud800"); no tokenizer can encode them.
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise ValueError("text must be valid Unicode (found a lone surrogate)") from exc
-    return text
-
-
-Text = Annotated[str, AfterValidator(_utf8_only)]
-
-
-class Request(BaseModel):
-    # NaN or Infinity (JSON extensions, or 1e999) would reach the sampler as poison.
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
-
+from zhuzi.server.schema import Request, Text
 
 # Fields of OpenAI's or vLLM's requests that zhuzi refuses, and why (any other unknown field is refused too).
 UNSUPPORTED = {
@@ -53,8 +36,7 @@ UNSUPPORTED = {
     "store": "is not supported: zhuzi stores no completions",
     "metadata": "is not supported: zhuzi stores no completions",
     "service_tier": "is not supported: zhuzi has one tier",
-    "reasoning_effort": "is not supported: a thinking model's template may take chat_template_kwargs "
-                        "such as enable_thinking",
+    "reasoning_effort": "is not supported: use thinking_token_budget (and chat_template_kwargs' enable_thinking)",
     "web_search_options": "is not supported: zhuzi has no web search",
     "suffix": "is not supported: zhuzi does not fill in the middle",
     "best_of": "is not supported: use n",
@@ -234,6 +216,8 @@ class SamplingRequest(Request):
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
     guided_whitespace_pattern: str | None = None
+    bad_words: list[Text] | None = None  # vLLM's: never written
+    allowed_token_ids: list[int] | None = None  # vLLM's: the only tokens that may be drawn
 
     @model_validator(mode="after")
     def _stream_options_need_stream(self) -> SamplingRequest:
@@ -290,7 +274,8 @@ class SamplingRequest(Request):
             raise InvalidRequest("logit_bias", why) from exc
 
     def sampling_params(self, max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None = None,
-                        structured_outputs: StructuredOutputsParams | None = None) -> SamplingParams:
+                        structured_outputs: StructuredOutputsParams | None = None,
+                        thinking_budget: int | None = None) -> SamplingParams:
         """Build SamplingParams; unset fields keep its defaults. Raises InvalidRequest naming a field."""
         given = {
             "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
@@ -303,6 +288,7 @@ class SamplingRequest(Request):
             ignore_eos=self.ignore_eos, min_tokens=self.min_tokens, logprobs=logprobs,
             prompt_logprobs=prompt_logprobs, include_stop_str_in_output=self.include_stop_str_in_output,
             skip_special_tokens=self.skip_special_tokens, structured_outputs=structured_outputs,
+            bad_words=self.bad_words, allowed_token_ids=self.allowed_token_ids, thinking_token_budget=thinking_budget,
             **{name: value for name, value in given.items() if value is not None},
         )
 
@@ -362,6 +348,7 @@ class ChatCompletionRequest(ChatTemplateRequest, SamplingRequest):
     # vLLM's extensions: the prompt's and each choice's token ids; logprobs' tokens written "token_id:N".
     return_token_ids: bool = False
     return_tokens_as_token_ids: bool = False
+    thinking_token_budget: int | None = None  # a thinking model's thought ends after this many tokens
 
     @property
     def forces_tool_call(self) -> bool:
@@ -386,7 +373,8 @@ class ChatCompletionRequest(ChatTemplateRequest, SamplingRequest):
     def to_sampling_params(self, structured_outputs: StructuredOutputsParams | None = None) -> SamplingParams:
         max_tokens = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
-        return self.sampling_params(max_tokens, logprobs, structured_outputs=structured_outputs)
+        return self.sampling_params(max_tokens, logprobs, structured_outputs=structured_outputs,
+                                    thinking_budget=self.thinking_token_budget)
 
 
 Prompt = Text | list[Text] | list[int] | list[list[int]]
@@ -397,6 +385,7 @@ class CompletionRequest(SamplingRequest):
     max_tokens: int | None = 16  # OpenAI's default here (chat's is the rest of the context); null: the rest
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=20)
+    prompt_logprobs: int | None = Field(None, ge=0, le=20)  # vLLM's: each prompt token's, on each choice
 
     @model_validator(mode="after")
     def _prompt_batch_not_empty(self) -> CompletionRequest:
@@ -414,8 +403,8 @@ class CompletionRequest(SamplingRequest):
         return list(prompt)  # type: ignore[arg-type]
 
     def to_sampling_params(self, structured_outputs: StructuredOutputsParams | None = None) -> SamplingParams:
-        prompt_logprobs = self.logprobs if self.echo and self.logprobs is not None else None
-        return self.sampling_params(self.max_tokens, self.logprobs, prompt_logprobs, structured_outputs)
+        wanted = [n for n in (self.prompt_logprobs, self.logprobs if self.echo else None) if n is not None]
+        return self.sampling_params(self.max_tokens, self.logprobs, max(wanted, default=None), structured_outputs)
 
 
 class TokenizeRequest(ChatTemplateRequest):

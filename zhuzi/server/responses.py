@@ -28,17 +28,26 @@ class PromptTokensDetails(Response):
     cached_tokens: int = 0
 
 
+class CompletionTokensDetails(Response):
+    reasoning_tokens: int = 0  # of the completion's tokens, those inside the thought
+
+
 class Usage(Response):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
     prompt_tokens_details: PromptTokensDetails | None = None
+    completion_tokens_details: CompletionTokensDetails | None = Field(None, exclude_if=_is_none)
 
     @classmethod
-    def of(cls, prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> Usage:
+    def of(cls, prompt_tokens: int, completion_tokens: int, cached_tokens: int,
+           reasoning_tokens: int | None = None) -> Usage:
+        """reasoning_tokens: None for a model that does not think."""
+        details = None if reasoning_tokens is None else CompletionTokensDetails(reasoning_tokens=reasoning_tokens)
         return cls(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
                    total_tokens=prompt_tokens + completion_tokens,
-                   prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens))
+                   prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens),
+                   completion_tokens_details=details)
 
 
 class TopLogprob(Response):
@@ -137,12 +146,20 @@ class CompletionLogprobs(Response):
 
 
 
+class PromptLogprob(Response):
+    logprob: float
+    rank: int
+    decoded_token: str | None = None
+
+
 class CompletionChoice(Response):
     index: int
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = Field(None, exclude_if=_is_none)
+    # vLLM's: per prompt token (null for the first), token id -> its logprob; on a stream's first chunk
+    prompt_logprobs: list[dict[str, PromptLogprob] | None] | None = Field(None, exclude_if=_is_none)
 
 
 class CompletionResponse(Response):
@@ -154,6 +171,14 @@ class CompletionResponse(Response):
     model: str
     choices: list[CompletionChoice]
     usage: Usage | None = Field(None, exclude_if=_is_none)
+
+
+class RenderResponse(Response):
+    """vLLM's /v1/chat/completions/render: the prompt a chat request makes, nothing generated."""
+
+    model: str
+    prompt: str  # the chat template's text
+    token_ids: list[int]
 
 
 class ModelCard(Response):

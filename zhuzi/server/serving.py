@@ -18,12 +18,13 @@ import asyncio
 import functools
 import gc
 import logging
+import re
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pydantic
 from fastapi import Request
@@ -35,10 +36,10 @@ from zhuzi.outputs import EngineStats, RequestError, RequestOutput
 from zhuzi.sampling_params import InvalidRequest, SamplingParams
 from zhuzi.server import protocol as p
 from zhuzi.server import responses as r
-from zhuzi.server.formats import Format, PromptStats, ResponseState, sse
+from zhuzi.server.formats import Format, PromptStats, ResponseState
 from zhuzi.server.gateway import Admission, Gateway
 from zhuzi.server.metrics import ServerMetrics
-from zhuzi.server.parsers import THINK_CLOSE, THINK_OPEN, OutputParser, opened_thought
+from zhuzi.server.parsers import OutputParser, opened_thought
 from zhuzi.server.streams import ClosingStreamingResponse, first_outputs, merge_streams, until_disconnect
 from zhuzi.server.tools import template_renders_tools, with_generic_tools
 from zhuzi.tokenizer import message_text
@@ -58,6 +59,15 @@ class ApiError(Exception):
     @classmethod
     def of(cls, exc: InvalidRequest) -> ApiError:
         return cls(400, str(exc), param=exc.param, code=exc.code)
+
+    def renamed(self, names: dict[str, str]) -> ApiError:
+        """The error under another API's names for the chat request's fields: names maps a pattern of the
+        param to its replacement (re.sub), the first that matches."""
+        for pattern, name in names.items():
+            if self.param is not None and re.match(pattern, self.param):
+                param = re.sub(pattern, name, self.param, count=1)
+                return ApiError(self.status, self.message.replace(self.param, param), self.type, param, self.code)
+        return self
 
 
 def failure_info(exc: Exception) -> r.ErrorInfo:
@@ -87,6 +97,16 @@ class ActiveRequest:
     closed: bool = False
 
 
+@dataclass
+class RenderedChat:
+    """A chat request's prompt: its ids, and what the template was given to make it."""
+
+    ids: list[int]
+    prefill: str  # the text the prompt already holds of the reply (see OutputParser)
+    messages: list[dict[str, Any]]
+    args: dict[str, Any]
+
+
 # Running requests' last chunks after a shutdown ended them: they need a step or two.
 ABORT_GRACE_S = 5.0
 # Threads that render and tokenize prompts: a few long prompts must not queue everyone else's behind them.
@@ -111,6 +131,7 @@ class Server:
         self.metrics = ServerMetrics(self.engine_state)
         self.model_name = ""
         self.reasoning = False
+        self.think_close: int | None = None  # a thinking model's </think> id
         self.added_tokens: set[str] = set()  # the tokenizer's added tokens (a forced call's markers may be)
         self.created = int(time.time())
         if not callable(engine):
@@ -120,8 +141,8 @@ class Server:
 
     def attach(self, engine: EngineClient) -> None:
         self.model_name = self.config.served_model_name or engine.model_name
-        vocab = engine.tokenizer.hf.get_vocab()
-        self.reasoning = THINK_OPEN in vocab and THINK_CLOSE in vocab  # a thinking model's own tags
+        tags = engine.tokenizer.think_ids
+        self.reasoning, self.think_close = tags is not None, tags[1] if tags else None
         self.added_tokens = set(engine.tokenizer.hf.get_added_vocab())
         engine.tokenizer.warm()
         engine.tokenizer.use_encoder_process()
@@ -204,8 +225,8 @@ class Server:
         if not self.active:
             return
         log.warning("ending the %d requests still running (finish_reason 'abort')", len(self.active))
-        for request in list(self.active):
-            self.end(request)
+        for call in list(self.active):
+            self.end(call)
         deadline = time.monotonic() + ABORT_GRACE_S
         while self.active and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
@@ -221,7 +242,7 @@ class Server:
                 self.engine.abort(request_id)
 
     async def in_worker(self, fn: Callable[..., T], *args: object) -> T:
-        """ActiveRequest CPU-bound work (templates, tokenizing, big JSON) off the event loop."""
+        """Run CPU-bound work (templates, tokenizing, big JSON) off the event loop."""
         return await asyncio.get_running_loop().run_in_executor(self.workers, functools.partial(fn, *args))
 
     # -- request helpers
@@ -235,14 +256,17 @@ class Server:
 
     async def generate(self, request: Request, key: str, prompts: list[list[int]], params: SamplingParams,
                        fmt: Format, new_parser: Callable[[], OutputParser], stream: bool,
-                       include_usage: bool) -> Response:
+                       on_answer: Callable[[pydantic.BaseModel], Awaitable[None]] | None = None) -> Response:
+        """Run the prompts; answer with fmt's whole answer, or stream its chunks. on_answer sees the whole
+        answer before the client does (a stream's last chunks wait for it): what must outlive the answer
+        (a stored response) is kept by then."""
         engine = self.ready()
         admission = self.gateway.admit(params.n * len(prompts))
         self.gateway.charge_tokens(key, sum(len(ids) for ids in prompts))
         request_ids = [f"{fmt.request_id}-{i}" for i in range(len(prompts))]
         streams = [engine.generate(ids, params, rid) for ids, rid in zip(prompts, request_ids)]
         call = ActiveRequest(key, admission, request_ids, streams,
-                  ResponseState(params.n, new_parser, [PromptStats() for _ in prompts]))
+                             ResponseState(params.n, new_parser, [PromptStats() for _ in prompts], self.think_close))
         self.active.add(call)
         if self.config.request_timeout:
             call.timer = asyncio.get_running_loop().call_later(self.config.request_timeout, self.end, call)
@@ -256,12 +280,15 @@ class Server:
             raise
         call.merged = merge_streams(firsts, streams)
         if stream:
-            return ClosingStreamingResponse(self.stream(call, fmt, include_usage), lambda: self.close(call))
+            return ClosingStreamingResponse(self.stream(call, fmt, on_answer), lambda: self.close(call))
         try:
             await until_disconnect(request, self.collect(call))
         finally:
             await self.close(call)
-        return json_response(fmt.response(call.response))
+        answer = fmt.response(call.response)
+        if on_answer is not None:
+            await on_answer(answer)
+        return json_response(answer)
 
     @staticmethod
     async def collect(call: ActiveRequest) -> None:
@@ -270,20 +297,23 @@ class Server:
             call.response.update(index, out)
 
     @staticmethod
-    async def stream(call: ActiveRequest, fmt: Format, include_usage: bool) -> AsyncIterator[str]:
+    async def stream(call: ActiveRequest, fmt: Format,
+                     on_answer: Callable[[pydantic.BaseModel], Awaitable[None]] | None) -> AsyncIterator[str]:
         assert call.merged is not None
         try:
             async for index, out in call.merged:
                 for choice, delta, piece in call.response.update(index, out):
                     for chunk in fmt.chunks(call.response, choice, delta, piece, index):
                         yield chunk
-            if include_usage:
-                yield fmt.usage_chunk(call.response)
+            if on_answer is not None:
+                await on_answer(fmt.response(call.response))
+            for chunk in fmt.end(call.response):
+                yield chunk
         except Exception as exc:  # the headers are out: report in-band, as OpenAI's streams do
             if not isinstance(exc, (RequestError, EngineDead)):  # the engine logged those
                 log.exception("stream %s failed", fmt.request_id)
-            yield sse(r.ErrorResponse(error=failure_info(exc)))
-        yield "data: [DONE]\n\n"
+            for chunk in fmt.failure(call.response, failure_info(exc)):
+                yield chunk
 
     async def close(self, call: ActiveRequest, ran: bool = True) -> None:
         """End a request however it ended: abort what still runs, free its place, count it if it ran."""
@@ -310,8 +340,9 @@ class Server:
 
     # -- prompts (in worker threads)
 
-    def render_chat(self, body: p.ChatTemplateRequest, constraint: p.Constraint | None = None) -> tuple[list[int], str]:
-        """The prompt ids, and the text the prompt already holds of the reply (see OutputParser)."""
+    def render_chat(self, body: p.ChatTemplateRequest, constraint: p.Constraint | None = None) -> RenderedChat:
+        """The prompt a chat request makes (the generic tool format written in where the template has none;
+        under a constraint a thinking model is asked for no thought)."""
         tokenizer, messages, args = self.ready().tokenizer, body.template_messages(), body.template_args()
         if body.parse_tool_calls and not template_renders_tools(tokenizer.template_variables):
             messages = with_generic_tools(messages, args["tools"])
@@ -320,7 +351,7 @@ class Server:
         try:
             ids = tokenizer.encode_chat(messages, **args)
             if body.continue_final_message:
-                return ids, message_text(messages[-1].get("content"))
+                return RenderedChat(ids, message_text(messages[-1].get("content")), messages, args)
             # Only a thinking model's template can open a thought; skip the second render otherwise.
             prefill = opened_thought(tokenizer.render_chat(messages, **args)) if self.reasoning else ""
         except (ValueError, TypeError) as exc:  # template errors, and templates fed unexpected types
@@ -328,7 +359,7 @@ class Server:
         if constraint is not None and prefill:
             raise ApiError(400, f"{constraint.source} cannot hold here: this model's template opens a thought, "
                            "and a constrained reply cannot think", param=constraint.source)
-        return ids, prefill
+        return RenderedChat(ids, prefill, messages, args)
 
     @staticmethod
     def without_thought(kwargs: dict | None) -> dict:

@@ -9,7 +9,11 @@ tools.py) is compiled before anything is queued, so a bad schema is a 400 naming
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
 
+import pydantic
 from fastapi import Request
 from fastapi.responses import Response
 
@@ -17,12 +21,31 @@ from zhuzi.engine.client import EngineClient
 from zhuzi.sampling_params import InvalidRequest, SamplingParams
 from zhuzi.server import protocol as p
 from zhuzi.server import responses as r
-from zhuzi.server.formats import ChatFormat, CompletionFormat
+from zhuzi.server.formats import ChatFormat, CompletionFormat, Format
 from zhuzi.server.parsers import OutputParser
-from zhuzi.server.serving import ApiError, Server
+from zhuzi.server.serving import ApiError, RenderedChat, Server, json_response
 from zhuzi.server.tools import chat_constraints
 
 log = logging.getLogger("zhuzi.server")
+
+
+def as_chat_request(fields: dict[str, Any], param: str) -> p.ChatCompletionRequest:
+    """The chat request another API's request means (its fields built by its module); param: that API's
+    field for what a chat may still refuse (an empty turn)."""
+    try:
+        return p.ChatCompletionRequest.model_validate({k: v for k, v in fields.items() if v is not None})
+    except pydantic.ValidationError as exc:
+        first = exc.errors()[0]
+        raise ApiError(400, f"{param}: {first['msg'].removeprefix('Value error, ')}", param=param) from exc
+
+
+@dataclass
+class ChatPlan:
+    """A chat request ready to run: its prompt, its sampling, and how its reply is parsed."""
+
+    chat: RenderedChat
+    params: SamplingParams
+    new_parser: Callable[[], OutputParser]
 
 
 class Completions:
@@ -72,24 +95,51 @@ class Completions:
         texts = [x if isinstance(x, str) else tokenizer.decode(x, skip_special_tokens=False) for x in prompts]
         return texts, [tokenizer.encode_prompt(x) for x in prompts]
 
-    async def chat(self, request: Request, key: str, body: p.ChatCompletionRequest) -> Response:
+    async def plan_chat(self, body: p.ChatCompletionRequest, names: dict[str, str] | None = None) -> ChatPlan:
+        """Everything a chat request is checked and prepared for before it runs (the render endpoint stops
+        here): its constraints compiled, its prompt rendered and tokenized. names: another API's names for
+        the chat request's fields, which its errors then use."""
+        try:
+            return await self._plan_chat(body)
+        except ApiError as exc:
+            raise exc.renamed(names or {}) from exc
+
+    async def _plan_chat(self, body: p.ChatCompletionRequest) -> ChatPlan:
         self.server.check_model(body.model)
         constraints, forced = self.constraints(body)
         constraint = constraints[-1] if constraints else None
         params = self.sampling_params(body, constraint)
-        ids, prefill = await self.server.in_worker(self.server.render_chat, body, constraint)
+        chat = await self.server.in_worker(self.server.render_chat, body, constraint)
         await self.check_constraints(constraints)
-        fmt = ChatFormat(r.new_id("chatcmpl"), self.server.model_name, body, ids,
-                         self.server.ready().tokenizer.bytes_of)
-        self.log_user(fmt.request_id, body)
         tools, max_calls = body.parse_tool_calls, None if body.parallel_tool_calls else 1
 
         def new_parser() -> OutputParser:
-            return OutputParser(reasoning=self.server.reasoning, tools=tools, prefill=prefill, forced=forced,
+            return OutputParser(reasoning=self.server.reasoning, tools=tools, prefill=chat.prefill, forced=forced,
                                 max_calls=max_calls)
 
-        return await self.server.generate(request, key, [ids], params, fmt, new_parser, body.stream,
-                                          body.include_usage_chunk)
+        return ChatPlan(chat, params, new_parser)
+
+    async def chat(self, request: Request, key: str, body: p.ChatCompletionRequest) -> Response:
+        plan = await self.plan_chat(body)
+        fmt = ChatFormat(r.new_id("chatcmpl"), self.server.model_name, body, plan.chat.ids,
+                         self.server.ready().tokenizer.bytes_of)
+        return await self.run_chat(request, key, body, plan, fmt)
+
+    async def run_chat(self, request: Request, key: str, body: p.ChatCompletionRequest, plan: ChatPlan,
+                       fmt: Format, on_answer: Callable[[pydantic.BaseModel], Awaitable[None]] | None = None
+                       ) -> Response:
+        """A planned chat request, answered in fmt (OpenAI's chat, Anthropic's messages, a Response)."""
+        self.log_user(fmt.request_id, body)
+        return await self.server.generate(request, key, [plan.chat.ids], plan.params, fmt, plan.new_parser,
+                                          body.stream, on_answer)
+
+    async def render(self, key: str, body: p.ChatCompletionRequest) -> Response:
+        """vLLM's /v1/chat/completions/render: the prompt a chat request makes, as text and token ids."""
+        plan = await self.plan_chat(body)
+        tokenizer = self.server.ready().tokenizer
+        text = await self.server.in_worker(lambda: tokenizer.render_chat(plan.chat.messages, **plan.chat.args))
+        self.server.gateway.charge_tokens(key, len(plan.chat.ids))
+        return json_response(r.RenderResponse(model=self.server.model_name, prompt=text, token_ids=plan.chat.ids))
 
     async def completions(self, request: Request, key: str, body: p.CompletionRequest) -> Response:
         self.server.check_model(body.model)
@@ -109,5 +159,4 @@ class Completions:
         def new_parser() -> OutputParser:
             return OutputParser(reasoning=False, tools=False)
 
-        return await self.server.generate(request, key, prompt_ids, params, fmt, new_parser, body.stream,
-                                   body.include_usage_chunk)
+        return await self.server.generate(request, key, prompt_ids, params, fmt, new_parser, body.stream)

@@ -88,11 +88,10 @@ class Inspector:
         tokenizer = self.server.ready().tokenizer
 
         def document() -> tuple[int, Response]:
-            ids, _ = self.server.render_chat(body)  # the checks and errors of a chat request
-            messages, args = body.template_messages(), body.template_args()
-            tokens = tokenizer.chat_document(messages, **args)
-            return len(ids), json_response(ip.DocumentResponse(
-                text=tokenizer.render_chat(messages, **args), token_ids=ids,
+            chat = self.server.render_chat(body)  # the checks and errors of a chat request
+            tokens = tokenizer.chat_document(chat.messages, **chat.args)
+            return len(chat.ids), json_response(ip.DocumentResponse(
+                text=tokenizer.render_chat(chat.messages, **chat.args), token_ids=chat.ids,
                 tokens=[ip.DocumentToken(**self._token(t.id), author=t.author, special=t.special) for t in tokens]))
 
         count, response = await self.server.in_worker(document)

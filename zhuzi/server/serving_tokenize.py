@@ -49,7 +49,7 @@ class Tokenization:
 
         def tokenize() -> r.TokenizeResponse:
             if body.messages is not None:
-                ids = self.server.render_chat(body)[0]
+                ids = self.server.render_chat(body).ids
             else:
                 ids = engine.tokenizer.encode_prompt(body.prompt or "")
             return r.TokenizeResponse.model_construct(  # no need to validate a million items

@@ -1,0 +1,183 @@
+"""OpenAI's Responses API end to end: the official `openai` client against a real `zhuzi serve` (the session's
+server with two API keys), SmolLM2-135M-Instruct at temperature 0; stored conversations across turns, keys
+and a killed server."""
+from __future__ import annotations
+
+import json
+import signal
+
+import httpx
+import jsonschema
+import openai
+import pytest
+from conftest import KEYS
+from server_process import ServerProcess, running_server
+
+MODEL = "SmolLM2-135M-Instruct"
+GREEDY = {"model": MODEL, "temperature": 0, "max_output_tokens": 24}
+BLOCK = 16  # tokens per KV block: the prefix cache's unit
+WEATHER = {"type": "function", "name": "get_weather", "description": "Current weather in a city",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+
+
+def client_for(server: ServerProcess, key: str = KEYS[0]) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.api, api_key=key, max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def client(keyed_server: ServerProcess) -> openai.OpenAI:
+    return client_for(keyed_server)
+
+
+def test_a_plain_answer(client: openai.OpenAI, capital_answer: str) -> None:
+    response = client.responses.create(input="What is the capital of France?", **GREEDY)
+    assert response.object == "response" and response.status == "completed" and response.model == MODEL
+    assert response.output_text == capital_answer and "Paris" in capital_answer
+    (message,) = response.output
+    assert (message.type, message.role, message.status) == ("message", "assistant", "completed")
+    usage = response.usage
+    assert usage.total_tokens == usage.input_tokens + usage.output_tokens and 0 < usage.output_tokens < 24
+    assert usage.output_tokens_details.reasoning_tokens == 0
+    instructed = client.responses.create(input="What is the capital of France?", instructions="Be brief.",
+                                         **GREEDY | {"max_output_tokens": 1})
+    assert instructed.instructions == "Be brief." and instructed.usage.input_tokens != usage.input_tokens
+    assert (instructed.status, instructed.incomplete_details.reason) == ("incomplete", "max_output_tokens")
+
+
+def test_a_stream_is_numbered_events_that_add_up_to_the_whole_answer(client: openai.OpenAI) -> None:
+    args = {"input": "What is the capital of France?", **GREEDY}
+    whole = client.responses.create(**args)
+    events = list(client.responses.create(stream=True, **args))
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    kinds = [e.type for e in events]
+    assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.content_part.added"]
+    assert kinds[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
+                          "response.completed"]
+    assert events[0].response.status == "in_progress" and events[0].response.output == []
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    final = events[-1].response
+    assert text == final.output_text == whole.output_text
+    assert final.usage.output_tokens == whole.usage.output_tokens
+    with client.responses.stream(**args) as stream:  # the SDK's own accumulator checks the events' order
+        assert stream.get_final_response().output_text == whole.output_text
+
+
+def test_a_conversation_by_previous_response_id_is_read_from_the_prefix_cache(client: openai.OpenAI) -> None:
+    first = client.responses.create(input="What is the capital of France?", **GREEDY)
+    second = client.responses.create(input="And of Germany?", previous_response_id=first.id, **GREEDY)
+    third = client.responses.create(input="And of Italy?", previous_response_id=second.id, **GREEDY)
+    assert "Berlin" in second.output_text and "Rome" in third.output_text
+    for before, after in ((first, second), (second, third)):
+        # The new turn's prompt holds the earlier one and its answer, and its whole blocks come from the cache.
+        assert after.usage.input_tokens > before.usage.input_tokens + before.usage.output_tokens
+        assert after.usage.input_tokens_details.cached_tokens >= before.usage.input_tokens // BLOCK * BLOCK > 0
+        assert after.previous_response_id == before.id
+
+
+def test_get_delete_and_input_items(client: openai.OpenAI) -> None:
+    first = client.responses.create(input="What is the capital of France?", metadata={"topic": "geography"},
+                                    **GREEDY)
+    items = [{"role": "user", "content": "Thanks."}, {"role": "user", "content": [
+        {"type": "input_text", "text": "And of Spain?"}]}]
+    second = client.responses.create(input=items, previous_response_id=first.id, **GREEDY)
+    got = client.responses.retrieve(second.id)
+    assert (got.id, got.output_text, got.usage, got.previous_response_id) == \
+        (second.id, second.output_text, second.usage, first.id)
+    assert client.responses.retrieve(first.id).metadata == {"topic": "geography"}
+    listed = client.responses.input_items.list(second.id, order="asc")
+    assert [[part.text for part in item.content] for item in listed.data] == [["Thanks."], ["And of Spain?"]]
+    assert all(item.id.startswith("msg_") and item.role == "user" for item in listed.data)
+    newest = client.responses.input_items.list(second.id, limit=1)  # newest first, by default
+    assert [item.id for item in newest.data] == [listed.data[-1].id] and newest.has_more
+    assert [item.id for item in client.responses.input_items.list(second.id, limit=1, after=newest.data[0].id)
+            ] == [listed.data[0].id]
+    client.responses.delete(first.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(first.id)
+    with pytest.raises(openai.NotFoundError) as broken:  # its conversation lost a turn
+        client.responses.create(input="More?", previous_response_id=second.id, **GREEDY)
+    assert broken.value.body["param"] == "previous_response_id"
+    unstored = client.responses.create(input="Hello", store=False, **GREEDY)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(unstored.id)
+
+
+def test_a_stored_response_belongs_to_the_key_that_made_it(keyed_server: ServerProcess,
+                                                           client: openai.OpenAI) -> None:
+    mine = client.responses.create(input="What is the capital of France?", **GREEDY)
+    other = client_for(keyed_server, KEYS[1])
+    for attempt in (lambda: other.responses.retrieve(mine.id), lambda: other.responses.input_items.list(mine.id),
+                    lambda: other.responses.delete(mine.id),
+                    lambda: other.responses.create(input="And?", previous_response_id=mine.id, **GREEDY)):
+        with pytest.raises(openai.NotFoundError):
+            attempt()
+    assert client.responses.retrieve(mine.id).output_text == mine.output_text  # still there for its owner
+    with pytest.raises(openai.AuthenticationError):
+        client_for(keyed_server, "wrong").responses.create(input="Hi", **GREEDY)
+    keyless = httpx.get(f"{keyed_server.api}/responses/{mine.id}")
+    assert keyless.status_code == 401 and keyless.json()["error"]["code"] == "invalid_api_key"
+
+
+def test_a_forced_call_is_valid_whole_and_streamed_and_its_result_goes_back(client: openai.OpenAI) -> None:
+    args = {"input": "What is the weather in Paris?", "tools": [WEATHER], **GREEDY, "max_output_tokens": 60,
+            "tool_choice": {"type": "function", "name": "get_weather"}}
+    asked = client.responses.create(**args)
+    (call,) = asked.output
+    assert (call.type, call.name, call.status) == ("function_call", "get_weather", "completed")
+    jsonschema.validate(json.loads(call.arguments), WEATHER["parameters"])
+    events = list(client.responses.create(stream=True, **args))
+    pieces = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
+    done = next(e for e in events if e.type == "response.function_call_arguments.done")
+    assert len(pieces) > 1 and "".join(pieces) == done.arguments == call.arguments
+    answer = client.responses.create(previous_response_id=asked.id, tools=[WEATHER], tool_choice="none", **GREEDY,
+                                     input=[{"type": "function_call_output", "call_id": call.call_id,
+                                             "output": "Sunny, 22 degrees Celsius"}])
+    assert answer.output[0].type == "message" and answer.output_text.strip()
+    assert answer.usage.input_tokens_details.cached_tokens > 0
+
+
+def test_a_json_schema_format_holds_the_answer(client: openai.OpenAI) -> None:
+    schema = {"type": "object", "properties": {"capital": {"type": "string", "maxLength": 20}},
+              "required": ["capital"], "additionalProperties": False}
+    response = client.responses.create(input="What is the capital of France? Answer in JSON.", **GREEDY | {
+        "max_output_tokens": 40}, text={"format": {"type": "json_schema", "name": "answer", "schema": schema,
+                                                    "strict": True}})
+    jsonschema.validate(json.loads(response.output_text), schema)
+    assert response.text.format.type == "json_schema"
+
+
+BAD = [
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "data:,"}]}]},
+     "input_image parts are not supported"),
+    ({"tools": [{"type": "web_search"}]}, "web_search tools are not supported"),
+    ({"tool_choice": "required"}, "tool_choice needs tools"),
+    ({"reasoning": {"effort": "low", "summary": "auto"}}, "reasoning.summary is not supported"),
+    ({"temperature": 3}, "temperature"),
+    ({"metadata": {str(i): "x" for i in range(17)}}, "metadata"),
+    ({"include": ["reasoning.encrypted_content"]}, "include is not supported"),
+    ({"max_output_tokens": 0}, "max_output_tokens must be"),
+    ({"input": []}, "input"),
+]
+
+
+@pytest.mark.parametrize("change,words", BAD, ids=[words for _, words in BAD])
+def test_a_bad_field_is_a_400_naming_it(client: openai.OpenAI, change: dict, words: str) -> None:
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(**{"input": "Hi", **GREEDY, **change})
+    assert words in refused.value.body["message"]
+
+
+def test_a_stored_conversation_outlives_a_killed_server(tmp_path) -> None:
+    store = str(tmp_path / "responses.sqlite3")
+    dense = ("--quantization", "none")  # as the keyed server (conftest.py): answers that name the cities
+    with running_server(tmp_path / "first.log", "--responses-store", store, *dense) as server:
+        first = client_for(server, "none").responses.create(input="What is the capital of France?", **GREEDY)
+        server.proc.send_signal(signal.SIGKILL)  # no chance to flush or close anything
+        server.proc.wait()
+    with running_server(tmp_path / "second.log", "--responses-store", store, *dense) as server:
+        client = client_for(server, "none")
+        assert client.responses.retrieve(first.id).output_text == first.output_text
+        second = client.responses.create(input="And of Germany?", previous_response_id=first.id, **GREEDY)
+        assert "Berlin" in second.output_text
+        assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens

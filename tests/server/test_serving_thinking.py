@@ -1,0 +1,67 @@
+"""Thinking through every API, on a tiny random Qwen3 that thinks (tiny.build_thinking: its template opens a
+thought that the random model never closes): the budget each API names ends the thought at its count, the
+thought comes back as reasoning (chat), thinking blocks (Messages) or a reasoning item (Responses), and
+usage counts its tokens apart."""
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import anthropic
+import openai
+import pytest
+import tiny
+from server_process import ServerProcess, running_server
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def thinker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    directory = tmp_path_factory.mktemp("thinker")
+    tiny.build_thinking(directory)
+    with running_server(directory / "server.log", str(directory), "--dtype", "float32", "--num-threads", "1",
+                        "--served-model-name", "thinker") as server:
+        yield server
+
+
+def test_chat_reasoning_ends_at_the_thinking_token_budget(thinker: ServerProcess) -> None:
+    client = openai.OpenAI(base_url=thinker.api, api_key="none", max_retries=0)
+    reply = client.chat.completions.create(model="thinker", messages=QUESTION, temperature=0, max_tokens=12,
+                                           extra_body={"thinking_token_budget": 5})
+    message, usage = reply.choices[0].message, reply.usage
+    assert message.model_extra["reasoning_content"] and message.content  # the answer follows the thought
+    assert usage.completion_tokens_details.reasoning_tokens == 6  # five tokens of thought and </think>
+    unbounded = client.chat.completions.create(model="thinker", messages=QUESTION, temperature=0, max_tokens=12)
+    assert unbounded.choices[0].message.content is None or not unbounded.choices[0].message.content
+    assert unbounded.usage.completion_tokens_details.reasoning_tokens == 12
+
+
+def test_messages_thinking_comes_back_as_thinking_blocks_within_the_budget(thinker: ServerProcess) -> None:
+    claude = anthropic.Anthropic(base_url=thinker.url, api_key="none", max_retries=0, timeout=300)
+    message = claude.messages.create(model="thinker", max_tokens=1030, messages=QUESTION, extra_body={
+        "temperature": 0}, thinking={"type": "enabled", "budget_tokens": 1024})
+    assert [block.type for block in message.content] == ["thinking", "text"]
+    assert message.usage.output_tokens_details.thinking_tokens == 1025 and message.usage.output_tokens == 1030
+    with claude.messages.create(model="thinker", max_tokens=6, messages=QUESTION, stream=True,
+                                thinking={"type": "adaptive"}) as stream:
+        events = list(stream)
+    start = next(e for e in events if e.type == "content_block_start")
+    assert start.content_block.type == "thinking"
+    assert [e.delta.type for e in events if e.type == "content_block_delta"][-1] == "signature_delta"
+    assert "".join(e.delta.thinking for e in events if e.type == "content_block_delta"
+                   and e.delta.type == "thinking_delta")
+    assert events[-2].usage.output_tokens_details.thinking_tokens == 6
+
+
+def test_responses_reasoning_effort_bounds_the_reasoning_item(thinker: ServerProcess) -> None:
+    client = openai.OpenAI(base_url=thinker.api, api_key="none", max_retries=0, timeout=300)
+    args = {"model": "thinker", "input": "What is the capital of France?", "temperature": 0,
+            "max_output_tokens": 260, "reasoning": {"effort": "minimal"}}
+    response = client.responses.create(**args)
+    assert [item.type for item in response.output] == ["reasoning", "message"]
+    assert response.output[0].content[0].text and response.output_text
+    assert response.usage.output_tokens_details.reasoning_tokens == 257  # 256 and </think>
+    events = list(client.responses.create(stream=True, **args))
+    thought = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+    assert thought == response.output[0].content[0].text
+    assert events[-1].response.output_text == response.output_text

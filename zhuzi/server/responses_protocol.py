@@ -1,0 +1,351 @@
+"""The words of OpenAI's Responses API (/v1/responses) in pydantic: the request and its input items, the
+Response object and its output items, the stream's events.
+
+As everywhere, types are strict and every declared field does something; UNSUPPORTED says why some of
+OpenAI's other fields are refused. These models are also the OpenAPI spec's schemas for those routes.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import ConfigDict, Discriminator, Field, RootModel, Tag, field_validator, model_validator
+
+from zhuzi.server.protocol import JsonSchemaFormat
+from zhuzi.server.responses import Response, _is_none
+from zhuzi.server.schema import Request, Text, text_or
+
+UNSUPPORTED = {
+    "include": "is not supported: the answer holds everything zhuzi has (the reasoning as reasoning_text)",
+    "background": "is not supported: a response runs while its request waits (or streams)",
+    "conversation": "is not supported: continue a conversation with previous_response_id",
+    "truncation": "is not supported: a conversation longer than the context window is refused (400)",
+    "prompt": "(a stored prompt template) is not supported",
+    "summary": "is not supported: zhuzi gives the reasoning itself (reasoning_text), not a summary",
+    "max_tool_calls": "is not supported: tool_choice and parallel_tool_calls say how many calls a reply makes",
+    "top_logprobs": "is not supported by /v1/responses: use /v1/chat/completions",
+}
+# reasoning.effort -> thinking_token_budget: a thinking model's thought ends after this many tokens.
+EFFORT_BUDGETS = {"minimal": 256, "low": 1024, "medium": 4096, "high": 16384}
+MAX_METADATA = 16
+
+
+# ---------------------------------------------------------------- the request
+
+class InputText(Request):
+    type: Literal["input_text"]
+    text: Text
+
+
+class OutputTextPart(Request):
+    type: Literal["output_text"]
+    text: Text
+    annotations: list[dict[str, Any]] = Field(default_factory=list, max_length=0)  # zhuzi writes none
+
+
+class MediaPart(Request):
+    type: Literal["input_image", "input_file", "input_audio"]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refused(cls, value: Any) -> Any:
+        kind = value.get("type", "") if isinstance(value, dict) else ""
+        raise ValueError(f"{kind} parts are not supported: zhuzi's models read text only")
+
+
+ContentPart = Annotated[InputText | OutputTextPart | MediaPart, Field(discriminator="type")]
+ItemStatus = Literal["in_progress", "completed", "incomplete"]
+
+
+class MessageItem(Request):
+    type: Literal["message"] = "message"
+    role: Literal["user", "assistant", "system", "developer"]
+    content: text_or(ContentPart)
+    id: str | None = None
+    status: ItemStatus | None = None
+
+
+class FunctionCallItem(Request):
+    type: Literal["function_call"]
+    call_id: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    arguments: str
+    id: str | None = None
+    status: ItemStatus | None = None
+
+
+class FunctionCallOutputItem(Request):
+    type: Literal["function_call_output"]
+    call_id: str = Field(min_length=1)
+    output: Text
+    id: str | None = None
+    status: ItemStatus | None = None
+
+
+class ReasoningText(Request):
+    type: Literal["reasoning_text", "summary_text"]
+    text: Text
+
+
+class ReasoningItem(Request):
+    type: Literal["reasoning"]
+    id: str | None = None
+    summary: list[ReasoningText] = Field(default_factory=list)
+    content: list[ReasoningText] | None = None
+    status: ItemStatus | None = None
+
+
+def _item_type(value: Any) -> str:
+    """An item's type; a message may leave it out (OpenAI's "easy" input message)."""
+    return value.get("type", "message") if isinstance(value, dict) else getattr(value, "type", "")
+
+
+InputItem = Annotated[Annotated[MessageItem, Tag("message")] | Annotated[FunctionCallItem, Tag("function_call")]
+                      | Annotated[FunctionCallOutputItem, Tag("function_call_output")]
+                      | Annotated[ReasoningItem, Tag("reasoning")], Discriminator(_item_type)]
+
+
+class FunctionTool(Request):
+    type: str  # checked first, so that another kind of tool is refused for what it is
+    name: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+    @field_validator("type")
+    @classmethod
+    def _function_tools_only(cls, kind: str) -> str:
+        if kind != "function":
+            raise ValueError(f"{kind} tools are not supported: zhuzi offers function tools (the client runs them)")
+        return kind
+
+
+class NamedFunctionTool(Request):
+    type: Literal["function"]
+    name: str
+
+
+class TextFormat(Request):
+    """text.format: OpenAI's flat json_schema (name, schema, strict beside type)."""
+
+    model_config = ConfigDict(**Request.model_config, serialize_by_alias=True)  # "schema", as OpenAI spells it
+
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    description: str | None = None
+    strict: bool | None = None
+
+    @model_validator(mode="after")
+    def _schema_with_its_type(self) -> TextFormat:
+        if self.type == "json_schema" and (self.name is None or self.schema_ is None):
+            raise ValueError("a json_schema format needs name and schema")
+        if self.type != "json_schema" and (self.name, self.schema_, self.strict) != (None, None, None):
+            raise ValueError("name, schema and strict go only with type json_schema")
+        if self.name is not None:
+            JsonSchemaFormat(name=self.name)  # OpenAI's rule for the name
+        return self
+
+
+class TextConfig(Request):
+    format: TextFormat | None = None
+
+
+class ReasoningConfig(Request):
+    effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+
+
+class ResponsesRequest(Request):
+    model: str | None = None
+    input: text_or(InputItem, min_parts=1)
+    instructions: Text | None = None  # a system message for this turn only (a follow-up does not inherit it)
+    tools: list[FunctionTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedFunctionTool | None = None
+    parallel_tool_calls: bool = True
+    text: TextConfig | None = None
+    reasoning: ReasoningConfig | None = None
+    max_output_tokens: int | None = None
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    metadata: dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]] | None = Field(
+        None, max_length=MAX_METADATA)  # OpenAI's limits: 16 pairs, keys of 64 characters, values of 512
+    store: bool = True  # kept for GET, input_items and a later previous_response_id
+    previous_response_id: str | None = None
+    stream: bool = False
+    user: str | None = None  # logged with the request, as chat's
+
+    @model_validator(mode="after")
+    def _tool_choice_names_a_tool(self) -> ResponsesRequest:
+        if self.tool_choice not in (None, "none", "auto") and not self.tools:
+            raise ValueError("tool_choice needs tools")
+        if isinstance(self.tool_choice, NamedFunctionTool) and self.tool_choice.name not in {
+                tool.name for tool in self.tools or []}:
+            raise ValueError(f"tool_choice names {self.tool_choice.name!r}, which is not among the tools")
+        return self
+
+
+# ---------------------------------------------------------------- the Response object
+
+class OutputText(Response):
+    type: Literal["output_text"] = "output_text"
+    text: str
+    annotations: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class OutputMessage(Response):
+    id: str
+    type: Literal["message"] = "message"
+    role: Literal["assistant"] = "assistant"
+    status: ItemStatus
+    content: list[OutputText]
+
+
+class ReasoningContent(Response):
+    type: Literal["reasoning_text"] = "reasoning_text"
+    text: str
+
+
+class ReasoningOutput(Response):
+    id: str
+    type: Literal["reasoning"] = "reasoning"
+    status: ItemStatus
+    summary: list[dict[str, Any]] = Field(default_factory=list)
+    content: list[ReasoningContent]
+
+
+class FunctionCallOutput(Response):
+    id: str
+    type: Literal["function_call"] = "function_call"
+    status: ItemStatus
+    call_id: str
+    name: str
+    arguments: str
+
+
+OutputItem = Annotated[OutputMessage | ReasoningOutput | FunctionCallOutput, Field(discriminator="type")]
+
+
+class InputTokensDetails(Response):
+    cached_tokens: int  # of the input, found in the prefix cache
+
+
+class ReasoningTokensDetails(Response):
+    reasoning_tokens: int
+
+
+class ResponseUsage(Response):
+    input_tokens: int
+    input_tokens_details: InputTokensDetails
+    output_tokens: int
+    output_tokens_details: ReasoningTokensDetails
+    total_tokens: int
+
+
+class ResponseError(Response):
+    code: str
+    message: str
+
+
+class IncompleteDetails(Response):
+    reason: Literal["max_output_tokens"] | None = None  # None: the server ended it (timeout, shutdown)
+
+
+ResponseStatus = Literal["in_progress", "completed", "incomplete", "failed"]
+
+
+class ResponseObject(Response):
+    id: str
+    object: Literal["response"] = "response"
+    created_at: int
+    status: ResponseStatus
+    error: ResponseError | None = None
+    incomplete_details: IncompleteDetails | None = None
+    instructions: str | None = None
+    max_output_tokens: int | None = None
+    metadata: dict[str, str] = Field(default_factory=dict)
+    model: str
+    output: list[OutputItem]
+    parallel_tool_calls: bool
+    previous_response_id: str | None = None
+    reasoning: ReasoningConfig | None = None
+    store: bool
+    temperature: float | None = None
+    text: TextConfig | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedFunctionTool
+    tools: list[FunctionTool]
+    top_p: float | None = None
+    usage: ResponseUsage | None = None
+    user: str | None = Field(None, exclude_if=_is_none)
+
+
+class DeletedResponse(Response):
+    id: str
+    object: Literal["response"] = "response"
+    deleted: Literal[True] = True
+
+
+class InputItemList(Response):
+    object: Literal["list"] = "list"
+    data: list[dict[str, Any]]  # the input items as stored, each with its id
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
+
+
+# ---------------------------------------------------------------- the stream's events
+
+class Event(Response):
+    sequence_number: int = 0  # numbered as it goes out
+
+
+class ResponseEvent(Event):
+    type: Literal["response.created", "response.in_progress", "response.completed", "response.incomplete",
+                  "response.failed"]
+    response: ResponseObject
+
+
+class ItemEvent(Event):
+    type: Literal["response.output_item.added", "response.output_item.done"]
+    output_index: int
+    item: OutputItem
+
+
+class ItemEventBase(Event):
+    item_id: str
+    output_index: int
+
+
+class ContentEvent(ItemEventBase):
+    content_index: int = 0  # zhuzi's items hold one part
+
+
+class PartEvent(ContentEvent):
+    type: Literal["response.content_part.added", "response.content_part.done"]
+    part: OutputText | ReasoningContent
+
+
+class TextDeltaEvent(ContentEvent):
+    type: Literal["response.output_text.delta", "response.reasoning_text.delta"]
+    delta: str
+    logprobs: list[dict[str, Any]] | None = Field(None, exclude_if=_is_none)  # output_text's: always []
+
+
+class TextDoneEvent(ContentEvent):
+    type: Literal["response.output_text.done", "response.reasoning_text.done"]
+    text: str
+    logprobs: list[dict[str, Any]] | None = Field(None, exclude_if=_is_none)
+
+
+class ArgumentsDeltaEvent(ItemEventBase):
+    type: Literal["response.function_call_arguments.delta"] = "response.function_call_arguments.delta"
+    delta: str
+
+
+class ArgumentsDoneEvent(ItemEventBase):
+    type: Literal["response.function_call_arguments.done"] = "response.function_call_arguments.done"
+    name: str
+    arguments: str
+
+
+class ResponseStreamEvent(RootModel[ResponseEvent | ItemEvent | PartEvent | TextDeltaEvent | TextDoneEvent
+                            | ArgumentsDeltaEvent | ArgumentsDoneEvent]):
+    """Any event of a stream: its SSE name is its type."""

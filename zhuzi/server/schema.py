@@ -1,0 +1,38 @@
+"""The base of every API's request words (OpenAI's in protocol.py, Anthropic's, the Responses API's, the
+inspector's): strict models that refuse unknown fields, text that is valid Unicode, and content given as a
+string or a list of parts.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import pydantic
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+
+def _utf8_only(text: str) -> str:
+    # JSON may carry lone surrogates ("\ud800"); no tokenizer can encode them.
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError("text must be valid Unicode (found a lone surrogate)") from exc
+    return text
+
+
+Text = Annotated[str, AfterValidator(_utf8_only)]
+
+
+def text_or(parts: Any, min_parts: int = 0) -> Any:
+    """A string, or a list of parts: an error then names what is wrong in the form the client chose."""
+    def form(value: Any) -> str | None:
+        return "text" if isinstance(value, str) else "parts" if isinstance(value, list) else None
+
+    return Annotated[Annotated[Text, pydantic.Tag("text")]
+                     | Annotated[list[parts], Field(min_length=min_parts), pydantic.Tag("parts")],
+                     pydantic.Discriminator(form, custom_error_type="text_or_parts",
+                                            custom_error_message="must be a string or a list of parts")]
+
+
+class Request(BaseModel):
+    # NaN or Infinity (JSON extensions, or 1e999) would reach the sampler as poison.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)

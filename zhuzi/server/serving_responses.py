@@ -1,0 +1,292 @@
+"""OpenAI's Responses API (/v1/responses and its GET, DELETE and input_items), between the routes and the
+chat path, with the stored conversations of store.py.
+
+A request's input items (with previous_response_id: after the stored items and outputs of every earlier
+turn, so that the client sends only the new turn and the prompt starts with what the prefix cache holds)
+become the chat request they mean, and run the chat path unchanged: the same template, tool format, forced
+calls and JSON formats through the same grammars. ResponsesFormat writes the reply's blocks as output items
+(reasoning, message, function_call), whole or as OpenAI's stream of numbered events. With store (the
+default) the Response and its input items are committed before the client sees the answer, under the
+caller's API key: another key gets a 404.
+"""
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from zhuzi.outputs import CompletionOutput
+from zhuzi.server import protocol as p
+from zhuzi.server import responses as r
+from zhuzi.server import responses_protocol as rp
+from zhuzi.server.content_blocks import Block, BlockEvent, new_item_id
+from zhuzi.server.formats import Choice, ResponseState, sse_event
+from zhuzi.server.parsers import ParsedText
+from zhuzi.server.serving import ApiError, json_response
+from zhuzi.server.serving_completions import Completions, as_chat_request
+from zhuzi.server.store import MissingResponse, ResponseStore, StoredResponse, owner_of
+
+MAX_ITEMS_PAGE = 100
+# The chat request's fields under their Responses names, for the errors the chat path finds (see ApiError.renamed).
+CHAT_NAMES = {r"^max_tokens\b": "max_output_tokens", r"^response_format(\.json_schema)?\b": "text.format",
+              r"^tools\.(\d+)\.function\.": r"tools.\1.", r"^messages\b.*": "input",
+              r"^(chat_template_kwargs|thinking_token_budget)\b.*": "reasoning"}
+
+
+def not_found(response_id: str, param: str | None = None) -> ApiError:
+    what = "Previous response" if param else "Response"
+    return ApiError(404, f"{what} with id {response_id!r} not found (or it expired, was deleted, or belongs to "
+                    "another API key).", param=param, code="previous_response_not_found" if param else None)
+
+
+# ---------------------------------------------------------------- items, as chat messages
+
+def input_items(body: rp.ResponsesRequest) -> list[dict[str, Any]]:
+    """The request's input as the items it is stored as: each with an id, a message's content as parts."""
+    items = [rp.MessageItem(role="user", content=body.input)] if isinstance(body.input, str) else body.input
+    out = []
+    for item in items:
+        stored = item.model_dump(exclude_none=True, by_alias=True)
+        if isinstance(item, rp.MessageItem) and isinstance(item.content, str):
+            part = "output_text" if item.role == "assistant" else "input_text"
+            stored["content"] = [{"type": part, "text": item.content}]
+        prefix = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
+        stored.setdefault("id", new_item_id(prefix[stored["type"]]))
+        stored.setdefault("status", "completed")
+        out.append(stored)
+    return out
+
+
+def chat_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Input and output items (stored form) as chat messages: function calls join the assistant turn they
+    follow, a reasoning item goes with the assistant turn after it."""
+    out: list[dict[str, Any]] = []
+    thought = ""
+    for item in items:
+        kind = item["type"]
+        if kind == "reasoning":
+            thought += "\n".join(part["text"] for part in item.get("content") or item.get("summary") or [])
+        elif kind == "function_call_output":
+            out.append({"role": "tool", "tool_call_id": item["call_id"], "content": item["output"]})
+        elif kind == "function_call":
+            call = {"id": item["call_id"], "type": "function",
+                    "function": {"name": item["name"], "arguments": item["arguments"]}}
+            if out and out[-1]["role"] == "assistant" and "tool_call_id" not in out[-1]:
+                out[-1].setdefault("tool_calls", []).append(call)
+                continue
+            out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        else:
+            content = [{"type": "text", "text": part["text"]} for part in item["content"]]
+            out.append({"role": item["role"], "content": content})
+        if thought and out and out[-1]["role"] == "assistant":
+            out[-1]["reasoning_content"], thought = thought, ""
+    return out
+
+
+def chat_request(body: rp.ResponsesRequest, history: list[dict[str, Any]],
+                 items: list[dict[str, Any]]) -> p.ChatCompletionRequest:
+    """The chat request a Responses request means (history: the earlier turns' items, oldest first)."""
+    messages = ([{"role": "system", "content": body.instructions}] if body.instructions else []) + \
+        chat_messages(history + items)
+    chat: dict[str, Any] = {"model": body.model, "messages": messages, "parallel_tool_calls": body.parallel_tool_calls,
+                            "max_tokens": body.max_output_tokens, "temperature": body.temperature,
+                            "top_p": body.top_p, "stream": body.stream, "user": body.user}
+    if body.tools:
+        chat["tools"] = [{"type": "function", "function": t.model_dump(exclude={"type"}, exclude_none=True)}
+                         for t in body.tools]
+    if isinstance(body.tool_choice, rp.NamedFunctionTool):
+        chat["tool_choice"] = {"type": "function", "function": {"name": body.tool_choice.name}}
+    elif body.tool_choice is not None:
+        chat["tool_choice"] = body.tool_choice
+    if body.text is not None and body.text.format is not None:
+        fmt = body.text.format
+        chat["response_format"] = {"type": fmt.type} if fmt.type != "json_schema" else {
+            "type": "json_schema", "json_schema": fmt.model_dump(exclude={"type"}, exclude_none=True, by_alias=True)}
+    if body.reasoning is not None and body.reasoning.effort is not None:
+        chat["chat_template_kwargs"] = {"enable_thinking": body.reasoning.effort != "none"}
+        chat["thinking_token_budget"] = rp.EFFORT_BUDGETS.get(body.reasoning.effort)
+    return as_chat_request(chat, "input")
+
+
+# ---------------------------------------------------------------- the answer
+
+def _item(block: Block, status: rp.ItemStatus, text: str | None = None) -> rp.OutputItem:
+    """A block as its output item; text: instead of the block's (an item just added is empty)."""
+    text = block.text if text is None else text
+    if block.kind == "thinking":
+        return rp.ReasoningOutput(id=block.id, status=status, content=[rp.ReasoningContent(text=text)])
+    if block.kind == "text":
+        return rp.OutputMessage(id=block.id, status=status, content=[rp.OutputText(text=text)])
+    return rp.FunctionCallOutput(id=block.id, status=status, call_id=block.call_id or "", name=block.name or "",
+                                 arguments=text)
+
+
+def _part(block: Block, text: str) -> rp.OutputText | rp.ReasoningContent:
+    return rp.ReasoningContent(text=text) if block.kind == "thinking" else rp.OutputText(text=text)
+
+
+class ResponsesFormat:
+    """A Response, whole or as OpenAI's stream: response.created and .in_progress, each output item's
+    added / deltas / done events, then response.completed (or .incomplete, or .failed); every event numbered."""
+
+    def __init__(self, body: rp.ResponsesRequest, request_id: str, model: str) -> None:
+        self.body, self.request_id, self.model = body, request_id, model
+        self.created = int(time.time())
+        self.sequence = 0
+
+    def _status(self, gen: ResponseState) -> rp.ResponseStatus:
+        choice = gen.choices.get(0)
+        if choice is None or choice.finish_reason is None:
+            return "in_progress"
+        return "completed" if choice.finish_reason == "stop" else "incomplete"
+
+    def _item_status(self, gen: ResponseState, index: int) -> rp.ItemStatus:
+        choice = gen.choices.get(0)
+        last = choice is not None and index == len(choice.blocks.blocks) - 1
+        if last and choice.finish_reason is None:
+            return "in_progress"
+        return "incomplete" if last and choice.finish_reason != "stop" else "completed"
+
+    def _response(self, gen: ResponseState, status: rp.ResponseStatus, error: rp.ResponseError | None = None
+                  ) -> rp.ResponseObject:
+        body, choice = self.body, gen.choices.get(0)
+        blocks = choice.blocks.blocks if choice and status != "in_progress" else []
+        incomplete = None
+        if status == "incomplete":
+            reason = "max_output_tokens" if choice and choice.finish_reason == "length" else None
+            incomplete = rp.IncompleteDetails(reason=reason)
+        usage = None if status == "in_progress" else rp.ResponseUsage(
+            input_tokens=gen.prompt_tokens, input_tokens_details=rp.InputTokensDetails(cached_tokens=gen.cached_tokens),
+            output_tokens=gen.completion_tokens,
+            output_tokens_details=rp.ReasoningTokensDetails(reasoning_tokens=gen.reasoning_tokens or 0),
+            total_tokens=gen.prompt_tokens + gen.completion_tokens)
+        return rp.ResponseObject(
+            id=self.request_id, created_at=self.created, status=status, error=error, incomplete_details=incomplete,
+            instructions=body.instructions, max_output_tokens=body.max_output_tokens, metadata=body.metadata or {},
+            model=self.model, output=[_item(b, self._item_status(gen, i)) for i, b in enumerate(blocks)],
+            parallel_tool_calls=body.parallel_tool_calls, previous_response_id=body.previous_response_id,
+            reasoning=body.reasoning, store=body.store, temperature=body.temperature, text=body.text,
+            tool_choice=body.tool_choice or "auto", tools=body.tools or [], top_p=body.top_p, usage=usage,
+            user=body.user)
+
+    def _event(self, event: rp.Event) -> str:
+        event.sequence_number, self.sequence = self.sequence, self.sequence + 1
+        return sse_event(event.type, event)  # type: ignore[attr-defined]
+
+    def _block_events(self, gen: ResponseState, e: BlockEvent) -> list[rp.Event]:
+        block, index = e.block, e.index
+        where = {"item_id": block.id, "output_index": index}
+        if e.kind == "start":
+            events: list[rp.Event] = [rp.ItemEvent(type="response.output_item.added", output_index=index,
+                                                   item=_item(block, "in_progress", ""))]
+            if block.kind != "tool_use":
+                events.append(rp.PartEvent(type="response.content_part.added",
+                                           part=_part(block, ""), **where))
+            return events
+        if block.kind == "tool_use":
+            if e.kind == "delta":
+                return [rp.ArgumentsDeltaEvent(delta=e.text, **where)]
+            done: list[rp.Event] = [rp.ArgumentsDoneEvent(name=block.name or "",
+                                                          arguments=block.text, **where)]
+        else:
+            kind = "reasoning_text" if block.kind == "thinking" else "output_text"
+            logprobs = [] if kind == "output_text" else None
+            if e.kind == "delta":
+                return [rp.TextDeltaEvent(type=f"response.{kind}.delta", delta=e.text,
+                                          logprobs=logprobs, **where)]
+            done = [rp.TextDoneEvent(type=f"response.{kind}.done", text=block.text,
+                                     logprobs=logprobs, **where),
+                    rp.PartEvent(type="response.content_part.done", part=_part(block, block.text),
+                                 **where)]
+        return done + [rp.ItemEvent(type="response.output_item.done", output_index=index,
+                                    item=_item(block, self._item_status(gen, index)))]
+
+    def chunks(self, gen: ResponseState, choice: Choice, delta: CompletionOutput, piece: ParsedText,
+               prompt_index: int) -> list[str]:
+        out = self._start(gen)
+        for e in choice.events:
+            out += [self._event(event) for event in self._block_events(gen, e)]
+        return out
+
+    def _start(self, gen: ResponseState) -> list[str]:
+        if self.sequence:
+            return []
+        started = self._response(gen, "in_progress")
+        return [self._event(rp.ResponseEvent(type=kind, response=started))
+                for kind in ("response.created", "response.in_progress")]
+
+    def end(self, gen: ResponseState) -> list[str]:
+        response = self.response(gen)
+        kind = "response.completed" if response.status == "completed" else "response.incomplete"
+        return self._start(gen) + [self._event(rp.ResponseEvent(type=kind, response=response))]
+
+    def failure(self, gen: ResponseState, error: r.ErrorInfo) -> list[str]:
+        failed = self._response(gen, "failed", rp.ResponseError(code="server_error", message=error.message))
+        return self._start(gen) + [self._event(rp.ResponseEvent(type="response.failed", response=failed))]
+
+    def response(self, gen: ResponseState) -> rp.ResponseObject:
+        return self._response(gen, self._status(gen))
+
+
+# ---------------------------------------------------------------- the endpoints
+
+class Responses:
+    def __init__(self, completions: Completions, store: ResponseStore) -> None:
+        self.completions, self.store = completions, store
+        self.server = completions.server
+
+    async def create(self, request: Request, key: str, body: rp.ResponsesRequest) -> Response:
+        owner = owner_of(key)
+        history: list[dict[str, Any]] = []
+        if body.previous_response_id is not None:
+            try:
+                turns = await self.server.in_worker(self.store.conversation, body.previous_response_id, owner)
+            except MissingResponse as exc:
+                raise not_found(str(exc), "previous_response_id") from exc
+            for turn in turns:
+                history += turn.input_items + turn.response["output"]
+        items = input_items(body)
+        chat = chat_request(body, history, items)
+        plan = await self.completions.plan_chat(chat, CHAT_NAMES)
+        fmt = ResponsesFormat(body, new_item_id("resp"), self.server.model_name)
+
+        async def keep(answer: Any) -> None:
+            if body.store:
+                stored = StoredResponse(fmt.request_id, owner, body.previous_response_id, fmt.created,
+                                        json.loads(answer.model_dump_json()), items)
+                await self.server.in_worker(self.store.put, stored)
+
+        return await self.completions.run_chat(request, key, chat, plan, fmt, keep)
+
+    async def _stored(self, key: str, response_id: str) -> StoredResponse:
+        try:
+            return await self.server.in_worker(self.store.get, response_id, owner_of(key))
+        except MissingResponse as exc:
+            raise not_found(response_id) from exc
+
+    async def retrieve(self, key: str, response_id: str) -> Response:
+        return JSONResponse((await self._stored(key, response_id)).response)
+
+    async def delete(self, key: str, response_id: str) -> Response:
+        try:
+            await self.server.in_worker(self.store.delete, response_id, owner_of(key))
+        except MissingResponse as exc:
+            raise not_found(response_id) from exc
+        return json_response(rp.DeletedResponse(id=response_id))
+
+    async def input_items(self, key: str, response_id: str, after: str | None, limit: int,
+                          order: str) -> Response:
+        items = (await self._stored(key, response_id)).input_items
+        if order == "desc":
+            items = items[::-1]
+        if after is not None:
+            ids = [item["id"] for item in items]
+            if after not in ids:
+                raise ApiError(400, f"after: no input item {after!r} in this response", param="after")
+            items = items[ids.index(after) + 1:]
+        page = items[:limit]
+        return json_response(rp.InputItemList(data=page, first_id=page[0]["id"] if page else None,
+                                              last_id=page[-1]["id"] if page else None, has_more=len(items) > limit))
