@@ -15,9 +15,10 @@ import json
 import os
 from dataclasses import asdict, dataclass
 
-from zhuzi.bench import machine_line, save_report
+from zhuzi.bench import machine_line, model_label, save_report
 from zhuzi.bench.datasets import input_grounded_chats, random_token_requests
 from zhuzi.config import EngineConfig
+from zhuzi.model import native
 
 
 @dataclass
@@ -96,7 +97,8 @@ def run(args: argparse.Namespace) -> SpecDecodeReport:
         identical += outs["plain"] == outs["spec"]
     after = spec_llm.engine.stats().spec_decoding
     report = SpecDecodeReport(
-        machine=machine_line(), speculative_config=dataclasses.asdict(config.speculative), workload=args.workload,
+        machine=machine_line(native.current()), speculative_config=dataclasses.asdict(config.speculative),
+        workload=args.workload,
         num_prompts=len(work), threads=torch.get_num_threads(), load_average=load, temperature=args.temperature,
         plain_tokens=tokens["plain"], spec_tokens=tokens["spec"],
         plain_decode_s=seconds["plain"], spec_decode_s=seconds["spec"], identical_outputs=identical,
@@ -107,12 +109,17 @@ def run(args: argparse.Namespace) -> SpecDecodeReport:
     return save_report(report, args.json_out)
 
 
+def shown_config(config: dict) -> dict:
+    """The speculative config as a report prints it: a draft model by its file name."""
+    return config | {"model": model_label(config["model"])} if config.get("model") else config
+
+
 def format_report(r: SpecDecodeReport, args: argparse.Namespace) -> str:
     rate = r.num_accepted_tokens / r.num_draft_tokens if r.num_draft_tokens else 0.0
     return "\n".join([
         "========= zhuzi bench decode, speculative =========",
         f"machine:      {r.machine}, {r.threads} threads, load average {r.load_average:.2f} before the run",
-        f"speculation:  {json.dumps(r.speculative_config)}",
+        f"speculation:  {json.dumps(shown_config(r.speculative_config))}",
         f"workload:     {r.num_prompts} {r.workload} prompts, one at a time, temperature {r.temperature:g}, up to "
         f"{args.max_tokens} tokens each; {r.identical_outputs}/{r.num_prompts} outputs identical with and without",
         f"without:      {r.plain_tokens_per_s:10.1f} tokens/s  ({r.plain_tokens} tokens in {r.plain_decode_s:.2f} s)",
