@@ -53,9 +53,9 @@ def free_port() -> int:
 def running_server(log: Path, *args: str, inject: str = "", env: dict[str, str] | None = None,
                    wait: bool = True) -> Iterator[ServerProcess]:
     """The embedded SmolLM2 in bf16 with a small KV pool (fast start) and its responses store beside the log,
-    plus the given flags. inject: Python
-    code that every process of the server runs as it starts, the engine cores' too (a fault to plant);
-    env: variables to add to the server's environment; wait: for /health to say 200 first."""
+    plus the given flags. inject: Python code that every process of the server runs as it starts, the engine
+    cores' too (a fault to plant); env: variables to add to the server's environment; wait: for /health to
+    say 200 first."""
     port = free_port()
     command = [sys.executable, "-m", "zhuzi.cli", "serve", "--port", str(port), "--kv-cache-memory", "64MiB", *args]
     if "--responses-store" not in args:  # beside the log, never in the user's cache directory
