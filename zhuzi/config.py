@@ -224,6 +224,11 @@ class EngineConfig(Settings):
         0, "while others decode, a prompt advances at most this many tokens a step, so a long prompt "
            "cannot stall the running streams (0: no cap)")
     enable_prefix_caching: bool = setting(True, "reuse the KV blocks of prompt prefixes seen before")
+    scheduling_policy: str | None = setting(
+        None, "who is served first: fcfs (arrival order), priority (lower `priority` first; a waiting request "
+              "preempts running ones of lower priority), fair (each API key an equal share of every step's "
+              "tokens, or --tenant-weight's) (default: fair once API keys are configured, else fcfs)",
+        choices=["fcfs", "priority", "fair"])
     quantization: str | None = setting(
         None, "weight quantization, applied at load: int8 (per output channel) or int4 (the GGUF's Q4_1 "
               "blocks, Q8_0 LM head)", choices=["int8", "int4"])

@@ -158,6 +158,25 @@ class SpecDecodingStats:
 
 
 @dataclass
+class TenantLoad:
+    """One tenant's sequences in the engine (its id is a masked API key, never the key)."""
+
+    tenant: str
+    running: int
+    waiting: int
+
+    @classmethod
+    def total(cls, loads: list[TenantLoad]) -> list[TenantLoad]:
+        """Several engines' loads added up per tenant."""
+        totals: dict[str, TenantLoad] = {}
+        for load in loads:
+            total = totals.setdefault(load.tenant, cls(load.tenant, 0, 0))
+            total.running += load.running
+            total.waiting += load.waiting
+        return sorted(totals.values(), key=lambda load: load.tenant)
+
+
+@dataclass
 class EngineStats:
     """A snapshot of the engine for /metrics and logs."""
 
@@ -168,6 +187,7 @@ class EngineStats:
     prefix_cache_queries: int  # prompt tokens looked up in the prefix cache
     prefix_cache_hits: int  # of those, tokens found cached
     spec_decoding: SpecDecodingStats | None = None  # None: speculative decoding is off
+    tenants: list[TenantLoad] = field(default_factory=list)  # those with sequences in the engine
 
     @property
     def kv_cache_usage(self) -> float:

@@ -11,7 +11,7 @@ MIN_TEMPERATURE = 0.01
 MAX_N = 128  # OpenAI's limit; also keeps seed + i (sample i of n) within 64 bits
 # Counts and top_k end up in int64 tensors or loops: bound them far above any real use, far below overflow.
 MAX_COUNT = 2**31 - 1
-MIN_SEED, MAX_SEED = -(2**63), 2**63 - 1  # int64; torch's generators take any 64-bit seed
+MIN_SEED, MAX_SEED = -(2**63), 2**63 - 1  # int64; torch's generators take any 64-bit seed (msgpack holds no more)
 MAX_LOGPROBS = 20
 
 
@@ -113,6 +113,7 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     structured_outputs: StructuredOutputsParams | None = None  # the output follows a grammar
+    priority: int = 0  # vLLM's: lower is served first (scheduling policies priority and fair)
     stop_strings: list[str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -151,6 +152,7 @@ class SamplingParams:
             ("logit_bias", all(_float_in(v, -100, 100) for v in (self.logit_bias or {}).values()),
              "values must be in [-100, 100]"),
             ("stop", all(isinstance(s, str) and s for s in self.stop_strings), "must be non-empty strings"),
+            ("priority", _int_in(self.priority, MIN_SEED, MAX_SEED), "must be a 64-bit signed integer"),
             ("structured_outputs", self.structured_outputs is None
              or isinstance(self.structured_outputs, StructuredOutputsParams), "must be a StructuredOutputsParams"),
         ]

@@ -8,7 +8,8 @@ import dataclasses
 import pytest
 
 from zhuzi.engine import core
-from zhuzi.outputs import EngineStats
+from zhuzi.engine.sequence import Tenant
+from zhuzi.outputs import EngineStats, TenantLoad
 from zhuzi.sampling_params import InvalidRequest, SamplingParams, StructuredOutputError, StructuredOutputsParams
 
 ORDERED_SCHEMA = {"type": "object", "properties": {"zeta": {"type": "integer"}, "alpha": {"type": "string"},
@@ -33,13 +34,14 @@ def every_field_set(constraint: StructuredOutputsParams) -> SamplingParams:
         n=3, temperature=0.7, top_p=0.9, top_k=40, min_p=0.05, seed=-(2**63), presence_penalty=0.5,
         frequency_penalty=-0.5, repetition_penalty=1.2, logit_bias={0: -100.0, 49151: 2.5}, stop=["\n\n", "END"],
         stop_token_ids=[2, 7], include_stop_str_in_output=True, ignore_eos=True, min_tokens=2, max_tokens=None,
-        logprobs=5, prompt_logprobs=1, skip_special_tokens=False, structured_outputs=constraint)
+        logprobs=5, prompt_logprobs=1, skip_special_tokens=False, structured_outputs=constraint, priority=-(2**63))
 
 
 def across(params: SamplingParams) -> SamplingParams:
-    command = core.decode_command(core.encode(core.AddRequest.of("r-1", [1, 2, 49151], params)))
+    tenant = Tenant("key-3fa9c01b2e4d", 2.5)
+    command = core.decode_command(core.encode(core.AddRequest.of("r-1", [1, 2, 49151], params, tenant)))
     assert isinstance(command, core.AddRequest)
-    assert command.request_id == "r-1" and command.prompt_token_ids == [1, 2, 49151]
+    assert command.request_id == "r-1" and command.prompt_token_ids == [1, 2, 49151] and command.tenant == tenant
     return command.params
 
 
@@ -89,5 +91,12 @@ def test_other_refusals_keep_their_param_and_code():
     assert type(plain.error()) is ValueError
 
 
+def test_each_tenants_load_comes_back_as_sent():
+    stats = dataclasses.replace(core_stats(), tenants=[TenantLoad("key-3fa9c01b2e4d", 3, 1), TenantLoad("", 1, 0)])
+    message = core.decode_message(core.encode(core.Outputs(0, [], [], stats, [], [])))
+    assert message.stats.tenants == stats.tenants
+
+
 def core_stats() -> EngineStats:
-    return EngineStats(*(0 for f in dataclasses.fields(EngineStats) if f.default is dataclasses.MISSING))
+    return EngineStats(*(0 for f in dataclasses.fields(EngineStats)
+                         if f.default is f.default_factory is dataclasses.MISSING))

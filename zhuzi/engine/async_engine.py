@@ -19,7 +19,7 @@ from typing import Any
 
 from zhuzi.config import EngineConfig
 from zhuzi.engine.engine import Engine
-from zhuzi.engine.sequence import Probe
+from zhuzi.engine.sequence import Probe, Tenant
 from zhuzi.outputs import EngineSnapshot, EngineStats, RequestError, RequestOutput
 from zhuzi.sampling_params import SamplingParams, StructuredOutputsParams
 
@@ -155,11 +155,11 @@ class AsyncEngine:
         thread finds it cached and the streams it runs never wait for a compile."""
         await asyncio.to_thread(self.engine.grammars.matcher, params)  # the compiler is thread-safe
 
-    async def generate(self, prompt: str | list[int], params: SamplingParams,
-                       request_id: str) -> AsyncIterator[RequestOutput]:
+    async def generate(self, prompt: str | list[int], params: SamplingParams, request_id: str,
+                       tenant: Tenant = Tenant()) -> AsyncIterator[RequestOutput]:
         """Yields deltas until the request finishes; closing the iterator aborts the request. A request the
         engine failed raises RequestError; all of them raise EngineDead once the engine is gone."""
-        async for out in self._outputs(("add", request_id, prompt, params, time.monotonic())):
+        async for out in self._outputs(("add", request_id, prompt, params, time.monotonic(), tenant)):
             yield out
 
     async def probe(self, token_ids: list[int], probe: Probe, request_id: str) -> RequestOutput:

@@ -35,8 +35,9 @@ from zhuzi.detokenizer import IncrementalDetokenizer
 from zhuzi.engine import tp_worker
 from zhuzi.engine.block_manager import BlockManager, KVEvents
 from zhuzi.engine.model_runner import PromptLogprobs, StepResult, load_runner, measure_read_bandwidth
+from zhuzi.engine.policies import make_policy
 from zhuzi.engine.scheduler import Scheduler
-from zhuzi.engine.sequence import Probe, ScheduledSeq, Sequence
+from zhuzi.engine.sequence import Probe, ScheduledSeq, Sequence, Tenant
 from zhuzi.engine.spec_decode import DraftModelProposer, NgramProposer, Proposer
 from zhuzi.engine.structured import GrammarCompiler
 from zhuzi.outputs import (
@@ -116,7 +117,8 @@ class Engine:
         self.blocks = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching,
                                    events=KVEvents() if kv_events else None)
         self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens,
-                                   config.long_prefill_token_threshold, spec.max_step_tokens if spec else 0)
+                                   config.long_prefill_token_threshold, spec.max_step_tokens if spec else 0,
+                                   make_policy(config.scheduling_policy))
         self.spec = spec
         self.proposer: Proposer | None = None
         self.spec_stats: SpecDecodingStats | None = None
@@ -165,6 +167,7 @@ class Engine:
         self.check_token_ids(ids, "prompt")
         self.check_token_ids(list(params.logit_bias or {}), "logit_bias")
         self.check_token_ids(params.stop_token_ids, "stop_token_ids")
+        self.scheduler.policy.check(params)
         if params.top_k > (vocab := self.model_config.vocab_size):
             raise InvalidRequest("top_k", f"top_k must be at most the vocabulary size {vocab}, got {params.top_k}")
         if params.structured_outputs is not None:
@@ -183,7 +186,7 @@ class Engine:
         return ids
 
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-                    arrival_time: float | None = None) -> None:
+                    arrival_time: float | None = None, tenant: Tenant = Tenant()) -> None:
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         ids = self.validate(prompt, params)
@@ -193,7 +196,7 @@ class Engine:
             leader = seqs[0] if seqs and self.config.enable_prefix_caching else None
             grammar = self.grammars.matcher(params.structured_outputs) if params.structured_outputs else None
             seqs.append(Sequence(next(self._seq_ids), request_id, i, ids, params, make_generator(seed), leader,
-                                 grammar))
+                                 grammar, tenant=tenant))
         req = Request(request_id, prompt if isinstance(prompt, str) else None, ids, params, seqs,
                       [IncrementalDetokenizer(self.tokenizer, params) for _ in seqs],
                       RequestMetrics(arrival_time or time.monotonic()))
@@ -235,7 +238,8 @@ class Engine:
         return EngineStats(len(self.scheduler.running), len(self.scheduler.waiting), self.blocks.num_blocks,
                            self.blocks.num_free_blocks, self.blocks.prefix_queries, self.blocks.prefix_hits,
                            None if spec is None else dataclasses.replace(
-                               spec, num_accepted_tokens_per_pos=list(spec.num_accepted_tokens_per_pos)))
+                               spec, num_accepted_tokens_per_pos=list(spec.num_accepted_tokens_per_pos)),
+                           self.scheduler.tenant_loads())
 
     @functools.cached_property
     def read_bandwidth(self) -> float:

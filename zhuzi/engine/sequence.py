@@ -22,6 +22,15 @@ class Probe:
     lens_top: int = 0  # the logit lens: this many top tokens per layer (0: no lens)
 
 
+@dataclass(frozen=True)
+class Tenant:
+    """Whom a request is served for, as the fair policy sees it: a stable id (a masked API key, never the key
+    itself; "" for a server without keys) and its weight in the shares of a step."""
+
+    id: str = ""
+    weight: float = 1.0
+
+
 class Status(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
@@ -41,6 +50,7 @@ class Sequence:
     leader: Sequence | None = None  # a sibling that must prefill first so its prompt blocks are shared
     grammar: GrammarMatcher | None = None  # structured output: where the output is in its grammar
     probe: Probe | None = None  # an inspection: read out at its last token, never sampled
+    tenant: Tenant = Tenant()
     token_ids: list[int] = field(init=False)
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[bytes] = field(default_factory=list)  # of the full blocks so far
