@@ -4,10 +4,14 @@ All plain data (dataclasses, lists, CPU tensors), so it can cross a process boun
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from zhuzi.config import KVPlan, ModelConfig
+
+if TYPE_CHECKING:
+    from zhuzi.engine.sequence import Sequence
 
 
 @dataclass
@@ -98,6 +102,19 @@ class Inspection:
 
 
 @dataclass
+class PromptProgress:
+    """How far the prefill of a request's prompt has come, after a step that advanced it."""
+
+    processed: int  # prompt tokens whose K/V are computed, those found in the prefix cache included
+    total: int
+    cached: int  # found in the prefix cache
+
+    @classmethod
+    def of(cls, seq: Sequence) -> PromptProgress:
+        return cls(min(seq.num_computed_tokens, seq.num_prompt_tokens), seq.num_prompt_tokens, seq.num_cached_tokens)
+
+
+@dataclass
 class RequestOutput:
     request_id: str
     prompt: str | None
@@ -109,6 +126,7 @@ class RequestOutput:
     num_cached_tokens: int = 0
     error: str | None = None  # set (and finished) when the engine failed this request
     inspection: Inspection | None = None  # on the final output of a probe
+    prompt_progress: PromptProgress | None = None  # after a step that advanced the prompt's prefill
 
 
 class RequestError(RuntimeError):

@@ -9,7 +9,7 @@ import pytest
 
 from zhuzi.engine import core
 from zhuzi.engine.sequence import Tenant
-from zhuzi.outputs import EngineStats, TenantLoad
+from zhuzi.outputs import EngineStats, PromptProgress, RequestOutput, TenantLoad
 from zhuzi.sampling_params import InvalidRequest, SamplingParams, StructuredOutputError, StructuredOutputsParams
 
 ORDERED_SCHEMA = {"type": "object", "properties": {"zeta": {"type": "integer"}, "alpha": {"type": "string"},
@@ -91,9 +91,11 @@ def test_other_refusals_keep_their_param_and_code():
     assert type(plain.error()) is ValueError
 
 
-def test_each_tenants_load_comes_back_as_sent():
+def test_prefill_progress_and_each_tenants_load_come_back_as_sent():
+    out = RequestOutput("r-5", None, [], [], False, prompt_progress=PromptProgress(256, 1000, 128))
     stats = dataclasses.replace(core_stats(), tenants=[TenantLoad("key-3fa9c01b2e4d", 3, 1), TenantLoad("", 1, 0)])
-    message = core.decode_message(core.encode(core.Outputs(0, [], [], stats, [], [])))
+    message = core.decode_message(core.encode(core.Outputs(0, [out], [], stats, [], [])))
+    assert message.outputs[0].prompt_progress == PromptProgress(256, 1000, 128)
     assert message.stats.tenants == stats.tenants
 
 

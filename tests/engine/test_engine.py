@@ -352,3 +352,18 @@ def test_a_priority_is_refused_where_the_policy_would_ignore_it(tiny_fcfs):
         tiny_fcfs.add_request("r", [5, 6, 7], SamplingParams(priority=-1))
     assert refused.value.param == "priority"
 
+
+def test_prefill_progress_is_reported_after_every_chunk_of_the_prompt(tiny_fcfs):
+    engine = tiny_fcfs
+    prompt = list(range(200, 300))
+    progress = []
+    for rid in ("first", "again"):  # the second finds 96 tokens (6 blocks) in the prefix cache
+        engine.add_request(rid, prompt, SamplingParams(temperature=0, max_tokens=2))
+        while engine.has_unfinished():
+            for out in engine.step():
+                if out.prompt_progress is not None:
+                    p = out.prompt_progress
+                    assert not any(c.token_ids for c in out.outputs) or p.processed == p.total
+                    progress.append((rid, p.processed, p.total, p.cached))
+    assert progress == [("first", 32, 100, 0), ("first", 64, 100, 0), ("first", 96, 100, 0),
+                        ("first", 100, 100, 0), ("again", 100, 100, 96)]

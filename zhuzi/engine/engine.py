@@ -46,6 +46,7 @@ from zhuzi.outputs import (
     EngineStats,
     Inspection,
     Logprob,
+    PromptProgress,
     RequestMetrics,
     RequestOutput,
     SpecDecodingStats,
@@ -81,6 +82,7 @@ class Request:
     deltas: dict[int, CompletionOutput] = field(default_factory=dict)  # news since the last output
     error: str | None = None  # why the engine failed this request
     inspection: Inspection | None = None  # a probe's reading, once its last token ran
+    progress: PromptProgress | None = None  # news of the prompt's prefill since the last output
 
     @property
     def finished(self) -> bool:
@@ -280,8 +282,10 @@ class Engine:
                     self._collect_prompt_logprobs(req, seq, result.prompt_logprobs[seq.seq_id])
                 except Exception as exc:
                     failed[req.request_id] = exc
-            samples = item.samples
+            samples, prefill = item.samples, not seq.prompt_done
             seq.num_computed_tokens += item.num_new_tokens - len(item.spec_token_ids)  # drafts count once accepted
+            if prefill and seq.index == 0:  # siblings share the first sample's prompt
+                req.progress = PromptProgress.of(seq)
             if not samples:
                 self.blocks.register_computed(seq)
         for item, verdict in result.sampled:
@@ -441,5 +445,6 @@ class Engine:
             req.metrics.finished_time = time.monotonic()
             req.metrics.num_cached_tokens = req.seqs[0].num_cached_tokens
             del self.requests[req.request_id]
+        progress, req.progress = req.progress, None
         return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, deltas, finished, req.metrics,
-                             req.prompt_logprobs, req.seqs[0].num_cached_tokens, req.error, req.inspection)
+                             req.prompt_logprobs, req.seqs[0].num_cached_tokens, req.error, req.inspection, progress)
