@@ -7,18 +7,19 @@ fcfs      first come, first served: the running sequences in the order they were
 priority  vLLM's `priority` (lower is more urgent), ties first come: sequences are served most urgent
           first, and a waiting sequence that finds no KV blocks or no batch slot preempts running ones
           of lower priority (the least urgent, newest first) until it fits.
-fair      each tenant (an API key) gets an equal, or weighted, share of every step's tokens whatever its
-          number of requests; a tenant alone gets the whole engine. Virtual-time fair queuing: each
-          tenant's counter is the tokens it was served divided by its weight, tenants are served
-          lowest counter first, and a tenant that comes back from idle starts at the lowest active
-          counter (Sheng et al., "Fairness in Serving Large Language Models", OSDI 2024: the virtual
-          token counter), so idleness banks no credit. Within a step the share is equal in tokens: a
-          tenant whose one chat decodes one token a step holds every other tenant to one token a step
-          (times the weights), since each token a step adds slows every stream in it. A waiting
-          sequence of a tenant holding less than another (KV blocks or batch slots, per weight)
-          preempts that tenant's least urgent sequence, as long as it still holds no more than that
-          tenant afterwards (so two tenants never take a place from each other in turn). Within a
-          tenant, `priority` orders its requests.
+fair      tenants (API keys) with work get equal, or weighted, shares of the engine's tokens whatever
+          their number of requests; a tenant alone gets the whole engine. Virtual-time fair queuing: a
+          tenant's counter is the tokens it was served divided by its weight; tenants are served lowest
+          counter first, and a tenant that comes back from idle starts at the lowest busy counter
+          (Sheng et al., "Fairness in Serving Large Language Models", OSDI 2024: the virtual token
+          counter), so idleness banks no credit. Each step a tenant may take tokens only while its
+          counter is less than one step's budget ahead of the lowest busy counter: a tenant whose one
+          chat decodes a token a step holds a tenant with 32 streams to about a token a step too (each
+          token a step adds slows every stream in it), while that chat's next prompt, arriving behind,
+          goes in at once. A waiting sequence of a tenant holding less than another (KV blocks or batch
+          slots, per weight) preempts that tenant's least urgent sequence, as long as it still holds no
+          more than that tenant afterwards (so two tenants never take a place from each other in turn).
+          Within a tenant, `priority` orders its requests.
 
 Policies are model-free: they read a sequence's tenant, priority, status and block count, and never
 touch the KV pool themselves.
@@ -118,13 +119,11 @@ class FairShare(FirstComeFirstServed):
         self.active = tenants
 
     def shares(self, demands: dict[str, int], budget: int) -> dict[str, int] | None:
-        wanting = {t: d for t, d in demands.items() if d > 0}
-        if len(wanting) < 2:
+        busy = [t for t, d in demands.items() if d > 0]
+        if len(busy) < 2:
             return None  # alone: the whole engine
-        weights = {t: self.weights.get(t, 1.0) for t in wanting}
-        # Equal tokens per unit of weight, at most what the least demanding tenant can use, within the budget.
-        level = min(budget / sum(weights.values()), min(d / weights[t] for t, d in wanting.items()))
-        return {t: max(1, int(weights[t] * level)) for t in wanting}
+        floor = min(self.counters[t] for t in busy)
+        return {t: max(0, int(self.weights[t] * (floor + budget - self.counters[t]))) for t in busy}
 
     def victim(self, running: list[Sequence], seq: Sequence, held: Callable[[Sequence], int],
                need: int) -> Sequence | None:
