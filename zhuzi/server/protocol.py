@@ -218,6 +218,7 @@ class SamplingRequest(Request):
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     user: str | None = None  # logged with the request, for tracing abuse to an end user
+    priority: int = 0  # vLLM's: lower is served first (--scheduling-policy priority, or fair within a key)
     stream: bool = False
     stream_options: StreamOptions | None = None
     # Structured output: OpenAI's response_format, vLLM's structured_outputs and its older guided_* fields.
@@ -297,7 +298,7 @@ class SamplingRequest(Request):
             ignore_eos=self.ignore_eos, min_tokens=self.min_tokens, logprobs=logprobs,
             prompt_logprobs=prompt_logprobs, include_stop_str_in_output=self.include_stop_str_in_output,
             skip_special_tokens=self.skip_special_tokens, structured_outputs=structured_outputs,
-            **{name: value for name, value in given.items() if value is not None},
+            priority=self.priority, **{name: value for name, value in given.items() if value is not None},
         )
 
 

@@ -23,12 +23,14 @@ import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TypeVar
 
 import pydantic
 from fastapi import Request
 from fastapi.responses import Response
 
+from zhuzi.cache import cache_root
 from zhuzi.config import ServerConfig
 from zhuzi.engine.async_engine import EngineDead
 from zhuzi.engine.core_client import ServingEngine
@@ -40,6 +42,7 @@ from zhuzi.server.formats import Format, Generation, PromptState, sse
 from zhuzi.server.gateway import Admission, Gateway
 from zhuzi.server.metrics import ServerMetrics
 from zhuzi.server.parsers import THINK_CLOSE, THINK_OPEN, OutputParser, opened_thought
+from zhuzi.server.quota import Quotas
 from zhuzi.server.streams import ClosingStreamingResponse, first_outputs, merge_streams, until_disconnect
 from zhuzi.server.tools import template_renders_tools, with_generic_tools
 from zhuzi.tokenizer import message_text
@@ -108,8 +111,9 @@ class Server:
         self.runs: set[Run] = set()
         # Templates and tokenizing run in workers, long texts' encoding in the tokenizer's helper process.
         self.workers = ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="zhuzi-tokenize")
-        self.gateway = Gateway(config.api_keys, config.rate_limit_rpm, config.rate_limit_tpm)
-        self.metrics = ServerMetrics(self.engine_state)
+        self.gateway = Gateway(config.api_keys, config.rate_limit_rpm, config.rate_limit_tpm, weights=config.weights)
+        self.quotas = Quotas.open(config.quotas, Path(config.usage_store or cache_root() / "usage.sqlite3"))
+        self.metrics = ServerMetrics(self.engine_state, self.quotas.usage)
         self.model_name = ""
         self.reasoning = False
         self.added_tokens: set[str] = set()  # the tokenizer's added tokens (a forced call's markers may be)
@@ -238,10 +242,12 @@ class Server:
                        fmt: Format, new_parser: Callable[[], OutputParser], stream: bool,
                        include_usage: bool) -> Response:
         engine = self.ready()
+        self.quotas.check(key)
         admission = self.gateway.admit(params.n * len(prompts))
-        self.gateway.charge_tokens(key, sum(len(ids) for ids in prompts))
+        self.charge(key, sum(len(ids) for ids in prompts))
         request_ids = [f"{fmt.request_id}-{i}" for i in range(len(prompts))]
-        streams = [engine.generate(ids, params, rid) for ids, rid in zip(prompts, request_ids)]
+        tenant = self.gateway.tenant(key)
+        streams = [engine.generate(ids, params, rid, tenant) for ids, rid in zip(prompts, request_ids)]
         run = Run(key, admission, request_ids, streams,
                   Generation(params.n, new_parser, [PromptState() for _ in prompts]))
         self.runs.add(run)
@@ -300,7 +306,7 @@ class Server:
             await stream.aclose()  # type: ignore[attr-defined]  # aborts a request the engine still runs
         run.admission.release()
         gen = run.gen
-        self.gateway.charge_tokens(run.key, sum(len(c.token_ids) for c in gen.choices.values()))
+        self.charge(run.key, sum(len(c.token_ids) for c in gen.choices.values()))
         if not ran:
             return
         for prompt_index, state in enumerate(gen.prompts):
@@ -308,6 +314,11 @@ class Server:
             self.metrics.observe_request(
                 self.model_name, state.metrics, state.token_count, sum(len(c.token_ids) for c in choices if c),
                 [c.finish_reason if c and c.finish_reason else "abort" for c in choices])
+
+    def charge(self, key: str, tokens: int) -> None:
+        """A generation's tokens count against the key's tokens per minute and its daily quota."""
+        self.gateway.charge_tokens(key, tokens)
+        self.quotas.charge(key, tokens)
 
     # -- prompts (in worker threads)
 
