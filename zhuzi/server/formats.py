@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import pydantic
 
-from zhuzi.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
+from zhuzi.outputs import CompletionOutput, Logprob, PromptProgress, RequestMetrics, RequestOutput
 from zhuzi.server import protocol as p
 from zhuzi.server import responses as r
 from zhuzi.server.parsers import OutputParser, ParsedText
@@ -61,6 +61,8 @@ class PromptState:
     cached_tokens: int = 0
     metrics: RequestMetrics | None = None
     logprobs: list[dict[int, Logprob] | None] | None = None  # prompt logprobs (echo)
+    answered: bool = False  # a token of it came
+    progress_shown: bool = False  # return_progress: a chunk of its prefill's progress went out
 
 
 @dataclass
@@ -72,8 +74,18 @@ class Generation:
     prompts: list[PromptState]
     choices: dict[int, Choice] = field(default_factory=dict)
 
+    def progress(self, prompt_index: int, out: RequestOutput) -> PromptProgress | None:
+        """The prompt's prefill progress to show before its first token: only of a prompt that takes more than
+        one step, and so its completion (processed = total) too once a part was shown."""
+        state, progress = self.prompts[prompt_index], out.prompt_progress
+        if progress is None or state.answered or (progress.processed == progress.total and not state.progress_shown):
+            return None
+        state.progress_shown = True
+        return progress
+
     def update(self, prompt_index: int, out: RequestOutput) -> list[tuple[Choice, CompletionOutput, ParsedText]]:
         state = self.prompts[prompt_index]
+        state.answered = state.answered or any(delta.token_ids for delta in out.outputs)
         state.token_count, state.cached_tokens = len(out.prompt_token_ids), out.num_cached_tokens
         state.metrics = out.metrics or state.metrics
         if state.logprobs is None:
@@ -146,6 +158,10 @@ class ChatFormat:
         return sse(r.ChatCompletionChunk(id=self.request_id, created=self.created, model=self.model,
                                          choices=[], usage=gen.usage()))
 
+    def progress_chunk(self, progress: PromptProgress) -> str:
+        return sse(r.ChatCompletionChunk(id=self.request_id, created=self.created, model=self.model,
+                                         choices=[], prompt_progress=progress_of(progress)))
+
     def response(self, gen: Generation) -> r.ChatCompletionResponse:
         choices = []
         for c in gen.sorted_choices():
@@ -202,6 +218,10 @@ class CompletionFormat:
         return sse(r.CompletionResponse(id=self.request_id, created=self.created, model=self.model,
                                         choices=[], usage=gen.usage()))
 
+    def progress_chunk(self, progress: PromptProgress) -> str:
+        return sse(r.CompletionResponse(id=self.request_id, created=self.created, model=self.model,
+                                        choices=[], prompt_progress=progress_of(progress)))
+
     def response(self, gen: Generation) -> r.CompletionResponse:
         choices = [self._piece(gen, c, c.index // gen.n, c.parsed.content, c.token_ids, c.logprobs, True)
                    for c in gen.sorted_choices()]
@@ -210,6 +230,11 @@ class CompletionFormat:
 
 
 Format = ChatFormat | CompletionFormat
+
+
+def progress_of(progress: PromptProgress) -> r.PromptProgress:
+    return r.PromptProgress(prompt_tokens_processed=progress.processed, prompt_tokens_total=progress.total,
+                            cached=progress.cached)
 
 
 # ------------------------------------------------------------------ logprobs

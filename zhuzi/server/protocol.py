@@ -221,6 +221,7 @@ class SamplingRequest(Request):
     priority: int = 0  # vLLM's: lower is served first (--scheduling-policy priority, or fair within a key)
     stream: bool = False
     stream_options: StreamOptions | None = None
+    return_progress: bool = False  # llama.cpp's: chunks of prompt progress before the first token
     # Structured output: OpenAI's response_format, vLLM's structured_outputs and its older guided_* fields.
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsRequest | None = None
@@ -234,6 +235,8 @@ class SamplingRequest(Request):
     def _stream_options_need_stream(self) -> SamplingRequest:
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed when stream is true")
+        if self.return_progress and not self.stream:
+            raise ValueError("return_progress is only allowed when stream is true")
         return self
 
     def constraint_fields(self) -> list[str]:
@@ -397,6 +400,8 @@ class CompletionRequest(SamplingRequest):
     def _prompt_batch_not_empty(self) -> CompletionRequest:
         if not self.prompts():  # each prompt's own emptiness is the engine's to refuse
             raise ValueError("prompt must not be an empty list")
+        if self.return_progress and len(self.prompts()) > 1:
+            raise ValueError("return_progress takes one prompt (a progress chunk does not say whose it is)")
         return self
 
     def prompts(self) -> list[str | list[int]]:

@@ -281,6 +281,8 @@ class Server:
         assert run.merged is not None
         try:
             async for index, out in run.merged:
+                if fmt.body.return_progress and (progress := run.gen.progress(index, out)) is not None:
+                    yield fmt.progress_chunk(progress)
                 for choice, delta, piece in run.gen.update(index, out):
                     for chunk in fmt.chunks(run.gen, choice, delta, piece, index):
                         yield chunk
