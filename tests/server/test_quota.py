@@ -78,7 +78,7 @@ def test_a_usage_table_of_another_version_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "usage.sqlite3"
     Quotas.open({"alice": 1}, path)
     db = sqlite3.connect(path)
-    db.execute("UPDATE schema_versions SET version = 2 WHERE name = 'key_usage'")
+    db.execute("UPDATE zhuzi_schema SET version = 2 WHERE component = 'key_usage'")
     db.commit()
     with pytest.raises(ValueError, match="version 2, this zhuzi reads 1"):
         Quotas.open({"alice": 1}, path)

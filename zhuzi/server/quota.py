@@ -4,9 +4,10 @@ A key's usage is counted as the gateway counts its tokens per minute: the prompt
 admitted, the generated tokens when it ends. A request that starts under the quota finishes; the next one
 gets 429 with OpenAI's insufficient_quota error, naming the quota and when it resets (midnight UTC).
 Usage is kept in an embedded SQLite file (WAL), one row per masked key id and day, written as it is
-counted, so it survives a restart or a kill -9. The file belongs to zhuzi (SQLite's application_id); each
-table records its schema version, so a file from another program or another version is refused, never
-used. Usage is shown per masked key id in /metrics.
+counted, so it survives a restart or a kill -9. The file belongs to zhuzi (SQLite's application_id) and
+each part of it records its schema version in zhuzi_schema, as the Responses store does (issue 22), so the
+two can share one file; a file of another program or a newer version is refused, never used. Usage is
+shown per masked key id in /metrics.
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def open_store(path: Path) -> sqlite3.Connection:
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")  # with WAL, a commit survives the process dying
         db.execute(f"PRAGMA application_id={APPLICATION_ID}")
-        db.execute("CREATE TABLE IF NOT EXISTS schema_versions (name TEXT PRIMARY KEY, version INTEGER NOT NULL)")
+        db.execute("CREATE TABLE IF NOT EXISTS zhuzi_schema (component TEXT PRIMARY KEY, version INTEGER NOT NULL)")
     except sqlite3.DatabaseError as exc:
         db.close()
         raise ValueError(f"{path} cannot be read as a zhuzi store: {exc}") from None
@@ -50,14 +51,14 @@ class UsageTable:
 
     def __init__(self, db: sqlite3.Connection, path: Path) -> None:
         self.db = db
-        row = db.execute("SELECT version FROM schema_versions WHERE name = ?", (TABLE,)).fetchone()
+        row = db.execute("SELECT version FROM zhuzi_schema WHERE component = ?", (TABLE,)).fetchone()
         if row is not None and row[0] != SCHEMA_VERSION:
             raise ValueError(f"{path}: its {TABLE} table is version {row[0]}, this zhuzi reads {SCHEMA_VERSION}")
         with db:
             db.execute("BEGIN")
             db.execute(f"CREATE TABLE IF NOT EXISTS {TABLE} (key_id TEXT NOT NULL, day TEXT NOT NULL, "
                        "tokens INTEGER NOT NULL, PRIMARY KEY (key_id, day))")
-            db.execute("INSERT OR IGNORE INTO schema_versions VALUES (?, ?)", (TABLE, SCHEMA_VERSION))
+            db.execute("INSERT OR IGNORE INTO zhuzi_schema VALUES (?, ?)", (TABLE, SCHEMA_VERSION))
 
     def day(self, day: str) -> dict[str, int]:
         return dict(self.db.execute(f"SELECT key_id, tokens FROM {TABLE} WHERE day = ?", (day,)))
