@@ -172,6 +172,16 @@ def test_a_light_tenant_preempts_the_heaviest_for_a_slot_and_is_not_preempted_ba
     assert sum(x.status is Status.RUNNING for x in heavy) == 2 and all(x.num_preemptions <= 1 for x in heavy)
 
 
+def test_a_tenant_that_cannot_be_served_does_not_hold_the_others_back():
+    s = scheduler(max_num_seqs=1, budget=8, policy="fair")
+    (running,) = add(s, seq(4, tenant="running"))
+    run_step(s)
+    (queued,) = add(s, seq(4, tenant="queued"))  # no slot: it would hold as much as the only running one
+    for _ in range(30):  # the queued tenant's counter stays put; the running one still moves every step
+        assert served(run_step(s)) == {running.seq_id: 1}
+    assert queued.status is Status.WAITING
+
+
 def test_a_light_tenant_preempts_the_heaviest_for_kv_blocks():
     s = scheduler(num_blocks=8, block_size=4, budget=64, policy="fair")
     heavy = add(s, *[seq(7, tenant="heavy") for _ in range(4)])  # 2 blocks each: the whole pool

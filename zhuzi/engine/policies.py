@@ -147,7 +147,8 @@ class FairShare(FirstComeFirstServed):
             self.counters[tenant.id] = self.counters.get(tenant.id, 0.0) + item.num_new_tokens / tenant.weight
             self.last_served[item.seq] = self.steps
 
-Policy = FirstComeFirstServed
+
+Policy = FirstComeFirstServed  # what every policy answers
 
 
 def make_policy(name: str | None) -> Policy:

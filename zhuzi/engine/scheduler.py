@@ -67,7 +67,18 @@ class Scheduler:
         cap = self.long_prefill_token_threshold if any(s.prompt_done for s in self.running) else 0
         order = self.policy.order(self.running, self.waiting)
         plan = StepPlan(self.max_num_batched_tokens)
-        plan.shares = self.policy.shares(self._demands(order, cap), plan.budget)
+        # A tenant that cannot be served (no slot, no blocks) must not hold the others to their shares for
+        # good: a step that the shares leave empty goes on without them.
+        for shares in (self.policy.shares(self._demands(order, cap), plan.budget), None):
+            plan.shares = shares
+            self._walk(order, cap, plan)
+            if plan.batch or shares is None:
+                break
+        self.policy.served(plan.batch)
+        self._attach_drafts(plan.batch)
+        return plan.batch
+
+    def _walk(self, order: list[Sequence], cap: int, plan: StepPlan) -> None:
         for seq in order:
             if plan.budget <= 0:
                 break
@@ -77,9 +88,6 @@ class Scheduler:
                 self._continue(seq, room, cap, plan)
             elif not plan.blocked:
                 self._admit(seq, room, cap, plan)
-        self.policy.served(plan.batch)
-        self._attach_drafts(plan.batch)
-        return plan.batch
 
     def _demands(self, order: list[Sequence], cap: int) -> dict[str, int]:
         """The tokens each tenant could use this step."""
