@@ -16,10 +16,12 @@ fair      tenants (API keys) with work get equal, or weighted, shares of the eng
           counter is less than one step's budget ahead of the lowest busy counter: a tenant whose one
           chat decodes a token a step holds a tenant with 32 streams to about a token a step too (each
           token a step adds slows every stream in it), while that chat's next prompt, arriving behind,
-          goes in at once. A waiting sequence of a tenant holding less than another (KV blocks or batch
-          slots, per weight) preempts that tenant's least urgent sequence, as long as it still holds no
-          more than that tenant afterwards (so two tenants never take a place from each other in turn).
-          Within a tenant, `priority` orders its requests.
+          goes in at once. (The scheduler runs a step that these shares leave empty without them, so a
+          tenant that cannot be served, for want of a slot or blocks, never stalls the others.) A
+          waiting sequence of a tenant holding less than another (KV blocks or batch slots, per weight)
+          preempts that tenant's least urgent sequence, as long as it still holds no more than that
+          tenant afterwards (so two tenants never take a place from each other in turn). Within a
+          tenant, `priority` orders its requests.
 
 Policies are model-free: they read a sequence's tenant, priority, status and block count, and never
 touch the KV pool themselves.
