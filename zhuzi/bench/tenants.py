@@ -26,7 +26,7 @@ import math
 import time
 from dataclasses import asdict, dataclass, field
 
-from zhuzi.bench import machine_line, save_report
+from zhuzi.bench import load_average, machine_line, save_report
 from zhuzi.bench.client import ENDPOINT_PATHS, RequestResult, Stat, Target, discover_model, run_conversation
 from zhuzi.bench.datasets import Conversation, load_tokenizer, random_text_conversations
 
@@ -80,6 +80,7 @@ class TenantResult:
     ttft_ms: Stat
     tpot_ms: Stat
     errors: list[str]
+    load: float  # the 1-minute load average as the phase started: the noise it ran in
 
 
 @dataclass
@@ -144,11 +145,11 @@ async def phase(client, specs: list[TenantSpec], targets: dict[str, Target],
     return results
 
 
-def summarize(name: str, phase_name: str, results: list[RequestResult]) -> TenantResult:
+def summarize(name: str, phase_name: str, results: list[RequestResult], load: float) -> TenantResult:
     ok = [r for r in results if r.success]
     return TenantResult(name, phase_name, len(ok), len(results) - len(ok), Stat.of([r.ttft for r in ok]),
                         Stat.of([r.tpot for r in ok if r.tpot is not None]),
-                        list(dict.fromkeys(r.error for r in results if r.error))[:3])
+                        list(dict.fromkeys(r.error for r in results if r.error))[:3], load)
 
 
 async def benchmark(args: argparse.Namespace) -> TenantsReport:
@@ -173,10 +174,12 @@ async def benchmark(args: argparse.Namespace) -> TenantsReport:
             chats[spec.name] = workload(tokenizer, spec, args.seed + i)
         report = TenantsReport(machine_line(), base_url, model, specs)
         for spec in (s for s in specs if s.measured):
+            load = load_average()
             alone = await phase(client, [spec], targets, chats, tokenizer)
-            report.results.append(summarize(spec.name, "alone", alone[spec.name]))
+            report.results.append(summarize(spec.name, "alone", alone[spec.name], load))
+        load = load_average()
         together = await phase(client, specs, targets, chats, tokenizer)
-        report.results += [summarize(name, "together", results) for name, results in together.items()]
+        report.results += [summarize(name, "together", results, load) for name, results in together.items()]
     return report
 
 
@@ -187,13 +190,14 @@ def format_report(report: TenantsReport) -> str:
                  + (f", {s.turns} turns a chat" if s.turns > 1 else "") + f", {s.input} in / {s.output} out"
                  + (f", priority {s.priority}" if s.priority is not None else "")
                  + (f", from {s.delay:g} s" if s.delay else "") for s in report.tenants),
-             f"{'tenant':<12} {'phase':<10} {'ok':>4} {'failed':>6} {'TTFT p50 ms':>12} {'TPOT p50 ms':>12}"]
+             f"{'tenant':<12} {'phase':<10} {'ok':>4} {'failed':>6} {'TTFT p50 ms':>12} {'TPOT p50 ms':>12} "
+             f"{'load':>6}"]
     by = {(r.tenant, r.phase): r for r in report.results}
     for spec in (s for s in report.tenants if s.measured):
         alone, together = by[(spec.name, "alone")], by[(spec.name, "together")]
         for r in (alone, together):
             lines.append(f"{r.tenant:<12} {r.phase:<10} {r.completed:>4} {r.failed:>6} {r.ttft_ms.median:>12.1f} "
-                         f"{r.tpot_ms.median:>12.1f}")
+                         f"{r.tpot_ms.median:>12.1f} {r.load:>6.1f}")
 
         def ratio(a: float, b: float) -> str:
             return f"{b / a:.2f}x" if a else "-"
