@@ -33,6 +33,8 @@ def test_over_the_quota_is_a_429_that_names_it_and_when_it_resets(tmp_path: Path
     q = quotas(tmp_path / "usage.sqlite3", clock)
     q.check("alice")
     q.charge("alice", 60)
+    q.charge("alice", 50)
+    q.charge("alice", -50)  # a request the engine refused: its prompt is given back
     q.check("alice")  # 60 of 100: a request may start, and may go over
     q.charge("alice", 70)
     with pytest.raises(GatewayError) as refused:

@@ -156,6 +156,8 @@ def test_priority_needs_no_other_policy_here_and_is_range_checked(tenancy: Tenan
 
 def test_over_the_daily_quota_is_a_429_naming_it_and_metrics_show_usage_by_masked_key(tenancy: Tenancy) -> None:
     quota = client(tenancy.server, QUOTA)
+    with pytest.raises(openai.BadRequestError, match="maximum context length"):  # refused by the engine: free
+        quota.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=9000)
     first = quota.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=8)  # 0 used: admitted
     used = first.usage.prompt_tokens + first.usage.completion_tokens
     assert used >= 30

@@ -113,7 +113,8 @@ class Quotas:
                  f"{int(wait % 3600 // 60)} min.", "insufficient_quota", "insufficient_quota", retry_after=wait)
 
     def charge(self, key: str, tokens: int) -> None:
-        if self.table is None or tokens <= 0:
+        """Count tokens against the key's quota (a refund when negative)."""
+        if self.table is None or not tokens:
             return
         self._now()
         ident = key_id(key)

@@ -86,6 +86,7 @@ class Run:
     request_ids: list[str]  # the engine's, one per prompt
     streams: list[AsyncIterator[RequestOutput]]
     gen: Generation
+    prompt_tokens: int  # charged at admission
     merged: AsyncIterator[tuple[int, RequestOutput]] | None = None
     timer: asyncio.TimerHandle | None = None  # --request-timeout
     closed: bool = False
@@ -244,12 +245,13 @@ class Server:
         engine = self.ready()
         self.quotas.check(key)
         admission = self.gateway.admit(params.n * len(prompts))
-        self.charge(key, sum(len(ids) for ids in prompts))
+        prompt_tokens = sum(len(ids) for ids in prompts)
+        self.charge(key, prompt_tokens)
         request_ids = [f"{fmt.request_id}-{i}" for i in range(len(prompts))]
         tenant = self.gateway.tenant(key)
         streams = [engine.generate(ids, params, rid, tenant) for ids, rid in zip(prompts, request_ids)]
         run = Run(key, admission, request_ids, streams,
-                  Generation(params.n, new_parser, [PromptState() for _ in prompts]))
+                  Generation(params.n, new_parser, [PromptState() for _ in prompts]), prompt_tokens)
         self.runs.add(run)
         if self.config.request_timeout:
             run.timer = asyncio.get_running_loop().call_later(self.config.request_timeout, self.end, run)
@@ -310,6 +312,7 @@ class Server:
         gen = run.gen
         self.charge(run.key, sum(len(c.token_ids) for c in gen.choices.values()))
         if not ran:
+            self.quotas.charge(run.key, -run.prompt_tokens)  # the engine refused it: nothing was read
             return
         for prompt_index, state in enumerate(gen.prompts):
             choices = [gen.choices.get(prompt_index * gen.n + i) for i in range(gen.n)]
