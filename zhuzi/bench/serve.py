@@ -68,8 +68,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds between the end of one poll and the next (default %(default)s: the page's "
                              "rate while a reply streams)")
     parser.add_argument("--tenants", nargs="+", default=None, metavar="SPEC",
-                        help="several API keys at once, each SPEC a tenant's key=...,streams=...,requests=... "
-                             "(see tenants.py): each measured tenant alone, then all together")
+                        help="several API keys at once, each SPEC comma-separated fields of a tenant: key (its API "
+                             "key), name, streams, requests (how many are measured; without it, background load), "
+                             "turns (a chat's), priority, delay (s), input, output (tokens); each measured tenant "
+                             "runs alone, then all together, e.g. key=A,streams=32 key=B,requests=16,turns=4")
     parser.add_argument("--json-out", default=None, help="also write the report to this JSON file")
 
 
