@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from zhuzi.cli import build_parser
-from zhuzi.config import EngineConfig, KVPlan, ModelConfig, ServerConfig, parse_bytes
+from zhuzi.config import EngineConfig, KVPlan, ModelConfig, ParallelConfig, ServerConfig, parse_bytes
 
 
 def parsed(*argv: str) -> argparse.Namespace:
@@ -79,3 +79,11 @@ def test_keyed_settings_name_keys_and_read_the_quota_file(tmp_path):
                      (["--quota-file", str(tmp_path / "missing.txt")], "cannot read")]:
         with pytest.raises(ValueError, match=why):
             ServerConfig.from_cli_args(parsed("--api-key", "a", *bad))
+
+
+def test_data_parallelism_needs_engine_processes():
+    with pytest.raises(ValueError, match="--data-parallel-size needs the engine cores in processes of their own"):
+        ParallelConfig(data_parallel_size=2, engine_process=False)
+    with pytest.raises(ValueError, match="at least 1"):
+        ParallelConfig(data_parallel_size=0)
+    assert ParallelConfig(data_parallel_size=2).engine_process

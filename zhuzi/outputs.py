@@ -4,14 +4,10 @@ All plain data (dataclasses, lists, CPU tensors), so it can cross a process boun
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 
 from zhuzi.config import KVPlan, ModelConfig
-
-if TYPE_CHECKING:
-    from zhuzi.engine.sequence import Sequence
 
 
 @dataclass
@@ -108,10 +104,6 @@ class PromptProgress:
     processed: int  # prompt tokens whose K/V are computed, those found in the prefix cache included
     total: int
     cached: int  # found in the prefix cache
-
-    @classmethod
-    def of(cls, seq: Sequence) -> PromptProgress:
-        return cls(min(seq.num_computed_tokens, seq.num_prompt_tokens), seq.num_prompt_tokens, seq.num_cached_tokens)
 
 
 @dataclass

@@ -4,7 +4,7 @@ import random
 from collections import Counter
 
 import pytest
-from policy import run_step, scheduler, seq
+from fake_sequences import run_step, scheduler, seq
 
 from zhuzi.engine.policies import FairShare, make_policy
 from zhuzi.engine.sequence import Status

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from serving import ServerProcess, running_server
+from server_process import ServerProcess, running_server
 
 from zhuzi.server.gateway import key_id
 
