@@ -25,6 +25,7 @@ from zhuzi.bench.datasets import (
     sharegpt_conversations,
 )
 from zhuzi.cli import build_parser
+from zhuzi.model import native
 from zhuzi.model.loader import load_model_config
 
 
@@ -97,7 +98,7 @@ def test_offline_compares_zhuzi_with_transformers_on_the_same_requests(tmp_path,
     assert data["zhuzi"]["tokens_per_s"] > 0 and data["transformers"]["output_tokens"] > 0
 
 
-@pytest.mark.parametrize("quantization", [None, "int8"])
+@pytest.mark.parametrize("quantization", [None, "none", "int8"])
 def test_decode_reports_speed_and_share_of_roofline(quantization, tmp_path, capsys):
     out = tmp_path / "decode.json"
     report = run_tool(["bench", "decode", "--prompt-len", "16", "--max-tokens", "6", "--runs", "1",
@@ -107,7 +108,10 @@ def test_decode_reports_speed_and_share_of_roofline(quantization, tmp_path, caps
     assert report.prefill_tokens_per_s > 0 and report.decode_tokens_per_s > 0
     assert report.bandwidth_bytes_per_s > 1e9
     bf16_bytes = load_model_config(None).decode_weight_bytes(2)  # ~269 MB for SmolLM2
-    if quantization:  # int8 matrices and their scales: the roofline rises as the bytes fall
+    # the roofline rises as the bytes a step reads fall: the GGUF's own Q4_1 blocks (the default), int8 matrices
+    if quantization is None:
+        assert report.weight_bytes_per_step < 0.4 * bf16_bytes
+    elif quantization == "int8":
         assert report.quantization == "int8" and report.weight_bytes_per_step < 0.65 * bf16_bytes
     else:
         assert report.weight_bytes_per_step == pytest.approx(bf16_bytes, rel=0.02)
@@ -115,6 +119,7 @@ def test_decode_reports_speed_and_share_of_roofline(quantization, tmp_path, caps
                                                      / report.bandwidth_bytes_per_s)
     assert "% of roofline" in capsys.readouterr().out
     assert json.loads(out.read_text())["roofline_fraction"] == pytest.approx(report.roofline_fraction)
+    assert report.machine.endswith(f", {native.resolve(native.default_choice())} kernels")  # the variant that ran
 
 
 def test_decode_compares_speculation_with_none_on_grounded_prompts(tmp_path, capsys):
@@ -194,6 +199,7 @@ def test_serve_measures_every_streamed_request(server_url, tmp_path, capsys):
     for stat in (report.ttft_ms, report.tpot_ms, report.itl_ms, report.e2el_ms):
         assert 0 < stat.median <= stat.p99
     assert report.e2el_ms.mean > report.ttft_ms.mean
+    assert report.machine.endswith(f", {native.resolve(native.default_choice())} kernels")  # from /inspect/engine
     assert all(1 <= len(r.itl) <= 5 for r in report.requests)  # gaps between at most 6 content chunks
     printed = capsys.readouterr().out
     for row in ("Successful requests:", "Request throughput (req/s):", "Output token throughput (tok/s):",

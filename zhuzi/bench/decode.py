@@ -22,12 +22,21 @@ import argparse
 import statistics
 from dataclasses import asdict, dataclass
 
-from zhuzi.bench import add_compare_arguments, load_average, load_llm, machine_line, save_report, speculative
+from zhuzi.bench import (
+    add_compare_arguments,
+    load_average,
+    load_llm,
+    machine_line,
+    model_label,
+    save_report,
+    speculative,
+)
 from zhuzi.bench.datasets import random_token_requests
 from zhuzi.bench.llamacpp import BenchTest, find_tool, gguf_of, llama_bench
 from zhuzi.bench.speculative import SpecDecodeReport
 from zhuzi.config import EngineConfig
 from zhuzi.engine.model_runner import measure_read_bandwidth
+from zhuzi.model import native
 
 BANDWIDTH_BUFFER_BYTES = 1 << 30
 
@@ -163,8 +172,8 @@ def run(args: argparse.Namespace) -> DecodeReport | SpecDecodeReport:
                                           len(output.outputs[0].token_ids), 1)
             peer_rounds.append(tuple(tests))
     report = DecodeReport(
-        machine=machine_line(), model=args.model or "SmolLM2-135M-Instruct (embedded GGUF)",
-        dtype=args.dtype, quantization=args.quantization, threads=torch.get_num_threads(),
+        machine=machine_line(native.current()), model=model_label(args.model),
+        dtype=args.dtype, quantization=llm.engine.weight_format, threads=torch.get_num_threads(),
         prompt_tokens=len(request.prompt_token_ids), output_tokens=len(output.outputs[0].token_ids),
         prefill_s=prefill_s, decode_step_s=1 / max(rounds),
         bandwidth_bytes_per_s=measure_read_bandwidth(args.device, BANDWIDTH_BUFFER_BYTES, args.bandwidth_repeats),

@@ -21,10 +21,11 @@ import math
 import time
 from dataclasses import asdict, dataclass
 
-from zhuzi.bench import add_compare_arguments, load_average, load_llm, machine_line, save_report
+from zhuzi.bench import add_compare_arguments, load_average, load_llm, machine_line, model_label, save_report
 from zhuzi.bench.datasets import TokenRequest, hf_source, random_token_requests, sampleable_token_ids
 from zhuzi.bench.llamacpp import BatchedRun, batched_bench, find_tool, gguf_of
 from zhuzi.config import EngineConfig
+from zhuzi.model import native
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -146,14 +147,14 @@ def run_transformers(args: argparse.Namespace, requests: list[TokenRequest]) -> 
     from tqdm import tqdm
     from transformers import AutoModelForCausalLM, GgufConfig
 
-    from zhuzi.config import parse_dtype
-
     start = time.perf_counter()
     directory, gguf_file = hf_source(args.model)
     # Dense weights, as transformers users run it: its packed-GGUF path unpacks every weight on
     # every forward pass without a hub kernel, which would make the baseline a strawman.
     quantization = GgufConfig(dequantize=True) if gguf_file else None
-    model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=gguf_file, dtype=parse_dtype(args.dtype),
+    # zhuzi's activations' dtype (dtype auto resolved for this CPU), so both compute alike.
+    dtype = EngineConfig.from_cli_args(args).precision.compute
+    model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=gguf_file, dtype=dtype,
                                                  quantization_config=quantization)
     model.eval()
     load_s = time.perf_counter() - start
@@ -220,7 +221,7 @@ def run(args: argparse.Namespace) -> OfflineReport:
     del llm  # transformers gets the memory to itself
     hf_run = None if args.no_transformers else run_transformers(args, requests[:hf_subset_size(args)])
     report = OfflineReport(
-        machine=machine_line(), model=args.model or "SmolLM2-135M-Instruct (embedded GGUF)",
+        machine=machine_line(native.current()), model=model_label(args.model),
         dtype=args.dtype, quantization=args.quantization, num_prompts=len(requests),
         input_tokens=sum(len(r.prompt_token_ids) for r in requests),
         requested_output_tokens=sum(r.max_tokens for r in requests),
