@@ -66,6 +66,22 @@ def test_the_kv_plan_is_the_one_arithmetic():
     assert EngineConfig(kv_cache_memory="4GiB").kv_plan(smol) == plan
 
 
+def test_keyed_settings_name_keys_and_read_the_quota_file(tmp_path):
+    quota_file = tmp_path / "quotas.txt"
+    quota_file.write_text("# team quotas\nb=5000  # bob\n\n")
+    args = parsed("--api-key", "a", "--api-key", "b", "--tenant-weights", "a=2.5", "--quota-tokens-per-day", "a=100",
+                  "--quota-file", str(quota_file), "--scheduling-policy", "priority")
+    server = ServerConfig.from_cli_args(args)
+    assert (server.weights, server.quotas) == ({"a": 2.5}, {"a": 100, "b": 5000})
+    assert EngineConfig.from_cli_args(args).scheduling_policy == "priority"
+    for bad, why in [(["--tenant-weights", "c=2"], "not one of the --api-key keys"),
+                     (["--tenant-weights", "a"], "takes KEY=VALUE"),
+                     (["--quota-tokens-per-day", "a=0"], "must be a positive int"),
+                     (["--quota-file", str(tmp_path / "missing.txt")], "cannot read")]:
+        with pytest.raises(ValueError, match=why):
+            ServerConfig.from_cli_args(parsed("--api-key", "a", *bad))
+
+
 def test_data_parallelism_needs_engine_processes():
     with pytest.raises(ValueError, match="--data-parallel-size needs the engine cores in processes of their own"):
         ParallelConfig(data_parallel_size=2, engine_process=False)

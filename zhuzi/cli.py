@@ -41,6 +41,8 @@ def cmd_serve(args: argparse.Namespace) -> None:
     # Tokenizing runs in the server's low-priority worker threads (see serving.py), not in a pool of its own.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     config, engine_config = ServerConfig.from_cli_args(args), EngineConfig.from_cli_args(args)
+    if engine_config.scheduling_policy is None:  # many keys, many tenants: share the engine fairly
+        engine_config.scheduling_policy = "fair" if config.api_keys else "fcfs"
     parallel = ParallelConfig.from_cli_args(args)
     if engine_config.tensor_parallel_size > 1 and tp_worker.torchrun_rank():
         log.info("tensor-parallel rank %s: following rank 0 at %s:%s", os.environ["RANK"],

@@ -274,6 +274,11 @@ class EngineConfig(Settings):
         0, "while others decode, a prompt advances at most this many tokens a step, so a long prompt "
            "cannot stall the running streams (0: no cap; offline 0, `zhuzi serve` 128)", serve=128)
     enable_prefix_caching: bool = setting(True, "reuse the KV blocks of prompt prefixes seen before")
+    scheduling_policy: str | None = setting(
+        None, "who is served first: fcfs (arrival order), priority (lower `priority` first; a waiting request "
+              "preempts running ones of lower priority), fair (each API key an equal share of every step's "
+              "tokens, or --tenant-weight's) (default: fair once API keys are configured, else fcfs)",
+        choices=["fcfs", "priority", "fair"])
     quantization: str | None = setting(
         None, "weight format: gguf (a .gguf file's own blocks, read in place; the default for a .gguf), none "
               "(dense in --dtype; the default for a Hugging Face directory), or quantized at load from the "
@@ -369,3 +374,51 @@ class ServerConfig(Settings):
                                                      "response (0: for ever)")
     engine_stall_timeout: float = setting(60.0, "seconds the engine may hold pending work without finishing a "
                                                 "step before /health says 503 and the server exits (0: never)")
+    tenant_weights: list[str] = setting([], "KEY=W: under --scheduling-policy fair, the API key KEY weighs W "
+                                            "(default 1) in the shares of every step (repeatable)",
+                                        flags=["--tenant-weights"])
+    quota_tokens_per_day: list[str] = setting([], "KEY=N: the API key KEY may use N prompt + generated tokens a "
+                                                  "day, UTC (repeatable); beyond that its requests get 429",
+                                              flags=["--quota-tokens-per-day"])
+    quota_file: str | None = setting(None, "a file of KEY=N lines (# comments), read as --quota-tokens-per-day")
+    usage_store: str | None = setting(None, "the SQLite file that keeps each key's token usage across restarts "
+                                            "(default: usage.sqlite3 in the cache directory, with quotas only)")
+
+    weights: dict[str, float] = field(init=False, repr=False)  # API key -> its weight in the fair shares
+    quotas: dict[str, int] = field(init=False, repr=False)  # API key -> tokens it may use a day
+
+    def __post_init__(self) -> None:
+        """Reads the keyed settings (and the quota file) once; a bad value fails here, in one line."""
+        self.weights = {key: _number(text, float, "--tenant-weights", key)
+                        for key, text in self._keyed(self.tenant_weights, "--tenant-weights").items()}
+        lines = list(self.quota_tokens_per_day)
+        if self.quota_file is not None:
+            try:
+                text = open(self.quota_file, encoding="utf-8").read()
+            except OSError as exc:
+                raise ValueError(f"--quota-file: cannot read {self.quota_file}: {exc.strerror}") from None
+            lines += [line for line in (raw.split("#")[0].strip() for raw in text.splitlines()) if line]
+        self.quotas = {key: _number(text, int, "--quota-tokens-per-day", key)
+                       for key, text in self._keyed(lines, "--quota-tokens-per-day").items()}
+
+    def _keyed(self, items: list[str], flag: str) -> dict[str, str]:
+        """KEY=VALUE items, each KEY one of --api-key."""
+        out = {}
+        for item in items:
+            key, sep, value = item.rpartition("=")
+            if not sep or not key:
+                raise ValueError(f"{flag} takes KEY=VALUE, got {item!r}")
+            if key not in self.api_keys:
+                raise ValueError(f"{flag}: {key[:4]}... is not one of the --api-key keys")
+            out[key] = value
+        return out
+
+
+def _number(text: str, kind: type, flag: str, key: str) -> Any:
+    try:
+        value = kind(text)
+    except ValueError:
+        value = None
+    if value is None or not value > 0 or value == float("inf"):
+        raise ValueError(f"{flag}: the value for {key[:4]}... must be a positive {kind.__name__}, got {text!r}")
+    return value

@@ -98,6 +98,15 @@ class Inspection:
 
 
 @dataclass
+class PromptProgress:
+    """How far the prefill of a request's prompt has come, after a step that advanced it."""
+
+    processed: int  # prompt tokens whose K/V are computed, those found in the prefix cache included
+    total: int
+    cached: int  # found in the prefix cache
+
+
+@dataclass
 class RequestOutput:
     request_id: str
     prompt: str | None
@@ -109,6 +118,7 @@ class RequestOutput:
     num_cached_tokens: int = 0
     error: str | None = None  # set (and finished) when the engine failed this request
     inspection: Inspection | None = None  # on the final output of a probe
+    prompt_progress: PromptProgress | None = None  # after a step that advanced the prompt's prefill
 
 
 class RequestError(RuntimeError):
@@ -158,6 +168,25 @@ class SpecDecodingStats:
 
 
 @dataclass
+class TenantLoad:
+    """One tenant's sequences in the engine (its id is a masked API key, never the key)."""
+
+    tenant: str
+    running: int
+    waiting: int
+
+    @classmethod
+    def total(cls, loads: list[TenantLoad]) -> list[TenantLoad]:
+        """Several engines' loads added up per tenant."""
+        totals: dict[str, TenantLoad] = {}
+        for load in loads:
+            total = totals.setdefault(load.tenant, cls(load.tenant, 0, 0))
+            total.running += load.running
+            total.waiting += load.waiting
+        return sorted(totals.values(), key=lambda load: load.tenant)
+
+
+@dataclass
 class EngineStats:
     """A snapshot of the engine for /metrics and logs."""
 
@@ -168,6 +197,7 @@ class EngineStats:
     prefix_cache_queries: int  # prompt tokens looked up in the prefix cache
     prefix_cache_hits: int  # of those, tokens found cached
     spec_decoding: SpecDecodingStats | None = None  # None: speculative decoding is off
+    tenants: list[TenantLoad] = field(default_factory=list)  # those with sequences in the engine
 
     @property
     def kv_cache_usage(self) -> float:

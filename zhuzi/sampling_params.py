@@ -12,7 +12,7 @@ MIN_TEMPERATURE = 0.01
 MAX_N = 128  # OpenAI's limit; also keeps seed + i (sample i of n) within 64 bits
 # Counts and top_k end up in int64 tensors or loops: bound them far above any real use, far below overflow.
 MAX_COUNT = 2**31 - 1
-MIN_SEED, MAX_SEED = -(2**63), 2**63 - 1  # int64; torch's generators take any 64-bit seed
+MIN_SEED, MAX_SEED = -(2**63), 2**63 - 1  # int64; torch's generators take any 64-bit seed (msgpack holds no more)
 MAX_LOGPROBS = 20
 # Far below 1 it divides logits into overflow (NaN probabilities); real use stays near 1.
 MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = 0.01, 100.0
@@ -119,6 +119,7 @@ class SamplingParams:
     bad_words: list[str] | None = None  # never written (as the tokens the engine's tokenizer gives them)
     allowed_token_ids: list[int] | None = None  # the only tokens that may be drawn
     thinking_token_budget: int | None = None  # a thinking model's thought ends after this many tokens
+    priority: int = 0  # vLLM's: lower is served first (scheduling policies priority and fair)
     stop_strings: list[str] = field(init=False, repr=False)
     bad_words_token_ids: list[list[int]] = field(init=False, repr=False)  # the engine fills it from bad_words
 
@@ -166,6 +167,7 @@ class SamplingParams:
              "must be a non-empty list of token ids"),
             ("thinking_token_budget", self.thinking_token_budget is None
              or _int_in(self.thinking_token_budget, 0, MAX_COUNT), f"must be an integer in [0, {MAX_COUNT}]"),
+            ("priority", _int_in(self.priority, MIN_SEED, MAX_SEED), "must be a 64-bit signed integer"),
             ("structured_outputs", self.structured_outputs is None
              or isinstance(self.structured_outputs, StructuredOutputsParams), "must be a StructuredOutputsParams"),
         ]

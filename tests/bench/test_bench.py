@@ -5,6 +5,7 @@ They drive the real engine, real transformers and a real `zhuzi serve` subproces
 are meaningless at this size, so the tests check that each report is complete and consistent.
 """
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import numpy as np
 import pytest
 
 from zhuzi.bench import collectives
+from zhuzi.bench.client import chunk_content
 from zhuzi.bench.datasets import (
     input_grounded_chats,
     load_tokenizer,
@@ -22,7 +24,6 @@ from zhuzi.bench.datasets import (
     read_sharegpt,
     sharegpt_conversations,
 )
-from zhuzi.bench.serve import chunk_content
 from zhuzi.cli import build_parser
 from zhuzi.model import native
 from zhuzi.model.loader import load_model_config
@@ -206,6 +207,26 @@ def test_serve_measures_every_streamed_request(server_url, tmp_path, capsys):
         assert row in printed
     data = json.loads(out.read_text())
     assert data["completed"] == 4 and data["ttft_ms"]["p99"] == pytest.approx(report.ttft_ms.p99)
+
+
+def test_serve_runs_tenants_alone_then_together(server_url, tmp_path, capsys):
+    out = tmp_path / "tenants.json"
+    report = run_tool(["bench", "serve", "--base-url", server_url, "--ignore-eos", "--json-out", str(out),
+                       "--tenants", "name=busy,streams=2,input=24,output=6",
+                       "name=chat,requests=3,turns=2,input=16,output=4,delay=0.2"])
+    assert [(r.tenant, r.phase, r.completed, r.failed) for r in report.results] == [
+        ("chat", "alone", 3, 0), ("chat", "together", 3, 0)]
+    assert all(0 < r.ttft_ms.median and 0 < r.tpot_ms.median for r in report.results)
+    printed = capsys.readouterr().out
+    assert "busy: 2 stream(s), background" in printed and "chat: 1 stream(s), 3 requests, 2 turns a chat" in printed
+    assert re.search(r"chat +together/alone +\d+\.\d\dx +\d+\.\d\dx", printed)
+    assert json.loads(out.read_text())["results"][1]["phase"] == "together"
+
+
+def test_a_tenant_spec_is_checked():
+    for spec, why in [("streams=0", "at least 1"), ("color=red", "is not one of"), ("streams=two", "takes an integer")]:
+        with pytest.raises(SystemExit, match=why):
+            run_tool(["bench", "serve", "--base-url", "http://127.0.0.1:9", "--tenants", spec + ",requests=1"])
 
 
 def test_serve_polls_a_path_while_the_load_runs(server_url):

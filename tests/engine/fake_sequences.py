@@ -4,18 +4,20 @@ from __future__ import annotations
 import itertools
 
 from zhuzi.engine.block_manager import BlockManager
+from zhuzi.engine.policies import make_policy
 from zhuzi.engine.scheduler import Scheduler
-from zhuzi.engine.sequence import ScheduledSeq, Sequence, StepOutcome
+from zhuzi.engine.sequence import ScheduledSeq, Sequence, StepOutcome, Tenant
 from zhuzi.sampling_params import SamplingParams
 
 _ids = itertools.count()
 
 
-def seq(prompt: list[int] | int, **params) -> Sequence:
+def seq(prompt: list[int] | int, tenant: str = "", weight: float = 1.0, **params) -> Sequence:
     """A sequence whose prompt is the given ids, or that many distinct ids."""
     seq_id = next(_ids)
     tokens = list(range(1000 * seq_id, 1000 * seq_id + prompt)) if isinstance(prompt, int) else prompt
-    return Sequence(seq_id, f"r{seq_id}", 0, tokens, SamplingParams(max_tokens=None, **params))
+    return Sequence(seq_id, f"r{seq_id}", 0, tokens, SamplingParams(max_tokens=None, **params),
+                    tenant=Tenant(tenant, weight))
 
 
 def run_step(scheduler: Scheduler, token: int = 7) -> list[ScheduledSeq]:
@@ -32,5 +34,6 @@ def run_step(scheduler: Scheduler, token: int = 7) -> list[ScheduledSeq]:
 
 
 def scheduler(num_blocks: int = 64, block_size: int = 4, max_num_seqs: int = 8, budget: int = 32,
-              long_prefill: int = 0, prefix_caching: bool = True) -> Scheduler:
-    return Scheduler(BlockManager(num_blocks, block_size, prefix_caching), max_num_seqs, budget, long_prefill)
+              long_prefill: int = 0, prefix_caching: bool = True, policy: str = "fcfs") -> Scheduler:
+    return Scheduler(BlockManager(num_blocks, block_size, prefix_caching), max_num_seqs, budget, long_prefill,
+                     policy=make_policy(policy))

@@ -18,7 +18,7 @@ from zhuzi import LLM, SamplingParams
 from zhuzi.config import EngineConfig, ParallelConfig
 from zhuzi.engine.client import EngineDead
 from zhuzi.engine.core_client import CoreClient
-from zhuzi.engine.sequence import Probe
+from zhuzi.engine.sequence import Probe, Tenant
 from zhuzi.outputs import RequestError
 from zhuzi.sampling_params import InvalidRequest, StructuredOutputError, StructuredOutputsParams
 
@@ -126,6 +126,29 @@ def test_an_abort_lands_before_the_next_step_and_ends_the_stream_with_abort(clie
     assert after <= 1, f"{after} tokens came after the abort"
     stats = client.stats()
     assert stats.num_running == 0 and stats.num_free_blocks == stats.num_blocks
+
+
+def test_a_tenant_and_its_prompt_progress_cross_to_the_engine_and_back(client):
+    """The engine serves a request for its tenant (whose load the stats show while it runs) and reports how far
+    its prompt's prefill has come, before the first token."""
+    params = SamplingParams(temperature=0, max_tokens=400, ignore_eos=True)
+    prompt = "Tell me a long story"
+
+    async def main():
+        stream = client.generate(prompt, params, "tenant", Tenant("key-0123456789ab"))
+        first = await anext(stream)
+        for _ in range(100):  # stats come with the step's outputs: the next step's say it runs
+            if loads := client.stats().tenants:
+                break
+            await asyncio.sleep(0.05)
+        await stream.aclose()
+        return first, loads
+
+    first, loads = asyncio.run(main())
+    total = len(first.prompt_token_ids)
+    assert first.prompt_progress is not None and (first.prompt_progress.processed, first.prompt_progress.total) \
+        == (total, total)
+    assert [(load.tenant, load.running, load.waiting) for load in loads] == [("key-0123456789ab", 1, 0)]
 
 
 def test_the_event_loop_keeps_running_during_forward_passes(client):

@@ -8,7 +8,8 @@ import dataclasses
 import pytest
 
 from zhuzi.engine import core
-from zhuzi.outputs import EngineStats
+from zhuzi.engine.sequence import Tenant
+from zhuzi.outputs import EngineStats, PromptProgress, RequestOutput, TenantLoad
 from zhuzi.sampling_params import InvalidRequest, SamplingParams, StructuredOutputError, StructuredOutputsParams
 
 ORDERED_SCHEMA = {"type": "object", "properties": {"zeta": {"type": "integer"}, "alpha": {"type": "string"},
@@ -34,13 +35,14 @@ def every_field_set(constraint: StructuredOutputsParams) -> SamplingParams:
         frequency_penalty=-0.5, repetition_penalty=1.2, logit_bias={0: -100.0, 49151: 2.5}, stop=["\n\n", "END"],
         stop_token_ids=[2, 7], include_stop_str_in_output=True, ignore_eos=True, min_tokens=2, max_tokens=None,
         logprobs=5, prompt_logprobs=1, skip_special_tokens=False, structured_outputs=constraint,
-        bad_words=["Paris", " ünïcode"], allowed_token_ids=[0, 5, 49151], thinking_token_budget=7)
+        bad_words=["Paris", " ünïcode"], allowed_token_ids=[0, 5, 49151], thinking_token_budget=7, priority=-(2**63))
 
 
 def across(params: SamplingParams) -> SamplingParams:
-    command = core.decode_command(core.encode(core.AddRequest.of("r-1", [1, 2, 49151], params)))
+    tenant = Tenant("key-3fa9c01b2e4d", 2.5)
+    command = core.decode_command(core.encode(core.AddRequest.of("r-1", [1, 2, 49151], params, tenant)))
     assert isinstance(command, core.AddRequest)
-    assert command.request_id == "r-1" and command.prompt_token_ids == [1, 2, 49151]
+    assert command.request_id == "r-1" and command.prompt_token_ids == [1, 2, 49151] and command.tenant == tenant
     return command.params
 
 
@@ -90,5 +92,14 @@ def test_other_refusals_keep_their_param_and_code():
     assert type(plain.error()) is ValueError
 
 
+def test_prefill_progress_and_each_tenants_load_come_back_as_sent():
+    out = RequestOutput("r-5", None, [], [], False, prompt_progress=PromptProgress(256, 1000, 128))
+    stats = dataclasses.replace(core_stats(), tenants=[TenantLoad("key-3fa9c01b2e4d", 3, 1), TenantLoad("", 1, 0)])
+    message = core.decode_message(core.encode(core.Outputs(0, [out], [], stats, [], [])))
+    assert message.outputs[0].prompt_progress == PromptProgress(256, 1000, 128)
+    assert message.stats.tenants == stats.tenants
+
+
 def core_stats() -> EngineStats:
-    return EngineStats(*(0 for f in dataclasses.fields(EngineStats) if f.default is dataclasses.MISSING))
+    return EngineStats(*(0 for f in dataclasses.fields(EngineStats)
+                         if f.default is f.default_factory is dataclasses.MISSING))

@@ -1,13 +1,16 @@
 """Serving-engine invariants on the real SmolLM2 checkpoint: batching, prefix caching, chunked
 prefill and preemption never change a greedy result, and every KV block comes back."""
+import dataclasses
 import random
 
 import pytest
+import tiny
 
 from zhuzi import LLM, SamplingParams
 from zhuzi.config import EngineConfig
 from zhuzi.engine.engine import Engine
 from zhuzi.model.loader import default_model_path
+from zhuzi.sampling_params import InvalidRequest
 from zhuzi.tokenizer import Tokenizer
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=1)
@@ -290,3 +293,77 @@ def test_prompt_logprobs_survive_chunked_prefill_and_preemption(prompts):
         assert len(b.prompt_logprobs) == len(b.prompt_token_ids) and b.prompt_logprobs[0] is None
         for token, x, y in zip(a.prompt_token_ids[1:], a.prompt_logprobs[1:], b.prompt_logprobs[1:]):
             assert abs(x[token].logprob - y[token].logprob) < NEAR_TIE
+
+
+# -- scheduling policies and prefill progress on a tiny checkpoint -------------------------
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory, one_thread):
+    path = tmp_path_factory.mktemp("tiny") / "llama"
+    tiny.build("llama", path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def tiny_fcfs(tiny_model):
+    return Engine(EngineConfig(model=tiny_model, dtype="float32", max_num_batched_tokens=32))
+
+
+def tokens_of(engine: Engine) -> dict[str, list[int]]:
+    tokens: dict[str, list[int]] = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            tokens.setdefault(out.request_id, []).extend(t for c in out.outputs for t in c.token_ids)
+    return tokens
+
+
+def test_an_urgent_request_preempts_the_lowest_priority_and_changes_no_result(tiny_model, tiny_fcfs):
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    prompts = {"low": list(range(10, 40)), "lowest": list(range(50, 80)), "urgent": list(range(100, 130))}
+    alone = {}
+    for rid, prompt in prompts.items():
+        tiny_fcfs.add_request(rid, prompt, params)
+        alone |= tokens_of(tiny_fcfs)
+    engine = Engine(EngineConfig(model=tiny_model, dtype="float32", scheduling_policy="priority", max_num_seqs=2))
+    engine.add_request("low", prompts["low"], dataclasses.replace(params, priority=1))
+    engine.add_request("lowest", prompts["lowest"], dataclasses.replace(params, priority=2))
+    together: dict[str, list[int]] = {}
+
+    def step() -> dict[str, list[int]]:
+        news = {out.request_id: [t for c in out.outputs for t in c.token_ids] for out in engine.step()}
+        for rid, ids in news.items():
+            together.setdefault(rid, []).extend(ids)
+        return news
+
+    while len(together.get("lowest", [])) < 4:
+        step()
+    lowest, low = engine.requests["lowest"].seqs[0], engine.requests["low"].seqs[0]
+    engine.add_request("urgent", prompts["urgent"], params)  # priority 0: the most urgent
+    assert len(step()["urgent"]) == 1  # its first token comes in the very next step
+    assert (lowest.num_preemptions, low.num_preemptions) == (1, 0)
+    while engine.has_unfinished():
+        step()
+    assert together == alone
+    assert_all_blocks_free(engine)
+
+
+def test_a_priority_is_refused_where_the_policy_would_ignore_it(tiny_fcfs):
+    with pytest.raises(InvalidRequest, match="scheduling policy priority or fair") as refused:
+        tiny_fcfs.add_request("r", [5, 6, 7], SamplingParams(priority=-1))
+    assert refused.value.param == "priority"
+
+
+def test_prefill_progress_is_reported_after_every_chunk_of_the_prompt(tiny_fcfs):
+    engine = tiny_fcfs
+    prompt = list(range(200, 300))
+    progress = []
+    for rid in ("first", "again"):  # the second finds 96 tokens (6 blocks) in the prefix cache
+        engine.add_request(rid, prompt, SamplingParams(temperature=0, max_tokens=2))
+        while engine.has_unfinished():
+            for out in engine.step():
+                if out.prompt_progress is not None:
+                    p = out.prompt_progress
+                    assert not any(c.token_ids for c in out.outputs) or p.processed == p.total
+                    progress.append((rid, p.processed, p.total, p.cached))
+    assert progress == [("first", 32, 100, 0), ("first", 64, 100, 0), ("first", 96, 100, 0),
+                        ("first", 100, 100, 0), ("again", 100, 100, 96)]

@@ -1,10 +1,12 @@
 """The gateway's rules on their own, with a hand-driven clock (the HTTP side is in test_server_gateway.py)."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from zhuzi.server import gateway as gw
-from zhuzi.server.gateway import ANONYMOUS, Gateway, GatewayError, retry_after_header
+from zhuzi.server.gateway import ANONYMOUS, Gateway, GatewayError, key_id, retry_after_header
 
 
 class Clock:
@@ -92,3 +94,13 @@ def test_bounded_queue_refuses_at_once_and_frees_on_release() -> None:
     assert gate.in_flight == 3
     error = refused(gate.admit, 5)  # more than the whole queue: waiting would not help
     assert (error.status, error.code) == (400, "too_many_sequences")
+
+
+def test_each_key_is_a_tenant_known_by_a_stable_masked_id() -> None:
+    gate = Gateway(api_keys=["sk-alice-0123456789", "sk-bob-9876543210"], weights={"sk-bob-9876543210": 2.5})
+    alice, bob = gate.tenant("sk-alice-0123456789"), gate.tenant("sk-bob-9876543210")
+    assert re.fullmatch(r"key-[0-9a-f]{12}", alice.id) and alice.id != bob.id
+    assert alice.id == key_id("sk-alice-0123456789") == Gateway(api_keys=["sk-alice-0123456789"]).tenant(
+        "sk-alice-0123456789").id  # the same across restarts: usage and metrics stay attached to it
+    assert "alice" not in alice.id and (alice.weight, bob.weight) == (1.0, 2.5)
+    assert Gateway().tenant(ANONYMOUS).id == ""  # without keys: one tenant

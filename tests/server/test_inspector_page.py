@@ -332,22 +332,34 @@ def test_kv_usage_rises_during_a_reply_and_falls_after(inspector: Inspector) -> 
     used = ui.page.get_by_test_id("kv-used")
     expect(used).to_have_attribute("data-value", "0", timeout=20_000)
     ui.settings(temperature=0.8, max_tokens=80, seed=1)
+    ui.tab("engine")  # its view follows the reply: the requests per API key among it
     ui.send(STORY)
-    peak, running = 0, 0
+    peak, running, tenants = 0, 0, set()
     reply = ui.assistant()
     deadline = time.monotonic() + 240
     while reply.get_attribute("data-state") == "streaming" and time.monotonic() < deadline:
         peak = max(peak, int(used.get_attribute("data-value")))
         running = max(running, int(ui.page.get_by_test_id("running").get_attribute("data-value")))
+        tenants |= {(row.get_attribute("data-key"), row.get_attribute("data-running"), row.inner_text().split()[0])
+                    for row in ui.page.get_by_test_id("tenant").all()}
         time.sleep(0.05)
     ui.wait_reply()
     assert peak > 0 and running == 1
+    assert ("", "1", "no") in tenants  # this server has no keys: one tenant
+    expect(ui.page.get_by_test_id("engine-tenants")).to_have_text("No request in the engine.")
     expect(used).to_have_attribute("data-value", "0", timeout=20_000)
     expect(ui.page.get_by_test_id("waiting")).to_have_attribute("data-value", "0")
     assert int(ui.page.get_by_test_id("kv-total").get_attribute("data-value")) == engine(ui)["kv"]["num_blocks"]
     ui.tab("engine")  # the reply's steps, each decode step against its bandwidth roofline
     expect(ui.page.locator("#steps-chart rect").nth(80)).to_be_attached()
     expect(ui.page.locator("#steps-legend")).to_contain_text("of their roofline")
+
+
+def test_the_timing_line_shows_a_long_prompt_read_in_steps(inspector: Inspector) -> None:
+    ui = inspector  # the prompt is longer than a step's 512 tokens: its progress comes before the first token
+    ui.chat("Summarize: " + "the river runs past the old mill and on to the sea. " * 60, temperature=0, max_tokens=2)
+    steps = ui.page.locator('#timing [data-metric="prefill-steps"] b').inner_text()
+    assert int(steps.split()[0]) >= 2
 
 
 def test_the_kv_calculator_starts_from_the_loaded_model(inspector: Inspector) -> None:

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from zhuzi.outputs import EngineStats, RequestMetrics, SpecDecodingStats
+from zhuzi.outputs import EngineStats, RequestMetrics, SpecDecodingStats, TenantLoad
 from zhuzi.server.metrics import ServerMetrics
+from zhuzi.server.quota import KeyUsage
 
 MODEL = "SmolLM2-135M-Instruct"
 
@@ -68,3 +69,16 @@ def test_engine_gauges_are_absent_while_the_model_loads() -> None:
     names = {name for name, _ in samples(ServerMetrics(lambda: None))}
     assert "zhuzi:num_requests_running" not in names
     assert "zhuzi:kv_cache_usage_perc" not in names
+
+
+def test_each_keys_load_and_usage_are_labelled_by_its_masked_id() -> None:
+    stats = EngineStats(3, 1, 10, 5, 0, 0, tenants=[TenantLoad("", 1, 0), TenantLoad("key-3fa9c01b2e4d", 2, 1)])
+    usage = [KeyUsage("key-3fa9c01b2e4d", 1200, 5000), KeyUsage("key-77aa00ff11ee", 40, None)]
+    got = samples(ServerMetrics(lambda: (MODEL, {0: stats}), lambda: usage))
+    labels = (("key", "key-3fa9c01b2e4d"), ("model_name", MODEL), ("replica", "0"))
+    assert (got[("zhuzi:tenant_requests_running", labels)], got[("zhuzi:tenant_requests_waiting", labels)]) == (2, 1)
+    assert not any(dict(key).get("key") == "" for _, key in got)  # a server without keys: the totals say it all
+    assert got[("zhuzi:key_tokens_used_today", (("key", "key-3fa9c01b2e4d"),))] == 1200
+    assert got[("zhuzi:key_quota_tokens_per_day", (("key", "key-3fa9c01b2e4d"),))] == 5000
+    assert got[("zhuzi:key_tokens_used_today", (("key", "key-77aa00ff11ee"),))] == 40
+    assert ("zhuzi:key_quota_tokens_per_day", (("key", "key-77aa00ff11ee"),)) not in got

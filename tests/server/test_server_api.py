@@ -327,6 +327,9 @@ MALFORMED = [  # (path, body: dict or raw bytes, status, param)
     # The reported attack: passed validation, overflowed inside the engine's step, aborted every request.
     (CHAT, {"messages": MESSAGES, "max_tokens": 4, "temperature": 1, "top_k": 2**64}, 400, "top_k"),
     (CHAT, {"messages": MESSAGES, "top_k": 49153}, 400, "top_k"),  # beyond the vocabulary
+    (CHAT, {"messages": MESSAGES, "priority": 1}, 400, "priority"),  # this server schedules fcfs
+    (CHAT, {"messages": MESSAGES, "priority": 2**63}, 400, "priority"),
+    (CHAT, {"messages": MESSAGES, "return_progress": True}, 400, None),  # needs stream
 
     (CHAT, {"messages": MESSAGES, "stream": "maybe"}, 400, "stream"),
     (CHAT, {"messages": MESSAGES, "stream_options": {"include_usage": True}}, 400, None),
@@ -340,6 +343,7 @@ MALFORMED = [  # (path, body: dict or raw bytes, status, param)
     (COMPLETIONS, {"prompt": {"text": "hi"}}, 400, "prompt"),
     (COMPLETIONS, {"prompt": [504] * 8200}, 400, None),
     (COMPLETIONS, {"prompt": "hi", "logprobs": 50}, 400, "logprobs"),
+    (COMPLETIONS, {"prompt": ["a", "b"], "stream": True, "return_progress": True}, 400, None),
     ("/tokenize", {}, 400, None),
     ("/tokenize", {"prompt": "hi", "messages": MESSAGES}, 400, None),
     ("/detokenize", {"tokens": [-5]}, 400, "tokens"),

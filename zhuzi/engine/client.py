@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from zhuzi.config import EngineConfig
-from zhuzi.engine.sequence import Probe
+from zhuzi.engine.sequence import Probe, Tenant
 from zhuzi.outputs import EngineSnapshot, EngineStats, RequestError, RequestOutput
 from zhuzi.sampling_params import SamplingParams, StructuredOutputsParams
 from zhuzi.tokenizer import Tokenizer
@@ -83,10 +83,11 @@ class EngineClient(Protocol):
     model_name: str
     max_model_len: int
 
-    def generate(self, prompt: str | list[int], params: SamplingParams,
-                 request_id: str) -> AsyncIterator[RequestOutput]:
-        """Deltas until the request finishes; closing the iterator aborts the request. A request the engine
-        refused raises its InvalidRequest, one it failed RequestError; EngineDead once the engine is gone."""
+    def generate(self, prompt: str | list[int], params: SamplingParams, request_id: str,
+                 tenant: Tenant = Tenant()) -> AsyncIterator[RequestOutput]:
+        """Deltas until the request finishes, served for tenant (whom the scheduling policies share the engine
+        between); closing the iterator aborts the request. A request the engine refused raises its
+        InvalidRequest, one it failed RequestError; EngineDead once the engine is gone."""
         ...
 
     async def probe(self, token_ids: list[int], probe: Probe, request_id: str) -> RequestOutput:

@@ -25,7 +25,7 @@ import zmq
 
 from zhuzi.config import EngineConfig
 from zhuzi.engine.engine import Engine
-from zhuzi.engine.sequence import Probe
+from zhuzi.engine.sequence import Probe, Tenant
 from zhuzi.outputs import EngineSnapshot, EngineStats, RequestOutput
 from zhuzi.sampling_params import InvalidRequest, SamplingParams, StructuredOutputError
 
@@ -38,9 +38,11 @@ class AddRequest(msgspec.Struct, tag=True):
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
+    tenant: Tenant = Tenant()
 
     @classmethod
-    def of(cls, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> AddRequest:
+    def of(cls, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+           tenant: Tenant = Tenant()) -> AddRequest:
         """A JSON schema travels as its JSON text (the engine core parses it back, in the same order): msgpack
         holds no integer beyond 64 bits, and a schema may hold one (or be true or false, no msgpack map)."""
         constraint = params.structured_outputs
@@ -49,7 +51,7 @@ class AddRequest(msgspec.Struct, tag=True):
             constraint.json = json.dumps(constraint.json)
             params = copy.copy(params)
             params.structured_outputs = constraint
-        return cls(request_id, prompt_token_ids, params)
+        return cls(request_id, prompt_token_ids, params, tenant)
 
 
 class AddProbe(msgspec.Struct, tag=True):
@@ -228,7 +230,8 @@ class EngineCore:
                 if isinstance(command, AddProbe):
                     self.engine.add_probe(command.request_id, command.token_ids, command.probe)
                 else:
-                    self.engine.add_request(command.request_id, command.prompt_token_ids, command.params)
+                    self.engine.add_request(command.request_id, command.prompt_token_ids, command.params,
+                                            tenant=command.tenant)
             except ValueError as exc:  # InvalidRequest among them
                 self._refused.append(Refused.of(command.request_id, exc))
 

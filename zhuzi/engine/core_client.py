@@ -33,8 +33,8 @@ from zhuzi.engine.client import EngineDead, Stream, final_inspection
 from zhuzi.engine.engine import check_token_ids
 from zhuzi.engine.placement import Replica, default_threads
 from zhuzi.engine.router import PrefixRouter
-from zhuzi.engine.sequence import Probe
-from zhuzi.outputs import EngineSnapshot, EngineStats, RequestOutput, SpecDecodingStats
+from zhuzi.engine.sequence import Probe, Tenant
+from zhuzi.outputs import EngineSnapshot, EngineStats, RequestOutput, SpecDecodingStats, TenantLoad
 from zhuzi.sample.grammar import GrammarCompiler, shared_compiler
 from zhuzi.sampling_params import SamplingParams, StructuredOutputsParams
 from zhuzi.tokenizer import Tokenizer
@@ -270,9 +270,10 @@ class CoreClient:
         parts = list(self.replica_stats().values())
         if not parts:
             return EngineStats(0, 0, 0, 0, 0, 0)
-        counts = [f.name for f in dataclasses.fields(EngineStats) if f.name != "spec_decoding"]
+        counts = [f.name for f in dataclasses.fields(EngineStats) if f.name not in ("spec_decoding", "tenants")]
         return EngineStats(*(sum(getattr(s, name) for s in parts) for name in counts),
-                           SpecDecodingStats.total([s.spec_decoding for s in parts]))
+                           SpecDecodingStats.total([s.spec_decoding for s in parts]),
+                           TenantLoad.total([load for s in parts for load in s.tenants]))
 
     def replica_stats(self) -> dict[int, EngineStats]:
         return {r.index: r.stats for r in self.replicas if r.failure is None and r.stats is not None}
@@ -315,12 +316,12 @@ class CoreClient:
         front validates: the engine core compiles it again for its own use, from its own cache."""
         await asyncio.to_thread(self.grammars.matcher, params)
 
-    async def generate(self, prompt: str | list[int], params: SamplingParams,
-                       request_id: str) -> AsyncIterator[RequestOutput]:
+    async def generate(self, prompt: str | list[int], params: SamplingParams, request_id: str,
+                       tenant: Tenant = Tenant()) -> AsyncIterator[RequestOutput]:
         """Yields deltas until the request finishes; closing the iterator aborts the request. A request the
         engine failed raises RequestError; EngineDead once its replica (or the whole engine) is gone."""
         ids = prompt if isinstance(prompt, list) else self.tokenizer.encode_prompt(prompt)
-        stream = self._submit(request_id, ids, core.encode(core.AddRequest.of(request_id, ids, params)))
+        stream = self._submit(request_id, ids, core.encode(core.AddRequest.of(request_id, ids, params, tenant)))
         async for out in stream.read(request_id, self._streams, self.abort):
             yield out
 

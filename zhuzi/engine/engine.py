@@ -36,8 +36,9 @@ from zhuzi.engine import tp_worker
 from zhuzi.engine.block_manager import BlockManager, KVEvents
 from zhuzi.engine.model_runner import StepResult, load_runner, measure_read_bandwidth
 from zhuzi.engine.output_processor import OutputProcessor, RequestState
+from zhuzi.engine.policies import make_policy
 from zhuzi.engine.scheduler import Scheduler
-from zhuzi.engine.sequence import Probe, ScheduledSeq, Sequence, StepOutcome
+from zhuzi.engine.sequence import Probe, ScheduledSeq, Sequence, StepOutcome, Tenant
 from zhuzi.engine.spec_decode import DraftModelProposer, NgramProposer, Proposer
 from zhuzi.engine.thinking import ThoughtBudget
 from zhuzi.engine.tp_control import StepChannel
@@ -85,7 +86,8 @@ class Engine:
         self.blocks = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching,
                                    events=KVEvents() if kv_events else None)
         self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens,
-                                   config.long_prefill_token_threshold, spec.max_step_tokens if spec else 0)
+                                   config.long_prefill_token_threshold, spec.max_step_tokens if spec else 0,
+                                   make_policy(config.scheduling_policy))
         self.spec = spec
         self.proposer: Proposer | None = None
         self.spec_stats: SpecDecodingStats | None = None
@@ -148,6 +150,7 @@ class Engine:
         self.check_token_ids(params.stop_token_ids, "stop_token_ids")
         self.check_token_ids(params.allowed_token_ids or [], "allowed_token_ids")
         params.tokenize_bad_words(lambda text: self.tokenizer.encode(text, add_special_tokens=False))
+        self.scheduler.policy.check(params)
         if params.top_k > (vocab := self.model_config.vocab_size):
             raise InvalidRequest("top_k", f"top_k must be at most the vocabulary size {vocab}, got {params.top_k}")
         if params.structured_outputs is not None:
@@ -166,7 +169,7 @@ class Engine:
         return ids
 
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-                    arrival_time: float | None = None) -> None:
+                    arrival_time: float | None = None, tenant: Tenant = Tenant()) -> None:
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         ids = self.validate(prompt, params)
@@ -175,8 +178,9 @@ class Engine:
             seed = None if params.seed is None else params.seed + i
             leader = seqs[0] if seqs and self.config.enable_prefix_caching else None
             grammar = self.grammars.matcher(params.structured_outputs) if params.structured_outputs else None
+            thought = ThoughtBudget.of(params, ids, self.tokenizer.think_ids)
             seqs.append(Sequence(next(self._seq_ids), request_id, i, ids, params, make_generator(seed), leader,
-                                 grammar, thought=ThoughtBudget.of(params, ids, self.tokenizer.think_ids)))
+                                 grammar, thought=thought, tenant=tenant))
         req = RequestState(request_id, prompt if isinstance(prompt, str) else None, ids, params, seqs,
                            [IncrementalDetokenizer(self.tokenizer, params) for _ in seqs],
                            RequestMetrics(arrival_time or time.monotonic()))
@@ -215,7 +219,8 @@ class Engine:
         return EngineStats(len(self.scheduler.running), len(self.scheduler.waiting), self.blocks.num_blocks,
                            self.blocks.num_free_blocks, self.blocks.prefix_queries, self.blocks.prefix_hits,
                            None if spec is None else dataclasses.replace(
-                               spec, num_accepted_tokens_per_pos=list(spec.num_accepted_tokens_per_pos)))
+                               spec, num_accepted_tokens_per_pos=list(spec.num_accepted_tokens_per_pos)),
+                           self.scheduler.tenant_loads())
 
     @functools.cached_property
     def read_bandwidth(self) -> float:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from zhuzi.detokenizer import IncrementalDetokenizer
 from zhuzi.engine.model_runner import PromptLogprobs, StepResult
 from zhuzi.engine.sequence import ScheduledSeq, Sequence, StepOutcome
-from zhuzi.outputs import CompletionOutput, Inspection, Logprob, RequestMetrics, RequestOutput
+from zhuzi.outputs import CompletionOutput, Inspection, Logprob, PromptProgress, RequestMetrics, RequestOutput
 from zhuzi.sample.sampler import Verdict
 from zhuzi.sampling_params import SamplingParams
 from zhuzi.tokenizer import Tokenizer
@@ -47,6 +47,7 @@ class RequestState:
     deltas: dict[int, CompletionOutput] = field(default_factory=dict)  # news since the last output
     error: str | None = None  # why the engine failed this request
     inspection: Inspection | None = None  # a probe's reading, once its last token ran
+    progress: PromptProgress | None = None  # news of the prompt's prefill since the last output
 
     @property
     def finished(self) -> bool:
@@ -69,6 +70,10 @@ class OutputProcessor:
         for item in batch:
             req = requests[item.seq.request_id]
             req.metrics.first_scheduled_time = req.metrics.first_scheduled_time or start
+            if item.seq.index == 0 and not item.seq.prompt_done:  # siblings share the first sample's prompt
+                seq = item.seq  # the step's tokens do not count as computed yet
+                done = min(seq.num_computed_tokens + item.num_new_tokens, seq.num_prompt_tokens)
+                req.progress = PromptProgress(done, seq.num_prompt_tokens, seq.num_cached_tokens)
             entries = result.prompt_logprobs.get(item.seq.seq_id)
             if entries is not None and req.request_id not in failed:
                 try:
@@ -115,12 +120,12 @@ class OutputProcessor:
             delta.finish_reason, delta.stop_reason = seq.finish_reason, seq.stop_reason
             delta.cumulative_logprob = seq.cumulative_logprob if seq.params.logprobs is not None else None
             deltas.append(delta)
-        req.deltas = {}
+        req.deltas, progress, req.progress = {}, req.progress, None
         if req.finished:
             req.metrics.finished_time = time.monotonic()
             req.metrics.num_cached_tokens = req.seqs[0].num_cached_tokens
         return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, deltas, req.finished, req.metrics,
-                             req.prompt_logprobs, req.seqs[0].num_cached_tokens, req.error, req.inspection)
+                             req.prompt_logprobs, req.seqs[0].num_cached_tokens, req.error, req.inspection, progress)
 
     def _collect_prompt_logprobs(self, req: RequestState, seq: Sequence, entries: PromptLogprobs) -> None:
         """Called before the chunk counts as computed; a preempted prompt starts over from its first token."""

@@ -1,38 +1,104 @@
 """Who runs this step: continuous batching under a token budget, chunked prefill, preemption, and which
 speculative drafts ride along; and, once the step's outputs are processed, its bookkeeping (computed
-tokens, blocks published to the prefix cache, sequences that ended), as vLLM v1's scheduler does."""
+tokens, blocks published to the prefix cache, sequences that ended), as vLLM v1's scheduler does. The
+policy (policies.py) says in what order sequences are served, how much of the step each tenant may take,
+and whom to preempt."""
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass, field
 
 from zhuzi.engine.block_manager import BlockManager
+from zhuzi.engine.policies import FirstComeFirstServed, Policy
 from zhuzi.engine.sequence import ScheduledSeq, Sequence, Status, StepOutcome
+from zhuzi.outputs import TenantLoad
+
+
+@dataclass
+class StepPlan:
+    """What one schedule() call has decided so far: the batch, what is left of the token budget, each
+    tenant's share and use of it, and who was preempted (they wait for a later step)."""
+
+    budget: int
+    shares: dict[str, int] | None = None
+    used: dict[str, int] = field(default_factory=dict)
+    batch: list[ScheduledSeq] = field(default_factory=list)
+    preempted: set[Sequence] = field(default_factory=set)
+    blocked: bool = False  # a waiting sequence found no room: later ones do not jump it
+
+    def room(self, seq: Sequence) -> int:
+        """Tokens seq may take this step: the budget left, within its tenant's share."""
+        if self.shares is None:
+            return self.budget
+        return min(self.budget, self.shares.get(seq.tenant.id, 0) - self.used.get(seq.tenant.id, 0))
+
+    def add(self, item: ScheduledSeq) -> None:
+        self.batch.append(item)
+        self.budget -= item.num_new_tokens
+        self.used[item.seq.tenant.id] = self.used.get(item.seq.tenant.id, 0) + item.num_new_tokens
+
+    def drop(self, seq: Sequence) -> None:
+        """seq was preempted: it leaves the batch, if it was in it, and waits."""
+        self.preempted.add(seq)
+        for item in self.batch:
+            if item.seq is seq:
+                self.batch.remove(item)
+                self.budget += item.num_new_tokens
+                self.used[seq.tenant.id] -= item.num_new_tokens
+                return
 
 
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 long_prefill_token_threshold: int = 0, spec_step_tokens: int = 0):
+                 long_prefill_token_threshold: int = 0, spec_step_tokens: int = 0, policy: Policy | None = None):
         self.blocks = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.long_prefill_token_threshold = long_prefill_token_threshold
         self.spec_step_tokens = spec_step_tokens  # drafts join while a step computes at most this many tokens
+        self.policy = policy or FirstComeFirstServed()
         self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []  # in admission order: the last is preempted first
+        self.running: list[Sequence] = []  # in admission order
         self.num_preemptions = 0
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
 
     def schedule(self) -> list[ScheduledSeq]:
-        budget = self.max_num_batched_tokens
         # While anyone decodes, a long prompt advances in small chunks so the streams keep their pace.
         cap = self.long_prefill_token_threshold if any(s.prompt_done for s in self.running) else 0
-        scheduled = self._schedule_running(budget, cap)
-        budget -= sum(s.num_new_tokens for s in scheduled)
-        scheduled += self._admit_waiting(budget, cap)
-        self._attach_drafts(scheduled)
-        return scheduled
+        order = self.policy.order(self.running, self.waiting)
+        plan = StepPlan(self.max_num_batched_tokens)
+        # A tenant that cannot be served (no slot, no blocks) must not hold the others to their shares for
+        # good: a step that the shares leave empty goes on without them.
+        for shares in (self.policy.shares(self._demands(order, cap), plan.budget), None):
+            plan.shares = shares
+            self._walk(order, cap, plan)
+            if plan.batch or shares is None:
+                break
+        self.policy.served(plan.batch)
+        self._attach_drafts(plan.batch)
+        return plan.batch
+
+    def _walk(self, order: list[Sequence], cap: int, plan: StepPlan) -> None:
+        for seq in order:
+            if plan.budget <= 0:
+                break
+            if seq in plan.preempted or (room := plan.room(seq)) <= 0:
+                continue
+            if seq.status is Status.RUNNING:
+                self._continue(seq, room, cap, plan)
+            elif not plan.blocked:
+                self._admit(seq, room, cap, plan)
+
+    def _demands(self, order: list[Sequence], cap: int) -> dict[str, int]:
+        """The tokens each tenant could use this step."""
+        demands: dict[str, int] = {}
+        for seq in order:
+            if seq.status is Status.RUNNING or not self._held_by_leader(seq):
+                n = self._chunk(seq, self.max_num_batched_tokens, cap)
+                demands[seq.tenant.id] = demands.get(seq.tenant.id, 0) + n
+        return demands
 
     def _attach_drafts(self, scheduled: list[ScheduledSeq]) -> None:
         """Drafts are extras: they fill what is left of the step's room, one token per sequence in turn,
@@ -54,45 +120,63 @@ class Scheduler:
         n = min(seq.num_tokens - seq.num_computed_tokens, budget)
         return min(n, cap) if cap else n
 
-    def _schedule_running(self, budget: int, cap: int) -> list[ScheduledSeq]:
-        """Running sequences first, oldest first: decodes get their token before new prefills."""
-        scheduled, i = [], 0
-        while i < len(self.running) and budget > 0:
-            seq = self.running[i]
-            n = self._chunk(seq, budget, cap)
-            while not self.blocks.allocate_slots(seq, n):
-                self._preempt(self.running.pop())
-                if seq.status is Status.WAITING:  # it was the newest itself
-                    return scheduled
-            scheduled.append(ScheduledSeq(seq, n))
-            budget -= n
-            i += 1
-        return scheduled
+    def _continue(self, seq: Sequence, room: int, cap: int, plan: StepPlan) -> None:
+        """A running sequence's next tokens; when the pool runs short, the policy's victims make room (seq
+        itself, if it is the one to yield), and nobody new is admitted this step."""
+        n = self._chunk(seq, room, cap)
+        while not self.blocks.allocate_slots(seq, n):
+            victim = self.policy.victim(self.running, seq, self._blocks_held, self._blocks_after(seq, n))
+            assert victim is not None, "a running sequence always has a victim, at worst itself"
+            self._preempt(victim, plan)
+            plan.blocked = True
+            if victim is seq:
+                return
+        plan.add(ScheduledSeq(seq, n))
 
-    def _admit_waiting(self, budget: int, cap: int) -> list[ScheduledSeq]:
-        scheduled = []
-        for seq in list(self.waiting):
-            if budget <= 0 or len(self.running) >= self.max_num_seqs:
-                break
-            if seq.leader is not None and not (seq.leader.prompt_done or seq.leader.finished):
-                continue  # let the leader fill the shared prompt blocks first
-            if not seq.block_table and seq.params.prompt_logprobs is None:
-                seq.num_computed_tokens = self.blocks.reuse_cached_prefix(seq)
-                if not seq.ever_scheduled:
-                    seq.num_cached_tokens = seq.num_computed_tokens
-            n = self._chunk(seq, budget, cap)
-            if not self.blocks.allocate_slots(seq, n):
+    def _admit(self, seq: Sequence, room: int, cap: int, plan: StepPlan) -> None:
+        """A waiting sequence joins the batch if it finds a slot and blocks, preempting whom the policy lets
+        it; otherwise it and everyone behind it wait."""
+        if self._held_by_leader(seq):
+            return
+        while len(self.running) >= self.max_num_seqs:
+            victim = self.policy.victim(self.running, seq, lambda s: 1, 1)
+            if victim is None:
+                plan.blocked = True
+                return
+            self._preempt(victim, plan)
+        if not seq.block_table and seq.params.prompt_logprobs is None:
+            seq.num_computed_tokens = self.blocks.reuse_cached_prefix(seq)
+            if not seq.ever_scheduled:
+                seq.num_cached_tokens = seq.num_computed_tokens
+        n = self._chunk(seq, room, cap)
+        while not self.blocks.allocate_slots(seq, n):
+            victim = self.policy.victim(self.running, seq, self._blocks_held, self._blocks_after(seq, n))
+            if victim is None:
                 self.blocks.free_sequence(seq)  # give back the cached prefix it was holding
-                break
-            self.waiting.remove(seq)
-            self.running.append(seq)
-            seq.status, seq.ever_scheduled = Status.RUNNING, True
-            scheduled.append(ScheduledSeq(seq, n))
-            budget -= n
-        return scheduled
+                plan.blocked = True
+                return
+            self._preempt(victim, plan)
+        self.waiting.remove(seq)
+        self.running.append(seq)
+        seq.status, seq.ever_scheduled = Status.RUNNING, True
+        plan.add(ScheduledSeq(seq, n))
 
-    def _preempt(self, seq: Sequence) -> None:
-        """Free the newest request's blocks and requeue it first in line; it recomputes later."""
+    @staticmethod
+    def _held_by_leader(seq: Sequence) -> bool:
+        """A sibling waits while its leader fills the shared prompt blocks."""
+        return seq.leader is not None and not (seq.leader.prompt_done or seq.leader.finished)
+
+    @staticmethod
+    def _blocks_held(seq: Sequence) -> int:
+        return len(seq.block_table)
+
+    def _blocks_after(self, seq: Sequence, n: int) -> int:
+        return self.blocks.blocks_needed(seq.num_computed_tokens + n)
+
+    def _preempt(self, seq: Sequence, plan: StepPlan) -> None:
+        """Free a running sequence's blocks and requeue it first in line; it recomputes later."""
+        self.running.remove(seq)
+        plan.drop(seq)
         self.blocks.free_sequence(seq)
         seq.status = Status.WAITING
         seq.spec_token_ids, seq.spec_probs = [], None
@@ -119,3 +203,8 @@ class Scheduler:
             self.waiting.remove(seq)
         self.blocks.free_sequence(seq)
         seq.status, seq.finish_reason, seq.stop_reason = Status.FINISHED, reason, stop_reason
+
+    def tenant_loads(self) -> list[TenantLoad]:
+        """Each tenant's running and waiting sequences."""
+        return TenantLoad.total([TenantLoad(s.tenant.id, 1, 0) for s in self.running] +
+                                [TenantLoad(s.tenant.id, 0, 1) for s in self.waiting])

@@ -24,6 +24,15 @@ class Probe:
     lens_top: int = 0  # the logit lens: this many top tokens per layer (0: no lens)
 
 
+@dataclass(frozen=True)
+class Tenant:
+    """Whom a request is served for, as the fair policy sees it: a stable id (a masked API key, never the key
+    itself; "" for a server without keys) and its weight in the shares of a step."""
+
+    id: str = ""
+    weight: float = 1.0
+
+
 class Status(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
@@ -44,6 +53,7 @@ class Sequence:
     grammar: GrammarMatcher | None = None  # structured output: where the output is in its grammar
     probe: Probe | None = None  # an inspection: read out at its last token, never sampled
     thought: ThoughtBudget | None = None  # thinking_token_budget: where the sequence is in its thought
+    tenant: Tenant = Tenant()
     token_ids: list[int] = field(init=False)
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[bytes] = field(default_factory=list)  # of the full blocks so far

@@ -165,6 +165,7 @@ class MessagesRequest(MessagesPrompt):
     top_k: int | None = Field(None, ge=0)
     metadata: Metadata | None = None
     stream: bool = False
+    priority: int = 0  # vLLM's extension, as chat's (extra_body): lower is served first
 
     @model_validator(mode="after")
     def _budget_below_max_tokens(self) -> MessagesRequest:

@@ -16,7 +16,7 @@ from typing import Protocol
 
 import pydantic
 
-from zhuzi.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
+from zhuzi.outputs import CompletionOutput, Logprob, PromptProgress, RequestMetrics, RequestOutput
 from zhuzi.server import protocol as p
 from zhuzi.server import responses as r
 from zhuzi.server.content_blocks import BlockEvent, Blocks
@@ -81,6 +81,8 @@ class PromptStats:
     cached_tokens: int = 0
     metrics: RequestMetrics | None = None
     logprobs: list[dict[int, Logprob] | None] | None = None  # prompt logprobs (echo)
+    answered: bool = False  # a token of it came
+    progress_shown: bool = False  # return_progress: a chunk of its prefill's progress went out
 
 
 @dataclass
@@ -93,8 +95,18 @@ class ResponseState:
     think_close: int | None = None  # a thinking model's </think> id: usage counts the thoughts' tokens
     choices: dict[int, Choice] = field(default_factory=dict)
 
+    def progress(self, prompt_index: int, out: RequestOutput) -> PromptProgress | None:
+        """The prompt's prefill progress to show before its first token: only of a prompt that takes more than
+        one step, and so its completion (processed = total) too once a part was shown."""
+        state, progress = self.prompts[prompt_index], out.prompt_progress
+        if progress is None or state.answered or (progress.processed == progress.total and not state.progress_shown):
+            return None
+        state.progress_shown = True
+        return progress
+
     def update(self, prompt_index: int, out: RequestOutput) -> list[tuple[Choice, CompletionOutput, ParsedText]]:
         state = self.prompts[prompt_index]
+        state.answered = state.answered or any(delta.token_ids for delta in out.outputs)
         state.token_count, state.cached_tokens = len(out.prompt_token_ids), out.num_cached_tokens
         state.metrics = out.metrics or state.metrics
         if state.logprobs is None:
@@ -139,6 +151,9 @@ class Format(Protocol):
                prompt_index: int) -> list[str]:
         """The SSE chunks one engine delta makes."""
 
+    def progress(self, progress: PromptProgress) -> list[str]:
+        """The chunks that show a prompt's prefill progress before its first token (none unless asked for)."""
+
     def end(self, gen: ResponseState) -> list[str]:
         """The chunks that end a stream that went well."""
 
@@ -157,6 +172,12 @@ class OpenAIStream:
     request_id: str
     model: str
     created: int
+
+    def progress(self, progress: PromptProgress) -> list[str]:
+        if not self.body.return_progress:
+            return []
+        return [sse(self.chunk_type(id=self.request_id, created=self.created, model=self.model, choices=[],
+                                    prompt_progress=progress_of(progress)))]
 
     def end(self, gen: ResponseState) -> list[str]:
         usage = sse(self.chunk_type(id=self.request_id, created=self.created, model=self.model, choices=[],
@@ -290,6 +311,11 @@ class CompletionFormat(OpenAIStream):
                    for c in gen.sorted_choices()]
         return r.CompletionResponse(id=self.request_id, created=self.created, model=self.model,
                                     choices=choices, usage=gen.usage())
+
+
+def progress_of(progress: PromptProgress) -> r.PromptProgress:
+    return r.PromptProgress(prompt_tokens_processed=progress.processed, prompt_tokens_total=progress.total,
+                            cached=progress.cached)
 
 
 # ------------------------------------------------------------------ logprobs

@@ -8,15 +8,26 @@
   bucket may go negative and the key then waits until it refills.
 - A bounded queue: at most max_running + max_waiting sequences in flight;
   past that a request gets 429 at once instead of queueing without limit.
+- Tenants: each key is one for the engine's fair shares, known there (and in
+  /metrics, the inspector, the usage store) by a masked id, never the key.
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import secrets
 import time
 from dataclasses import dataclass, field
 
+from zhuzi.engine.sequence import Tenant
+
 ANONYMOUS = ""  # the one identity when no keys are configured: limits then apply server-wide
+
+
+def key_id(key: str) -> str:
+    """A key's stable masked id: a digest prefix, so that logs, metrics and stored usage never hold the key
+    (a digest of a guessable key can be guessed: keys should be long random strings)."""
+    return "key-" + hashlib.sha256(key.encode()).hexdigest()[:12] if key else ANONYMOUS
 
 
 @dataclass
@@ -74,8 +85,9 @@ class KeyLimits:
 
 class Gateway:
     def __init__(self, api_keys: list[str] | None = None, rpm: int | None = None, tpm: int | None = None,
-                 capacity: int = 0) -> None:
+                 capacity: int = 0, weights: dict[str, float] | None = None) -> None:
         self.api_keys = [key.encode() for key in api_keys or []]
+        self.tenants = {key: Tenant(key_id(key), (weights or {}).get(key, 1.0)) for key in api_keys or []}
         self.rpm, self.tpm = rpm, tpm
         self.capacity = capacity  # sequences: the engine's max_num_seqs plus the waiting room
         self.in_flight = 0  # sequences admitted and not yet finished
@@ -95,6 +107,10 @@ class Gateway:
             raise GatewayError(401, "Incorrect or missing API key: send 'Authorization: Bearer <key>' "
                                "or 'x-api-key: <key>'.", "invalid_request_error", "invalid_api_key")
         return given.decode()
+
+    def tenant(self, key: str) -> Tenant:
+        """Whom the engine serves a request of this key for."""
+        return self.tenants.get(key, Tenant())
 
     def check_rate(self, key: str) -> None:
         """Count one request against the key's limits; GatewayError 429 when a limit is spent."""

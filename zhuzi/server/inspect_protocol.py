@@ -155,9 +155,16 @@ class EngineKV(Response):
     pool_bytes: int
 
 
+class EngineTenant(Response):
+    key: str | None  # the API key's masked id (never the key); None on a server without keys
+    running: int
+    waiting: int
+
+
 class EngineRequests(Response):
     running: int  # sequences, inspections included
     waiting: int
+    tenants: list[EngineTenant]  # the same per API key, for those with sequences in the engine
 
 
 class EnginePrefixCache(Response):

@@ -5,7 +5,9 @@ per-request histograms and counters are recorded by the server when a request
 ends; the engine-wide state (running, waiting, KV usage, prefix-cache and
 speculative-decoding counts) is read from each replica's EngineStats at scrape
 time, so it is never stale, and is labelled with the replica (data-parallel
-engine core) it describes.
+engine core) it describes. Per API key (labelled with its masked id, never the
+key): its running and waiting sequences, and its tokens used today against its
+daily quota.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from zhuzi.outputs import EngineStats, RequestMetrics
+from zhuzi.server.quota import KeyUsage
 
 PREFIX = "zhuzi:"
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
@@ -52,7 +55,20 @@ class EngineCollector(Collector):
             for replica, stats in sorted(replicas.items()):
                 metric.add_metric([model, str(replica)], getattr(stats, attribute))
             yield metric
+        yield from self._tenants(model, replicas)
         yield from self._spec_decoding(model, replicas)
+
+    @staticmethod
+    def _tenants(model: str, replicas: dict[int, EngineStats]) -> Iterator[Metric]:
+        """Each API key's sequences (a server without keys has one anonymous tenant: the totals say it all)."""
+        for name, doc, attribute in [("tenant_requests_running", "Sequences running, per API key.", "running"),
+                                     ("tenant_requests_waiting", "Sequences waiting, per API key.", "waiting")]:
+            metric = GaugeMetricFamily(PREFIX + name, doc, labels=ENGINE_LABELS + ["key"])
+            for replica, stats in sorted(replicas.items()):
+                for load in stats.tenants:
+                    if load.tenant:
+                        metric.add_metric([model, str(replica), load.tenant], getattr(load, attribute))
+            yield metric
 
     @staticmethod
     def _spec_decoding(model: str, replicas: dict[int, EngineStats]) -> Iterator[Metric]:
@@ -79,8 +95,28 @@ class EngineCollector(Collector):
         yield per_pos
 
 
+class QuotaCollector(Collector):
+    """Each key's tokens used today and its daily quota."""
+
+    def __init__(self, usage: Callable[[], list[KeyUsage]]) -> None:
+        self.usage = usage
+
+    def collect(self) -> Iterator[Metric]:
+        used = GaugeMetricFamily(PREFIX + "key_tokens_used_today", "Prompt + generated tokens used today (UTC), "
+                                 "per API key.", labels=["key"])
+        limit = GaugeMetricFamily(PREFIX + "key_quota_tokens_per_day", "Daily token quota, per API key.",
+                                  labels=["key"])
+        for row in self.usage():
+            used.add_metric([row.key_id], row.used)
+            if row.limit is not None:
+                limit.add_metric([row.key_id], row.limit)
+        yield used
+        yield limit
+
+
 class ServerMetrics:
-    def __init__(self, engine_state: Callable[[], tuple[str, dict[int, EngineStats]] | None]) -> None:
+    def __init__(self, engine_state: Callable[[], tuple[str, dict[int, EngineStats]] | None],
+                 usage: Callable[[], list[KeyUsage]] = list) -> None:
         self.registry = CollectorRegistry()
 
         def histogram(name: str, doc: str) -> Histogram:
@@ -100,6 +136,7 @@ class ServerMetrics:
         self.request_success = counter("request_success", "Requests finished, by finish reason.",
                                        LABELS + ["finished_reason"])
         self.registry.register(EngineCollector(engine_state))
+        self.registry.register(QuotaCollector(usage))
 
     def observe_request(self, model: str, metrics: RequestMetrics | None, prompt_tokens: int,
                         generation_tokens: int, finish_reasons: list[str]) -> None:

@@ -206,8 +206,10 @@ class SamplingRequest(Request):
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     user: str | None = None  # logged with the request, for tracing abuse to an end user
+    priority: int = 0  # vLLM's: lower is served first (--scheduling-policy priority, or fair within a key)
     stream: bool = False
     stream_options: StreamOptions | None = None
+    return_progress: bool = False  # llama.cpp's: chunks of prompt progress before the first token
     # Structured output: OpenAI's response_format, vLLM's structured_outputs and its older guided_* fields.
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsRequest | None = None
@@ -223,6 +225,8 @@ class SamplingRequest(Request):
     def _stream_options_need_stream(self) -> SamplingRequest:
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed when stream is true")
+        if self.return_progress and not self.stream:
+            raise ValueError("return_progress is only allowed when stream is true")
         return self
 
     def constraint_fields(self) -> list[str]:
@@ -289,7 +293,7 @@ class SamplingRequest(Request):
             prompt_logprobs=prompt_logprobs, include_stop_str_in_output=self.include_stop_str_in_output,
             skip_special_tokens=self.skip_special_tokens, structured_outputs=structured_outputs,
             bad_words=self.bad_words, allowed_token_ids=self.allowed_token_ids, thinking_token_budget=thinking_budget,
-            **{name: value for name, value in given.items() if value is not None},
+            priority=self.priority, **{name: value for name, value in given.items() if value is not None},
         )
 
 
@@ -391,6 +395,8 @@ class CompletionRequest(SamplingRequest):
     def _prompt_batch_not_empty(self) -> CompletionRequest:
         if not self.prompts():  # each prompt's own emptiness is the engine's to refuse
             raise ValueError("prompt must not be an empty list")
+        if self.return_progress and len(self.prompts()) > 1:
+            raise ValueError("return_progress takes one prompt (a progress chunk does not say whose it is)")
         return self
 
     def prompts(self) -> list[str | list[int]]:

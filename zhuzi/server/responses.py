@@ -128,6 +128,15 @@ class ChatChunkChoice(Response):
     token_ids: list[int] | None = Field(None, exclude_if=_is_none)  # this delta's, even when its text waits
 
 
+class PromptProgress(Response):
+    """llama.cpp's return_progress: how much of the prompt the engine has read (prefilled), before the
+    first token; processed counts the tokens found in the prefix cache too."""
+
+    prompt_tokens_processed: int
+    prompt_tokens_total: int
+    cached: int
+
+
 class ChatCompletionChunk(Response):
     id: str
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
@@ -136,6 +145,7 @@ class ChatCompletionChunk(Response):
     choices: list[ChatChunkChoice]
     usage: Usage | None = Field(None, exclude_if=_is_none)
     prompt_token_ids: list[int] | None = Field(None, exclude_if=_is_none)  # on the first chunk
+    prompt_progress: PromptProgress | None = Field(None, exclude_if=_is_none)  # return_progress, choices empty
 
 
 class CompletionLogprobs(Response):
@@ -171,6 +181,7 @@ class CompletionResponse(Response):
     model: str
     choices: list[CompletionChoice]
     usage: Usage | None = Field(None, exclude_if=_is_none)
+    prompt_progress: PromptProgress | None = Field(None, exclude_if=_is_none)  # return_progress, choices empty
 
 
 class RenderResponse(Response):

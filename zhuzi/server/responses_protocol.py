@@ -172,6 +172,7 @@ class ResponsesRequest(Request):
     previous_response_id: str | None = None
     stream: bool = False
     user: str | None = None  # logged with the request, as chat's
+    priority: int = 0  # vLLM's extension, as chat's (extra_body): lower is served first
 
     @model_validator(mode="after")
     def _tool_choice_names_a_tool(self) -> ResponsesRequest:

@@ -24,12 +24,14 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pydantic
 from fastapi import Request
 from fastapi.responses import Response
 
+from zhuzi.cache import cache_root
 from zhuzi.config import ServerConfig
 from zhuzi.engine.client import EngineClient, EngineDead
 from zhuzi.outputs import EngineStats, RequestError, RequestOutput
@@ -40,6 +42,7 @@ from zhuzi.server.formats import Format, PromptStats, ResponseState
 from zhuzi.server.gateway import Admission, Gateway
 from zhuzi.server.metrics import ServerMetrics
 from zhuzi.server.parsers import OutputParser, opened_thought
+from zhuzi.server.quota import Quotas
 from zhuzi.server.streams import ClosingStreamingResponse, first_outputs, merge_streams, until_disconnect
 from zhuzi.server.tools import template_renders_tools, with_generic_tools
 from zhuzi.tokenizer import message_text
@@ -92,6 +95,7 @@ class ActiveRequest:
     request_ids: list[str]  # the engine's, one per prompt
     streams: list[AsyncIterator[RequestOutput]]
     response: ResponseState
+    prompt_tokens: int  # charged at admission
     merged: AsyncIterator[tuple[int, RequestOutput]] | None = None
     timer: asyncio.TimerHandle | None = None  # --request-timeout
     closed: bool = False
@@ -127,8 +131,9 @@ class Server:
         self.active: set[ActiveRequest] = set()
         # Templates and tokenizing run in workers, long texts' encoding in the tokenizer's helper process.
         self.workers = ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="zhuzi-tokenize")
-        self.gateway = Gateway(config.api_keys, config.rate_limit_rpm, config.rate_limit_tpm)
-        self.metrics = ServerMetrics(self.engine_state)
+        self.gateway = Gateway(config.api_keys, config.rate_limit_rpm, config.rate_limit_tpm, weights=config.weights)
+        self.quotas = Quotas.open(config.quotas, Path(config.usage_store or cache_root() / "usage.sqlite3"))
+        self.metrics = ServerMetrics(self.engine_state, self.quotas.usage)
         self.model_name = ""
         self.reasoning = False
         self.think_close: int | None = None  # a thinking model's </think> id
@@ -261,12 +266,16 @@ class Server:
         answer before the client does (a stream's last chunks wait for it): what must outlive the answer
         (a stored response) is kept by then."""
         engine = self.ready()
+        self.quotas.check(key)
         admission = self.gateway.admit(params.n * len(prompts))
-        self.gateway.charge_tokens(key, sum(len(ids) for ids in prompts))
+        prompt_tokens = sum(len(ids) for ids in prompts)
+        self.charge(key, prompt_tokens)
         request_ids = [f"{fmt.request_id}-{i}" for i in range(len(prompts))]
-        streams = [engine.generate(ids, params, rid) for ids, rid in zip(prompts, request_ids)]
+        tenant = self.gateway.tenant(key)
+        streams = [engine.generate(ids, params, rid, tenant) for ids, rid in zip(prompts, request_ids)]
         call = ActiveRequest(key, admission, request_ids, streams,
-                             ResponseState(params.n, new_parser, [PromptStats() for _ in prompts], self.think_close))
+                             ResponseState(params.n, new_parser, [PromptStats() for _ in prompts], self.think_close),
+                             prompt_tokens)
         self.active.add(call)
         if self.config.request_timeout:
             call.timer = asyncio.get_running_loop().call_later(self.config.request_timeout, self.end, call)
@@ -302,6 +311,9 @@ class Server:
         assert call.merged is not None
         try:
             async for index, out in call.merged:
+                if (progress := call.response.progress(index, out)) is not None:
+                    for chunk in fmt.progress(progress):
+                        yield chunk
                 for choice, delta, piece in call.response.update(index, out):
                     for chunk in fmt.chunks(call.response, choice, delta, piece, index):
                         yield chunk
@@ -329,14 +341,20 @@ class Server:
             await stream.aclose()  # type: ignore[attr-defined]  # aborts a request the engine still runs
         call.admission.release()
         gen = call.response
-        self.gateway.charge_tokens(call.key, sum(len(c.token_ids) for c in gen.choices.values()))
+        self.charge(call.key, sum(len(c.token_ids) for c in gen.choices.values()))
         if not ran:
+            self.quotas.charge(call.key, -call.prompt_tokens)  # the engine refused it: nothing was read
             return
         for prompt_index, state in enumerate(gen.prompts):
             choices = [gen.choices.get(prompt_index * gen.n + i) for i in range(gen.n)]
             self.metrics.observe_request(
                 self.model_name, state.metrics, state.token_count, sum(len(c.token_ids) for c in choices if c),
                 [c.finish_reason if c and c.finish_reason else "abort" for c in choices])
+
+    def charge(self, key: str, tokens: int) -> None:
+        """A generation's tokens count against the key's tokens per minute and its daily quota."""
+        self.gateway.charge_tokens(key, tokens)
+        self.quotas.charge(key, tokens)
 
     # -- prompts (in worker threads)
 

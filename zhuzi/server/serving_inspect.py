@@ -135,7 +135,10 @@ class Inspector:
                         pool_bytes=plan.capacity_tokens * plan.bytes_per_token)
         queries, hits = stats.prefix_cache_queries, stats.prefix_cache_hits
         return json_response(ip.EngineResponse(
-            model=model, kv=kv, requests=ip.EngineRequests(running=stats.num_running, waiting=stats.num_waiting),
+            model=model, kv=kv, requests=ip.EngineRequests(
+                running=stats.num_running, waiting=stats.num_waiting,
+                tenants=[ip.EngineTenant(key=t.tenant or None, running=t.running, waiting=t.waiting)
+                         for t in stats.tenants]),
             prefix_cache=ip.EnginePrefixCache(queries=queries, hits=hits, hit_rate=hits / queries if queries else None),
             steps=[ip.EngineStep(age_s=s.time - r.end_time, duration_s=r.duration, prefill_tokens=r.prefill_tokens,
                                 decode_tokens=r.decode_tokens, kv_tokens_read=r.kv_tokens_read) for r in s.steps],

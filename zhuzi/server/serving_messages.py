@@ -18,7 +18,7 @@ import pydantic
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from zhuzi.outputs import CompletionOutput
+from zhuzi.outputs import CompletionOutput, PromptProgress
 from zhuzi.server import anthropic_protocol as a
 from zhuzi.server import protocol as p
 from zhuzi.server import responses as r
@@ -131,7 +131,7 @@ def chat_request(body: a.MessagesPrompt) -> p.ChatCompletionRequest:
         chat["thinking_token_budget"] = body.thinking.budget_tokens
     if isinstance(body, a.MessagesRequest):
         chat.update(max_tokens=body.max_tokens, stop=body.stop_sequences, temperature=body.temperature,
-                    top_p=body.top_p, top_k=body.top_k, stream=body.stream,
+                    top_p=body.top_p, top_k=body.top_k, stream=body.stream, priority=body.priority,
                     user=body.metadata.user_id if body.metadata else None)
     return as_chat_request(chat, "messages")
 
@@ -200,6 +200,9 @@ class MessagesFormat:
             return []
         self.started = True
         return [event(a.MessageStart(message=self._message(gen, []))), event(a.Ping())]
+
+    def progress(self, progress: PromptProgress) -> list[str]:
+        return []  # the API has no progress events
 
     def chunks(self, gen: ResponseState, choice: Choice, delta: CompletionOutput, piece: ParsedText,
                prompt_index: int) -> list[str]:

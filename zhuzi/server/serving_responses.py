@@ -18,7 +18,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from zhuzi.outputs import CompletionOutput
+from zhuzi.outputs import CompletionOutput, PromptProgress
 from zhuzi.server import protocol as p
 from zhuzi.server import responses as r
 from zhuzi.server import responses_protocol as rp
@@ -93,7 +93,8 @@ def chat_request(body: rp.ResponsesRequest, history: list[dict[str, Any]],
         chat_messages(history + items)
     chat: dict[str, Any] = {"model": body.model, "messages": messages, "parallel_tool_calls": body.parallel_tool_calls,
                             "max_tokens": body.max_output_tokens, "temperature": body.temperature,
-                            "top_p": body.top_p, "stream": body.stream, "user": body.user}
+                            "top_p": body.top_p, "stream": body.stream, "user": body.user,
+                            "priority": body.priority}
     if body.tools:
         chat["tools"] = [{"type": "function", "function": t.model_dump(exclude={"type"}, exclude_none=True)}
                          for t in body.tools]
@@ -203,6 +204,9 @@ class ResponsesFormat:
                                  **where)]
         return done + [rp.ItemEvent(type="response.output_item.done", output_index=index,
                                     item=_item(block, self._item_status(gen, index)))]
+
+    def progress(self, progress: PromptProgress) -> list[str]:
+        return []  # the API has no progress events
 
     def chunks(self, gen: ResponseState, choice: Choice, delta: CompletionOutput, piece: ParsedText,
                prompt_index: int) -> list[str]:

@@ -63,7 +63,7 @@ export async function send(text) {
   };
   try {
     const request = {
-      messages: reply.messages, stream: true, stream_options: { include_usage: true },
+      messages: reply.messages, stream: true, stream_options: { include_usage: true }, return_progress: true,
       logprobs: true, top_logprobs: 20, return_token_ids: true, return_tokens_as_token_ids: true,
       ...reply.params,
     };
@@ -103,6 +103,7 @@ function summary(reply) {
 export function absorb(reply, chunk, now) {
   if (chunk.prompt_token_ids) reply.promptIds = chunk.prompt_token_ids;
   if (chunk.usage) reply.usage = chunk.usage;
+  if (chunk.prompt_progress) reply.progress.push(chunk.prompt_progress);
   const choice = chunk.choices?.[0];
   if (!choice) return;
   reply.content += choice.delta?.content || '';

@@ -1,5 +1,5 @@
-// View 8, the engine: the step loop live (/inspect/engine): requests, KV blocks, prefix-cache hits,
-// recent steps' tokens/s against the measured bandwidth roofline, and a KV-memory calculator.
+// View 8, the engine: the step loop live (/inspect/engine): requests (per API key, masked), KV blocks,
+// prefix-cache hits, recent steps' tokens/s against the measured bandwidth roofline, and a KV-memory calculator.
 import { ApiError, inspect } from './api.js';
 import { isStreaming } from './chat.js';
 import { emit, on, state } from './state.js';
@@ -53,7 +53,19 @@ function renderEngine(s) {
     card('model', `${m.num_layers} layers`, `${m.num_heads} query heads, ${m.num_kv_heads} KV heads × ${m.head_dim} · vocab ${m.vocab_size} · context ${m.max_model_len}`),
     kernelsCard(m),
   );
+  renderTenants(s.requests.tenants);
   drawSteps(s);
+}
+
+/** Running and waiting sequences per API key (its masked id: the page never sees a key). */
+function renderTenants(tenants) {
+  const rows = tenants.map((t) => el('tr', { dataset: { testid: 'tenant', key: t.key ?? '', running: t.running, waiting: t.waiting } },
+    el('td', { class: 'tk', text: t.key ?? 'no key (one tenant)' }), el('td', { class: 'num', text: String(t.running) }),
+    el('td', { class: 'num', text: String(t.waiting) })));
+  $('#engine-tenants').replaceChildren(rows.length
+    ? el('table', { class: 'cands' }, el('thead', {}, el('tr', {}, ...['API key', 'running', 'waiting'].map((h) => el('th', { text: h })))),
+      el('tbody', {}, ...rows))
+    : el('p', { class: 'hint', text: 'No request in the engine.' }));
 }
 
 function drawSteps(s) {

@@ -25,6 +25,7 @@ export class Reply {
     this.reasoning = '';
     this.finishReason = null;
     this.usage = null;
+    this.progress = []; // the prompt's prefill, step by step, before the first token (return_progress)
     this.sentAt = performance.now();
     this.error = null;
     this.decoder = new TextDecoder('utf-8'); // a stream: tells which steps ended mid-character

@@ -22,10 +22,21 @@ export function timings(reply) {
   };
 }
 
+/** The prompt's prefill so far (return_progress): tokens read of the whole, those from the prefix cache. */
+function prefill(p) {
+  const cached = p.cached ? ` (${p.cached} from the prefix cache)` : '';
+  return el('span', { dataset: { metric: 'progress', processed: p.prompt_tokens_processed, total: p.prompt_tokens_total } },
+    'Reading the prompt (prefill): ', el('b', { text: `${p.prompt_tokens_processed} / ${p.prompt_tokens_total} tokens` }), cached);
+}
+
 function renderTiming(reply) {
   const box = $('#timing');
   const t = timings(reply);
-  if (!t) { box.replaceChildren(el('span', { class: 'hint', text: 'Waiting for the first token (prefill)…' })); return; }
+  if (!t) {
+    const p = reply.progress.at(-1);
+    box.replaceChildren(p ? prefill(p) : el('span', { class: 'hint', text: 'Waiting for the first token (prefill)…' }));
+    return;
+  }
   const usage = reply.usage;
   const cached = usage?.prompt_tokens_details?.cached_tokens;
   const item = (label, value, key) => el('span', { dataset: { metric: key } }, `${label} `, el('b', { text: value }));
@@ -42,6 +53,7 @@ function renderTiming(reply) {
     item('decode', t.rate === null ? '–' : `${t.rate.toFixed(1)} tokens/s`, 'rate'),
     item('prompt', usage ? `${usage.prompt_tokens} tokens` : reply.promptIds ? `${reply.promptIds.length} tokens` : '–', 'prompt'),
     item('cached prompt', cached === undefined ? '–' : `${cached} tokens`, 'cached'),
+    item('prompt read in', `${Math.max(reply.progress.length, 1)} steps`, 'prefill-steps'),
     item('generated', `${reply.tokens.length} tokens`, 'generated'),
     line,
     el('span', { class: 'timeline-legend', text: 'blue: prefill (queue + reading the whole prompt, until the first token) · ticks: each token as it arrived (decode, one forward pass each)' }),

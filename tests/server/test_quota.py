@@ -1,0 +1,93 @@
+"""Daily token quotas on their own, with a hand-driven clock and a real SQLite file (the HTTP side, and a
+kill -9 of the server, are in test_server_tenants.py)."""
+from __future__ import annotations
+
+import datetime
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from zhuzi.server.gateway import GatewayError, key_id
+from zhuzi.server.quota import Quotas
+
+NOON = datetime.datetime(2026, 12, 1, 12, 0, tzinfo=datetime.UTC).timestamp()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = NOON
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def quotas(path: Path, clock: Clock, limits: dict[str, int] | None = None) -> Quotas:
+    q = Quotas.open(limits or {"alice": 100}, path)
+    q.clock = clock
+    return q
+
+
+def test_over_the_quota_is_a_429_that_names_it_and_when_it_resets(tmp_path: Path) -> None:
+    clock = Clock()
+    q = quotas(tmp_path / "usage.sqlite3", clock)
+    q.check("alice")
+    q.charge("alice", 60)
+    q.charge("alice", 50)
+    q.charge("alice", -50)  # a request the engine refused: its prompt is given back
+    q.check("alice")  # 60 of 100: a request may start, and may go over
+    q.charge("alice", 70)
+    with pytest.raises(GatewayError) as refused:
+        q.check("alice")
+    error = refused.value
+    assert (error.status, error.type, error.code) == (429, "insufficient_quota", "insufficient_quota")
+    assert "100 prompt + generated tokens a day and has used 130" in error.message
+    assert "resets at 2026-12-02 00:00 UTC, in 12 h 0 min" in error.message
+    assert error.retry_after == 12 * 3600
+    q.check("bob")  # no quota, no limit
+    clock.now += 12 * 3600  # midnight UTC: a new day
+    q.check("alice")
+
+
+def test_usage_survives_reopening_and_is_kept_per_masked_key_and_day(tmp_path: Path) -> None:
+    path, clock = tmp_path / "usage.sqlite3", Clock()
+    q = quotas(path, clock)
+    q.charge("alice", 120)
+    q.charge("bob", 5)
+    again = quotas(path, clock)
+    with pytest.raises(GatewayError):
+        again.check("alice")
+    assert [(u.key_id, u.used, u.limit) for u in again.usage()] == sorted(
+        [(key_id("alice"), 120, 100), (key_id("bob"), 5, None)])
+    rows = sqlite3.connect(path).execute("SELECT key_id, day, tokens FROM key_usage ORDER BY tokens").fetchall()
+    assert rows == [(key_id("bob"), "2026-12-01", 5), (key_id("alice"), "2026-12-01", 120)]  # never the key
+
+
+def test_a_file_that_is_not_a_zhuzi_store_is_refused(tmp_path: Path) -> None:
+    foreign = tmp_path / "other.sqlite3"
+    db = sqlite3.connect(foreign)
+    db.execute("CREATE TABLE notes (text TEXT)")
+    db.commit()
+    with pytest.raises(ValueError, match="is not a zhuzi store"):
+        Quotas.open({"alice": 1}, foreign)
+    garbage = tmp_path / "garbage.sqlite3"
+    garbage.write_bytes(b"this is not a database at all" * 100)
+    with pytest.raises(ValueError, match="cannot be read as a zhuzi store"):
+        Quotas.open({"alice": 1}, garbage)
+
+
+def test_a_usage_table_of_another_version_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "usage.sqlite3"
+    Quotas.open({"alice": 1}, path)
+    db = sqlite3.connect(path)
+    db.execute("UPDATE zhuzi_schema SET version = 2 WHERE component = 'key_usage'")
+    db.commit()
+    with pytest.raises(ValueError, match="version 2, this zhuzi reads 1"):
+        Quotas.open({"alice": 1}, path)
+
+
+def test_without_quotas_no_file_is_opened(tmp_path: Path) -> None:
+    q = Quotas.open({}, tmp_path / "usage.sqlite3")
+    q.charge("alice", 10)
+    q.check("alice")
+    assert q.usage() == [] and not (tmp_path / "usage.sqlite3").exists()

@@ -1,0 +1,161 @@
+"""The scheduler's policies: in what order sequences are served, how many of a step's tokens each tenant
+may take, and whom to preempt when the KV pool or the batch is full.
+
+fcfs      first come, first served: the running sequences in the order they were admitted, then the
+          queue; when the pool runs short the newest running sequence makes room; a waiting sequence
+          never preempts.
+priority  vLLM's `priority` (lower is more urgent), ties first come: sequences are served most urgent
+          first, and a waiting sequence that finds no KV blocks or no batch slot preempts running ones
+          of lower priority (the least urgent, newest first) until it fits.
+fair      tenants (API keys) with work get equal, or weighted, shares of the engine's tokens whatever
+          their number of requests; a tenant alone gets the whole engine. Virtual-time fair queuing: a
+          tenant's counter is the tokens it was served divided by its weight; tenants are served lowest
+          counter first, and a tenant that comes back from idle starts at the lowest busy counter
+          (Sheng et al., "Fairness in Serving Large Language Models", OSDI 2024: the virtual token
+          counter), so idleness banks no credit. Each step a tenant may take tokens only while its
+          counter is less than one step's budget ahead of the lowest busy counter: a tenant whose one
+          chat decodes a token a step holds a tenant with 32 streams to about a token a step too (each
+          token a step adds slows every stream in it), while that chat's next prompt, arriving behind,
+          goes in at once. (The scheduler runs a step that these shares leave empty without them, so a
+          tenant that cannot be served, for want of a slot or blocks, never stalls the others.) A
+          waiting sequence of a tenant holding less than another (KV blocks or batch slots, per weight)
+          preempts that tenant's least urgent sequence, as long as it still holds no more than that
+          tenant afterwards (so two tenants never take a place from each other in turn). Within a
+          tenant, `priority` orders its requests.
+
+Policies are model-free: they read a sequence's tenant, priority, status and block count, and never
+touch the KV pool themselves.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from weakref import WeakKeyDictionary
+
+from zhuzi.engine.sequence import ScheduledSeq, Sequence, Status
+from zhuzi.sampling_params import InvalidRequest, SamplingParams
+
+POLICIES = ("fcfs", "priority", "fair")
+
+
+def urgency(seq: Sequence) -> tuple[int, int]:
+    """Most urgent first: lower priority values, then the earlier arrival."""
+    return seq.params.priority, seq.seq_id
+
+
+class FirstComeFirstServed:
+    name = "fcfs"
+    orders_by_priority = False
+
+    def check(self, params: SamplingParams) -> None:
+        """A priority this policy would ignore is refused, not accepted and ignored."""
+        if params.priority and not self.orders_by_priority:
+            raise InvalidRequest("priority", f"priority {params.priority} needs the scheduling policy priority or "
+                                             f"fair; this engine schedules {self.name}")
+
+    def order(self, running: list[Sequence], waiting: Iterable[Sequence]) -> list[Sequence]:
+        """Every sequence with work, in the order this step serves them."""
+        return [*running, *waiting]
+
+    def shares(self, demands: dict[str, int], budget: int) -> dict[str, int] | None:
+        """The most tokens each tenant may take this step (None: no limit), from what each wants."""
+        return None
+
+    def victim(self, running: list[Sequence], seq: Sequence, held: Callable[[Sequence], int],
+               need: int) -> Sequence | None:
+        """Whom to preempt so that seq gets what it lacks, KV blocks or a batch slot (held: how many a
+        sequence holds; need: how many seq will hold). A running seq may be its own victim (it yields);
+        None: a waiting seq waits."""
+        return running[-1] if seq.status is Status.RUNNING else None
+
+    def served(self, batch: list[ScheduledSeq]) -> None:
+        """What this step scheduled, for policies that keep accounts."""
+
+
+class Priority(FirstComeFirstServed):
+    name = "priority"
+    orders_by_priority = True
+
+    def order(self, running: list[Sequence], waiting: Iterable[Sequence]) -> list[Sequence]:
+        return sorted([*running, *waiting], key=urgency)
+
+    def victim(self, running: list[Sequence], seq: Sequence, held: Callable[[Sequence], int],
+               need: int) -> Sequence | None:
+        least = max(running, key=urgency, default=None)
+        if seq.status is Status.RUNNING or (least is not None and least.params.priority > seq.params.priority):
+            return least
+        return None  # ties never preempt a waiting sequence's way in: first come
+
+
+class FairShare(FirstComeFirstServed):
+    name = "fair"
+    orders_by_priority = True
+
+    def __init__(self) -> None:
+        self.counters: dict[str, float] = {}  # tenant -> tokens served / weight
+        self.weights: dict[str, float] = {}
+        self.active: set[str] = set()  # tenants that had work at the last step
+        self.steps = 0
+        self.last_served: WeakKeyDictionary[Sequence, int] = WeakKeyDictionary()
+
+    def order(self, running: list[Sequence], waiting: Iterable[Sequence]) -> list[Sequence]:
+        waiting = list(waiting)
+        groups: dict[str, tuple[list[Sequence], list[Sequence]]] = {}
+        for seq in running + waiting:
+            self.weights[seq.tenant.id] = seq.tenant.weight
+            groups.setdefault(seq.tenant.id, ([], []))[seq.status is not Status.RUNNING].append(seq)
+        self._lift(set(groups))
+        order = []
+        for tenant in sorted(groups, key=lambda t: (self.counters[t], t)):
+            mine, queued = groups[tenant]
+            # Round robin among the tenant's running sequences when its share is short, then its queue.
+            order += sorted(mine, key=lambda s: (self.last_served.get(s, -1), s.seq_id))
+            order += sorted(queued, key=urgency)
+        return order
+
+    def _lift(self, tenants: set[str]) -> None:
+        """A tenant with new work starts no lower than the lowest counter among those already busy."""
+        busy = [self.counters[t] for t in tenants & self.active]
+        floor = min(busy, default=0.0)
+        for tenant in tenants - self.active:
+            self.counters[tenant] = max(self.counters.get(tenant, 0.0), floor)
+        self.active = tenants
+
+    def shares(self, demands: dict[str, int], budget: int) -> dict[str, int] | None:
+        busy = [t for t, d in demands.items() if d > 0]
+        if len(busy) < 2:
+            return None  # alone: the whole engine
+        floor = min(self.counters[t] for t in busy)
+        return {t: max(0, int(self.weights[t] * (floor + budget - self.counters[t]))) for t in busy}
+
+    def victim(self, running: list[Sequence], seq: Sequence, held: Callable[[Sequence], int],
+               need: int) -> Sequence | None:
+        holdings: dict[str, float] = {}
+        for s in running:
+            holdings[s.tenant.id] = holdings.get(s.tenant.id, 0.0) + held(s) / s.tenant.weight
+        if seq.status is Status.RUNNING:
+            heaviest = max(holdings, key=lambda t: (holdings[t], self.counters.get(t, 0.0)))
+            return max((s for s in running if s.tenant.id == heaviest), key=urgency)
+        mine = holdings.get(seq.tenant.id, 0.0) + need / seq.tenant.weight
+        for tenant in sorted(holdings, key=lambda t: -holdings[t]):
+            least = max((s for s in running if s.tenant.id == tenant), key=urgency)
+            if tenant != seq.tenant.id and mine <= holdings[tenant] - held(least) / least.tenant.weight:
+                return least
+        return None
+
+    def served(self, batch: list[ScheduledSeq]) -> None:
+        self.steps += 1
+        for item in batch:
+            tenant = item.seq.tenant
+            self.counters[tenant.id] = self.counters.get(tenant.id, 0.0) + item.num_new_tokens / tenant.weight
+            self.last_served[item.seq] = self.steps
+
+
+Policy = FirstComeFirstServed  # what every policy answers
+
+
+def make_policy(name: str | None) -> Policy:
+    """The policy named by --scheduling-policy (None: fcfs)."""
+    kinds = {cls.name: cls for cls in (FirstComeFirstServed, Priority, FairShare)}
+    if (name or "fcfs") not in kinds:
+        raise ValueError(f"unknown scheduling policy {name!r}; choose one of {', '.join(POLICIES)}")
+    return kinds[name or "fcfs"]()
