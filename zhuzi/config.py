@@ -244,9 +244,22 @@ class EngineConfig(Settings):
     deterministic: bool = setting(
         False, "batch invariance: a request's tokens at temperature 0 (or with a seed) do not depend on the "
                "batch, chunking or prefix cache around it (every linear in one fixed order per row; CPU)")
+    kv_offload_memory: str | int = setting(
+        "0", "host memory for KV blocks the pool evicts, e.g. 4GiB: a prompt whose prefix is there loads it "
+             "instead of computing it (0: no host tier)")
+    kv_offload_dir: str | None = setting(
+        None, "folder of a disk tier for KV blocks: each computed block is also written there (in the "
+              "background), so prefixes outlive a restart; corrupt or foreign files are skipped")
+    kv_offload_disk: str | int = setting("20GiB", "the disk tier's bound (least recently used blocks go first)")
+    kv_pinned_memory: str | int = setting(
+        "256MiB", "KV pool memory that pinned prefixes (POST /v1/cache/pins) may hold")
 
     def __post_init__(self) -> None:
         SpeculativeConfig.parse(self.speculative_config)  # a bad value fails here, in one line
+        for name in ("kv_cache_memory", "kv_offload_memory", "kv_offload_disk", "kv_pinned_memory"):
+            parse_bytes(getattr(self, name))
+        if self.tensor_parallel_size > 1 and self.kv_tiers:
+            raise ValueError("the KV tiers (--kv-offload-memory, --kv-offload-dir) need --tensor-parallel-size 1")
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -259,6 +272,11 @@ class EngineConfig(Settings):
     @property
     def kv_cache_bytes(self) -> int:
         return parse_bytes(self.kv_cache_memory)
+
+    @property
+    def kv_tiers(self) -> bool:
+        """Whether a host-memory or disk tier keeps KV blocks beyond the pool."""
+        return bool(self.kv_offload_dir or parse_bytes(self.kv_offload_memory))
 
     def kv_plan(self, model: ModelConfig) -> KVPlan:
         return KVPlan.of(model, self.torch_dtype, self.kv_cache_bytes, self.block_size)

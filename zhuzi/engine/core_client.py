@@ -11,7 +11,6 @@ none is left, or when one with work pending has been silent for the stall timeou
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import itertools
 import logging
 import shutil
@@ -33,7 +32,7 @@ from zhuzi.engine.placement import Replica, default_threads
 from zhuzi.engine.router import PrefixRouter
 from zhuzi.engine.sequence import Probe
 from zhuzi.engine.structured import GrammarCompiler
-from zhuzi.outputs import EngineSnapshot, EngineStats, RequestOutput, SpecDecodingStats
+from zhuzi.outputs import EngineSnapshot, EngineStats, RequestOutput
 from zhuzi.sampling_params import SamplingParams, StructuredOutputsParams
 from zhuzi.tokenizer import Tokenizer
 
@@ -247,12 +246,7 @@ class EngineClient:
 
     def stats(self) -> EngineStats:
         """The live replicas' stats added up."""
-        parts = list(self.replica_stats().values())
-        if not parts:
-            return EngineStats(0, 0, 0, 0, 0, 0)
-        counts = [f.name for f in dataclasses.fields(EngineStats) if f.name != "spec_decoding"]
-        return EngineStats(*(sum(getattr(s, name) for s in parts) for name in counts),
-                           SpecDecodingStats.total([s.spec_decoding for s in parts]))
+        return EngineStats.total(list(self.replica_stats().values()))
 
     def replica_stats(self) -> dict[int, EngineStats]:
         return {r.index: r.stats for r in self.replicas if r.failure is None and r.stats is not None}

@@ -34,6 +34,7 @@ from zhuzi.config import EngineConfig
 from zhuzi.detokenizer import IncrementalDetokenizer
 from zhuzi.engine import tp_worker
 from zhuzi.engine.block_manager import BlockManager, KVEvents
+from zhuzi.engine.kv_connector import KVConnector
 from zhuzi.engine.model_runner import PromptLogprobs, StepResult, load_runner, measure_read_bandwidth
 from zhuzi.engine.scheduler import Scheduler
 from zhuzi.engine.sequence import Probe, ScheduledSeq, Sequence
@@ -113,8 +114,10 @@ class Engine:
         max_positions = max(self.max_model_len, ckpt.config.max_position_embeddings)
         self.kv_plan = plan = config.kv_plan(ckpt.config)
         self.grammars = GrammarCompiler(self.tokenizer.hf, ckpt.config.vocab_size, self.eos_ids)
+        self.connector = KVConnector.of(config, ckpt.config, ckpt.path, self.runner.kv_cache) \
+            if config.kv_tiers else None
         self.blocks = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching,
-                                   events=KVEvents() if kv_events else None)
+                                   events=KVEvents() if kv_events else None, connector=self.connector)
         self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens,
                                    config.long_prefill_token_threshold, spec.max_step_tokens if spec else 0)
         self.spec = spec
@@ -133,7 +136,10 @@ class Engine:
                  plan.capacity_tokens, f", tensor parallel over {self.tp.world_size} ranks" if self.tp else "")
 
     def shutdown(self) -> None:
-        """Release the other tensor-parallel ranks (nothing to do without them)."""
+        """Write what the disk tier has queued; release the other tensor-parallel ranks."""
+        if self.connector is not None:
+            self.connector.close()
+            self.connector = None
         if self.tp is not None:
             tp_worker.stop(self.tp, self.workers)
             self.tp = None
@@ -235,7 +241,8 @@ class Engine:
         return EngineStats(len(self.scheduler.running), len(self.scheduler.waiting), self.blocks.num_blocks,
                            self.blocks.num_free_blocks, self.blocks.prefix_queries, self.blocks.prefix_hits,
                            None if spec is None else dataclasses.replace(
-                               spec, num_accepted_tokens_per_pos=list(spec.num_accepted_tokens_per_pos)))
+                               spec, num_accepted_tokens_per_pos=list(spec.num_accepted_tokens_per_pos)),
+                           self.connector.stats() if self.connector is not None else {})
 
     @functools.cached_property
     def read_bandwidth(self) -> float:
