@@ -11,6 +11,7 @@ modification times outlive the process: a restarted engine finds its blocks, lea
 """
 from __future__ import annotations
 
+import atexit
 import logging
 import math
 import os
@@ -101,6 +102,7 @@ class DiskTier:
         self._scan()
         self._writer = threading.Thread(target=self._write_loop, name="zhuzi-kv-disk", daemon=True)
         self._writer.start()
+        atexit.register(self.close)  # an offline LLM's queued blocks are written before the interpreter ends
 
     def path(self, h: bytes) -> Path:
         return self.folder / (h.hex() + SUFFIX)
@@ -231,9 +233,11 @@ class DiskTier:
         self._queue.join()
 
     def close(self) -> None:
-        """Write what is queued, then stop the writer."""
-        self._queue.put(None)
-        self._writer.join()
+        """Write what is queued, then stop the writer (once)."""
+        atexit.unregister(self.close)
+        if self._writer.is_alive():
+            self._queue.put(None)
+            self._writer.join()
 
     def snapshot(self) -> KVTierStats:
         with self._lock:
