@@ -98,6 +98,19 @@ class Inspection:
 
 
 @dataclass
+class PinInfo:
+    """A pinned prefix (POST /v1/cache/pins): what it holds and until when (Unix times)."""
+
+    name: str
+    num_tokens: int  # pinned: the tokens of its full blocks
+    num_blocks: int
+    bytes: int  # of KV cache its blocks take
+    created_at: float
+    expires_at: float | None  # None: until deleted
+    cached_tokens: int  # found cached (pool or tiers) when it was pinned
+
+
+@dataclass
 class RequestOutput:
     request_id: str
     prompt: str | None
@@ -109,6 +122,7 @@ class RequestOutput:
     num_cached_tokens: int = 0
     error: str | None = None  # set (and finished) when the engine failed this request
     inspection: Inspection | None = None  # on the final output of a probe
+    pin: PinInfo | None = None  # on the final output of a pin's probe
 
 
 class RequestError(RuntimeError):

@@ -2,18 +2,13 @@
 disk tiers instead of being computed, give the tokens computing gives, survive a restart, and are never
 loaded into another model or dtype; a corrupt file is recomputed."""
 import logging
-import random
 import shutil
 
 import pytest
 import tiny
+from kv_load import BLOCK, GREEDY, ids, llm, push_out
 
-from zhuzi import LLM, SamplingParams
 from zhuzi.engine.block_manager import block_hash
-
-GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
-BLOCK = 16
-POOL = 12 * BLOCK * 512  # 12 blocks (the tiny model's K/V take 512 bytes a token in float32)
 
 
 @pytest.fixture(scope="module")
@@ -31,26 +26,11 @@ def other_model(tmp_path_factory) -> str:
     return str(directory)
 
 
-def ids(seed: int, n: int = 64) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(3, 1000) for _ in range(n)]
-
-
 A = ids(0)  # 4 full blocks; the 3 before its last token can be found
-
-
-def llm(model: str, **options) -> LLM:
-    return LLM(model, dtype=options.pop("dtype", "float32"), kv_cache_memory=POOL, **options)
 
 
 def computed(model: str, prompt: list[int]) -> list[int]:
     return llm(model, enable_prefix_caching=False).generate([prompt], GREEDY)[0].outputs[0].token_ids
-
-
-def push_out(engine: LLM) -> None:
-    """Two other prompts, one after the other, take every block of the pool."""
-    for seed in (1, 2):
-        engine.generate([ids(seed, 96)], GREEDY)
 
 
 def test_blocks_evicted_to_host_memory_come_back_with_the_tokens_computing_gives(model):

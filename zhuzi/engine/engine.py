@@ -30,15 +30,16 @@ from dataclasses import dataclass, field
 
 import torch
 
-from zhuzi.config import EngineConfig
+from zhuzi.config import EngineConfig, parse_bytes
 from zhuzi.detokenizer import IncrementalDetokenizer
 from zhuzi.engine import tp_worker
 from zhuzi.engine.block_manager import BlockManager, KVEvents
 from zhuzi.engine.kv_connector import KVConnector
 from zhuzi.engine.model_runner import PromptLogprobs, StepResult, load_runner, measure_read_bandwidth
+from zhuzi.engine.pins import PinTable
 from zhuzi.engine.scheduler import Scheduler
 from zhuzi.engine.sequence import Probe, ScheduledSeq, Sequence
-from zhuzi.engine.spec_decode import DraftModelProposer, NgramProposer, Proposer
+from zhuzi.engine.spec_decode import DraftModelProposer, NgramProposer, Proposer, propose_drafts
 from zhuzi.engine.structured import GrammarCompiler
 from zhuzi.outputs import (
     CompletionOutput,
@@ -46,6 +47,7 @@ from zhuzi.outputs import (
     EngineStats,
     Inspection,
     Logprob,
+    PinInfo,
     RequestMetrics,
     RequestOutput,
     SpecDecodingStats,
@@ -81,6 +83,7 @@ class Request:
     deltas: dict[int, CompletionOutput] = field(default_factory=dict)  # news since the last output
     error: str | None = None  # why the engine failed this request
     inspection: Inspection | None = None  # a probe's reading, once its last token ran
+    pin: PinInfo | None = None  # a pin's, once its probe ran
 
     @property
     def finished(self) -> bool:
@@ -118,6 +121,8 @@ class Engine:
             if config.kv_tiers else None
         self.blocks = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching,
                                    events=KVEvents() if kv_events else None, connector=self.connector)
+        self.pins = PinTable(self.blocks, self.connector, plan.bytes_per_token * plan.block_size,
+                             parse_bytes(config.kv_pinned_memory))
         self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens,
                                    config.long_prefill_token_threshold, spec.max_step_tokens if spec else 0)
         self.spec = spec
@@ -181,11 +186,11 @@ class Engine:
                 f"This model's maximum context length is {self.max_model_len} tokens. However, you "
                 f"requested {total} tokens ({len(ids)} in the prompt, {params.max_tokens or 1} for the "
                 f"completion). Please reduce the length of the prompt or the completion."), "context_length_exceeded")
-        if self.blocks.blocks_needed(total) > self.blocks.num_blocks:
+        if self.blocks.blocks_needed(total) > self.blocks.num_blocks - self.pins.num_blocks:
             raise InvalidRequest(None, (
-                f"request needs {total} tokens of KV cache but the whole pool holds "
-                f"{self.kv_capacity_tokens} tokens; raise kv_cache_memory or shorten the request"),
-                "context_length_exceeded")
+                f"request needs {total} tokens of KV cache but the pool holds {self.kv_capacity_tokens} tokens, "
+                f"{self.pins.num_blocks * self.blocks.block_size} of them pinned; raise kv_cache_memory or "
+                f"shorten the request"), "context_length_exceeded")
         return ids
 
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
@@ -207,13 +212,15 @@ class Engine:
         for seq in seqs:
             self.scheduler.add(seq)
 
-    def add_probe(self, request_id: str, token_ids: list[int], probe: Probe) -> None:
+    def add_probe(self, request_id: str, token_ids: str | list[int], probe: Probe) -> None:
         """An inspection of token_ids (checked like a prompt): its final output carries what the model read
         at the last one. It shares the prefix cache, so re-reading a context the engine has seen is cheap."""
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         params = SamplingParams(max_tokens=1, temperature=0)
         ids = self.validate(token_ids, params)
+        if probe.pin is not None:
+            self.pins.check(probe.pin, ids, "token_ids")
         seq = Sequence(next(self._seq_ids), request_id, 0, ids, params, probe=probe)
         self.requests[request_id] = Request(request_id, None, ids, params, [seq],
                                             [IncrementalDetokenizer(self.tokenizer, params)],
@@ -242,7 +249,8 @@ class Engine:
                            self.blocks.num_free_blocks, self.blocks.prefix_queries, self.blocks.prefix_hits,
                            None if spec is None else dataclasses.replace(
                                spec, num_accepted_tokens_per_pos=list(spec.num_accepted_tokens_per_pos)),
-                           self.connector.stats() if self.connector is not None else {})
+                           self.connector.stats() if self.connector is not None else {}, len(self.pins.pins),
+                           self.pins.num_blocks, self.pins.num_blocks * self.pins.block_bytes)
 
     @functools.cached_property
     def read_bandwidth(self) -> float:
@@ -261,6 +269,7 @@ class Engine:
 
     def step(self) -> list[RequestOutput]:
         """One forward pass for everything scheduled; returns the news of each touched request."""
+        self.pins.expire()
         batch = self.scheduler.schedule()
         if not batch:
             return []
@@ -298,12 +307,18 @@ class Engine:
                     failed[req.request_id] = exc
         for item, inspection in result.inspections:
             if item.seq.request_id not in failed:
-                touched[item.seq.request_id].inspection = inspection
+                req = touched[item.seq.request_id]
+                req.inspection = inspection
+                try:
+                    req.pin = self.pins.complete(item.seq) if item.seq.probe.pin else None
+                except InvalidRequest as exc:
+                    failed[req.request_id] = exc
+                    continue
                 self.scheduler.finish(item.seq, "stop")
         for request_id, exc in failed.items():
             self._fail(touched[request_id], exc)
         if self.proposer is not None:
-            self._propose()
+            propose_drafts(self.proposer, self.spec, self.scheduler.running, self.max_model_len)
         return [self._output(req) for req in touched.values()]
 
     @staticmethod
@@ -312,24 +327,6 @@ class Engine:
         decodes = [item.seq for item in batch if item.num_new_tokens == 1 and item.seq.prompt_done]
         prefill = sum(item.num_new_tokens for item in batch) - len(decodes)
         return StepRecord(end, duration, prefill, len(decodes), sum(seq.num_computed_tokens + 1 for seq in decodes))
-
-    def _propose(self) -> None:
-        """Drafts for the next step: each decoding sequence gets at most what the step could verify and
-        what its max_tokens and the context window leave room for."""
-        decoding = [s for s in self.scheduler.running if s.prompt_done and s.num_tokens - s.num_computed_tokens == 1]
-        room = min(self.spec.num_speculative_tokens, self.spec.max_step_tokens - len(decoding))
-        seqs, limits = [], []
-        for seq in self.scheduler.running:
-            seq.spec_token_ids, seq.spec_probs = [], None
-        for seq in decoding:
-            p = seq.params
-            limit = min(seq.num_prompt_tokens + p.max_tokens if p.max_tokens else self.max_model_len,
-                        self.max_model_len)
-            if (k := min(room, limit - seq.num_tokens - 1)) > 0:  # the step emits up to k + 1 tokens
-                seqs.append(seq)
-                limits.append(k)
-        if seqs:
-            self.proposer.propose(seqs, limits)
 
     def _execute(self, batch: list[ScheduledSeq]) -> StepResult:
         """Run the step; a failure of the whole step (not of one row: the runner keeps those apart) may be
@@ -445,4 +442,4 @@ class Engine:
             req.metrics.num_cached_tokens = req.seqs[0].num_cached_tokens
             del self.requests[req.request_id]
         return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, deltas, finished, req.metrics,
-                             req.prompt_logprobs, req.seqs[0].num_cached_tokens, req.error, req.inspection)
+                             req.prompt_logprobs, req.seqs[0].num_cached_tokens, req.error, req.inspection, req.pin)

@@ -15,11 +15,20 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
+class PinSpec:
+    """A prefix to keep in the KV pool under a name (pins.py), for ttl seconds (None: until deleted)."""
+
+    name: str
+    ttl: float | None = None
+
+
+@dataclass(frozen=True)
 class Probe:
     """An inspection: run some token ids through the step loop and read the model at the last one
-    instead of sampling a token there."""
+    instead of sampling a token there (or, with pin, keep their KV blocks)."""
 
     lens_top: int = 0  # the logit lens: this many top tokens per layer (0: no lens)
+    pin: PinSpec | None = None
 
 
 class Status(enum.Enum):

@@ -61,6 +61,24 @@ def lookup(tokens: np.ndarray | list[int], k: int, low: int, high: int) -> list[
     return proposal + [proposal[i % period] for i in range(len(proposal), k)]
 
 
+def propose_drafts(proposer: Proposer, spec: SpeculativeConfig, running: list[Sequence], max_model_len: int) -> None:
+    """Drafts for the next step: each decoding sequence gets at most what the step could verify and what its
+    max_tokens and the context window leave room for."""
+    decoding = [s for s in running if s.prompt_done and s.num_tokens - s.num_computed_tokens == 1]
+    room = min(spec.num_speculative_tokens, spec.max_step_tokens - len(decoding))
+    seqs, limits = [], []
+    for seq in running:
+        seq.spec_token_ids, seq.spec_probs = [], None
+    for seq in decoding:
+        p = seq.params
+        limit = min(seq.num_prompt_tokens + p.max_tokens if p.max_tokens else max_model_len, max_model_len)
+        if (k := min(room, limit - seq.num_tokens - 1)) > 0:  # the step emits up to k + 1 tokens
+            seqs.append(seq)
+            limits.append(k)
+    if seqs:
+        proposer.propose(seqs, limits)
+
+
 class NgramProposer:
     def __init__(self, spec: SpeculativeConfig):
         self.low, self.high = spec.prompt_lookup_min, spec.prompt_lookup_max
