@@ -294,6 +294,35 @@ class ParallelConfig(Settings):
                                                "Ray actors (ray)", choices=["mp", "ray"])
     ray_address: str | None = setting(None, "the Ray cluster to place engine cores on, e.g. HOST:6379 "
                                             "(default: start a local Ray)")
+    kv_role: str = setting(
+        "both", "each replica's part: both (prefill and decode), or one role per replica, comma-separated, e.g. "
+                "prefill,decode: a new prompt is computed on a prefill replica, which ships its KV blocks to a "
+                "decode replica that streams the reply (ZeroMQ: ipc:// on one host, tcp:// across Ray nodes)")
+    max_local_prefill_tokens: int = setting(
+        256, "with prefill and decode replicas, a prompt of at most this many tokens the decode replica has not "
+             "cached is computed there (a hand-off costs more than a short prefill)")
+
+    ROLES = ("prefill", "decode", "both")
+
+    def __post_init__(self) -> None:
+        roles = self.kv_roles
+        if bad := [r for r in roles if r not in self.ROLES]:
+            raise ValueError(f"kv_role: unknown role {bad[0]!r}; choose from {', '.join(self.ROLES)}")
+        if len(roles) != self.data_parallel_size:
+            raise ValueError(f"kv_role names {len(roles)} roles for --data-parallel-size {self.data_parallel_size}")
+        if "prefill" in roles and not {"decode", "both"} & set(roles):
+            raise ValueError("kv_role: prefill replicas need a decode (or both) replica to hand their prompts to")
+
+    @property
+    def kv_roles(self) -> list[str]:
+        """One role per replica ("both" everywhere by default)."""
+        roles = [r.strip() for r in self.kv_role.split(",")]
+        return roles * self.data_parallel_size if len(roles) == 1 else roles
+
+    @property
+    def handoffs(self) -> bool:
+        """Whether some replica prefills for others."""
+        return "prefill" in self.kv_roles
 
 
 @dataclass

@@ -82,10 +82,10 @@ class LLM:
         return out.pin
 
     def unpin(self, name: str) -> bool:
-        return self.engine.pins.remove(name)
+        return self.engine.kv.pins.remove(name)
 
     def pins(self) -> list[PinInfo]:
-        return self.engine.pins.list()
+        return self.engine.kv.pins.list()
 
     def chat(self, messages: list[dict] | list[list[dict]], sampling_params: SamplingParams | None = None,
              **template_options) -> list[RequestOutput]:

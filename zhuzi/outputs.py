@@ -248,3 +248,5 @@ class EngineSnapshot:
     cached_blocks: int  # blocks holding a prefix-cache entry, in use or free
     read_bandwidth: float  # bytes/s, measured once on the step loop's thread
     steps: list[StepRecord]  # the most recent, oldest first
+    pins: list[PinInfo] = field(default_factory=list)
+    pinned_limit_bytes: int = 0  # what pins may hold (EngineConfig.kv_pinned_memory)

@@ -1,6 +1,6 @@
 """asyncio bridge for the server: the step loop runs in a thread; each request gets its own stream.
 
-Everything reaches the loop as a command of plain data (add, probe, snapshot, abort) and comes back as
+Everything reaches the loop as a command of plain data (add, probe, snapshot, unpin, abort) and comes back as
 plain data. The loop beats a heartbeat after every step, so health() tells a working engine from one
 whose thread is gone, whose loop failed, or that has work and has stopped making progress. The server
 asks only health() and fail(), so the engine can move to a process of its own behind them.
@@ -19,8 +19,8 @@ from typing import Any
 
 from zhuzi.config import EngineConfig
 from zhuzi.engine.engine import Engine
-from zhuzi.engine.sequence import Probe
-from zhuzi.outputs import EngineSnapshot, EngineStats, RequestError, RequestOutput
+from zhuzi.engine.sequence import PinSpec, Probe
+from zhuzi.outputs import EngineSnapshot, EngineStats, PinInfo, RequestError, RequestOutput
 from zhuzi.sampling_params import SamplingParams, StructuredOutputsParams
 
 log = logging.getLogger("zhuzi")
@@ -169,9 +169,26 @@ class AsyncEngine:
 
     async def snapshot(self, num_steps: int) -> EngineSnapshot:
         """The engine's state, taken on the step loop's thread between two steps."""
-        request_id = f"snapshot-{next(self._snapshot_ids)}"
+        return await self._ask("snapshot", num_steps)
+
+    async def pin(self, token_ids: list[int], spec: PinSpec, request_id: str) -> PinInfo:
+        """Pin token_ids' full KV blocks (computed through the step loop first); InvalidRequest if they do not fit."""
+        out = await self.probe(token_ids, Probe(pin=spec), request_id)
+        assert out.pin is not None
+        return out.pin
+
+    async def unpin(self, name: str) -> bool:
+        """Release the pin called name; False if there is none."""
+        return await self._ask("unpin", name)
+
+    async def pins(self) -> list[PinInfo]:
+        return (await self.snapshot(0)).pins
+
+    async def _ask(self, kind: str, *args: object) -> Any:
+        """A command answered at once, between two steps."""
+        request_id = f"{kind}-{next(self._snapshot_ids)}"
         stream = self._open(request_id)
-        self._send(("snapshot", request_id, num_steps))
+        self._send((kind, request_id, *args))
         return await stream.answer(request_id, self._streams)
 
     def _open(self, request_id: str) -> Stream:
@@ -214,6 +231,8 @@ class AsyncEngine:
             try:
                 if kind == "snapshot":
                     self._deliver(request_id, self.engine.snapshot(*rest))
+                elif kind == "unpin":
+                    self._deliver(request_id, self.engine.kv.pins.remove(*rest))
                 else:
                     (self.engine.add_probe if kind == "probe" else self.engine.add_request)(request_id, *rest)
             except Exception as e:  # refused at admission: only this request hears of it

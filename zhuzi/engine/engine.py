@@ -30,13 +30,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from zhuzi.config import EngineConfig, parse_bytes
+from zhuzi.config import EngineConfig
 from zhuzi.detokenizer import IncrementalDetokenizer
 from zhuzi.engine import tp_worker
-from zhuzi.engine.block_manager import BlockManager, KVEvents
-from zhuzi.engine.kv_connector import KVConnector
+from zhuzi.engine.kv_services import KVServices
+from zhuzi.engine.kv_transfer import Handoff
 from zhuzi.engine.model_runner import PromptLogprobs, StepResult, load_runner, measure_read_bandwidth
-from zhuzi.engine.pins import PinTable
 from zhuzi.engine.scheduler import Scheduler
 from zhuzi.engine.sequence import Probe, ScheduledSeq, Sequence
 from zhuzi.engine.spec_decode import DraftModelProposer, NgramProposer, Proposer, propose_drafts
@@ -95,8 +94,9 @@ class Request:
 
 
 class Engine:
-    def __init__(self, config: EngineConfig, kv_events: bool = False):
-        """kv_events: record the prefix-cache blocks stored and evicted (blocks.events), for a router."""
+    def __init__(self, config: EngineConfig, kv_events: bool = False, kv_transfers: bool = False):
+        """kv_events: record the prefix-cache blocks stored and evicted (blocks.events), for a router;
+        kv_transfers: take part in prefill/decode hand-offs (self.kv.handoffs)."""
         self.config = config
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
@@ -117,12 +117,8 @@ class Engine:
         max_positions = max(self.max_model_len, ckpt.config.max_position_embeddings)
         self.kv_plan = plan = config.kv_plan(ckpt.config)
         self.grammars = GrammarCompiler(self.tokenizer.hf, ckpt.config.vocab_size, self.eos_ids)
-        self.connector = KVConnector.of(config, ckpt.config, ckpt.path, self.runner.kv_cache) \
-            if config.kv_tiers else None
-        self.blocks = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching,
-                                   events=KVEvents() if kv_events else None, connector=self.connector)
-        self.pins = PinTable(self.blocks, self.connector, plan.bytes_per_token * plan.block_size,
-                             parse_bytes(config.kv_pinned_memory))
+        self.blocks, self.kv = KVServices.build(config, ckpt.config, ckpt.path, plan, self.runner.kv_cache,
+                                                self.runner.num_blocks, kv_events, kv_transfers)
         self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens,
                                    config.long_prefill_token_threshold, spec.max_step_tokens if spec else 0)
         self.spec = spec
@@ -142,9 +138,8 @@ class Engine:
 
     def shutdown(self) -> None:
         """Write what the disk tier has queued; release the other tensor-parallel ranks."""
-        if self.connector is not None:
-            self.connector.close()
-            self.connector = None
+        if hasattr(self, "kv"):
+            self.kv.close()
         if self.tp is not None:
             tp_worker.stop(self.tp, self.workers)
             self.tp = None
@@ -186,15 +181,16 @@ class Engine:
                 f"This model's maximum context length is {self.max_model_len} tokens. However, you "
                 f"requested {total} tokens ({len(ids)} in the prompt, {params.max_tokens or 1} for the "
                 f"completion). Please reduce the length of the prompt or the completion."), "context_length_exceeded")
-        if self.blocks.blocks_needed(total) > self.blocks.num_blocks - self.pins.num_blocks:
+        if self.blocks.blocks_needed(total) > self.blocks.num_blocks - self.kv.pins.num_blocks:
             raise InvalidRequest(None, (
                 f"request needs {total} tokens of KV cache but the pool holds {self.kv_capacity_tokens} tokens, "
-                f"{self.pins.num_blocks * self.blocks.block_size} of them pinned; raise kv_cache_memory or "
+                f"{self.kv.pins.num_blocks * self.blocks.block_size} of them pinned; raise kv_cache_memory or "
                 f"shorten the request"), "context_length_exceeded")
         return ids
 
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-                    arrival_time: float | None = None) -> None:
+                    arrival_time: float | None = None, handoff: Handoff | None = None) -> None:
+        """handoff: this request's part in a prefill/decode hand-off (kv_transfer.py)."""
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         ids = self.validate(prompt, params)
@@ -208,6 +204,8 @@ class Engine:
         req = Request(request_id, prompt if isinstance(prompt, str) else None, ids, params, seqs,
                       [IncrementalDetokenizer(self.tokenizer, params) for _ in seqs],
                       RequestMetrics(arrival_time or time.monotonic()))
+        if handoff is not None:
+            self.kv.start_handoff(handoff, seqs)
         self.requests[request_id] = req
         for seq in seqs:
             self.scheduler.add(seq)
@@ -220,7 +218,7 @@ class Engine:
         params = SamplingParams(max_tokens=1, temperature=0)
         ids = self.validate(token_ids, params)
         if probe.pin is not None:
-            self.pins.check(probe.pin, ids, "token_ids")
+            self.kv.pins.check(probe.pin, ids, "token_ids")
         seq = Sequence(next(self._seq_ids), request_id, 0, ids, params, probe=probe)
         self.requests[request_id] = Request(request_id, None, ids, params, [seq],
                                             [IncrementalDetokenizer(self.tokenizer, params)],
@@ -243,14 +241,17 @@ class Engine:
     def has_unfinished(self) -> bool:
         return bool(self.requests)
 
+    def has_work(self) -> bool:
+        """Whether a step would run something (a request awaiting its KV blocks waits for a message)."""
+        return bool(self.scheduler.running) or any(not s.awaiting_kv for s in self.scheduler.waiting)
+
     def stats(self) -> EngineStats:
         spec = self.spec_stats
         return EngineStats(len(self.scheduler.running), len(self.scheduler.waiting), self.blocks.num_blocks,
                            self.blocks.num_free_blocks, self.blocks.prefix_queries, self.blocks.prefix_hits,
                            None if spec is None else dataclasses.replace(
                                spec, num_accepted_tokens_per_pos=list(spec.num_accepted_tokens_per_pos)),
-                           self.connector.stats() if self.connector is not None else {}, len(self.pins.pins),
-                           self.pins.num_blocks, self.pins.num_blocks * self.pins.block_bytes)
+                           **self.kv.stats())
 
     @functools.cached_property
     def read_bandwidth(self) -> float:
@@ -263,13 +264,13 @@ class Engine:
         steps = list(self.recent_steps)[-num_steps:] if num_steps > 0 else []
         return EngineSnapshot(time.monotonic(), self.model_config, self.config.dtype, self.max_model_len,
                               self.weight_bytes_per_decode_step, self.stats(), self.kv_plan, len(self.blocks.cached),
-                              self.read_bandwidth, steps)
+                              self.read_bandwidth, steps, self.kv.pins.list(), self.kv.pins.limit_bytes)
 
     # -- the step --------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
         """One forward pass for everything scheduled; returns the news of each touched request."""
-        self.pins.expire()
+        self.kv.tick()
         batch = self.scheduler.schedule()
         if not batch:
             return []
@@ -310,7 +311,7 @@ class Engine:
                 req = touched[item.seq.request_id]
                 req.inspection = inspection
                 try:
-                    req.pin = self.pins.complete(item.seq) if item.seq.probe.pin else None
+                    req.pin = self.kv.pins.complete(item.seq) if item.seq.probe.pin else None
                 except InvalidRequest as exc:
                     failed[req.request_id] = exc
                     continue
@@ -376,6 +377,8 @@ class Engine:
             if i < verdict.num_accepted:  # an accepted draft: this step computed its K/V
                 seq.num_computed_tokens += 1
         self.blocks.register_computed(seq)  # before finishing, so the last blocks reach the prefix cache
+        if self.kv.handoffs is not None:
+            self.kv.handoffs.prompt_computed(seq)
         if finish is not None:
             self.scheduler.finish(seq, *finish)
 

@@ -31,6 +31,7 @@ class PinTable:
     def __init__(self, blocks: BlockManager, connector: KVConnector | None, block_bytes: int, limit_bytes: int):
         self.blocks, self.connector = blocks, connector
         self.block_bytes, self.limit_blocks = block_bytes, limit_bytes // block_bytes
+        self.limit_bytes = self.limit_blocks * block_bytes
         self.pins: dict[str, Pin] = {}
         self.holders: Counter[int] = Counter()  # block id -> pins holding it
 
@@ -61,7 +62,7 @@ class PinTable:
         if (need := len(held) + len(new)) > self.limit_blocks:
             raise InvalidRequest(param, (
                 f"pinned prefixes would hold {need * self.block_bytes} bytes of KV cache, over the "
-                f"{self.limit_blocks * self.block_bytes} that kv_pinned_memory allows; delete a pin or raise it"),
+                f"{self.limit_bytes} that kv_pinned_memory allows; delete a pin or raise it"),
                 "pinned_memory_exceeded")
 
     def complete(self, seq: Sequence) -> PinInfo:

@@ -1,5 +1,6 @@
 """Which data-parallel replica runs a request: the one whose prefix cache holds the longest prefix of its
-prompt (a conversation's next turn lands where its history is cached), else the least loaded.
+prompt (a conversation's next turn lands where its history is cached), else the least loaded. With prefill
+and decode replicas (--kv-role), a pair: the same choice among each kind.
 
 Each replica reports the block hashes its prefix cache stored and evicted (core.Outputs); the router
 keeps which replicas hold each hash and walks a new prompt's hash chain, computed with the engine's own
@@ -57,3 +58,12 @@ class PrefixRouter:
         """The replica (a key of load: the live ones, with their requests in flight) to run prompt on."""
         cached = self.cached_tokens(prompt, set(load))
         return min(load, key=lambda r: (load[r] * LOAD_COST_TOKENS - cached[r], r))
+
+    def pick_pair(self, prompt: list[int], prefill: dict[int, int], decode: dict[int, int],
+                  max_local: int) -> tuple[int | None, int]:
+        """The decode replica to stream prompt's reply, and the prefill replica to compute the prompt first:
+        None when the decode replica's own prefix cache leaves at most max_local tokens to compute."""
+        target = self.pick(prompt, decode)
+        if not prefill or len(prompt) - self.cached_tokens(prompt, {target})[target] <= max_local:
+            return None, target
+        return self.pick(prompt, prefill), target

@@ -75,6 +75,8 @@ class Scheduler:
                 break
             if seq.leader is not None and not (seq.leader.prompt_done or seq.leader.finished):
                 continue  # let the leader fill the shared prompt blocks first
+            if seq.awaiting_kv:
+                continue  # its prompt's blocks are on their way from a prefill replica
             if not seq.block_table and seq.params.prompt_logprobs is None:
                 seq.num_computed_tokens = self.blocks.reuse_cached_prefix(seq)
                 if not seq.ever_scheduled:

@@ -2,8 +2,8 @@
 
 Names follow vLLM's (`vllm:` becomes `zhuzi:`) so existing dashboards fit. The
 per-request histograms and counters are recorded by the server when a request
-ends; the engine-wide state (running, waiting, KV usage, prefix-cache and
-speculative-decoding counts) is read from each replica's EngineStats at scrape
+ends; the engine-wide state (running, waiting, KV usage, prefix-cache,
+speculative-decoding, KV tier, pin and transfer counts) is read from each replica's EngineStats at scrape
 time, so it is never stale, and is labelled with the replica (data-parallel
 engine core) it describes.
 """
@@ -46,6 +46,19 @@ class EngineCollector(Collector):
             (CounterMetricFamily, "prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
              "prefix_cache_queries"),
             (CounterMetricFamily, "prefix_cache_hits", "Prompt tokens found in the prefix cache.", "prefix_cache_hits"),
+            (GaugeMetricFamily, "kv_pins", "Pinned prefixes.", "num_pins"),
+            (GaugeMetricFamily, "kv_pinned_blocks", "KV pool blocks held by pinned prefixes.", "pinned_blocks"),
+            (GaugeMetricFamily, "kv_pinned_bytes", "KV pool bytes held by pinned prefixes.", "pinned_bytes"),
+            (CounterMetricFamily, "kv_transfers_sent", "Prefill/decode hand-offs: requests whose KV blocks this "
+             "replica sent.", "kv_transfers_sent"),
+            (CounterMetricFamily, "kv_transfers_received", "Prefill/decode hand-offs received.",
+             "kv_transfers_received"),
+            (CounterMetricFamily, "kv_transfers_failed", "Hand-offs that never arrived: the decode replica "
+             "computed the prompt itself.", "kv_transfers_failed"),
+            (CounterMetricFamily, "kv_transfer_blocks_sent", "KV blocks sent to decode replicas.",
+             "kv_transfer_blocks_sent"),
+            (CounterMetricFamily, "kv_transfer_blocks_received", "KV blocks received from prefill replicas.",
+             "kv_transfer_blocks_received"),
         ]
         for family, name, doc, attribute in families:
             metric = family(PREFIX + name, doc, labels=ENGINE_LABELS)
@@ -53,6 +66,31 @@ class EngineCollector(Collector):
                 metric.add_metric([model, str(replica)], getattr(stats, attribute))
             yield metric
         yield from self._spec_decoding(model, replicas)
+        yield from self._kv_tiers(model, replicas)
+
+    @staticmethod
+    def _kv_tiers(model: str, replicas: dict[int, EngineStats]) -> Iterator[Metric]:
+        """Each KV tier (host, disk) of each replica, labelled tier="host" or "disk"."""
+        tiers = [(replica, name, tier) for replica, stats in sorted(replicas.items())
+                 for name, tier in sorted(stats.kv_tiers.items())]
+        if not tiers:
+            return
+        for family, name, doc, attribute in [
+            (CounterMetricFamily, "kv_offload_hits", "Prompt tokens loaded from a KV tier instead of computed.",
+             "hit_tokens"),
+            (GaugeMetricFamily, "kv_offload_blocks", "KV blocks held in a tier.", "blocks"),
+            (GaugeMetricFamily, "kv_offload_bytes", "Bytes of KV blocks held in a tier.", "bytes"),
+            (CounterMetricFamily, "kv_offload_stored", "KV blocks put into a tier.", "stored"),
+            (CounterMetricFamily, "kv_offload_evicted", "KV blocks a tier let go to make room.", "evicted"),
+            (CounterMetricFamily, "kv_offload_refused", "Block files skipped: corrupt, foreign or unreadable.",
+             "refused"),
+            (CounterMetricFamily, "kv_offload_dropped", "Blocks not stored: no room (all pinned) or the disk "
+             "writer behind.", "dropped"),
+        ]:
+            metric = family(PREFIX + name, doc, labels=ENGINE_LABELS + ["tier"])
+            for replica, tier_name, tier in tiers:
+                metric.add_metric([model, str(replica), tier_name], getattr(tier, attribute))
+            yield metric
 
     @staticmethod
     def _spec_decoding(model: str, replicas: dict[int, EngineStats]) -> Iterator[Metric]:
