@@ -18,7 +18,7 @@ from serving import ServerProcess, engine_pids, running_server
 BLOCK_BYTES = 16 * 23040  # SmolLM2 in bf16: 23,040 bytes of K/V a token
 SYSTEM = [{"role": "system", "content": "You answer questions about the weather in the north of Scotland. " * 12}]
 QUESTION = [{"role": "user", "content": "Will it rain tomorrow?"}]
-RULES = " ".join(f"Rule {n}: answer in plain words, cite the source, never guess a number." for n in range(40))
+RULES = " ".join(f"Rule {n}: answer in plain words, cite the source, never guess a number." for n in range(20))
 LONG_SYSTEM = [{"role": "system", "content": RULES}]
 
 
@@ -103,7 +103,7 @@ def test_a_pin_the_server_cannot_keep_gets_openais_error_object(server, body, st
 def test_after_a_kill_9_the_restarted_server_loads_a_long_prompt_from_disk(server, kv_folder, tmp_path):
     first = chat(server, LONG_SYSTEM + QUESTION)
     prompt_tokens = first["usage"]["prompt_tokens"]
-    assert prompt_tokens > 600 and first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert prompt_tokens > 300 and first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
     deadline = time.monotonic() + 60
     while engine_metrics(server)[("zhuzi:kv_offload_stored_total", "disk")] < prompt_tokens // 16:
         assert time.monotonic() < deadline, "the disk tier did not write the prompt's blocks"

@@ -101,7 +101,7 @@ def validation_error(exc: pydantic.ValidationError) -> ApiError:
     return ApiError(400, f"{param}: {message}" if param else message, param=param)
 
 
-_FIELD_NAMES = {field.alias or name for module in (p, ip) for model in vars(module).values()
+_FIELD_NAMES = {field.alias or name for module in (p, ip, cp) for model in vars(module).values()
                 if isinstance(model, type) and issubclass(model, p.Request)
                 for name, field in model.model_fields.items()}
 
