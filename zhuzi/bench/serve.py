@@ -17,6 +17,8 @@ so a prefix cache pays off. --request-rate is the Poisson arrival rate of
 conversations; --max-concurrency caps the conversations (and so the requests)
 in flight. --poll GETs a path every --poll-interval seconds while the load runs (the inspector page
 polls /inspect/engine so): run with and without it to see what watching costs the streams.
+--long-prompt-len adds the long-prompt mix: while the load runs, a new prompt of that many tokens every
+--long-prompt-interval seconds, reported apart (what a long prefill does to everyone's next token).
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ from zhuzi.bench import machine_line, save_report
 from zhuzi.bench.datasets import Conversation, load_tokenizer, random_text_conversations, sharegpt_conversations
 
 ENDPOINT_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+LONG_PROMPTS, LONG_OUTPUT_TOKENS = 64, 16  # the long-prompt mix: at most this many, each with a short reply
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -75,6 +78,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--poll-interval", type=float, default=0.25,
                         help="seconds between the end of one poll and the next (default %(default)s: the page's "
                              "rate while a reply streams)")
+    parser.add_argument("--long-prompt-len", type=int, default=0,
+                        help="also send a new prompt of this many tokens every --long-prompt-interval seconds while "
+                             "the load runs, reported apart (default: none)")
+    parser.add_argument("--long-prompt-interval", type=float, default=5.0, help="(default %(default)s)")
     parser.add_argument("--json-out", default=None, help="also write the report to this JSON file")
 
 
@@ -149,6 +156,8 @@ class ServeReport:
     requests: list[RequestResult] = field(repr=False)
     poll_ms: Stat | None = None  # --poll: the polls' latencies
     polls: int = 0
+    long_ttft_ms: Stat | None = None  # --long-prompt-len: the long prompts' TTFT (those that ended in time)
+    long_completed: int = 0
 
     @property
     def request_throughput(self) -> float:
@@ -315,6 +324,9 @@ async def benchmark(args: argparse.Namespace) -> ServeReport:
         polls: list[float] = []
         poller = asyncio.create_task(poll(client, base_url + args.poll, headers, args.poll_interval, polls)) \
             if args.poll else None
+        longs: list[RequestResult] = []
+        sender = asyncio.create_task(send_long_prompts(client, target, args, tokenizer, longs)) \
+            if args.long_prompt_len else None
         with tqdm(total=total, desc="requests", disable=args.disable_tqdm) as progress:
             start = time.perf_counter()
             offsets = arrival_offsets(len(conversations), args.request_rate, args.seed)
@@ -322,6 +334,9 @@ async def benchmark(args: argparse.Namespace) -> ServeReport:
                 run_conversation(client, target, i, c, start + offsets[i], limit, tokenizer, progress)
                 for i, c in enumerate(conversations)))
             duration = time.perf_counter() - start
+        if sender is not None:
+            sender.cancel()
+            await asyncio.gather(sender, return_exceptions=True)
         if poller is not None:
             poller.cancel()
             (outcome,) = await asyncio.gather(poller, return_exceptions=True)
@@ -331,7 +346,30 @@ async def benchmark(args: argparse.Namespace) -> ServeReport:
     report = summarize(args, base_url, model, results, duration)
     if args.poll:
         report.poll_ms, report.polls = Stat.of(polls), len(polls)
+    if args.long_prompt_len:
+        done = [r for r in longs if r.success]
+        report.long_ttft_ms, report.long_completed = Stat.of([r.ttft for r in done]), len(done)
     return report
+
+
+async def send_long_prompts(client, target: Target, args: argparse.Namespace, tokenizer,
+                            results: list[RequestResult]) -> None:
+    """The long-prompt mix: a new long prompt (no prefix cache helps) every interval until cancelled; those
+    still running then are cancelled too."""
+    conversations = random_text_conversations(tokenizer, LONG_PROMPTS, args.long_prompt_len, LONG_OUTPUT_TOKENS,
+                                              0.0, args.seed + 1)
+    tasks = []
+    try:
+        for index, conversation in enumerate(conversations):
+            turn = conversation.turns[0]
+            results.append(RequestResult(-1, index))
+            body = request_body(target, [{"role": "user", "content": turn.user}], turn.max_tokens, tokenizer)
+            tasks.append(asyncio.create_task(send_request(client, target, body, results[-1])))
+            await asyncio.sleep(args.long_prompt_interval)
+        await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
 
 
 async def poll(client, url: str, headers: dict[str, str], interval: float, latencies: list[float]) -> None:
@@ -384,6 +422,10 @@ def format_report(r: ServeReport) -> str:
                                ("End-to-end Latency", "E2EL", r.e2el_ms)):
         lines += [rule(title, "-"), row(f"Mean {short} (ms):", stat.mean),
                   row(f"Median {short} (ms):", stat.median), row(f"P99 {short} (ms):", stat.p99)]
+    if r.long_ttft_ms is not None:
+        lines += [rule("Long prompts (--long-prompt-len)", "-"), row("Long prompts answered:", r.long_completed),
+                  row("Median long-prompt TTFT (ms):", r.long_ttft_ms.median),
+                  row("P99 long-prompt TTFT (ms):", r.long_ttft_ms.p99)]
     if r.poll_ms is not None:
         lines += [rule("Polling (--poll)", "-"), row("Polls:", r.polls),
                   row("Median poll latency (ms):", r.poll_ms.median), row("P99 poll latency (ms):", r.poll_ms.p99)]
