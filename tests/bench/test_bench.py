@@ -41,7 +41,7 @@ def test_cli_lists_every_tool(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["bench", "--help"])
     help_text = capsys.readouterr().out
-    assert all(tool in help_text for tool in ("offline", "decode", "structured", "serve", "polling", "scaling"))
+    assert all(tool in help_text for tool in ("offline", "decode", "structured", "serve", "polling", "scaling", "kv"))
 
 
 def test_random_prompts_are_seeded_in_range_and_free_of_control_tokens(tokenizer):
@@ -224,6 +224,20 @@ def test_polling_runs_the_load_quiet_and_polled_side_by_side(server_url, tmp_pat
     assert report.best_ratio == pytest.approx(best)
     assert "polled/quiet" in capsys.readouterr().out
     assert json.loads(out.read_text())["median_ratio"] == pytest.approx(report.median_ratio)
+
+
+def test_serve_sends_the_long_prompt_mix_and_reports_it_apart(server_url, capsys):
+    report = run_tool(["bench", "serve", "--base-url", server_url, "--num-prompts", "4", "--random-input-len", "24",
+                       "--random-output-len", "32", "--max-concurrency", "2", "--ignore-eos", "--disable-tqdm",
+                       "--long-prompt-len", "200", "--long-prompt-interval", "3"])
+    assert (report.completed, report.failed, report.num_prompts) == (4, 0, 4)  # the long prompts are apart
+    assert report.long_completed >= 1 and 0 < report.long_ttft_ms.median <= report.long_ttft_ms.p99
+    assert "Long prompts answered:" in capsys.readouterr().out
+
+
+def test_kv_refuses_an_unknown_part():
+    with pytest.raises(SystemExit, match="unknown part 'tiers'"):
+        run_tool(["bench", "kv", "--parts", "tiers"])
 
 
 def test_serve_replays_sharegpt_with_the_servers_answers_in_the_history(server_url):
