@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from zhuzi.engine.kv_connector import KVConnector
@@ -20,6 +20,14 @@ def block_hash(parent: bytes | None, tokens: list[int]) -> bytes:
     h = hashlib.blake2b(parent or b"", digest_size=16)
     h.update(b",".join(str(t).encode() for t in tokens))
     return h.digest()
+
+
+def hash_chain(tokens: list[int], block_size: int) -> Iterator[bytes]:
+    """The hashes of the full blocks of tokens, first to last (lazily: a caller may stop at a miss)."""
+    parent = None
+    for start in range(0, len(tokens) - block_size + 1, block_size):
+        parent = block_hash(parent, tokens[start:start + block_size])
+        yield parent
 
 
 @dataclass
@@ -132,6 +140,8 @@ class BlockManager:
 
         if (block_id := self._fill(h, fill)) is None:
             return False
+        if self.connector is not None:
+            self.connector.computed(h, block_id)  # new to this engine's tiers too
         self._drop(block_id)
         return True
 

@@ -110,10 +110,8 @@ class KVConnector:
 
     def evicted(self, h: bytes, block_id: int) -> None:
         """The pool is about to overwrite block_id, which held h."""
-        if self.host is not None:
+        if self.host is not None:  # the disk tier has it already: it was written when computed
             self.host.put(h, self.read(block_id))
-        elif self.disk is not None:
-            self.disk.put(h, self.read(block_id))  # usually written already (computed); a no-op then
 
     def computed(self, h: bytes, block_id: int) -> None:
         """Block_id now holds h: the disk tier keeps a copy that outlives the process."""

@@ -13,7 +13,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 
-from zhuzi.engine.block_manager import BlockManager, block_hash
+from zhuzi.engine.block_manager import BlockManager, hash_chain
 from zhuzi.engine.kv_connector import KVConnector
 from zhuzi.engine.sequence import PinSpec, Sequence
 from zhuzi.outputs import PinInfo
@@ -40,12 +40,6 @@ class PinTable:
         """Pool blocks held by pins."""
         return len(self.holders)
 
-    def _hashes(self, token_ids: list[int]) -> list[bytes]:
-        size, hashes = self.blocks.block_size, []
-        for start in range(0, len(token_ids) - size + 1, size):
-            hashes.append(block_hash(hashes[-1] if hashes else None, token_ids[start:start + size]))
-        return hashes
-
     def check(self, spec: PinSpec, token_ids: list[int], param: str) -> None:
         """InvalidRequest unless a pin of token_ids fits: at least one full block, within the bound."""
         size = self.blocks.block_size
@@ -53,7 +47,7 @@ class PinTable:
             raise InvalidRequest(param, f"a pin holds whole KV blocks of {size} tokens; got {len(token_ids)} tokens")
         if spec.ttl is not None and not spec.ttl > 0:
             raise InvalidRequest("ttl", f"ttl must be a positive number of seconds, got {spec.ttl}")
-        self._check_room(self._hashes(token_ids), spec.name, param)
+        self._check_room(list(hash_chain(token_ids, size)), spec.name, param)
 
     def _check_room(self, hashes: list[bytes], name: str, param: str) -> None:
         old = self.pins.get(name)
