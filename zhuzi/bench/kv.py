@@ -14,20 +14,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
 from zhuzi.bench import machine_line
 from zhuzi.bench import serve as serve_bench
 from zhuzi.bench.datasets import load_tokenizer, random_text_conversations
-from zhuzi.bench.scaling import free_port, wait_healthy
+from zhuzi.bench.scaling import serving
 
 PD_SETUPS = {"colocated": ["--data-parallel-size", "2"],
              "disaggregated": ["--data-parallel-size", "2", "--kv-role", "prefill,decode"]}
@@ -74,27 +69,6 @@ class RestartResult:
     warm_ttft_ms: float
     restart_ttft_ms: float  # after kill -9 and a restart on the same disk tier
     restart_cached_tokens: int
-
-
-@contextmanager
-def serving(flags: list[str]) -> Iterator[str]:
-    """A `zhuzi serve` in a process group of its own (a kill -9 reaches its engine cores); its URL."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    with tempfile.TemporaryFile() as log:
-        server = subprocess.Popen([sys.executable, "-m", "zhuzi.cli", "serve", "--port", str(port), *flags],
-                                  stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            wait_healthy(url, server)
-            yield url
-        except BaseException:
-            log.seek(0)
-            sys.stderr.write(log.read().decode(errors="replace")[-4000:])
-            raise
-        finally:
-            if server.poll() is None:
-                os.killpg(server.pid, signal.SIGKILL)  # what a crash does; nothing of it may be needed
-            server.wait()
 
 
 def serve_args(url: str, args: argparse.Namespace, num_prompts: int, long_len: int) -> argparse.Namespace:
@@ -155,7 +129,7 @@ def run_restarts(args: argparse.Namespace) -> list[RestartResult]:
     with tempfile.TemporaryDirectory(prefix="zhuzi-kv-") as folder:
         flags = [*args.serve_args.split(), "--kv-offload-dir", folder]
         for n, system in enumerate(systems):
-            with serving(flags) as url:
+            with serving(flags, crash=True) as url:
                 first_token(url, "You are brief.", "Hello!")  # warm-up
                 cold, _ = first_token(url, system, "Summarize the text above.")
                 warm, _ = first_token(url, system, "Summarize the text above.")

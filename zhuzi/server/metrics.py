@@ -60,22 +60,11 @@ class EngineCollector(Collector):
             (CounterMetricFamily, "kv_transfer_blocks_received", "KV blocks received from prefill replicas.",
              "kv_transfer_blocks_received"),
         ]
-        for family, name, doc, attribute in families:
-            metric = family(PREFIX + name, doc, labels=ENGINE_LABELS)
-            for replica, stats in sorted(replicas.items()):
-                metric.add_metric([model, str(replica)], getattr(stats, attribute))
-            yield metric
+        yield from families_of(families, ENGINE_LABELS,
+                               [([model, str(replica)], stats) for replica, stats in sorted(replicas.items())])
         yield from self._spec_decoding(model, replicas)
-        yield from self._kv_tiers(model, replicas)
-
-    @staticmethod
-    def _kv_tiers(model: str, replicas: dict[int, EngineStats]) -> Iterator[Metric]:
-        """Each KV tier (host, disk) of each replica, labelled tier="host" or "disk"."""
-        tiers = [(replica, name, tier) for replica, stats in sorted(replicas.items())
-                 for name, tier in sorted(stats.kv_tiers.items())]
-        if not tiers:
-            return
-        for family, name, doc, attribute in [
+        # Each KV tier (host, disk) of each replica, labelled tier="host" or "disk".
+        yield from families_of([
             (CounterMetricFamily, "kv_offload_hits", "Prompt tokens loaded from a KV tier instead of computed.",
              "hit_tokens"),
             (GaugeMetricFamily, "kv_offload_blocks", "KV blocks held in a tier.", "blocks"),
@@ -86,28 +75,23 @@ class EngineCollector(Collector):
              "refused"),
             (CounterMetricFamily, "kv_offload_dropped", "Blocks not stored: no room (all pinned) or the disk "
              "writer behind.", "dropped"),
-        ]:
-            metric = family(PREFIX + name, doc, labels=ENGINE_LABELS + ["tier"])
-            for replica, tier_name, tier in tiers:
-                metric.add_metric([model, str(replica), tier_name], getattr(tier, attribute))
-            yield metric
+        ], ENGINE_LABELS + ["tier"], [([model, str(replica), name], tier) for replica, stats in sorted(replicas.items())
+                                      for name, tier in sorted(stats.kv_tiers.items())])
 
     @staticmethod
     def _spec_decoding(model: str, replicas: dict[int, EngineStats]) -> Iterator[Metric]:
         """vLLM's speculative-decoding counters, for the replicas that speculate."""
         specs = {replica: stats.spec_decoding for replica, stats in sorted(replicas.items())
                  if stats.spec_decoding is not None}
+        yield from families_of([
+            (CounterMetricFamily, "spec_decode_num_drafts", "Speculative proposals verified (one per sequence and "
+             "step).", "num_drafts"),
+            (CounterMetricFamily, "spec_decode_num_draft_tokens", "Tokens proposed.", "num_draft_tokens"),
+            (CounterMetricFamily, "spec_decode_num_accepted_tokens", "Proposed tokens the target model accepted.",
+             "num_accepted_tokens"),
+        ], ENGINE_LABELS, [([model, str(replica)], spec) for replica, spec in specs.items()])
         if not specs:
             return
-        for name, doc, attribute in [
-            ("spec_decode_num_drafts", "Speculative proposals verified (one per sequence and step).", "num_drafts"),
-            ("spec_decode_num_draft_tokens", "Tokens proposed.", "num_draft_tokens"),
-            ("spec_decode_num_accepted_tokens", "Proposed tokens the target model accepted.", "num_accepted_tokens"),
-        ]:
-            metric = CounterMetricFamily(PREFIX + name, doc, labels=ENGINE_LABELS)
-            for replica, spec in specs.items():
-                metric.add_metric([model, str(replica)], getattr(spec, attribute))
-            yield metric
         per_pos = CounterMetricFamily(PREFIX + "spec_decode_num_accepted_tokens_per_pos",
                                       "Proposals whose token at this position was accepted.",
                                       labels=ENGINE_LABELS + ["position"])
@@ -115,6 +99,19 @@ class EngineCollector(Collector):
             for position, value in enumerate(spec.num_accepted_tokens_per_pos):
                 per_pos.add_metric([model, str(replica), str(position)], value)
         yield per_pos
+
+
+def families_of(specs: list[tuple[type, str, str, str]], labels: list[str],
+                rows: list[tuple[list[str], object]]) -> Iterator[Metric]:
+    """A metric per (family, name, doc, attribute) spec, with a sample per row (label values, the object whose
+    attribute it reads); none while there are no rows."""
+    if not rows:
+        return
+    for family, name, doc, attribute in specs:
+        metric = family(PREFIX + name, doc, labels=labels)
+        for values, source in rows:
+            metric.add_metric(values, getattr(source, attribute))
+        yield metric
 
 
 class ServerMetrics:
