@@ -28,7 +28,9 @@ from zhuzi.engine.sequence import Sequence
 
 log = logging.getLogger("zhuzi")
 CHUNK_BLOCKS = 32  # blocks per shipment: a prefill replica that dies mid-transfer leaves the first chunks usable
-WAIT_S = 120.0  # a decode replica computes the prompt itself when no shipment has come for this long
+WAIT_S = 600.0  # a decode replica computes the prompt itself when nothing has come for this long (the front
+# says so at once when the prefill replica dies or refuses; this is for what nobody saw: a busy prefill
+# replica may take minutes to reach a long prompt)
 SEND_QUEUE = 8  # shipments queued for one decode replica before more are dropped
 
 
