@@ -23,6 +23,7 @@ import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Container
 from dataclasses import replace
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -79,7 +80,8 @@ def _make_room(entries: OrderedDict[bytes, Any], pinned: Container[bytes], keep:
     """Evict the least recently used unpinned entries until at most keep remain; False if pins forbid it."""
     if keep < 0:
         return False
-    for h in [h for h in entries if h not in pinned][:max(0, len(entries) - keep)]:
+    # Walk from the oldest only as far as the victims needed: usually one, past whatever pins hold.
+    for h in list(islice((h for h in entries if h not in pinned), max(0, len(entries) - keep))):
         evict(h)
     return len(entries) <= keep
 
