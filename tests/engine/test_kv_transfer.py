@@ -39,12 +39,14 @@ def run(engine: Engine) -> dict[str, list[int]]:
     return tokens
 
 
-def prefill(config: EngineConfig, chunk_blocks: int, monkeypatch) -> list[Shipment]:
-    """The prefill engine's shipments for PROMPT."""
-    monkeypatch.setattr(kv_transfer, "CHUNK_BLOCKS", chunk_blocks)
-    engine = Engine(config, kv_transfers=True)
-    engine.add_request("r#prefill", PROMPT, GREEDY, handoff=Handoff("r", "ipc://decode"))
-    run(engine)
+@pytest.fixture(scope="module")
+def shipments(config) -> list[Shipment]:
+    """A prefill engine's shipments for PROMPT, 3 blocks each."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(kv_transfer, "CHUNK_BLOCKS", 3)
+        engine = Engine(config, kv_transfers=True)
+        engine.add_request("r#prefill", PROMPT, GREEDY, handoff=Handoff("r", "ipc://decode"))
+        run(engine)
     assert engine.stats().kv_transfers_sent == 1 and engine.stats().kv_transfer_blocks_sent == 7
     return engine.kv.handoffs.take_outbox()
 
@@ -62,8 +64,7 @@ def decode_engine(config: EngineConfig) -> Engine:
     return engine
 
 
-def test_a_hand_off_gives_the_tokens_one_engine_gives_and_computes_only_the_last_block(config, alone, monkeypatch):
-    shipments = prefill(config, 3, monkeypatch)
+def test_a_hand_off_gives_the_tokens_one_engine_gives_and_computes_only_the_last_block(config, alone, shipments):
     assert [len(s.header.hashes) for s in shipments] == [3, 3, 1] and [s.header.last for s in shipments] == [
         False, False, True]
     engine = decode_engine(config)
@@ -77,8 +78,7 @@ def test_a_hand_off_gives_the_tokens_one_engine_gives_and_computes_only_the_last
     assert stats.prefix_cache_hits == 7 * 16  # the shipped blocks, found in its prefix cache
 
 
-def test_a_hand_off_given_up_midway_computes_the_rest_with_the_same_tokens(config, alone, monkeypatch):
-    shipments = prefill(config, 3, monkeypatch)
+def test_a_hand_off_given_up_midway_computes_the_rest_with_the_same_tokens(config, alone, shipments):
     engine = decode_engine(config)
     deliver(engine, shipments[0])  # then the prefill replica died
     engine.kv.handoffs.give_up("r")
@@ -87,9 +87,8 @@ def test_a_hand_off_given_up_midway_computes_the_rest_with_the_same_tokens(confi
     assert stats.kv_transfers_failed == 1 and stats.prefix_cache_hits == 3 * 16
 
 
-def test_blocks_of_another_model_are_refused_and_the_prompt_computed(config, alone, monkeypatch, caplog):
-    (shipment,) = prefill(config, 32, monkeypatch)
-    foreign = dataclasses.replace(shipment, header=msgspec.structs.replace(shipment.header, layout=b"x" * 16))
+def test_blocks_of_another_model_are_refused_and_the_prompt_computed(config, alone, shipments, caplog):
+    foreign = dataclasses.replace(shipments[0], header=msgspec.structs.replace(shipments[0].header, layout=b"x" * 16))
     engine = decode_engine(config)
     deliver(engine, foreign)
     assert "another model" in caplog.text
