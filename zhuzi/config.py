@@ -252,7 +252,7 @@ class EngineConfig(Settings):
               "background), so prefixes outlive a restart; corrupt or foreign files are skipped")
     kv_offload_disk: str | int = setting("20GiB", "the disk tier's bound (least recently used blocks go first)")
     kv_pinned_memory: str | int = setting(
-        "256MiB", "KV pool memory that pinned prefixes (POST /v1/cache/pins) may hold")
+        "256MiB", "KV pool memory that pinned prefixes (POST /v1/cache/pins) may hold (at most half the pool)")
 
     def __post_init__(self) -> None:
         SpeculativeConfig.parse(self.speculative_config)  # a bad value fails here, in one line

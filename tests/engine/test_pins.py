@@ -7,6 +7,9 @@ import tiny
 from kv_load import BLOCK_BYTES, GREEDY, ids, llm, push_out
 
 from zhuzi import LLM
+from zhuzi.engine.block_manager import BlockManager
+from zhuzi.engine.pins import PinTable
+from zhuzi.engine.sequence import PinSpec
 from zhuzi.sampling_params import InvalidRequest
 
 PROMPT = ids(0) + ids(5, 5)  # 4 full blocks of a system prompt, then a question
@@ -71,3 +74,11 @@ def test_a_request_that_only_the_unpinned_pool_could_not_hold_is_refused(engine)
         engine.generate([ids(3, 150)], GREEDY)  # 158 tokens: 10 blocks of the 8 unpinned
     engine.unpin("system")
     assert engine.generate([ids(3, 150)], GREEDY)[0].outputs[0].token_ids
+
+
+def test_pins_never_take_more_than_half_the_pool_whatever_the_flag_allows():
+    pins = PinTable(BlockManager(num_blocks=12, block_size=16), None, BLOCK_BYTES, limit_bytes=2**30)
+    assert pins.limit_blocks == 6 and pins.limit_bytes == 6 * BLOCK_BYTES
+    with pytest.raises(InvalidRequest, match="pinned prefixes would hold"):
+        pins.check(PinSpec("big"), ids(4, 7 * 16), "token_ids")
+    pins.check(PinSpec("fits"), ids(4, 6 * 16), "token_ids")

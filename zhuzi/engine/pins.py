@@ -4,7 +4,7 @@ pin is deleted or its time to live ends.
 A pin is computed as an inspection of its token ids is (a probe through the step loop, so the prefix cache
 and the tiers give whatever they hold); when the probe has run, the pin takes one more reference on each of
 its full blocks. Blocks shared by several pins are held once per pin but counted once against the bound
-(EngineConfig.kv_pinned_memory), which is checked when a pin is asked for and again when it completes.
+(EngineConfig.kv_pinned_memory, at most half the pool), checked when a pin is asked for and when it completes.
 An expired pin is released at the next step or listing. A new pin under a name replaces the old one.
 """
 from __future__ import annotations
@@ -30,7 +30,8 @@ class Pin:
 class PinTable:
     def __init__(self, blocks: BlockManager, connector: KVConnector | None, block_bytes: int, limit_bytes: int):
         self.blocks, self.connector = blocks, connector
-        self.block_bytes, self.limit_blocks = block_bytes, limit_bytes // block_bytes
+        # Pins may never take more than half the pool: the rest is for the requests that use them.
+        self.block_bytes, self.limit_blocks = block_bytes, min(limit_bytes // block_bytes, blocks.num_blocks // 2)
         self.limit_bytes = self.limit_blocks * block_bytes
         self.pins: dict[str, Pin] = {}
         self.holders: Counter[int] = Counter()  # block id -> pins holding it
