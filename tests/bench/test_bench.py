@@ -183,11 +183,14 @@ def healthy(url: str) -> bool:
 
 
 def test_serve_measures_every_streamed_request(server_url, tmp_path, capsys):
+    """With the long-prompt mix (one long prompt here), reported apart."""
     out = tmp_path / "serve.json"
     report = run_tool(["bench", "serve", "--base-url", server_url, "--num-prompts", "4",
                        "--random-input-len", "24", "--random-output-len", "6", "--max-concurrency", "2",
-                       "--ignore-eos", "--disable-tqdm", "--json-out", str(out)])
-    assert (report.completed, report.failed) == (4, 0)
+                       "--ignore-eos", "--disable-tqdm", "--json-out", str(out),
+                       "--long-prompt-len", "200", "--long-prompts", "1"])
+    assert (report.completed, report.failed, report.num_prompts) == (4, 0, 4)
+    assert report.long_completed == 1 and report.long_ttft_ms.median > 0
     assert report.total_output_tokens == 4 * 6  # ignore_eos reached the server; usage was read
     assert report.total_input_tokens >= 4 * 24  # the chat template adds to the prompt
     for stat in (report.ttft_ms, report.tpot_ms, report.itl_ms, report.e2el_ms):
@@ -196,7 +199,7 @@ def test_serve_measures_every_streamed_request(server_url, tmp_path, capsys):
     assert all(1 <= len(r.itl) <= 5 for r in report.requests)  # gaps between at most 6 content chunks
     printed = capsys.readouterr().out
     for row in ("Successful requests:", "Request throughput (req/s):", "Output token throughput (tok/s):",
-                "Median TTFT (ms):", "P99 TPOT (ms):", "Mean ITL (ms):", "P99 E2EL (ms):"):
+                "Median TTFT (ms):", "P99 TPOT (ms):", "Mean ITL (ms):", "P99 E2EL (ms):", "Long prompts answered:"):
         assert row in printed
     data = json.loads(out.read_text())
     assert data["completed"] == 4 and data["ttft_ms"]["p99"] == pytest.approx(report.ttft_ms.p99)
@@ -224,15 +227,6 @@ def test_polling_runs_the_load_quiet_and_polled_side_by_side(server_url, tmp_pat
     assert report.best_ratio == pytest.approx(best)
     assert "polled/quiet" in capsys.readouterr().out
     assert json.loads(out.read_text())["median_ratio"] == pytest.approx(report.median_ratio)
-
-
-def test_serve_sends_the_long_prompt_mix_and_reports_it_apart(server_url, capsys):
-    report = run_tool(["bench", "serve", "--base-url", server_url, "--num-prompts", "4", "--random-input-len", "24",
-                       "--random-output-len", "32", "--max-concurrency", "2", "--ignore-eos", "--disable-tqdm",
-                       "--long-prompt-len", "200", "--long-prompt-interval", "3"])
-    assert (report.completed, report.failed, report.num_prompts) == (4, 0, 4)  # the long prompts are apart
-    assert report.long_completed >= 1 and 0 < report.long_ttft_ms.median <= report.long_ttft_ms.p99
-    assert "Long prompts answered:" in capsys.readouterr().out
 
 
 def test_kv_refuses_an_unknown_part():

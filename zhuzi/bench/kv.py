@@ -150,7 +150,7 @@ def format_tables(mixes: list[MixResult], restarts: list[RestartResult]) -> str:
         lines += ["| setup | chat ITL p50 / p99 ms | chat TTFT p50 / p99 ms | long-prompt TTFT p50 / p99 ms "
                   "| long prompts answered | out tok/s | failed | load |", "|---|---|---|---|---|---|---|---|"]
         for m in mixes:
-            long = f"{m.long_ttft_p50_ms:.0f} / {m.long_ttft_p99_ms:.0f}" if m.long_answered else "none in time"
+            long = f"{m.long_ttft_p50_ms:.0f} / {m.long_ttft_p99_ms:.0f}" if m.long_answered else "none answered"
             lines.append(f"| {m.setup} | {m.itl_p50_ms:.1f} / {m.itl_p99_ms:.1f} | {m.ttft_p50_ms:.0f} / "
                          f"{m.ttft_p99_ms:.0f} | {long} | {m.long_answered} | {m.output_tok_s:.1f} | {m.failed} "
                          f"| {m.load_before:.2f} |")

@@ -18,12 +18,14 @@ conversations; --max-concurrency caps the conversations (and so the requests)
 in flight. --poll GETs a path every --poll-interval seconds while the load runs (the inspector page
 polls /inspect/engine so): run with and without it to see what watching costs the streams.
 --long-prompt-len adds the long-prompt mix: while the load runs, a new prompt of that many tokens every
---long-prompt-interval seconds, reported apart (what a long prefill does to everyone's next token).
+--long-prompt-interval seconds (at most --long-prompts of them), reported apart (what a long prefill does to
+everyone's next token); the run ends when the last one sent is answered.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -36,7 +38,7 @@ from zhuzi.bench import machine_line, save_report
 from zhuzi.bench.datasets import Conversation, load_tokenizer, random_text_conversations, sharegpt_conversations
 
 ENDPOINT_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
-LONG_PROMPTS, LONG_OUTPUT_TOKENS = 64, 16  # the long-prompt mix: at most this many, each with a short reply
+LONG_OUTPUT_TOKENS = 16  # each long prompt of the mix gets a short reply
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -82,6 +84,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also send a new prompt of this many tokens every --long-prompt-interval seconds while "
                              "the load runs, reported apart (default: none)")
     parser.add_argument("--long-prompt-interval", type=float, default=5.0, help="(default %(default)s)")
+    parser.add_argument("--long-prompts", type=int, default=64, help="at most this many long prompts (default "
+                                                                     "%(default)s)")
     parser.add_argument("--json-out", default=None, help="also write the report to this JSON file")
 
 
@@ -156,7 +160,7 @@ class ServeReport:
     requests: list[RequestResult] = field(repr=False)
     poll_ms: Stat | None = None  # --poll: the polls' latencies
     polls: int = 0
-    long_ttft_ms: Stat | None = None  # --long-prompt-len: the long prompts' TTFT (those that ended in time)
+    long_ttft_ms: Stat | None = None  # --long-prompt-len: the long prompts' TTFT
     long_completed: int = 0
 
     @property
@@ -325,7 +329,8 @@ async def benchmark(args: argparse.Namespace) -> ServeReport:
         poller = asyncio.create_task(poll(client, base_url + args.poll, headers, args.poll_interval, polls)) \
             if args.poll else None
         longs: list[RequestResult] = []
-        sender = asyncio.create_task(send_long_prompts(client, target, args, tokenizer, longs)) \
+        load_done = asyncio.Event()
+        sender = asyncio.create_task(send_long_prompts(client, target, args, tokenizer, load_done, longs)) \
             if args.long_prompt_len else None
         with tqdm(total=total, desc="requests", disable=args.disable_tqdm) as progress:
             start = time.perf_counter()
@@ -334,9 +339,9 @@ async def benchmark(args: argparse.Namespace) -> ServeReport:
                 run_conversation(client, target, i, c, start + offsets[i], limit, tokenizer, progress)
                 for i, c in enumerate(conversations)))
             duration = time.perf_counter() - start
-        if sender is not None:
-            sender.cancel()
-            await asyncio.gather(sender, return_exceptions=True)
+            load_done.set()
+            if sender is not None:
+                await sender
         if poller is not None:
             poller.cancel()
             (outcome,) = await asyncio.gather(poller, return_exceptions=True)
@@ -352,24 +357,23 @@ async def benchmark(args: argparse.Namespace) -> ServeReport:
     return report
 
 
-async def send_long_prompts(client, target: Target, args: argparse.Namespace, tokenizer,
+async def send_long_prompts(client, target: Target, args: argparse.Namespace, tokenizer, load_done: asyncio.Event,
                             results: list[RequestResult]) -> None:
-    """The long-prompt mix: a new long prompt (no prefix cache helps) every interval until cancelled; those
-    still running then are cancelled too."""
-    conversations = random_text_conversations(tokenizer, LONG_PROMPTS, args.long_prompt_len, LONG_OUTPUT_TOKENS,
-                                              0.0, args.seed + 1)
+    """The long-prompt mix: a new long prompt (no prefix cache helps) every interval until the load is done;
+    returns when those sent are answered."""
+    conversations = random_text_conversations(tokenizer, args.long_prompts, args.long_prompt_len,
+                                              LONG_OUTPUT_TOKENS, 0.0, args.seed + 1)
     tasks = []
-    try:
-        for index, conversation in enumerate(conversations):
-            turn = conversation.turns[0]
-            results.append(RequestResult(-1, index))
-            body = request_body(target, [{"role": "user", "content": turn.user}], turn.max_tokens, tokenizer)
-            tasks.append(asyncio.create_task(send_request(client, target, body, results[-1])))
-            await asyncio.sleep(args.long_prompt_interval)
-        await asyncio.gather(*tasks)
-    finally:
-        for task in tasks:
-            task.cancel()
+    for index, conversation in enumerate(conversations):
+        turn = conversation.turns[0]
+        results.append(RequestResult(-1, index))
+        body = request_body(target, [{"role": "user", "content": turn.user}], turn.max_tokens, tokenizer)
+        tasks.append(asyncio.create_task(send_request(client, target, body, results[-1])))
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(load_done.wait(), args.long_prompt_interval)
+        if load_done.is_set():
+            break
+    await asyncio.gather(*tasks)
 
 
 async def poll(client, url: str, headers: dict[str, str], interval: float, latencies: list[float]) -> None:
