@@ -24,7 +24,7 @@ from pathlib import Path
 
 import zmq
 
-from zhuzi.config import EngineConfig, ParallelConfig
+from zhuzi.config import EngineConfig, ParallelConfig, parse_bytes
 from zhuzi.engine import core, placement
 from zhuzi.engine.async_engine import AsyncEngine, EngineDead, Stream, final_inspection
 from zhuzi.engine.engine import check_token_ids
@@ -78,7 +78,10 @@ class EngineClient:
     def start(self) -> EngineClient:
         """Start the replicas; returns once all have loaded the model (raises if any could not)."""
         try:
-            self._start(replace(self.config, num_threads=default_threads(self.config, self.parallel)))
+            # The replicas share one disk tier folder: each keeps its share of the bound.
+            disk = parse_bytes(self.config.kv_offload_disk) // self.parallel.data_parallel_size
+            self._start(replace(self.config, num_threads=default_threads(self.config, self.parallel),
+                                kv_offload_disk=disk))
         except BaseException:
             self.close()
             raise
