@@ -4,7 +4,7 @@ import random
 
 import pytest
 import torch
-from policy import seq
+from fake_sequences import seq
 
 from zhuzi.engine.block_manager import BlockManager, block_hash
 from zhuzi.engine.kv_connector import KVConnector, KVLayout

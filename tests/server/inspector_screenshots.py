@@ -13,7 +13,7 @@ from pathlib import Path
 
 from inspector import Inspector, launch
 from playwright.sync_api import expect, sync_playwright
-from serving import running_server
+from server_process import running_server
 
 VIEWS = [("1-chat-and-slow-motion", "steps"), ("2-document", "document"), ("3-sampling-lab", "lab"),
          ("4-logit-lens", "lens"), ("5-tokenizer", "bpe"), ("6-name-tree", "tree")]

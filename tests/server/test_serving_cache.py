@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from serving import ServerProcess, engine_pids, running_server
+from server_process import ServerProcess, engine_pids, running_server
 
 BLOCK_BYTES = 16 * 23040  # SmolLM2 in bf16: 23,040 bytes of K/V a token
 SYSTEM = [{"role": "system", "content": "You answer questions about the weather in the north of Scotland. " * 12}]

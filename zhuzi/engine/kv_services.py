@@ -39,6 +39,11 @@ class KVServices:
             raise ValueError("this engine takes no part in prefill/decode hand-offs")
         self.handoffs.start(handoff, seqs)
 
+    def prompt_computed(self, seq: Sequence) -> None:
+        """seq has sampled (its prompt is in the prefix cache): a prefill replica ships it now."""
+        if self.handoffs is not None:
+            self.handoffs.prompt_computed(seq)
+
     def tick(self) -> None:
         """Before a step: expired pins let go, hand-offs that waited too long given up."""
         self.pins.expire()

@@ -14,6 +14,7 @@ way the decode replica alone emits the reply: nothing is lost or sent twice.
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -103,9 +104,12 @@ class Handoffs:
             self.ship(handoff.send_to, handoff.transfer_id, seq)
 
     def ship(self, address: str, transfer_id: str, seq: Sequence) -> None:
-        """seq's prompt is computed: its full blocks before the last prompt token go to address."""
-        count = (seq.num_prompt_tokens - 1) // self.blocks.block_size
-        hashes, ids = seq.block_hashes[:count], seq.block_table[:count]
+        """seq's prompt is in the prefix cache (seq itself may have ended): its full blocks before the last prompt
+        token go to address."""
+        cached = self.blocks.cached
+        hashes = list(itertools.takewhile(cached.__contains__, seq.block_hashes[:(seq.num_prompt_tokens - 1) //
+                                                                               self.blocks.block_size]))
+        count, ids = len(hashes), [cached[h] for h in hashes]
         digest = self.connector.layout.digest
         for start in range(0, max(count, 1), CHUNK_BLOCKS):
             chunk = slice(start, start + CHUNK_BLOCKS)

@@ -61,11 +61,13 @@ class PinTable:
                 "pinned_memory_exceeded")
 
     def complete(self, seq: Sequence) -> PinInfo:
-        """The probe seq has run its token ids: pin their full blocks (InvalidRequest if they no longer fit)."""
+        """The probe seq has run its token ids and published their full blocks (it may have ended since: nothing
+        was allocated in between): pin them (InvalidRequest if they no longer fit)."""
         spec = seq.probe.pin if seq.probe is not None else None
         assert spec is not None
-        self.blocks.register_computed(seq)  # the last chunk of a probe is not published otherwise
-        hashes = seq.block_hashes[:seq.num_computed_tokens // self.blocks.block_size]
+        hashes = seq.block_hashes[:seq.num_tokens // self.blocks.block_size]
+        if missing := sum(h not in self.blocks.cached for h in hashes):
+            raise InvalidRequest("token_ids", f"{missing} of the pin's {len(hashes)} blocks left the prefix cache")
         self._check_room(hashes, spec.name, "token_ids")
         self.remove(spec.name)
         block_ids = [self.blocks.cached[h] for h in hashes]

@@ -1,5 +1,5 @@
 """Speculative decoding, proposing: at the end of a step, guesses of each decoding sequence's next tokens,
-which the next step's forward pass checks (rejection_sampler.verify decides which stand).
+which the next step's forward pass checks (zhuzi/sample/rejection.py decides which stand).
 
 - NgramProposer (vLLM's "ngram", prompt lookup): the text a model is asked to edit, comment or quote is
   already in its context, so the tokens that followed an earlier occurrence of the current suffix are a
@@ -28,8 +28,8 @@ from zhuzi.engine.model_runner import ModelRunner
 from zhuzi.engine.sequence import ScheduledSeq, Sequence
 from zhuzi.model.decoder import Decoder
 from zhuzi.model.loader import load_checkpoint
-from zhuzi.rejection_sampler import sample_drafts
-from zhuzi.sampler import SamplingRow
+from zhuzi.sample.rejection import sample_drafts
+from zhuzi.sample.sampler import SamplingRow
 from zhuzi.tokenizer import Tokenizer
 
 
@@ -59,24 +59,6 @@ def lookup(tokens: np.ndarray | list[int], k: int, low: int, high: int) -> list[
     proposal = tokens[start:start + k].tolist()
     period = n - start  # the proposal so far is the context's last `period` tokens: it repeats
     return proposal + [proposal[i % period] for i in range(len(proposal), k)]
-
-
-def propose_drafts(proposer: Proposer, spec: SpeculativeConfig, running: list[Sequence], max_model_len: int) -> None:
-    """Drafts for the next step: each decoding sequence gets at most what the step could verify and what its
-    max_tokens and the context window leave room for."""
-    decoding = [s for s in running if s.prompt_done and s.num_tokens - s.num_computed_tokens == 1]
-    room = min(spec.num_speculative_tokens, spec.max_step_tokens - len(decoding))
-    seqs, limits = [], []
-    for seq in running:
-        seq.spec_token_ids, seq.spec_probs = [], None
-    for seq in decoding:
-        p = seq.params
-        limit = min(seq.num_prompt_tokens + p.max_tokens if p.max_tokens else max_model_len, max_model_len)
-        if (k := min(room, limit - seq.num_tokens - 1)) > 0:  # the step emits up to k + 1 tokens
-            seqs.append(seq)
-            limits.append(k)
-    if seqs:
-        proposer.propose(seqs, limits)
 
 
 class NgramProposer:
