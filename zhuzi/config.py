@@ -262,8 +262,11 @@ class EngineConfig(Settings):
         SpeculativeConfig.parse(self.speculative_config)  # a bad value fails here, in one line
         for name in ("kv_cache_memory", "kv_offload_memory", "kv_offload_disk", "kv_pinned_memory"):
             parse_bytes(getattr(self, name))
-        if self.tensor_parallel_size > 1 and self.kv_tiers:
+        if self.kv_tiers and self.tensor_parallel_size > 1:
             raise ValueError("the KV tiers (--kv-offload-memory, --kv-offload-dir) need --tensor-parallel-size 1")
+        if self.kv_tiers and not self.enable_prefix_caching:
+            raise ValueError("the KV tiers (--kv-offload-memory, --kv-offload-dir) bring blocks back through the "
+                             "prefix cache: drop --no-enable-prefix-caching")
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -332,6 +335,15 @@ class ParallelConfig(Settings):
     def handoffs(self) -> bool:
         """Whether some replica prefills for others."""
         return "prefill" in self.kv_roles
+
+    def check(self, engine: EngineConfig) -> None:
+        """ValueError where these replicas cannot run that engine: a hand-off ships whole blocks (one rank's
+        pool holds a slice of each) into the decode replica's prefix cache."""
+        if self.handoffs and engine.tensor_parallel_size > 1:
+            raise ValueError("prefill/decode replicas (--kv-role) need --tensor-parallel-size 1")
+        if self.handoffs and not engine.enable_prefix_caching:
+            raise ValueError("prefill/decode replicas (--kv-role) hand blocks over through the prefix cache: drop "
+                             "--no-enable-prefix-caching")
 
 
 @dataclass

@@ -82,3 +82,10 @@ def test_pins_never_take_more_than_half_the_pool_whatever_the_flag_allows():
     with pytest.raises(InvalidRequest, match="pinned prefixes would hold"):
         pins.check(PinSpec("big"), ids(4, 7 * 16), "token_ids")
     pins.check(PinSpec("fits"), ids(4, 6 * 16), "token_ids")
+
+
+def test_an_engine_without_a_prefix_cache_refuses_pins():
+    pins = PinTable(BlockManager(num_blocks=12, block_size=16, enable_prefix_caching=False), None, BLOCK_BYTES,
+                    limit_bytes=2**30)
+    with pytest.raises(InvalidRequest, match="without"):
+        pins.check(PinSpec("system"), ids(4, 32), "token_ids")

@@ -58,6 +58,7 @@ class CoreClient:
 
     def __init__(self, config: EngineConfig, parallel: ParallelConfig):
         """Nothing runs until start(); close() stops whatever start() began, even while it waits."""
+        parallel.check(config)
         self.config = config
         self.parallel = parallel
         self.router = PrefixRouter(config.block_size)

@@ -44,6 +44,8 @@ class PinTable:
     def check(self, spec: PinSpec, token_ids: list[int], param: str) -> None:
         """InvalidRequest unless a pin of token_ids fits: at least one full block, within the bound."""
         size = self.blocks.block_size
+        if not self.blocks.enable_prefix_caching:
+            raise InvalidRequest(None, "pins keep blocks of the prefix cache, which this engine runs without")
         if len(token_ids) < size:
             raise InvalidRequest(param, f"a pin holds whole KV blocks of {size} tokens; got {len(token_ids)} tokens")
         if spec.ttl is not None and not spec.ttl > 0:
