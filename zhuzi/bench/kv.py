@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from zhuzi.bench import machine_line
 from zhuzi.bench import serve as serve_bench
 from zhuzi.bench.datasets import load_tokenizer, random_text_conversations
-from zhuzi.bench.scaling import serving
+from zhuzi.bench.scaling import load_args, serving
 
 PD_SETUPS = {"colocated": ["--data-parallel-size", "2"],
              "disaggregated": ["--data-parallel-size", "2", "--kv-role", "prefill,decode"]}
@@ -72,13 +72,9 @@ class RestartResult:
 
 
 def serve_args(url: str, args: argparse.Namespace, num_prompts: int, long_len: int) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    serve_bench.add_arguments(parser)
+    """The chat load, with a long_len-token prompt every --long-prompt-interval seconds beside it (0: none)."""
     extra = ["--long-prompt-len", str(long_len), "--long-prompt-interval", str(args.long_prompt_interval)]
-    return parser.parse_args(["--base-url", url, "--num-prompts", str(num_prompts), "--max-concurrency",
-                              str(args.max_concurrency), "--random-input-len", str(args.input_len),
-                              "--random-output-len", str(args.output_len), "--ignore-eos", "--disable-tqdm",
-                              *(extra if long_len else [])])
+    return load_args(url, args, num_prompts, args.output_len, *(extra if long_len else []))
 
 
 def run_mix(name: str, args: argparse.Namespace) -> MixResult:

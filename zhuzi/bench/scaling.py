@@ -123,13 +123,15 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))] if ordered else float("nan")
 
 
-def load_args(url: str, args: argparse.Namespace, num_prompts: int, output_len: int) -> argparse.Namespace:
-    """`zhuzi bench serve`'s arguments for this load: random prompts, every reply its full length."""
+def load_args(url: str, args: argparse.Namespace, num_prompts: int, output_len: int,
+              *extra: str) -> argparse.Namespace:
+    """`zhuzi bench serve`'s arguments for this load: random prompts, every reply its full length; extra: more of
+    its flags."""
     parser = argparse.ArgumentParser()
     serve_bench.add_arguments(parser)
     return parser.parse_args(["--base-url", url, "--num-prompts", str(num_prompts), "--max-concurrency",
                               str(args.max_concurrency), "--random-input-len", str(args.input_len),
-                              "--random-output-len", str(output_len), "--ignore-eos", "--disable-tqdm"])
+                              "--random-output-len", str(output_len), "--ignore-eos", "--disable-tqdm", *extra])
 
 
 @contextmanager
