@@ -35,10 +35,12 @@ FORMAT = 1  # bump when the bytes of a block change meaning
 
 @dataclass(frozen=True)
 class KVLayout:
-    """What a block's bytes mean: K and V of which weights, in which dtype and shape."""
+    """What a block's bytes mean: K and V of which weights, computed in which dtype, stored in which dtype and
+    shape."""
 
     model: str  # content_digest of the weights as stored
-    dtype: str
+    dtype: str  # the pool's
+    compute: str  # the activations' (float32 math over a bf16 pool rounds K/V apart from bf16 math)
     quantization: str | None
     num_layers: int
     num_kv_heads: int
@@ -46,9 +48,10 @@ class KVLayout:
     block_size: int
 
     @classmethod
-    def of(cls, config: EngineConfig, model: ModelConfig, path: Path) -> KVLayout:
-        return cls(content_digest(path), str(config.torch_dtype).removeprefix("torch."), config.quantization,
-                   model.num_layers, model.num_kv_heads, model.head_dim, config.block_size)
+    def of(cls, config: EngineConfig, model: ModelConfig, path: Path, pool: torch.dtype) -> KVLayout:
+        pool_dtype, compute = (str(d).removeprefix("torch.") for d in (pool, config.precision.compute))
+        return cls(content_digest(path), pool_dtype, compute, config.quantization, model.num_layers,
+                   model.num_kv_heads, model.head_dim, config.block_size)
 
     @property
     def digest(self) -> bytes:
@@ -86,7 +89,8 @@ class KVConnector:
     def of(cls, config: EngineConfig, model: ModelConfig, path: Path, kv_cache: torch.Tensor) -> KVConnector:
         host = parse_bytes(config.kv_offload_memory)
         folder = Path(config.kv_offload_dir) if config.kv_offload_dir else None
-        return cls(KVLayout.of(config, model, path), kv_cache, host, folder, parse_bytes(config.kv_offload_disk))
+        return cls(KVLayout.of(config, model, path, kv_cache.dtype), kv_cache, host, folder,
+                   parse_bytes(config.kv_offload_disk))
 
     @property
     def has_tiers(self) -> bool:
