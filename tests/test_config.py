@@ -108,3 +108,16 @@ def test_a_cpu_kernel_variant_is_checked_when_the_config_is_made():
         EngineConfig(cpu_kernels="avx3")
     with pytest.raises(ValueError, match="unknown dtype 'bf8'"):
         EngineConfig(dtype="bf8")
+
+
+def test_kv_tiers_and_hand_offs_refuse_what_they_cannot_serve():
+    with pytest.raises(ValueError, match="prefix cache"):
+        EngineConfig(kv_offload_memory="1GiB", enable_prefix_caching=False)
+    with pytest.raises(ValueError, match="--tensor-parallel-size 1"):
+        EngineConfig(kv_offload_dir="kv", tensor_parallel_size=2)
+    roles = ParallelConfig(data_parallel_size=2, kv_role="prefill,decode")
+    with pytest.raises(ValueError, match="--tensor-parallel-size 1"):
+        roles.check(EngineConfig(tensor_parallel_size=2))
+    with pytest.raises(ValueError, match="prefix cache"):
+        roles.check(EngineConfig(enable_prefix_caching=False))
+    ParallelConfig(data_parallel_size=2).check(EngineConfig(tensor_parallel_size=2, enable_prefix_caching=False))

@@ -50,3 +50,25 @@ def atomic_write(target: Path) -> Iterator[Path]:
             shutil.rmtree(tmp, ignore_errors=True)
         else:
             tmp.unlink(missing_ok=True)
+
+
+def content_digest(path: Path) -> str:
+    """A digest of a model's stored weights (a file, or a directory's config.json and *.safetensors), the same
+    wherever those bytes lie; read once, then remembered by the files' identities."""
+    files = [path] if path.is_file() else sorted([path / "config.json", *path.glob("*.safetensors")])
+    entry = cache_path("digests", path.name, *(part for f in files for part in file_identity(f)))
+    try:
+        return entry.read_text()
+    except OSError:
+        pass
+    digest = hashlib.blake2b(digest_size=16)
+    for file in files:
+        with open(file, "rb") as f:
+            digest.update(hashlib.file_digest(f, "blake2b").digest())
+    text = digest.hexdigest()
+    try:
+        with atomic_write(entry) as tmp:
+            tmp.write_text(text)
+    except OSError:
+        pass  # a read-only cache: the next start reads the weights again
+    return text

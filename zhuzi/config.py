@@ -3,18 +3,16 @@ engine and server setting. Command-line flags are generated from the settings' f
 setting is one edit here."""
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import re
-import types
-import typing
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from zhuzi.model import native
+from zhuzi.settings import Settings, setting
 
 
 @dataclass
@@ -202,53 +200,6 @@ class SpeculativeConfig:
             raise ValueError("speculative_config: draft_model needs a model (an HF directory or a .gguf file)")
 
 
-# ---------------------------------------------------------------- settings and their flags
-
-def setting(default: Any, help: str, serve: Any = dataclasses.MISSING, **flag: Any) -> Any:
-    """A settings field; serve: its default under `zhuzi serve` when that differs; flag holds argparse options
-    beyond the ones read from the field (e.g. choices, or flags=["--api-key"] for a list field's singular flag)."""
-    factory = {"default_factory": lambda: list(default)} if isinstance(default, list) else {"default": default}
-    return field(**factory, metadata={"help": help, "serve": serve, **flag})
-
-
-class Settings:
-    """Settings whose fields are also command-line flags (--max-num-seqs for max_num_seqs)."""
-
-    @classmethod
-    def add_cli_args(cls, parser: argparse.ArgumentParser, skip: tuple[str, ...] = (), serving: bool = False) -> None:
-        """serving: the flags of `zhuzi serve`, whose defaults may differ (a field's serve default)."""
-        hints = typing.get_type_hints(cls)
-        for f in dataclasses.fields(cls):
-            if f.init and f.name not in skip:
-                _add_flag(parser, f, hints[f.name], serving)
-
-    @classmethod
-    def from_cli_args(cls, args: argparse.Namespace) -> Any:
-        return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)
-                      if f.init and hasattr(args, f.name)})
-
-
-def _add_flag(parser: argparse.ArgumentParser, f: dataclasses.Field, hint: Any, serving: bool) -> None:
-    options = dict(f.metadata)
-    flags = options.pop("flags", ["--" + f.name.replace("_", "-")])
-    default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-    serve_default = options.pop("serve", dataclasses.MISSING)
-    if serving and serve_default is not dataclasses.MISSING:
-        default = serve_default
-    union = isinstance(hint, types.UnionType)
-    kinds = [t for t in typing.get_args(hint) if t is not type(None)] if union else [hint]
-    kind = typing.get_origin(kinds[0]) or kinds[0]
-    if kind is bool:
-        options["action"] = argparse.BooleanOptionalAction
-    elif kind is list:
-        options.update(action="append", type=typing.get_args(kinds[0])[0])
-    else:  # str | int reads as text: the field's own parser (e.g. parse_bytes) takes it from there
-        options["type"] = str if str in kinds else kind
-    if default is not None and "action" not in options:  # BooleanOptionalAction adds its own
-        options["help"] += " (default: %(default)s)"
-    parser.add_argument(*flags, dest=f.name, default=default, **options)
-
-
 @dataclass
 class EngineConfig(Settings):
     """Every tunable of the engine in one place; LLM() and the command line fill it."""
@@ -301,12 +252,28 @@ class EngineConfig(Settings):
     deterministic: bool = setting(
         False, "batch invariance: a request's tokens at temperature 0 (or with a seed) do not depend on the "
                "batch, chunking or prefix cache around it (every linear in one fixed order per row; CPU)")
+    kv_offload_memory: str | int = setting(
+        "0", "host memory for KV blocks the pool evicts, e.g. 4GiB: a prompt whose prefix is there loads it "
+             "instead of computing it (0: no host tier)")
+    kv_offload_dir: str | None = setting(
+        None, "folder of a disk tier for KV blocks: each computed block is also written there (in the "
+              "background), so prefixes outlive a restart; corrupt or foreign files are skipped")
+    kv_offload_disk: str | int = setting("20GiB", "the disk tier's bound (least recently used blocks go first)")
+    kv_pinned_memory: str | int = setting(
+        "256MiB", "KV pool memory that pinned prefixes (POST /v1/cache/pins) may hold (at most half the pool)")
 
     def __post_init__(self) -> None:
         SpeculativeConfig.parse(self.speculative_config)  # a bad value fails here, in one line
         native.resolve(self.cpu_kernels)
         if self.dtype != "auto":
             parse_dtype(self.dtype)
+        for name in ("kv_cache_memory", "kv_offload_memory", "kv_offload_disk", "kv_pinned_memory"):
+            parse_bytes(getattr(self, name))
+        if self.kv_tiers and self.tensor_parallel_size > 1:
+            raise ValueError("the KV tiers (--kv-offload-memory, --kv-offload-dir) need --tensor-parallel-size 1")
+        if self.kv_tiers and not self.enable_prefix_caching:
+            raise ValueError("the KV tiers (--kv-offload-memory, --kv-offload-dir) bring blocks back through the "
+                             "prefix cache: drop --no-enable-prefix-caching")
 
     @property
     def precision(self) -> Precision:
@@ -325,6 +292,11 @@ class EngineConfig(Settings):
     def kv_cache_bytes(self) -> int:
         return parse_bytes(self.kv_cache_memory)
 
+    @property
+    def kv_tiers(self) -> bool:
+        """Whether a host-memory or disk tier keeps KV blocks beyond the pool."""
+        return bool(self.kv_offload_dir or parse_bytes(self.kv_offload_memory))
+
     def kv_plan(self, model: ModelConfig) -> KVPlan:
         return KVPlan.of(model, self.precision.kv, self.kv_cache_bytes, self.block_size)
 
@@ -341,6 +313,15 @@ class ParallelConfig(Settings):
                                                "Ray actors (ray)", choices=["mp", "ray"])
     ray_address: str | None = setting(None, "the Ray cluster to place engine cores on, e.g. HOST:6379 "
                                             "(default: start a local Ray)")
+    kv_role: str = setting(
+        "both", "each replica's part: both (prefill and decode), or one role per replica, comma-separated, e.g. "
+                "prefill,decode: a new prompt is computed on a prefill replica, which ships its KV blocks to a "
+                "decode replica that streams the reply (ZeroMQ: ipc:// on one host, tcp:// across Ray nodes)")
+    max_local_prefill_tokens: int = setting(
+        256, "with prefill and decode replicas, a prompt of at most this many tokens the decode replica has not "
+             "cached is computed there (a hand-off costs more than a short prefill)")
+
+    ROLES = ("prefill", "decode", "both")
 
     def __post_init__(self) -> None:
         if self.data_parallel_size < 1:
@@ -348,6 +329,33 @@ class ParallelConfig(Settings):
         if self.data_parallel_size > 1 and not self.engine_process:
             raise ValueError("--data-parallel-size needs the engine cores in processes of their own "
                              "(--engine-process)")
+        roles = self.kv_roles
+        if bad := [r for r in roles if r not in self.ROLES]:
+            raise ValueError(f"kv_role: unknown role {bad[0]!r}; choose from {', '.join(self.ROLES)}")
+        if len(roles) != self.data_parallel_size:
+            raise ValueError(f"kv_role names {len(roles)} roles for --data-parallel-size {self.data_parallel_size}")
+        if "prefill" in roles and not {"decode", "both"} & set(roles):
+            raise ValueError("kv_role: prefill replicas need a decode (or both) replica to hand their prompts to")
+
+    @property
+    def kv_roles(self) -> list[str]:
+        """One role per replica ("both" everywhere by default)."""
+        roles = [r.strip() for r in self.kv_role.split(",")]
+        return roles * self.data_parallel_size if len(roles) == 1 else roles
+
+    @property
+    def handoffs(self) -> bool:
+        """Whether some replica prefills for others."""
+        return "prefill" in self.kv_roles
+
+    def check(self, engine: EngineConfig) -> None:
+        """ValueError where these replicas cannot run that engine: a hand-off ships whole blocks (one rank's
+        pool holds a slice of each) into the decode replica's prefix cache."""
+        if self.handoffs and engine.tensor_parallel_size > 1:
+            raise ValueError("prefill/decode replicas (--kv-role) need --tensor-parallel-size 1")
+        if self.handoffs and not engine.enable_prefix_caching:
+            raise ValueError("prefill/decode replicas (--kv-role) hand blocks over through the prefix cache: drop "
+                             "--no-enable-prefix-caching")
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""Offline API with vLLM's names: LLM(...).generate(prompts, params) and .chat(messages, params)."""
+"""Offline API with vLLM's names: LLM(...).generate(prompts, params) and .chat(messages, params); zhuzi's
+pins (.pin, .unpin, .pins) keep a prefix's KV blocks in the pool."""
 from __future__ import annotations
 
 import itertools
@@ -7,7 +8,8 @@ from tqdm import tqdm
 
 from zhuzi.config import EngineConfig
 from zhuzi.engine.engine import Engine
-from zhuzi.outputs import CompletionOutput, RequestError, RequestOutput
+from zhuzi.engine.sequence import PinSpec, Probe
+from zhuzi.outputs import CompletionOutput, PinInfo, RequestError, RequestOutput
 from zhuzi.sampling_params import SamplingParams
 
 
@@ -66,6 +68,24 @@ class LLM:
         if failed := [f"prompt {i}: {out.error}" for i, out in enumerate(outputs) if out.error]:
             raise RequestError("generation failed for " + "; ".join(failed))
         return outputs
+
+    def pin(self, name: str, prompt: str | list[int], ttl: float | None = None) -> PinInfo:
+        """Keep the KV blocks of prompt's full blocks in the pool (and the tiers) under name, until unpin(name)
+        or for ttl seconds; a pin under the same name is replaced. InvalidRequest if it does not fit."""
+        request_id = f"pin-{next(self._ids)}"
+        self.engine.add_probe(request_id, prompt, Probe(pin=PinSpec(name, ttl)))
+        out = None
+        while self.engine.has_unfinished():
+            out = next((o for o in self.engine.step() if o.request_id == request_id and o.finished), out)
+        if out is None or out.pin is None:
+            raise RequestError(f"pinning {name!r} failed: {out.error if out else 'no output'}")
+        return out.pin
+
+    def unpin(self, name: str) -> bool:
+        return self.engine.kv.pins.remove(name)
+
+    def pins(self) -> list[PinInfo]:
+        return self.engine.kv.pins.list()
 
     def chat(self, messages: list[dict] | list[list[dict]], sampling_params: SamplingParams | None = None,
              **template_options) -> list[RequestOutput]:

@@ -3,7 +3,7 @@
 All plain data (dataclasses, lists, CPU tensors), so it can cross a process boundary."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
 
@@ -107,6 +107,19 @@ class PromptProgress:
 
 
 @dataclass
+class PinInfo:
+    """A pinned prefix (POST /v1/cache/pins): what it holds and until when (Unix times)."""
+
+    name: str
+    num_tokens: int  # pinned: the tokens of its full blocks
+    num_blocks: int
+    bytes: int  # of KV cache its blocks take
+    created_at: float
+    expires_at: float | None  # None: until deleted
+    cached_tokens: int  # found cached (pool or tiers) when it was pinned
+
+
+@dataclass
 class RequestOutput:
     request_id: str
     prompt: str | None
@@ -119,6 +132,7 @@ class RequestOutput:
     error: str | None = None  # set (and finished) when the engine failed this request
     inspection: Inspection | None = None  # on the final output of a probe
     prompt_progress: PromptProgress | None = None  # after a step that advanced the prompt's prefill
+    pin: PinInfo | None = None  # on the final output of a pin's probe
 
 
 class RequestError(RuntimeError):
@@ -187,6 +201,23 @@ class TenantLoad:
 
 
 @dataclass
+class KVTierStats:
+    """One KV tier below the pool (host memory, disk): its contents and traffic, in blocks unless named."""
+
+    blocks: int = 0
+    bytes: int = 0
+    hit_tokens: int = 0  # prompt tokens loaded from it into the pool instead of computed
+    stored: int = 0  # blocks put into it
+    evicted: int = 0  # blocks it let go to make room
+    refused: int = 0  # files skipped: corrupt, foreign or unreadable
+    dropped: int = 0  # saves given up: no room (everything pinned) or the disk writer behind
+
+    @classmethod
+    def total(cls, parts: list[KVTierStats]) -> KVTierStats:
+        return cls(*(sum(getattr(p, f.name) for p in parts) for f in fields(cls)))
+
+
+@dataclass
 class EngineStats:
     """A snapshot of the engine for /metrics and logs."""
 
@@ -198,10 +229,31 @@ class EngineStats:
     prefix_cache_hits: int  # of those, tokens found cached
     spec_decoding: SpecDecodingStats | None = None  # None: speculative decoding is off
     tenants: list[TenantLoad] = field(default_factory=list)  # those with sequences in the engine
+    kv_tiers: dict[str, KVTierStats] = field(default_factory=dict)  # "host", "disk": the ones configured
+    num_pins: int = 0
+    pinned_blocks: int = 0  # pool blocks held by pins
+    pinned_bytes: int = 0
+    kv_transfers_sent: int = 0  # prefill/decode hand-offs: requests whose blocks this engine sent
+    kv_transfers_received: int = 0  # ... received (a decode replica)
+    kv_transfers_failed: int = 0  # ... that never arrived: the decode replica computed the prompt itself
+    kv_transfer_blocks_sent: int = 0
+    kv_transfer_blocks_received: int = 0
 
     @property
     def kv_cache_usage(self) -> float:
         return 1.0 - self.num_free_blocks / self.num_blocks if self.num_blocks else 0.0
+
+    @classmethod
+    def total(cls, parts: list[EngineStats]) -> EngineStats:
+        """Several engines' stats added up (data-parallel replicas)."""
+        if not parts:
+            return cls(0, 0, 0, 0, 0, 0)
+        counts = {f.name: sum(getattr(p, f.name) for p in parts) for f in fields(cls)
+                  if f.name not in ("spec_decoding", "tenants", "kv_tiers")}
+        tiers = {name: KVTierStats.total([p.kv_tiers[name] for p in parts if name in p.kv_tiers])
+                 for name in sorted({name for p in parts for name in p.kv_tiers})}
+        return cls(**counts, spec_decoding=SpecDecodingStats.total([p.spec_decoding for p in parts]),
+                   tenants=TenantLoad.total([load for p in parts for load in p.tenants]), kv_tiers=tiers)
 
 
 @dataclass
@@ -230,3 +282,5 @@ class EngineSnapshot:
     cached_blocks: int  # blocks holding a prefix-cache entry, in use or free
     read_bandwidth: float  # bytes/s, measured once on the step loop's thread
     steps: list[StepRecord]  # the most recent, oldest first
+    pins: list[PinInfo] = field(default_factory=list)
+    pinned_limit_bytes: int = 0  # what pins may hold (EngineConfig.kv_pinned_memory)

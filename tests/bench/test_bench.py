@@ -43,7 +43,7 @@ def test_cli_lists_every_tool(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["bench", "--help"])
     help_text = capsys.readouterr().out
-    assert all(tool in help_text for tool in ("offline", "decode", "structured", "serve", "polling", "scaling"))
+    assert all(tool in help_text for tool in ("offline", "decode", "structured", "serve", "polling", "scaling", "kv"))
 
 
 def test_random_prompts_are_seeded_in_range_and_free_of_control_tokens(tokenizer):
@@ -189,11 +189,14 @@ def healthy(url: str) -> bool:
 
 
 def test_serve_measures_every_streamed_request(server_url, tmp_path, capsys):
+    """With the long-prompt mix (one long prompt here), reported apart."""
     out = tmp_path / "serve.json"
     report = run_tool(["bench", "serve", "--base-url", server_url, "--num-prompts", "4",
                        "--random-input-len", "24", "--random-output-len", "6", "--max-concurrency", "2",
-                       "--ignore-eos", "--disable-tqdm", "--json-out", str(out)])
-    assert (report.completed, report.failed) == (4, 0)
+                       "--ignore-eos", "--disable-tqdm", "--json-out", str(out),
+                       "--long-prompt-len", "200", "--long-prompts", "1"])
+    assert (report.completed, report.failed, report.num_prompts) == (4, 0, 4)
+    assert report.long_completed == 1 and report.long_ttft_ms.median > 0
     assert report.total_output_tokens == 4 * 6  # ignore_eos reached the server; usage was read
     assert report.total_input_tokens >= 4 * 24  # the chat template adds to the prompt
     for stat in (report.ttft_ms, report.tpot_ms, report.itl_ms, report.e2el_ms):
@@ -203,7 +206,7 @@ def test_serve_measures_every_streamed_request(server_url, tmp_path, capsys):
     assert all(1 <= len(r.itl) <= 5 for r in report.requests)  # gaps between at most 6 content chunks
     printed = capsys.readouterr().out
     for row in ("Successful requests:", "Request throughput (req/s):", "Output token throughput (tok/s):",
-                "Median TTFT (ms):", "P99 TPOT (ms):", "Mean ITL (ms):", "P99 E2EL (ms):"):
+                "Median TTFT (ms):", "P99 TPOT (ms):", "Mean ITL (ms):", "P99 E2EL (ms):", "Long prompts answered:"):
         assert row in printed
     data = json.loads(out.read_text())
     assert data["completed"] == 4 and data["ttft_ms"]["p99"] == pytest.approx(report.ttft_ms.p99)
@@ -251,6 +254,11 @@ def test_polling_runs_the_load_quiet_and_polled_side_by_side(server_url, tmp_pat
     assert report.best_ratio == pytest.approx(best)
     assert "polled/quiet" in capsys.readouterr().out
     assert json.loads(out.read_text())["median_ratio"] == pytest.approx(report.median_ratio)
+
+
+def test_kv_refuses_an_unknown_part():
+    with pytest.raises(SystemExit, match="unknown part 'tiers'"):
+        run_tool(["bench", "kv", "--parts", "tiers"])
 
 
 def test_serve_replays_sharegpt_with_the_servers_answers_in_the_history(server_url):

@@ -1,9 +1,21 @@
-"""Block manager policy on fake sequences (no model): reference counts, prefix hits, LRU eviction, no leaks."""
+"""Block manager policy on fake sequences (no model): reference counts, prefix hits, LRU eviction, no leaks;
+with a KV connector, blocks evicted from the pool go to its host tier and come back with what they held."""
 import random
 
+import pytest
+import torch
 from fake_sequences import seq
 
-from zhuzi.engine.block_manager import BlockManager
+from zhuzi.engine.block_manager import BlockManager, block_hash
+from zhuzi.engine.kv_connector import KVConnector, KVLayout
+
+LAYOUT = KVLayout("model", "float32", "float32", None, num_layers=1, num_kv_heads=1, head_dim=2, block_size=4)
+
+
+def connector(num_blocks: int, host_blocks: int) -> KVConnector:
+    """A connector over a pool of num_blocks blocks (no model), with a host tier of host_blocks."""
+    pool = torch.zeros(1, 2, num_blocks * 4, 1, 2)
+    return KVConnector(LAYOUT, pool, host_bytes=host_blocks * LAYOUT.block_bytes)
 
 
 def computed(blocks: BlockManager, s, n: int | None = None) -> None:
@@ -70,9 +82,10 @@ def test_allocation_that_does_not_fit_changes_nothing():
     assert s.block_table == [] and blocks.num_free_blocks == 2
 
 
-def test_no_block_leaks_under_random_admissions_and_frees():
+@pytest.mark.parametrize("host_blocks", [0, 8])
+def test_no_block_leaks_under_random_admissions_and_frees(host_blocks):
     rng = random.Random(0)
-    blocks = BlockManager(num_blocks=32, block_size=4)
+    blocks = BlockManager(num_blocks=32, block_size=4, connector=connector(32, host_blocks) if host_blocks else None)
     shared = list(range(10))
     live = []
     for _ in range(300):
@@ -92,3 +105,24 @@ def test_no_block_leaks_under_random_admissions_and_frees():
     for s in live:
         blocks.free_sequence(s)
     assert blocks.num_free_blocks == 32 and all(b.ref_count == 0 for b in blocks.blocks)
+
+
+def test_evicted_blocks_go_to_the_host_tier_which_keeps_the_latest_and_gives_them_back_filled():
+    tier = connector(4, host_blocks=2)
+    blocks = BlockManager(num_blocks=4, block_size=4, connector=tier)
+    prompts = [list(range(100 * k, 100 * k + 5)) for k in range(1, 6)]  # a full block and one more token each
+    for k, prompt in enumerate(prompts, 1):
+        s = seq(prompt)
+        computed(blocks, s)
+        tier.write(s.block_table[0], torch.full(LAYOUT.block_shape, float(k)))  # what its first block "holds"
+        blocks.free_sequence(s)
+    # The pool (4 blocks) keeps the last two prompts' blocks; it evicted the first three, oldest first, into a
+    # host tier of two blocks, which kept the two it got last.
+    assert [block_hash(None, p[:4]) in tier.host for p in prompts[:3]] == [False, True, True]
+    assert tier.host.snapshot().evicted == 1
+    again = seq(prompts[1] + [7])
+    assert blocks.reuse_cached_prefix(again) == 4
+    assert torch.equal(tier.read(again.block_table[0]), torch.full(LAYOUT.block_shape, 2.0))
+    assert tier.host.snapshot().hit_tokens == 4 and blocks.prefix_hits == 0
+    blocks.free_sequence(again)
+    assert blocks.num_free_blocks == 4

@@ -18,7 +18,7 @@ from zhuzi import LLM, SamplingParams
 from zhuzi.config import EngineConfig, ParallelConfig
 from zhuzi.engine.client import EngineDead
 from zhuzi.engine.core_client import CoreClient
-from zhuzi.engine.sequence import Probe, Tenant
+from zhuzi.engine.sequence import PinSpec, Probe, Tenant
 from zhuzi.outputs import RequestError
 from zhuzi.sampling_params import InvalidRequest, StructuredOutputError, StructuredOutputsParams
 
@@ -275,6 +275,29 @@ def test_probes_and_snapshots_read_what_the_offline_engine_reads(client, offline
     assert during.steps[-1].prefill_tokens + during.steps[-1].decode_tokens > 0
     assert after.stats.num_running == after.stats.num_waiting == 0
     assert after.stats.num_free_blocks == after.stats.num_blocks and after.steps == []
+
+
+def test_a_pin_holds_its_blocks_for_the_requests_that_begin_with_it_until_deleted(client):
+    """Pins go through the loop too: a pin holds its prompt's full blocks, is listed, is found cached by a
+    request beginning with it, and deleting it gives every block back."""
+    ids = client.tokenizer.encode("The weather in the north of Scotland, day by day. " * 6)
+    params = SamplingParams(temperature=0, max_tokens=4)
+
+    async def main():
+        pin = await client.pin(ids, PinSpec("weather", ttl=600), "pin-weather")
+        listed, held = await client.pins(), await client.snapshot(0)
+        _, outs = await collect(client, ids + ids[:5], params, "after-pin")
+        removed, again = await client.unpin("weather"), await client.unpin("weather")
+        return pin, listed, held, outs[-1], removed, again, await client.snapshot(0)
+
+    pin, listed, held, out, removed, again, after = asyncio.run(main())
+    blocks = len(ids) // CONFIG.block_size
+    assert (pin.name, pin.num_blocks, pin.num_tokens) == ("weather", blocks, blocks * CONFIG.block_size)
+    assert [p.name for p in listed] == ["weather"] and listed[0].expires_at is not None
+    assert held.stats.pinned_blocks == blocks and held.stats.num_free_blocks == held.stats.num_blocks - blocks
+    assert out.num_cached_tokens >= pin.num_tokens
+    assert (removed, again) == (True, False)
+    assert after.pins == [] and after.stats.num_free_blocks == after.stats.num_blocks
 
 
 def test_health_tells_a_stall_with_work_pending_from_an_idle_engine(client):

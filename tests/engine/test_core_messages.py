@@ -8,8 +8,9 @@ import dataclasses
 import pytest
 
 from zhuzi.engine import core
-from zhuzi.engine.sequence import Tenant
-from zhuzi.outputs import EngineStats, PromptProgress, RequestOutput, TenantLoad
+from zhuzi.engine.kv_transfer import Handoff
+from zhuzi.engine.sequence import PinSpec, Probe, Tenant
+from zhuzi.outputs import EngineStats, KVTierStats, PromptProgress, RequestOutput, TenantLoad
 from zhuzi.sampling_params import InvalidRequest, SamplingParams, StructuredOutputError, StructuredOutputsParams
 
 ORDERED_SCHEMA = {"type": "object", "properties": {"zeta": {"type": "integer"}, "alpha": {"type": "string"},
@@ -102,4 +103,17 @@ def test_prefill_progress_and_each_tenants_load_come_back_as_sent():
 
 def core_stats() -> EngineStats:
     return EngineStats(*(0 for f in dataclasses.fields(EngineStats)
-                         if f.default is f.default_factory is dataclasses.MISSING))
+                         if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING))
+
+
+def test_hand_offs_pins_and_kv_stats_cross_as_they_were_sent():
+    """A request's part in a hand-off, a pin's probe, and the KV tiers' counts reach the other side whole."""
+    command = core.decode_command(core.encode(core.AddRequest.of(
+        "r-3#prefill", [1, 2], SamplingParams(max_tokens=1), handoff=Handoff("r-3", "ipc:///tmp/kv-1"))))
+    assert command.handoff == Handoff("r-3", "ipc:///tmp/kv-1")
+    probe = core.decode_command(core.encode(core.AddProbe("p-1", [1] * 16, Probe(pin=PinSpec("rules", 60.0)))))
+    assert probe.probe.pin == PinSpec("rules", 60.0)
+    assert core.decode_command(core.encode(core.GiveUpHandoff("r-3"))) == core.GiveUpHandoff("r-3")
+    stats = dataclasses.replace(core_stats(), kv_tiers={"disk": KVTierStats(blocks=3, hit_tokens=48)}, num_pins=1)
+    unpinned = core.decode_message(core.encode(core.Unpinned(1, "u-1", True, stats)))
+    assert unpinned.removed and unpinned.stats == stats and unpinned.stats.kv_tiers["disk"].hit_tokens == 48

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import shutil
 import signal
 import tempfile
@@ -133,3 +134,93 @@ def test_two_replicas_route_by_cached_prefix_and_survive_the_loss_of_one(backend
         assert len(errors) == 1 and "replica 1" in errors[0] and finished == ["length"], ends
         assert health == 200 and after["choices"][0]["finish_reason"] == "length"
         assert {replica for _, replica in engine_metrics(server)} == {"0"}  # the dead one left the rotation
+
+
+# ------------------------------------------------------------------ prefill/decode hand-offs (--kv-role)
+
+PD_FLAGS = ["--dtype", "float32", "--data-parallel-size", "2", "--kv-role", "prefill,decode",
+            "--max-local-prefill-tokens", "0"]
+# A prefill replica that sends the first shipment of a prompt of several, then dies before the next
+# (sitecustomize runs in every process; only a prefill replica sends shipments).
+DIE_MID_TRANSFER = """
+import os, signal, time
+from zhuzi.engine.kv_transfer import ShipmentSockets
+send = ShipmentSockets.send
+def send_then_die(self, shipment):
+    send(self, shipment)
+    if not shipment.header.last:
+        time.sleep(1.0)  # the shipment leaves the process
+        os.kill(os.getpid(), signal.SIGKILL)
+ShipmentSockets.send = send_then_die
+"""
+PROMPTS = {"short": 40, "handed": 300, "killed": 1000, "after": 500}
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
+    import tiny
+
+    directory = tmp_path_factory.mktemp("llama")
+    tiny.build("llama", directory)
+    return str(directory)
+
+
+def prompt(n: int) -> list[int]:
+    rng = random.Random(n)
+    return [rng.randrange(3, 1000) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def alone(tiny_model: str) -> dict[str, str]:
+    """What one engine, without any hand-off, writes for each prompt."""
+    from zhuzi import LLM, SamplingParams
+
+    outs = LLM(tiny_model, dtype="float32").generate([prompt(n) for n in PROMPTS.values()],
+                                                    SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    return {name: out.outputs[0].text for name, out in zip(PROMPTS, outs)}
+
+
+def streamed_completion(server: ServerProcess, name: str) -> tuple[str, dict]:
+    """The text of a streamed completion of one of PROMPTS, and its usage."""
+    body = {"prompt": prompt(PROMPTS[name]), "max_tokens": 8, "temperature": 0, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}}
+    text, usage = "", {}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=300) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                chunk = json.loads(line[6:])
+                text += "".join(choice["text"] for choice in chunk["choices"])
+                usage = chunk.get("usage") or usage
+    return text, usage
+
+
+def test_a_prefill_replica_hands_its_prompt_to_a_decode_replica_and_one_killed_mid_transfer_falls_back(
+        tiny_model, alone, tmp_path):
+    with running_server(tmp_path / "server.log", tiny_model, *PD_FLAGS, inject=DIE_MID_TRANSFER) as server:
+        text, usage = streamed_completion(server, "handed")  # 18 blocks: one shipment
+        assert text == alone["handed"] and usage["prompt_tokens"] == 300
+        assert usage["prompt_tokens_details"]["cached_tokens"] == 288  # the blocks that came, as vLLM counts
+        metrics = engine_metrics(server)
+        assert metrics[("zhuzi:kv_transfers_sent_total", "0")] == 1
+        assert metrics[("zhuzi:kv_transfers_received_total", "1")] == 1
+        assert metrics[("zhuzi:kv_transfer_blocks_received_total", "1")] == 18
+
+        text, usage = streamed_completion(server, "killed")  # 62 blocks: the prefill replica dies after 32
+        assert text == alone["killed"]
+        metrics = engine_metrics(server)
+        assert metrics[("zhuzi:kv_transfer_blocks_received_total", "1")] == 18 + 32
+        assert metrics[("zhuzi:kv_transfers_failed_total", "1")] == 1
+        assert usage["prompt_tokens_details"]["cached_tokens"] == 32 * 16  # the rest was computed there
+        assert ("zhuzi:num_requests_running", "0") not in metrics  # the prefill replica left the rotation
+        assert "given up after 32 blocks" in server.log.read_text()
+        assert streamed_completion(server, "after")[0] == alone["after"]  # the decode replica alone serves on
+
+
+def test_a_hand_off_between_ray_actors(tiny_model, alone, tmp_path, ray_address):
+    args = [tiny_model, *PD_FLAGS, "--data-parallel-backend", "ray", "--ray-address", ray_address]
+    with running_server(tmp_path / "server.log", *args, env=RAY_ENV) as server:
+        text, usage = streamed_completion(server, "handed")
+        assert text == alone["handed"] and usage["prompt_tokens_details"]["cached_tokens"] == 288
+        assert engine_metrics(server)[("zhuzi:kv_transfers_received_total", "1")] == 1
+        assert streamed_completion(server, "short")[0] == alone["short"]  # 2 blocks: handed off too (threshold 0)
+        assert engine_metrics(server)[("zhuzi:kv_transfers_received_total", "1")] == 2

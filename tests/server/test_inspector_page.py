@@ -391,3 +391,17 @@ def test_a_refused_request_shows_the_servers_message(inspector: Inspector) -> No
     ui.tab("document")
     user = ui.page.locator("[data-testid=doc-token][data-author=user]")
     expect(user).to_have_count(1)
+
+
+def test_the_engine_view_shows_pinned_prefixes_and_the_memory_they_hold(inspector: Inspector) -> None:
+    ui = inspector
+    pin = ui.server.post("/v1/cache/pins", {"name": "house-rules", "token_ids": list(range(100, 164))})
+    ui.tab("engine")
+    card = ui.page.get_by_test_id("pins-card")
+    try:
+        expect(card).to_have_attribute("data-value", str(pin["bytes"]))
+        expect(card).to_contain_text("house-rules: 64 tokens, until deleted")
+    finally:
+        httpx.delete(ui.server.url + "/v1/cache/pins/house-rules", timeout=60)
+    expect(card).to_have_attribute("data-value", "0")
+    expect(card).to_contain_text("none: POST /v1/cache/pins")

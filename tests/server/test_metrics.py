@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from zhuzi.outputs import EngineStats, RequestMetrics, SpecDecodingStats, TenantLoad
+from zhuzi.outputs import EngineStats, KVTierStats, RequestMetrics, SpecDecodingStats, TenantLoad
 from zhuzi.server.metrics import ServerMetrics
 from zhuzi.server.quota import KeyUsage
 
@@ -82,3 +82,24 @@ def test_each_keys_load_and_usage_are_labelled_by_its_masked_id() -> None:
     assert got[("zhuzi:key_quota_tokens_per_day", (("key", "key-3fa9c01b2e4d"),))] == 5000
     assert got[("zhuzi:key_tokens_used_today", (("key", "key-77aa00ff11ee"),))] == 40
     assert ("zhuzi:key_quota_tokens_per_day", (("key", "key-77aa00ff11ee"),)) not in got
+
+
+def test_kv_tiers_pins_and_transfers_are_counted_per_replica_and_tier() -> None:
+    stats = EngineStats(0, 0, 10, 6, 64, 16, kv_tiers={
+        "host": KVTierStats(blocks=3, bytes=3072, hit_tokens=48, stored=5, evicted=2),
+        "disk": KVTierStats(blocks=9, bytes=9300, hit_tokens=16, stored=9, refused=1)},
+        num_pins=1, pinned_blocks=4, pinned_bytes=4096, kv_transfers_sent=2, kv_transfer_blocks_sent=12)
+    decode = EngineStats(0, 0, 10, 10, 0, 0, kv_transfers_received=1, kv_transfers_failed=1,
+                         kv_transfer_blocks_received=12)
+    got = samples(ServerMetrics(lambda: (MODEL, {0: stats, 1: decode})))
+    replica0, replica1 = (("model_name", MODEL), ("replica", "0")), (("model_name", MODEL), ("replica", "1"))
+    host, disk = replica0 + (("tier", "host"),), replica0 + (("tier", "disk"),)
+    assert got[("zhuzi:kv_offload_hits_total", host)] == 48 and got[("zhuzi:kv_offload_hits_total", disk)] == 16
+    assert got[("zhuzi:kv_offload_blocks", host)] == 3 and got[("zhuzi:kv_offload_bytes", disk)] == 9300
+    assert got[("zhuzi:kv_offload_evicted_total", host)] == 2 and got[("zhuzi:kv_offload_refused_total", disk)] == 1
+    assert got[("zhuzi:kv_pins", replica0)] == 1 and got[("zhuzi:kv_pinned_bytes", replica0)] == 4096
+    assert got[("zhuzi:kv_transfers_sent_total", replica0)] == 2
+    assert got[("zhuzi:kv_transfers_received_total", replica1)] == 1
+    assert got[("zhuzi:kv_transfers_failed_total", replica1)] == 1
+    assert got[("zhuzi:kv_transfer_blocks_received_total", replica1)] == 12
+    assert not any(name.startswith("zhuzi:kv_offload") and dict(labels)["replica"] == "1" for name, labels in got)

@@ -1,5 +1,5 @@
-"""Benchmark tools, `zhuzi bench offline | decode | structured | serve | polling | scaling | accuracy`: they time
-the whole request path.
+"""Benchmark tools, `zhuzi bench offline | decode | structured | serve | polling | scaling | accuracy | kv`: they
+time the whole request path.
 
 offline:    many requests through LLM.generate, against Hugging Face transformers (and llama.cpp).
 decode:     one stream's prefill and decode speed against the memory-bandwidth roofline (and llama.cpp).
@@ -8,6 +8,7 @@ serve:      an OpenAI-API load generator for any compatible server.
 polling:    serve's load with and without the inspector page's polling, side by side.
 scaling:    `zhuzi serve` in-process, with an engine process, 2 data-parallel replicas, TP=2, side by side.
 accuracy:   what each quantization costs in quality against bf16.
+kv:         prefill/decode replicas against colocated ones under long prompts; TTFT after a kill -9 and restart.
 """
 from __future__ import annotations
 
@@ -26,11 +27,12 @@ TOOLS = {
     "polling": "what the inspector's polling costs: serve's load quiet vs polled, alternating on one server",
     "scaling": "zhuzi serve's process layouts (engine process, data and tensor parallel) under one load",
     "accuracy": "greedy agreement, logprob differences and perplexity of each quantization against bf16",
+    "kv": "prefill/decode replicas against colocated ones under long prompts, and TTFT after a restart (disk tier)",
 }
 
 
 def register(subparsers) -> None:
-    """Add `bench offline | decode | structured | serve | polling | scaling | accuracy` to the zhuzi command line."""
+    """Add `bench offline | ... | kv` (TOOLS) to the zhuzi command line."""
     bench = subparsers.add_parser("bench", help="run a benchmark", description=__doc__,
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
     tools = bench.add_subparsers(dest="bench_tool", required=True, metavar="{" + ",".join(TOOLS) + "}")

@@ -23,12 +23,15 @@ import argparse
 import json
 import multiprocessing
 import os
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
 from zhuzi.bench import machine_line
@@ -121,42 +124,55 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))] if ordered else float("nan")
 
 
-def load_args(url: str, args: argparse.Namespace, num_prompts: int, output_len: int) -> argparse.Namespace:
-    """`zhuzi bench serve`'s arguments for this load: random prompts, every reply its full length."""
+def load_args(url: str, args: argparse.Namespace, num_prompts: int, output_len: int,
+              *extra: str) -> argparse.Namespace:
+    """`zhuzi bench serve`'s arguments for this load: random prompts, every reply its full length; extra: more of
+    its flags."""
     parser = argparse.ArgumentParser()
     serve_bench.add_arguments(parser)
     return parser.parse_args(["--base-url", url, "--num-prompts", str(num_prompts), "--max-concurrency",
                               str(args.max_concurrency), "--random-input-len", str(args.input_len),
-                              "--random-output-len", str(output_len), "--ignore-eos", "--disable-tqdm"])
+                              "--random-output-len", str(output_len), "--ignore-eos", "--disable-tqdm", *extra])
 
 
-def run_setup(name: str, args: argparse.Namespace) -> SetupResult:
+@contextmanager
+def serving(flags: list[str], crash: bool = False) -> Iterator[str]:
+    """A `zhuzi serve` with these flags, in a process group of its own; its URL once healthy. At the end it is
+    asked to stop, or with crash killed (SIGKILL to the group: its engine cores too). Its log is shown if the
+    block fails."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    flags = [*args.serve_args.split(), *SETUPS[name]]
-    load_before = os.getloadavg()[0]
     with tempfile.TemporaryFile() as log:
         server = subprocess.Popen([sys.executable, "-m", "zhuzi.cli", "serve", "--port", str(port), *flags],
-                                  stdout=log, stderr=subprocess.STDOUT)
+                                  stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             wait_healthy(url, server)
-            serve_bench.run(load_args(url, args, 2, 8))  # warm-up: kernels, allocator, Ray's first calls
-            context = multiprocessing.get_context("spawn")
-            started, stop, results = context.Event(), context.Event(), context.Queue()
-            prober = context.Process(target=probe, args=(url, started, stop, results))
-            prober.start()
-            started.wait()
-            report = serve_bench.run(load_args(url, args, args.num_prompts, args.output_len))
-            stop.set()
-            latencies = results.get()
-            prober.join()
+            yield url
         except BaseException:
             log.seek(0)
             sys.stderr.write(log.read().decode(errors="replace")[-4000:])
             raise
         finally:
+            if crash and server.poll() is None:
+                os.killpg(server.pid, signal.SIGKILL)
             server.terminate()
             server.wait()
+
+
+def run_setup(name: str, args: argparse.Namespace) -> SetupResult:
+    flags = [*args.serve_args.split(), *SETUPS[name]]
+    load_before = os.getloadavg()[0]
+    with serving(flags) as url:
+        serve_bench.run(load_args(url, args, 2, 8))  # warm-up: kernels, allocator, Ray's first calls
+        context = multiprocessing.get_context("spawn")
+        started, stop, results = context.Event(), context.Event(), context.Queue()
+        prober = context.Process(target=probe, args=(url, started, stop, results))
+        prober.start()
+        started.wait()
+        report = serve_bench.run(load_args(url, args, args.num_prompts, args.output_len))
+        stop.set()
+        latencies = results.get()
+        prober.join()
     health, models = latencies["/health"], latencies["/v1/models"]
     return SetupResult(name, " ".join(["zhuzi serve", *flags]), load_before, report.output_throughput,
                        report.tpot_ms.median, report.tpot_ms.p99, report.ttft_ms.median, report.failed,

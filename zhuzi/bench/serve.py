@@ -10,12 +10,16 @@ so a prefix cache pays off. --request-rate is the Poisson arrival rate of
 conversations; --max-concurrency caps the conversations (and so the requests)
 in flight. --poll GETs a path every --poll-interval seconds while the load runs (the inspector page
 polls /inspect/engine so): run with and without it to see what watching costs the streams. --tenants runs
-several API keys' loads at once (tenants.py).
+several API keys' loads at once (tenants.py). --long-prompt-len adds the long-prompt mix: while the load runs,
+a new prompt of that many tokens every --long-prompt-interval seconds (at most --long-prompts of them),
+reported apart (what a long prefill does to everyone's next token); the run ends when the last one sent is
+answered.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import time
@@ -24,8 +28,19 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from zhuzi.bench import machine_line, save_report, served_kernels, tenants
-from zhuzi.bench.client import ENDPOINT_PATHS, RequestResult, Stat, Target, discover_model, run_conversation
+from zhuzi.bench.client import (
+    ENDPOINT_PATHS,
+    RequestResult,
+    Stat,
+    Target,
+    discover_model,
+    request_body,
+    run_conversation,
+    send_request,
+)
 from zhuzi.bench.datasets import Conversation, load_tokenizer, random_text_conversations, sharegpt_conversations
+
+LONG_OUTPUT_TOKENS = 16  # each long prompt of the mix gets a short reply
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -72,6 +87,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "key), name, streams, requests (how many are measured; without it, background load), "
                              "turns (a chat's), priority, delay (s), input, output (tokens); each measured tenant "
                              "runs alone, then all together, e.g. key=A,streams=32 key=B,requests=16,turns=4")
+    parser.add_argument("--long-prompt-len", type=int, default=0,
+                        help="also send a new prompt of this many tokens every --long-prompt-interval seconds while "
+                             "the load runs, reported apart (default: none)")
+    parser.add_argument("--long-prompt-interval", type=float, default=5.0, help="(default %(default)s)")
+    parser.add_argument("--long-prompts", type=int, default=64, help="at most this many long prompts (default "
+                                                                     "%(default)s)")
     parser.add_argument("--json-out", default=None, help="also write the report to this JSON file")
 
 
@@ -98,6 +119,8 @@ class ServeReport:
     requests: list[RequestResult] = field(repr=False)
     poll_ms: Stat | None = None  # --poll: the polls' latencies
     polls: int = 0
+    long_ttft_ms: Stat | None = None  # --long-prompt-len: the long prompts' TTFT
+    long_completed: int = 0
 
     @property
     def request_throughput(self) -> float:
@@ -154,6 +177,10 @@ async def benchmark(args: argparse.Namespace) -> ServeReport:
         polls: list[float] = []
         poller = asyncio.create_task(poll(client, base_url + args.poll, headers, args.poll_interval, polls)) \
             if args.poll else None
+        longs: list[RequestResult] = []
+        load_done = asyncio.Event()
+        sender = asyncio.create_task(send_long_prompts(client, target, args, tokenizer, load_done, longs)) \
+            if args.long_prompt_len else None
         with tqdm(total=total, desc="requests", disable=args.disable_tqdm) as progress:
             start = time.perf_counter()
             offsets = arrival_offsets(len(conversations), args.request_rate, args.seed)
@@ -161,6 +188,9 @@ async def benchmark(args: argparse.Namespace) -> ServeReport:
                 run_conversation(client, target, i, c, start + offsets[i], limit, tokenizer, progress)
                 for i, c in enumerate(conversations)))
             duration = time.perf_counter() - start
+            load_done.set()
+            if sender is not None:
+                await sender
         if poller is not None:
             poller.cancel()
             (outcome,) = await asyncio.gather(poller, return_exceptions=True)
@@ -170,7 +200,29 @@ async def benchmark(args: argparse.Namespace) -> ServeReport:
     report = summarize(args, base_url, model, results, duration, served_kernels(base_url, headers))
     if args.poll:
         report.poll_ms, report.polls = Stat.of(polls), len(polls)
+    if args.long_prompt_len:
+        done = [r for r in longs if r.success]
+        report.long_ttft_ms, report.long_completed = Stat.of([r.ttft for r in done]), len(done)
     return report
+
+
+async def send_long_prompts(client, target: Target, args: argparse.Namespace, tokenizer, load_done: asyncio.Event,
+                            results: list[RequestResult]) -> None:
+    """The long-prompt mix: a new long prompt (no prefix cache helps) every interval until the load is done;
+    returns when those sent are answered."""
+    conversations = random_text_conversations(tokenizer, args.long_prompts, args.long_prompt_len,
+                                              LONG_OUTPUT_TOKENS, 0.0, args.seed + 1)
+    tasks = []
+    for index, conversation in enumerate(conversations):
+        turn = conversation.turns[0]
+        results.append(RequestResult(-1, index))
+        body = request_body(target, [{"role": "user", "content": turn.user}], turn.max_tokens, tokenizer)
+        tasks.append(asyncio.create_task(send_request(client, target, body, results[-1])))
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(load_done.wait(), args.long_prompt_interval)
+        if load_done.is_set():
+            break
+    await asyncio.gather(*tasks)
 
 
 async def poll(client, url: str, headers: dict[str, str], interval: float, latencies: list[float]) -> None:
@@ -223,6 +275,10 @@ def format_report(r: ServeReport) -> str:
                                ("End-to-end Latency", "E2EL", r.e2el_ms)):
         lines += [rule(title, "-"), row(f"Mean {short} (ms):", stat.mean),
                   row(f"Median {short} (ms):", stat.median), row(f"P99 {short} (ms):", stat.p99)]
+    if r.long_ttft_ms is not None:
+        lines += [rule("Long prompts (--long-prompt-len)", "-"), row("Long prompts answered:", r.long_completed),
+                  row("Median long-prompt TTFT (ms):", r.long_ttft_ms.median),
+                  row("P99 long-prompt TTFT (ms):", r.long_ttft_ms.p99)]
     if r.poll_ms is not None:
         lines += [rule("Polling (--poll)", "-"), row("Polls:", r.polls),
                   row("Median poll latency (ms):", r.poll_ms.median), row("P99 poll latency (ms):", r.poll_ms.p99)]

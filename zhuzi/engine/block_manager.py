@@ -1,10 +1,17 @@
-"""Paged KV blocks: allocation, reference counts, and the prefix cache (hash chain + LRU)."""
+"""Paged KV blocks: allocation, reference counts, and the prefix cache (hash chain + LRU).
+
+With a KV connector (kv_connector.py) the prefix cache reaches beyond the pool: a cached block about to be
+overwritten is handed to it first, a newly computed one is offered to it, and a prompt's next block that the
+pool lacks is looked up there and copied into a free block.
+"""
 from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from zhuzi.engine.kv_connector import KVConnector
 from zhuzi.engine.sequence import Sequence
 
 
@@ -13,6 +20,14 @@ def block_hash(parent: bytes | None, tokens: list[int]) -> bytes:
     h = hashlib.blake2b(parent or b"", digest_size=16)
     h.update(b",".join(str(t).encode() for t in tokens))
     return h.digest()
+
+
+def hash_chain(tokens: list[int], block_size: int) -> Iterator[bytes]:
+    """The hashes of the full blocks of tokens, first to last (lazily: a caller may stop at a miss)."""
+    parent = None
+    for start in range(0, len(tokens) - block_size + 1, block_size):
+        parent = block_hash(parent, tokens[start:start + block_size])
+        yield parent
 
 
 @dataclass
@@ -46,6 +61,7 @@ class BlockManager:
     prefix_queries: int = 0  # prompt tokens looked up
     prefix_hits: int = 0  # of those, found cached
     events: KVEvents | None = None  # recorded only when someone takes them
+    connector: KVConnector | None = None  # the tiers beyond the pool
 
     def __post_init__(self) -> None:
         self.blocks = [Block(i) for i in range(self.num_blocks)]
@@ -69,6 +85,8 @@ class BlockManager:
         block_id, _ = self.free.popitem(last=False)
         block = self.blocks[block_id]
         if block.hash is not None:  # evict: its old contents are about to be overwritten
+            if self.connector is not None:
+                self.connector.evicted(block.hash, block_id)
             del self.cached[block.hash]
             if self.events is not None:
                 self.events.removed.append(block.hash)
@@ -93,13 +111,72 @@ class BlockManager:
             return 0
         self.prefix_queries += seq.num_tokens
         for h in self._full_block_hashes(seq, seq.num_tokens - 1):
-            if h not in self.cached:
+            if h in self.cached:
+                self._take(self.cached[h])
+                seq.block_table.append(self.cached[h])
+                self.prefix_hits += self.block_size
+            elif (block_id := self._load(h)) is not None:
+                seq.block_table.append(block_id)
+            else:
                 break
-            self._take(self.cached[h])
-            seq.block_table.append(self.cached[h])
-        hit = len(seq.block_table) * self.block_size
-        self.prefix_hits += hit
-        return hit
+        return len(seq.block_table) * self.block_size
+
+    def _load(self, h: bytes) -> int | None:
+        """A block the connector's tiers hold, copied into a free block (taken for the caller)."""
+        connector = self.connector
+        if connector is None or not connector.lookup([h]):
+            return None
+        return self._fill(h, lambda block_id: connector.load(h, block_id))
+
+    def adopt(self, h: bytes, write: Callable[[int], None]) -> bool:
+        """A block computed elsewhere (sent by a prefill replica) joins the prefix cache, most recently used;
+        False when the pool has no free block for it."""
+        if h in self.cached:
+            return True
+
+        def fill(block_id: int) -> bool:
+            write(block_id)
+            return True
+
+        if (block_id := self._fill(h, fill)) is None:
+            return False
+        if self.connector is not None:
+            self.connector.computed(h, block_id)  # new to this engine's tiers too
+        self._drop(block_id)
+        return True
+
+    def _fill(self, h: bytes, fill: Callable[[int], bool]) -> int | None:
+        """Take a free block, fill it (False: it could not be), and publish it as h; the block, still taken."""
+        if not self.free:
+            return None
+        block_id = self._take_free()
+        if not fill(block_id):
+            self._drop(block_id)
+            self.free.move_to_end(block_id, last=False)  # empty: the first to reuse
+            return None
+        self._publish(block_id, h)
+        return block_id
+
+    def _publish(self, block_id: int, h: bytes) -> None:
+        self.blocks[block_id].hash = h
+        self.cached[h] = block_id
+        if self.events is not None:
+            self.events.stored.append(h)
+
+    def hold(self, block_ids: list[int]) -> None:
+        """One more reference on each block (a pin): it stays in the pool until released."""
+        for block_id in block_ids:
+            self._take(block_id)
+
+    def release(self, block_ids: list[int]) -> None:
+        for block_id in block_ids:
+            self._drop(block_id)
+
+    def _drop(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        block.ref_count -= 1
+        if block.ref_count == 0:
+            self.free[block_id] = None
 
     def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
         """Make room for num_new_tokens more K/V entries; False (and no change) if the pool is short."""
@@ -115,19 +192,13 @@ class BlockManager:
             return
         hashes = self._full_block_hashes(seq, seq.num_computed_tokens)
         for block_id, h in zip(seq.block_table, hashes):
-            block = self.blocks[block_id]
-            if block.hash is None and h not in self.cached:
-                block.hash = h
-                self.cached[h] = block_id
-                if self.events is not None:
-                    self.events.stored.append(h)
+            if self.blocks[block_id].hash is None and h not in self.cached:
+                self._publish(block_id, h)
+                if self.connector is not None:
+                    self.connector.computed(h, block_id)
 
     def free_sequence(self, seq: Sequence) -> None:
         """Return a sequence's blocks; cached ones stay findable until the pool needs them."""
-        for block_id in reversed(seq.block_table):  # the tail is least likely to be shared: evict it first
-            block = self.blocks[block_id]
-            block.ref_count -= 1
-            if block.ref_count == 0:
-                self.free[block_id] = None
+        self.release(seq.block_table[::-1])  # the tail is least likely to be shared: evict it first
         seq.block_table = []
         seq.num_computed_tokens = 0

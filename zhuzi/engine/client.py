@@ -1,7 +1,7 @@
 """What the server sees of the engine: the EngineClient interface, and the streams its answers come in.
 
 However the step loop runs (core.py's EngineCore, in a thread of the server's process or in processes of
-its own: core_client.py), the server asks it the same few things: generate, probe, snapshot, abort, and
+its own: core_client.py), the server asks it the same few things: generate, probe, snapshot, pin, abort, and
 health, fail and stats to watch it. Answers arrive from another thread, so each call reads them from a
 Stream bound to the caller's event loop.
 """
@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from zhuzi.config import EngineConfig
-from zhuzi.engine.sequence import Probe, Tenant
-from zhuzi.outputs import EngineSnapshot, EngineStats, RequestError, RequestOutput
+from zhuzi.engine.sequence import PinSpec, Probe, Tenant
+from zhuzi.outputs import EngineSnapshot, EngineStats, PinInfo, RequestError, RequestOutput
 from zhuzi.sampling_params import SamplingParams, StructuredOutputsParams
 from zhuzi.tokenizer import Tokenizer
 
@@ -97,6 +97,18 @@ class EngineClient(Protocol):
 
     async def snapshot(self, num_steps: int) -> EngineSnapshot:
         """The engine's state, taken between two of its steps."""
+        ...
+
+    async def pin(self, token_ids: list[int], spec: PinSpec, request_id: str) -> PinInfo:
+        """Keep token_ids' full KV blocks in every replica's pool under spec.name (computed through the step
+        loop first); InvalidRequest if they do not fit."""
+        ...
+
+    async def unpin(self, name: str) -> bool:
+        """Release the pin called name; False if there is none."""
+        ...
+
+    async def pins(self) -> list[PinInfo]:
         ...
 
     def abort(self, request_id: str) -> None:

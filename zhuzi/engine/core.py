@@ -1,12 +1,13 @@
 """The engine core: THE step loop, and the typed messages that cross between it and the front (core_client.py).
 
-Commands come in (add a request or a probe, take a snapshot, abort, shut down), and after every step one
-message goes out with the news of every request that step touched, the engine's stats, and the prefix-cache
-blocks it stored and evicted (the front routes a conversation's next turn to the replica that holds its
-history). The messages are msgspec structs around the engine's own dataclasses, as msgpack on ZeroMQ
-sockets. The same loop runs wherever the engine core lives: in a thread of the server's process (inproc://
-sockets), in a local process (ipc://) or in a Ray actor on any node (tcp://). The engine core knows nothing
-of HTTP; the front knows nothing of blocks beyond their hashes.
+Commands come in (add a request or a probe, take a snapshot, unpin, abort, shut down), and after every step
+one message goes out with the news of every request that step touched, the engine's stats, and the
+prefix-cache blocks it stored and evicted (the front routes a conversation's next turn to the replica that
+holds its history). The messages are msgspec structs around the engine's own dataclasses, as msgpack on
+ZeroMQ sockets. The same loop runs wherever the engine core lives: in a thread of the server's process
+(inproc:// sockets), in a local process (ipc://) or in a Ray actor on any node (tcp://). Prefill/decode
+replicas also ship KV blocks to each other on sockets of their own (kv_transfer.py). The engine core knows
+nothing of HTTP; the front knows nothing of blocks beyond their hashes.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import logging
 import multiprocessing
 import os
 import signal
+import time
 from dataclasses import dataclass, field, replace
 
 import msgspec
@@ -25,11 +27,13 @@ import zmq
 
 from zhuzi.config import EngineConfig
 from zhuzi.engine.engine import Engine
+from zhuzi.engine.kv_transfer import Handoff, ShipmentSockets
 from zhuzi.engine.sequence import Probe, Tenant
 from zhuzi.outputs import EngineSnapshot, EngineStats, RequestOutput
 from zhuzi.sampling_params import InvalidRequest, SamplingParams, StructuredOutputError
 
 log = logging.getLogger("zhuzi")
+BEAT_MS = 1000  # the longest an engine core with work stays silent, and waits for KV blocks between looks
 
 
 # ---------------------------------------------------------------- front -> engine core
@@ -39,10 +43,11 @@ class AddRequest(msgspec.Struct, tag=True):
     prompt_token_ids: list[int]
     params: SamplingParams
     tenant: Tenant = Tenant()
+    handoff: Handoff | None = None  # its part in a prefill/decode hand-off
 
     @classmethod
-    def of(cls, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-           tenant: Tenant = Tenant()) -> AddRequest:
+    def of(cls, request_id: str, prompt_token_ids: list[int], params: SamplingParams, tenant: Tenant = Tenant(),
+           handoff: Handoff | None = None) -> AddRequest:
         """A JSON schema travels as its JSON text (the engine core parses it back, in the same order): msgpack
         holds no integer beyond 64 bits, and a schema may hold one (or be true or false, no msgpack map)."""
         constraint = params.structured_outputs
@@ -51,7 +56,7 @@ class AddRequest(msgspec.Struct, tag=True):
             constraint.json = json.dumps(constraint.json)
             params = copy.copy(params)
             params.structured_outputs = constraint
-        return cls(request_id, prompt_token_ids, params, tenant)
+        return cls(request_id, prompt_token_ids, params, tenant, handoff)
 
 
 class AddProbe(msgspec.Struct, tag=True):
@@ -71,11 +76,22 @@ class Abort(msgspec.Struct, tag=True):
     request_id: str
 
 
+class GiveUpHandoff(msgspec.Struct, tag=True):
+    """The prefill replica of this hand-off died or refused it: the decode replica computes the prompt."""
+
+    transfer_id: str
+
+
+class Unpin(msgspec.Struct, tag=True):
+    request_id: str  # the call's, for the answer
+    name: str
+
+
 class Shutdown(msgspec.Struct, tag=True):
     pass
 
 
-Command = AddRequest | AddProbe | Snapshot | Abort | Shutdown
+Command = AddRequest | AddProbe | Snapshot | Unpin | GiveUpHandoff | Abort | Shutdown
 
 
 # ---------------------------------------------------------------- engine core -> front
@@ -91,6 +107,7 @@ class Ready(msgspec.Struct, tag=True):
     max_model_len: int
     eos_token_ids: list[int]
     stats: EngineStats
+    kv_address: str | None = None  # where prefill replicas send it KV blocks
 
 
 class Refused(msgspec.Struct):
@@ -143,7 +160,14 @@ class SnapshotTaken(msgspec.Struct, tag=True):
     snapshot: EngineSnapshot
 
 
-Message = Ready | Outputs | SnapshotTaken | Failed
+class Unpinned(msgspec.Struct, tag=True):
+    replica: int
+    request_id: str
+    removed: bool  # False: no pin had that name
+    stats: EngineStats  # without the pin's blocks (no step may follow soon to say so)
+
+
+Message = Ready | Outputs | SnapshotTaken | Unpinned | Failed
 
 
 def _encode_tensor(obj: object) -> bytes:
@@ -166,10 +190,12 @@ decode_message = msgspec.msgpack.Decoder(Message, dec_hook=_decode_tensor).decod
 
 @dataclass
 class Addresses:
-    """ZeroMQ endpoints the front has bound for one replica: its commands, and everyone's outputs."""
+    """ZeroMQ endpoints the front has bound for one replica: its commands, and everyone's outputs; and where it
+    binds its own socket for KV shipments (prefill/decode pairs only; a bare tcp://HOST takes a free port)."""
 
     commands: str
     outputs: str
+    kv: str | None = None
 
 
 # ---------------------------------------------------------------- the loop
@@ -183,6 +209,8 @@ class EngineCore:
     commands: zmq.Socket
     outputs: zmq.Socket
     watched: list[tuple[int, str]] = field(default_factory=list)  # (fd, what its end means): stop when readable
+    shipments: ShipmentSockets | None = None  # prefill/decode hand-offs
+    _last_sent: float = 0.0
     _news: list[RequestOutput] = field(default_factory=list)
     _refused: list[Refused] = field(default_factory=list)
     _logprobs_sent: set[str] = field(default_factory=set)  # requests whose prompt logprobs went out
@@ -193,15 +221,25 @@ class EngineCore:
         poller.register(self.commands, zmq.POLLIN)
         for fd, _ in self.watched:
             poller.register(fd, zmq.POLLIN)
+        if self.shipments is not None:
+            poller.register(self.shipments.inbox, zmq.POLLIN)
         ends = dict(self.watched)
         while True:
-            ready = dict(poller.poll(0 if self.engine.has_unfinished() else None))
+            # A request awaiting its KV blocks is work, but none a step can do: wait for them, a beat at a time.
+            idle = None if not self.engine.has_unfinished() else 0 if self.engine.has_work() else BEAT_MS
+            ready = dict(poller.poll(idle))
             if gone := [ends[fd] for fd in ends if fd in ready]:
                 return gone[0]
             if not self._apply_commands():
                 return None
+            if self.shipments is not None:
+                for header, frames in self.shipments.receive():
+                    self.engine.kv.handoffs.receive(header, frames)
             if self.engine.has_unfinished():
                 self._news += self.engine.step()
+            if self.shipments is not None:
+                for shipment in self.engine.kv.handoffs.take_outbox():
+                    self.shipments.send(shipment)
             self._send_news()
 
     def _apply_commands(self) -> bool:
@@ -226,12 +264,20 @@ class EngineCore:
                 taken = SnapshotTaken(self.replica, command.request_id, self.engine.snapshot(command.num_steps))
                 self.outputs.send(encode(taken))
                 continue
+            if isinstance(command, GiveUpHandoff):
+                if self.engine.kv.handoffs is not None:
+                    self.engine.kv.handoffs.give_up(command.transfer_id)
+                continue
+            if isinstance(command, Unpin):
+                removed = self.engine.kv.pins.remove(command.name)
+                self.outputs.send(encode(Unpinned(self.replica, command.request_id, removed, self.engine.stats())))
+                continue
             try:
                 if isinstance(command, AddProbe):
                     self.engine.add_probe(command.request_id, command.token_ids, command.probe)
                 else:
                     self.engine.add_request(command.request_id, command.prompt_token_ids, command.params,
-                                            tenant=command.tenant)
+                                            tenant=command.tenant, handoff=command.handoff)
             except ValueError as exc:  # InvalidRequest among them
                 self._refused.append(Refused.of(command.request_id, exc))
 
@@ -244,8 +290,11 @@ class EngineCore:
 
     def _send_news(self) -> None:
         events = self.engine.blocks.events
-        if not (self._news or self._refused or events.stored or events.removed):
+        # While it holds work it says so at least every beat, so that the front never takes it for stalled.
+        beat = self.engine.has_unfinished() and time.monotonic() - self._last_sent > BEAT_MS / 1000
+        if not (self._news or self._refused or events.stored or events.removed or beat):
             return
+        self._last_sent = time.monotonic()
         outputs = [self._lean(out) for out in self._news]
         stored, removed = events.take()
         self.outputs.send(encode(Outputs(self.replica, outputs, self._refused, self.engine.stats(), stored, removed)))
@@ -275,7 +324,7 @@ def serve(config: EngineConfig, replica: int, addresses: Addresses, watched: lis
     outputs.connect(addresses.outputs)
     try:
         try:
-            engine = Engine(config, kv_events=True)
+            engine = Engine(config, kv_events=True, kv_transfers=addresses.kv is not None)
         except (ValueError, OSError) as exc:
             outputs.send(encode(Failed(replica, str(exc), user_error=True)))
             return
@@ -285,12 +334,13 @@ def serve(config: EngineConfig, replica: int, addresses: Addresses, watched: lis
             return
         gc.collect()
         gc.freeze()  # the loaded engine is here to stay: no collection walks it again (a pause between steps)
+        shipments = ShipmentSockets(context, addresses.kv) if addresses.kv is not None else None
         outputs.send(encode(Ready(replica, os.getpid(), str(engine.model_path), engine.model_name,
                                   engine.model_config.vocab_size, engine.max_model_len, engine.eos_ids,
-                                  engine.stats())))
+                                  engine.stats(), shipments.address if shipments else None)))
         try:
             core = EngineCore(engine, replica, commands, outputs,
-                              watched + [(p.sentinel, f"{p.name} has exited") for p in engine.workers])
+                              watched + [(p.sentinel, f"{p.name} has exited") for p in engine.workers], shipments)
             if (reason := core.run()) is not None:
                 log.error("replica %d: %s; the engine core stops", replica, reason)
                 outputs.send(encode(Failed(replica, reason)))
@@ -334,5 +384,9 @@ class CoreActor:
 
     def run(self, config: EngineConfig, replica: int, addresses: Addresses) -> None:
         """Returns only when the loop ends; the front awaits it to learn that the replica is gone."""
+        import ray
+
         logging.basicConfig(level=logging.INFO)
+        if addresses.kv is not None:  # shipments come to this actor's node
+            addresses = replace(addresses, kv=f"tcp://{ray.util.get_node_ip_address()}")
         serve(config, replica, addresses, [])

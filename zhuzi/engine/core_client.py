@@ -13,7 +13,6 @@ problem when none is left, or when the last one has been silent for the stall ti
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import itertools
 import logging
 import shutil
@@ -27,19 +26,22 @@ from pathlib import Path
 
 import zmq
 
-from zhuzi.config import EngineConfig, ParallelConfig
+from zhuzi.config import EngineConfig, ParallelConfig, parse_bytes
 from zhuzi.engine import core, placement
 from zhuzi.engine.client import EngineDead, Stream, final_inspection
 from zhuzi.engine.engine import check_token_ids
+from zhuzi.engine.kv_transfer import Handoff
 from zhuzi.engine.placement import Replica, default_threads
 from zhuzi.engine.router import PrefixRouter
-from zhuzi.engine.sequence import Probe, Tenant
-from zhuzi.outputs import EngineSnapshot, EngineStats, RequestOutput, SpecDecodingStats, TenantLoad
+from zhuzi.engine.sequence import PinSpec, Probe, Tenant
+from zhuzi.outputs import EngineSnapshot, EngineStats, PinInfo, RequestOutput
 from zhuzi.sample.grammar import GrammarCompiler, shared_compiler
 from zhuzi.sampling_params import SamplingParams, StructuredOutputsParams
 from zhuzi.tokenizer import Tokenizer
 
 log = logging.getLogger("zhuzi")
+PREFILL_JOB = "#prefill"  # a hand-off's prefill job is its request's id and this
+PREFILL_PARAMS = SamplingParams(max_tokens=1, temperature=0)  # the prompt and one token, which nobody reads
 READER_POLL_MS = 100  # how often the reader thread looks up from its sockets to see whether to stop
 SHUTDOWN_WAIT_S = 5.0
 EXIT_CODE_WAIT_S = 1.0  # an ended process's sentinel fires as it ends; its exit code comes a moment later
@@ -56,6 +58,7 @@ class CoreClient:
 
     def __init__(self, config: EngineConfig, parallel: ParallelConfig):
         """Nothing runs until start(); close() stops whatever start() began, even while it waits."""
+        parallel.check(config)
         self.config = config
         self.parallel = parallel
         self.router = PrefixRouter(config.block_size)
@@ -64,6 +67,7 @@ class CoreClient:
         self._streams: dict[str, Stream] = {}
         self._prompts: dict[str, list[int]] = {}  # the prompt of each request in flight (not sent back)
         self._where: dict[str, Replica] = {}
+        self._handoffs: dict[str, tuple[str, Replica]] = {}  # prefill job -> (its request, the decode replica)
         self._snapshot_ids = itertools.count()
         self._failure: str | None = None  # why the whole engine can run nothing more
         self._closing = False
@@ -77,7 +81,10 @@ class CoreClient:
     def start(self) -> CoreClient:
         """Start the replicas; returns once all have loaded the model (raises if any could not)."""
         try:
-            self._start(replace(self.config, num_threads=default_threads(self.config, self.parallel)))
+            # The replicas share one disk tier folder: each keeps its share of the bound.
+            disk = parse_bytes(self.config.kv_offload_disk) // self.parallel.data_parallel_size
+            self._start(replace(self.config, num_threads=default_threads(self.config, self.parallel),
+                                kv_offload_disk=disk))
         except BaseException:
             self.close()
             raise
@@ -97,11 +104,14 @@ class CoreClient:
         ray_backend = self.parallel.data_parallel_backend == "ray" and not in_thread
         host = placement.ray_node_ip() if ray_backend else None
         outputs = self._bind(self._outputs, host, "outputs")
+        roles = self.parallel.kv_roles
         for index in range(self.parallel.data_parallel_size):
             commands = self._context.socket(zmq.PUSH)
             commands.setsockopt(zmq.SNDHWM, 0)  # a replica reads its commands every step: never drop one
-            self.replicas.append(Replica(index, commands))
-            addresses = core.Addresses(self._bind(commands, host, f"commands-{index}"), outputs)
+            self.replicas.append(Replica(index, commands, role=roles[index]))
+            kv = (f"ipc://{self._directory}/kv-{index}" if host is None else "tcp://") if self.parallel.handoffs \
+                else None  # a Ray actor binds on its own node
+            addresses = core.Addresses(self._bind(commands, host, f"commands-{index}"), outputs, kv)
             if in_thread:
                 placement.start_thread(self.replicas[-1], config, addresses, self._context)
             elif ray_backend:
@@ -204,10 +214,13 @@ class CoreClient:
 
     def _handle(self, message: core.Message) -> None:
         replica = self.replicas[message.replica]
-        if isinstance(message, core.SnapshotTaken):
+        if isinstance(message, (core.SnapshotTaken, core.Unpinned)):
             with self._lock:
                 self._where.pop(message.request_id, None)
-            self._deliver(message.request_id, message.snapshot)
+                if isinstance(message, core.Unpinned):
+                    replica.stats = message.stats
+            answer = message.snapshot if isinstance(message, core.SnapshotTaken) else message.removed
+            self._deliver(message.request_id, answer)
             return
         if isinstance(message, core.Failed):
             if replica.ready is None:  # it never loaded: the whole start fails
@@ -226,12 +239,21 @@ class CoreClient:
                 out.prompt_token_ids = self._prompts.get(out.request_id, [])
                 if out.finished:
                     self._forget(out.request_id)
+                    self._end_handoff(out.request_id, give_up=out.error is not None)
             for refused in message.refused:
                 self._forget(refused.request_id)
+                self._end_handoff(refused.request_id, give_up=True)
         for out in message.outputs:
             self._deliver(out.request_id, out)
         for refused in message.refused:
             self._deliver(refused.request_id, refused.error())
+
+    def _end_handoff(self, prefill_id: str, give_up: bool) -> None:
+        """A prefill job has ended (under the lock); give_up: its blocks will not come, so its decode replica
+        computes the prompt itself."""
+        request_id, decode = self._handoffs.pop(prefill_id, (None, None))
+        if give_up and decode is not None and decode.failure is None:
+            decode.send(core.encode(core.GiveUpHandoff(request_id)))
 
     def _forget(self, request_id: str) -> None:
         """The request has ended (under the lock)."""
@@ -253,6 +275,12 @@ class CoreClient:
             lost = [request_id for request_id, where in self._where.items() if where is replica]
             for request_id in lost:
                 self._forget(request_id)
+                self._end_handoff(request_id, give_up=True)
+            for prefill_id in [p for p, (_, decode) in self._handoffs.items() if decode is replica]:
+                self._handoffs.pop(prefill_id)  # its decode replica is gone: no one waits for the prompt
+                if (prefill := self._where.get(prefill_id)) is not None:
+                    prefill.send(core.encode(core.Abort(prefill_id)))
+            lost = [request_id for request_id in lost if not request_id.endswith(PREFILL_JOB)]
             self.router.forget(replica.index)
             self._ready.notify_all()
             left = sum(r.failure is None for r in self.replicas)
@@ -267,13 +295,7 @@ class CoreClient:
 
     def stats(self) -> EngineStats:
         """The live replicas' stats added up."""
-        parts = list(self.replica_stats().values())
-        if not parts:
-            return EngineStats(0, 0, 0, 0, 0, 0)
-        counts = [f.name for f in dataclasses.fields(EngineStats) if f.name not in ("spec_decoding", "tenants")]
-        return EngineStats(*(sum(getattr(s, name) for s in parts) for name in counts),
-                           SpecDecodingStats.total([s.spec_decoding for s in parts]),
-                           TenantLoad.total([load for s in parts for load in s.tenants]))
+        return EngineStats.total(list(self.replica_stats().values()))
 
     def replica_stats(self) -> dict[int, EngineStats]:
         return {r.index: r.stats for r in self.replicas if r.failure is None and r.stats is not None}
@@ -321,9 +343,33 @@ class CoreClient:
         """Yields deltas until the request finishes; closing the iterator aborts the request. A request the
         engine failed raises RequestError; EngineDead once its replica (or the whole engine) is gone."""
         ids = prompt if isinstance(prompt, list) else self.tokenizer.encode_prompt(prompt)
-        stream = self._submit(request_id, ids, core.encode(core.AddRequest.of(request_id, ids, params, tenant)))
+        prefill, decode = self._pair(ids, params)
+        if prefill is None:
+            stream = self._submit(request_id, ids, core.encode(core.AddRequest.of(request_id, ids, params, tenant)),
+                                  replica=decode)
+        else:  # the decode replica waits for the blocks the prefill replica computes and sends it
+            stream = self._submit(request_id, ids, core.encode(core.AddRequest.of(
+                request_id, ids, params, tenant, Handoff(request_id))), replica=decode)
+            address, prefill_id = self.replicas[decode].ready.kv_address, request_id + PREFILL_JOB
+            with self._lock:
+                self._handoffs[prefill_id] = (request_id, self.replicas[decode])
+            self._submit(prefill_id, ids, core.encode(core.AddRequest.of(
+                prefill_id, ids, PREFILL_PARAMS, tenant, Handoff(request_id, address))), replica=prefill, listen=False)
         async for out in stream.read(request_id, self._streams, self.abort):
             yield out
+
+    def _pair(self, ids: list[int], params: SamplingParams) -> tuple[int | None, int | None]:
+        """The replica to run a request on, and the prefill replica to compute its prompt first (None: it runs
+        alone; so do samples of n > 1 and prompt logprobs, which the decode replica computes itself)."""
+        with self._lock:
+            live = {r.index: len(r.requests) for r in self.replicas if r.failure is None}
+            serving = {i: n for i, n in live.items() if self.replicas[i].role != "prefill"}
+            if not serving:
+                return None, None  # _submit picks among what is left, or says the engine is dead
+            prefill = {i: n for i, n in live.items() if self.replicas[i].role == "prefill"}
+            if not prefill or params.n > 1 or params.prompt_logprobs is not None:
+                return None, self.router.pick(ids, serving) if len(serving) > 1 else min(serving)
+            return self.router.pick_pair(ids, prefill, serving, self.parallel.max_local_prefill_tokens)
 
     async def probe(self, token_ids: list[int], probe: Probe, request_id: str) -> RequestOutput:
         """An inspection through a replica's step loop (the one caching most of the context): its final
@@ -337,9 +383,38 @@ class CoreClient:
         stream = self._submit(request_id, [], core.encode(core.Snapshot(request_id, num_steps)), track=False)
         return await stream.answer(request_id, self._streams)
 
-    def _submit(self, request_id: str, ids: list[int], command: bytes, track: bool = True) -> Stream:
-        """Send an encoded command to the replica the router picks for ids; the stream its answers go to.
-        track: the replica counts it as a request in flight (a snapshot is answered at once)."""
+    async def pin(self, token_ids: list[int], spec: PinSpec, request_id: str) -> PinInfo:
+        """Every live replica pins token_ids' full blocks, so a chat finds them wherever it lands; if one cannot,
+        none keeps the pin and its error is raised."""
+        live = [r.index for r in self.replicas if r.failure is None]
+        probes = [self._submit(f"{request_id}-{i}", token_ids, core.encode(core.AddProbe(
+            f"{request_id}-{i}", token_ids, Probe(pin=spec))), replica=i) for i in live]
+        outs = await asyncio.gather(*(final_inspection(stream.read(f"{request_id}-{i}", self._streams, self.abort))
+                                      for i, stream in zip(live, probes)), return_exceptions=True)
+        if errors := [out for out in outs if isinstance(out, BaseException)]:
+            if len(errors) < len(outs):
+                await self.unpin(spec.name)
+            raise errors[0]
+        assert outs[0].pin is not None
+        return outs[0].pin
+
+    async def unpin(self, name: str) -> bool:
+        """Release the pin called name on every live replica; False if none had it."""
+        answers = []
+        for i in [r.index for r in self.replicas if r.failure is None]:
+            request_id = f"unpin-{next(self._snapshot_ids)}"
+            answers.append(self._submit(request_id, [], core.encode(core.Unpin(request_id, name)), track=False,
+                                        replica=i).answer(request_id, self._streams))
+        return any(await asyncio.gather(*answers))
+
+    async def pins(self) -> list[PinInfo]:
+        return (await self.snapshot(0)).pins
+
+    def _submit(self, request_id: str, ids: list[int], command: bytes, track: bool = True,
+                replica: int | None = None, listen: bool = True) -> Stream:
+        """Send an encoded command to the replica given, or else to the one the router picks for ids; the stream
+        its answers go to. track: the replica counts it as a request in flight (a snapshot is answered at once);
+        listen: its answers are read (a prefill job's are not)."""
         if self._failure is not None:
             raise EngineDead(self._failure)
         stream = Stream(asyncio.get_running_loop(), asyncio.Queue())
@@ -347,20 +422,25 @@ class CoreClient:
             load = {r.index: len(r.requests) for r in self.replicas if r.failure is None}
             if not load:
                 raise EngineDead(self._last_failure())
-            replica = self.replicas[self.router.pick(ids, load) if len(load) > 1 and ids else min(load)]
+            if replica is None or replica not in load:
+                replica = self.router.pick(ids, load) if len(load) > 1 and ids else min(load)
+            replica = self.replicas[replica]
             if track:
                 if not replica.requests:
                     replica.heartbeat = time.monotonic()  # it was idle: its silence so far is no stall
                 replica.requests.add(request_id)
                 self._prompts[request_id] = ids
             self._where[request_id] = replica
-            self._streams[request_id] = stream
+            if listen:
+                self._streams[request_id] = stream
         replica.send(command)
         return stream
 
     def abort(self, request_id: str) -> None:
-        """End a request now; if its stream is still read, its last output says finish_reason "abort"."""
-        replica = self._where.get(request_id)
-        if replica is not None and replica.failure is None:
-            replica.send(core.encode(core.Abort(request_id)))
+        """End a request now (and its prefill job); if its stream is still read, its last output says
+        finish_reason "abort"."""
+        for job in (request_id, request_id + PREFILL_JOB):
+            replica = self._where.get(job)
+            if replica is not None and replica.failure is None:
+                replica.send(core.encode(core.Abort(job)))
 

@@ -33,7 +33,8 @@ import torch
 from zhuzi.config import EngineConfig
 from zhuzi.detokenizer import IncrementalDetokenizer
 from zhuzi.engine import tp_worker
-from zhuzi.engine.block_manager import BlockManager, KVEvents
+from zhuzi.engine.kv_services import KVServices
+from zhuzi.engine.kv_transfer import Handoff
 from zhuzi.engine.model_runner import StepResult, load_runner, measure_read_bandwidth
 from zhuzi.engine.output_processor import OutputProcessor, RequestState
 from zhuzi.engine.policies import make_policy
@@ -60,8 +61,9 @@ def check_token_ids(ids: list[int], vocab: int, param: str) -> None:
 
 
 class Engine:
-    def __init__(self, config: EngineConfig, kv_events: bool = False):
-        """kv_events: record the prefix-cache blocks stored and evicted (blocks.events), for a router."""
+    def __init__(self, config: EngineConfig, kv_events: bool = False, kv_transfers: bool = False):
+        """kv_events: record the prefix-cache blocks stored and evicted (blocks.events), for a router;
+        kv_transfers: take part in prefill/decode hand-offs (self.kv.handoffs)."""
         self.config = config
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
@@ -83,8 +85,8 @@ class Engine:
         max_positions = max(self.max_model_len, ckpt.config.max_position_embeddings)
         self.kv_plan = plan = config.kv_plan(ckpt.config)
         self.grammars = shared_compiler(self.tokenizer.hf, ckpt.config.vocab_size, self.eos_ids)
-        self.blocks = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching,
-                                   events=KVEvents() if kv_events else None)
+        self.blocks, self.kv = KVServices.build(config, ckpt.config, ckpt.path, plan, self.runner.kv_cache,
+                                                self.runner.num_blocks, kv_events, kv_transfers)
         self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens,
                                    config.long_prefill_token_threshold, spec.max_step_tokens if spec else 0,
                                    make_policy(config.scheduling_policy))
@@ -106,7 +108,9 @@ class Engine:
         log.info("CPU kernels: %s", ", ".join(f"{op} {path}" for op, path in self.kernel_paths.items()))
 
     def shutdown(self) -> None:
-        """Release the other tensor-parallel ranks (nothing to do without them)."""
+        """Write what the disk tier has queued; release the other tensor-parallel ranks."""
+        if hasattr(self, "kv"):
+            self.kv.close()
         if self.tp is not None:
             assert self.runner.channel is not None
             tp_worker.stop(self.tp, self.runner.channel, self.workers)
@@ -161,15 +165,17 @@ class Engine:
                 f"This model's maximum context length is {self.max_model_len} tokens. However, you "
                 f"requested {total} tokens ({len(ids)} in the prompt, {params.max_tokens or 1} for the "
                 f"completion). Please reduce the length of the prompt or the completion."), "context_length_exceeded")
-        if self.blocks.blocks_needed(total) > self.blocks.num_blocks:
+        if self.blocks.blocks_needed(total) > self.blocks.num_blocks - self.kv.pins.num_blocks:
             raise InvalidRequest(None, (
-                f"request needs {total} tokens of KV cache but the whole pool holds "
-                f"{self.kv_capacity_tokens} tokens; raise kv_cache_memory or shorten the request"),
-                "context_length_exceeded")
+                f"request needs {total} tokens of KV cache but the pool holds {self.kv_capacity_tokens} tokens, "
+                f"{self.kv.pins.num_blocks * self.blocks.block_size} of them pinned; raise kv_cache_memory or "
+                f"shorten the request"), "context_length_exceeded")
         return ids
 
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-                    arrival_time: float | None = None, tenant: Tenant = Tenant()) -> None:
+                    arrival_time: float | None = None, tenant: Tenant = Tenant(),
+                    handoff: Handoff | None = None) -> None:
+        """handoff: this request's part in a prefill/decode hand-off (kv_transfer.py)."""
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         ids = self.validate(prompt, params)
@@ -184,17 +190,21 @@ class Engine:
         req = RequestState(request_id, prompt if isinstance(prompt, str) else None, ids, params, seqs,
                            [IncrementalDetokenizer(self.tokenizer, params) for _ in seqs],
                            RequestMetrics(arrival_time or time.monotonic()))
+        if handoff is not None:
+            self.kv.start_handoff(handoff, seqs)
         self.requests[request_id] = req
         for seq in seqs:
             self.scheduler.add(seq)
 
-    def add_probe(self, request_id: str, token_ids: list[int], probe: Probe) -> None:
+    def add_probe(self, request_id: str, token_ids: str | list[int], probe: Probe) -> None:
         """An inspection of token_ids (checked like a prompt): its final output carries what the model read
         at the last one. It shares the prefix cache, so re-reading a context the engine has seen is cheap."""
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         params = SamplingParams(max_tokens=1, temperature=0)
         ids = self.validate(token_ids, params)
+        if probe.pin is not None:
+            self.kv.pins.check(probe.pin, ids, "token_ids")
         seq = Sequence(next(self._seq_ids), request_id, 0, ids, params, probe=probe)
         self.requests[request_id] = RequestState(request_id, None, ids, params, [seq],
                                                  [IncrementalDetokenizer(self.tokenizer, params)],
@@ -214,13 +224,17 @@ class Engine:
     def has_unfinished(self) -> bool:
         return bool(self.requests)
 
+    def has_work(self) -> bool:
+        """Whether a step would run something (a request awaiting its KV blocks waits for a message)."""
+        return bool(self.scheduler.running) or any(not s.awaiting_kv for s in self.scheduler.waiting)
+
     def stats(self) -> EngineStats:
         spec = self.spec_stats
         return EngineStats(len(self.scheduler.running), len(self.scheduler.waiting), self.blocks.num_blocks,
                            self.blocks.num_free_blocks, self.blocks.prefix_queries, self.blocks.prefix_hits,
                            None if spec is None else dataclasses.replace(
                                spec, num_accepted_tokens_per_pos=list(spec.num_accepted_tokens_per_pos)),
-                           self.scheduler.tenant_loads())
+                           self.scheduler.tenant_loads(), **self.kv.stats())
 
     @functools.cached_property
     def read_bandwidth(self) -> float:
@@ -234,12 +248,13 @@ class Engine:
         return EngineSnapshot(time.monotonic(), self.model_config, str(self.config.precision), self.kernel_paths,
                               self.max_model_len,
                               self.weight_bytes_per_decode_step, self.stats(), self.kv_plan, len(self.blocks.cached),
-                              self.read_bandwidth, steps)
+                              self.read_bandwidth, steps, self.kv.pins.list(), self.kv.pins.limit_bytes)
 
     # -- the step --------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
         """One forward pass for everything scheduled; returns the news of each touched request."""
+        self.kv.tick()
         batch = self.scheduler.schedule()
         if not batch:
             return []
@@ -261,9 +276,24 @@ class Engine:
             if item.spec_token_ids:
                 self.spec_stats.observe(len(item.spec_token_ids), verdict.num_accepted)
         self.scheduler.update_from_output(batch, outcome)
+        self._after_kv(result, touched)
         if self.proposer is not None:
             self._propose()
         return [self._output(req) for req in touched.values()]
+
+    def _after_kv(self, result: StepResult, touched: dict[str, RequestState]) -> None:
+        """Once the step's blocks are in the prefix cache: prompts computed for a decode replica leave, pins
+        whose probe has run hold their blocks."""
+        for item, _ in result.sampled:
+            if touched[item.seq.request_id].error is None:
+                self.kv.prompt_computed(item.seq)
+        for item, _ in result.inspections:
+            req = touched[item.seq.request_id]
+            if item.seq.probe is not None and item.seq.probe.pin is not None and req.error is None:
+                try:
+                    req.pin = self.kv.pins.complete(item.seq)
+                except InvalidRequest as exc:
+                    self.output.fail(req, exc, StepOutcome())
 
     @staticmethod
     def _step_record(batch: list[ScheduledSeq], end: float, duration: float) -> StepRecord:

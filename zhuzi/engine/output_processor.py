@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from zhuzi.detokenizer import IncrementalDetokenizer
 from zhuzi.engine.model_runner import PromptLogprobs, StepResult
 from zhuzi.engine.sequence import ScheduledSeq, Sequence, StepOutcome
-from zhuzi.outputs import CompletionOutput, Inspection, Logprob, PromptProgress, RequestMetrics, RequestOutput
+from zhuzi.outputs import CompletionOutput, Inspection, Logprob, PinInfo, PromptProgress, RequestMetrics, RequestOutput
 from zhuzi.sample.sampler import Verdict
 from zhuzi.sampling_params import SamplingParams
 from zhuzi.tokenizer import Tokenizer
@@ -48,6 +48,7 @@ class RequestState:
     error: str | None = None  # why the engine failed this request
     inspection: Inspection | None = None  # a probe's reading, once its last token ran
     progress: PromptProgress | None = None  # news of the prompt's prefill since the last output
+    pin: PinInfo | None = None  # a pin's, once its probe ran
 
     @property
     def finished(self) -> bool:
@@ -90,6 +91,7 @@ class OutputProcessor:
         for item, inspection in result.inspections:
             if item.seq.request_id not in failed:
                 requests[item.seq.request_id].inspection = inspection
+                outcome.emitted[item.seq.seq_id] = 0  # its reading stands: its blocks join the prefix cache
                 outcome.finished.append((item.seq, "stop", None))
         for request_id, exc in failed.items():
             self.fail(requests[request_id], exc, outcome)
@@ -125,7 +127,8 @@ class OutputProcessor:
             req.metrics.finished_time = time.monotonic()
             req.metrics.num_cached_tokens = req.seqs[0].num_cached_tokens
         return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, deltas, req.finished, req.metrics,
-                             req.prompt_logprobs, req.seqs[0].num_cached_tokens, req.error, req.inspection, progress)
+                             req.prompt_logprobs, req.seqs[0].num_cached_tokens, req.error, req.inspection, progress,
+                             req.pin)
 
     def _collect_prompt_logprobs(self, req: RequestState, seq: Sequence, entries: PromptLogprobs) -> None:
         """Called before the chunk counts as computed; a preempted prompt starts over from its first token."""

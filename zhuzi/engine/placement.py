@@ -42,11 +42,14 @@ class Replica:
     load_error: Exception | None = None  # why it never got ready
     requests: set[str] = field(default_factory=set)  # in flight there
     heartbeat: float = field(default_factory=time.monotonic)  # its last message (or the work it got when idle)
+    role: str = "both"  # prefill, decode or both (ParallelConfig.kv_role)
+    _sending: threading.Lock = field(default_factory=threading.Lock)  # the event loop and the reader thread send
 
     def send(self, payload: bytes) -> None:
         """An encoded command; never blocks: a replica gone has no peer socket (its requests already heard)."""
         try:
-            self.commands.send(payload, zmq.NOBLOCK)
+            with self._sending:
+                self.commands.send(payload, zmq.NOBLOCK)
         except zmq.Again:
             log.warning("replica %d is not connected; a command was not sent", self.index)
 

@@ -1,9 +1,10 @@
 """Which data-parallel replica runs a request: the one whose prefix cache holds the longest prefix of its
-prompt (a conversation's next turn lands where its history is cached), else the least loaded.
+prompt (a conversation's next turn lands where its history is cached), else the least loaded. With prefill
+and decode replicas (--kv-role), a pair: the same choice among each kind.
 
 Each replica reports the block hashes its prefix cache stored and evicted (core.Outputs); the router
 keeps which replicas hold each hash and walks a new prompt's hash chain, computed with the engine's own
-block_hash, so a match here is a match there. A cached prefix is weighed against the requests already
+hash chain, so a match here is a match there. A cached prefix is weighed against the requests already
 running there: otherwise the first replica to cache a system prompt that every chat shares would draw
 every chat.
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from zhuzi.engine.block_manager import block_hash
+from zhuzi.engine.block_manager import hash_chain
 
 # A request in flight on a replica costs a newcomer about as much as recomputing this many prompt tokens:
 # one more row in a decode batch slows every step of the reply a little, which over a reply adds up to a
@@ -41,19 +42,25 @@ class PrefixRouter:
     def cached_tokens(self, prompt: list[int], replicas: set[int]) -> dict[int, int]:
         """How many leading tokens of prompt each replica holds in its prefix cache."""
         cached = dict.fromkeys(replicas, 0)
-        parent: bytes | None = None
-        size = self.block_size
         # The engine always computes a prompt's last token, so only the full blocks before it can hit.
-        for start in range(0, len(prompt) - size, size):
-            parent = block_hash(parent, prompt[start:start + size])
-            replicas = replicas & self.holders.get(parent, set())
+        for n, h in enumerate(hash_chain(prompt[:-1], self.block_size), 1):
+            replicas = replicas & self.holders.get(h, set())
             if not replicas:
                 break
             for r in replicas:
-                cached[r] = start + size
+                cached[r] = n * self.block_size
         return cached
 
     def pick(self, prompt: list[int], load: dict[int, int]) -> int:
         """The replica (a key of load: the live ones, with their requests in flight) to run prompt on."""
         cached = self.cached_tokens(prompt, set(load))
         return min(load, key=lambda r: (load[r] * LOAD_COST_TOKENS - cached[r], r))
+
+    def pick_pair(self, prompt: list[int], prefill: dict[int, int], decode: dict[int, int],
+                  max_local: int) -> tuple[int | None, int]:
+        """The decode replica to stream prompt's reply, and the prefill replica to compute the prompt first:
+        None when the decode replica's own prefix cache leaves at most max_local tokens to compute."""
+        target = self.pick(prompt, decode)
+        if not prefill or len(prompt) - self.cached_tokens(prompt, {target})[target] <= max_local:
+            return None, target
+        return self.pick(prompt, prefill), target

@@ -136,7 +136,7 @@ class Scheduler:
     def _admit(self, seq: Sequence, room: int, cap: int, plan: StepPlan) -> None:
         """A waiting sequence joins the batch if it finds a slot and blocks, preempting whom the policy lets
         it; otherwise it and everyone behind it wait."""
-        if self._held_by_leader(seq):
+        if self._held_by_leader(seq) or seq.awaiting_kv:  # awaiting_kv: its blocks come from a prefill replica
             return
         while len(self.running) >= self.max_num_seqs:
             victim = self.policy.victim(self.running, seq, lambda s: 1, 1)

@@ -17,11 +17,20 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
+class PinSpec:
+    """A prefix to keep in the KV pool under a name (pins.py), for ttl seconds (None: until deleted)."""
+
+    name: str
+    ttl: float | None = None
+
+
+@dataclass(frozen=True)
 class Probe:
     """An inspection: run some token ids through the step loop and read the model at the last one
-    instead of sampling a token there."""
+    instead of sampling a token there (or, with pin, keep their KV blocks)."""
 
     lens_top: int = 0  # the logit lens: this many top tokens per layer (0: no lens)
+    pin: PinSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -65,6 +74,7 @@ class Sequence:
     stop_reason: int | str | None = None
     cumulative_logprob: float = 0.0
     ever_scheduled: bool = False
+    awaiting_kv: bool = False  # held back until a prefill replica's blocks come (kv_transfer.py)
     # Speculative decoding: tokens proposed to follow token_ids, checked by the next step. They never enter
     # token_ids (block hashes assume tokens only grow) until the target accepts them.
     spec_token_ids: list[int] = field(default_factory=list)
@@ -134,7 +144,7 @@ class ScheduledSeq:
 class StepOutcome:
     """What a step's outputs decided, for the scheduler's bookkeeping (Scheduler.update_from_output)."""
 
-    # Per sequence whose sampled tokens were emitted: how many of its drafts stand (their K/V was computed).
+    # Per sequence whose sampled tokens were emitted (or whose inspection was read): how many of its drafts stand.
     emitted: dict[int, int] = field(default_factory=dict)
     # The sequences that ended (a stop, their length, an inspection read, a failure): reason, stop reason.
     finished: list[tuple[Sequence, str, int | str | None]] = field(default_factory=list)

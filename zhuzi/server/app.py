@@ -1,11 +1,11 @@
 """The first and last steps of the request path: HTTP routes in, OpenAI's error objects out.
 
 A request comes in -> gateway (key, rate) -> its body (JSON, within the size limit) validated into
-the protocol models -> the serving logic (serving.py; serving_inspect.py for /inspect) -> JSON or SSE
-out. Every refusal is OpenAI's error object with a 4xx. /openapi.json documents each route's body, its
-answer and its error statuses from the same models. The app starts at once and loads the model in a
-thread, so /health says 503 until the model is ready, and again once the engine fails or the server
-shuts down. The inspector page (static/) is served at /.
+the protocol models -> the serving logic (serving.py; serving_inspect.py for /inspect, serving_cache.py for
+/v1/cache/pins) -> JSON or SSE out. Every refusal is OpenAI's error object with a 4xx. /openapi.json
+documents each route's body, its answer and its error statuses from the same models. The app starts at
+once and loads the model in a thread, so /health says 503 until the model is ready, and again once the
+engine fails or the server shuts down. The inspector page (static/) is served at /.
 """
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ from zhuzi.config import ServerConfig
 from zhuzi.engine.client import EngineClient, EngineDead
 from zhuzi.outputs import RequestError
 from zhuzi.server import anthropic_protocol as a
+from zhuzi.server import cache_protocol as cp
 from zhuzi.server import inspect_protocol as ip
 from zhuzi.server import protocol as p
 from zhuzi.server import responses as r
@@ -35,6 +36,7 @@ from zhuzi.server import responses_protocol as rp
 from zhuzi.server import schema
 from zhuzi.server.gateway import GatewayError, retry_after_header
 from zhuzi.server.serving import ApiError, Server, failure_info
+from zhuzi.server.serving_cache import CachePins
 from zhuzi.server.serving_completions import Completions
 from zhuzi.server.serving_inspect import Inspector
 from zhuzi.server.serving_messages import Messages, anthropic_status
@@ -110,7 +112,7 @@ def validation_error(exc: pydantic.ValidationError) -> ApiError:
 
 
 UNSUPPORTED = {**p.UNSUPPORTED, **rp.UNSUPPORTED}
-_FIELD_NAMES = {field.alias or name for module in (p, ip, a, rp) for model in vars(module).values()
+_FIELD_NAMES = {field.alias or name for module in (p, ip, a, rp, cp) for model in vars(module).values()
                 if isinstance(model, type) and issubclass(model, schema.Request)
                 for name, field in model.model_fields.items()}
 
@@ -119,7 +121,7 @@ _FIELD_NAMES = {field.alias or name for module in (p, ip, a, rp) for model in va
 
 _ERROR_DESCRIPTIONS = {
     400: "Invalid request: the error's param names the field", 401: "Missing or wrong API key",
-    404: "Unknown model (or stored response)", 413: "Request body too large", 415: "Body not JSON",
+    404: "Unknown model, stored response or pin", 413: "Request body too large", 415: "Body not JSON",
     429: "Rate limit or queue full", 500: "The engine failed this request",
     503: "Loading, shutting down, or the engine failed", 529: "Overloaded: queue full, loading or shutting down",
 }
@@ -165,7 +167,7 @@ def _documented(body: type[pydantic.BaseModel] | None, answer: type[pydantic.Bas
 
 _BODIES = [p.ChatCompletionRequest, p.CompletionRequest, p.TokenizeRequest, p.DetokenizeRequest,
            ip.NextTokenRequest, ip.LogitLensRequest, ip.DocumentRequest, ip.BpeRequest,
-           a.MessagesRequest, a.CountTokensRequest, rp.ResponsesRequest]
+           a.MessagesRequest, a.CountTokensRequest, rp.ResponsesRequest, cp.PinRequest]
 # GET /inspect/engine's one parameter, which the route reads itself (a bad value is OpenAI's 400, not 422).
 _ENGINE_QUERY = {"parameters": [{"name": "steps", "in": "query", "required": False,
                                  "description": "how many recent step records to include",
@@ -202,6 +204,7 @@ def create_app(engine: EngineClient | Callable[[], EngineClient], server_config:
     on_failure hears why the server cannot go on (the model failed to load, the engine failed)."""
     server = Server(engine, server_config or ServerConfig(), on_failure)
     generations, tokenization, inspector = Completions(server), Tokenization(server), Inspector(server)
+    pins = CachePins(server)
     config = server.config
     anthropic = Messages(generations)
     # A file zhuzi cannot use stops the server here, in one line. What was answered is committed: the
@@ -341,6 +344,22 @@ def create_app(engine: EngineClient | Callable[[], EngineClient], server_config:
         if not (raw.isascii() and raw.isdigit()) or int(raw) > ip.MAX_STEPS:
             raise ApiError(400, f"steps must be a whole number in [0, {ip.MAX_STEPS}], got {raw!r}", param="steps")
         return await inspector.engine(int(raw))
+
+    @app.post("/v1/cache/pins", **_documented(cp.PinRequest, cp.CachePin, (*_BODY_ERRORS, 500)))
+    async def pin(request: Request) -> Response:
+        return await generation(request, cp.PinRequest, pins.pin)
+
+    @app.get("/v1/cache/pins", **_documented(None, cp.CachePinList, (401, 503)))
+    async def list_pins(request: Request) -> Response:
+        authenticated(request)
+        server.ready()
+        return await pins.list()
+
+    @app.delete("/v1/cache/pins/{name}", **_documented(None, cp.CachePinDeleted, (401, 404, 503)))
+    async def delete_pin(request: Request, name: str) -> Response:
+        authenticated(request)
+        server.ready()
+        return await pins.delete(name)
 
     @app.get("/health", **_documented(None, r.HealthResponse, (503,)))
     async def health() -> Response:

@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field
 
+from zhuzi.server.cache_protocol import CachePin
 from zhuzi.server.protocol import ChatTemplateRequest
 from zhuzi.server.responses import Response
 from zhuzi.server.schema import Request, Text
@@ -186,11 +187,41 @@ class EngineRoofline(Response):
     decode_step_floor_s: float  # the weights of one decode step read at that bandwidth
 
 
+class EngineKVTier(Response):
+    tier: Literal["host", "disk"]
+    blocks: int
+    bytes: int
+    hit_tokens: int  # prompt tokens loaded from it instead of computed
+    stored: int  # blocks put into it
+    evicted: int  # blocks it let go to make room
+    refused: int  # files skipped: corrupt or foreign
+
+
+class EnginePins(Response):
+    blocks: int  # of the pool, held by pins
+    bytes: int
+    limit_bytes: int  # --kv-pinned-memory
+    pins: list[CachePin]
+
+
+class EngineTransfers(Response):
+    """Prefill/decode hand-offs (--kv-role): requests whose KV blocks this replica sent or received."""
+
+    sent: int
+    received: int
+    failed: int  # never arrived: the decode replica computed the prompt itself
+    blocks_sent: int
+    blocks_received: int
+
+
 class EngineResponse(Response):
     object: Literal["inspect.engine"] = "inspect.engine"
     model: EngineModel
     kv: EngineKV
     requests: EngineRequests
     prefix_cache: EnginePrefixCache
+    kv_tiers: list[EngineKVTier]  # the ones configured (--kv-offload-memory, --kv-offload-dir)
+    pins: EnginePins
+    kv_transfers: EngineTransfers
     steps: list[EngineStep]  # oldest first
     roofline: EngineRoofline

@@ -2,8 +2,8 @@
 
 Names follow vLLM's (`vllm:` becomes `zhuzi:`) so existing dashboards fit. The
 per-request histograms and counters are recorded by the server when a request
-ends; the engine-wide state (running, waiting, KV usage, prefix-cache and
-speculative-decoding counts) is read from each replica's EngineStats at scrape
+ends; the engine-wide state (running, waiting, KV usage, prefix-cache,
+speculative-decoding, KV tier, pin and transfer counts) is read from each replica's EngineStats at scrape
 time, so it is never stale, and is labelled with the replica (data-parallel
 engine core) it describes. Per API key (labelled with its masked id, never the
 key): its running and waiting sequences, and its tokens used today against its
@@ -49,14 +49,38 @@ class EngineCollector(Collector):
             (CounterMetricFamily, "prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
              "prefix_cache_queries"),
             (CounterMetricFamily, "prefix_cache_hits", "Prompt tokens found in the prefix cache.", "prefix_cache_hits"),
+            (GaugeMetricFamily, "kv_pins", "Pinned prefixes.", "num_pins"),
+            (GaugeMetricFamily, "kv_pinned_blocks", "KV pool blocks held by pinned prefixes.", "pinned_blocks"),
+            (GaugeMetricFamily, "kv_pinned_bytes", "KV pool bytes held by pinned prefixes.", "pinned_bytes"),
+            (CounterMetricFamily, "kv_transfers_sent", "Prefill/decode hand-offs: requests whose KV blocks this "
+             "replica sent.", "kv_transfers_sent"),
+            (CounterMetricFamily, "kv_transfers_received", "Prefill/decode hand-offs received.",
+             "kv_transfers_received"),
+            (CounterMetricFamily, "kv_transfers_failed", "Hand-offs that never arrived: the decode replica "
+             "computed the prompt itself.", "kv_transfers_failed"),
+            (CounterMetricFamily, "kv_transfer_blocks_sent", "KV blocks sent to decode replicas.",
+             "kv_transfer_blocks_sent"),
+            (CounterMetricFamily, "kv_transfer_blocks_received", "KV blocks received from prefill replicas.",
+             "kv_transfer_blocks_received"),
         ]
-        for family, name, doc, attribute in families:
-            metric = family(PREFIX + name, doc, labels=ENGINE_LABELS)
-            for replica, stats in sorted(replicas.items()):
-                metric.add_metric([model, str(replica)], getattr(stats, attribute))
-            yield metric
+        yield from families_of(families, ENGINE_LABELS,
+                               [([model, str(replica)], stats) for replica, stats in sorted(replicas.items())])
         yield from self._tenants(model, replicas)
         yield from self._spec_decoding(model, replicas)
+        # Each KV tier (host, disk) of each replica, labelled tier="host" or "disk".
+        yield from families_of([
+            (CounterMetricFamily, "kv_offload_hits", "Prompt tokens loaded from a KV tier instead of computed.",
+             "hit_tokens"),
+            (GaugeMetricFamily, "kv_offload_blocks", "KV blocks held in a tier.", "blocks"),
+            (GaugeMetricFamily, "kv_offload_bytes", "Bytes of KV blocks held in a tier.", "bytes"),
+            (CounterMetricFamily, "kv_offload_stored", "KV blocks put into a tier.", "stored"),
+            (CounterMetricFamily, "kv_offload_evicted", "KV blocks a tier let go to make room.", "evicted"),
+            (CounterMetricFamily, "kv_offload_refused", "Block files skipped: corrupt, foreign or unreadable.",
+             "refused"),
+            (CounterMetricFamily, "kv_offload_dropped", "Blocks not stored: no room (all pinned) or the disk "
+             "writer behind.", "dropped"),
+        ], ENGINE_LABELS + ["tier"], [([model, str(replica), name], tier) for replica, stats in sorted(replicas.items())
+                                      for name, tier in sorted(stats.kv_tiers.items())])
 
     @staticmethod
     def _tenants(model: str, replicas: dict[int, EngineStats]) -> Iterator[Metric]:
@@ -75,17 +99,15 @@ class EngineCollector(Collector):
         """vLLM's speculative-decoding counters, for the replicas that speculate."""
         specs = {replica: stats.spec_decoding for replica, stats in sorted(replicas.items())
                  if stats.spec_decoding is not None}
+        yield from families_of([
+            (CounterMetricFamily, "spec_decode_num_drafts", "Speculative proposals verified (one per sequence and "
+             "step).", "num_drafts"),
+            (CounterMetricFamily, "spec_decode_num_draft_tokens", "Tokens proposed.", "num_draft_tokens"),
+            (CounterMetricFamily, "spec_decode_num_accepted_tokens", "Proposed tokens the target model accepted.",
+             "num_accepted_tokens"),
+        ], ENGINE_LABELS, [([model, str(replica)], spec) for replica, spec in specs.items()])
         if not specs:
             return
-        for name, doc, attribute in [
-            ("spec_decode_num_drafts", "Speculative proposals verified (one per sequence and step).", "num_drafts"),
-            ("spec_decode_num_draft_tokens", "Tokens proposed.", "num_draft_tokens"),
-            ("spec_decode_num_accepted_tokens", "Proposed tokens the target model accepted.", "num_accepted_tokens"),
-        ]:
-            metric = CounterMetricFamily(PREFIX + name, doc, labels=ENGINE_LABELS)
-            for replica, spec in specs.items():
-                metric.add_metric([model, str(replica)], getattr(spec, attribute))
-            yield metric
         per_pos = CounterMetricFamily(PREFIX + "spec_decode_num_accepted_tokens_per_pos",
                                       "Proposals whose token at this position was accepted.",
                                       labels=ENGINE_LABELS + ["position"])
@@ -112,6 +134,17 @@ class QuotaCollector(Collector):
                 limit.add_metric([row.key_id], row.limit)
         yield used
         yield limit
+def families_of(specs: list[tuple[type, str, str, str]], labels: list[str],
+                rows: list[tuple[list[str], object]]) -> Iterator[Metric]:
+    """A metric per (family, name, doc, attribute) spec, with a sample per row (label values, the object whose
+    attribute it reads); none while there are no rows."""
+    if not rows:
+        return
+    for family, name, doc, attribute in specs:
+        metric = family(PREFIX + name, doc, labels=labels)
+        for values, source in rows:
+            metric.add_metric(values, getattr(source, attribute))
+        yield metric
 
 
 class ServerMetrics:

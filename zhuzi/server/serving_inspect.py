@@ -21,6 +21,7 @@ from zhuzi.sampling_params import InvalidRequest
 from zhuzi.server import inspect_protocol as ip
 from zhuzi.server import responses as r
 from zhuzi.server.serving import ApiError, Server, json_response
+from zhuzi.server.serving_cache import cache_pin
 from zhuzi.server.streams import gather_or_cancel, until_disconnect
 
 
@@ -140,6 +141,14 @@ class Inspector:
                 tenants=[ip.EngineTenant(key=t.tenant or None, running=t.running, waiting=t.waiting)
                          for t in stats.tenants]),
             prefix_cache=ip.EnginePrefixCache(queries=queries, hits=hits, hit_rate=hits / queries if queries else None),
+            kv_tiers=[ip.EngineKVTier(tier=name, blocks=t.blocks, bytes=t.bytes, hit_tokens=t.hit_tokens,
+                                      stored=t.stored, evicted=t.evicted, refused=t.refused)
+                      for name, t in stats.kv_tiers.items()],
+            pins=ip.EnginePins(blocks=stats.pinned_blocks, bytes=stats.pinned_bytes, limit_bytes=s.pinned_limit_bytes,
+                               pins=[cache_pin(info) for info in s.pins]),
+            kv_transfers=ip.EngineTransfers(
+                sent=stats.kv_transfers_sent, received=stats.kv_transfers_received, failed=stats.kv_transfers_failed,
+                blocks_sent=stats.kv_transfer_blocks_sent, blocks_received=stats.kv_transfer_blocks_received),
             steps=[ip.EngineStep(age_s=s.time - r.end_time, duration_s=r.duration, prefill_tokens=r.prefill_tokens,
                                 decode_tokens=r.decode_tokens, kv_tokens_read=r.kv_tokens_read) for r in s.steps],
             roofline=ip.EngineRoofline(read_bandwidth_bytes_per_s=s.read_bandwidth,

@@ -1,5 +1,6 @@
 // View 8, the engine: the step loop live (/inspect/engine): requests (per API key, masked), KV blocks,
-// prefix-cache hits, recent steps' tokens/s against the measured bandwidth roofline, and a KV-memory calculator.
+// prefix-cache hits, pinned prefixes, KV tiers and hand-offs, recent steps' tokens/s against the measured
+// bandwidth roofline, and a KV-memory calculator.
 import { ApiError, inspect } from './api.js';
 import { isStreaming } from './chat.js';
 import { emit, on, state } from './state.js';
@@ -33,8 +34,27 @@ function kernelsCard(m) {
   return card('CPU kernels', variant, `${m.dtype} · ${paths || 'torch for every operation'}`);
 }
 
-function card(title, big, small) {
-  return el('div', { class: 'card' }, el('h4', { text: title }), el('div', { class: 'big', text: big }), el('div', { class: 'small', text: small }));
+function card(title, big, small, dataset = {}) {
+  return el('div', { class: 'card', dataset }, el('h4', { text: title }), el('div', { class: 'big', text: big }), el('div', { class: 'small', text: small }));
+}
+
+/** Pinned prefixes (POST /v1/cache/pins): the pool memory they hold against their bound, and each by name. */
+function pinsCard(pins) {
+  const until = (p) => (p.expires_at === null ? 'until deleted' : `until ${new Date(p.expires_at * 1000).toLocaleTimeString()}`);
+  const names = pins.pins.map((p) => `${p.name}: ${p.num_tokens} tokens, ${until(p)}`).join(' · ');
+  return card('pinned prefixes', `${bytesSize(pins.bytes)} / ${bytesSize(pins.limit_bytes)}`,
+    names || 'none: POST /v1/cache/pins keeps a prefix in the pool', { testid: 'pins-card', value: String(pins.bytes), names: pins.pins.map((p) => p.name).join(',') });
+}
+
+function tierCards(s) {
+  const cards = s.kv_tiers.map((t) => card(`KV tier: ${t.tier}`, `${bytesSize(t.bytes)} · ${t.blocks} blocks`,
+    `${t.hit_tokens} prompt tokens loaded instead of computed · ${t.evicted} evicted · ${t.refused} files refused`, { testid: `tier-${t.tier}` }));
+  const x = s.kv_transfers;
+  if (x.sent || x.received || x.failed) {
+    cards.push(card('prefill → decode hand-offs', `${x.sent} sent · ${x.received} received`,
+      `${x.blocks_sent} / ${x.blocks_received} blocks · ${x.failed} fell back to prefilling here`, { testid: 'transfers' }));
+  }
+  return cards;
 }
 
 /** The fastest a decode step of this composition can be: its weight and KV bytes at the measured bandwidth. */
@@ -49,6 +69,8 @@ function renderEngine(s) {
     card('requests', `${s.requests.running} running`, `${s.requests.waiting} waiting for a place in the batch`),
     card('KV blocks', `${s.kv.used_blocks} / ${s.kv.num_blocks}`, `${s.kv.block_size} tokens each · ${s.kv.cached_blocks} hold a cached prefix · pool ${bytesSize(s.kv.pool_bytes)}`),
     card('prefix cache', s.prefix_cache.hit_rate === null ? '–' : `${(100 * s.prefix_cache.hit_rate).toFixed(1)}%`, `${s.prefix_cache.hits} of ${s.prefix_cache.queries} prompt tokens found computed`),
+    pinsCard(s.pins),
+    ...tierCards(s),
     card('memory bandwidth (measured)', `${(bw / 1e9).toFixed(1)} GB/s`, `a decode step reads ${bytesSize(m.weight_bytes_per_decode_step)} of weights: ≥ ${ms(s.roofline.decode_step_floor_s)}, so one stream ≤ ${(1 / s.roofline.decode_step_floor_s).toFixed(0)} tokens/s`),
     card('model', `${m.num_layers} layers`, `${m.num_heads} query heads, ${m.num_kv_heads} KV heads × ${m.head_dim} · vocab ${m.vocab_size} · context ${m.max_model_len}`),
     kernelsCard(m),
