@@ -36,7 +36,7 @@ class CachePins:
         if body.token_ids is not None:
             ids = body.token_ids
         else:
-            ids, _ = await self.server.in_worker(self.server.render_chat, body)
+            ids = (await self.server.in_worker(self.server.render_chat, body)).ids
         try:
             engine.check_token_ids(ids, param)
         except InvalidRequest as exc:
@@ -49,7 +49,7 @@ class CachePins:
                            code=exc.code) from exc
         finally:
             admission.release()
-        self.server.gateway.charge_tokens(key, len(ids) - info.cached_tokens)
+        self.server.charge(key, len(ids) - info.cached_tokens)
         return json_response(cache_pin(info))
 
     async def list(self) -> Response:
