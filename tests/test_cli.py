@@ -20,7 +20,7 @@ def test_generate_prints_a_sensible_continuation():
 
 
 def test_chat_streams_replies_and_keeps_the_history():
-    out = zhuzi("chat", "--temperature", "0", "--max-tokens", "30",
+    out = zhuzi("chat", "--temperature", "0", "--max-tokens", "30", "--quantization", "none",  # as test_llm's llm16
                 stdin="What is the capital of France?\nAnd of Germany?\n\n")
     assert out.returncode == 0, out.stderr
     first, second = [line for line in out.stdout.splitlines() if line.startswith("> ")][:2]
@@ -48,7 +48,7 @@ def test_plan_of_dense_weights():
 
 @pytest.mark.parametrize("kernels", [v.name for v in native.runnable() if v.name in ("avx512", "avx2")])
 def test_plan_says_which_dtype_auto_picked_and_why(kernels):
-    out = zhuzi("plan", "--cpu-kernels", kernels)
+    out = zhuzi("plan", "--cpu-kernels", kernels, "--quantization", "none")
     assert out.returncode == 0, out.stderr
     if kernels == "avx512":
         assert "dtype auto: bfloat16; the avx512 kernels compute bf16 natively; CPU kernels avx512" in out.stdout

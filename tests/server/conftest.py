@@ -16,7 +16,8 @@ from server_process import ServerProcess, running_server
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    with running_server(tmp_path_factory.mktemp("serve") / "server.log") as running:
+    # Dense weights, as keyed_server below: the API tests read SmolLM2's answers
+    with running_server(tmp_path_factory.mktemp("serve") / "server.log", "--quantization", "none") as running:
         yield running
 
 
@@ -31,9 +32,9 @@ KEYS = ("key-one", "key-two")
 @pytest.fixture(scope="session")
 def keyed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     keys = [arg for key in KEYS for arg in ("--api-key", key)]
-    # Dense weights: the Messages and Responses tests read the answers (Paris, then Berlin from the stored
-    # history), and SmolLM2's greedy answers to them fork at a near-tie on its Q4_1 blocks (the default path,
-    # which the `server` fixture serves).
+    # Dense weights: the API tests read the answers (Paris, then Berlin from the stored history), and SmolLM2's
+    # greedy answers to them fork at a near-tie on its Q4_1 blocks, the default (llama.cpp's answers on the
+    # same file are those of the blocks); other servers of the suite run the default.
     with running_server(tmp_path_factory.mktemp("keyed") / "server.log", *keys, "--quantization", "none") as server:
         yield server
 
