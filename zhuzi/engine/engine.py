@@ -49,6 +49,7 @@ from zhuzi.outputs import (
     RequestOutput,
     SpecDecodingStats,
     StepRecord,
+    StepRow,
 )
 from zhuzi.rejection_sampler import Verdict
 from zhuzi.sampler import make_generator
@@ -128,6 +129,7 @@ class Engine:
         self.requests: dict[str, Request] = {}
         self._seq_ids = itertools.count()
         self.recent_steps: deque[StepRecord] = deque(maxlen=RECENT_STEPS)
+        self._step_count = itertools.count()
         log.info("model %s (%s, %s), KV %d bytes/token, %d blocks of %d = %d tokens%s", ckpt.path.name,
                  ckpt.config.architecture, config.dtype, plan.bytes_per_token, plan.num_blocks, plan.block_size,
                  plan.capacity_tokens, f", tensor parallel over {self.tp.world_size} ranks" if self.tp else "")
@@ -266,7 +268,7 @@ class Engine:
                 self._fail(req, exc)
             return [self._output(req) for req in touched.values()]
         now = time.monotonic()
-        self.recent_steps.append(self._step_record(batch, now, now - start))
+        self.recent_steps.append(self._step_record(batch, result, now, now - start))
         failed = {item.seq.request_id: exc for item, exc in result.failed}
         for item in batch:
             seq, req = item.seq, touched[item.seq.request_id]
@@ -286,7 +288,7 @@ class Engine:
                 self.spec_stats.observe(len(item.spec_token_ids), verdict.num_accepted)
             if req.request_id not in failed:
                 try:
-                    self._append_tokens(req, item.seq, verdict, now, now - start)
+                    self._append_tokens(req, item, verdict, now, now - start)
                 except Exception as exc:
                     failed[req.request_id] = exc
         for item, inspection in result.inspections:
@@ -299,12 +301,13 @@ class Engine:
             self._propose()
         return [self._output(req) for req in touched.values()]
 
-    @staticmethod
-    def _step_record(batch: list[ScheduledSeq], end: float, duration: float) -> StepRecord:
-        """Called before the batch counts as computed: a decode is one token past a computed prompt."""
-        decodes = [item.seq for item in batch if item.num_new_tokens == 1 and item.seq.prompt_done]
-        prefill = sum(item.num_new_tokens for item in batch) - len(decodes)
-        return StepRecord(end, duration, prefill, len(decodes), sum(seq.num_computed_tokens + 1 for seq in decodes))
+    def _step_record(self, batch: list[ScheduledSeq], result: StepResult, end: float, duration: float) -> StepRecord:
+        """Each row's share of the step; called before the batch counts as computed (ScheduledSeq.kind)."""
+        accepted = {item.seq.seq_id: verdict.num_accepted for item, verdict in result.sampled}
+        return StepRecord(next(self._step_count), end, duration, [
+            StepRow(item.seq.request_id, item.kind, item.num_new_tokens, item.seq.num_computed_tokens
+                    + item.num_new_tokens, len(item.spec_token_ids), accepted.get(item.seq.seq_id, 0))
+            for item in batch])
 
     def _propose(self) -> None:
         """Drafts for the next step: each decoding sequence gets at most what the step could verify and
@@ -356,9 +359,10 @@ class Engine:
             for tid, lp in (entry or {}).items():
                 lp.decoded_token = self.tokenizer.decode([tid], skip_special_tokens=False)
 
-    def _append_tokens(self, req: Request, seq: Sequence, verdict: Verdict, now: float, step_time: float) -> None:
+    def _append_tokens(self, req: Request, item: ScheduledSeq, verdict: Verdict, now: float, step_time: float) -> None:
         """A step's tokens for one sequence, one at a time through the stop checks; the first one that ends
         the sequence is its last (the rest of an accepted run is dropped)."""
+        seq, drafts = item.seq, item.spec_token_ids
         m = req.metrics
         if seq.num_output_tokens > 0:
             m.decode_step_times.append(step_time)
@@ -367,6 +371,10 @@ class Engine:
         finish = None
         for i, token in enumerate(verdict.token_ids):
             finish = self._append_token(req, seq, token, verdict.logprobs[i] if verdict.logprobs else None)
+            if self.proposer is not None:  # which tokens were drafts, and what the model's own one replaced
+                delta = req.deltas[seq.index]
+                delta.draft_accepted.append(i < verdict.num_accepted)
+                delta.drafts_rejected.append(drafts[i:] if drafts and i == verdict.num_accepted else None)
             if finish is not None:
                 break
             if i < verdict.num_accepted:  # an accepted draft: this step computed its K/V
@@ -382,7 +390,8 @@ class Engine:
         seq.token_ids.append(token)
         if seq.grammar is not None and not seq.grammar.accept(token):
             raise RuntimeError(f"sampled token {token} breaks the grammar of request {req.request_id}")
-        delta = req.deltas.setdefault(seq.index, CompletionOutput.empty(seq.index, req.wants_logprobs))
+        delta = req.deltas.setdefault(seq.index, CompletionOutput.empty(seq.index, req.wants_logprobs,
+                                                                        self.proposer is not None))
         delta.token_ids.append(token)
         if logprobs is not None:
             self._decode_logprob_tokens([logprobs])

@@ -94,6 +94,14 @@ class ScheduledSeq:
     spec_token_ids: list[int] = field(default_factory=list)  # the drafts this step verifies
 
     @property
+    def kind(self) -> str:
+        """Its share of the step, before the step counts as computed: "verify" (drafts and one token),
+        "decode" (one token past a computed prompt) or "prefill" (a chunk of a prompt or a recomputation)."""
+        if self.spec_token_ids:
+            return "verify"
+        return "decode" if self.num_new_tokens == 1 and self.seq.prompt_done else "prefill"
+
+    @property
     def samples(self) -> bool:
         """True when this step reaches the sequence's last token, so its next token is drawn."""
         return self.seq.num_computed_tokens + self.num_new_tokens - len(self.spec_token_ids) == self.seq.num_tokens
