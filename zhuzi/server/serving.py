@@ -311,11 +311,24 @@ class Server:
 
     # -- prompts (in worker threads)
 
+    def tool_prompt(self, body: p.ChatTemplateRequest) -> str | None:
+        """Who tells the model about the request's tools: "template", "generic" (zhuzi's generic prompt in the
+        system message, for templates that ignore tools), or None (no tools to parse)."""
+        if not body.parse_tool_calls:
+            return None
+        return "template" if template_renders_tools(self.ready().tokenizer.template_variables) else "generic"
+
+    def template_messages(self, body: p.ChatTemplateRequest) -> tuple[list[dict], dict]:
+        """The messages and keyword arguments the chat template renders."""
+        messages, args = body.template_messages(), body.template_args()
+        if self.tool_prompt(body) == "generic":
+            messages = with_generic_tools(messages, args["tools"])
+        return messages, args
+
     def render_chat(self, body: p.ChatTemplateRequest, constraint: p.Constraint | None = None) -> tuple[list[int], str]:
         """The prompt ids, and the text the prompt already holds of the reply (see OutputParser)."""
-        tokenizer, messages, args = self.ready().tokenizer, body.template_messages(), body.template_args()
-        if body.parse_tool_calls and not template_renders_tools(tokenizer.template_variables):
-            messages = with_generic_tools(messages, args["tools"])
+        tokenizer = self.ready().tokenizer
+        messages, args = self.template_messages(body)
         if constraint is not None and self.reasoning:
             args["chat_template_kwargs"] = self.without_thought(args["chat_template_kwargs"])
         try:
