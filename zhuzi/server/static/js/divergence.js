@@ -15,29 +15,31 @@ let cancelled = false;
 
 function randomPrompt() {
   const words = Array.from({ length: 10 }, () => WORDS[Math.floor(Math.random() * WORDS.length)]);
-  return `Write a few sentences using these words: ${words.join(', ')}.`;
+  return `A few sentences with the words ${words.join(', ')}:`;
 }
 
 const ask = (content, extra) => ({ messages: [{ role: 'user', content }], temperature: 0, ...extra });
 
-/** n other requests, streaming; resolves once each has its first token (its prompt is computed). */
+/** n other rows: one streamed /v1/completions request with n random prompts (one connection: a browser opens
+ * at most six to a server); resolves once every prompt has its first token, i.e. is decoding. */
 async function startOthers(n, maxTokens, signal) {
-  const started = Array.from({ length: n }, () => {
-    let done;
-    const promise = new Promise((resolve, reject) => { done = { resolve, reject }; });
-    (async () => {
-      try {
-        for await (const chunk of postSSE('/v1/chat/completions', ask(randomPrompt(), { stream: true, max_tokens: maxTokens, ignore_eos: true }), signal)) {
-          if (chunk.choices?.length) done.resolve();
-        }
-        done.reject(new Error('another row ended before the target: raise its max tokens'));
-      } catch (error) {
-        if (signal.aborted) done.resolve(); else done.reject(error);
+  const prompts = Array.from({ length: n }, randomPrompt);
+  const started = new Set();
+  const body = { prompt: prompts, stream: true, temperature: 0, max_tokens: maxTokens, ignore_eos: true, logprobs: 0 };
+  let ready;
+  const all = new Promise((resolve, reject) => { ready = { resolve, reject }; });
+  (async () => {
+    try {
+      for await (const chunk of postSSE('/v1/completions', body, signal)) {
+        for (const choice of chunk.choices) started.add(choice.index);
+        if (started.size === n) ready.resolve();
       }
-    })();
-    return promise;
-  });
-  await Promise.all(started);
+      ready.reject(new Error('the other rows ended before the target: raise their max tokens'));
+    } catch (error) {
+      if (signal.aborted) ready.resolve(); else ready.reject(error);
+    }
+  })();
+  await all;
 }
 
 /** Until the engine runs nothing: the next run starts from an empty batch. */
@@ -94,7 +96,7 @@ const gap = (top) => (top.length > 1 ? top[0].logprob - top[1].logprob : null);
 
 function detail(reference, result) {
   const at = result.first;
-  const mine = reference.top[at] || [];
+  const mine = reference.answer.top[at] || [];
   const theirs = result.answer.top[at] || [];
   return el('div', { class: 'note', dataset: { testid: 'divergence-detail', gapAlone: gap(mine), gapBatch: gap(theirs) } },
     `At token ${at + 1} the two leading candidates, as logprobs (a logit minus one number per step, so their gap is the logits' gap): `,
