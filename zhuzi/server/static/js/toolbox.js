@@ -1,13 +1,14 @@
 // The page's own tools for the tool-call view. They really compute, here in the browser: arithmetic with a
 // small parser (no eval), and the time in a city from the browser's Intl time-zone data. Nothing here
-// pretends to fetch anything.
+// pretends to fetch anything. Both are strict: the grammar holds a call to its schema, so even a small
+// model's arguments parse.
 
 export const TOOLS = [
   { type: 'function', function: {
-    name: 'calculator', description: 'Evaluate an arithmetic expression with + - * / ^ and parentheses.',
+    name: 'calculator', strict: true, description: 'Evaluate an arithmetic expression with + - * / ^ and parentheses.',
     parameters: { type: 'object', properties: { expression: { type: 'string' } }, required: ['expression'] } } },
   { type: 'function', function: {
-    name: 'city_time', description: 'The current date and time in a city.',
+    name: 'city_time', strict: true, description: 'The current date and time in a city.',
     parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] } } },
 ];
 
