@@ -45,6 +45,13 @@ def open_page(browser: Browser) -> Iterator[Callable[[ServerProcess], Inspector]
         assert ui.errors == [], f"the browser console logged errors: {ui.errors}"
 
 
+def post(server: ServerProcess, path: str, body: dict) -> dict:
+    """The server's own answer, waited for as long as the page waits for one."""
+    response = httpx.post(server.url + path, json=body, timeout=REPLY_TIMEOUT_MS / 1000)
+    response.raise_for_status()
+    return response.json()
+
+
 def batch(server: ServerProcess, request_id: str) -> list[dict]:
     return server.get(f"/inspect/batch?steps=48&request_id={request_id}")["steps"]
 
@@ -62,7 +69,7 @@ def reply_id(ui: Inspector) -> str:
 
 def test_the_batch_strip_shows_the_reply_among_anonymous_strangers(inspector: Inspector) -> None:
     ui = inspector
-    strangers = [threading.Thread(target=ui.server.post, args=("/v1/chat/completions", {
+    strangers = [threading.Thread(target=post, args=(ui.server, "/v1/chat/completions", {
         "messages": [{"role": "user", "content": f"Say something about the number {n}."}], "max_tokens": 16,
         "temperature": 0})) for n in (7, 11)]
     ui.settings(temperature=0, max_tokens=24)
@@ -148,20 +155,20 @@ def test_a_tool_round_trip_step_by_step(inspector: Inspector) -> None:
     step(1)  # the model writes the call
     expect(page.get_by_test_id("tool-template")).to_have_attribute("data-tool-prompt", "generic")
     forced = {"type": "function", "function": {"name": "calculator"}}
-    api = ui.server.post("/v1/chat/completions", {"messages": messages, "tools": tools, "tool_choice": forced,
+    api = post(ui.server, "/v1/chat/completions", {"messages": messages, "tools": tools, "tool_choice": forced,
                                                   "temperature": 0, "max_tokens": 96, "return_token_ids": True})
     written = [t for t in doc_tokens() if t["generated"]]
     assert [t["id"] for t in written] == api["choices"][0]["token_ids"]
     assert {t["author"] for t in written} == {"assistant"}
     call = api["choices"][0]["message"]["tool_calls"][0]
     step(2)  # the page runs the tool
-    expression = httpx.Response(200, content=call["function"]["arguments"]).json()["expression"]
+    expression = json.loads(call["function"]["arguments"])["expression"]
     assert re.fullmatch(r"[\d\s+*/().-]+", expression), f"the model wrote {expression!r}"
     expect(page.get_by_test_id("tool-result")).to_have_text(str(eval(expression)))  # digits and operators only
     step(3)  # the result goes back as a tool message
     grown = messages + [{"role": "assistant", "content": None, "tool_calls": [call]},
                         {"role": "tool", "tool_call_id": call["id"], "content": str(eval(expression))}]
-    document = ui.server.post("/inspect/document", {"messages": grown, "tools": tools})
+    document = post(ui.server, "/inspect/document", {"messages": grown, "tools": tools})
     tokens = doc_tokens()
     assert [t["id"] for t in tokens] == document["token_ids"]
     assert str(eval(expression)) in "".join(t["text"] for t in tokens if t["author"] == "tool")
@@ -183,7 +190,7 @@ ANSWER_TOKENS = 32
 def greedy(server: ServerProcess, prompt: str) -> dict:
     body = {"messages": [{"role": "user", "content": prompt}], "temperature": 0, "max_tokens": ANSWER_TOKENS,
             "logprobs": True, "top_logprobs": 2, "return_token_ids": True}
-    choice = server.post("/v1/chat/completions", body)["choices"][0]
+    choice = post(server, "/v1/chat/completions", body)["choices"][0]
     return {"ids": choice["token_ids"], "top": [[t["logprob"] for t in e["top_logprobs"]]
                                                for e in choice["logprobs"]["content"]]}
 
@@ -198,7 +205,8 @@ def in_batch(server: ServerProcess, prompt: str, rows: int) -> dict:
                 "stream": True, "temperature": 0, "max_tokens": 2 * ANSWER_TOKENS + 16, "ignore_eos": True,
                 "logprobs": 0}
         seen: set[int] = set()
-        with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=240) as response:
+        url = server.url + "/v1/completions"
+        with httpx.stream("POST", url, json=body, timeout=REPLY_TIMEOUT_MS / 1000) as response:
             for line in response.iter_lines():
                 if line.startswith("data: {"):
                     seen.update(c["index"] for c in json.loads(line[6:])["choices"])
@@ -210,7 +218,7 @@ def in_batch(server: ServerProcess, prompt: str, rows: int) -> dict:
     thread = threading.Thread(target=others)
     thread.start()
     try:
-        assert started.wait(240), "the other rows never started"
+        assert started.wait(REPLY_TIMEOUT_MS / 1000), "the other rows never started"
         return greedy(server, prompt)
     finally:
         stop.set()
@@ -282,7 +290,7 @@ def test_the_slow_motion_marks_accepted_and_rejected_drafts(open_page, det_serve
             "fishermen pulled their boats onto the sand.")
     ask = f"Repeat this sentence word for word: {text}"
     ui.chat(ask, temperature=0, max_tokens=40)
-    api = det_server.post("/v1/chat/completions", {"messages": [{"role": "user", "content": ask}], "temperature": 0,
+    api = post(det_server, "/v1/chat/completions", {"messages": [{"role": "user", "content": ask}], "temperature": 0,
                                                    "max_tokens": 40, "return_token_ids": True})["choices"][0]
     tokens = ui.page.get_by_test_id("token")
     assert tokens.evaluate_all("s => s.map(x => Number(x.dataset.tokenId))") == api["token_ids"]  # greedy, batch-free
