@@ -15,6 +15,8 @@ from inspector import REPLY_TIMEOUT_MS, Inspector
 from playwright.sync_api import Browser, expect
 from serving import ServerProcess, running_server
 
+from zhuzi.server.inspect_protocol import MAX_STEPS
+
 NGRAM = '{"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2}'
 
 
@@ -53,7 +55,7 @@ def post(server: ServerProcess, path: str, body: dict) -> dict:
 
 
 def batch(server: ServerProcess, request_id: str) -> list[dict]:
-    return server.get(f"/inspect/batch?steps=48&request_id={request_id}")["steps"]
+    return server.get(f"/inspect/batch?steps={MAX_STEPS}&request_id={request_id}")["steps"]
 
 
 def prefill_of(steps: list[dict]) -> int:
@@ -237,8 +239,10 @@ def first_divergence(a: list[int], b: list[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), -1 if len(a) == len(b) else min(len(a), len(b)))
 
 
-def diverging_prompt(server: ServerProcess) -> tuple[str, int, dict, dict]:
-    """A prompt whose greedy answer changes inside some batch on this machine, found through the API."""
+@pytest.fixture(scope="module")
+def diverging(server: ServerProcess) -> tuple[str, int, dict, dict]:
+    """A prompt whose greedy answer changes inside some batch on this machine (bf16, without --deterministic),
+    found through the API: the prompt, the batch's rows, and the answers alone and in the batch."""
     for prompt in CANDIDATES:
         greedy(server, prompt)  # its blocks in the prefix cache, as the page does first
         alone = greedy(server, prompt)
@@ -261,8 +265,9 @@ def run_experiment(ui: Inspector, prompt: str, sizes: str) -> list[dict]:
         " ids: r.dataset.tokenIds.split(',').map(Number)}))")
 
 
-def test_a_batch_changes_a_greedy_answer_and_the_page_shows_where(open_page, server: ServerProcess) -> None:
-    prompt, rows, alone, batched = diverging_prompt(server)
+def test_a_batch_changes_a_greedy_answer_and_the_page_shows_where(open_page, server: ServerProcess,
+                                                                  diverging: tuple[str, int, dict, dict]) -> None:
+    prompt, rows, alone, batched = diverging
     at = first_divergence(alone["ids"], batched["ids"])
     ui = open_page(server)
     runs = run_experiment(ui, prompt, f"1, {rows}")
@@ -273,11 +278,13 @@ def test_a_batch_changes_a_greedy_answer_and_the_page_shows_where(open_page, ser
     expect(ui.page.locator("#div-mode")).to_contain_text("without --deterministic")
 
 
-def test_no_batch_changes_an_answer_under_deterministic(open_page, det_server: ServerProcess) -> None:
+def test_no_batch_changes_an_answer_under_deterministic(open_page, det_server: ServerProcess,
+                                                        diverging: tuple[str, int, dict, dict]) -> None:
+    prompt, rows, _, _ = diverging  # the control: without the flag, this batch changed this answer
     ui = open_page(det_server)
-    runs = run_experiment(ui, CANDIDATES[0], "1, 16")
-    assert [(r["rows"], r["first"]) for r in runs] == [(1, -1), (16, -1)]
-    assert runs[0]["ids"] == greedy(det_server, CANDIDATES[0])["ids"]
+    runs = run_experiment(ui, prompt, f"1, {rows}")
+    assert [(r["rows"], r["first"]) for r in runs] == [(1, -1), (rows, -1)]
+    assert runs[0]["ids"] == greedy(det_server, prompt)["ids"]
     expect(ui.page.locator("#div-mode")).to_contain_text("runs --deterministic")
     expect(ui.page.get_by_test_id("divergence-status")).to_contain_text("No batch size changed the answer")
 
