@@ -33,15 +33,15 @@ def smollm2_tokenizer(smollm2_path: Path):
 @pytest.fixture(scope="session")
 def grammars(smollm2_tokenizer):
     """One grammar compiler on SmolLM2's tokenizer (its tokenizer view takes about a second to build)."""
-    from zhuzi.engine.structured import GrammarCompiler
+    from zhuzi.sample.grammar import GrammarCompiler
 
     return GrammarCompiler(smollm2_tokenizer.hf, 49152, [2])
 
 
 @pytest.fixture(scope="module")
 def one_thread():
-    """torch on one thread for a module: two OpenMP threads on a loaded 2-core machine made each small op ~50x
-    slower. Use with pytestmark = pytest.mark.usefixtures("one_thread")."""
+    """torch on one thread for a module: two OpenMP threads on a loaded 2-core machine make each small op many
+    times slower. Use with pytestmark = pytest.mark.usefixtures("one_thread")."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

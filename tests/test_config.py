@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from zhuzi.cli import build_parser
-from zhuzi.config import EngineConfig, KVPlan, ModelConfig, ServerConfig, parse_bytes
+from zhuzi.config import EngineConfig, KVPlan, ModelConfig, ParallelConfig, ServerConfig, parse_bytes
 
 
 def parsed(*argv: str) -> argparse.Namespace:
@@ -63,3 +63,11 @@ def test_the_kv_plan_is_the_one_arithmetic():
     assert plan.bytes_per_token == 2 * 30 * 3 * 64 * 2 == 23040
     assert (plan.num_blocks, plan.capacity_tokens) == (11650, 186400)
     assert EngineConfig(kv_cache_memory="4GiB").kv_plan(smol) == plan
+
+
+def test_data_parallelism_needs_engine_processes():
+    with pytest.raises(ValueError, match="--data-parallel-size needs the engine cores in processes of their own"):
+        ParallelConfig(data_parallel_size=2, engine_process=False)
+    with pytest.raises(ValueError, match="at least 1"):
+        ParallelConfig(data_parallel_size=0)
+    assert ParallelConfig(data_parallel_size=2).engine_process

@@ -1,5 +1,7 @@
-"""The package's wiring, read from its own imports: data flows server -> engine -> runner -> model,
-no module reaches back up, and no modules import each other in a circle (lazy imports count too)."""
+"""The package's wiring, read from its own imports: data flows server -> engine -> runner -> model (the
+sampler beside the model, under the engine), no module reaches back up, and no modules import each other in a
+circle (lazy imports count too). The server sees the engine only through its client interface; the step loop
+never imports the front that talks to it (core_client.py and what it starts the engine cores with)."""
 import ast
 from pathlib import Path
 
@@ -8,10 +10,15 @@ import zhuzi
 PACKAGE = Path(zhuzi.__file__).parent
 # A module under the key may not import anything under these.
 FORBIDDEN = {
-    "zhuzi.model": ("zhuzi.engine", "zhuzi.server", "zhuzi.cli", "zhuzi.bench", "zhuzi.llm"),
+    "zhuzi.model": ("zhuzi.engine", "zhuzi.sample", "zhuzi.server", "zhuzi.cli", "zhuzi.bench", "zhuzi.llm"),
+    "zhuzi.sample": ("zhuzi.engine", "zhuzi.model", "zhuzi.server", "zhuzi.cli", "zhuzi.bench", "zhuzi.llm"),
     "zhuzi.engine": ("zhuzi.server", "zhuzi.cli", "zhuzi.bench", "zhuzi.llm"),
     "zhuzi.server": ("zhuzi.cli", "zhuzi.bench", "zhuzi.llm"),
 }
+# What of the engine the server may import: the client interface, and the data a request carries (Probe).
+SERVER_SEES = {"zhuzi.engine.client", "zhuzi.engine.sequence"}
+# The front of the engine: the client the server holds, and where it starts and routes to the engine cores.
+FRONT = {"zhuzi.engine.client", "zhuzi.engine.core_client", "zhuzi.engine.placement", "zhuzi.engine.router"}
 
 
 def module_name(path: Path) -> str:
@@ -44,7 +51,26 @@ GRAPH = {name: imported(path) - {name} for name, path in MODULES.items()}
 
 def test_the_graph_is_read():
     assert "zhuzi.engine.model_runner" in GRAPH["zhuzi.engine.engine"]
+    assert "zhuzi.engine.output_processor" in GRAPH["zhuzi.engine.engine"]
+    assert "zhuzi.engine.core" in GRAPH["zhuzi.engine.placement"]
+    assert "zhuzi.sample.sampler" in GRAPH["zhuzi.engine.model_runner"]
     assert "zhuzi.server.protocol" in GRAPH["zhuzi.server.serving"]
+
+
+def engine_imports(name: str) -> set[str]:
+    return {target for target in GRAPH[name] if target.startswith("zhuzi.engine.")}
+
+
+def test_the_server_sees_the_engine_only_through_its_client():
+    seen = {target for name in GRAPH if name.startswith("zhuzi.server.") for target in engine_imports(name)}
+    assert seen <= SERVER_SEES, seen - SERVER_SEES
+    assert "zhuzi.engine.client" in seen
+
+
+def test_the_step_loop_never_imports_its_front():
+    back = [name for name in GRAPH if name.startswith("zhuzi.engine.") and name not in FRONT]
+    assert "zhuzi.engine.core" in back and "zhuzi.engine.scheduler" in back
+    assert [f"{name} imports {target}" for name in back for target in engine_imports(name) & FRONT] == []
 
 
 def test_lower_layers_never_import_higher_ones():

@@ -14,8 +14,6 @@ from zhuzi import bench
 from zhuzi.config import EngineConfig, ParallelConfig, ServerConfig
 
 log = logging.getLogger("zhuzi")
-# A server has streams to protect: a long prompt joins them in small chunks (offline runs don't cap).
-SERVE_LONG_PREFILL_TOKENS = 128
 
 
 def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
@@ -35,8 +33,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
     import uvicorn
 
     from zhuzi.engine import tp_worker
-    from zhuzi.engine.async_engine import AsyncEngine
-    from zhuzi.engine.core_client import EngineClient, ServingEngine
+    from zhuzi.engine.core_client import CoreClient
     from zhuzi.engine.placement import init_ray
     from zhuzi.server.app import create_app
     from zhuzi.server.lifecycle import GracefulServer
@@ -50,8 +47,6 @@ def cmd_serve(args: argparse.Namespace) -> None:
                  os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT"))
         tp_worker.run_torchrun_rank(engine_config)
         return
-    if parallel.data_parallel_size > 1 and not parallel.engine_process:
-        raise ValueError("--data-parallel-size needs the engine cores in processes of their own (--engine-process)")
     if parallel.data_parallel_size > 1 and tp_worker.torchrun_rank() is not None:
         raise ValueError("tensor parallelism across machines (RANK set) serves with one engine core: drop "
                          "--data-parallel-size")
@@ -60,15 +55,13 @@ def cmd_serve(args: argparse.Namespace) -> None:
     log.info("loading %s (%s) in the background; /health answers 503 until it is ready",
              engine_config.model or "the embedded SmolLM2-135M-Instruct", engine_config.dtype)
     holder: dict[str, uvicorn.Server] = {}
-    clients: list[EngineClient] = []
+    clients: list[CoreClient] = []
 
     def stop(reason: str) -> None:
         holder["server"].should_exit = True
 
-    def load() -> ServingEngine:
-        if not parallel.engine_process:
-            return AsyncEngine(engine_config)
-        clients.append(EngineClient(engine_config, parallel))
+    def load() -> CoreClient:
+        clients.append(CoreClient(engine_config, parallel))
         return clients[-1].start()
 
     app = create_app(load, config, on_failure=stop)
@@ -147,10 +140,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
     p.add_argument("model", nargs="?", default=None,
                    help="HF directory or .gguf file (default: embedded SmolLM2-135M-Instruct)")
-    EngineConfig.add_cli_args(p, skip=("model",))
+    EngineConfig.add_cli_args(p, skip=("model",), serving=True)
     ParallelConfig.add_cli_args(p)
     ServerConfig.add_cli_args(p)
-    p.set_defaults(func=cmd_serve, long_prefill_token_threshold=SERVE_LONG_PREFILL_TOKENS)
+    p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("generate", help="print the continuation of a prompt")
     p.add_argument("prompt")

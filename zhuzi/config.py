@@ -103,7 +103,7 @@ class SpeculativeConfig:
     prompt + output of prompt_lookup_min..prompt_lookup_max tokens (both default to the other, or to 5).
     draft_model: a small model sharing the target's tokenizer proposes, with a KV cache of its own.
     max_step_tokens (zhuzi's): drafts join a step only while it computes at most this many tokens; on
-    CPU a step of up to 8 rows costs about one row's (the weights are read once), beyond it costs ~2x.
+    CPU a step of up to 8 rows costs about one row's (the weights are read once), beyond it costs more.
     """
 
     method: str
@@ -165,22 +165,23 @@ class SpeculativeConfig:
 
 # ---------------------------------------------------------------- settings and their flags
 
-def setting(default: Any, help: str, **flag: Any) -> Any:
-    """A settings field; flag holds argparse options beyond the ones read from the field
-    (e.g. choices, or flags=["--api-key"] for a list field's singular flag)."""
+def setting(default: Any, help: str, serve: Any = dataclasses.MISSING, **flag: Any) -> Any:
+    """A settings field; serve: its default under `zhuzi serve` when that differs; flag holds argparse options
+    beyond the ones read from the field (e.g. choices, or flags=["--api-key"] for a list field's singular flag)."""
     factory = {"default_factory": lambda: list(default)} if isinstance(default, list) else {"default": default}
-    return field(**factory, metadata={"help": help, **flag})
+    return field(**factory, metadata={"help": help, "serve": serve, **flag})
 
 
 class Settings:
     """Settings whose fields are also command-line flags (--max-num-seqs for max_num_seqs)."""
 
     @classmethod
-    def add_cli_args(cls, parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
+    def add_cli_args(cls, parser: argparse.ArgumentParser, skip: tuple[str, ...] = (), serving: bool = False) -> None:
+        """serving: the flags of `zhuzi serve`, whose defaults may differ (a field's serve default)."""
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
             if f.init and f.name not in skip:
-                _add_flag(parser, f, hints[f.name])
+                _add_flag(parser, f, hints[f.name], serving)
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> Any:
@@ -188,10 +189,13 @@ class Settings:
                       if f.init and hasattr(args, f.name)})
 
 
-def _add_flag(parser: argparse.ArgumentParser, f: dataclasses.Field, hint: Any) -> None:
+def _add_flag(parser: argparse.ArgumentParser, f: dataclasses.Field, hint: Any, serving: bool) -> None:
     options = dict(f.metadata)
     flags = options.pop("flags", ["--" + f.name.replace("_", "-")])
     default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+    serve_default = options.pop("serve", dataclasses.MISSING)
+    if serving and serve_default is not dataclasses.MISSING:
+        default = serve_default
     union = isinstance(hint, types.UnionType)
     kinds = [t for t in typing.get_args(hint) if t is not type(None)] if union else [hint]
     kind = typing.get_origin(kinds[0]) or kinds[0]
@@ -219,10 +223,10 @@ class EngineConfig(Settings):
     max_model_len: int | None = setting(None, "context window in tokens (default: the checkpoint's)")
     max_num_seqs: int = setting(64, "sequences running at once")
     max_num_batched_tokens: int = setting(512, "tokens one step computes, over all sequences")
-    # vLLM's name; off offline, where only throughput counts (`zhuzi serve` sets 128).
+    # vLLM's name; off offline, where only throughput counts; a server has streams to protect.
     long_prefill_token_threshold: int = setting(
         0, "while others decode, a prompt advances at most this many tokens a step, so a long prompt "
-           "cannot stall the running streams (0: no cap)")
+           "cannot stall the running streams (0: no cap; offline 0, `zhuzi serve` 128)", serve=128)
     enable_prefix_caching: bool = setting(True, "reuse the KV blocks of prompt prefixes seen before")
     quantization: str | None = setting(
         None, "weight quantization, applied at load: int8 (per output channel) or int4 (the GGUF's Q4_1 "
@@ -276,6 +280,13 @@ class ParallelConfig(Settings):
                                                "Ray actors (ray)", choices=["mp", "ray"])
     ray_address: str | None = setting(None, "the Ray cluster to place engine cores on, e.g. HOST:6379 "
                                             "(default: start a local Ray)")
+
+    def __post_init__(self) -> None:
+        if self.data_parallel_size < 1:
+            raise ValueError(f"data_parallel_size must be at least 1, got {self.data_parallel_size}")
+        if self.data_parallel_size > 1 and not self.engine_process:
+            raise ValueError("--data-parallel-size needs the engine cores in processes of their own "
+                             "(--engine-process)")
 
 
 @dataclass

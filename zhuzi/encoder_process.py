@@ -3,8 +3,8 @@
 A text of megabytes takes the tokenizers library seconds. In a thread of the server at normal priority it
 would slow running streams; in a thread at low priority it would, on its way in and out of the library,
 hold the server's GIL while it waits for the CPU, and every other thread of the server, the event loop's
-too, would wait with it (/health stalled for 0.7 s behind a 4 MB /tokenize). A process of its own at low
-priority holds nothing the server needs: the text goes over a pipe, the ids come back packed.
+too, would wait with it (/health stalled behind a 4 MB /tokenize: docs/reliability.md). A process of its
+own at low priority holds nothing the server needs: the text goes over a pipe, the ids come back packed.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from typing import TypeVar
 from tokenizers import Tokenizer as RustTokenizer
 
 NICENESS = 10  # the engine's threads get ~10x its CPU share when both want it
-LONG_TEXT = 1 << 16  # characters (~16 k tokens, ~20 ms of encoding) from which texts go to the process
+LONG_TEXT = 1 << 16  # characters from which texts go to the process (shorter ones encode faster than a pipe trip)
 WATCH_PERIOD_S = 0.5  # how often a caller waiting for the answer checks that the process lives
 SLICE = 1 << 16  # items one C call converts (about a millisecond)
 T = TypeVar("T")

@@ -13,6 +13,8 @@ MAX_N = 128  # OpenAI's limit; also keeps seed + i (sample i of n) within 64 bit
 MAX_COUNT = 2**31 - 1
 MIN_SEED, MAX_SEED = -(2**63), 2**63 - 1  # int64; torch's generators take any 64-bit seed
 MAX_LOGPROBS = 20
+# Far below 1 it divides logits into overflow (NaN probabilities); real use stays near 1.
+MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = 0.01, 100.0
 
 
 class InvalidRequest(ValueError):
@@ -136,8 +138,8 @@ class SamplingParams:
             ("min_p", _float_in(self.min_p, 0, 1), "must be in [0, 1]"),
             ("presence_penalty", _float_in(self.presence_penalty, -2, 2), "must be in [-2, 2]"),
             ("frequency_penalty", _float_in(self.frequency_penalty, -2, 2), "must be in [-2, 2]"),
-            ("repetition_penalty", _float_in(self.repetition_penalty, 0, math.inf) and self.repetition_penalty > 0,
-             "must be a number greater than 0"),
+            ("repetition_penalty", _float_in(self.repetition_penalty, MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY),
+             f"must be in [{MIN_REPETITION_PENALTY}, {MAX_REPETITION_PENALTY:g}]"),
             ("seed", self.seed is None or _int_in(self.seed, MIN_SEED, MAX_SEED), "must be a 64-bit signed integer"),
             ("min_tokens", _int_in(self.min_tokens, 0, MAX_COUNT), f"must be an integer in [0, {MAX_COUNT}]"),
             ("max_tokens", self.max_tokens is None or _int_in(self.max_tokens, 1, MAX_COUNT),

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from zhuzi.bench.llamacpp import LlamaCppError, find_tool, parse_batched_bench, parse_llama_bench
+from zhuzi.bench.llamacpp import LlamaCppError, find_tool, parse_batched_bench, parse_llama_bench, shown
 from zhuzi.cli import build_parser
 
 DATA = Path(__file__).parent / "data"
@@ -31,6 +31,11 @@ def test_llama_bench_json_is_read():
     assert pp.tokens_per_s == pytest.approx(245.039179) and tg.tokens_per_s == pytest.approx(170.533834)
     assert tg.stddev == pytest.approx(0.055505)
     assert (tg.n_threads, tg.build, tg.model_type) == (1, "0c1e570", "llama 256M Q4_1")
+
+
+def test_a_report_shows_files_by_name_not_by_this_machines_paths():
+    command = ["/opt/llama.cpp/bin/llama-bench", "-m", "/srv/models/m.Q4_1.gguf", "-t", "2", "-o", "json"]
+    assert shown(command) == "llama-bench -m m.Q4_1.gguf -t 2 -o json"
 
 
 def test_llama_batched_bench_jsonl_is_read():
@@ -70,7 +75,7 @@ def test_decode_runs_llama_bench_on_the_same_gguf_and_threads(capsys):
     assert len(peer.rounds) == len(report.decode_rounds) == len(report.decode_ratios_by_round) == 2  # taking turns
     assert (peer.prefill.n_prompt, peer.decode.n_gen) == (16, 8)
     assert peer.decode.n_threads == report.threads and "Q4_1" in peer.decode.model_type
-    assert "SmolLM2-135M-Instruct.Q4_1.gguf" in peer.command
+    assert peer.command.startswith("llama-bench -m SmolLM2-135M-Instruct.Q4_1.gguf ") and "/" not in peer.command
     prefill, decode = report.ratios
     assert decode == pytest.approx(report.decode_tokens_per_s / peer.decode.tokens_per_s)
     assert prefill == pytest.approx(report.prefill_tokens_per_s / peer.prefill.tokens_per_s)
@@ -89,4 +94,6 @@ def test_offline_runs_llama_batched_bench_with_the_workloads_mean_lengths(capsys
     assert peer.pl == 4 and peer.n_threads == report.threads
     assert peer.pp == round(report.input_tokens / 4) and peer.tg == round(report.requested_output_tokens / 4)
     assert report.llama_cpp_ratio == pytest.approx(report.zhuzi.tokens_per_s / peer.output_tokens_per_s)
-    assert "zhuzi / llama.cpp:" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "zhuzi / llama.cpp:" in printed
+    assert "llama.cpp: llama-batched-bench -m SmolLM2-135M-Instruct.Q4_1.gguf -t" in printed

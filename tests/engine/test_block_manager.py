@@ -1,7 +1,7 @@
 """Block manager policy on fake sequences (no model): reference counts, prefix hits, LRU eviction, no leaks."""
 import random
 
-from policy import seq
+from fake_sequences import seq
 
 from zhuzi.engine.block_manager import BlockManager
 

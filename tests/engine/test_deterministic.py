@@ -1,13 +1,18 @@
 """--deterministic: in bfloat16, a request's greedy tokens are the same whether it runs alone, in a batch
 of 20 (in either order), with its prefill cut into small chunks, or with its prompt found in the prefix
-cache (20 ShareGPT first turns, SmolLM2). Without the flag, on this CPU, most of these answers change
-(docs/benchmarks.md); the fixed-order kernel itself is checked bit for bit in tests/model/test_cpu_linear.py."""
+cache (20 ShareGPT first turns, SmolLM2); so are the bits of a context's logits alone and batched. The
+control: without the flag the same batching changes those bits (docs/benchmarks.md counts the answers that
+change); the fixed-order kernel itself is checked bit for bit in tests/model/test_cpu_linear.py."""
 from __future__ import annotations
 
+import itertools
+
 import pytest
+import torch
 
 from zhuzi import LLM, SamplingParams
 from zhuzi.bench.datasets import sharegpt_first_turns
+from zhuzi.engine.sequence import Probe
 
 PARAMS = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
 
@@ -27,15 +32,20 @@ def cached_llm() -> LLM:
 
 
 @pytest.fixture(scope="module")
+def uncached_llm() -> LLM:
+    """Without a prefix cache: what changes with the batch comes from the batch alone."""
+    return LLM(dtype="bfloat16", deterministic=True, enable_prefix_caching=False)
+
+
+@pytest.fixture(scope="module")
 def alone(prompts, cached_llm) -> list[list[int]]:
     """Each prompt on its own (only the chat template's system prompt is in the prefix cache)."""
     return [tokens(cached_llm, [p])[0] for p in prompts]
 
 
-def test_batched_in_any_order_changes_no_token(prompts, alone):
-    llm = LLM(dtype="bfloat16", deterministic=True, enable_prefix_caching=False)
-    assert tokens(llm, prompts) == alone
-    assert tokens(llm, prompts[::-1])[::-1] == alone
+def test_batched_in_any_order_changes_no_token(prompts, alone, uncached_llm):
+    assert tokens(uncached_llm, prompts) == alone
+    assert tokens(uncached_llm, prompts[::-1])[::-1] == alone
 
 
 def test_chunked_prefill_in_a_busy_batch_changes_no_token(prompts, alone):
@@ -49,10 +59,36 @@ def test_a_prompt_from_the_prefix_cache_changes_no_token(prompts, alone, cached_
     assert cached_llm.engine.blocks.prefix_hits - hits >= sum(len(p) for p in prompts) // 2
 
 
-def test_a_seeded_sample_is_the_same_alone_and_batched(prompts):
-    llm = LLM(dtype="bfloat16", deterministic=True, enable_prefix_caching=False)
+def test_a_seeded_sample_is_the_same_alone_and_batched(prompts, uncached_llm):
+    llm = uncached_llm
     seeded = SamplingParams(temperature=0.8, top_p=0.95, seed=7, max_tokens=24, ignore_eos=True)
     alone = llm.generate(prompts[:1], seeded, use_tqdm=False)[0].outputs[0].token_ids
     batched = llm.generate(prompts[:8], [seeded] + [SamplingParams(temperature=0.8, max_tokens=24)] * 7,
                            use_tqdm=False)[0].outputs[0].token_ids
     assert batched == alone
+
+
+def next_token_logits(llm: LLM, contexts: list[list[int]], together: bool) -> list[torch.Tensor]:
+    """The raw logits after each context, read through the step loop (inspections): all contexts in one
+    run of steps, batched as the scheduler batches them, or each alone."""
+    engine, ids = llm.engine, itertools.count()
+    readings: list[torch.Tensor] = []
+    for group in [contexts] if together else [[c] for c in contexts]:
+        names = [f"probe-{next(ids)}" for _ in group]
+        for name, context in zip(names, group):
+            engine.add_probe(name, context, Probe())
+        done = {out.request_id: out.inspection.logits for step in iter(engine.step, []) for out in step
+                if out.finished}
+        readings += [done[name] for name in names]
+    return readings
+
+
+@pytest.mark.parametrize("deterministic", [True, False], ids=["with-the-flag", "without-it"])
+def test_a_contexts_logits_keep_their_bits_in_a_batch_only_with_the_flag(prompts, uncached_llm, deterministic):
+    """With the flag every context's logits are the same bits alone and batched; without it, batching the same
+    contexts changes the bits of some (torch's GEMM blocks by the batch's shape): the control that shows the
+    comparisons above can fail."""
+    llm = uncached_llm if deterministic else LLM(dtype="bfloat16", enable_prefix_caching=False)
+    alone, together = next_token_logits(llm, prompts, False), next_token_logits(llm, prompts, True)
+    same = [torch.equal(a, b) for a, b in zip(alone, together)]
+    assert all(same) if deterministic else not all(same)

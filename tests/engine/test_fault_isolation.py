@@ -8,7 +8,7 @@ from zhuzi.config import EngineConfig
 from zhuzi.engine.engine import Engine
 from zhuzi.llm import merge
 from zhuzi.outputs import RequestOutput
-from zhuzi.sampler import Sampler
+from zhuzi.sample.sampler import Sampler
 
 PROMPTS = ["The capital of France is", "def add(a, b):", "Once upon a time"]
 # Greedy, seeded sampling with the truncations, and penalties: each row kind of the sampler.

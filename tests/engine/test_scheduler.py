@@ -1,7 +1,9 @@
 """Scheduler policy on fake sequences (no model): who runs each step, with how many tokens."""
-from policy import run_step, scheduler, seq
+from fake_sequences import run_step, scheduler, seq
 
-from zhuzi.engine.sequence import Status
+from zhuzi.engine.block_manager import BlockManager
+from zhuzi.engine.scheduler import Scheduler
+from zhuzi.engine.sequence import Status, StepOutcome
 
 
 def tokens(batch) -> dict[int, int]:
@@ -76,3 +78,24 @@ def test_finishing_returns_every_block():
     for x in seqs:
         s.finish(x, "stop")
     assert s.blocks.num_free_blocks == 16 and not s.running and not s.waiting
+
+
+def test_a_steps_bookkeeping_counts_standing_drafts_and_finishes_who_ended():
+    """update_from_output: computed tokens count the drafts that stood (not the rejected ones), the full blocks
+    reach the prefix cache, and a sequence that ended gives its blocks back."""
+    s = Scheduler(BlockManager(64, 4), 8, 64, spec_step_tokens=8)
+    drafted, ending = seq(7), seq(7)
+    for x in (drafted, ending):
+        s.add(x)
+    run_step(s)  # both prompts computed; each emitted a token: 8 tokens, 7 computed
+    drafted.spec_token_ids = [1, 2, 3]
+    batch = s.schedule()
+    assert [(item.num_new_tokens, item.spec_token_ids) for item in batch] == [(4, [1, 2, 3]), (1, [])]
+    drafted.token_ids += [1, 2, 9]  # two drafts stood, then a token of the target's own
+    ending.token_ids.append(2)
+    s.update_from_output(batch, StepOutcome(emitted={drafted.seq_id: 2, ending.seq_id: 0},
+                                            finished=[(ending, "stop", None)]))
+    assert drafted.num_computed_tokens == 7 + 1 + 2 and drafted.num_tokens == 11
+    assert len(drafted.block_hashes) == 2  # blocks [0, 4) and [4, 8) are full and computed: published
+    assert ending.finished and ending.finish_reason == "stop" and ending.block_table == []
+    assert s.running == [drafted] and s.blocks.num_free_blocks == 64 - 3

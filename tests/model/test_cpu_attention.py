@@ -2,10 +2,9 @@
 tiled kernel for prompt chunks."""
 import pytest
 import torch
+from kernel_probe import serves
 
-from zhuzi.model.cpu_attention import _kernel, _prefill_kernel, paged_decode_attention, paged_prefill_attention
-
-pytestmark = pytest.mark.skipif(_kernel() is None, reason="no C++ compiler to build the kernel")
+from zhuzi.model.cpu_attention import paged_decode_attention, paged_prefill_attention
 
 TOLERANCE = {torch.float32: dict(rtol=1e-5, atol=1e-5),
              # the output is rounded to bf16 once: half an ulp (2^-9) plus float32 noise
@@ -37,6 +36,10 @@ def make_batch(batch, width, heads, kv_heads, dim, dtype, seed=0):
     pad = torch.arange(width)[None, :] >= lengths[:, None]
     slots[pad] = torch.randint(live, live + poison, (int(pad.sum()),), generator=g)
     return q, k_cache, v_cache, slots, lengths
+
+
+pytestmark = serves("decode_attention",
+                    lambda: paged_decode_attention(*make_batch(1, 1, 1, 1, 64, torch.float32), scale=1.0))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -109,9 +112,7 @@ def make_chunk(length, context, heads, kv_heads, dim, seed=0):
     return q, k_cache, v_cache, slots
 
 
-needs_prefill_kernel = pytest.mark.skipif(
-    _prefill_kernel() is None or paged_prefill_attention(*make_chunk(1, 1, 1, 1, 32), 1.0) is None,
-    reason="no AVX512-BF16 for the tiled prefill kernel")
+needs_prefill_kernel = serves("prefill_attention", lambda: paged_prefill_attention(*make_chunk(1, 1, 1, 1, 32), 1.0))
 
 
 @needs_prefill_kernel

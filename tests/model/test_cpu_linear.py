@@ -3,19 +3,10 @@ weights), the tiled kernel (Q4/Q8 tiles, any number of rows), int8 compute (per-
 form (--deterministic) that gives every row the bits it gets alone, for any number of rows."""
 import pytest
 import torch
+from kernel_probe import serves
 
-from zhuzi.model.cpu_linear import (
-    _kernel,
-    fixed_order_linear,
-    int8_matmul,
-    small_m_linear,
-    tiled_linear,
-    tiled_linear_available,
-)
+from zhuzi.model.cpu_linear import fixed_order_linear, int8_matmul, small_m_linear, tiled_linear
 from zhuzi.model.quant import pack_q4, pack_q8, unpack_q4, unpack_q8
-
-pytestmark = pytest.mark.skipif(_kernel() is None, reason="no C++ compiler to build the kernel")
-needs_tiles = pytest.mark.skipif(not tiled_linear_available(), reason="no AVX512-BF16/VBMI for the tiled kernel")
 
 # Relative to the largest |output|: the float32 sums of K products, plus one rounding of the output
 # to bf16 (half an ulp, 2^-9) when x is bf16.
@@ -38,6 +29,9 @@ def problem(m: int, n: int, k: int, dtype: torch.dtype, int8: bool, seed: int = 
 def reference(x, w, scale):
     y = x.double() @ w.double().T
     return y * scale.double() if scale is not None else y
+
+
+pytestmark = serves("small_m_linear", lambda: small_m_linear(*problem(1, 16, 32, torch.float32, int8=False)))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -113,6 +107,9 @@ def tiled_problem(m: int, n: int, k: int, fmt: str, seed: int = 0):
     return x.bfloat16(), tiles, unpack(tiles, n)
 
 
+needs_tiles = serves("tiled_linear", lambda: tiled_linear(*tiled_problem(1, 16, 32, "q4")[:2], "q4", 16))
+
+
 @needs_tiles
 @pytest.mark.parametrize("fmt", ["q4", "q8"])
 @pytest.mark.parametrize("n,k", [(64, 576), (37, 1536), (5, 32)])
@@ -159,6 +156,15 @@ def emulated_int8(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor) -> torc
     return (q.double() - zero.double()) @ w.double().T * s * scale.double()
 
 
+def int8_problem(m: int, n: int, k: int, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    x, w, scale = problem(m, n, k, dtype, int8=True)
+    return x, w, scale.float(), w.sum(1, dtype=torch.int32)
+
+
+needs_int8_rows = serves("int8_rows", lambda: int8_matmul(*int8_problem(1, 16, 32, torch.float32)))
+
+
+@needs_int8_rows
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("m,n,k", [(9, 64, 576), (33, 37, 1536), (200, 130, 96)])
 def test_int8_compute_matches_its_arithmetic_and_stays_near_the_exact_product(m, n, k, dtype):
@@ -179,6 +185,7 @@ def test_int8_compute_matches_its_arithmetic_and_stays_near_the_exact_product(m,
     assert ((y.double() - exact).abs() <= bound + TOLERANCE[dtype] * exact.abs().max()).all()
 
 
+@needs_int8_rows
 def test_int8_compute_adds_the_bias_and_is_row_by_row():
     x, w, scale = problem(40, 50, 96, torch.bfloat16, int8=True)
     bias = torch.randn(50).bfloat16()

@@ -64,7 +64,7 @@ def test_the_tap_reads_each_layers_residual_stream(tiny_pair):
     for i, residual in enumerate(tap.residuals[:-1]):
         assert (residual - hidden[i + 1][0, rows]).abs().max() < 1e-4
     with torch.inference_mode():
-        assert (ours.lens_logits(tap.residuals[-1]) - logits[rows]).abs().max() < 1e-5
+        assert (ours.logits(ours.final_norm(tap.residuals[-1])) - logits[rows]).abs().max() < 1e-5
 
 
 def test_greedy_generation_matches_transformers(tiny_pair):

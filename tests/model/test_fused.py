@@ -1,12 +1,15 @@
 """The fused decode step (one native call a step) against the per-layer path and a float32 forward, on
 tiny Llama / Qwen2 (QKV bias) / Qwen3 (q/k norms) checkpoints in every weight format."""
+import tempfile
+from pathlib import Path
+
 import pytest
 import tiny
 import torch
+from kernel_probe import serves
 
 from zhuzi.model.attention import AttentionMetadata, PrefillChunk
 from zhuzi.model.decoder import Decoder
-from zhuzi.model.fused import _kernel
 from zhuzi.model.loader import load_checkpoint
 
 SHAPE = dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2)  # head_dim 32
@@ -46,8 +49,6 @@ def decode_meta(slots: list[list[int]]) -> AttentionMetadata:
 
 IDS = [5, 17, 300, 42, 9, 801, 77, 3, 250, 18] * 4
 
-needs_kernel = pytest.mark.skipif(_kernel() is None or decoder is None, reason="no compiler for the fused step")
-
 
 def fused_and_per_layer(model: Decoder, ids: list[int]):
     """The last token's logits as a fused decode step and through the per-layer path, from the same pool."""
@@ -61,12 +62,21 @@ def fused_and_per_layer(model: Decoder, ids: list[int]):
     return fused, per_layer, fused_kv, per_layer_kv
 
 
+def probe() -> torch.Tensor | None:
+    """One fused step of a tiny bf16 Llama, or None where the kernel does not serve this CPU."""
+    with tempfile.TemporaryDirectory() as directory:
+        tiny.build("llama", Path(directory), **SHAPE)
+        model = decoder(directory)
+        return None if model.fused is None else fused_and_per_layer(model, IDS[:3])[0]
+
+
+pytestmark = serves("decode_step", probe)
+
+
 @pytest.mark.parametrize("quantization", [None, "int8", "int4"])
 def test_fused_step_agrees_with_the_per_layer_path(checkpoint, quantization):
     """Both round to bf16, at different points (fused.py): 1-2 % of the largest logit apart here."""
     model = decoder(checkpoint, quantization=quantization)
-    if model.fused is None:
-        pytest.skip("this CPU or compiler cannot build the fused step")
     fused, per_layer, fused_kv, per_layer_kv = fused_and_per_layer(model, IDS)
     assert fused.shape == (1, model.config.vocab_size) and fused.dtype == torch.float32
     assert (fused - per_layer).abs().max() <= 0.03 * per_layer.abs().max()
@@ -79,8 +89,6 @@ def test_fused_step_agrees_with_the_per_layer_path(checkpoint, quantization):
 def test_fused_step_is_as_close_to_float32_as_the_per_layer_path(checkpoint):
     """Its float32 residual stream rounds less than the per-layer path's bf16 one."""
     model = decoder(checkpoint)
-    if model.fused is None:
-        pytest.skip("this CPU or compiler cannot build the fused step")
     fused, per_layer, _, _ = fused_and_per_layer(model, IDS)
     reference, _ = prefill(decoder(checkpoint, torch.float32), IDS)
     fused_error, per_layer_error = ((x[0] - reference[-1]).abs().max() for x in (fused, per_layer))
@@ -91,8 +99,6 @@ def test_fused_step_is_as_close_to_float32_as_the_per_layer_path(checkpoint):
 def test_rows_never_influence_each_other(checkpoint, quantization):
     """A row's logits are the same bits alone or beside others of other lengths, on any thread count."""
     model = decoder(checkpoint, quantization=quantization)
-    if model.fused is None:
-        pytest.skip("this CPU or compiler cannot build the fused step")
     _, kv = prefill(model, IDS[:11])  # three sequences, each with its own slots
     prefill(model, IDS[:39], kv=kv, first_slot=64)
     prefill(model, IDS[:24], kv=kv, first_slot=128)
@@ -114,8 +120,7 @@ def test_fused_step_is_used_only_where_it_serves(checkpoint):
     assert decoder(checkpoint, torch.float32).fused is None  # float32 is the reference: the per-layer path
     assert decoder(checkpoint, fused=False).fused is None  # EngineConfig.fused_decode=False
     model = decoder(checkpoint)
-    if model.fused is None:
-        pytest.skip("this CPU or compiler cannot build the fused step")
+    assert model.fused is not None
     _, kv = prefill(model, IDS)
     nine = [list(range(i + 1)) for i in range(9)]
     with torch.inference_mode():
@@ -127,8 +132,6 @@ def test_fused_step_is_used_only_where_it_serves(checkpoint):
 
 def test_fused_step_rejects_slots_outside_the_pool(checkpoint):
     model = decoder(checkpoint)
-    if model.fused is None:
-        pytest.skip("this CPU or compiler cannot build the fused step")
     _, kv = prefill(model, IDS, pool=64)
     with torch.inference_mode(), pytest.raises(IndexError):
         model.decode_step(torch.tensor([3]), torch.tensor([40]), decode_meta([list(range(40)) + [64]]), kv)

@@ -10,7 +10,7 @@ import openai
 import pytest
 from inspector import Inspector, launch
 from playwright.sync_api import Browser, expect, sync_playwright
-from serving import ServerProcess, running_server
+from server_process import ServerProcess, running_server
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Drive the inspector page: Debian's Chromium through Playwright, against a real `zhuzi serve` (serving.py)."""
+"""Drive the inspector page: Debian's Chromium through Playwright, against a real `zhuzi serve` (server_process.py)."""
 from __future__ import annotations
 
 import re
@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from playwright.sync_api import Browser, Locator, Page, Playwright, expect
-from serving import ServerProcess
+from server_process import ServerProcess
 
 CHROMIUM = Path("/usr/bin/chromium")  # Debian's package: Playwright's own download host is unreachable here
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from inspector import REPLY_TIMEOUT_MS, Inspector, launch
 from playwright.sync_api import Browser, expect, sync_playwright
-from serving import ServerProcess, running_server
+from server_process import ServerProcess, running_server
 
 VIEWS = [("1-chat-and-slow-motion", "steps"), ("2-document", "document"), ("3-sampling-lab", "lab"),
          ("4-logit-lens", "lens"), ("5-tokenizer", "bpe"), ("6-name-tree", "tree")]

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from serving import ServerProcess, engine_pids, running_server
+from server_process import ServerProcess, engine_pids, running_server
 from test_lifecycle import stream_events
 
 # A Ray for this machine alone: on the loopback interface (Ray would take the first network interface).
@@ -69,6 +69,25 @@ def chat(server: ServerProcess, messages: list[dict], max_tokens: int) -> dict:
     return httpx.post(server.url + "/v1/chat/completions", json=body, timeout=120).json()
 
 
+async def two_turns(server: ServerProcess, history: list[dict]) -> tuple[dict, dict]:
+    """A conversation's first turn while replica 0 streams a long reply (so it goes to replica 1, the least
+    loaded), then, both idle again, its second turn."""
+    async with httpx.AsyncClient(timeout=120) as http:
+        started = asyncio.Event()
+        busy = asyncio.ensure_future(stream_events(http, server.url, started, max_tokens=2000))
+        await started.wait()
+        body = {"messages": history, "max_tokens": 40, "temperature": 0}
+        first = (await http.post(server.url + "/v1/chat/completions", json=body)).json()
+        busy.cancel()  # the client hangs up: its request is aborted
+        await asyncio.gather(busy, return_exceptions=True)
+        while any(value for (name, _), value in engine_metrics(server).items() if name == "zhuzi:num_requests_running"):
+            await asyncio.sleep(0.05)
+        history = history + [first["choices"][0]["message"], {"role": "user", "content": "And of Rome?"}]
+        second = (await http.post(server.url + "/v1/chat/completions",
+                                  json={"messages": history, "max_tokens": 8, "temperature": 0})).json()
+        return first, second
+
+
 @pytest.mark.parametrize("backend", ["mp", "ray"])
 def test_two_replicas_route_by_cached_prefix_and_survive_the_loss_of_one(backend, tmp_path, request):
     args, env = ["--data-parallel-size", "2", "--data-parallel-backend", backend], None
@@ -79,13 +98,15 @@ def test_two_replicas_route_by_cached_prefix_and_survive_the_loss_of_one(backend
         pids = engine_pids(server)
         assert sorted(pids) == [0, 1] and len({*pids.values(), server.proc.pid}) == 3
 
-        # A conversation's next turn goes where its history is cached.
+        # A conversation's next turn goes where its history is cached, though another replica is as idle (ties
+        # go to replica 0): the first turn is made to land on replica 1 by keeping replica 0 busy meanwhile.
         history = [{"role": "user", "content": "Tell me about the history of Paris in three sentences."}]
-        first = chat(server, history, 40)
-        history += [first["choices"][0]["message"], {"role": "user", "content": "And of Rome?"}]
-        second = chat(server, history, 8)
+        first, second = asyncio.run(two_turns(server, history))
         assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
         assert second["usage"]["prompt_tokens_details"]["cached_tokens"] >= first["usage"]["prompt_tokens"] - 16
+        hits = {replica: value for (name, replica), value in engine_metrics(server).items()
+                if name == "zhuzi:prefix_cache_hits_total"}
+        assert hits["1"] >= first["usage"]["prompt_tokens"] - 16 and hits["0"] == 0
 
         async def main() -> tuple[dict, list[list[str]], int, dict]:
             async with httpx.AsyncClient(timeout=120) as http:

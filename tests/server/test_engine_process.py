@@ -14,10 +14,11 @@ import sys
 import time
 
 import httpx
-from serving import ServerProcess, engine_pids, free_port, running_server
+from server_process import ServerProcess, engine_pids, free_port, running_server
 from test_lifecycle import stream_events
 
 from zhuzi import LLM, SamplingParams
+from zhuzi.engine.core_client import EXIT_CODE_WAIT_S
 
 PROMPT = "The capital of France is"
 
@@ -27,23 +28,29 @@ def test_killing_the_engine_process_ends_the_streams_and_stops_the_server(tmp_pa
         (pid,) = engine_pids(server).values()
         assert pid != server.proc.pid
 
-        async def main() -> tuple[list[list[str]], list[int], float]:
+        async def main() -> tuple[list[list[str]], list[int], float, float]:
             async with httpx.AsyncClient(timeout=60) as http:
                 starts = [asyncio.Event() for _ in range(2)]
                 streams = [asyncio.ensure_future(stream_events(http, server.url, started, max_tokens=2000))
                            for started in starts]
                 await asyncio.gather(*(started.wait() for started in starts))
+                round_trip = 0.0  # the slowest /health here and now, the streams running: the baseline
+                for _ in range(5):
+                    sent = time.monotonic()
+                    await http.get(server.url + "/health")
+                    round_trip = max(round_trip, time.monotonic() - sent)
                 os.kill(pid, signal.SIGKILL)
                 killed = time.monotonic()
                 statuses = []
                 while not statuses or statuses[-1] == 200:
                     statuses.append((await http.get(server.url + "/health")).status_code)
                 noticed = time.monotonic() - killed
-                return await asyncio.gather(*streams), statuses, noticed
+                return await asyncio.gather(*streams), statuses, noticed, round_trip
 
-        events, statuses, noticed = asyncio.run(main())
-        print(f"\n/health said 503 {noticed * 1000:.0f} ms after the SIGKILL")
-        assert statuses[-1] == 503 and noticed < 2.0
+        events, statuses, noticed, round_trip = asyncio.run(main())
+        print(f"\n/health said 503 {noticed * 1000:.0f} ms after the SIGKILL (round trip {round_trip * 1000:.0f} ms)")
+        # at once: the reader's wait for the exit code, and a few /health round trips
+        assert statuses[-1] == 503 and noticed < EXIT_CODE_WAIT_S + 10 * round_trip
         for stream in events:
             assert stream[-1] == "[DONE]"
             error = json.loads(stream[-2])["error"]

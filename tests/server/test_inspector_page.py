@@ -16,7 +16,7 @@ from openai import OpenAI
 from playwright.sync_api import expect
 
 from zhuzi.model.loader import default_model_path
-from zhuzi.sampler import SamplingRow, sampling_distribution
+from zhuzi.sample.sampler import SamplingRow, sampling_distribution
 from zhuzi.sampling_params import SamplingParams
 from zhuzi.tokenizer import Tokenizer
 

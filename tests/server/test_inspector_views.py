@@ -13,7 +13,7 @@ import httpx
 import pytest
 from inspector import REPLY_TIMEOUT_MS, Inspector
 from playwright.sync_api import Browser, expect
-from serving import ServerProcess, running_server
+from server_process import ServerProcess, running_server
 
 from zhuzi.server.inspect_protocol import MAX_STEPS
 

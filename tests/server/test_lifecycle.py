@@ -9,7 +9,8 @@ import signal
 import time
 
 import httpx
-from serving import running_server
+import pytest
+from server_process import running_server
 
 QUESTION = [{"role": "user", "content": "Tell me a long story"}]
 
@@ -76,9 +77,11 @@ Scheduler.schedule = failing
 """
 
 
-def test_an_engine_that_fails_ends_its_streams_with_an_error_and_the_server_exits_non_zero(tmp_path):
-    """/health said 200 whatever the engine's state; now a failed engine stops the server for its supervisor."""
-    with running_server(tmp_path / "server.log", inject=FAILING_ENGINE) as server:
+@pytest.mark.parametrize("transport", [[], ["--no-engine-process"]], ids=["engine-process", "engine-thread"])
+def test_an_engine_that_fails_ends_its_streams_with_an_error_and_the_server_exits_non_zero(tmp_path, transport):
+    """/health said 200 whatever the engine's state; now a failed engine stops the server for its supervisor,
+    wherever the step loop runs."""
+    with running_server(tmp_path / "server.log", *transport, inject=FAILING_ENGINE) as server:
         async def main() -> list[str]:
             async with httpx.AsyncClient(timeout=60) as http:
                 return await stream_events(http, server.url, max_tokens=100)
@@ -91,8 +94,17 @@ def test_an_engine_that_fails_ends_its_streams_with_an_error_and_the_server_exit
         assert "zhuzi: the engine failed: RuntimeError: injected" in server.log.read_text()
 
 
+def short_request(server) -> tuple[dict, float]:
+    started = time.monotonic()
+    response = httpx.post(server.url + "/v1/chat/completions",
+                          json={"messages": QUESTION, "max_tokens": 4, "ignore_eos": True}, timeout=60)
+    return response.json(), time.monotonic() - started
+
+
 def test_request_timeout_ends_long_requests_with_abort(tmp_path):
     with running_server(tmp_path / "server.log", "--request-timeout", "2") as server:
+        _, short_s = short_request(server)  # the baseline: a whole 4-token request here and now
+
         async def main() -> tuple[list[str], dict, float]:
             async with httpx.AsyncClient(timeout=60) as http:
                 started = time.monotonic()
@@ -105,7 +117,6 @@ def test_request_timeout_ends_long_requests_with_abort(tmp_path):
         streamed, whole, seconds = asyncio.run(main())
         assert finish_reason(streamed) == "abort"
         assert whole["choices"][0]["finish_reason"] == "abort" and whole["usage"]["completion_tokens"] > 0
-        assert 2 <= seconds < 10
-        short = httpx.post(server.url + "/v1/chat/completions",
-                           json={"messages": QUESTION, "max_tokens": 4, "ignore_eos": True}, timeout=60)
-        assert short.json()["choices"][0]["finish_reason"] == "length"
+        assert 2 <= seconds < 2 + 5 * short_s  # ended by the timeout, within a few steps of it
+        short, _ = short_request(server)
+        assert short["choices"][0]["finish_reason"] == "length"

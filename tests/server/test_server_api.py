@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from serving import ServerProcess
+from server_process import ServerProcess
 
 import zhuzi
 

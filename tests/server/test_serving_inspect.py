@@ -10,7 +10,7 @@ import httpx
 import pytest
 import torch
 from openai import OpenAI
-from serving import ServerProcess
+from server_process import ServerProcess
 
 from zhuzi.model.loader import default_model_path
 from zhuzi.server.inspect_protocol import MAX_STEPS

@@ -7,7 +7,7 @@ import httpx
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from serving import ServerProcess, running_server
+from server_process import ServerProcess, running_server
 
 NGRAM = '{"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2}'
 TEXT = ("The river ran through the old city, past the market and the stone bridge, and every morning the "

@@ -15,7 +15,7 @@ import httpx
 import jsonschema
 import openai
 import pytest
-from serving import ServerProcess
+from server_process import ServerProcess
 
 MODEL = "SmolLM2-135M-Instruct"
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from zhuzi.detokenizer import IncrementalDetokenizer
-from zhuzi.engine.structured import GrammarCompiler
 from zhuzi.model.loader import default_model_path
-from zhuzi.sampler import SamplingRow, apply_grammar_masks
+from zhuzi.sample.grammar import GrammarCompiler
+from zhuzi.sample.sampler import SamplingRow, apply_grammar_masks
 from zhuzi.sampling_params import SamplingParams, StructuredOutputsParams
 from zhuzi.server.parsers import OutputParser, ParsedText
 from zhuzi.server.tools import template_renders_tools, tool_grammar, with_generic_tools

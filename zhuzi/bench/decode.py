@@ -169,7 +169,7 @@ def run(args: argparse.Namespace) -> DecodeReport | SpecDecodeReport:
         prefill_s=prefill_s, decode_step_s=1 / max(rounds),
         bandwidth_bytes_per_s=measure_read_bandwidth(args.device, BANDWIDTH_BUFFER_BYTES, args.bandwidth_repeats),
         weight_bytes_per_step=llm.weight_bytes_per_decode_step, model_step_s=model_s, load=(load_at_start, 0.0),
-        decode_rounds=rounds, llama_cpp=LlamaCppDecode(" ".join(command), peer_rounds) if tool else None)
+        decode_rounds=rounds, llama_cpp=LlamaCppDecode(command, peer_rounds) if tool else None)
     report.load = (load_at_start, load_average())
     print(format_report(report, args))
     return save_report(report, args.json_out)

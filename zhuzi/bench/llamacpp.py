@@ -84,13 +84,18 @@ def parse_llama_bench(text: str) -> list[BenchTest]:
     return tests
 
 
+def shown(command: list[str]) -> str:
+    """A command line as a report prints it: files by their names, not this machine's paths."""
+    return " ".join(Path(arg).name if Path(arg).is_absolute() else arg for arg in command)
+
+
 def llama_bench(tool: Path, gguf: Path, threads: int, prompt: int, gen: int,
-                repetitions: int) -> tuple[BenchTest, BenchTest, list[str]]:
-    """(pp<prompt>, tg<gen>, the command line) from one llama-bench run."""
+                repetitions: int) -> tuple[BenchTest, BenchTest, str]:
+    """(pp<prompt>, tg<gen>, the command line as shown) from one llama-bench run."""
     command = [str(tool), "-m", str(gguf), "-t", str(threads), "-p", str(prompt), "-n", str(gen),
                "-r", str(repetitions), "-o", "json"]
     tests = {(t.n_prompt, t.n_gen): t for t in parse_llama_bench(_run(command, timeout=3600))}
-    return tests[prompt, 0], tests[0, gen], command
+    return tests[prompt, 0], tests[0, gen], shown(command)
 
 
 @dataclass
@@ -129,8 +134,9 @@ def parse_batched_bench(text: str) -> list[BatchedRun]:
 
 
 def batched_bench(tool: Path, gguf: Path, threads: int, prompt: int, gen: int,
-                  sequences: int) -> tuple[BatchedRun, list[str]]:
-    """One llama-batched-bench run of `sequences` parallel sequences of prompt + gen tokens."""
+                  sequences: int) -> tuple[BatchedRun, str]:
+    """One llama-batched-bench run of `sequences` parallel sequences of prompt + gen tokens, and the command line
+    as shown."""
     context = sequences * (prompt + gen) + 64
     command = [str(tool), "-m", str(gguf), "-t", str(threads),
                "-c", str(context), "-b", "2048", "-ub", "512", "-npp", str(prompt), "-ntg", str(gen),
@@ -138,7 +144,7 @@ def batched_bench(tool: Path, gguf: Path, threads: int, prompt: int, gen: int,
     runs = parse_batched_bench(_run(command, timeout=7200))
     if not runs:
         raise LlamaCppError("llama-batched-bench printed no result")
-    return runs[-1], command
+    return runs[-1], shown(command)
 
 
 def gguf_of(model: str | None) -> Path:

@@ -228,7 +228,7 @@ def run(args: argparse.Namespace) -> OfflineReport:
         comparison=comparison_note(len(requests), hf_run, args.hf_batch_size),
         threads=torch.get_num_threads(), load=(load_at_start, 0.0),
         zhuzi_rounds=[r.tokens_per_s for r in zhuzi_runs], llama_cpp_rounds=peer_runs,
-        llama_cpp_command=" ".join(command) if command else None)
+        llama_cpp_command=command)
     report.load = (load_at_start, load_average())
     print(format_report(report, args))
     return save_report(report, args.json_out)

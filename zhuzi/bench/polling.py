@@ -32,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 @dataclass
-class Run:
+class ServeRun:
     round: int
     arm: str  # "quiet" or "polled"
     tpot_ms: float  # the run's median TPOT
@@ -52,7 +52,7 @@ class PollingReport:
     output_len: int
     rounds: int
     load_before: float
-    runs: list[Run] = field(default_factory=list)
+    runs: list[ServeRun] = field(default_factory=list)
 
     def tpots(self, arm: str) -> list[float]:
         return [r.tpot_ms for r in self.runs if r.arm == arm]
@@ -69,13 +69,13 @@ class PollingReport:
         return asdict(self) | {"best_ratio": self.best_ratio, "median_ratio": self.median_ratio}
 
 
-def measure(args: argparse.Namespace, round_: int, arm: str) -> Run:
+def measure(args: argparse.Namespace, round_: int, arm: str) -> ServeRun:
     """One `bench serve` run, quiet or polled."""
     report = asyncio.run(serve_bench.benchmark(argparse.Namespace(**vars(args) | {
         "poll": args.poll if arm == "polled" else None})))
     if report.failed:
         raise RuntimeError(f"{report.failed} requests failed: {report.errors}")
-    return Run(round_, arm, report.tpot_ms.median, report.output_throughput, report.polls,
+    return ServeRun(round_, arm, report.tpot_ms.median, report.output_throughput, report.polls,
                report.poll_ms.median if report.poll_ms else None, os.getloadavg()[0])
 
 

@@ -1,12 +1,12 @@
-"""The engine core: the step loop in a process of its own (a local process or a Ray actor), and what
-crosses the boundary between it and the front (core_client.py).
+"""The engine core: THE step loop, and the typed messages that cross between it and the front (core_client.py).
 
-Commands come in (add a request, abort one, shut down), and after every step one message goes out with
-the news of every request that step touched, the engine's stats, and the prefix-cache blocks it stored
-and evicted (the front routes a conversation's next turn to the replica that holds its history). The
-messages are msgspec structs around the engine's own dataclasses, as msgpack on ZeroMQ sockets: ipc://
-for local processes, tcp:// for Ray actors on any node. The engine core knows nothing of HTTP; the front
-knows nothing of blocks beyond their hashes.
+Commands come in (add a request or a probe, take a snapshot, abort, shut down), and after every step one
+message goes out with the news of every request that step touched, the engine's stats, and the prefix-cache
+blocks it stored and evicted (the front routes a conversation's next turn to the replica that holds its
+history). The messages are msgspec structs around the engine's own dataclasses, as msgpack on ZeroMQ
+sockets. The same loop runs wherever the engine core lives: in a thread of the server's process (inproc://
+sockets), in a local process (ipc://) or in a Ray actor on any node (tcp://). The engine core knows nothing
+of HTTP; the front knows nothing of blocks beyond their hashes.
 """
 from __future__ import annotations
 
@@ -260,9 +260,12 @@ class EngineCore:
                        metrics=out.metrics if out.finished else None)
 
 
-def serve(config: EngineConfig, replica: int, addresses: Addresses, watched: list[tuple[int, str]]) -> None:
-    """Load the model and run the loop; the front hears Ready, then the news, then Failed if it ends badly."""
-    context = zmq.Context()
+def serve(config: EngineConfig, replica: int, addresses: Addresses, watched: list[tuple[int, str]],
+          context: zmq.Context | None = None) -> None:
+    """Load the model and run the loop; the front hears Ready, then the news, then Failed if it ends badly.
+    context: the front's own, when the engine core runs in a thread of its process (inproc:// addresses)."""
+    own = context is None
+    context = context or zmq.Context()
     commands = context.socket(zmq.PULL)
     commands.connect(addresses.commands)
     outputs = context.socket(zmq.PUSH)
@@ -293,7 +296,19 @@ def serve(config: EngineConfig, replica: int, addresses: Addresses, watched: lis
             outputs.send(encode(Failed(replica, f"the engine failed: {type(exc).__name__}: {exc}")))
         engine.shutdown()
     finally:
-        context.destroy(linger=1000)  # the last message still goes out
+        commands.close(linger=0)
+        outputs.close(linger=1000)  # the last message still goes out
+        if own:
+            context.term()
+
+
+def run_thread(config: EngineConfig, replica: int, addresses: Addresses, context: zmq.Context) -> None:
+    """The entry point of an engine core in a thread of the server's process (--no-engine-process).
+
+    The thread loads the model and runs the loop for the life of the server: the thread that first runs
+    torch must live on, since once the thread that started OpenMP's first team exits, libgomp makes every
+    later team much slower (docs/benchmarks.md)."""
+    serve(config, replica, addresses, [], context)
 
 
 def run_process(config: EngineConfig, replica: int, addresses: Addresses) -> None:

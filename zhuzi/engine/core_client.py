@@ -1,12 +1,14 @@
-"""The process boundary, front side: the engine cores the server talks to, wherever they run.
+"""The engine cores the server talks to, front side, wherever they run: the EngineClient (client.py).
 
-EngineClient starts data_parallel_size engine cores (core.py), as local processes (mp) or as Ray actors
-on a local or existing Ray cluster (ray), sends each request to one of them (router.py) and streams its
-deltas back. It offers the AsyncEngine's interface (generate, abort, stats, health, fail), so the server
-does not know where the step loop runs. One reader thread receives every replica's messages and notices
-a replica's end at once (a local process's sentinel, a Ray actor's run() call returning): its requests
-end with EngineDead, it leaves the rotation, the others keep serving; health() reports a problem when
-none is left, or when one with work pending has been silent for the stall timeout.
+CoreClient starts its engine cores (core.py's one step loop) in one of two transports: a thread of this
+process, on inproc:// sockets (--no-engine-process), or data_parallel_size processes of their own, local
+(mp, ipc://) or Ray actors on a local or existing Ray cluster (ray, tcp://); placement.py starts them. It
+sends each request to one of them (router.py) and streams its deltas back, so the server does not know
+where the step loop runs. One reader thread receives every replica's messages and notices a replica's end
+at once (a local process's sentinel, a Ray actor's run() call returning, an engine thread's last word):
+its requests end with EngineDead, it leaves the rotation, the others keep serving. health() reports a
+problem when none is left, or when the last one has been silent for the stall timeout with work pending
+(a stalled replica beside live ones leaves the rotation).
 """
 from __future__ import annotations
 
@@ -27,23 +29,24 @@ import zmq
 
 from zhuzi.config import EngineConfig, ParallelConfig
 from zhuzi.engine import core, placement
-from zhuzi.engine.async_engine import AsyncEngine, EngineDead, Stream, final_inspection
+from zhuzi.engine.client import EngineDead, Stream, final_inspection
 from zhuzi.engine.engine import check_token_ids
 from zhuzi.engine.placement import Replica, default_threads
 from zhuzi.engine.router import PrefixRouter
 from zhuzi.engine.sequence import Probe
-from zhuzi.engine.structured import GrammarCompiler
 from zhuzi.outputs import EngineSnapshot, EngineStats, RequestOutput, SpecDecodingStats
+from zhuzi.sample.grammar import GrammarCompiler, shared_compiler
 from zhuzi.sampling_params import SamplingParams, StructuredOutputsParams
 from zhuzi.tokenizer import Tokenizer
 
 log = logging.getLogger("zhuzi")
 READER_POLL_MS = 100  # how often the reader thread looks up from its sockets to see whether to stop
 SHUTDOWN_WAIT_S = 5.0
+EXIT_CODE_WAIT_S = 1.0  # an ended process's sentinel fires as it ends; its exit code comes a moment later
 
 
-class EngineClient:
-    """Engine cores in processes of their own, behind the AsyncEngine's interface."""
+class CoreClient:
+    """Engine cores in a thread or in processes of their own, behind the EngineClient interface."""
 
     tokenizer: Tokenizer  # these once started
     model_name: str
@@ -53,8 +56,6 @@ class EngineClient:
 
     def __init__(self, config: EngineConfig, parallel: ParallelConfig):
         """Nothing runs until start(); close() stops whatever start() began, even while it waits."""
-        if parallel.data_parallel_size < 1:
-            raise ValueError(f"data_parallel_size must be at least 1, got {parallel.data_parallel_size}")
         self.config = config
         self.parallel = parallel
         self.router = PrefixRouter(config.block_size)
@@ -69,10 +70,11 @@ class EngineClient:
         self._context = zmq.Context()
         self._outputs = self._context.socket(zmq.PULL)
         self._directory = tempfile.mkdtemp(prefix="zhuzi-")  # short: ipc paths must stay under 107 bytes
+        self._inproc = f"inproc://{Path(self._directory).name}"
         self._reader = threading.Thread(target=self._read, name="zhuzi-engine-client", daemon=True)
         self.replicas: list[Replica] = []
 
-    def start(self) -> EngineClient:
+    def start(self) -> CoreClient:
         """Start the replicas; returns once all have loaded the model (raises if any could not)."""
         try:
             self._start(replace(self.config, num_threads=default_threads(self.config, self.parallel)))
@@ -83,13 +85,16 @@ class EngineClient:
         assert info is not None
         self.tokenizer = Tokenizer.load(Path(info.model_path))
         self.model_name, self.max_model_len, self.vocab_size = info.model_name, info.max_model_len, info.vocab_size
-        self.grammars = GrammarCompiler(self.tokenizer.hf, info.vocab_size, info.eos_token_ids)
+        self.grammars = shared_compiler(self.tokenizer.hf, info.vocab_size, info.eos_token_ids)
+        # The grammar library's view of the tokenizer takes a second or so: built before a request needs it.
+        threading.Thread(target=self.grammars.warm, name="zhuzi-grammar-warmup", daemon=True).start()
         return self
 
     # -- starting and stopping
 
     def _start(self, config: EngineConfig) -> None:
-        ray_backend = self.parallel.data_parallel_backend == "ray"
+        in_thread = not self.parallel.engine_process
+        ray_backend = self.parallel.data_parallel_backend == "ray" and not in_thread
         host = placement.ray_node_ip() if ray_backend else None
         outputs = self._bind(self._outputs, host, "outputs")
         for index in range(self.parallel.data_parallel_size):
@@ -97,14 +102,16 @@ class EngineClient:
             commands.setsockopt(zmq.SNDHWM, 0)  # a replica reads its commands every step: never drop one
             self.replicas.append(Replica(index, commands))
             addresses = core.Addresses(self._bind(commands, host, f"commands-{index}"), outputs)
-            if ray_backend:
+            if in_thread:
+                placement.start_thread(self.replicas[-1], config, addresses, self._context)
+            elif ray_backend:
                 placement.start_actor(self.replicas[-1], config, addresses)
             else:
                 placement.start_process(self.replicas[-1], config, addresses)
         self._reader.start()
         if ray_backend:
             threading.Thread(target=placement.watch_actors, args=(self.replicas, lambda: self._closing, self._gone,
-                                                         lambda r: f"the engine core{self._of(r)}"),
+                                                         lambda r: f"the engine core{self._which(r)}"),
                              name="zhuzi-ray-watch", daemon=True).start()
         with self._ready:
             self._ready.wait_for(lambda: self._closing or all(r.ready or r.failure for r in self.replicas))
@@ -115,9 +122,13 @@ class EngineClient:
         for r in self.replicas:
             assert r.ready is not None
             log.info("engine core %d ready: pid %d, %d KV blocks (%s)", r.index, r.ready.pid, r.ready.stats.num_blocks,
-                     "Ray actor" if ray_backend else "local process")
+                     "thread" if in_thread else "Ray actor" if ray_backend else "local process")
 
     def _bind(self, socket: zmq.Socket, host: str | None, name: str) -> str:
+        if not self.parallel.engine_process:
+            address = f"{self._inproc}/{name}"
+            socket.bind(address)
+            return address
         if host is None:
             address = f"ipc://{self._directory}/{name}"
             socket.bind(address)
@@ -136,7 +147,9 @@ class EngineClient:
             r.send(core.encode(core.Shutdown()))
         deadline = time.monotonic() + SHUTDOWN_WAIT_S
         for r in self.replicas:
-            if r.process is not None:
+            if r.thread is not None:
+                r.thread.join(max(0.0, deadline - time.monotonic()))
+            elif r.process is not None:
                 r.process.join(max(0.0, deadline - time.monotonic()))
                 if r.process.is_alive():
                     r.process.kill()
@@ -156,7 +169,10 @@ class EngineClient:
         sentinels = {r.process.sentinel: r for r in self.replicas if r.process is not None}
         for fd in sentinels:
             poller.register(fd, zmq.POLLIN)
+        threads = [r for r in self.replicas if r.thread is not None]
         while not self._closing:
+            # An engine thread's last word is out before it ends: a thread seen ended here said it, or nothing.
+            ended = [r for r in threads if not r.thread.is_alive()]
             try:
                 events = dict(poller.poll(READER_POLL_MS))
                 if self._outputs in events:
@@ -169,17 +185,21 @@ class EngineClient:
                 replica = sentinels.pop(fd)
                 if not self._closing:
                     self._gone(replica, self._exit_reason(replica))
+            for replica in ended:
+                threads.remove(replica)
+                if not self._closing:
+                    self._gone(replica, f"the engine thread{self._which(replica)} has stopped")
 
     def _exit_reason(self, replica: Replica) -> str:
         process = replica.process
         assert process is not None
-        process.join(1)  # the sentinel fires as the process ends; its exit code comes a moment later
+        process.join(EXIT_CODE_WAIT_S)
         code = process.exitcode
         how = f"was killed by {signal.Signals(-code).name}" if code is not None and code < 0 else \
             f"exited with code {code}"
-        return f"the engine core process{self._of(replica)} (pid {process.pid}) {how}"
+        return f"the engine core process{self._which(replica)} (pid {process.pid}) {how}"
 
-    def _of(self, replica: Replica) -> str:
+    def _which(self, replica: Replica) -> str:
         return f" of replica {replica.index}" if len(self.replicas) > 1 else ""
 
     def _handle(self, message: core.Message) -> None:
@@ -192,7 +212,7 @@ class EngineClient:
         if isinstance(message, core.Failed):
             if replica.ready is None:  # it never loaded: the whole start fails
                 replica.load_error = (ValueError if message.user_error else RuntimeError)(message.reason)
-            self._gone(replica, f"{message.reason}{self._of(replica)}" if replica.ready else message.reason)
+            self._gone(replica, f"{message.reason}{self._which(replica)}" if replica.ready else message.reason)
             return
         with self._lock:
             replica.heartbeat = time.monotonic()
@@ -222,7 +242,7 @@ class EngineClient:
     def _deliver(self, request_id: str, item: RequestOutput | EngineSnapshot | Exception) -> None:
         stream = self._streams.get(request_id)
         if stream is not None:
-            stream.loop.call_soon_threadsafe(stream.queue.put_nowait, item)
+            stream.put(item)
 
     def _gone(self, replica: Replica, reason: str) -> None:
         """Take a replica out of the rotation: its requests end with EngineDead(reason)."""
@@ -243,7 +263,7 @@ class EngineClient:
         for request_id in lost:
             self._deliver(request_id, EngineDead(reason))
 
-    # -- the AsyncEngine interface
+    # -- the EngineClient interface
 
     def stats(self) -> EngineStats:
         """The live replicas' stats added up."""
@@ -259,15 +279,18 @@ class EngineClient:
 
     def health(self, stall_timeout: float) -> str | None:
         """None while a replica serves; otherwise what is wrong. A replica with work that has been silent for
-        stall_timeout seconds (0: never) is taken out of the rotation."""
+        stall_timeout seconds (0: never) is taken out of the rotation while others serve; the last one's stall
+        is reported (and ends once it moves again, unless the caller fails the engine)."""
         if self._failure is not None:
             return self._failure
         now = time.monotonic()
         for r in self.replicas:
             silent = now - r.heartbeat
             if stall_timeout and r.failure is None and r.requests and silent > stall_timeout:
-                self._gone(r, f"the engine{self._of(r)} has made no progress for {silent:.0f} s with requests "
-                              "pending")
+                stall = f"the engine{self._which(r)} has made no progress for {silent:.0f} s with requests pending"
+                if sum(other.failure is None for other in self.replicas) == 1:
+                    return stall
+                self._gone(r, stall)
                 r.kill()
         if all(r.failure is not None for r in self.replicas):
             return self.replicas[-1].failure if len(self.replicas) == 1 else \
@@ -340,6 +363,3 @@ class EngineClient:
         if replica is not None and replica.failure is None:
             replica.send(core.encode(core.Abort(request_id)))
 
-
-# What the server serves from: the step loop in a thread of its own process, or engine cores apart.
-ServingEngine = AsyncEngine | EngineClient

@@ -1,4 +1,5 @@
-"""The step loop: schedule -> run the model -> sample -> detokenize -> stop checks -> outputs.
+"""The engine's step: schedule -> run the model and sample -> process the outputs (stop checks,
+detokenizing, deltas) -> the scheduler's bookkeeping. core.py's EngineCore loops over it.
 
 A fault stays with the request that caused it: a row whose sampling or bookkeeping raises fails
 its request alone (its output carries the error) while the rest of the batch goes on; a failure of
@@ -26,7 +27,6 @@ import itertools
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass, field
 
 import torch
 
@@ -34,25 +34,23 @@ from zhuzi.config import EngineConfig
 from zhuzi.detokenizer import IncrementalDetokenizer
 from zhuzi.engine import tp_worker
 from zhuzi.engine.block_manager import BlockManager, KVEvents
-from zhuzi.engine.model_runner import PromptLogprobs, StepResult, load_runner, measure_read_bandwidth
+from zhuzi.engine.model_runner import StepResult, load_runner, measure_read_bandwidth
+from zhuzi.engine.output_processor import OutputProcessor, RequestState
 from zhuzi.engine.scheduler import Scheduler
-from zhuzi.engine.sequence import Probe, ScheduledSeq, Sequence
+from zhuzi.engine.sequence import Probe, ScheduledSeq, Sequence, StepOutcome
 from zhuzi.engine.spec_decode import DraftModelProposer, NgramProposer, Proposer
-from zhuzi.engine.structured import GrammarCompiler
+from zhuzi.engine.tp_control import StepChannel
 from zhuzi.outputs import (
-    CompletionOutput,
     EngineSnapshot,
     EngineStats,
-    Inspection,
-    Logprob,
     RequestMetrics,
     RequestOutput,
     SpecDecodingStats,
     StepRecord,
     StepRow,
 )
-from zhuzi.rejection_sampler import Verdict
-from zhuzi.sampler import make_generator
+from zhuzi.sample.grammar import shared_compiler
+from zhuzi.sample.sampler import make_generator
 from zhuzi.sampling_params import InvalidRequest, SamplingParams
 from zhuzi.tokenizer import Tokenizer
 
@@ -67,30 +65,6 @@ def check_token_ids(ids: list[int], vocab: int, param: str) -> None:
         raise InvalidRequest(param, f"{param} holds token ids outside the vocabulary [0, {vocab}): {bad[:5]}")
 
 
-@dataclass
-class Request:
-    request_id: str
-    prompt: str | None
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    seqs: list[Sequence]
-    detokenizers: list[IncrementalDetokenizer]
-    metrics: RequestMetrics
-    prompt_logprobs: PromptLogprobs | None = None  # complete once the prompt is computed
-    partial_prompt_logprobs: PromptLogprobs = field(default_factory=list)
-    deltas: dict[int, CompletionOutput] = field(default_factory=dict)  # news since the last output
-    error: str | None = None  # why the engine failed this request
-    inspection: Inspection | None = None  # a probe's reading, once its last token ran
-
-    @property
-    def finished(self) -> bool:
-        return all(s.finished for s in self.seqs)
-
-    @property
-    def wants_logprobs(self) -> bool:
-        return self.params.logprobs is not None
-
-
 class Engine:
     def __init__(self, config: EngineConfig, kv_events: bool = False):
         """kv_events: record the prefix-cache blocks stored and evicted (blocks.events), for a router."""
@@ -103,7 +77,8 @@ class Engine:
         try:
             ckpt, self.runner = load_runner(config, self.tp)
         except BaseException:
-            self.shutdown()
+            if self.tp is not None:  # nothing was posted yet: a fresh channel's first op is the stop
+                tp_worker.stop(self.tp, StepChannel(self.tp), self.workers)
             raise
         self.model_config = ckpt.config
         self.model_path = ckpt.path
@@ -113,7 +88,7 @@ class Engine:
         spec = config.speculative
         max_positions = max(self.max_model_len, ckpt.config.max_position_embeddings)
         self.kv_plan = plan = config.kv_plan(ckpt.config)
-        self.grammars = GrammarCompiler(self.tokenizer.hf, ckpt.config.vocab_size, self.eos_ids)
+        self.grammars = shared_compiler(self.tokenizer.hf, ckpt.config.vocab_size, self.eos_ids)
         self.blocks = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching,
                                    events=KVEvents() if kv_events else None)
         self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens,
@@ -126,7 +101,8 @@ class Engine:
                 spec, config, self.tokenizer, self.eos_ids, ckpt.config.vocab_size, self.runner.num_blocks,
                 max_positions)
             self.spec_stats = SpecDecodingStats(num_accepted_tokens_per_pos=[0] * spec.num_speculative_tokens)
-        self.requests: dict[str, Request] = {}
+        self.output = OutputProcessor(self.tokenizer, self.eos_ids, self.max_model_len)
+        self.requests: dict[str, RequestState] = {}
         self._seq_ids = itertools.count()
         self.recent_steps: deque[StepRecord] = deque(maxlen=RECENT_STEPS)
         self._step_count = itertools.count()
@@ -137,7 +113,8 @@ class Engine:
     def shutdown(self) -> None:
         """Release the other tensor-parallel ranks (nothing to do without them)."""
         if self.tp is not None:
-            tp_worker.stop(self.tp, self.workers)
+            assert self.runner.channel is not None
+            tp_worker.stop(self.tp, self.runner.channel, self.workers)
             self.tp = None
 
     @property
@@ -196,9 +173,9 @@ class Engine:
             grammar = self.grammars.matcher(params.structured_outputs) if params.structured_outputs else None
             seqs.append(Sequence(next(self._seq_ids), request_id, i, ids, params, make_generator(seed), leader,
                                  grammar))
-        req = Request(request_id, prompt if isinstance(prompt, str) else None, ids, params, seqs,
-                      [IncrementalDetokenizer(self.tokenizer, params) for _ in seqs],
-                      RequestMetrics(arrival_time or time.monotonic()))
+        req = RequestState(request_id, prompt if isinstance(prompt, str) else None, ids, params, seqs,
+                           [IncrementalDetokenizer(self.tokenizer, params) for _ in seqs],
+                           RequestMetrics(arrival_time or time.monotonic()), speculative=self.proposer is not None)
         self.requests[request_id] = req
         for seq in seqs:
             self.scheduler.add(seq)
@@ -211,9 +188,9 @@ class Engine:
         params = SamplingParams(max_tokens=1, temperature=0)
         ids = self.validate(token_ids, params)
         seq = Sequence(next(self._seq_ids), request_id, 0, ids, params, probe=probe)
-        self.requests[request_id] = Request(request_id, None, ids, params, [seq],
-                                            [IncrementalDetokenizer(self.tokenizer, params)],
-                                            RequestMetrics(time.monotonic()))
+        self.requests[request_id] = RequestState(request_id, None, ids, params, [seq],
+                                                 [IncrementalDetokenizer(self.tokenizer, params)],
+                                                 RequestMetrics(time.monotonic()))
         self.scheduler.add(seq)
 
     def abort(self, request_id: str) -> RequestOutput | None:
@@ -222,11 +199,8 @@ class Engine:
         req = self.requests.get(request_id)
         if req is None:
             return None
-        for seq in req.seqs:
-            if not seq.finished:
-                delta = req.deltas.setdefault(seq.index, CompletionOutput.empty(seq.index, req.wants_logprobs))
-                delta.text += req.detokenizers[seq.index].flush()
-                self.scheduler.finish(seq, "abort")
+        for seq in self.output.abort(req):
+            self.scheduler.finish(seq, "abort")
         return self._output(req)
 
     def has_unfinished(self) -> bool:
@@ -264,39 +238,19 @@ class Engine:
         try:
             result = self._execute(batch)
         except Exception as exc:  # failed twice: these requests end with the error; the engine goes on
+            failed = StepOutcome()
             for req in touched.values():
-                self._fail(req, exc)
+                self.output.fail(req, exc, failed)
+            for seq, reason, stop_reason in failed.finished:
+                self.scheduler.finish(seq, reason, stop_reason)
             return [self._output(req) for req in touched.values()]
         now = time.monotonic()
         self.recent_steps.append(self._step_record(batch, result, now, now - start))
-        failed = {item.seq.request_id: exc for item, exc in result.failed}
-        for item in batch:
-            seq, req = item.seq, touched[item.seq.request_id]
-            req.metrics.first_scheduled_time = req.metrics.first_scheduled_time or start
-            if seq.seq_id in result.prompt_logprobs and req.request_id not in failed:
-                try:
-                    self._collect_prompt_logprobs(req, seq, result.prompt_logprobs[seq.seq_id])
-                except Exception as exc:
-                    failed[req.request_id] = exc
-            samples = item.samples
-            seq.num_computed_tokens += item.num_new_tokens - len(item.spec_token_ids)  # drafts count once accepted
-            if not samples:
-                self.blocks.register_computed(seq)
+        outcome = self.output.process(batch, result, touched, start, now)
         for item, verdict in result.sampled:
-            req = touched[item.seq.request_id]
             if item.spec_token_ids:
                 self.spec_stats.observe(len(item.spec_token_ids), verdict.num_accepted)
-            if req.request_id not in failed:
-                try:
-                    self._append_tokens(req, item, verdict, now, now - start)
-                except Exception as exc:
-                    failed[req.request_id] = exc
-        for item, inspection in result.inspections:
-            if item.seq.request_id not in failed:
-                touched[item.seq.request_id].inspection = inspection
-                self.scheduler.finish(item.seq, "stop")
-        for request_id, exc in failed.items():
-            self._fail(touched[request_id], exc)
+        self.scheduler.update_from_output(batch, outcome)
         if self.proposer is not None:
             self._propose()
         return [self._output(req) for req in touched.values()]
@@ -312,16 +266,13 @@ class Engine:
     def _propose(self) -> None:
         """Drafts for the next step: each decoding sequence gets at most what the step could verify and
         what its max_tokens and the context window leave room for."""
-        decoding = [s for s in self.scheduler.running if s.prompt_done and s.num_tokens - s.num_computed_tokens == 1]
+        decoding = [s for s in self.scheduler.running if s.is_decoding]
         room = min(self.spec.num_speculative_tokens, self.spec.max_step_tokens - len(decoding))
         seqs, limits = [], []
         for seq in self.scheduler.running:
             seq.spec_token_ids, seq.spec_probs = [], None
         for seq in decoding:
-            p = seq.params
-            limit = min(seq.num_prompt_tokens + p.max_tokens if p.max_tokens else self.max_model_len,
-                        self.max_model_len)
-            if (k := min(room, limit - seq.num_tokens - 1)) > 0:  # the step emits up to k + 1 tokens
+            if (k := min(room, seq.max_length(self.max_model_len) - seq.num_tokens - 1)) > 0:  # emits up to k + 1
                 seqs.append(seq)
                 limits.append(k)
         if seqs:
@@ -336,115 +287,12 @@ class Engine:
             log.exception("a step of %d sequences failed; trying it once more", len(batch))
             return self.runner.execute(batch)
 
-    def _fail(self, req: Request, exc: Exception) -> None:
-        """End this request alone with the error; its blocks go back, its samples finish as "error"."""
-        log.error("request %s failed: %s: %s", req.request_id, type(exc).__name__, exc, exc_info=exc)
-        req.error = f"{type(exc).__name__}: {exc}"
-        for seq in req.seqs:
-            if not seq.finished:
-                req.deltas.setdefault(seq.index, CompletionOutput.empty(seq.index, req.wants_logprobs))
-                self.scheduler.finish(seq, "error")
-
-    def _collect_prompt_logprobs(self, req: Request, seq: Sequence, entries: PromptLogprobs) -> None:
-        """Called before the chunk counts as computed; a preempted prompt starts over from its first token."""
-        if seq.num_computed_tokens == 0:
-            req.partial_prompt_logprobs = []
-        req.partial_prompt_logprobs += entries
-        if len(req.partial_prompt_logprobs) == seq.num_prompt_tokens:
-            self._decode_logprob_tokens(req.partial_prompt_logprobs)
-            req.prompt_logprobs, req.partial_prompt_logprobs = req.partial_prompt_logprobs, []
-
-    def _decode_logprob_tokens(self, entries: list[dict[int, Logprob] | None]) -> None:
-        for entry in entries:
-            for tid, lp in (entry or {}).items():
-                lp.decoded_token = self.tokenizer.decode([tid], skip_special_tokens=False)
-
-    def _append_tokens(self, req: Request, item: ScheduledSeq, verdict: Verdict, now: float, step_time: float) -> None:
-        """A step's tokens for one sequence, one at a time through the stop checks; the first one that ends
-        the sequence is its last (the rest of an accepted run is dropped)."""
-        seq, drafts = item.seq, item.spec_token_ids
-        m = req.metrics
-        if seq.num_output_tokens > 0:
-            m.decode_step_times.append(step_time)
-        m.first_token_time = m.first_token_time or now
-        m.last_token_time = now
-        finish = None
-        for i, token in enumerate(verdict.token_ids):
-            finish = self._append_token(req, seq, token, verdict.logprobs[i] if verdict.logprobs else None)
-            if self.proposer is not None:  # which tokens were drafts, and what the model's own one replaced
-                delta = req.deltas[seq.index]
-                delta.draft_accepted.append(i < verdict.num_accepted)
-                delta.drafts_rejected.append(drafts[i:] if drafts and i == verdict.num_accepted else None)
-            if finish is not None:
-                break
-            if i < verdict.num_accepted:  # an accepted draft: this step computed its K/V
-                seq.num_computed_tokens += 1
-        self.blocks.register_computed(seq)  # before finishing, so the last blocks reach the prefix cache
-        if finish is not None:
-            self.scheduler.finish(seq, *finish)
-
-    def _append_token(self, req: Request, seq: Sequence, token: int,
-                      logprobs: dict[int, Logprob] | None) -> tuple[str, int | str | None] | None:
-        """Emit one token; returns (finish reason, stop reason) when it ends the sequence."""
-        p = seq.params
-        seq.token_ids.append(token)
-        if seq.grammar is not None and not seq.grammar.accept(token):
-            raise RuntimeError(f"sampled token {token} breaks the grammar of request {req.request_id}")
-        delta = req.deltas.setdefault(seq.index, CompletionOutput.empty(seq.index, req.wants_logprobs,
-                                                                        self.proposer is not None))
-        delta.token_ids.append(token)
-        if logprobs is not None:
-            self._decode_logprob_tokens([logprobs])
-            seq.cumulative_logprob += logprobs[token].logprob
-            delta.logprobs.append(logprobs)
-        detokenizer = req.detokenizers[seq.index]
-        stop_token = self._is_stop_token(seq, token)
-        # A stop token (EOS or stop_token_ids) ends the text without showing it, as vLLM does.
-        text, stop_str = ("", None) if stop_token and not p.include_stop_str_in_output else detokenizer.step(token)
-        delta.text += text
-        reason, stop_reason = self._finish_reason(seq, token, stop_token, stop_str)
-        if reason is None:
-            return None
-        if stop_str is None:  # the held-back tail is shown only when no stop string ended it
-            delta.text += detokenizer.flush()
-        return reason, stop_reason
-
-    def _is_stop_token(self, seq: Sequence, token: int) -> bool:
-        p = seq.params
-        if seq.num_output_tokens < p.min_tokens:
-            return False
-        return (not p.ignore_eos and token in self.eos_ids) or token in p.stop_token_ids
-
-    def _finish_reason(self, seq: Sequence, token: int, stop_token: bool,
-                       stop_str: str | None) -> tuple[str | None, int | str | None]:
-        p = seq.params
-        if stop_token:
-            return "stop", token if token in p.stop_token_ids else None
-        if stop_str is not None and seq.num_output_tokens >= p.min_tokens:
-            return "stop", stop_str
-        if seq.grammar is not None and seq.grammar.is_terminated:
-            return "stop", None
-        limit = seq.num_prompt_tokens + p.max_tokens if p.max_tokens else self.max_model_len
-        if seq.num_tokens >= min(limit, self.max_model_len):
-            return "length", None
-        return None, None
-
-    def _output(self, req: Request) -> RequestOutput:
-        """The deltas since the last output of this request (the async engine streams these)."""
-        deltas = []
-        for index, delta in sorted(req.deltas.items()):
-            seq = req.seqs[index]
-            delta.finish_reason, delta.stop_reason = seq.finish_reason, seq.stop_reason
-            delta.cumulative_logprob = seq.cumulative_logprob if seq.params.logprobs is not None else None
-            deltas.append(delta)
-        req.deltas = {}
-        finished = req.finished
-        if finished:
+    def _output(self, req: RequestState) -> RequestOutput:
+        """The request's news since its last output; a finished request leaves the engine."""
+        out = self.output.output(req)
+        if out.finished:
             if self.proposer is not None:
                 for seq in req.seqs:
                     self.proposer.release(seq)
-            req.metrics.finished_time = time.monotonic()
-            req.metrics.num_cached_tokens = req.seqs[0].num_cached_tokens
             del self.requests[req.request_id]
-        return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, deltas, finished, req.metrics,
-                             req.prompt_logprobs, req.seqs[0].num_cached_tokens, req.error, req.inspection)
+        return out

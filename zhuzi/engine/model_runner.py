@@ -1,14 +1,16 @@
-"""Model runner: owns the KV pool, turns a scheduled step into tensors, runs the forward pass,
-samples (verifying speculative drafts), scores prompt tokens for prompt_logprobs, and reads out
-inspections (probes).
+"""Model runner: owns the KV pool, turns a scheduled step into tensors, runs the forward pass, then
+the sampler (or, when the step carries speculative drafts, their verification), scores prompt tokens
+for prompt_logprobs, and reads out inspections (probes).
 
 A sequence's drafts ride in the same pass as the rest of the batch: its last token and k drafts
 are k + 1 new tokens, laid out as a prefill chunk (each row attends to the history up to its own
 position, with a decode row's arithmetic), and all k + 1 rows get logits for the verifier."""
 from __future__ import annotations
 
+import contextlib
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,13 +18,14 @@ import torch
 
 from zhuzi.config import EngineConfig
 from zhuzi.engine.sequence import ScheduledSeq
+from zhuzi.engine.tp_control import FORWARD, LOGITS, StepChannel, pack_step
 from zhuzi.model.attention import AttentionMetadata, PrefillChunk
 from zhuzi.model.decoder import Decoder, LayerTap
 from zhuzi.model.loader import Checkpoint, load_checkpoint
 from zhuzi.model.parallel import TPGroup
 from zhuzi.outputs import Inspection, LensLayer, Logprob
-from zhuzi.rejection_sampler import Draft, Verdict, verify
-from zhuzi.sampler import Sampler, SamplingRow, token_logprobs
+from zhuzi.sample.rejection import Draft, verify
+from zhuzi.sample.sampler import Sampler, SamplingRow, Verdict, token_logprobs
 from zhuzi.tokenizer import Tokenizer
 
 # Prompt logprobs are computed this many positions at a time, so a long chunk never needs a
@@ -84,6 +87,22 @@ class ModelRunner:
         self.kv_cache = torch.zeros(c.num_layers, 2, num_blocks * config.block_size, model.num_kv_heads,
                                     c.head_dim, dtype=model.dtype, device=self.device)
         self.sampler = Sampler()
+        # With tensor parallelism this is rank 0's runner: it posts each forward pass and LM-head call, which the
+        # other ranks' follow loops (tp_worker.py) run over their slices.
+        self.channel = StepChannel(model.tp) if model.tp else None
+
+    def _posted(self, op: str, payload: Callable[[], torch.Tensor]) -> contextlib.AbstractContextManager:
+        """Rank 0 runs its share of op inside this (the followers are told first); without ranks, nothing."""
+        return self.channel.posted(op, payload()) if self.channel else contextlib.nullcontext()
+
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                 tap: LayerTap | None = None) -> torch.Tensor:
+        with self._posted(FORWARD, lambda: pack_step(ids, positions, meta)):
+            return self.model.forward(ids, positions, meta, self.kv_cache, tap)
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        with self._posted(LOGITS, lambda: hidden):
+            return self.model.logits(hidden)
 
     def _tensor(self, data: list[int]) -> torch.Tensor:
         return torch.tensor(data, dtype=torch.long, device=self.device)
@@ -94,7 +113,7 @@ class ModelRunner:
 
     def _metadata(self, batch: list[ScheduledSeq], slot_mapping: list[int]) -> AttentionMetadata:
         """Batch must list its one-token items (decodes) first."""
-        decodes = [s for s in batch if s.num_new_tokens == 1]
+        decodes = [s for s in batch if s.is_decode]
         bs = self.block_size
         if decodes:
             contexts = self._tensor([s.seq.num_computed_tokens + 1 for s in decodes])
@@ -126,7 +145,7 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, batch: list[ScheduledSeq]) -> StepResult:
-        batch = sorted(batch, key=lambda s: s.num_new_tokens != 1)  # decodes first, order kept
+        batch = sorted(batch, key=lambda s: not s.is_decode)  # decode rows first, order kept
         lens = [s for s in batch if s.samples and s.seq.probe is not None and s.seq.probe.lens_top]
         ids, positions, meta, starts = self._inputs(batch)
         prompt_rows = [(s, row) for s, row in zip(batch, starts) if s.seq.params.prompt_logprobs is not None
@@ -145,10 +164,10 @@ class ModelRunner:
         else:
             last = {id(s): start + s.num_new_tokens - 1 for s, start in zip(batch, starts)}
             tap = LayerTap(self._tensor([last[id(s)] for s in lens])) if lens else None
-            hidden = self.model.forward(ids, positions, meta, self.kv_cache, tap)
+            hidden = self._forward(ids, positions, meta, tap)
 
             def read(rows: list[int]) -> torch.Tensor:
-                return self.model.logits(hidden[self._tensor(rows)])
+                return self._logits(hidden[self._tensor(rows)])
             for s, row in prompt_rows:
                 try:
                     result.prompt_logprobs[s.seq.seq_id] = self._prompt_logprobs(s, hidden[row:])
@@ -167,7 +186,7 @@ class ModelRunner:
         logits = read([r for s, row in sampling for r in range(row + s.num_new_tokens - len(s.spec_token_ids) - 1,
                                                                  row + s.num_new_tokens)])
         drafts = [self._draft(s) for s, _ in sampling]
-        for (item, _), outcome in zip(sampling, self._verify(logits, drafts)):
+        for (item, _), outcome in zip(sampling, self._decide(logits, drafts)):
             if isinstance(outcome, Exception):
                 result.failed.append((item, outcome))
             else:
@@ -177,13 +196,13 @@ class ModelRunner:
     @torch.inference_mode()
     def last_logits(self, batch: list[ScheduledSeq]) -> torch.Tensor:
         """[len(batch), V]: the logits after each item's last new token (a draft model's forward pass)."""
-        order = sorted(range(len(batch)), key=lambda i: batch[i].num_new_tokens != 1)
+        order = sorted(range(len(batch)), key=lambda i: not batch[i].is_decode)
         ids, positions, meta, starts = self._inputs([batch[i] for i in order])
-        hidden = self.model.forward(ids, positions, meta, self.kv_cache)
+        hidden = self._forward(ids, positions, meta)
         rows = [0] * len(batch)
         for i, start in zip(order, starts):
             rows[i] = start + batch[i].num_new_tokens - 1
-        return self.model.logits(hidden[self._tensor(rows)])
+        return self._logits(hidden[self._tensor(rows)])
 
     def _draft(self, item: ScheduledSeq) -> Draft:
         seq, k = item.seq, len(item.spec_token_ids)
@@ -192,17 +211,20 @@ class ModelRunner:
         probs = seq.spec_probs[:k] if k and seq.spec_probs is not None else None
         return Draft(row, item.spec_token_ids, probs)
 
-    def _verify(self, logits: torch.Tensor, drafts: list[Draft]) -> list[Verdict | Exception]:
-        """Each draft's verdict, or the exception that draft alone raises: when the batch fails, each draft
-        is verified again on its own (with the same random draws) to find the culprits."""
+    def _decide(self, logits: torch.Tensor, drafts: list[Draft]) -> list[Verdict | Exception]:
+        """Each sequence's verdict: the sampler's token, or, when drafts ride along, the verifier's; or the
+        exception that sequence alone raises: when the batch fails, each is decided again on its own (with the
+        same random draws) to find the culprits."""
         try:
-            return verify(logits, drafts, self.sampler)
+            if any(d.k for d in drafts):
+                return verify(logits, drafts)
+            return self.sampler(logits, [d.row for d in drafts]).verdicts()
         except Exception as exc:
             if len(drafts) == 1:
                 return [exc]
             out, start = [], 0
             for d in drafts:
-                out += self._verify(logits[start:start + d.k + 1], [d])
+                out += self._decide(logits[start:start + d.k + 1], [d])
                 start += d.k + 1
             return out
 
@@ -218,7 +240,8 @@ class ModelRunner:
                     assert tap is not None and item.seq.probe is not None
                     j = lens.index(k)
                     residual = torch.stack([layer[j] for layer in tap.residuals])
-                    top = self.model.lens_logits(residual).log_softmax(-1).topk(item.seq.probe.lens_top, dim=-1)
+                    lens = self._logits(self.model.final_norm(residual))
+                    top = lens.log_softmax(-1).topk(item.seq.probe.lens_top, dim=-1)
                     inspection.lens = [LensLayer(ids, values)
                                        for ids, values in zip(top.indices.tolist(), top.values.tolist())]
                 result.inspections.append((item, inspection))
@@ -233,6 +256,6 @@ class ModelRunner:
         entries: PromptLogprobs = [None] if done == 0 else []
         for start in range(0, len(targets), _PROMPT_ROWS):
             part = targets[start:start + _PROMPT_ROWS]
-            logits = self.model.logits(hidden[start:start + len(part)])
+            logits = self._logits(hidden[start:start + len(part)])
             entries += token_logprobs(logits, part, seq.params.prompt_logprobs)
         return entries

@@ -1,14 +1,16 @@
-"""Where the engine cores run, for the front (core_client.py): local processes (mp) or Ray actors (ray).
+"""Where the engine cores run, for the front (core_client.py): a thread of the server's process, local
+processes (mp) or Ray actors (ray).
 
-A Replica is one engine core as the front sees it: the socket its commands go to, the process or actor
-that runs it, and its bookkeeping. This module starts it, watches a Ray actor's end and stops it; Ray is
-imported only here and only when the ray backend runs, so importing zhuzi never imports Ray.
+A Replica is one engine core as the front sees it: the socket its commands go to, the thread, process or
+actor that runs it, and its bookkeeping. This module starts it, watches a Ray actor's end and stops it; Ray
+is imported only here and only when the ray backend runs, so importing zhuzi never imports Ray.
 """
 from __future__ import annotations
 
 import logging
 import multiprocessing
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,6 +32,7 @@ class Replica:
 
     index: int
     commands: zmq.Socket  # PUSH, bound by the front
+    thread: threading.Thread | None = None  # in the front's process
     process: BaseProcess | None = None  # mp
     actor: Any = None  # ray
     run_ref: Any = None  # ray: resolves when the actor's loop ends
@@ -48,6 +51,7 @@ class Replica:
             log.warning("replica %d is not connected; a command was not sent", self.index)
 
     def kill(self) -> None:
+        """End a process or actor now (a thread cannot be ended from outside)."""
         if self.process is not None:
             self.process.kill()
         elif self.actor is not None:
@@ -58,6 +62,12 @@ def default_threads(config: EngineConfig, parallel: ParallelConfig) -> int | Non
     """The cores shared out among every engine process (None: torch's default for a single one)."""
     processes = parallel.data_parallel_size * config.tensor_parallel_size
     return config.num_threads or (max(1, len(os.sched_getaffinity(0)) // processes) if processes > 1 else None)
+
+
+def start_thread(replica: Replica, config: EngineConfig, addresses: core.Addresses, context: zmq.Context) -> None:
+    replica.thread = threading.Thread(target=core.run_thread, args=(config, replica.index, addresses, context),
+                                      name=f"zhuzi-engine-{replica.index}", daemon=True)
+    replica.thread.start()
 
 
 def start_process(replica: Replica, config: EngineConfig, addresses: core.Addresses) -> None:

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 
 from zhuzi.engine.block_manager import block_hash
 
-# A request in flight on a replica costs a newcomer about as much as recomputing this many prompt tokens
-# (on this CPU one more row in a decode batch adds ~2.6 ms a step: ~0.7 s over a 256-token reply, the time
-# of a ~800-token prefill).
+# A request in flight on a replica costs a newcomer about as much as recomputing this many prompt tokens:
+# one more row in a decode batch slows every step of the reply a little, which over a reply adds up to a
+# prefill of several hundred tokens (docs/benchmarks.md has the figures).
 LOAD_COST_TOKENS = 512
 
 

@@ -1,11 +1,12 @@
 """Who runs this step: continuous batching under a token budget, chunked prefill, preemption, and which
-speculative drafts ride along."""
+speculative drafts ride along; and, once the step's outputs are processed, its bookkeeping (computed
+tokens, blocks published to the prefix cache, sequences that ended), as vLLM v1's scheduler does."""
 from __future__ import annotations
 
 from collections import deque
 
 from zhuzi.engine.block_manager import BlockManager
-from zhuzi.engine.sequence import ScheduledSeq, Sequence, Status
+from zhuzi.engine.sequence import ScheduledSeq, Sequence, Status, StepOutcome
 
 
 class Scheduler:
@@ -37,7 +38,7 @@ class Scheduler:
         """Drafts are extras: they fill what is left of the step's room, one token per sequence in turn,
         and never push anyone out (when the pool is short, a sequence goes without)."""
         room = min(self.max_num_batched_tokens, self.spec_step_tokens) - sum(s.num_new_tokens for s in scheduled)
-        wanting = [s for s in scheduled if s.seq.spec_token_ids and s.num_new_tokens == 1 and s.samples]
+        wanting = [s for s in scheduled if s.seq.spec_token_ids and s.seq.is_decoding]
         given = [0] * len(wanting)
         while room > 0 and any(k < len(s.seq.spec_token_ids) for k, s in zip(given, wanting)):
             for i, item in enumerate(wanting):
@@ -98,6 +99,18 @@ class Scheduler:
         seq.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(seq)
+
+    def update_from_output(self, batch: list[ScheduledSeq], outcome: StepOutcome) -> None:
+        """After a step: each sequence's computed tokens (drafts count once they stand), its full blocks published
+        to the prefix cache (not a sampled sequence whose tokens were not emitted: its request failed), then the
+        sequences that ended finished and their blocks freed."""
+        for item in batch:
+            seq, accepted = item.seq, outcome.emitted.get(item.seq.seq_id)
+            seq.num_computed_tokens += item.num_new_tokens - len(item.spec_token_ids) + (accepted or 0)
+            if not item.samples or accepted is not None:
+                self.blocks.register_computed(seq)  # before finishing, so the last blocks reach the prefix cache
+        for seq, reason, stop_reason in outcome.finished:
+            self.finish(seq, reason, stop_reason)
 
     def finish(self, seq: Sequence, reason: str, stop_reason: int | str | None = None) -> None:
         if seq.status is Status.RUNNING:

@@ -1,5 +1,6 @@
-"""One sequence's state (its tokens, KV blocks, progress through prefill, outcome) and what the
-scheduler hands the model runner for it each step: data only, shared by both."""
+"""One sequence's state (its tokens, KV blocks, progress through prefill, outcome), what the scheduler
+hands the model runner for it each step, and what the step's output processing hands back to the
+scheduler: data only, shared by them."""
 from __future__ import annotations
 
 import enum
@@ -11,7 +12,7 @@ import torch
 from zhuzi.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from zhuzi.engine.structured import GrammarMatcher
+    from zhuzi.sample.grammar import GrammarMatcher
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,17 @@ class Sequence:
     def prompt_done(self) -> bool:
         return self.num_computed_tokens >= self.num_prompt_tokens
 
+    @property
+    def is_decoding(self) -> bool:
+        """Its prompt is computed and only its newest token is not: its next step is a decode."""
+        return self.prompt_done and self.num_tokens - self.num_computed_tokens == 1
+
+    def max_length(self, max_model_len: int) -> int:
+        """The number of tokens (prompt and output) at which it ends with "length"."""
+        if self.params.max_tokens is None:
+            return max_model_len
+        return min(self.num_prompt_tokens + self.params.max_tokens, max_model_len)
+
 
 @dataclass
 class ScheduledSeq:
@@ -92,6 +104,18 @@ class ScheduledSeq:
     seq: Sequence
     num_new_tokens: int  # tokens whose K/V this step computes, drafts included
     spec_token_ids: list[int] = field(default_factory=list)  # the drafts this step verifies
+    # True when this step reaches the sequence's last token, so its next token is drawn (decided when
+    # scheduled: the tokens the step emits come after).
+    samples: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        seq = self.seq
+        self.samples = seq.num_computed_tokens + self.num_new_tokens - len(self.spec_token_ids) == seq.num_tokens
+
+    @property
+    def is_decode(self) -> bool:
+        """One new token: a decode row (a sequence's next token, or a prompt's last chunk of one token)."""
+        return self.num_new_tokens == 1
 
     @property
     def kind(self) -> str:
@@ -99,9 +123,14 @@ class ScheduledSeq:
         "decode" (one token past a computed prompt) or "prefill" (a chunk of a prompt or a recomputation)."""
         if self.spec_token_ids:
             return "verify"
-        return "decode" if self.num_new_tokens == 1 and self.seq.prompt_done else "prefill"
+        return "decode" if self.is_decode and self.seq.is_decoding else "prefill"
 
-    @property
-    def samples(self) -> bool:
-        """True when this step reaches the sequence's last token, so its next token is drawn."""
-        return self.seq.num_computed_tokens + self.num_new_tokens - len(self.spec_token_ids) == self.seq.num_tokens
+
+@dataclass
+class StepOutcome:
+    """What a step's outputs decided, for the scheduler's bookkeeping (Scheduler.update_from_output)."""
+
+    # Per sequence whose sampled tokens were emitted: how many of its drafts stand (their K/V was computed).
+    emitted: dict[int, int] = field(default_factory=dict)
+    # The sequences that ended (a stop, their length, an inspection read, a failure): reason, stop reason.
+    finished: list[tuple[Sequence, str, int | str | None]] = field(default_factory=list)

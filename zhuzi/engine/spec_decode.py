@@ -1,5 +1,5 @@
 """Speculative decoding, proposing: at the end of a step, guesses of each decoding sequence's next tokens,
-which the next step's forward pass checks (rejection_sampler.verify decides which stand).
+which the next step's forward pass checks (zhuzi/sample/rejection.py decides which stand).
 
 - NgramProposer (vLLM's "ngram", prompt lookup): the text a model is asked to edit, comment or quote is
   already in its context, so the tokens that followed an earlier occurrence of the current suffix are a
@@ -28,8 +28,8 @@ from zhuzi.engine.model_runner import ModelRunner
 from zhuzi.engine.sequence import ScheduledSeq, Sequence
 from zhuzi.model.decoder import Decoder
 from zhuzi.model.loader import load_checkpoint
-from zhuzi.rejection_sampler import sample_drafts
-from zhuzi.sampler import SamplingRow
+from zhuzi.sample.rejection import sample_drafts
+from zhuzi.sample.sampler import SamplingRow
 from zhuzi.tokenizer import Tokenizer
 
 

@@ -4,7 +4,7 @@ On one machine the engine spawns ranks 1..N-1 itself. Across machines every rank
 torchrun starts one, with MASTER_ADDR, MASTER_PORT, WORLD_SIZE and RANK in its environment (torchrun
 sets them; so can a user, one `zhuzi serve` per rank): rank 0 serves, the others run follow(). A
 follower loads only its slice into use, keeps its slice of the KV pool, and runs each forward pass and
-LM-head call that rank 0 posts; it schedules and samples nothing.
+LM-head call that rank 0's model runner posts (tp_control.py); it schedules and samples nothing.
 """
 from __future__ import annotations
 
@@ -20,8 +20,9 @@ import torch
 
 from zhuzi.config import EngineConfig
 from zhuzi.engine.model_runner import load_runner
+from zhuzi.engine.tp_control import FORWARD, STOP, StepChannel, unpack_step
 from zhuzi.model.decoder import Decoder
-from zhuzi.model.parallel import FORWARD, STOP, TPGroup, unpack_step
+from zhuzi.model.parallel import TPGroup
 
 log = logging.getLogger("zhuzi")
 LOCALHOST = "127.0.0.1"
@@ -81,8 +82,9 @@ def start(config: EngineConfig) -> tuple[TPGroup | None, list[BaseProcess]]:
         raise
 
 
-def stop(tp: TPGroup, workers: list[BaseProcess]) -> None:
-    """Tell the followers to stop (rank 0 only) and wait for the local ones."""
+def stop(tp: TPGroup, channel: StepChannel, workers: list[BaseProcess]) -> None:
+    """Tell the followers to stop (rank 0, through its runner's channel) and wait for the local ones."""
+    channel.post(STOP)
     tp.close()
     _end(workers)
 
@@ -124,8 +126,9 @@ def run_torchrun_rank(config: EngineConfig) -> None:
 
 @torch.inference_mode()
 def follow(model: Decoder, kv_cache: torch.Tensor, tp: TPGroup) -> None:
+    channel = StepChannel(tp)
     while True:
-        op, payload = tp.next_op()
+        op, payload = channel.next_op()
         if op == STOP:
             return
         if op == FORWARD:

@@ -148,8 +148,8 @@ def int8_matmul(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, code
                 bias: torch.Tensor | None = None) -> torch.Tensor | None:
     """x @ (weight * scale[:, None])^T + bias with int8 compute: each row of x quantized to int8 over its
     own range (asymmetric: x = s (q - z), the range widened to hold 0), exact int32 products
-    (torch._int_mm: VNNI, ~2x a bf16 GEMM here), the zero point's share removed with the weight rows'
-    code sums, then scaled back and rounded once. A row's result depends only on that row.
+    (torch._int_mm: VNNI, faster than a bf16 GEMM where the CPU has it), the zero point's share removed with
+    the weight rows' code sums, then scaled back and rounded once. A row's result depends only on that row.
 
     x: [M, K] float32 or bf16 on CPU; weight: int8 [N, K]; scale: float32 [N]; code_sums: int32 [N]
     (weight.sum(1)); bias in x's dtype. None when the kernels cannot be built."""

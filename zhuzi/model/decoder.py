@@ -18,7 +18,7 @@ from zhuzi.model.cpu_linear import fixed_order_available
 from zhuzi.model.fused import FusedDecode
 from zhuzi.model.layers import Rotary, apply_rotary, rms_norm
 from zhuzi.model.linear import FORMATS, QUANTIZATIONS, Linear, make_linear
-from zhuzi.model.parallel import FORWARD, LOGITS, Shard, TPGroup, head_rows, pack_step
+from zhuzi.model.parallel import Shard, TPGroup, head_rows
 from zhuzi.model.smooth import smooth
 
 
@@ -135,9 +135,7 @@ class Decoder:
         """input_ids, positions: [tokens]; kv_cache: [layers, 2, slots, kv_heads, head_dim]. Returns hidden states.
 
         With a tap, the residual stream of its rows after each layer is appended to tap.residuals."""
-        c, tp = self.config, self.tp
-        if tp and tp.leads:
-            tp.post(FORWARD, pack_step(input_ids, positions, meta))
+        c = self.config
         cos, sin = self.rotary.tables(positions, self.dtype)
         h = self.embed[input_ids]
         for layer, cache in zip(self.layers, kv_cache):
@@ -156,9 +154,11 @@ class Decoder:
             h = h + self._sum(layer.down(F.silu(gate) * up))
             if tap is not None:
                 tap.residuals.append(h[tap.rows])
-        if tp and tp.leads:
-            tp.done()
-        return rms_norm(h, self.norm, c.rms_norm_eps)
+        return self.final_norm(h)
+
+    def final_norm(self, h: torch.Tensor) -> torch.Tensor:
+        """The norm before the LM head (the logit lens reads any layer's residual stream through it)."""
+        return rms_norm(h, self.norm, self.config.rms_norm_eps)
 
     def _sum(self, partial: torch.Tensor) -> torch.Tensor:
         """A row-parallel layer's output: every rank's partial sum added up."""
@@ -173,16 +173,6 @@ class Decoder:
         return self.fused(input_ids, positions, meta.decode_slots, meta.decode_lengths, kv_cache)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        tp = self.tp
-        if not tp:
-            return self.lm_head(hidden).float()
-        if tp.leads:
-            tp.post(LOGITS, hidden)
-        logits = tp.gather_vocab(self.lm_head(hidden).float(), self.config.vocab_size)
-        if tp.leads:
-            tp.done()
-        return logits
-
-    def lens_logits(self, residual: torch.Tensor) -> torch.Tensor:
-        """The logit lens: a layer's residual stream read out as the last one's is (final norm, LM head)."""
-        return self.logits(rms_norm(residual, self.norm, self.config.rms_norm_eps))
+        """[rows, vocab] float32 (with tensor parallelism every rank's vocabulary slice, gathered)."""
+        logits = self.lm_head(hidden).float()
+        return self.tp.gather_vocab(logits, self.config.vocab_size) if self.tp else logits

@@ -2,8 +2,8 @@
 norm and the LM head of up to 8 decode rows in one native call (kernels/decode_step.cpp).
 
 Why: at batch 1 a step streams every weight once, and the per-layer torch path adds ~150 small ops
-(norms, dtype copies, cats, slices, index_copy) and as many OpenMP fork/joins around them: 4-6 ms a
-step here, more than the int4 weights take to read. One call a step leaves ~0.3 ms beside the reads.
+(norms, dtype copies, cats, slices, index_copy) and as many OpenMP fork/joins around them, which cost more
+than reading the int4 weights; one call a step leaves little beside the reads (docs/benchmarks.md).
 
 How: one OpenMP parallel region for the whole step. Per layer: RMSNorm -> QKV (+ bias) -> q/k norms,
 RoPE, K/V into the pool -> attention per kv head (kernels/attention.h, the decode kernel's loop) ->

@@ -1,8 +1,8 @@
 """Checkpoint loading, the first step of the model path: a Hugging Face safetensors
 directory or a llama.cpp GGUF file on disk -> ModelConfig + tensors under Hugging Face names.
 
-GGUF weights are dequantized once and cached as safetensors: converting the embedded SmolLM2
-takes 1-4 s on two busy cores, reading the cache ~10 ms (memory-mapped), so a server starts fast.
+GGUF weights are dequantized once and cached as safetensors: converting takes seconds, reading the
+memory-mapped cache next to nothing, so a server starts fast (docs/benchmarks.md has the figures).
 """
 from __future__ import annotations
 
@@ -286,8 +286,8 @@ class _Cursor:
 
 
 def _read_gguf_header(path: Path) -> GGUFHeader:
-    """Metadata and tensor directory of a GGUF file. gguf.GGUFReader would take ~1.7 s here
-    building numpy views of SmolLM2's 98k-entry vocabulary arrays; skipping them takes ~30 ms."""
+    """Metadata and tensor directory of a GGUF file, read directly: gguf.GGUFReader builds numpy views of
+    every vocabulary array, which costs a large vocabulary far more than skipping them (docs/benchmarks.md)."""
     with path.open("rb") as f:
         if f.read(4) != struct.pack("<I", gguf.GGUF_MAGIC):
             raise CheckpointError(path, "not a GGUF file (bad magic number)")

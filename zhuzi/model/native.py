@@ -4,7 +4,8 @@ The kernels are C++ sources in kernels/ (each includes kernels/prelude.h). Each 
 compiled on first use with the system C++ compiler for this very CPU (-march=native)
 into the zhuzi cache, keyed by its sources, the compiler, the flags and the CPU, and
 loaded with ctypes. They run on torch's OpenMP thread pool (the same libgomp).
-Without a compiler `load` returns None and the caller's torch path runs.
+Without a compiler `load` returns None and the caller's torch path runs; a kernel that fails to
+compile or load raises KernelBuildError (a bug to fix, never a silent fallback).
 """
 from __future__ import annotations
 
@@ -23,6 +24,15 @@ log = logging.getLogger(__name__)
 
 KERNELS = Path(__file__).parent / "kernels"
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-shared", "-fPIC"]
+
+
+class KernelBuildError(RuntimeError):
+    """A kernel's source did not compile, or its library did not load."""
+
+
+def compiler() -> str | None:
+    """The C++ compiler the kernels are built with ($CXX, else c++ or g++), or None."""
+    return os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
 
 
 def _cpu_flags() -> str:
@@ -47,7 +57,7 @@ def _build(cxx: str, name: str) -> Path:
 
 def entry(name: str, symbol: str, argtypes: list[type]) -> Callable[..., int] | None:
     """kernels/<name>.cpp's function symbol, returning an int status, with its C signature set; or None when
-    the library cannot be built or loaded."""
+    there is no C++ compiler."""
     lib = load(name)
     if lib is None:
         return None
@@ -58,13 +68,15 @@ def entry(name: str, symbol: str, argtypes: list[type]) -> Callable[..., int] | 
 
 @functools.cache
 def load(name: str) -> ctypes.CDLL | None:
-    """The library built from kernels/<name>.cpp, or None (warned once) when it cannot be built or loaded."""
-    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
-    try:
-        if cxx is None:
-            raise OSError("no C++ compiler found (set CXX)")
-        return ctypes.CDLL(str(_build(cxx, name)))
-    except (OSError, subprocess.SubprocessError) as e:
-        detail = getattr(e, "stderr", None) or e
-        log.warning("CPU kernel %s unavailable, using the torch path: %s", name, detail)
+    """The library built from kernels/<name>.cpp, or None (warned once) when there is no C++ compiler.
+    Raises KernelBuildError when the source does not compile or the library does not load."""
+    cxx = compiler()
+    if cxx is None:
+        log.warning("CPU kernel %s unavailable, using the torch path: no C++ compiler found (set CXX)", name)
         return None
+    try:
+        return ctypes.CDLL(str(_build(cxx, name)))
+    except subprocess.CalledProcessError as e:
+        raise KernelBuildError(f"kernels/{name}.cpp does not compile with {cxx}:\n{e.stderr}") from e
+    except (OSError, subprocess.SubprocessError) as e:
+        raise KernelBuildError(f"kernels/{name}.cpp could not be built or loaded with {cxx}: {e}") from e

@@ -20,13 +20,9 @@ import torch
 import torch.distributed as dist
 
 from zhuzi.config import ModelConfig
-from zhuzi.model.attention import AttentionMetadata, PrefillChunk
 
-# A collective waits this long for its peers (a rank that hangs mid-step); the followers wait for their next
-# step as long as the server idles, in turns of IDLE_WAIT.
+# A collective waits this long for its peers (a rank that hangs mid-step).
 COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=5)
-IDLE_WAIT = datetime.timedelta(hours=1)
-FORWARD, LOGITS, STOP = "forward", "logits", "stop"
 
 
 def split(n: int, parts: int, index: int) -> range:
@@ -66,9 +62,8 @@ class TPGroup:
 
     rank: int
     world_size: int
-    store: dist.Store
+    store: dist.Store  # the group's key-value store (the control plane posts each step there)
     device: torch.device
-    _step: int = 0  # the ops posted (rank 0) or run (the others)
 
     @classmethod
     def join(cls, rank: int, world_size: int, master_addr: str, master_port: int, device: str,
@@ -100,71 +95,5 @@ class TPGroup:
         dist.all_gather(parts, padded)
         return torch.cat([part[:, :size] for part, size in zip(parts, sizes)], 1)
 
-    # -- rank 0 posts, the others follow
-
-    def post(self, op: str, payload: torch.Tensor | None = None) -> None:
-        """Tell the followers what to run next; a payload goes as raw bytes beside it."""
-        self._step += 1
-        data = b"" if payload is None else payload.contiguous().cpu().view(torch.uint8).numpy().tobytes()
-        header = f"{op},{'' if payload is None else str(payload.dtype).removeprefix('torch.')},"
-        header += ",".join(map(str, payload.shape if payload is not None else ()))
-        self.store.set(f"op/{self._step}", header.encode() + b";" + data)
-
-    def done(self) -> None:
-        """The op just posted has run on every rank (its collective is behind us): its key can go."""
-        self.store.delete_key(f"op/{self._step}")
-
-    def next_op(self) -> tuple[str, torch.Tensor | None]:
-        """Wait, however long the server idles, for rank 0's next op."""
-        self._step += 1
-        self.store.set_timeout(IDLE_WAIT)
-        while True:
-            try:
-                raw = self.store.get(f"op/{self._step}")
-                break
-            except dist.DistStoreError as exc:
-                if "timeout" not in str(exc):
-                    raise
-        header, _, data = raw.partition(b";")
-        op, dtype, *shape = header.decode().split(",")
-        if not dtype:
-            return op, None
-        flat = torch.frombuffer(bytearray(data), dtype=torch.uint8).view(getattr(torch, dtype))
-        return op, flat.view(*map(int, filter(None, shape))).to(self.device)
-
     def close(self) -> None:
-        if self.leads:
-            self.post(STOP)
         dist.destroy_process_group()
-
-
-# ---------------------------------------------------------------- a step's inputs as one tensor
-
-def pack_step(input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-    """Everything a follower needs to run the same forward pass, as one int64 tensor."""
-    num_decodes = meta.num_decode_tokens
-    width = meta.decode_slots.shape[1] if num_decodes else 0
-    header = [len(input_ids), num_decodes, width, len(meta.prefills)]
-    header += [x for c in meta.prefills for x in (c.start, c.length, c.context)]
-    parts = [torch.tensor(header), input_ids, positions, meta.slot_mapping]
-    if num_decodes:
-        parts += [meta.decode_slots.reshape(-1), meta.decode_lengths]
-    parts += [c.slots for c in meta.prefills]
-    return torch.cat([p.to("cpu", torch.long) for p in parts])
-
-
-def unpack_step(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-    tokens, num_decodes, width, num_prefills = flat[:4].tolist()
-    chunks = flat[4:4 + 3 * num_prefills].view(-1, 3).tolist()
-    at = 4 + 3 * num_prefills
-
-    def take(n: int) -> torch.Tensor:
-        nonlocal at
-        at += n
-        return flat[at - n:at]
-
-    input_ids, positions, slot_mapping = take(tokens), take(tokens), take(tokens)
-    decode_slots = take(num_decodes * width).view(num_decodes, width)
-    decode_lengths = take(num_decodes)
-    prefills = [PrefillChunk(start, length, context, take(context)) for start, length, context in chunks]
-    return input_ids, positions, AttentionMetadata(slot_mapping, num_decodes, decode_slots, decode_lengths, prefills)

@@ -9,8 +9,7 @@ s_j = sqrt(max |x_j| / max |W_j|) both sides have tame ranges. The divisions are
 produces each input, so they cost nothing at run time: the RMSNorm weights (QKV, gate/up, LM head), the
 up rows (down) and the V rows (O; one factor per kv-head channel, shared by that head's query heads).
 
-On SmolLM2 (4,096 tokens of ShareGPT answers) int8 compute raised perplexity over bf16 by 3.6 % without
-smoothing and by 1.1 % with it (weight rounding alone: 0.8 %).
+Smoothing takes most of int8 compute's perplexity cost away (docs/benchmarks.md, `zhuzi bench accuracy`).
 """
 from __future__ import annotations
 

@@ -26,8 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import zhuzi
 from zhuzi.config import ServerConfig
-from zhuzi.engine.async_engine import EngineDead
-from zhuzi.engine.core_client import ServingEngine
+from zhuzi.engine.client import EngineClient, EngineDead
 from zhuzi.outputs import RequestError
 from zhuzi.server import inspect_protocol as ip
 from zhuzi.server import protocol as p
@@ -195,10 +194,9 @@ def _openapi(app: FastAPI) -> Callable[[], dict[str, Any]]:
     return openapi
 
 
-def create_app(engine: ServingEngine | Callable[[], ServingEngine], server_config: ServerConfig | None = None,
+def create_app(engine: EngineClient | Callable[[], EngineClient], server_config: ServerConfig | None = None,
                on_failure: Callable[[str], None] | None = None) -> FastAPI:
-    """The FastAPI app around an engine (AsyncEngine or EngineClient), or around a callable that loads one (in a
-    thread).
+    """The FastAPI app around an engine client, or around a callable that starts one (in a thread).
     on_failure hears why the server cannot go on (the model failed to load, the engine failed)."""
     server = Server(engine, server_config or ServerConfig(), on_failure)
     generations, tokenization, inspector = Completions(server), Tokenization(server), Inspector(server)

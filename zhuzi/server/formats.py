@@ -1,6 +1,6 @@
 """Response formats, the last step before the wire: engine deltas -> OpenAI's JSON bodies and SSE chunks.
 
-A Generation gathers what one API request produced (its prompts, their n choices each, parsed into
+A ResponseState gathers what one API request produced (its prompts, their n choices each, parsed into
 content / reasoning / tool calls); ChatFormat and CompletionFormat turn it into chat.completion(.chunk)
 and text_completion objects.
 """
@@ -61,7 +61,9 @@ class Choice:
 
 
 @dataclass
-class PromptState:
+class PromptStats:
+    """One prompt of an API request, for its usage, metrics and echo."""
+
     token_count: int = 0
     cached_tokens: int = 0
     metrics: RequestMetrics | None = None
@@ -69,12 +71,12 @@ class PromptState:
 
 
 @dataclass
-class Generation:
+class ResponseState:
     """Everything one API request produced so far, across its prompts and choices."""
 
     n: int
     new_parser: Callable[[], OutputParser]
-    prompts: list[PromptState]
+    prompts: list[PromptStats]
     choices: dict[int, Choice] = field(default_factory=dict)
 
     def update(self, prompt_index: int, out: RequestOutput) -> list[tuple[Choice, CompletionOutput, ParsedText]]:
@@ -130,7 +132,7 @@ class ChatFormat:
             return {}
         return {"draft_accepted": tokens.draft_accepted, "drafts_rejected": tokens.drafts_rejected}
 
-    def chunks(self, gen: Generation, choice: Choice, delta: CompletionOutput, piece: ParsedText,
+    def chunks(self, gen: ResponseState, choice: Choice, delta: CompletionOutput, piece: ParsedText,
                prompt_index: int) -> list[str]:
         out = []
         with_ids = self.body.return_token_ids
@@ -156,11 +158,11 @@ class ChatFormat:
                                    stop_reason=choice.stop_reason))
         return out
 
-    def usage_chunk(self, gen: Generation) -> str:
+    def usage_chunk(self, gen: ResponseState) -> str:
         return sse(r.ChatCompletionChunk(id=self.request_id, created=self.created, model=self.model,
                                          choices=[], usage=gen.usage()))
 
-    def response(self, gen: Generation) -> r.ChatCompletionResponse:
+    def response(self, gen: ResponseState) -> r.ChatCompletionResponse:
         choices = []
         for c in gen.sorted_choices():
             calls = [r.ToolCallOut(id=t.id, function=r.FunctionCallOut(name=t.name, arguments=t.arguments))
@@ -187,7 +189,7 @@ class CompletionFormat:
         self.created = int(time.time())
         self.offsets: dict[int, int] = {}  # text_offset reached per choice
 
-    def _piece(self, gen: Generation, choice: Choice, prompt_index: int, text: str, token_ids: list[int],
+    def _piece(self, gen: ResponseState, choice: Choice, prompt_index: int, text: str, token_ids: list[int],
                entries: list[dict[int, Logprob]], first: bool) -> r.CompletionChoice:
         """A choice's text and logprobs for some tokens, with the echoed prompt before the first."""
         entries_in: list[dict[int, Logprob] | None] = list(entries)
@@ -204,7 +206,7 @@ class CompletionFormat:
         return r.CompletionChoice(index=choice.index, text=text, logprobs=logprobs,
                                   finish_reason=choice.finish_reason, stop_reason=choice.stop_reason)
 
-    def chunks(self, gen: Generation, choice: Choice, delta: CompletionOutput, piece: ParsedText,
+    def chunks(self, gen: ResponseState, choice: Choice, delta: CompletionOutput, piece: ParsedText,
                prompt_index: int) -> list[str]:
         first, choice.started = not choice.started, True
         item = self._piece(gen, choice, prompt_index, piece.content, delta.token_ids, delta.logprobs or [], first)
@@ -213,11 +215,11 @@ class CompletionFormat:
         return [sse(r.CompletionResponse(id=self.request_id, created=self.created, model=self.model,
                                          choices=[item]))]
 
-    def usage_chunk(self, gen: Generation) -> str:
+    def usage_chunk(self, gen: ResponseState) -> str:
         return sse(r.CompletionResponse(id=self.request_id, created=self.created, model=self.model,
                                         choices=[], usage=gen.usage()))
 
-    def response(self, gen: Generation) -> r.CompletionResponse:
+    def response(self, gen: ResponseState) -> r.CompletionResponse:
         choices = [self._piece(gen, c, c.index // gen.n, c.parsed.content, c.token_ids, c.logprobs, True)
                    for c in gen.sorted_choices()]
         return r.CompletionResponse(id=self.request_id, created=self.created, model=self.model,

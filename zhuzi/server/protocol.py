@@ -16,7 +16,14 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from zhuzi.sampling_params import InvalidRequest, SamplingParams, StructuredOutputError, StructuredOutputsParams
+from zhuzi.sampling_params import (
+    MAX_REPETITION_PENALTY,
+    MIN_REPETITION_PENALTY,
+    InvalidRequest,
+    SamplingParams,
+    StructuredOutputError,
+    StructuredOutputsParams,
+)
 
 
 def _utf8_only(text: str) -> str:
@@ -210,8 +217,7 @@ class SamplingRequest(Request):
     seed: int | None = None  # sample i of n uses seed + i
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
-    # Far below 1 it divides logits into overflow (NaN probabilities); real use stays near 1.
-    repetition_penalty: float | None = Field(None, ge=0.01, le=100)
+    repetition_penalty: float | None = Field(None, ge=MIN_REPETITION_PENALTY, le=MAX_REPETITION_PENALTY)
     logit_bias: dict[str, float] | None = None
     ignore_eos: bool = False
     min_tokens: int = 0

@@ -30,13 +30,12 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from zhuzi.config import ServerConfig
-from zhuzi.engine.async_engine import EngineDead
-from zhuzi.engine.core_client import ServingEngine
+from zhuzi.engine.client import EngineClient, EngineDead
 from zhuzi.outputs import EngineStats, RequestError, RequestOutput
 from zhuzi.sampling_params import InvalidRequest, SamplingParams
 from zhuzi.server import protocol as p
 from zhuzi.server import responses as r
-from zhuzi.server.formats import Format, Generation, PromptState, sse
+from zhuzi.server.formats import Format, PromptStats, ResponseState, sse
 from zhuzi.server.gateway import Admission, Gateway
 from zhuzi.server.metrics import ServerMetrics
 from zhuzi.server.parsers import THINK_CLOSE, THINK_OPEN, OutputParser, opened_thought
@@ -75,14 +74,14 @@ def json_response(body: pydantic.BaseModel) -> Response:
 
 
 @dataclass(eq=False)
-class Run:
+class ActiveRequest:
     """One API request in flight: its engine streams and what must happen when it ends."""
 
     key: str
     admission: Admission
     request_ids: list[str]  # the engine's, one per prompt
     streams: list[AsyncIterator[RequestOutput]]
-    gen: Generation
+    response: ResponseState
     merged: AsyncIterator[tuple[int, RequestOutput]] | None = None
     timer: asyncio.TimerHandle | None = None  # --request-timeout
     closed: bool = False
@@ -96,16 +95,16 @@ WATCH_PERIOD_S = 0.5
 
 
 class Server:
-    def __init__(self, engine: ServingEngine | Callable[[], ServingEngine], config: ServerConfig,
+    def __init__(self, engine: EngineClient | Callable[[], EngineClient], config: ServerConfig,
                  on_failure: Callable[[str], None] | None = None) -> None:
         self.config = config
-        self.engine: ServingEngine | None = None
+        self.engine: EngineClient | None = None
         self.loader = engine if callable(engine) else None
         self.failure: str | None = None  # why the server must stop: the model failed to load, or the engine
         self.on_failure = on_failure
         self.draining = False
         self.drain_deadline = 0.0
-        self.runs: set[Run] = set()
+        self.active: set[ActiveRequest] = set()
         # Templates and tokenizing run in workers, long texts' encoding in the tokenizer's helper process.
         self.workers = ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="zhuzi-tokenize")
         self.gateway = Gateway(config.api_keys, config.rate_limit_rpm, config.rate_limit_tpm)
@@ -119,7 +118,7 @@ class Server:
 
     # -- loading
 
-    def attach(self, engine: ServingEngine) -> None:
+    def attach(self, engine: EngineClient) -> None:
         self.model_name = self.config.served_model_name or engine.model_name
         vocab = engine.tokenizer.hf.get_vocab()
         self.reasoning = THINK_OPEN in vocab and THINK_CLOSE in vocab  # a thinking model's own tags
@@ -171,7 +170,7 @@ class Server:
             return "the model is loading"
         return self.engine.health(self.config.engine_stall_timeout)
 
-    def ready(self) -> ServingEngine:
+    def ready(self) -> EngineClient:
         if (why := self.unavailable()) is not None:
             raise ApiError(503, f"Service unavailable: {why}.", "service_unavailable")
         assert self.engine is not None
@@ -199,30 +198,30 @@ class Server:
         finish_reason "abort" (their streams still end properly, with [DONE])."""
         self.draining = True
         self.drain_deadline = time.monotonic() + timeout
-        log.info("shutting down: %d requests running, %g s for them to finish", len(self.runs), timeout)
-        while self.runs and time.monotonic() < self.drain_deadline:
+        log.info("shutting down: %d requests running, %g s for them to finish", len(self.active), timeout)
+        while self.active and time.monotonic() < self.drain_deadline:
             await asyncio.sleep(0.05)
-        if not self.runs:
+        if not self.active:
             return
-        log.warning("ending the %d requests still running (finish_reason 'abort')", len(self.runs))
-        for run in list(self.runs):
-            self.end(run)
+        log.warning("ending the %d requests still running (finish_reason 'abort')", len(self.active))
+        for request in list(self.active):
+            self.end(request)
         deadline = time.monotonic() + ABORT_GRACE_S
-        while self.runs and time.monotonic() < deadline:
+        while self.active and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
 
     def hurry(self) -> None:
         """A second signal: end the running requests now."""
         self.drain_deadline = 0.0
 
-    def end(self, run: Run) -> None:
+    def end(self, call: ActiveRequest) -> None:
         """End a running request early; its outputs end with finish_reason "abort" (timeouts, shutdown)."""
-        if self.engine is not None and not run.closed:
-            for request_id in run.request_ids:
+        if self.engine is not None and not call.closed:
+            for request_id in call.request_ids:
                 self.engine.abort(request_id)
 
     async def in_worker(self, fn: Callable[..., T], *args: object) -> T:
-        """Run CPU-bound work (templates, tokenizing, big JSON) off the event loop."""
+        """ActiveRequest CPU-bound work (templates, tokenizing, big JSON) off the event loop."""
         return await asyncio.get_running_loop().run_in_executor(self.workers, functools.partial(fn, *args))
 
     # -- request helpers
@@ -242,65 +241,65 @@ class Server:
         self.gateway.charge_tokens(key, sum(len(ids) for ids in prompts))
         request_ids = [f"{fmt.request_id}-{i}" for i in range(len(prompts))]
         streams = [engine.generate(ids, params, rid) for ids, rid in zip(prompts, request_ids)]
-        run = Run(key, admission, request_ids, streams,
-                  Generation(params.n, new_parser, [PromptState() for _ in prompts]))
-        self.runs.add(run)
+        call = ActiveRequest(key, admission, request_ids, streams,
+                  ResponseState(params.n, new_parser, [PromptStats() for _ in prompts]))
+        self.active.add(call)
         if self.config.request_timeout:
-            run.timer = asyncio.get_running_loop().call_later(self.config.request_timeout, self.end, run)
+            call.timer = asyncio.get_running_loop().call_later(self.config.request_timeout, self.end, call)
         try:
             firsts = await until_disconnect(request, first_outputs(streams))
         except InvalidRequest as exc:  # the engine refused it: too long for the context or the KV pool
-            await self.close(run, ran=False)
+            await self.close(call, ran=False)
             raise ApiError.of(exc) from exc
         except BaseException:
-            await self.close(run)
+            await self.close(call)
             raise
-        run.merged = merge_streams(firsts, streams)
+        call.merged = merge_streams(firsts, streams)
         if stream:
-            return ClosingStreamingResponse(self.stream(run, fmt, include_usage), lambda: self.close(run))
+            return ClosingStreamingResponse(self.stream(call, fmt, include_usage), lambda: self.close(call))
         try:
-            await until_disconnect(request, self.collect(run))
+            await until_disconnect(request, self.collect(call))
         finally:
-            await self.close(run)
-        return json_response(fmt.response(run.gen))
+            await self.close(call)
+        return json_response(fmt.response(call.response))
 
     @staticmethod
-    async def collect(run: Run) -> None:
-        assert run.merged is not None
-        async for index, out in run.merged:
-            run.gen.update(index, out)
+    async def collect(call: ActiveRequest) -> None:
+        assert call.merged is not None
+        async for index, out in call.merged:
+            call.response.update(index, out)
 
     @staticmethod
-    async def stream(run: Run, fmt: Format, include_usage: bool) -> AsyncIterator[str]:
-        assert run.merged is not None
+    async def stream(call: ActiveRequest, fmt: Format, include_usage: bool) -> AsyncIterator[str]:
+        assert call.merged is not None
         try:
-            async for index, out in run.merged:
-                for choice, delta, piece in run.gen.update(index, out):
-                    for chunk in fmt.chunks(run.gen, choice, delta, piece, index):
+            async for index, out in call.merged:
+                for choice, delta, piece in call.response.update(index, out):
+                    for chunk in fmt.chunks(call.response, choice, delta, piece, index):
                         yield chunk
             if include_usage:
-                yield fmt.usage_chunk(run.gen)
+                yield fmt.usage_chunk(call.response)
         except Exception as exc:  # the headers are out: report in-band, as OpenAI's streams do
             if not isinstance(exc, (RequestError, EngineDead)):  # the engine logged those
                 log.exception("stream %s failed", fmt.request_id)
             yield sse(r.ErrorResponse(error=failure_info(exc)))
         yield "data: [DONE]\n\n"
 
-    async def close(self, run: Run, ran: bool = True) -> None:
+    async def close(self, call: ActiveRequest, ran: bool = True) -> None:
         """End a request however it ended: abort what still runs, free its place, count it if it ran."""
-        if run.closed:
+        if call.closed:
             return
-        run.closed = True
-        self.runs.discard(run)
-        if run.timer is not None:
-            run.timer.cancel()
-        if run.merged is not None:
-            await run.merged.aclose()  # type: ignore[attr-defined]
-        for stream in run.streams:
+        call.closed = True
+        self.active.discard(call)
+        if call.timer is not None:
+            call.timer.cancel()
+        if call.merged is not None:
+            await call.merged.aclose()  # type: ignore[attr-defined]
+        for stream in call.streams:
             await stream.aclose()  # type: ignore[attr-defined]  # aborts a request the engine still runs
-        run.admission.release()
-        gen = run.gen
-        self.gateway.charge_tokens(run.key, sum(len(c.token_ids) for c in gen.choices.values()))
+        call.admission.release()
+        gen = call.response
+        self.gateway.charge_tokens(call.key, sum(len(c.token_ids) for c in gen.choices.values()))
         if not ran:
             return
         for prompt_index, state in enumerate(gen.prompts):

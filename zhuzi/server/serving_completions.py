@@ -13,7 +13,7 @@ import logging
 from fastapi import Request
 from fastapi.responses import Response
 
-from zhuzi.engine.core_client import ServingEngine
+from zhuzi.engine.client import EngineClient
 from zhuzi.sampling_params import InvalidRequest, SamplingParams
 from zhuzi.server import protocol as p
 from zhuzi.server import responses as r
@@ -60,7 +60,7 @@ class Completions:
             log.info("%s for user %r", request_id, body.user)
 
     @staticmethod
-    def completion_prompts(engine: ServingEngine, prompts: list[str | list[int]]) -> tuple[list[str], list[list[int]]]:
+    def completion_prompts(engine: EngineClient, prompts: list[str | list[int]]) -> tuple[list[str], list[list[int]]]:
         """Each prompt's text and ids (echo and logprobs show the prompt's tokens)."""
         tokenizer = engine.tokenizer
         try:

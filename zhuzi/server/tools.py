@@ -24,7 +24,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from zhuzi.engine.structured import close_objects, json_options, json_schema
+from zhuzi.sample.grammar import close_objects, json_options, json_schema
 from zhuzi.sampling_params import InvalidRequest, StructuredOutputsParams
 from zhuzi.server.parsers import TOOL_CLOSE, TOOL_OPEN
 from zhuzi.server.protocol import ChatCompletionRequest, Constraint, NamedToolChoice

@@ -69,7 +69,7 @@ using I8BF16 = I8;
 #endif
 
 // Bytes prefetched ahead in each row's stream: the hardware prefetcher alone falls behind, the more so
-// the more multiply-adds each weight byte feeds (M > 1). 8 KiB measured best on AMD EPYC (Zen).
+// the more multiply-adds each weight byte feeds (M > 1). docs/benchmarks.md has how the distance was chosen.
 constexpr int AHEAD = 8192;
 
 // R weight rows against M input rows. Every (row, input) pair has its own accumulator and the same

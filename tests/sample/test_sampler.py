@@ -6,7 +6,7 @@ import time
 import pytest
 import torch
 
-from zhuzi.sampler import Sampler, SamplingRow, make_generator, process_logits, token_logprobs
+from zhuzi.sample.sampler import Sampler, SamplingRow, make_generator, process_logits, token_logprobs
 from zhuzi.sampling_params import SamplingParams
 
 VOCAB = 49152  # SmolLM2's vocabulary
@@ -293,7 +293,7 @@ def constrained_rows(grammars, count: int, every: int) -> list[SamplingRow]:
 
 def test_grammar_masks_touch_only_constrained_rows_and_allow_exactly_the_grammars_tokens(grammars,
                                                                                          smollm2_tokenizer):
-    from zhuzi.sampler import apply_grammar_masks
+    from zhuzi.sample.sampler import apply_grammar_masks
 
     logits = torch.randn(16, VOCAB)
     rows = constrained_rows(grammars, 16, 3)

@@ -1,4 +1,4 @@
-"""rejection_sampler.verify keeps the target's distribution: the exact probability of every 3-token output of a toy
+"""rejection.verify keeps the target's distribution: the exact probability of every 3-token output of a toy
 model against thousands of speculative draws (chi-square), with penalties, min_tokens, top-k/p/min-p and
 bias on, for prompt-lookup (point-mass) and draft-model proposals; greedy verdicts; seeded draws."""
 from __future__ import annotations
@@ -7,9 +7,10 @@ import itertools
 
 import pytest
 import torch
+from chi_square import chi_square_p
 
-from zhuzi.rejection_sampler import Draft, verify
-from zhuzi.sampler import Sampler, SamplingRow, make_generator, sampling_probs
+from zhuzi.sample.rejection import Draft, verify
+from zhuzi.sample.sampler import Sampler, SamplingRow, make_generator, sampling_probs
 from zhuzi.sampling_params import SamplingParams
 
 V, L = 6, 3  # vocabulary and output length of the toy: 216 possible outputs
@@ -74,7 +75,7 @@ def generate(rows: list[SamplingRow], k: int, proposer, claimed_q=None) -> tuple
             drafts.append(Draft(SamplingRow(r.params, outs[i], r.prompt_token_ids, r.generator, r.stop_ids), tokens,
                                 claimed_q(probs) if claimed_q else probs))
             logits += [toy_logits(context + tokens[:j]) for j in range(len(tokens) + 1)]
-        for i, verdict in zip(active, verify(torch.stack(logits), drafts, Sampler())):
+        for i, verdict in zip(active, verify(torch.stack(logits), drafts)):
             outs[i] = (outs[i] + verdict.token_ids)[:L]
             accepted[verdict.num_accepted] += 1
     return outs, accepted
@@ -92,25 +93,6 @@ def exact_distribution(**params) -> dict[tuple[int, ...], float]:
     return out
 
 
-def chi_square_p(samples: list[list[int]], expected: dict[tuple[int, ...], float]) -> float:
-    """p-value of the samples under the expected distribution; cells expecting < 5 are pooled."""
-    n = len(samples)
-    counts = dict.fromkeys(expected, 0)
-    for s in samples:
-        counts[tuple(s)] += 1  # a KeyError here would be an impossible output
-    big = [s for s, p in expected.items() if p * n >= 5]
-    small = [s for s, p in expected.items() if p * n < 5]
-    observed = [counts[s] for s in big] + [sum(counts[s] for s in small)]
-    wanted = [expected[s] * n for s in big] + [sum(expected[s] for s in small) * n]
-    if wanted[-1] < 5:  # too little pooled mass for a cell of its own: fold it into the first
-        observed[0] += observed.pop()
-        wanted[0] += wanted.pop()
-    stat = sum((o - e) ** 2 / e for o, e in zip(observed, wanted))
-    df = len(observed) - 1
-    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64),
-                                         torch.tensor(stat / 2, dtype=torch.float64)))
-
-
 @pytest.fixture(autouse=True)
 def fixed_rng():
     torch.manual_seed(0)
@@ -122,7 +104,7 @@ def fixed_rng():
 def test_speculative_outputs_follow_the_target_distribution(params, proposer, k):
     samples, accepted = generate([row([], **params) for _ in range(N)], k, proposer)
     assert accepted[0] > 0 and accepted[1:].sum() > 0  # both rejections and acceptances happened
-    assert chi_square_p(samples, exact_distribution(**params)) > 1e-3
+    assert chi_square_p([tuple(x) for x in samples], exact_distribution(**params)) > 1e-3
 
 
 def test_the_plain_sampler_follows_the_same_exact_distribution():
@@ -134,7 +116,7 @@ def test_the_plain_sampler_follows_the_same_exact_distribution():
         step = [SamplingRow(r.params, o, r.prompt_token_ids, r.generator, r.stop_ids) for r, o in zip(rows, outs)]
         for o, t in zip(outs, Sampler()(logits, step).token_ids):
             o.append(t)
-    assert chi_square_p(outs, exact_distribution(**FULL)) > 1e-3
+    assert chi_square_p([tuple(x) for x in outs], exact_distribution(**FULL)) > 1e-3
 
 
 def test_a_verifier_told_the_wrong_draft_distribution_is_caught():
@@ -143,7 +125,7 @@ def test_a_verifier_told_the_wrong_draft_distribution_is_caught():
     keeps p for any x however it was chosen, which is why prompt lookup needs no q.)"""
     samples, _ = generate([row([], **PLAIN) for _ in range(N)], 3, propose_model,
                           claimed_q=lambda q: torch.full_like(q, 1 / V))
-    assert chi_square_p(samples, exact_distribution(**PLAIN)) < 1e-6
+    assert chi_square_p([tuple(x) for x in samples], exact_distribution(**PLAIN)) < 1e-6
 
 
 def test_greedy_accepts_while_the_draft_is_the_argmax():
@@ -161,11 +143,11 @@ def test_a_greedy_verdict_stops_at_the_first_mismatch_and_reports_logprobs():
     r = row([], temperature=0, logprobs=1)
     logits = torch.zeros(4, V)
     logits[0, 3], logits[1, 5], logits[2, 1], logits[3, 2] = 1, 1, 1, 1  # argmax chain 3, 5, 1, 2
-    (v,) = verify(logits.clone(), [Draft(r, [3, 5, 0])], Sampler())
+    (v,) = verify(logits.clone(), [Draft(r, [3, 5, 0])])
     assert (v.token_ids, v.num_accepted) == ([3, 5, 1], 2)
     assert [next(iter(lp)) for lp in v.logprobs] == [3, 5, 1]  # each token's logprob from its own row
     assert all(lp[t].rank == 1 for lp, t in zip(v.logprobs, v.token_ids))
-    (v,) = verify(logits.clone(), [Draft(r, [3, 5, 1])], Sampler())
+    (v,) = verify(logits.clone(), [Draft(r, [3, 5, 1])])
     assert (v.token_ids, v.num_accepted) == ([3, 5, 1, 2], 3)  # all stand: the bonus token follows
 
 
@@ -191,9 +173,9 @@ def test_without_drafts_a_row_draws_what_the_plain_sampler_draws():
                 for i, p in enumerate(params)]
 
     plain = Sampler()(logits.clone(), rows()).token_ids
-    alone = verify(logits.clone(), [Draft(r) for r in rows()], Sampler())
+    alone = verify(logits.clone(), [Draft(r) for r in rows()])
     assert [v.token_ids for v in alone] == [[t] for t in plain]
     extra = torch.randn(3, 49152)  # a neighbour with two drafts, verified in the same call
     mixed = verify(torch.cat([logits, extra]), [Draft(r) for r in rows()]
-                   + [Draft(SamplingRow(SamplingParams(max_tokens=None), [], [1], None, [2]), [7, 8])], Sampler())
+                   + [Draft(SamplingRow(SamplingParams(max_tokens=None), [], [1], None, [2]), [7, 8])])
     assert [v.token_ids for v in mixed[:8]] == [[t] for t in plain]

@@ -5,7 +5,7 @@ import itertools
 
 from zhuzi.engine.block_manager import BlockManager
 from zhuzi.engine.scheduler import Scheduler
-from zhuzi.engine.sequence import ScheduledSeq, Sequence
+from zhuzi.engine.sequence import ScheduledSeq, Sequence, StepOutcome
 from zhuzi.sampling_params import SamplingParams
 
 _ids = itertools.count()
@@ -19,15 +19,15 @@ def seq(prompt: list[int] | int, **params) -> Sequence:
 
 
 def run_step(scheduler: Scheduler, token: int = 7) -> list[ScheduledSeq]:
-    """One engine step as the engine does its bookkeeping: compute the scheduled tokens, publish full
-    blocks to the prefix cache, and append a token for each sequence that reached its end."""
+    """One engine step without a model: each sequence that reached its end emits this token (and nothing
+    stops it), then the scheduler does the step's bookkeeping."""
     batch = scheduler.schedule()
+    outcome = StepOutcome()
     for item in batch:
-        samples = item.samples
-        item.seq.num_computed_tokens += item.num_new_tokens
-        scheduler.blocks.register_computed(item.seq)
-        if samples:
+        if item.samples:
             item.seq.token_ids.append(token)
+            outcome.emitted[item.seq.seq_id] = 0
+    scheduler.update_from_output(batch, outcome)
     return batch
 
 

@@ -1,5 +1,5 @@
 """Speculative decoding's verification, the sampling step of a step with drafts: which proposed tokens
-stand, and the token of the target's own that follows them.
+stand, and the token of the target's own that follows them (a step without drafts calls the sampler).
 
 The rule is Leviathan et al. 2023's (vLLM's rejection sampler), on the very distribution the plain
 sampler draws from (sampler.sampling_probs). A sequence with k drafts x_1..x_k has k + 1 rows of
@@ -19,10 +19,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from zhuzi.outputs import Logprob
-from zhuzi.sampler import (
-    Sampler,
+from zhuzi.sample.sampler import (
     SamplingRow,
+    Verdict,
     apply_bitmask,
     apply_grammar_masks,
     inverse_cdf,
@@ -59,22 +58,9 @@ class Draft:
         return torch.rand(self.k + 1, dtype=torch.float64, generator=self.row.generator)
 
 
-@dataclass
-class Verdict:
-    """What one sequence emits in a step: its accepted drafts, then one token of the target's own."""
-
-    token_ids: list[int]
-    num_accepted: int
-    logprobs: list[dict[int, Logprob]] | None = None  # one per emitted token, when the request asked
-
-
-def verify(logits: torch.Tensor, drafts: list[Draft], sampler: Sampler) -> list[Verdict]:
-    """Each draft's verdict; logits [sum(k + 1), V]: each draft's k + 1 rows in a run, drafts in order.
-    A step without drafts is the plain sampler's."""
-    if all(d.k == 0 for d in drafts):
-        out = sampler(logits, [d.row for d in drafts])
-        logprobs = out.logprobs or [None] * len(drafts)
-        return [Verdict([t], 0, None if lp is None else [lp]) for t, lp in zip(out.token_ids, logprobs)]
+def verify(logits: torch.Tensor, drafts: list[Draft]) -> list[Verdict]:
+    """Each draft's verdict; logits [sum(k + 1), V]: each draft's k + 1 rows in a run, drafts in order. A draft
+    of k = 0 (a sequence with nothing proposed) gets the token the plain sampler would draw."""
     starts = [0]
     for d in drafts:
         starts.append(starts[-1] + d.k + 1)

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from zhuzi import LLM, SamplingParams
-from zhuzi.engine.structured import GrammarCompiler, GrammarMatcher
-from zhuzi.sampler import SamplingRow, apply_grammar_masks
+from zhuzi.sample.grammar import GrammarCompiler, GrammarMatcher
+from zhuzi.sample.sampler import SamplingRow, apply_grammar_masks
 from zhuzi.sampling_params import InvalidRequest, StructuredOutputsParams
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -223,3 +223,17 @@ class GrammarCompiler:
         if start.is_error():
             raise StructuredOutputError(params.kind, _reason(start.get_error()))
         return start
+
+
+_SHARED: dict[tuple[str, int, frozenset[int]], GrammarCompiler] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_compiler(hf_tokenizer: Any, vocab_size: int, stop_ids: list[int]) -> GrammarCompiler:
+    """This process's one compiler for a tokenizer (by its path), vocabulary and stop ids: a server and an engine
+    thread in the same process share its cache and its tokenizer view."""
+    key = (hf_tokenizer.name_or_path, vocab_size, frozenset(stop_ids))
+    with _SHARED_LOCK:
+        if key not in _SHARED:
+            _SHARED[key] = GrammarCompiler(hf_tokenizer, vocab_size, stop_ids)
+        return _SHARED[key]

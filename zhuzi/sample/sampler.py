@@ -6,8 +6,8 @@ top-p -> min-p -> draw. Every step works on the whole batch at once; per-row Pyt
 only builds small index tensors. Grammar masks come first, in place, as in vLLM: logprobs
 then describe the distribution the token was actually drawn from.
 
-Speculative decoding's verification of proposed tokens is in rejection_sampler.py, on the very
-distribution this module draws from (sampling_probs).
+Speculative decoding's verification of proposed tokens is in rejection.py, on the very distribution
+this module draws from (sampling_probs); a step without drafts calls the sampler alone.
 """
 from __future__ import annotations
 
@@ -15,17 +15,17 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import chain
-from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 
 from zhuzi.outputs import Logprob
+from zhuzi.sample.grammar import GrammarMatcher
 from zhuzi.sampling_params import SamplingParams
 
 # top-p first looks for its cut among this many best tokens per row, then among
 # more, and sorts the whole vocabulary only for rows whose nucleus is wider
-# still: real next-token distributions are peaked, and a full sort costs ~50x a top 64.
+# still: real next-token distributions are peaked, and a full sort costs far more than a top 64.
 _TOP_P_CANDIDATES = (64, 512, 4096)
 # Sampling sums probabilities block by block (see inverse_cdf).
 _BLOCK = 256
@@ -40,18 +40,6 @@ def make_generator(seed: int | None) -> torch.Generator | None:
     return generator
 
 
-class TokenMask(Protocol):
-    """What the sampler needs of a grammar (engine/structured.py's GrammarMatcher)."""
-
-    mask_words: int
-
-    def fill_mask(self, bitmask: torch.Tensor, row: int) -> None:
-        """Write into bitmask[row] (int32) one bit per token: bit t set when token t is allowed."""
-
-    def fill_draft_masks(self, bitmask: torch.Tensor, row: int, draft: list[int]) -> None:
-        """Write the masks of a draft's k + 1 positions into bitmask[row:row + k + 1], moving nothing."""
-
-
 @dataclass
 class SamplingRow:
     """One row of a step's batch: what is needed to pick one sequence's next token (a new row each step)."""
@@ -61,7 +49,7 @@ class SamplingRow:
     prompt_token_ids: list[int]
     generator: torch.Generator | None = None
     stop_ids: list[int] = field(default_factory=list)  # EOS ids + params.stop_token_ids
-    grammar: TokenMask | None = None  # structured output: only the tokens it allows
+    grammar: GrammarMatcher | None = None  # structured output: only the tokens it allows
 
     @property
     def forbids_stop(self) -> bool:
@@ -81,10 +69,24 @@ class SamplingRow:
 
 
 @dataclass
+class Verdict:
+    """What one sequence emits in a step: its accepted drafts (rejection.py), then one token of the target's own."""
+
+    token_ids: list[int]
+    num_accepted: int
+    logprobs: list[dict[int, Logprob]] | None = None  # one per emitted token, when the request asked
+
+
+@dataclass
 class SamplerOutput:
     token_ids: list[int]
     # Per row, None where that row asked for no logprobs; None overall when no row did.
     logprobs: list[dict[int, Logprob] | None] | None
+
+    def verdicts(self) -> list[Verdict]:
+        """Each row's one token, as what its sequence emits."""
+        logprobs = self.logprobs or [None] * len(self.token_ids)
+        return [Verdict([t], 0, None if lp is None else [lp]) for t, lp in zip(self.token_ids, logprobs)]
 
 
 class Sampler:

@@ -1,0 +1,296 @@
+"""The engine client, through both transports of the one step loop (an engine core in a thread of this
+process, and in a process of its own): streams equal what the offline engine computes, token for token;
+probes and snapshots go through the loop; cancelling or aborting lands before the next step and frees the
+blocks; a refusal or a failure stays with its request; the event loop stays free; and health() tells a
+stalled or failed engine from a working one."""
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+
+import msgspec
+import pytest
+import torch
+from faults import planted
+
+from zhuzi import LLM, SamplingParams
+from zhuzi.config import EngineConfig, ParallelConfig
+from zhuzi.engine.client import EngineDead
+from zhuzi.engine.core_client import CoreClient
+from zhuzi.engine.sequence import Probe
+from zhuzi.outputs import RequestError
+from zhuzi.sampling_params import InvalidRequest, StructuredOutputError, StructuredOutputsParams
+
+CONFIG = EngineConfig(dtype="float32", kv_cache_memory="64MiB")  # fp32: batch-invariant
+TRANSPORTS = {"thread": ParallelConfig(engine_process=False), "process": ParallelConfig()}
+# Planted for the whole module, each touching only the requests named for it.
+FAULTS = ('stall_step("slow", at_step=1, seconds=1.5)', 'break_loop("break-the-loop")', "fail_sampling(seed=666)")
+
+
+@pytest.fixture(scope="module", params=list(TRANSPORTS))
+def transport(request) -> str:
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def client(transport):
+    with planted(*FAULTS):
+        engine = CoreClient(CONFIG, TRANSPORTS[transport]).start()
+        yield engine
+        engine.close()
+
+
+@pytest.fixture(scope="module")
+def offline() -> LLM:
+    return LLM(**vars(CONFIG))
+
+
+def same_logprobs(got: list[dict], want: list[dict]) -> bool:
+    """The same tokens at every position, each logprob within float32 noise of a run in another batch."""
+    return len(got) == len(want) and all(
+        g.keys() == w.keys() and all(abs(g[t].logprob - w[t].logprob) <= 1e-4 for t in g) for g, w in zip(got, want))
+
+
+async def collect(engine, prompt, params, rid):
+    outs = [out async for out in engine.generate(prompt, params, rid)]
+    return "".join(c.text for out in outs for c in out.outputs), outs
+
+
+def test_streams_equal_what_the_offline_engine_computes(client, offline):
+    """Concurrent streams equal their solo runs and the offline batch, logprobs and prompt logprobs too. Deltas
+    cross as lean messages (the prompt stays in front, timings come once, prompt logprobs once)."""
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=2, prompt_logprobs=1)
+    prompts = ["The capital of France is", "def add(a, b):", "Once upon a time"]
+    want = offline.generate(prompts, params)
+
+    async def main():
+        solo = [await collect(client, p, params, f"solo-{i}") for i, p in enumerate(prompts)]
+        together = await asyncio.gather(*(collect(client, p, params, f"r{i}") for i, p in enumerate(prompts)))
+        return solo, together
+
+    solo, together = asyncio.run(main())
+    assert [text for text, _ in solo] == [text for text, _ in together]
+    for (text, outs), expected in zip(together, want):
+        assert len(outs) > 1 and outs[-1].finished  # streamed in pieces
+        assert text == expected.outputs[0].text
+        assert [t for out in outs for t in out.outputs[0].token_ids] == expected.outputs[0].token_ids
+        logprobs = [lp for out in outs for lp in out.outputs[0].logprobs]
+        assert same_logprobs(logprobs, expected.outputs[0].logprobs)
+        assert all(out.prompt_token_ids == expected.prompt_token_ids for out in outs)
+        first_prompt_logprobs = next(out.prompt_logprobs for out in outs if out.prompt_logprobs)
+        assert len(first_prompt_logprobs) == len(expected.prompt_token_ids)
+        assert outs[-1].metrics.e2e_latency > 0 and outs[-1].metrics.time_to_first_token > 0
+
+
+def test_cancelling_the_consumer_aborts_and_frees_its_blocks(client):
+    params = SamplingParams(temperature=0, max_tokens=400, ignore_eos=True)
+
+    async def main():
+        seen = 0
+        stream = client.generate("Tell me a long story", params, "cancelled")
+        async for _ in stream:
+            seen += 1
+            if seen == 3:
+                break
+        await stream.aclose()
+        for _ in range(100):  # the abort lands within a step or two
+            await asyncio.sleep(0.05)
+            stats = client.stats()
+            if stats.num_running == 0 and stats.num_free_blocks == stats.num_blocks:
+                return stats
+        return client.stats()
+
+    stats = asyncio.run(main())
+    assert stats.num_running == 0 and stats.num_waiting == 0
+    assert stats.num_free_blocks == stats.num_blocks
+
+
+def test_an_abort_lands_before_the_next_step_and_ends_the_stream_with_abort(client):
+    """The abort goes out as soon as it is asked for (as a shutdown or --request-timeout does) and the loop
+    applies it before its next step: at most the step already running when it arrived still yields a token."""
+    params = SamplingParams(temperature=0, max_tokens=400, ignore_eos=True)
+
+    async def main():
+        outs, after = [], 0
+        async for out in client.generate("Tell me a story", params, "ended"):
+            outs.append(out)
+            if len(outs) == 3:
+                client.abort("ended")
+            elif len(outs) > 3:
+                after += len(out.outputs[0].token_ids)
+        return outs, after
+
+    outs, after = asyncio.run(main())
+    assert outs[-1].finished and outs[-1].outputs[0].finish_reason == "abort"
+    assert after <= 1, f"{after} tokens came after the abort"
+    stats = client.stats()
+    assert stats.num_running == 0 and stats.num_free_blocks == stats.num_blocks
+
+
+def test_the_event_loop_keeps_running_during_forward_passes(client):
+    """A loop blocked by the forward passes would tick once a step; measured against this machine's own step pace
+    (the gaps between the stream's deltas), nine ticks in ten come within a step."""
+    params = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
+
+    async def main():
+        ticks, steps, done = [], [], False
+
+        async def ticker():
+            while not done:
+                ticks.append(time.monotonic())
+                await asyncio.sleep(0.005)
+
+        task = asyncio.create_task(ticker())
+        async for _ in client.generate("word " * 400, params, "busy"):
+            steps.append(time.monotonic())
+        done = True
+        await task
+        return gaps(ticks), gaps(steps)
+
+    tick_gaps, step_gaps = asyncio.run(main())
+    assert statistics.quantiles(tick_gaps, n=10)[-1] < statistics.median(step_gaps)
+
+
+def gaps(stamps: list[float]) -> list[float]:
+    return [b - a for a, b in zip(stamps, stamps[1:])]
+
+
+def test_a_refused_request_raises_for_it_alone(client):
+    async def main():
+        with pytest.raises(InvalidRequest, match="maximum context length") as refused:
+            await collect(client, [5] * 9000, SamplingParams(max_tokens=10), "too-long")
+        return refused.value, await collect(client, "Hi", SamplingParams(temperature=0, max_tokens=4), "fine")
+
+    refused, (text, outs) = asyncio.run(main())
+    assert refused.code == "context_length_exceeded"
+    assert outs[-1].finished and text
+
+
+def test_a_request_the_engine_fails_raises_for_it_alone(client):
+    """The reported bug: one request's failure inside a step ended every stream with "engine error"."""
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    culprit = SamplingParams(temperature=1.0, seed=666, max_tokens=24)  # the planted sampler fault
+
+    async def main():
+        solo = await collect(client, "The capital of France is", params, "alone")
+        neighbours = [asyncio.ensure_future(collect(client, "The capital of France is", params, f"neighbour-{i}"))
+                      for i in range(3)]
+        with pytest.raises(RequestError, match="injected fault"):
+            await collect(client, "Hi", culprit, "culprit")
+        return solo, await asyncio.gather(*neighbours)
+
+    (solo_text, _), neighbours = asyncio.run(main())
+    assert [text for text, _ in neighbours] == [solo_text] * 3
+    assert all(outs[-1].outputs[0].finish_reason == "length" for _, outs in neighbours)
+    assert client.health(stall_timeout=60) is None
+
+
+def test_a_constrained_request_gets_what_the_offline_engine_computes(client, offline):
+    """The constraint crosses with the request; the front checks constraints itself (as vLLM's does), and its
+    refusal is a StructuredOutputError naming the field, which the server renames to the request's own."""
+    schema = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}, "why": {"type": "string",
+              "maxLength": 12}}, "required": ["answer", "why"], "additionalProperties": False}
+    params = SamplingParams(temperature=0, max_tokens=40, structured_outputs=StructuredOutputsParams(json=schema))
+    want = offline.generate(["Is the sky blue? Answer in JSON."], params)[0].outputs[0]
+
+    async def main():
+        await client.check_structured_output(params.structured_outputs)
+        with pytest.raises(StructuredOutputError) as refused:
+            await client.check_structured_output(StructuredOutputsParams(json={"type": "array", "uniqueItems": True}))
+        return refused.value, await collect(client, "Is the sky blue? Answer in JSON.", params, "constrained")
+
+    refused, (text, outs) = asyncio.run(main())
+    assert refused.field == "json" and "uniqueItems" in refused.reason
+    assert text == want.text and outs[-1].outputs[0].finish_reason == want.finish_reason == "stop"
+
+
+def test_a_command_the_engine_core_cannot_read_leaves_it_serving(client):
+    """A request that would not decode (a front of another version, a type the wire does not carry) is
+    refused on its own; the engine core goes on with the next one."""
+    bad = msgspec.msgpack.encode({"type": "AddRequest", "request_id": "unreadable", "prompt_token_ids": "text",
+                                  "params": {}})
+    for replica in client.replicas:
+        replica.send(bad)
+    text, outs = asyncio.run(collect(client, "Hi", SamplingParams(temperature=0, max_tokens=4), "after"))
+    assert outs[-1].finished and text
+    assert client.health(60) is None
+
+
+def test_probes_and_snapshots_read_what_the_offline_engine_reads(client, offline):
+    """The inspector's calls go through the loop, beside a running stream: a probe's raw logits and logit lens
+    (a tensor on the wire), a snapshot of the pool and the recent steps; a cancelled probe frees its blocks."""
+    ids = offline.tokenizer.encode("The capital of France is")
+    offline.engine.add_probe("here", ids, Probe(lens_top=3))
+    want = next(out for step in iter(offline.engine.step, []) for out in step if out.finished).inspection
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+
+    async def main():
+        streaming = asyncio.create_task(collect(client, "Once upon a time", params, "beside"))
+        probes = await asyncio.gather(*(client.probe(ids, Probe(lens_top=k), f"probe-{k}") for k in (0, 3)))
+        during = await client.snapshot(8)
+        await streaming
+        long = asyncio.create_task(client.probe(client.tokenizer.encode("word " * 1000), Probe(), "cancelled"))
+        while (await client.snapshot(0)).stats.num_running == 0:  # until admitted (a prefill of two chunks)
+            await asyncio.sleep(0.01)
+        long.cancel()
+        await asyncio.gather(long, return_exceptions=True)
+        for _ in range(100):  # the abort lands within a step or two
+            after = await client.snapshot(0)
+            if after.stats.num_running == 0 and after.stats.num_free_blocks == after.stats.num_blocks:
+                break
+            await asyncio.sleep(0.05)
+        return probes, during, after
+
+    probes, during, after = asyncio.run(main())
+    plain, lens = probes[0].inspection, probes[1].inspection
+    assert plain.logits.dtype == torch.float32 and torch.equal(plain.logits, lens.logits)
+    assert torch.allclose(lens.logits, want.logits, atol=1e-4)
+    assert [layer.token_ids for layer in lens.lens] == [layer.token_ids for layer in want.lens]
+    assert during.model == offline.model_config and during.stats.num_blocks == client.stats().num_blocks
+    assert during.stats.num_running >= 1 and 1 <= len(during.steps) <= 8
+    assert during.steps[-1].prefill_tokens + during.steps[-1].decode_tokens > 0
+    assert after.stats.num_running == after.stats.num_waiting == 0
+    assert after.stats.num_free_blocks == after.stats.num_blocks and after.steps == []
+
+
+def test_health_tells_a_stall_with_work_pending_from_an_idle_engine(client):
+    async def main():
+        await asyncio.sleep(0.5)
+        idle = client.health(stall_timeout=0.3)  # no work for a while: an old heartbeat is no stall
+        task = asyncio.ensure_future(collect(client, "Hi", SamplingParams(temperature=0, max_tokens=4), "slow"))
+        seen = []
+        while not task.done():
+            seen.append(client.health(stall_timeout=0.3))
+            await asyncio.sleep(0.05)
+        await task
+        return idle, seen
+
+    idle, seen = asyncio.run(main())
+    assert idle is None
+    assert any(problem and "no progress for" in problem for problem in seen)
+    assert client.health(stall_timeout=0.3) is None  # it moved again
+
+
+def test_a_failed_engine_loop_ends_every_stream_and_refuses_later_requests(transport):
+    with planted(*FAULTS):
+        dying = CoreClient(EngineConfig(kv_cache_memory="16MiB"), TRANSPORTS[transport]).start()
+    try:
+        async def main():
+            stream = dying.generate("Tell me a story", SamplingParams(max_tokens=400, ignore_eos=True), "running")
+            await anext(stream)
+            with planted(*FAULTS):  # the thread transport's engine runs here, and must meet the fault
+                breaking = asyncio.ensure_future(anext(dying.generate("Hi", SamplingParams(max_tokens=4),
+                                                                      "break-the-loop")))
+                with pytest.raises(EngineDead, match="scheduler's state is broken"):
+                    async for _ in stream:
+                        pass
+                with pytest.raises(EngineDead, match="scheduler's state is broken"):
+                    await breaking
+            with pytest.raises(EngineDead):
+                await anext(dying.generate("Hi", SamplingParams(max_tokens=4), "later"))
+
+        asyncio.run(main())
+        assert dying.health(stall_timeout=60) == "the engine failed: RuntimeError: the scheduler's state is broken"
+    finally:
+        dying.close()
