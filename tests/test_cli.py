@@ -1,6 +1,11 @@
 """The command line as a user runs it: a real `zhuzi` process."""
+import platform
 import subprocess
 import sys
+
+import pytest
+
+from zhuzi.model import native
 
 
 def zhuzi(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
@@ -23,13 +28,41 @@ def test_chat_streams_replies_and_keeps_the_history():
     assert "Berlin" in second  # "And of Germany?" only makes sense with the first turn in the history
 
 
-def test_plan_prints_the_kv_arithmetic():
-    out = zhuzi("plan", "--kv-cache-memory", "4GiB", "--context", "4096")
+def test_plan_prints_the_weight_and_kv_arithmetic():
+    out = zhuzi("plan", "--kv-cache-memory", "4GiB", "--context", "4096", "--sequences", "4")
     assert out.returncode == 0, out.stderr
     assert "KV bytes per token: 2 x 30 layers x 3 kv_heads x 64 head_dim x 2 bytes = 23,040" in out.stdout
     assert "186,400 tokens" in out.stdout  # 4 GiB / (23,040 x 16) = 11,650 blocks of 16
     assert "requests of 4,096 tokens that fit at once: 45" in out.stdout
-    assert "weight bytes one decode step reads: 269,030,016" in out.stdout
+    # The GGUF's own blocks: Q4_1 layers, the tied Q8_0 embedding (the LM head), float32 norms as bf16
+    assert "weights: 96,506,496 bytes (92 MiB) in memory: the file's blocks (Q4_1 63.3 MiB, Q8_0 28.7 MiB" in out.stdout
+    assert "4 x 4,096-token sequences: KV 377,487,360 bytes (360 MiB), with the weights 473,993,856" in out.stdout
+    assert "weight bytes one decode step reads: 96,506,496" in out.stdout
+
+
+def test_plan_of_dense_weights():
+    out = zhuzi("plan", "--quantization", "none")
+    assert out.returncode == 0, out.stderr
+    assert "weights: 269,030,016 bytes (257 MiB) in memory: dense (2-byte values)" in out.stdout
+
+
+@pytest.mark.parametrize("kernels", [v.name for v in native.runnable() if v.name in ("avx512", "avx2")])
+def test_plan_says_which_dtype_auto_picked_and_why(kernels):
+    out = zhuzi("plan", "--cpu-kernels", kernels)
+    assert out.returncode == 0, out.stderr
+    if kernels == "avx512":
+        assert "dtype auto: bfloat16; the avx512 kernels compute bf16 natively; CPU kernels avx512" in out.stdout
+    else:  # float32 activations over bf16 weights and KV cache: the KV and weight bytes of bf16
+        assert ("dtype auto: float32 (weights and KV bfloat16); no native bf16 in the avx2 kernels: float32 math, "
+                "bf16 weights and KV cache widened in registers; CPU kernels avx2") in out.stdout
+    assert "x 2 bytes = 23,040" in out.stdout and "weight bytes one decode step reads: 269,030,016" in out.stdout
+
+
+def test_a_cpu_kernel_variant_the_cpu_cannot_run_is_a_one_line_error():
+    other = "neon" if platform.machine() != "aarch64" else "avx2"
+    out = zhuzi("plan", "--cpu-kernels", other)
+    assert out.returncode != 0 and out.stderr.strip().count("\n") == 0
+    assert f"cpu_kernels {other} runs on" in out.stderr
 
 
 def test_a_bad_model_path_is_a_one_line_error():

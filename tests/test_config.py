@@ -8,6 +8,7 @@ import torch
 
 from zhuzi.cli import build_parser
 from zhuzi.config import EngineConfig, KVPlan, ModelConfig, ParallelConfig, ServerConfig, parse_bytes
+from zhuzi.model import native
 
 
 def parsed(*argv: str) -> argparse.Namespace:
@@ -71,3 +72,23 @@ def test_data_parallelism_needs_engine_processes():
     with pytest.raises(ValueError, match="at least 1"):
         ParallelConfig(data_parallel_size=0)
     assert ParallelConfig(data_parallel_size=2).engine_process
+
+
+@pytest.mark.parametrize("kernels", [v.name for v in native.runnable()] + ["torch"])
+def test_dtype_auto_follows_the_cpu_kernels(kernels):
+    """bf16 where the variant computes it natively; elsewhere float32 math over bf16 weights and KV cache."""
+    p = EngineConfig(cpu_kernels=kernels).precision
+    if native.native_bf16(kernels):
+        assert (p.weights, p.compute, p.kv, str(p)) == (torch.bfloat16,) * 3 + ("bfloat16",)
+    else:
+        assert (p.weights, p.compute, p.kv) == (torch.bfloat16, torch.float32, torch.bfloat16)
+        assert str(p) == "float32 (weights and KV bfloat16)" and "no native bf16" in p.reason
+    assert EngineConfig(cpu_kernels=kernels, device="cuda").precision.compute == torch.bfloat16
+    assert EngineConfig(cpu_kernels=kernels, dtype="float32").precision.kv == torch.float32  # the reference
+
+
+def test_a_cpu_kernel_variant_is_checked_when_the_config_is_made():
+    with pytest.raises(ValueError, match="unknown cpu_kernels 'avx3'"):
+        EngineConfig(cpu_kernels="avx3")
+    with pytest.raises(ValueError, match="unknown dtype 'bf8'"):
+        EngineConfig(dtype="bf8")

@@ -53,7 +53,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
     if parallel.engine_process and parallel.data_parallel_backend == "ray":
         init_ray(parallel.ray_address)  # in the main thread, before any other starts
     log.info("loading %s (%s) in the background; /health answers 503 until it is ready",
-             engine_config.model or "the embedded SmolLM2-135M-Instruct", engine_config.dtype)
+             engine_config.model or "the embedded SmolLM2-135M-Instruct", engine_config.precision)
     holder: dict[str, uvicorn.Server] = {}
     clients: list[CoreClient] = []
 
@@ -112,23 +112,54 @@ def cmd_chat(args: argparse.Namespace) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> None:
-    """The KV arithmetic of a model, without loading its weights."""
-    from zhuzi.model.loader import load_model_config
+    """Weight and KV memory of a model for a context and a number of sequences, without loading its weights."""
+    from zhuzi.model import native
+    from zhuzi.model.decoder import layer_format
+    from zhuzi.model.loader import gguf_weights, load_model_config
     config = EngineConfig.from_cli_args(args)
     c = load_model_config(config.model)
-    plan = config.kv_plan(c)
-    value_bytes = config.torch_dtype.itemsize
-    # int8: a byte a weight; int4: Q4_1 blocks (20 bytes per 32 weights) and a Q8_0 LM head (34 per 32)
-    per_weight = {None: (value_bytes, None), "int8": (1.0, None), "int4": (20 / 32, 34 / 32)}[config.quantization]
-    weight_bytes = c.decode_weight_bytes(*per_weight)
+    plan, precision = config.kv_plan(c), config.precision
+    value_bytes = precision.kv.itemsize
+    tensors = gguf_weights(config.model)
+    fmt = layer_format(config.quantization, tensors is not None, config.tensor_parallel_size > 1)
+    resident, step, parts = _weight_plan(c, fmt, precision.weights.itemsize, tensors)
+    per_seq = -(-args.context // plan.block_size) * plan.block_size * plan.bytes_per_token
+    kv = per_seq * args.sequences
     print(f"model: {c.architecture}, {c.num_layers} layers, {c.num_kv_heads} KV heads x {c.head_dim} dims, "
-          f"{c.num_parameters / 1e6:.1f} M parameters, {config.dtype}")
+          f"{c.num_parameters / 1e6:.1f} M parameters, weights {fmt or 'dense'}")
+    print(f"dtype {config.dtype}: {precision}; {precision.reason}; CPU kernels {native.resolve(config.cpu_kernels)}")
+    print(f"weights: {resident:,} bytes ({resident / 2**20:.0f} MiB) in memory: {parts}")
     print(f"KV bytes per token: 2 x {c.num_layers} layers x {c.num_kv_heads} kv_heads x {c.head_dim} head_dim "
           f"x {value_bytes} bytes = {plan.bytes_per_token:,}")
+    print(f"{args.sequences} x {args.context:,}-token sequences: KV {kv:,} bytes ({kv / 2**20:.0f} MiB), "
+          f"with the weights {resident + kv:,} bytes ({(resident + kv) / 2**20:.0f} MiB)")
     print(f"KV pool: {config.kv_cache_bytes:,} bytes = {plan.num_blocks:,} blocks of {plan.block_size} tokens "
           f"= {plan.capacity_tokens:,} tokens")
     print(f"requests of {args.context:,} tokens that fit at once: {plan.capacity_tokens // args.context:,}")
-    print(f"weight bytes one decode step reads: {weight_bytes:,} ({weight_bytes / 2**20:.0f} MiB)")
+    print(f"weight bytes one decode step reads: {step:,} ({step / 2**20:.0f} MiB)")
+
+
+def _weight_plan(c, fmt: str | None, value_bytes: int,
+                 tensors: dict[str, tuple[str, int, int]] | None) -> tuple[int, int, str]:
+    """(bytes in memory, bytes a decode step reads, what they are) of a model's weights in format fmt."""
+    embed, head = c.vocab_size * c.hidden_size, c.vocab_size * c.hidden_size
+    if fmt == "gguf":  # the file's blocks as they are; float tensors in the compute dtype
+        by_type: dict[str, int] = {}
+        for qtype, nbytes, count in tensors.values():
+            by_type[qtype] = by_type.get(qtype, 0) + (count * value_bytes if qtype in ("F32", "F16", "BF16")
+                                                      else nbytes)
+        resident = sum(by_type.values())
+        qtype, nbytes, _ = tensors["model.embed_tokens.weight"]
+        unread = 0 if c.tie_word_embeddings else nbytes - nbytes // c.vocab_size
+        parts = ", ".join(f"{t} {n / 2**20:.1f} MiB" for t, n in sorted(by_type.items(), key=lambda x: -x[1]))
+        return resident, resident - unread, f"the file's blocks ({parts})"
+    # int8: a byte a weight (+ an int8 LM head); int4: Q4_1 blocks (20 bytes per 32) and a Q8_0 LM head (34 per
+    # 32); the embedding stays dense, and a tied one is stored twice (embedding and LM head)
+    body_rate, head_rate = {None: (value_bytes, value_bytes), "int8": (1.0, 1.0), "int4": (20 / 32, 34 / 32)}[fmt]
+    body = c.num_parameters - embed - (0 if c.tie_word_embeddings else head)
+    resident = int(body * body_rate + embed * value_bytes + (head * head_rate if fmt or not c.tie_word_embeddings
+                                                              else 0))
+    return resident, c.decode_weight_bytes(body_rate, head_rate), f"{fmt or 'dense'} ({value_bytes}-byte values)"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -160,6 +191,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="KV-cache arithmetic for a model")
     EngineConfig.add_cli_args(p)
     p.add_argument("--context", type=int, default=4096, help="tokens per request (default: %(default)s)")
+    p.add_argument("--sequences", type=int, default=1,
+                   help="requests of --context tokens at once, for the memory total (default: %(default)s)")
     p.set_defaults(func=cmd_plan, kv_cache_memory="4GiB")
 
     bench.register(sub)

@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from zhuzi.model import native
+
 
 @dataclass
 class ModelConfig:
@@ -34,6 +36,7 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     attention_bias: bool = False  # Qwen2: bias on q/k/v projections
     qk_norm: bool = False  # Qwen3: RMSNorm on q and k per head
+    rope_interleaved: bool = False  # RoPE rotates pairs (0, 1), (2, 3), ...: a llama GGUF's Q/K row order
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
 
@@ -93,6 +96,42 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
     if name not in DTYPES:
         raise ValueError(f"unknown dtype {name!r}; choose one of {sorted(DTYPES)}")
     return DTYPES[name]
+
+
+@dataclass(frozen=True)
+class Precision:
+    """The dtypes a model runs in: weights as stored (dense ones; quantized formats keep theirs), activations
+    (and every matmul that falls to torch), KV cache; and why `auto` chose them."""
+
+    weights: torch.dtype
+    compute: torch.dtype
+    kv: torch.dtype
+    reason: str
+
+    @classmethod
+    def of(cls, dtype: str, cpu_kernels: str, device: str = "cpu") -> Precision:
+        if dtype != "auto":
+            d = parse_dtype(dtype)
+            return cls(d, d, d, f"--dtype {dtype}")
+        if torch.device(device).type != "cpu":
+            return cls(torch.bfloat16, torch.bfloat16, torch.bfloat16, f"{device} computes bf16")
+        variant = native.resolve(cpu_kernels)
+        if native.native_bf16(variant):
+            who = "the CPU" if variant == "torch" else f"the {variant} kernels"
+            why = f"{who} compute bf16 natively"
+            return cls(torch.bfloat16, torch.bfloat16, torch.bfloat16, why)
+        # Weights and the KV cache stay bf16 (half the bytes to read), widened in registers by the kernels.
+        why = f"no native bf16 in the {variant} kernels: float32 math, bf16 weights and KV cache widened in registers"
+        return cls(torch.bfloat16, torch.float32, torch.bfloat16, why)
+
+    def __str__(self) -> str:
+        if self.weights == self.compute == self.kv:
+            return _name(self.compute)
+        return f"{_name(self.compute)} (weights and KV {_name(self.weights)})"
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 @dataclass(frozen=True)
@@ -216,7 +255,14 @@ class EngineConfig(Settings):
 
     model: str | None = setting(None, "HF directory or .gguf file (default: embedded SmolLM2-135M-Instruct)",
                                 flags=["--model", "-m"])
-    dtype: str = setting("bfloat16", "weights, activations and KV cache: bfloat16 or float32")
+    dtype: str = setting(
+        "auto", "auto: bfloat16 where the CPU computes it natively (AVX512-BF16, AMX), else float32 activations "
+                "over bfloat16 weights and KV cache; bfloat16 or float32: everything (float32 is the reference)",
+        choices=["auto", *DTYPES])
+    cpu_kernels: str = setting(
+        native.default_choice(), "CPU kernel variant: auto (the best this CPU runs), avx512, avx2-vnni, avx2, "
+                                 "neon-i8mm, neon, or torch (none); $ZHUZI_CPU_KERNELS sets the default",
+        choices=list(native.CHOICES))
     device: str = setting("cpu", "torch device to run the model on")
     kv_cache_memory: str | int = setting("1GiB", "memory for the KV pool, e.g. 1GiB or 512MiB")
     block_size: int = setting(16, "tokens per KV block")
@@ -229,8 +275,10 @@ class EngineConfig(Settings):
            "cannot stall the running streams (0: no cap; offline 0, `zhuzi serve` 128)", serve=128)
     enable_prefix_caching: bool = setting(True, "reuse the KV blocks of prompt prefixes seen before")
     quantization: str | None = setting(
-        None, "weight quantization, applied at load: int8 (per output channel) or int4 (the GGUF's Q4_1 "
-              "blocks, Q8_0 LM head)", choices=["int8", "int4"])
+        None, "weight format: gguf (a .gguf file's own blocks, read in place; the default for a .gguf), none "
+              "(dense in --dtype; the default for a Hugging Face directory), or quantized at load from the "
+              "dense values: int8 (per output channel) or int4 (Q4_1 blocks, Q8_0 LM head)",
+        choices=["gguf", "none", "int8", "int4"])
     fused_decode: bool = setting(
         True, "run a step of at most 8 decodes as one native call (CPU, bfloat16); off: the per-layer path, "
               "whose bf16 rounding differs (see zhuzi/model/fused.py)")
@@ -251,10 +299,18 @@ class EngineConfig(Settings):
 
     def __post_init__(self) -> None:
         SpeculativeConfig.parse(self.speculative_config)  # a bad value fails here, in one line
+        native.resolve(self.cpu_kernels)
+        if self.dtype != "auto":
+            parse_dtype(self.dtype)
+
+    @property
+    def precision(self) -> Precision:
+        return Precision.of(self.dtype, self.cpu_kernels, self.device)
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        return parse_dtype(self.dtype)
+        """The compute dtype (activations)."""
+        return self.precision.compute
 
     @property
     def speculative(self) -> SpeculativeConfig | None:
@@ -265,7 +321,7 @@ class EngineConfig(Settings):
         return parse_bytes(self.kv_cache_memory)
 
     def kv_plan(self, model: ModelConfig) -> KVPlan:
-        return KVPlan.of(model, self.torch_dtype, self.kv_cache_bytes, self.block_size)
+        return KVPlan.of(model, self.precision.kv, self.kv_cache_bytes, self.block_size)
 
 
 @dataclass

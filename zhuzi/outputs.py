@@ -225,7 +225,8 @@ class EngineSnapshot:
 
     time: float  # time.monotonic() when taken
     model: ModelConfig
-    dtype: str
+    dtype: str  # the precision: "bfloat16", or "float32 (weights and KV bfloat16)"
+    cpu_kernels: dict[str, str]  # Decoder.kernel_paths()
     max_model_len: int
     weight_bytes_per_decode_step: int
     stats: EngineStats

@@ -24,6 +24,7 @@ from zhuzi.bench.datasets import (
 )
 from zhuzi.bench.serve import chunk_content
 from zhuzi.cli import build_parser
+from zhuzi.model import native
 from zhuzi.model.loader import load_model_config
 
 
@@ -114,6 +115,7 @@ def test_decode_reports_speed_and_share_of_roofline(quantization, tmp_path, caps
                                                      / report.bandwidth_bytes_per_s)
     assert "% of roofline" in capsys.readouterr().out
     assert json.loads(out.read_text())["roofline_fraction"] == pytest.approx(report.roofline_fraction)
+    assert report.machine.endswith(f", {native.resolve(native.default_choice())} kernels")  # the variant that ran
 
 
 def test_decode_compares_speculation_with_none_on_grounded_prompts(tmp_path, capsys):
@@ -193,6 +195,7 @@ def test_serve_measures_every_streamed_request(server_url, tmp_path, capsys):
     for stat in (report.ttft_ms, report.tpot_ms, report.itl_ms, report.e2el_ms):
         assert 0 < stat.median <= stat.p99
     assert report.e2el_ms.mean > report.ttft_ms.mean
+    assert report.machine.endswith(f", {native.resolve(native.default_choice())} kernels")  # from /inspect/engine
     assert all(1 <= len(r.itl) <= 5 for r in report.requests)  # gaps between at most 6 content chunks
     printed = capsys.readouterr().out
     for row in ("Successful requests:", "Request throughput (req/s):", "Output token throughput (tok/s):",

@@ -1,11 +1,19 @@
-"""llama.cpp as the benchmark peer: its tools' output is read right (captured from real llama-bench and
-llama-batched-bench runs on SmolLM2), a missing build says how to make one before anything runs, and
-where the tools are built the comparisons run end to end in the same process."""
+"""llama.cpp as the benchmark peer: its tools' output is read right (captured from real llama-bench,
+llama-batched-bench and llama-perplexity runs on SmolLM2), a missing build says how to make one before
+anything runs, and where the tools are built the comparisons run end to end in the same process."""
 from pathlib import Path
 
 import pytest
 
-from zhuzi.bench.llamacpp import LlamaCppError, find_tool, parse_batched_bench, parse_llama_bench, shown
+from zhuzi.bench.datasets import read_sharegpt, sharegpt_messages
+from zhuzi.bench.llamacpp import (
+    LlamaCppError,
+    find_tool,
+    parse_batched_bench,
+    parse_llama_bench,
+    parse_perplexity,
+    shown,
+)
 from zhuzi.cli import build_parser
 
 DATA = Path(__file__).parent / "data"
@@ -47,6 +55,17 @@ def test_llama_batched_bench_jsonl_is_read():
     assert four.decode_tokens_per_s == pytest.approx(143.653656) and four.prefill_s == pytest.approx(0.25662)
 
 
+def test_llama_perplexity_log_is_read():
+    assert parse_perplexity((DATA / "llama_perplexity.log").read_text()) == (34.4216, 7)
+    with pytest.raises(LlamaCppError, match="no final estimate"):
+        parse_perplexity("perplexity: tokenizing the input ..")
+
+
+def test_a_missing_llama_perplexity_says_which_target_builds_it(tmp_path):
+    with pytest.raises(LlamaCppError, match="build-llamacpp.sh.*`cmake --build build --target llama-perplexity`"):
+        find_tool("llama-perplexity", str(tmp_path))
+
+
 def test_a_missing_llama_cpp_is_named_with_how_to_build_it(tmp_path, monkeypatch):
     with pytest.raises(LlamaCppError, match="not found in .*build-llamacpp.sh"):
         find_tool("llama-bench", str(tmp_path))
@@ -55,10 +74,10 @@ def test_a_missing_llama_cpp_is_named_with_how_to_build_it(tmp_path, monkeypatch
         find_tool("llama-batched-bench")
 
 
-@pytest.mark.parametrize("tool", ["decode", "offline"])
+@pytest.mark.parametrize("tool", [["decode"], ["offline"], ["accuracy", "--perplexity", "README.md"]])
 def test_compare_fails_before_zhuzi_runs_when_llama_cpp_is_missing(tool, tmp_path, capsys):
     with pytest.raises(LlamaCppError, match="build-llamacpp.sh"):
-        run_tool(["bench", tool, "--compare", "llama.cpp", "--llama-cpp-bin", str(tmp_path)])
+        run_tool(["bench", *tool, "--compare", "llama.cpp", "--llama-cpp-bin", str(tmp_path)])
     assert "zhuzi bench" not in capsys.readouterr().out  # no report: nothing ran
 
 
@@ -97,3 +116,17 @@ def test_offline_runs_llama_batched_bench_with_the_workloads_mean_lengths(capsys
     printed = capsys.readouterr().out
     assert "zhuzi / llama.cpp:" in printed
     assert "llama.cpp: llama-batched-bench -m SmolLM2-135M-Instruct.Q4_1.gguf -t" in printed
+
+
+@pytest.mark.skipif(not built("llama-perplexity"), reason=NOT_BUILT + " with its llama-perplexity target")
+def test_perplexity_of_a_text_is_llama_perplexitys_within_one_percent(tmp_path, capsys):
+    """The same GGUF blocks and text, windows scored the same way: the same perplexity."""
+    answers = (m["content"] for record in read_sharegpt(50) for m in sharegpt_messages(record)
+               if m["role"] == "assistant")
+    text = tmp_path / "answers.txt"
+    # One space between words: llama.cpp's SmolLM2 pre-tokenizer joins "\n\n" into one token, transformers' not
+    text.write_text(" ".join(" ".join(next(answers) for _ in range(12)).split()))
+    report = run_tool(["bench", "accuracy", "--perplexity", str(text), "--window", "256", "--compare", "llama.cpp"])
+    assert report.windows == report.llama_cpp_windows >= 2
+    assert report.results["default"] == pytest.approx(report.llama_cpp, rel=0.01)
+    assert "zhuzi default" in capsys.readouterr().out

@@ -1,16 +1,19 @@
 """The fused decode step (one native call a step) against the per-layer path and a float32 forward, on
-tiny Llama / Qwen2 (QKV bias) / Qwen3 (q/k norms) checkpoints in every weight format."""
-import tempfile
-from pathlib import Path
-
+tiny Llama / Qwen2 (QKV bias) / Qwen3 (q/k norms) checkpoints in every weight format, and as GGUF files of
+every block type, under every CPU variant this machine runs, in the precision dtype auto picks there (bf16
+with AVX512-BF16, else float32 activations over bf16 weights and KV cache)."""
+import gguf
 import pytest
 import tiny
 import torch
-from kernel_probe import serves
 
+from zhuzi.config import Precision
+from zhuzi.model import native
 from zhuzi.model.attention import AttentionMetadata, PrefillChunk
 from zhuzi.model.decoder import Decoder
 from zhuzi.model.loader import load_checkpoint
+
+pytestmark = pytest.mark.usefixtures("variant")
 
 SHAPE = dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2)  # head_dim 32
 
@@ -22,9 +25,27 @@ def checkpoint(request, tmp_path_factory):
     return directory
 
 
-def decoder(directory, dtype=torch.bfloat16, quantization=None, fused=True) -> Decoder:
-    ckpt = load_checkpoint(directory, dtype)
-    return Decoder(ckpt.config, ckpt.tensors, quantization=quantization, fused_decode=fused)
+Q = gguf.GGMLQuantizationType
+# Every block type a kernel serves, as a Q4_K_M file mixes them: q/k/v side by side in one layer.
+BLOCK_TYPES = {"q_proj": Q.Q4_0, "k_proj": Q.Q5_1, "v_proj": Q.Q8_0, "o_proj": Q.Q4_K, "gate_proj": Q.Q5_K,
+               "up_proj": Q.Q4_1, "down_proj": Q.Q6_K, "embed_tokens": Q.Q5_0, "lm_head": Q.Q6_K}
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def gguf_file(request, tmp_path_factory):
+    """A tiny model as a GGUF file of blocks (llama: Q/K rows in llama.cpp's order, rotated interleaved)."""
+    directory = tmp_path_factory.mktemp(f"{request.param}-gguf")
+    model = tiny.build(request.param, directory, hidden_size=256, intermediate_size=512, num_attention_heads=4,
+                       num_key_value_heads=2, vocab_size=1024)  # K-quant rows of 256; whole 16-row tiles
+    types = {name: BLOCK_TYPES[name.split(".")[-2]] for name in model.state_dict()
+             if name.endswith(".weight") and name.split(".")[-2] in BLOCK_TYPES}
+    return tiny.write_gguf(directory / "tiny.gguf", model, request.param, types=types)
+
+
+def decoder(directory, dtype="auto", quantization=None, fused=True) -> Decoder:
+    precision = Precision.of(dtype, native.current())
+    ckpt = load_checkpoint(directory, precision.weights)
+    return Decoder(ckpt.config, ckpt.tensors, quantization=quantization, fused_decode=fused, dtype=precision.compute)
 
 
 def prefill(model: Decoder, ids: list[int], pool: int = 256, kv: torch.Tensor | None = None,
@@ -32,7 +53,7 @@ def prefill(model: Decoder, ids: list[int], pool: int = 256, kv: torch.Tensor | 
     """(logits of every position, the KV pool) of one prompt at slots first_slot + position."""
     c, n = model.config, len(ids)
     if kv is None:
-        kv = torch.zeros(c.num_layers, 2, pool, c.num_kv_heads, c.head_dim, dtype=model.dtype)
+        kv = torch.zeros(c.num_layers, 2, pool, c.num_kv_heads, c.head_dim, dtype=model.kv_dtype)
     slots = torch.arange(n) + first_slot
     meta = AttentionMetadata(slots, 0, torch.empty(0), torch.empty(0), [PrefillChunk(0, n, n, slots)])
     with torch.inference_mode():
@@ -62,21 +83,11 @@ def fused_and_per_layer(model: Decoder, ids: list[int]):
     return fused, per_layer, fused_kv, per_layer_kv
 
 
-def probe() -> torch.Tensor | None:
-    """One fused step of a tiny bf16 Llama, or None where the kernel does not serve this CPU."""
-    with tempfile.TemporaryDirectory() as directory:
-        tiny.build("llama", Path(directory), **SHAPE)
-        model = decoder(directory)
-        return None if model.fused is None else fused_and_per_layer(model, IDS[:3])[0]
-
-
-pytestmark = serves("decode_step", probe)
-
-
 @pytest.mark.parametrize("quantization", [None, "int8", "int4"])
 def test_fused_step_agrees_with_the_per_layer_path(checkpoint, quantization):
-    """Both round to bf16, at different points (fused.py): 1-2 % of the largest logit apart here."""
+    """In bf16 both round, at different points (fused.py): 1-2 % of the largest logit apart here."""
     model = decoder(checkpoint, quantization=quantization)
+    assert model.fused is not None  # every variant serves it
     fused, per_layer, fused_kv, per_layer_kv = fused_and_per_layer(model, IDS)
     assert fused.shape == (1, model.config.vocab_size) and fused.dtype == torch.float32
     assert (fused - per_layer).abs().max() <= 0.03 * per_layer.abs().max()
@@ -87,18 +98,30 @@ def test_fused_step_agrees_with_the_per_layer_path(checkpoint, quantization):
 
 
 def test_fused_step_is_as_close_to_float32_as_the_per_layer_path(checkpoint):
-    """Its float32 residual stream rounds less than the per-layer path's bf16 one."""
+    """Its float32 residual stream rounds less than the per-layer path's bf16 one (and as little as the
+    float32 one's)."""
     model = decoder(checkpoint)
     fused, per_layer, _, _ = fused_and_per_layer(model, IDS)
-    reference, _ = prefill(decoder(checkpoint, torch.float32), IDS)
+    reference, _ = prefill(decoder(checkpoint, "float32"), IDS)
     fused_error, per_layer_error = ((x[0] - reference[-1]).abs().max() for x in (fused, per_layer))
     assert fused_error <= 1.25 * per_layer_error
 
 
-@pytest.mark.parametrize("quantization", [None, "int4"])
-def test_rows_never_influence_each_other(checkpoint, quantization):
+def test_fused_step_on_gguf_blocks_agrees_with_the_per_layer_path(gguf_file):
+    """Both meet the blocks with q8 activations; only the bf16 rounding of the per-layer path differs."""
+    model = decoder(gguf_file, quantization="gguf")
+    assert model.fused is not None
+    fused, per_layer, fused_kv, per_layer_kv = fused_and_per_layer(model, IDS)
+    assert (fused - per_layer).abs().max() <= 0.03 * per_layer.abs().max()
+    new = len(IDS) - 1
+    written = fused_kv[:, :, new].float()
+    assert (written - per_layer_kv[:, :, new].float()).abs().max() <= 0.03 * written.abs().max()
+
+
+@pytest.mark.parametrize("quantization", [None, "int4", "gguf"])
+def test_rows_never_influence_each_other(checkpoint, gguf_file, quantization):
     """A row's logits are the same bits alone or beside others of other lengths, on any thread count."""
-    model = decoder(checkpoint, quantization=quantization)
+    model = decoder(gguf_file if quantization == "gguf" else checkpoint, quantization=quantization)
     _, kv = prefill(model, IDS[:11])  # three sequences, each with its own slots
     prefill(model, IDS[:39], kv=kv, first_slot=64)
     prefill(model, IDS[:24], kv=kv, first_slot=128)
@@ -117,10 +140,9 @@ def test_rows_never_influence_each_other(checkpoint, quantization):
 
 
 def test_fused_step_is_used_only_where_it_serves(checkpoint):
-    assert decoder(checkpoint, torch.float32).fused is None  # float32 is the reference: the per-layer path
+    assert decoder(checkpoint, "float32").fused is None  # float32 is the reference: the per-layer path
     assert decoder(checkpoint, fused=False).fused is None  # EngineConfig.fused_decode=False
     model = decoder(checkpoint)
-    assert model.fused is not None
     _, kv = prefill(model, IDS)
     nine = [list(range(i + 1)) for i in range(9)]
     with torch.inference_mode():

@@ -1,8 +1,6 @@
 """Checkpoint loading: HF safetensors directories and GGUF files -> ModelConfig + HF-named tensors."""
 import copy
 import json
-import os
-import time
 from pathlib import Path
 
 import gguf
@@ -11,7 +9,9 @@ import pytest
 import torch
 import transformers
 from safetensors.torch import load_file, save_file
+from tiny import llama_cpp_permute, reference_tensors, write_gguf
 
+from zhuzi.model.blocks import BlockWeight
 from zhuzi.model.loader import Checkpoint, CheckpointError, load_checkpoint, load_model_config
 
 MODEL_CLASSES = {"llama": transformers.LlamaForCausalLM, "qwen2": transformers.Qwen2ForCausalLM,
@@ -23,7 +23,7 @@ DOWN_PROJ = "model.layers.0.mlp.down_proj.weight"  # (64, 256): one 256-wide blo
 
 @pytest.fixture(scope="module", autouse=True)
 def cache_dir(tmp_path_factory):
-    """Keep the converted-GGUF cache of these tests out of the user's home."""
+    """Keep any cache entry these tests make out of the user's home (loading a GGUF should make none)."""
     with pytest.MonkeyPatch.context() as patch:
         directory = tmp_path_factory.mktemp("zhuzi-cache")
         patch.setenv("ZHUZI_CACHE", str(directory))
@@ -43,13 +43,6 @@ def tiny_model(arch: str, **overrides) -> transformers.PreTrainedModel:
     return model
 
 
-def reference_tensors(model: transformers.PreTrainedModel) -> dict[str, torch.Tensor]:
-    tensors = dict(model.state_dict())
-    if model.config.tie_word_embeddings:
-        del tensors["lm_head.weight"]
-    return tensors
-
-
 def assert_same_tensors(loaded: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
     assert sorted(loaded) == sorted(expected)
     for name, tensor in expected.items():
@@ -57,50 +50,21 @@ def assert_same_tensors(loaded: dict[str, torch.Tensor], expected: dict[str, tor
         assert torch.equal(loaded[name], tensor.to(loaded[name].dtype)), name
 
 
-def llama_cpp_permute(weight: np.ndarray, heads: int) -> np.ndarray:
-    """What llama.cpp's converter does to Q/K rows (pairs for its RoPE); the loader must undo it."""
-    return weight.reshape(heads, 2, -1, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+def unpermute(weight: torch.Tensor, heads: int) -> torch.Tensor:
+    """The inverse of llama_cpp_permute: back to Hugging Face's rotate-half order."""
+    return weight.reshape(heads, -1, 2, *weight.shape[1:]).transpose(1, 2).reshape(weight.shape)
 
 
-RawTensors = dict[str, tuple[np.ndarray, gguf.GGMLQuantizationType]]
+def values(tensors: dict) -> dict[str, torch.Tensor]:
+    """A checkpoint's tensors with GGUF blocks replaced by their exact values."""
+    return {name: t.dequantize() if isinstance(t, BlockWeight) else t for name, t in tensors.items()}
 
 
-def write_gguf(path: Path, model, arch: str, raw: RawTensors | None = None, drop: tuple[str, ...] = ()) -> Path:
-    """A GGUF file holding `model` the way llama.cpp writes it: its names, its permutation, its metadata.
-    `raw` replaces a tensor's data by pre-quantized bytes."""
-    cfg = model.config
-    writer = gguf.GGUFWriter(path, arch)
-    for key, value in {"block_count": cfg.num_hidden_layers, "context_length": cfg.max_position_embeddings,
-                       "embedding_length": cfg.hidden_size, "feed_forward_length": cfg.intermediate_size,
-                       "attention.head_count": cfg.num_attention_heads,
-                       "attention.head_count_kv": cfg.num_key_value_heads}.items():
-        writer.add_uint32(f"{arch}.{key}", value)
-    writer.add_float32(f"{arch}.rope.freq_base", 50000.0)
-    writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)
-    if arch == "qwen3":
-        writer.add_key_length(cfg.head_dim)
-    writer.add_token_list([f"t{i}" for i in range(cfg.vocab_size)])  # no vocab_size key: from the list
-    writer.add_uint32("tokenizer.ggml.bos_token_id", 1)
-    writer.add_eos_token_id(2)
-    writer.add_uint32("tokenizer.ggml.eot_token_id", 7)
-    arch_id = next(key for key, name in gguf.MODEL_ARCH_NAMES.items() if name == arch)
-    names = gguf.get_tensor_name_map(arch_id, cfg.num_hidden_layers)
-    heads = {"q_proj": cfg.num_attention_heads, "k_proj": cfg.num_key_value_heads}
-    for hf_name, tensor in reference_tensors(model).items():
-        name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
-        array = tensor.numpy()
-        if arch == "llama" and hf_name.split(".")[-2] in heads:
-            array = llama_cpp_permute(array, heads[hf_name.split(".")[-2]])
-        if hf_name in (raw or {}):
-            data, qtype = raw[hf_name]
-            writer.add_tensor(name, np.ascontiguousarray(data).view(np.uint8), raw_dtype=qtype)
-        elif name not in drop:
-            writer.add_tensor(name, np.ascontiguousarray(array))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+def file_order(model, arch: str) -> dict[str, torch.Tensor]:
+    """The reference tensors in a GGUF file's row order: llama's Q/K rows permuted."""
+    heads = {"q_proj": model.config.num_attention_heads, "k_proj": model.config.num_key_value_heads}
+    return {name: torch.from_numpy(llama_cpp_permute(t.numpy(), heads[name.split(".")[-2]]))
+            if arch == "llama" and name.split(".")[-2] in heads else t for name, t in reference_tensors(model).items()}
 
 
 def error_message(path: Path) -> str:
@@ -178,14 +142,15 @@ def test_config_needs_no_tensor_data(tmp_path):
 # ---------------------------------------------------------------- GGUF files
 
 @pytest.mark.parametrize("arch,tied", [("llama", True), ("qwen2", False), ("qwen3", False)])
-def test_gguf_gives_hf_names_unpermuted_tensors_and_config(tmp_path, arch, tied):
+def test_gguf_gives_hf_names_file_order_tensors_and_config(tmp_path, arch, tied):
     model = tiny_model(arch, tie_word_embeddings=tied, **HF_CASES[arch][0])
     path = write_gguf(tmp_path / "tiny.gguf", model, arch)
 
     checkpoint = load_checkpoint(path, torch.float32)
 
-    assert_same_tensors(checkpoint.tensors, reference_tensors(model))
+    assert_same_tensors(checkpoint.tensors, file_order(model, arch))
     config = checkpoint.config
+    assert config.rope_interleaved == (arch == "llama")  # llama's Q/K rows rotate as the file orders them
     shape = (config.architecture, config.vocab_size, config.num_layers, config.tie_word_embeddings)
     assert shape == (arch, 1000, 2, tied)
     assert (config.head_dim, config.attention_bias, config.qk_norm) == (
@@ -209,7 +174,7 @@ def test_gguf_quant_types_round_trip(tmp_path, type_name):
     quantized = gguf.quants.quantize(weight, qtype)
     path = write_gguf(tmp_path / "q.gguf", model, "llama", raw={DOWN_PROJ: (quantized, qtype)})
 
-    loaded = load_checkpoint(path, torch.float32).tensors[DOWN_PROJ].numpy()
+    loaded = values(load_checkpoint(path, torch.float32).tensors)[DOWN_PROJ].numpy()
 
     assert np.array_equal(loaded, gguf.quants.dequantize(quantized.view(np.uint8), qtype))
     assert np.abs(loaded - weight).max() <= ROUND_TRIP_TOLERANCE[type_name] * np.abs(weight).max()
@@ -246,50 +211,32 @@ def test_gguf_k_quants_dequantize_to_their_encoded_values(tmp_path, type_name):
     assert raw.shape[1] == gguf.GGML_QUANT_SIZES[qtype][1]
     path = write_gguf(tmp_path / "k.gguf", tiny_model("llama"), "llama", raw={DOWN_PROJ: (raw, qtype)})
 
-    loaded = load_checkpoint(path, torch.float32).tensors[DOWN_PROJ].numpy()
+    loaded = values(load_checkpoint(path, torch.float32).tensors)[DOWN_PROJ].numpy()
 
     np.testing.assert_allclose(loaded, expected, rtol=1e-6)
 
 
-def test_gguf_conversion_is_cached_and_invalidated_by_a_new_file(tmp_path, cache_dir):
+def test_gguf_blocks_are_read_in_place(tmp_path, cache_dir):
+    """Quantized matrices are views of the mapped file: no copy, no converted cache."""
     model = tiny_model("qwen2")
-    path = write_gguf(tmp_path / "cached.gguf", model, "qwen2")
-    written_at = path.stat().st_mtime_ns
+    quantized = gguf.quants.quantize(model.state_dict()[DOWN_PROJ].numpy(), gguf.GGMLQuantizationType.Q8_0)
+    path = write_gguf(tmp_path / "mapped.gguf", model, "qwen2",
+                      raw={DOWN_PROJ: (quantized, gguf.GGMLQuantizationType.Q8_0)})
     before = set(cache_dir.rglob("*"))
-    first = load_checkpoint(path, torch.float32)
-    written = set(cache_dir.rglob("cached-*.safetensors")) - before
-    assert len(written) == 1 and not list(cache_dir.rglob("*.tmp"))
 
-    cache = written.pop()
-    assert load_file(cache).keys() == first.tensors.keys()
-    second = load_checkpoint(path, torch.float32)
-    assert second.config == first.config
-    assert_same_tensors(second.tensors, first.tensors)
+    weight = load_checkpoint(path).tensors[DOWN_PROJ]
 
-    os.utime(path, ns=(time.time_ns(), time.time_ns() + 10**9))
-    load_checkpoint(path, torch.float32)
-    assert len(list(cache_dir.rglob("cached-*.safetensors"))) == 2
-
-    cache.write_bytes(b"garbage")  # a damaged cache is converted again, never trusted
-    os.utime(path, ns=(written_at, written_at))
-    assert_same_tensors(load_checkpoint(path, torch.float32).tensors, reference_tensors(model))
+    assert isinstance(weight, BlockWeight) and weight.shape == (64, 256)
+    assert weight.data.untyped_storage().nbytes() == path.stat().st_size  # the whole file, mapped
+    assert weight.data.numpy().tobytes() == quantized.tobytes()
+    assert set(cache_dir.rglob("*")) == before
 
 
 # ---------------------------------------------------------------- the embedded SmolLM2
 
 @pytest.fixture(scope="module")
-def smollm2_cold_load(smollm2_path) -> tuple[Checkpoint, float]:
-    """The first load of the module's fresh cache (it converts the GGUF), and its seconds."""
-    started = time.perf_counter()
-    checkpoint = load_checkpoint(smollm2_path, torch.float32)
-    seconds = time.perf_counter() - started
-    print(f"SmolLM2 cold load: {seconds:.2f} s")
-    return checkpoint, seconds
-
-
-@pytest.fixture(scope="module")
-def smollm2(smollm2_cold_load) -> Checkpoint:
-    return smollm2_cold_load[0]
+def smollm2(smollm2_path) -> Checkpoint:
+    return load_checkpoint(smollm2_path, torch.float32)
 
 
 def test_smollm2_config(smollm2, smollm2_path):
@@ -303,19 +250,11 @@ def test_smollm2_config(smollm2, smollm2_path):
 
 
 def test_smollm2_tensors_equal_transformers_gguf_load(smollm2, hf_smollm2):
-    """transformers dequantizes and un-permutes the same file; our q_proj/k_proj must match exactly."""
-    assert_same_tensors(smollm2.tensors, reference_tensors(hf_smollm2))
-
-
-def test_smollm2_second_load_is_fast(smollm2_cold_load, smollm2_path):
-    """The cache saves most of the first load's work, on this machine's own pace (the baseline is the cold load
-    that converted the GGUF in this same cache)."""
-    smollm2, cold = smollm2_cold_load
-    started = time.perf_counter()
-    again = load_checkpoint(smollm2_path, torch.float32)
-    assert time.perf_counter() - started < cold / 4
-    name = "model.layers.7.self_attn.q_proj.weight"
-    assert torch.equal(again.tensors[name], smollm2.tensors[name])
+    """transformers dequantizes the same file and un-permutes Q/K: the same values, Q/K rows reordered."""
+    heads = {"q_proj": 9, "k_proj": 3}
+    ours = {name: unpermute(t, heads[name.split(".")[-2]]) if name.split(".")[-2] in heads else t
+            for name, t in values(smollm2.tensors).items()}
+    assert_same_tensors(ours, reference_tensors(hf_smollm2))
 
 
 # ---------------------------------------------------------------- errors

@@ -1,24 +1,100 @@
-"""Building the native kernels: a kernel that does not compile is an error; no compiler is the torch path."""
+"""native.py: the variant this CPU runs is chosen and a forced one it cannot run is refused in one line; a
+kernel that does not compile fails loudly; and the kernels' own C++ unit tests (tests/kernels, against
+float64 references) pass for every x86 variant this CPU runs, natively, and for both aarch64 variants,
+cross-compiled and run under qemu-aarch64 (the neon one on a CPU model without i8mm)."""
+import os
+import platform
+import shutil
+import subprocess
+from pathlib import Path
+
 import pytest
 
 from zhuzi.model import native
 
-
-@pytest.fixture
-def fresh_load():
-    native.load.cache_clear()
-    yield native.load
-    native.load.cache_clear()
+TESTS = Path(__file__).parent.parent / "kernels"
+X86 = [v.name for v in native.runnable() if v.arch == "x86_64"]
+ARM = {"neon-i8mm": "max", "neon": "neoverse-n1"}  # qemu CPU models: with and without i8mm
+CROSS = native.CROSS_COMPILERS["aarch64"]
 
 
-def test_a_kernel_that_does_not_compile_raises(fresh_load, monkeypatch):
-    monkeypatch.setenv("CXX", "false")  # a compiler that fails every build
-    with pytest.raises(native.KernelBuildError, match="small_m_linear.cpp does not compile with false"):
-        fresh_load("small_m_linear")
+def test_auto_picks_the_first_variant_this_cpu_runs():
+    best = native.runnable()
+    assert native.resolve("auto") == (best[0].name if best else "torch")
+    assert native.resolve("torch") == "torch"
+    assert [v.name for v in best] == [v for v in native.VARIANTS if v in {b.name for b in best}]  # best first
 
 
-def test_without_a_compiler_the_torch_path_runs(fresh_load, monkeypatch):
+def test_a_variant_this_cpu_cannot_run_is_a_one_line_error():
+    other = "neon" if platform.machine() != "aarch64" else "avx2"
+    with pytest.raises(ValueError, match=f"^cpu_kernels {other} runs on .* CPUs, this one is .*it runs: ") as info:
+        native.resolve(other)
+    assert "\n" not in str(info.value)
+    with pytest.raises(ValueError, match="unknown cpu_kernels 'sse2'; choose one of auto, avx512"):
+        native.resolve("sse2")
+
+
+@pytest.mark.skipif("avx512" in X86 or platform.machine() != "x86_64", reason="this CPU runs avx512")
+def test_avx512_is_refused_naming_what_the_cpu_lacks():
+    with pytest.raises(ValueError, match="^cpu_kernels avx512 needs .*avx512.*, which this CPU lacks"):
+        native.resolve("avx512")
+
+
+def test_the_selected_variant_serves_entries(monkeypatch):
+    before = native.current()
+    try:
+        assert native.select("torch") == "torch" and native.current() == "torch"
+        assert native.entry("small_m_linear", "zhuzi_small_m_linear", []) is None
+    finally:
+        native.select(before)
+
+
+@pytest.mark.skipif(native.compiler() is None, reason="no C++ compiler")
+def test_a_kernel_that_does_not_compile_raises(tmp_path, monkeypatch):
+    (tmp_path / "broken.cpp").write_text("int broken( {\n")
+    monkeypatch.setattr(native, "KERNELS", tmp_path)
+    variant = native.runnable()[0].name if native.runnable() else pytest.skip("no variant runs here")
+    with pytest.raises(native.KernelBuildError, match=r"could not build kernels/broken.cpp for .*\n.*error"):
+        native.build("broken", variant, native.compiler())
+
+
+
+def test_without_a_compiler_the_torch_path_runs(monkeypatch):
     monkeypatch.delenv("CXX", raising=False)
     monkeypatch.setenv("PATH", "")
     assert native.compiler() is None
-    assert fresh_load("small_m_linear") is None
+    assert native._open("small_m_linear", "avx2") is None
+
+def kernel_tests(variant: str, cxx: str, out: Path) -> Path:
+    """The C++ tests of tests/kernels, linked against the variant's kernel libraries (built by native)."""
+    libs = [str(native.build(src.stem, variant, cxx)) for src in sorted(native.KERNELS.glob("*.cpp"))]
+    binary = out / f"kernel-tests-{variant}"
+    done = subprocess.run([cxx, "-O1", "-fopenmp", *native.VARIANTS[variant].flags, f"-I{native.KERNELS}",
+                           *map(str, sorted(TESTS.glob("*.cpp"))), "-o", str(binary), *libs, "-lm"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    return binary
+
+
+def expect_pass(command: list[str], variant: str) -> None:
+    # Threads that spin at barriers crawl on a shared machine; the tests count checks, not time.
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600,
+                          env=os.environ | {"OMP_WAIT_POLICY": "passive"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines()[-1].startswith(f"{variant}: ")  # the build is the variant it claims
+
+
+@pytest.mark.skipif(native.compiler() is None, reason="no C++ compiler")
+@pytest.mark.parametrize("variant", X86)
+def test_kernel_unit_tests_pass_natively(variant, tmp_path):
+    expect_pass([str(kernel_tests(variant, native.compiler(), tmp_path))], variant)
+
+
+@pytest.mark.skipif(not (shutil.which(CROSS) and shutil.which("qemu-aarch64")),
+                    reason=f"no aarch64 cross toolchain ({CROSS}, qemu-aarch64; make test installs them)")
+@pytest.mark.parametrize("variant", ARM)
+def test_kernel_unit_tests_pass_on_aarch64_under_qemu(variant, tmp_path):
+    sysroot = Path(subprocess.run([CROSS, "-print-file-name=libc.so.6"], capture_output=True, text=True,
+                                  check=True).stdout.strip()).resolve().parent.parent
+    binary = kernel_tests(variant, CROSS, tmp_path)
+    expect_pass(["qemu-aarch64", "-L", str(sysroot), "-cpu", ARM[variant], str(binary)], variant)

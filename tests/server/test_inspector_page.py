@@ -355,6 +355,7 @@ def test_the_kv_calculator_starts_from_the_loaded_model(inspector: Inspector) ->
     ui.tab("engine")
     calc = ui.page.get_by_test_id("kv-calculator")
     model = engine(ui)["model"]
+    expect(ui.page.locator("#engine-cards")).to_contain_text(f"CPU kernels{model['cpu_kernels']['variant']}")
     expect(calc.get_by_test_id("kv-layers")).to_have_value(str(model["num_layers"]))
     assert calc.get_by_test_id("kv-kv_heads").input_value() == str(model["num_kv_heads"])
     assert calc.locator("#kv-out").get_attribute("data-per-token") == str(model["kv_bytes_per_token"])

@@ -179,6 +179,25 @@ def test_without_reasoning_or_tools_text_passes_through_untouched() -> None:
     assert merged(stream(parser, list(text))) == ParsedText(content=text)
 
 
+@pytest.mark.parametrize("pieces", [['{"name": "get_weather", "arguments": {"city": "Paris"}}'],
+                                    list('\n{"name": "get_weather", "arguments": {"city": "Par}is"}}\n\nDone.')])
+def test_a_reply_that_is_a_calls_json_alone_is_a_call(pieces: list[str]) -> None:
+    """Qwen2.5-Coder-0.5B answers a tool question with the call's JSON and no tags, as llama.cpp accepts."""
+    total = merged(stream(OutputParser(reasoning=False, tools=True), pieces))
+    [(name, arguments)] = tool_calls_of(total)
+    assert name == "get_weather" and arguments["city"] in ("Paris", "Par}is")
+    assert total.content == ("Done." if len(pieces) > 1 else "")
+
+
+@pytest.mark.parametrize("text", ['{"name": "Bob", "age": 3}', '{"name": "f", "arguments": {"a": 1}', 'Use {"name": '
+                                  '"f", "arguments": {}} here', '{"answer": 42}'])
+def test_json_that_is_no_whole_untagged_call_stays_content(text: str) -> None:
+    """Only a reply that opens with exactly {"name": ..., "arguments": {...}} is a call; other JSON is text."""
+    for pieces in ([text], list(text)):
+        assert merged(stream(OutputParser(reasoning=False, tools=True), pieces)) == ParsedText(content=text)
+    assert OutputParser(reasoning=False, tools=False).parse('{"name": "f", "arguments": {}}').tool_calls == []
+
+
 def test_continued_assistant_message_finishes_a_prefilled_call() -> None:
     """continue_final_message: the client wrote the start of the call, the model writes the rest."""
     prefill = 'Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par'

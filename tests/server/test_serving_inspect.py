@@ -12,6 +12,7 @@ import torch
 from openai import OpenAI
 from server_process import ServerProcess
 
+from zhuzi.model import native
 from zhuzi.model.loader import default_model_path
 from zhuzi.server.inspect_protocol import MAX_STEPS
 from zhuzi.tokenizer import Tokenizer
@@ -94,6 +95,11 @@ def test_engine_snapshot(server: ServerProcess) -> None:
     s = server.get("/inspect/engine?steps=16")
     m = s["model"]
     assert m["kv_bytes_per_token"] == 2 * m["num_layers"] * m["num_kv_heads"] * m["head_dim"] * m["bytes_per_value"]
+    # The server's CPU variant and each operation's path: float32 is the reference (torch matmuls, no fused step)
+    kernels = m["cpu_kernels"]
+    assert m["dtype"] == "float32" and kernels["variant"] == native.resolve(native.default_choice())
+    if kernels["variant"] != "torch":
+        assert kernels["decode_attention"] == kernels["variant"] and kernels["fused_decode_step"] == "torch"
     assert s["kv"]["used_blocks"] + s["kv"]["free_blocks"] == s["kv"]["num_blocks"]
     assert 0 < len(s["steps"]) <= 16 and any(st["decode_tokens"] for st in s["steps"])
     assert s["roofline"]["read_bandwidth_bytes_per_s"] > 1e8

@@ -72,15 +72,29 @@ def load_average() -> float:
     return os.getloadavg()[0]
 
 
-def machine_line() -> str:
-    """CPU model, family and flags of note, cores, torch version: the context every figure needs."""
+def machine_line(kernels: str | None = None) -> str:
+    """CPU model, family and flags of note, cores, torch version, and the CPU kernel variant zhuzi ran (when
+    known): the context every figure needs."""
     info = cpu_info()
     family = f" (family {info['cpu family']}, model {info['model']})" if "cpu family" in info else ""
     flags = set(info.get("flags", "").split())
     noted = [f for f in ("avx512_bf16", "avx512_vnni", "amx_tile") if f in flags]
     absent = ", no AMX" if flags and "amx_tile" not in flags else ""
     return (f"{info.get('model name') or platform.processor() or platform.machine()}{family}, {os.cpu_count()} cores, "
-            f"{' '.join(noted) or 'no AVX512-BF16/VNNI'}{absent}, torch {importlib.metadata.version('torch')}")
+            f"{' '.join(noted) or 'no AVX512-BF16/VNNI'}{absent}, torch {importlib.metadata.version('torch')}"
+            + (f", {kernels} kernels" if kernels else ""))
+
+
+def served_kernels(base_url: str, headers: dict[str, str] | None = None) -> str | None:
+    """The CPU kernel variant of the zhuzi server at base_url (its /inspect/engine), or None for another server."""
+    import httpx
+
+    try:
+        answer = httpx.get(f"{base_url.rstrip('/').removesuffix('/v1')}/inspect/engine?steps=0", headers=headers,
+                           timeout=30)
+        return answer.json()["model"]["cpu_kernels"]["variant"]
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        return None
 
 
 def cpu_info() -> dict[str, str]:

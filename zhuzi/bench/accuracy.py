@@ -1,12 +1,18 @@
 """`zhuzi bench accuracy`: what each quantization costs in quality, against bf16 on the same model.
 
-Per quantization (and bf16 itself, and float32 as the reference the others approximate):
+Per variant (bf16 dense; a GGUF's own blocks; int8; int4; float32 as the reference the others
+approximate):
 - greedy agreement with bf16: ShareGPT's first 32 chat prompts, 64 greedy tokens each (ignore_eos);
   the share of tokens generated before the first difference from bf16's continuation, and how many
   continuations are identical;
 - mean |logprob difference| of the chosen tokens: bf16's continuations scored teacher-forced (prompt
   logprobs of prompt + continuation) by each model, against bf16's own scores;
-- perplexity on a fixed real text: the first N tokens of ShareGPT's answers (file order), in windows.
+- perplexity on a fixed real text: the first N tokens of ShareGPT's answers (file order).
+
+Perplexity is llama.cpp's measure (llama-perplexity): the text's tokens in whole windows, each window
+scored on its second half given the first (its first token BOS where the tokenizer adds one).
+--perplexity FILE measures only that, on FILE, per variant; with --compare llama.cpp, llama-perplexity
+runs on the same GGUF, text and window beside it.
 
 Greedy tokens come from the decode path (fused steps at batch <= 8, as served); logprobs and perplexity
 come from prefill (the path of prompts and big batches).
@@ -17,24 +23,31 @@ import argparse
 import math
 import statistics
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
-from zhuzi.bench import machine_line, save_report
+from zhuzi.bench import add_compare_arguments, machine_line, save_report
 from zhuzi.bench.datasets import sharegpt_answer_tokens, sharegpt_user_prompts
+from zhuzi.bench.llamacpp import find_tool, gguf_of, llama_perplexity
+from zhuzi.model import native
 
-VARIANTS = {"float32": {"dtype": "float32"}, "bf16": {}, "int8": {"quantization": "int8"},
-            "int4": {"quantization": "int4"}}
+VARIANTS = {"float32": {"dtype": "float32"}, "bf16": {"quantization": "none"}, "gguf": {"quantization": "gguf"},
+            "int8": {"quantization": "int8"}, "int4": {"quantization": "int4"}}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", "-m", default=None, help="HF directory or .gguf file (default: embedded SmolLM2)")
-    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS),
-                        help="models to compare with bf16 (default: all)")
+    parser.add_argument("--variants", nargs="+", default=None, choices=list(VARIANTS),
+                        help="models to compare with bf16 (default: all; gguf for a .gguf file only; with "
+                             "--perplexity: the model's default, gguf for a .gguf file)")
     parser.add_argument("--num-prompts", type=int, default=32, help="chat prompts (default %(default)s)")
     parser.add_argument("--max-tokens", type=int, default=64, help="greedy tokens a prompt (default %(default)s)")
     parser.add_argument("--text-tokens", type=int, default=20000,
                         help="tokens of ShareGPT answers for the perplexity (default %(default)s)")
     parser.add_argument("--window", type=int, default=1024, help="perplexity window in tokens (default %(default)s)")
+    parser.add_argument("--perplexity", default=None, metavar="FILE.txt",
+                        help="only the perplexity of this text file (beside llama-perplexity's with --compare)")
     parser.add_argument("--json-out", default=None, help="also write the report to this JSON file")
+    add_compare_arguments(parser)
 
 
 @dataclass
@@ -60,14 +73,37 @@ class AccuracyReport:
         return asdict(self)
 
 
-def perplexity(llm, tokens: list[int], window: int) -> float:
-    """exp(mean negative log-likelihood) of every token after the first of each window."""
+@dataclass
+class TextPerplexity:
+    """--perplexity FILE: each variant's perplexity of one text, and llama-perplexity's."""
+
+    machine: str
+    model: str
+    text: str  # the file's name
+    tokens: int
+    window: int
+    windows: int
+    results: dict[str, float]  # variant -> perplexity
+    llama_cpp: float | None = None
+    llama_cpp_windows: int | None = None
+    llama_cpp_command: str | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def perplexity(llm, tokens: list[int], window: int, bos: int | None = None) -> float:
+    """llama-perplexity's measure: exp(mean negative log-likelihood) of the second half of each whole window
+    of the tokens given its first half; each window's first token is bos, where given."""
     from zhuzi import SamplingParams
 
-    windows = [tokens[i:i + window] for i in range(0, len(tokens), window) if len(tokens[i:i + window]) > 1]
+    windows = [([bos] if bos is not None else tokens[i:i + 1]) + tokens[i + 1:i + window]
+               for i in range(0, len(tokens) - window + 1, window)]
+    if not windows:
+        raise ValueError(f"the text has {len(tokens)} tokens, fewer than one window of {window}")
     outs = llm.generate(windows, SamplingParams(max_tokens=1, prompt_logprobs=0))
-    nll = [-entry[token].logprob for out, ids in zip(outs, windows)
-           for entry, token in zip(out.prompt_logprobs[1:], ids[1:])]
+    nll = [-out.prompt_logprobs[j][ids[j]].logprob for out, ids in zip(outs, windows)
+           for j in range(window // 2 + 1, window)]
     return math.exp(statistics.fmean(nll))
 
 
@@ -99,7 +135,7 @@ def measure(model: str | None, variants: list[str], prompts: list[list[int]], te
     """Quality of each variant against bf16 (which is always measured first)."""
     from zhuzi import LLM
 
-    bf16 = LLM(model)
+    bf16 = LLM(model, **VARIANTS["bf16"])
     reference = greedy(bf16, prompts, max_tokens)
     reference_lp = continuation_logprobs(bf16, prompts, reference)
     results = []
@@ -113,16 +149,20 @@ def measure(model: str | None, variants: list[str], prompts: list[list[int]], te
     return results
 
 
-def run(args: argparse.Namespace) -> AccuracyReport:
+def run(args: argparse.Namespace) -> AccuracyReport | TextPerplexity:
     from zhuzi.model.loader import default_model_path
     from zhuzi.tokenizer import Tokenizer
 
+    if args.perplexity:
+        return run_text(args)
+    is_gguf = Path(args.model or default_model_path()).suffix == ".gguf"
+    args.variants = args.variants or [v for v in VARIANTS if v != "gguf" or is_gguf]
     tokenizer = Tokenizer.load(args.model or default_model_path())
     prompts = [tokenizer.encode_chat([{"role": "user", "content": p}]) for p in sharegpt_user_prompts(args.num_prompts)]
     text = sharegpt_answer_tokens(tokenizer.hf, args.text_tokens)
-    report = AccuracyReport(machine_line(), args.model or "SmolLM2-135M-Instruct (embedded GGUF)", len(prompts),
-                            args.max_tokens, len(text), args.window,
-                            measure(args.model, args.variants, prompts, text, args.max_tokens, args.window))
+    results = measure(args.model, args.variants, prompts, text, args.max_tokens, args.window)
+    report = AccuracyReport(machine_line(native.current()), args.model or "SmolLM2-135M-Instruct (embedded GGUF)",
+                            len(prompts), args.max_tokens, len(text), args.window, results)
     print(format_report(report))
     return save_report(report, args.json_out)
 
@@ -142,4 +182,50 @@ def format_report(r: AccuracyReport) -> str:
         change = f"{100 * (q.perplexity / bf16 - 1):+7.2f}%" if bf16 else ""
         lines.append(f"{q.variant:<9} {q.perplexity:10.4f} {change:>8} {100 * q.greedy_agreement:16.1f}% "
                      f"{q.identical:>5}/{r.num_prompts:<4} {q.mean_abs_logprob_diff:16.4f}")
+    return "\n".join(lines)
+
+
+def run_text(args: argparse.Namespace) -> TextPerplexity:
+    """--perplexity FILE: each variant's perplexity of the file, beside llama-perplexity's."""
+    import torch
+
+    from zhuzi import LLM
+
+    # A --compare that cannot run fails before anything else does.
+    gguf, tool = (gguf_of(args.model), find_tool("llama-perplexity", args.llama_cpp_bin)) if args.compare \
+        else (None, None)
+    text = Path(args.perplexity).read_text()
+    variants = args.variants or ["default"]
+    results, tokens, bos = {}, [], None
+    for variant in variants:
+        llm = LLM(args.model, **VARIANTS.get(variant, {}))
+        if not tokens:  # the text as llama.cpp tokenizes it: BOS first where the tokenizer adds one
+            tokens = llm.tokenizer.hf.encode(text)
+            bos = tokens[0] if llm.tokenizer.hf.encode("") else None
+        results[variant] = perplexity(llm, tokens, args.window, bos)
+        del llm
+    report = TextPerplexity(machine_line(), args.model or "SmolLM2-135M-Instruct (embedded GGUF)",
+                            Path(args.perplexity).name, len(tokens), args.window, len(tokens) // args.window, results)
+    if tool is not None:
+        report.llama_cpp, report.llama_cpp_windows, report.llama_cpp_command = llama_perplexity(
+            tool, gguf, Path(args.perplexity), args.window, torch.get_num_threads())
+    print(format_text_report(report))
+    return save_report(report, args.json_out)
+
+
+def format_text_report(r: TextPerplexity) -> str:
+    lines = [
+        "=============== zhuzi bench accuracy --perplexity ===============",
+        f"machine:    {r.machine}",
+        f"model:      {r.model}",
+        f"text:       {r.text}, {r.tokens:,} tokens: {r.windows} windows of {r.window}, each scored on its second "
+        "half (llama-perplexity's measure)",
+        f"{'engine':<22} {'perplexity':>10} {'vs llama.cpp':>13}",
+    ]
+    for variant, value in r.results.items():
+        change = f"{100 * (value / r.llama_cpp - 1):+12.2f}%" if r.llama_cpp else ""
+        lines.append(f"{'zhuzi ' + variant:<22} {value:10.4f} {change}")
+    if r.llama_cpp is not None:
+        lines += [f"{'llama.cpp':<22} {r.llama_cpp:10.4f}  ({r.llama_cpp_windows} windows)",
+                  f"llama.cpp:  {r.llama_cpp_command}"]
     return "\n".join(lines)

@@ -28,6 +28,7 @@ from zhuzi.bench.llamacpp import BenchTest, find_tool, gguf_of, llama_bench
 from zhuzi.bench.speculative import SpecDecodeReport
 from zhuzi.config import EngineConfig
 from zhuzi.engine.model_runner import measure_read_bandwidth
+from zhuzi.model import native
 
 BANDWIDTH_BUFFER_BYTES = 1 << 30
 
@@ -163,7 +164,7 @@ def run(args: argparse.Namespace) -> DecodeReport | SpecDecodeReport:
                                           len(output.outputs[0].token_ids), 1)
             peer_rounds.append(tuple(tests))
     report = DecodeReport(
-        machine=machine_line(), model=args.model or "SmolLM2-135M-Instruct (embedded GGUF)",
+        machine=machine_line(native.current()), model=args.model or "SmolLM2-135M-Instruct (embedded GGUF)",
         dtype=args.dtype, quantization=args.quantization, threads=torch.get_num_threads(),
         prompt_tokens=len(request.prompt_token_ids), output_tokens=len(output.outputs[0].token_ids),
         prefill_s=prefill_s, decode_step_s=1 / max(rounds),

@@ -1,15 +1,16 @@
-"""llama.cpp as the peer of `zhuzi bench decode | offline --compare llama.cpp`: its llama-bench and
-llama-batched-bench run on the same GGUF file with the same thread count, in the same run.
+"""llama.cpp as the peer of `zhuzi bench decode | offline | accuracy --compare llama.cpp`: its llama-bench,
+llama-batched-bench and llama-perplexity run on the same GGUF file with the same thread count, in the same run.
 
 The binaries are found in --llama-cpp-bin DIR, else $LLAMA_CPP_BIN, else the folder that the team's
 ../shared/tools/build-llamacpp.sh builds them in (under $LLAMA_CPP_DIR, default ~/.cache/llama.cpp), else on
-the PATH. Both tools print JSON (llama-bench -o json,
-llama-batched-bench --output-format jsonl), which is what is read here.
+the PATH. The benchmarks print JSON (llama-bench -o json, llama-batched-bench --output-format jsonl), which is
+what is read here; llama-perplexity's final estimate is read from its log.
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -19,6 +20,8 @@ ENV = "LLAMA_CPP_BIN"
 BUILT = "llama_cpp_python-*/vendor/llama.cpp/build/bin"  # under $LLAMA_CPP_DIR, as the build script lays it out
 HOW_TO_BUILD = (f"build them with ../shared/tools/build-llamacpp.sh (10-25 minutes on 2 cores; it prints their "
                 f"folder), then pass --llama-cpp-bin DIR or set {ENV}=DIR")
+# Tools the script does not build: the command that builds one beside the others, in the script's source folder.
+EXTRA_TOOLS = {"llama-perplexity": "cmake --build build --target llama-perplexity"}
 
 
 class LlamaCppError(OSError):
@@ -43,10 +46,12 @@ def find_tool(name: str, directory: str | None = None) -> Path:
             return folder / name
     if not directory and not os.environ.get(ENV) and (found := shutil.which(name)):
         return Path(found)
-    raise LlamaCppError(f"llama.cpp's {name} not found {where}; {HOW_TO_BUILD}")
+    extra = (f"; the script does not build {name}: then run `{EXTRA_TOOLS[name]}` in the llama.cpp folder it built "
+             "(where its build/ is)") if name in EXTRA_TOOLS else ""
+    raise LlamaCppError(f"llama.cpp's {name} not found {where}; {HOW_TO_BUILD}{extra}")
 
 
-def _run(command: list[str], timeout: float) -> str:
+def _run(command: list[str], timeout: float) -> subprocess.CompletedProcess:
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -54,7 +59,7 @@ def _run(command: list[str], timeout: float) -> str:
     if done.returncode != 0:
         tail = " | ".join(done.stderr.strip().splitlines()[-3:])
         raise LlamaCppError(f"{Path(command[0]).name} failed (exit {done.returncode}): {tail}")
-    return done.stdout
+    return done
 
 
 @dataclass
@@ -94,7 +99,7 @@ def llama_bench(tool: Path, gguf: Path, threads: int, prompt: int, gen: int,
     """(pp<prompt>, tg<gen>, the command line as shown) from one llama-bench run."""
     command = [str(tool), "-m", str(gguf), "-t", str(threads), "-p", str(prompt), "-n", str(gen),
                "-r", str(repetitions), "-o", "json"]
-    tests = {(t.n_prompt, t.n_gen): t for t in parse_llama_bench(_run(command, timeout=3600))}
+    tests = {(t.n_prompt, t.n_gen): t for t in parse_llama_bench(_run(command, timeout=3600).stdout)}
     return tests[prompt, 0], tests[0, gen], shown(command)
 
 
@@ -141,10 +146,27 @@ def batched_bench(tool: Path, gguf: Path, threads: int, prompt: int, gen: int,
     command = [str(tool), "-m", str(gguf), "-t", str(threads),
                "-c", str(context), "-b", "2048", "-ub", "512", "-npp", str(prompt), "-ntg", str(gen),
                "-npl", str(sequences), "--output-format", "jsonl"]
-    runs = parse_batched_bench(_run(command, timeout=7200))
+    runs = parse_batched_bench(_run(command, timeout=7200).stdout)
     if not runs:
         raise LlamaCppError("llama-batched-bench printed no result")
     return runs[-1], shown(command)
+
+
+def parse_perplexity(log: str) -> tuple[float, int]:
+    """llama-perplexity's log -> (its final estimate, the windows it scored)."""
+    final = re.search(r"Final estimate: PPL = ([0-9.]+)", log)
+    windows = re.search(r"calculating perplexity over (\d+) chunks", log)
+    if not final or not windows:
+        raise LlamaCppError("llama-perplexity printed no final estimate (is the text shorter than two windows?)")
+    return float(final[1]), int(windows[1])
+
+
+def llama_perplexity(tool: Path, gguf: Path, text: Path, window: int, threads: int) -> tuple[float, int, str]:
+    """(perplexity, windows scored, the command line as shown) of llama-perplexity on a text file, windows of `window`.
+    Without weight repacking, which changes no weight and crashed on AMX machines under a hypervisor."""
+    command = [str(tool), "-m", str(gguf), "-f", str(text), "-c", str(window), "-b", str(window),
+               "-t", str(threads), "--no-repack"]
+    return *parse_perplexity(_run(command, timeout=7200).stderr), shown(command)
 
 
 def gguf_of(model: str | None) -> Path:

@@ -25,6 +25,7 @@ from zhuzi.bench import add_compare_arguments, load_average, load_llm, machine_l
 from zhuzi.bench.datasets import TokenRequest, hf_source, random_token_requests, sampleable_token_ids
 from zhuzi.bench.llamacpp import BatchedRun, batched_bench, find_tool, gguf_of
 from zhuzi.config import EngineConfig
+from zhuzi.model import native
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -220,7 +221,7 @@ def run(args: argparse.Namespace) -> OfflineReport:
     del llm  # transformers gets the memory to itself
     hf_run = None if args.no_transformers else run_transformers(args, requests[:hf_subset_size(args)])
     report = OfflineReport(
-        machine=machine_line(), model=args.model or "SmolLM2-135M-Instruct (embedded GGUF)",
+        machine=machine_line(native.current()), model=args.model or "SmolLM2-135M-Instruct (embedded GGUF)",
         dtype=args.dtype, quantization=args.quantization, num_prompts=len(requests),
         input_tokens=sum(len(r.prompt_token_ids) for r in requests),
         requested_output_tokens=sum(r.max_tokens for r in requests),

@@ -17,7 +17,7 @@ import os
 import statistics
 from dataclasses import asdict, dataclass, field
 
-from zhuzi.bench import machine_line, save_report
+from zhuzi.bench import machine_line, save_report, served_kernels
 from zhuzi.bench import serve as serve_bench
 
 # The page's polls while its batch view is open (its engine view polls /inspect/engine?steps=128 alone).
@@ -82,9 +82,10 @@ def measure(args: argparse.Namespace, round_: int, arm: str) -> ServeRun:
 def run(args: argparse.Namespace) -> PollingReport:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     args.poll = args.poll or list(PAGE_POLLS)
-    report = PollingReport(machine_line(), args.base_url, args.poll, args.poll_interval,
-                           args.max_concurrency or args.num_prompts, args.random_output_len, args.rounds,
-                           os.getloadavg()[0])
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    report = PollingReport(machine_line(served_kernels(args.base_url, headers)), args.base_url, args.poll,
+                           args.poll_interval, args.max_concurrency or args.num_prompts, args.random_output_len,
+                           args.rounds, os.getloadavg()[0])
     measure(args, -1, "polled")  # warm-up: first-call costs, and the engine measures its bandwidth once
     print(f"{'round':>5} {'arm':>6} {'TPOT ms':>8} {'tok/s':>7} {'polls':>5} {'poll ms':>7} {'load':>5}")
     for i in range(args.rounds):

@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass
 
 from zhuzi.bench import machine_line
 from zhuzi.bench import serve as serve_bench
+from zhuzi.model import native
 
 SETUPS = {
     "in-process": ["--no-engine-process"],
@@ -177,7 +178,7 @@ def run(args: argparse.Namespace) -> list[SetupResult]:
     names = [n.strip() for n in args.setups.split(",") if n.strip()]
     if unknown := [n for n in names if n not in SETUPS]:
         raise SystemExit(f"zhuzi bench scaling: unknown setup {unknown[0]!r}; choose from {', '.join(SETUPS)}")
-    print(f"machine: {machine_line()}")
+    print(f"machine: {machine_line(native.resolve(native.default_choice()))}")
     print(f"load:    {args.num_prompts} requests, {args.max_concurrency} at a time, {args.input_len} prompt tokens, "
           f"{args.output_len} output tokens, ignore_eos; prober every {PROBE_PERIOD_S * 1e3:.0f} ms")
     rows = []
@@ -193,6 +194,7 @@ def run(args: argparse.Namespace) -> list[SetupResult]:
         print(coll.format_report(collectives))
     if args.json_out:
         with open(args.json_out, "w") as f:
-            json.dump({"machine": machine_line(), "setups": [asdict(r) for r in rows],
+            json.dump({"machine": machine_line(native.resolve(native.default_choice())),
+                       "setups": [asdict(r) for r in rows],
                        "collectives": collectives and asdict(collectives)}, f, indent=2)
     return rows

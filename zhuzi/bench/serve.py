@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from zhuzi.bench import machine_line, save_report
+from zhuzi.bench import machine_line, save_report, served_kernels
 from zhuzi.bench.datasets import Conversation, load_tokenizer, random_text_conversations, sharegpt_conversations
 
 ENDPOINT_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
@@ -329,7 +329,7 @@ async def benchmark(args: argparse.Namespace) -> ServeReport:
             if isinstance(outcome, Exception):
                 raise RuntimeError(f"--poll {path} failed: {outcome}") from outcome
     results = [r for rs in per_conversation for r in rs]
-    report = summarize(args, base_url, model, results, duration)
+    report = summarize(args, base_url, model, results, duration, served_kernels(base_url, headers))
     if args.poll:
         report.poll_ms, report.polls = Stat.of(polls), len(polls)
     return report
@@ -346,10 +346,10 @@ async def poll(client, url: str, headers: dict[str, str], interval: float, laten
 
 
 def summarize(args: argparse.Namespace, base_url: str, model: str, results: list[RequestResult],
-              duration: float) -> ServeReport:
+              duration: float, kernels: str | None = None) -> ServeReport:
     ok = [r for r in results if r.success]
     return ServeReport(
-        machine=machine_line(), base_url=base_url, endpoint=args.endpoint, model=model, dataset=args.dataset,
+        machine=machine_line(kernels), base_url=base_url, endpoint=args.endpoint, model=model, dataset=args.dataset,
         num_prompts=len(results), max_concurrency=args.max_concurrency, request_rate=args.request_rate,
         completed=len(ok), failed=len(results) - len(ok), duration_s=duration,
         total_input_tokens=sum(r.prompt_tokens for r in ok), total_output_tokens=sum(r.output_tokens for r in ok),

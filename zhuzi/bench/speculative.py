@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from zhuzi.bench import machine_line, save_report
 from zhuzi.bench.datasets import input_grounded_chats, random_token_requests
 from zhuzi.config import EngineConfig
+from zhuzi.model import native
 
 
 @dataclass
@@ -96,7 +97,8 @@ def run(args: argparse.Namespace) -> SpecDecodeReport:
         identical += outs["plain"] == outs["spec"]
     after = spec_llm.engine.stats().spec_decoding
     report = SpecDecodeReport(
-        machine=machine_line(), speculative_config=dataclasses.asdict(config.speculative), workload=args.workload,
+        machine=machine_line(native.current()), speculative_config=dataclasses.asdict(config.speculative),
+        workload=args.workload,
         num_prompts=len(work), threads=torch.get_num_threads(), load_average=load, temperature=args.temperature,
         plain_tokens=tokens["plain"], spec_tokens=tokens["spec"],
         plain_decode_s=seconds["plain"], spec_decode_s=seconds["spec"], identical_outputs=identical,

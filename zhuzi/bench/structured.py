@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 
 from zhuzi.bench import load_llm, machine_line, save_report
 from zhuzi.config import EngineConfig
+from zhuzi.model import native
 
 SCHEMA = {"type": "array", "minItems": 64, "items": {
     "type": "object",
@@ -86,7 +87,8 @@ def run(args: argparse.Namespace) -> StructuredReport:
         free_s.append(median_step_seconds(llm, prompts, free))
         constrained_s.append(median_step_seconds(llm, prompts, constrained))
     report = StructuredReport(
-        machine=machine_line(), model=args.model or "SmolLM2-135M-Instruct (embedded GGUF)", dtype=args.dtype,
+        machine=machine_line(native.current()), model=args.model or "SmolLM2-135M-Instruct (embedded GGUF)",
+        dtype=args.dtype,
         threads=torch.get_num_threads(), batch=args.batch, steps=args.steps, rounds=args.rounds,
         free_step_s=min(free_s), constrained_step_s=min(constrained_s), load_before=load_before,
         load_after=os.getloadavg()[0])

@@ -107,8 +107,9 @@ class Engine:
         self.recent_steps: deque[StepRecord] = deque(maxlen=RECENT_STEPS)
         self._step_count = itertools.count()
         log.info("model %s (%s, %s), KV %d bytes/token, %d blocks of %d = %d tokens%s", ckpt.path.name,
-                 ckpt.config.architecture, config.dtype, plan.bytes_per_token, plan.num_blocks, plan.block_size,
+                 ckpt.config.architecture, config.precision, plan.bytes_per_token, plan.num_blocks, plan.block_size,
                  plan.capacity_tokens, f", tensor parallel over {self.tp.world_size} ranks" if self.tp else "")
+        log.info("CPU kernels: %s", ", ".join(f"{op} {path}" for op, path in self.kernel_paths.items()))
 
     def shutdown(self) -> None:
         """Release the other tensor-parallel ranks (nothing to do without them)."""
@@ -126,6 +127,10 @@ class Engine:
     @property
     def weight_bytes_per_decode_step(self) -> int:
         return self.runner.model.weight_bytes_per_decode_step
+
+    @functools.cached_property
+    def kernel_paths(self) -> dict[str, str]:
+        return self.runner.model.kernel_paths()
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -222,7 +227,8 @@ class Engine:
     def snapshot(self, num_steps: int) -> EngineSnapshot:
         """The engine's state and its last num_steps step records."""
         steps = list(self.recent_steps)[-num_steps:] if num_steps > 0 else []
-        return EngineSnapshot(time.monotonic(), self.model_config, self.config.dtype, self.max_model_len,
+        return EngineSnapshot(time.monotonic(), self.model_config, str(self.config.precision), self.kernel_paths,
+                              self.max_model_len,
                               self.weight_bytes_per_decode_step, self.stats(), self.kv_plan, len(self.blocks.cached),
                               self.read_bandwidth, steps)
 

@@ -19,8 +19,9 @@ import torch
 from zhuzi.config import EngineConfig
 from zhuzi.engine.sequence import ScheduledSeq
 from zhuzi.engine.tp_control import FORWARD, LOGITS, StepChannel, pack_step
+from zhuzi.model import native
 from zhuzi.model.attention import AttentionMetadata, PrefillChunk
-from zhuzi.model.decoder import Decoder, LayerTap
+from zhuzi.model.decoder import Decoder, LayerTap, layer_format
 from zhuzi.model.loader import Checkpoint, load_checkpoint
 from zhuzi.model.parallel import TPGroup
 from zhuzi.outputs import Inspection, LensLayer, Logprob
@@ -57,12 +58,15 @@ def measure_read_bandwidth(device: str | torch.device = "cpu", nbytes: int = 256
 
 def load_runner(config: EngineConfig, tp: TPGroup | None = None) -> tuple[Checkpoint, ModelRunner]:
     """The checkpoint, and a runner around its model (this rank's slice of it) with the KV pool the plan allows."""
-    ckpt = load_checkpoint(config.model, config.torch_dtype)
+    native.select(config.cpu_kernels)
+    precision = config.precision
+    ckpt = load_checkpoint(config.model, precision.weights)
     positions = max(config.max_model_len or 0, ckpt.config.max_position_embeddings)
-    calibration = calibration_ids(ckpt.path) if config.quantization == "int8" and tp is None else None
-    model = Decoder(ckpt.config, ckpt.tensors, config.device, config.quantization, positions, tp,
+    quantization = layer_format(config.quantization, ckpt.is_gguf, tp is not None)
+    calibration = calibration_ids(ckpt.path) if quantization == "int8" and tp is None else None
+    model = Decoder(ckpt.config, ckpt.tensors, config.device, quantization, positions, tp,
                     fused_decode=config.fused_decode, calibration=calibration,
-                    deterministic=config.deterministic)
+                    deterministic=config.deterministic, dtype=precision.compute)
     plan = config.kv_plan(ckpt.config)
     if plan.num_blocks < 1:
         raise ValueError(f"kv_cache_memory {config.kv_cache_memory} holds no KV block")
@@ -85,7 +89,7 @@ class ModelRunner:
         # One preallocated pool: [layers, K/V, slots, kv_heads, head_dim], of this rank's KV heads (all of them
         # without tensor parallelism): every rank has the same blocks, each for its own heads.
         self.kv_cache = torch.zeros(c.num_layers, 2, num_blocks * config.block_size, model.num_kv_heads,
-                                    c.head_dim, dtype=model.dtype, device=self.device)
+                                    c.head_dim, dtype=model.kv_dtype, device=self.device)
         self.sampler = Sampler()
         # With tensor parallelism this is rank 0's runner: it posts each forward pass and LM-head call, which the
         # other ranks' follow loops (tp_worker.py) run over their slices.

@@ -26,7 +26,7 @@ from zhuzi.config import EngineConfig, SpeculativeConfig
 from zhuzi.engine.block_manager import BlockManager
 from zhuzi.engine.model_runner import ModelRunner
 from zhuzi.engine.sequence import ScheduledSeq, Sequence
-from zhuzi.model.decoder import Decoder
+from zhuzi.model.decoder import Decoder, layer_format
 from zhuzi.model.loader import load_checkpoint
 from zhuzi.sample.rejection import sample_drafts
 from zhuzi.sample.sampler import SamplingRow
@@ -88,15 +88,17 @@ class _Shadow:
 class DraftModelProposer:
     def __init__(self, spec: SpeculativeConfig, config: EngineConfig, tokenizer: Tokenizer, eos_ids: list[int],
                  vocab_size: int, num_blocks: int, max_positions: int):
-        ckpt = load_checkpoint(spec.model, config.torch_dtype)
+        precision = config.precision
+        ckpt = load_checkpoint(spec.model, precision.weights)
         vocab = Tokenizer.load(ckpt.path).hf.get_vocab()
         if ckpt.config.vocab_size != vocab_size or vocab != tokenizer.hf.get_vocab():
             raise ValueError(f"speculative_config: the draft model {spec.model} does not share the target's "
                              f"tokenizer (vocabulary, or size {ckpt.config.vocab_size} vs {vocab_size})")
         self.eos_ids = eos_ids
-        model = Decoder(ckpt.config, ckpt.tensors, config.device, config.quantization,
+        quantization = layer_format(config.quantization, ckpt.is_gguf, False)
+        model = Decoder(ckpt.config, ckpt.tensors, config.device, quantization,
                         max_positions=max(max_positions, ckpt.config.max_position_embeddings),
-                        deterministic=config.deterministic)
+                        deterministic=config.deterministic, dtype=precision.compute)
         self.runner = ModelRunner(model, config, num_blocks, self.eos_ids)
         self.blocks = BlockManager(num_blocks, config.block_size, enable_prefix_caching=False)
         self.budget = config.max_num_batched_tokens  # tokens a catch-up pass computes at most

@@ -45,7 +45,6 @@ _WEIGHTS = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}
 _FLOATS = (torch.float32, torch.bfloat16)
 
 
-@functools.cache
 def _entry(name: str, sizes: int):
     """An entry point of the compiled kernel, or None when it cannot be built or loaded."""
     return native.entry("small_m_linear", name, [ctypes.c_int] * 2 + [ctypes.c_void_p] * 3
@@ -66,13 +65,13 @@ def _serves(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, m
         return False
     if weight.dtype == torch.int8:
         return scale is not None and scale.is_cpu and scale.dtype in _FLOATS and scale.shape == weight.shape[:1]
-    return scale is None and weight.dtype == x.dtype
+    return scale is None and weight.dtype in (x.dtype, torch.bfloat16)
 
 
 def small_m_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor | None:
     """y = x @ weight^T (times scale per output channel for int8 weights), float32 accumulation.
 
-    x: [M, K] float32 or bf16; weight: [N, K] contiguous, x's dtype (scale None) or int8 with
+    x: [M, K] float32 or bf16; weight: [N, K] contiguous, x's dtype or bf16 (scale None) or int8 with
     scale [N] float32 or bf16. Returns [M, N] in x's dtype, or None when this path does not serve
     the call (M > 8, not CPU, other dtypes or shapes, no compiler): the caller then uses torch.
     """
@@ -99,43 +98,50 @@ def _call(fn, x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None,
     return y if status == 0 else None
 
 
-@functools.cache
-def _tiled_kernel():
+def _tiled_kernel(variant: str | None = None):
     return native.entry("tiled_linear", "zhuzi_tiled_linear",
-                        [ctypes.c_int] + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3 + [ctypes.c_int])
+                        [ctypes.c_int] * 2 + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3 + [ctypes.c_int], variant)
 
 
 TILE_FORMATS = {"q4": 0, "q8": 1}
 
 
-@functools.cache
 def tiled_linear_available() -> bool:
-    """Whether this CPU and compiler serve tiled weights (AVX512-BF16 and VBMI)."""
-    fn = _tiled_kernel()
+    """Whether the process's kernels serve tiled weights."""
+    return _tiles_served(native.current())
+
+
+@functools.cache
+def _tiles_served(variant: str) -> bool:
+    fn = _tiled_kernel(variant)
     if fn is None:
         return False
     x, y = torch.zeros(1, 32, dtype=torch.bfloat16), torch.empty(1, 16, dtype=torch.bfloat16)
     w = torch.zeros(1, 1, 544, dtype=torch.uint8)
-    return fn(1, x.data_ptr(), w.data_ptr(), y.data_ptr(), 1, 16, 32, 1) == 0
+    return fn(1, 1, x.data_ptr(), w.data_ptr(), y.data_ptr(), 1, 16, 32, 1) == 0
 
 
 def tiled_linear(x: torch.Tensor, tiles: torch.Tensor, fmt: str, out_features: int) -> torch.Tensor | None:
-    """y = x @ W^T for W packed as quant.py's `fmt` tiles ("q4" or "q8"); x: [M, K] bf16 on CPU.
-    Returns [M, out_features] bf16, or None when the kernel does not serve the call."""
+    """y = x @ W^T for W packed as quant.py's `fmt` tiles ("q4" or "q8"); x: [M, K] float32 or bf16 on CPU.
+    Returns [M, out_features] in x's dtype, or None when the kernel does not serve the call."""
     fn = _tiled_kernel()
-    if fn is None or not (x.is_cpu and x.dtype == torch.bfloat16 and x.dim() == 2 and x.shape[0] > 0
+    if fn is None or not (x.is_cpu and x.dtype in _FLOATS and x.dim() == 2 and x.shape[0] > 0
                           and x.shape[1] == tiles.shape[1] * 32):
         return None
     x = x.contiguous()
-    y = torch.empty(x.shape[0], out_features, dtype=torch.bfloat16)
-    status = fn(TILE_FORMATS[fmt], x.data_ptr(), tiles.data_ptr(), y.data_ptr(), x.shape[0], out_features,
-                x.shape[1], torch.get_num_threads())
+    y = torch.empty(x.shape[0], out_features, dtype=x.dtype)
+    status = fn(TILE_FORMATS[fmt], int(x.dtype == torch.bfloat16), x.data_ptr(), tiles.data_ptr(), y.data_ptr(),
+                x.shape[0], out_features, x.shape[1], torch.get_num_threads())
     return y if status == 0 else None
 
 
-@functools.cache
 def _int8_rows():
-    lib = native.load("int8_rows")
+    return _int8_rows_of(native.current())
+
+
+@functools.cache
+def _int8_rows_of(variant: str):
+    lib = native.load("int8_rows", variant)
     if lib is None:
         return None
     lib.zhuzi_quantize_rows.restype = lib.zhuzi_scale_rows.restype = None
@@ -152,7 +158,13 @@ def int8_matmul(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, code
     the weight rows' code sums, then scaled back and rounded once. A row's result depends only on that row.
 
     x: [M, K] float32 or bf16 on CPU; weight: int8 [N, K]; scale: float32 [N]; code_sums: int32 [N]
-    (weight.sum(1)); bias in x's dtype. None when the kernels cannot be built."""
+    (weight.sum(1)); bias in x's dtype. None when the kernels cannot be built.
+
+    The variants without native bf16 (avx2, neon) have no fast int8 GEMM behind torch._int_mm: there each
+    row runs through the rows kernel on q8 activations (int8 dot products, the decode rows' arithmetic)."""
+    if not native.native_bf16():
+        y = fixed_order_linear(x, weight, scale)
+        return y + bias if y is not None and bias is not None else y
     lib = _int8_rows()
     if lib is None or not (x.is_cpu and x.dtype in _FLOATS):
         return None

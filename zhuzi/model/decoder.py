@@ -6,20 +6,42 @@ tensor-parallel group, the decoder holds this rank's slice of each layer (parall
 """
 from __future__ import annotations
 
+import logging
+from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
 from zhuzi.config import ModelConfig
-from zhuzi.model import cpu_attention
+from zhuzi.model import cpu_attention, cpu_blocks, native
 from zhuzi.model.attention import AttentionMetadata, paged_attention
+from zhuzi.model.blocks import BlockWeight
 from zhuzi.model.cpu_linear import fixed_order_available
 from zhuzi.model.fused import FusedDecode
-from zhuzi.model.layers import Rotary, apply_rotary, rms_norm
-from zhuzi.model.linear import FORMATS, QUANTIZATIONS, Linear, make_linear
+from zhuzi.model.layers import Rotary, rms_norm
+from zhuzi.model.linear import FORMATS, QUANTIZATIONS, Linear, TiledLinear, block_linear, make_linear
 from zhuzi.model.parallel import Shard, TPGroup, head_rows
 from zhuzi.model.smooth import smooth
+
+log = logging.getLogger(__name__)
+Weight = torch.Tensor | BlockWeight
+
+
+def layer_format(requested: str | None, gguf: bool, tensor_parallel: bool) -> str | None:
+    """What the layers run on (EngineConfig.quantization -> Decoder's quantization): as asked ("none":
+    dense); by default a GGUF's own blocks, except under tensor parallelism (a rank's slice of O and down
+    cuts their rows across blocks), where they run dense as a Hugging Face checkpoint's do."""
+    if requested is None:
+        return "gguf" if gguf and not tensor_parallel else None
+    if requested == "gguf" and not gguf:
+        raise ValueError("quantization gguf keeps a GGUF file's blocks: the model is not a .gguf file")
+    return None if requested == "none" else requested
+
+
+def _columns(w: Weight, columns: range) -> Weight:
+    """A row-parallel layer's input columns on this rank: all of them without tensor parallelism."""
+    return w if (columns.start, columns.stop) == (0, w.shape[1]) else w[:, columns.start:columns.stop]
 
 
 @dataclass
@@ -45,31 +67,43 @@ class Layer:
 class Decoder:
     def __init__(self, config: ModelConfig, tensors: dict[str, torch.Tensor], device: str = "cpu",
                  quantization: str | None = None, max_positions: int | None = None, tp: TPGroup | None = None,
-                 fused_decode: bool = True, calibration: list[int] | None = None, deterministic: bool = False):
-        """calibration: token ids of a short real text; with int8, smoothing factors are calibrated on it
-        (smooth.py). tp: this rank holds its slice of every layer; the fused step and the smoothing, both
-        whole-model, are then off. deterministic: see _make_deterministic."""
+                 fused_decode: bool = True, calibration: list[int] | None = None, deterministic: bool = False,
+                 dtype: torch.dtype | None = None):
+        """The tensors' dtype is the weights' and the KV cache's; dtype, the activations' (default the same:
+        float32 over bf16 tensors is dtype auto without native bf16). calibration: token ids of a short real
+        text; with int8, smoothing factors are calibrated on it (smooth.py). tp: this rank holds its slice of
+        every layer; the fused step and the smoothing, both whole-model, are then off. deterministic: see
+        _make_deterministic."""
         if quantization is not None and quantization not in QUANTIZATIONS:
             raise ValueError(f"unknown quantization {quantization!r} (supported: {', '.join(QUANTIZATIONS)})")
-        if tp and quantization == "int4":  # its 32-wide blocks do not follow a rank's column split
-            raise ValueError("quantization int4 does not split across tensor-parallel ranks: use int8 or none")
-        self.config, self.quantization, self.tp = config, quantization, tp
+        if tp and quantization in ("int4", "gguf"):  # 32-wide blocks do not follow a rank's column split
+            raise ValueError(f"quantization {quantization} does not split across tensor-parallel ranks: "
+                             "use int8 or none")
+        self.config, self.quantization, self.tp, self.device = config, quantization, tp, device
         self.shard = Shard.of(config, tp.rank, tp.world_size) if tp else Shard.of(config)
-        t = {k: v.to(device) for k, v in tensors.items()}
-        self.dtype = t["model.embed_tokens.weight"].dtype
-        self.embed = t["model.embed_tokens.weight"]
+        self.kv_dtype = tensors["model.norm.weight"].dtype  # the loader's: weights' (dense ones) and KV cache's
+        self.dtype = dtype or self.kv_dtype
+        self.dequantized: Counter[str] = Counter()  # GGUF types run dense for want of a kernel: matrices
+        t = {k: v.to(device) if isinstance(v, torch.Tensor) else v if quantization == "gguf" else self._dense(v)
+             for k, v in tensors.items()}
+        self.embed = self._embedding(t["model.embed_tokens.weight"])
         self.norm = t["model.norm.weight"]
         vocab = self.shard.vocab
-        self.lm_head = Linear(t.get("lm_head.weight", self.embed)[vocab.start:vocab.stop])
+        # Logits in float32 where the kernel makes them (as the fused step's): bf16 ties near-equal candidates.
+        self.lm_head = self._linear([head_rows(t.get("lm_head.weight", t["model.embed_tokens.weight"]), vocab, 1)],
+                                    out_dtype=torch.float32)
         self.layers = [self._layer(t, f"model.layers.{i}") for i in range(config.num_layers)]
+        for name, count in self.dequantized.items():
+            log.warning("GGUF type %s has no kernel here: %d matrices run dense in %s (dequantized at load)",
+                        name, count, str(self.dtype).removeprefix("torch."))
         self.rotary = Rotary(config.head_dim, config.rope_theta, config.rope_scaling,
-                             max_positions or config.max_position_embeddings)
+                             max_positions or config.max_position_embeddings, config.rope_interleaved)
         self.num_heads, self.num_kv_heads = len(self.shard.q_heads), len(self.shard.kv_heads)
         self.q_size = self.num_heads * config.head_dim
         self.kv_size = self.num_kv_heads * config.head_dim
         if quantization == "int8" and calibration and not tp:
             smooth(self, calibration)
-        if quantization:
+        if quantization in FORMATS:
             self._quantize(*FORMATS[quantization])
         self.fused = FusedDecode.build(self) if fused_decode and not tp and not deterministic else None
         if deterministic:
@@ -80,37 +114,55 @@ class Decoder:
         arithmetic never depends on the rows around it (batch, chunk, cached prefix); no fused step."""
         if torch.device(device).type != "cpu" or self.dtype not in (torch.float32, torch.bfloat16):
             raise ValueError(f"deterministic mode runs on CPU in bfloat16 or float32, not {self.dtype} on {device}")
-        if self.tp is not None or self.quantization is not None:
-            raise ValueError("deterministic mode runs without tensor parallelism and quantization (an all-reduce "
-                             "and int8 compute sum in orders of their own)")
+        if self.tp is not None or self.quantization not in (None, "gguf"):
+            raise ValueError("deterministic mode runs without tensor parallelism and int8/int4 quantization (an "
+                             "all-reduce and int8 compute sum in orders of their own)")
         if not fixed_order_available() or cpu_attention._kernel() is None:
             raise ValueError("deterministic mode needs zhuzi's CPU kernels, which could not be built here "
                              "(is a C++ compiler installed? see the log)")
         for linear in [self.lm_head] + [m for layer in self.layers for m in (layer.qkv, layer.o, layer.gate_up,
                                                                             layer.down)]:
-            linear.fixed_order = True
+            linear.fixed_order = True  # block layers are fixed-order by design
 
-    def _qkv(self, t: dict[str, torch.Tensor], attn: str, suffix: str) -> torch.Tensor | None:
-        """This rank's rows of q, k and v, fused into one matrix (or bias)."""
-        parts = [t.get(f"{attn}.{name}_proj.{suffix}") for name in "qkv"]
-        if any(part is None for part in parts):
-            return None
-        heads = [self.shard.q_heads, self.shard.kv_heads, self.shard.kv_heads]
-        return torch.cat([head_rows(w, h, self.config.head_dim) for w, h in zip(parts, heads)], 0)
+    def _dense(self, w: Weight) -> torch.Tensor:
+        return w.dequantize(self.kv_dtype).to(self.device) if isinstance(w, BlockWeight) else w
 
-    def _layer(self, t: dict[str, torch.Tensor], p: str) -> Layer:
+    def _embedding(self, w: Weight) -> Weight:
+        """The token embedding: a GGUF's blocks stay blocks (a step's rows dequantized) where a kernel serves."""
+        return w if isinstance(w, BlockWeight) and cpu_blocks.dequantize_serves(w.qtype) else self._dense(w)
+
+    def _bias(self, bias: torch.Tensor | None) -> torch.Tensor | None:
+        return bias.to(self.dtype) if bias is not None else None
+
+    def _linear(self, parts: list[Weight], bias: torch.Tensor | None = None,
+                out_dtype: torch.dtype | None = None) -> Linear:
+        """One layer whose output rows are the parts' rows, one after another (q, k, v or gate, up). With
+        quantization gguf, blocks stay blocks where a kernel serves every part's type."""
+        blocks = [w for w in parts if isinstance(w, BlockWeight)]
+        # float32 weights, the reference, run the blocks' exact values dense; the kernels are CPU ones
+        if blocks and self.kv_dtype != torch.float32 and torch.device(self.device).type == "cpu":
+            layer = block_linear(parts, self._bias(bias), out_dtype) if len(blocks) == len(parts) else None
+            if layer is not None:
+                return layer
+            self.dequantized.update(w.qtype.name for w in blocks)
+        return Linear(torch.cat([self._dense(w) for w in parts], 0), self._bias(bias))
+
+    def _layer(self, t: dict[str, Weight], p: str) -> Layer:
         attn, mlp, s, d = f"{p}.self_attn", f"{p}.mlp", self.shard, self.config.head_dim
-        cols = slice(s.q_heads.start * d, s.q_heads.stop * d)
-        width = slice(s.mlp.start, s.mlp.stop)
+        heads = {"q": s.q_heads, "k": s.kv_heads, "v": s.kv_heads}
+        qkv = [head_rows(t[f"{attn}.{n}_proj.weight"], heads[n], d) for n in "qkv"]
+        bias = [head_rows(t[f"{attn}.{n}_proj.bias"], heads[n], d) for n in "qkv" if f"{attn}.{n}_proj.bias" in t]
+        gate_up = [head_rows(t[f"{mlp}.{n}_proj.weight"], s.mlp, 1) for n in ("gate", "up")]
+        o, down = t[f"{attn}.o_proj.weight"], t[f"{mlp}.down_proj.weight"]
         return Layer(
             input_norm=t[f"{p}.input_layernorm.weight"],
-            qkv=Linear(self._qkv(t, attn, "weight"), self._qkv(t, attn, "bias")),
+            qkv=self._linear(qkv, torch.cat(bias) if bias else None),
             q_norm=t.get(f"{attn}.q_norm.weight") if self.config.qk_norm else None,
             k_norm=t.get(f"{attn}.k_norm.weight") if self.config.qk_norm else None,
-            o=Linear(t[f"{attn}.o_proj.weight"][:, cols]),
+            o=self._linear([_columns(o, range(s.q_heads.start * d, s.q_heads.stop * d))]),
             post_norm=t[f"{p}.post_attention_layernorm.weight"],
-            gate_up=Linear(torch.cat([t[f"{mlp}.gate_proj.weight"][width], t[f"{mlp}.up_proj.weight"][width]], 0)),
-            down=Linear(t[f"{mlp}.down_proj.weight"][:, width]),
+            gate_up=self._linear(gate_up),
+            down=self._linear([_columns(down, s.mlp)]),
         )
 
     def _quantize(self, layer_format: str, head_format: str) -> None:
@@ -118,9 +170,27 @@ class Decoder:
         for layer in self.layers:
             for part in ("qkv", "o", "gate_up", "down"):
                 dense = getattr(layer, part)
-                bias = dense.bias.to(self.dtype) if dense.bias is not None else None
-                setattr(layer, part, make_linear(dense.weight, bias, layer_format, self.dtype))
-        self.lm_head = make_linear(self.lm_head.weight, None, head_format, self.dtype)
+                setattr(layer, part, make_linear(dense.weight, self._bias(dense.bias), layer_format, self.kv_dtype))
+        self.lm_head = make_linear(self.lm_head.weight, None, head_format, self.kv_dtype)
+
+    def kernel_paths(self) -> dict[str, str]:
+        """Which build serves each operation of this model: the CPU variant's kernels, or torch (README has
+        the paths of prefill matmuls)."""
+        v = native.current()
+        if self.norm.device.type != "cpu" or v == "torch":
+            return {"variant": v}
+        x, c = torch.zeros(1, 2, 64, dtype=self.dtype), self.config
+        pool = torch.zeros(4, 1, 64, dtype=self.kv_dtype)
+        slots, lens = torch.zeros(1, 1, dtype=torch.long), torch.ones(1, dtype=torch.long)
+        layer = self.layers[0].gate_up
+        served = {
+            "decode_matmul": isinstance(layer, TiledLinear)
+            or layer._kernel(torch.zeros(1, c.hidden_size, dtype=self.dtype)) is not None,
+            "fused_decode_step": self.fused is not None,
+            "decode_attention": cpu_attention.paged_decode_attention(x, pool, pool, slots, lens, 1.0) is not None,
+            "prefill_attention": cpu_attention.paged_prefill_attention(x, pool, pool, slots[0], 1.0) is not None,
+        }
+        return {"variant": v, **{op: v if ok else "torch" for op, ok in served.items()}}
 
     @property
     def weight_bytes_per_decode_step(self) -> int:
@@ -137,7 +207,8 @@ class Decoder:
         With a tap, the residual stream of its rows after each layer is appended to tap.residuals."""
         c = self.config
         cos, sin = self.rotary.tables(positions, self.dtype)
-        h = self.embed[input_ids]
+        h = self.embed.take(input_ids, self.dtype) if isinstance(self.embed, BlockWeight) \
+            else self.embed[input_ids].to(self.dtype)
         for layer, cache in zip(self.layers, kv_cache):
             x = rms_norm(h, layer.input_norm, c.rms_norm_eps)
             q, k, v = layer.qkv(x).split([self.q_size, self.kv_size, self.kv_size], -1)
@@ -146,7 +217,7 @@ class Decoder:
             v = v.view(-1, self.num_kv_heads, c.head_dim)
             if layer.q_norm is not None:
                 q, k = rms_norm(q, layer.q_norm, c.rms_norm_eps), rms_norm(k, layer.k_norm, c.rms_norm_eps)
-            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+            q, k = self.rotary.apply(q, cos, sin), self.rotary.apply(k, cos, sin)
             attn = paged_attention(q, k, v, cache[0], cache[1], meta)
             h = h + self._sum(layer.o(attn.view(-1, self.q_size)))
             x = rms_norm(h, layer.post_norm, c.rms_norm_eps)

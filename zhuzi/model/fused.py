@@ -11,30 +11,33 @@ O + residual -> RMSNorm -> gate and up rows in matching 16-row chunks, SiLU(gate
 residual; then the final norm and the LM head. Weight rows are split over the threads in chunks of 16,
 through the linear kernels' own inner loops (kernels/rows.h, kernels/tiles.h); each thread prepares a
 matrix's input rows itself, so a layer costs six barriers. The decoder's weight tensors are used in
-place (dense bf16, int8 with scales, Q4/Q8 tiles).
+place (dense bf16, int8 with scales, Q4/Q8 tiles, a GGUF file's blocks in its mapping: block_tiles.h against
+q8 activations, the embedding's rows dequantized from its blocks).
 
 Arithmetic, and how it differs from the per-layer path: the residual stream stays float32 for the whole
-step, and each matrix input is rounded to bf16 once (the RMSNorm output computed in float32, the
-SiLU(gate) * up product, the attention output); RoPE and the q/k norms run in float32 before the
-query and the new K/V are rounded to bf16. The per-layer path keeps the residual stream in bf16 and
-rounds after every op. So in bf16 a request's tokens can depend on whether its steps ran fused (all
-decodes, at most 8 rows) or not; against a float32 reference the fused step is the closer of the two.
-Rows never influence each other: a row's logits are the same bits alone or in a batch of up to 8.
-float32 models never take this path; EngineConfig.fused_decode switches it off (e.g. for a mode that
-wants bf16 results independent of the batch).
+step. With AVX512-BF16 each matrix input is rounded to bf16 once (the RMSNorm output computed in
+float32, the SiLU(gate) * up product, the attention output); RoPE and the q/k norms run in float32
+before the query and the new K/V are rounded to bf16. The per-layer path keeps the residual stream in
+bf16 and rounds after every op. So in bf16 a request's tokens can depend on whether its steps ran fused
+(all decodes, at most 8 rows) or not; against a float32 reference the fused step is the closer of the
+two. On the other variants (float32 activations over bf16 weights) the inputs stay float32 for bf16
+weights and become q8 blocks for int8 and 4-bit ones, as in the per-layer path's kernels; only the new
+K/V are rounded (to the bf16 pool). Rows never influence each other: a row's logits are the same bits
+alone or in a batch of up to 8. float32 weights never take this path; EngineConfig.fused_decode switches
+it off (e.g. for a mode that wants bf16 results independent of the batch).
 """
 from __future__ import annotations
 
 import ctypes
-import functools
 
 import torch
 
 from zhuzi.model import native
-from zhuzi.model.linear import Int8Linear, Linear, TiledLinear
+from zhuzi.model.blocks import BlockWeight
+from zhuzi.model.linear import BlockLinear, Int8Linear, Linear, TiledLinear
 
 MAX_ROWS = 8
-_DENSE, _INT8, _Q4, _Q8 = range(4)
+_DENSE, _INT8, _Q4, _Q8, _BLOCKS = range(5)
 
 
 class _Mat(ctypes.Structure):
@@ -56,10 +59,10 @@ class _Args(ctypes.Structure):
                 ("ids", ctypes.c_void_p), ("positions", ctypes.c_void_p), ("cos", ctypes.c_void_p),
                 ("sin", ctypes.c_void_p), ("kv", ctypes.c_void_p), ("num_slots", ctypes.c_int64),
                 ("slots", ctypes.c_void_p), ("lens", ctypes.c_void_p), ("width", ctypes.c_int64),
-                ("logits", ctypes.c_void_p), ("threads", ctypes.c_int32)]
+                ("logits", ctypes.c_void_p), ("threads", ctypes.c_int32), ("embed_type", ctypes.c_int32),
+                ("embed_row_bytes", ctypes.c_int64), ("rope_interleaved", ctypes.c_int32)]
 
 
-@functools.cache
 def _kernel():
     return native.entry("decode_step", "zhuzi_decode_step", [ctypes.c_void_p, ctypes.c_int64])
 
@@ -68,9 +71,17 @@ def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
-def _mat(layer: Linear) -> _Mat:
-    """The kernel's view of a decoder layer; ValueError for a kind it does not serve."""
-    bias = _ptr(layer.bias)
+def _mat(layer: Linear, keep: list[torch.Tensor]) -> _Mat:
+    """The kernel's view of a decoder layer (its bias as float32, kept alive in keep); ValueError for a kind
+    it does not serve."""
+    bias = None
+    if layer.bias is not None:
+        keep.append(layer.bias.float().contiguous())
+        bias = keep[-1].data_ptr()
+    if isinstance(layer, BlockLinear):  # a 16-row chunk must not straddle two parts
+        if any(p.shape[0] % 16 for p in layer.parts):
+            raise ValueError("the fused decode step takes GGUF parts of whole 16-row tiles")
+        return _Mat(_BLOCKS, ctypes.addressof(layer.table), None, bias, layer.out_features, layer.parts[0].shape[1])
     if isinstance(layer, TiledLinear):
         kind = _Q4 if layer.fmt == "q4" else _Q8
         return _Mat(kind, layer.tiles.data_ptr(), None, bias, layer.out_features, layer.tiles.shape[1] * 32)
@@ -87,23 +98,31 @@ class FusedDecode:
 
     def __init__(self, decoder, fn):
         c = decoder.config
-        self.fn, self.decoder = fn, decoder  # the decoder owns every tensor the structs point at
+        self.fn, self.decoder = fn, decoder  # the decoder owns every tensor the structs point at, but the biases
+        self.biases: list[torch.Tensor] = []
+        mats = [[_mat(getattr(layer, part), self.biases) for part in ("qkv", "o", "gate_up", "down")]
+                for layer in decoder.layers]
         self.layers = (_Layer * c.num_layers)(*[
-            _Layer(_ptr(layer.input_norm), _mat(layer.qkv), _ptr(layer.q_norm), _ptr(layer.k_norm), _mat(layer.o),
-                   _ptr(layer.post_norm), _mat(layer.gate_up), _mat(layer.down)) for layer in decoder.layers])
+            _Layer(_ptr(layer.input_norm), qkv, _ptr(layer.q_norm), _ptr(layer.k_norm), o, _ptr(layer.post_norm),
+                   gate_up, down) for layer, (qkv, o, gate_up, down) in zip(decoder.layers, mats)])
         self.cos, self.sin = decoder.rotary.cos.contiguous(), decoder.rotary.sin.contiguous()
-        self.args = _Args(ctypes.addressof(self.layers), c.num_layers, _ptr(decoder.norm), _mat(decoder.lm_head),
+        embed = decoder.embed
+        blocks = isinstance(embed, BlockWeight)
+        self.args = _Args(ctypes.addressof(self.layers), c.num_layers, _ptr(decoder.norm),
+                          _mat(decoder.lm_head, self.biases),
                           c.num_heads, c.num_kv_heads, c.head_dim, c.hidden_size, c.intermediate_size,
-                          c.rms_norm_eps, c.head_dim ** -0.5, _ptr(decoder.embed), cos=_ptr(self.cos),
-                          sin=_ptr(self.sin))
-        self.vocab = decoder.lm_head.out_features if isinstance(decoder.lm_head, TiledLinear) \
+                          c.rms_norm_eps, c.head_dim ** -0.5, _ptr(embed.data if blocks else embed), cos=_ptr(self.cos),
+                          sin=_ptr(self.sin), embed_type=int(embed.qtype) if blocks else 0,
+                          embed_row_bytes=embed.data.stride(0) if blocks else 0, rope_interleaved=c.rope_interleaved)
+        self.vocab = decoder.lm_head.out_features if isinstance(decoder.lm_head, TiledLinear | BlockLinear) \
             else decoder.lm_head.weight.shape[0]
 
     @classmethod
     def build(cls, decoder) -> FusedDecode | None:
-        tensors = [decoder.embed, decoder.norm] + [t for layer in decoder.layers for t in
-                                                   (layer.input_norm, layer.post_norm, layer.q_norm, layer.k_norm)
-                                                   if t is not None]
+        tensors = [decoder.norm] + [t for layer in decoder.layers for t in
+                                    (layer.input_norm, layer.post_norm, layer.q_norm, layer.k_norm) if t is not None]
+        if not isinstance(decoder.embed, BlockWeight):
+            tensors.append(decoder.embed)
         if not all(t.is_cpu and t.dtype == torch.bfloat16 and t.is_contiguous() for t in tensors):
             return None
         fn = _kernel()

@@ -33,21 +33,29 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Te
 
 
 class Rotary:
-    """Precomputed cos/sin tables; `apply` rotates q and k at the given positions."""
+    """Precomputed cos/sin tables; `apply` rotates q and k at the given positions. Frequency i turns the
+    pair of dims (i, i + d/2) (the Hugging Face layout), or (2i, 2i + 1) when interleaved (llama.cpp's)."""
 
-    def __init__(self, head_dim: int, theta: float, scaling: dict | None, max_positions: int):
+    def __init__(self, head_dim: int, theta: float, scaling: dict | None, max_positions: int,
+                 interleaved: bool = False):
         inv_freq = rope_inv_freq(head_dim, theta, scaling)
         angles = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
         self.cos, self.sin = angles.cos(), angles.sin()  # [positions, head_dim / 2]
+        self.interleaved = interleaved
 
     def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin for one step's tokens, computed once and shared by every layer."""
+        """cos/sin for one step's tokens, one per dim, computed once and shared by every layer."""
         cos, sin = self.cos[positions], self.sin[positions]
+        if self.interleaved:
+            return cos.repeat_interleave(2, -1).to(dtype)[:, None], sin.repeat_interleave(2, -1).to(dtype)[:, None]
         return torch.cat([cos, cos], -1).to(dtype)[:, None], torch.cat([sin, sin], -1).to(dtype)[:, None]
 
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [tokens, heads, head_dim], rotated half-by-half (the Hugging Face layout)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], -1)
-    return x * cos + rotated * sin
+    def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x: [tokens, heads, head_dim] rotated by a step's tables: each pair (a, b) -> (a c - b s, b c + a s)."""
+        if self.interleaved:
+            pairs = x.unflatten(-1, (-1, 2))
+            rotated = torch.stack([-pairs[..., 1], pairs[..., 0]], -1).flatten(-2)
+        else:
+            half = x.shape[-1] // 2
+            rotated = torch.cat([-x[..., half:], x[..., :half]], -1)
+        return x * cos + rotated * sin

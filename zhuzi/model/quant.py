@@ -10,7 +10,8 @@ Q8: the GGUF's Q8_0 blocks: per group of 32, int8 codes and an fp16 scale d, w =
     points of top-1 agreement there).
 
 Q4 and Q8 are repacked into tiles of 16 output rows x 32 inputs for kernels/tiles.h (the layout is
-described there); pure torch here: packing, and unpacking for the reference path and the tests.
+described there; the same on every CPU variant); pure torch here: packing, and unpacking for the reference
+path and the tests.
 """
 from __future__ import annotations
 
@@ -80,7 +81,7 @@ def pack_q8(weight: torch.Tensor) -> torch.Tensor:
     blocks, groups = w.shape[0] // LANES, w.shape[1]
     d = (w.abs().amax(-1) / 127).half()
     q = torch.round(w / d.float().clamp(min=1e-30)[..., None]).clamp(-127, 127).to(torch.int8)
-    q = q.view(blocks, LANES, groups, 16, 2).permute(0, 2, 3, 1, 4)  # block, group, pair, row, input
+    q = q.view(blocks, LANES, groups, 8, 4).permute(0, 2, 3, 1, 4)  # block, group, quad, row, input
     codes = q.reshape(blocks, groups, 512).view(torch.uint8)
     return torch.cat([codes, _per_tile(d)], -1).contiguous()
 
@@ -88,6 +89,6 @@ def pack_q8(weight: torch.Tensor) -> torch.Tensor:
 def unpack_q8(packed: torch.Tensor, out_features: int) -> torch.Tensor:
     """Q8 tiles -> the float32 [N, K] weights they stand for."""
     blocks, groups = packed.shape[:2]
-    q = packed[..., :512].contiguous().view(torch.int8).view(blocks, groups, 16, LANES, 2)
+    q = packed[..., :512].contiguous().view(torch.int8).view(blocks, groups, 8, LANES, 4)
     q = q.permute(0, 3, 1, 2, 4).reshape(blocks * LANES, groups, GROUP).float()
     return (q * _per_row(packed[..., 512:544])).view(blocks * LANES, -1)[:out_features]

@@ -43,7 +43,8 @@ def input_maxima(decoder, ids: list[int]) -> tuple[list[dict[str, torch.Tensor]]
     for layer, parts in zip(decoder.layers, recorders):
         for part, recorder in parts.items():
             setattr(layer, part, recorder)
-    kv = torch.zeros(c.num_layers, 2, n, c.num_kv_heads, c.head_dim, dtype=decoder.dtype, device=decoder.embed.device)
+    kv = torch.zeros(c.num_layers, 2, n, c.num_kv_heads, c.head_dim, dtype=decoder.kv_dtype,
+                     device=decoder.embed.device)
     slots = torch.arange(n, device=decoder.embed.device)
     meta = AttentionMetadata(slots, 0, slots[:0], slots[:0], [PrefillChunk(0, n, n, slots)])
     try:

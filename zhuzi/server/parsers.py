@@ -9,6 +9,10 @@ non-streamed responses agree by construction, however the text was chunked.
 Text that could still turn into a tag (a trailing "<thi") or whitespace that
 might sit right before one is held back until the next text decides it.
 
+Small models often drop the tags and answer with the call's JSON alone: a reply that opens with
+`{` when tools are offered is a call too if it is exactly {"name": ..., "arguments": {...}} (as
+llama.cpp's Hermes parser takes it), and is held until its object closes.
+
 A free model's call may turn out malformed, so it is emitted whole once it
 closes (and given back as text if it does not parse). A call a grammar forces
 (server/tools.py) always parses and writes "name" before "arguments", so it
@@ -103,13 +107,16 @@ def new_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
-def parse_tool_call(text: str, index: int = 0) -> ToolCall | None:
-    """The JSON inside <tool_call>...</tool_call>, or None when it is not a well-formed call."""
+def parse_tool_call(text: str, index: int = 0, bare: bool = False) -> ToolCall | None:
+    """The JSON inside <tool_call>...</tool_call> (bare: a reply's whole JSON, which must have exactly a name
+    and arguments), or None when it is not a well-formed call."""
     try:
         call = json.loads(text)
     except json.JSONDecodeError:
         return None
     if not isinstance(call, dict) or not isinstance(call.get("name"), str) or not call["name"]:
+        return None
+    if bare and set(call) != {"name", "arguments"}:
         return None
     arguments = call.get("arguments", call.get("parameters", {}))
     if not isinstance(arguments, dict):
@@ -150,6 +157,8 @@ class OutputParser:
         self.arguments: _Arguments | None = None  # the streaming call's, once its header went out
         self.mode = Mode.CONTENT
         self.think_may_open = reasoning  # a <think> counts only before any content
+        self.bare_may_open = tools  # so does a call without tags (a reply opening with "{")
+        self.bare: _Arguments | None = None  # the open untagged call's scan for its end
         self.strip_leading = False  # drop whitespace right after a closing tag
         self.buffer = ""  # text not yet classified
         self.tool_text = ""  # the body of the open <tool_call> so far
@@ -216,6 +225,16 @@ class OutputParser:
             if THINK_OPEN.startswith(stripped):
                 return False  # only whitespace or the start of "<think>" so far
             self.think_may_open = False
+        if self.bare_may_open:
+            stripped = self.buffer.lstrip()
+            if not stripped:
+                return False
+            self.bare_may_open = False
+            if stripped.startswith("{"):
+                self.tool_lead = self.buffer[:len(self.buffer) - len(stripped)]
+                self._switch(Mode.TOOL_CALL, stripped)
+                self.bare = _Arguments(0)
+                return True
         if self.tools and (at := self.buffer.find(TOOL_OPEN)) >= 0:
             before = self.buffer[:at]
             out.content += before.rstrip()
@@ -236,6 +255,15 @@ class OutputParser:
         return False
 
     def _step_tool_call(self, out: ParsedText) -> bool:
+        if self.bare is not None:  # an untagged call ends where its JSON object closes
+            self.tool_text, self.buffer = self.tool_text + self.buffer, ""
+            self.bare.scan(self.tool_text)
+            if not self.bare.done:
+                return False
+            body, rest = self.tool_text[:self.bare.position], self.tool_text[self.bare.position:]
+            self._switch(Mode.CONTENT, rest)
+            self._close_tool_call(body, out, closed=True)
+            return True
         if (at := self.buffer.find(TOOL_CLOSE)) >= 0:
             self.tool_text += self.buffer[:at]
             self._stream_call(out)
@@ -273,14 +301,17 @@ class OutputParser:
 
     def _close_tool_call(self, body: str, out: ParsedText, closed: bool) -> None:
         self.mode, hidden, self.hidden = Mode.CONTENT, self.hidden, 0
+        bare, self.bare = self.bare is not None, None
         if self.arguments is not None:  # streamed already (only max_tokens can have cut it short)
             self.arguments, self.calls, self.strip_leading = None, self.calls + 1, True
             return
-        call = parse_tool_call(body, self.calls)
+        call = parse_tool_call(body, self.calls, bare)
         if call is not None:
             if self.max_calls is None or self.calls < self.max_calls:
                 out.add_call(call)
             self.calls += 1
             self.strip_leading = True
+        elif bare:  # not a call after all: the user sees the text as the model wrote it
+            out.content += (self.tool_lead + body)[hidden:]
         else:  # malformed: the user sees the text as the model wrote it
             out.content += (self.tool_lead + TOOL_OPEN + body + (TOOL_CLOSE if closed else ""))[hidden:]

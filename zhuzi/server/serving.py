@@ -133,7 +133,7 @@ class Server:
         self.engine = engine
         stats = engine.stats()
         log.info("model %s loaded: dtype %s, KV cache %d tokens (%d blocks of %d), context %d tokens%s",
-                 self.model_name, engine.config.dtype, stats.num_blocks * engine.config.block_size,
+                 self.model_name, engine.config.precision, stats.num_blocks * engine.config.block_size,
                  stats.num_blocks, engine.config.block_size, engine.max_model_len,
                  ", reasoning parser on" if self.reasoning else "")
         log.info("serving at http://%s:%d/v1", self.config.host, self.config.port)

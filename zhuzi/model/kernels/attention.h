@@ -5,10 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
-
-// glibc declares libmvec's vector expf only under -ffast-math; declaring it here lets the softmax
-// loop use it without fast-math's other licences (which would break the -inf start of the max).
-extern "C" __attribute__((simd("notinbranch"))) float expf(float) noexcept;
+#include <type_traits>
 
 constexpr int TILE = 32;           // positions scored before their values are summed
 constexpr int AHEAD_BYTES = 3072;  // K+V bytes prefetched ahead: slot rows are scattered, so
@@ -17,35 +14,50 @@ constexpr int MAXH = 128;          // heads per row
 constexpr int MAXHD = 8192;        // heads * head_dim per row
 
 // A row of D values as NV float vectors. bf16 pairs are split into even and odd elements (a shift
-// and a mask per 32 values, no shuffles); queries, keys, values and outputs all share that order.
+// and a mask per 2 VL values, no shuffles); queries, keys, values and outputs all share that order.
 static inline void load_row(const float* p, vf* out, int nv) {
-  for (int j = 0; j < nv; ++j) std::memcpy(&out[j], p + j * 16, 64);
+  for (int j = 0; j < nv; ++j) out[j] = load_vf(p + j * VL);
 }
 static inline void load_row(const uint16_t* p, vf* out, int nv) {
   for (int j = 0; j < nv; j += 2) {
-    vu u; std::memcpy(&u, p + j * 16, 64);
+    vu u; std::memcpy(&u, p + j * VL, sizeof u);
     out[j] = (vf)(u << 16);
     out[j + 1] = (vf)(u & 0xffff0000u);
   }
 }
-static inline int element(const float*, int j, int i) { return j * 16 + i; }
-static inline int element(const uint16_t*, int j, int i) { return (j & ~1) * 16 + 2 * i + (j & 1); }
+static inline int element(const float*, int j, int i) { return j * VL + i; }
+static inline int element(const uint16_t*, int j, int i) { return (j & ~1) * VL + 2 * i + (j & 1); }
+
+// A query row in the element order of the keys it meets (float queries against bf16 keys are split too).
+template <typename TKV>
+static inline void load_row_as(const float* p, vf* out, int nv) {
+  if constexpr (std::is_same_v<TKV, float>) {
+    load_row(p, out, nv);
+  } else {
+    for (int j = 0; j < nv; ++j)
+      for (int i = 0; i < VL; ++i) out[j][i] = p[element((const uint16_t*)nullptr, j, i)];
+  }
+}
+template <typename TKV>
+static inline void load_row_as(const uint16_t* p, vf* out, int nv) { load_row(p, out, nv); }
 
 // One sequence, query heads h0 .. h1 - 1 of H (q and out point at the sequence's head 0). A slot's row
 // holds every kv head side by side; the kv heads of the range are read together, which keeps the reads
 // contiguous when the range is all heads. A head's arithmetic does not depend on the range.
-template <typename T, int NV>
-static void attend(const T* q, const T* kc, const T* vc, const int64_t* slots, int64_t len, T* out,
+// Queries and outputs are TQ, keys and values TKV (float or bf16 each).
+template <typename TQ, typename TKV, int D>
+static void attend(const TQ* q, const TKV* kc, const TKV* vc, const int64_t* slots, int64_t len, TQ* out,
                    int h0, int h1, int H, int KV, int64_t nslots, float scale, int* bad) {
-  constexpr int D = NV * 16;
+  constexpr int NV = D / VL;
+  static_assert(D % (2 * VL) == 0, "bf16 rows are read 2 VL values at a time");
   const int G = H / KV, kv0 = h0 / G, kv1 = (h1 - 1) / G + 1;
-  const int64_t row = int64_t(KV) * D, span = int64_t(kv1 - kv0) * D * sizeof(T);
+  const int64_t row = int64_t(KV) * D, span = int64_t(kv1 - kv0) * D * sizeof(TKV);
   const int ahead = std::clamp(AHEAD_BYTES / int(2 * span), 1, TILE);
-  vf qv[MAXHD / 16], acc[MAXHD / 16];
+  vf qv[MAXHD / VL], acc[MAXHD / VL];
   alignas(64) float s[MAXH][TILE];
   float m[MAXH], l[MAXH], alpha[MAXH];
   for (int h = h0; h < h1; ++h) {
-    load_row(q + h * D, qv + h * NV, NV);
+    load_row_as<TKV>(q + h * D, qv + h * NV, NV);
     for (int j = 0; j < NV; ++j) { qv[h * NV + j] *= scale; acc[h * NV + j] = vf{}; }
     m[h] = -INFINITY; l[h] = 0.f;
   }
@@ -77,13 +89,17 @@ static void attend(const T* q, const T* kc, const T* vc, const int64_t* slots, i
       }
     }
     for (int h = h0; h < h1; ++h) {  // online softmax: rescale what came before to the new max
-      float mx = m[h], sum = 0.f;
-#pragma omp simd reduction(max:mx)
+      float mx = m[h];
       for (int t = 0; t < n; ++t) mx = std::max(mx, s[h][t]);
-#pragma omp simd reduction(+:sum)
-      for (int t = 0; t < n; ++t) { s[h][t] = expf(s[h][t] - mx); sum += s[h][t]; }
-      alpha[h] = expf(m[h] - mx);
-      l[h] = l[h] * alpha[h] + sum;
+      for (int t = n; t < (n + VL - 1) / VL * VL; ++t) s[h][t] = -INFINITY;
+      vf sum = vf{};
+      for (int t = 0; t < n; t += VL) {
+        const vf p = vexp(load_vf(&s[h][t]) - mx);
+        store_vf(p, &s[h][t]);
+        sum += p;
+      }
+      alpha[h] = scalar_exp(m[h] - mx);
+      l[h] = l[h] * alpha[h] + hsum(sum);
       m[h] = mx;
     }
     for (int h = h0; h < h1; ++h) {  // head-outer keeps the accumulator in registers; the tile's
@@ -100,6 +116,6 @@ static void attend(const T* q, const T* kc, const T* vc, const int64_t* slots, i
   for (int h = h0; h < h1; ++h)
     for (int j = 0; j < NV; ++j) {
       const vf o = acc[h * NV + j] / l[h];
-      for (int i = 0; i < 16; ++i) store(o[i], out + h * D + element(out, j, i));
+      for (int i = 0; i < VL; ++i) store(o[i], out + h * D + element(kc, j, i));
     }
 }

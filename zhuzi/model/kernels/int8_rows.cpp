@@ -1,5 +1,6 @@
 // Per-row int8 activations around the int8 GEMM (torch._int_mm) of prefill and big decode batches:
 // quantize the input rows, then scale the exact int32 products back; see cpu_linear.py.
+#include "api.h"
 #include "prelude.h"
 
 #include <algorithm>

@@ -1,167 +1,76 @@
 // Prefill attention over the paged KV pool in tiles; see cpu_attention.py for the design.
 //
-// A work item is 16 consecutive query positions of one query head, held one per vector lane. It walks
-// the keys from position 0 in tiles of 32 (only as far as its last query may look), so every K/V row
-// a tile reads serves 16 queries: the scores of a key for all 16 queries come from broadcasting the
-// key's bf16 pairs against the queries' pairs (vdpbf16ps), and each value row likewise updates 16
-// output accumulators. Softmax is online per lane in float32; the probabilities meet V as bf16 pairs.
-#include "prelude.h"
+// A work item is a few consecutive query positions of one query head, held one per vector lane. It walks
+// the keys from position 0 in tiles of 32 (only as far as its last query may look), so every K/V row a tile
+// reads serves all of the item's queries at once, with an online softmax per lane in float32. Two items:
+// bf16 throughout with vdpbf16ps (avx512/prefill_attention.h), and float32 math over float32 or bf16
+// queries and pools on every variant (prefill_tile.h).
+#include "api.h"
+#include "prefill_tile.h"
+#if ZHUZI_AVX512
+#include "avx512/prefill_attention.h"
+#endif
 
-#include <algorithm>
-#include <cmath>
-#include <vector>
+#include <tuple>
 
-extern "C" __attribute__((simd("notinbranch"))) float expf(float) noexcept;
-
-#if defined(__AVX512BF16__) && defined(__AVX512BW__)
-#include <immintrin.h>
-
-constexpr int Q = 16;          // query positions per item (vector lanes)
-constexpr int T = 32;          // keys per tile
-constexpr int MAXD = 256;
-
-static inline __m512 dot_pair(__m512 acc, __m512i w, const void* p) {  // acc += w . broadcast pair at p
-  asm("vdpbf16ps %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*static_cast<const int32_t*>(p)));
-  return acc;
-}
-
-// Queries q0 .. q0 + n - 1 (n <= 16) of head h, at positions first + q0 .. ; keys at pool rows slots[0 ..].
-template <int D>
-static void item(const uint16_t* q, const uint16_t* kc, const uint16_t* vc, const int64_t* slots, int64_t first,
-                 int64_t q0, int n, int h, int H, int G, int64_t row, float scale, uint16_t* out) {
-  constexpr int P = D / 2;  // bf16 pairs a row
-  alignas(64) int32_t qt[P][Q];          // qt[p][lane]: query lane's pair p
-  alignas(64) float s[T][Q];             // scores, then probabilities, of a tile: key-major
-  alignas(64) int32_t vt[T / 2][D];      // vt[t / 2][d]: (V[t][d], V[t + 1][d]) as a bf16 pair
-  alignas(64) int32_t pt[T / 2][Q];      // pt[t / 2][lane]: (p[t][lane], p[t + 1][lane])
-  __m512 o[D];                           // o[d]: output d of every lane
-  for (int i = 0; i < Q; ++i) {
-    const int32_t* src = reinterpret_cast<const int32_t*>(q + ((q0 + std::min(i, n - 1)) * H + h) * D);
-    for (int p = 0; p < P; ++p) qt[p][i] = src[p];
-  }
-  for (int d = 0; d < D; ++d) o[d] = _mm512_setzero_ps();
-  __m512 m = _mm512_set1_ps(-INFINITY), l = _mm512_setzero_ps();
-  alignas(64) float lane_pos[Q];
-  for (int i = 0; i < Q; ++i) lane_pos[i] = float(first + q0 + std::min(i, n - 1));
-  const __m512 qpos = _mm512_load_ps(lane_pos);
-  const int64_t end = first + q0 + n;  // keys [0, end) are visible to some lane
-  const int64_t kv_off = int64_t(h / G) * D;
-  for (int64_t t0 = 0; t0 < end; t0 += T) {
-    const int nt = int(std::min<int64_t>(T, end - t0));
-    const uint16_t* krow[T];
-    const uint16_t* vrow[T];
-    for (int t = 0; t < T; ++t) {  // past the last key: its rows again, masked below
-      krow[t] = kc + slots[t0 + std::min(t, nt - 1)] * row + kv_off;
-      vrow[t] = vc + slots[t0 + std::min(t, nt - 1)] * row + kv_off;
-    }
-    if (t0 + T < end)
-      for (int t = 0; t < std::min<int64_t>(T, end - t0 - T); ++t) {
-        _mm_prefetch(reinterpret_cast<const char*>(kc + slots[t0 + T + t] * row + kv_off), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(vc + slots[t0 + T + t] * row + kv_off), _MM_HINT_T0);
-      }
-    // scores: 8 keys at a time, each against the 16 lanes
-    for (int t = 0; t < nt; t += 8) {
-      __m512 acc[8];
-      for (int j = 0; j < 8; ++j) acc[j] = _mm512_setzero_ps();
-      for (int p = 0; p < P; ++p) {
-        const __m512i qv = _mm512_load_si512(qt[p]);
-        for (int j = 0; j < 8; ++j) acc[j] = dot_pair(acc[j], qv, krow[t + j] + 2 * p);
-      }
-      for (int j = 0; j < 8; ++j) {  // keys past a lane's own position, or past the tile, get -inf
-        const float pos = t + j < nt ? float(t0 + t + j) : INFINITY;
-        const __mmask16 late = _mm512_cmp_ps_mask(_mm512_set1_ps(pos), qpos, _CMP_GT_OQ);
-        _mm512_store_ps(s[t + j], _mm512_mask_blend_ps(late, _mm512_mul_ps(acc[j], _mm512_set1_ps(scale)),
-                                                       _mm512_set1_ps(-INFINITY)));
-      }
-    }
-    for (int t = (nt + 7) / 8 * 8; t < T; ++t) _mm512_store_ps(s[t], _mm512_set1_ps(-INFINITY));
-    // online softmax, per lane
-    __m512 mx = m;
-    for (int t = 0; t < nt; ++t) mx = _mm512_max_ps(mx, _mm512_load_ps(s[t]));
-    alignas(64) float mxs[Q];
-    _mm512_store_ps(mxs, mx);
-    for (int t = 0; t < T; ++t)
-#pragma omp simd
-      for (int i = 0; i < Q; ++i) s[t][i] = expf(s[t][i] - mxs[i]);
-    alignas(64) float alpha[Q], ms[Q];
-    _mm512_store_ps(ms, m);
-#pragma omp simd
-    for (int i = 0; i < Q; ++i) alpha[i] = expf(ms[i] - mxs[i]);
-    const __m512 a = _mm512_load_ps(alpha);
-    __m512 sum = _mm512_setzero_ps();
-    for (int t = 0; t < T; ++t) sum = _mm512_add_ps(sum, _mm512_load_ps(s[t]));
-    l = _mm512_fmadd_ps(l, a, sum);
-    m = mx;
-    // probabilities and values as bf16 pairs of consecutive keys
-    const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
-                                                23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-    for (int t = 0; t < T; t += 2) {
-      const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(_mm512_load_ps(s[t + 1]), _mm512_load_ps(s[t]));
-      _mm512_store_si512(pt[t / 2], _mm512_permutexvar_epi16(interleave, both));
-      for (int d = 0; d < D; d += 16) {
-        const __m512i lo = t < nt ? _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(vrow[t] + d)))
-                                  : _mm512_setzero_si512();
-        const __m512i hi = t + 1 < nt ? _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(vrow[t + 1] + d)))
-                                      : _mm512_setzero_si512();
-        _mm512_store_si512(&vt[t / 2][d], _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
-      }
-    }
-    for (int d0 = 0; d0 < D; d0 += 16) {
-      __m512 acc[16];
-      for (int j = 0; j < 16; ++j) acc[j] = _mm512_mul_ps(o[d0 + j], a);  // rescaled to the new maxima
-      for (int t = 0; t < (nt + 1) / 2; ++t) {
-        const __m512i pv = _mm512_load_si512(pt[t]);
-        for (int j = 0; j < 16; ++j) acc[j] = dot_pair(acc[j], pv, &vt[t][d0 + j]);
-      }
-      for (int j = 0; j < 16; ++j) o[d0 + j] = acc[j];
-    }
-  }
-  alignas(64) float inv[Q], col[Q];
-  _mm512_store_ps(inv, _mm512_div_ps(_mm512_set1_ps(1.f), l));
-  for (int d = 0; d < D; ++d) {
-    _mm512_store_ps(col, o[d]);
-    for (int i = 0; i < n; ++i) store(col[i] * inv[i], out + ((q0 + i) * H + h) * D + d);
-  }
-}
-
-template <int D>
-static int run(const uint16_t* q, const uint16_t* kc, const uint16_t* vc, const int64_t* slots, int64_t L,
-               int64_t context, int H, int KV, int64_t nslots, float scale, uint16_t* out, int threads) {
+// Every item of the chunk, the last blocks (longest histories) first. Item(q, kc, vc, slots, first, q0, n,
+// h, H, G, row, scale, out) serves queries q0 .. q0 + n - 1 (n <= Q) of head h.
+template <int Q, typename TQ, typename TKV, typename Item>
+static int run(Item item, const void* q, const void* kc, const void* vc, const int64_t* slots, int64_t L,
+               int64_t context, int H, int KV, int D, int64_t nslots, float scale, void* out, int threads) {
   for (int64_t t = 0; t < context; ++t)
     if (slots[t] < 0 || slots[t] >= nslots) return 1;
   const int64_t blocks = (L + Q - 1) / Q, items = blocks * H, first = context - L;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
-  for (int64_t i = 0; i < items; ++i) {  // the last blocks (longest histories) first
+  for (int64_t i = 0; i < items; ++i) {
     const int64_t b = blocks - 1 - i / H;
-    item<D>(q, kc, vc, slots, first, b * Q, int(std::min<int64_t>(Q, L - b * Q)), int(i % H), H, H / KV,
-            int64_t(KV) * D, scale, out);
+    item(static_cast<const TQ*>(q), static_cast<const TKV*>(kc), static_cast<const TKV*>(vc), slots, first, b * Q,
+         int(std::min<int64_t>(Q, L - b * Q)), int(i % H), H, H / KV, int64_t(KV) * D, scale, static_cast<TQ*>(out));
   }
   return 0;
 }
-#endif
 
-// q, out: bf16 [L, H, D], the chunk's queries at positions context - L .. context - 1; kc, vc: bf16 pools
-// [nslots, KV, D]; slots: [context] pool slots of positions 0 .. context - 1 (the chunk's own K/V already
-// written). Returns 0 on success, 1 for a slot outside the pool, 2 for shapes it was not built for.
-extern "C" int zhuzi_prefill_attention(const void* q, const void* kc, const void* vc, const int64_t* slots, int64_t L,
-                                       int64_t context, int H, int KV, int D, int64_t nslots, float scale, void* out,
-                                       int threads) {
-#if defined(__AVX512BF16__) && defined(__AVX512BW__)
-  if (KV < 1 || H % KV || L < 1 || L > context) return 2;
-  auto go = [&](auto fn) {
-    return fn(static_cast<const uint16_t*>(q), static_cast<const uint16_t*>(kc), static_cast<const uint16_t*>(vc),
-              slots, L, context, H, KV, nslots, scale, static_cast<uint16_t*>(out), threads);
+template <typename TQ, typename TKV>
+static int float_items(int D, const void* q, const void* kc, const void* vc, const int64_t* slots, int64_t L,
+                       int64_t context, int H, int KV, int64_t nslots, float scale, void* out, int threads) {
+  auto go = [&](auto item) {
+    return run<f32::Q, TQ, TKV>(item, q, kc, vc, slots, L, context, H, KV, D, nslots, scale, out, threads);
   };
   switch (D) {
-    case 32: return go(run<32>);
-    case 64: return go(run<64>);
-    case 96: return go(run<96>);
-    case 128: return go(run<128>);
+    case 32: return go(f32::item<TQ, TKV, 32>);
+    case 64: return go(f32::item<TQ, TKV, 64>);
+    case 96: return go(f32::item<TQ, TKV, 96>);
+    case 128: return go(f32::item<TQ, TKV, 128>);
+    case 256: return go(f32::item<TQ, TKV, 256>);
     default: return 2;
   }
+}
+
+#if ZHUZI_AVX512
+static int bf16_items(int D, const void* q, const void* kc, const void* vc, const int64_t* slots, int64_t L,
+                      int64_t context, int H, int KV, int64_t nslots, float scale, void* out, int threads) {
+  auto go = [&](auto item) {
+    return run<bf16::Q, uint16_t, uint16_t>(item, q, kc, vc, slots, L, context, H, KV, D, nslots, scale, out,
+                                            threads);
+  };
+  switch (D) {
+    case 32: return go(bf16::item<32>);
+    case 64: return go(bf16::item<64>);
+    case 96: return go(bf16::item<96>);
+    case 128: return go(bf16::item<128>);
+    default: return 2;
+  }
+}
 #else
-  (void)q, (void)kc, (void)vc, (void)slots, (void)L, (void)context, (void)H, (void)KV, (void)D, (void)nslots;
-  (void)scale, (void)out, (void)threads;
-  return 2;
+static constexpr auto bf16_items = float_items<uint16_t, uint16_t>;
 #endif
+
+extern "C" int zhuzi_prefill_attention(int q_bf16, int kv_bf16, const void* q, const void* kc, const void* vc,
+                                       const int64_t* slots, int64_t L, int64_t context, int H, int KV, int D,
+                                       int64_t nslots, float scale, void* out, int threads) {
+  if (KV < 1 || H % KV || L < 1 || L > context) return 2;
+  const auto args = std::make_tuple(D, q, kc, vc, slots, L, context, H, KV, nslots, scale, out, threads);
+  if (q_bf16 && kv_bf16) return std::apply(bf16_items, args);
+  if (!q_bf16 && kv_bf16) return std::apply(float_items<float, uint16_t>, args);
+  return 2;  // float32 pools: the reference path, each query through the decode kernel
 }

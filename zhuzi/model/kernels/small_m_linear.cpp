@@ -1,4 +1,5 @@
 // Weight-streaming linear for M <= 8 rows; see cpu_linear.py for the design.
+#include "api.h"
 #include "rows.h"
 
 #include <algorithm>
@@ -6,9 +7,10 @@
 
 static float input(const float* p) { return *p; }
 static float input(const uint16_t* p) { return widen(*p); }
-static void prepare(const float* x, float* p) { *p = *x; }
-static void prepare(const uint16_t* x, float* p) { *p = widen(*x); }
-static void prepare(const uint16_t* x, uint16_t* p) { *p = *x; }
+
+// Inputs a row of K takes in F's prepared form (whole chunks of LANES).
+template <class F>
+static int64_t stride(int64_t K) { return (K + F::LANES - 1) / F::LANES * F::LANES / F::XPER; }
 
 // Weight rows n0..n1 (a block of R, or the matrix's last few one by one) against M prepared input rows.
 template <class F, int M, int R, typename T>
@@ -32,15 +34,12 @@ static void block(const typename F::W* w, int64_t n0, int64_t n1, int64_t K, con
   }
 }
 
-// Inputs padded to whole chunks (and widened to float for float weights), so the inner loop only loads them.
+// The inputs in F's prepared form (rows of kp X elements), so the inner loop only loads them.
 template <class F, typename T>
 static std::vector<typename F::X> prepared(const T* x, int64_t M, int64_t K, int64_t kp, int threads) {
   std::vector<typename F::X> xp(M * kp);
 #pragma omp parallel for schedule(static) num_threads(threads) if (M > 8)
-  for (int64_t m = 0; m < M; ++m) {
-    for (int64_t k = 0; k < K; ++k) prepare(x + m * K + k, &xp[m * kp + k]);
-    for (int64_t k = K; k < kp; ++k) xp[m * kp + k] = {};
-  }
+  for (int64_t m = 0; m < M; ++m) F::prepare(x + m * K, K, kp * F::XPER, &xp[m * kp]);
   return xp;
 }
 
@@ -48,7 +47,7 @@ template <class F, int M, typename T>
 static void linear(const T* x, const typename F::W* w, const void* scale, int scale_bf16, T* y,
                    int64_t N, int64_t K, int threads) {
   constexpr int R = ROWS[M];
-  const int64_t kp = (K + F::LANES - 1) / F::LANES * F::LANES;
+  const int64_t kp = stride<F>(K);
   const std::vector<typename F::X> xp = prepared<F>(x, M, K, kp, threads);
   const int64_t blocks = (N + R - 1) / R;
 #pragma omp parallel for schedule(static) num_threads(threads)
@@ -86,7 +85,7 @@ template <class F, typename T>
 static void fixed_order(const T* x, const typename F::W* w, const void* scale, int scale_bf16, T* y,
                         int64_t M, int64_t N, int64_t K, int64_t MB, int threads) {
   constexpr int R = ROWS[8];  // one weight block for every tile size: R does not change any output's bits
-  const int64_t kp = (K + F::LANES - 1) / F::LANES * F::LANES;
+  const int64_t kp = stride<F>(K);
   const std::vector<typename F::X> xp = prepared<F>(x, M, K, kp, threads);
   const int64_t blocks = (N + R - 1) / R;
   const int64_t group = std::max<int64_t>(1, (24 << 10) / (int64_t(R) * K * int64_t(sizeof(typename F::W))));
@@ -115,14 +114,22 @@ static void fixed_order(const T* x, const typename F::W* w, const void* scale, i
   }
 }
 
-// weight: 0 float32, 1 bf16 (x has the weight's dtype), 2 int8 (x float32 or bf16, scale per row).
-// Returns 0 on success, 2 for a case it was not built for.
+#if ZHUZI_AVX512
+using I8F32 = I8;  // int8 weights against float inputs: widened to float
+#else
+using I8F32 = I8Q8;  // int8 weights against any inputs: q8 activations, int8 dot products
+using I8BF16 = I8Q8;
+#endif
+
+// weight: 0 float32, 1 bf16, 2 int8 (scale per row); x float32 or bf16 (bf16 weights with either, float32
+// weights with float32). Returns 0 on success, 2 for a case it was not built for.
 extern "C" int zhuzi_small_m_linear(int weight, int x_bf16, const void* x, const void* w, const void* scale,
                                     int scale_bf16, void* y, int64_t M, int64_t N, int64_t K, int threads) {
   switch (weight * 2 + x_bf16) {
     case 0: return dispatch<F32, float>(M, x, w, nullptr, 0, y, N, K, threads);
+    case 2: return dispatch<BF16F32, float>(M, x, w, nullptr, 0, y, N, K, threads);
     case 3: return dispatch<BF16, uint16_t>(M, x, w, nullptr, 0, y, N, K, threads);
-    case 4: return dispatch<I8, float>(M, x, w, scale, scale_bf16, y, N, K, threads);
+    case 4: return dispatch<I8F32, float>(M, x, w, scale, scale_bf16, y, N, K, threads);
     case 5: return dispatch<I8BF16, uint16_t>(M, x, w, scale, scale_bf16, y, N, K, threads);
     default: return 2;
   }
@@ -134,9 +141,11 @@ extern "C" int zhuzi_fixed_order_linear(int weight, int x_bf16, const void* x, c
                                         int threads) {
   switch (weight * 2 + x_bf16) {
     case 0: fixed_order<F32>((const float*)x, (const float*)w, nullptr, 0, (float*)y, M, N, K, MB, threads); return 0;
+    case 2: fixed_order<BF16F32>((const float*)x, (const uint16_t*)w, nullptr, 0, (float*)y, M, N, K, MB, threads);
+      return 0;
     case 3: fixed_order<BF16>((const uint16_t*)x, (const uint16_t*)w, nullptr, 0, (uint16_t*)y, M, N, K, MB, threads);
       return 0;
-    case 4: fixed_order<I8>((const float*)x, (const int8_t*)w, scale, scale_bf16, (float*)y, M, N, K, MB, threads);
+    case 4: fixed_order<I8F32>((const float*)x, (const int8_t*)w, scale, scale_bf16, (float*)y, M, N, K, MB, threads);
       return 0;
     case 5: fixed_order<I8BF16>((const uint16_t*)x, (const int8_t*)w, scale, scale_bf16, (uint16_t*)y, M, N, K, MB,
                                 threads);

@@ -16,7 +16,7 @@ function setStat(testid, value, text = String(value)) {
 }
 
 function renderStatus(s) {
-  $('#model-name').textContent = `${s.model.name} · ${s.model.architecture} · ${s.model.dtype}`;
+  $('#model-name').textContent = `${s.model.name} · ${s.model.architecture} · ${s.model.dtype} · ${s.model.cpu_kernels.variant} kernels`;
   setStat('running', s.requests.running);
   setStat('waiting', s.requests.waiting);
   setStat('kv-used', s.kv.used_blocks);
@@ -24,6 +24,13 @@ function renderStatus(s) {
   const rate = s.prefix_cache.hit_rate;
   setStat('prefix-hit-rate', rate ?? '', rate === null ? '–' : `${(100 * rate).toFixed(1)}%`);
   $('#kv-bar .kvbar-used').style.width = `${(100 * s.kv.used_blocks) / s.kv.num_blocks}%`;
+}
+
+/** Which CPU kernel build serves each operation (native.py's variant, or torch). */
+function kernelsCard(m) {
+  const { variant, ...ops } = m.cpu_kernels;
+  const paths = Object.entries(ops).map(([op, path]) => `${op.replaceAll('_', ' ')}: ${path}`).join(' · ');
+  return card('CPU kernels', variant, `${m.dtype} · ${paths || 'torch for every operation'}`);
 }
 
 function card(title, big, small) {
@@ -44,6 +51,7 @@ function renderEngine(s) {
     card('prefix cache', s.prefix_cache.hit_rate === null ? '–' : `${(100 * s.prefix_cache.hit_rate).toFixed(1)}%`, `${s.prefix_cache.hits} of ${s.prefix_cache.queries} prompt tokens found computed`),
     card('memory bandwidth (measured)', `${(bw / 1e9).toFixed(1)} GB/s`, `a decode step reads ${bytesSize(m.weight_bytes_per_decode_step)} of weights: ≥ ${ms(s.roofline.decode_step_floor_s)}, so one stream ≤ ${(1 / s.roofline.decode_step_floor_s).toFixed(0)} tokens/s`),
     card('model', `${m.num_layers} layers`, `${m.num_heads} query heads, ${m.num_kv_heads} KV heads × ${m.head_dim} · vocab ${m.vocab_size} · context ${m.max_model_len}`),
+    kernelsCard(m),
   );
   drawSteps(s);
 }

@@ -1,0 +1,32 @@
+"""The CPU variants the kernel tests run under (native.py): every variant this CPU runs, each test once per
+variant through the `variant` fixture (avx512 and avx2 on an AVX-512 machine, avx2 alone on an AVX2 one).
+The avx2-vnni and neon-i8mm sub-paths differ from their base in the int8 dot-product instructions; where the
+base runs too, the C++ unit tests (test_native.py) cover them against float64, which keeps the suite short."""
+import pytest
+import torch
+
+from zhuzi.model import native
+
+SUBPATHS = {"avx2-vnni": "avx2", "neon-i8mm": "neon"}
+RUNNABLE = [v.name for v in native.runnable()]
+VARIANTS = [v for v in RUNNABLE if SUBPATHS.get(v) not in RUNNABLE] if native.compiler() else []
+
+
+@pytest.fixture(params=VARIANTS or [pytest.param(None, marks=pytest.mark.skip(reason="no kernels: no compiler "
+                                                                                   "or no variant for this CPU"))])
+def variant(request):
+    """The test runs with the process's kernels switched to this variant."""
+    before = native.current()
+    native.select(request.param)
+    yield request.param
+    native.select(before)
+
+
+def q8_bound(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """[M, N]: how far x @ w.T can move when each block of 32 inputs of a row of x is rounded to q8 codes
+    (kernels/q8.h): half a step, amax / 254, times the block's |weights|."""
+    m, k = x.shape
+    pad = -k % 32
+    xb = torch.nn.functional.pad(x.double(), (0, pad)).view(m, -1, 32).abs().amax(-1)  # [M, blocks]
+    wb = torch.nn.functional.pad(w.double().abs(), (0, pad)).view(w.shape[0], -1, 32).sum(-1)  # [N, blocks]
+    return xb / 254 @ wb.T * (1 + 1e-6)

@@ -1,0 +1,68 @@
+"""The GGUF block kernels against gguf's reference: random blocks of every type, dequantized by the gguf package
+and multiplied in float64, within the bound of the activations' q8 rounding; for every kernel variant this
+CPU runs, for decode rows and batched rows, float32 and bf16 activations."""
+import gguf
+import numpy as np
+import pytest
+import torch
+from conftest import q8_bound
+from gguf_blocks import KERNEL_TYPES, random_blocks
+
+from zhuzi.model import cpu_blocks
+from zhuzi.model.blocks import BlockWeight
+
+pytestmark = pytest.mark.usefixtures("variant")
+
+
+def reference(x: torch.Tensor, parts: list[BlockWeight]) -> tuple[np.ndarray, np.ndarray]:
+    """x W^T in float64 from gguf's values, and each output's bound: the q8 rounding of x (conftest.q8_bound)
+    plus float32 sums."""
+    w = torch.from_numpy(np.concatenate([gguf.quants.dequantize(p.data.numpy(), p.qtype) for p in parts]))
+    x64, w64 = x.double(), w.double()
+    return (x64 @ w64.T).numpy(), (q8_bound(x, w) + 1e-5 * x64.abs() @ w64.abs().T).numpy()
+
+
+def weight(qtype, rows: int, cols: int, seed: int) -> BlockWeight:
+    return BlockWeight(qtype, torch.from_numpy(random_blocks(qtype, rows, cols, seed)), cols)
+
+
+@pytest.mark.parametrize("qtype", KERNEL_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("m", [1, 3, 8, 70])  # decode rows, and rows over several passes and work items
+def test_block_linear_equals_gguf_values(qtype, m):
+    cols = 512 if qtype in (gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q5_K,
+                            gguf.GGMLQuantizationType.Q6_K) else 288  # 288: a chunk of 256 and a tail of 32
+    parts = [weight(qtype, 40, cols, 1), weight(qtype, 16, cols, 2)]  # a partial tile, then a second part
+    x = torch.randn(m, cols, generator=torch.Generator().manual_seed(m))
+    y = cpu_blocks.block_linear(x, cpu_blocks.part_table(parts), 56)
+    want, bound = reference(x, parts)
+    assert y is not None and y.dtype == torch.float32
+    assert (np.abs(y.numpy() - want) <= bound).all()
+
+
+@pytest.mark.parametrize("qtype", [gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q8_0], ids=str)
+def test_bf16_rows_give_bf16_outputs(qtype):
+    parts = [weight(qtype, 32, 256, 3)]
+    x = torch.randn(5, 256, generator=torch.Generator().manual_seed(5)).bfloat16()
+    y = cpu_blocks.block_linear(x, cpu_blocks.part_table(parts), 32)
+    want, bound = reference(x.float(), parts)
+    assert y.dtype == torch.bfloat16
+    assert (np.abs(y.float().numpy() - want) <= bound + np.abs(want) * 2**-8).all()
+
+
+def test_parts_of_mixed_types_and_a_row_alone_or_in_a_batch():
+    """q, k and v of a Q4_K_M file are Q5_0, Q5_0 and Q8_0, or Q4_K and Q6_K: one layer; and a row's outputs
+    are the same bits whatever the rows around it (--deterministic, speculative verification)."""
+    parts = [weight(gguf.GGMLQuantizationType.Q4_K, 48, 1536, 4), weight(gguf.GGMLQuantizationType.Q6_K, 16, 1536, 5),
+             weight(gguf.GGMLQuantizationType.Q8_0, 16, 1536, 6)]
+    table = cpu_blocks.part_table(parts)
+    x = torch.randn(77, 1536, generator=torch.Generator().manual_seed(7))
+    whole = cpu_blocks.block_linear(x, table, 80)
+    want, bound = reference(x, parts)
+    assert (np.abs(whole.numpy() - want) <= bound).all()
+    for row in (0, 9, 76):
+        assert torch.equal(cpu_blocks.block_linear(x[row:row + 1], table, 80), whole[row:row + 1])
+
+
+def test_rows_of_another_length_are_not_served():
+    parts = [weight(gguf.GGMLQuantizationType.Q4_0, 16, 256, 6)]
+    assert cpu_blocks.block_linear(torch.randn(2, 288), cpu_blocks.part_table(parts), 16) is None

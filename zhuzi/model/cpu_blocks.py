@@ -1,0 +1,82 @@
+"""GGUF blocks on CPU through native kernels (decoder -> embedding rows and block linear layers).
+
+dequantize_rows: rows of blocks -> their exact values (kernels/dequantize_blocks.cpp), for the embedding's
+rows of a step and for matrices that run dense.
+block_linear: bf16 input rows against one or more matrices of blocks (kernels/block_linear.cpp).
+"""
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from zhuzi.model import native
+
+KERNEL_TYPES = frozenset({2, 3, 6, 7, 8, 12, 13, 14})  # kernels/blocks.h: Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q4_K Q5_K Q6_K
+_OUT = {torch.float32: 0, torch.bfloat16: 1}
+
+
+def _dequantize_kernel():
+    return native.entry("dequantize_blocks", "zhuzi_dequantize_rows",
+                        [ctypes.c_int, ctypes.c_void_p] + [ctypes.c_int64] * 2 + [ctypes.c_void_p]
+                        + [ctypes.c_int64] * 2 + [ctypes.c_void_p, ctypes.c_int, ctypes.c_int])
+
+
+def dequantize_serves(qtype: int) -> bool:
+    return int(qtype) in KERNEL_TYPES and _dequantize_kernel() is not None
+
+
+def dequantize_rows(qtype: int, data: torch.Tensor, in_features: int, ids: torch.Tensor | None,
+                    dtype: torch.dtype) -> torch.Tensor | None:
+    """Rows ids (all rows when None) of a block matrix (uint8 [rows, bytes per row], contiguous rows) as
+    [n, in_features] values in dtype (float32 or bf16; others converted from float32). None when the
+    kernel does not serve the type or cannot be built."""
+    fn = _dequantize_kernel() if int(qtype) in KERNEL_TYPES and data.is_cpu and data.stride(-1) == 1 else None
+    if fn is None:
+        return None
+    ids = ids.to(torch.int64, copy=False).contiguous().cpu() if ids is not None else None
+    n = data.shape[0] if ids is None else ids.numel()
+    out = torch.empty(n, in_features, dtype=dtype if dtype in _OUT else torch.float32)
+    status = fn(int(qtype), data.data_ptr(), data.shape[0], data.stride(0), None if ids is None else ids.data_ptr(),
+                n, in_features, out.data_ptr(), _OUT[out.dtype], torch.get_num_threads())
+    if status == 1:
+        raise IndexError(f"a row id is outside 0..{data.shape[0] - 1}")
+    return out.to(dtype) if status == 0 else None
+
+
+class _Part(ctypes.Structure):
+    """kernels/block_linear.cpp's Part: one matrix of blocks whose output rows follow the previous part's."""
+
+    _fields_ = [("type", ctypes.c_int32), ("w", ctypes.c_void_p), ("rows", ctypes.c_int64),
+                ("row_bytes", ctypes.c_int64)]
+
+
+def _linear_kernel():
+    return native.entry("block_linear", "zhuzi_block_linear",
+                        [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+                        + [ctypes.c_int64] * 3 + [ctypes.c_int])
+
+
+def linear_serves(qtype: int) -> bool:
+    return int(qtype) in KERNEL_TYPES and _linear_kernel() is not None
+
+
+def part_table(parts) -> ctypes.Array:
+    """The kernel's view of a layer's parts (blocks.BlockWeight, whose data the layer keeps alive)."""
+    return (_Part * len(parts))(*[_Part(int(p.qtype), p.data.data_ptr(), p.data.shape[0], p.data.stride(0))
+                                  for p in parts])
+
+
+def block_linear(x: torch.Tensor, table: ctypes.Array, out_features: int,
+                 out_dtype: torch.dtype | None = None) -> torch.Tensor | None:
+    """y = x @ W^T for W the parts' rows one after another; x: [M, K] float32 or bf16 on CPU, quantized to
+    q8 blocks per 32 inputs. Returns [M, out_features] in out_dtype (default x's), or None when the kernel
+    does not serve the call."""
+    fn = _linear_kernel()
+    if fn is None or not (x.is_cpu and x.dtype in _OUT and x.dim() == 2 and x.shape[0] > 0):
+        return None
+    x = x.contiguous()
+    y = torch.empty(x.shape[0], out_features, dtype=out_dtype or x.dtype)
+    status = fn(ctypes.addressof(table), len(table), x.data_ptr(), _OUT[x.dtype], y.data_ptr(), _OUT[y.dtype],
+                x.shape[0], out_features, x.shape[1], torch.get_num_threads())
+    return y if status == 0 else None

@@ -1,0 +1,42 @@
+// Every kernel entry point, as Python (ctypes) and the C++ tests call it: each source includes this, so a
+// definition that drifts from its declaration does not compile. Entry points returning int answer 0 on
+// success, 1 for an index out of range, 2 for what this build (variant) does not serve.
+#pragma once
+#include <cstdint>
+
+extern "C" {
+// small_m_linear.cpp: y[M, N] = x[M, K] w[N, K]^T (times scale[n] for int8 weights), M <= 8.
+int zhuzi_small_m_linear(int weight, int x_bf16, const void* x, const void* w, const void* scale, int scale_bf16,
+                         void* y, int64_t M, int64_t N, int64_t K, int threads);
+// The same for any M, each row by the operations it gets alone (--deterministic).
+int zhuzi_fixed_order_linear(int weight, int x_bf16, const void* x, const void* w, const void* scale, int scale_bf16,
+                             void* y, int64_t M, int64_t N, int64_t K, int64_t MB, int threads);
+// tiled_linear.cpp: y[M, N] = x[M, K] W^T for quant.py's Q4 (format 0) or Q8 (1) tiles [ceil(N / 16), K / 32,
+// tile bytes]; x and y float32 or bf16 (x_bf16); K a multiple of 32.
+int zhuzi_tiled_linear(int format, int x_bf16, const void* x, const void* w, void* y, int64_t M, int64_t N,
+                       int64_t K, int threads);
+// int8_rows.cpp: per-row int8 activations around torch._int_mm.
+void zhuzi_quantize_rows(int bf16, const void* x, int8_t* q, float* s, int32_t* z, int64_t M, int64_t K, int threads);
+void zhuzi_scale_rows(int bf16, const int32_t* acc, const float* s, const int32_t* z, const int32_t* wsum,
+                      const float* sw, const void* bias, void* y, int64_t M, int64_t N, int threads);
+// decode_attention.cpp: one query token per row over its paged history; q and out float32 or bf16 (q_bf16),
+// the pools float32 or bf16 (kv_bf16; bf16 queries take bf16 pools).
+int zhuzi_decode_attention(int q_bf16, int kv_bf16, const void* q, const void* kc, const void* vc,
+                           const int64_t* slots, const int64_t* lens, void* out, int64_t B, int64_t W, int H, int KV,
+                           int D, int64_t nslots, float scale, int threads);
+// prefill_attention.cpp: a prompt chunk's causal attention over its paged history; q and out float32 or
+// bf16, pools bf16 (float32 pools are the reference: not served).
+int zhuzi_prefill_attention(int q_bf16, int kv_bf16, const void* q, const void* kc, const void* vc,
+                            const int64_t* slots, int64_t L, int64_t context, int H, int KV, int D, int64_t nslots,
+                            float scale, void* out, int threads);
+// dequantize_blocks.cpp: rows ids[i] (all n rows when ids is null) of a GGUF block matrix -> their exact
+// values, float32 or bf16 [n, K].
+int zhuzi_dequantize_rows(int type, const void* src, int64_t rows, int64_t row_bytes, const int64_t* ids, int64_t n,
+                          int64_t K, void* out, int out_bf16, int threads);
+// block_linear.cpp: y[M, N] = x[M, K] W^T for W the rows of GGUF block matrices one after another (parts:
+// block_tiles.h's Part); x and y each float32, or bf16 (x_bf16, y_bf16).
+int zhuzi_block_linear(const void* parts, int nparts, const void* x, int x_bf16, void* y, int y_bf16, int64_t M,
+                       int64_t N, int64_t K, int threads);
+// decode_step.cpp: a whole decode step of M <= 8 rows (args: step::Args, see fused.py).
+int zhuzi_decode_step(const void* args, int64_t M);
+}

@@ -1,0 +1,26 @@
+// int8.h for x86-64-v3: maddubs (pairs of u8 x s8 into int16) and madd (pairs into int32), or AVX-VNNI's
+// vpdpbusd, which does both into int32 without the 16-bit step.
+#pragma once
+
+namespace i8 {
+
+using I32 = __m256i;
+using B8 = __m256i;
+constexpr int LANES = 8;
+
+static inline B8 load_b8(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+static inline I32 zero() { return _mm256_setzero_si256(); }
+static inline vf to_float(I32 v) { return (vf)_mm256_cvtepi32_ps(v); }
+
+static inline I32 dot_u8s8(I32 acc, B8 u, B8 s) {
+#if ZHUZI_AVXVNNI
+  return _mm256_dpbusd_avx_epi32(acc, u, s);
+#else
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+#endif
+}
+
+// a b = |a| (sign(a) b): the unsigned operand maddubs needs.
+static inline I32 dot_s8s8(I32 acc, B8 a, B8 b) { return dot_u8s8(acc, _mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a)); }
+
+}  // namespace i8

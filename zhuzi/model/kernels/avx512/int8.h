@@ -1,0 +1,21 @@
+// int8.h for AVX-512 VNNI: vpdpbusd does 4 u8 x s8 products into each int32 lane.
+#pragma once
+
+namespace i8 {
+
+using I32 = __m512i;
+using B8 = __m512i;
+constexpr int LANES = 16;
+
+static inline B8 load_b8(const void* p) { return _mm512_loadu_si512(p); }
+static inline I32 zero() { return _mm512_setzero_si512(); }
+static inline vf to_float(I32 v) { return (vf)_mm512_cvtepi32_ps(v); }
+static inline I32 dot_u8s8(I32 acc, B8 u, B8 s) { return _mm512_dpbusd_epi32(acc, u, s); }
+
+// a b = |a| (sign(a) b); AVX-512 has no vpsignb, so the sign moves through a mask.
+static inline I32 dot_s8s8(I32 acc, B8 a, B8 b) {
+  const __mmask64 negative = _mm512_movepi8_mask(a);
+  return dot_u8s8(acc, _mm512_abs_epi8(a), _mm512_mask_sub_epi8(b, negative, _mm512_setzero_si512(), b));
+}
+
+}  // namespace i8

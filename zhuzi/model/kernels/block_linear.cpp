@@ -1,0 +1,54 @@
+// Linear layers on GGUF blocks (block_tiles.h) for any number of input rows; see cpu_blocks.py.
+#include "api.h"
+#include "block_tiles.h"
+
+#include <vector>
+
+using namespace block_tiles;
+
+// Input rows a work item takes: their q8 blocks stay in L2 while a tile's chunks pass over them.
+constexpr int64_t CHUNK_ROWS = 64;
+
+template <typename T, typename Y>
+static void linear(const Part* parts, int nparts, const T* x, Y* y, int64_t M, int64_t N, int64_t K, int threads) {
+  q8::Rows xq;
+  xq.set(x, M, K, K, threads);
+  struct Ref { const Part* part; int64_t row, n0; };  // a tile: its part, its first row there, and in y
+  std::vector<Ref> tiles;
+  for (int64_t p = 0, n0 = 0; p < nparts; n0 += parts[p].rows, ++p)
+    for (int64_t r = 0; r < parts[p].rows; r += ROWS) tiles.push_back({&parts[p], r, n0 + r});
+  const int64_t chunks = (M + CHUNK_ROWS - 1) / CHUNK_ROWS, count = int64_t(tiles.size());
+#pragma omp parallel for collapse(2) schedule(static) num_threads(threads)
+  for (int64_t c = 0; c < chunks; ++c)
+    for (int64_t i = 0; i < count; ++i) {
+      const Ref& t = tiles[i];
+      const int64_t m0 = c * CHUNK_ROWS, m1 = std::min(M, m0 + CHUNK_ROWS);
+      const int rows = int(std::min<int64_t>(ROWS, t.part->rows - t.row));
+      alignas(64) float acc[CHUNK_ROWS][ROWS];
+      blocks::with_format(t.part->type, [&](auto f) {
+        tile<decltype(f)>(t.part->w + t.row * t.part->row_bytes, t.part->row_bytes, rows, K, xq, m0, m1, acc);
+      });
+      for (int64_t m = m0; m < m1; ++m)
+        for (int r = 0; r < rows; ++r) store(acc[m - m0][r], y + m * N + t.n0 + r);
+    }
+}
+
+// Returns 0, or 2 for parts this build does not serve (a type without a kernel, rows not of K inputs, or
+// rows adding up to other than N).
+extern "C" int zhuzi_block_linear(const void* parts, int nparts, const void* x, int x_bf16, void* y, int y_bf16,
+                                  int64_t M, int64_t N, int64_t K, int threads) {
+  const auto* p = static_cast<const Part*>(parts);
+  int64_t rows = 0;
+  for (int i = 0; i < nparts; ++i) {
+    if (!serves(p[i].type, K, p[i].row_bytes)) return 2;
+    rows += p[i].rows;
+  }
+  if (rows != N || M < 1) return 2;
+  auto go = [&](const auto* in) {
+    if (y_bf16) linear(p, nparts, in, static_cast<uint16_t*>(y), M, N, K, threads);
+    else linear(p, nparts, in, static_cast<float*>(y), M, N, K, threads);
+  };
+  if (x_bf16) go(static_cast<const uint16_t*>(x));
+  else go(static_cast<const float*>(x));
+  return 0;
+}

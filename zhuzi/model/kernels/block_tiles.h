@@ -1,0 +1,190 @@
+// GGUF block matrices (blocks.h) in tiles of 16 output rows against q8 activation rows (q8.h): the inner
+// loops of the block linear kernel and of the fused decode step.
+//
+// A tile's chunk of up to 256 inputs is decoded once into a small buffer: the 16 rows' codes interleaved
+// 4 bytes at a time (codes[quad][row]: one vector holds the same 4 inputs of every row, a lane per row), and
+// each group's scale a and offset b as vectors over the rows. An input row meets the chunk with one int8
+// dot product per 4 inputs, its 4 codes broadcast to every lane (vpdpbusd, maddubs + madd, sdot): no
+// horizontal sums, and every input row of the call reuses the decoded chunk, so decoding is paid once
+// per tile and chunk, not once per row.
+//
+// Per group of G inputs and input row m, with s the group's exact int32 sum of code products:
+//   acc += s (a d) + b (d sum)     d: the activation block's scale, sum: its codes' sum (its half for G = 16)
+// which is sum_i (a q_i + b) x_i, since x_i = d c_i. An output's operations depend only on its own input row
+// and come in a fixed order: results are batch-invariant.
+#pragma once
+#include "blocks.h"
+#include "int8.h"
+#include "q8.h"
+
+#include <algorithm>
+#include <type_traits>
+
+namespace block_tiles {
+
+constexpr int ROWS = 16, CHUNK = 256, QUADS = CHUNK / 4;
+constexpr int V = ROWS / i8::LANES;  // vectors a tile row-quad spans
+#if ZHUZI_AVX512
+constexpr int MB = 8;  // input rows a pass: their int32 sums stay in registers
+#else
+constexpr int MB = 4;
+#endif
+
+// One matrix of blocks whose output rows follow the previous part's (cpu_blocks._Part).
+struct Part {
+  int32_t type;
+  const uint8_t* w;
+  int64_t rows, row_bytes;
+};
+
+struct Tile {
+  alignas(64) uint8_t codes[QUADS][ROWS][4];
+  alignas(64) float a[CHUNK / 16][ROWS];
+  alignas(64) float b[CHUNK / 16][ROWS];
+};
+
+static inline i8::B8 broadcast4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+#if ZHUZI_AVX512
+  return _mm512_set1_epi32(v);
+#elif ZHUZI_AVX2
+  return _mm256_set1_epi32(v);
+#else
+  return vreinterpretq_s8_s32(vdupq_n_s32(v));
+#endif
+}
+
+// 16 rows' 16 quads (at rows[r * CHUNK + 4 j]) -> out[j][r]: a 16 x 16 transpose of 4-byte words, in four
+// rounds that swap ever smaller blocks across the diagonal (GCC vectors: a two-source permute a row each).
+typedef uint32_t v16w __attribute__((vector_size(64)));
+static inline void interleave(const uint8_t* rows, uint8_t* out) {
+  v16w r[ROWS];
+  for (int i = 0; i < ROWS; ++i) std::memcpy(&r[i], rows + i * CHUNK, 64);
+  auto round = [&](int b, const v16w& keep, const v16w& swap) {
+    for (int i = 0; i < ROWS; ++i)
+      if (!(i & b)) {
+        const v16w lo = __builtin_shuffle(r[i], r[i + b], keep), hi = __builtin_shuffle(r[i], r[i + b], swap);
+        r[i] = lo, r[i + b] = hi;
+      }
+  };
+  // Round b: row i (bit b clear) keeps its words k without bit b and takes row i + b's words k - b; row i + b
+  // takes row i's words k + b and keeps its own with bit b set (indexes >= 16 select the second row).
+  round(8, v16w{0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23},
+        v16w{8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31});
+  round(4, v16w{0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27},
+        v16w{4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31});
+  round(2, v16w{0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29},
+        v16w{2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31});
+  round(1, v16w{0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30},
+        v16w{1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31});
+  for (int j = 0; j < ROWS; ++j) std::memcpy(out + j * ROWS * 4, &r[j], 64);
+}
+
+// Rows [0, rows) (the rest zeros) of a tile whose first row's blocks start at w, inputs [k0, k0 + n): n a
+// multiple of F::QK, at most CHUNK.
+template <class F>
+static void decode(const uint8_t* w, int64_t row_bytes, int rows, int64_t k0, int n, Tile& t) {
+  constexpr int GROUPS = F::QK / F::G;
+  alignas(64) uint8_t q[ROWS][CHUNK];
+  for (int r = 0; r < ROWS; ++r) {
+    if (r >= rows) {
+      std::memset(q[r], 0, n);
+      for (int g = 0; g < n / F::G; ++g) t.a[g][r] = t.b[g][r] = 0.f;
+      continue;
+    }
+    const uint8_t* src = w + r * row_bytes + k0 / F::QK * F::BYTES;
+    for (int blk = 0; blk < n / F::QK; ++blk) {
+      float a[GROUPS], b[GROUPS];
+      F::decode(src + blk * F::BYTES, q[r] + blk * F::QK, a, b);
+      for (int g = 0; g < GROUPS; ++g) {
+        t.a[blk * GROUPS + g][r] = a[g];
+        t.b[blk * GROUPS + g][r] = F::MIN ? b[g] : -float(F::OFF) * a[g];
+      }
+    }
+  }
+  for (int quad = 0; quad < n / 4; quad += 16) interleave(&q[0][4 * quad], &t.codes[quad][0][0]);
+}
+
+// acc[m][r] += the chunk's products for P <= MB input rows; x[m]: row m's q8 blocks from the chunk's first.
+template <class F, int P>
+static void apply(const Tile& t, int n, const q8::Block* const* x, float (*acc)[ROWS]) {
+  constexpr int QG = F::G / 4;  // quads a group
+  vf sums[P][V];
+  for (int m = 0; m < P; ++m)
+    for (int v = 0; v < V; ++v) sums[m][v] = load_vf(acc[m] + v * VL);
+  for (int g = 0; g < n / F::G; ++g) {
+    i8::I32 s[P][V];
+    for (int m = 0; m < P; ++m)
+      for (int v = 0; v < V; ++v) s[m][v] = i8::zero();
+    for (int quad = g * QG; quad < (g + 1) * QG; ++quad) {
+      i8::B8 w[V];
+      for (int v = 0; v < V; ++v) w[v] = i8::load_b8(t.codes[quad][v * i8::LANES]);
+      for (int m = 0; m < P; ++m) {
+        const i8::B8 xq = broadcast4(x[m][quad / 8].q + 4 * (quad % 8));
+        for (int v = 0; v < V; ++v)
+          s[m][v] = F::SIGNED ? i8::dot_s8s8(s[m][v], w[v], xq) : i8::dot_u8s8(s[m][v], w[v], xq);
+      }
+    }
+    for (int m = 0; m < P; ++m) {
+      const q8::Block& xb = x[m][g * F::G / 32];
+      const float sum = F::G == 16 ? float(xb.sum[g % 2]) : float(xb.sum[0] + xb.sum[1]);
+      const vf scale = splat(xb.d), offset = splat(xb.d * sum);
+      for (int v = 0; v < V; ++v) {
+        const vf a = load_vf(t.a[g] + v * VL), b = load_vf(t.b[g] + v * VL);
+        sums[m][v] += i8::to_float(s[m][v]) * (a * scale) + b * offset;
+      }
+    }
+  }
+  for (int m = 0; m < P; ++m)
+    for (int v = 0; v < V; ++v) store_vf(sums[m][v], acc[m] + v * VL);
+}
+
+// apply() for any count <= MB of input rows.
+template <class F>
+static void apply_rows(const Tile& t, int n, const q8::Block* const* x, float (*acc)[ROWS], int count) {
+  auto go = [&](auto p) { apply<F, decltype(p)::value>(t, n, x, acc); };
+  switch (count) {
+    case 1: go(std::integral_constant<int, 1>{}); break;
+    case 2: go(std::integral_constant<int, 2>{}); break;
+    case 3: go(std::integral_constant<int, 3>{}); break;
+#if ZHUZI_AVX512
+    case 4: go(std::integral_constant<int, 4>{}); break;
+    case 5: go(std::integral_constant<int, 5>{}); break;
+    case 6: go(std::integral_constant<int, 6>{}); break;
+    case 7: go(std::integral_constant<int, 7>{}); break;
+#endif
+    default: go(std::integral_constant<int, MB>{}); break;
+  }
+}
+
+// The 16-row tile of matrix w starting at its row `row` (rows <= 16 of them) against input rows
+// [m0, m1) of x (q8 rows of K inputs): acc[m - m0][r] = the sum of products (acc holds m1 - m0 rows).
+template <class F>
+static void tile(const uint8_t* w, int64_t row_bytes, int rows, int64_t K, const q8::Rows& x, int64_t m0,
+                 int64_t m1, float (*acc)[ROWS]) {
+  Tile t;
+  std::memset(acc, 0, sizeof(float) * ROWS * (m1 - m0));
+  for (int64_t k0 = 0; k0 < K; k0 += CHUNK) {
+    const int n = int(std::min<int64_t>(CHUNK, K - k0));
+    decode<F>(w, row_bytes, rows, k0, n, t);
+    for (int64_t m = m0; m < m1; m += MB) {
+      const int count = int(std::min<int64_t>(MB, m1 - m));
+      const q8::Block* rows_x[MB];
+      for (int i = 0; i < count; ++i) rows_x[i] = x.row(m + i) + k0 / 32;
+      apply_rows<F>(t, n, rows_x, acc + (m - m0), count);
+    }
+  }
+}
+
+// Whether a matrix of `type` blocks with rows of row_bytes bytes holds K inputs a row.
+static inline bool serves(int type, int64_t K, int64_t row_bytes) {
+  bool ok = false;
+  blocks::with_format(type, [&](auto f) {
+    using F = decltype(f);
+    ok = K % F::QK == 0 && row_bytes == K / F::QK * F::BYTES;
+  });
+  return ok;
+}
+
+}  // namespace block_tiles

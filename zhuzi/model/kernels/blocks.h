@@ -1,0 +1,195 @@
+// GGUF's block formats as llama.cpp stores them (a tensor row of K weights is K / QK blocks, one after
+// another): every kernel on GGUF weights reads the blocks through this file. The numbers are ggml's type ids.
+//
+//   type  QK  bytes  layout                                           weight i of the block
+//   Q4_0  32   18    fp16 d, qs[16]                                   d (q_i - 8)
+//   Q4_1  32   20    fp16 d, fp16 m, qs[16]                           d q_i + m
+//   Q5_0  32   22    fp16 d, qh[4], qs[16]                            d (q_i - 16)
+//   Q5_1  32   24    fp16 d, fp16 m, qh[4], qs[16]                    d q_i + m
+//   Q8_0  32   34    fp16 d, int8 qs[32]                              d qs_i
+//   Q4_K 256  144    fp16 d, fp16 dmin, scales[12], qs[128]           (d sc_j) q_i - dmin mn_j    (j = i / 32)
+//   Q5_K 256  176    fp16 d, fp16 dmin, scales[12], qh[32], qs[128]   as Q4_K, q_i of 5 bits
+//   Q6_K 256  210    ql[128], qh[64], int8 scales[16], fp16 d         (d scales[i / 16]) (q_i - 32)
+//
+// 32-blocks: q_i's low 4 bits are the low nibble of qs[i] for i < 16, the high nibble of qs[i - 16]
+// otherwise; Q5's fifth bit is bit i of qh (little-endian 32 bits).
+// Q4_K / Q5_K: 64 weights share 32 bytes of qs: weight 64c + l (l < 32) takes the low nibble of qs[32c + l],
+// weight 64c + 32 + l the high one; Q5_K's fifth bit of weight 32j + l is bit j of qh[l]. The 8 sub-block
+// scales sc_j and mins mn_j are 6 bits, packed in 12 bytes: for j < 4, sc_j = scales[j] & 63 and mn_j =
+// scales[j + 4] & 63; for j >= 4, sc_j = (scales[j + 4] & 15) | (scales[j - 4] >> 6) << 4 and
+// mn_j = (scales[j + 4] >> 4) | (scales[j] >> 6) << 4.
+// Q6_K: two halves of 128; in half h, weight 128h + 32t + l takes its low 4 bits from ql[64h + l] (t = 0: low
+// nibble, t = 2: high) or ql[64h + 32 + l] (t = 1: low, t = 3: high), and its top 2 bits from
+// (qh[32h + l] >> 2t) & 3.
+//
+// Each Format decodes a block into its codes q (one byte a weight; Q8_0's are signed), and per group of
+// G weights a scale a and, for the formats with a minimum, an offset b: weight = a q + b ("MIN" formats), or
+// a (q - OFF) (the others). values() computes the weights as gguf's reference does, bit for bit (built
+// without FMA contraction); the kernels use the codes and scales.
+#pragma once
+#include "prelude.h"
+
+namespace blocks {
+
+enum Type : int32_t { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
+
+struct BQ4_0 { uint16_t d; uint8_t qs[16]; };
+struct BQ4_1 { uint16_t d, m; uint8_t qs[16]; };
+struct BQ5_0 { uint16_t d; uint8_t qh[4]; uint8_t qs[16]; };
+struct BQ5_1 { uint16_t d, m; uint8_t qh[4]; uint8_t qs[16]; };
+struct BQ8_0 { uint16_t d; int8_t qs[32]; };
+struct BQ4_K { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[128]; };
+struct BQ5_K { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[32]; uint8_t qs[128]; };
+struct BQ6_K { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; uint16_t d; };
+static_assert(sizeof(BQ4_0) == 18 && sizeof(BQ4_1) == 20 && sizeof(BQ5_0) == 22 && sizeof(BQ5_1) == 24, "");
+static_assert(sizeof(BQ8_0) == 34 && sizeof(BQ4_K) == 144 && sizeof(BQ5_K) == 176 && sizeof(BQ6_K) == 210, "");
+
+// A 32-block's 4-bit codes (and Q5's fifth bits), in vector registers of any width (GCC vectors).
+typedef uint8_t v16b __attribute__((vector_size(16)));
+static inline void nibbles(const uint8_t* qs, uint8_t* q) {
+  v16b v;
+  std::memcpy(&v, qs, 16);
+  const v16b lo = v & 15, hi = v >> 4;
+  std::memcpy(q, &lo, 16), std::memcpy(q + 16, &hi, 16);
+}
+static inline void fifth_bits(const uint8_t* qh, uint8_t* q) {
+  // Byte i of a lane group takes the byte of qh holding bit i, then tests that bit.
+  static const v16b bit = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
+  v16b h = {}, lo, hi;
+  std::memcpy(&h, qh, 4);
+  std::memcpy(&lo, q, 16), std::memcpy(&hi, q + 16, 16);
+  lo |= (v16b)((__builtin_shufflevector(h, h, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1) & bit) != 0) & 16;
+  hi |= (v16b)((__builtin_shufflevector(h, h, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3) & bit) != 0) & 16;
+  std::memcpy(q, &lo, 16), std::memcpy(q + 16, &hi, 16);
+}
+
+// The 8 sub-block scales (times d) and offsets (-dmin mn) of a Q4_K / Q5_K block.
+static inline void k_scales(uint16_t d16, uint16_t dmin16, const uint8_t* s, float* a, float* b) {
+  const float d = half_to_float(d16), dmin = half_to_float(dmin16);
+  for (int j = 0; j < 8; ++j) {
+    const int sc = j < 4 ? s[j] & 63 : (s[j + 4] & 15) | (s[j - 4] >> 6) << 4;
+    const int mn = j < 4 ? s[j + 4] & 63 : (s[j + 4] >> 4) | (s[j] >> 6) << 4;
+    a[j] = d * float(sc);
+    b[j] = -(dmin * float(mn));
+  }
+}
+static inline void k_nibbles(const uint8_t* qs, uint8_t* q) {
+  for (int c = 0; c < 4; ++c)
+    for (int l = 0; l < 32; ++l) q[64 * c + l] = qs[32 * c + l] & 15, q[64 * c + 32 + l] = qs[32 * c + l] >> 4;
+}
+
+template <int T> struct Format;
+template <> struct Format<Q4_0> {
+  static constexpr int QK = 32, BYTES = 18, G = 32, OFF = 8;
+  static constexpr bool MIN = false, SIGNED = false;
+  static void decode(const void* p, uint8_t* q, float* a, float*) {
+    const auto* b = static_cast<const BQ4_0*>(p);
+    nibbles(b->qs, q);
+    a[0] = half_to_float(b->d);
+  }
+};
+template <> struct Format<Q4_1> {
+  static constexpr int QK = 32, BYTES = 20, G = 32, OFF = 0;
+  static constexpr bool MIN = true, SIGNED = false;
+  static void decode(const void* p, uint8_t* q, float* a, float* off) {
+    const auto* b = static_cast<const BQ4_1*>(p);
+    nibbles(b->qs, q);
+    a[0] = half_to_float(b->d), off[0] = half_to_float(b->m);
+  }
+};
+template <> struct Format<Q5_0> {
+  static constexpr int QK = 32, BYTES = 22, G = 32, OFF = 16;
+  static constexpr bool MIN = false, SIGNED = false;
+  static void decode(const void* p, uint8_t* q, float* a, float*) {
+    const auto* b = static_cast<const BQ5_0*>(p);
+    nibbles(b->qs, q);
+    fifth_bits(b->qh, q);
+    a[0] = half_to_float(b->d);
+  }
+};
+template <> struct Format<Q5_1> {
+  static constexpr int QK = 32, BYTES = 24, G = 32, OFF = 0;
+  static constexpr bool MIN = true, SIGNED = false;
+  static void decode(const void* p, uint8_t* q, float* a, float* off) {
+    const auto* b = static_cast<const BQ5_1*>(p);
+    nibbles(b->qs, q);
+    fifth_bits(b->qh, q);
+    a[0] = half_to_float(b->d), off[0] = half_to_float(b->m);
+  }
+};
+template <> struct Format<Q8_0> {
+  static constexpr int QK = 32, BYTES = 34, G = 32, OFF = 0;
+  static constexpr bool MIN = false, SIGNED = true;
+  static void decode(const void* p, uint8_t* q, float* a, float*) {
+    const auto* b = static_cast<const BQ8_0*>(p);
+    std::memcpy(q, b->qs, 32);
+    a[0] = half_to_float(b->d);
+  }
+};
+template <> struct Format<Q4_K> {
+  static constexpr int QK = 256, BYTES = 144, G = 32, OFF = 0;
+  static constexpr bool MIN = true, SIGNED = false;
+  static void decode(const void* p, uint8_t* q, float* a, float* off) {
+    const auto* b = static_cast<const BQ4_K*>(p);
+    k_nibbles(b->qs, q);
+    k_scales(b->d, b->dmin, b->scales, a, off);
+  }
+};
+template <> struct Format<Q5_K> {
+  static constexpr int QK = 256, BYTES = 176, G = 32, OFF = 0;
+  static constexpr bool MIN = true, SIGNED = false;
+  static void decode(const void* p, uint8_t* q, float* a, float* off) {
+    const auto* b = static_cast<const BQ5_K*>(p);
+    k_nibbles(b->qs, q);
+    for (int j = 0; j < 8; ++j)
+      for (int l = 0; l < 32; ++l) q[32 * j + l] |= ((b->qh[l] >> j) & 1) << 4;
+    k_scales(b->d, b->dmin, b->scales, a, off);
+  }
+};
+template <> struct Format<Q6_K> {
+  static constexpr int QK = 256, BYTES = 210, G = 16, OFF = 32;
+  static constexpr bool MIN = false, SIGNED = false;
+  static void decode(const void* p, uint8_t* q, float* a, float*) {
+    const auto* b = static_cast<const BQ6_K*>(p);
+    for (int h = 0; h < 2; ++h)
+      for (int l = 0; l < 32; ++l) {
+        const uint8_t lo = b->ql[64 * h + l], hi = b->ql[64 * h + 32 + l], top = b->qh[32 * h + l];
+        uint8_t* o = q + 128 * h + l;
+        o[0] = (lo & 15) | (top & 3) << 4, o[32] = (hi & 15) | ((top >> 2) & 3) << 4;
+        o[64] = (lo >> 4) | ((top >> 4) & 3) << 4, o[96] = (hi >> 4) | ((top >> 6) & 3) << 4;
+      }
+    const float d = half_to_float(b->d);
+    for (int g = 0; g < 16; ++g) a[g] = d * float(b->scales[g]);
+  }
+};
+
+// The QK weights of one block, as gguf computes them.
+template <class F>
+static inline void values(const void* p, float* y) {
+  uint8_t q[F::QK];
+  float a[F::QK / F::G], b[F::QK / F::G];
+  F::decode(p, q, a, b);
+  for (int i = 0; i < F::QK; ++i) {
+    const int g = i / F::G;
+    if constexpr (F::MIN) y[i] = a[g] * float(q[i]) + b[g];
+    else y[i] = a[g] * float((F::SIGNED ? int(int8_t(q[i])) : int(q[i])) - F::OFF);
+  }
+}
+
+// Calls fn(Format<T>{}) for a run-time type id; false for a type this file does not know.
+template <typename Fn>
+static bool with_format(int type, Fn fn) {
+  switch (type) {
+    case Q4_0: fn(Format<Q4_0>{}); return true;
+    case Q4_1: fn(Format<Q4_1>{}); return true;
+    case Q5_0: fn(Format<Q5_0>{}); return true;
+    case Q5_1: fn(Format<Q5_1>{}); return true;
+    case Q8_0: fn(Format<Q8_0>{}); return true;
+    case Q4_K: fn(Format<Q4_K>{}); return true;
+    case Q5_K: fn(Format<Q5_K>{}); return true;
+    case Q6_K: fn(Format<Q6_K>{}); return true;
+    default: return false;
+  }
+}
+
+}  // namespace blocks

@@ -1,0 +1,22 @@
+// The int8 dot products under the q8 kernels, one definition per variant (avx2/int8.h, neon/int8.h,
+// avx512/int8.h), the same names everywhere:
+//
+//   I32                     the variant's vector of int32 lanes (LANES of them)
+//   B8                      a vector of 4 * LANES bytes: 4 consecutive bytes per lane
+//   load_b8(p)              B8 from 4 * LANES bytes at p
+//   dot_u8s8(acc, u, s)     acc[l] += the 4 products of lane l's bytes, u unsigned, s signed
+//   dot_s8s8(acc, a, b)     the same for two signed operands
+//   to_float(I32)           the lanes as floats
+//
+// Preconditions (what keeps AVX2's 16-bit maddubs exact): u <= 127 (4-bit codes, 8-bit codes' magnitudes),
+// and no signed byte is -128 (quant.py's and q8.h's codes stay in -127..127).
+#pragma once
+#include "prelude.h"
+
+#if ZHUZI_AVX512
+#include "avx512/int8.h"
+#elif ZHUZI_AVX2
+#include "avx2/int8.h"
+#else
+#include "neon/int8.h"
+#endif

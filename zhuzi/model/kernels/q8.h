@@ -1,0 +1,70 @@
+// Activations quantized to int8 blocks of 32 (llama.cpp's Q8_0 / Q8_1 activations): the inputs of the
+// int8 and 4-bit weight kernels on the variants without native bf16 (and of the GGUF block kernels).
+//
+// A row of K values, zero-padded to a multiple of 32, becomes one Block per 32: codes q with x ~ d q,
+// d = amax / 127, q = round(x / d) (to nearest, ties to even), and the sum of each 16 codes. |q| <= 127, so
+// x86's maddubs sign trick and every int16 pair sum stay exact. The sums serve weights with an offset or
+// a minimum: sum_i (a c_i + b) x_i = d (a sum_i c_i q_i + b sum_i q_i). The arithmetic is the same on every
+// variant, so a row's blocks are the same bits everywhere.
+#pragma once
+#include "prelude.h"
+
+#include <cmath>
+#include <vector>
+
+namespace q8 {
+
+constexpr int BLOCK = 32;
+
+struct Block {
+  int8_t q[BLOCK];
+  float d;
+  int16_t sum[2];  // of q[0..16) and q[16..32)
+};
+
+static inline int64_t blocks(int64_t K) { return (K + BLOCK - 1) / BLOCK; }
+
+static inline float value(float x) { return x; }
+static inline float value(uint16_t x) { return widen(x); }
+
+// x[0..K) -> out[0 .. kp / 32), kp a multiple of 32 at least K (the rest of the row is zeros).
+template <typename T>
+static void quantize_row(const T* x, int64_t K, int64_t kp, Block* out) {
+  for (int64_t b = 0; b < kp / BLOCK; ++b) {
+    float v[BLOCK], amax = 0.f;
+    for (int i = 0; i < BLOCK; ++i) {
+      const int64_t k = b * BLOCK + i;
+      v[i] = k < K ? value(x[k]) : 0.f;
+      amax = std::fmax(amax, std::fabs(v[i]));
+    }
+    const float inv = amax > 0.f ? 127.f / amax : 0.f;
+    Block& o = out[b];
+    o.d = amax / 127.f;
+    for (int h = 0; h < 2; ++h) {
+      int32_t sum = 0;
+      for (int i = 16 * h; i < 16 * h + 16; ++i) {
+        const int32_t c = int32_t(std::nearbyint(v[i] * inv));
+        o.q[i] = int8_t(c);
+        sum += c;
+      }
+      o.sum[h] = int16_t(sum);
+    }
+  }
+}
+
+// M rows of K values; row m's blocks at row(m).
+struct Rows {
+  int64_t n = 0;  // blocks a row
+  std::vector<Block> data;
+
+  template <typename T>
+  void set(const T* x, int64_t M, int64_t K, int64_t ldx, int threads = 1) {
+    n = blocks(K);
+    data.resize(M * n);
+#pragma omp parallel for schedule(static) num_threads(threads) if (M > 8)
+    for (int64_t m = 0; m < M; ++m) quantize_row(x + m * ldx, K, n * BLOCK, &data[m * n]);
+  }
+  const Block* row(int64_t m) const { return data.data() + m * n; }
+};
+
+}  // namespace q8
