@@ -7,7 +7,7 @@ import json
 import jsonschema
 import openai
 import pytest
-from server.serving import running_server
+from server.server_process import running_server
 
 pytestmark = pytest.mark.models
 
