@@ -13,6 +13,7 @@ import httpx
 import pytest
 from inspector import REPLY_TIMEOUT_MS, Inspector
 from playwright.sync_api import Browser, expect
+from real_models import QWEN_0_5B, fetch
 from server_process import ServerProcess, running_server
 
 from zhuzi.server.inspect_protocol import MAX_STEPS
@@ -136,8 +137,9 @@ def test_cached_prompt_tokens_are_shaded_and_priced_both_ways(inspector: Inspect
 
 # ------------------------------------------------------------------ a tool round trip
 
-def test_a_tool_round_trip_step_by_step(inspector: Inspector) -> None:
-    ui = inspector
+def round_trip(ui: Inspector, tool_prompt: str, first_choice: str | dict) -> None:
+    """The tool view's four steps, each checked against the server's answers to the same requests: the page's
+    first request asks with first_choice, as it does for a template of that kind (tool_prompt)."""
     ui.tab("tools")
     page, nxt = ui.page, ui.page.get_by_test_id("tool-next")
     tools = page.evaluate("async () => (await import('/static/js/toolbox.js')).TOOLS")
@@ -155,9 +157,8 @@ def test_a_tool_round_trip_step_by_step(inspector: Inspector) -> None:
             " generated: !!x.dataset.generated, cached: !!x.dataset.cached, text: x.textContent}))")
 
     step(1)  # the model writes the call
-    expect(page.get_by_test_id("tool-template")).to_have_attribute("data-tool-prompt", "generic")
-    forced = {"type": "function", "function": {"name": "calculator"}}
-    api = post(ui.server, "/v1/chat/completions", {"messages": messages, "tools": tools, "tool_choice": forced,
+    expect(page.get_by_test_id("tool-template")).to_have_attribute("data-tool-prompt", tool_prompt)
+    api = post(ui.server, "/v1/chat/completions", {"messages": messages, "tools": tools, "tool_choice": first_choice,
                                                   "temperature": 0, "max_tokens": 96, "return_token_ids": True})
     written = [t for t in doc_tokens() if t["generated"]]
     assert [t["id"] for t in written] == api["choices"][0]["token_ids"]
@@ -180,6 +181,24 @@ def test_a_tool_round_trip_step_by_step(inspector: Inspector) -> None:
     assert prompt == len(document["token_ids"]) and cached >= prompt // 2, "request 2 re-reads request 1's blocks"
     assert sum(t["cached"] for t in doc_tokens()) == cached
     assert prefill_of(batch(ui.server, second.get_attribute("data-id"))) == prompt - cached
+
+
+def test_a_tool_round_trip_step_by_step(inspector: Inspector) -> None:
+    """SmolLM2's template has no tool section: the generic tool prompt, and a forced first call."""
+    round_trip(inspector, "generic", {"type": "function", "function": {"name": "calculator"}})
+
+
+@pytest.fixture(scope="module")
+def qwen_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    with running_server(tmp_path_factory.mktemp("qwen") / "server.log", str(fetch(QWEN_0_5B)), "--max-model-len",
+                        "4096", "--kv-cache-memory", "256MiB") as running:
+        yield running
+
+
+@pytest.mark.models
+def test_a_tool_round_trip_with_a_template_that_writes_the_tools(open_page, qwen_server: ServerProcess) -> None:
+    """Qwen2.5-Coder's template renders the tools: the model decides to call on its own (tool_choice auto)."""
+    round_trip(open_page(qwen_server), "template", "auto")
 
 
 # ------------------------------------------------------------------ the same question twice

@@ -9,7 +9,7 @@ import { runTool, TOOLS } from './toolbox.js';
 import { $, el } from './util.js';
 
 const PRESETS = {
-  calculator: 'Use the calculator to work out 1234 * 5678 + 9.',
+  calculator: 'What is 1234 * 5678 + 9?',
   city_time: 'What time is it in Tokyo right now?',
 };
 const STEPS = ['The model writes the call', 'The program runs the tool', 'The result goes back as a tool message', 'The model answers'];
