@@ -19,11 +19,15 @@ def merge(total: RequestOutput | None, delta: RequestOutput) -> RequestOutput:
         total = RequestOutput(delta.request_id, delta.prompt, delta.prompt_token_ids, [], False)
     by_index = {c.index: c for c in total.outputs}
     for d in delta.outputs:
-        c = by_index.setdefault(d.index, CompletionOutput.empty(d.index, d.logprobs is not None))
+        c = by_index.setdefault(d.index, CompletionOutput.empty(d.index, d.logprobs is not None,
+                                                                d.draft_accepted is not None))
         c.text += d.text
         c.token_ids += d.token_ids
         if d.logprobs is not None:
             c.logprobs += d.logprobs
+        if d.draft_accepted is not None:
+            c.draft_accepted += d.draft_accepted
+            c.drafts_rejected += d.drafts_rejected
         c.finish_reason, c.stop_reason, c.cumulative_logprob = d.finish_reason, d.stop_reason, d.cumulative_logprob
     total.outputs = sorted(by_index.values(), key=lambda c: c.index)
     total.finished, total.metrics = delta.finished, delta.metrics

@@ -75,10 +75,15 @@ class CompletionOutput:
     logprobs: SampleLogprobs | None = None
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error" | None while running
     stop_reason: int | str | None = None  # the stop string or stop token id that ended it
+    # With speculative decoding, one entry per token of token_ids (None without a proposer):
+    draft_accepted: list[bool] | None = None  # the token was a draft the model accepted
+    drafts_rejected: list[list[int] | None] | None = None  # the model's own token of a step that checked
+    # drafts: the drafts that step rejected ([]: it accepted all); None for the other tokens
 
     @classmethod
-    def empty(cls, index: int, with_logprobs: bool) -> CompletionOutput:
-        return cls(index, "", [], logprobs=[] if with_logprobs else None)
+    def empty(cls, index: int, with_logprobs: bool, with_drafts: bool = False) -> CompletionOutput:
+        return cls(index, "", [], logprobs=[] if with_logprobs else None,
+                   draft_accepted=[] if with_drafts else None, drafts_rejected=[] if with_drafts else None)
 
 
 @dataclass
@@ -257,14 +262,43 @@ class EngineStats:
 
 
 @dataclass
-class StepRecord:
-    """One forward pass of the step loop, as the inspector's engine view plots it."""
+class StepRow:
+    """One sequence's share of a step, as the inspector's batch view draws it."""
 
+    request_id: str
+    kind: str  # "prefill": a chunk of a prompt (a probe's too); "decode": one token; "verify": drafts + 1
+    tokens: int  # tokens whose K/V the step computed for it
+    context: int  # tokens its last one attended to (the K/V it read)
+    drafts: int = 0  # verify: the draft tokens it checked
+    accepted: int = 0  # verify: of those, the ones the model accepted
+
+
+@dataclass
+class StepRecord:
+    """One forward pass of the step loop, as the inspector's engine and batch views draw it."""
+
+    index: int  # steps since the engine started
     end_time: float  # time.monotonic()
     duration: float  # seconds of model execution (forward pass and sampling)
-    prefill_tokens: int
-    decode_tokens: int  # sequences that decoded one token
-    kv_tokens_read: int  # context tokens those decodes attended to
+    rows: list[StepRow]
+
+    @property
+    def prefill_tokens(self) -> int:
+        return sum(row.tokens for row in self.rows if row.kind == "prefill")
+
+    @property
+    def decode_tokens(self) -> int:
+        """Sequences that decoded one token."""
+        return sum(row.kind == "decode" for row in self.rows)
+
+    @property
+    def verify_tokens(self) -> int:
+        return sum(row.tokens for row in self.rows if row.kind == "verify")
+
+    @property
+    def kv_tokens_read(self) -> int:
+        """Context tokens the decodes attended to."""
+        return sum(row.context for row in self.rows if row.kind == "decode")
 
 
 @dataclass

@@ -8,7 +8,7 @@ from zhuzi import SamplingParams
 from zhuzi.config import EngineConfig
 from zhuzi.engine.engine import Engine
 from zhuzi.engine.sequence import Probe
-from zhuzi.outputs import RequestOutput
+from zhuzi.outputs import RequestOutput, StepRow
 from zhuzi.sampling_params import InvalidRequest
 
 PROMPT = "The capital of France is"
@@ -116,7 +116,11 @@ def test_the_snapshot_shows_the_pool_and_the_recent_steps(engine):
     assert len(idle.steps) == 5 and [s.decode_tokens for s in idle.steps] == [1] * 5
     assert [s.kv_tokens_read for s in idle.steps] == list(range(idle.steps[0].kv_tokens_read,
                                                                 idle.steps[0].kv_tokens_read + 5))
-    assert busy.steps[-1].prefill_tokens > 0  # the prompt's step
+    prompt = len(engine.tokenizer.encode("Tell me a story " * 5))
+    assert busy.steps[-1].rows == [StepRow("busy", "prefill", prompt, prompt)]  # the prompt's step
+    assert [(r.kind, r.tokens, r.context) for s in idle.steps for r in s.rows] == [
+        ("decode", 1, s.kv_tokens_read) for s in idle.steps]
+    assert [s.index for s in idle.steps] == list(range(idle.steps[0].index, idle.steps[0].index + 5))
     c = idle.model
     assert idle.kv_plan.bytes_per_token == 2 * c.num_layers * c.num_kv_heads * c.head_dim * 4  # float32
     assert idle.kv_plan.num_blocks == idle.stats.num_blocks

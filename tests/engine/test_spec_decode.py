@@ -134,6 +134,27 @@ def test_greedy_output_is_the_same_with_speculation_alone_and_batched(prompts, p
     assert llm.engine.blocks.num_free_blocks == llm.engine.blocks.num_blocks
 
 
+def test_outputs_and_step_records_say_which_tokens_were_drafts(prompts):
+    llm = LLM(dtype="float32", speculative_config=ngram(3))
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
+    stats, marks = llm.engine.stats().spec_decoding, [o.outputs[0] for o in outs]
+    for c in marks:
+        assert len(c.draft_accepted) == len(c.drafts_rejected) == len(c.token_ids) == 24
+        for i, rejected in enumerate(c.drafts_rejected):
+            assert rejected is None or not c.draft_accepted[i]  # the model's own token closes a checked run
+            assert not rejected or c.token_ids[i] != rejected[0]  # it replaced the first draft rejected
+    assert sum(sum(c.draft_accepted) for c in marks) == stats.num_accepted_tokens > 0
+    assert sum(r is not None for c in marks for r in c.drafts_rejected) == stats.num_drafts
+    assert sum(len(r or []) for c in marks for r in c.drafts_rejected) == \
+        stats.num_draft_tokens - stats.num_accepted_tokens > 0
+    rows = [row for step in llm.engine.recent_steps for row in step.rows]
+    verify = [r for r in rows if r.kind == "verify"]
+    assert len(verify) == stats.num_drafts and sum(r.accepted for r in verify) == stats.num_accepted_tokens
+    assert all(r.tokens == r.drafts + 1 for r in verify)
+    assert sum(r.tokens for r in rows if r.kind == "prefill") == \
+        sum(len(p) for p in prompts) - sum(o.num_cached_tokens for o in outs)
+
+
 def run_steps(engine: Engine, prompt: list[int], params: SamplingParams) -> tuple[list[list[int]], object]:
     """The token ids each step emitted for one request, and its merged output."""
     engine.add_request("r", prompt, params)

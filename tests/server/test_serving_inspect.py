@@ -4,6 +4,7 @@ from __future__ import annotations
 import base64
 import math
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -103,7 +104,43 @@ def test_engine_snapshot(server: ServerProcess) -> None:
     assert 0 < len(s["steps"]) <= 16 and any(st["decode_tokens"] for st in s["steps"])
     assert s["roofline"]["read_bandwidth_bytes_per_s"] > 1e8
     assert server.get("/inspect/engine?steps=0")["steps"] == []
+    assert s["settings"] == {"deterministic": False, "speculative_method": None, "num_speculative_tokens": 0}
     assert error(httpx.get(server.url + "/inspect/engine?steps=100000"))["param"] == "steps"
+
+
+def test_the_batch_view_marks_only_the_callers_own_rows(server: ServerProcess) -> None:
+    asks = [[{"role": "user", "content": f"Count from one to {n}."}] for n in (20, 30)]
+    with ThreadPoolExecutor(2) as pool:  # two requests share steps
+        mine, theirs = pool.map(lambda m: chat(server, m, max_tokens=12), asks)
+    answer = httpx.get(f"{server.url}/inspect/batch", params={"steps": 64, "request_id": mine["id"]})
+    assert mine["id"] not in answer.text and theirs["id"] not in answer.text  # no request id ever shown
+    steps = answer.json()["steps"]
+    yours = [row for step in steps for row in step["rows"] if row["yours"]]
+    assert len({row["request"] for row in yours}) == 1
+    usage = mine["usage"]
+    assert sum(r["tokens"] for r in yours if r["kind"] == "prefill") == \
+        usage["prompt_tokens"] - usage["prompt_tokens_details"]["cached_tokens"]
+    assert sum(r["kind"] == "decode" for r in yours) == usage["completion_tokens"] - 1  # the first came with prefill
+    shared = [step for step in steps if len({row["request"] for row in step["rows"]}) == 2]
+    assert shared, "the two requests never shared a step"
+    for step in steps:
+        assert step["prefill_tokens"] == sum(r["tokens"] for r in step["rows"] if r["kind"] == "prefill")
+        assert step["decode_rows"] == sum(r["kind"] == "decode" for r in step["rows"])
+    anonymous = httpx.get(f"{server.url}/inspect/batch?steps=64").json()["steps"]
+    assert not any(row["yours"] for step in anonymous for row in step["rows"])
+    assert error(httpx.get(f"{server.url}/inspect/batch?request_id=a%20b"))["param"] == "request_id"
+    assert error(httpx.get(f"{server.url}/inspect/batch?rows=1"))["param"] == "rows"
+
+
+def test_the_document_of_a_chat_with_tools_is_the_prompt_it_reads(server: ServerProcess) -> None:
+    tool = {"type": "function", "function": {"name": "calculator", "parameters": {
+        "type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}}
+    doc = server.post("/inspect/document", {"messages": FRANCE, "tools": [tool]})
+    assert [t["id"] for t in doc["tokens"]] == doc["token_ids"]
+    assert doc["tool_prompt"] == "generic"  # SmolLM2's template ignores tools: zhuzi's prompt tells of them
+    system = "".join(t["token"] for t in doc["tokens"] if t["author"] == "system")
+    assert "<tools>" in system and '"calculator"' in system
+    assert server.post("/inspect/document", {"messages": FRANCE})["tool_prompt"] is None
 
 
 @pytest.mark.parametrize("body, param", [
@@ -164,9 +201,9 @@ def test_a_client_that_hangs_up_aborts_its_probes(server: ServerProcess) -> None
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         s = server.get(f"/inspect/engine?steps={MAX_STEPS}")
-        if s["requests"] == {"running": 0, "waiting": 0} and s["kv"]["used_blocks"] == 0:
+        if (s["requests"]["running"], s["requests"]["waiting"], s["kv"]["used_blocks"]) == (0, 0, 0):
             break
         time.sleep(0.05)
-    assert s["requests"] == {"running": 0, "waiting": 0} and s["kv"]["used_blocks"] == 0
+    assert (s["requests"]["running"], s["requests"]["waiting"], s["kv"]["used_blocks"]) == (0, 0, 0)
     computed = sum(step["prefill_tokens"] for step in s["steps"] if step["age_s"] < time.monotonic() - sent)
     assert 0 < computed < 16 * 1000, "the probes ran to the end although their client had gone"

@@ -1,5 +1,6 @@
 """A server with prompt-lookup speculation, through the real openai client: streamed chunks may carry several
-tokens (each with its logprob) and add up to the non-streamed answer; /metrics counts drafts and acceptances."""
+tokens (each with its logprob) and add up to the non-streamed answer; /metrics counts drafts and acceptances;
+with return_token_ids each token says whether it was an accepted draft, as the step records do."""
 from __future__ import annotations
 
 import httpx
@@ -19,6 +20,11 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> ServerProcess:
         yield running
 
 
+def spec_counts(server: ServerProcess) -> dict[str, float]:
+    return {s.name: s.value for f in text_string_to_metric_families(httpx.get(server.url + "/metrics").text)
+            for s in f.samples if s.name.startswith("zhuzi:spec_decode_num_")}
+
+
 def test_streamed_chunks_carry_accepted_runs_and_add_up_to_the_answer(server: ServerProcess) -> None:
     client = openai.OpenAI(api_key="none", base_url=server.api, max_retries=0, timeout=120)
     ask = dict(model="SmolLM2-135M-Instruct", temperature=0, max_tokens=40, logprobs=True,
@@ -30,7 +36,29 @@ def test_streamed_chunks_carry_accepted_runs_and_add_up_to_the_answer(server: Se
     assert [lp.token for lp in streamed] == [lp.token for lp in whole.choices[0].logprobs.content]
     assert len(streamed) == whole.usage.completion_tokens
     assert max(len(c.choices[0].logprobs.content) for c in chunks if c.choices[0].logprobs) >= 3
-    metrics = {s.name: s.value for f in text_string_to_metric_families(httpx.get(server.url + "/metrics").text)
-               for s in f.samples if s.name.startswith("zhuzi:spec_decode_num_")}
+    metrics = spec_counts(server)
     assert metrics["zhuzi:spec_decode_num_draft_tokens_total"] >= metrics["zhuzi:spec_decode_num_accepted_tokens_total"]
     assert metrics["zhuzi:spec_decode_num_accepted_tokens_total"] >= 4
+
+
+def test_each_token_says_whether_it_was_an_accepted_draft(server: ServerProcess) -> None:
+    client = openai.OpenAI(api_key="none", base_url=server.api, max_retries=0, timeout=120)
+    before = spec_counts(server)
+    chunks = [c for c in client.chat.completions.create(
+        model="SmolLM2-135M-Instruct", temperature=0, max_tokens=40, stream=True,
+        messages=[{"role": "user", "content": f"Repeat this sentence word for word: {TEXT}"}],
+        extra_body={"return_token_ids": True, "ignore_eos": True}) if c.choices]
+    after = spec_counts(server)
+    marked = [c.choices[0].model_extra for c in chunks if c.choices[0].model_extra.get("token_ids")]
+    ids = [t for m in marked for t in m["token_ids"]]
+    accepted = [a for m in marked for a in m["draft_accepted"]]
+    rejected = [r for m in marked for r in m["drafts_rejected"]]
+    assert len(ids) == len(accepted) == len(rejected) == 40
+    delta = {name.split("num_")[1]: after[name] - before[name] for name in after}
+    assert sum(accepted) == delta["accepted_tokens_total"] >= 4
+    assert sum(r is not None for r in rejected) == delta["drafts_total"]
+    assert sum(accepted) + sum(len(r or []) for r in rejected) == delta["draft_tokens_total"]
+    rows = [row for step in server.get(f"/inspect/batch?steps=64&request_id={chunks[0].id}")["steps"]
+            for row in step["rows"] if row["yours"]]
+    verify = [row for row in rows if row["kind"] == "verify"]
+    assert len(verify) == delta["drafts_total"] and sum(row["accepted"] for row in verify) == sum(accepted)

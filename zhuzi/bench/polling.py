@@ -1,6 +1,7 @@
 """`zhuzi bench polling`: what watching a server costs the streams it serves.
 
-The inspector page polls GET /inspect/engine while a reply streams. This runs one `bench serve`
+The inspector page polls GET /inspect/engine while a reply streams, and /inspect/batch too while its batch view
+is open (its heaviest watching: the default here). This runs one `bench serve`
 workload (the same flags) against one server twice per round, side by side: quiet, and with --poll
 at the page's rate, swapping the order every round so that drift on a shared machine hits both arms,
 after one polled warm-up run. The figures are each run's median TPOT, and polled against quiet two
@@ -19,14 +20,15 @@ from dataclasses import asdict, dataclass, field
 from zhuzi.bench import machine_line, save_report, served_kernels
 from zhuzi.bench import serve as serve_bench
 
-PAGE_POLL = "/inspect/engine?steps=128"  # the page's poll while its engine view is open
+# The page's polls while its batch view is open (its engine view polls /inspect/engine?steps=128 alone).
+PAGE_POLLS = ["/inspect/engine?steps=0", "/inspect/batch?steps=48"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     serve_bench.add_arguments(parser)
     parser.add_argument("--rounds", type=int, default=5,
                         help="quiet and polled runs per round, order swapped each round (default %(default)s)")
-    parser.set_defaults(poll=PAGE_POLL, max_concurrency=16, num_prompts=16, ignore_eos=True, disable_tqdm=True)
+    parser.set_defaults(max_concurrency=16, num_prompts=16, ignore_eos=True, disable_tqdm=True)
 
 
 @dataclass
@@ -44,7 +46,7 @@ class ServeRun:
 class PollingReport:
     machine: str
     base_url: str
-    poll: str
+    poll: list[str]
     poll_interval: float
     streams: int
     output_len: int
@@ -79,6 +81,7 @@ def measure(args: argparse.Namespace, round_: int, arm: str) -> ServeRun:
 
 def run(args: argparse.Namespace) -> PollingReport:
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    args.poll = args.poll or list(PAGE_POLLS)
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     report = PollingReport(machine_line(served_kernels(args.base_url, headers)), args.base_url, args.poll,
                            args.poll_interval, args.max_concurrency or args.num_prompts, args.random_output_len,
@@ -93,7 +96,8 @@ def run(args: argparse.Namespace) -> PollingReport:
             print(f"{i:>5} {arm:>6} {r.tpot_ms:>8.2f} {r.output_throughput:>7.1f} {r.polls:>5} {poll_ms:>7} "
                   f"{r.load:>5.2f}", flush=True)
     print(f"{report.machine}; load {report.load_before:.2f} at the start\n"
-          f"{report.streams} streams, GET {report.poll} every {report.poll_interval} s in the polled runs\n"
+          f"{report.streams} streams, GET {' and '.join(report.poll)} every {report.poll_interval} s in the polled"
+          " runs\n"
           f"best median TPOT: quiet {min(report.tpots('quiet')):.2f} ms, polled {min(report.tpots('polled')):.2f} ms"
           f" -> polled/quiet {report.best_ratio:.3f}\n"
           f"median of the {args.rounds} rounds' polled/quiet: {report.median_ratio:.3f}")

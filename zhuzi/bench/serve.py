@@ -76,9 +76,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=600.0,
                         help="seconds a request may wait for its next chunk (default %(default)s)")
     parser.add_argument("--disable-tqdm", action="store_true", help="no progress bar")
-    parser.add_argument("--poll", default=None,
+    parser.add_argument("--poll", action="append", default=None,
                         help="also GET this path during the run, e.g. '/inspect/engine?steps=128' as the "
-                             "inspector page does while its engine view is open")
+                             "inspector page does while its engine view is open (repeat it: each path polled "
+                             "on its own)")
     parser.add_argument("--poll-interval", type=float, default=0.25,
                         help="seconds between the end of one poll and the next (default %(default)s: the page's "
                              "rate while a reply streams)")
@@ -175,8 +176,8 @@ async def benchmark(args: argparse.Namespace) -> ServeReport:
         limit = asyncio.Semaphore(args.max_concurrency or len(conversations))
         total = sum(len(c.turns) for c in conversations)
         polls: list[float] = []
-        poller = asyncio.create_task(poll(client, base_url + args.poll, headers, args.poll_interval, polls)) \
-            if args.poll else None
+        pollers = {path: asyncio.create_task(poll(client, base_url + path, headers, args.poll_interval, polls))
+                   for path in args.poll or []}
         longs: list[RequestResult] = []
         load_done = asyncio.Event()
         sender = asyncio.create_task(send_long_prompts(client, target, args, tokenizer, load_done, longs)) \
@@ -191,11 +192,11 @@ async def benchmark(args: argparse.Namespace) -> ServeReport:
             load_done.set()
             if sender is not None:
                 await sender
-        if poller is not None:
+        for path, poller in pollers.items():
             poller.cancel()
             (outcome,) = await asyncio.gather(poller, return_exceptions=True)
             if isinstance(outcome, Exception):
-                raise RuntimeError(f"--poll {args.poll} failed: {outcome}") from outcome
+                raise RuntimeError(f"--poll {path} failed: {outcome}") from outcome
     results = [r for rs in per_conversation for r in rs]
     report = summarize(args, base_url, model, results, duration, served_kernels(base_url, headers))
     if args.poll:

@@ -43,7 +43,15 @@ from zhuzi.engine.sequence import Probe, ScheduledSeq, Sequence, StepOutcome, Te
 from zhuzi.engine.spec_decode import DraftModelProposer, NgramProposer, Proposer
 from zhuzi.engine.thinking import ThoughtBudget
 from zhuzi.engine.tp_control import StepChannel
-from zhuzi.outputs import EngineSnapshot, EngineStats, RequestMetrics, RequestOutput, SpecDecodingStats, StepRecord
+from zhuzi.outputs import (
+    EngineSnapshot,
+    EngineStats,
+    RequestMetrics,
+    RequestOutput,
+    SpecDecodingStats,
+    StepRecord,
+    StepRow,
+)
 from zhuzi.sample.grammar import shared_compiler
 from zhuzi.sample.sampler import make_generator
 from zhuzi.sampling_params import InvalidRequest, SamplingParams
@@ -102,6 +110,7 @@ class Engine:
         self.requests: dict[str, RequestState] = {}
         self._seq_ids = itertools.count()
         self.recent_steps: deque[StepRecord] = deque(maxlen=RECENT_STEPS)
+        self._step_count = itertools.count()
         log.info("model %s (%s, %s), KV %d bytes/token, %d blocks of %d = %d tokens%s", ckpt.path.name,
                  ckpt.config.architecture, config.precision, plan.bytes_per_token, plan.num_blocks, plan.block_size,
                  plan.capacity_tokens, f", tensor parallel over {self.tp.world_size} ranks" if self.tp else "")
@@ -189,7 +198,7 @@ class Engine:
                                  grammar, thought=thought, tenant=tenant))
         req = RequestState(request_id, prompt if isinstance(prompt, str) else None, ids, params, seqs,
                            [IncrementalDetokenizer(self.tokenizer, params) for _ in seqs],
-                           RequestMetrics(arrival_time or time.monotonic()))
+                           RequestMetrics(arrival_time or time.monotonic()), speculative=self.proposer is not None)
         if handoff is not None:
             self.kv.start_handoff(handoff, seqs)
         self.requests[request_id] = req
@@ -270,7 +279,7 @@ class Engine:
                 self.scheduler.finish(seq, reason, stop_reason)
             return [self._output(req) for req in touched.values()]
         now = time.monotonic()
-        self.recent_steps.append(self._step_record(batch, now, now - start))
+        self.recent_steps.append(self._step_record(batch, result, now, now - start))
         outcome = self.output.process(batch, result, touched, start, now)
         for item, verdict in result.sampled:
             if item.spec_token_ids:
@@ -295,12 +304,13 @@ class Engine:
                 except InvalidRequest as exc:
                     self.output.fail(req, exc, StepOutcome())
 
-    @staticmethod
-    def _step_record(batch: list[ScheduledSeq], end: float, duration: float) -> StepRecord:
-        """Called before the batch counts as computed: a decode is one token past a computed prompt."""
-        decodes = [item.seq for item in batch if item.is_decode and item.seq.is_decoding]
-        prefill = sum(item.num_new_tokens for item in batch) - len(decodes)
-        return StepRecord(end, duration, prefill, len(decodes), sum(seq.num_computed_tokens + 1 for seq in decodes))
+    def _step_record(self, batch: list[ScheduledSeq], result: StepResult, end: float, duration: float) -> StepRecord:
+        """Each row's share of the step; called before the batch counts as computed (ScheduledSeq.kind)."""
+        accepted = {item.seq.seq_id: verdict.num_accepted for item, verdict in result.sampled}
+        return StepRecord(next(self._step_count), end, duration, [
+            StepRow(item.seq.request_id, item.kind, item.num_new_tokens, item.seq.num_computed_tokens
+                    + item.num_new_tokens, len(item.spec_token_ids), accepted.get(item.seq.seq_id, 0))
+            for item in batch])
 
     def _propose(self) -> None:
         """Drafts for the next step: each decoding sequence gets at most what the step could verify and

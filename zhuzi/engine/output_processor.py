@@ -49,6 +49,7 @@ class RequestState:
     inspection: Inspection | None = None  # a probe's reading, once its last token ran
     progress: PromptProgress | None = None  # news of the prompt's prefill since the last output
     pin: PinInfo | None = None  # a pin's, once its probe ran
+    speculative: bool = False  # its outputs mark which tokens were drafts (a proposer guesses them)
 
     @property
     def finished(self) -> bool:
@@ -56,7 +57,8 @@ class RequestState:
 
     def delta(self, index: int) -> CompletionOutput:
         """Sample index's news since the last output."""
-        return self.deltas.setdefault(index, CompletionOutput.empty(index, self.params.logprobs is not None))
+        return self.deltas.setdefault(index, CompletionOutput.empty(index, self.params.logprobs is not None,
+                                                                    self.speculative))
 
 
 class OutputProcessor:
@@ -85,7 +87,7 @@ class OutputProcessor:
             req = requests[item.seq.request_id]
             if req.request_id not in failed:
                 try:
-                    self._emit(req, item.seq, verdict, outcome, end, end - start)
+                    self._emit(req, item, verdict, outcome, end, end - start)
                 except Exception as exc:
                     failed[req.request_id] = exc
         for item, inspection in result.inspections:
@@ -144,11 +146,11 @@ class OutputProcessor:
             for tid, lp in (entry or {}).items():
                 lp.decoded_token = self.tokenizer.decode([tid], skip_special_tokens=False)
 
-    def _emit(self, req: RequestState, seq: Sequence, verdict: Verdict, outcome: StepOutcome, now: float,
+    def _emit(self, req: RequestState, item: ScheduledSeq, verdict: Verdict, outcome: StepOutcome, now: float,
               step_time: float) -> None:
         """A step's tokens for one sequence, one at a time through the stop checks; the first one that ends
         the sequence is its last (the rest of an accepted run is dropped)."""
-        m = req.metrics
+        seq, m = item.seq, req.metrics
         if seq.num_output_tokens > 0:
             m.decode_step_times.append(step_time)
         m.first_token_time = m.first_token_time or now
@@ -158,12 +160,21 @@ class OutputProcessor:
             logprobs = verdict.logprobs[i] if verdict.logprobs else None
             token, logprobs = seq.thought.write(sampled, logprobs) if seq.thought else (sampled, logprobs)
             finish = self._append_token(req, seq, token, logprobs)
+            if req.speculative:
+                self._mark_draft(req.delta(seq.index), item.spec_token_ids, i, verdict.num_accepted)
             if finish is not None or token != sampled:  # what follows a replaced token was drawn after another
                 standing = min(i, verdict.num_accepted)  # the drafts emitted before this one
                 if finish is not None:
                     outcome.finished.append((seq, *finish))
                 break
         outcome.emitted[seq.seq_id] = standing
+
+    @staticmethod
+    def _mark_draft(delta: CompletionOutput, drafts: list[int], i: int, num_accepted: int) -> None:
+        """Whether the step's i-th token was an accepted draft; for the model's own token of a step that
+        checked drafts, the drafts it replaced."""
+        delta.draft_accepted.append(i < num_accepted)
+        delta.drafts_rejected.append(drafts[i:] if drafts and i == num_accepted else None)
 
     def _append_token(self, req: RequestState, seq: Sequence, token: int,
                       logprobs: dict[int, Logprob] | None) -> Finish | None:

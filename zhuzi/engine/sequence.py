@@ -139,6 +139,14 @@ class ScheduledSeq:
         """One new token: a decode row (a sequence's next token, or a prompt's last chunk of one token)."""
         return self.num_new_tokens == 1
 
+    @property
+    def kind(self) -> str:
+        """Its share of the step, before the step counts as computed: "verify" (drafts and one token),
+        "decode" (one token past a computed prompt) or "prefill" (a chunk of a prompt or a recomputation)."""
+        if self.spec_token_ids:
+            return "verify"
+        return "decode" if self.is_decode and self.seq.is_decoding else "prefill"
+
 
 @dataclass
 class StepOutcome:

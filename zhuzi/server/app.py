@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -168,10 +169,37 @@ def _documented(body: type[pydantic.BaseModel] | None, answer: type[pydantic.Bas
 _BODIES = [p.ChatCompletionRequest, p.CompletionRequest, p.TokenizeRequest, p.DetokenizeRequest,
            ip.NextTokenRequest, ip.LogitLensRequest, ip.DocumentRequest, ip.BpeRequest,
            a.MessagesRequest, a.CountTokensRequest, rp.ResponsesRequest, cp.PinRequest]
-# GET /inspect/engine's one parameter, which the route reads itself (a bad value is OpenAI's 400, not 422).
-_ENGINE_QUERY = {"parameters": [{"name": "steps", "in": "query", "required": False,
-                                 "description": "how many recent step records to include",
-                                 "schema": {"type": "integer", "minimum": 0, "maximum": ip.MAX_STEPS, "default": 64}}]}
+
+
+# The GET routes' parameters, which the routes read themselves (a bad value is OpenAI's 400, not 422).
+def _steps_parameter(default: int) -> dict[str, Any]:
+    return {"name": "steps", "in": "query", "required": False, "description": "how many recent step records to include",
+            "schema": {"type": "integer", "minimum": 0, "maximum": ip.MAX_STEPS, "default": default}}
+
+
+_ENGINE_QUERY = {"parameters": [_steps_parameter(64)]}
+_BATCH_QUERY = {"parameters": [_steps_parameter(48), {
+    "name": "request_id", "in": "query", "required": False,
+    "description": "the id of the caller's own request (a chat completion's id): its rows are marked as yours",
+    "schema": {"type": "string", "maxLength": ip.MAX_REQUEST_ID, "pattern": ip.REQUEST_ID_PATTERN}}]}
+
+
+def _query(request: Request, defaults: dict[str, str | None]) -> dict[str, Any]:
+    """A GET route's query: only the named parameters; steps a whole number in [0, MAX_STEPS]."""
+    if unknown := sorted(set(request.query_params) - set(defaults)):
+        raise ApiError(400, f"Unknown query parameter {unknown[0]!r}", param=unknown[0])
+    query: dict[str, Any] = {name: request.query_params.get(name, default) for name, default in defaults.items()}
+    raw = query["steps"]
+    if not (raw.isascii() and raw.isdigit()) or int(raw) > ip.MAX_STEPS:
+        raise ApiError(400, f"steps must be a whole number in [0, {ip.MAX_STEPS}], got {raw!r}", param="steps")
+    query["steps"] = int(raw)
+    rid = query.get("request_id")
+    if rid is not None and (len(rid) > ip.MAX_REQUEST_ID or not re.fullmatch(ip.REQUEST_ID_PATTERN, rid)):
+        raise ApiError(400, f"request_id must be a request's id (letters, digits, - and _), got {rid[:80]!r}",
+                       param="request_id")
+    return query
+
+
 _ITEMS_QUERY = {"parameters": [
     {"name": "after", "in": "query", "required": False, "description": "list the items after this item id",
      "schema": {"type": "string"}},
@@ -340,10 +368,15 @@ def create_app(engine: EngineClient | Callable[[], EngineClient], server_config:
     async def engine_view(request: Request) -> Response:
         authenticated(request)
         server.ready()
-        raw = request.query_params.get("steps", "64")
-        if not (raw.isascii() and raw.isdigit()) or int(raw) > ip.MAX_STEPS:
-            raise ApiError(400, f"steps must be a whole number in [0, {ip.MAX_STEPS}], got {raw!r}", param="steps")
-        return await inspector.engine(int(raw))
+        return await inspector.engine(_query(request, {"steps": "64"})["steps"])
+
+    @app.get("/inspect/batch", **{**_documented(None, ip.BatchResponse, (400, 401, 503)),
+                                 "openapi_extra": _BATCH_QUERY})
+    async def batch_view(request: Request) -> Response:
+        authenticated(request)
+        server.ready()
+        query = _query(request, {"steps": "48", "request_id": None})
+        return await inspector.batch(query["steps"], query["request_id"])
 
     @app.post("/v1/cache/pins", **_documented(cp.PinRequest, cp.CachePin, (*_BODY_ERRORS, 500)))
     async def pin(request: Request) -> Response:

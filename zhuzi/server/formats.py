@@ -41,6 +41,8 @@ class Choice:
     parser: OutputParser
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[dict[int, Logprob]] = field(default_factory=list)
+    draft_accepted: list[bool] | None = None  # speculative decoding's marks, one per token (CompletionOutput)
+    drafts_rejected: list[list[int] | None] | None = None
     parsed: ParsedText = field(default_factory=ParsedText)
     finish_reason: str | None = None
     stop_reason: int | str | None = None
@@ -52,6 +54,9 @@ class Choice:
         """Take one engine delta; return the parsed news it brings."""
         self.token_ids += delta.token_ids
         self.logprobs += delta.logprobs or []
+        if delta.draft_accepted is not None:
+            self.draft_accepted = (self.draft_accepted or []) + delta.draft_accepted
+            self.drafts_rejected = (self.drafts_rejected or []) + delta.drafts_rejected
         piece = self.parser.feed(delta.text)
         if delta.finish_reason is not None:
             piece.extend(self.parser.finish())
@@ -204,9 +209,10 @@ class ChatFormat(OpenAIStream):
 
     def _chunk(self, index: int, delta: r.DeltaMessage, logprobs: r.ChatLogprobs | None = None,
                finish_reason: str | None = None, stop_reason: int | str | None = None,
-               token_ids: list[int] | None = None, prompt_token_ids: list[int] | None = None) -> str:
+               token_ids: list[int] | None = None, prompt_token_ids: list[int] | None = None,
+               **marks: list | None) -> str:
         choice = r.ChatChunkChoice(index=index, delta=delta, logprobs=logprobs, finish_reason=finish_reason,
-                                   stop_reason=stop_reason, token_ids=token_ids)
+                                   stop_reason=stop_reason, token_ids=token_ids, **marks)
         return sse(r.ChatCompletionChunk(id=self.request_id, created=self.created, model=self.model,
                                          choices=[choice], prompt_token_ids=prompt_token_ids))
 
@@ -215,6 +221,13 @@ class ChatFormat(OpenAIStream):
             return None
         return chat_logprobs(token_ids, entries, self.body.top_logprobs or 0, self.token_bytes,
                              self.body.return_tokens_as_token_ids)
+
+    def draft_marks(self, tokens: CompletionOutput | Choice) -> dict[str, list | None]:
+        """With return_token_ids on a speculating server, per token: whether it was an accepted draft, and for
+        the model's own token of a step that checked drafts, the drafts that step rejected."""
+        if not self.body.return_token_ids:
+            return {}
+        return {"draft_accepted": tokens.draft_accepted, "drafts_rejected": tokens.drafts_rejected}
 
     def chunks(self, gen: ResponseState, choice: Choice, delta: CompletionOutput, piece: ParsedText,
                prompt_index: int) -> list[str]:
@@ -231,7 +244,8 @@ class ChatFormat(OpenAIStream):
                                      reasoning_content=piece.reasoning_content or None)
             if message.content is None and message.reasoning_content is None:
                 message.content = ""  # logprobs or ids of text still held back
-            out.append(self._chunk(choice.index, message, logprobs, token_ids=delta.token_ids if with_ids else None))
+            out.append(self._chunk(choice.index, message, logprobs, token_ids=delta.token_ids if with_ids else None,
+                                   **self.draft_marks(delta)))
         for call in piece.tool_calls:  # a whole call, or OpenAI's pieces: id and name first, then arguments
             tool = r.DeltaToolCall(index=call.index, id=call.id, type="function" if call.id else None,
                                    function=r.DeltaFunction(name=call.name, arguments=call.arguments))
@@ -251,7 +265,8 @@ class ChatFormat(OpenAIStream):
                                             tool_calls=calls or None)
             choices.append(r.ChatChoice(index=c.index, message=message, finish_reason=c.openai_finish_reason,
                                         stop_reason=c.stop_reason, logprobs=self._logprobs(c.token_ids, c.logprobs),
-                                        token_ids=c.token_ids if self.body.return_token_ids else None))
+                                        token_ids=c.token_ids if self.body.return_token_ids else None,
+                                        **self.draft_marks(c)))
         return r.ChatCompletionResponse(id=self.request_id, created=self.created, model=self.model,
                                         choices=choices, usage=gen.usage(),
                                         prompt_token_ids=self.prompt_ids if self.body.return_token_ids else None)

@@ -16,6 +16,8 @@ from zhuzi.server.schema import Request, Text
 MAX_CONTEXTS = 16
 MAX_TOP_N = 1000
 MAX_STEPS = 256
+MAX_REQUEST_ID = 128
+REQUEST_ID_PATTERN = r"[A-Za-z0-9_-]+"
 TokenIds = Annotated[list[int], Field(min_length=1)]
 
 
@@ -105,6 +107,9 @@ class DocumentResponse(Response):
     text: str
     token_ids: list[int]  # the prompt a chat request with these messages reads
     tokens: list[DocumentToken]
+    # With tools: "template" when the chat template writes them, "generic" when it ignores them and zhuzi's
+    # generic tool prompt goes into the system message; None without tools.
+    tool_prompt: Literal["template", "generic"] | None = None
 
 
 class BpeWord(Response):
@@ -175,11 +180,19 @@ class EnginePrefixCache(Response):
 
 
 class EngineStep(Response):
+    index: int  # steps since the engine started
     age_s: float
     duration_s: float
     prefill_tokens: int
-    decode_tokens: int
-    kv_tokens_read: int
+    decode_tokens: int  # rows that decoded one token
+    verify_tokens: int  # speculative verification: drafts and one position each
+    kv_tokens_read: int  # context tokens the decodes attended to
+
+
+class EngineSettings(Response):
+    deterministic: bool  # --deterministic: answers do not depend on the batch
+    speculative_method: str | None  # --speculative-config's method, or None
+    num_speculative_tokens: int
 
 
 class EngineRoofline(Response):
@@ -225,3 +238,31 @@ class EngineResponse(Response):
     kv_transfers: EngineTransfers
     steps: list[EngineStep]  # oldest first
     roofline: EngineRoofline
+    settings: EngineSettings
+
+
+class BatchRow(Response):
+    """One sequence's share of a step. Request ids are never shown: only the caller's own is marked."""
+
+    request: int  # the requests of one answer numbered 0, 1, ... in order of first appearance
+    yours: bool  # a sequence of the request_id the call named
+    kind: Literal["prefill", "decode", "verify"]
+    tokens: int  # tokens whose K/V the step computed for it
+    context: int  # tokens its last one attended to
+    drafts: int  # verify: draft tokens checked
+    accepted: int  # verify: of those, accepted
+
+
+class BatchStep(Response):
+    index: int
+    age_s: float
+    duration_s: float
+    prefill_tokens: int
+    decode_rows: int
+    verify_tokens: int
+    rows: list[BatchRow]  # in the step's order
+
+
+class BatchResponse(Response):
+    object: Literal["inspect.batch"] = "inspect.batch"
+    steps: list[BatchStep]  # oldest first

@@ -88,6 +88,8 @@ class ChatChoice(Response):
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     token_ids: list[int] | None = Field(None, exclude_if=_is_none)
+    draft_accepted: list[bool] | None = Field(None, exclude_if=_is_none)  # see ChatFormat.draft_marks
+    drafts_rejected: list[list[int] | None] | None = Field(None, exclude_if=_is_none)
 
 
 class ChatCompletionResponse(Response):
@@ -126,6 +128,8 @@ class ChatChunkChoice(Response):
     finish_reason: str | None = None
     stop_reason: int | str | None = Field(None, exclude_if=_is_none)
     token_ids: list[int] | None = Field(None, exclude_if=_is_none)  # this delta's, even when its text waits
+    draft_accepted: list[bool] | None = Field(None, exclude_if=_is_none)  # see ChatFormat.draft_marks
+    drafts_rejected: list[list[int] | None] | None = Field(None, exclude_if=_is_none)
 
 
 class PromptProgress(Response):

@@ -358,11 +358,18 @@ class Server:
 
     # -- prompts (in worker threads)
 
+    def tool_prompt(self, body: p.ChatTemplateRequest) -> str | None:
+        """Who tells the model about the request's tools: "template", "generic" (zhuzi's generic prompt in the
+        system message, for templates that ignore tools), or None (no tools to parse)."""
+        if not body.parse_tool_calls:
+            return None
+        return "template" if template_renders_tools(self.ready().tokenizer.template_variables) else "generic"
+
     def render_chat(self, body: p.ChatTemplateRequest, constraint: p.Constraint | None = None) -> RenderedChat:
         """The prompt a chat request makes (the generic tool format written in where the template has none;
         under a constraint a thinking model is asked for no thought)."""
         tokenizer, messages, args = self.ready().tokenizer, body.template_messages(), body.template_args()
-        if body.parse_tool_calls and not template_renders_tools(tokenizer.template_variables):
+        if self.tool_prompt(body) == "generic":
             messages = with_generic_tools(messages, args["tools"])
         if constraint is not None and self.reasoning:
             args["chat_template_kwargs"] = self.without_thought(args["chat_template_kwargs"])

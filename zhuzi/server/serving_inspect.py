@@ -16,7 +16,7 @@ from fastapi.responses import Response
 
 from zhuzi.bpe_replay import replay
 from zhuzi.engine.sequence import Probe
-from zhuzi.outputs import RequestOutput
+from zhuzi.outputs import RequestOutput, StepRow
 from zhuzi.sampling_params import InvalidRequest
 from zhuzi.server import inspect_protocol as ip
 from zhuzi.server import responses as r
@@ -93,6 +93,7 @@ class Inspector:
             tokens = tokenizer.chat_document(chat.messages, **chat.args)
             return len(chat.ids), json_response(ip.DocumentResponse(
                 text=tokenizer.render_chat(chat.messages, **chat.args), token_ids=chat.ids,
+                tool_prompt=self.server.tool_prompt(body),
                 tokens=[ip.DocumentToken(**self._token(t.id), author=t.author, special=t.special) for t in tokens]))
 
         count, response = await self.server.in_worker(document)
@@ -135,6 +136,7 @@ class Inspector:
                         cached_blocks=s.cached_blocks, capacity_tokens=plan.capacity_tokens,
                         pool_bytes=plan.capacity_tokens * plan.bytes_per_token)
         queries, hits = stats.prefix_cache_queries, stats.prefix_cache_hits
+        spec = engine.config.speculative
         return json_response(ip.EngineResponse(
             model=model, kv=kv, requests=ip.EngineRequests(
                 running=stats.num_running, waiting=stats.num_waiting,
@@ -149,7 +151,30 @@ class Inspector:
             kv_transfers=ip.EngineTransfers(
                 sent=stats.kv_transfers_sent, received=stats.kv_transfers_received, failed=stats.kv_transfers_failed,
                 blocks_sent=stats.kv_transfer_blocks_sent, blocks_received=stats.kv_transfer_blocks_received),
-            steps=[ip.EngineStep(age_s=s.time - r.end_time, duration_s=r.duration, prefill_tokens=r.prefill_tokens,
-                                decode_tokens=r.decode_tokens, kv_tokens_read=r.kv_tokens_read) for r in s.steps],
+            steps=[ip.EngineStep(index=r.index, age_s=s.time - r.end_time, duration_s=r.duration,
+                                 prefill_tokens=r.prefill_tokens, decode_tokens=r.decode_tokens,
+                                 verify_tokens=r.verify_tokens, kv_tokens_read=r.kv_tokens_read) for r in s.steps],
             roofline=ip.EngineRoofline(read_bandwidth_bytes_per_s=s.read_bandwidth,
-                                      decode_step_floor_s=s.weight_bytes_per_decode_step / s.read_bandwidth)))
+                                      decode_step_floor_s=s.weight_bytes_per_decode_step / s.read_bandwidth),
+            settings=ip.EngineSettings(deterministic=engine.config.deterministic,
+                                       speculative_method=spec.method if spec else None,
+                                       num_speculative_tokens=spec.num_speculative_tokens if spec else 0)))
+
+    async def batch(self, steps: int, request_id: str | None) -> Response:
+        """The recent steps row by row. Other requests stay anonymous: a row is marked as the caller's only
+        when its engine request (the API id and the prompt's index) belongs to the request_id named."""
+        s = await self.server.ready().snapshot(steps)
+        numbers: dict[str, int] = {}
+
+        def row(r: StepRow) -> ip.BatchRow:
+            return ip.BatchRow(request=numbers.setdefault(r.request_id, len(numbers)), kind=r.kind, tokens=r.tokens,
+                               yours=request_id is not None and r.request_id.rsplit("-", 1)[0] == request_id,
+                               context=r.context, drafts=r.drafts, accepted=r.accepted)
+
+        def answer() -> Response:
+            return json_response(ip.BatchResponse(steps=[ip.BatchStep(
+                index=r.index, age_s=s.time - r.end_time, duration_s=r.duration, prefill_tokens=r.prefill_tokens,
+                decode_rows=r.decode_tokens, verify_tokens=r.verify_tokens, rows=[row(x) for x in r.rows])
+                for r in s.steps]))
+
+        return await self.server.in_worker(answer)

@@ -76,7 +76,8 @@ export const tokenId = (token) => Number(token.slice('token_id:'.length));
 
 export const inspect = {
   engine: (steps = 0) => getJSON(`/inspect/engine?steps=${steps}`),
-  document: (messages) => postJSON('/inspect/document', { messages }),
+  batch: (steps, requestId) => getJSON(`/inspect/batch?steps=${steps}${requestId ? `&request_id=${encodeURIComponent(requestId)}` : ''}`),
+  document: (messages, tools) => postJSON('/inspect/document', tools ? { messages, tools } : { messages }),
   nextToken: (contexts, topN = 300, full = true) =>
     postJSON('/inspect/next-token', { contexts, top_n: topN, full_logits: full }),
   lens: (tokenIds, topK = 5) => postJSON('/inspect/logit-lens', { token_ids: tokenIds, top_k: topK }),

@@ -1,13 +1,16 @@
 // The inspector page: a chat on the OpenAI API, and views that show what the engine did for each reply.
 import { apiKey } from './api.js';
+import { initBatch } from './batch.js';
 import { initBpe } from './bpe.js';
 import { initChat } from './chat.js';
+import { initDivergence } from './divergence.js';
 import { initDocument } from './document.js';
 import { initEngine } from './engine.js';
 import { initLab } from './lab.js';
 import { initLens } from './lens.js';
 import { emit, on, state } from './state.js';
 import { initSteps } from './steps.js';
+import { initTools } from './tools.js';
 import { initTree } from './tree.js';
 import { $ } from './util.js';
 
@@ -36,6 +39,9 @@ function init() {
   initBpe();
   initTree();
   initEngine();
+  initBatch();
+  initDivergence();
+  initTools();
   on('show-tab', showTab);
   showTab('steps');
 }

@@ -69,6 +69,7 @@ export async function send(text) {
     };
     for await (const chunk of postSSE('/v1/chat/completions', request, controller.signal)) {
       absorb(reply, chunk, performance.now());
+      if (reply.id) node.dataset.requestId = reply.id;
       emit('reply-updated', reply);
       if (!frame) frame = requestAnimationFrame(paint);
     }
@@ -101,6 +102,7 @@ function summary(reply) {
 
 /** One SSE chunk into the reply: text, reasoning, and each token with its candidates and arrival time. */
 export function absorb(reply, chunk, now) {
+  reply.id = chunk.id; // the request's own id: the batch view marks its rows with it
   if (chunk.prompt_token_ids) reply.promptIds = chunk.prompt_token_ids;
   if (chunk.usage) reply.usage = chunk.usage;
   if (chunk.prompt_progress) reply.progress.push(chunk.prompt_progress);
@@ -118,6 +120,8 @@ export function absorb(reply, chunk, now) {
       id, at: now, bytes: entry ? entry.bytes : [], logprob: entry?.logprob ?? null,
       top: (entry?.top_logprobs || []).map((t) => ({ id: tokenId(t.token), bytes: t.bytes, logprob: t.logprob })),
       special: specials.has(id),
+      draft: choice.draft_accepted?.[k] ?? false, // speculative decoding: a draft the model accepted
+      rejected: choice.drafts_rejected?.[k] ?? null, // the drafts this token's step rejected
     };
     // Whether this step printed anything: the bytes so far, decoded as a stream, end mid-character or not.
     token.text = token.special ? '' : reply.decoder.decode(Uint8Array.from(token.bytes), { stream: true });

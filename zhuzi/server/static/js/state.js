@@ -19,8 +19,9 @@ export class Reply {
   constructor(messages, params) {
     this.messages = messages; // exactly what the request carried
     this.params = params;
+    this.id = null; // the chat completion's id
     this.promptIds = null;
-    this.tokens = []; // {id, bytes, logprob, top: [{id, bytes, logprob}], at, text, partial, special}
+    this.tokens = []; // {id, bytes, logprob, top: [{id, bytes, logprob}], at, text, partial, special, draft, rejected}
     this.content = '';
     this.reasoning = '';
     this.finishReason = null;

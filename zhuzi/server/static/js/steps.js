@@ -1,5 +1,6 @@
 // View 2, slow motion: every generated token is a span; selecting one shows that turn of the loop,
 // its candidates (top_logprobs, from the very request that produced it), bytes, and timing.
+import { postJSON } from './api.js';
 import { emit, on, state } from './state.js';
 import { $, el, hex, ms, pct, tokenLabel } from './util.js';
 
@@ -63,13 +64,36 @@ function renderTiming(reply) {
 function tokenSpan(token, step) {
   const span = el('span', {
     class: `tok${token.special ? ' special' : ''}`,
-    dataset: { testid: 'token', tokenId: token.id, step, partial: token.partial ? 'true' : undefined },
+    dataset: { testid: 'token', tokenId: token.id, step, partial: token.partial ? 'true' : undefined, draft: token.draft ? 'accepted' : undefined },
     title: `step ${step} · id ${token.id}`,
     text: token.special ? tokenLabel(token.bytes) : token.partial ? `‹${hex(token.bytes)}›` : tokenLabel(token.bytes),
   });
   if (token.logprob !== null) span.style.backgroundColor = `hsla(28, 90%, 55%, ${(0.08 + 0.5 * (1 - Math.exp(token.logprob))).toFixed(3)})`;
   span.addEventListener('click', () => select(shown, step));
-  return span;
+  if (!token.rejected?.length) return [span];
+  // The drafts this token's step rejected: the model wrote its own token in the first one's place.
+  const ghost = el('span', { class: 'rejected', dataset: { testid: 'spec-rejected', step, ids: token.rejected.join(',') },
+    title: `the model rejected ${token.rejected.length} draft token${token.rejected.length === 1 ? '' : 's'} here (ids ${token.rejected.join(', ')})`,
+    text: `✗${token.rejected.length}` });
+  return [span, ghost];
+}
+
+/** Speculative decoding in this reply: tokens from accepted drafts, rejected drafts, mean accepted length. */
+function renderSpec(reply) {
+  const box = $('#spec');
+  const settings = state.engine?.settings;
+  if (!settings?.speculative_method) { box.hidden = true; return; }
+  const accepted = reply.tokens.filter((t) => t.draft).length;
+  const checks = reply.tokens.filter((t) => t.rejected !== null);
+  const rejected = checks.reduce((n, t) => n + t.rejected.length, 0);
+  const mean = checks.length ? 1 + accepted / checks.length : null;
+  box.hidden = false;
+  box.replaceChildren(el('span', { dataset: { testid: 'spec-accepted', value: accepted, rejected, checks: checks.length, mean: mean ?? '' } },
+    `Speculative decoding (${settings.speculative_method}, up to ${settings.num_speculative_tokens} drafts a step): `,
+    el('b', { text: `${accepted} of ${reply.tokens.length}` }), ' tokens came from drafts the model accepted (underlined green); ',
+    el('b', { text: String(rejected) }), ` drafts were rejected (✗) in ${checks.length} verification steps; mean accepted length `,
+    el('b', { text: mean === null ? '–' : mean.toFixed(2) }), ' tokens per verification step (its own token included). '
+    + 'A verification step runs the drafts through the model in one pass, as a short prefill: reading, not writing.'));
 }
 
 function renderTokens(reply) {
@@ -78,8 +102,19 @@ function renderTokens(reply) {
   if (box.dataset.reply !== String(state.replies.indexOf(reply))) {
     box.replaceChildren();
     box.dataset.reply = String(state.replies.indexOf(reply));
+    box.dataset.count = '0';
   }
-  for (let step = box.childElementCount; step < reply.tokens.length; step += 1) box.append(tokenSpan(reply.tokens[step], step));
+  for (let step = Number(box.dataset.count); step < reply.tokens.length; step += 1) box.append(...tokenSpan(reply.tokens[step], step));
+  box.dataset.count = String(reply.tokens.length);
+  renderSpec(reply);
+}
+
+/** The text of the drafts a step rejected (token ids from the stream; /detokenize spells each). */
+async function rejectedNote(token) {
+  const texts = await Promise.all(token.rejected.map((id) => postJSON('/detokenize', { tokens: [id] }).then((r) => r.prompt)));
+  return el('div', { class: 'note', dataset: { testid: 'spec-rejected-note' } },
+    `This step checked drafts and the model rejected ${texts.length}: `, ...texts.map((t) => el('s', { class: 'rejected-text', text: tokenLabel(new TextEncoder().encode(t)) })),
+    ' — it wrote its own token in the first one\'s place, and the rest were dropped unread.');
 }
 
 function candidateRows(token) {
@@ -113,6 +148,7 @@ function renderStep(reply, step) {
   if (token.special) notes.push('A control token: the engine stops here and never shows its text.');
   if (rank > 0) notes.push(`The sampler drew the #${rank + 1} candidate, not the most likely one: the dice, not the argmax.`);
   if (rank < 0 && token.top.length) notes.push('The sampler drew a token outside the top 20.');
+  if (token.draft) notes.push('A draft the model accepted: proposed before this step, checked in one pass with the others of its run, and kept because the model would have written it too.');
   panel.replaceChildren(
     el('div', { class: 'step-head' },
       el('span', {}, 'step ', el('b', { text: `${step + 1} / ${reply.tokens.length}` })),
@@ -129,12 +165,15 @@ function renderStep(reply, step) {
       ...[['lab', 'Sampling lab for this step'], ['lens', 'Logit lens at this step'], ['tree', 'Name tree of this reply']]
         .map(([tab, label]) => el('button', { type: 'button', class: 'ghost', text: label, onclick: () => emit('show-tab', tab) }))),
   );
+  if (token.rejected?.length) {
+    rejectedNote(token).then((note) => { if (state.selected?.step === step) panel.querySelector('table').before(note); }).catch(() => {});
+  }
 }
 
 export function select(reply, step) {
   state.selected = { reply, step };
   document.querySelectorAll('.tok.selected').forEach((n) => n.classList.remove('selected'));
-  $(`#tokens [data-step="${step}"]`)?.classList.add('selected');
+  $(`#tokens .tok[data-step="${step}"]`)?.classList.add('selected');
   renderStep(reply, step);
   emit('step-selected', state.selected);
 }
@@ -149,7 +188,7 @@ function show(reply) {
 function replay(slowdown = 4) {
   if (!shown?.tokens.length) return;
   clearTimeout(replaying);
-  const spans = Array.from($('#tokens').children);
+  const spans = Array.from($('#tokens').querySelectorAll('.tok'));
   spans.forEach((s) => s.classList.add('hidden-replay'));
   const times = shown.tokens.map((t) => (t.at - shown.sentAt) * slowdown);
   const start = performance.now();

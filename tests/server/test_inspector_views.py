@@ -1,0 +1,333 @@
+"""The inspector's batch, cache, tool-call, divergence and speculation views, driven in Chromium against real
+`zhuzi serve` processes: what each shows is checked against the server's own APIs (its step records, the
+usage of each request, the answers the test computes itself through the chat API)."""
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import httpx
+import pytest
+from inspector import REPLY_TIMEOUT_MS, Inspector
+from playwright.sync_api import Browser, expect
+from real_models import QWEN_0_5B, fetch
+from server_process import ServerProcess, running_server
+
+from zhuzi.server.inspect_protocol import MAX_STEPS
+
+NGRAM = '{"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2}'
+
+
+@pytest.fixture(scope="module")
+def det_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """bf16 with --deterministic, speculating with prompt lookup."""
+    with running_server(tmp_path_factory.mktemp("det") / "server.log", "--deterministic",
+                        "--speculative-config", NGRAM) as running:
+        yield running
+
+
+@pytest.fixture
+def open_page(browser: Browser) -> Iterator[Callable[[ServerProcess], Inspector]]:
+    """The page on another server than the inspector fixture's; every console error fails the test."""
+    pages: list[tuple[object, Inspector]] = []
+
+    def open_on(server: ServerProcess) -> Inspector:
+        context = browser.new_context(viewport={"width": 1500, "height": 950})
+        page = context.new_page()
+        page.set_default_timeout(120_000)
+        pages.append((context, Inspector(page, server).open()))
+        return pages[-1][1]
+
+    expect.set_options(timeout=120_000)
+    yield open_on
+    for context, ui in pages:
+        context.close()
+        assert ui.errors == [], f"the browser console logged errors: {ui.errors}"
+
+
+def post(server: ServerProcess, path: str, body: dict) -> dict:
+    """The server's own answer, waited for as long as the page waits for one."""
+    response = httpx.post(server.url + path, json=body, timeout=REPLY_TIMEOUT_MS / 1000)
+    response.raise_for_status()
+    return response.json()
+
+
+def batch(server: ServerProcess, request_id: str) -> list[dict]:
+    return server.get(f"/inspect/batch?steps={MAX_STEPS}&request_id={request_id}")["steps"]
+
+
+def prefill_of(steps: list[dict]) -> int:
+    """The prompt tokens the caller's request computed, by the engine's step records."""
+    return sum(row["tokens"] for step in steps for row in step["rows"] if row["yours"] and row["kind"] == "prefill")
+
+
+def reply_id(ui: Inspector) -> str:
+    return ui.assistant().get_attribute("data-request-id")
+
+
+# ------------------------------------------------------------------ batch
+
+def test_the_batch_strip_shows_the_reply_among_anonymous_strangers(inspector: Inspector) -> None:
+    ui = inspector
+    strangers = [threading.Thread(target=post, args=(ui.server, "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": f"Say something about the number {n}."}], "max_tokens": 16,
+        "temperature": 0})) for n in (7, 11)]
+    ui.settings(temperature=0, max_tokens=24)
+    ui.send("Count from one to twenty.")
+    expect(ui.page.get_by_test_id("token").first).to_be_attached(timeout=REPLY_TIMEOUT_MS)
+    for thread in strangers:  # they join while the reply decodes
+        thread.start()
+    ui.wait_reply()
+    for thread in strangers:
+        thread.join()
+    ui.tab("batch")
+    strip = ui.page.get_by_test_id("batch-strip")
+    expect(strip.locator("[data-testid=batch-step]:not([data-yours='0'])").first).to_be_attached()
+    ui.page.get_by_test_id("batch-pause").check()
+    shown = strip.get_by_test_id("batch-step").evaluate_all("cols => cols.map(c => ({...c.dataset}))")
+    steps = {s["index"]: s for s in batch(ui.server, reply_id(ui))}
+    for col in shown:  # each column is the engine's own record of that step
+        step = steps[int(col["index"])]
+        assert int(col["rows"]) == len(step["rows"])
+        assert int(col["prefillTokens"]) == step["prefill_tokens"]
+        assert int(col["decodeRows"]) == step["decode_rows"]
+        assert int(col["yours"]) == sum(row["yours"] for row in step["rows"])
+    mine = [c for c in shown if c["yours"] == "1"]
+    assert len(mine) == len(ui.tokens()), "one row of the reply in each of its steps (prefill, then a decode a token)"
+    shared = [c for c in mine if int(c["rows"]) > 1]
+    assert shared, "no step of the reply held another request"
+    column = strip.locator(f'[data-testid=batch-step][data-index="{shared[-1]["index"]}"]')
+    column.click()
+    detail = ui.page.get_by_test_id("batch-detail")
+    step = steps[int(shared[-1]["index"])]
+    expect(detail.get_by_test_id("batch-duration")).to_have_text(f"{step['duration_s'] * 1000:.1f} ms")
+    rows = detail.get_by_test_id("batch-row")
+    expect(rows).to_have_count(len(step["rows"]))
+    assert rows.evaluate_all("r => r.filter(x => x.dataset.yours === 'true').length") == 1
+    assert "another request" in detail.inner_text() and "chatcmpl" not in ui.page.locator("#view-batch").inner_html()
+
+
+# ------------------------------------------------------------------ cached input and its price
+
+def test_cached_prompt_tokens_are_shaded_and_priced_both_ways(inspector: Inspector) -> None:
+    ui = inspector
+    ui.chat("My cat is called Momo. She sleeps all day.", temperature=0, max_tokens=8)
+    ui.chat("What is my cat called?")
+    ui.tab("document")
+    doc = ui.page.get_by_test_id("document")
+    expect(doc.get_by_test_id("doc-token").first).to_be_visible()
+    cached = int(ui.page.get_by_test_id("doc-cached").get_attribute("data-value"))
+    prompt = doc.locator("[data-testid=doc-token]:not([data-generated])").count()
+    generated = doc.locator("[data-testid=doc-token][data-generated]").count()
+    block = ui.server.get("/inspect/engine?steps=0")["kv"]["block_size"]
+    assert cached >= block and cached % block == 0, "the second turn re-reads the first from whole cached blocks"
+    assert doc.locator("[data-cached=true]").count() == cached
+    assert prefill_of(batch(ui.server, reply_id(ui))) == prompt - cached, "the engine computed the rest"
+    for key, price in (("input", "2"), ("cached", "0.5"), ("output", "8")):
+        ui.page.get_by_test_id(f"price-{key}").fill(price)
+    line = ui.page.get_by_test_id("cost-line")
+    with_cache = ((prompt - cached) * 2 + cached * 0.5 + generated * 8) / 1e6
+    expect(line).to_have_attribute("data-with-cache", re.compile(r"^[\d.e-]+$"))
+    assert float(line.get_attribute("data-with-cache")) == pytest.approx(with_cache)
+    assert float(line.get_attribute("data-without-cache")) == pytest.approx((prompt * 2 + generated * 8) / 1e6)
+
+
+# ------------------------------------------------------------------ a tool round trip
+
+def round_trip(ui: Inspector, tool_prompt: str, first_choice: str | dict) -> None:
+    """The tool view's four steps, each checked against the server's answers to the same requests: the page's
+    first request asks with first_choice, as it does for a template of that kind (tool_prompt)."""
+    ui.tab("tools")
+    page, nxt = ui.page, ui.page.get_by_test_id("tool-next")
+    tools = page.evaluate("async () => (await import('/static/js/toolbox.js')).TOOLS")
+    question = page.get_by_test_id("tool-question").input_value()
+    messages = [{"role": "user", "content": question}]
+
+    def step(n: int) -> None:
+        nxt.click()
+        expect(page.get_by_test_id("tool-step")).to_have_attribute("data-step", str(n), timeout=REPLY_TIMEOUT_MS)
+        expect(nxt).to_be_enabled() if n < 4 else expect(nxt).to_have_text("Done")
+
+    def doc_tokens() -> list[dict]:
+        return page.get_by_test_id("tool-doc").get_by_test_id("doc-token").evaluate_all(
+            "s => s.map(x => ({id: Number(x.dataset.tokenId), author: x.dataset.author,"
+            " generated: !!x.dataset.generated, cached: !!x.dataset.cached, text: x.textContent}))")
+
+    step(1)  # the model writes the call
+    expect(page.get_by_test_id("tool-template")).to_have_attribute("data-tool-prompt", tool_prompt)
+    api = post(ui.server, "/v1/chat/completions", {"messages": messages, "tools": tools, "tool_choice": first_choice,
+                                                  "temperature": 0, "max_tokens": 96, "return_token_ids": True})
+    written = [t for t in doc_tokens() if t["generated"]]
+    assert [t["id"] for t in written] == api["choices"][0]["token_ids"]
+    assert {t["author"] for t in written} == {"assistant"}
+    call = api["choices"][0]["message"]["tool_calls"][0]
+    step(2)  # the page runs the tool
+    expression = json.loads(call["function"]["arguments"])["expression"]
+    assert re.fullmatch(r"[\d\s+*/().-]+", expression), f"the model wrote {expression!r}"
+    expect(page.get_by_test_id("tool-result")).to_have_text(str(eval(expression)))  # digits and operators only
+    step(3)  # the result goes back as a tool message
+    grown = messages + [{"role": "assistant", "content": None, "tool_calls": [call]},
+                        {"role": "tool", "tool_call_id": call["id"], "content": str(eval(expression))}]
+    document = post(ui.server, "/inspect/document", {"messages": grown, "tools": tools})
+    tokens = doc_tokens()
+    assert [t["id"] for t in tokens] == document["token_ids"]
+    assert str(eval(expression)) in "".join(t["text"] for t in tokens if t["author"] == "tool")
+    step(4)  # the model answers
+    second = page.get_by_test_id("tool-request").nth(1)
+    cached, prompt = int(second.get_attribute("data-cached")), int(second.get_attribute("data-prompt"))
+    assert prompt == len(document["token_ids"]) and cached >= prompt // 2, "request 2 re-reads request 1's blocks"
+    assert sum(t["cached"] for t in doc_tokens()) == cached
+    assert prefill_of(batch(ui.server, second.get_attribute("data-id"))) == prompt - cached
+
+
+def test_a_tool_round_trip_step_by_step(inspector: Inspector) -> None:
+    """SmolLM2's template has no tool section: the generic tool prompt, and a forced first call."""
+    round_trip(inspector, "generic", {"type": "function", "function": {"name": "calculator"}})
+
+
+@pytest.fixture(scope="module")
+def qwen_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    with running_server(tmp_path_factory.mktemp("qwen") / "server.log", str(fetch(QWEN_0_5B)), "--max-model-len",
+                        "4096", "--kv-cache-memory", "256MiB") as running:
+        yield running
+
+
+@pytest.mark.models
+def test_a_tool_round_trip_with_a_template_that_writes_the_tools(open_page, qwen_server: ServerProcess) -> None:
+    """Qwen2.5-Coder's template renders the tools: the model decides to call on its own (tool_choice auto)."""
+    round_trip(open_page(qwen_server), "template", "auto")
+
+
+# ------------------------------------------------------------------ the same question twice
+
+CANDIDATES = ["Write a short poem about the sea.", "Explain why the sky is blue.", "Tell me a story about a robot.",
+              "How do I make a cup of tea?", "List three facts about cats.", "What is the capital of France?"]
+ANSWER_TOKENS = 32
+
+
+def greedy(server: ServerProcess, prompt: str) -> dict:
+    body = {"messages": [{"role": "user", "content": prompt}], "temperature": 0, "max_tokens": ANSWER_TOKENS,
+            "logprobs": True, "top_logprobs": 2, "return_token_ids": True}
+    choice = post(server, "/v1/chat/completions", body)["choices"][0]
+    return {"ids": choice["token_ids"], "top": [[t["logprob"] for t in e["top_logprobs"]]
+                                               for e in choice["logprobs"]["content"]]}
+
+
+def in_batch(server: ServerProcess, prompt: str, rows: int) -> dict:
+    """The page's procedure through the API: rows - 1 other prompts in one streamed completions request, the
+    target once they all decode, then the others cut off and the engine idle again."""
+    started, stop = threading.Event(), threading.Event()
+
+    def others() -> None:
+        body = {"prompt": [f"A few sentences with the words {k} apples and {k + 1} pears:" for k in range(rows - 1)],
+                "stream": True, "temperature": 0, "max_tokens": 2 * ANSWER_TOKENS + 16, "ignore_eos": True,
+                "logprobs": 0}
+        seen: set[int] = set()
+        url = server.url + "/v1/completions"
+        with httpx.stream("POST", url, json=body, timeout=REPLY_TIMEOUT_MS / 1000) as response:
+            for line in response.iter_lines():
+                if line.startswith("data: {"):
+                    seen.update(c["index"] for c in json.loads(line[6:])["choices"])
+                if len(seen) == rows - 1:
+                    started.set()
+                if stop.is_set():
+                    return  # hanging up aborts the request
+
+    thread = threading.Thread(target=others)
+    thread.start()
+    try:
+        assert started.wait(REPLY_TIMEOUT_MS / 1000), "the other rows never started"
+        return greedy(server, prompt)
+    finally:
+        stop.set()
+        thread.join()
+        wait_idle(server)
+
+
+def wait_idle(server: ServerProcess) -> None:
+    deadline = time.monotonic() + 60
+    while server.get("/inspect/engine?steps=0")["requests"] != {"running": 0, "waiting": 0}:
+        assert time.monotonic() < deadline, "the engine stayed busy"
+        time.sleep(0.05)
+
+
+def first_divergence(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), -1 if len(a) == len(b) else min(len(a), len(b)))
+
+
+@pytest.fixture(scope="module")
+def diverging(server: ServerProcess) -> tuple[str, int, dict, dict]:
+    """A prompt whose greedy answer changes inside some batch on this machine (bf16, without --deterministic),
+    found through the API: the prompt, the batch's rows, and the answers alone and in the batch."""
+    for prompt in CANDIDATES:
+        greedy(server, prompt)  # its blocks in the prefix cache, as the page does first
+        alone = greedy(server, prompt)
+        for rows in (8, 16):
+            batched = in_batch(server, prompt, rows)
+            if first_divergence(alone["ids"], batched["ids"]) >= 0:
+                return prompt, rows, alone, batched
+    raise AssertionError(f"no greedy answer changed in a batch of 8 or 16 rows: {CANDIDATES}")
+
+
+def run_experiment(ui: Inspector, prompt: str, sizes: str) -> list[dict]:
+    ui.tab("divergence")
+    for name, value in (("prompt", prompt), ("sizes", sizes), ("tokens", ANSWER_TOKENS), ("tries", 1)):
+        ui.page.get_by_test_id(f"divergence-{name}").fill(str(value))
+    ui.page.get_by_test_id("divergence-start").click()
+    expect(ui.page.get_by_test_id("divergence-run")).to_have_count(len(sizes.split(",")), timeout=REPLY_TIMEOUT_MS)
+    expect(ui.page.get_by_test_id("divergence-start")).to_be_enabled(timeout=REPLY_TIMEOUT_MS)
+    return ui.page.get_by_test_id("divergence-run").evaluate_all(
+        "runs => runs.map(r => ({rows: Number(r.dataset.batchSize), first: Number(r.dataset.firstDivergence),"
+        " ids: r.dataset.tokenIds.split(',').map(Number)}))")
+
+
+def test_a_batch_changes_a_greedy_answer_and_the_page_shows_where(open_page, server: ServerProcess,
+                                                                  diverging: tuple[str, int, dict, dict]) -> None:
+    prompt, rows, alone, batched = diverging
+    at = first_divergence(alone["ids"], batched["ids"])
+    ui = open_page(server)
+    runs = run_experiment(ui, prompt, f"1, {rows}")
+    assert runs == [{"rows": 1, "first": -1, "ids": alone["ids"]}, {"rows": rows, "first": at, "ids": batched["ids"]}]
+    detail = ui.page.get_by_test_id("divergence-detail")
+    gaps = [alone["top"][at][0] - alone["top"][at][1], batched["top"][at][0] - batched["top"][at][1]]
+    assert [float(detail.get_attribute(f"data-gap-{arm}")) for arm in ("alone", "batch")] == pytest.approx(gaps)
+    expect(ui.page.locator("#div-mode")).to_contain_text("without --deterministic")
+
+
+def test_no_batch_changes_an_answer_under_deterministic(open_page, det_server: ServerProcess,
+                                                        diverging: tuple[str, int, dict, dict]) -> None:
+    prompt, rows, _, _ = diverging  # the control: without the flag, this batch changed this answer
+    ui = open_page(det_server)
+    runs = run_experiment(ui, prompt, f"1, {rows}")
+    assert [(r["rows"], r["first"]) for r in runs] == [(1, -1), (rows, -1)]
+    assert runs[0]["ids"] == greedy(det_server, prompt)["ids"]
+    expect(ui.page.locator("#div-mode")).to_contain_text("runs --deterministic")
+    expect(ui.page.get_by_test_id("divergence-status")).to_contain_text("No batch size changed the answer")
+
+
+# ------------------------------------------------------------------ speculative decoding
+
+def test_the_slow_motion_marks_accepted_and_rejected_drafts(open_page, det_server: ServerProcess) -> None:
+    ui = open_page(det_server)
+    text = ("The river ran through the old city, past the market and the stone bridge, and every morning the "
+            "fishermen pulled their boats onto the sand.")
+    ask = f"Repeat this sentence word for word: {text}"
+    ui.chat(ask, temperature=0, max_tokens=40)
+    api = post(det_server, "/v1/chat/completions", {"messages": [{"role": "user", "content": ask}], "temperature": 0,
+                                                   "max_tokens": 40, "return_token_ids": True})["choices"][0]
+    tokens = ui.page.get_by_test_id("token")
+    assert tokens.evaluate_all("s => s.map(x => Number(x.dataset.tokenId))") == api["token_ids"]  # greedy, batch-free
+    drafts = tokens.evaluate_all("s => s.map(x => x.dataset.draft === 'accepted')")
+    assert drafts == api["draft_accepted"] and sum(drafts) >= 4
+    ghosts = ui.page.get_by_test_id("spec-rejected").evaluate_all(
+        "g => g.map(x => [Number(x.dataset.step), x.dataset.ids.split(',').map(Number)])")
+    assert ghosts == [[k, r] for k, r in enumerate(api["drafts_rejected"]) if r]
+    checks = sum(r is not None for r in api["drafts_rejected"])
+    summary = ui.page.get_by_test_id("spec-accepted")
+    assert int(summary.get_attribute("data-value")) == sum(drafts)
+    assert float(summary.get_attribute("data-mean")) == pytest.approx(1 + sum(drafts) / checks)
+    ui.select_step(ghosts[0][0])
+    expect(ui.page.get_by_test_id("spec-rejected-note")).to_contain_text("the model rejected")
