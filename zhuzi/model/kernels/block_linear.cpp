@@ -1,6 +1,6 @@
 // Linear layers on GGUF blocks (block_tiles.h) for any number of input rows; see cpu_blocks.py.
 #include "api.h"
-#include "block_tiles.h"
+#include "block_rows.h"
 
 #include <vector>
 
@@ -8,6 +8,9 @@ using namespace block_tiles;
 
 // Input rows a work item takes: their q8 blocks stay in L2 while a tile's chunks pass over them.
 constexpr int64_t CHUNK_ROWS = 64;
+// Up to this many input rows, unpacking a tile's blocks per pass (block_rows.h) costs less than decoding it
+// once (block_tiles.h); both give the same bits.
+constexpr int64_t FEW_ROWS = 8;
 
 template <typename T, typename Y>
 static void linear(const Part* parts, int nparts, const T* x, Y* y, int64_t M, int64_t N, int64_t K, int threads) {
@@ -26,7 +29,9 @@ static void linear(const Part* parts, int nparts, const T* x, Y* y, int64_t M, i
       const int rows = int(std::min<int64_t>(ROWS, t.part->rows - t.row));
       alignas(64) float acc[CHUNK_ROWS][ROWS];
       blocks::with_format(t.part->type, [&](auto f) {
-        tile<decltype(f)>(t.part->w + t.row * t.part->row_bytes, t.part->row_bytes, rows, K, xq, m0, m1, acc);
+        const uint8_t* w = t.part->w + t.row * t.part->row_bytes;
+        if (m1 - m0 <= FEW_ROWS) block_rows::tile<decltype(f)>(w, t.part->row_bytes, rows, K, xq, m0, m1, acc);
+        else block_tiles::tile<decltype(f)>(w, t.part->row_bytes, rows, K, xq, m0, m1, acc);
       });
       for (int64_t m = m0; m < m1; ++m)
         for (int r = 0; r < rows; ++r) store(acc[m - m0][r], y + m * N + t.n0 + r);

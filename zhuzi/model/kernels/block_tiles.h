@@ -81,6 +81,27 @@ static inline void interleave(const uint8_t* rows, uint8_t* out) {
   for (int j = 0; j < ROWS; ++j) std::memcpy(out + j * ROWS * 4, &r[j], 64);
 }
 
+// A block's groups' offsets b for a format without a minimum: weight = a q - OFF a.
+template <class F>
+static inline void offsets(const float* a, float* b) {
+  if constexpr (!F::MIN)
+    for (int g = 0; g < F::QK / F::G; ++g) b[g] = -float(F::OFF) * a[g];
+}
+
+// The float part of group g (of a chunk or a step aligned to 256 inputs) for one input row whose q8 block is
+// xb: sums[v] += s (a d) + b (d sum), vectors over the tile's rows. Both tile paths (here and block_rows.h)
+// call it with the exact int32 group sums s, so an output's bits do not depend on the path.
+template <class F>
+static inline void accumulate(vf* sums, const i8::I32* s, const float* a, const float* b, const q8::Block& xb,
+                              int g) {
+  const float sum = F::G == 16 ? float(xb.sum[g % 2]) : float(xb.sum[0] + xb.sum[1]);
+  const vf scale = splat(xb.d), offset = splat(xb.d * sum);
+  for (int v = 0; v < V; ++v) {
+    const vf av = load_vf(a + v * VL), bv = load_vf(b + v * VL);
+    sums[v] += i8::to_float(s[v]) * (av * scale) + bv * offset;
+  }
+}
+
 // Rows [0, rows) (the rest zeros) of a tile whose first row's blocks start at w, inputs [k0, k0 + n): n a
 // multiple of F::QK, at most CHUNK.
 template <class F>
@@ -97,10 +118,8 @@ static void decode(const uint8_t* w, int64_t row_bytes, int rows, int64_t k0, in
     for (int blk = 0; blk < n / F::QK; ++blk) {
       float a[GROUPS], b[GROUPS];
       F::decode(src + blk * F::BYTES, q[r] + blk * F::QK, a, b);
-      for (int g = 0; g < GROUPS; ++g) {
-        t.a[blk * GROUPS + g][r] = a[g];
-        t.b[blk * GROUPS + g][r] = F::MIN ? b[g] : -float(F::OFF) * a[g];
-      }
+      offsets<F>(a, b);
+      for (int g = 0; g < GROUPS; ++g) t.a[blk * GROUPS + g][r] = a[g], t.b[blk * GROUPS + g][r] = b[g];
     }
   }
   for (int quad = 0; quad < n / 4; quad += 16) interleave(&q[0][4 * quad], &t.codes[quad][0][0]);
@@ -126,15 +145,7 @@ static void apply(const Tile& t, int n, const q8::Block* const* x, float (*acc)[
           s[m][v] = F::SIGNED ? i8::dot_s8s8(s[m][v], w[v], xq) : i8::dot_u8s8(s[m][v], w[v], xq);
       }
     }
-    for (int m = 0; m < P; ++m) {
-      const q8::Block& xb = x[m][g * F::G / 32];
-      const float sum = F::G == 16 ? float(xb.sum[g % 2]) : float(xb.sum[0] + xb.sum[1]);
-      const vf scale = splat(xb.d), offset = splat(xb.d * sum);
-      for (int v = 0; v < V; ++v) {
-        const vf a = load_vf(t.a[g] + v * VL), b = load_vf(t.b[g] + v * VL);
-        sums[m][v] += i8::to_float(s[m][v]) * (a * scale) + b * offset;
-      }
-    }
+    for (int m = 0; m < P; ++m) accumulate<F>(sums[m], s[m], t.a[g], t.b[g], x[m][g * F::G / 32], g);
   }
   for (int m = 0; m < P; ++m)
     for (int v = 0; v < V; ++v) store_vf(sums[m][v], acc[m] + v * VL);

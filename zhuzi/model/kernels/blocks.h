@@ -23,9 +23,9 @@
 // (qh[32h + l] >> 2t) & 3.
 //
 // Each Format decodes a block into its codes q (one byte a weight; Q8_0's are signed), and per group of
-// G weights a scale a and, for the formats with a minimum, an offset b: weight = a q + b ("MIN" formats), or
-// a (q - OFF) (the others). values() computes the weights as gguf's reference does, bit for bit (built
-// without FMA contraction); the kernels use the codes and scales.
+// G weights a scale a and, for the formats with a minimum, an offset b (scales(): these alone):
+// weight = a q + b ("MIN" formats), or a (q - OFF) (the others). values() computes the weights as gguf's
+// reference does, bit for bit (built without FMA contraction); the kernels use the codes and scales.
 #pragma once
 #include "prelude.h"
 
@@ -83,17 +83,20 @@ template <> struct Format<Q4_0> {
   static constexpr int QK = 32, BYTES = 18, G = 32, OFF = 8;
   static constexpr bool MIN = false, SIGNED = false;
   static void decode(const void* p, uint8_t* q, float* a, float*) {
-    const auto* b = static_cast<const BQ4_0*>(p);
-    nibbles(b->qs, q);
-    a[0] = half_to_float(b->d);
+    nibbles(static_cast<const BQ4_0*>(p)->qs, q);
+    scales(p, a, nullptr);
   }
+  static void scales(const void* p, float* a, float*) { a[0] = half_to_float(static_cast<const BQ4_0*>(p)->d); }
 };
 template <> struct Format<Q4_1> {
   static constexpr int QK = 32, BYTES = 20, G = 32, OFF = 0;
   static constexpr bool MIN = true, SIGNED = false;
   static void decode(const void* p, uint8_t* q, float* a, float* off) {
+    nibbles(static_cast<const BQ4_1*>(p)->qs, q);
+    scales(p, a, off);
+  }
+  static void scales(const void* p, float* a, float* off) {
     const auto* b = static_cast<const BQ4_1*>(p);
-    nibbles(b->qs, q);
     a[0] = half_to_float(b->d), off[0] = half_to_float(b->m);
   }
 };
@@ -104,8 +107,9 @@ template <> struct Format<Q5_0> {
     const auto* b = static_cast<const BQ5_0*>(p);
     nibbles(b->qs, q);
     fifth_bits(b->qh, q);
-    a[0] = half_to_float(b->d);
+    scales(p, a, nullptr);
   }
+  static void scales(const void* p, float* a, float*) { a[0] = half_to_float(static_cast<const BQ5_0*>(p)->d); }
 };
 template <> struct Format<Q5_1> {
   static constexpr int QK = 32, BYTES = 24, G = 32, OFF = 0;
@@ -114,6 +118,10 @@ template <> struct Format<Q5_1> {
     const auto* b = static_cast<const BQ5_1*>(p);
     nibbles(b->qs, q);
     fifth_bits(b->qh, q);
+    scales(p, a, off);
+  }
+  static void scales(const void* p, float* a, float* off) {
+    const auto* b = static_cast<const BQ5_1*>(p);
     a[0] = half_to_float(b->d), off[0] = half_to_float(b->m);
   }
 };
@@ -121,17 +129,20 @@ template <> struct Format<Q8_0> {
   static constexpr int QK = 32, BYTES = 34, G = 32, OFF = 0;
   static constexpr bool MIN = false, SIGNED = true;
   static void decode(const void* p, uint8_t* q, float* a, float*) {
-    const auto* b = static_cast<const BQ8_0*>(p);
-    std::memcpy(q, b->qs, 32);
-    a[0] = half_to_float(b->d);
+    std::memcpy(q, static_cast<const BQ8_0*>(p)->qs, 32);
+    scales(p, a, nullptr);
   }
+  static void scales(const void* p, float* a, float*) { a[0] = half_to_float(static_cast<const BQ8_0*>(p)->d); }
 };
 template <> struct Format<Q4_K> {
   static constexpr int QK = 256, BYTES = 144, G = 32, OFF = 0;
   static constexpr bool MIN = true, SIGNED = false;
   static void decode(const void* p, uint8_t* q, float* a, float* off) {
+    k_nibbles(static_cast<const BQ4_K*>(p)->qs, q);
+    scales(p, a, off);
+  }
+  static void scales(const void* p, float* a, float* off) {
     const auto* b = static_cast<const BQ4_K*>(p);
-    k_nibbles(b->qs, q);
     k_scales(b->d, b->dmin, b->scales, a, off);
   }
 };
@@ -143,6 +154,10 @@ template <> struct Format<Q5_K> {
     k_nibbles(b->qs, q);
     for (int j = 0; j < 8; ++j)
       for (int l = 0; l < 32; ++l) q[32 * j + l] |= ((b->qh[l] >> j) & 1) << 4;
+    scales(p, a, off);
+  }
+  static void scales(const void* p, float* a, float* off) {
+    const auto* b = static_cast<const BQ5_K*>(p);
     k_scales(b->d, b->dmin, b->scales, a, off);
   }
 };
@@ -158,6 +173,10 @@ template <> struct Format<Q6_K> {
         o[0] = (lo & 15) | (top & 3) << 4, o[32] = (hi & 15) | ((top >> 2) & 3) << 4;
         o[64] = (lo >> 4) | ((top >> 4) & 3) << 4, o[96] = (hi >> 4) | ((top >> 6) & 3) << 4;
       }
+    scales(p, a, nullptr);
+  }
+  static void scales(const void* p, float* a, float*) {
+    const auto* b = static_cast<const BQ6_K*>(p);
     const float d = half_to_float(b->d);
     for (int g = 0; g < 16; ++g) a[g] = d * float(b->scales[g]);
   }

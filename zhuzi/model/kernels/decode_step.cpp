@@ -3,7 +3,7 @@
 // the per-layer path.
 #include "api.h"
 #include "attention.h"
-#include "block_tiles.h"
+#include "block_rows.h"
 #include "decode_step.h"
 #include "rows.h"
 #include "tiles.h"
@@ -141,8 +141,8 @@ static void chunk(const Mat& a, Inputs& in, int64_t n0, int count, float out[M][
       for (; row >= part->rows; ++part) row -= part->rows;
       float acc[M][block_tiles::ROWS];
       blocks::with_format(part->type, [&](auto f) {
-        block_tiles::tile<decltype(f)>(part->w + row * part->row_bytes, part->row_bytes, count, K, in.blocks(), 0, M,
-                                       acc);
+        block_rows::tile<decltype(f)>(part->w + row * part->row_bytes, part->row_bytes, count, K, in.blocks(), 0, M,
+                                      acc);
       });
       for (int m = 0; m < M; ++m) std::memcpy(out[m], acc[m], count * 4);
       break;

@@ -1,0 +1,37 @@
+// block_rows.h for x86-64-v3: a vector holds one 32-input unit; the int32 dot lanes of 16 rows become their
+// 16-input sums, two vectors of 8 rows per 128-bit half.
+#pragma once
+
+namespace block_rows {
+
+constexpr int UNITS = 1;  // 32-input units a vector
+
+static inline __m256i join(const __m256i* u) { return u[0]; }
+
+// Four rows' lanes -> per 128-bit half, the 4 rows' sums of its 4 lanes.
+static inline __m256i quad(const __m256i* d) {
+  const __m256i e0 = _mm256_add_epi32(_mm256_unpacklo_epi32(d[0], d[1]), _mm256_unpackhi_epi32(d[0], d[1]));
+  const __m256i e1 = _mm256_add_epi32(_mm256_unpacklo_epi32(d[2], d[3]), _mm256_unpackhi_epi32(d[2], d[3]));
+  return _mm256_add_epi32(_mm256_unpacklo_epi64(e0, e1), _mm256_unpackhi_epi64(e0, e1));
+}
+
+// f[q]: quad() of rows 4q .. 4q + 3 -> out[k][v]: half k's sums over rows 8v .. 8v + 7.
+static inline void transpose(const __m256i* f, __m256i (*out)[2]) {
+  for (int v = 0; v < 2; ++v) {
+    out[0][v] = _mm256_permute2x128_si256(f[2 * v], f[2 * v + 1], 0x20);
+    out[1][v] = _mm256_permute2x128_si256(f[2 * v], f[2 * v + 1], 0x31);
+  }
+}
+
+// Byte i: 16 where bit i of the 32 bits at qh is set (Q5's fifth bits): byte i takes the byte of qh holding
+// bit i, sets every other bit, and compares with all ones.
+static inline __m256i fifth_bits(const uint8_t* qh) {
+  int32_t h;
+  std::memcpy(&h, qh, 4);
+  const __m256i pick = _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303);
+  const __m256i bytes = _mm256_or_si256(_mm256_shuffle_epi8(_mm256_set1_epi32(h), pick),
+                                        _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+  return _mm256_and_si256(_mm256_cmpeq_epi8(bytes, _mm256_set1_epi8(-1)), _mm256_set1_epi8(16));
+}
+
+}  // namespace block_rows

@@ -1,0 +1,145 @@
+// GGUF block matrices (blocks.h) against a few q8 activation rows (decode): the same 16-row tiles and results
+// as block_tiles.h, without its decoded chunk. block_tiles.h pays a chunk's decode and interleave once for
+// all its input rows, which at one to a few rows costs more than reading the weights; here each row's
+// blocks are unpacked in registers, in input order, and meet the inputs in int8 dot products lane by lane.
+// A reduction over 4 rows at a time (then a transpose of 128-bit blocks) turns every row's lanes into its
+// exact int32 sum per 16 inputs, a vector over the tile's rows: block_tiles::accumulate() then does the
+// float part exactly as there, so an output is the same bits on either path (batch invariance).
+// On NEON the tiles serve every row count.
+#pragma once
+#include "block_tiles.h"
+
+#if ZHUZI_AVX512
+#include "avx512/block_rows.h"
+#elif ZHUZI_AVX2
+#include "avx2/block_rows.h"
+#endif
+
+namespace block_rows {
+
+using namespace block_tiles;
+
+#if ZHUZI_NEON
+template <class F>
+static void tile(const uint8_t* w, int64_t row_bytes, int rows, int64_t K, const q8::Rows& x, int64_t m0,
+                 int64_t m1, float (*acc)[ROWS]) {
+  block_tiles::tile<F>(w, row_bytes, rows, K, x, m0, m1, acc);
+}
+#else
+
+constexpr int PASS = 4;  // input rows a pass: each unpacked unit serves all of them
+
+static inline __m256i load32(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+static inline __m256i low4(__m256i v) { return _mm256_and_si256(v, _mm256_set1_epi8(15)); }
+// Bits of every byte moved left by s (right for s < 0); s is a constant once unrolled.
+static inline __m256i shift(__m256i v, int s) { return s >= 0 ? _mm256_slli_epi16(v, s) : _mm256_srli_epi16(v, -s); }
+
+// The codes of inputs [32u, 32u + 32) of block p, in input order (blocks.h's layouts).
+template <class F>
+static inline __m256i unit(const uint8_t* p, int u) {
+  using namespace blocks;
+  if constexpr (F::QK == 32) {
+    if constexpr (std::is_same_v<F, Format<Q8_0>>) return load32(reinterpret_cast<const BQ8_0*>(p)->qs);
+    const int qs = std::is_same_v<F, Format<Q4_0>> ? 2 : std::is_same_v<F, Format<Q4_1>> ? 4
+                   : std::is_same_v<F, Format<Q5_0>> ? 6 : 8;  // offset of qs in the block
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + qs));
+    const __m256i q = low4(_mm256_set_m128i(_mm_srli_epi16(v, 4), v));
+    if constexpr (std::is_same_v<F, Format<Q5_0>> || std::is_same_v<F, Format<Q5_1>>)
+      return _mm256_or_si256(q, fifth_bits(p + qs - 4));
+    return q;
+  } else if constexpr (std::is_same_v<F, Format<Q6_K>>) {
+    const auto* b = reinterpret_cast<const BQ6_K*>(p);
+    const int h = u / 4, t = u % 4;
+    const __m256i ql = load32(b->ql + 64 * h + 32 * (t % 2)), qh = load32(b->qh + 32 * h);
+    const __m256i lo = low4(t < 2 ? ql : _mm256_srli_epi16(ql, 4));
+    return _mm256_or_si256(lo, _mm256_and_si256(shift(qh, 4 - 2 * t), _mm256_set1_epi8(0x30)));
+  } else {  // Q4_K, Q5_K: qs and (Q5_K) qh end the block
+    const uint8_t* qs = p + F::BYTES - 128;
+    const __m256i v = load32(qs + 32 * (u / 2)), q = low4(u % 2 ? _mm256_srli_epi16(v, 4) : v);
+    if constexpr (std::is_same_v<F, Format<Q5_K>>)
+      return _mm256_or_si256(q, _mm256_and_si256(shift(load32(qs - 32), 4 - u), _mm256_set1_epi8(16)));
+    return q;
+  }
+}
+
+// Rows [0, rows) of the tile at w against P input rows x[p] (q8 blocks from the row's first): acc[p][r].
+template <class F, int P>
+static void pass(const uint8_t* w, int64_t row_bytes, int rows, int64_t K, const q8::Block* const* x,
+                 float (*acc)[ROWS]) {
+  constexpr int GROUPS = F::QK / F::G, PER_BLOCK = F::QK / 32;
+  constexpr int STEP = PER_BLOCK >= UNITS ? 1 : UNITS;  // blocks a step: a whole vector of units
+  constexpr int NU = STEP * PER_BLOCK, NG = STEP * GROUPS;
+  const uint8_t* row[ROWS];
+  for (int r = 0; r < ROWS; ++r) row[r] = w + std::min(r, rows - 1) * row_bytes;  // beyond rows: scale 0
+  vf sums[P][V] = {};
+  const int64_t nb = K / F::QK;
+  for (int64_t blk = 0; blk < nb; blk += STEP) {
+    const int nblk = int(std::min<int64_t>(STEP, nb - blk));
+    alignas(64) float a[NG][ROWS], b[NG][ROWS];
+    for (int r = 0; r < ROWS; ++r)
+      for (int i = 0; i < nblk; ++i) {
+        float ga[GROUPS], gb[GROUPS];
+        F::scales(row[r] + (blk + i) * F::BYTES, ga, gb);
+        offsets<F>(ga, gb);
+        for (int g = 0; g < GROUPS; ++g) a[i * GROUPS + g][r] = r < rows ? ga[g] : 0.f, b[i * GROUPS + g][r] = r < rows ? gb[g] : 0.f;
+      }
+    const q8::Block* xb[P];
+    for (int p = 0; p < P; ++p) xb[p] = x[p] + blk * PER_BLOCK;
+    i8::I32 s[P][2 * NU][V];  // per input row, per 16 inputs of the step: sums over the rows
+    for (int u = 0; u < NU; u += UNITS) {
+      const bool tail = u + UNITS > nblk * PER_BLOCK;  // AVX-512, an odd count of 32-blocks: half a vector
+      i8::B8 xv[P];
+      for (int p = 0; p < P; ++p) {
+        __m256i units[UNITS];
+        for (int j = 0; j < UNITS; ++j) units[j] = tail && j ? _mm256_setzero_si256() : load32(xb[p][u + j].q);
+        xv[p] = join(units);
+      }
+      i8::I32 f[P][ROWS / 4];
+      for (int r4 = 0; r4 < ROWS; r4 += 4) {
+        i8::I32 d[P][4];
+        for (int r = 0; r < 4; ++r) {
+          __m256i units[UNITS];
+          for (int j = 0; j < UNITS; ++j) {
+            const int k = u + j;
+            units[j] = tail && j ? _mm256_setzero_si256() : unit<F>(row[r4 + r] + (blk + k / PER_BLOCK) * F::BYTES, k % PER_BLOCK);
+          }
+          const i8::B8 c = join(units);
+          for (int p = 0; p < P; ++p)
+            d[p][r] = F::SIGNED ? i8::dot_s8s8(i8::zero(), c, xv[p]) : i8::dot_u8s8(i8::zero(), c, xv[p]);
+        }
+        for (int p = 0; p < P; ++p) f[p][r4 / 4] = quad(d[p]);
+      }
+      for (int p = 0; p < P; ++p) transpose(f[p], s[p] + 2 * u);
+    }
+    for (int g = 0; g < nblk * GROUPS; ++g)
+      for (int p = 0; p < P; ++p) {
+        i8::I32 gs[V];
+        for (int v = 0; v < V; ++v)
+          gs[v] = F::G == 16 ? s[p][g][v] : i8::I32((vi)s[p][2 * g][v] + (vi)s[p][2 * g + 1][v]);
+        accumulate<F>(sums[p], gs, a[g], b[g], xb[p][g * F::G / 32], g);
+      }
+  }
+  for (int p = 0; p < P; ++p)
+    for (int v = 0; v < V; ++v) store_vf(sums[p][v], acc[p] + v * VL);
+}
+
+// block_tiles::tile()'s results, for input rows [m0, m1) of x: PASS rows at a time.
+template <class F>
+static void tile(const uint8_t* w, int64_t row_bytes, int rows, int64_t K, const q8::Rows& x, int64_t m0,
+                 int64_t m1, float (*acc)[ROWS]) {
+  for (int64_t m = m0; m < m1; m += PASS) {
+    const int count = int(std::min<int64_t>(PASS, m1 - m));
+    const q8::Block* xs[PASS];
+    for (int i = 0; i < count; ++i) xs[i] = x.row(m + i);
+    float(*out)[ROWS] = acc + (m - m0);
+    switch (count) {
+      case 1: pass<F, 1>(w, row_bytes, rows, K, xs, out); break;
+      case 2: pass<F, 2>(w, row_bytes, rows, K, xs, out); break;
+      case 3: pass<F, 3>(w, row_bytes, rows, K, xs, out); break;
+      default: pass<F, PASS>(w, row_bytes, rows, K, xs, out); break;
+    }
+  }
+}
+#endif
+
+}  // namespace block_rows
