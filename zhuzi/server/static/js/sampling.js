@@ -1,4 +1,4 @@
-// The sampler's rule, as zhuzi/sampler.py applies it to one row of raw logits:
+// The sampler's rule, as zhuzi/sample/sampler.py applies it to one row of raw logits:
 // temperature (below 1e-5: greedy) -> top-k -> top-p -> min-p -> softmax over what is left.
 // Each cut is at a value, so tokens tied with the last kept one stay (see _truncate there).
 // Arithmetic is float64 here and float32 there: probabilities agree to ~1e-6; a token sitting
