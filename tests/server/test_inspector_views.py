@@ -23,8 +23,9 @@ NGRAM = '{"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4
 
 @pytest.fixture(scope="module")
 def det_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """bf16 with --deterministic, speculating with prompt lookup."""
-    with running_server(tmp_path_factory.mktemp("det") / "server.log", "--deterministic",
+    """bf16 with --deterministic, speculating with prompt lookup; dense weights, as the session's `server` whose
+    batches the divergence experiment compares it with."""
+    with running_server(tmp_path_factory.mktemp("det") / "server.log", "--deterministic", "--quantization", "none",
                         "--speculative-config", NGRAM) as running:
         yield running
 
