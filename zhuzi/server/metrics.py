@@ -85,14 +85,12 @@ class EngineCollector(Collector):
     @staticmethod
     def _tenants(model: str, replicas: dict[int, EngineStats]) -> Iterator[Metric]:
         """Each API key's sequences (a server without keys has one anonymous tenant: the totals say it all)."""
-        for name, doc, attribute in [("tenant_requests_running", "Sequences running, per API key.", "running"),
-                                     ("tenant_requests_waiting", "Sequences waiting, per API key.", "waiting")]:
-            metric = GaugeMetricFamily(PREFIX + name, doc, labels=ENGINE_LABELS + ["key"])
-            for replica, stats in sorted(replicas.items()):
-                for load in stats.tenants:
-                    if load.tenant:
-                        metric.add_metric([model, str(replica), load.tenant], getattr(load, attribute))
-            yield metric
+        yield from families_of([
+            (GaugeMetricFamily, "tenant_requests_running", "Sequences running, per API key.", "running"),
+            (GaugeMetricFamily, "tenant_requests_waiting", "Sequences waiting, per API key.", "waiting"),
+        ], ENGINE_LABELS + ["key"], [([model, str(replica), load.tenant], load)
+                                     for replica, stats in sorted(replicas.items()) for load in stats.tenants
+                                     if load.tenant])
 
     @staticmethod
     def _spec_decoding(model: str, replicas: dict[int, EngineStats]) -> Iterator[Metric]:
