@@ -52,8 +52,9 @@ def prefix_causal_mask(length: int, context: int) -> torch.Tensor:
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    meta: AttentionMetadata) -> torch.Tensor:
-    """q: [tokens, heads, dim]; k, v: [tokens, kv_heads, dim]; caches: [slots, kv_heads, dim]."""
+                    meta: AttentionMetadata, tiled_prefill: bool = True) -> torch.Tensor:
+    """q: [tokens, heads, dim]; k, v: [tokens, kv_heads, dim]; caches: [slots, kv_heads, dim]. Without
+    tiled_prefill, prompt chunks get a decode row's arithmetic (--deterministic)."""
     k_cache.index_copy_(0, meta.slot_mapping, k.to(k_cache.dtype))
     v_cache.index_copy_(0, meta.slot_mapping, v.to(v_cache.dtype))
     out = torch.empty_like(q)
@@ -62,18 +63,18 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         out[:n] = _decode_attention(q[:n], k_cache, v_cache, meta)
     for chunk in meta.prefills:
         rows = slice(chunk.start, chunk.start + chunk.length)
-        out[rows] = _prefill_attention(q[rows], k[rows], v[rows], k_cache, v_cache, chunk)
+        out[rows] = _prefill_attention(q[rows], k[rows], v[rows], k_cache, v_cache, chunk, tiled_prefill)
     return out
 
 
 def _prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                       v_cache: torch.Tensor, chunk: PrefillChunk) -> torch.Tensor:
+                       v_cache: torch.Tensor, chunk: PrefillChunk, tiled: bool) -> torch.Tensor:
     """A prompt chunk is a batch of queries that each read the history up to their own position. In bf16
-    the tiled kernel reads each K/V row once for 16 queries; in float32 the decode kernel serves each
+    the tiled kernel reads each K/V row once for 16 queries; in float32 (or untiled) the decode kernel serves each
     query with a decode step's own arithmetic (the reference: a token's K/V are the same bits whether it
     was prefilled or decoded)."""
     scale = q.shape[-1] ** -0.5
-    out = paged_prefill_attention(q, k_cache, v_cache, chunk.slots, scale)
+    out = paged_prefill_attention(q, k_cache, v_cache, chunk.slots, scale) if tiled else None
     if out is None:
         out = paged_decode_attention(q, k_cache, v_cache, chunk.query_slots, chunk.query_lengths, scale)
     if out is not None:

@@ -106,12 +106,15 @@ class Decoder:
         if quantization in FORMATS:
             self._quantize(*FORMATS[quantization])
         self.fused = FusedDecode.build(self) if fused_decode and not tp and not deterministic else None
+        self.tiled_prefill = not deterministic
         if deterministic:
             self._make_deterministic(device)
 
     def _make_deterministic(self, device: str) -> None:
-        """Every linear through the fixed-order kernel and attention through the CPU kernel, whose per-row
-        arithmetic never depends on the rows around it (batch, chunk, cached prefix); no fused step."""
+        """Every linear through the fixed-order kernel and attention through the CPU decode kernel, whose
+        per-row arithmetic never depends on the rows around it (batch, chunk, cached prefix); no fused step.
+        Prompt chunks too take the decode kernel (tiled_prefill off): a prompt whose blocks are cached but
+        its last token is computed as a decode row, and the tiled kernel's bits differ from the decode's."""
         if torch.device(device).type != "cpu" or self.dtype not in (torch.float32, torch.bfloat16):
             raise ValueError(f"deterministic mode runs on CPU in bfloat16 or float32, not {self.dtype} on {device}")
         if self.tp is not None or self.quantization not in (None, "gguf"):
@@ -218,7 +221,7 @@ class Decoder:
             if layer.q_norm is not None:
                 q, k = rms_norm(q, layer.q_norm, c.rms_norm_eps), rms_norm(k, layer.k_norm, c.rms_norm_eps)
             q, k = self.rotary.apply(q, cos, sin), self.rotary.apply(k, cos, sin)
-            attn = paged_attention(q, k, v, cache[0], cache[1], meta)
+            attn = paged_attention(q, k, v, cache[0], cache[1], meta, self.tiled_prefill)
             h = h + self._sum(layer.o(attn.view(-1, self.q_size)))
             x = rms_norm(h, layer.post_norm, c.rms_norm_eps)
             gate, up = layer.gate_up(x).chunk(2, -1)
