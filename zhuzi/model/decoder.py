@@ -80,6 +80,7 @@ class Decoder:
             raise ValueError(f"quantization {quantization} does not split across tensor-parallel ranks: "
                              "use int8 or none")
         self.config, self.quantization, self.tp, self.device = config, quantization, tp, device
+        self.tiled_prefill = not deterministic  # calibration (smooth) runs forward before the end of __init__
         self.shard = Shard.of(config, tp.rank, tp.world_size) if tp else Shard.of(config)
         self.kv_dtype = tensors["model.norm.weight"].dtype  # the loader's: weights' (dense ones) and KV cache's
         self.dtype = dtype or self.kv_dtype
@@ -106,7 +107,6 @@ class Decoder:
         if quantization in FORMATS:
             self._quantize(*FORMATS[quantization])
         self.fused = FusedDecode.build(self) if fused_decode and not tp and not deterministic else None
-        self.tiled_prefill = not deterministic
         if deterministic:
             self._make_deterministic(device)
 
