@@ -17,7 +17,7 @@ GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=
 NEAR_TIE = 1e-4
 
 
-def mixed_prompts(tokenizer, count: int = 32, seed: int = 0) -> list[list[int]]:
+def mixed_prompts(tokenizer, count: int = 16, seed: int = 0) -> list[list[int]]:
     """Real text, 8 to 600 tokens."""
     rng = random.Random(seed)
     words = ("the river city light morning question answer model token people write small house "
@@ -284,7 +284,8 @@ def test_a_long_prompt_is_chunked_beside_running_streams_which_get_a_token_every
 def test_prompt_logprobs_survive_chunked_prefill_and_preemption(prompts):
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, prompt_logprobs=1)
     batch = prompts[1:9]  # the 600-token prompt and seven others
-    alone = [LLM(dtype="float32").generate([p], params)[0] for p in batch[:3]]
+    single = LLM(dtype="float32")
+    alone = [single.generate([p], params)[0] for p in batch[:3]]
     # 46 blocks and 64-token chunks: prompts are preempted half-prefilled and computed again
     llm = LLM(dtype="float32", kv_cache_memory=46 * 16 * 46080, max_num_batched_tokens=64)
     together = llm.generate(batch, params)
