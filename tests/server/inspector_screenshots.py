@@ -1,6 +1,7 @@
 """The screenshots of docs/inspector.md, one per view: python tests/server/inspector_screenshots.py [OUTDIR]
 
-Starts `zhuzi serve` as `make serve` does (bf16, the embedded SmolLM2, a 1 GiB KV pool), has a short chat in
+Starts `zhuzi serve` on the embedded SmolLM2 with dense bf16 weights (`--quantization none`: batches change
+greedy answers there, which the divergence view shows) and a 1 GiB KV pool, has a short chat in
 Debian's Chromium, and shoots each view (default OUTDIR: docs/img/inspector); then the batch view beside other
 requests, the divergence experiment and a tool round trip; then, on a second server that speculates, the slow
 motion of a reply with accepted drafts.
@@ -30,7 +31,7 @@ def main(out: Path) -> None:
     logs = Path(tempfile.mkdtemp())
     with sync_playwright() as playwright:
         browser = launch(playwright)
-        with running_server(logs / "serve.log", "--kv-cache-memory", "1GiB") as server:
+        with running_server(logs / "serve.log", "--kv-cache-memory", "1GiB", "--quantization", "none") as server:
             ui = open_page(browser, server)
             chat_views(ui, out)
             engine_view(ui, out)
