@@ -375,9 +375,9 @@ class ServerConfig(Settings):
                                                   "finish_reason 'abort' (default: no limit)")
     shutdown_timeout: float = setting(30.0, "on SIGTERM or SIGINT, seconds the running requests may take to "
                                             "finish before they end with finish_reason 'abort'")
-    responses_store: str | None = setting(None, "the SQLite file that keeps /v1/responses' stored responses "
-                                                "(default: responses.sqlite3 in zhuzi's cache directory, "
-                                                "$ZHUZI_CACHE or ~/.cache/zhuzi)")
+    responses_store: str | None = setting(None, "the SQLite file that keeps /v1/responses' stored responses and "
+                                                "each key's token usage (default: responses.sqlite3 in zhuzi's "
+                                                "cache directory, $ZHUZI_CACHE or ~/.cache/zhuzi)")
     responses_ttl: float = setting(30 * 24 * 3600.0, "seconds a stored conversation is kept after its latest "
                                                      "response (0: for ever)")
     engine_stall_timeout: float = setting(60.0, "seconds the engine may hold pending work without finishing a "
@@ -389,8 +389,6 @@ class ServerConfig(Settings):
                                                   "day, UTC (repeatable); beyond that its requests get 429",
                                               flags=["--quota-tokens-per-day"])
     quota_file: str | None = setting(None, "a file of KEY=N lines (# comments), read as --quota-tokens-per-day")
-    usage_store: str | None = setting(None, "the SQLite file that keeps each key's token usage across restarts "
-                                            "(default: usage.sqlite3 in the cache directory, with quotas only)")
 
     weights: dict[str, float] = field(init=False, repr=False)  # API key -> its weight in the fair shares
     quotas: dict[str, int] = field(init=False, repr=False)  # API key -> tokens it may use a day

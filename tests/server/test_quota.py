@@ -1,5 +1,6 @@
-"""Daily token quotas on their own, with a hand-driven clock and a real SQLite file (the HTTP side, and a
-kill -9 of the server, are in test_server_tenants.py)."""
+"""Daily token quotas on their own, with a hand-driven clock and a real SQLite store (the HTTP side, and a
+kill -9 of the server, are in test_server_tenants.py; the store's refusals of foreign files and versions
+in test_store.py)."""
 from __future__ import annotations
 
 import datetime
@@ -10,6 +11,7 @@ import pytest
 
 from zhuzi.server.gateway import GatewayError, key_id
 from zhuzi.server.quota import Quotas
+from zhuzi.server.store import Database, StoreError
 
 NOON = datetime.datetime(2026, 12, 1, 12, 0, tzinfo=datetime.UTC).timestamp()
 
@@ -23,7 +25,7 @@ class Clock:
 
 
 def quotas(path: Path, clock: Clock, limits: dict[str, int] | None = None) -> Quotas:
-    q = Quotas.open(limits or {"alice": 100}, path)
+    q = Quotas.open(limits or {"alice": 100}, Database(path))
     q.clock = clock
     return q
 
@@ -63,31 +65,20 @@ def test_usage_survives_reopening_and_is_kept_per_masked_key_and_day(tmp_path: P
     assert rows == [(key_id("bob"), "2026-12-01", 5), (key_id("alice"), "2026-12-01", 120)]  # never the key
 
 
-def test_a_file_that_is_not_a_zhuzi_store_is_refused(tmp_path: Path) -> None:
-    foreign = tmp_path / "other.sqlite3"
-    db = sqlite3.connect(foreign)
-    db.execute("CREATE TABLE notes (text TEXT)")
-    db.commit()
-    with pytest.raises(ValueError, match="is not a zhuzi store"):
-        Quotas.open({"alice": 1}, foreign)
-    garbage = tmp_path / "garbage.sqlite3"
-    garbage.write_bytes(b"this is not a database at all" * 100)
-    with pytest.raises(ValueError, match="cannot be read as a zhuzi store"):
-        Quotas.open({"alice": 1}, garbage)
-
-
-def test_a_usage_table_of_another_version_is_refused(tmp_path: Path) -> None:
-    path = tmp_path / "usage.sqlite3"
-    Quotas.open({"alice": 1}, path)
+def test_a_usage_table_of_a_newer_version_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "zhuzi.sqlite3"
+    Quotas.open({"alice": 1}, Database(path))
     db = sqlite3.connect(path)
     db.execute("UPDATE zhuzi_schema SET version = 2 WHERE component = 'key_usage'")
     db.commit()
-    with pytest.raises(ValueError, match="version 2, this zhuzi reads 1"):
-        Quotas.open({"alice": 1}, path)
+    with pytest.raises(StoreError, match="key_usage in schema version 2"):
+        Quotas.open({"alice": 1}, Database(path))
 
 
-def test_without_quotas_no_file_is_opened(tmp_path: Path) -> None:
-    q = Quotas.open({}, tmp_path / "usage.sqlite3")
+def test_without_quotas_nothing_is_written(tmp_path: Path) -> None:
+    path = tmp_path / "zhuzi.sqlite3"
+    q = Quotas.open({}, Database(path))
     q.charge("alice", 10)
     q.check("alice")
-    assert q.usage() == [] and not (tmp_path / "usage.sqlite3").exists()
+    assert q.usage() == []
+    assert sqlite3.connect(path).execute("SELECT name FROM sqlite_master WHERE name = 'key_usage'").fetchall() == []

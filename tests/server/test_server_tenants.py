@@ -2,13 +2,15 @@
 progress before the first token, priority, and each key's load shown without the key.
 
 The server has four keys (so it schedules fairly by default), a 16-token step budget (a long prompt takes
-several steps) and a daily quota of 30 tokens on one key, its usage in a SQLite file of the test's own.
+several steps) and a daily quota of 30 tokens on one key, its usage in the server's SQLite store (a file of
+the test's own).
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import re
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,10 +29,12 @@ MODEL = "SmolLM2-135M-Instruct"
 
 
 class Tenancy:
-    """The module's server, which one test kills with SIGKILL and starts again on the same usage store."""
+    """The module's server, which one test kills with SIGKILL and starts again on the same store (the file
+    of stored responses, where usage is kept too)."""
 
     def __init__(self, root: Path) -> None:
         self.root, self.starts, self.stack = root, 0, contextlib.ExitStack()
+        self.store = root / "zhuzi.sqlite3"
         self.server = self.start()
 
     def start(self) -> ServerProcess:
@@ -38,7 +42,7 @@ class Tenancy:
         keys = [arg for key in (ALICE, BOB, QUOTA, SPARE) for arg in ("--api-key", key)]
         return self.stack.enter_context(running_server(
             self.root / f"server-{self.starts}.log", *keys, "--max-num-batched-tokens", str(BUDGET),
-            "--quota-tokens-per-day", f"{QUOTA}=30", "--usage-store", str(self.root / "usage.sqlite3")))
+            "--quota-tokens-per-day", f"{QUOTA}=30", "--responses-store", str(self.store)))
 
     def kill_and_restart(self) -> None:
         self.server.proc.kill()
@@ -193,5 +197,7 @@ def test_usage_survives_a_kill_and_a_restart(tenancy: Tenancy) -> None:
     assert before is not None and before >= 30
     tenancy.kill_and_restart()
     assert metric(metrics(tenancy.server), "key_tokens_used_today", QUOTA) == before
+    components = sqlite3.connect(tenancy.store).execute("SELECT component FROM zhuzi_schema").fetchall()
+    assert sorted(components) == [("key_usage",), ("responses",)]  # one file for what outlives the server
     with pytest.raises(openai.RateLimitError, match="Daily token quota exceeded"):
         client(tenancy.server, QUOTA).chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=1)

@@ -44,7 +44,7 @@ from zhuzi.server.serving_messages import Messages, anthropic_status
 from zhuzi.server.serving_messages import error_response as messages_error
 from zhuzi.server.serving_responses import MAX_ITEMS_PAGE, Responses
 from zhuzi.server.serving_tokenize import Tokenization
-from zhuzi.server.store import Database, ResponseStore
+from zhuzi.server.store import ResponseStore
 from zhuzi.server.streams import ClientGone
 
 ModelT = TypeVar("ModelT", bound=pydantic.BaseModel)
@@ -235,9 +235,7 @@ def create_app(engine: EngineClient | Callable[[], EngineClient], server_config:
     pins = CachePins(server)
     config = server.config
     anthropic = Messages(generations)
-    # A file zhuzi cannot use stops the server here, in one line. What was answered is committed: the
-    # connection needs no closing (a killed server loses nothing either).
-    responses = Responses(generations, ResponseStore(Database(config.responses_store), config.responses_ttl))
+    responses = Responses(generations, ResponseStore(server.store, config.responses_ttl))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

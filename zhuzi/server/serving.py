@@ -24,14 +24,12 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, TypeVar
 
 import pydantic
 from fastapi import Request
 from fastapi.responses import Response
 
-from zhuzi.cache import cache_root
 from zhuzi.config import ServerConfig
 from zhuzi.engine.client import EngineClient, EngineDead
 from zhuzi.outputs import EngineStats, RequestError, RequestOutput
@@ -43,6 +41,7 @@ from zhuzi.server.gateway import Admission, Gateway
 from zhuzi.server.metrics import ServerMetrics
 from zhuzi.server.parsers import OutputParser, opened_thought
 from zhuzi.server.quota import Quotas
+from zhuzi.server.store import Database
 from zhuzi.server.streams import ClosingStreamingResponse, first_outputs, merge_streams, until_disconnect
 from zhuzi.server.tools import template_renders_tools, with_generic_tools
 from zhuzi.tokenizer import message_text
@@ -132,7 +131,10 @@ class Server:
         # Templates and tokenizing run in workers, long texts' encoding in the tokenizer's helper process.
         self.workers = ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="zhuzi-tokenize")
         self.gateway = Gateway(config.api_keys, config.rate_limit_rpm, config.rate_limit_tpm, weights=config.weights)
-        self.quotas = Quotas.open(config.quotas, Path(config.usage_store or cache_root() / "usage.sqlite3"))
+        # One file keeps what outlives the process (stored responses, usage); one zhuzi cannot use stops the
+        # server here, in one line. What was answered is committed: a killed server loses nothing.
+        self.store = Database(config.responses_store)
+        self.quotas = Quotas.open(config.quotas, self.store)
         self.metrics = ServerMetrics(self.engine_state, self.quotas.usage)
         self.model_name = ""
         self.reasoning = False

@@ -1,9 +1,9 @@
 """What the server keeps beyond its own life: an embedded SQLite database (sqlite3 from the stdlib).
 
-One file holds every part that must outlive the process (the stored responses of the Responses API; per-key
-usage can join it): each part is a component with its own tables and its own schema version, kept in the
-zhuzi_schema table. Opening a file creates what a component lacks, migrates an older version forward, and
-refuses a newer one, or a file that is not zhuzi's, with a message that says so: nothing is ever dropped
+One file holds every part that must outlive the process (the stored responses of the Responses API, and
+each key's token usage, quota.py): each part is a component with its own tables and its own schema version,
+kept in the zhuzi_schema table. Opening a file creates what a component lacks, migrates an older version
+forward, and refuses a newer one, or a file that is not zhuzi's, with a message that says so: nothing is ever dropped
 silently. The file is marked as zhuzi's (PRAGMA application_id) and written ahead (WAL) with a full sync at
 each commit, and a write commits before the server answers: a killed server (SIGKILL, power loss) loses
 nothing it has answered. API keys are never written: a row belongs to a key's SHA-256.
