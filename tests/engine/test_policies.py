@@ -150,6 +150,22 @@ def test_one_decoding_chat_holds_a_busy_tenant_to_one_token_a_step_in_turn():
     assert Counter(turns) == {x.seq_id: 2 for x in busy}  # round robin: no request of the tenant stalls
 
 
+def test_the_least_served_tenants_prompt_is_not_held_to_the_long_prefill_cap():
+    """A chat's next turn comes back level with a busy tenant (idleness banks no credit) and its prompt goes in
+    whole, as it would alone, while the busy tenant's own new prompt stays held to the cap beside its decoding
+    streams; a busy tenant that gets ahead is capped, the one behind is not."""
+    s = scheduler(num_blocks=512, max_num_seqs=16, budget=256, long_prefill=16, policy="fair")
+    busy = add(s, *[seq(4, tenant="batch") for _ in range(4)])
+    run_step(s)  # alone: every prompt at once
+    chat, late = seq(100, tenant="chat"), seq(100, tenant="batch")
+    add(s, chat, late)
+    first = served(run_step(s))
+    assert first[chat.seq_id] == 100 and first[late.seq_id] == 16 and all(first[x.seq_id] == 1 for x in busy)
+    longer = seq(200, tenant="chat")  # the chat tenant is ahead now: its next prompt is capped
+    s.add(longer)
+    assert served(run_step(s))[longer.seq_id] == 16
+
+
 def test_no_tenant_starves():
     s = scheduler(num_blocks=1024, max_num_seqs=16, budget=32, policy="fair")
     add(s, *[seq(200, tenant="a") for _ in range(10)], seq(20, tenant="b"), seq(90, tenant="c"))

@@ -16,7 +16,10 @@ fair      tenants (API keys) with work get equal, or weighted, shares of the eng
           counter is less than one step's budget ahead of the lowest busy counter: a tenant whose one
           chat decodes a token a step holds a tenant with 32 streams to about a token a step too (each
           token a step adds slows every stream in it), while that chat's next prompt, arriving behind,
-          goes in at once. (The scheduler runs a step that these shares leave empty without them, so a
+          goes in at once: the least-served tenant's prompts (or, all level, a returning tenant's) are not
+          held to --long-prefill-token-threshold (the cap that keeps streams' pace while a prompt is computed),
+          so its next turn's first token comes about as soon as it would alone; the other tenants'
+          prompts are. (The scheduler runs a step that these shares leave empty without them, so a
           tenant that cannot be served, for want of a slot or blocks, never stalls the others.) A
           waiting sequence of a tenant holding less than another (KV blocks or batch slots, per weight)
           preempts that tenant's least urgent sequence, as long as it still holds no more than that
@@ -60,6 +63,10 @@ class FirstComeFirstServed:
         """The most tokens each tenant may take this step (None: no limit), from what each wants."""
         return None
 
+    def uncapped(self, tenants: set[str]) -> set[str]:
+        """Tenants (of those with work) whose prompts go in whole while others decode, within their share."""
+        return set()
+
     def victim(self, running: list[Sequence], seq: Sequence, held: Callable[[Sequence], int],
                need: int) -> Sequence | None:
         """Whom to preempt so that seq gets what it lacks, KV blocks or a batch slot (held: how many a
@@ -94,6 +101,7 @@ class FairShare(FirstComeFirstServed):
         self.counters: dict[str, float] = {}  # tenant -> tokens served / weight
         self.weights: dict[str, float] = {}
         self.active: set[str] = set()  # tenants that had work at the last step
+        self.returned: set[str] = set()  # tenants that have work again this step, after none
         self.steps = 0
         self.last_served: WeakKeyDictionary[Sequence, int] = WeakKeyDictionary()
 
@@ -116,7 +124,8 @@ class FairShare(FirstComeFirstServed):
         """A tenant with new work starts no lower than the lowest counter among those already busy."""
         busy = [self.counters[t] for t in tenants & self.active]
         floor = min(busy, default=0.0)
-        for tenant in tenants - self.active:
+        self.returned = tenants - self.active
+        for tenant in self.returned:
             self.counters[tenant] = max(self.counters.get(tenant, 0.0), floor)
         self.active = tenants
 
@@ -126,6 +135,15 @@ class FairShare(FirstComeFirstServed):
             return None  # alone: the whole engine
         floor = min(self.counters[t] for t in busy)
         return {t: max(0, int(self.weights[t] * (floor + budget - self.counters[t]))) for t in busy}
+
+    def uncapped(self, tenants: set[str]) -> set[str]:
+        """The least served; where every busy tenant is level (one just came back from idle, lifted to the
+        others), those that came back."""
+        if len(tenants) < 2:
+            return set()
+        low = min(self.counters[t] for t in tenants)
+        least = {t for t in tenants if self.counters[t] == low}
+        return least if least != tenants else self.returned & tenants
 
     def victim(self, running: list[Sequence], seq: Sequence, held: Callable[[Sequence], int],
                need: int) -> Sequence | None:

@@ -20,6 +20,8 @@ class StepPlan:
     tenant's share and use of it, and who was preempted (they wait for a later step)."""
 
     budget: int
+    cap: int = 0  # the tokens of a prompt a step takes while others decode (0: no cap)
+    uncapped: set[str] = field(default_factory=set)  # tenants whose prompts the cap does not hold
     shares: dict[str, int] | None = None
     used: dict[str, int] = field(default_factory=dict)
     batch: list[ScheduledSeq] = field(default_factory=list)
@@ -31,6 +33,9 @@ class StepPlan:
         if self.shares is None:
             return self.budget
         return min(self.budget, self.shares.get(seq.tenant.id, 0) - self.used.get(seq.tenant.id, 0))
+
+    def cap_of(self, seq: Sequence) -> int:
+        return 0 if seq.tenant.id in self.uncapped else self.cap
 
     def add(self, item: ScheduledSeq) -> None:
         self.batch.append(item)
@@ -68,35 +73,35 @@ class Scheduler:
         # While anyone decodes, a long prompt advances in small chunks so the streams keep their pace.
         cap = self.long_prefill_token_threshold if any(s.prompt_done for s in self.running) else 0
         order = self.policy.order(self.running, self.waiting)
-        plan = StepPlan(self.max_num_batched_tokens)
+        plan = StepPlan(self.max_num_batched_tokens, cap, self.policy.uncapped({s.tenant.id for s in order}))
         # A tenant that cannot be served (no slot, no blocks) must not hold the others to their shares for
         # good: a step that the shares leave empty goes on without them.
-        for shares in (self.policy.shares(self._demands(order, cap), plan.budget), None):
+        for shares in (self.policy.shares(self._demands(order, plan), plan.budget), None):
             plan.shares = shares
-            self._walk(order, cap, plan)
+            self._walk(order, plan)
             if plan.batch or shares is None:
                 break
         self.policy.served(plan.batch)
         self._attach_drafts(plan.batch)
         return plan.batch
 
-    def _walk(self, order: list[Sequence], cap: int, plan: StepPlan) -> None:
+    def _walk(self, order: list[Sequence], plan: StepPlan) -> None:
         for seq in order:
             if plan.budget <= 0:
                 break
             if seq in plan.preempted or (room := plan.room(seq)) <= 0:
                 continue
             if seq.status is Status.RUNNING:
-                self._continue(seq, room, cap, plan)
+                self._continue(seq, room, plan)
             elif not plan.blocked:
-                self._admit(seq, room, cap, plan)
+                self._admit(seq, room, plan)
 
-    def _demands(self, order: list[Sequence], cap: int) -> dict[str, int]:
+    def _demands(self, order: list[Sequence], plan: StepPlan) -> dict[str, int]:
         """The tokens each tenant could use this step."""
         demands: dict[str, int] = {}
         for seq in order:
             if seq.status is Status.RUNNING or not self._held_by_leader(seq):
-                n = self._chunk(seq, self.max_num_batched_tokens, cap)
+                n = self._chunk(seq, self.max_num_batched_tokens, plan.cap_of(seq))
                 demands[seq.tenant.id] = demands.get(seq.tenant.id, 0) + n
         return demands
 
@@ -120,10 +125,10 @@ class Scheduler:
         n = min(seq.num_tokens - seq.num_computed_tokens, budget)
         return min(n, cap) if cap else n
 
-    def _continue(self, seq: Sequence, room: int, cap: int, plan: StepPlan) -> None:
+    def _continue(self, seq: Sequence, room: int, plan: StepPlan) -> None:
         """A running sequence's next tokens; when the pool runs short, the policy's victims make room (seq
         itself, if it is the one to yield), and nobody new is admitted this step."""
-        n = self._chunk(seq, room, cap)
+        n = self._chunk(seq, room, plan.cap_of(seq))
         while not self.blocks.allocate_slots(seq, n):
             victim = self.policy.victim(self.running, seq, self._blocks_held, self._blocks_after(seq, n))
             assert victim is not None, "a running sequence always has a victim, at worst itself"
@@ -133,7 +138,7 @@ class Scheduler:
                 return
         plan.add(ScheduledSeq(seq, n))
 
-    def _admit(self, seq: Sequence, room: int, cap: int, plan: StepPlan) -> None:
+    def _admit(self, seq: Sequence, room: int, plan: StepPlan) -> None:
         """A waiting sequence joins the batch if it finds a slot and blocks, preempting whom the policy lets
         it; otherwise it and everyone behind it wait."""
         if self._held_by_leader(seq) or seq.awaiting_kv:  # awaiting_kv: its blocks come from a prefill replica
@@ -148,7 +153,7 @@ class Scheduler:
             seq.num_computed_tokens = self.blocks.reuse_cached_prefix(seq)
             if not seq.ever_scheduled:
                 seq.num_cached_tokens = seq.num_computed_tokens
-        n = self._chunk(seq, room, cap)
+        n = self._chunk(seq, room, plan.cap_of(seq))
         while not self.blocks.allocate_slots(seq, n):
             victim = self.policy.victim(self.running, seq, self._blocks_held, self._blocks_after(seq, n))
             if victim is None:
