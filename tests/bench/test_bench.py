@@ -15,7 +15,7 @@ import httpx
 import numpy as np
 import pytest
 
-from zhuzi.bench import collectives
+from zhuzi.bench import collectives, kv
 from zhuzi.bench.client import chunk_content
 from zhuzi.bench.datasets import (
     input_grounded_chats,
@@ -259,6 +259,14 @@ def test_polling_runs_the_load_quiet_and_polled_side_by_side(server_url, tmp_pat
 def test_kv_refuses_an_unknown_part():
     with pytest.raises(SystemExit, match="unknown part 'tiers'"):
         run_tool(["bench", "kv", "--parts", "tiers"])
+
+
+def test_kv_restart_times_a_first_token_and_reads_the_cached_prompt(server_url):
+    """The restart part's probe, against a running server: a system prompt's second turn finds it cached."""
+    system = "You are a careful assistant who answers in one short sentence. " * 8
+    _, cold = kv.first_token(server_url, system, "Name a colour.")
+    ttft, cached = kv.first_token(server_url, system, "Name a colour.")
+    assert ttft > 0 and cold < cached and cached >= 64
 
 
 def test_serve_replays_sharegpt_with_the_servers_answers_in_the_history(server_url):

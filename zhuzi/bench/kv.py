@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 
 from zhuzi.bench import machine_line
 from zhuzi.bench import serve as serve_bench
+from zhuzi.bench.client import chunk_content
 from zhuzi.bench.datasets import load_tokenizer, random_text_conversations
 from zhuzi.bench.scaling import load_args, serving
 
@@ -102,7 +103,7 @@ def first_token(url: str, system: str, question: str) -> tuple[float, int]:
             if not line.startswith("data: {"):
                 continue
             chunk = json.loads(line[6:])
-            if ttft is None and any(serve_bench.chunk_content(c) for c in chunk.get("choices") or []):
+            if ttft is None and any(chunk_content(c) for c in chunk.get("choices") or []):
                 ttft = (time.perf_counter() - start) * 1e3
             cached = ((chunk.get("usage") or {}).get("prompt_tokens_details") or {}).get("cached_tokens", cached)
     if ttft is None:
