@@ -83,6 +83,17 @@ static inline float half_to_float(uint16_t h) {
 #endif
 }
 
+// The lanes rounded to the nearest integer, ties to even: std::nearbyint in the default rounding mode.
+static inline vi round_to_int(vf x) {
+#if ZHUZI_AVX512
+  return (vi)_mm512_cvtps_epi32((__m512)x);
+#elif ZHUZI_AVX2
+  return (vi)_mm256_cvtps_epi32((__m256)x);
+#else
+  return (vi)vcvtnq_s32_f32((float32x4_t)x);
+#endif
+}
+
 // e^x for softmax, in vectors (glibc's vector expf is not on every target, aarch64 Debian 12 has none):
 // x = n ln2 + r with |r| <= ln2 / 2, e^r by Cephes' polynomial (about 1 ulp), 2^n into the exponent.
 // Below -87.3 (and -inf) it is 0, as a masked score needs.
