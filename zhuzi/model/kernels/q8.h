@@ -45,13 +45,16 @@ static void quantize_row(const T* x, int64_t K, int64_t kp, Block* out) {
     Block& o = out[b];
     o.d = amax / 127.f;
     alignas(64) int32_t c[BLOCK];
+    vi sums[2] = {};
     for (int i = 0; i < BLOCK; i += VL) {
       const vi r = round_to_int(load_vf(v + i) * inv);
       std::memcpy(c + i, &r, sizeof r);
+      sums[i / 16] += r;
     }
+    for (int i = 0; i < BLOCK; ++i) o.q[i] = int8_t(c[i]);
     for (int h = 0; h < 2; ++h) {
       int32_t sum = 0;
-      for (int i = 16 * h; i < 16 * h + 16; ++i) o.q[i] = int8_t(c[i]), sum += c[i];
+      for (int l = 0; l < VL; ++l) sum += sums[h][l];
       o.sum[h] = int16_t(sum);
     }
   }
