@@ -33,11 +33,13 @@ static void item(const TQ* q, const TKV* kc, const TKV* vc, const int64_t* slots
   const int64_t end = first + q0 + n, kv_off = int64_t(h / G) * D;  // keys [0, end) are visible to some lane
   for (int64_t t0 = 0; t0 < end; t0 += T) {
     const int nt = int(std::min<int64_t>(T, end - t0));
-    for (int t = 0; t < T; ++t)
-      for (int d = 0; d < D; ++d) {
-        kt[t][d] = t < nt ? value(kc[slots[t0 + t] * row + kv_off + d]) : 0.f;
-        vt[t][d] = t < nt ? value(vc[slots[t0 + t] * row + kv_off + d]) : 0.f;
-      }
+    for (int t = 0; t < nt; ++t) {  // whole contiguous rows: the widening runs in vectors
+      const TKV* k = kc + slots[t0 + t] * row + kv_off;
+      const TKV* v = vc + slots[t0 + t] * row + kv_off;
+      for (int d = 0; d < D; ++d) kt[t][d] = value(k[d]), vt[t][d] = value(v[d]);
+    }
+    for (int t = nt; t < T; ++t)
+      for (int d = 0; d < D; ++d) kt[t][d] = vt[t][d] = 0.f;
     for (int t = 0; t < nt; t += 4) {  // scores of 4 keys: 4 x QV accumulators
       vf acc[4][QV] = {};
       for (int d = 0; d < D; ++d) {

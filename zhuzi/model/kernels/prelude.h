@@ -48,7 +48,15 @@ typedef int32_t vi __attribute__((vector_size(VEC_BYTES)));
 
 static inline vf load_vf(const float* p) { vf v; std::memcpy(&v, p, sizeof v); return v; }
 static inline void store_vf(vf v, float* p) { std::memcpy(p, &v, sizeof v); }
-static inline vf splat(float x) { return vf{} + x; }
+static inline vf splat(float x) {  // a broadcast: vf{} + x costs an add of 0 (kept: it turns -0 into +0) too
+#if ZHUZI_AVX512
+  return (vf)_mm512_set1_ps(x);
+#elif ZHUZI_AVX2
+  return (vf)_mm256_set1_ps(x);
+#else
+  return (vf)vdupq_n_f32(x);
+#endif
+}
 
 // Pairwise halving: the same order of additions on every call.
 static inline float hsum(vf v) {
@@ -80,6 +88,17 @@ static inline float half_to_float(uint16_t h) {
   __fp16 v; std::memcpy(&v, &h, 2); return float(v);
 #else
   return _cvtsh_ss(h);
+#endif
+}
+
+// The lanes rounded to the nearest integer, ties to even: std::nearbyint in the default rounding mode.
+static inline vi round_to_int(vf x) {
+#if ZHUZI_AVX512
+  return (vi)_mm512_cvtps_epi32((__m512)x);
+#elif ZHUZI_AVX2
+  return (vi)_mm256_cvtps_epi32((__m256)x);
+#else
+  return (vi)vcvtnq_s32_f32((float32x4_t)x);
 #endif
 }
 

@@ -9,7 +9,7 @@
 #pragma once
 #include "prelude.h"
 
-#include <cmath>
+#include <algorithm>
 #include <vector>
 
 namespace q8 {
@@ -31,22 +31,30 @@ static inline float value(uint16_t x) { return widen(x); }
 template <typename T>
 static void quantize_row(const T* x, int64_t K, int64_t kp, Block* out) {
   for (int64_t b = 0; b < kp / BLOCK; ++b) {
-    float v[BLOCK], amax = 0.f;
-    for (int i = 0; i < BLOCK; ++i) {
-      const int64_t k = b * BLOCK + i;
-      v[i] = k < K ? value(x[k]) : 0.f;
-      amax = std::fmax(amax, std::fabs(v[i]));
+    alignas(64) float v[BLOCK];
+    const int64_t k0 = b * BLOCK;
+    for (int i = 0; i < BLOCK; ++i) v[i] = k0 + i < K ? value(x[k0 + i]) : 0.f;
+    vf top = vf{};
+    for (int i = 0; i < BLOCK; i += VL) {
+      const vf a = (vf)((vu)load_vf(v + i) & 0x7fffffffu);
+      top = a > top ? a : top;
     }
+    float amax = 0.f;
+    for (int l = 0; l < VL; ++l) amax = std::max(amax, top[l]);
     const float inv = amax > 0.f ? 127.f / amax : 0.f;
     Block& o = out[b];
     o.d = amax / 127.f;
+    alignas(64) int32_t c[BLOCK];
+    vi sums[2] = {};
+    for (int i = 0; i < BLOCK; i += VL) {
+      const vi r = round_to_int(load_vf(v + i) * inv);
+      std::memcpy(c + i, &r, sizeof r);
+      sums[i / 16] += r;
+    }
+    for (int i = 0; i < BLOCK; ++i) o.q[i] = int8_t(c[i]);
     for (int h = 0; h < 2; ++h) {
       int32_t sum = 0;
-      for (int i = 16 * h; i < 16 * h + 16; ++i) {
-        const int32_t c = int32_t(std::nearbyint(v[i] * inv));
-        o.q[i] = int8_t(c);
-        sum += c;
-      }
+      for (int l = 0; l < VL; ++l) sum += sums[h][l];
       o.sum[h] = int16_t(sum);
     }
   }

@@ -36,13 +36,24 @@ static inline int64_t tile_bytes(int format) { return format == Q4 ? Q4_BYTES : 
 #if !ZHUZI_AVX512
 #include "q8.h"
 
+#include <vector>
+
 namespace tiles {
 
-struct Input {  // q8 blocks of every row
+struct Input {  // q8 blocks of every row, and per block d times the sum of its codes (what Q4's minimums meet)
   q8::Rows rows;
+  std::vector<float> dsum;
 
   template <typename T>
-  void set(const T* x, int64_t M, int64_t K, int64_t ldx, int threads = 1) { rows.set(x, M, K, ldx, threads); }
+  void set(const T* x, int64_t M, int64_t K, int64_t ldx, int threads = 1) {
+    rows.set(x, M, K, ldx, threads);
+    dsum.resize(rows.data.size());
+    for (size_t i = 0; i < dsum.size(); ++i) {
+      const q8::Block& b = rows.data[i];
+      dsum[i] = b.d * float(b.sum[0] + b.sum[1]);
+    }
+  }
+  const float* dsum_row(int64_t m) const { return dsum.data() + m * rows.n; }
 };
 
 }  // namespace tiles

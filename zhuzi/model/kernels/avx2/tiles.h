@@ -14,7 +14,9 @@ constexpr int PASS = 4;      // input rows per pass: 8 code vectors + 4 accumula
 constexpr int AHEAD = 4096;  // bytes prefetched ahead in a block's stream
 
 
-static inline __m256i broadcast4(const int8_t* p) { int32_t v; std::memcpy(&v, p, 4); return _mm256_set1_epi32(v); }
+static inline __m256i broadcast4(const int8_t* p) {  // a load, not a trip through a general register
+  return _mm256_castps_si256(_mm256_broadcast_ss(reinterpret_cast<const float*>(p)));
+}
 
 // sum over a group of 4-bit codes times q8 inputs, per lane: c[2j], c[2j + 1] hold the low and high nibbles of
 // chunk j (inputs 8j .. 8j + 3 and 8j + 4 .. 8j + 7).
@@ -53,42 +55,43 @@ static inline __m256 halves(const uint8_t* p) {  // 8 fp16 values
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
+// A half (8 rows) at a time over the whole block, so its M accumulators and 8 code vectors stay in the 16
+// registers; the second half reads the block's bytes from L1, where the first half brought them.
 template <int F, int M>
 static void block(const uint8_t* w, int64_t groups, const Input& in, int64_t m0, float out[M][LANES]) {
   constexpr int BYTES = F == Q4 ? Q4_BYTES : Q8_BYTES;
-  __m256 acc[M][2];
-  for (int m = 0; m < M; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
   const q8::Block* x[M];
-  for (int m = 0; m < M; ++m) x[m] = in.rows.row(m0 + m);
-  for (int64_t g = 0; g < groups; ++g, w += BYTES) {
-    for (int i = 0; i < BYTES; i += 64) _mm_prefetch(reinterpret_cast<const char*>(w) + AHEAD + i, _MM_HINT_T0);
-    for (int h = 0; h < 2; ++h) {  // rows 8h .. 8h + 7: bytes 32h .. 32h + 31 of every 64
+  const float* dsum[M];
+  for (int m = 0; m < M; ++m) x[m] = in.rows.row(m0 + m), dsum[m] = in.dsum_row(m0 + m);
+  for (int h = 0; h < 2; ++h) {  // rows 8h .. 8h + 7: bytes 32h .. 32h + 31 of every 64
+    __m256 acc[M];
+    for (int m = 0; m < M; ++m) acc[m] = _mm256_setzero_ps();
+    const uint8_t* t = w;
+    for (int64_t g = 0; g < groups; ++g, t += BYTES) {
+      if (h == 0)
+        for (int i = 0; i < BYTES; i += 64) _mm_prefetch(reinterpret_cast<const char*>(t) + AHEAD + i, _MM_HINT_T0);
       __m256i c[8];
       if constexpr (F == Q4) {
         const __m256i low = _mm256_set1_epi8(0x0f);
         for (int j = 0; j < 4; ++j) {
-          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 64 * j + 32 * h));
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + 64 * j + 32 * h));
           c[2 * j] = _mm256_and_si256(v, low);
           c[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
         }
       } else {
         for (int j = 0; j < 8; ++j)
-          c[j] = _mm256_abs_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 64 * j + 32 * h)));
+          c[j] = _mm256_abs_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + 64 * j + 32 * h)));
       }
-      const __m256 d = halves(w + (F == Q4 ? 256 : 512) + 16 * h);
+      const __m256 d = halves(t + (F == Q4 ? 256 : 512) + 16 * h);
       for (int m = 0; m < M; ++m) {
         const q8::Block& b = x[m][g];
-        const __m256i dot = F == Q4 ? q4_dot(c, b.q) : q8_dot(c, w + 32 * h, b.q);
-        acc[m][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(d, _mm256_set1_ps(b.d)), acc[m][h]);
+        const __m256i dot = F == Q4 ? q4_dot(c, b.q) : q8_dot(c, t + 32 * h, b.q);
+        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(d, _mm256_broadcast_ss(&b.d)), acc[m]);
         if constexpr (F == Q4)
-          acc[m][h] = _mm256_fmadd_ps(halves(w + 288 + 16 * h), _mm256_set1_ps(b.d * float(b.sum[0] + b.sum[1])),
-                                      acc[m][h]);
+          acc[m] = _mm256_fmadd_ps(halves(t + 288 + 16 * h), _mm256_broadcast_ss(dsum[m] + g), acc[m]);
       }
     }
-  }
-  for (int m = 0; m < M; ++m) {
-    _mm256_storeu_ps(out[m], acc[m][0]);
-    _mm256_storeu_ps(out[m] + 8, acc[m][1]);
+    for (int m = 0; m < M; ++m) _mm256_storeu_ps(out[m] + 8 * h, acc[m]);
   }
 }
 
