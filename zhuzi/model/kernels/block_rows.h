@@ -62,6 +62,47 @@ static inline __m256i unit(const uint8_t* p, int u) {
   }
 }
 
+// Each group's scale a and offset b of block p in every row of a tile (row r's block at p + off[.][r]), vectors
+// over the rows, lanes of `live` only (the others 0): blocks.h's scales() and offsets(), the same operations
+// on whole vectors of rows, so the same bits.
+template <class F>
+static inline void row_scales(const uint8_t* p, const vi* off, const vi* live, float (*a)[ROWS], float (*b)[ROWS]) {
+  constexpr int GROUPS = F::QK / F::G;
+  auto to_float = [](vi v) { return __builtin_convertvector(v, vf); };
+  for (int v = 0; v < V; ++v) {
+    auto word = [&](int at) { return (vu)gather(p + at, off[v]); };
+    vf av[GROUPS], bv[GROUPS];
+    if constexpr (F::QK == 32) {  // fp16 d, then (MIN formats) fp16 m
+      const vu w = word(0);
+      av[0] = halves(w);
+      bv[0] = F::MIN ? halves(w >> 16) : -float(F::OFF) * av[0];
+    } else if constexpr (std::is_same_v<F, blocks::Format<blocks::Q6_K>>) {  // int8 scales[16] at 192, fp16 d at 208
+      const vf d = halves(word(206) >> 16);
+      for (int q = 0; q < 4; ++q) {
+        const vi s = (vi)word(192 + 4 * q);
+        for (int i = 0; i < 4; ++i) {
+          av[4 * q + i] = d * to_float((s << (24 - 8 * i)) >> 24);
+          bv[4 * q + i] = -float(F::OFF) * av[4 * q + i];
+        }
+      }
+    } else {  // Q4_K, Q5_K: fp16 d, dmin, then 6-bit scales and mins in 12 bytes (blocks.h)
+      const vu w = word(0), s0 = word(4), s1 = word(8), s2 = word(12);
+      const vf d = halves(w), dmin = halves(w >> 16);
+      for (int j = 0; j < 8; ++j) {
+        const int at = 8 * (j % 4);
+        const vu sc = j < 4 ? (s0 >> at) & 63 : ((s2 >> at) & 15) | ((s0 >> (at + 6)) & 3) << 4;
+        const vu mn = j < 4 ? (s1 >> at) & 63 : ((s2 >> (at + 4)) & 15) | ((s1 >> (at + 6)) & 3) << 4;
+        av[j] = d * to_float((vi)sc);
+        bv[j] = -(dmin * to_float((vi)mn));
+      }
+    }
+    for (int g = 0; g < GROUPS; ++g) {
+      store_vf((vf)((vi)av[g] & live[v]), a[g] + v * VL);
+      store_vf((vf)((vi)bv[g] & live[v]), b[g] + v * VL);
+    }
+  }
+}
+
 // Rows [0, rows) of the tile at w against P input rows x[p] (q8 blocks from the row's first): acc[p][r].
 template <class F, int P>
 static void pass(const uint8_t* w, int64_t row_bytes, int rows, int64_t K, const q8::Block* const* x,
@@ -70,19 +111,17 @@ static void pass(const uint8_t* w, int64_t row_bytes, int rows, int64_t K, const
   constexpr int STEP = PER_BLOCK >= UNITS ? 1 : UNITS;  // blocks a step: a whole vector of units
   constexpr int NU = STEP * PER_BLOCK, NG = STEP * GROUPS;
   const uint8_t* row[ROWS];
-  for (int r = 0; r < ROWS; ++r) row[r] = w + std::min(r, rows - 1) * row_bytes;  // beyond rows: scale 0
+  vi off[V], live[V];
+  for (int r = 0; r < ROWS; ++r) {
+    row[r] = w + std::min(r, rows - 1) * row_bytes;  // beyond rows: scale 0
+    off[r / VL][r % VL] = int32_t(row[r] - w), live[r / VL][r % VL] = r < rows ? -1 : 0;
+  }
   vf sums[P][V] = {};
   const int64_t nb = K / F::QK;
   for (int64_t blk = 0; blk < nb; blk += STEP) {
     const int nblk = int(std::min<int64_t>(STEP, nb - blk));
     alignas(64) float a[NG][ROWS], b[NG][ROWS];
-    for (int r = 0; r < ROWS; ++r)
-      for (int i = 0; i < nblk; ++i) {
-        float ga[GROUPS], gb[GROUPS];
-        F::scales(row[r] + (blk + i) * F::BYTES, ga, gb);
-        offsets<F>(ga, gb);
-        for (int g = 0; g < GROUPS; ++g) a[i * GROUPS + g][r] = r < rows ? ga[g] : 0.f, b[i * GROUPS + g][r] = r < rows ? gb[g] : 0.f;
-      }
+    for (int i = 0; i < nblk; ++i) row_scales<F>(w + (blk + i) * F::BYTES, off, live, a + i * GROUPS, b + i * GROUPS);
     const q8::Block* xb[P];
     for (int p = 0; p < P; ++p) xb[p] = x[p] + blk * PER_BLOCK;
     i8::I32 s[P][2 * NU][V];  // per input row, per 16 inputs of the step: sums over the rows
