@@ -111,6 +111,10 @@ static void pass(const uint8_t* w, int64_t row_bytes, int rows, int64_t K, const
   constexpr int GROUPS = F::QK / F::G, PER_BLOCK = F::QK / 32;
   constexpr int STEP = PER_BLOCK >= UNITS ? 1 : UNITS;  // blocks a step: a whole vector of units
   constexpr int NU = STEP * PER_BLOCK, NG = STEP * GROUPS;
+  // Signed codes (Q8_0) go in as unsigned ones biased by 128 where the int8 dot product keeps every sum
+  // exact: s = sum (c + 128) x - 128 sum x, one subtraction per group for all the rows in place of a sign
+  // transfer per row; the same exact int32 sums.
+  constexpr bool BIASED = F::SIGNED && i8::EXACT_U8;
   const uint8_t* row[ROWS];
   vi off[V], live[V];
   for (int r = 0; r < ROWS; ++r) {
@@ -147,13 +151,19 @@ static void pass(const uint8_t* w, int64_t row_bytes, int rows, int64_t K, const
             const int k = u + j;
             units[j] = tail && j ? _mm256_setzero_si256() : unit<F>(row[r4 + r] + (blk + k / PER_BLOCK) * F::BYTES, k % PER_BLOCK);
           }
-          const i8::B8 c = join(units);
+          const i8::B8 c = BIASED ? (i8::B8)((vu)join(units) ^ 0x80808080u) : join(units);
           for (int p = 0; p < P; ++p)
-            d[p][r] = F::SIGNED ? i8::dot_s8s8(i8::zero(), c, xv[p]) : i8::dot_u8s8(i8::zero(), c, xv[p]);
+            d[p][r] = F::SIGNED && !BIASED ? i8::dot_s8s8(i8::zero(), c, xv[p]) : i8::dot_u8s8(i8::zero(), c, xv[p]);
         }
         for (int p = 0; p < P; ++p) f[p][r4 / 4] = quad(d[p]);
       }
-      for (int p = 0; p < P; ++p) transpose(f[p], s[p] + 2 * u);
+      for (int p = 0; p < P; ++p) {
+        transpose(f[p], s[p] + 2 * u);
+        if constexpr (BIASED)
+          for (int h = 0; h < (tail ? 2 : 2 * UNITS); ++h)  // per 16 inputs
+            for (int v = 0; v < V; ++v)
+              s[p][2 * u + h][v] = (i8::I32)((vi)s[p][2 * u + h][v] - 128 * xb[p][u + h / 2].sum[h % 2]);
+      }
     }
     for (int g = 0; g < nblk * GROUPS; ++g)
       for (int p = 0; p < P; ++p) {
