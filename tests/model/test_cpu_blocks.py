@@ -63,6 +63,21 @@ def test_parts_of_mixed_types_and_a_row_alone_or_in_a_batch():
         assert torch.equal(cpu_blocks.block_linear(x[row:row + 1], table, 80), whole[row:row + 1])
 
 
+@pytest.mark.parametrize("qtype", KERNEL_TYPES, ids=lambda t: t.name)
+def test_a_row_is_the_same_bits_alone_or_in_a_batch(qtype):
+    """Up to 8 rows take the decode loops (block_rows.h: scales over a tile's rows, Q8_0's codes biased where
+    the dot product allows), more the batched ones (block_tiles.h): a row's outputs are the same bits either
+    way, in a partial tile too, and for 32-blocks over an odd count of them."""
+    k_quant = qtype in (gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q5_K, gguf.GGMLQuantizationType.Q6_K)
+    cols = 512 if k_quant else 288
+    parts = [weight(qtype, 40, cols, 8)]  # alive while the table points at its blocks
+    table = cpu_blocks.part_table(parts)
+    x = torch.randn(70, cols, generator=torch.Generator().manual_seed(8))
+    whole = cpu_blocks.block_linear(x, table, 40)
+    for rows in (slice(5, 6), slice(3, 6), slice(0, 8)):
+        assert torch.equal(cpu_blocks.block_linear(x[rows], table, 40), whole[rows])
+
+
 def test_rows_of_another_length_are_not_served():
     parts = [weight(gguf.GGMLQuantizationType.Q4_0, 16, 256, 6)]
     assert cpu_blocks.block_linear(torch.randn(2, 288), cpu_blocks.part_table(parts), 16) is None

@@ -28,6 +28,7 @@ static void tile(const uint8_t* w, int64_t row_bytes, int rows, int64_t K, const
 #else
 
 constexpr int PASS = 4;  // input rows a pass: each unpacked unit serves all of them
+constexpr int AHEAD = 512;  // bytes prefetched ahead in each row
 
 static inline __m256i load32(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 static inline __m256i low4(__m256i v) { return _mm256_and_si256(v, _mm256_set1_epi8(15)); }
@@ -62,6 +63,47 @@ static inline __m256i unit(const uint8_t* p, int u) {
   }
 }
 
+// Each group's scale a and offset b of block p in every row of a tile (row r's block at p + off[.][r]), vectors
+// over the rows, lanes of `live` only (the others 0): blocks.h's scales() and offsets(), the same operations
+// on whole vectors of rows, so the same bits.
+template <class F>
+static inline void row_scales(const uint8_t* p, const vi* off, const vi* live, float (*a)[ROWS], float (*b)[ROWS]) {
+  constexpr int GROUPS = F::QK / F::G;
+  auto to_float = [](vi v) { return __builtin_convertvector(v, vf); };
+  for (int v = 0; v < V; ++v) {
+    auto word = [&](int at) { return (vu)gather(p + at, off[v]); };
+    vf av[GROUPS], bv[GROUPS];
+    if constexpr (F::QK == 32) {  // fp16 d, then (MIN formats) fp16 m
+      const vu w = word(0);
+      av[0] = halves(w);
+      bv[0] = F::MIN ? halves(w >> 16) : -float(F::OFF) * av[0];
+    } else if constexpr (std::is_same_v<F, blocks::Format<blocks::Q6_K>>) {  // int8 scales[16] at 192, fp16 d at 208
+      const vf d = halves(word(206) >> 16);
+      for (int q = 0; q < 4; ++q) {
+        const vi s = (vi)word(192 + 4 * q);
+        for (int i = 0; i < 4; ++i) {
+          av[4 * q + i] = d * to_float((s << (24 - 8 * i)) >> 24);
+          bv[4 * q + i] = -float(F::OFF) * av[4 * q + i];
+        }
+      }
+    } else {  // Q4_K, Q5_K: fp16 d, dmin, then 6-bit scales and mins in 12 bytes (blocks.h)
+      const vu w = word(0), s0 = word(4), s1 = word(8), s2 = word(12);
+      const vf d = halves(w), dmin = halves(w >> 16);
+      for (int j = 0; j < 8; ++j) {
+        const int at = 8 * (j % 4);
+        const vu sc = j < 4 ? (s0 >> at) & 63 : ((s2 >> at) & 15) | ((s0 >> (at + 6)) & 3) << 4;
+        const vu mn = j < 4 ? (s1 >> at) & 63 : ((s2 >> (at + 4)) & 15) | ((s1 >> (at + 6)) & 3) << 4;
+        av[j] = d * to_float((vi)sc);
+        bv[j] = -(dmin * to_float((vi)mn));
+      }
+    }
+    for (int g = 0; g < GROUPS; ++g) {
+      store_vf((vf)((vi)av[g] & live[v]), a[g] + v * VL);
+      store_vf((vf)((vi)bv[g] & live[v]), b[g] + v * VL);
+    }
+  }
+}
+
 // Rows [0, rows) of the tile at w against P input rows x[p] (q8 blocks from the row's first): acc[p][r].
 template <class F, int P>
 static void pass(const uint8_t* w, int64_t row_bytes, int rows, int64_t K, const q8::Block* const* x,
@@ -69,20 +111,26 @@ static void pass(const uint8_t* w, int64_t row_bytes, int rows, int64_t K, const
   constexpr int GROUPS = F::QK / F::G, PER_BLOCK = F::QK / 32;
   constexpr int STEP = PER_BLOCK >= UNITS ? 1 : UNITS;  // blocks a step: a whole vector of units
   constexpr int NU = STEP * PER_BLOCK, NG = STEP * GROUPS;
+  // Signed codes (Q8_0) go in as unsigned ones biased by 128 where the int8 dot product keeps every sum
+  // exact: s = sum (c + 128) x - 128 sum x, one subtraction per group for all the rows in place of a sign
+  // transfer per row; the same exact int32 sums.
+  constexpr bool BIASED = F::SIGNED && i8::EXACT_U8;
   const uint8_t* row[ROWS];
-  for (int r = 0; r < ROWS; ++r) row[r] = w + std::min(r, rows - 1) * row_bytes;  // beyond rows: scale 0
+  vi off[V], live[V];
+  for (int r = 0; r < ROWS; ++r) {
+    row[r] = w + std::min(r, rows - 1) * row_bytes;  // beyond rows: scale 0
+    off[r / VL][r % VL] = int32_t(row[r] - w), live[r / VL][r % VL] = r < rows ? -1 : 0;
+  }
   vf sums[P][V] = {};
   const int64_t nb = K / F::QK;
   for (int64_t blk = 0; blk < nb; blk += STEP) {
     const int nblk = int(std::min<int64_t>(STEP, nb - blk));
+    // 16 rows are 16 streams, too many for the hardware prefetchers to run far enough ahead.
+    for (int r = 0; r < rows; ++r)
+      for (int o = 0; o < STEP * F::BYTES; o += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(row[r] + blk * F::BYTES + AHEAD + o), _MM_HINT_T0);
     alignas(64) float a[NG][ROWS], b[NG][ROWS];
-    for (int r = 0; r < ROWS; ++r)
-      for (int i = 0; i < nblk; ++i) {
-        float ga[GROUPS], gb[GROUPS];
-        F::scales(row[r] + (blk + i) * F::BYTES, ga, gb);
-        offsets<F>(ga, gb);
-        for (int g = 0; g < GROUPS; ++g) a[i * GROUPS + g][r] = r < rows ? ga[g] : 0.f, b[i * GROUPS + g][r] = r < rows ? gb[g] : 0.f;
-      }
+    for (int i = 0; i < nblk; ++i) row_scales<F>(w + (blk + i) * F::BYTES, off, live, a + i * GROUPS, b + i * GROUPS);
     const q8::Block* xb[P];
     for (int p = 0; p < P; ++p) xb[p] = x[p] + blk * PER_BLOCK;
     i8::I32 s[P][2 * NU][V];  // per input row, per 16 inputs of the step: sums over the rows
@@ -103,13 +151,19 @@ static void pass(const uint8_t* w, int64_t row_bytes, int rows, int64_t K, const
             const int k = u + j;
             units[j] = tail && j ? _mm256_setzero_si256() : unit<F>(row[r4 + r] + (blk + k / PER_BLOCK) * F::BYTES, k % PER_BLOCK);
           }
-          const i8::B8 c = join(units);
+          const i8::B8 c = BIASED ? (i8::B8)((vu)join(units) ^ 0x80808080u) : join(units);
           for (int p = 0; p < P; ++p)
-            d[p][r] = F::SIGNED ? i8::dot_s8s8(i8::zero(), c, xv[p]) : i8::dot_u8s8(i8::zero(), c, xv[p]);
+            d[p][r] = F::SIGNED && !BIASED ? i8::dot_s8s8(i8::zero(), c, xv[p]) : i8::dot_u8s8(i8::zero(), c, xv[p]);
         }
         for (int p = 0; p < P; ++p) f[p][r4 / 4] = quad(d[p]);
       }
-      for (int p = 0; p < P; ++p) transpose(f[p], s[p] + 2 * u);
+      for (int p = 0; p < P; ++p) {
+        transpose(f[p], s[p] + 2 * u);
+        if constexpr (BIASED)
+          for (int h = 0; h < (tail ? 2 : 2 * UNITS); ++h)  // per 16 inputs
+            for (int v = 0; v < V; ++v)
+              s[p][2 * u + h][v] = (i8::I32)((vi)s[p][2 * u + h][v] - 128 * xb[p][u + h / 2].sum[h % 2]);
+      }
     }
     for (int g = 0; g < nblk * GROUPS; ++g)
       for (int p = 0; p < P; ++p) {

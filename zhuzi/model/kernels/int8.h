@@ -7,6 +7,7 @@
 //   dot_u8s8(acc, u, s)     acc[l] += the 4 products of lane l's bytes, u unsigned, s signed
 //   dot_s8s8(acc, a, b)     the same for two signed operands
 //   to_float(I32)           the lanes as floats
+//   EXACT_U8                whether dot_u8s8 is exact for any u8 operand (up to 255), not only <= 127
 //
 // Preconditions (what keeps AVX2's 16-bit maddubs exact): u <= 127 (4-bit codes, 8-bit codes' magnitudes),
 // and no signed byte is -128 (quant.py's and q8.h's codes stay in -127..127).

@@ -34,4 +34,18 @@ static inline __m256i fifth_bits(const uint8_t* qh) {
   return _mm256_and_si256(_mm256_cmpeq_epi8(bytes, _mm256_set1_epi8(-1)), _mm256_set1_epi8(16));
 }
 
+// Row r's 32-bit word at p + off[r], for the 8 rows of a vector.
+static inline vi gather(const uint8_t* p, vi off) {
+  return (vi)_mm256_i32gather_epi32(reinterpret_cast<const int*>(p), (__m256i)off, 1);
+}
+
+// The IEEE halves in the low 16 bits of each lane, as floats: each 128-bit half's four halves packed into
+// its low 8 bytes, those two quarters joined.
+static inline vf halves(vu w) {
+  const __m256i pick = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1,
+                                        0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1);
+  const __m256i packed = _mm256_permute4x64_epi64(_mm256_shuffle_epi8((__m256i)w, pick), 0x08);
+  return (vf)_mm256_cvtph_ps(_mm256_castsi256_si128(packed));
+}
+
 }  // namespace block_rows

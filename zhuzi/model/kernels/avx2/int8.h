@@ -7,6 +7,11 @@ namespace i8 {
 using I32 = __m256i;
 using B8 = __m256i;
 constexpr int LANES = 8;
+#if ZHUZI_AVXVNNI
+constexpr bool EXACT_U8 = true;  // vpdpbusd sums into int32 directly: any u8 operand is exact
+#else
+constexpr bool EXACT_U8 = false;  // maddubs's int16 pair sums: u8 operands must stay <= 127
+#endif
 
 static inline B8 load_b8(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 static inline I32 zero() { return _mm256_setzero_si256(); }

@@ -34,4 +34,10 @@ static inline __m256i fifth_bits(const uint8_t* qh) {
   return _mm256_maskz_mov_epi8(h, _mm256_set1_epi8(16));
 }
 
+// Row r's 32-bit word at p + off[r], for the 16 rows of a vector.
+static inline vi gather(const uint8_t* p, vi off) { return (vi)_mm512_i32gather_epi32((__m512i)off, p, 1); }
+
+// The IEEE halves in the low 16 bits of each lane, as floats.
+static inline vf halves(vu w) { return (vf)_mm512_cvtph_ps(_mm512_cvtepi32_epi16((__m512i)w)); }
+
 }  // namespace block_rows

@@ -6,6 +6,7 @@ namespace i8 {
 using I32 = __m512i;
 using B8 = __m512i;
 constexpr int LANES = 16;
+constexpr bool EXACT_U8 = true;  // dot_u8s8 sums into int32 directly: any u8 operand is exact
 
 static inline B8 load_b8(const void* p) { return _mm512_loadu_si512(p); }
 static inline I32 zero() { return _mm512_setzero_si512(); }

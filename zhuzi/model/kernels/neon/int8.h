@@ -7,6 +7,7 @@ namespace i8 {
 using I32 = int32x4_t;
 using B8 = int8x16_t;
 constexpr int LANES = 4;
+constexpr bool EXACT_U8 = false;  // u8 operands read as signed: they must stay <= 127
 
 static inline B8 load_b8(const void* p) { return vld1q_s8(static_cast<const int8_t*>(p)); }
 static inline I32 zero() { return vdupq_n_s32(0); }
