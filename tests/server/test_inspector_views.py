@@ -216,8 +216,9 @@ def test_a_tool_round_trip_with_a_template_that_writes_the_tools(open_page, qwen
 
 # ------------------------------------------------------------------ the same question twice
 
-CANDIDATES = ["Write a short poem about the sea.", "Explain why the sky is blue.", "Tell me a story about a robot.",
-              "How do I make a cup of tea?", "List three facts about cats.", "What is the capital of France?"]
+# Prompts the experiment tries, in order: on AVX-512 in bf16 the first changes at 8 rows; where none of them
+# changes (bf16 kernels that batch alike), each more costs the search some seconds.
+CANDIDATES = ["Write a short poem about the sea.", "Explain why the sky is blue.", "Tell me a story about a robot."]
 ANSWER_TOKENS = 32
 
 
