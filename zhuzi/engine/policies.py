@@ -63,8 +63,8 @@ class FirstComeFirstServed:
         """The most tokens each tenant may take this step (None: no limit), from what each wants."""
         return None
 
-    def uncapped(self, tenants: set[str]) -> set[str]:
-        """Tenants (of those with work) whose prompts go in whole while others decode, within their share."""
+    def uncapped(self) -> set[str]:
+        """Tenants whose prompts go in whole while others decode, within their share (read after order())."""
         return set()
 
     def victim(self, running: list[Sequence], seq: Sequence, held: Callable[[Sequence], int],
@@ -136,14 +136,14 @@ class FairShare(FirstComeFirstServed):
         floor = min(self.counters[t] for t in busy)
         return {t: max(0, int(self.weights[t] * (floor + budget - self.counters[t]))) for t in busy}
 
-    def uncapped(self, tenants: set[str]) -> set[str]:
-        """The least served; where every busy tenant is level (one just came back from idle, lifted to the
-        others), those that came back."""
-        if len(tenants) < 2:
+    def uncapped(self) -> set[str]:
+        """Of the tenants with work (order() just found them), the least served; where all are level (one
+        just came back from idle, lifted to the others), those that came back."""
+        if len(self.active) < 2:
             return set()
-        low = min(self.counters[t] for t in tenants)
-        least = {t for t in tenants if self.counters[t] == low}
-        return least if least != tenants else self.returned & tenants
+        low = min(self.counters[t] for t in self.active)
+        least = {t for t in self.active if self.counters[t] == low}
+        return least if least != self.active else self.returned
 
     def victim(self, running: list[Sequence], seq: Sequence, held: Callable[[Sequence], int],
                need: int) -> Sequence | None:

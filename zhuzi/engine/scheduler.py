@@ -73,7 +73,7 @@ class Scheduler:
         # While anyone decodes, a long prompt advances in small chunks so the streams keep their pace.
         cap = self.long_prefill_token_threshold if any(s.prompt_done for s in self.running) else 0
         order = self.policy.order(self.running, self.waiting)
-        plan = StepPlan(self.max_num_batched_tokens, cap, self.policy.uncapped({s.tenant.id for s in order}))
+        plan = StepPlan(self.max_num_batched_tokens, cap, self.policy.uncapped())
         # A tenant that cannot be served (no slot, no blocks) must not hold the others to their shares for
         # good: a step that the shares leave empty goes on without them.
         for shares in (self.policy.shares(self._demands(order, plan), plan.budget), None):
