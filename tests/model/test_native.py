@@ -67,7 +67,7 @@ def test_without_a_compiler_the_torch_path_runs(monkeypatch):
 
 def kernel_tests(variant: str, cxx: str, out: Path) -> Path:
     """The C++ tests of tests/kernels, linked against the variant's kernel libraries (built by native)."""
-    libs = [str(native.build(src.stem, variant, cxx)) for src in sorted(native.KERNELS.glob("*.cpp"))]
+    libs = [str(lib) for lib in native.build_all(variant, cxx).values()]
     binary = out / f"kernel-tests-{variant}"
     done = subprocess.run([cxx, "-O1", "-fopenmp", *native.VARIANTS[variant].flags, f"-I{native.KERNELS}",
                            *map(str, sorted(TESTS.glob("*.cpp"))), "-o", str(binary), *libs, "-lm"],

@@ -15,7 +15,9 @@ A source picks its code per variant with the ZHUZI_* macros of prelude.h, and an
 for what its build does not serve (the caller's torch path runs). select() (EngineConfig.cpu_kernels,
 default $ZHUZI_CPU_KERNELS or auto) sets the process's variant: auto takes the first one the CPU runs,
 `torch` none. A compile error raises (a broken kernel must not hide behind a slow path); only a missing
-compiler falls back to torch, with a warning. The kernels run on torch's OpenMP thread pool.
+compiler falls back to torch, with a warning. The first library a process needs builds all of its variant's
+libraries at once, one compiler per core (a cold cache otherwise compiles them one after another). The
+kernels run on torch's OpenMP thread pool.
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ import platform
 import shutil
 import subprocess
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -156,6 +159,13 @@ def build(name: str, variant: str, cxx: str) -> Path:
     return lib
 
 
+def build_all(variant: str, cxx: str) -> dict[str, Path]:
+    """Every kernels/*.cpp library of a variant, the missing ones compiled side by side."""
+    names = [src.stem for src in sorted(KERNELS.glob("*.cpp"))]
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        return dict(zip(names, pool.map(lambda name: build(name, variant, cxx), names)))
+
+
 _libraries: dict[tuple[str, str], ctypes.CDLL | None] = {}
 
 
@@ -176,6 +186,8 @@ def _open(name: str, variant: str) -> ctypes.CDLL | None:
     if cxx is None:
         log.warning("CPU kernel %s unavailable, using the torch path: no C++ compiler found (set CXX)", name)
         return None
+    if not any(variant == built for _, built in _libraries):
+        build_all(variant, cxx)
     lib = ctypes.CDLL(str(build(name, variant, cxx)))
     log.info("CPU kernel %s: %s build", name, variant)
     return lib
