@@ -95,20 +95,19 @@ def test_a_tenant_alone_gets_the_whole_step():
     assert sum(per_tenant(run_step(s)).values()) == 64
 
 
-def test_a_tenant_may_run_at_most_one_step_budget_ahead_of_the_least_served():
+def test_each_tenant_may_take_the_slowest_tenants_pace_plus_what_it_is_behind():
     policy = FairShare()
     policy.weights.update(a=1.0, b=1.0)
     policy.counters.update(a=0.0, b=0.0)
     assert policy.shares({"a": 500}, 64) is None  # alone
     assert policy.shares({"a": 500, "b": 0}, 64) is None  # b has nothing to do: a is alone
-    assert policy.shares({"a": 500, "b": 300}, 64) == {"a": 64, "b": 64}
-    policy.counters.update(a=40.0)
-    assert policy.shares({"a": 500, "b": 1}, 64) == {"a": 24, "b": 64}
-    policy.counters.update(a=70.0)
-    assert policy.shares({"a": 500, "b": 1}, 64) == {"a": 0, "b": 64}
+    assert policy.shares({"a": 500, "b": 300}, 64) == {"a": 300, "b": 300}
+    assert policy.shares({"a": 500, "b": 1}, 64) == {"a": 1, "b": 1}  # a chat's one token a step holds a to one
+    policy.counters.update(b=40.0)  # b's prompt went in: a makes that up, and b keeps its pace meanwhile
+    assert policy.shares({"a": 500, "b": 1}, 64) == {"a": 41, "b": 1}
     policy.weights.update(a=3.0)  # 3 tokens of a count as one
-    policy.counters.update(a=10.0)
-    assert policy.shares({"a": 500, "b": 1}, 64) == {"a": 162, "b": 64}
+    policy.counters.update(b=0.0)
+    assert policy.shares({"a": 500, "b": 1}, 64) == {"a": 3, "b": 1}
 
 
 def test_shares_converge_whatever_the_number_of_requests():
@@ -152,18 +151,43 @@ def test_one_decoding_chat_holds_a_busy_tenant_to_one_token_a_step_in_turn():
 
 def test_the_least_served_tenants_prompt_is_not_held_to_the_long_prefill_cap():
     """A chat's next turn comes back level with a busy tenant (idleness banks no credit) and its prompt goes in
-    whole, as it would alone, while the busy tenant's own new prompt stays held to the cap beside its decoding
-    streams; a busy tenant that gets ahead is capped, the one behind is not."""
+    whole, as it would alone, beside the busy tenant's decoding streams, whose own new prompt waits that step;
+    then the chat is ahead and the busy tenant's prompt goes in whole, the chat's next one waiting that step."""
     s = scheduler(num_blocks=512, max_num_seqs=16, budget=256, long_prefill=16, policy="fair")
     busy = add(s, *[seq(4, tenant="batch") for _ in range(4)])
     run_step(s)  # alone: every prompt at once
     chat, late = seq(100, tenant="chat"), seq(100, tenant="batch")
     add(s, chat, late)
     first = served(run_step(s))
-    assert first[chat.seq_id] == 100 and first[late.seq_id] == 16 and all(first[x.seq_id] == 1 for x in busy)
-    longer = seq(200, tenant="chat")  # the chat tenant is ahead now: its next prompt is capped
+    assert first[chat.seq_id] == 100 and late.seq_id not in first and all(first[x.seq_id] == 1 for x in busy)
+    longer = seq(200, tenant="chat")
     s.add(longer)
-    assert served(run_step(s))[longer.seq_id] == 16
+    second = served(run_step(s))
+    assert second[late.seq_id] == 100 and second[chat.seq_id] == 1 and longer.seq_id not in second
+
+
+def test_a_chats_next_turn_does_not_queue_behind_the_other_tenants_prompts():
+    """For two steps after the chat's answer ends the busy tenant's new prompts wait while its streams decode
+    on, so the chat's next turn, arriving then, finds a step of decodes ahead of it, not one full of prompts;
+    then the busy tenant has the whole engine again. Its new prompts wait again in the step that carries the
+    chat's prompt (here mostly in the prefix cache, so short)."""
+    s = scheduler(num_blocks=1024, max_num_seqs=16, budget=256, long_prefill=16, policy="fair")
+    busy = add(s, *[seq(4, tenant="batch") for _ in range(4)])
+    run_step(s)  # alone: every prompt at once
+    turn = seq(list(range(40)), tenant="chat")
+    s.add(turn)
+    for _ in range(3):
+        run_step(s)
+    s.finish(turn, "stop")
+    queued = add(s, seq(64, tenant="batch"), seq(64, tenant="batch"))
+    for _ in range(2):
+        assert served(run_step(s)) == {x.seq_id: 1 for x in busy}  # the chat is expected back
+    assert per_tenant(run_step(s))["batch"] == 4 + 32  # it is not: two capped chunks of the new prompts
+    nxt = seq(list(range(40)) + [7, 7, 7] + list(range(900, 920)), tenant="chat")
+    s.add(nxt)
+    step = served(run_step(s))
+    assert step[nxt.seq_id] == 23 and all(step[x.seq_id] == 1 for x in busy)
+    assert all(x.seq_id not in step for x in queued)
 
 
 def test_no_tenant_starves():

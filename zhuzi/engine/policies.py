@@ -12,19 +12,25 @@ fair      tenants (API keys) with work get equal, or weighted, shares of the eng
           tenant's counter is the tokens it was served divided by its weight; tenants are served lowest
           counter first, and a tenant that comes back from idle starts at the lowest busy counter
           (Sheng et al., "Fairness in Serving Large Language Models", OSDI 2024: the virtual token
-          counter), so idleness banks no credit. Each step a tenant may take tokens only while its
-          counter is less than one step's budget ahead of the lowest busy counter: a tenant whose one
-          chat decodes a token a step holds a tenant with 32 streams to about a token a step too (each
-          token a step adds slows every stream in it), while that chat's next prompt, arriving behind,
-          goes in at once: the least-served tenant's prompts (or, all level, a returning tenant's) are not
-          held to --long-prefill-token-threshold (the cap that keeps streams' pace while a prompt is computed),
-          so its next turn's first token comes about as soon as it would alone; the other tenants'
-          prompts are. (The scheduler runs a step that these shares leave empty without them, so a
-          tenant that cannot be served, for want of a slot or blocks, never stalls the others.) A
-          waiting sequence of a tenant holding less than another (KV blocks or batch slots, per weight)
-          preempts that tenant's least urgent sequence, as long as it still holds no more than that
-          tenant afterwards (so two tenants never take a place from each other in turn). Within a
-          tenant, `priority` orders its requests.
+          counter), so idleness banks no credit. Each step a tenant may take the slowest tenant's pace
+          (the fewest tokens, per weight, that a tenant with work wants this step) plus what it is behind
+          the most-served tenant: beside a chat that decodes a token a step, a tenant with 32 streams
+          decodes about a token a step too (each row a step adds slows every stream in it), and neither
+          runs ahead, so little is forgiven when the chat goes idle between turns; the tokens of the
+          chat's prompt the other tenant makes up in the next step, while the chat keeps its pace. A
+          tenant back from idle takes what it wants in its first step, and the least-served tenant's
+          prompts (or, all level, a returning tenant's) are not held to --long-prefill-token-threshold
+          (the cap that keeps streams' pace while a prompt is computed); a step that carries such a
+          prompt beside decoding streams carries no other prompt (the others' streams decode on), nor do
+          the RETURN_STEPS steps after a tenant's work runs out (a chat's next turn, an agent's next
+          call, comes right after its answer, and must not queue behind a step of the others' prompts:
+          anticipatory scheduling, Iyer and Druschel, SOSP 2001), so the chat's next first token comes
+          about as soon as it would alone. (The scheduler runs a step that these shares or waits leave
+          empty without them, so a tenant that cannot be served, for want of a slot or blocks, never
+          stalls the others.) A waiting sequence of a tenant holding less than another (KV
+          blocks or batch slots, per weight) preempts that tenant's least urgent sequence, as long as it
+          still holds no more than that tenant afterwards (so two tenants never take a place from each
+          other in turn). Within a tenant, `priority` orders its requests.
 
 Policies are model-free: they read a sequence's tenant, priority, status and block count, and never
 touch the KV pool themselves.
@@ -38,6 +44,7 @@ from zhuzi.engine.sequence import ScheduledSeq, Sequence, Status
 from zhuzi.sampling_params import InvalidRequest, SamplingParams
 
 POLICIES = ("fcfs", "priority", "fair")
+RETURN_STEPS = 2  # fair: steps the others' prompts wait for a tenant whose work just ran out
 
 
 def urgency(seq: Sequence) -> tuple[int, int]:
@@ -66,6 +73,11 @@ class FirstComeFirstServed:
     def uncapped(self) -> set[str]:
         """Tenants whose prompts go in whole while others decode, within their share (read after order())."""
         return set()
+
+    def expecting(self) -> bool:
+        """Whether a tenant is expected back at once, so that the others' prompts wait while their streams
+        decode on (read after order())."""
+        return False
 
     def victim(self, running: list[Sequence], seq: Sequence, held: Callable[[Sequence], int],
                need: int) -> Sequence | None:
@@ -102,6 +114,7 @@ class FairShare(FirstComeFirstServed):
         self.weights: dict[str, float] = {}
         self.active: set[str] = set()  # tenants that had work at the last step
         self.returned: set[str] = set()  # tenants that have work again this step, after none
+        self.left: dict[str, int] = {}  # tenant -> the step its work ran out, for RETURN_STEPS steps
         self.steps = 0
         self.last_served: WeakKeyDictionary[Sequence, int] = WeakKeyDictionary()
 
@@ -113,7 +126,8 @@ class FairShare(FirstComeFirstServed):
             groups.setdefault(seq.tenant.id, ([], []))[seq.status is not Status.RUNNING].append(seq)
         self._lift(set(groups))
         order = []
-        for tenant in sorted(groups, key=lambda t: (self.counters[t], t)):
+        # Level counters: a tenant back from idle first, so its prompt finds the step's room.
+        for tenant in sorted(groups, key=lambda t: (self.counters[t], t not in self.returned, t)):
             mine, queued = groups[tenant]
             # Round robin among the tenant's running sequences when its share is short, then its queue.
             order += sorted(mine, key=lambda s: (self.last_served.get(s, -1), s.seq_id))
@@ -127,14 +141,18 @@ class FairShare(FirstComeFirstServed):
         self.returned = tenants - self.active
         for tenant in self.returned:
             self.counters[tenant] = max(self.counters.get(tenant, 0.0), floor)
+        self.left.update(dict.fromkeys(self.active - tenants, self.steps))
+        self.left = {t: step for t, step in self.left.items() if t not in tenants and self.steps - step < RETURN_STEPS}
         self.active = tenants
 
     def shares(self, demands: dict[str, int], budget: int) -> dict[str, int] | None:
         busy = [t for t, d in demands.items() if d > 0]
         if len(busy) < 2:
             return None  # alone: the whole engine
-        floor = min(self.counters[t] for t in busy)
-        return {t: max(0, int(self.weights[t] * (floor + budget - self.counters[t]))) for t in busy}
+        pace = min(demands[t] / self.weights[t] for t in busy)
+        lead = max(self.counters[t] for t in busy)
+        return {t: budget if t in self.returned else int(self.weights[t] * (pace + lead - self.counters[t]))
+                for t in busy}
 
     def uncapped(self) -> set[str]:
         """Of the tenants with work (order() just found them), the least served; where all are level (one
@@ -144,6 +162,11 @@ class FairShare(FirstComeFirstServed):
         low = min(self.counters[t] for t in self.active)
         least = {t for t in self.active if self.counters[t] == low}
         return least if least != self.active else self.returned
+
+    def expecting(self) -> bool:
+        """A tenant whose work ran out in the last RETURN_STEPS steps: a chat's next turn (an agent's next
+        call) follows its answer at once, and should not queue behind a step full of the others' prompts."""
+        return bool(self.left)
 
     def victim(self, running: list[Sequence], seq: Sequence, held: Callable[[Sequence], int],
                need: int) -> Sequence | None:

@@ -27,9 +27,12 @@ class StepPlan:
     batch: list[ScheduledSeq] = field(default_factory=list)
     preempted: set[Sequence] = field(default_factory=set)
     blocked: bool = False  # a waiting sequence found no room: later ones do not jump it
+    prompts_wait: bool = False  # the prompts of tenants the cap holds wait this step; their streams decode on
 
     def room(self, seq: Sequence) -> int:
         """Tokens seq may take this step: the budget left, within its tenant's share."""
+        if self.prompts_wait and not seq.prompt_done and seq.tenant.id not in self.uncapped:
+            return 0
         if self.shares is None:
             return self.budget
         return min(self.budget, self.shares.get(seq.tenant.id, 0) - self.used.get(seq.tenant.id, 0))
@@ -41,6 +44,9 @@ class StepPlan:
         self.batch.append(item)
         self.budget -= item.num_new_tokens
         self.used[item.seq.tenant.id] = self.used.get(item.seq.tenant.id, 0) + item.num_new_tokens
+        # A step that carries an uncapped tenant's prompt beside decoding streams carries no other prompt: it
+        # costs the streams, and that prompt's first token, as little as it can.
+        self.prompts_wait |= bool(self.cap) and item.kind == "prefill" and item.seq.tenant.id in self.uncapped
 
     def drop(self, seq: Sequence) -> None:
         """seq was preempted: it leaves the batch, if it was in it, and waits."""
@@ -74,13 +80,15 @@ class Scheduler:
         cap = self.long_prefill_token_threshold if any(s.prompt_done for s in self.running) else 0
         order = self.policy.order(self.running, self.waiting)
         plan = StepPlan(self.max_num_batched_tokens, cap, self.policy.uncapped())
+        plan.prompts_wait = bool(cap) and self.policy.expecting()
         # A tenant that cannot be served (no slot, no blocks) must not hold the others to their shares for
         # good: a step that the shares leave empty goes on without them.
         for shares in (self.policy.shares(self._demands(order, plan), plan.budget), None):
             plan.shares = shares
             self._walk(order, plan)
-            if plan.batch or shares is None:
+            if plan.batch or (shares is None and not plan.prompts_wait):
                 break
+            plan.prompts_wait = False
         self.policy.served(plan.batch)
         self._attach_drafts(plan.batch)
         return plan.batch
