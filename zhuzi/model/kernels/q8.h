@@ -60,7 +60,8 @@ static void quantize_row(const T* x, int64_t K, int64_t kp, Block* out) {
   }
 }
 
-// M rows of K values; row m's blocks at row(m).
+// M rows of K values; row m's blocks at row(m). The storage runs on to the next multiple of 16 rows and a
+// chunk of 256 inputs past it (never written): AMX's tile loads (amx_tiles.h) read 16 rows, 256 inputs.
 struct Rows {
   int64_t n = 0;  // blocks a row
   std::vector<Block> data;
@@ -68,7 +69,7 @@ struct Rows {
   template <typename T>
   void set(const T* x, int64_t M, int64_t K, int64_t ldx, int threads = 1) {
     n = blocks(K);
-    data.resize(M * n);
+    data.resize((M + 15) / 16 * 16 * n + 8);
 #pragma omp parallel for schedule(static) num_threads(threads) if (M > 8)
     for (int64_t m = 0; m < M; ++m) quantize_row(x + m * ldx, K, n * BLOCK, &data[m * n]);
   }
