@@ -1,4 +1,5 @@
 // Linear layers on GGUF blocks (block_tiles.h) for any number of input rows; see cpu_blocks.py.
+#include "amx_tiles.h"
 #include "api.h"
 #include "block_rows.h"
 
@@ -21,6 +22,11 @@ static void linear(const Part* parts, int nparts, const T* x, Y* y, int64_t M, i
   for (int64_t p = 0, n0 = 0; p < nparts; n0 += parts[p].rows, ++p)
     for (int64_t r = 0; r < parts[p].rows; r += ROWS) tiles.push_back({&parts[p], r, n0 + r});
   const int64_t chunks = (M + CHUNK_ROWS - 1) / CHUNK_ROWS, count = int64_t(tiles.size());
+#if ZHUZI_AVX512
+  const bool amx = M > FEW_ROWS && amx_tiles::ready();
+  q8::ScaledSums xs;
+  if (amx) xs.set(xq, M, threads);
+#endif
 #pragma omp parallel for collapse(2) schedule(static) num_threads(threads)
   for (int64_t c = 0; c < chunks; ++c)
     for (int64_t i = 0; i < count; ++i) {
@@ -31,6 +37,9 @@ static void linear(const Part* parts, int nparts, const T* x, Y* y, int64_t M, i
       blocks::with_format(t.part->type, [&](auto f) {
         const uint8_t* w = t.part->w + t.row * t.part->row_bytes;
         if (m1 - m0 <= FEW_ROWS) block_rows::tile<decltype(f)>(w, t.part->row_bytes, rows, K, xq, m0, m1, acc);
+#if ZHUZI_AVX512
+        else if (amx) amx_tiles::tile<decltype(f)>(w, t.part->row_bytes, rows, K, xq, xs, m0, m1, acc);
+#endif
         else block_tiles::tile<decltype(f)>(w, t.part->row_bytes, rows, K, xq, m0, m1, acc);
       });
       for (int64_t m = m0; m < m1; ++m)

@@ -88,18 +88,23 @@ static inline void offsets(const float* a, float* b) {
     for (int g = 0; g < F::QK / F::G; ++g) b[g] = -float(F::OFF) * a[g];
 }
 
-// The float part of group g (of a chunk or a step aligned to 256 inputs) for one input row whose q8 block is
-// xb: sums[v] += s (a d) + b (d sum), vectors over the tile's rows. Both tile paths (here and block_rows.h)
-// call it with the exact int32 group sums s, so an output's bits do not depend on the path.
+// The float part of group g (of a chunk or a step aligned to 256 inputs) for one input row, from its q8 block's
+// scale d and q8::scaled_sum(): sums[v] += s (a d) + b (d sum), vectors over the tile's rows. Every tile path
+// (here, block_rows.h, amx_tiles.h) calls it with the exact int32 group sums s, so an output's bits do not
+// depend on the path. Formats without an offset (Q8_0) have no b term.
+template <class F>
+static inline void accumulate(vf* sums, const i8::I32* s, const float* a, const float* b, float d, float dsum) {
+  const vf scale = splat(d);
+  for (int v = 0; v < V; ++v) {
+    const vf av = load_vf(a + v * VL);
+    if constexpr (F::MIN || F::OFF) sums[v] += i8::to_float(s[v]) * (av * scale) + load_vf(b + v * VL) * splat(dsum);
+    else sums[v] += i8::to_float(s[v]) * (av * scale);
+  }
+}
 template <class F>
 static inline void accumulate(vf* sums, const i8::I32* s, const float* a, const float* b, const q8::Block& xb,
                               int g) {
-  const float sum = F::G == 16 ? float(xb.sum[g % 2]) : float(xb.sum[0] + xb.sum[1]);
-  const vf scale = splat(xb.d), offset = splat(xb.d * sum);
-  for (int v = 0; v < V; ++v) {
-    const vf av = load_vf(a + v * VL), bv = load_vf(b + v * VL);
-    sums[v] += i8::to_float(s[v]) * (av * scale) + bv * offset;
-  }
+  accumulate<F>(sums, s, a, b, xb.d, F::MIN || F::OFF ? q8::scaled_sum(xb, F::G == 16 ? g % 2 : 2) : 0.f);
 }
 
 // Rows [0, rows) (the rest zeros) of a tile whose first row's blocks start at w, inputs [k0, k0 + n): n a

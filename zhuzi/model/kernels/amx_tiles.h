@@ -1,0 +1,111 @@
+// block_tiles.h's batched rows through AMX (Sapphire Rapids and later Xeons), the same bits: a tile's decoded
+// chunk is already AMX's B layout (codes[quad][row][4]: 4 inputs of each of 16 rows a 64-byte row), and q8
+// activation rows are A rows as they lie (32 codes a block). One tdpbsud (tdpbssd for Q8_0) gives every group's
+// exact int32 sums for 16 input rows x 16 output rows at once, where VNNI takes 8 dot products per input row;
+// block_tiles::accumulate() then does the float part as on every other path. Only the avx512 build has it,
+// and it runs where the CPU has AMX-INT8 and the kernel grants the tile state (ready()).
+#pragma once
+#include "block_tiles.h"
+
+#if ZHUZI_AVX512
+#include <sys/syscall.h>
+#include <unistd.h>
+
+namespace amx_tiles {
+
+using namespace block_tiles;
+
+// Whether this process may run AMX-INT8: the CPU has it and Linux granted the tile data state (once).
+static inline bool ready() {
+  static const bool ok = __builtin_cpu_supports("amx-int8")
+                         && syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+  return ok;
+}
+
+// ldtilecfg's 64 bytes: tiles 0-3 hold int32 sums [16 input rows][16 output rows], tiles 4-5 a group's
+// activations [16 input rows][G codes], tiles 6-7 its weight codes [G / 4 quads][16 rows x 4].
+struct Config {
+  uint8_t palette = 1, start = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+template <class F>
+__attribute__((target("amx-tile"))) static inline void configure() {
+  Config c;
+  for (int i = 0; i < 4; ++i) c.colsb[i] = 64, c.rows[i] = 16;
+  for (int i = 4; i < 6; ++i) c.colsb[i] = F::G, c.rows[i] = 16;
+  for (int i = 6; i < 8; ++i) c.colsb[i] = 64, c.rows[i] = F::G / 4;
+  _tile_loadconfig(&c);
+}
+
+// Groups g .. g + 3 of the chunk: sums[i][m][r] for input rows at x (A rows `stride` bytes apart).
+template <class F>
+__attribute__((target("amx-tile,amx-int8"))) static inline void four_groups(const Tile& t, const int8_t* x,
+                                                                              int64_t stride, int g,
+                                                                              int32_t (*sums)[16][ROWS]) {
+  constexpr int QG = F::G / 4;
+  auto a = [&](int i) { return x + (g + i) / (32 / F::G) * sizeof(q8::Block) + (g + i) % (32 / F::G) * F::G; };
+  auto b = [&](int i) { return &t.codes[(g + i) * QG][0][0]; };
+  // Tile numbers are immediates: the four groups written out.
+#define ZHUZI_AMX_GROUP(i, A, B)                                           \
+  _tile_zero(i);                                                           \
+  _tile_loadd(A, a(i), stride);                                            \
+  _tile_loadd(B, b(i), 64);                                                \
+  if constexpr (F::SIGNED) _tile_dpbssd(i, A, B); else _tile_dpbsud(i, A, B);
+  ZHUZI_AMX_GROUP(0, 4, 6)
+  ZHUZI_AMX_GROUP(1, 5, 7)
+  ZHUZI_AMX_GROUP(2, 4, 6)
+  ZHUZI_AMX_GROUP(3, 5, 7)
+#undef ZHUZI_AMX_GROUP
+  _tile_stored(0, sums[0], 64);
+  _tile_stored(1, sums[1], 64);
+  _tile_stored(2, sums[2], 64);
+  _tile_stored(3, sums[3], 64);
+}
+
+// block_tiles::tile()'s results, with xs the scaled sums of x. x's rows must be readable up to the next
+// multiple of 16 after m1 (q8::Rows pads them): an A tile always loads 16.
+template <class F>
+__attribute__((target("amx-tile,amx-int8"))) static void tile(const uint8_t* w, int64_t row_bytes, int rows,
+                                                                int64_t K, const q8::Rows& x,
+                                                                const q8::ScaledSums& xs, int64_t m0, int64_t m1,
+                                                                float (*acc)[ROWS]) {
+  static_assert(V == 1, "a tile's 16 rows are one vector");
+  Tile t;
+  alignas(64) int32_t s[4][16][ROWS];
+  const int64_t stride = x.n * int64_t(sizeof(q8::Block));
+  configure<F>();
+  std::memset(acc, 0, sizeof(float) * ROWS * (m1 - m0));
+  for (int64_t k0 = 0; k0 < K; k0 += CHUNK) {
+    const int n = int(std::min<int64_t>(CHUNK, K - k0)), groups = n / F::G;
+    decode<F>(w, row_bytes, rows, k0, n, t);
+    for (int64_t m = m0; m < m1; m += 16) {
+      const int count = int(std::min<int64_t>(16, m1 - m));
+      const q8::Block* xb[16];
+      const float* ds[16];  // the rows' scaled sums from the chunk's first block
+      vf sums[16];
+      for (int i = 0; i < 16; ++i) {
+        const int64_t row = m + std::min(i, count - 1);
+        xb[i] = x.row(row) + k0 / 32;
+        ds[i] = xs.data.data() + (row * x.n + k0 / 32) * 3;
+        sums[i] = load_vf(acc[row - m0]);
+      }
+      for (int g = 0; g < groups; g += 4) {
+        four_groups<F>(t, xb[0]->q, stride, g, s);
+        for (int i = 0; i < 4 && g + i < groups; ++i) {
+          const int blk = (g + i) * F::G / 32, h = F::G == 16 ? (g + i) % 2 : 2;
+          for (int r = 0; r < 16; ++r) {
+            const i8::I32 gs = _mm512_load_si512(s[i][r]);
+            accumulate<F>(&sums[r], &gs, t.a[g + i], t.b[g + i], xb[r][blk].d, ds[r][blk * 3 + h]);
+          }
+        }
+      }
+      for (int i = 0; i < count; ++i) store_vf(sums[i], acc[m - m0 + i]);
+    }
+  }
+  _tile_release();
+}
+
+}  // namespace amx_tiles
+#endif
