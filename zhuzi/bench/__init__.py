@@ -82,6 +82,8 @@ def load_average() -> float:
 def machine_line(kernels: str | None = None) -> str:
     """CPU model, family and flags of note, cores, torch version, and the CPU kernel variant zhuzi ran (when
     known): the context every figure needs."""
+    from zhuzi.model.native import cpu_info
+
     info = cpu_info()
     family = f" (family {info['cpu family']}, model {info['model']})" if "cpu family" in info else ""
     flags = set(info.get("flags", "").split())
@@ -102,18 +104,3 @@ def served_kernels(base_url: str, headers: dict[str, str] | None = None) -> str 
         return answer.json()["model"]["cpu_kernels"]["variant"]
     except (httpx.HTTPError, ValueError, KeyError, TypeError):
         return None
-
-
-def cpu_info() -> dict[str, str]:
-    """The first processor's fields of /proc/cpuinfo (empty where there is none)."""
-    info: dict[str, str] = {}
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if not line.strip():
-                    break
-                key, _, value = line.partition(":")
-                info[key.strip()] = value.strip()
-    except OSError:
-        pass
-    return info

@@ -75,14 +75,25 @@ class KernelBuildError(RuntimeError):
 
 
 @cache
-def cpu_features() -> frozenset[str]:
-    """The CPU's feature flags (x86 `flags`, ARM `Features` of /proc/cpuinfo); empty where unknown."""
+def cpu_info() -> dict[str, str]:
+    """The first processor's fields of /proc/cpuinfo (empty where there is none)."""
+    info: dict[str, str] = {}
     try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if not line.strip():
+                    break
+                key, _, value = line.partition(":")
+                info[key.strip()] = value.strip()
     except OSError:
-        return frozenset()
-    line = next((line for line in lines if line.startswith(("flags", "Features"))), "")
-    return frozenset(line.partition(":")[2].split())
+        pass
+    return info
+
+
+def cpu_features() -> frozenset[str]:
+    """The CPU's feature flags (x86 `flags`, ARM `Features`); empty where unknown."""
+    info = cpu_info()
+    return frozenset((info.get("flags") or info.get("Features", "")).split())
 
 
 def runnable() -> list[Variant]:
