@@ -58,12 +58,12 @@ def test_a_kernel_that_does_not_compile_raises(tmp_path, monkeypatch):
         native.build("broken", variant, native.compiler())
 
 
-
 def test_without_a_compiler_the_torch_path_runs(monkeypatch):
     monkeypatch.delenv("CXX", raising=False)
     monkeypatch.setenv("PATH", "")
     assert native.compiler() is None
     assert native._open("small_m_linear", "avx2") is None
+
 
 def kernel_tests(variant: str, cxx: str, out: Path) -> Path:
     """The C++ tests of tests/kernels, linked against the variant's kernel libraries (built by native)."""
