@@ -269,7 +269,7 @@ def test_probes_and_snapshots_read_what_the_offline_engine_reads(client, offline
     plain, lens = probes[0].inspection, probes[1].inspection
     # The probes may share a step with the stream (or not), which moves float32's last bits on some CPUs.
     assert plain.logits.dtype == torch.float32 and plain.lens is None
-    assert all(torch.allclose(read.logits, want.logits, atol=1e-3) for read in (plain, lens))
+    assert all(torch.allclose(read.logits, want.logits, atol=1e-4) for read in (plain, lens))
     assert [layer.token_ids for layer in lens.lens] == [layer.token_ids for layer in want.lens]
     assert during.model == offline.model_config and during.stats.num_blocks == client.stats().num_blocks
     assert during.stats.num_running >= 1 and 1 <= len(during.steps) <= 8
