@@ -227,5 +227,4 @@ def test_a_hand_off_between_ray_actors(tiny_model, alone, tmp_path, ray_address)
         while {replica for _, replica in engine_metrics(server)} != {"1"}:  # the dead one leaves the rotation
             assert time.monotonic() < killed + 30, "the killed Ray actor was never noticed"
             time.sleep(0.1)
-        print(f"\nthe killed actor left the rotation after {time.monotonic() - killed:.2f} s")
         assert streamed_completion(server, "after")[0] == alone["after"]
