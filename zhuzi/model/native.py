@@ -38,7 +38,10 @@ from zhuzi.cache import atomic_write, cache_path
 log = logging.getLogger(__name__)
 
 KERNELS = Path(__file__).parent / "kernels"
-COMMON_FLAGS = ("-O3", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-shared", "-fPIC")
+# -ffp-contract=off: the kernels fuse their multiply-adds themselves (prelude.h's fmadd()). Whether the compiler
+# fused one depended on its tuning and on the function it was inlined into, and so did a row's bits: the
+# same row alone and in a batch must get the same ones.
+COMMON_FLAGS = ("-O3", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off", "-shared", "-fPIC")
 _X86_V3 = ("avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "movbe", "abm", "popcnt", "sse4_1", "sse4_2", "ssse3")
 
 

@@ -83,7 +83,7 @@ static void attend(const TQ* q, const TKV* kc, const TKV* vc, const int64_t* slo
         load_row(kc + off[t] + kh * D, k, NV);
         for (int h = std::max(kh * G, h0); h < std::min((kh + 1) * G, h1); ++h) {
           vf d = qv[h * NV] * k[0];
-          for (int j = 1; j < NV; ++j) d += qv[h * NV + j] * k[j];
+          for (int j = 1; j < NV; ++j) d = fmadd(qv[h * NV + j], k[j], d);
           s[h][t] = hsum(d);
         }
       }
@@ -99,7 +99,7 @@ static void attend(const TQ* q, const TKV* kc, const TKV* vc, const int64_t* slo
         sum += p;
       }
       alpha[h] = scalar_exp(m[h] - mx);
-      l[h] = l[h] * alpha[h] + hsum(sum);
+      l[h] = fmadd(l[h], alpha[h], hsum(sum));
       m[h] = mx;
     }
     for (int h = h0; h < h1; ++h) {  // head-outer keeps the accumulator in registers; the tile's
@@ -108,7 +108,7 @@ static void attend(const TQ* q, const TKV* kc, const TKV* vc, const int64_t* slo
       for (int t = 0; t < n; ++t) {
         vf v[NV];
         load_row(vc + off[t] + (h / G) * D, v, NV);
-        for (int j = 0; j < NV; ++j) a[j] += s[h][t] * v[j];
+        for (int j = 0; j < NV; ++j) a[j] = fmadd(splat(s[h][t]), v[j], a[j]);
       }
       for (int j = 0; j < NV; ++j) acc[h * NV + j] = a[j];
     }

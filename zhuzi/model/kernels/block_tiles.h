@@ -97,8 +97,8 @@ static inline void accumulate(vf* sums, const i8::I32* s, const float* a, const 
   const vf scale = splat(d);
   for (int v = 0; v < V; ++v) {
     const vf av = load_vf(a + v * VL);
-    if constexpr (F::MIN || F::OFF) sums[v] += i8::to_float(s[v]) * (av * scale) + load_vf(b + v * VL) * splat(dsum);
-    else sums[v] += i8::to_float(s[v]) * (av * scale);
+    if constexpr (F::MIN || F::OFF) sums[v] += fmadd(i8::to_float(s[v]), av * scale, load_vf(b + v * VL) * splat(dsum));
+    else sums[v] = fmadd(i8::to_float(s[v]), av * scale, sums[v]);
   }
 }
 template <class F>

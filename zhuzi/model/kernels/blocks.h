@@ -25,7 +25,7 @@
 // Each Format decodes a block into its codes q (one byte a weight; Q8_0's are signed), and per group of
 // G weights a scale a and, for the formats with a minimum, an offset b (scales(): these alone):
 // weight = a q + b ("MIN" formats), or a (q - OFF) (the others). values() computes the weights as gguf's
-// reference does, bit for bit (built without FMA contraction); the kernels use the codes and scales.
+// reference does, bit for bit (a q is rounded before b is added: no FMA); the kernels use the codes and scales.
 #pragma once
 #include "prelude.h"
 
@@ -190,7 +190,7 @@ static inline void values(const void* p, float* y) {
   F::decode(p, q, a, b);
   for (int i = 0; i < F::QK; ++i) {
     const int g = i / F::G;
-    if constexpr (F::MIN) y[i] = a[g] * float(q[i]) + b[g];
+    if constexpr (F::MIN) y[i] = a[g] * float(q[i]) + b[g];  // not fmadd(): gguf rounds the product
     else y[i] = a[g] * float((F::SIGNED ? int(int8_t(q[i])) : int(q[i])) - F::OFF);
   }
 }

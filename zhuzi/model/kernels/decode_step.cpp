@@ -47,9 +47,9 @@ struct Inputs {
       if (w) {
         vf ss{};
         int64_t i = 0;
-        for (; i + VL <= K; i += VL) { const vf v = load_vf(s + i); ss += v * v; }
+        for (; i + VL <= K; i += VL) { const vf v = load_vf(s + i); ss = fmadd(v, v, ss); }
         float tail = 0.f;
-        for (; i < K; ++i) tail += s[i] * s[i];
+        for (; i < K; ++i) tail = fmadd(s[i], s[i], tail);
         r = 1.f / std::sqrt((hsum(ss) + tail) / float(K) + eps);
       }
       for (int64_t i = 0; i < K; ++i) f[m * K + i] = w ? s[i] * r * widen(w[i]) : s[i];
@@ -173,7 +173,7 @@ static void matmul(const Mat& a, Inputs& in, Emit emit) {
 
 static void head_norm(float* x, const uint16_t* w, int64_t D, float eps) {
   float ss = 0.f;
-  for (int64_t i = 0; i < D; ++i) ss += x[i] * x[i];
+  for (int64_t i = 0; i < D; ++i) ss = fmadd(x[i], x[i], ss);
   const float r = 1.f / std::sqrt(ss / float(D) + eps);
   for (int64_t i = 0; i < D; ++i) x[i] = x[i] * r * widen(w[i]);
 }
@@ -183,8 +183,8 @@ static void rope(float* x, const float* cos, const float* sin, int64_t D, bool i
   const int64_t half = D / 2, at = interleaved ? 2 : 1, other = interleaved ? 1 : half;
   for (int64_t i = 0; i < half; ++i) {
     const float a = x[i * at], b = x[i * at + other];
-    x[i * at] = a * cos[i] - b * sin[i];
-    x[i * at + other] = b * cos[i] + a * sin[i];
+    x[i * at] = fmadd(a, cos[i], -(b * sin[i]));
+    x[i * at + other] = fmadd(b, cos[i], a * sin[i]);
   }
 }
 

@@ -1,7 +1,6 @@
 // Rows of GGUF blocks -> their values, float32 or bf16: the embedding's rows of a step, and whole tensors
-// that run dense (float32, the reference; int8 / int4 re-quantized; types without a kernel). Compiled
-// without FMA contraction, so that the values equal gguf's reference dequantization bit for bit.
-#pragma GCC optimize("fp-contract=off")
+// that run dense (float32, the reference; int8 / int4 re-quantized; types without a kernel). The values equal
+// gguf's reference dequantization bit for bit (blocks::values()).
 #include "api.h"
 #include "blocks.h"
 

@@ -38,9 +38,8 @@ static void scale(const int32_t* acc, const float* s, const int32_t* z, const in
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (int64_t m = 0; m < M; ++m)
     for (int64_t n = 0; n < N; ++n) {
-      float v = float(int64_t(acc[m * N + n]) - int64_t(z[m]) * wsum[n]) * s[m] * sw[n];
-      if (bias) v += value(bias[n]);
-      store(v, y + m * N + n);
+      const float v = float(int64_t(acc[m * N + n]) - int64_t(z[m]) * wsum[n]) * s[m];
+      store(bias ? fmadd(v, sw[n], value(bias[n])) : v * sw[n], y + m * N + n);
     }
 }
 

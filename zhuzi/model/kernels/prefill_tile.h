@@ -47,7 +47,7 @@ static void item(const TQ* q, const TKV* kc, const TKV* vc, const int64_t* slots
         for (int v = 0; v < QV; ++v) qd[v] = load_vf(&qt[d][v * VL]);
         for (int j = 0; j < 4; ++j) {
           const vf k = splat(kt[t + j][d]);
-          for (int v = 0; v < QV; ++v) acc[j][v] += qd[v] * k;
+          for (int v = 0; v < QV; ++v) acc[j][v] = fmadd(qd[v], k, acc[j][v]);
         }
       }
       for (int j = 0; j < 4; ++j) {  // keys past a lane's own position, or past the tile, get -inf
@@ -69,7 +69,7 @@ static void item(const TQ* q, const TKV* kc, const TKV* vc, const int64_t* slots
         sum += p;
       }
       const vf alpha = vexp(m[v] - mx);
-      l[v] = l[v] * alpha + sum;
+      l[v] = fmadd(l[v], alpha, sum);
       m[v] = mx;
       for (int d = 0; d < D; ++d) store_vf(load_vf(&o[d][v * VL]) * alpha, &o[d][v * VL]);
     }
@@ -82,7 +82,7 @@ static void item(const TQ* q, const TKV* kc, const TKV* vc, const int64_t* slots
         for (int v = 0; v < QV; ++v) p[v] = load_vf(&s[t][v * VL]);
         for (int k = 0; k < 4; ++k) {
           const vf x = splat(vt[t][d + k]);
-          for (int v = 0; v < QV; ++v) acc[k][v] += p[v] * x;
+          for (int v = 0; v < QV; ++v) acc[k][v] = fmadd(p[v], x, acc[k][v]);
         }
       }
       for (int k = 0; k < 4; ++k)

@@ -1,6 +1,6 @@
 // What every kernel includes: which variant this build is (native.py compiles each source once per
-// variant, with that variant's flags), float vectors of its native width, a horizontal sum, bf16 and
-// fp16 <-> float.
+// variant, with that variant's flags), float vectors of its native width, fused multiply-adds, a horizontal
+// sum, bf16 and fp16 <-> float.
 //
 //   ZHUZI_AVX512  x86-64-v4 + AVX512-BF16/VNNI/VBMI   VL = 16 floats a vector
 //   ZHUZI_AVX2    x86-64-v3 (AVX2, FMA, F16C)          VL = 8   (ZHUZI_AVXVNNI: + AVX-VNNI)
@@ -58,6 +58,21 @@ static inline vf splat(float x) {  // a broadcast: vf{} + x costs an add of 0 (k
 #endif
 }
 
+// a * b + c rounded once: every multiply-add of the kernels goes through these. native.py builds with
+// -ffp-contract=off, so the compiler never fuses a multiply and an add by itself: left to it, whether a
+// statement became an FMA depended on its tuning and on the function it was inlined into, and the same
+// row could get other bits alone than in a batch.
+static inline vf fmadd(vf a, vf b, vf c) {
+#if ZHUZI_AVX512
+  return (vf)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
+#elif ZHUZI_AVX2
+  return (vf)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
+#else
+  return (vf)vfmaq_f32((float32x4_t)c, (float32x4_t)a, (float32x4_t)b);
+#endif
+}
+static inline float fmadd(float a, float b, float c) { return __builtin_fmaf(a, b, c); }  // one instruction
+
 // Pairwise halving: the same order of additions on every call.
 static inline float hsum(vf v) {
   typedef float v4 __attribute__((vector_size(16)));
@@ -108,16 +123,17 @@ static inline vi round_to_int(vf x) {
 static inline vf vexp(vf x) {
   const vf lo = splat(-87.33f), hi = splat(88.37f);
   const vf c = x < lo ? lo : x > hi ? hi : x;
-  const vi n = __builtin_convertvector(c * 1.44269504088896341f + (vf)(c < 0 ? -0.5f : 0.5f), vi);  // round
+  const vf halfway = c < 0 ? splat(-0.5f) : splat(0.5f);
+  const vi n = __builtin_convertvector(fmadd(c, splat(1.44269504088896341f), halfway), vi);  // rounded
   const vf nf = __builtin_convertvector(n, vf);
-  const vf r = (c - nf * 0.693359375f) + nf * 2.12194440e-4f;
+  const vf r = fmadd(nf, splat(2.12194440e-4f), fmadd(nf, splat(-0.693359375f), c));
   vf p = splat(1.9875691500e-4f);
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  const vf e = p * r * r + r + 1.f;
+  p = fmadd(p, r, splat(1.3981999507e-3f));
+  p = fmadd(p, r, splat(8.3334519073e-3f));
+  p = fmadd(p, r, splat(4.1665795894e-2f));
+  p = fmadd(p, r, splat(1.6666665459e-1f));
+  p = fmadd(p, r, splat(5.0000001201e-1f));
+  const vf e = fmadd(p * r, r, r) + 1.f;
   const vf scaled = (vf)((vi)e + (n << 23));
   return x < lo ? vf{} : scaled;
 }

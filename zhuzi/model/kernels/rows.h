@@ -35,7 +35,7 @@ struct F32 : Plain<float, float> {
   static constexpr int LANES = VL;
   static WV load_w(const W* p) { return load_vf(p); }
   static XV load_x(const X* p) { return load_vf(p); }
-  static void dot(vf& acc, WV w, XV x) { acc += w * x; }
+  static void dot(vf& acc, WV w, XV x) { acc = fmadd(w, x, acc); }
 };
 
 // int8 weights widened to float (the float32 models of the AVX-512 variant).
@@ -53,7 +53,7 @@ struct I8 : Plain<int8_t, float> {
 #endif
   }
   static XV load_x(const X* p) { return load_vf(p); }
-  static void dot(vf& acc, WV w, XV x) { acc += w * x; }
+  static void dot(vf& acc, WV w, XV x) { acc = fmadd(w, x, acc); }
 };
 
 // bf16 pairs split into even and odd elements (a shift and a mask, no shuffle): a dot product is the sum
@@ -75,7 +75,7 @@ struct BF16 : Plain<uint16_t, uint16_t> {
   using WV = Halves; using XV = Halves;
   static WV load_w(const W* p) { return split(p); }
   static XV load_x(const X* p) { return split(p); }
-  static void dot(vf& acc, WV w, XV x) { acc += w.even * x.even; acc += w.odd * x.odd; }
+  static void dot(vf& acc, WV w, XV x) { acc = fmadd(w.odd, x.odd, fmadd(w.even, x.even, acc)); }
 #endif
 };
 
@@ -93,7 +93,7 @@ struct BF16F32 {
   }
   static WV load_w(const W* p) { return split(p); }
   static XV load_x(const X* p) { return {load_vf(p), load_vf(p + VL)}; }
-  static void dot(vf& acc, WV w, XV x) { acc += w.even * x.even; acc += w.odd * x.odd; }
+  static void dot(vf& acc, WV w, XV x) { acc = fmadd(w.odd, x.odd, fmadd(w.even, x.even, acc)); }
 };
 
 #if ZHUZI_AVX512
@@ -126,7 +126,7 @@ struct I8Q8 {
   static void dot(vf& acc, const WV& w, XV x) {
     i8::I32 s = i8::zero();
     for (int i = 0; i < PARTS; ++i) s = i8::dot_s8s8(s, w.part[i], i8::load_b8(x->q + i * 4 * i8::LANES));
-    acc += i8::to_float(s) * x->d;
+    acc = fmadd(i8::to_float(s), splat(x->d), acc);
   }
 };
 #endif
