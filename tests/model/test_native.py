@@ -58,6 +58,19 @@ def test_a_kernel_that_does_not_compile_raises(tmp_path, monkeypatch):
         native.build("broken", variant, native.compiler())
 
 
+def test_a_library_tuned_for_this_cpu_is_cached_under_its_name(monkeypatch):
+    # -mtune=native tunes an x86 build for the CPU that builds it: a cache shared between machines must not
+    # serve it to another CPU. A cross-compiled build is not tuned, and its key holds no CPU.
+    monkeypatch.setattr(native.platform, "machine", lambda: "x86_64")
+    assert "-mtune=native" in native.flags("avx2") and "-mtune=native" not in native.flags("neon")
+    here = {"vendor_id": "AuthenticAMD", "cpu family": "25", "model": "17", "model name": "AMD EPYC"}
+    paths = []
+    for cpu in (here, here | {"model": "1"}, here | {"model name": "AMD EPYC 9654"}):
+        monkeypatch.setattr(native, "cpu_info", lambda cpu=cpu: cpu)
+        paths.append([native.library("small_m_linear", variant, "g++") for variant in ("avx2", "neon")])
+    assert len({tuned for tuned, _ in paths}) == 3 and len({cross for _, cross in paths}) == 1
+
+
 def test_without_a_compiler_the_torch_path_runs(monkeypatch):
     monkeypatch.delenv("CXX", raising=False)
     monkeypatch.setenv("PATH", "")
