@@ -43,7 +43,7 @@ KERNELS = Path(__file__).parent / "kernels"
 # same row alone and in a batch must get the same ones.
 COMMON_FLAGS = ("-O3", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off", "-shared", "-fPIC")
 # Tuning for the CPU that builds, where the variant runs on that machine's architecture (kernels are built
-# where they run): GCC's generic x86 tuning cost 2-5% of decode speed.
+# where they run): GCC's generic x86 tuning decodes slower (docs/benchmarks.md).
 NATIVE_TUNING = {"x86_64": ("-mtune=native",)}
 _X86_V3 = ("avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "movbe", "abm", "popcnt", "sse4_1", "sse4_2", "ssse3")
 
