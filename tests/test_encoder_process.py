@@ -31,7 +31,7 @@ def test_long_texts_get_the_ids_the_tokenizer_gives_in_thread(with_helper: Token
     assert len(LONG) > LONG_TEXT
     for encode in (lambda t: t.encode_prompt(LONG), lambda t: t.encode(LONG)):
         assert encode(with_helper) == encode(smollm2_tokenizer)
-    assert smollm2_tokenizer.encoder is None and with_helper.encoder.process.is_alive()
+    assert smollm2_tokenizer.encoder is None and with_helper.encoder.process.poll() is None
     assert os.getpriority(os.PRIO_PROCESS, with_helper.encoder.process.pid) == NICENESS
 
 
@@ -54,7 +54,7 @@ def test_a_helper_that_dies_fails_the_waiting_call_and_the_next_gets_a_new_one(
     waiting.join(timeout=10)
     assert not waiting.is_alive() and [str(e) for e in failed] == ["the tokenizer process died"]
     assert with_helper.encode(LONG) == smollm2_tokenizer.encode(LONG)
-    assert with_helper.encoder.process.pid != first.pid and with_helper.encoder.process.is_alive()
+    assert with_helper.encoder.process.pid != first.pid and with_helper.encoder.process.poll() is None
 
 
 def test_a_group_sigterm_leaves_the_helper_to_the_server_which_ends_it_by_hanging_up(
@@ -68,8 +68,7 @@ def test_a_group_sigterm_leaves_the_helper_to_the_server_which_ends_it_by_hangin
     os.kill(helper.pid, signal.SIGTERM)
     assert tok.encode(LONG) == smollm2_tokenizer.encode(LONG) and tok.encoder.process is helper
     tok.encoder.hang_up()
-    helper.join(timeout=30)
-    assert helper.exitcode == 0
+    assert helper.wait(timeout=30) == 0
 
 
 def test_in_slices_is_the_one_call_it_stands_for() -> None:

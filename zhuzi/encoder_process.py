@@ -5,6 +5,9 @@ would slow running streams; in a thread at low priority it would, on its way in 
 hold the server's GIL while it waits for the CPU, and every other thread of the server, the event loop's
 too, would wait with it (/health stalled behind a 4 MB /tokenize: docs/reliability.md). A process of its
 own at low priority holds nothing the server needs: the text goes over a pipe, the ids come back packed.
+
+The helper runs this file as a script, not as a module of the package: it imports the tokenizers library
+and nothing of zhuzi's (whose package imports torch), so it is up in a tenth of a second, not in seconds.
 """
 from __future__ import annotations
 
@@ -12,6 +15,8 @@ import atexit
 import multiprocessing
 import os
 import signal
+import subprocess
+import sys
 import threading
 from array import array
 from collections.abc import Callable, Iterable, Sequence
@@ -36,13 +41,17 @@ def in_slices(convert: Callable[[Sequence], Iterable[T]], items: Sequence) -> li
     return out
 
 
-def _serve(conn: Connection, tokenizer_json: str) -> None:
-    """The helper's loop: texts in, their ids (or the library's error) out, until the server hangs up."""
+def _serve(conn: Connection) -> None:
+    """The helper's loop: the tokenizer's JSON first, then texts in, their ids (or the library's error) out,
+    until the server hangs up."""
     # Ctrl-C in a terminal, or a supervisor's SIGTERM to the whole group, is for the server, which drains
     # first (a text being encoded may belong to a request draining); the server's hanging up ends this loop.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
-    tokenizer = RustTokenizer.from_str(tokenizer_json)
+    try:
+        tokenizer = RustTokenizer.from_str(conn.recv())
+    except EOFError:
+        return
     tokenizer.encode_special_tokens = True
     while True:
         try:
@@ -64,34 +73,33 @@ class EncoderProcess:
         self.tokenizer_json = tokenizer.to_str()
         self.lock = threading.Lock()
         self.conn, self.process = self._start()
-        # Before multiprocessing's own exit handler, which would wait for the helper that ignores its SIGTERM.
+        # The helper ignores SIGTERM and ends when its pipe closes: hang up on the way out.
         atexit.register(self.hang_up)
 
     def hang_up(self) -> None:
         self.conn.close()
 
-    def _start(self) -> tuple[Connection, multiprocessing.process.BaseProcess]:
+    def _start(self) -> tuple[Connection, subprocess.Popen]:
         ours, theirs = multiprocessing.Pipe()
-        process = multiprocessing.get_context("spawn").Process(
-            target=_serve, args=(theirs, self.tokenizer_json), name="zhuzi-encoder", daemon=True)
-        process.start()
-        # Set from here, so that its start-up (importing the server's modules) is low priority too; the
-        # library's threads, started later, inherit it.
-        os.setpriority(os.PRIO_PROCESS, process.pid, NICENESS)
+        # -P: no script directory on sys.path, where zhuzi's config.py, tokenizer.py... would shadow modules
+        process = subprocess.Popen([sys.executable, "-P", __file__, str(theirs.fileno())], pass_fds=[theirs.fileno()])
         theirs.close()
+        # Low priority from its start on; the library's threads, started at the first texts, inherit it.
+        os.setpriority(os.PRIO_PROCESS, process.pid, NICENESS)
+        ours.send(self.tokenizer_json)
         return ours, process
 
     def encode(self, texts: list[str]) -> list[list[int]]:
         with self.lock:
             # Dead (out of memory?): the last call saw it go (its pipe may close before the process is reaped,
-            # so is_alive alone can still say yes), or it died since. A new one serves this call.
-            if self.conn.closed or not self.process.is_alive():
+            # so poll() alone can still say it runs), or it died since. A new one serves this call.
+            if self.conn.closed or self.process.poll() is not None:
                 self.conn.close()
                 self.conn, self.process = self._start()
             try:
                 self.conn.send(texts)
                 while not self.conn.poll(WATCH_PERIOD_S):
-                    if not self.process.is_alive():
+                    if self.process.poll() is not None:
                         raise EOFError
                 answer = self.conn.recv()
             except (EOFError, OSError) as exc:
@@ -101,3 +109,7 @@ class EncoderProcess:
         if isinstance(answer, Exception):
             raise answer
         return [in_slices(array.tolist, array("I", ids)) for ids in answer]
+
+
+if __name__ == "__main__":  # the helper: EncoderProcess runs this file with its end of the pipe
+    _serve(Connection(int(sys.argv[1])))
