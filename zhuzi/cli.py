@@ -9,6 +9,8 @@ import argparse
 import logging
 import os
 import sys
+import threading
+from concurrent.futures import Future
 
 from zhuzi import bench
 from zhuzi.config import EngineConfig, ParallelConfig, ServerConfig
@@ -30,13 +32,9 @@ def sampling_params(args: argparse.Namespace):
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
-    import uvicorn
-
     from zhuzi.engine import tp_worker
     from zhuzi.engine.core_client import CoreClient
     from zhuzi.engine.placement import init_ray
-    from zhuzi.server.app import create_app
-    from zhuzi.server.lifecycle import GracefulServer
 
     # Tokenizing runs in the server's low-priority worker threads (see serving.py), not in a pool of its own.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -56,17 +54,29 @@ def cmd_serve(args: argparse.Namespace) -> None:
         init_ray(parallel.ray_address)  # in the main thread, before any other starts
     log.info("loading %s (%s) in the background; /health answers 503 until it is ready",
              engine_config.model or "the embedded SmolLM2-135M-Instruct", engine_config.precision)
-    holder: dict[str, uvicorn.Server] = {}
     clients: list[CoreClient] = []
+    loading: Future[CoreClient] = Future()
+
+    def load() -> None:
+        try:
+            clients.append(CoreClient(engine_config, parallel))
+            loading.set_result(clients[-1].start())
+        except BaseException as exc:  # the server reports it as it would its own loader's
+            loading.set_exception(exc)
+
+    # The engine cores load while this process imports the HTTP side and starts listening (seconds on two cores).
+    threading.Thread(target=load, name="zhuzi-load-engine", daemon=True).start()
+    import uvicorn
+
+    from zhuzi.server.app import create_app
+    from zhuzi.server.lifecycle import GracefulServer
+
+    holder: dict[str, uvicorn.Server] = {}
 
     def stop(reason: str) -> None:
         holder["server"].should_exit = True
 
-    def load() -> CoreClient:
-        clients.append(CoreClient(engine_config, parallel))
-        return clients[-1].start()
-
-    app = create_app(load, config, on_failure=stop)
+    app = create_app(loading.result, config, on_failure=stop)
     holder["server"] = GracefulServer(uvicorn.Config(app, host=config.host, port=config.port, log_config=None,
                                                      timeout_graceful_shutdown=2))
     try:

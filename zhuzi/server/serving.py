@@ -142,17 +142,23 @@ class Server:
         self.added_tokens: set[str] = set()  # the tokenizer's added tokens (a forced call's markers may be)
         self.created = int(time.time())
         if not callable(engine):
+            self.prepare(engine)
             self.attach(engine)
 
     # -- loading
+
+    @staticmethod
+    def prepare(engine: EngineClient) -> None:
+        """The tokenizer's share of loading, done in the loading thread so that the event loop answers /health
+        meanwhile: its table of token strings, and its helper process for long texts."""
+        engine.tokenizer.warm()
+        engine.tokenizer.use_encoder_process()
 
     def attach(self, engine: EngineClient) -> None:
         self.model_name = self.config.served_model_name or engine.model_name
         tags = engine.tokenizer.think_ids
         self.reasoning, self.think_close = tags is not None, tags[1] if tags else None
         self.added_tokens = set(engine.tokenizer.hf.get_added_vocab())
-        engine.tokenizer.warm()
-        engine.tokenizer.use_encoder_process()
         # What loading left is here to stay: frozen, it is no longer walked by every oldest-generation
         # collection, a pause of 0.1 s or more on the event loop.
         gc.collect()
@@ -173,6 +179,7 @@ class Server:
         def load() -> None:
             try:
                 engine = loader()
+                self.prepare(engine)
             except BaseException as exc:
                 # A bad path or option is the user's to fix; anything else gets its traceback.
                 if not isinstance(exc, (ValueError, OSError)):
