@@ -327,6 +327,15 @@ def test_the_name_tree_widens_with_temperature_and_is_one_path_at_zero(inspector
 
 # ------------------------------------------------------------------ engine
 
+# The engine view read at one instant: a tenant row listed and then read apart could be gone by then (the reply
+# ended), and reading it would wait for it in vain.
+ENGINE_VIEW = """() => ({
+    used: document.querySelector('[data-testid=kv-used]').getAttribute('data-value'),
+    running: document.querySelector('[data-testid=running]').getAttribute('data-value'),
+    tenants: [...document.querySelectorAll('[data-testid=tenant]')].map(row => [
+        row.getAttribute('data-key'), row.getAttribute('data-running'), row.innerText.trim().split(/\\s+/)[0]])})"""
+
+
 def test_kv_usage_rises_during_a_reply_and_falls_after(inspector: Inspector) -> None:
     ui = inspector
     used = ui.page.get_by_test_id("kv-used")
@@ -338,10 +347,9 @@ def test_kv_usage_rises_during_a_reply_and_falls_after(inspector: Inspector) -> 
     reply = ui.assistant()
     deadline = time.monotonic() + 240
     while reply.get_attribute("data-state") == "streaming" and time.monotonic() < deadline:
-        peak = max(peak, int(used.get_attribute("data-value")))
-        running = max(running, int(ui.page.get_by_test_id("running").get_attribute("data-value")))
-        tenants |= {(row.get_attribute("data-key"), row.get_attribute("data-running"), row.inner_text().split()[0])
-                    for row in ui.page.get_by_test_id("tenant").all()}
+        now = ui.page.evaluate(ENGINE_VIEW)
+        peak, running = max(peak, int(now["used"])), max(running, int(now["running"]))
+        tenants |= {tuple(row) for row in now["tenants"]}
         time.sleep(0.05)
     ui.wait_reply()
     assert peak > 0 and running == 1
