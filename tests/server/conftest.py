@@ -1,8 +1,10 @@
-"""Shared server fixtures: a `zhuzi serve` per test module with the default flags and an `openai` client for
-it (a module may define its own `server`); a server with two API keys (KEYS), one per session, shared by the
-Anthropic and Responses API tests; the inspector's server (float32, so that an inspection re-run
-reproduces a step's probabilities to ~1e-6; bf16: ~1e-3), one per session, shared by the /inspect API and
-page tests; and the page tests' browser."""
+"""Shared server fixtures, each a `zhuzi serve` started once per session (a start costs seconds) and shared by
+the modules that need no flags of their own: the default server (dense weights) and an `openai` client for it (a
+module may define its own `server`); a server with two API keys (KEYS), shared by the Anthropic and Responses
+API tests; the inspector's server (float32, so that an inspection re-run reproduces a step's probabilities to
+~1e-6; bf16: ~1e-3), shared by the /inspect API and page tests; a speculating server with --deterministic,
+shared by the speculation tests and the inspector's speculation and divergence views; and the page tests'
+browser. Tests on a shared server compare its counters before and after, never their absolute values."""
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -14,7 +16,7 @@ from playwright.sync_api import Browser, expect, sync_playwright
 from server_process import ServerProcess, running_server
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     # Dense weights, as keyed_server below: the API tests read SmolLM2's answers
     with running_server(tmp_path_factory.mktemp("serve") / "server.log", "--quantization", "none") as running:
@@ -55,6 +57,18 @@ def capital_answer(keyed_server: ServerProcess) -> str:
 def inspect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     with running_server(tmp_path_factory.mktemp("inspect") / "server.log", "--dtype", "float32") as server:
         yield server
+
+
+NGRAM = '{"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2}'
+
+
+@pytest.fixture(scope="session")
+def det_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """bf16 with --deterministic, speculating with prompt lookup; dense weights, as `server` whose batches the
+    inspector's divergence experiment compares it with."""
+    with running_server(tmp_path_factory.mktemp("det") / "server.log", "--deterministic", "--quantization", "none",
+                        "--dtype", "bfloat16", "--speculative-config", NGRAM) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,7 @@
 """The inspector's batch, cache, tool-call, divergence and speculation views, driven in Chromium against real
-`zhuzi serve` processes: what each shows is checked against the server's own APIs (its step records, the
-usage of each request, the answers the test computes itself through the chat API)."""
+`zhuzi serve` processes (conftest.py's, the session's: det_server speculates with --deterministic): what each
+shows is checked against the server's own APIs (its step records, the usage of each request, the answers the
+test computes itself through the chat API)."""
 from __future__ import annotations
 
 import json
@@ -17,17 +18,6 @@ from real_models import QWEN_0_5B, fetch
 from server_process import ServerProcess, running_server
 
 from zhuzi.server.inspect_protocol import MAX_STEPS
-
-NGRAM = '{"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2}'
-
-
-@pytest.fixture(scope="module")
-def det_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """bf16 with --deterministic, speculating with prompt lookup; dense weights, as `bf16_server` whose batches
-    the divergence experiment compares it with."""
-    with running_server(tmp_path_factory.mktemp("det") / "server.log", "--deterministic", "--quantization", "none",
-                        "--dtype", "bfloat16", "--speculative-config", NGRAM) as running:
-        yield running
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
-"""One request can never hurt another, against a real `zhuzi serve` (SmolLM2, bf16): a 4 MB prompt to
-tokenize leaves /health and a running stream alone, and 200 streams, 30 % of them cut mid-stream,
+"""One request can never hurt another, against a real `zhuzi serve` (conftest.py's: SmolLM2, bf16): a 4 MB
+prompt to tokenize leaves /health and a running stream alone, and 200 streams, 30 % of them cut mid-stream,
 leave no KV block, running or waiting sequence behind."""
 from __future__ import annotations
 
@@ -10,16 +10,9 @@ import statistics
 import time
 
 import httpx
-import pytest
-from server_process import ServerProcess, running_server
+from server_process import ServerProcess
 
 BIG_PROMPT = "Hello world, this is a test. " * (4_000_000 // 29)  # 4 MB, 1.1 M tokens
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> ServerProcess:
-    with running_server(tmp_path_factory.mktemp("reliability") / "server.log") as running:
-        yield running
 
 
 def metrics(server: ServerProcess) -> dict[str, float]:
