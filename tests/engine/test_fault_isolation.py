@@ -16,6 +16,7 @@ PARAMS = [SamplingParams(temperature=0, max_tokens=16, ignore_eos=True),
           SamplingParams(temperature=1.0, top_k=40, top_p=0.9, seed=7, max_tokens=16, ignore_eos=True),
           SamplingParams(temperature=0.8, presence_penalty=0.5, repetition_penalty=1.2, seed=3, max_tokens=16,
                          ignore_eos=True)]
+REQUESTS = {f"r{i}": (prompt, params) for i, (prompt, params) in enumerate(zip(PROMPTS, PARAMS))}
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +46,12 @@ def tokens(results: dict[str, RequestOutput], rids) -> dict[str, list[int]]:
     return {rid: results[rid].outputs[0].token_ids for rid in rids}
 
 
+@pytest.fixture(scope="module")
+def reference(engine) -> dict[str, list[int]]:
+    """REQUESTS' tokens without a fault (seeded or greedy: the same on every run of the engine)."""
+    return tokens(run(engine, REQUESTS), REQUESTS)
+
+
 def assert_all_blocks_free(engine: Engine) -> None:
     assert not engine.has_unfinished()
     assert (len(engine.scheduler.running), len(engine.scheduler.waiting)) == (0, 0)
@@ -55,7 +62,7 @@ def test_an_overflowing_parameter_fails_its_request_alone(engine):
     """As in the reported attack (top_k = 2**64, now refused at admission), a number too large for a tensor
     overflows in the sampler: it joins a running batch, only it fails, and the others match a run where a
     sane twin stood in for it."""
-    others = {f"other-{i}": (prompt, params) for i, (prompt, params) in enumerate(zip(PROMPTS, PARAMS))}
+    others = {f"other-{i}": request for i, request in enumerate(REQUESTS.values())}
     twin = {"twin": ("Hi", SamplingParams(temperature=1.0, logprobs=5, max_tokens=16, ignore_eos=True))}
     culprit = {"culprit": ("Hi", Unchecked(temperature=1.0, logprobs=2**64, max_tokens=16, ignore_eos=True))}
     reference = run(engine, others, join_after=3, late=twin)
@@ -67,25 +74,21 @@ def test_an_overflowing_parameter_fails_its_request_alone(engine):
     assert_all_blocks_free(engine)
 
 
-def test_a_fault_in_the_middle_of_a_generation_fails_that_request_alone(engine):
-    prompts = {f"r{i}": (prompt, params) for i, (prompt, params) in enumerate(zip(PROMPTS, PARAMS))}
-    reference = run(engine, prompts)
-    culprit = prompts["r1"][1]
+def test_a_fault_in_the_middle_of_a_generation_fails_that_request_alone(engine, reference):
+    culprit = REQUESTS["r1"][1]
     engine.runner.sampler = FailingSampler(culprit, from_step=6)
     try:
-        faulty = run(engine, prompts)
+        faulty = run(engine, REQUESTS)
     finally:
         engine.runner.sampler = Sampler()
     assert faulty["r1"].error == "RuntimeError: injected fault"
     assert len(faulty["r1"].outputs[0].token_ids) == 5  # the tokens before the fault were delivered
     assert faulty["r1"].outputs[0].finish_reason == "error"
-    assert tokens(faulty, ["r0", "r2"]) == tokens(reference, ["r0", "r2"])
+    assert tokens(faulty, ["r0", "r2"]) == {rid: reference[rid] for rid in ("r0", "r2")}
     assert_all_blocks_free(engine)
 
 
-def test_a_step_that_fails_once_is_retried_and_nobody_notices(engine):
-    prompts = {f"r{i}": (prompt, params) for i, (prompt, params) in enumerate(zip(PROMPTS, PARAMS))}
-    reference = run(engine, prompts)
+def test_a_step_that_fails_once_is_retried_and_nobody_notices(engine, reference):
     execute, calls = engine.runner.execute, []
 
     def flaky(batch):
@@ -96,17 +99,16 @@ def test_a_step_that_fails_once_is_retried_and_nobody_notices(engine):
 
     engine.runner.execute = flaky
     try:
-        again = run(engine, prompts)
+        again = run(engine, REQUESTS)
     finally:
         engine.runner.execute = execute
     assert len(calls) > 4 and calls[3] == calls[4]  # the failed step ran again, whole
-    assert tokens(again, prompts) == tokens(reference, prompts)
+    assert tokens(again, REQUESTS) == reference
     assert not any(out.error for out in again.values())
     assert_all_blocks_free(engine)
 
 
 def test_a_step_that_fails_twice_fails_its_requests_and_the_engine_goes_on(engine):
-    prompts = {f"r{i}": (prompt, params) for i, (prompt, params) in enumerate(zip(PROMPTS, PARAMS))}
     execute = engine.runner.execute
 
     def broken(batch):
@@ -114,12 +116,12 @@ def test_a_step_that_fails_twice_fails_its_requests_and_the_engine_goes_on(engin
 
     engine.runner.execute = broken
     try:
-        failed = run(engine, prompts)
+        failed = run(engine, REQUESTS)
     finally:
         engine.runner.execute = execute
     assert {out.error for out in failed.values()} == {"RuntimeError: the forward pass is broken"}
     assert_all_blocks_free(engine)
-    after = run(engine, {"after": prompts["r0"]})["after"]
+    after = run(engine, {"after": REQUESTS["r0"]})["after"]
     assert after.error is None and len(after.outputs[0].token_ids) == 16
 
 

@@ -6,6 +6,7 @@ with a draft model and with prompt lookup); grammars hold; and every KV block co
 speculating request ends."""
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import shutil
@@ -22,6 +23,7 @@ from zhuzi.config import EngineConfig
 from zhuzi.engine.engine import Engine
 from zhuzi.engine.spec_decode import lookup
 from zhuzi.llm import merge
+from zhuzi.outputs import SpecDecodingStats
 from zhuzi.sample.sampler import SamplingRow, sampling_probs
 
 NEAR_TIE = 1e-4
@@ -95,9 +97,36 @@ def prompts(smollm2_tokenizer) -> list[list[int]]:
 
 
 @pytest.fixture(scope="module")
-def plain(prompts):
-    llm = LLM(dtype="float32", enable_prefix_caching=False)
-    return [llm.generate([p], GREEDY)[0] for p in prompts]
+def base() -> LLM:
+    """fp32 without speculation (nor a prefix cache): the reference, shared by the tests."""
+    return LLM(dtype="float32", enable_prefix_caching=False)
+
+
+@pytest.fixture(scope="module")
+def speculating():
+    """speculating(k): one fp32 LLM with prompt lookup of k tokens, shared by the tests that use that k (a model
+    load each saved); they read its counts as what changed over their own requests (counts_since)."""
+    llms: dict[int, LLM] = {}
+
+    def get(k: int) -> LLM:
+        if k not in llms:
+            llms[k] = LLM(dtype="float32", speculative_config=ngram(k))
+        return llms[k]
+    return get
+
+
+def counts_since(llm: LLM, before: SpecDecodingStats) -> SpecDecodingStats:
+    """What llm's speculation counted since `before` (an earlier llm.engine.stats().spec_decoding)."""
+    now = llm.engine.stats().spec_decoding
+    per_pos = [a - b for a, b in itertools.zip_longest(now.num_accepted_tokens_per_pos,
+                                                       before.num_accepted_tokens_per_pos, fillvalue=0)]
+    return SpecDecodingStats(now.num_drafts - before.num_drafts, now.num_draft_tokens - before.num_draft_tokens,
+                             now.num_accepted_tokens - before.num_accepted_tokens, per_pos)
+
+
+@pytest.fixture(scope="module")
+def plain(prompts, base):
+    return [base.generate([p], GREEDY)[0] for p in prompts]
 
 
 def assert_same_greedy(plain_outs, spec_outs):
@@ -118,8 +147,9 @@ def assert_same_greedy(plain_outs, spec_outs):
 
 
 @pytest.mark.parametrize("k", [1, 3, 5])
-def test_greedy_output_is_the_same_with_speculation_alone_and_batched(prompts, plain, k):
-    llm = LLM(dtype="float32", speculative_config=ngram(k))
+def test_greedy_output_is_the_same_with_speculation_alone_and_batched(prompts, plain, speculating, k):
+    llm = speculating(k)
+    before = llm.engine.stats().spec_decoding
     alone = [llm.generate([p], GREEDY)[0] for p in prompts]
     assert_same_greedy(plain, alone)
     batched = llm.generate(prompts, GREEDY)
@@ -128,16 +158,17 @@ def test_greedy_output_is_the_same_with_speculation_alone_and_batched(prompts, p
         chunked = LLM(dtype="float32", max_num_batched_tokens=32, speculative_config=ngram(k))
         assert_same_greedy(plain, chunked.generate(prompts, GREEDY))
         assert chunked.engine.stats().spec_decoding.num_accepted_tokens > 0
-    stats = llm.engine.stats().spec_decoding
+    stats = counts_since(llm, before)
     assert stats.num_accepted_tokens > 0 and stats.num_draft_tokens > stats.num_accepted_tokens
     assert len(stats.num_accepted_tokens_per_pos) == k
     assert llm.engine.blocks.num_free_blocks == llm.engine.blocks.num_blocks
 
 
-def test_outputs_and_step_records_say_which_tokens_were_drafts(prompts):
-    llm = LLM(dtype="float32", speculative_config=ngram(3))
+def test_outputs_and_step_records_say_which_tokens_were_drafts(prompts, speculating):
+    llm = speculating(3)
+    before, last_step = llm.engine.stats().spec_decoding, max((s.index for s in llm.engine.recent_steps), default=-1)
     outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
-    stats, marks = llm.engine.stats().spec_decoding, [o.outputs[0] for o in outs]
+    stats, marks = counts_since(llm, before), [o.outputs[0] for o in outs]
     for c in marks:
         assert len(c.draft_accepted) == len(c.drafts_rejected) == len(c.token_ids) == 24
         for i, rejected in enumerate(c.drafts_rejected):
@@ -147,7 +178,9 @@ def test_outputs_and_step_records_say_which_tokens_were_drafts(prompts):
     assert sum(r is not None for c in marks for r in c.drafts_rejected) == stats.num_drafts
     assert sum(len(r or []) for c in marks for r in c.drafts_rejected) == \
         stats.num_draft_tokens - stats.num_accepted_tokens > 0
-    rows = [row for step in llm.engine.recent_steps for row in step.rows]
+    steps = [step for step in llm.engine.recent_steps if step.index > last_step]  # this test's steps
+    assert steps[0].index == last_step + 1  # all of them
+    rows = [row for step in steps for row in step.rows]
     verify = [r for r in rows if r.kind == "verify"]
     assert len(verify) == stats.num_drafts and sum(r.accepted for r in verify) == stats.num_accepted_tokens
     assert all(r.tokens == r.drafts + 1 for r in verify)
@@ -166,9 +199,8 @@ def run_steps(engine: Engine, prompt: list[int], params: SamplingParams) -> tupl
     return steps, total
 
 
-def test_stops_and_max_tokens_inside_an_accepted_run_end_the_output_there(prompts):
-    spec = Engine(EngineConfig(dtype="float32", speculative_config=ngram(5)))
-    base = Engine(EngineConfig(dtype="float32"))
+def test_stops_and_max_tokens_inside_an_accepted_run_end_the_output_there(prompts, speculating, base):
+    spec, base = speculating(5).engine, base.engine
     prompt = prompts[0]  # "repeat this sentence": long accepted runs
     params = dict(temperature=0, max_tokens=40, ignore_eos=True)
     steps, full = run_steps(spec, prompt, SamplingParams(**params))
@@ -189,8 +221,8 @@ def test_stops_and_max_tokens_inside_an_accepted_run_end_the_output_there(prompt
         assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
 
 
-def test_streamed_deltas_carry_several_tokens_and_add_up_to_the_output(prompts):
-    spec = Engine(EngineConfig(dtype="float32", speculative_config=ngram(5)))
+def test_streamed_deltas_carry_several_tokens_and_add_up_to_the_output(prompts, speculating):
+    spec = speculating(5).engine
     steps, full = run_steps(spec, prompts[0], SamplingParams(temperature=0, max_tokens=40, stop=["hills"]))
     assert max(map(len, steps)) >= 3
     assert sum(steps, []) == full.outputs[0].token_ids
@@ -201,17 +233,18 @@ PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength
           "required": ["name", "age"], "additionalProperties": False}
 
 
-def test_structured_output_with_speculation_is_the_output_without_it():
+def test_structured_output_with_speculation_is_the_output_without_it(speculating, base):
     ask = [{"role": "user", "content": "Give three people as JSON, each with a name and an age."}]
     schema = {"type": "array", "items": PERSON, "minItems": 3, "maxItems": 3}
     params = [SamplingParams(temperature=0, max_tokens=60, structured_outputs=StructuredOutputsParams(json=schema)),
               SamplingParams(temperature=0.8, seed=5, max_tokens=60,
                              structured_outputs=StructuredOutputsParams(json=schema))]
-    base = LLM(dtype="float32").chat(ask, params[0])[0].outputs[0]
-    spec = LLM(dtype="float32", speculative_config=ngram(5))
+    expected = base.chat(ask, params[0])[0].outputs[0]
+    spec = speculating(5)
+    before = spec.engine.stats().spec_decoding
     greedy = spec.chat(ask, params[0])[0].outputs[0]
-    assert greedy.token_ids == base.token_ids and len(json.loads(greedy.text)) == 3
-    assert spec.engine.stats().spec_decoding.num_accepted_tokens > 0  # the keys repeat: drafts were accepted
+    assert greedy.token_ids == expected.token_ids and len(json.loads(greedy.text)) == 3
+    assert counts_since(spec, before).num_accepted_tokens > 0  # the keys repeat: drafts were accepted
     sampled = spec.chat(ask, params[1])[0].outputs[0]
     assert len(json.loads(sampled.text)) == 3 and spec.chat(ask, params[1])[0].outputs[0].text == sampled.text
 
