@@ -3,10 +3,12 @@
 Each entry lives at $ZHUZI_CACHE (default ~/.cache/zhuzi) / kind / name-digest, where the digest
 covers everything the entry was made from, so a changed input is never answered from a stale
 entry. Entries are written under a temporary name and renamed into place, so a reader never sees
-half an entry and concurrent writers never see each other's.
+half an entry and concurrent writers never see each other's; an entry that costs seconds to make (a
+kernel build) is made by one process while the others wait for it (one_maker).
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
@@ -30,6 +32,17 @@ def file_identity(path: Path) -> tuple[str, int, int]:
     """What tells a file apart from its earlier versions without reading it."""
     stat = path.stat()
     return str(path.resolve()), stat.st_size, stat.st_mtime_ns
+
+
+@contextmanager
+def one_maker(target: Path) -> Iterator[None]:
+    """Held by one process (or thread) at a time for target: the next waits for the first to finish making
+    it, then finds it there, instead of making the same entry side by side (two servers, or two test
+    workers, starting on a cold cache)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.with_name(f".{target.name}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process dies
+        yield
 
 
 @contextmanager

@@ -6,6 +6,7 @@ import os
 import platform
 import shutil
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -69,6 +70,21 @@ def test_a_library_tuned_for_this_cpu_is_cached_under_its_name(monkeypatch):
         monkeypatch.setattr(native, "cpu_info", lambda cpu=cpu: cpu)
         paths.append([native.library("small_m_linear", variant, "g++") for variant in ("avx2", "neon")])
     assert len({tuned for tuned, _ in paths}) == 3 and len({cross for _, cross in paths}) == 1
+
+
+@pytest.mark.skipif(native.compiler() is None, reason="no C++ compiler")
+def test_builds_of_one_kernel_side_by_side_compile_it_once(tmp_path, monkeypatch):
+    # Two servers (or test workers) starting on a cold cache: the second waits for the first's build.
+    calls = tmp_path / "calls"
+    cxx = tmp_path / "cxx"
+    cxx.write_text(f"#!/bin/sh\necho $$ >> {calls}\nsleep 1\nexec {native.compiler()} \"$@\"\n")
+    cxx.chmod(0o755)
+    monkeypatch.setenv("ZHUZI_CACHE", str(tmp_path / "cache"))
+    variant = native.runnable()[0].name if native.runnable() else pytest.skip("no variant runs here")
+    with ThreadPoolExecutor(2) as pool:
+        built = list(pool.map(lambda _: native.build("int8_rows", variant, str(cxx)), range(2)))
+    assert built[0] == built[1] and built[0].exists()
+    assert len(calls.read_text().split()) == 1
 
 
 def test_without_a_compiler_the_torch_path_runs(monkeypatch):

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from zhuzi.cache import atomic_write, cache_path
+from zhuzi.cache import atomic_write, cache_path, one_maker
 
 log = logging.getLogger(__name__)
 
@@ -187,7 +187,11 @@ def library(name: str, variant: str, cxx: str) -> Path:
 def build(name: str, variant: str, cxx: str) -> Path:
     """The shared library of kernels/<name>.cpp for a variant, from the cache or compiled now."""
     lib = library(name, variant, cxx)
-    if not lib.exists():
+    if lib.exists():
+        return lib
+    with one_maker(lib):
+        if lib.exists():  # another process built it while this one waited
+            return lib
         command = [cxx, *COMMON_FLAGS, *flags(variant), f"-I{KERNELS}", str(KERNELS / f"{name}.cpp")]
         with atomic_write(lib) as tmp:
             done = subprocess.run([*command, "-o", str(tmp)], capture_output=True, text=True, timeout=600)
