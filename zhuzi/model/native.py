@@ -157,17 +157,22 @@ def compiler() -> str | None:
     return os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
 
 
+def tuning(variant: str) -> tuple[str, ...]:
+    """The flags that tune a variant's build for this CPU: none for a cross build."""
+    arch = VARIANTS[variant].arch
+    return NATIVE_TUNING.get(arch, ()) if arch == platform.machine() else ()
+
+
 def flags(variant: str) -> list[str]:
     """What the compiler targets and tunes for in a variant's build (COMMON_FLAGS aside)."""
-    v = VARIANTS[variant]
-    return [*v.flags, *(NATIVE_TUNING.get(v.arch, ()) if v.arch == platform.machine() else ())]
+    return [*VARIANTS[variant].flags, *tuning(variant)]
 
 
 def tuned_for(variant: str) -> list[str]:
-    """What -mtune=native resolves to in a variant's build, for the cache key (a cache shared between machines
-    must not serve a library tuned for another CPU): the CPU as /proc/cpuinfo names it, with its family and
-    model, since a virtual machine may call a CPU only "AMD EPYC". Empty for a build not tuned so."""
-    if "-mtune=native" not in flags(variant):
+    """The CPU a variant's build is tuned for, for the cache key (a cache shared between machines must not
+    serve a library tuned for another CPU): as /proc/cpuinfo names it, with its family and model, since a
+    virtual machine may call a CPU only "AMD EPYC". Empty for a build not tuned."""
+    if not tuning(variant):
         return []
     info = cpu_info()
     return [info.get(field, "") for field in ("vendor_id", "cpu family", "model", "model name")]
