@@ -83,13 +83,10 @@ def test_stream_chunks_of_other_servers_are_read():
 
 
 def test_offline_compares_zhuzi_with_transformers_on_the_same_requests(tmp_path, capsys):
-    import tiny
-
-    tiny.build("llama", tmp_path / "llama")  # transformers' load of a GGUF file alone takes ~15 s
     out = tmp_path / "offline.json"
-    report = run_tool(["bench", "offline", "--model", str(tmp_path / "llama"), "--num-prompts", "4",
-                       "--min-input", "16", "--max-input", "32", "--min-output", "8", "--max-output", "16",
-                       "--hf-batch-size", "2", "--hf-num-prompts", "1", "--json-out", str(out)])
+    report = run_tool(["bench", "offline", "--num-prompts", "4", "--min-input", "16", "--max-input", "32",
+                       "--min-output", "8", "--max-output", "16", "--hf-batch-size", "2",
+                       "--hf-num-prompts", "1", "--json-out", str(out)])
     printed = capsys.readouterr().out
     assert report.zhuzi.output_tokens == report.requested_output_tokens  # ignore_eos: every token asked for
     assert report.transformers.num_requests == 2  # rounded up to one whole batch
