@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
+import mmap
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -62,7 +64,7 @@ def load_runner(config: EngineConfig, tp: TPGroup | None = None) -> tuple[Checkp
     precision = config.precision
     ckpt = load_checkpoint(config.model, precision.weights)
     positions = max(config.max_model_len or 0, ckpt.config.max_position_embeddings)
-    quantization = layer_format(config.quantization, ckpt.is_gguf, tp is not None)
+    quantization = layer_format(config.quantization, ckpt.is_gguf, tp is not None, precision.weights)
     calibration = calibration_ids(ckpt.path) if quantization == "int8" and tp is None else None
     model = Decoder(ckpt.config, ckpt.tensors, config.device, quantization, positions, tp,
                     fused_decode=config.fused_decode, calibration=calibration,
@@ -80,6 +82,17 @@ def calibration_ids(model_path: Path) -> list[int]:
     return Tokenizer.load(model_path).encode_chat(messages)
 
 
+def zeroed_pool(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A tensor of zeros for the KV pool. On the CPU an anonymous mapping, which the OS zeroes a page at a time
+    as it is first written: the pool costs memory and time as its blocks are used, not all of it at start
+    (torch.zeros writes every page at once, half a second a GiB). Zeros, not garbage: attention reads the
+    padding slots of a block and masks them, and garbage may hold NaN."""
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    pages = mmap.mmap(-1, math.prod(shape) * dtype.itemsize)
+    return torch.frombuffer(pages, dtype=dtype).view(shape)
+
+
 class ModelRunner:
     def __init__(self, model: Decoder, config: EngineConfig, num_blocks: int, eos_ids: list[int]):
         c = model.config
@@ -88,8 +101,8 @@ class ModelRunner:
         self.device = torch.device(config.device)
         # One preallocated pool: [layers, K/V, slots, kv_heads, head_dim], of this rank's KV heads (all of them
         # without tensor parallelism): every rank has the same blocks, each for its own heads.
-        self.kv_cache = torch.zeros(c.num_layers, 2, num_blocks * config.block_size, model.num_kv_heads,
-                                    c.head_dim, dtype=model.kv_dtype, device=self.device)
+        self.kv_cache = zeroed_pool((c.num_layers, 2, num_blocks * config.block_size, model.num_kv_heads,
+                                     c.head_dim), model.kv_dtype, self.device)
         self.sampler = Sampler()
         # With tensor parallelism this is rank 0's runner: it posts each forward pass and LM-head call, which the
         # other ranks' follow loops (tp_worker.py) run over their slices.
