@@ -133,7 +133,8 @@ def cmd_plan(args: argparse.Namespace) -> None:
     plan, precision = config.kv_plan(c), config.precision
     value_bytes = precision.kv.itemsize
     tensors = gguf_weights(config.model)
-    fmt = layer_format(config.quantization, tensors is not None, config.tensor_parallel_size > 1)
+    fmt = layer_format(config.quantization, tensors is not None, config.tensor_parallel_size > 1,
+                       precision.weights)
     resident, step, parts = _weight_plan(c, fmt, precision.weights.itemsize, tensors)
     per_seq = -(-args.context // plan.block_size) * plan.block_size * plan.bytes_per_token
     kv = per_seq * args.sequences

@@ -95,7 +95,7 @@ class DraftModelProposer:
             raise ValueError(f"speculative_config: the draft model {spec.model} does not share the target's "
                              f"tokenizer (vocabulary, or size {ckpt.config.vocab_size} vs {vocab_size})")
         self.eos_ids = eos_ids
-        quantization = layer_format(config.quantization, ckpt.is_gguf, False)
+        quantization = layer_format(config.quantization, ckpt.is_gguf, False, precision.weights)
         model = Decoder(ckpt.config, ckpt.tensors, config.device, quantization,
                         max_positions=max(max_positions, ckpt.config.max_position_embeddings),
                         deterministic=config.deterministic, dtype=precision.compute)

@@ -28,12 +28,14 @@ log = logging.getLogger(__name__)
 Weight = torch.Tensor | BlockWeight
 
 
-def layer_format(requested: str | None, gguf: bool, tensor_parallel: bool) -> str | None:
+def layer_format(requested: str | None, gguf: bool, tensor_parallel: bool, weights: torch.dtype) -> str | None:
     """What the layers run on (EngineConfig.quantization -> Decoder's quantization): as asked ("none":
-    dense); by default a GGUF's own blocks, except under tensor parallelism (a rank's slice of O and down
-    cuts their rows across blocks), where they run dense as a Hugging Face checkpoint's do."""
+    dense); by default a GGUF's own blocks, except where they run dense as a Hugging Face checkpoint's do:
+    in float32 (the reference: the blocks' exact values, as transformers computes them) and under tensor
+    parallelism (a rank's slice of O and down cuts their rows across blocks). Asked for, gguf keeps the
+    blocks in float32 too (float32 activations, quantized to int8 rows by the kernels)."""
     if requested is None:
-        return "gguf" if gguf and not tensor_parallel else None
+        return "gguf" if gguf and not tensor_parallel and weights != torch.float32 else None
     if requested == "gguf" and not gguf:
         raise ValueError("quantization gguf keeps a GGUF file's blocks: the model is not a .gguf file")
     return None if requested == "none" else requested
@@ -142,8 +144,7 @@ class Decoder:
         """One layer whose output rows are the parts' rows, one after another (q, k, v or gate, up). With
         quantization gguf, blocks stay blocks where a kernel serves every part's type."""
         blocks = [w for w in parts if isinstance(w, BlockWeight)]
-        # float32 weights, the reference, run the blocks' exact values dense; the kernels are CPU ones
-        if blocks and self.kv_dtype != torch.float32 and torch.device(self.device).type == "cpu":
+        if blocks and torch.device(self.device).type == "cpu":
             layer = block_linear(parts, self._bias(bias), out_dtype) if len(blocks) == len(parts) else None
             if layer is not None:
                 return layer
