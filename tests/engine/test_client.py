@@ -22,7 +22,8 @@ from zhuzi.engine.sequence import PinSpec, Probe, Tenant
 from zhuzi.outputs import RequestError
 from zhuzi.sampling_params import InvalidRequest, StructuredOutputError, StructuredOutputsParams
 
-CONFIG = EngineConfig(dtype="float32", kv_cache_memory="64MiB")  # fp32: a batch moves only the last bits
+# float32 on the file's blocks: a batch moves only the last bits
+CONFIG = EngineConfig(dtype="float32", quantization="gguf", kv_cache_memory="64MiB")
 TRANSPORTS = {"thread": ParallelConfig(engine_process=False), "process": ParallelConfig()}
 # Planted for the whole module, each touching only the requests named for it.
 FAULTS = ('stall_step("slow", at_step=1, seconds=1.5)', 'break_loop("break-the-loop")', "fail_sampling(seed=666)")

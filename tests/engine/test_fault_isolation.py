@@ -21,7 +21,7 @@ REQUESTS = {f"r{i}": (prompt, params) for i, (prompt, params) in enumerate(zip(P
 
 @pytest.fixture(scope="module")
 def engine():
-    return Engine(EngineConfig(dtype="float32", kv_cache_memory="64MiB"))  # fp32: batch-invariant
+    return Engine(EngineConfig(dtype="float32", quantization="gguf", kv_cache_memory="64MiB"))  # fp32: batch-invariant
 
 
 def run(engine: Engine, requests: dict[str, tuple[str, SamplingParams]], join_after: int = 0,

@@ -99,7 +99,7 @@ def prompts(smollm2_tokenizer) -> list[list[int]]:
 @pytest.fixture(scope="module")
 def base() -> LLM:
     """fp32 without speculation (nor a prefix cache): the reference, shared by the tests."""
-    return LLM(dtype="float32", enable_prefix_caching=False)
+    return LLM(dtype="float32", quantization="gguf", enable_prefix_caching=False)
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +110,7 @@ def speculating():
 
     def get(k: int) -> LLM:
         if k not in llms:
-            llms[k] = LLM(dtype="float32", speculative_config=ngram(k))
+            llms[k] = LLM(dtype="float32", quantization="gguf", speculative_config=ngram(k))
         return llms[k]
     return get
 
@@ -155,7 +155,7 @@ def test_greedy_output_is_the_same_with_speculation_alone_and_batched(prompts, p
     batched = llm.generate(prompts, GREEDY)
     assert_same_greedy(plain, batched)
     if k == 3:  # prompts in 32-token chunks beside speculating decodes
-        chunked = LLM(dtype="float32", max_num_batched_tokens=32, speculative_config=ngram(k))
+        chunked = LLM(dtype="float32", quantization="gguf", max_num_batched_tokens=32, speculative_config=ngram(k))
         assert_same_greedy(plain, chunked.generate(prompts, GREEDY))
         assert chunked.engine.stats().spec_decoding.num_accepted_tokens > 0
     stats = counts_since(llm, before)

@@ -334,7 +334,7 @@ def constrained(**options) -> SamplingParams:
 
 @pytest.fixture(scope="module")
 def llm() -> LLM:
-    return LLM(dtype="float32", enable_prefix_caching=False)
+    return LLM(dtype="float32", quantization="gguf", enable_prefix_caching=False)
 
 
 @pytest.fixture(scope="module")
@@ -370,7 +370,7 @@ def test_mixed_batch_constrains_only_its_constrained_rows(llm, chats, alone):
     dict(max_num_batched_tokens=32, enable_prefix_caching=True),  # prompts prefilled in chunks, prefixes shared
 ])
 def test_preemption_chunked_prefill_and_prefix_caching_keep_the_output(chats, alone, options):
-    llm = LLM(dtype="float32", **options)
+    llm = LLM(dtype="float32", quantization="gguf", **options)
     outs = llm.generate(chats + chats[:2], constrained())
     assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in alone + alone[:2]]
     if "kv_cache_memory" in options:
