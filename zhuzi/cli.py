@@ -54,13 +54,15 @@ def cmd_serve(args: argparse.Namespace) -> None:
         init_ray(parallel.ray_address)  # in the main thread, before any other starts
     log.info("loading %s (%s) in the background; /health answers 503 until it is ready",
              engine_config.model or "the embedded SmolLM2-135M-Instruct", engine_config.precision)
-    clients: list[CoreClient] = []
+    # Launched before this process starts a thread or runs torch: the engine-core processes are forked and
+    # need not import the engine again.
+    client = CoreClient(engine_config, parallel, fork=True)
+    client.launch()
     loading: Future[CoreClient] = Future()
 
     def load() -> None:
         try:
-            clients.append(CoreClient(engine_config, parallel))
-            loading.set_result(clients[-1].start())
+            loading.set_result(client.start())
         except BaseException as exc:  # the server reports it as it would its own loader's
             loading.set_exception(exc)
 
@@ -82,8 +84,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
     try:
         holder["server"].run()
     finally:
-        for client in clients:
-            client.close()
+        client.close()
     if (failure := app.state.server.failure) is not None:
         raise SystemExit(f"zhuzi: {failure}")  # exit status 1: a supervisor restarts the server
 

@@ -365,8 +365,10 @@ def run_thread(config: EngineConfig, replica: int, addresses: Addresses, context
 
 
 def run_process(config: EngineConfig, replica: int, addresses: Addresses) -> None:
-    """The entry point of a local engine-core process (spawned by the front)."""
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s zhuzi.engine[{replica}]: %(message)s")
+    """The entry point of a local engine-core process (spawned or forked by the front)."""
+    # force: a forked engine core has the front's handlers, whose lines would not say which replica wrote them
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s zhuzi.engine[{replica}]: %(message)s",
+                        force=True)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # Ctrl-C in a terminal (or a supervisor's SIGTERM to the whole group) is for the server, which drains and
     # then stops its engine cores: an engine core that died of it first would fail the requests draining.

@@ -56,11 +56,15 @@ class CoreClient:
     vocab_size: int
     grammars: GrammarCompiler  # the front's own, to check constraints: errors then name the request's field
 
-    def __init__(self, config: EngineConfig, parallel: ParallelConfig):
-        """Nothing runs until start(); close() stops whatever start() began, even while it waits."""
+    def __init__(self, config: EngineConfig, parallel: ParallelConfig, fork: bool = False):
+        """Nothing runs until launch() or start(); close() stops whatever they began, even while start() waits.
+        fork: local engine-core processes are forked from this process, not spawned, and skip importing the
+        engine again (seconds each): only for a caller that has run no torch operation and started no thread
+        of its own yet (`zhuzi serve`, which launches before it loads anything)."""
         parallel.check(config)
         self.config = config
         self.parallel = parallel
+        self.fork = fork
         self.router = PrefixRouter(config.block_size)
         self._lock = threading.Lock()  # replicas' bookkeeping: the event loop and the reader thread share it
         self._ready = threading.Condition(self._lock)
@@ -78,13 +82,24 @@ class CoreClient:
         self._reader = threading.Thread(target=self._read, name="zhuzi-engine-client", daemon=True)
         self.replicas: list[Replica] = []
 
-    def start(self) -> CoreClient:
-        """Start the replicas; returns once all have loaded the model (raises if any could not)."""
+    def launch(self) -> None:
+        """Start the replicas, which load the model while the caller goes on; start() waits for them."""
         try:
             # The replicas share one disk tier folder: each keeps its share of the bound.
             disk = parse_bytes(self.config.kv_offload_disk) // self.parallel.data_parallel_size
-            self._start(replace(self.config, num_threads=default_threads(self.config, self.parallel),
-                                kv_offload_disk=disk))
+            self._launch(replace(self.config, num_threads=default_threads(self.config, self.parallel),
+                                 kv_offload_disk=disk))
+        except BaseException:
+            self.close()
+            raise
+
+    def start(self) -> CoreClient:
+        """Start the replicas (unless launch() has); returns once all have loaded the model (raises if any
+        could not)."""
+        if not self.replicas:
+            self.launch()
+        try:
+            self._await_ready()
         except BaseException:
             self.close()
             raise
@@ -99,7 +114,7 @@ class CoreClient:
 
     # -- starting and stopping
 
-    def _start(self, config: EngineConfig) -> None:
+    def _launch(self, config: EngineConfig) -> None:
         in_thread = not self.parallel.engine_process
         ray_backend = self.parallel.data_parallel_backend == "ray" and not in_thread
         host = placement.ray_node_ip() if ray_backend else None
@@ -117,12 +132,14 @@ class CoreClient:
             elif ray_backend:
                 placement.start_actor(self.replicas[-1], config, addresses)
             else:
-                placement.start_process(self.replicas[-1], config, addresses)
+                placement.start_process(self.replicas[-1], config, addresses, "fork" if self.fork else "spawn")
         self._reader.start()
         if ray_backend:
             threading.Thread(target=placement.watch_actors, args=(self.replicas, lambda: self._closing, self._gone,
                                                          lambda r: f"the engine core{self._which(r)}"),
                              name="zhuzi-ray-watch", daemon=True).start()
+
+    def _await_ready(self) -> None:
         with self._ready:
             self._ready.wait_for(lambda: self._closing or all(r.ready or r.failure for r in self.replicas))
         if self._closing:
@@ -132,7 +149,7 @@ class CoreClient:
         for r in self.replicas:
             assert r.ready is not None
             log.info("engine core %d ready: pid %d, %d KV blocks (%s)", r.index, r.ready.pid, r.ready.stats.num_blocks,
-                     "thread" if in_thread else "Ray actor" if ray_backend else "local process")
+                     "thread" if r.thread else "Ray actor" if r.actor else "local process")
 
     def _bind(self, socket: zmq.Socket, host: str | None, name: str) -> str:
         if not self.parallel.engine_process:

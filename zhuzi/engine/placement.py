@@ -73,8 +73,10 @@ def start_thread(replica: Replica, config: EngineConfig, addresses: core.Address
     replica.thread.start()
 
 
-def start_process(replica: Replica, config: EngineConfig, addresses: core.Addresses) -> None:
-    context = multiprocessing.get_context("spawn")  # never fork a process with threads and an event loop
+def start_process(replica: Replica, config: EngineConfig, addresses: core.Addresses, method: str) -> None:
+    """method: spawn (a fresh interpreter) or fork, where the caller knows that no thread of its own holds a lock
+    the child needs and that torch has not started its OpenMP team (a forked child's would hang)."""
+    context = multiprocessing.get_context(method)
     replica.process = context.Process(target=core.run_process, args=(config, replica.index, addresses),
                                       name=f"zhuzi-engine-{replica.index}")
     replica.process.start()
