@@ -1,10 +1,21 @@
-"""Shared fixtures: the embedded SmolLM2 checkpoint and its transformers reference model."""
+"""Shared fixtures: the embedded SmolLM2 checkpoint and its transformers reference model; the order files run in."""
 from pathlib import Path
 
 import pytest
 import torch
 
 from zhuzi.model.loader import default_model_path
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "long: a file that runs for a minute or more, started before the others")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The files marked long first, the rest after (each file's tests stay together, in their order): xdist
+    hands whole files out in this order (make test: --no-loadscope-reorder), so the last ones to run are short
+    and no core waits idle while a long file ends the run."""
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)
 
 
 @pytest.fixture(scope="session")

@@ -4,6 +4,8 @@ import torch
 
 from zhuzi import LLM, SamplingParams
 
+pytestmark = pytest.mark.long  # a minute or more: handed out first (tests/conftest.py)
+
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, there was a little",
            "The three primary colors are"]
 

@@ -10,6 +10,8 @@ from zhuzi.bench.accuracy import agreement, perplexity
 from zhuzi.bench.datasets import load_tokenizer, sharegpt_answer_tokens
 from zhuzi.cli import build_parser
 
+pytestmark = pytest.mark.long  # a minute or more: handed out first (tests/conftest.py)
+
 
 @pytest.fixture(scope="module")
 def text() -> list[int]:

@@ -28,6 +28,8 @@ from zhuzi.cli import build_parser
 from zhuzi.model import native
 from zhuzi.model.loader import load_model_config
 
+pytestmark = pytest.mark.long  # a minute or more: handed out first (tests/conftest.py)
+
 
 def run_tool(argv: list[str]):
     args = build_parser().parse_args(argv)

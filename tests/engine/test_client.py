@@ -22,6 +22,8 @@ from zhuzi.engine.sequence import PinSpec, Probe, Tenant
 from zhuzi.outputs import RequestError
 from zhuzi.sampling_params import InvalidRequest, StructuredOutputError, StructuredOutputsParams
 
+pytestmark = pytest.mark.long  # a minute or more: handed out first (tests/conftest.py)
+
 # float32 on the file's blocks: a batch moves only the last bits
 CONFIG = EngineConfig(dtype="float32", quantization="gguf", kv_cache_memory="64MiB")
 TRANSPORTS = {"thread": ParallelConfig(engine_process=False), "process": ParallelConfig()}

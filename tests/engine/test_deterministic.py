@@ -14,6 +14,8 @@ from zhuzi import LLM, SamplingParams
 from zhuzi.bench.datasets import sharegpt_first_turns
 from zhuzi.engine.sequence import Probe
 
+pytestmark = pytest.mark.long  # a minute or more: handed out first (tests/conftest.py)
+
 PARAMS = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
 
 

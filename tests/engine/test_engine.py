@@ -14,6 +14,8 @@ from zhuzi.model.loader import default_model_path
 from zhuzi.sampling_params import InvalidRequest
 from zhuzi.tokenizer import Tokenizer
 
+pytestmark = pytest.mark.long  # a minute or more: handed out first (tests/conftest.py)
+
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=1)
 NEAR_TIE = 1e-4
 

@@ -26,6 +26,8 @@ from zhuzi.llm import merge
 from zhuzi.outputs import SpecDecodingStats
 from zhuzi.sample.sampler import SamplingRow, sampling_probs
 
+pytestmark = pytest.mark.long  # a minute or more: handed out first (tests/conftest.py)
+
 NEAR_TIE = 1e-4
 
 

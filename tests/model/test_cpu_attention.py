@@ -6,7 +6,7 @@ import torch
 
 from zhuzi.model.cpu_attention import paged_decode_attention, paged_prefill_attention
 
-pytestmark = pytest.mark.usefixtures("variant")
+pytestmark = [pytest.mark.usefixtures("variant"), pytest.mark.long]
 
 TOLERANCE = {torch.float32: dict(rtol=1e-5, atol=1e-5),
              # the output is rounded to bf16 once: half an ulp (2^-9) plus float32 noise

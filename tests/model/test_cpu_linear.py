@@ -11,7 +11,7 @@ from zhuzi.model import native
 from zhuzi.model.cpu_linear import fixed_order_linear, int8_matmul, small_m_linear, tiled_linear
 from zhuzi.model.quant import pack_q4, pack_q8, unpack_q4, unpack_q8
 
-pytestmark = pytest.mark.usefixtures("variant")
+pytestmark = [pytest.mark.usefixtures("variant"), pytest.mark.long]
 
 # Relative to the largest |output|: the float32 sums of K products, plus one rounding of the output
 # to bf16 (half an ulp, 2^-9) when x is bf16.

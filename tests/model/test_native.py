@@ -13,6 +13,8 @@ import pytest
 
 from zhuzi.model import native
 
+pytestmark = pytest.mark.long  # a minute or more: handed out first (tests/conftest.py)
+
 TESTS = Path(__file__).parent.parent / "kernels"
 X86 = [v.name for v in native.runnable() if v.arch == "x86_64"]
 ARM = {"neon-i8mm": "max", "neon": "neoverse-n1"}  # qemu CPU models: with and without i8mm

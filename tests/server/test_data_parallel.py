@@ -22,6 +22,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from server_process import ServerProcess, engine_pids, running_server
 from test_lifecycle import stream_events
 
+pytestmark = pytest.mark.long  # a minute or more: handed out first (tests/conftest.py)
+
 # A Ray for this machine alone: on the loopback interface (Ray would take the first network interface).
 RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
 

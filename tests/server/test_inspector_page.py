@@ -10,6 +10,7 @@ import re
 import time
 
 import httpx
+import pytest
 import torch
 from inspector import Inspector
 from openai import OpenAI
@@ -19,6 +20,8 @@ from zhuzi.model.loader import default_model_path
 from zhuzi.sample.sampler import SamplingRow, sampling_distribution
 from zhuzi.sampling_params import SamplingParams
 from zhuzi.tokenizer import Tokenizer
+
+pytestmark = pytest.mark.long  # a minute or more: handed out first (tests/conftest.py)
 
 STORY = "Tell me a long story about a cat who lives in a library."
 

@@ -19,6 +19,8 @@ from server_process import ServerProcess, running_server
 
 from zhuzi.server.inspect_protocol import MAX_STEPS
 
+pytestmark = pytest.mark.long  # a minute or more: handed out first (tests/conftest.py)
+
 
 @pytest.fixture(scope="module")
 def bf16_server(server: ServerProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:

@@ -12,6 +12,8 @@ import httpx
 import pytest
 from server_process import running_server
 
+pytestmark = pytest.mark.long  # a minute or more: handed out first (tests/conftest.py)
+
 QUESTION = [{"role": "user", "content": "Tell me a long story"}]
 
 
