@@ -138,14 +138,19 @@ static void apply(const Tile& t, int n, const q8::Block* const* x, float (*acc)[
   for (int m = 0; m < P; ++m)
     for (int v = 0; v < V; ++v) sums[m][v] = load_vf(acc[m] + v * VL);
   for (int g = 0; g < n / F::G; ++g) {
+    // The group's codes in each input row: the quads below sit at fixed offsets from them, so that every
+    // dot product takes its broadcast operand straight from memory (one instruction, no address arithmetic).
+    const int8_t* xg[P];
+    for (int m = 0; m < P; ++m) xg[m] = x[m][g * F::G / 32].q + g * F::G % 32;
     i8::I32 s[P][V];
     for (int m = 0; m < P; ++m)
       for (int v = 0; v < V; ++v) s[m][v] = i8::zero();
-    for (int quad = g * QG; quad < (g + 1) * QG; ++quad) {
+#pragma GCC unroll 8
+    for (int j = 0; j < QG; ++j) {
       i8::B8 w[V];
-      for (int v = 0; v < V; ++v) w[v] = i8::load_b8(t.codes[quad][v * i8::LANES]);
+      for (int v = 0; v < V; ++v) w[v] = i8::load_b8(t.codes[g * QG + j][v * i8::LANES]);
       for (int m = 0; m < P; ++m) {
-        const i8::B8 xq = broadcast4(x[m][quad / 8].q + 4 * (quad % 8));
+        const i8::B8 xq = broadcast4(xg[m] + 4 * j);
         for (int v = 0; v < V; ++v)
           s[m][v] = F::SIGNED ? i8::dot_s8s8(s[m][v], w[v], xq) : i8::dot_u8s8(s[m][v], w[v], xq);
       }
