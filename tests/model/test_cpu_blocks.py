@@ -27,7 +27,7 @@ def weight(qtype, rows: int, cols: int, seed: int) -> BlockWeight:
 
 
 @pytest.mark.parametrize("qtype", KERNEL_TYPES, ids=lambda t: t.name)
-@pytest.mark.parametrize("m", [1, 3, 8, 70])  # decode rows, and rows over several passes and work items
+@pytest.mark.parametrize("m", [1, 3, 8, 70, 270])  # decode rows, rows over several passes, two work items
 def test_block_linear_equals_gguf_values(qtype, m):
     cols = 512 if qtype in (gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q5_K,
                             gguf.GGMLQuantizationType.Q6_K) else 288  # 288: a chunk of 256 and a tail of 32
@@ -72,9 +72,9 @@ def test_a_row_is_the_same_bits_alone_or_in_a_batch(qtype):
     cols = 512 if k_quant else 288
     parts = [weight(qtype, 40, cols, 8)]  # alive while the table points at its blocks
     table = cpu_blocks.part_table(parts)
-    x = torch.randn(70, cols, generator=torch.Generator().manual_seed(8))
+    x = torch.randn(270, cols, generator=torch.Generator().manual_seed(8))  # two work items: 256 rows, 14
     whole = cpu_blocks.block_linear(x, table, 40)
-    for rows in (slice(5, 6), slice(3, 6), slice(0, 8)):
+    for rows in (slice(5, 6), slice(3, 6), slice(0, 8), slice(262, 264)):
         assert torch.equal(cpu_blocks.block_linear(x[rows], table, 40), whole[rows])
 
 
