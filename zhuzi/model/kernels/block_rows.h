@@ -28,7 +28,6 @@ static void tile(const uint8_t* w, int64_t row_bytes, int rows, int64_t K, const
 #else
 
 constexpr int PASS = 4;  // input rows a pass: each unpacked unit serves all of them
-constexpr int AHEAD = 512;  // bytes prefetched ahead in each row
 
 static inline __m256i load32(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 static inline __m256i low4(__m256i v) { return _mm256_and_si256(v, _mm256_set1_epi8(15)); }
@@ -125,10 +124,13 @@ static void pass(const uint8_t* w, int64_t row_bytes, int rows, int64_t K, const
   const int64_t nb = K / F::QK;
   for (int64_t blk = 0; blk < nb; blk += STEP) {
     const int nblk = int(std::min<int64_t>(STEP, nb - blk));
-    // 16 rows are 16 streams, too many for the hardware prefetchers to run far enough ahead.
-    for (int r = 0; r < rows; ++r)
-      for (int o = 0; o < STEP * F::BYTES; o += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(row[r] + blk * F::BYTES + AHEAD + o), _MM_HINT_T0);
+    // 16 rows are 16 streams, too many for the hardware prefetchers, and often short ones (1,536 Q4_K weights
+    // are 864 bytes): while this tile computes, the next tile's rows (the 16 after these, one contiguous run)
+    // are fetched into L2 in order, a step's share at a time (into L1 they would evict this tile's rows). A
+    // prefetch past the matrix's end never faults.
+    const uint8_t* next = w + ROWS * row_bytes + blk / STEP * (ROWS * STEP * F::BYTES);
+    for (int o = 0; o < ROWS * STEP * F::BYTES; o += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(next + o), _MM_HINT_T1);
     alignas(64) float a[NG][ROWS], b[NG][ROWS];
     for (int i = 0; i < nblk; ++i) row_scales<F>(w + (blk + i) * F::BYTES, off, live, a + i * GROUPS, b + i * GROUPS);
     const q8::Block* xb[P];
