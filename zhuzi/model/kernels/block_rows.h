@@ -128,8 +128,8 @@ static void pass(const uint8_t* w, int64_t row_bytes, int rows, int64_t K, const
     // are 864 bytes): while this tile computes, the next tile's rows (the 16 after these, one contiguous run)
     // are fetched into L2 in order, a step's share at a time (into L1 they would evict this tile's rows). A
     // prefetch past the matrix's end never faults.
-    const uint8_t* next = w + ROWS * row_bytes + blk / STEP * (ROWS * STEP * F::BYTES);
-    for (int o = 0; o < ROWS * STEP * F::BYTES; o += 64)
+    const uint8_t* next = w + ROWS * row_bytes + blk * ROWS * F::BYTES;
+    for (int o = 0; o < ROWS * nblk * F::BYTES; o += 64)
       _mm_prefetch(reinterpret_cast<const char*>(next + o), _MM_HINT_T1);
     alignas(64) float a[NG][ROWS], b[NG][ROWS];
     for (int i = 0; i < nblk; ++i) row_scales<F>(w + (blk + i) * F::BYTES, off, live, a + i * GROUPS, b + i * GROUPS);
