@@ -298,6 +298,13 @@ class _Cursor:
         kind, count = gguf.GGUFValueType(self.read("I")), self.read("Q")
         if kind in GGUF_SCALARS:
             self.pos += count * struct.calcsize(GGUF_SCALARS[kind])
+        elif kind == gguf.GGUFValueType.STRING:  # a vocabulary: ~100,000 lengths to step over, none decoded
+            length, pos = struct.Struct("<Q").unpack_from, self.pos
+            for _ in range(count):
+                pos += 8 + length(self.buffer, pos)[0]
+            if pos > len(self.buffer):
+                raise struct.error("a string array runs past the end of the file")
+            self.pos = pos
         else:
             for _ in range(count):
                 self.value(kind)
