@@ -14,6 +14,7 @@ import time
 import httpx
 import numpy as np
 import pytest
+import tiny
 
 from zhuzi.bench import collectives, kv
 from zhuzi.bench.client import chunk_content
@@ -85,8 +86,12 @@ def test_stream_chunks_of_other_servers_are_read():
 
 
 def test_offline_compares_zhuzi_with_transformers_on_the_same_requests(tmp_path, capsys):
+    # A tiny random checkpoint with SmolLM2's vocabulary: transformers loads its safetensors at once, where
+    # the GGUF takes it 20-30 s (its tokenizer arrays read field by field); the report is what is tested.
+    tiny.build("llama", tmp_path / "tiny", vocab_size=len(load_tokenizer(None)))
     out = tmp_path / "offline.json"
-    report = run_tool(["bench", "offline", "--num-prompts", "4", "--min-input", "16", "--max-input", "32",
+    report = run_tool(["bench", "offline", "--model", str(tmp_path / "tiny"), "--num-prompts", "4",
+                       "--min-input", "16", "--max-input", "32",
                        "--min-output", "8", "--max-output", "16", "--hf-batch-size", "2",
                        "--hf-num-prompts", "1", "--json-out", str(out)])
     printed = capsys.readouterr().out
