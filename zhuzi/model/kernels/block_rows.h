@@ -62,6 +62,21 @@ static inline __m256i unit(const uint8_t* p, int u) {
   }
 }
 
+// The codes of a vector's units from unit u on (of the step starting at block blk) of the row at w.
+template <class F>
+static inline i8::B8 codes(const uint8_t* w, int64_t blk, int u, bool tail) {
+  constexpr int PER_BLOCK = F::QK / 32;
+#if ZHUZI_AVX512
+  if constexpr (PER_BLOCK == 8) return pair<F>(w + blk * F::BYTES, u);  // K-quants: u even, in one block
+#endif
+  __m256i units[UNITS];
+  for (int j = 0; j < UNITS; ++j) {
+    const int k = u + j;
+    units[j] = tail && j ? _mm256_setzero_si256() : unit<F>(w + (blk + k / PER_BLOCK) * F::BYTES, k % PER_BLOCK);
+  }
+  return join(units);
+}
+
 // Each group's scale a and offset b of block p in every row of a tile (row r's block at p + off[.][r]), vectors
 // over the rows, lanes of `live` only (the others 0): blocks.h's scales() and offsets(), the same operations
 // on whole vectors of rows, so the same bits.
@@ -148,12 +163,8 @@ static void pass(const uint8_t* w, int64_t row_bytes, int rows, int64_t K, const
       for (int r4 = 0; r4 < ROWS; r4 += 4) {
         i8::I32 d[P][4];
         for (int r = 0; r < 4; ++r) {
-          __m256i units[UNITS];
-          for (int j = 0; j < UNITS; ++j) {
-            const int k = u + j;
-            units[j] = tail && j ? _mm256_setzero_si256() : unit<F>(row[r4 + r] + (blk + k / PER_BLOCK) * F::BYTES, k % PER_BLOCK);
-          }
-          const i8::B8 c = BIASED ? (i8::B8)((vu)join(units) ^ 0x80808080u) : join(units);
+          const i8::B8 raw = codes<F>(row[r4 + r], blk, u, tail);
+          const i8::B8 c = BIASED ? (i8::B8)((vu)raw ^ 0x80808080u) : raw;
           for (int p = 0; p < P; ++p)
             d[p][r] = F::SIGNED && !BIASED ? i8::dot_s8s8(i8::zero(), c, xv[p]) : i8::dot_u8s8(i8::zero(), c, xv[p]);
         }
