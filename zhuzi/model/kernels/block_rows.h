@@ -77,31 +77,43 @@ static inline i8::B8 codes(const uint8_t* w, int64_t blk, int u, bool tail) {
   return join(units);
 }
 
-// Each group's scale a and offset b of block p in every row of a tile (row r's block at p + off[.][r]), vectors
-// over the rows, lanes of `live` only (the others 0): blocks.h's scales() and offsets(), the same operations
-// on whole vectors of rows, so the same bits.
+// Each group's scale a and offset b of the block at byte `at` of every row of a tile (row r at row[r], at
+// row[0] + off[.][r]), vectors over the rows, lanes of `live` only (the others 0): blocks.h's scales() and
+// offsets(), the same operations on whole vectors of rows, so the same bits.
 template <class F>
-static inline void row_scales(const uint8_t* p, const vi* off, const vi* live, float (*a)[ROWS], float (*b)[ROWS]) {
+static inline void row_scales(const uint8_t* const* row, int64_t at, const vi* off, const vi* live, float (*a)[ROWS],
+                              float (*b)[ROWS]) {
   constexpr int GROUPS = F::QK / F::G;
+  constexpr bool Q6K = std::is_same_v<F, blocks::Format<blocks::Q6_K>>;
   auto to_float = [](vi v) { return __builtin_convertvector(v, vf); };
   for (int v = 0; v < V; ++v) {
-    auto word = [&](int at) { return (vu)gather(p + at, off[v]); };
+    auto word = [&](int k) { return (vu)gather(row[0] + at + k, off[v]); };
+    // A K-quant's 16 bytes of scales (Q4_K, Q5_K: after fp16 d and dmin; Q6_K: its 16 int8 scales), a word
+    // of each row per vector.
+    vu head[4];
+    if constexpr (F::QK == 256) {
+#if ZHUZI_AVX512
+      words16(row, at + (Q6K ? 192 : 0), head);
+#else
+      for (int k = 0; k < 4; ++k) head[k] = word((Q6K ? 192 : 0) + 4 * k);
+#endif
+    }
     vf av[GROUPS], bv[GROUPS];
     if constexpr (F::QK == 32) {  // fp16 d, then (MIN formats) fp16 m
       const vu w = word(0);
       av[0] = halves(w);
       bv[0] = F::MIN ? halves(w >> 16) : -float(F::OFF) * av[0];
-    } else if constexpr (std::is_same_v<F, blocks::Format<blocks::Q6_K>>) {  // int8 scales[16] at 192, fp16 d at 208
+    } else if constexpr (Q6K) {  // int8 scales[16] at 192, fp16 d at 208
       const vf d = halves(word(206) >> 16);
       for (int q = 0; q < 4; ++q) {
-        const vi s = (vi)word(192 + 4 * q);
+        const vi s = (vi)head[q];
         for (int i = 0; i < 4; ++i) {
           av[4 * q + i] = d * to_float((s << (24 - 8 * i)) >> 24);
           bv[4 * q + i] = -float(F::OFF) * av[4 * q + i];
         }
       }
     } else {  // Q4_K, Q5_K: fp16 d, dmin, then 6-bit scales and mins in 12 bytes (blocks.h)
-      const vu w = word(0), s0 = word(4), s1 = word(8), s2 = word(12);
+      const vu w = head[0], s0 = head[1], s1 = head[2], s2 = head[3];
       const vf d = halves(w), dmin = halves(w >> 16);
       for (int j = 0; j < 8; ++j) {
         const int at = 8 * (j % 4);
@@ -147,7 +159,7 @@ static void pass(const uint8_t* w, int64_t row_bytes, int rows, int64_t K, const
     for (int o = 0; o < ROWS * nblk * F::BYTES; o += 64)
       _mm_prefetch(reinterpret_cast<const char*>(next + o), _MM_HINT_T1);
     alignas(64) float a[NG][ROWS], b[NG][ROWS];
-    for (int i = 0; i < nblk; ++i) row_scales<F>(w + (blk + i) * F::BYTES, off, live, a + i * GROUPS, b + i * GROUPS);
+    for (int i = 0; i < nblk; ++i) row_scales<F>(row, (blk + i) * F::BYTES, off, live, a + i * GROUPS, b + i * GROUPS);
     const q8::Block* xb[P];
     for (int p = 0; p < P; ++p) xb[p] = x[p] + blk * PER_BLOCK;
     i8::I32 s[P][2 * NU][V];  // per input row, per 16 inputs of the step: sums over the rows
