@@ -91,13 +91,7 @@ static inline void row_scales(const uint8_t* const* row, int64_t at, const vi* o
     // A K-quant's 16 bytes of scales (Q4_K, Q5_K: after fp16 d and dmin; Q6_K: its 16 int8 scales), a word
     // of each row per vector.
     vu head[4];
-    if constexpr (F::QK == 256) {
-#if ZHUZI_AVX512
-      words16(row, at + (Q6K ? 192 : 0), head);
-#else
-      for (int k = 0; k < 4; ++k) head[k] = word((Q6K ? 192 : 0) + 4 * k);
-#endif
-    }
+    if constexpr (F::QK == 256) words16(row + v * VL, at + (Q6K ? 192 : 0), head);
     vf av[GROUPS], bv[GROUPS];
     if constexpr (F::QK == 32) {  // fp16 d, then (MIN formats) fp16 m
       const vu w = word(0);

@@ -34,6 +34,19 @@ static inline __m256i fifth_bits(const uint8_t* qh) {
   return _mm256_and_si256(_mm256_cmpeq_epi8(bytes, _mm256_set1_epi8(-1)), _mm256_set1_epi8(16));
 }
 
+// Words k < 4 of the 16 bytes at row[r] + at, for 8 rows: w[k][r]. Four rows a vector, one per 128-bit
+// half (row 4i + j in half i of vector j), then a 4 x 4 transpose of words within each half; in place of
+// four gathers.
+static inline void words16(const uint8_t* const* row, int64_t at, vu* w) {
+  auto load = [&](int r) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(row[r] + at)); };
+  __m256i x[4];
+  for (int j = 0; j < 4; ++j) x[j] = _mm256_set_m128i(load(4 + j), load(j));
+  const __m256i t0 = _mm256_unpacklo_epi32(x[0], x[1]), t1 = _mm256_unpackhi_epi32(x[0], x[1]);
+  const __m256i t2 = _mm256_unpacklo_epi32(x[2], x[3]), t3 = _mm256_unpackhi_epi32(x[2], x[3]);
+  w[0] = (vu)_mm256_unpacklo_epi64(t0, t2), w[1] = (vu)_mm256_unpackhi_epi64(t0, t2);
+  w[2] = (vu)_mm256_unpacklo_epi64(t1, t3), w[3] = (vu)_mm256_unpackhi_epi64(t1, t3);
+}
+
 // Row r's 32-bit word at p + off[r], for the 8 rows of a vector.
 static inline vi gather(const uint8_t* p, vi off) {
   return (vi)_mm256_i32gather_epi32(reinterpret_cast<const int*>(p), (__m256i)off, 1);
