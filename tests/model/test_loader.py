@@ -327,6 +327,14 @@ def test_error_truncated_gguf(tmp_path, keep):
     assert "truncated" in message and str(path) in message
 
 
+@pytest.mark.parametrize("keep", [300_000, 1_200_000])  # inside the tokens' strings, inside the merges'
+def test_error_a_download_cut_off_in_its_vocabulary(tmp_path, smollm2_path, keep):
+    path = tmp_path / "partial.gguf"
+    path.write_bytes(smollm2_path.read_bytes()[:keep])
+    message = error_message(path)
+    assert "truncated" in message and str(path) in message
+
+
 def test_error_gguf_unknown_architecture(tmp_path):
     path = tmp_path / "model.gguf"
     writer = gguf.GGUFWriter(path, "gpt2")
