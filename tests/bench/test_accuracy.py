@@ -12,15 +12,19 @@ from zhuzi.cli import build_parser
 
 pytestmark = pytest.mark.long  # a minute or more: handed out first (tests/conftest.py)
 
+# 1,024 tokens in two windows keep each bound's margin: the ratios to bf16 were gguf 1.000-1.005, int8
+# 1.005-1.009, int4 0.999-1.001 on the AVX2 and AVX-512 paths (2,048 tokens: 1.001-1.004, 1.006-1.011, 1.001-1.002).
+WINDOW = 512
+
 
 @pytest.fixture(scope="module")
 def text() -> list[int]:
-    return sharegpt_answer_tokens(load_tokenizer(None), 2048)  # the doc's figure uses 20,000
+    return sharegpt_answer_tokens(load_tokenizer(None), 1024)  # the doc's figure uses 20,000
 
 
 @pytest.fixture(scope="module")
 def bf16_perplexity(text) -> float:
-    return perplexity(LLM(quantization="none"), text, 1024)
+    return perplexity(LLM(quantization="none"), text, WINDOW)
 
 
 def test_bf16_perplexity_is_that_of_a_working_model(bf16_perplexity):
@@ -29,7 +33,7 @@ def test_bf16_perplexity_is_that_of_a_working_model(bf16_perplexity):
 
 @pytest.mark.parametrize("quantization,bound", [("gguf", 1.01), ("int8", 1.02), ("int4", 1.08)])
 def test_quantized_perplexity_stays_within_its_bound(quantization, bound, text, bf16_perplexity):
-    assert perplexity(LLM(quantization=quantization), text, 1024) <= bound * bf16_perplexity
+    assert perplexity(LLM(quantization=quantization), text, WINDOW) <= bound * bf16_perplexity
 
 
 def test_agreement_counts_tokens_before_the_first_difference():
