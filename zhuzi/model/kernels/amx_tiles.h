@@ -64,13 +64,12 @@ __attribute__((target("amx-tile,amx-int8"))) static inline void four_groups(cons
   _tile_stored(3, sums[3], 64);
 }
 
-// block_tiles::tile()'s results, with xs the scaled sums of x. x's rows must be readable up to the next
-// multiple of 16 after m1 (q8::Rows pads them): an A tile always loads 16.
+// block_tiles::tile()'s results. x's rows must be readable up to the next multiple of 16 after m1 (q8::Rows
+// pads them): an A tile always loads 16.
 template <class F>
 __attribute__((target("amx-tile,amx-int8"))) static void tile(const uint8_t* w, int64_t row_bytes, int rows,
-                                                                int64_t K, const q8::Rows& x,
-                                                                const q8::ScaledSums& xs, int64_t m0, int64_t m1,
-                                                                float (*acc)[ROWS]) {
+                                                                int64_t K, const q8::Rows& x, int64_t m0,
+                                                                int64_t m1, float (*acc)[ROWS]) {
   static_assert(V == 1, "a tile's 16 rows are one vector");
   Tile t;
   alignas(64) int32_t s[4][16][ROWS];
@@ -88,16 +87,16 @@ __attribute__((target("amx-tile,amx-int8"))) static void tile(const uint8_t* w, 
       for (int i = 0; i < 16; ++i) {
         const int64_t row = m + std::min(i, count - 1);
         xb[i] = x.row(row) + k0 / 32;
-        ds[i] = xs.data.data() + (row * x.n + k0 / 32) * 3;
+        ds[i] = x.sums(row) + 3 * (k0 / 32);
         sums[i] = load_vf(acc[row - m0]);
       }
       for (int g = 0; g < groups; g += 4) {
         four_groups<F>(t, xb[0]->q, stride, g, s);
         for (int i = 0; i < 4 && g + i < groups; ++i) {
-          const int blk = (g + i) * F::G / 32, h = F::G == 16 ? (g + i) % 2 : 2;
+          const int blk = (g + i) * F::G / 32;
           for (int r = 0; r < 16; ++r) {
             const i8::I32 gs = _mm512_load_si512(s[i][r]);
-            accumulate<F>(&sums[r], &gs, t.a[g + i], t.b[g + i], xb[r][blk].d, ds[r][blk * 3 + h]);
+            accumulate<F>(&sums[r], &gs, t.a[g + i], t.b[g + i], xb[r][blk], ds[r] + 3 * blk, g + i);
           }
         }
       }

@@ -25,8 +25,6 @@ static void linear(const Part* parts, int nparts, const T* x, Y* y, int64_t M, i
   const int64_t chunks = (M + CHUNK_ROWS - 1) / CHUNK_ROWS, count = int64_t(tiles.size());
 #if ZHUZI_AVX512
   const bool amx = M > FEW_ROWS && amx_tiles::ready();
-  q8::ScaledSums xs;
-  if (amx) xs.set(xq, M, threads);
 #endif
 #pragma omp parallel for collapse(2) schedule(static) num_threads(threads)
   for (int64_t c = 0; c < chunks; ++c)
@@ -39,7 +37,7 @@ static void linear(const Part* parts, int nparts, const T* x, Y* y, int64_t M, i
         const uint8_t* w = t.part->w + t.row * t.part->row_bytes;
         if (m1 - m0 <= FEW_ROWS) block_rows::tile<decltype(f)>(w, t.part->row_bytes, rows, K, xq, m0, m1, acc);
 #if ZHUZI_AVX512
-        else if (amx) amx_tiles::tile<decltype(f)>(w, t.part->row_bytes, rows, K, xq, xs, m0, m1, acc);
+        else if (amx) amx_tiles::tile<decltype(f)>(w, t.part->row_bytes, rows, K, xq, m0, m1, acc);
 #endif
         else block_tiles::tile<decltype(f)>(w, t.part->row_bytes, rows, K, xq, m0, m1, acc);
       });

@@ -101,10 +101,11 @@ static inline void accumulate(vf* sums, const i8::I32* s, const float* a, const 
     else sums[v] = fmadd(i8::to_float(s[v]), av * scale, sums[v]);
   }
 }
+// The same, for group g of the q8 block xb whose scaled sums (q8::Rows::sums()) are at ds.
 template <class F>
 static inline void accumulate(vf* sums, const i8::I32* s, const float* a, const float* b, const q8::Block& xb,
-                              int g) {
-  accumulate<F>(sums, s, a, b, xb.d, F::MIN || F::OFF ? q8::scaled_sum(xb, F::G == 16 ? g % 2 : 2) : 0.f);
+                              const float* ds, int g) {
+  accumulate<F>(sums, s, a, b, xb.d, F::MIN || F::OFF ? ds[F::G == 16 ? g % 2 : 2] : 0.f);
 }
 
 // Rows [0, rows) (the rest zeros) of a tile whose first row's blocks start at w, inputs [k0, k0 + n): n a
@@ -130,9 +131,10 @@ static void decode(const uint8_t* w, int64_t row_bytes, int rows, int64_t k0, in
   for (int quad = 0; quad < n / 4; quad += 16) interleave(&q[0][4 * quad], &t.codes[quad][0][0]);
 }
 
-// acc[m][r] += the chunk's products for P <= MB input rows; x[m]: row m's q8 blocks from the chunk's first.
+// acc[m][r] += the chunk's products for P <= MB input rows; x[m]: row m's q8 blocks from the chunk's first,
+// ds[m] their scaled sums.
 template <class F, int P>
-static void apply(const Tile& t, int n, const q8::Block* const* x, float (*acc)[ROWS]) {
+static void apply(const Tile& t, int n, const q8::Block* const* x, const float* const* ds, float (*acc)[ROWS]) {
   constexpr int QG = F::G / 4;  // quads a group
   vf sums[P][V];
   for (int m = 0; m < P; ++m)
@@ -155,7 +157,8 @@ static void apply(const Tile& t, int n, const q8::Block* const* x, float (*acc)[
           s[m][v] = F::SIGNED ? i8::dot_s8s8(s[m][v], w[v], xq) : i8::dot_u8s8(s[m][v], w[v], xq);
       }
     }
-    for (int m = 0; m < P; ++m) accumulate<F>(sums[m], s[m], t.a[g], t.b[g], x[m][g * F::G / 32], g);
+    const int blk = g * F::G / 32;
+    for (int m = 0; m < P; ++m) accumulate<F>(sums[m], s[m], t.a[g], t.b[g], x[m][blk], ds[m] + 3 * blk, g);
   }
   for (int m = 0; m < P; ++m)
     for (int v = 0; v < V; ++v) store_vf(sums[m][v], acc[m] + v * VL);
@@ -163,8 +166,9 @@ static void apply(const Tile& t, int n, const q8::Block* const* x, float (*acc)[
 
 // apply() for any count <= MB of input rows.
 template <class F>
-static void apply_rows(const Tile& t, int n, const q8::Block* const* x, float (*acc)[ROWS], int count) {
-  auto go = [&](auto p) { apply<F, decltype(p)::value>(t, n, x, acc); };
+static void apply_rows(const Tile& t, int n, const q8::Block* const* x, const float* const* ds, float (*acc)[ROWS],
+                       int count) {
+  auto go = [&](auto p) { apply<F, decltype(p)::value>(t, n, x, ds, acc); };
   switch (count) {
     case 1: go(std::integral_constant<int, 1>{}); break;
     case 2: go(std::integral_constant<int, 2>{}); break;
@@ -192,8 +196,9 @@ static void tile(const uint8_t* w, int64_t row_bytes, int rows, int64_t K, const
     for (int64_t m = m0; m < m1; m += MB) {
       const int count = int(std::min<int64_t>(MB, m1 - m));
       const q8::Block* rows_x[MB];
-      for (int i = 0; i < count; ++i) rows_x[i] = x.row(m + i) + k0 / 32;
-      apply_rows<F>(t, n, rows_x, acc + (m - m0), count);
+      const float* rows_ds[MB];
+      for (int i = 0; i < count; ++i) rows_x[i] = x.row(m + i) + k0 / 32, rows_ds[i] = x.sums(m + i) + 3 * (k0 / 32);
+      apply_rows<F>(t, n, rows_x, rows_ds, acc + (m - m0), count);
     }
   }
 }

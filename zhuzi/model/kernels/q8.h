@@ -60,39 +60,35 @@ static void quantize_row(const T* x, int64_t K, int64_t kp, Block* out) {
   }
 }
 
-// M rows of K values; row m's blocks at row(m). The storage runs on to the next multiple of 16 rows and a
-// chunk of 256 inputs past it (never written): AMX's tile loads (amx_tiles.h) read 16 rows, 256 inputs.
-struct Rows {
-  int64_t n = 0;  // blocks a row
-  std::vector<Block> data;
-
-  template <typename T>
-  void set(const T* x, int64_t M, int64_t K, int64_t ldx, int threads = 1) {
-    n = blocks(K);
-    data.resize((M + 15) / 16 * 16 * n + 8);
-#pragma omp parallel for schedule(static) num_threads(threads) if (M > 8)
-    for (int64_t m = 0; m < M; ++m) quantize_row(x + m * ldx, K, n * BLOCK, &data[m * n]);
-  }
-  const Block* row(int64_t m) const { return data.data() + m * n; }
-};
-
 // A block's scale times its code sums, for weights with an offset or a minimum: half h's (h < 2) and the
 // whole block's (h = 2), each rounded once as every kernel rounds it.
 static inline float scaled_sum(const Block& b, int h) {
   return b.d * float(h < 2 ? b.sum[h] : b.sum[0] + b.sum[1]);
 }
 
-// scaled_sum() of every block of Rows, computed once for kernels that meet each block many times.
-struct ScaledSums {
-  std::vector<float> data;  // [blocks][3]
+// M rows of K values; row m's blocks at row(m), and their scaled_sum()s at sums(m) (3 a block), made once
+// here because every 16-row tile of a matrix meets every block. The storage runs on to the next multiple of
+// 16 rows and a chunk of 256 inputs past it (never written): AMX's tile loads (amx_tiles.h) read 16 rows,
+// 256 inputs.
+struct Rows {
+  int64_t n = 0;  // blocks a row
+  std::vector<Block> data;
+  std::vector<float> scaled;
 
-  void set(const Rows& x, int64_t M, int threads) {
-    data.resize(M * x.n * 3);
+  template <typename T>
+  void set(const T* x, int64_t M, int64_t K, int64_t ldx, int threads = 1) {
+    n = blocks(K);
+    data.resize((M + 15) / 16 * 16 * n + 8);
+    scaled.resize(M * n * 3);
 #pragma omp parallel for schedule(static) num_threads(threads) if (M > 8)
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t j = 0; j < x.n; ++j)
-        for (int h = 0; h < 3; ++h) data[(m * x.n + j) * 3 + h] = scaled_sum(x.row(m)[j], h);
+    for (int64_t m = 0; m < M; ++m) {
+      quantize_row(x + m * ldx, K, n * BLOCK, &data[m * n]);
+      for (int64_t j = 0; j < n; ++j)
+        for (int h = 0; h < 3; ++h) scaled[(m * n + j) * 3 + h] = scaled_sum(data[m * n + j], h);
+    }
   }
+  const Block* row(int64_t m) const { return data.data() + m * n; }
+  const float* sums(int64_t m) const { return scaled.data() + m * n * 3; }
 };
 
 }  // namespace q8
