@@ -151,11 +151,10 @@ static void apply(const Tile& t, int n, const q8::Block* const* x, const float* 
     for (int j = 0; j < QG; ++j) {
       i8::B8 w[V];
       for (int v = 0; v < V; ++v) w[v] = i8::load_b8(t.codes[g * QG + j][v * i8::LANES]);
-      for (int m = 0; m < P; ++m) {
-        const i8::B8 xq = broadcast4(xg[m] + 4 * j);
+      for (int m = 0; m < P; ++m)
         for (int v = 0; v < V; ++v)
-          s[m][v] = F::SIGNED ? i8::dot_s8s8(s[m][v], w[v], xq) : i8::dot_u8s8(s[m][v], w[v], xq);
-      }
+          s[m][v] = F::SIGNED ? i8::dot_s8s8(s[m][v], w[v], broadcast4(xg[m] + 4 * j))
+                              : i8::dot_u8s8_at(s[m][v], w[v], xg[m] + 4 * j);
     }
     const int blk = g * F::G / 32;
     for (int m = 0; m < P; ++m) accumulate<F>(sums[m], s[m], t.a[g], t.b[g], x[m][blk], ds[m] + 3 * blk, g);

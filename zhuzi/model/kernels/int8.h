@@ -6,6 +6,7 @@
 //   load_b8(p)              B8 from 4 * LANES bytes at p
 //   dot_u8s8(acc, u, s)     acc[l] += the 4 products of lane l's bytes, u unsigned, s signed
 //   dot_s8s8(acc, a, b)     the same for two signed operands
+//   dot_u8s8_at(acc, u, p)  dot_u8s8 with s the 4 signed bytes at p in every lane
 //   to_float(I32)           the lanes as floats
 //   EXACT_U8                whether dot_u8s8 is exact for any u8 operand (up to 255), not only <= 127
 //

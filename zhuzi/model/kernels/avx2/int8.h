@@ -25,6 +25,12 @@ static inline I32 dot_u8s8(I32 acc, B8 u, B8 s) {
 #endif
 }
 
+static inline I32 dot_u8s8_at(I32 acc, B8 u, const void* p) {
+  int32_t s;
+  std::memcpy(&s, p, 4);
+  return dot_u8s8(acc, u, _mm256_set1_epi32(s));
+}
+
 // a b = |a| (sign(a) b): the unsigned operand maddubs needs.
 static inline I32 dot_s8s8(I32 acc, B8 a, B8 b) { return dot_u8s8(acc, _mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a)); }
 

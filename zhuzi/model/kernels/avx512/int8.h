@@ -12,6 +12,11 @@ static inline B8 load_b8(const void* p) { return _mm512_loadu_si512(p); }
 static inline I32 zero() { return _mm512_setzero_si512(); }
 static inline vf to_float(I32 v) { return (vf)_mm512_cvtepi32_ps(v); }
 static inline I32 dot_u8s8(I32 acc, B8 u, B8 s) { return _mm512_dpbusd_epi32(acc, u, s); }
+// The broadcast folded into the instruction: GCC keeps it a separate one, an instruction as costly as the product.
+static inline I32 dot_u8s8_at(I32 acc, B8 u, const void* p) {
+  asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*static_cast<const int32_t*>(p)));
+  return acc;
+}
 
 // a b = |a| (sign(a) b); AVX-512 has no vpsignb, so the sign moves through a mask.
 static inline I32 dot_s8s8(I32 acc, B8 a, B8 b) {

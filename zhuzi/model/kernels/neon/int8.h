@@ -14,5 +14,10 @@ static inline I32 zero() { return vdupq_n_s32(0); }
 static inline vf to_float(I32 v) { return (vf)vcvtq_f32_s32(v); }
 static inline I32 dot_u8s8(I32 acc, B8 u, B8 s) { return vdotq_s32(acc, u, s); }
 static inline I32 dot_s8s8(I32 acc, B8 a, B8 b) { return vdotq_s32(acc, a, b); }
+static inline I32 dot_u8s8_at(I32 acc, B8 u, const void* p) {
+  int32_t s;
+  std::memcpy(&s, p, 4);
+  return vdotq_s32(acc, u, vreinterpretq_s8_s32(vdupq_n_s32(s)));
+}
 
 }  // namespace i8
