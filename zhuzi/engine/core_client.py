@@ -6,9 +6,8 @@ process, on inproc:// sockets (--no-engine-process), or data_parallel_size proce
 sends each request to one of them (router.py) and streams its deltas back, so the server does not know
 where the step loop runs. One reader thread receives every replica's messages and notices a replica's end
 at once (a local process's sentinel, a Ray actor's run() call returning, an engine thread's last word):
-its requests end with EngineDead, it leaves the rotation, the others keep serving. health() reports a
-problem when none is left, or when the last one has been silent for the stall timeout with work pending
-(a stalled replica beside live ones leaves the rotation).
+its requests end with EngineDead, it leaves the rotation, the others keep serving; so does one silent for the
+stall timeout with work pending. health() reports a problem when none is left, or when the last one stalls.
 """
 from __future__ import annotations
 
@@ -16,7 +15,6 @@ import asyncio
 import itertools
 import logging
 import shutil
-import signal
 import tempfile
 import threading
 import time
@@ -44,7 +42,6 @@ PREFILL_JOB = "#prefill"  # a hand-off's prefill job is its request's id and thi
 PREFILL_PARAMS = SamplingParams(max_tokens=1, temperature=0)  # the prompt and one token, which nobody reads
 READER_POLL_MS = 100  # how often the reader thread looks up from its sockets to see whether to stop
 SHUTDOWN_WAIT_S = 5.0
-EXIT_CODE_WAIT_S = 1.0  # an ended process's sentinel fires as it ends; its exit code comes a moment later
 
 
 class CoreClient:
@@ -211,20 +208,11 @@ class CoreClient:
                 poller.unregister(fd)
                 replica = sentinels.pop(fd)
                 if not self._closing:
-                    self._gone(replica, self._exit_reason(replica))
+                    self._gone(replica, f"the engine core process{self._which(replica)} {replica.process_end()}")
             for replica in ended:
                 threads.remove(replica)
                 if not self._closing:
                     self._gone(replica, f"the engine thread{self._which(replica)} has stopped")
-
-    def _exit_reason(self, replica: Replica) -> str:
-        process = replica.process
-        assert process is not None
-        process.join(EXIT_CODE_WAIT_S)
-        code = process.exitcode
-        how = f"was killed by {signal.Signals(-code).name}" if code is not None and code < 0 else \
-            f"exited with code {code}"
-        return f"the engine core process{self._which(replica)} (pid {process.pid}) {how}"
 
     def _which(self, replica: Replica) -> str:
         return f" of replica {replica.index}" if len(self.replicas) > 1 else ""
@@ -377,15 +365,14 @@ class CoreClient:
 
     def _pair(self, ids: list[int], params: SamplingParams) -> tuple[int | None, int | None]:
         """The replica to run a request on, and the prefill replica to compute its prompt first (None: it runs
-        alone; so do samples of n > 1 and prompt logprobs, which the decode replica computes itself)."""
+        alone, as samples of n > 1 and prompt logprobs do)."""
         with self._lock:
             live = {r.index: len(r.requests) for r in self.replicas if r.failure is None}
             serving = {i: n for i, n in live.items() if self.replicas[i].role != "prefill"}
             if not serving:
                 return None, None  # _submit picks among what is left, or says the engine is dead
-            prefill = {i: n for i, n in live.items() if self.replicas[i].role == "prefill"}
-            if not prefill or params.n > 1 or params.prompt_logprobs is not None:
-                return None, self.router.pick(ids, serving) if len(serving) > 1 else min(serving)
+            alone = params.n > 1 or params.prompt_logprobs is not None
+            prefill = {i: n for i, n in live.items() if self.replicas[i].role == "prefill" and not alone}
             return self.router.pick_pair(ids, prefill, serving, self.parallel.max_local_prefill_tokens)
 
     async def probe(self, token_ids: list[int], probe: Probe, request_id: str) -> RequestOutput:
@@ -440,7 +427,7 @@ class CoreClient:
             if not load:
                 raise EngineDead(self._last_failure())
             if replica is None or replica not in load:
-                replica = self.router.pick(ids, load) if len(load) > 1 and ids else min(load)
+                replica = self.router.pick(ids, load)
             replica = self.replicas[replica]
             if track:
                 if not replica.requests:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -24,6 +25,7 @@ from zhuzi.engine import core
 from zhuzi.outputs import EngineStats
 
 log = logging.getLogger("zhuzi")
+EXIT_CODE_WAIT_S = 1.0  # an ended process's sentinel fires as it ends; its exit code comes a moment later
 
 
 @dataclass(eq=False)
@@ -52,6 +54,15 @@ class Replica:
                 self.commands.send(payload, zmq.NOBLOCK)
         except zmq.Again:
             log.warning("replica %d is not connected; a command was not sent", self.index)
+
+    def process_end(self) -> str:
+        """How its ended process ended, with its pid."""
+        assert self.process is not None
+        self.process.join(EXIT_CODE_WAIT_S)
+        code = self.process.exitcode
+        how = f"was killed by {signal.Signals(-code).name}" if code is not None and code < 0 else \
+            f"exited with code {code}"
+        return f"(pid {self.process.pid}) {how}"
 
     def kill(self) -> None:
         """End a process or actor now (a thread cannot be ended from outside)."""

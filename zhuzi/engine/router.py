@@ -53,6 +53,8 @@ class PrefixRouter:
 
     def pick(self, prompt: list[int], load: dict[int, int]) -> int:
         """The replica (a key of load: the live ones, with their requests in flight) to run prompt on."""
+        if len(load) == 1 or not prompt:  # nothing to weigh (a snapshot has no prompt): the first
+            return min(load)
         cached = self.cached_tokens(prompt, set(load))
         return min(load, key=lambda r: (load[r] * LOAD_COST_TOKENS - cached[r], r))
 
