@@ -82,12 +82,12 @@ __attribute__((target("amx-tile,amx-int8"))) static void tile(const uint8_t* w, 
     for (int64_t m = m0; m < m1; m += 16) {
       const int count = int(std::min<int64_t>(16, m1 - m));
       const q8::Block* xb[16];
-      const float* ds[16];  // the rows' scaled sums from the chunk's first block
+      const q8::Sums* ds[16];  // the rows' scaled sums from the chunk's first block
       vf sums[16];
       for (int i = 0; i < 16; ++i) {
         const int64_t row = m + std::min(i, count - 1);
         xb[i] = x.row(row) + k0 / 32;
-        ds[i] = x.sums(row) + 3 * (k0 / 32);
+        ds[i] = x.sums(row) + k0 / 32;
         sums[i] = load_vf(acc[row - m0]);
       }
       for (int g = 0; g < groups; g += 4) {
@@ -96,7 +96,7 @@ __attribute__((target("amx-tile,amx-int8"))) static void tile(const uint8_t* w, 
           const int blk = (g + i) * F::G / 32;
           for (int r = 0; r < 16; ++r) {
             const i8::I32 gs = _mm512_load_si512(s[i][r]);
-            accumulate<F>(&sums[r], &gs, t.a[g + i], t.b[g + i], xb[r][blk], ds[r] + 3 * blk, g + i);
+            accumulate<F>(&sums[r], &gs, t.a[g + i], t.b[g + i], xb[r][blk], ds[r][blk], g + i);
           }
         }
       }

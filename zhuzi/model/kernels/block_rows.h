@@ -128,7 +128,7 @@ static inline void row_scales(const uint8_t* const* row, int64_t at, const vi* o
 // scaled sums): acc[p][r].
 template <class F, int P>
 static void pass(const uint8_t* w, int64_t row_bytes, int rows, int64_t K, const q8::Block* const* x,
-                 const float* const* ds, float (*acc)[ROWS]) {
+                 const q8::Sums* const* ds, float (*acc)[ROWS]) {
   constexpr int GROUPS = F::QK / F::G, PER_BLOCK = F::QK / 32;
   constexpr int STEP = PER_BLOCK >= UNITS ? 1 : UNITS;  // blocks a step: a whole vector of units
   constexpr int NU = STEP * PER_BLOCK, NG = STEP * GROUPS;
@@ -190,7 +190,7 @@ static void pass(const uint8_t* w, int64_t row_bytes, int rows, int64_t K, const
         i8::I32 gs[V];
         for (int v = 0; v < V; ++v)
           gs[v] = F::G == 16 ? s[p][g][v] : i8::I32((vi)s[p][2 * g][v] + (vi)s[p][2 * g + 1][v]);
-        accumulate<F>(sums[p], gs, a[g], b[g], xb[p][g * F::G / 32], ds[p] + 3 * (blk * PER_BLOCK + g * F::G / 32), g);
+        accumulate<F>(sums[p], gs, a[g], b[g], xb[p][g * F::G / 32], ds[p][blk * PER_BLOCK + g * F::G / 32], g);
       }
   }
   for (int p = 0; p < P; ++p)
@@ -204,7 +204,7 @@ static void tile(const uint8_t* w, int64_t row_bytes, int rows, int64_t K, const
   for (int64_t m = m0; m < m1; m += PASS) {
     const int count = int(std::min<int64_t>(PASS, m1 - m));
     const q8::Block* xs[PASS];
-    const float* ds[PASS];
+    const q8::Sums* ds[PASS];
     for (int i = 0; i < count; ++i) xs[i] = x.row(m + i), ds[i] = x.sums(m + i);
     float(*out)[ROWS] = acc + (m - m0);
     switch (count) {

@@ -101,10 +101,10 @@ static inline void accumulate(vf* sums, const i8::I32* s, const float* a, const 
     else sums[v] = fmadd(i8::to_float(s[v]), av * scale, sums[v]);
   }
 }
-// The same, for group g of the q8 block xb whose scaled sums (q8::Rows::sums()) are at ds.
+// The same, for group g of the q8 block xb and its scaled sums ds (q8::Rows::sums()).
 template <class F>
 static inline void accumulate(vf* sums, const i8::I32* s, const float* a, const float* b, const q8::Block& xb,
-                              const float* ds, int g) {
+                              const q8::Sums& ds, int g) {
   accumulate<F>(sums, s, a, b, xb.d, F::MIN || F::OFF ? ds[F::G == 16 ? g % 2 : 2] : 0.f);
 }
 
@@ -134,7 +134,7 @@ static void decode(const uint8_t* w, int64_t row_bytes, int rows, int64_t k0, in
 // acc[m][r] += the chunk's products for P <= MB input rows; x[m]: row m's q8 blocks from the chunk's first,
 // ds[m] their scaled sums.
 template <class F, int P>
-static void apply(const Tile& t, int n, const q8::Block* const* x, const float* const* ds, float (*acc)[ROWS]) {
+static void apply(const Tile& t, int n, const q8::Block* const* x, const q8::Sums* const* ds, float (*acc)[ROWS]) {
   constexpr int QG = F::G / 4;  // quads a group
   vf sums[P][V];
   for (int m = 0; m < P; ++m)
@@ -157,7 +157,7 @@ static void apply(const Tile& t, int n, const q8::Block* const* x, const float* 
                               : i8::dot_u8s8_at(s[m][v], w[v], xg[m] + 4 * j);
     }
     const int blk = g * F::G / 32;
-    for (int m = 0; m < P; ++m) accumulate<F>(sums[m], s[m], t.a[g], t.b[g], x[m][blk], ds[m] + 3 * blk, g);
+    for (int m = 0; m < P; ++m) accumulate<F>(sums[m], s[m], t.a[g], t.b[g], x[m][blk], ds[m][blk], g);
   }
   for (int m = 0; m < P; ++m)
     for (int v = 0; v < V; ++v) store_vf(sums[m][v], acc[m] + v * VL);
@@ -165,8 +165,8 @@ static void apply(const Tile& t, int n, const q8::Block* const* x, const float* 
 
 // apply() for any count <= MB of input rows.
 template <class F>
-static void apply_rows(const Tile& t, int n, const q8::Block* const* x, const float* const* ds, float (*acc)[ROWS],
-                       int count) {
+static void apply_rows(const Tile& t, int n, const q8::Block* const* x, const q8::Sums* const* ds,
+                       float (*acc)[ROWS], int count) {
   auto go = [&](auto p) { apply<F, decltype(p)::value>(t, n, x, ds, acc); };
   switch (count) {
     case 1: go(std::integral_constant<int, 1>{}); break;
@@ -195,8 +195,8 @@ static void tile(const uint8_t* w, int64_t row_bytes, int rows, int64_t K, const
     for (int64_t m = m0; m < m1; m += MB) {
       const int count = int(std::min<int64_t>(MB, m1 - m));
       const q8::Block* rows_x[MB];
-      const float* rows_ds[MB];
-      for (int i = 0; i < count; ++i) rows_x[i] = x.row(m + i) + k0 / 32, rows_ds[i] = x.sums(m + i) + 3 * (k0 / 32);
+      const q8::Sums* rows_ds[MB];
+      for (int i = 0; i < count; ++i) rows_x[i] = x.row(m + i) + k0 / 32, rows_ds[i] = x.sums(m + i) + k0 / 32;
       apply_rows<F>(t, n, rows_x, rows_ds, acc + (m - m0), count);
     }
   }

@@ -10,6 +10,7 @@
 #include "prelude.h"
 
 #include <algorithm>
+#include <array>
 #include <vector>
 
 namespace q8 {
@@ -66,29 +67,31 @@ static inline float scaled_sum(const Block& b, int h) {
   return b.d * float(h < 2 ? b.sum[h] : b.sum[0] + b.sum[1]);
 }
 
-// M rows of K values; row m's blocks at row(m), and their scaled_sum()s at sums(m) (3 a block), made once
-// here because every 16-row tile of a matrix meets every block. The storage runs on to the next multiple of
+using Sums = std::array<float, 3>;  // a block's scaled_sum()s, h = 0, 1, 2
+
+// M rows of K values; row m's blocks at row(m), and their scaled_sum()s at sums(m), made once here because
+// every 16-row tile of a matrix meets every block. The storage runs on to the next multiple of
 // 16 rows and a chunk of 256 inputs past it (never written): AMX's tile loads (amx_tiles.h) read 16 rows,
 // 256 inputs.
 struct Rows {
   int64_t n = 0;  // blocks a row
   std::vector<Block> data;
-  std::vector<float> scaled;
+  std::vector<Sums> scaled;
 
   template <typename T>
   void set(const T* x, int64_t M, int64_t K, int64_t ldx, int threads = 1) {
     n = blocks(K);
     data.resize((M + 15) / 16 * 16 * n + 8);
-    scaled.resize(M * n * 3);
+    scaled.resize(M * n);
 #pragma omp parallel for schedule(static) num_threads(threads) if (M > 8)
     for (int64_t m = 0; m < M; ++m) {
       quantize_row(x + m * ldx, K, n * BLOCK, &data[m * n]);
       for (int64_t j = 0; j < n; ++j)
-        for (int h = 0; h < 3; ++h) scaled[(m * n + j) * 3 + h] = scaled_sum(data[m * n + j], h);
+        for (int h = 0; h < 3; ++h) scaled[m * n + j][h] = scaled_sum(data[m * n + j], h);
     }
   }
   const Block* row(int64_t m) const { return data.data() + m * n; }
-  const float* sums(int64_t m) const { return scaled.data() + m * n * 3; }
+  const Sums* sums(int64_t m) const { return scaled.data() + m * n; }
 };
 
 }  // namespace q8
