@@ -56,7 +56,7 @@ class Replica:
             log.warning("replica %d is not connected; a command was not sent", self.index)
 
     def process_end(self) -> str:
-        """How its ended process ended, with its pid."""
+        """How its process, now ended, ended: its pid and signal or exit code."""
         assert self.process is not None
         self.process.join(EXIT_CODE_WAIT_S)
         code = self.process.exitcode
