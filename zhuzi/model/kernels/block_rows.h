@@ -77,9 +77,9 @@ static inline i8::B8 codes(const uint8_t* w, int64_t blk, int u, bool tail) {
   return join(units);
 }
 
-// Each group's scale a and offset b of the block at byte `at` of every row of a tile (row r at row[r], at
-// row[0] + off[.][r]), vectors over the rows, lanes of `live` only (the others 0): blocks.h's scales() and
-// offsets(), the same operations on whole vectors of rows, so the same bits.
+// Each group's scale a and (formats with a minimum) offset b of the block at byte `at` of every row of a tile
+// (row r at row[r], at row[0] + off[.][r]), vectors over the rows, lanes of `live` only (the others 0):
+// blocks.h's scales(), the same operations on whole vectors of rows, so the same bits.
 template <class F>
 static inline void row_scales(const uint8_t* const* row, int64_t at, const vi* off, const vi* live, float (*a)[ROWS],
                               float (*b)[ROWS]) {
@@ -96,15 +96,12 @@ static inline void row_scales(const uint8_t* const* row, int64_t at, const vi* o
     if constexpr (F::QK == 32) {  // fp16 d, then (MIN formats) fp16 m
       const vu w = word(0);
       av[0] = halves(w);
-      bv[0] = F::MIN ? halves(w >> 16) : -float(F::OFF) * av[0];
+      if constexpr (F::MIN) bv[0] = halves(w >> 16);
     } else if constexpr (Q6K) {  // int8 scales[16] at 192, fp16 d at 208
       const vf d = halves(word(206) >> 16);
       for (int q = 0; q < 4; ++q) {
         const vi s = (vi)head[q];
-        for (int i = 0; i < 4; ++i) {
-          av[4 * q + i] = d * to_float((s << (24 - 8 * i)) >> 24);
-          bv[4 * q + i] = -float(F::OFF) * av[4 * q + i];
-        }
+        for (int i = 0; i < 4; ++i) av[4 * q + i] = d * to_float((s << (24 - 8 * i)) >> 24);
       }
     } else {  // Q4_K, Q5_K: fp16 d, dmin, then 6-bit scales and mins in 12 bytes (blocks.h)
       const vu w = head[0], s0 = head[1], s1 = head[2], s2 = head[3];
@@ -119,7 +116,7 @@ static inline void row_scales(const uint8_t* const* row, int64_t at, const vi* o
     }
     for (int g = 0; g < GROUPS; ++g) {
       store_vf((vf)((vi)av[g] & live[v]), a[g] + v * VL);
-      store_vf((vf)((vi)bv[g] & live[v]), b[g] + v * VL);
+      if constexpr (F::MIN) store_vf((vf)((vi)bv[g] & live[v]), b[g] + v * VL);
     }
   }
 }

@@ -81,23 +81,20 @@ static inline void interleave(const uint8_t* rows, uint8_t* out) {
   for (int j = 0; j < ROWS; ++j) std::memcpy(out + j * ROWS * 4, &r[j], 64);
 }
 
-// A block's groups' offsets b for a format without a minimum: weight = a q - OFF a.
-template <class F>
-static inline void offsets(const float* a, float* b) {
-  if constexpr (!F::MIN)
-    for (int g = 0; g < F::QK / F::G; ++g) b[g] = -float(F::OFF) * a[g];
-}
-
 // The float part of group g (of a chunk or a step aligned to 256 inputs) for one input row, from its q8 block's
 // scale d and q8::scaled_sum(): sums[v] += s (a d) + b (d sum), vectors over the tile's rows. Every tile path
 // (here, block_rows.h, amx_tiles.h) calls it with the exact int32 group sums s, so an output's bits do not
-// depend on the path. Formats without an offset (Q8_0) have no b term.
+// depend on the path. Formats without an offset (Q8_0) have no b term; for those whose offset is b = -OFF a
+// (OFF a power of two), b (d sum) is computed as a (-OFF d sum), the same number: scaling by a power of two
+// commutes with rounding. So their b is never stored.
 template <class F>
 static inline void accumulate(vf* sums, const i8::I32* s, const float* a, const float* b, float d, float dsum) {
+  static_assert((F::OFF & (F::OFF - 1)) == 0, "an offset that is not a power of two would round differently");
   const vf scale = splat(d);
   for (int v = 0; v < V; ++v) {
     const vf av = load_vf(a + v * VL);
-    if constexpr (F::MIN || F::OFF) sums[v] += fmadd(i8::to_float(s[v]), av * scale, load_vf(b + v * VL) * splat(dsum));
+    if constexpr (F::MIN) sums[v] += fmadd(i8::to_float(s[v]), av * scale, load_vf(b + v * VL) * splat(dsum));
+    else if constexpr (F::OFF) sums[v] += fmadd(i8::to_float(s[v]), av * scale, av * splat(-float(F::OFF) * dsum));
     else sums[v] = fmadd(i8::to_float(s[v]), av * scale, sums[v]);
   }
 }
@@ -124,8 +121,9 @@ static void decode(const uint8_t* w, int64_t row_bytes, int rows, int64_t k0, in
     for (int blk = 0; blk < n / F::QK; ++blk) {
       float a[GROUPS], b[GROUPS];
       F::decode(src + blk * F::BYTES, q[r] + blk * F::QK, a, b);
-      offsets<F>(a, b);
-      for (int g = 0; g < GROUPS; ++g) t.a[blk * GROUPS + g][r] = a[g], t.b[blk * GROUPS + g][r] = b[g];
+      for (int g = 0; g < GROUPS; ++g) t.a[blk * GROUPS + g][r] = a[g];
+      if constexpr (F::MIN)
+        for (int g = 0; g < GROUPS; ++g) t.b[blk * GROUPS + g][r] = b[g];
     }
   }
   for (int quad = 0; quad < n / 4; quad += 16) interleave(&q[0][4 * quad], &t.codes[quad][0][0]);
