@@ -78,11 +78,10 @@ static inline i8::B8 codes(const uint8_t* w, int64_t blk, int u, bool tail) {
 }
 
 // Each group's scale a and (formats with a minimum) offset b of the block at byte `at` of every row of a tile
-// (row r at row[r], at row[0] + off[.][r]), vectors over the rows, lanes of `live` only (the others 0):
-// blocks.h's scales(), the same operations on whole vectors of rows, so the same bits.
+// (row r at row[r], at row[0] + off[.][r]), vectors over the rows: blocks.h's scales(), the same operations on
+// whole vectors of rows, so the same bits.
 template <class F>
-static inline void row_scales(const uint8_t* const* row, int64_t at, const vi* off, const vi* live, float (*a)[ROWS],
-                              float (*b)[ROWS]) {
+static inline void row_scales(const uint8_t* const* row, int64_t at, const vi* off, float (*a)[ROWS], float (*b)[ROWS]) {
   constexpr int GROUPS = F::QK / F::G;
   constexpr bool Q6K = std::is_same_v<F, blocks::Format<blocks::Q6_K>>;
   auto to_float = [](vi v) { return __builtin_convertvector(v, vf); };
@@ -115,14 +114,14 @@ static inline void row_scales(const uint8_t* const* row, int64_t at, const vi* o
       }
     }
     for (int g = 0; g < GROUPS; ++g) {
-      store_vf((vf)((vi)av[g] & live[v]), a[g] + v * VL);
-      if constexpr (F::MIN) store_vf((vf)((vi)bv[g] & live[v]), b[g] + v * VL);
+      store_vf(av[g], a[g] + v * VL);
+      if constexpr (F::MIN) store_vf(bv[g], b[g] + v * VL);
     }
   }
 }
 
 // Rows [0, rows) of the tile at w against P input rows x[p] (q8 blocks from the row's first; ds[p] their
-// scaled sums): acc[p][r].
+// scaled sums): acc[p][r] (for r >= rows, not results).
 template <class F, int P>
 static void pass(const uint8_t* w, int64_t row_bytes, int rows, int64_t K, const q8::Block* const* x,
                  const q8::Sums* const* ds, float (*acc)[ROWS]) {
@@ -134,10 +133,10 @@ static void pass(const uint8_t* w, int64_t row_bytes, int rows, int64_t K, const
   // transfer per row; the same exact int32 sums.
   constexpr bool BIASED = F::SIGNED && i8::EXACT_U8;
   const uint8_t* row[ROWS];
-  vi off[V], live[V];
+  vi off[V];
   for (int r = 0; r < ROWS; ++r) {
-    row[r] = w + std::min(r, rows - 1) * row_bytes;  // beyond rows: scale 0
-    off[r / VL][r % VL] = int32_t(row[r] - w), live[r / VL][r % VL] = r < rows ? -1 : 0;
+    row[r] = w + std::min(r, rows - 1) * row_bytes;  // beyond rows: the last row again, its results unused
+    off[r / VL][r % VL] = int32_t(row[r] - w);
   }
   vf sums[P][V] = {};
   const int64_t nb = K / F::QK;
@@ -151,7 +150,7 @@ static void pass(const uint8_t* w, int64_t row_bytes, int rows, int64_t K, const
     for (int o = 0; o < ROWS * nblk * F::BYTES; o += 64)
       _mm_prefetch(reinterpret_cast<const char*>(next + o), _MM_HINT_T1);
     alignas(64) float a[NG][ROWS], b[NG][ROWS];
-    for (int i = 0; i < nblk; ++i) row_scales<F>(row, (blk + i) * F::BYTES, off, live, a + i * GROUPS, b + i * GROUPS);
+    for (int i = 0; i < nblk; ++i) row_scales<F>(row, (blk + i) * F::BYTES, off, a + i * GROUPS, b + i * GROUPS);
     const q8::Block* xb[P];
     for (int p = 0; p < P; ++p) xb[p] = x[p] + blk * PER_BLOCK;
     i8::I32 s[P][2 * NU][V];  // per input row, per 16 inputs of the step: sums over the rows
