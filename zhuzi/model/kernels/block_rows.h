@@ -120,6 +120,32 @@ static inline void row_scales(const uint8_t* const* row, int64_t at, const vi* o
   }
 }
 
+#if ZHUZI_AVX512
+// pass()'s sums s[0] of a Q6_K block for one input row, each row's codes of four units from one read of its bytes
+// (four_q6k()) where codes() reads them twice; with more input rows the two pairs' sums outgrow the registers.
+static inline void q6k_sums(const uint8_t* const* row, int64_t blk, const q8::Block* xb, i8::I32 (*s)[V]) {
+  using F = blocks::Format<blocks::Q6_K>;
+  for (int h = 0; h < 2; ++h) {
+    i8::B8 xv[2];
+    for (int v = 0; v < 2; ++v) {
+      const __m256i units[2] = {load32(xb[4 * h + 2 * v].q), load32(xb[4 * h + 2 * v + 1].q)};
+      xv[v] = join(units);
+    }
+    i8::I32 f[2][ROWS / 4];
+    for (int r4 = 0; r4 < ROWS; r4 += 4) {
+      i8::I32 d[2][4];
+      for (int r = 0; r < 4; ++r) {
+        i8::B8 c[2];
+        four_q6k(row[r4 + r] + blk * F::BYTES, h, c);
+        for (int v = 0; v < 2; ++v) d[v][r] = i8::dot_u8s8(i8::zero(), c[v], xv[v]);
+      }
+      for (int v = 0; v < 2; ++v) f[v][r4 / 4] = quad(d[v]);
+    }
+    for (int v = 0; v < 2; ++v) transpose(f[v], s + 2 * (4 * h + 2 * v));
+  }
+}
+#endif
+
 // Rows [0, rows) of the tile at w against P input rows x[p] (q8 blocks from the row's first; ds[p] their
 // scaled sums): acc[p][r] (for r >= rows, not results).
 template <class F, int P>
@@ -154,6 +180,11 @@ static void pass(const uint8_t* w, int64_t row_bytes, int rows, int64_t K, const
     const q8::Block* xb[P];
     for (int p = 0; p < P; ++p) xb[p] = x[p] + blk * PER_BLOCK;
     i8::I32 s[P][2 * NU][V];  // per input row, per 16 inputs of the step: sums over the rows
+#if ZHUZI_AVX512
+    if constexpr (std::is_same_v<F, blocks::Format<blocks::Q6_K>> && P == 1) {
+      q6k_sums(row, blk, xb[0], s[0]);
+    } else
+#endif
     for (int u = 0; u < NU; u += UNITS) {
       const bool tail = u + UNITS > nblk * PER_BLOCK;  // AVX-512, an odd count of 32-blocks: half a vector
       i8::B8 xv[P];

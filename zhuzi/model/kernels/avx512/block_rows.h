@@ -39,6 +39,19 @@ static inline __m512i twice(const uint8_t* p) {  // 32 bytes in both halves
   return _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
+// The codes of inputs [128h, 128h + 128) of a Q6_K block p, units 4h and 4h + 1 in c[0], 4h + 2 and 4h + 3 in
+// c[1]: the low, then the high nibbles of ql[64h ..+ 64], with their top bits from qh[32h ..+ 32], both vectors
+// from one load of each.
+static inline void four_q6k(const uint8_t* p, int h, __m512i* c) {
+  constexpr __mmask32 HIGH = 0xffff0000u;
+  const auto* b = reinterpret_cast<const blocks::BQ6_K*>(p);
+  const __m512i low4 = _mm512_set1_epi8(15), top = _mm512_set1_epi8(0x30);
+  const __m512i ql = _mm512_loadu_si512(b->ql + 64 * h), qh = twice(b->qh + 32 * h), up2 = _mm512_slli_epi16(qh, 2);
+  const __m512i hi01 = _mm512_mask_slli_epi16(up2, ~HIGH, up2, 2), hi23 = _mm512_mask_srli_epi16(qh, HIGH, qh, 2);
+  c[0] = _mm512_or_si512(_mm512_and_si512(ql, low4), _mm512_and_si512(hi01, top));
+  c[1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), low4), _mm512_and_si512(hi23, top));
+}
+
 // The codes of inputs [32u, 32u + 64) of a K-quant block p (u even): both units come from the same bytes
 // (32 of qs, or 64 of Q6_K's ql), read once into a vector and shifted per half, as block_rows.h's unit() does
 // for each.
@@ -48,13 +61,9 @@ static inline __m512i pair(const uint8_t* p, int u) {
   constexpr __mmask32 HIGH = 0xffff0000u;  // the upper half's 16-bit words
   const __m512i low4 = _mm512_set1_epi8(15);
   if constexpr (std::is_same_v<F, Format<Q6_K>>) {
-    const auto* b = reinterpret_cast<const BQ6_K*>(p);
-    const int h = u / 4, t = u % 4;  // units t and t + 1 of half h: the low nibbles of ql[64h ..+ 64], or high
-    const __m512i ql = _mm512_loadu_si512(b->ql + 64 * h), qh = twice(b->qh + 32 * h);
-    const __m512i lo = _mm512_and_si512(t ? _mm512_srli_epi16(ql, 4) : ql, low4);
-    const __m512i up2 = _mm512_slli_epi16(qh, 2);  // t = 0: top bits moved up 4 and 2; t = 2: 0 and -2
-    const __m512i hi = t ? _mm512_mask_srli_epi16(qh, HIGH, qh, 2) : _mm512_mask_slli_epi16(up2, ~HIGH, up2, 2);
-    return _mm512_or_si512(lo, _mm512_and_si512(hi, _mm512_set1_epi8(0x30)));
+    __m512i c[2];
+    four_q6k(p, u / 4, c);
+    return u % 4 ? c[1] : c[0];
   } else {  // Q4_K, Q5_K: the low, then the high nibbles of qs[32 (u / 2) ..+ 32]
     const uint8_t* qs = p + F::BYTES - 128;
     const __m512i v = twice(qs + 32 * (u / 2)), q = _mm512_and_si512(_mm512_mask_srli_epi16(v, HIGH, v, 4), low4);
