@@ -6,6 +6,7 @@ stalled or failed engine from a working one."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import statistics
 import time
 
@@ -16,6 +17,7 @@ from faults import planted
 
 from zhuzi import LLM, SamplingParams
 from zhuzi.config import EngineConfig, ParallelConfig
+from zhuzi.engine import placement
 from zhuzi.engine.client import EngineDead
 from zhuzi.engine.core_client import CoreClient
 from zhuzi.engine.sequence import PinSpec, Probe, Tenant
@@ -344,3 +346,25 @@ def test_a_failed_engine_loop_ends_every_stream_and_refuses_later_requests(trans
         assert dying.health(stall_timeout=60) == "the engine failed: RuntimeError: the scheduler's state is broken"
     finally:
         dying.close()
+
+
+def test_closing_while_an_engine_thread_is_in_a_step_lets_it_end_quietly(monkeypatch, caplog):
+    """close() gives the engine cores SHUTDOWN_WAIT_S; a thread still in a step after that ends at its next
+    socket call, on sockets nobody closed under it: no failure, nothing logged."""
+    monkeypatch.setattr(placement, "SHUTDOWN_WAIT_S", 0.2)
+    with planted('stall_step("slow", at_step=1, seconds=2)'):
+        engine = CoreClient(EngineConfig(kv_cache_memory="16MiB"), TRANSPORTS["thread"]).start()
+
+        async def main():
+            stream = engine.generate("Tell me a story", SamplingParams(max_tokens=8), "slow")
+            first = asyncio.ensure_future(anext(stream))
+            await asyncio.sleep(0.5)  # in the stalled step
+            engine.close()
+            first.cancel()
+
+        with caplog.at_level(logging.WARNING):
+            asyncio.run(main())
+            thread = engine.replicas[0].thread
+            thread.join(10)
+    assert not thread.is_alive()
+    assert not caplog.records, caplog.text

@@ -322,6 +322,7 @@ def serve(config: EngineConfig, replica: int, addresses: Addresses, watched: lis
     commands.connect(addresses.commands)
     outputs = context.socket(zmq.PUSH)
     outputs.connect(addresses.outputs)
+    shipments = None
     try:
         try:
             engine = Engine(config, kv_events=True, kv_transfers=addresses.kv is not None)
@@ -345,10 +346,17 @@ def serve(config: EngineConfig, replica: int, addresses: Addresses, watched: lis
                 log.error("replica %d: %s; the engine core stops", replica, reason)
                 outputs.send(encode(Failed(replica, reason)))
         except BaseException as exc:  # the engine's state may be broken: nothing more may run on it
+            if isinstance(exc, zmq.ContextTerminated):
+                raise
             log.critical("replica %d: the engine loop failed", replica, exc_info=exc)
             outputs.send(encode(Failed(replica, f"the engine failed: {type(exc).__name__}: {exc}")))
-        engine.shutdown()
+        finally:
+            engine.shutdown()
+    except zmq.ContextTerminated:
+        pass  # an engine thread's front closed while it loaded or stepped (CoreClient.close): nobody to tell
     finally:
+        if shipments is not None:
+            shipments.close()
         commands.close(linger=0)
         outputs.close(linger=1000)  # the last message still goes out
         if own:

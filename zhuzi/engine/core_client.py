@@ -41,7 +41,6 @@ log = logging.getLogger("zhuzi")
 PREFILL_JOB = "#prefill"  # a hand-off's prefill job is its request's id and this
 PREFILL_PARAMS = SamplingParams(max_tokens=1, temperature=0)  # the prompt and one token, which nobody reads
 READER_POLL_MS = 100  # how often the reader thread looks up from its sockets to see whether to stop
-SHUTDOWN_WAIT_S = 5.0
 
 
 class CoreClient:
@@ -169,20 +168,18 @@ class CoreClient:
         live = [r for r in self.replicas if r.failure is None]
         for r in live:
             r.send(core.encode(core.Shutdown()))
-        deadline = time.monotonic() + SHUTDOWN_WAIT_S
-        for r in self.replicas:
-            if r.thread is not None:
-                r.thread.join(max(0.0, deadline - time.monotonic()))
-            elif r.process is not None:
-                r.process.join(max(0.0, deadline - time.monotonic()))
-                if r.process.is_alive():
-                    r.process.kill()
-                    r.process.join()
-            elif r.actor is not None:
-                placement.end_actor(r, max(0.0, deadline - time.monotonic()))
+        placement.stop(self.replicas)
         if self._reader.is_alive():
             self._reader.join()
-        self._context.destroy(linger=0)
+        # An engine thread still in a step (or loading) uses its own sockets of this context: destroying it would
+        # close them from this thread, which is not thread-safe (the engine thread then failed on them). term()
+        # ends that thread at its next socket call instead, in a thread of its own: close() does not wait.
+        if any(r.thread is not None and r.thread.is_alive() for r in self.replicas):
+            for socket in [self._outputs, *(r.commands for r in self.replicas)]:
+                socket.close(linger=0)
+            threading.Thread(target=self._context.term, name="zhuzi-engine-context", daemon=True).start()
+        else:
+            self._context.destroy(linger=0)
         shutil.rmtree(self._directory, ignore_errors=True)
 
     # -- the reader thread
@@ -442,9 +439,9 @@ class CoreClient:
 
     def abort(self, request_id: str) -> None:
         """End a request now (and its prefill job); if its stream is still read, its last output says
-        finish_reason "abort"."""
+        finish_reason "abort". A closed client's engine cores are gone or going: nothing to tell them."""
         for job in (request_id, request_id + PREFILL_JOB):
             replica = self._where.get(job)
-            if replica is not None and replica.failure is None:
+            if replica is not None and replica.failure is None and not self._closing:
                 replica.send(core.encode(core.Abort(job)))
 

@@ -201,6 +201,11 @@ class ShipmentSockets:
             log.warning("hand-off %s: %s takes no more shipments; one was dropped", shipment.header.transfer_id,
                         shipment.address)
 
+    def close(self) -> None:
+        """A socket left open would keep its context's term() waiting for ever."""
+        for socket in [self.inbox, *self._outboxes.values()]:
+            socket.close(linger=0)
+
     def receive(self) -> list[tuple[ShipmentHeader, list[zmq.Frame]]]:
         """Every shipment waiting (an undecodable one is dropped with a warning)."""
         got = []

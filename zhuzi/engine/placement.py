@@ -25,6 +25,7 @@ from zhuzi.engine import core
 from zhuzi.outputs import EngineStats
 
 log = logging.getLogger("zhuzi")
+SHUTDOWN_WAIT_S = 5.0  # how long replicas told to shut down get to end, in all
 EXIT_CODE_WAIT_S = 1.0  # an ended process's sentinel fires as it ends; its exit code comes a moment later
 
 
@@ -82,6 +83,22 @@ def start_thread(replica: Replica, config: EngineConfig, addresses: core.Address
     replica.thread = threading.Thread(target=core.run_thread, args=(config, replica.index, addresses, context),
                                       name=f"zhuzi-engine-{replica.index}", daemon=True)
     replica.thread.start()
+
+
+def stop(replicas: list[Replica]) -> None:
+    """Wait (SHUTDOWN_WAIT_S in all) for replicas told to shut down to end; kill the processes and actors still
+    running then. A thread cannot be killed: it may still be running after."""
+    deadline = time.monotonic() + SHUTDOWN_WAIT_S
+    for r in replicas:
+        if r.thread is not None:
+            r.thread.join(max(0.0, deadline - time.monotonic()))
+        elif r.process is not None:
+            r.process.join(max(0.0, deadline - time.monotonic()))
+            if r.process.is_alive():
+                r.process.kill()
+                r.process.join()
+        elif r.actor is not None:
+            end_actor(r, max(0.0, deadline - time.monotonic()))
 
 
 def start_process(replica: Replica, config: EngineConfig, addresses: core.Addresses, method: str) -> None:
