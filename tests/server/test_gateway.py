@@ -4,17 +4,10 @@ from __future__ import annotations
 import re
 
 import pytest
+from clock import Clock
 
 from zhuzi.server import gateway as gw
 from zhuzi.server.gateway import ANONYMOUS, Gateway, GatewayError, key_id, retry_after_header
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture

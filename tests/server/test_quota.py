@@ -8,20 +8,13 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from clock import Clock
 
 from zhuzi.server.gateway import GatewayError, key_id
 from zhuzi.server.quota import Quotas
 from zhuzi.server.store import Database, StoreError
 
 NOON = datetime.datetime(2026, 12, 1, 12, 0, tzinfo=datetime.UTC).timestamp()
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = NOON
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def quotas(path: Path, clock: Clock, limits: dict[str, int] | None = None) -> Quotas:
@@ -31,7 +24,7 @@ def quotas(path: Path, clock: Clock, limits: dict[str, int] | None = None) -> Qu
 
 
 def test_over_the_quota_is_a_429_that_names_it_and_when_it_resets(tmp_path: Path) -> None:
-    clock = Clock()
+    clock = Clock(NOON)
     q = quotas(tmp_path / "usage.sqlite3", clock)
     q.check("alice")
     q.charge("alice", 60)
@@ -52,7 +45,7 @@ def test_over_the_quota_is_a_429_that_names_it_and_when_it_resets(tmp_path: Path
 
 
 def test_usage_survives_reopening_and_is_kept_per_masked_key_and_day(tmp_path: Path) -> None:
-    path, clock = tmp_path / "usage.sqlite3", Clock()
+    path, clock = tmp_path / "usage.sqlite3", Clock(NOON)
     q = quotas(path, clock)
     q.charge("alice", 120)
     q.charge("bob", 5)
