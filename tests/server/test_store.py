@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
+from clock import Clock
 
 from zhuzi.server.store import (
     RESPONSES,
@@ -44,15 +45,19 @@ def test_a_conversation_is_read_back_oldest_first_and_only_by_its_owner(tmp_path
 
 
 def test_a_conversation_expires_a_ttl_after_its_latest_turn(tmp_path: Path) -> None:
-    store = ResponseStore(Database(tmp_path / "store.sqlite3"), ttl=0.5)
+    clock = Clock()
+    store = ResponseStore(Database(tmp_path / "store.sqlite3"), ttl=600, clock=clock)
     store.put(turn("a"))
-    time.sleep(0.3)
+    clock.now += 400
     store.put(turn("b", "a"))  # keeps "a" alive with it
-    time.sleep(0.3)
+    clock.now += 600  # "a"'s own ttl is long past, "b"'s ends now
     assert [t.id for t in store.conversation("b", ALICE)] == ["a", "b"]
-    time.sleep(0.4)
-    with pytest.raises(MissingResponse):
-        store.get("b", ALICE)
+    assert store.get("a", ALICE).id == "a"
+    clock.now += 0.001
+    for expired in (lambda: store.get("a", ALICE), lambda: store.get("b", ALICE),
+                    lambda: store.conversation("b", ALICE)):
+        with pytest.raises(MissingResponse):
+            expired()
 
 
 def test_what_was_committed_is_there_when_the_file_is_opened_again(tmp_path: Path) -> None:

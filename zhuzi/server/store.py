@@ -16,7 +16,7 @@ import json
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -131,13 +131,13 @@ class ResponseStore:
     """Stored responses. A conversation (a response and those before it, by previous_response_id) expires ttl
     seconds after its latest turn (0: never)."""
 
-    def __init__(self, db: Database, ttl: float) -> None:
-        self.db, self.ttl = db, ttl
+    def __init__(self, db: Database, ttl: float, clock: Callable[[], float] = time.time) -> None:
+        self.db, self.ttl, self.clock = db, ttl, clock
         db.install(RESPONSES)
 
     def put(self, stored: StoredResponse) -> None:
         """Keep a response (committed when this returns) and keep its conversation as long as it."""
-        now = time.time()
+        now = self.clock()
         expires = now + self.ttl if self.ttl else None
         with self.db.transaction() as conn:
             conn.execute("DELETE FROM responses WHERE expires_at < ?", (now,))
@@ -153,7 +153,7 @@ class ResponseStore:
         with self.db.lock:
             row = self.db.conn.execute(f"SELECT {_COLUMNS} FROM responses WHERE id = ? AND owner = ? AND "
                                        "(expires_at IS NULL OR expires_at >= ?)",
-                                       (response_id, owner, time.time())).fetchone()
+                                       (response_id, owner, self.clock())).fetchone()
         if row is None:
             raise MissingResponse(response_id)
         return _stored(row)
@@ -163,7 +163,7 @@ class ResponseStore:
         with self.db.lock:
             rows = self.db.conn.execute(f"WITH RECURSIVE {_CHAIN} SELECT {_COLUMNS} FROM responses JOIN chain "
                                         "USING (id) ORDER BY depth DESC",
-                                        (response_id, owner, time.time())).fetchall()
+                                        (response_id, owner, self.clock())).fetchall()
         turns = [_stored(row) for row in rows]
         if not turns or turns[-1].id != response_id:
             raise MissingResponse(response_id)
