@@ -1,9 +1,8 @@
 """Pinned prefixes with a real model (tiny, float32): a pin keeps its blocks in the pool under pressure
 that evicts everything else, within its bound, until it is deleted or expires."""
-import time
-
 import pytest
 import tiny
+from clock import Clock
 from kv_load import BLOCK_BYTES, GREEDY, ids, llm, push_out
 
 from zhuzi import LLM
@@ -61,11 +60,17 @@ def test_pins_stay_within_their_bound_and_a_name_is_replaced_not_doubled(engine)
     engine.unpin("b")
 
 
-def test_a_pin_expires_after_its_ttl(engine):
-    pin = engine.pin("brief", PROMPT[:32], ttl=0.2)
-    assert pin.expires_at == pytest.approx(pin.created_at + 0.2)
-    time.sleep(0.3)
-    assert engine.pins() == [] and engine.engine.stats().pinned_blocks == 0
+def test_a_pin_expires_after_its_ttl(engine, monkeypatch):
+    clock = Clock()
+    monkeypatch.setattr(engine.engine.kv.pins, "clock", clock)
+    pin = engine.pin("brief", PROMPT[:32], ttl=60)
+    assert (pin.created_at, pin.expires_at) == (clock.now, clock.now + 60)
+    clock.now += 59
+    engine.generate([ids(3, 20)], GREEDY)  # steps in its last second keep it
+    assert engine.engine.stats().pinned_blocks == 2 and [p.name for p in engine.pins()] == ["brief"]
+    clock.now += 1
+    engine.generate([ids(3, 20)], GREEDY)  # the next step lets it go
+    assert engine.engine.stats().pinned_blocks == 0 and engine.pins() == []
 
 
 def test_a_request_that_only_the_unpinned_pool_could_not_hold_is_refused(engine):

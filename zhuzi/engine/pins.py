@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from zhuzi.engine.block_manager import BlockManager, hash_chain
@@ -28,8 +29,9 @@ class Pin:
 
 
 class PinTable:
-    def __init__(self, blocks: BlockManager, connector: KVConnector | None, block_bytes: int, limit_bytes: int):
-        self.blocks, self.connector = blocks, connector
+    def __init__(self, blocks: BlockManager, connector: KVConnector | None, block_bytes: int, limit_bytes: int,
+                 clock: Callable[[], float] = time.time):
+        self.blocks, self.connector, self.clock = blocks, connector, clock
         # Pins may never take more than half the pool: the rest is for the requests that use them.
         self.block_bytes, self.limit_blocks = block_bytes, min(limit_bytes // block_bytes, blocks.num_blocks // 2)
         self.limit_bytes = self.limit_blocks * block_bytes
@@ -77,7 +79,7 @@ class PinTable:
         self.holders.update(block_ids)
         if self.connector is not None:
             self.connector.pin(hashes)
-        now = time.time()
+        now = self.clock()
         info = PinInfo(spec.name, len(hashes) * self.blocks.block_size, len(hashes), len(hashes) * self.block_bytes,
                        now, None if spec.ttl is None else now + spec.ttl, seq.num_cached_tokens)
         self.pins[spec.name] = Pin(info, hashes, block_ids)
@@ -95,7 +97,7 @@ class PinTable:
         return True
 
     def expire(self) -> None:
-        now = time.time()
+        now = self.clock()
         for name in [name for name, pin in self.pins.items()
                      if pin.info.expires_at is not None and pin.info.expires_at <= now]:
             self.remove(name)
