@@ -44,6 +44,25 @@ def test_over_the_quota_is_a_429_that_names_it_and_when_it_resets(tmp_path: Path
     q.check("alice")
 
 
+def test_usage_counts_until_midnight_utc_and_the_new_day_starts_from_zero(tmp_path: Path) -> None:
+    path = tmp_path / "usage.sqlite3"
+    clock = Clock(datetime.datetime(2026, 12, 1, 23, 59, tzinfo=datetime.UTC).timestamp())
+    q = quotas(path, clock)
+    q.charge("alice", 60)
+    clock.now += 59  # 23:59:59, the day's last second
+    q.check("alice")
+    q.charge("alice", 40)
+    with pytest.raises(GatewayError) as refused:
+        q.check("alice")
+    assert refused.value.retry_after == 1 and "resets at 2026-12-02 00:00 UTC, in 0 h 0 min" in refused.value.message
+    clock.now += 1  # 00:00:00 UTC
+    q.check("alice")
+    assert [(u.key_id, u.used, u.limit) for u in q.usage()] == [(key_id("alice"), 0, 100)]
+    q.charge("alice", 7)
+    rows = sqlite3.connect(path).execute("SELECT day, tokens FROM key_usage ORDER BY day").fetchall()
+    assert rows == [("2026-12-01", 100), ("2026-12-02", 7)]  # yesterday's usage is kept, not added to today's
+
+
 def test_usage_survives_reopening_and_is_kept_per_masked_key_and_day(tmp_path: Path) -> None:
     path, clock = tmp_path / "usage.sqlite3", Clock(NOON)
     q = quotas(path, clock)
