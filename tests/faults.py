@@ -2,11 +2,13 @@
 faults planted in an engine wherever it runs (this process, or an engine core process started meanwhile)."""
 from __future__ import annotations
 
+import asyncio
 import os
 import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from zhuzi.engine.scheduler import Scheduler
@@ -43,9 +45,37 @@ def _patch(cls: type, name: str, replacement: Callable) -> Callable[[], None]:
     return lambda: setattr(cls, name, original)
 
 
-def stall_step(request_prefix: str, at_step: int, seconds: float) -> Callable[[], None]:
-    """The at_step-th step (from 1) holding a request whose id starts with request_prefix first hangs for
-    seconds, as a deadlock or a kernel that never returns would."""
+@dataclass(frozen=True)
+class Gate:
+    """Where a planted stall, in whichever process it runs, says that it has begun and hears that it may end:
+    two files in a folder."""
+
+    folder: Path
+
+    def stall(self, request_prefix: str, at_step: int, seconds: float = 60.0) -> str:
+        """stall_step through this gate, as planted() takes it."""
+        return f"stall_step({request_prefix!r}, at_step={at_step}, seconds={seconds}, gate={str(self.folder)!r})"
+
+    def hang(self, seconds: float) -> None:
+        (self.folder / "stalled").touch()
+        end = time.monotonic() + seconds
+        while not (self.folder / "released").exists() and time.monotonic() < end:
+            time.sleep(0.01)
+
+    async def stalled(self, timeout: float = 60.0) -> None:
+        """Until the stall has begun."""
+        deadline = time.monotonic() + timeout
+        while not (self.folder / "stalled").exists():
+            assert time.monotonic() < deadline, "the planted stall never began"
+            await asyncio.sleep(0.01)
+
+    def release(self) -> None:
+        (self.folder / "released").touch()
+
+
+def stall_step(request_prefix: str, at_step: int, seconds: float, gate: str) -> Callable[[], None]:
+    """The at_step-th step (from 1) holding a request whose id starts with request_prefix first hangs, as a
+    deadlock or a kernel that never returns would: for seconds, or until the gate in folder gate is released."""
     schedule, seen = Scheduler.schedule, []
 
     def stalling(self: Scheduler):
@@ -53,7 +83,7 @@ def stall_step(request_prefix: str, at_step: int, seconds: float) -> Callable[[]
         if any(item.seq.request_id.startswith(request_prefix) for item in batch):
             seen.append(1)
             if len(seen) == at_step:
-                time.sleep(seconds)
+                Gate(Path(gate)).hang(seconds)
         return batch
 
     return _patch(Scheduler, "schedule", stalling)

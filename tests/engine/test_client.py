@@ -13,7 +13,8 @@ import time
 import msgspec
 import pytest
 import torch
-from faults import planted
+from clock import Clock
+from faults import Gate, planted
 
 from zhuzi import LLM, SamplingParams
 from zhuzi.config import EngineConfig, ParallelConfig
@@ -29,8 +30,8 @@ pytestmark = pytest.mark.long  # a minute or more: handed out first (tests/conft
 # float32 on the file's blocks: a batch moves only the last bits
 CONFIG = EngineConfig(dtype="float32", quantization="gguf", kv_cache_memory="64MiB")
 TRANSPORTS = {"thread": ParallelConfig(engine_process=False), "process": ParallelConfig()}
-# Planted for the whole module, each touching only the requests named for it.
-FAULTS = ('stall_step("slow", at_step=1, seconds=1.5)', 'break_loop("break-the-loop")', "fail_sampling(seed=666)")
+# Planted for the whole module (with the client's stall), each touching only the requests named for it.
+FAULTS = ('break_loop("break-the-loop")', "fail_sampling(seed=666)")
 
 
 @pytest.fixture(scope="module", params=list(TRANSPORTS))
@@ -39,8 +40,14 @@ def transport(request) -> str:
 
 
 @pytest.fixture(scope="module")
-def client(transport):
-    with planted(*FAULTS):
+def gate(transport, tmp_path_factory) -> Gate:
+    """Where the client's stall of request "slow" says it has begun, and is released."""
+    return Gate(tmp_path_factory.mktemp(f"stall-{transport}"))
+
+
+@pytest.fixture(scope="module")
+def client(transport, gate):
+    with planted(*FAULTS, gate.stall("slow", at_step=1)):
         engine = CoreClient(CONFIG, TRANSPORTS[transport]).start()
         yield engine
         engine.close()
@@ -306,22 +313,27 @@ def test_a_pin_holds_its_blocks_for_the_requests_that_begin_with_it_until_delete
     assert after.pins == [] and after.stats.num_free_blocks == after.stats.num_blocks
 
 
-def test_health_tells_a_stall_with_work_pending_from_an_idle_engine(client):
-    async def main():
-        await asyncio.sleep(0.5)
-        idle = client.health(stall_timeout=0.3)  # no work for a while: an old heartbeat is no stall
-        task = asyncio.ensure_future(collect(client, "Hi", SamplingParams(temperature=0, max_tokens=4), "slow"))
-        seen = []
-        while not task.done():
-            seen.append(client.health(stall_timeout=0.3))
-            await asyncio.sleep(0.05)
-        await task
-        return idle, seen
+def test_health_tells_a_stall_with_work_pending_from_an_idle_engine(client, gate, monkeypatch):
+    clock = Clock(time.monotonic())
+    monkeypatch.setattr(client, "clock", clock)
 
-    idle, seen = asyncio.run(main())
-    assert idle is None
-    assert any(problem and "no progress for" in problem for problem in seen)
-    assert client.health(stall_timeout=0.3) is None  # it moved again
+    async def main():
+        clock.now += 3600
+        idle = client.health(stall_timeout=10)  # no work for an hour: an old heartbeat is no stall
+        task = asyncio.ensure_future(collect(client, "Hi", SamplingParams(temperature=0, max_tokens=4), "slow"))
+        await gate.stalled()  # in its first step, before which the idle engine sent nothing
+        clock.now += 10
+        within = client.health(stall_timeout=10)
+        clock.now += 1
+        stalled = client.health(stall_timeout=10)
+        gate.release()
+        await task
+        return idle, within, stalled
+
+    idle, within, stalled = asyncio.run(main())
+    assert (idle, within) == (None, None)
+    assert stalled == "the engine has made no progress for 11 s with requests pending"
+    assert client.health(stall_timeout=10) is None  # it moved again
 
 
 def test_a_failed_engine_loop_ends_every_stream_and_refuses_later_requests(transport):
@@ -348,17 +360,18 @@ def test_a_failed_engine_loop_ends_every_stream_and_refuses_later_requests(trans
         dying.close()
 
 
-def test_closing_while_an_engine_thread_is_in_a_step_lets_it_end_quietly(monkeypatch, caplog):
+def test_closing_while_an_engine_thread_is_in_a_step_lets_it_end_quietly(monkeypatch, caplog, tmp_path):
     """close() gives the engine cores SHUTDOWN_WAIT_S; a thread still in a step after that ends at its next
     socket call, on sockets nobody closed under it: no failure, nothing logged."""
     monkeypatch.setattr(placement, "SHUTDOWN_WAIT_S", 0.2)
-    with planted('stall_step("slow", at_step=1, seconds=2)'):
+    gate = Gate(tmp_path)
+    with planted(gate.stall("slow", at_step=1, seconds=2)):
         engine = CoreClient(EngineConfig(kv_cache_memory="16MiB"), TRANSPORTS["thread"]).start()
 
         async def main():
             stream = engine.generate("Tell me a story", SamplingParams(max_tokens=8), "slow")
             first = asyncio.ensure_future(anext(stream))
-            await asyncio.sleep(0.5)  # in the stalled step
+            await gate.stalled()
             engine.close()
             first.cancel()
 

@@ -10,7 +10,8 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from faults import planted
+from clock import Clock
+from faults import Gate, planted
 
 from zhuzi import SamplingParams
 from zhuzi.config import EngineConfig, ParallelConfig, ServerConfig
@@ -18,32 +19,29 @@ from zhuzi.engine.core_client import CoreClient
 from zhuzi.server.app import create_app
 
 QUESTION = [{"role": "user", "content": "Tell me a story"}]
+TIMEOUT = 60.0  # --engine-stall-timeout, in the seconds of the test's clock
 
 
 @pytest.fixture
-def engine() -> Iterator[CoreClient]:
-    """The engine core in a thread of this process (--no-engine-process), with a sampler that fails for seed 666."""
+def clock() -> Clock:
+    return Clock(time.monotonic())
+
+
+@pytest.fixture
+def engine(clock: Clock) -> Iterator[CoreClient]:
+    """The engine core in a thread of this process (--no-engine-process), with a sampler that fails for seed 666,
+    its heartbeats read on the test's clock."""
     with planted("fail_sampling(seed=666)"):
-        client = CoreClient(EngineConfig(kv_cache_memory="16MiB"), ParallelConfig(engine_process=False)).start()
+        client = CoreClient(EngineConfig(kv_cache_memory="16MiB"), ParallelConfig(engine_process=False),
+                            clock=clock).start()
         yield client
         client.close()
 
 
-async def slowest_wait(engine: CoreClient) -> float:
-    """The longest this engine, here and now, takes to deliver a delta of a short request (its first included)."""
-    waits, last = [], time.monotonic()
-    async for _ in engine.generate("Hi", SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), "baseline"):
-        waits.append(time.monotonic() - last)
-        last = time.monotonic()
-    return max(waits)
-
-
-def test_health_is_503_once_the_engine_stalls_and_the_server_asks_to_stop(engine):
-    # The stall timeout and the stall are measured against this machine's own pace (a loaded CI runner's steps
-    # are many times slower than a quiet one's): no working step comes near the timeout, the stall far exceeds it.
-    timeout = max(0.5, 4 * asyncio.run(slowest_wait(engine)))
+def test_health_is_503_once_the_engine_stalls_and_the_server_asks_to_stop(engine, clock, tmp_path):
+    gate = Gate(tmp_path)
     failures: list[str] = []
-    app = create_app(engine, ServerConfig(engine_stall_timeout=timeout), on_failure=failures.append)
+    app = create_app(engine, ServerConfig(engine_stall_timeout=TIMEOUT), on_failure=failures.append)
 
     async def main() -> tuple[list[int], httpx.Response]:
         transport = httpx.ASGITransport(app)
@@ -52,17 +50,22 @@ def test_health_is_503_once_the_engine_stalls_and_the_server_asks_to_stop(engine
             statuses = [(await http.get("/health")).status_code]
             body = {"messages": QUESTION, "max_tokens": 50, "ignore_eos": True, "stream": True}
             # the chat's third step hangs (a deadlock, a kernel that never returns)
-            with planted(f'stall_step("chatcmpl", at_step=3, seconds={6 * timeout})'):
+            with planted(gate.stall("chatcmpl", at_step=3)):
                 chat = asyncio.ensure_future(http.post("/v1/chat/completions", json=body))
-                deadline = time.monotonic() + 20 * timeout
-                while not failures and time.monotonic() < deadline:
+                await gate.stalled()
+                deadline = time.monotonic() + 60
+                while not failures:  # the server's watch looks every WATCH_PERIOD_S
+                    assert time.monotonic() < deadline, "the server never noticed the stall"
                     statuses.append((await http.get("/health")).status_code)
-                    await asyncio.sleep(0.1)
+                    clock.now += TIMEOUT / 4  # a delta of the step before the stall may still come: it resets this
+                    await asyncio.sleep(0.05)
                 statuses.append((await http.get("/health")).status_code)
+                gate.release()
                 return statuses, await chat
 
     statuses, chat = asyncio.run(main())
-    assert statuses[0] == 200 and statuses[-1] == 503
+    assert statuses[:6] == [200] * 6  # before the chat, and silent for 0 to 60 s: no stall yet
+    assert statuses[-1] == 503
     assert len(failures) == 1 and "no progress" in failures[0]
     events = [line.removeprefix("data: ") for line in chat.text.splitlines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]" and "no progress" in json.loads(events[-2])["error"]["message"]

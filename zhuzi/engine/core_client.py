@@ -18,7 +18,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -52,15 +52,18 @@ class CoreClient:
     vocab_size: int
     grammars: GrammarCompiler  # the front's own, to check constraints: errors then name the request's field
 
-    def __init__(self, config: EngineConfig, parallel: ParallelConfig, fork: bool = False):
+    def __init__(self, config: EngineConfig, parallel: ParallelConfig, fork: bool = False,
+                 clock: Callable[[], float] = time.monotonic):
         """Nothing runs until launch() or start(); close() stops whatever they began, even while start() waits.
         fork: local engine-core processes are forked from this process, not spawned, and skip importing the
         engine again (seconds each): only for a caller that has run no torch operation and started no thread
-        of its own yet (`zhuzi serve`, which launches before it loads anything)."""
+        of its own yet (`zhuzi serve`, which launches before it loads anything). clock: what the replicas'
+        heartbeats, and so their stalls, are measured by."""
         parallel.check(config)
         self.config = config
         self.parallel = parallel
         self.fork = fork
+        self.clock = clock
         self.router = PrefixRouter(config.block_size)
         self._lock = threading.Lock()  # replicas' bookkeeping: the event loop and the reader thread share it
         self._ready = threading.Condition(self._lock)
@@ -230,7 +233,7 @@ class CoreClient:
             self._gone(replica, f"{message.reason}{self._which(replica)}" if replica.ready else message.reason)
             return
         with self._lock:
-            replica.heartbeat = time.monotonic()
+            replica.heartbeat = self.clock()
             replica.stats = message.stats
             if isinstance(message, core.Ready):
                 replica.ready = message
@@ -308,7 +311,7 @@ class CoreClient:
         is reported (and ends once it moves again, unless the caller fails the engine)."""
         if self._failure is not None:
             return self._failure
-        now = time.monotonic()
+        now = self.clock()
         for r in self.replicas:
             silent = now - r.heartbeat
             if stall_timeout and r.failure is None and r.requests and silent > stall_timeout:
@@ -428,7 +431,7 @@ class CoreClient:
             replica = self.replicas[replica]
             if track:
                 if not replica.requests:
-                    replica.heartbeat = time.monotonic()  # it was idle: its silence so far is no stall
+                    replica.heartbeat = self.clock()  # it was idle: its silence so far is no stall
                 replica.requests.add(request_id)
                 self._prompts[request_id] = ids
             self._where[request_id] = replica
