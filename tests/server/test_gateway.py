@@ -6,15 +6,7 @@ import re
 import pytest
 from clock import Clock
 
-from zhuzi.server import gateway as gw
 from zhuzi.server.gateway import ANONYMOUS, Gateway, GatewayError, key_id, retry_after_header
-
-
-@pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
-    clock = Clock()
-    monkeypatch.setattr(gw.time, "monotonic", clock)
-    return clock
 
 
 def refused(call, *args) -> GatewayError:
@@ -45,8 +37,9 @@ def test_anthropics_x_api_key_header_carries_a_key_too() -> None:
         assert (error.status, error.code) == (401, "invalid_api_key")
 
 
-def test_requests_per_minute_refill_over_time(clock: Clock) -> None:
-    gate = Gateway(rpm=3)
+def test_requests_per_minute_refill_over_time() -> None:
+    clock = Clock()
+    gate = Gateway(rpm=3, clock=clock)
     for _ in range(3):
         gate.check_rate("a")
     error = refused(gate.check_rate, "a")
@@ -59,8 +52,9 @@ def test_requests_per_minute_refill_over_time(clock: Clock) -> None:
     refused(gate.check_rate, "a")
 
 
-def test_tokens_per_minute_charge_prompt_and_completion(clock: Clock) -> None:
-    gate = Gateway(tpm=600)
+def test_tokens_per_minute_charge_prompt_and_completion() -> None:
+    clock = Clock()
+    gate = Gateway(tpm=600, clock=clock)
     gate.check_rate("a")
     gate.charge_tokens("a", 500)  # the prompt, at admission
     gate.check_rate("a")  # 100 left: still allowed to start

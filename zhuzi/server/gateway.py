@@ -17,6 +17,7 @@ import hashlib
 import math
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from zhuzi.engine.sequence import Tenant
@@ -46,7 +47,7 @@ class GatewayError(Exception):
 class TokenBucket:
     per_minute: float
     level: float = field(init=False)
-    updated: float = field(default_factory=lambda: time.monotonic())
+    updated: float  # the clock's time of the last refill
 
     def __post_init__(self) -> None:
         self.level = self.per_minute
@@ -85,12 +86,14 @@ class KeyLimits:
 
 class Gateway:
     def __init__(self, api_keys: list[str] | None = None, rpm: int | None = None, tpm: int | None = None,
-                 capacity: int = 0, weights: dict[str, float] | None = None) -> None:
+                 capacity: int = 0, weights: dict[str, float] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.api_keys = [key.encode() for key in api_keys or []]
         self.tenants = {key: Tenant(key_id(key), (weights or {}).get(key, 1.0)) for key in api_keys or []}
         self.rpm, self.tpm = rpm, tpm
         self.capacity = capacity  # sequences: the engine's max_num_seqs plus the waiting room
         self.in_flight = 0  # sequences admitted and not yet finished
+        self.clock = clock  # what the per-minute limits refill by
         self._limits: dict[str, KeyLimits] = {}  # touched only from the event loop: no lock
 
     def authenticate(self, authorization: str | None, x_api_key: str | None = None) -> str:
@@ -114,7 +117,7 @@ class Gateway:
 
     def check_rate(self, key: str) -> None:
         """Count one request against the key's limits; GatewayError 429 when a limit is spent."""
-        now = time.monotonic()
+        now = self.clock()
         limits = self._limits_of(key)
         for bucket, kind in ((limits.requests, "requests"), (limits.tokens, "tokens")):
             if bucket is not None and (wait := bucket.wait_time(now)) > 0:
@@ -127,7 +130,7 @@ class Gateway:
     def charge_tokens(self, key: str, num_tokens: int) -> None:
         bucket = self._limits_of(key).tokens
         if bucket is not None:
-            bucket.take(num_tokens, time.monotonic())
+            bucket.take(num_tokens, self.clock())
 
     def admit(self, num_seqs: int) -> Admission:
         """Take num_seqs places in the bounded queue; the caller releases them when the request ends."""
@@ -144,8 +147,9 @@ class Gateway:
 
     def _limits_of(self, key: str) -> KeyLimits:
         if key not in self._limits:
-            self._limits[key] = KeyLimits(TokenBucket(self.rpm) if self.rpm else None,
-                                          TokenBucket(self.tpm) if self.tpm else None)
+            now = self.clock()
+            self._limits[key] = KeyLimits(TokenBucket(self.rpm, now) if self.rpm else None,
+                                          TokenBucket(self.tpm, now) if self.tpm else None)
         return self._limits[key]
 
 
