@@ -7,6 +7,7 @@ import msgspec
 import pytest
 import tiny
 import zmq
+from clock import Clock
 from kv_load import GREEDY, ids
 
 from zhuzi.config import EngineConfig
@@ -85,6 +86,20 @@ def test_a_hand_off_given_up_midway_computes_the_rest_with_the_same_tokens(confi
     assert run(engine)["r"] == alone
     stats = engine.stats()
     assert stats.kv_transfers_failed == 1 and stats.prefix_cache_hits == 3 * 16
+
+
+def test_a_hand_off_whose_blocks_never_come_is_given_up_after_wait_s(config, alone, monkeypatch):
+    clock = Clock()
+    engine = Engine(config, kv_transfers=True)
+    monkeypatch.setattr(engine.kv.handoffs, "clock", clock)
+    engine.add_request("r", PROMPT, GREEDY, handoff=Handoff("r"))
+    clock.now += kv_transfer.WAIT_S - 1
+    assert engine.step() == [] and not engine.has_work()  # a second before the deadline: it still waits
+    clock.now += 1
+    given_up = engine.step()  # the step at the deadline lets the request go, and computes its prompt
+    assert [t for out in given_up for t in out.outputs[0].token_ids] + run(engine)["r"] == alone
+    stats = engine.stats()
+    assert (stats.kv_transfers_failed, stats.prefix_cache_hits) == (1, 0)
 
 
 def test_blocks_of_another_model_are_refused_and_the_prompt_computed(config, alone, shipments, caplog):

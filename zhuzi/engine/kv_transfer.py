@@ -17,6 +17,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import msgspec
@@ -88,6 +89,7 @@ class Handoffs:
     blocks_received: int = 0
 
     sending: dict[int, Handoff] = field(default_factory=dict)  # seq id -> where its prompt's blocks go
+    clock: Callable[[], float] = time.monotonic  # what WAIT_S is measured by
 
     def start(self, handoff: Handoff, seqs: list[Sequence]) -> None:
         if handoff.send_to is None:
@@ -128,7 +130,7 @@ class Handoffs:
         """Hold seqs back until transfer_id's blocks have come (or the hand-off is given up)."""
         for seq in seqs:
             seq.awaiting_kv = True
-        self.awaited[transfer_id] = Awaited(seqs, time.monotonic() + WAIT_S)
+        self.awaited[transfer_id] = Awaited(seqs, self.clock() + WAIT_S)
 
     def receive(self, header: ShipmentHeader, frames: list[zmq.Frame]) -> None:
         """A shipment has come: adopt its blocks into the prefix cache; the last lets the request go."""
@@ -161,7 +163,7 @@ class Handoffs:
             self._release(transfer_id)
 
     def expire(self) -> None:
-        now = time.monotonic()
+        now = self.clock()
         for transfer_id in [t for t, w in self.awaited.items() if w.deadline <= now]:
             self.give_up(transfer_id)
         for transfer_id in [t for t, w in self.awaited.items() if all(s.finished for s in w.seqs)]:
