@@ -305,7 +305,7 @@ class Engine:
                     self.output.fail(req, exc, StepOutcome())
 
     def _step_record(self, batch: list[ScheduledSeq], result: StepResult, end: float, duration: float) -> StepRecord:
-        """Each row's share of the step; called before the batch counts as computed (ScheduledSeq.kind)."""
+        """Each row's share of the step, as the scheduler stamped it; called before the batch counts as computed."""
         accepted = {item.seq.seq_id: verdict.num_accepted for item, verdict in result.sampled}
         return StepRecord(next(self._step_count), end, duration, [
             StepRow(item.seq.request_id, item.kind, item.num_new_tokens, item.seq.num_computed_tokens
@@ -315,7 +315,7 @@ class Engine:
     def _propose(self) -> None:
         """Drafts for the next step: each decoding sequence gets at most what the step could verify and
         what its max_tokens and the context window leave room for."""
-        decoding = [s for s in self.scheduler.running if s.is_decoding]
+        decoding = self.scheduler.decoding()
         room = min(self.spec.num_speculative_tokens, self.spec.max_step_tokens - len(decoding))
         seqs, limits = [], []
         for seq in self.scheduler.running:

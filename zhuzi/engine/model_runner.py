@@ -93,6 +93,12 @@ def zeroed_pool(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
     return torch.frombuffer(pages, dtype=dtype).view(shape)
 
 
+def _one_token_rows_first(batch: list[ScheduledSeq]) -> list[int]:
+    """The order of the batch's rows with its one-token rows first, order kept: the attention takes them as
+    one batch of single queries, whatever their kind (a prompt's last token alone is one)."""
+    return sorted(range(len(batch)), key=lambda i: batch[i].num_new_tokens != 1)
+
+
 class ModelRunner:
     def __init__(self, model: Decoder, config: EngineConfig, num_blocks: int, eos_ids: list[int]):
         c = model.config
@@ -129,8 +135,8 @@ class ModelRunner:
         return [block_table[p // bs] * bs + p % bs for p in range(start, end)]
 
     def _metadata(self, batch: list[ScheduledSeq], slot_mapping: list[int]) -> AttentionMetadata:
-        """Batch must list its one-token items (decodes) first."""
-        decodes = [s for s in batch if s.is_decode]
+        """Batch must list its one-token rows first (_one_token_rows_first)."""
+        decodes = [s for s in batch if s.num_new_tokens == 1]
         bs = self.block_size
         if decodes:
             contexts = self._tensor([s.seq.num_computed_tokens + 1 for s in decodes])
@@ -150,7 +156,7 @@ class ModelRunner:
                                  prefills)
 
     def _inputs(self, batch: list[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
-        """A step's token ids, positions and attention metadata (decodes first), and each item's first row."""
+        """A step's token ids, positions and attention metadata (one-token rows first), and each item's first row."""
         input_ids, positions, slot_mapping, starts = [], [], [], []
         for s in batch:
             seq, done, n = s.seq, s.seq.num_computed_tokens, s.num_new_tokens
@@ -162,16 +168,15 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, batch: list[ScheduledSeq]) -> StepResult:
-        batch = sorted(batch, key=lambda s: not s.is_decode)  # decode rows first, order kept
+        batch = [batch[i] for i in _one_token_rows_first(batch)]
         lens = [s for s in batch if s.samples and s.seq.probe is not None and s.seq.probe.lens_top]
         ids, positions, meta, starts = self._inputs(batch)
         prompt_rows = [(s, row) for s, row in zip(batch, starts) if s.seq.params.prompt_logprobs is not None
                        and s.seq.index == 0 and not s.seq.prompt_done]
-        # A step of decodes only (each samples its next token; drafts make an item more than one token) can
-        # run as one fused call, whose logits row i is item i's. A step with a probe takes the per-layer path,
-        # where the logit lens taps: with the lens or without, a probe reads the same bits.
-        fusable = not prompt_rows and meta.num_decode_tokens == len(batch) and all(
-            s.samples and s.seq.probe is None for s in batch)
+        # A step whose rows each sample from one new token can run as one fused call (the model takes it when
+        # no row is wider: a verify is not), whose logits row i is item i's. A step with a probe takes the
+        # per-layer path, where the logit lens taps: with the lens or without, a probe reads the same bits.
+        fusable = not prompt_rows and all(s.samples and s.seq.probe is None for s in batch)
         fused = self.model.decode_step(ids, positions, meta, self.kv_cache) if fusable else None
         result = StepResult()
         if fused is not None:
@@ -213,7 +218,7 @@ class ModelRunner:
     @torch.inference_mode()
     def last_logits(self, batch: list[ScheduledSeq]) -> torch.Tensor:
         """[len(batch), V]: the logits after each item's last new token (a draft model's forward pass)."""
-        order = sorted(range(len(batch)), key=lambda i: not batch[i].is_decode)
+        order = _one_token_rows_first(batch)
         ids, positions, meta, starts = self._inputs([batch[i] for i in order])
         hidden = self._forward(ids, positions, meta)
         rows = [0] * len(batch)

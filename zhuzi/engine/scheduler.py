@@ -14,6 +14,16 @@ from zhuzi.engine.sequence import ScheduledSeq, Sequence, Status, StepOutcome
 from zhuzi.outputs import TenantLoad
 
 
+def scheduled(seq: Sequence, n: int) -> ScheduledSeq:
+    """seq's next n tokens as a row of a step, stamped with its kind (drafts that join it make it a verify)."""
+    return ScheduledSeq(seq, n, "decode" if _decodes_next(seq) else "prefill")
+
+
+def _decodes_next(seq: Sequence) -> bool:
+    """Its prompt is computed and only its newest token is not: its next row is a decode."""
+    return seq.prompt_done and seq.num_tokens - seq.num_computed_tokens == 1
+
+
 @dataclass
 class StepPlan:
     """What one schedule() call has decided so far: the batch, what is left of the token budget, each
@@ -113,11 +123,15 @@ class Scheduler:
                 demands[seq.tenant.id] = demands.get(seq.tenant.id, 0) + n
         return demands
 
-    def _attach_drafts(self, scheduled: list[ScheduledSeq]) -> None:
+    def decoding(self) -> list[Sequence]:
+        """The running sequences whose next row is a decode (those a proposer drafts for)."""
+        return [s for s in self.running if _decodes_next(s)]
+
+    def _attach_drafts(self, batch: list[ScheduledSeq]) -> None:
         """Drafts are extras: they fill what is left of the step's room, one token per sequence in turn,
         and never push anyone out (when the pool is short, a sequence goes without)."""
-        room = min(self.max_num_batched_tokens, self.spec_step_tokens) - sum(s.num_new_tokens for s in scheduled)
-        wanting = [s for s in scheduled if s.seq.spec_token_ids and s.seq.is_decoding]
+        room = min(self.max_num_batched_tokens, self.spec_step_tokens) - sum(s.num_new_tokens for s in batch)
+        wanting = [s for s in batch if s.seq.spec_token_ids and s.kind == "decode"]
         given = [0] * len(wanting)
         while room > 0 and any(k < len(s.seq.spec_token_ids) for k, s in zip(given, wanting)):
             for i, item in enumerate(wanting):
@@ -127,6 +141,7 @@ class Scheduler:
         for item, k in zip(wanting, given):
             if k and self.blocks.allocate_slots(item.seq, 1 + k):
                 item.spec_token_ids, item.num_new_tokens = item.seq.spec_token_ids[:k], 1 + k
+                item.kind = "verify"
 
     @staticmethod
     def _chunk(seq: Sequence, budget: int, cap: int) -> int:
@@ -144,7 +159,7 @@ class Scheduler:
             plan.blocked = True
             if victim is seq:
                 return
-        plan.add(ScheduledSeq(seq, n))
+        plan.add(scheduled(seq, n))
 
     def _admit(self, seq: Sequence, room: int, plan: StepPlan) -> None:
         """A waiting sequence joins the batch if it finds a slot and blocks, preempting whom the policy lets
@@ -172,7 +187,7 @@ class Scheduler:
         self.waiting.remove(seq)
         self.running.append(seq)
         seq.status, seq.ever_scheduled = Status.RUNNING, True
-        plan.add(ScheduledSeq(seq, n))
+        plan.add(scheduled(seq, n))
 
     @staticmethod
     def _held_by_leader(seq: Sequence) -> bool:

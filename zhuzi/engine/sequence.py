@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import torch
 
@@ -107,16 +107,17 @@ class Sequence:
     def prompt_done(self) -> bool:
         return self.num_computed_tokens >= self.num_prompt_tokens
 
-    @property
-    def is_decoding(self) -> bool:
-        """Its prompt is computed and only its newest token is not: its next step is a decode."""
-        return self.prompt_done and self.num_tokens - self.num_computed_tokens == 1
-
     def max_length(self, max_model_len: int) -> int:
         """The number of tokens (prompt and output) at which it ends with "length"."""
         if self.params.max_tokens is None:
             return max_model_len
         return min(self.num_prompt_tokens + self.params.max_tokens, max_model_len)
+
+
+# A row's share of a step, stamped by the scheduler when it schedules the row (scheduler.scheduled):
+# "prefill" (a chunk of a prompt, or a recomputation), "decode" (one token past a computed prompt) or "verify"
+# (the newest token and the drafts that follow it).
+Kind = Literal["prefill", "decode", "verify"]
 
 
 @dataclass
@@ -125,6 +126,7 @@ class ScheduledSeq:
 
     seq: Sequence
     num_new_tokens: int  # tokens whose K/V this step computes, drafts included
+    kind: Kind
     spec_token_ids: list[int] = field(default_factory=list)  # the drafts this step verifies
     # True when this step reaches the sequence's last token, so its next token is drawn (decided when
     # scheduled: the tokens the step emits come after).
@@ -133,19 +135,6 @@ class ScheduledSeq:
     def __post_init__(self) -> None:
         seq = self.seq
         self.samples = seq.num_computed_tokens + self.num_new_tokens - len(self.spec_token_ids) == seq.num_tokens
-
-    @property
-    def is_decode(self) -> bool:
-        """One new token: a decode row (a sequence's next token, or a prompt's last chunk of one token)."""
-        return self.num_new_tokens == 1
-
-    @property
-    def kind(self) -> str:
-        """Its share of the step, before the step counts as computed: "verify" (drafts and one token),
-        "decode" (one token past a computed prompt) or "prefill" (a chunk of a prompt or a recomputation)."""
-        if self.spec_token_ids:
-            return "verify"
-        return "decode" if self.is_decode and self.seq.is_decoding else "prefill"
 
 
 @dataclass

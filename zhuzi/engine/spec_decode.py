@@ -25,7 +25,8 @@ import torch
 from zhuzi.config import EngineConfig, SpeculativeConfig
 from zhuzi.engine.block_manager import BlockManager
 from zhuzi.engine.model_runner import ModelRunner
-from zhuzi.engine.sequence import ScheduledSeq, Sequence
+from zhuzi.engine.scheduler import scheduled
+from zhuzi.engine.sequence import Sequence
 from zhuzi.model.decoder import Decoder, layer_format
 from zhuzi.model.loader import load_checkpoint
 from zhuzi.sample.rejection import sample_drafts
@@ -152,7 +153,7 @@ class DraftModelProposer:
             if not self.blocks.allocate_slots(shadow, n):
                 self.release(seq)  # the draft never takes room from anyone: this sequence goes without
                 continue
-            batch.append(ScheduledSeq(shadow, n))
+            batch.append(scheduled(shadow, n))
             budget -= n
         if not batch:
             return {}
@@ -187,7 +188,7 @@ class DraftModelProposer:
             shadow = self.shadows[seq.seq_id].seq
             shadow.token_ids.append(drafts[seq.seq_id][-1])
             if self.blocks.allocate_slots(shadow, 1):
-                batch.append(ScheduledSeq(shadow, 1))
+                batch.append(scheduled(shadow, 1))
                 kept.append((seq, k))
         if not batch:
             return {}, []
