@@ -22,7 +22,7 @@ def computed(blocks: BlockManager, s, n: int | None = None) -> None:
     """Allocate and 'compute' the first n tokens of s (all of them by default)."""
     n = s.num_tokens if n is None else n
     assert blocks.allocate_slots(s, n - s.num_computed_tokens)
-    s.num_computed_tokens = n
+    blocks.computed(s, n - s.num_computed_tokens)
     blocks.register_computed(s)
 
 
@@ -32,7 +32,7 @@ def test_a_shared_prefix_is_found_and_its_blocks_counted_once_per_user():
     computed(blocks, first)  # 3 full blocks published, a fourth partly filled
     second = seq(list(range(12)) + [99, 98])
     hit = blocks.reuse_cached_prefix(second)
-    assert hit == 12 and second.block_table == first.block_table[:3]
+    assert hit == second.num_computed_tokens == 12 and second.block_table == first.block_table[:3]
     assert [blocks.blocks[b].ref_count for b in second.block_table] == [2, 2, 2]
     assert (blocks.prefix_queries, blocks.prefix_hits) == (14, 12)
     blocks.free_sequence(first)
@@ -52,6 +52,17 @@ def test_without_prefix_caching_nothing_is_found():
     blocks = BlockManager(num_blocks=8, block_size=4, enable_prefix_caching=False)
     computed(blocks, seq(list(range(9))))
     assert blocks.reuse_cached_prefix(seq(list(range(9)))) == 0 and not blocks.cached
+
+
+def test_a_rewound_sequence_keeps_its_blocks_and_computes_its_tail_again_in_them():
+    blocks = BlockManager(num_blocks=8, block_size=4)
+    s = seq(list(range(10)))
+    computed(blocks, s)
+    blocks.keep_computed(s, 12)  # never more than it has
+    assert s.num_computed_tokens == 10
+    blocks.keep_computed(s, 6)
+    assert s.num_computed_tokens == 6 and len(s.block_table) == 3
+    assert blocks.allocate_slots(s, 4) and len(s.block_table) == 3
 
 
 def test_freed_cached_blocks_stay_findable_until_evicted_least_recently_freed_first():
@@ -93,9 +104,9 @@ def test_no_block_leaks_under_random_admissions_and_frees(host_blocks):
             blocks.free_sequence(live.pop(rng.randrange(len(live))))
             continue
         s = seq(shared[:rng.randint(1, 10)] + [rng.randint(500, 600) for _ in range(rng.randint(1, 12))])
-        s.num_computed_tokens = blocks.reuse_cached_prefix(s)
+        blocks.reuse_cached_prefix(s)
         if blocks.allocate_slots(s, s.num_tokens - s.num_computed_tokens):
-            s.num_computed_tokens = s.num_tokens
+            blocks.computed(s, s.num_tokens - s.num_computed_tokens)
             blocks.register_computed(s)
             live.append(s)
         else:

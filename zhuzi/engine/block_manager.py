@@ -103,11 +103,13 @@ class BlockManager:
         return hashes[:num_tokens // size]
 
     def reuse_cached_prefix(self, seq: Sequence) -> int:
-        """At admission: attach the longest cached prefix; returns how many tokens it covers.
+        """At admission: attach the longest cached prefix, which counts as computed; returns how many tokens
+        it covers.
 
         The last token is always recomputed, since its logits are needed to sample."""
         assert not seq.block_table
         if not self.enable_prefix_caching:
+            seq.num_computed_tokens = 0
             return 0
         self.prefix_queries += seq.num_tokens
         for h in self._full_block_hashes(seq, seq.num_tokens - 1):
@@ -119,7 +121,8 @@ class BlockManager:
                 seq.block_table.append(block_id)
             else:
                 break
-        return len(seq.block_table) * self.block_size
+        seq.num_computed_tokens = len(seq.block_table) * self.block_size
+        return seq.num_computed_tokens
 
     def _load(self, h: bytes) -> int | None:
         """A block the connector's tiers hold, copied into a free block (taken for the caller)."""
@@ -185,6 +188,14 @@ class BlockManager:
             return False
         seq.block_table.extend(self._take_free() for _ in range(need))
         return True
+
+    def computed(self, seq: Sequence, num_tokens: int) -> None:
+        """num_tokens more of seq's tokens have their K/V in its blocks."""
+        seq.num_computed_tokens += num_tokens
+
+    def keep_computed(self, seq: Sequence, num_tokens: int) -> None:
+        """Only seq's first num_tokens tokens keep their K/V (the rest are computed again into the same slots)."""
+        seq.num_computed_tokens = min(seq.num_computed_tokens, num_tokens)
 
     def register_computed(self, seq: Sequence) -> None:
         """After a step: publish every block that is now full and computed to the prefix cache."""

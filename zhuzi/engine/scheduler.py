@@ -173,7 +173,7 @@ class Scheduler:
                 return
             self._preempt(victim, plan)
         if not seq.block_table and seq.params.prompt_logprobs is None:
-            seq.num_computed_tokens = self.blocks.reuse_cached_prefix(seq)
+            self.blocks.reuse_cached_prefix(seq)
             if not seq.ever_scheduled:
                 seq.num_cached_tokens = seq.num_computed_tokens
         n = self._chunk(seq, room, plan.cap_of(seq))
@@ -218,7 +218,7 @@ class Scheduler:
         sequences that ended finished and their blocks freed."""
         for item in batch:
             seq, accepted = item.seq, outcome.emitted.get(item.seq.seq_id)
-            seq.num_computed_tokens += item.num_new_tokens - len(item.spec_token_ids) + (accepted or 0)
+            self.blocks.computed(seq, item.num_new_tokens - len(item.spec_token_ids) + (accepted or 0))
             if not item.samples or accepted is not None:
                 self.blocks.register_computed(seq)  # before finishing, so the last blocks reach the prefix cache
         for seq, reason, stop_reason in outcome.finished:

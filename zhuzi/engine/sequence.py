@@ -64,6 +64,8 @@ class Sequence:
     thought: ThoughtBudget | None = None  # thinking_token_budget: where the sequence is in its thought
     tenant: Tenant = Tenant()
     token_ids: list[int] = field(init=False)
+    # The blocks and computed tokens are the block manager's to write (the scheduler and the draft proposer
+    # go through it), so the two never disagree.
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[bytes] = field(default_factory=list)  # of the full blocks so far
     num_computed_tokens: int = 0  # tokens whose K/V sit in the cache

@@ -160,7 +160,7 @@ class DraftModelProposer:
         logits = self.runner.last_logits(batch)
         ready = {}
         for item, row in zip(batch, logits):
-            item.seq.num_computed_tokens += item.num_new_tokens
+            self.blocks.computed(item.seq, item.num_new_tokens)
             if item.seq.num_computed_tokens == item.seq.num_tokens:
                 ready[item.seq.seq_id] = row
         return ready
@@ -176,7 +176,7 @@ class DraftModelProposer:
         while common < min(len(own), len(target)) and own[common] == target[common]:
             common += 1
         shadow.seq.token_ids = list(target)
-        shadow.seq.num_computed_tokens = min(shadow.seq.num_computed_tokens, common, len(target) - 1)
+        self.blocks.keep_computed(shadow.seq, min(common, len(target) - 1))
         shadow.synced = len(target)
         return shadow.seq
 
@@ -194,7 +194,7 @@ class DraftModelProposer:
             return {}, []
         logits = self.runner.last_logits(batch)
         for item in batch:
-            item.seq.num_computed_tokens += 1
+            self.blocks.computed(item.seq, 1)
         return {seq.seq_id: row for (seq, _), row in zip(kept, logits)}, kept
 
 
