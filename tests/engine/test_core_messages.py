@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from zhuzi.engine import core
-from zhuzi.engine.kv_transfer import Handoff
+from zhuzi.engine.kv.transfer import Handoff
 from zhuzi.engine.sequence import PinSpec, Probe, Tenant
 from zhuzi.outputs import EngineStats, KVTierStats, PromptProgress, RequestOutput, TenantLoad
 from zhuzi.sampling_params import InvalidRequest, SamplingParams, StructuredOutputError, StructuredOutputsParams

@@ -1,8 +1,8 @@
 """Routing between data-parallel replicas, from the block hashes a real engine reports."""
 from zhuzi import SamplingParams
 from zhuzi.config import EngineConfig
-from zhuzi.engine.block_manager import block_hash
 from zhuzi.engine.engine import Engine
+from zhuzi.engine.kv.block_manager import block_hash
 from zhuzi.engine.router import LOAD_COST_TOKENS, PrefixRouter
 
 

@@ -1,7 +1,7 @@
 """Scheduler policy on fake sequences (no model): who runs each step, with how many tokens."""
 from fake_sequences import run_step, scheduler, seq
 
-from zhuzi.engine.block_manager import BlockManager
+from zhuzi.engine.kv.block_manager import BlockManager
 from zhuzi.engine.scheduler import Scheduler
 from zhuzi.engine.sequence import Status, StepOutcome
 

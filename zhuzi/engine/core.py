@@ -6,7 +6,7 @@ prefix-cache blocks it stored and evicted (the front routes a conversation's nex
 holds its history). The messages are msgspec structs around the engine's own dataclasses, as msgpack on
 ZeroMQ sockets. The same loop runs wherever the engine core lives: in a thread of the server's process
 (inproc:// sockets), in a local process (ipc://) or in a Ray actor on any node (tcp://). Prefill/decode
-replicas also ship KV blocks to each other on sockets of their own (kv_transfer.py). The engine core knows
+replicas also ship KV blocks to each other on sockets of their own (kv/transfer.py). The engine core knows
 nothing of HTTP; the front knows nothing of blocks beyond their hashes.
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ import zmq
 
 from zhuzi.config import EngineConfig
 from zhuzi.engine.engine import Engine
-from zhuzi.engine.kv_transfer import Handoff, ShipmentSockets
+from zhuzi.engine.kv.transfer import Handoff, ShipmentSockets
 from zhuzi.engine.sequence import Probe, Tenant
 from zhuzi.outputs import EngineSnapshot, EngineStats, RequestOutput
 from zhuzi.sampling_params import InvalidRequest, SamplingParams, StructuredOutputError

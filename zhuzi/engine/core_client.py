@@ -28,7 +28,7 @@ from zhuzi.config import EngineConfig, ParallelConfig, parse_bytes
 from zhuzi.engine import core, placement
 from zhuzi.engine.client import EngineDead, Stream, final_inspection
 from zhuzi.engine.engine import check_token_ids
-from zhuzi.engine.kv_transfer import Handoff
+from zhuzi.engine.kv.transfer import Handoff
 from zhuzi.engine.placement import Replica, default_threads
 from zhuzi.engine.router import PrefixRouter
 from zhuzi.engine.sequence import PinSpec, Probe, Tenant

@@ -33,8 +33,8 @@ import torch
 from zhuzi.config import EngineConfig
 from zhuzi.detokenizer import IncrementalDetokenizer
 from zhuzi.engine import tp_worker
-from zhuzi.engine.kv_services import KVServices
-from zhuzi.engine.kv_transfer import Handoff
+from zhuzi.engine.kv.services import KVServices
+from zhuzi.engine.kv.transfer import Handoff
 from zhuzi.engine.model_runner import StepResult, load_runner, measure_read_bandwidth
 from zhuzi.engine.output_processor import OutputProcessor, RequestState
 from zhuzi.engine.policies import make_policy
@@ -184,7 +184,7 @@ class Engine:
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
                     arrival_time: float | None = None, tenant: Tenant = Tenant(),
                     handoff: Handoff | None = None) -> None:
-        """handoff: this request's part in a prefill/decode hand-off (kv_transfer.py)."""
+        """handoff: this request's part in a prefill/decode hand-off (kv/transfer.py)."""
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         ids = self.validate(prompt, params)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from zhuzi.engine.block_manager import hash_chain
+from zhuzi.engine.kv.block_manager import hash_chain
 
 # A request in flight on a replica costs a newcomer about as much as recomputing this many prompt tokens:
 # one more row in a decode batch slows every step of the reply a little, which over a reply adds up to a

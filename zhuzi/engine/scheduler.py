@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from zhuzi.engine.block_manager import BlockManager
+from zhuzi.engine.kv.block_manager import BlockManager
 from zhuzi.engine.policies import FirstComeFirstServed, Policy
 from zhuzi.engine.sequence import ScheduledSeq, Sequence, Status, StepOutcome
 from zhuzi.outputs import TenantLoad

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class PinSpec:
-    """A prefix to keep in the KV pool under a name (pins.py), for ttl seconds (None: until deleted)."""
+    """A prefix to keep in the KV pool under a name (kv/pins.py), for ttl seconds (None: until deleted)."""
 
     name: str
     ttl: float | None = None
@@ -76,7 +76,7 @@ class Sequence:
     stop_reason: int | str | None = None
     cumulative_logprob: float = 0.0
     ever_scheduled: bool = False
-    awaiting_kv: bool = False  # held back until a prefill replica's blocks come (kv_transfer.py)
+    awaiting_kv: bool = False  # held back until a prefill replica's blocks come (kv/transfer.py)
     # Speculative decoding: tokens proposed to follow token_ids, checked by the next step. They never enter
     # token_ids (block hashes assume tokens only grow) until the target accepts them.
     spec_token_ids: list[int] = field(default_factory=list)

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from zhuzi.config import EngineConfig, SpeculativeConfig
-from zhuzi.engine.block_manager import BlockManager
+from zhuzi.engine.kv.block_manager import BlockManager
 from zhuzi.engine.model_runner import ModelRunner
 from zhuzi.engine.scheduler import scheduled
 from zhuzi.engine.sequence import Sequence

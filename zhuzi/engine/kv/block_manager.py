@@ -1,6 +1,6 @@
 """Paged KV blocks: allocation, reference counts, and the prefix cache (hash chain + LRU).
 
-With a KV connector (kv_connector.py) the prefix cache reaches beyond the pool: a cached block about to be
+With a KV connector (connector.py) the prefix cache reaches beyond the pool: a cached block about to be
 overwritten is handed to it first, a newly computed one is offered to it, and a prompt's next block that the
 pool lacks is looked up there and copied into a free block.
 """
@@ -11,7 +11,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from zhuzi.engine.kv_connector import KVConnector
+from zhuzi.engine.kv.connector import KVConnector
 from zhuzi.engine.sequence import Sequence
 
 

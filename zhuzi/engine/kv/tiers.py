@@ -1,8 +1,8 @@
 """The KV tiers below the pool: a bounded host-memory tier and a disk tier, each an LRU cache of whole
-blocks known by their prefix hash (kv_connector.py decides what goes where).
+blocks known by their prefix hash (connector.py decides what goes where).
 
 A pinned block (its hash in the shared `pinned` set) is never evicted from a tier. The disk tier keeps
-one file per block in a folder of its own per block identity (kv_connector.KVLayout): a 56-byte header
+one file per block in a folder of its own per block identity (connector.KVLayout): a 56-byte header
 (magic, identity digest, block hash, payload length, CRC-32 of the payload) and the payload. A file is
 written under a temporary name and renamed into place, so neither a reader nor a kill -9 ever leaves
 half a block behind; a file whose header or checksum does not match is skipped with a warning, never

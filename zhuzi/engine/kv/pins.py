@@ -14,8 +14,8 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from zhuzi.engine.block_manager import BlockManager, hash_chain
-from zhuzi.engine.kv_connector import KVConnector
+from zhuzi.engine.kv.block_manager import BlockManager, hash_chain
+from zhuzi.engine.kv.connector import KVConnector
 from zhuzi.engine.sequence import PinSpec, Sequence
 from zhuzi.outputs import PinInfo
 from zhuzi.sampling_params import InvalidRequest

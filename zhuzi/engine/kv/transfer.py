@@ -24,8 +24,8 @@ import msgspec
 import torch
 import zmq
 
-from zhuzi.engine.block_manager import BlockManager
-from zhuzi.engine.kv_connector import KVConnector
+from zhuzi.engine.kv.block_manager import BlockManager
+from zhuzi.engine.kv.connector import KVConnector
 from zhuzi.engine.sequence import Sequence
 
 log = logging.getLogger("zhuzi")

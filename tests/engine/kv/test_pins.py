@@ -6,8 +6,8 @@ from clock import Clock
 from kv_load import BLOCK_BYTES, GREEDY, ids, llm, push_out
 
 from zhuzi import LLM
-from zhuzi.engine.block_manager import BlockManager
-from zhuzi.engine.pins import PinTable
+from zhuzi.engine.kv.block_manager import BlockManager
+from zhuzi.engine.kv.pins import PinTable
 from zhuzi.engine.sequence import PinSpec
 from zhuzi.sampling_params import InvalidRequest
 

@@ -7,7 +7,7 @@ from collections import Counter
 
 import torch
 
-from zhuzi.engine.kv_tiers import HEADER, DiskTier, HostTier
+from zhuzi.engine.kv.tiers import HEADER, DiskTier, HostTier
 
 SHAPE = (2, 2, 4, 2, 8)  # layers, K/V, block_size, kv_heads, head_dim
 BLOCK_BYTES = 2 * 2 * 4 * 2 * 8 * 4  # float32

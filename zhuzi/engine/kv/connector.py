@@ -26,7 +26,7 @@ import torch
 
 from zhuzi.cache import content_digest
 from zhuzi.config import EngineConfig, ModelConfig, parse_bytes
-from zhuzi.engine.kv_tiers import DiskTier, HostTier
+from zhuzi.engine.kv.tiers import DiskTier, HostTier
 from zhuzi.outputs import KVTierStats
 
 log = logging.getLogger("zhuzi")

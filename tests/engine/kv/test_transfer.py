@@ -11,9 +11,9 @@ from clock import Clock
 from kv_load import GREEDY, ids
 
 from zhuzi.config import EngineConfig
-from zhuzi.engine import kv_transfer
 from zhuzi.engine.engine import Engine
-from zhuzi.engine.kv_transfer import Handoff, Shipment, ShipmentHeader
+from zhuzi.engine.kv import transfer
+from zhuzi.engine.kv.transfer import Handoff, Shipment, ShipmentHeader
 
 PROMPT = ids(7, 120)  # 7 full blocks before its last token
 
@@ -44,7 +44,7 @@ def run(engine: Engine) -> dict[str, list[int]]:
 def shipments(config) -> list[Shipment]:
     """A prefill engine's shipments for PROMPT, 3 blocks each."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(kv_transfer, "CHUNK_BLOCKS", 3)
+        patch.setattr(transfer, "CHUNK_BLOCKS", 3)
         engine = Engine(config, kv_transfers=True)
         engine.add_request("r#prefill", PROMPT, GREEDY, handoff=Handoff("r", "ipc://decode"))
         run(engine)

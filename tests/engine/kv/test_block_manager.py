@@ -6,8 +6,8 @@ import pytest
 import torch
 from fake_sequences import seq
 
-from zhuzi.engine.block_manager import BlockManager, block_hash
-from zhuzi.engine.kv_connector import KVConnector, KVLayout
+from zhuzi.engine.kv.block_manager import BlockManager, block_hash
+from zhuzi.engine.kv.connector import KVConnector, KVLayout
 
 LAYOUT = KVLayout("model", "float32", "float32", None, num_layers=1, num_kv_heads=1, head_dim=2, block_size=4)
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import itertools
 
-from zhuzi.engine.block_manager import BlockManager
+from zhuzi.engine.kv.block_manager import BlockManager
 from zhuzi.engine.policies import make_policy
 from zhuzi.engine.scheduler import Scheduler
 from zhuzi.engine.sequence import ScheduledSeq, Sequence, StepOutcome, Tenant

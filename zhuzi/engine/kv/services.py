@@ -1,5 +1,5 @@
 """What the engine keeps of KV beyond its pool's own prefix cache, in one place: the KV connector and its
-tiers (kv_connector.py), pinned prefixes (pins.py) and prefill/decode hand-offs (kv_transfer.py); built
+tiers (connector.py), pinned prefixes (pins.py) and prefill/decode hand-offs (transfer.py); built
 with the block manager they plug into, ticked before each step, counted in EngineStats, closed at the end.
 """
 from __future__ import annotations
@@ -11,10 +11,10 @@ from typing import Any
 import torch
 
 from zhuzi.config import EngineConfig, KVPlan, ModelConfig, parse_bytes
-from zhuzi.engine.block_manager import BlockManager, KVEvents
-from zhuzi.engine.kv_connector import KVConnector
-from zhuzi.engine.kv_transfer import Handoff, Handoffs
-from zhuzi.engine.pins import PinTable
+from zhuzi.engine.kv.block_manager import BlockManager, KVEvents
+from zhuzi.engine.kv.connector import KVConnector
+from zhuzi.engine.kv.pins import PinTable
+from zhuzi.engine.kv.transfer import Handoff, Handoffs
 from zhuzi.engine.sequence import Sequence
 
 

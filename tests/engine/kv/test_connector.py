@@ -8,7 +8,7 @@ import pytest
 import tiny
 from kv_load import BLOCK, GREEDY, ids, llm, push_out
 
-from zhuzi.engine.block_manager import block_hash
+from zhuzi.engine.kv.block_manager import block_hash
 
 
 @pytest.fixture(scope="module")
