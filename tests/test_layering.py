@@ -54,6 +54,7 @@ def test_the_graph_is_read():
     assert "zhuzi.engine.output_processor" in GRAPH["zhuzi.engine.engine"]
     assert "zhuzi.engine.core" in GRAPH["zhuzi.engine.placement"]
     assert "zhuzi.engine.kv.block_manager" in GRAPH["zhuzi.engine.scheduler"]  # subpackages too
+    assert "zhuzi.engine.messages" in GRAPH["zhuzi.engine.core"] & GRAPH["zhuzi.engine.core_client"]
     assert "zhuzi.sample.sampler" in GRAPH["zhuzi.engine.model_runner"]
     assert "zhuzi.server.protocol" in GRAPH["zhuzi.server.serving"]
 

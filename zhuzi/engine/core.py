@@ -1,19 +1,17 @@
-"""The engine core: THE step loop, and the typed messages that cross between it and the front (core_client.py).
+"""The engine core: THE step loop, between the front (core_client.py) and the engine.
 
 Commands come in (add a request or a probe, take a snapshot, unpin, abort, shut down), and after every step
 one message goes out with the news of every request that step touched, the engine's stats, and the
 prefix-cache blocks it stored and evicted (the front routes a conversation's next turn to the replica that
-holds its history). The messages are msgspec structs around the engine's own dataclasses, as msgpack on
-ZeroMQ sockets. The same loop runs wherever the engine core lives: in a thread of the server's process
-(inproc:// sockets), in a local process (ipc://) or in a Ray actor on any node (tcp://). Prefill/decode
-replicas also ship KV blocks to each other on sockets of their own (kv/transfer.py). The engine core knows
-nothing of HTTP; the front knows nothing of blocks beyond their hashes.
+holds its history); the messages are messages.py's, as msgpack on ZeroMQ sockets. The same loop runs
+wherever the engine core lives: in a thread of the server's process (inproc:// sockets), in a local process
+(ipc://) or in a Ray actor on any node (tcp://). Prefill/decode replicas also ship KV blocks to each other on
+sockets of their own (kv/transfer.py). The engine core knows nothing of HTTP; the front knows nothing of
+blocks beyond their hashes.
 """
 from __future__ import annotations
 
-import copy
 import gc
-import json
 import logging
 import multiprocessing
 import os
@@ -22,170 +20,31 @@ import time
 from dataclasses import dataclass, field, replace
 
 import msgspec
-import torch
 import zmq
 
 from zhuzi.config import EngineConfig
 from zhuzi.engine.engine import Engine
-from zhuzi.engine.kv.transfer import Handoff, ShipmentSockets
-from zhuzi.engine.sequence import Probe, Tenant
-from zhuzi.outputs import EngineSnapshot, EngineStats, RequestOutput
-from zhuzi.sampling_params import InvalidRequest, SamplingParams, StructuredOutputError
+from zhuzi.engine.kv.transfer import ShipmentSockets
+from zhuzi.engine.messages import (
+    Abort,
+    AddProbe,
+    Failed,
+    GiveUpHandoff,
+    Outputs,
+    Ready,
+    Refused,
+    Shutdown,
+    Snapshot,
+    SnapshotTaken,
+    Unpin,
+    Unpinned,
+    decode_command,
+    encode,
+)
+from zhuzi.outputs import RequestOutput
 
 log = logging.getLogger("zhuzi")
 BEAT_MS = 1000  # the longest an engine core with work stays silent, and waits for KV blocks between looks
-
-
-# ---------------------------------------------------------------- front -> engine core
-
-class AddRequest(msgspec.Struct, tag=True):
-    request_id: str
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    tenant: Tenant = Tenant()
-    handoff: Handoff | None = None  # its part in a prefill/decode hand-off
-
-    @classmethod
-    def of(cls, request_id: str, prompt_token_ids: list[int], params: SamplingParams, tenant: Tenant = Tenant(),
-           handoff: Handoff | None = None) -> AddRequest:
-        """A JSON schema travels as its JSON text (the engine core parses it back, in the same order): msgpack
-        holds no integer beyond 64 bits, and a schema may hold one (or be true or false, no msgpack map)."""
-        constraint = params.structured_outputs
-        if constraint is not None and constraint.json is not None and not isinstance(constraint.json, str):
-            constraint = copy.copy(constraint)
-            constraint.json = json.dumps(constraint.json)
-            params = copy.copy(params)
-            params.structured_outputs = constraint
-        return cls(request_id, prompt_token_ids, params, tenant, handoff)
-
-
-class AddProbe(msgspec.Struct, tag=True):
-    """An inspection (the inspector's next-token logits, logit lens), batched with everyone's tokens."""
-
-    request_id: str
-    token_ids: list[int]
-    probe: Probe
-
-
-class Snapshot(msgspec.Struct, tag=True):
-    request_id: str  # the call's, for the answer
-    num_steps: int
-
-
-class Abort(msgspec.Struct, tag=True):
-    request_id: str
-
-
-class GiveUpHandoff(msgspec.Struct, tag=True):
-    """The prefill replica of this hand-off died or refused it: the decode replica computes the prompt."""
-
-    transfer_id: str
-
-
-class Unpin(msgspec.Struct, tag=True):
-    request_id: str  # the call's, for the answer
-    name: str
-
-
-class Shutdown(msgspec.Struct, tag=True):
-    pass
-
-
-Command = AddRequest | AddProbe | Snapshot | Unpin | GiveUpHandoff | Abort | Shutdown
-
-
-# ---------------------------------------------------------------- engine core -> front
-
-class Ready(msgspec.Struct, tag=True):
-    """The model is loaded: what the front needs to know of it."""
-
-    replica: int
-    pid: int
-    model_path: str
-    model_name: str
-    vocab_size: int
-    max_model_len: int
-    eos_token_ids: list[int]
-    stats: EngineStats
-    kv_address: str | None = None  # where prefill replicas send it KV blocks
-
-
-class Refused(msgspec.Struct):
-    """A request the engine would not admit: InvalidRequest's fields (or a plain ValueError's message), and
-    StructuredOutputError's, so the front can name the request field the constraint came from."""
-
-    request_id: str
-    message: str
-    param: str | None = None
-    code: str | None = None
-    invalid: bool = True  # InvalidRequest, else ValueError
-    constraint: tuple[str, str] | None = None  # a StructuredOutputError's field and reason
-
-    @classmethod
-    def of(cls, request_id: str, exc: ValueError) -> Refused:
-        if isinstance(exc, StructuredOutputError):
-            return cls(request_id, str(exc), exc.param, exc.code, constraint=(exc.field, exc.reason))
-        if isinstance(exc, InvalidRequest):
-            return cls(request_id, str(exc), exc.param, exc.code)
-        return cls(request_id, str(exc), invalid=False)
-
-    def error(self) -> ValueError:
-        if self.constraint is not None:
-            return StructuredOutputError(*self.constraint)
-        return InvalidRequest(self.param, self.message, self.code) if self.invalid else ValueError(self.message)
-
-
-class Outputs(msgspec.Struct, tag=True):
-    """One loop turn's news: at most one per step, so a step costs one send however many requests ran."""
-
-    replica: int
-    outputs: list[RequestOutput]
-    refused: list[Refused]
-    stats: EngineStats
-    stored: list[bytes]  # prefix-cache block hashes registered this turn
-    removed: list[bytes]  # and evicted
-
-
-class Failed(msgspec.Struct, tag=True):
-    """The engine core cannot go on (the model did not load, or the loop failed): its last word."""
-
-    replica: int
-    reason: str
-    user_error: bool = False  # a bad path or option (ValueError, OSError): the user's to fix
-
-
-class SnapshotTaken(msgspec.Struct, tag=True):
-    replica: int
-    request_id: str
-    snapshot: EngineSnapshot
-
-
-class Unpinned(msgspec.Struct, tag=True):
-    replica: int
-    request_id: str
-    removed: bool  # False: no pin had that name
-    stats: EngineStats  # without the pin's blocks (no step may follow soon to say so)
-
-
-Message = Ready | Outputs | SnapshotTaken | Unpinned | Failed
-
-
-def _encode_tensor(obj: object) -> bytes:
-    """An inspection's logits: float32 bytes (the only tensor that crosses)."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", torch.float32).contiguous().numpy().tobytes()
-    raise NotImplementedError(f"{type(obj).__name__} does not cross the process boundary")
-
-
-def _decode_tensor(kind: type, obj: object) -> object:
-    if kind is torch.Tensor and isinstance(obj, bytes):
-        return torch.frombuffer(bytearray(obj), dtype=torch.float32)
-    raise NotImplementedError(f"{kind} does not cross the process boundary")
-
-
-encode = msgspec.msgpack.Encoder(enc_hook=_encode_tensor).encode
-decode_command = msgspec.msgpack.Decoder(Command).decode
-decode_message = msgspec.msgpack.Decoder(Message, dec_hook=_decode_tensor).decode
 
 
 @dataclass

@@ -25,10 +25,9 @@ from pathlib import Path
 import zmq
 
 from zhuzi.config import EngineConfig, ParallelConfig, parse_bytes
-from zhuzi.engine import core, placement
+from zhuzi.engine import core, messages, placement
 from zhuzi.engine.client import EngineDead, Stream, final_inspection
 from zhuzi.engine.engine import check_token_ids
-from zhuzi.engine.kv.transfer import Handoff
 from zhuzi.engine.placement import Replica, default_threads
 from zhuzi.engine.router import PrefixRouter
 from zhuzi.engine.sequence import PinSpec, Probe, Tenant
@@ -170,7 +169,7 @@ class CoreClient:
             self._ready.notify_all()
         live = [r for r in self.replicas if r.failure is None]
         for r in live:
-            r.send(core.encode(core.Shutdown()))
+            r.send(messages.encode(messages.Shutdown()))
         placement.stop(self.replicas)
         if self._reader.is_alive():
             self._reader.join()
@@ -201,7 +200,7 @@ class CoreClient:
                 events = dict(poller.poll(READER_POLL_MS))
                 if self._outputs in events:
                     while True:
-                        self._handle(core.decode_message(self._outputs.recv(zmq.NOBLOCK)))
+                        self._handle(messages.decode_message(self._outputs.recv(zmq.NOBLOCK)))
             except zmq.Again:
                 pass
             for fd in [fd for fd in sentinels if fd in events]:
@@ -217,17 +216,17 @@ class CoreClient:
     def _which(self, replica: Replica) -> str:
         return f" of replica {replica.index}" if len(self.replicas) > 1 else ""
 
-    def _handle(self, message: core.Message) -> None:
+    def _handle(self, message: messages.Message) -> None:
         replica = self.replicas[message.replica]
-        if isinstance(message, (core.SnapshotTaken, core.Unpinned)):
+        if isinstance(message, (messages.SnapshotTaken, messages.Unpinned)):
             with self._lock:
                 self._where.pop(message.request_id, None)
-                if isinstance(message, core.Unpinned):
+                if isinstance(message, messages.Unpinned):
                     replica.stats = message.stats
-            answer = message.snapshot if isinstance(message, core.SnapshotTaken) else message.removed
+            answer = message.snapshot if isinstance(message, messages.SnapshotTaken) else message.removed
             self._deliver(message.request_id, answer)
             return
-        if isinstance(message, core.Failed):
+        if isinstance(message, messages.Failed):
             if replica.ready is None:  # it never loaded: the whole start fails
                 replica.load_error = (ValueError if message.user_error else RuntimeError)(message.reason)
             self._gone(replica, f"{message.reason}{self._which(replica)}" if replica.ready else message.reason)
@@ -235,7 +234,7 @@ class CoreClient:
         with self._lock:
             replica.heartbeat = self.clock()
             replica.stats = message.stats
-            if isinstance(message, core.Ready):
+            if isinstance(message, messages.Ready):
                 replica.ready = message
                 self._ready.notify_all()
                 return
@@ -258,7 +257,7 @@ class CoreClient:
         computes the prompt itself."""
         request_id, decode = self._handoffs.pop(prefill_id, (None, None))
         if give_up and decode is not None and decode.failure is None:
-            decode.send(core.encode(core.GiveUpHandoff(request_id)))
+            decode.send(messages.encode(messages.GiveUpHandoff(request_id)))
 
     def _forget(self, request_id: str) -> None:
         """The request has ended (under the lock)."""
@@ -284,7 +283,7 @@ class CoreClient:
             for prefill_id in [p for p, (_, decode) in self._handoffs.items() if decode is replica]:
                 self._handoffs.pop(prefill_id)  # its decode replica is gone: no one waits for the prompt
                 if (prefill := self._where.get(prefill_id)) is not None:
-                    prefill.send(core.encode(core.Abort(prefill_id)))
+                    prefill.send(messages.encode(messages.Abort(prefill_id)))
             lost = [request_id for request_id in lost if not request_id.endswith(PREFILL_JOB)]
             self.router.forget(replica.index)
             self._ready.notify_all()
@@ -350,16 +349,17 @@ class CoreClient:
         ids = prompt if isinstance(prompt, list) else self.tokenizer.encode_prompt(prompt)
         prefill, decode = self._pair(ids, params)
         if prefill is None:
-            stream = self._submit(request_id, ids, core.encode(core.AddRequest.of(request_id, ids, params, tenant)),
-                                  replica=decode)
+            command = messages.AddRequest.of(request_id, ids, params, tenant)
+            stream = self._submit(request_id, ids, messages.encode(command), replica=decode)
         else:  # the decode replica waits for the blocks the prefill replica computes and sends it
-            stream = self._submit(request_id, ids, core.encode(core.AddRequest.of(
-                request_id, ids, params, tenant, Handoff(request_id))), replica=decode)
+            stream = self._submit(request_id, ids, messages.encode(messages.AddRequest.of(
+                request_id, ids, params, tenant, messages.Handoff(request_id))), replica=decode)
             address, prefill_id = self.replicas[decode].ready.kv_address, request_id + PREFILL_JOB
             with self._lock:
                 self._handoffs[prefill_id] = (request_id, self.replicas[decode])
-            self._submit(prefill_id, ids, core.encode(core.AddRequest.of(
-                prefill_id, ids, PREFILL_PARAMS, tenant, Handoff(request_id, address))), replica=prefill, listen=False)
+            self._submit(prefill_id, ids, messages.encode(messages.AddRequest.of(
+                prefill_id, ids, PREFILL_PARAMS, tenant, messages.Handoff(request_id, address))), replica=prefill,
+                listen=False)
         async for out in stream.read(request_id, self._streams, self.abort):
             yield out
 
@@ -378,20 +378,20 @@ class CoreClient:
     async def probe(self, token_ids: list[int], probe: Probe, request_id: str) -> RequestOutput:
         """An inspection through a replica's step loop (the one caching most of the context): its final
         output, whose .inspection holds the reading. Cancelling the caller aborts it in the engine."""
-        stream = self._submit(request_id, token_ids, core.encode(core.AddProbe(request_id, token_ids, probe)))
+        stream = self._submit(request_id, token_ids, messages.encode(messages.AddProbe(request_id, token_ids, probe)))
         return await final_inspection(stream.read(request_id, self._streams, self.abort))
 
     async def snapshot(self, num_steps: int) -> EngineSnapshot:
         """The first live replica's state, taken between two of its steps."""
         request_id = f"snapshot-{next(self._snapshot_ids)}"
-        stream = self._submit(request_id, [], core.encode(core.Snapshot(request_id, num_steps)), track=False)
+        stream = self._submit(request_id, [], messages.encode(messages.Snapshot(request_id, num_steps)), track=False)
         return await stream.answer(request_id, self._streams)
 
     async def pin(self, token_ids: list[int], spec: PinSpec, request_id: str) -> PinInfo:
         """Every live replica pins token_ids' full blocks, so a chat finds them wherever it lands; if one cannot,
         none keeps the pin and its error is raised."""
         live = [r.index for r in self.replicas if r.failure is None]
-        probes = [self._submit(f"{request_id}-{i}", token_ids, core.encode(core.AddProbe(
+        probes = [self._submit(f"{request_id}-{i}", token_ids, messages.encode(messages.AddProbe(
             f"{request_id}-{i}", token_ids, Probe(pin=spec))), replica=i) for i in live]
         outs = await asyncio.gather(*(final_inspection(stream.read(f"{request_id}-{i}", self._streams, self.abort))
                                       for i, stream in zip(live, probes)), return_exceptions=True)
@@ -407,7 +407,7 @@ class CoreClient:
         answers = []
         for i in [r.index for r in self.replicas if r.failure is None]:
             request_id = f"unpin-{next(self._snapshot_ids)}"
-            answers.append(self._submit(request_id, [], core.encode(core.Unpin(request_id, name)), track=False,
+            answers.append(self._submit(request_id, [], messages.encode(messages.Unpin(request_id, name)), track=False,
                                         replica=i).answer(request_id, self._streams))
         return any(await asyncio.gather(*answers))
 
@@ -446,5 +446,5 @@ class CoreClient:
         for job in (request_id, request_id + PREFILL_JOB):
             replica = self._where.get(job)
             if replica is not None and replica.failure is None and not self._closing:
-                replica.send(core.encode(core.Abort(job)))
+                replica.send(messages.encode(messages.Abort(job)))
 

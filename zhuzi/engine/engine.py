@@ -34,7 +34,7 @@ from zhuzi.config import EngineConfig
 from zhuzi.detokenizer import IncrementalDetokenizer
 from zhuzi.engine import tp_worker
 from zhuzi.engine.kv.services import KVServices
-from zhuzi.engine.kv.transfer import Handoff
+from zhuzi.engine.messages import Handoff
 from zhuzi.engine.model_runner import StepResult, load_runner, measure_read_bandwidth
 from zhuzi.engine.output_processor import OutputProcessor, RequestState
 from zhuzi.engine.policies import make_policy

@@ -21,7 +21,7 @@ from typing import Any
 import zmq
 
 from zhuzi.config import EngineConfig, ParallelConfig
-from zhuzi.engine import core
+from zhuzi.engine import core, messages
 from zhuzi.outputs import EngineStats
 
 log = logging.getLogger("zhuzi")
@@ -39,7 +39,7 @@ class Replica:
     process: BaseProcess | None = None  # mp
     actor: Any = None  # ray
     run_ref: Any = None  # ray: resolves when the actor's loop ends
-    ready: core.Ready | None = None
+    ready: messages.Ready | None = None
     stats: EngineStats | None = None
     failure: str | None = None  # why it is out of the rotation
     load_error: Exception | None = None  # why it never got ready

@@ -2,7 +2,7 @@
 prompt (a conversation's next turn lands where its history is cached), else the least loaded. With prefill
 and decode replicas (--kv-role), a pair: the same choice among each kind.
 
-Each replica reports the block hashes its prefix cache stored and evicted (core.Outputs); the router
+Each replica reports the block hashes its prefix cache stored and evicted (messages.Outputs); the router
 keeps which replicas hold each hash and walks a new prompt's hash chain, computed with the engine's own
 hash chain, so a match here is a match there. A cached prefix is weighed against the requests already
 running there: otherwise the first replica to cache a system prompt that every chat shares would draw

@@ -13,7 +13,8 @@ from kv_load import GREEDY, ids
 from zhuzi.config import EngineConfig
 from zhuzi.engine.engine import Engine
 from zhuzi.engine.kv import transfer
-from zhuzi.engine.kv.transfer import Handoff, Shipment, ShipmentHeader
+from zhuzi.engine.kv.transfer import Shipment
+from zhuzi.engine.messages import Handoff, ShipmentHeader
 
 PROMPT = ids(7, 120)  # 7 full blocks before its last token
 

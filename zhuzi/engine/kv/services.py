@@ -14,7 +14,8 @@ from zhuzi.config import EngineConfig, KVPlan, ModelConfig, parse_bytes
 from zhuzi.engine.kv.block_manager import BlockManager, KVEvents
 from zhuzi.engine.kv.connector import KVConnector
 from zhuzi.engine.kv.pins import PinTable
-from zhuzi.engine.kv.transfer import Handoff, Handoffs
+from zhuzi.engine.kv.transfer import Handoffs
+from zhuzi.engine.messages import Handoff
 from zhuzi.engine.sequence import Sequence
 
 

@@ -26,6 +26,7 @@ import zmq
 
 from zhuzi.engine.kv.block_manager import BlockManager
 from zhuzi.engine.kv.connector import KVConnector
+from zhuzi.engine.messages import Handoff, ShipmentHeader
 from zhuzi.engine.sequence import Sequence
 
 log = logging.getLogger("zhuzi")
@@ -34,24 +35,6 @@ WAIT_S = 600.0  # a decode replica computes the prompt itself when nothing has c
 # says so at once when the prefill replica dies or refuses; this is for what nobody saw: a busy prefill
 # replica may take minutes to reach a long prompt)
 SEND_QUEUE = 8  # shipments queued for one decode replica before more are dropped
-
-
-@dataclass(frozen=True)
-class Handoff:
-    """A request's part in a hand-off: on the prefill replica, send its prompt's blocks to send_to (the decode
-    replica's address); on the decode replica (send_to None), wait for them."""
-
-    transfer_id: str
-    send_to: str | None = None
-
-
-class ShipmentHeader(msgspec.Struct):
-    """The first frame of a shipment; one frame of raw K/V bytes per block follows."""
-
-    transfer_id: str
-    layout: bytes  # KVLayout.digest of the sender: a block is never adopted by another model or layout
-    hashes: list[bytes]
-    last: bool
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""What crosses the process boundary (engine/core.py's msgspec messages): every field a request sets reaches
+"""What crosses the process boundary (engine/messages.py): every field a request sets reaches
 the engine core as it was set, structured-output constraints included, and a refusal comes back as the same
 error, so the server still names the request field at fault."""
 from __future__ import annotations
@@ -7,8 +7,18 @@ import dataclasses
 
 import pytest
 
-from zhuzi.engine import core
-from zhuzi.engine.kv.transfer import Handoff
+from zhuzi.engine.messages import (
+    AddProbe,
+    AddRequest,
+    GiveUpHandoff,
+    Handoff,
+    Outputs,
+    Refused,
+    Unpinned,
+    decode_command,
+    decode_message,
+    encode,
+)
 from zhuzi.engine.sequence import PinSpec, Probe, Tenant
 from zhuzi.outputs import EngineStats, KVTierStats, PromptProgress, RequestOutput, TenantLoad
 from zhuzi.sampling_params import InvalidRequest, SamplingParams, StructuredOutputError, StructuredOutputsParams
@@ -41,8 +51,8 @@ def every_field_set(constraint: StructuredOutputsParams) -> SamplingParams:
 
 def across(params: SamplingParams) -> SamplingParams:
     tenant = Tenant("key-3fa9c01b2e4d", 2.5)
-    command = core.decode_command(core.encode(core.AddRequest.of("r-1", [1, 2, 49151], params, tenant)))
-    assert isinstance(command, core.AddRequest)
+    command = decode_command(encode(AddRequest.of("r-1", [1, 2, 49151], params, tenant)))
+    assert isinstance(command, AddRequest)
     assert command.request_id == "r-1" and command.prompt_token_ids == [1, 2, 49151] and command.tenant == tenant
     return command.params
 
@@ -77,26 +87,26 @@ def test_a_schema_keeps_its_property_order_and_the_sender_keeps_its_own():
 
 def test_a_constraint_the_engine_refuses_comes_back_as_the_same_error():
     """The server renames a StructuredOutputError's field to the request's own (response_format..., tools.N...)."""
-    refused = core.Refused.of("r-2", StructuredOutputError("json", "uniqueItems is not supported"))
-    error = core.decode_message(core.encode(core.Outputs(0, [], [refused], core_stats(), [], []))).refused[0].error()
+    refused = Refused.of("r-2", StructuredOutputError("json", "uniqueItems is not supported"))
+    error = decode_message(encode(Outputs(0, [], [refused], core_stats(), [], []))).refused[0].error()
     assert isinstance(error, StructuredOutputError)
     assert (error.field, error.reason, error.param) == ("json", "uniqueItems is not supported",
                                                         "structured_outputs.json")
 
 
 def test_other_refusals_keep_their_param_and_code():
-    refused = core.Refused.of("r-3", InvalidRequest(None, "too long", "context_length_exceeded"))
-    error = core.decode_message(core.encode(core.Outputs(0, [], [refused], core_stats(), [], []))).refused[0].error()
+    refused = Refused.of("r-3", InvalidRequest(None, "too long", "context_length_exceeded"))
+    error = decode_message(encode(Outputs(0, [], [refused], core_stats(), [], []))).refused[0].error()
     assert type(error) is InvalidRequest and (error.param, error.code, str(error)) == (None, "context_length_exceeded",
                                                                                         "too long")
-    plain = core.Refused.of("r-4", ValueError("prompt is not text"))
+    plain = Refused.of("r-4", ValueError("prompt is not text"))
     assert type(plain.error()) is ValueError
 
 
 def test_prefill_progress_and_each_tenants_load_come_back_as_sent():
     out = RequestOutput("r-5", None, [], [], False, prompt_progress=PromptProgress(256, 1000, 128))
     stats = dataclasses.replace(core_stats(), tenants=[TenantLoad("key-3fa9c01b2e4d", 3, 1), TenantLoad("", 1, 0)])
-    message = core.decode_message(core.encode(core.Outputs(0, [out], [], stats, [], [])))
+    message = decode_message(encode(Outputs(0, [out], [], stats, [], [])))
     assert message.outputs[0].prompt_progress == PromptProgress(256, 1000, 128)
     assert message.stats.tenants == stats.tenants
 
@@ -108,12 +118,12 @@ def core_stats() -> EngineStats:
 
 def test_hand_offs_pins_and_kv_stats_cross_as_they_were_sent():
     """A request's part in a hand-off, a pin's probe, and the KV tiers' counts reach the other side whole."""
-    command = core.decode_command(core.encode(core.AddRequest.of(
+    command = decode_command(encode(AddRequest.of(
         "r-3#prefill", [1, 2], SamplingParams(max_tokens=1), handoff=Handoff("r-3", "ipc:///tmp/kv-1"))))
     assert command.handoff == Handoff("r-3", "ipc:///tmp/kv-1")
-    probe = core.decode_command(core.encode(core.AddProbe("p-1", [1] * 16, Probe(pin=PinSpec("rules", 60.0)))))
+    probe = decode_command(encode(AddProbe("p-1", [1] * 16, Probe(pin=PinSpec("rules", 60.0)))))
     assert probe.probe.pin == PinSpec("rules", 60.0)
-    assert core.decode_command(core.encode(core.GiveUpHandoff("r-3"))) == core.GiveUpHandoff("r-3")
+    assert decode_command(encode(GiveUpHandoff("r-3"))) == GiveUpHandoff("r-3")
     stats = dataclasses.replace(core_stats(), kv_tiers={"disk": KVTierStats(blocks=3, hit_tokens=48)}, num_pins=1)
-    unpinned = core.decode_message(core.encode(core.Unpinned(1, "u-1", True, stats)))
+    unpinned = decode_message(encode(Unpinned(1, "u-1", True, stats)))
     assert unpinned.removed and unpinned.stats == stats and unpinned.stats.kv_tiers["disk"].hit_tokens == 48
