@@ -85,8 +85,8 @@ def calibration_ids(model_path: Path) -> list[int]:
 def zeroed_pool(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A tensor of zeros for the KV pool. On the CPU an anonymous mapping, which the OS zeroes a page at a time
     as it is first written: the pool costs memory and time as its blocks are used, not all of it at start
-    (torch.zeros writes every page at once, half a second a GiB). Zeros, not garbage: attention reads the
-    padding slots of a block and masks them, and garbage may hold NaN."""
+    (torch.zeros writes every page at once). Zeros, not garbage: attention reads the padding slots of a block
+    and masks them, and garbage may hold NaN."""
     if device.type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
     pages = mmap.mmap(-1, math.prod(shape) * dtype.itemsize)
