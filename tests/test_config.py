@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from zhuzi.cli import build_parser
-from zhuzi.config import EngineConfig, KVPlan, ModelConfig, ParallelConfig, ServerConfig, parse_bytes
+from zhuzi.config import EngineConfig, KVPlan, ParallelConfig, ServerConfig, parse_bytes
 from zhuzi.model import native
+from zhuzi.model.model_config import ModelConfig
 
 
 def parsed(*argv: str) -> argparse.Namespace:

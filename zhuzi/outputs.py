@@ -7,7 +7,8 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
-from zhuzi.config import KVPlan, ModelConfig
+from zhuzi.config import KVPlan
+from zhuzi.model.model_config import ModelConfig
 
 
 @dataclass

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from zhuzi.config import ModelConfig
 from zhuzi.model import cpu_attention, cpu_blocks, native
 from zhuzi.model.attention import AttentionMetadata, paged_attention
 from zhuzi.model.blocks import BlockWeight
@@ -21,6 +20,7 @@ from zhuzi.model.cpu_linear import fixed_order_available
 from zhuzi.model.fused import FusedDecode
 from zhuzi.model.layers import Rotary, rms_norm
 from zhuzi.model.linear import FORMATS, QUANTIZATIONS, Linear, TiledLinear, block_linear, make_linear
+from zhuzi.model.model_config import ModelConfig
 from zhuzi.model.parallel import Shard, TPGroup, head_rows
 from zhuzi.model.smooth import smooth
 

@@ -29,8 +29,8 @@ import torch
 from safetensors import SafetensorError, safe_open
 from tqdm import tqdm
 
-from zhuzi.config import ModelConfig
 from zhuzi.model.blocks import DENSE_TYPES, BlockWeight
+from zhuzi.model.model_config import ModelConfig
 
 HF_ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
 GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3")

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from zhuzi.config import ModelConfig
+from zhuzi.model.model_config import ModelConfig
 
 # A collective waits this long for its peers (a rank that hangs mid-step).
 COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=5)

@@ -10,13 +10,14 @@ from typing import Any
 
 import torch
 
-from zhuzi.config import EngineConfig, KVPlan, ModelConfig, parse_bytes
+from zhuzi.config import EngineConfig, KVPlan, parse_bytes
 from zhuzi.engine.kv.block_manager import BlockManager, KVEvents
 from zhuzi.engine.kv.connector import KVConnector
 from zhuzi.engine.kv.pins import PinTable
 from zhuzi.engine.kv.transfer import Handoffs
 from zhuzi.engine.messages import Handoff
 from zhuzi.engine.sequence import Sequence
+from zhuzi.model.model_config import ModelConfig
 
 
 @dataclass
