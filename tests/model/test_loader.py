@@ -11,7 +11,7 @@ import transformers
 from safetensors.torch import load_file, save_file
 from tiny import llama_cpp_permute, reference_tensors, write_gguf
 
-from zhuzi.cache import cache_root
+from zhuzi.disk_cache import cache_root
 from zhuzi.model.blocks import BlockWeight
 from zhuzi.model.loader import Checkpoint, CheckpointError, load_checkpoint, load_model_config
 

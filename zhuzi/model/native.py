@@ -2,7 +2,7 @@
 load (model runner -> model -> the kernels' Python wrappers), loaded with ctypes.
 
 The kernels are C++ sources in kernels/ (each includes kernels/prelude.h). Every source is compiled once
-per variant with that variant's explicit flags, never -march=native, into the zhuzi cache, keyed by its
+per variant with that variant's explicit flags, never -march=native, into zhuzi's disk cache, keyed by its
 sources, the compiler and the flags (and, for a build tuned with -mtune=native, the CPU; see flags()):
 
     avx512     x86-64-v4 + AVX512-BF16, VNNI, VBMI (Sapphire Rapids, Zen 4/5): bf16 compute
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from zhuzi.cache import atomic_write, cache_path, one_maker
+from zhuzi.disk_cache import atomic_write, cache_path, one_maker
 
 log = logging.getLogger(__name__)
 

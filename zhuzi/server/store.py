@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zhuzi.cache import cache_root
+from zhuzi.disk_cache import cache_root
 
 APPLICATION_ID = 0x7A68757A  # "zhuz"
 DEFAULT_FILE = "responses.sqlite3"

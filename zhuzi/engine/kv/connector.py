@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
-from zhuzi.cache import content_digest
 from zhuzi.config import EngineConfig, parse_bytes
+from zhuzi.disk_cache import content_digest
 from zhuzi.engine.kv.tiers import DiskTier, HostTier
 from zhuzi.model.model_config import ModelConfig
 from zhuzi.outputs import KVTierStats

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from zhuzi.cache import atomic_write, cache_path, file_identity
+from zhuzi.disk_cache import atomic_write, cache_path, file_identity
 
 
 @pytest.fixture(autouse=True)
