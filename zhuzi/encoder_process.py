@@ -28,13 +28,13 @@ from tokenizers import Tokenizer as RustTokenizer
 NICENESS = 10  # the engine's threads get ~10x its CPU share when both want it
 LONG_TEXT = 1 << 16  # characters from which texts go to the process (shorter ones encode faster than a pipe trip)
 WATCH_PERIOD_S = 0.5  # how often a caller waiting for the answer checks that the process lives
-SLICE = 1 << 16  # items one C call converts (about a millisecond)
+SLICE = 1 << 16  # items one C call converts: short enough that the event loop keeps its turn
 T = TypeVar("T")
 
 
 def in_slices(convert: Callable[[Sequence], Iterable[T]], items: Sequence) -> list[T]:
-    """convert(items) as one list, made a slice at a time: one call over a million items holds the GIL for
-    tens of ms, and a server's event loop would wait that long; between slices it gets its turn."""
+    """convert(items) as one list, made a slice at a time: one call over a million items would hold the GIL
+    long enough to stall a server's event loop; between slices it gets its turn."""
     out: list[T] = []
     for i in range(0, len(items), SLICE):
         out += convert(items[i:i + SLICE])

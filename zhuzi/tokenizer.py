@@ -180,8 +180,8 @@ class Tokenizer:
         return in_slices(functools.partial(map, self._token_strs.__getitem__), ids)
 
     def warm(self) -> None:
-        """Build token_strs' table now (a server does as it loads): built on first use, it holds the GIL for
-        0.1-0.4 s in the middle of a request, and the event loop waits that long."""
+        """Build token_strs' table now (a server does as it loads): built on first use, it would hold the GIL
+        in the middle of a request, and the event loop would wait with it."""
         self._token_strs  # noqa: B018 (a cached property: reading it builds it)
 
     @functools.cached_property

@@ -25,7 +25,7 @@ DOWN_PROJ = "model.layers.0.mlp.down_proj.weight"  # (64, 256): one 256-wide blo
 @pytest.fixture(scope="module", autouse=True)
 def cache_dir(tmp_path_factory):
     """Keep any cache entry these tests make out of the user's home (loading a GGUF should make none), but
-    the compiled kernels: the rest of the suite builds them there, and building them anew costs a minute."""
+    the compiled kernels: the rest of the suite builds them there, and building them anew is slow."""
     kernels = cache_root() / "kernels"
     kernels.mkdir(parents=True, exist_ok=True)
     with pytest.MonkeyPatch.context() as patch:

@@ -1,7 +1,7 @@
 """The fused decode step (model runner -> model, for steps that are all decodes): every layer, the final
 norm and the LM head of up to 8 decode rows in one native call (kernels/decode_step.cpp).
 
-Why: at batch 1 a step streams every weight once, and the per-layer torch path adds ~150 small ops
+Why: at batch 1 a step streams every weight once, and the per-layer torch path adds many small ops
 (norms, dtype copies, cats, slices, index_copy) and as many OpenMP fork/joins around them, which cost more
 than reading the int4 weights; one call a step leaves little beside the reads (docs/benchmarks.md).
 

@@ -38,9 +38,8 @@ from zhuzi.disk_cache import atomic_write, cache_path, one_maker
 log = logging.getLogger(__name__)
 
 KERNELS = Path(__file__).parent / "kernels"
-# -ffp-contract=off: the kernels fuse their multiply-adds themselves (prelude.h's fmadd()). Whether the compiler
-# fused one depended on its tuning and on the function it was inlined into, and so did a row's bits: the
-# same row alone and in a batch must get the same ones.
+# -ffp-contract=off: the kernels fuse their multiply-adds themselves (prelude.h's fmadd()); left to the compiler,
+# a row's bits would follow its tuning and inlining, and a row must get the same bits alone and in a batch.
 COMMON_FLAGS = ("-O3", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off", "-shared", "-fPIC")
 # Tuning for the CPU that builds, where the variant runs on that machine's architecture (kernels are built
 # where they run): GCC's generic x86 tuning decodes slower (docs/benchmarks.md).

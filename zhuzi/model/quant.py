@@ -6,8 +6,8 @@ Q4 (`quantization="int4"`): the GGUF's Q4_1 blocks: per group of 32 inputs of an
     the group's range reproduces a Q4_1 checkpoint's blocks exactly, so int4 of a Q4_1 GGUF is its own
     weights.
 Q8: the GGUF's Q8_0 blocks: per group of 32, int8 codes and an fp16 scale d, w = q * d (8.5 bits a
-    weight); the int4 model's LM head (SmolLM2's tied embedding is Q8_0 in its GGUF; 4 bits lose ~17
-    points of top-1 agreement there).
+    weight); the int4 model's LM head (SmolLM2's tied embedding is Q8_0 in its GGUF; 4 bits cost too
+    much top-1 agreement there).
 
 Q4 and Q8 are repacked into tiles of 16 output rows x 32 inputs for kernels/tiles.h (the layout is
 described there; the same on every CPU variant); pure torch here: packing, and unpacking for the reference

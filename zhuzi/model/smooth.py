@@ -2,7 +2,7 @@
 activation outliers into the weights, calibrated once at load on a short fixed chat.
 
 int8 compute (prefill, big decode batches) quantizes each input row of a matmul to int8 with one scale,
-max |x| / 127. The residual stream has a few channels ~20x larger than the rest, in the same channels
+max |x| / 127. The residual stream has a few channels many times larger than the rest, in the same channels
 for every token, which would leave the others a handful of int8 steps. Dividing input channel j by s_j
 and multiplying weight column j by s_j changes nothing in exact arithmetic; with
 s_j = sqrt(max |x_j| / max |W_j|) both sides have tame ranges. The divisions are folded into whatever

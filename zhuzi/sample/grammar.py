@@ -168,8 +168,8 @@ class GrammarCompiler:
     """Compiles StructuredOutputsParams into matchers, caching each source's start state (LRU).
 
     vocab_size is the model's: its logits may be wider than the tokenizer (Qwen pads its embedding),
-    and ids past the tokenizer are never allowed. The tokenizer view takes about a second to build,
-    so it is built on first use (warm() builds it ahead). Thread-safe: a server may compile in its
+    and ids past the tokenizer are never allowed. The tokenizer view is slow to build, so it
+    is built on first use (warm() builds it ahead). Thread-safe: a server may compile in its
     own threads while the engine thread takes matchers (llguidance drops the GIL while compiling).
     """
 

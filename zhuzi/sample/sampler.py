@@ -129,7 +129,7 @@ def apply_bitmask(logits: torch.Tensor, constrained: list[int], bitmask: torch.T
     """logits[constrained[i]] keeps only what bitmask[i] allows.
 
     The bitmask is unpacked through a 256-entry byte table and applied as an elementwise minimum:
-    several times faster here than bit shifts and masked_fill_, and a +inf logit cannot turn into
+    faster here than bit shifts and masked_fill_, and a +inf logit cannot turn into
     NaN as it would with an added -inf.
     """
     vocab = logits.shape[1]
