@@ -94,7 +94,7 @@ def test_a_hand_off_whose_blocks_never_come_is_given_up_after_wait_s(config, alo
     engine = Engine(config, kv_transfers=True)
     monkeypatch.setattr(engine.kv.handoffs, "clock", clock)
     engine.add_request("r", PROMPT, GREEDY, handoff=Handoff("r"))
-    clock.now += kv_transfer.WAIT_S - 1
+    clock.now += transfer.WAIT_S - 1
     assert engine.step() == [] and not engine.has_work()  # a second before the deadline: it still waits
     clock.now += 1
     given_up = engine.step()  # the step at the deadline lets the request go, and computes its prompt
