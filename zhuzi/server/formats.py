@@ -19,8 +19,8 @@ import pydantic
 from zhuzi.outputs import CompletionOutput, Logprob, PromptProgress, RequestMetrics, RequestOutput
 from zhuzi.server import protocol as p
 from zhuzi.server import responses as r
-from zhuzi.server.content_blocks import BlockEvent, Blocks
-from zhuzi.server.parsers import OutputParser, ParsedText
+from zhuzi.server.common.content_blocks import BlockEvent, Blocks
+from zhuzi.server.common.parsers import OutputParser, ParsedText
 
 
 def sse(payload: pydantic.BaseModel | dict) -> str:

@@ -13,7 +13,7 @@ from types import FrameType
 
 import uvicorn
 
-from zhuzi.server.serving import Server
+from zhuzi.server.common.serving import Server
 
 
 class GracefulServer(uvicorn.Server):

@@ -24,7 +24,7 @@ from zhuzi.sampling_params import (
     StructuredOutputError,
     StructuredOutputsParams,
 )
-from zhuzi.server.schema import Request, Text
+from zhuzi.server.common.schema import Request, Text
 
 # Fields of OpenAI's or vLLM's requests that zhuzi refuses, and why (any other unknown field is refused too).
 UNSUPPORTED = {

@@ -10,9 +10,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Discriminator, Field, RootModel, Tag, field_validator, model_validator
 
+from zhuzi.server.common.schema import Request, Text, text_or
 from zhuzi.server.protocol import JsonSchemaFormat
 from zhuzi.server.responses import Response, _is_none
-from zhuzi.server.schema import Request, Text, text_or
 
 UNSUPPORTED = {
     "include": "is not supported: the answer holds everything zhuzi has (the reasoning as reasoning_text)",

@@ -21,10 +21,10 @@ from zhuzi.engine.client import EngineClient
 from zhuzi.sampling_params import InvalidRequest, SamplingParams
 from zhuzi.server import protocol as p
 from zhuzi.server import responses as r
+from zhuzi.server.common.parsers import OutputParser
+from zhuzi.server.common.serving import ApiError, RenderedChat, Server, json_response
+from zhuzi.server.common.tools import chat_constraints
 from zhuzi.server.formats import ChatFormat, CompletionFormat, Format
-from zhuzi.server.parsers import OutputParser
-from zhuzi.server.serving import ApiError, RenderedChat, Server, json_response
-from zhuzi.server.tools import chat_constraints
 
 log = logging.getLogger("zhuzi.server")
 

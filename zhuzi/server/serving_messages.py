@@ -22,10 +22,10 @@ from zhuzi.outputs import CompletionOutput, PromptProgress
 from zhuzi.server import anthropic_protocol as a
 from zhuzi.server import protocol as p
 from zhuzi.server import responses as r
-from zhuzi.server.content_blocks import BlockEvent, new_item_id
+from zhuzi.server.common.content_blocks import BlockEvent, new_item_id
+from zhuzi.server.common.parsers import ParsedText
+from zhuzi.server.common.serving import ApiError, json_response
 from zhuzi.server.formats import Choice, ResponseState, sse_event
-from zhuzi.server.parsers import ParsedText
-from zhuzi.server.serving import ApiError, json_response
 from zhuzi.server.serving_completions import Completions, as_chat_request
 
 # Anthropic's error types by status; 529 is its "overloaded" (a full queue, or a server that cannot serve now).

@@ -19,7 +19,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from zhuzi.outputs import EngineStats, RequestMetrics
-from zhuzi.server.quota import KeyUsage
+from zhuzi.server.common.quota import KeyUsage
 
 PREFIX = "zhuzi:"
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,

@@ -26,7 +26,7 @@ from typing import Any
 
 from zhuzi.sample.grammar import close_objects, json_options, json_schema
 from zhuzi.sampling_params import InvalidRequest, StructuredOutputsParams
-from zhuzi.server.parsers import TOOL_CLOSE, TOOL_OPEN
+from zhuzi.server.common.parsers import TOOL_CLOSE, TOOL_OPEN
 from zhuzi.server.protocol import ChatCompletionRequest, Constraint, NamedToolChoice
 from zhuzi.tokenizer import message_text
 

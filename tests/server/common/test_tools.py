@@ -14,8 +14,8 @@ from zhuzi.model.loader import default_model_path
 from zhuzi.sample.grammar import GrammarCompiler
 from zhuzi.sample.sampler import SamplingRow, apply_grammar_masks
 from zhuzi.sampling_params import SamplingParams, StructuredOutputsParams
-from zhuzi.server.parsers import OutputParser, ParsedText
-from zhuzi.server.tools import template_renders_tools, tool_grammar, with_generic_tools
+from zhuzi.server.common.parsers import OutputParser, ParsedText
+from zhuzi.server.common.tools import template_renders_tools, tool_grammar, with_generic_tools
 from zhuzi.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")

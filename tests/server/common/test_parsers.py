@@ -15,7 +15,7 @@ import pytest
 from zhuzi.detokenizer import IncrementalDetokenizer
 from zhuzi.model.loader import default_model_path
 from zhuzi.sampling_params import SamplingParams
-from zhuzi.server.parsers import OutputParser, ParsedText, opened_thought
+from zhuzi.server.common.parsers import OutputParser, ParsedText, opened_thought
 from zhuzi.server.protocol import ChatCompletionRequest
 from zhuzi.tokenizer import Tokenizer
 

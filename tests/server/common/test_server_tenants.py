@@ -20,7 +20,7 @@ import openai
 import pytest
 from server_process import ServerProcess, running_server
 
-from zhuzi.server.gateway import key_id
+from zhuzi.server.common.gateway import key_id
 
 ALICE, BOB, QUOTA, SPARE = "sk-alice-0f3c9e", "sk-bob-7d21aa", "sk-quota-55e0b1", "sk-spare-9a8b7c"
 BUDGET = 16  # --max-num-batched-tokens: a key may lead another by at most one step's budget

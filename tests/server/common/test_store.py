@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from clock import Clock
 
-from zhuzi.server.store import (
+from zhuzi.server.common.store import (
     RESPONSES,
     Component,
     Database,

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from clock import Clock
 
-from zhuzi.server.gateway import GatewayError, key_id
-from zhuzi.server.quota import Quotas
-from zhuzi.server.store import Database, StoreError
+from zhuzi.server.common.gateway import GatewayError, key_id
+from zhuzi.server.common.quota import Quotas
+from zhuzi.server.common.store import Database, StoreError
 
 NOON = datetime.datetime(2026, 12, 1, 12, 0, tzinfo=datetime.UTC).timestamp()
 

@@ -6,7 +6,7 @@ import re
 import pytest
 from clock import Clock
 
-from zhuzi.server.gateway import ANONYMOUS, Gateway, GatewayError, key_id, retry_after_header
+from zhuzi.server.common.gateway import ANONYMOUS, Gateway, GatewayError, key_id, retry_after_header
 
 
 def refused(call, *args) -> GatewayError:

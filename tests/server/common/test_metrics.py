@@ -4,8 +4,8 @@ from __future__ import annotations
 from prometheus_client.parser import text_string_to_metric_families
 
 from zhuzi.outputs import EngineStats, KVTierStats, RequestMetrics, SpecDecodingStats, TenantLoad
-from zhuzi.server.metrics import ServerMetrics
-from zhuzi.server.quota import KeyUsage
+from zhuzi.server.common.metrics import ServerMetrics
+from zhuzi.server.common.quota import KeyUsage
 
 MODEL = "SmolLM2-135M-Instruct"
 

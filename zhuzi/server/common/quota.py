@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from zhuzi.server.gateway import GatewayError, key_id
-from zhuzi.server.store import Component, Database
+from zhuzi.server.common.gateway import GatewayError, key_id
+from zhuzi.server.common.store import Component, Database
 
 USAGE = Component("key_usage", 1, (
     "CREATE TABLE key_usage (key_id TEXT NOT NULL, day TEXT NOT NULL, tokens INTEGER NOT NULL, "

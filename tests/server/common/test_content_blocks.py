@@ -2,8 +2,8 @@
 written from add up to the blocks of the whole reply, however the text was cut."""
 from __future__ import annotations
 
-from zhuzi.server.content_blocks import Blocks
-from zhuzi.server.parsers import OutputParser
+from zhuzi.server.common.content_blocks import Blocks
+from zhuzi.server.common.parsers import OutputParser
 
 REPLY = ('<think>\nThe user wants the weather.\n</think>\n\nLet me look.\n<tool_call>\n{"name": "get_weather", '
          '"arguments": {"city": "Paris"}}\n</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {}}\n'

@@ -11,7 +11,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Literal
 
-from zhuzi.server.parsers import ParsedText
+from zhuzi.server.common.parsers import ParsedText
 
 BlockKind = Literal["thinking", "text", "tool_use"]
 _ITEM_PREFIXES = {"thinking": "rs", "text": "msg", "tool_use": "fc"}  # OpenAI's ids for these items
