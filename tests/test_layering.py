@@ -62,7 +62,7 @@ def test_the_graph_is_read():
     assert "zhuzi.engine.kv.block_manager" in GRAPH["zhuzi.engine.scheduler"]  # subpackages too
     assert "zhuzi.engine.messages" in GRAPH["zhuzi.engine.core"] & GRAPH["zhuzi.engine.core_client"]
     assert "zhuzi.sample.sampler" in GRAPH["zhuzi.engine.model_runner"]
-    assert "zhuzi.server.protocol" in GRAPH["zhuzi.server.common.serving"]
+    assert "zhuzi.server.openai.protocol" in GRAPH["zhuzi.server.common.serving"]
 
 
 def engine_imports(name: str) -> set[str]:

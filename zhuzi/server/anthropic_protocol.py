@@ -12,8 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, RootModel, model_validator
 
-from zhuzi.server.common.schema import Request, Text, text_or
-from zhuzi.server.responses import Response, _is_none
+from zhuzi.server.common.schema import Request, Response, Text, _is_none, text_or
 
 MIN_THINKING_BUDGET = 1024  # Anthropic's floor for thinking.budget_tokens
 

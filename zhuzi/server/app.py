@@ -31,21 +31,21 @@ from zhuzi.outputs import RequestError
 from zhuzi.server import anthropic_protocol as a
 from zhuzi.server import cache_protocol as cp
 from zhuzi.server import inspect_protocol as ip
-from zhuzi.server import protocol as p
-from zhuzi.server import responses as r
 from zhuzi.server import responses_protocol as rp
 from zhuzi.server.common import schema
 from zhuzi.server.common.gateway import GatewayError, retry_after_header
 from zhuzi.server.common.serving import ApiError, Server, failure_info
 from zhuzi.server.common.store import ResponseStore
 from zhuzi.server.common.streams import ClientGone
+from zhuzi.server.openai import answers as r
+from zhuzi.server.openai import protocol as p
+from zhuzi.server.openai.serving import Completions
+from zhuzi.server.openai.tokenize import Tokenization
 from zhuzi.server.serving_cache import CachePins
-from zhuzi.server.serving_completions import Completions
 from zhuzi.server.serving_inspect import Inspector
 from zhuzi.server.serving_messages import Messages, anthropic_status
 from zhuzi.server.serving_messages import error_response as messages_error
 from zhuzi.server.serving_responses import MAX_ITEMS_PAGE, Responses
-from zhuzi.server.serving_tokenize import Tokenization
 
 ModelT = TypeVar("ModelT", bound=pydantic.BaseModel)
 MESSAGES = "/v1/messages"  # Anthropic's routes: its error object and status codes

@@ -6,8 +6,8 @@ from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from zhuzi.server.protocol import ChatMessage, ChatTemplateRequest
-from zhuzi.server.responses import Response
+from zhuzi.server.common.schema import Response
+from zhuzi.server.openai.protocol import ChatMessage, ChatTemplateRequest
 
 PinName = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")]
 

@@ -9,9 +9,8 @@ from typing import Annotated, Literal
 from pydantic import ConfigDict, Field
 
 from zhuzi.server.cache_protocol import CachePin
-from zhuzi.server.common.schema import Request, Text
-from zhuzi.server.protocol import ChatTemplateRequest
-from zhuzi.server.responses import Response
+from zhuzi.server.common.schema import Request, Response, Text
+from zhuzi.server.openai.protocol import ChatTemplateRequest
 
 MAX_CONTEXTS = 16
 MAX_TOP_N = 1000

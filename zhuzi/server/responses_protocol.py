@@ -10,9 +10,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Discriminator, Field, RootModel, Tag, field_validator, model_validator
 
-from zhuzi.server.common.schema import Request, Text, text_or
-from zhuzi.server.protocol import JsonSchemaFormat
-from zhuzi.server.responses import Response, _is_none
+from zhuzi.server.common.schema import Request, Response, Text, _is_none, text_or
+from zhuzi.server.openai.protocol import JsonSchemaFormat
 
 UNSUPPORTED = {
     "include": "is not supported: the answer holds everything zhuzi has (the reasoning as reasoning_text)",

@@ -20,13 +20,13 @@ from fastapi.responses import JSONResponse, Response
 
 from zhuzi.outputs import CompletionOutput, PromptProgress
 from zhuzi.server import anthropic_protocol as a
-from zhuzi.server import protocol as p
-from zhuzi.server import responses as r
 from zhuzi.server.common.content_blocks import BlockEvent, new_item_id
+from zhuzi.server.common.formats import Choice, ResponseState, sse_event
 from zhuzi.server.common.parsers import ParsedText
 from zhuzi.server.common.serving import ApiError, json_response
-from zhuzi.server.formats import Choice, ResponseState, sse_event
-from zhuzi.server.serving_completions import Completions, as_chat_request
+from zhuzi.server.openai import answers as r
+from zhuzi.server.openai import protocol as p
+from zhuzi.server.openai.serving import Completions, as_chat_request
 
 # Anthropic's error types by status; 529 is its "overloaded" (a full queue, or a server that cannot serve now).
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",

@@ -19,15 +19,15 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from zhuzi.outputs import CompletionOutput, PromptProgress
-from zhuzi.server import protocol as p
-from zhuzi.server import responses as r
 from zhuzi.server import responses_protocol as rp
 from zhuzi.server.common.content_blocks import Block, BlockEvent, new_item_id
+from zhuzi.server.common.formats import Choice, ResponseState, sse_event
 from zhuzi.server.common.parsers import ParsedText
 from zhuzi.server.common.serving import ApiError, json_response
 from zhuzi.server.common.store import MissingResponse, ResponseStore, StoredResponse, owner_of
-from zhuzi.server.formats import Choice, ResponseState, sse_event
-from zhuzi.server.serving_completions import Completions, as_chat_request
+from zhuzi.server.openai import answers as r
+from zhuzi.server.openai import protocol as p
+from zhuzi.server.openai.serving import Completions, as_chat_request
 
 MAX_ITEMS_PAGE = 100
 # The chat request's fields under their Responses names, for the errors the chat path finds (see ApiError.renamed).

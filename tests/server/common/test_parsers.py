@@ -16,7 +16,7 @@ from zhuzi.detokenizer import IncrementalDetokenizer
 from zhuzi.model.loader import default_model_path
 from zhuzi.sampling_params import SamplingParams
 from zhuzi.server.common.parsers import OutputParser, ParsedText, opened_thought
-from zhuzi.server.protocol import ChatCompletionRequest
+from zhuzi.server.openai.protocol import ChatCompletionRequest
 from zhuzi.tokenizer import Tokenizer
 
 _SYSTEM_AND_TOOLS = """

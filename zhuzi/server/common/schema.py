@@ -1,6 +1,6 @@
-"""The base of every API's request words (OpenAI's in protocol.py, Anthropic's, the Responses API's, the
-inspector's): strict models that refuse unknown fields, text that is valid Unicode, and content given as a
-string or a list of parts.
+"""The base of every API's words (OpenAI's in openai/protocol.py and openai/answers.py, Anthropic's, the
+Responses API's, the inspector's, the pins'): requests are strict models that refuse unknown fields, with text
+that is valid Unicode and content given as a string or a list of parts; answers are Response models.
 """
 from __future__ import annotations
 
@@ -36,3 +36,11 @@ def text_or(parts: Any, min_parts: int = 0) -> Any:
 class Request(BaseModel):
     # NaN or Infinity (JSON extensions, or 1e999) would reach the sampler as poison.
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
+
+
+def _is_none(value: Any) -> bool:
+    return value is None
+
+
+class Response(BaseModel):
+    """The base of every API's answers."""

@@ -34,8 +34,7 @@ from zhuzi.config import ServerConfig
 from zhuzi.engine.client import EngineClient, EngineDead
 from zhuzi.outputs import EngineStats, RequestError, RequestOutput
 from zhuzi.sampling_params import InvalidRequest, SamplingParams
-from zhuzi.server import protocol as p
-from zhuzi.server import responses as r
+from zhuzi.server.common.formats import Format, PromptStats, ResponseState
 from zhuzi.server.common.gateway import Admission, Gateway
 from zhuzi.server.common.metrics import ServerMetrics
 from zhuzi.server.common.parsers import OutputParser, opened_thought
@@ -43,7 +42,8 @@ from zhuzi.server.common.quota import Quotas
 from zhuzi.server.common.store import Database
 from zhuzi.server.common.streams import ClosingStreamingResponse, first_outputs, merge_streams, until_disconnect
 from zhuzi.server.common.tools import template_renders_tools, with_generic_tools
-from zhuzi.server.formats import Format, PromptStats, ResponseState
+from zhuzi.server.openai import answers as r
+from zhuzi.server.openai import protocol as p
 from zhuzi.tokenizer import message_text
 
 T = TypeVar("T")

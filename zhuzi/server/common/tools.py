@@ -27,7 +27,7 @@ from typing import Any
 from zhuzi.sample.grammar import close_objects, json_options, json_schema
 from zhuzi.sampling_params import InvalidRequest, StructuredOutputsParams
 from zhuzi.server.common.parsers import TOOL_CLOSE, TOOL_OPEN
-from zhuzi.server.protocol import ChatCompletionRequest, Constraint, NamedToolChoice
+from zhuzi.server.openai.protocol import ChatCompletionRequest, Constraint, NamedToolChoice
 from zhuzi.tokenizer import message_text
 
 # Text between tool calls and after the last one, in the grammar for "auto".

@@ -19,12 +19,13 @@ from fastapi.responses import Response
 
 from zhuzi.engine.client import EngineClient
 from zhuzi.sampling_params import InvalidRequest, SamplingParams
-from zhuzi.server import protocol as p
-from zhuzi.server import responses as r
+from zhuzi.server.common.formats import Format
 from zhuzi.server.common.parsers import OutputParser
 from zhuzi.server.common.serving import ApiError, RenderedChat, Server, json_response
 from zhuzi.server.common.tools import chat_constraints
-from zhuzi.server.formats import ChatFormat, CompletionFormat, Format
+from zhuzi.server.openai import answers as r
+from zhuzi.server.openai import protocol as p
+from zhuzi.server.openai.formats import ChatFormat, CompletionFormat
 
 log = logging.getLogger("zhuzi.server")
 

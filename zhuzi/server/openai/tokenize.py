@@ -13,9 +13,9 @@ import pydantic
 from fastapi.responses import Response, StreamingResponse
 
 from zhuzi.sampling_params import InvalidRequest
-from zhuzi.server import protocol as p
-from zhuzi.server import responses as r
 from zhuzi.server.common.serving import ApiError, Server, json_response
+from zhuzi.server.openai import answers as r
+from zhuzi.server.openai import protocol as p
 
 JSON_SLICE = 1 << 13  # list items one json.dumps call writes (about a millisecond)
 

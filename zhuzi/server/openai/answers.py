@@ -7,21 +7,15 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
-
-def _is_none(value: Any) -> bool:
-    return value is None
+from zhuzi.server.common.schema import Response, _is_none
 
 
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
-
-
-class Response(BaseModel):
-    pass
 
 
 class PromptTokensDetails(Response):
