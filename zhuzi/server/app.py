@@ -28,10 +28,12 @@ import zhuzi
 from zhuzi.config import ServerConfig
 from zhuzi.engine.client import EngineClient, EngineDead
 from zhuzi.outputs import RequestError
-from zhuzi.server import anthropic_protocol as a
 from zhuzi.server import cache_protocol as cp
 from zhuzi.server import inspect_protocol as ip
 from zhuzi.server import responses_protocol as rp
+from zhuzi.server.anthropic import protocol as a
+from zhuzi.server.anthropic.serving import Messages, anthropic_status
+from zhuzi.server.anthropic.serving import error_response as messages_error
 from zhuzi.server.common import schema
 from zhuzi.server.common.gateway import GatewayError, retry_after_header
 from zhuzi.server.common.serving import ApiError, Server, failure_info
@@ -43,8 +45,6 @@ from zhuzi.server.openai.serving import Completions
 from zhuzi.server.openai.tokenize import Tokenization
 from zhuzi.server.serving_cache import CachePins
 from zhuzi.server.serving_inspect import Inspector
-from zhuzi.server.serving_messages import Messages, anthropic_status
-from zhuzi.server.serving_messages import error_response as messages_error
 from zhuzi.server.serving_responses import MAX_ITEMS_PAGE, Responses
 
 ModelT = TypeVar("ModelT", bound=pydantic.BaseModel)

@@ -19,7 +19,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from zhuzi.outputs import CompletionOutput, PromptProgress
-from zhuzi.server import anthropic_protocol as a
+from zhuzi.server.anthropic import protocol as a
 from zhuzi.server.common.content_blocks import BlockEvent, new_item_id
 from zhuzi.server.common.formats import Choice, ResponseState, sse_event
 from zhuzi.server.common.parsers import ParsedText

@@ -1,7 +1,7 @@
 """The words of Anthropic's Messages API (/v1/messages, /v1/messages/count_tokens) in pydantic: the requests,
 the answers, the stream's events and the error object.
 
-As with OpenAI's words (protocol.py), types are strict and every field declared here does something: any
+As with OpenAI's words (openai/protocol.py), types are strict and every field declared here does something: any
 other field is refused with a 400 that names it. `cache_control` is accepted wherever Anthropic takes it:
 zhuzi's prefix cache keeps every prompt prefix anyway, so what it asks for always happens. These models are
 also the OpenAPI spec's schemas for those routes.
