@@ -7,7 +7,7 @@ a token id an integer. No field is accepted and ignored: every field a request m
 declares does something, and any other field is refused with a 400 that names it
 (UNSUPPORTED says why for OpenAI's and vLLM's fields that zhuzi does not implement).
 These models are also the OpenAPI spec's request schemas (see app.py); the answers
-are in responses.py, the inspector's words in inspect_protocol.py.
+are in answers.py, the other APIs' words in their own protocol.py.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """OpenAI's Responses API (/v1/responses and its GET, DELETE and input_items), between the routes and the
-chat path, with the stored conversations of store.py.
+chat path, with the stored conversations of common/store.py.
 
 A request's input items (with previous_response_id: after the stored items and outputs of every earlier
 turn, so that the client sends only the new turn and the prompt starts with what the prefix cache holds)
@@ -19,7 +19,6 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from zhuzi.outputs import CompletionOutput, PromptProgress
-from zhuzi.server import responses_protocol as rp
 from zhuzi.server.common.content_blocks import Block, BlockEvent, new_item_id
 from zhuzi.server.common.formats import Choice, ResponseState, sse_event
 from zhuzi.server.common.parsers import ParsedText
@@ -28,6 +27,7 @@ from zhuzi.server.common.store import MissingResponse, ResponseStore, StoredResp
 from zhuzi.server.openai import answers as r
 from zhuzi.server.openai import protocol as p
 from zhuzi.server.openai.serving import Completions, as_chat_request
+from zhuzi.server.responses import protocol as rp
 
 MAX_ITEMS_PAGE = 100
 # The chat request's fields under their Responses names, for the errors the chat path finds (see ApiError.renamed).
