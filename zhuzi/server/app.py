@@ -29,7 +29,6 @@ from zhuzi.config import ServerConfig
 from zhuzi.engine.client import EngineClient, EngineDead
 from zhuzi.outputs import RequestError
 from zhuzi.server import cache_protocol as cp
-from zhuzi.server import inspect_protocol as ip
 from zhuzi.server.anthropic import protocol as a
 from zhuzi.server.anthropic.serving import Messages, anthropic_status
 from zhuzi.server.anthropic.serving import error_response as messages_error
@@ -38,6 +37,8 @@ from zhuzi.server.common.gateway import GatewayError, retry_after_header
 from zhuzi.server.common.serving import ApiError, Server, failure_info
 from zhuzi.server.common.store import ResponseStore
 from zhuzi.server.common.streams import ClientGone
+from zhuzi.server.inspect import protocol as ip
+from zhuzi.server.inspect.serving import Inspector
 from zhuzi.server.openai import answers as r
 from zhuzi.server.openai import protocol as p
 from zhuzi.server.openai.serving import Completions
@@ -45,11 +46,10 @@ from zhuzi.server.openai.tokenize import Tokenization
 from zhuzi.server.responses import protocol as rp
 from zhuzi.server.responses.serving import MAX_ITEMS_PAGE, Responses
 from zhuzi.server.serving_cache import CachePins
-from zhuzi.server.serving_inspect import Inspector
 
 ModelT = TypeVar("ModelT", bound=pydantic.BaseModel)
 MESSAGES = "/v1/messages"  # Anthropic's routes: its error object and status codes
-STATIC = Path(__file__).parent / "static"
+STATIC = Path(__file__).parent / "inspect" / "static"
 # The page loads nothing from elsewhere, and nothing else may run in it.
 PAGE_POLICY = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
                "connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'")

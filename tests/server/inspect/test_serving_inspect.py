@@ -14,7 +14,7 @@ from server_process import ServerProcess
 
 from zhuzi.model import native
 from zhuzi.model.loader import default_model_path
-from zhuzi.server.inspect_protocol import MAX_STEPS
+from zhuzi.server.inspect.protocol import MAX_STEPS
 from zhuzi.tokenizer import Tokenizer
 
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]

@@ -17,7 +17,7 @@ from playwright.sync_api import Browser, expect
 from real_models import QWEN_0_5B, fetch
 from server_process import ServerProcess, running_server
 
-from zhuzi.server.inspect_protocol import MAX_STEPS
+from zhuzi.server.inspect.protocol import MAX_STEPS
 
 pytestmark = pytest.mark.long  # a minute or more: handed out first (tests/conftest.py)
 

@@ -18,9 +18,9 @@ from zhuzi.bpe_replay import replay
 from zhuzi.engine.sequence import Probe
 from zhuzi.outputs import RequestOutput, StepRow
 from zhuzi.sampling_params import InvalidRequest
-from zhuzi.server import inspect_protocol as ip
 from zhuzi.server.common.serving import ApiError, Server, json_response
 from zhuzi.server.common.streams import gather_or_cancel, until_disconnect
+from zhuzi.server.inspect import protocol as ip
 from zhuzi.server.openai import answers as r
 from zhuzi.server.serving_cache import cache_pin
 
