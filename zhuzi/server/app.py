@@ -28,7 +28,6 @@ import zhuzi
 from zhuzi.config import ServerConfig
 from zhuzi.engine.client import EngineClient, EngineDead
 from zhuzi.outputs import RequestError
-from zhuzi.server import cache_protocol as cp
 from zhuzi.server.anthropic import protocol as a
 from zhuzi.server.anthropic.serving import Messages, anthropic_status
 from zhuzi.server.anthropic.serving import error_response as messages_error
@@ -43,9 +42,10 @@ from zhuzi.server.openai import answers as r
 from zhuzi.server.openai import protocol as p
 from zhuzi.server.openai.serving import Completions
 from zhuzi.server.openai.tokenize import Tokenization
+from zhuzi.server.pins import protocol as cp
+from zhuzi.server.pins.serving import CachePins
 from zhuzi.server.responses import protocol as rp
 from zhuzi.server.responses.serving import MAX_ITEMS_PAGE, Responses
-from zhuzi.server.serving_cache import CachePins
 
 ModelT = TypeVar("ModelT", bound=pydantic.BaseModel)
 MESSAGES = "/v1/messages"  # Anthropic's routes: its error object and status codes

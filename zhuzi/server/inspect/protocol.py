@@ -8,9 +8,9 @@ from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field
 
-from zhuzi.server.cache_protocol import CachePin
 from zhuzi.server.common.schema import Request, Response, Text
 from zhuzi.server.openai.protocol import ChatTemplateRequest
+from zhuzi.server.pins.protocol import CachePin
 
 MAX_CONTEXTS = 16
 MAX_TOP_N = 1000

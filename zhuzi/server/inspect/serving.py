@@ -22,7 +22,7 @@ from zhuzi.server.common.serving import ApiError, Server, json_response
 from zhuzi.server.common.streams import gather_or_cancel, until_disconnect
 from zhuzi.server.inspect import protocol as ip
 from zhuzi.server.openai import answers as r
-from zhuzi.server.serving_cache import cache_pin
+from zhuzi.server.pins.serving import cache_pin
 
 
 class Inspector:

@@ -12,10 +12,10 @@ from fastapi.responses import Response
 from zhuzi.engine.sequence import PinSpec
 from zhuzi.outputs import PinInfo
 from zhuzi.sampling_params import InvalidRequest
-from zhuzi.server import cache_protocol as cp
 from zhuzi.server.common.serving import ApiError, Server, json_response
 from zhuzi.server.common.streams import until_disconnect
 from zhuzi.server.openai import answers as r
+from zhuzi.server.pins import protocol as cp
 
 
 def cache_pin(info: PinInfo) -> cp.CachePin:
