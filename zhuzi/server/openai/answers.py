@@ -225,10 +225,3 @@ class ErrorInfo(Response):
 class ErrorResponse(Response):
     error: ErrorInfo
 
-
-class HealthResponse(Response):
-    status: Literal["ok"] = "ok"
-
-
-class VersionResponse(Response):
-    version: str

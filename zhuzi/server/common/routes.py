@@ -1,0 +1,139 @@
+"""The first step of every API's routes: who asks (the gateway's key and rate), the body (JSON, within the size
+limit, validated into the API's words, a refusal naming the field the client sent), and how a route is
+described in the OpenAPI spec (its body, its answer, its stream's events, its error statuses).
+"""
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import pydantic
+from fastapi import Request
+from fastapi.responses import Response
+
+from zhuzi.server.common.serving import ApiError, Server
+from zhuzi.server.common.streams import ClientGone
+from zhuzi.server.openai import answers as r
+
+ModelT = TypeVar("ModelT", bound=pydantic.BaseModel)
+
+
+def is_json(content_type: str) -> bool:
+    media = content_type.partition(";")[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, if it is JSON (or unlabelled, as curl -d sends it) and at most limit bytes."""
+    content_type = request.headers.get("content-type")
+    if content_type is not None and not is_json(content_type):
+        raise ApiError(415, f"Content-Type must be application/json, got {content_type!r}.",
+                       code="unsupported_media_type")
+    too_large = ApiError(413, f"The request body is larger than this server's limit of {limit} bytes.",
+                         code="request_too_large")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise too_large
+    return bytes(body)
+
+
+@dataclass
+class Intake:
+    """What a route checks before its API's logic runs, for every API's routes alike."""
+
+    server: Server
+    field_names: frozenset[str]  # every API's request fields, which a validation error's loc may name
+    unsupported: dict[str, str]  # a field no model declares -> why zhuzi refuses it
+
+    def authenticated(self, request: Request) -> str:
+        return self.server.gateway.authenticate(request.headers.get("authorization"),
+                                                request.headers.get("x-api-key"))
+
+    async def admitted(self, request: Request, body_model: type[ModelT]) -> tuple[str, ModelT]:
+        """The caller's key and the parsed body, in the order that spends least on a refusal."""
+        key = self.authenticated(request)
+        self.server.ready()
+        self.server.gateway.check_rate(key)
+        return key, await self.parse_body(request, body_model)
+
+    async def generation(self, request: Request, body_model: type[ModelT],
+                         handler: Callable[[Request, str, ModelT], Awaitable[Response]]) -> Response:
+        key, body = await self.admitted(request, body_model)
+        try:
+            return await handler(request, key, body)
+        except ClientGone:
+            return Response(status_code=499)
+
+    async def parse_body(self, request: Request, model: type[ModelT]) -> ModelT:
+        raw = await read_body(request, self.server.config.max_request_body_bytes)
+        try:
+            return model.model_validate_json(raw)
+        except pydantic.ValidationError as exc:
+            raise self.validation_error(exc) from exc
+
+    def validation_error(self, exc: pydantic.ValidationError) -> ApiError:
+        first = exc.errors()[0]
+        if first["type"] == "json_invalid":
+            return ApiError(400, f"The body is not valid JSON: {first['msg']}")
+        # A union's alternatives add their type names to loc; keep the list indexes and field names.
+        loc = [str(x) for x in first["loc"] if isinstance(x, int) or x in self.field_names]
+        message = first["msg"].removeprefix("Value error, ")
+        if first["type"] == "extra_forbidden":  # a field no model declares: name it, and say why if zhuzi knows
+            field = str(first["loc"][-1])
+            loc = loc[:-1] + [field] if loc[-1:] == [field] else loc + [field]
+            message = self.unsupported.get(field, "is not a field zhuzi knows (no field is accepted and ignored)")
+            return ApiError(400, f"{'.'.join(loc)} {message}", param=".".join(loc))
+        param = ".".join(loc) or None
+        return ApiError(400, f"{param}: {message}" if param else message, param=param)
+
+
+# ---------------------------------------------------------------- a route's OpenAPI description
+
+ERROR_DESCRIPTIONS = {
+    400: "Invalid request: the error's param names the field", 401: "Missing or wrong API key",
+    404: "Unknown model, stored response or pin", 413: "Request body too large", 415: "Body not JSON",
+    429: "Rate limit or queue full", 500: "The engine failed this request",
+    503: "Loading, shutting down, or the engine failed", 529: "Overloaded: queue full, loading or shutting down",
+}
+BODY_ERRORS = (400, 401, 404, 413, 415, 429, 503)
+
+
+def _ref(model: type[pydantic.BaseModel]) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{model.__name__}"}
+
+
+def _sse_event(chunk: type[pydantic.BaseModel], error: type[pydantic.BaseModel], named: bool) -> dict[str, Any]:
+    """One server-sent event (OpenAPI 3.1 describes each event): its data is a JSON chunk or an error object
+    (a failure after the headers went out); OpenAI's chat and completion streams end with [DONE], Anthropic's
+    and the Responses API's name each event instead."""
+    json_data = {"type": "string", "contentMediaType": "application/json",
+                 "contentSchema": {"anyOf": [_ref(chunk), _ref(error)]}}
+    if not named:
+        return {"type": "object", "required": ["data"],
+                "properties": {"data": {"anyOf": [{"const": "[DONE]"}, json_data]}}}
+    return {"type": "object", "required": ["event", "data"],
+            "properties": {"event": {"type": "string"}, "data": json_data}}
+
+
+def documented(body: type[pydantic.BaseModel] | None, answer: type[pydantic.BaseModel] | None,
+               statuses: tuple[int, ...], chunk: type[pydantic.BaseModel] | None = None,
+               error: type[pydantic.BaseModel] = r.ErrorResponse, named: bool = False) -> dict[str, Any]:
+    """A route's OpenAPI description: its JSON body (which the route parses itself), its answer (and the
+    chunks of its SSE stream, named events or not), its error objects."""
+    responses: dict[int | str, dict[str, Any]] = {
+        status: {"model": error, "description": ERROR_DESCRIPTIONS[status]} for status in statuses}
+    if answer is not None:
+        ok: dict[str, Any] = {"model": answer, "description": "Success"}
+        if chunk is not None:
+            ok["content"] = {"text/event-stream": {"schema": _sse_event(chunk, error, named)}}
+            ok["description"] = "Success: the whole answer, or its chunks as server-sent events with stream true"
+        responses[200] = ok
+    extra = {"requestBody": {"required": True, "content": {"application/json": {"schema": _ref(body)}}}} \
+        if body is not None else None
+    return {"responses": responses, "openapi_extra": extra}

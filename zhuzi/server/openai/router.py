@@ -1,0 +1,47 @@
+"""OpenAI's routes (and vLLM's): /v1/chat/completions and its /render, /v1/completions, /v1/models, /tokenize
+and /detokenize, each checked by the Intake and handed to its logic (serving.py, tokenize.py)."""
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from zhuzi.server.common.routes import BODY_ERRORS, Intake, documented
+from zhuzi.server.openai import answers as r
+from zhuzi.server.openai import protocol as p
+from zhuzi.server.openai.serving import Completions
+from zhuzi.server.openai.tokenize import Tokenization
+
+
+def router(intake: Intake, generations: Completions, tokenization: Tokenization) -> APIRouter:
+    routes = APIRouter()
+    server = intake.server
+
+    @routes.post("/v1/chat/completions", **documented(p.ChatCompletionRequest, r.ChatCompletionResponse,
+                                                       (*BODY_ERRORS, 500), r.ChatCompletionChunk))
+    async def chat_completions(request: Request) -> Response:
+        return await intake.generation(request, p.ChatCompletionRequest, generations.chat)
+
+    @routes.post("/v1/chat/completions/render", **documented(p.ChatCompletionRequest, r.RenderResponse, BODY_ERRORS))
+    async def render(request: Request) -> Response:
+        return await generations.render(*await intake.admitted(request, p.ChatCompletionRequest))
+
+    @routes.post("/v1/completions", **documented(p.CompletionRequest, r.CompletionResponse, (*BODY_ERRORS, 500),
+                                                 r.CompletionResponse))
+    async def completions(request: Request) -> Response:
+        return await intake.generation(request, p.CompletionRequest, generations.completions)
+
+    @routes.get("/v1/models", **documented(None, r.ModelList, (401, 503)))
+    async def models(request: Request) -> Response:
+        intake.authenticated(request)
+        server.ready()
+        return JSONResponse(server.models().model_dump())
+
+    @routes.post("/tokenize", **documented(p.TokenizeRequest, r.TokenizeResponse, BODY_ERRORS))
+    async def tokenize(request: Request) -> Response:
+        return await tokenization.tokenize(*await intake.admitted(request, p.TokenizeRequest))
+
+    @routes.post("/detokenize", **documented(p.DetokenizeRequest, r.DetokenizeResponse, BODY_ERRORS))
+    async def detokenize(request: Request) -> Response:
+        return await tokenization.detokenize(*await intake.admitted(request, p.DetokenizeRequest))
+
+    return routes
