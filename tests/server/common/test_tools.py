@@ -1,4 +1,4 @@
-"""Forced and strict tool calls: the grammars of server/tools.py against the real SmolLM2 tokenizer,
+"""Forced and strict tool calls: the grammars of server/common/tools.py against the real SmolLM2 tokenizer,
 as it is (the markers are text) and with Qwen's <tool_call>/</tool_call> added tokens, decoded from
 seeded random logits and parsed by the server's own OutputParser, streamed and whole."""
 from __future__ import annotations

@@ -54,7 +54,7 @@ class ToolResultBlock(Request):
     type: Literal["tool_result"]
     tool_use_id: str = Field(min_length=1)
     content: text_or(Annotated[TextBlock | MediaBlock, Field(discriminator="type")]) = ""
-    is_error: bool = False  # the model reads the result as an error (see messages.py)
+    is_error: bool = False  # the model reads the result as an error (see serving.py)
     cache_control: CacheControl | None = None
 
 

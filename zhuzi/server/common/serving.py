@@ -1,6 +1,6 @@
 """The server's shared serving machinery, between the HTTP routes and the engine.
 
-Every endpoint family has its module (serving_completions.py, serving_tokenize.py, serving_inspect.py);
+Every API has its serving module (serving.py in openai/, anthropic/, responses/, inspect/ and pins/);
 what they share is here: the errors, rendering a chat (in a worker thread, so that no prompt, however
 long, holds up the event loop; under an output constraint a thinking model is asked for no thought, since
 the grammar holds from the first token), and generate(): admitted by the gateway, handed to the engine as

@@ -1,6 +1,6 @@
 """Tool calls on the way in: what the model is told about tools, and the grammar its calls must follow.
 
-The server's step before the engine. zhuzi reads one tool-call format (server/parsers.py), the
+The server's step before the engine. zhuzi reads one tool-call format (parsers.py), the
 Hermes/Qwen one:
 
     <tool_call>

@@ -4,7 +4,7 @@ A request is checked (model name, sampling fields; the engine checks the rest), 
 chat template or taken as given, and tokenized in a worker thread; then Server.generate runs it.
 
 An output constraint (response_format, structured_outputs, guided_*, or the grammar of tool calls, see
-tools.py) is compiled before anything is queued, so a bad schema is a 400 naming the field the client sent.
+common/tools.py) is compiled before anything is queued, so a bad schema is a 400 naming the field the client sent.
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@
 // exactly on a top-p boundary could in principle fall the other way.
 
 export const GREEDY_BELOW = 1e-5; // zhuzi/sampling_params.py
-export const MIN_TEMPERATURE = 0.01; // the server raises 0 < T < 0.01 to this (zhuzi/server/protocol.py)
+export const MIN_TEMPERATURE = 0.01; // the server raises 0 < T < 0.01 to this (zhuzi/server/openai/protocol.py)
 
 /** The temperature the sampler ends up using for a requested one. */
 export function effectiveTemperature(t) {
