@@ -257,6 +257,20 @@ def test_a_forced_call_cut_short_keeps_what_was_streamed() -> None:
         == '{"city": "Pa'
 
 
+def test_a_forced_calls_closing_tag_inside_a_string_is_part_of_its_arguments() -> None:
+    """SmolLM2 forced to call, on "What is 17 times 23?": it writes the tag inside the string it never closes,
+    then text up to max_tokens. The grammar held the whole reply inside the arguments, and so does the parser."""
+    text = '<tool_call>\n{"name": "calculator", "arguments": {"expression":  "17 * 23}}</tool_call>  # 17 * 23 = 3'
+    for parsed in (OutputParser(reasoning=False, tools=True, forced=True).parse(text),
+                   merged(stream(OutputParser(reasoning=False, tools=True, forced=True), list(text)))):
+        [call] = parsed.tool_calls
+        assert (call.name, call.arguments, parsed.content) == \
+            ("calculator", '{"expression":  "17 * 23}}</tool_call>  # 17 * 23 = 3', "")
+    closed = text.replace("}}</tool_call>  # 17 * 23 = 3", '"}}\n</tool_call>')
+    [call] = OutputParser(reasoning=False, tools=True, forced=True).parse(closed).tool_calls
+    assert json.loads(call.arguments) == {"expression": "17 * 23"}
+
+
 def test_parallel_tool_calls_false_keeps_only_the_first_call() -> None:
     text = ''.join(f'<tool_call>\n{{"name": "f", "arguments": {{"n": {n}}}}}\n</tool_call>\n' for n in range(3))
     parsed = OutputParser(reasoning=False, tools=True, max_calls=1).parse(text)

@@ -17,7 +17,8 @@ A free model's call may turn out malformed, so it is emitted whole once it
 closes (and given back as text if it does not parse). A call a grammar forces
 (server/tools.py) always parses and writes "name" before "arguments", so it
 streams as OpenAI's do: its id and name as soon as the name is complete, then
-its arguments piece by piece, as the model writes them.
+its arguments piece by piece, as the model writes them. It ends where its arguments' JSON closes: a
+"</tool_call>" that a small model writes inside one of their strings is part of that string.
 """
 from __future__ import annotations
 
@@ -266,6 +267,8 @@ class OutputParser:
             self._switch(Mode.CONTENT, rest)
             self._close_tool_call(body, out, closed=True)
             return True
+        if self.forced and not (self.arguments and self.arguments.done):
+            return self._step_forced_arguments(out)
         if (at := self.buffer.find(TOOL_CLOSE)) >= 0:
             self.tool_text += self.buffer[:at]
             self._stream_call(out)
@@ -276,6 +279,18 @@ class OutputParser:
         self.tool_text += self._take_decided([TOOL_CLOSE], hold_whitespace=False)
         self._stream_call(out)
         return False
+
+    def _step_forced_arguments(self, out: ParsedText) -> bool:
+        """A forced call up to the end of its arguments: a "</tool_call>" before it is inside one of their
+        strings (the grammar closes the tag only after the JSON), so it is text of the arguments."""
+        self.tool_text, self.buffer = self.tool_text + self.buffer, ""
+        self._stream_call(out)
+        if not (self.arguments and self.arguments.done):
+            return False
+        # what follows the arguments goes back to the buffer, where the closing tag is looked for
+        end = self.arguments.position
+        self.tool_text, self.buffer = self.tool_text[:end], self.tool_text[end:]
+        return True
 
     def _stream_call(self, out: ParsedText) -> None:
         """A forced call's news: its header once the name is complete, then its arguments as they come."""
