@@ -3,10 +3,14 @@
 // pretends to fetch anything. Both are strict: the grammar holds a call to its schema, so even a small
 // model's arguments parse.
 
+// The calculator's characters: the pattern holds a small model's string to arithmetic, so it must close the
+// string instead of writing on inside it until max_tokens.
+const EXPRESSION = '^[0-9 .+*/^()-]+$';
+
 export const TOOLS = [
   { type: 'function', function: {
     name: 'calculator', strict: true, description: 'Evaluate an arithmetic expression with + - * / ^ and parentheses.',
-    parameters: { type: 'object', properties: { expression: { type: 'string' } }, required: ['expression'] } } },
+    parameters: { type: 'object', properties: { expression: { type: 'string', pattern: EXPRESSION } }, required: ['expression'] } } },
   { type: 'function', function: {
     name: 'city_time', strict: true, description: 'The current date and time in a city.',
     parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] } } },
