@@ -4,9 +4,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from playwright.sync_api import Browser, Locator, Page, Playwright, expect
-from server_process import ServerProcess
+
+if TYPE_CHECKING:  # only a type here: tests/models import this module as server.inspector
+    from server_process import ServerProcess
 
 CHROMIUM = Path("/usr/bin/chromium")  # Debian's package: Playwright's own download host is unreachable here
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",

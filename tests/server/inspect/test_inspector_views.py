@@ -1,7 +1,7 @@
-"""The inspector's batch, cache, tool-call, divergence and speculation views, driven in Chromium against real
-`zhuzi serve` processes (conftest.py's, the session's: det_server speculates with --deterministic): what each
-shows is checked against the server's own APIs (its step records, the usage of each request, the answers the
-test computes itself through the chat API)."""
+"""The inspector's batch, cache, divergence and speculation views (the tool view has test_inspector_tools.py),
+driven in Chromium against real `zhuzi serve` processes (conftest.py's, the session's: det_server speculates
+with --deterministic): what each shows is checked against the server's own APIs (its step records, the usage
+of each request, the answers the test computes itself through the chat API)."""
 from __future__ import annotations
 
 import json
@@ -14,7 +14,6 @@ import httpx
 import pytest
 from inspector import REPLY_TIMEOUT_MS, Inspector
 from playwright.sync_api import Browser, expect
-from real_models import QWEN_0_5B, fetch
 from server_process import ServerProcess, running_server
 
 from zhuzi.server.inspect.protocol import MAX_STEPS
@@ -138,72 +137,6 @@ def test_cached_prompt_tokens_are_shaded_and_priced_both_ways(inspector: Inspect
     expect(line).to_have_attribute("data-with-cache", re.compile(r"^[\d.e-]+$"))
     assert float(line.get_attribute("data-with-cache")) == pytest.approx(with_cache)
     assert float(line.get_attribute("data-without-cache")) == pytest.approx((prompt * 2 + generated * 8) / 1e6)
-
-
-# ------------------------------------------------------------------ a tool round trip
-
-def round_trip(ui: Inspector, tool_prompt: str, first_choice: str | dict) -> None:
-    """The tool view's four steps, each checked against the server's answers to the same requests: the page's
-    first request asks with first_choice, as it does for a template of that kind (tool_prompt)."""
-    ui.tab("tools")
-    page, nxt = ui.page, ui.page.get_by_test_id("tool-next")
-    tools = page.evaluate("async () => (await import('/static/js/toolbox.js')).TOOLS")
-    question = page.get_by_test_id("tool-question").input_value()
-    messages = [{"role": "user", "content": question}]
-
-    def step(n: int) -> None:
-        nxt.click()
-        expect(page.get_by_test_id("tool-step")).to_have_attribute("data-step", str(n), timeout=REPLY_TIMEOUT_MS)
-        expect(nxt).to_be_enabled() if n < 4 else expect(nxt).to_have_text("Done")
-
-    def doc_tokens() -> list[dict]:
-        return page.get_by_test_id("tool-doc").get_by_test_id("doc-token").evaluate_all(
-            "s => s.map(x => ({id: Number(x.dataset.tokenId), author: x.dataset.author,"
-            " generated: !!x.dataset.generated, cached: !!x.dataset.cached, text: x.textContent}))")
-
-    step(1)  # the model writes the call
-    expect(page.get_by_test_id("tool-template")).to_have_attribute("data-tool-prompt", tool_prompt)
-    api = post(ui.server, "/v1/chat/completions", {"messages": messages, "tools": tools, "tool_choice": first_choice,
-                                                  "temperature": 0, "max_tokens": 96, "return_token_ids": True})
-    written = [t for t in doc_tokens() if t["generated"]]
-    assert [t["id"] for t in written] == api["choices"][0]["token_ids"]
-    assert {t["author"] for t in written} == {"assistant"}
-    call = api["choices"][0]["message"]["tool_calls"][0]
-    step(2)  # the page runs the tool
-    expression = json.loads(call["function"]["arguments"])["expression"]
-    assert re.fullmatch(r"[\d\s+*/().-]+", expression), f"the model wrote {expression!r}"
-    expect(page.get_by_test_id("tool-result")).to_have_text(str(eval(expression)))  # digits and operators only
-    step(3)  # the result goes back as a tool message
-    grown = messages + [{"role": "assistant", "content": None, "tool_calls": [call]},
-                        {"role": "tool", "tool_call_id": call["id"], "content": str(eval(expression))}]
-    document = post(ui.server, "/inspect/document", {"messages": grown, "tools": tools})
-    tokens = doc_tokens()
-    assert [t["id"] for t in tokens] == document["token_ids"]
-    assert str(eval(expression)) in "".join(t["text"] for t in tokens if t["author"] == "tool")
-    step(4)  # the model answers
-    second = page.get_by_test_id("tool-request").nth(1)
-    cached, prompt = int(second.get_attribute("data-cached")), int(second.get_attribute("data-prompt"))
-    assert prompt == len(document["token_ids"]) and cached >= prompt // 2, "request 2 re-reads request 1's blocks"
-    assert sum(t["cached"] for t in doc_tokens()) == cached
-    assert prefill_of(batch(ui.server, second.get_attribute("data-id"))) == prompt - cached
-
-
-def test_a_tool_round_trip_step_by_step(inspector: Inspector) -> None:
-    """SmolLM2's template has no tool section: the generic tool prompt, and a forced first call."""
-    round_trip(inspector, "generic", {"type": "function", "function": {"name": "calculator"}})
-
-
-@pytest.fixture(scope="module")
-def qwen_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    with running_server(tmp_path_factory.mktemp("qwen") / "server.log", str(fetch(QWEN_0_5B)), "--max-model-len",
-                        "4096", "--kv-cache-memory", "256MiB") as running:
-        yield running
-
-
-@pytest.mark.models
-def test_a_tool_round_trip_with_a_template_that_writes_the_tools(open_page, qwen_server: ServerProcess) -> None:
-    """Qwen2.5-Coder's template renders the tools: the model decides to call on its own (tool_choice auto)."""
-    round_trip(open_page(qwen_server), "template", "auto")
 
 
 # ------------------------------------------------------------------ the same question twice
