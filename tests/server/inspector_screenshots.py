@@ -3,8 +3,9 @@
 Starts `zhuzi serve` on the embedded SmolLM2 with dense bf16 weights (`--quantization none`: batches change
 greedy answers there, which the divergence view shows) and a 1 GiB KV pool, has a short chat in
 Debian's Chromium, and shoots each view (default OUTDIR: docs/img/inspector); then the batch view beside other
-requests, the divergence experiment and a tool round trip; then, on a second server that speculates, the slow
-motion of a reply with accepted drafts.
+requests and the divergence experiment; then, on a second server that speculates, the slow motion of a reply
+with accepted drafts; then a whole tool round trip on Qwen2.5-Coder-0.5B-Instruct (tests/real_models.py fetches
+its GGUF), a model whose template writes the tools.
 """
 from __future__ import annotations
 
@@ -16,8 +17,12 @@ import time
 from pathlib import Path
 
 from inspector import REPLY_TIMEOUT_MS, Inspector, launch
+from inspector_trip import walk
 from playwright.sync_api import Browser, expect, sync_playwright
 from server_process import ServerProcess, running_server
+
+sys.path.insert(0, str(Path(__file__).parents[1]))  # tests/, for real_models when run as a script
+from real_models import QWEN_0_5B, fetch  # noqa: E402
 
 VIEWS = [("1-chat-and-slow-motion", "steps"), ("2-document", "document"), ("3-sampling-lab", "lab"),
          ("4-logit-lens", "lens"), ("5-tokenizer", "bpe"), ("6-name-tree", "tree")]
@@ -37,7 +42,6 @@ def main(out: Path) -> None:
             engine_view(ui, out)
             batch_view(ui, out)
             divergence_view(ui, out)
-            tool_view(ui, out)
             assert not ui.errors, ui.errors
         with running_server(logs / "spec.log", "--kv-cache-memory", "1GiB", "--speculative-config", NGRAM) as server:
             ui = open_page(browser, server)
@@ -48,6 +52,7 @@ def main(out: Path) -> None:
             ui.select_step(next(t["step"] for t in ui.tokens() if rejected_at(ui, t["step"])))
             shoot(ui, out / "8-speculative.png")
             assert not ui.errors, ui.errors
+        tool_view(browser, logs, out)
         browser.close()
 
 
@@ -128,13 +133,15 @@ def divergence_view(ui: Inspector, out: Path) -> None:
     shoot(ui, out / "10-divergence.png")
 
 
-def tool_view(ui: Inspector, out: Path) -> None:
-    ui.tab("tools")
-    for step in range(1, 5):
-        ui.page.get_by_test_id("tool-next").click()
-        expect(ui.page.get_by_test_id("tool-step")).to_have_attribute("data-step", str(step))
-    ui.page.locator("#view-tools").evaluate("view => { view.scrollTop = view.scrollHeight; }")
-    shoot(ui, out / "11-tool-call.png")
+def tool_view(browser: Browser, logs: Path, out: Path) -> None:
+    """The whole trip, on a page tall enough to hold its document and its log."""
+    with running_server(logs / "qwen.log", str(fetch(QWEN_0_5B)), "--max-model-len", "4096",
+                        "--kv-cache-memory", "256MiB") as server:
+        ui = open_page(browser, server)
+        walk(ui, "What is 17 times 23?")
+        ui.page.set_viewport_size({"width": 1500, "height": 2300})
+        shoot(ui, out / "11-tool-call.png")
+        assert not ui.errors, ui.errors
 
 
 def not_the_top(ui: Inspector, step: int) -> bool:
