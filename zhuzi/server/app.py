@@ -36,7 +36,6 @@ from zhuzi.server.common import schema
 from zhuzi.server.common.gateway import GatewayError, retry_after_header
 from zhuzi.server.common.routes import Intake
 from zhuzi.server.common.serving import ApiError, Server, failure_info
-from zhuzi.server.common.store import ResponseStore
 from zhuzi.server.inspect import protocol as ip
 from zhuzi.server.inspect import router as inspect_router
 from zhuzi.server.inspect.serving import Inspector
@@ -51,6 +50,7 @@ from zhuzi.server.pins.serving import CachePins
 from zhuzi.server.responses import protocol as rp
 from zhuzi.server.responses import router as responses_router
 from zhuzi.server.responses.serving import Responses
+from zhuzi.server.responses.store import ResponseStore
 
 
 def error_response(request: Request, status: int, message: str, type: str, param: str | None = None,

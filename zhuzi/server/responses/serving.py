@@ -23,11 +23,12 @@ from zhuzi.server.common.content_blocks import Block, BlockEvent, new_item_id
 from zhuzi.server.common.formats import Choice, ResponseState, sse_event
 from zhuzi.server.common.parsers import ParsedText
 from zhuzi.server.common.serving import ApiError, json_response
-from zhuzi.server.common.store import MissingResponse, ResponseStore, StoredResponse, owner_of
+from zhuzi.server.common.store import owner_of
 from zhuzi.server.openai import answers as r
 from zhuzi.server.openai import protocol as p
 from zhuzi.server.openai.serving import Completions, as_chat_request
 from zhuzi.server.responses import protocol as rp
+from zhuzi.server.responses.store import MissingResponse, ResponseStore, StoredResponse
 
 MAX_ITEMS_PAGE = 100
 # The chat request's fields under their Responses names, for the errors the chat path finds (see ApiError.renamed).
