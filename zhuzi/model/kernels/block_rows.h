@@ -173,7 +173,7 @@ static void pass(const uint8_t* w, int64_t row_bytes, int rows, int64_t K, const
     const q8::Block* xb[P];
     for (int p = 0; p < P; ++p) xb[p] = x[p] + blk * PER_BLOCK;
     i8::I32 s[P][2 * NU][V];  // per input row, per 16 inputs of the step: sums over the rows
-    // Unrolled, every unit index is a constant in codes() and the groups' offsets: AVX2 rows +30-45 %.
+    // Unrolled, every unit index is a constant in codes() and the groups' offsets, which the AVX2 rows need most.
 #pragma GCC unroll 8
     for (int u = 0; u < NU; u += READS * UNITS) {
       const bool tail = u + UNITS > nblk * PER_BLOCK;  // AVX-512, an odd count of 32-blocks: half a vector
