@@ -3,10 +3,11 @@
 create_app builds what every API shares (common/serving.py's Server: the gateway, the store, the metrics, the
 engine's loading and health) and mounts each API's router: OpenAI's (openai/), Anthropic's Messages
 (anthropic/), the Responses API (responses/), the inspector and its page at / (inspect/), the prefix-cache pins
-(pins/), and the server's own /health, /version and /metrics (status.py). A request comes in -> gateway (key,
-rate) -> its body (JSON, within the size limit) validated into its API's words (common/routes.py) -> the API's
-serving logic -> JSON or SSE out. Every refusal is OpenAI's error object with a 4xx (Anthropic's under its
-routes). /openapi.json documents each route's body, its answer and its error statuses from the same models.
+(pins/), Ollama's (ollama/), and the server's own /health, /version and /metrics (status.py). A request comes
+in -> gateway (key, rate) -> its body (JSON, within the size limit) validated into its API's words
+(common/routes.py) -> the API's serving logic -> JSON, SSE or NDJSON out. Every refusal is OpenAI's error
+object with a 4xx (Anthropic's or Ollama's under their routes). /openapi.json documents each route's body, its
+answer and its error statuses from the same models.
 The app starts at once and loads the model in a thread, so /health says 503 until the model is ready, and
 again once the engine fails or the server shuts down.
 """
@@ -39,6 +40,10 @@ from zhuzi.server.common.serving import ApiError, Server, failure_info
 from zhuzi.server.inspect import protocol as ip
 from zhuzi.server.inspect import router as inspect_router
 from zhuzi.server.inspect.serving import Inspector
+from zhuzi.server.ollama import protocol as o
+from zhuzi.server.ollama import router as ollama_router
+from zhuzi.server.ollama.serving import Ollama
+from zhuzi.server.ollama.serving import error_response as ollama_error
 from zhuzi.server.openai import answers as r
 from zhuzi.server.openai import protocol as p
 from zhuzi.server.openai import router as openai_router
@@ -55,16 +60,18 @@ from zhuzi.server.responses.store import ResponseStore
 
 def error_response(request: Request, status: int, message: str, type: str, param: str | None = None,
                    code: str | int | None = None, headers: dict[str, str] | None = None) -> JSONResponse:
-    """OpenAI's error object, or Anthropic's under its routes."""
+    """OpenAI's error object, or Anthropic's or Ollama's under their routes."""
     if request.url.path.startswith(anthropic_router.MESSAGES):
         return messages_error(status, message, code, headers)
+    if request.url.path.startswith(ollama_router.API):
+        return ollama_error(status, message, headers)
     body = r.ErrorResponse(error=r.ErrorInfo(message=message, type=type, param=param, code=code))
     return JSONResponse(body.model_dump(), status_code=status, headers=headers)
 
 
 # What a validation error may name: every API's request fields, and why zhuzi refuses some undeclared ones.
 UNSUPPORTED = {**p.UNSUPPORTED, **rp.UNSUPPORTED}
-_FIELD_NAMES = frozenset(field.alias or name for module in (p, ip, a, rp, cp) for model in vars(module).values()
+_FIELD_NAMES = frozenset(field.alias or name for module in (p, ip, a, rp, cp, o) for model in vars(module).values()
                          if isinstance(model, type) and issubclass(model, schema.Request)
                          for name, field in model.model_fields.items())
 
@@ -72,7 +79,8 @@ _FIELD_NAMES = frozenset(field.alias or name for module in (p, ip, a, rp, cp) fo
 
 _BODIES = [p.ChatCompletionRequest, p.CompletionRequest, p.TokenizeRequest, p.DetokenizeRequest,
            ip.NextTokenRequest, ip.LogitLensRequest, ip.DocumentRequest, ip.BpeRequest,
-           a.MessagesRequest, a.CountTokensRequest, rp.ResponsesRequest, cp.PinRequest]
+           a.MessagesRequest, a.CountTokensRequest, rp.ResponsesRequest, cp.PinRequest, o.ChatRequest,
+           o.GenerateRequest, o.ShowRequest]
 # A completion's chunks are CompletionResponse objects, as OpenAI's are.
 _CHUNKS = [r.ChatCompletionChunk, a.MessageStreamEvent, a.AnthropicError, rp.ResponseStreamEvent]
 
@@ -116,6 +124,7 @@ def create_app(engine: EngineClient | Callable[[], EngineClient], server_config:
     app.include_router(responses_router.router(intake, Responses(generations, store)))
     app.include_router(inspect_router.router(intake, Inspector(server)))
     app.include_router(pins_router.router(intake, CachePins(server)))
+    app.include_router(ollama_router.router(intake, Ollama(generations)))
     app.include_router(status.router(server))
     app.openapi = _openapi(app)  # type: ignore[method-assign]
 

@@ -1,0 +1,353 @@
+"""Ollama's API (/api/chat, /api/generate, /api/tags, /api/show, /api/ps, /api/version), between the routes and
+the chat path.
+
+A chat or generate request becomes the chat request it means (messages, tools, think, format as
+response_format, options as sampling fields) and runs the chat path unchanged: the same template, tool
+format, grammars and engine. /api/generate templates its prompt (and system) as one user turn; with raw true
+the prompt runs as it is, as /v1/completions runs one. Only the answer's shape is Ollama's: OllamaFormat writes
+one JSON object, or NDJSON lines (each piece of text or thought, each tool call whole with its arguments as an
+object, then the last line with done_reason and the timings), and errors are Ollama's {"error": ...}.
+
+A last assistant message is continued, as Ollama continues it: the reply is what follows its text.
+Ollama's tool calls carry no ids: a tool message answers the call its tool_call_id names, or else the first
+call of the last assistant turn that calls its tool_name and is not answered yet.
+"""
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pydantic
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from zhuzi.model.loader import default_model_path
+from zhuzi.outputs import CompletionOutput, Logprob, PromptProgress
+from zhuzi.server.common.content_blocks import new_item_id
+from zhuzi.server.common.formats import Choice, ResponseState
+from zhuzi.server.common.parsers import OutputParser, ParsedText
+from zhuzi.server.common.serving import ApiError, Server, json_response
+from zhuzi.server.ollama import protocol as o
+from zhuzi.server.openai import answers as r
+from zhuzi.server.openai import protocol as p
+from zhuzi.server.openai.formats import chat_logprobs
+from zhuzi.server.openai.serving import Completions, as_chat_request
+
+NS = 1_000_000_000
+NDJSON = "application/x-ndjson"
+NEVER = "9999-12-31T23:59:59Z"  # /api/ps's expires_at: the model stays loaded for the server's life
+
+# The chat request's fields under Ollama's names, for the errors the chat path finds (see ApiError.renamed).
+CHAT_NAMES = {r"^max_tokens\b": "options.num_predict", r"^repetition_penalty\b": "options.repeat_penalty",
+              r"^(temperature|top_p|top_k|min_p|seed|stop|presence_penalty|frequency_penalty)\b": r"options.\1",
+              r"^(response_format|structured_outputs)\b.*": "format",
+              r"^(chat_template_kwargs|thinking_token_budget)\b.*": "think", r"^logprobs\b": "top_logprobs",
+              r"^continue_final_message\b": "messages"}
+GENERATE_NAMES = {**CHAT_NAMES, r"^(messages|prompt)\b.*": "prompt"}
+
+
+def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(o.OllamaError(error=message).model_dump(), status_code=status, headers=headers)
+
+
+def rfc3339(seconds: float | None = None) -> str:
+    """A Unix time (default: now) as Ollama writes times, in UTC."""
+    moment = datetime.datetime.fromtimestamp(time.time() if seconds is None else seconds, datetime.UTC)
+    return moment.isoformat().replace("+00:00", "Z")
+
+
+def line(answer: pydantic.BaseModel) -> str:
+    """One NDJSON line."""
+    return answer.model_dump_json() + "\n"
+
+
+def model_names(served: str) -> tuple[str, ...]:
+    """The names a request may give the model: Ollama's untagged name means its :latest."""
+    return (served,) if ":" in served else (served, f"{served}:latest")
+
+
+# ---------------------------------------------------------------- the request, as a chat request
+
+def _answered(open_calls: list[tuple[str, str]], name: str | None) -> str:
+    """The id of the call a tool message answers: the first open one of its tool's name (or the first)."""
+    for i, (call_id, call_name) in enumerate(open_calls):
+        if name is None or call_name == name:
+            del open_calls[i]
+            return call_id
+    return f"call_{name or 'tool'}"  # no call to answer: the template sees the result all the same
+
+
+def chat_messages(messages: list[o.Message]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    open_calls: list[tuple[str, str]] = []
+    for n, message in enumerate(messages):
+        chat: dict[str, Any] = {"role": message.role, "content": message.content or ""}
+        if message.role == "assistant" and message.tool_calls:
+            calls = [{"id": c.id or f"call_{n}_{i}", "type": "function", "function": {
+                "name": c.function.name, "arguments": json.dumps(c.function.arguments)}}
+                for i, c in enumerate(message.tool_calls)]
+            open_calls = [(c["id"], c["function"]["name"]) for c in calls]
+            chat.update(content=message.content or None, tool_calls=calls)
+        if message.role == "tool":
+            chat.update(tool_call_id=message.tool_call_id or _answered(open_calls, message.tool_name),
+                        name=message.tool_name)
+        if message.thinking:
+            chat["reasoning_content"] = message.thinking
+        out.append({k: v for k, v in chat.items() if v is not None or k == "content"})
+    return out
+
+
+def _format(fmt: o.Format | None) -> dict[str, Any]:
+    if not fmt:
+        return {}
+    if fmt == "json":
+        return {"response_format": {"type": "json_object"}}
+    return {"response_format": {"type": "json_schema", "json_schema": {"name": "format", "schema": fmt}}}
+
+
+def _sampling(options: o.Options | None, max_model_len: int) -> dict[str, Any]:
+    if options is None:
+        return {}
+    if options.num_ctx is not None and options.num_ctx > max_model_len:
+        raise ApiError(400, f"options.num_ctx {options.num_ctx} is more than this server's context of "
+                       f"{max_model_len} tokens (zhuzi serve --max-model-len)", param="options.num_ctx")
+    predict = options.num_predict
+    return {"temperature": options.temperature, "top_k": options.top_k, "top_p": options.top_p,
+            "min_p": options.min_p, "seed": options.seed, "stop": options.stop,
+            "presence_penalty": options.presence_penalty, "frequency_penalty": options.frequency_penalty,
+            "repetition_penalty": options.repeat_penalty, "max_tokens": None if predict in (-1, -2) else predict}
+
+
+def _logprobs(body: o.GenerationRequest) -> dict[str, Any]:
+    if not body.logprobs:
+        if body.top_logprobs:
+            raise ApiError(400, "top_logprobs needs logprobs set to true", param="top_logprobs")
+        return {}
+    return {"logprobs": True, "top_logprobs": body.top_logprobs or 0}
+
+
+class OllamaFormat:
+    """Ollama's answer to /api/chat (a message) or /api/generate (a response), whole or as NDJSON lines."""
+
+    def __init__(self, model: str, chat: bool, top_logprobs: int | None, token_bytes: Any) -> None:
+        self.request_id = new_item_id("ollama")
+        self.model, self.chat, self.top_logprobs, self.token_bytes = model, chat, top_logprobs, token_bytes
+        self.started = time.monotonic()
+        self.calls = 0  # tool calls written so far
+
+    def _call(self, call_id: str, name: str, arguments: str) -> o.ToolCallOut:
+        try:  # a call max_tokens cut short has unfinished JSON
+            value = json.loads(arguments or "{}")
+        except ValueError:
+            value = {}
+        self.calls += 1
+        return o.ToolCallOut(id=call_id, function=o.FunctionOut(
+            index=self.calls - 1, name=name, arguments=value if isinstance(value, dict) else {}))
+
+    def _logprobs(self, token_ids: list[int], entries: list[dict[int, Logprob]] | None) -> list[r.TokenLogprob] | None:
+        if self.top_logprobs is None or not token_ids:
+            return None
+        return chat_logprobs(token_ids, entries or [], self.top_logprobs, self.token_bytes).content
+
+    def _answer(self, text: str, thinking: str, calls: list[o.ToolCallOut], done: bool,
+                **fields: Any) -> o.Answer:
+        common = {"model": self.model, "created_at": rfc3339(), "done": done, **fields}
+        if self.chat:
+            return o.ChatResponse(message=o.MessageOut(content=text, thinking=thinking or None,
+                                                       tool_calls=calls or None), **common)
+        return o.GenerateResponse(response=text, thinking=thinking or None, **common)
+
+    def _timings(self, gen: ResponseState) -> dict[str, Any]:
+        """The last answer's: done_reason, and the counts and durations (nanoseconds) of the engine's timings."""
+        choice = gen.choices.get(0)
+        reason = choice.finish_reason if choice else None
+        metrics = gen.prompts[0].metrics
+        prompt_s = (metrics.prefill_time or 0.0) if metrics else 0.0
+        eval_s = (metrics.decode_time or 0.0) if metrics else 0.0
+        total = int((time.monotonic() - self.started) * NS)
+        return {"done_reason": reason, "total_duration": total,
+                "load_duration": max(0, total - int(prompt_s * NS) - int(eval_s * NS)),
+                "prompt_eval_count": gen.prompt_tokens, "prompt_eval_duration": int(prompt_s * NS),
+                "eval_count": gen.completion_tokens, "eval_duration": int(eval_s * NS)}
+
+    def progress(self, progress: PromptProgress) -> list[str]:
+        return []  # the API has no progress lines
+
+    def chunks(self, gen: ResponseState, choice: Choice, delta: CompletionOutput, piece: ParsedText,
+               prompt_index: int) -> list[str]:
+        calls = [self._call(e.block.call_id or "", e.block.name or "", e.block.text) for e in choice.events
+                 if e.kind == "stop" and e.block.kind == "tool_use"]
+        logprobs = self._logprobs(delta.token_ids, delta.logprobs)
+        if not (piece.content or piece.reasoning_content or calls or logprobs):
+            return []
+        return [line(self._answer(piece.content, piece.reasoning_content, calls, False, logprobs=logprobs))]
+
+    def end(self, gen: ResponseState) -> list[str]:
+        return [line(self._answer("", "", [], True, **self._timings(gen)))]
+
+    def failure(self, gen: ResponseState, error: r.ErrorInfo) -> list[str]:
+        return [line(o.OllamaError(error=error.message))]
+
+    def response(self, gen: ResponseState) -> o.Answer:
+        choice = gen.choices.get(0)
+        parsed = choice.parsed if choice else ParsedText()
+        calls = [self._call(c.id or "", c.name or "", c.arguments) for c in parsed.tool_calls]
+        logprobs = self._logprobs(choice.token_ids, choice.logprobs) if choice else None
+        return self._answer(parsed.content, parsed.reasoning_content, calls, True, logprobs=logprobs,
+                            **self._timings(gen))
+
+
+class Ollama:
+    def __init__(self, completions: Completions) -> None:
+        self.completions = completions
+        self.server: Server = completions.server
+
+    def _model(self, name: str) -> str:
+        """The served model's name for the one a request gives (:latest or not); 404 for another."""
+        if name in model_names(self.server.model_name):
+            return self.server.model_name
+        self.server.check_model(name)
+        return name
+
+    def _think(self, think: o.Think | None) -> dict[str, Any]:
+        if isinstance(think, str):
+            raise ApiError(400, f"think: levels ({think!r}) are gpt-oss's; zhuzi's models take true or false",
+                           param="think")
+        if think and not self.server.reasoning:
+            raise ApiError(400, f"think: {self.server.model_name!r} does not support thinking", param="think")
+        return {} if think is None else {"chat_template_kwargs": {"enable_thinking": think}}
+
+    def _common(self, body: o.GenerationRequest) -> dict[str, Any]:
+        """The chat or completion request fields that chat and generate share."""
+        return {"model": self._model(body.model), "stream": body.stream, **_format(body.format),
+                **_sampling(body.options, self.server.ready().max_model_len), **_logprobs(body)}
+
+    def _fmt(self, body: o.GenerationRequest, chat: bool) -> OllamaFormat:
+        return OllamaFormat(body.model, chat, body.top_logprobs or 0 if body.logprobs else None,
+                            self.server.ready().tokenizer.bytes_of)
+
+    def _loaded(self, body: o.GenerationRequest, chat: bool) -> Response:
+        """An empty request is Ollama's way to load a model: it is loaded."""
+        self._model(body.model)
+        return json_response(OllamaFormat(body.model, chat, None, None)._answer("", "", [], True, done_reason="load"))
+
+    async def chat(self, request: Request, key: str, body: o.ChatRequest) -> Response:
+        if not body.messages:
+            return self._loaded(body, chat=True)
+        continued = body.messages[-1].role == "assistant"  # as Ollama: the reply continues it
+        fields = {**self._common(body), **self._think(body.think), "messages": chat_messages(body.messages),
+                  "add_generation_prompt": not continued, "continue_final_message": continued}
+        if body.tools:
+            fields["tools"] = [tool.model_dump(exclude_none=True) for tool in body.tools]
+        return await self._run_chat(request, key, fields, CHAT_NAMES, self._fmt(body, chat=True))
+
+    async def generate(self, request: Request, key: str, body: o.GenerateRequest) -> Response:
+        if not body.prompt and not body.system:
+            return self._loaded(body, chat=False)
+        if body.raw:
+            return await self._raw(request, key, body)
+        system = [{"role": "system", "content": body.system}] if body.system else []
+        fields = {**self._common(body), **self._think(body.think),
+                  "messages": [*system, {"role": "user", "content": body.prompt or ""}]}
+        return await self._run_chat(request, key, fields, GENERATE_NAMES, self._fmt(body, chat=False))
+
+    async def _run_chat(self, request: Request, key: str, fields: dict[str, Any], names: dict[str, str],
+                        fmt: OllamaFormat) -> Response:
+        chat = as_chat_request(fields, "messages")
+        plan = await self.completions.plan_chat(chat, names)
+        return ndjson(await self.completions.run_chat(request, key, chat, plan, fmt))
+
+    async def _raw(self, request: Request, key: str, body: o.GenerateRequest) -> Response:
+        """The prompt as it is, as /v1/completions runs it (no template, so no thought and no system)."""
+        if body.system or body.think:
+            wrong = "system" if body.system else "think"
+            raise ApiError(400, f"{wrong} needs the chat template, which raw true skips", param=wrong)
+        fmt = self._fmt(body, chat=False)
+        fields = self._common(body)
+        fields["logprobs"] = fields.pop("top_logprobs", None)
+        try:
+            completion = p.CompletionRequest.model_validate({"prompt": body.prompt, "max_tokens": None, **{
+                k: v for k, v in fields.items() if v is not None}})
+            constraints, _ = self.completions.constraints(completion)
+            params = self.completions.sampling_params(completion, constraints[-1] if constraints else None)
+            await self.completions.check_constraints(constraints)
+        except pydantic.ValidationError as exc:
+            raise ApiError(400, f"prompt: {exc.errors()[0]['msg']}", param="prompt") from exc
+        except ApiError as exc:
+            raise exc.renamed(GENERATE_NAMES) from exc
+        tokenizer = self.server.ready().tokenizer
+        ids = await self.server.in_worker(tokenizer.encode_prompt, body.prompt)
+
+        def new_parser() -> OutputParser:
+            return OutputParser(reasoning=False, tools=False)
+
+        return ndjson(await self.server.generate(request, key, [ids], params, fmt, new_parser, body.stream))
+
+    # -- the model
+
+    def _path(self) -> Path:
+        engine = self.server.ready()
+        if engine.config.model:
+            return Path(engine.config.model)
+        return default_model_path()
+
+    async def _entry(self) -> tuple[o.ModelEntry, Any]:
+        """The model as /api/tags lists it, and the engine's snapshot it was read from."""
+        engine = self.server.ready()
+        snapshot = await engine.snapshot(0)
+        path = self._path()
+        files = [path] if path.is_file() else [f for f in path.iterdir() if f.is_file()]
+        size = sum(f.stat().st_size for f in files)
+        stamp = max(f.stat().st_mtime for f in files)
+        gguf = path.is_file()
+        quantization = engine.config.quantization or ("gguf" if gguf else "none")
+        m = snapshot.model
+        details = o.ModelDetails(format="gguf" if gguf else "safetensors", family=m.architecture,
+                                 families=[m.architecture], parameter_size=f"{m.num_parameters / 1e6:.1f}M",
+                                 quantization_level=snapshot.dtype if quantization == "none" else quantization)
+        name = model_names(self.server.model_name)[-1]
+        digest = hashlib.sha256(f"{path.resolve()}:{size}:{stamp}".encode()).hexdigest()
+        return o.ModelEntry(name=name, model=name, modified_at=rfc3339(stamp), size=size, digest=digest,
+                            details=details), snapshot
+
+    async def tags(self) -> Response:
+        entry, _ = await self._entry()
+        return json_response(o.TagsResponse(models=[entry]))
+
+    async def ps(self) -> Response:
+        entry, snapshot = await self._entry()
+        on_accelerator = self.server.ready().config.device != "cpu"
+        return json_response(o.PsResponse(models=[o.RunningModel(
+            **entry.model_dump(), expires_at=NEVER, size_vram=entry.size if on_accelerator else 0,
+            context_length=snapshot.max_model_len)]))
+
+    async def show(self, body: o.ShowRequest) -> Response:
+        if body.model not in model_names(self.server.model_name):
+            raise ApiError(404, f"model {body.model!r} not found; this server serves {self.server.model_name!r}",
+                           param="model")
+        entry, snapshot = await self._entry()
+        m, arch = snapshot.model, snapshot.model.architecture
+        info = {"general.architecture": arch, "general.parameter_count": m.num_parameters,
+                f"{arch}.context_length": snapshot.max_model_len, f"{arch}.embedding_length": m.hidden_size,
+                f"{arch}.feed_forward_length": m.intermediate_size, f"{arch}.block_count": m.num_layers,
+                f"{arch}.attention.head_count": m.num_heads, f"{arch}.attention.head_count_kv": m.num_kv_heads,
+                f"{arch}.attention.key_length": m.head_dim, f"{arch}.rope.freq_base": m.rope_theta,
+                f"{arch}.vocab_size": m.vocab_size}
+        template = self.server.ready().tokenizer.hf.chat_template
+        capabilities = ["completion", "tools"] + (["thinking"] if self.server.reasoning else [])
+        return json_response(o.ShowResponse(
+            modelfile=f"# zhuzi serves this model as {self.server.model_name!r}\nFROM {self._path()}\n",
+            parameters="", template=template if isinstance(template, str) else "", details=entry.details,
+            model_info=info, capabilities=capabilities, modified_at=entry.modified_at))
+
+
+def ndjson(response: Response) -> Response:
+    """A stream's lines as NDJSON (Server.generate labels a stream as SSE)."""
+    if response.media_type == "text/event-stream":
+        response.headers["content-type"] = NDJSON
+    return response
+
