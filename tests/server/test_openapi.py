@@ -21,11 +21,13 @@ BODIES = [("POST", "/v1/chat/completions"), ("POST", "/v1/completions"), ("POST"
           ("POST", "/inspect/next-token"), ("POST", "/inspect/logit-lens"), ("POST", "/inspect/document"),
           ("POST", "/inspect/bpe"), ("GET", "/inspect/engine"), ("POST", "/v1/chat/completions/render"),
           ("POST", "/v1/messages"), ("POST", "/v1/messages/count_tokens"), ("POST", "/v1/responses"),
-          ("GET", "/v1/responses/{response_id}/input_items")]
+          ("GET", "/v1/responses/{response_id}/input_items"), ("POST", "/api/chat"), ("POST", "/api/generate"),
+          ("POST", "/api/show")]
 # Routes without a body or parameters (or with a path's string alone) have no invalid request to make.
 CASES = [(*route, mode) for route in BODIES for mode in GenerationMode] + [
     ("GET", path, GenerationMode.POSITIVE) for path in ("/v1/models", "/health", "/version", "/metrics",
-                                                        "/v1/responses/{response_id}")] + [
+                                                        "/v1/responses/{response_id}", "/api/tags", "/api/ps",
+                                                        "/api/version")] + [
     ("DELETE", "/v1/responses/{response_id}", GenerationMode.POSITIVE)]
 
 
