@@ -13,7 +13,7 @@ PACKAGE = Path(zhuzi.__file__).parent
 FORBIDDEN = {
     "zhuzi.sample": ("zhuzi.engine", "zhuzi.model", "zhuzi.server", "zhuzi.cli", "zhuzi.bench", "zhuzi.llm"),
     "zhuzi.engine": ("zhuzi.server", "zhuzi.cli", "zhuzi.bench", "zhuzi.llm"),
-    "zhuzi.server": ("zhuzi.cli", "zhuzi.bench", "zhuzi.llm"),
+    "zhuzi.server": ("zhuzi.model", "zhuzi.cli", "zhuzi.bench", "zhuzi.llm"),
 }
 # Modules that import nothing of the package, so that the model, at the bottom, may use them.
 LEAVES = {"zhuzi.disk_cache"}

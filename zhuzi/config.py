@@ -7,6 +7,7 @@ import dataclasses
 import json
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -250,6 +251,12 @@ class EngineConfig(Settings):
     @property
     def speculative(self) -> SpeculativeConfig | None:
         return SpeculativeConfig.parse(self.speculative_config)
+
+    @property
+    def model_path(self) -> Path:
+        """The checkpoint this engine runs: --model, or the embedded SmolLM2's file."""
+        from zhuzi.model.loader import default_model_path  # the loader's imports only where a path is asked
+        return Path(self.model).expanduser() if self.model else default_model_path()
 
     @property
     def kv_cache_bytes(self) -> int:

@@ -25,7 +25,6 @@ import pydantic
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from zhuzi.model.loader import default_model_path
 from zhuzi.outputs import CompletionOutput, Logprob, PromptProgress
 from zhuzi.server.common.content_blocks import new_item_id
 from zhuzi.server.common.formats import Choice, ResponseState
@@ -290,10 +289,7 @@ class Ollama:
     # -- the model
 
     def _path(self) -> Path:
-        engine = self.server.ready()
-        if engine.config.model:
-            return Path(engine.config.model)
-        return default_model_path()
+        return self.server.ready().config.model_path
 
     async def _entry(self) -> tuple[o.ModelEntry, Any]:
         """The model as /api/tags lists it, and the engine's snapshot it was read from."""
