@@ -147,15 +147,55 @@ def test_a_json_schema_format_holds_the_answer(client: openai.OpenAI) -> None:
     assert response.text.format.type == "json_schema"
 
 
+# What the openai and openai-agents SDKs send (openai_responses.py's request builder), each with a value zhuzi honours.
+SDK_FIELDS = {"include": ["message.output_text.logprobs", "reasoning.encrypted_content"], "top_logprobs": 2,
+              "parallel_tool_calls": False, "truncation": "disabled", "store": False, "metadata": {"run": "sdk"},
+              "prompt_cache_key": "agent-1", "prompt_cache_retention": "in_memory", "safety_identifier": "user-1",
+              "user": "user-1", "service_tier": "flex", "reasoning": {"effort": "none", "summary": "auto"},
+              "text": {"verbosity": "medium"}}
+
+
+def test_the_fields_the_sdks_send_are_served(client: openai.OpenAI) -> None:
+    """Each field does what OpenAI documents: the logprobs are the chat endpoint's for the same tokens, the
+    others are echoed as the Response reports them."""
+    args = {"input": "What is the capital of France?", **GREEDY}
+    response = client.responses.create(**args, **SDK_FIELDS)
+    (message,) = response.output
+    (text,) = message.content
+    assert response.status == "completed" and text.text == response.output_text
+    assert "".join(lp.token for lp in text.logprobs) == text.text
+    assert all(len(lp.top_logprobs) == 2 and lp.top_logprobs[0].logprob == lp.logprob for lp in text.logprobs)
+    chat = client.chat.completions.create(messages=[{"role": "user", "content": args["input"]}], logprobs=True,
+                                          top_logprobs=2, model=MODEL, max_tokens=24, temperature=0)
+    *chat_text, end = chat.choices[0].logprobs.content  # chat's have the end token too; the output text has not
+    assert end.token == "<|im_end|>" and chat.choices[0].message.content == text.text
+    assert [(lp.token, lp.bytes) for lp in text.logprobs] == [(lp.token, lp.bytes) for lp in chat_text]
+    assert [lp.logprob for lp in text.logprobs] == pytest.approx([lp.logprob for lp in chat_text], abs=1e-3)
+    assert (response.top_logprobs, response.truncation, response.service_tier, response.prompt_cache_key,
+            response.safety_identifier, response.metadata, response.parallel_tool_calls, response.store) == (
+        2, "disabled", "flex", "agent-1", "user-1", {"run": "sdk"}, False, False)
+    with pytest.raises(openai.NotFoundError):  # store false
+        client.responses.retrieve(response.id)
+    plain = client.responses.create(**args)
+    assert plain.output[0].content[0].logprobs is None and plain.service_tier == "default"
+
+
 BAD = [
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "data:,"}]}]},
      "input_image parts are not supported"),
     ({"tools": [{"type": "web_search"}]}, "web_search tools are not supported"),
     ({"tool_choice": "required"}, "tool_choice needs tools"),
-    ({"reasoning": {"effort": "low", "summary": "auto"}}, "reasoning.summary is not supported"),
+    ({"include": ["web_search_call.results"]}, "include: web_search_call.results is not supported"),
+    ({"include": ["message.output_text.logprob"]}, "include: 'message.output_text.logprob' is not a value"),
+    ({"top_logprobs": 2}, "top_logprobs needs include message.output_text.logprobs"),
+    ({"truncation": "auto"}, "truncation: auto is not supported"),
+    ({"prompt_cache_retention": "24h"}, "prompt_cache_retention: 24h is not supported"),
+    ({"service_tier": "scale"}, "service_tier: scale is not supported"),
+    ({"text": {"verbosity": "low"}}, "text.verbosity: low is not supported"),
+    ({"stream_options": {"include_obfuscation": False}}, "stream_options is only allowed when stream is true"),
+    ({"background": True}, "background is not supported"),
     ({"temperature": 3}, "temperature"),
     ({"metadata": {str(i): "x" for i in range(17)}}, "metadata"),
-    ({"include": ["reasoning.encrypted_content"]}, "include is not supported"),
     ({"max_output_tokens": 0}, "max_output_tokens must be"),
     ({"input": []}, "input"),
 ]

@@ -47,6 +47,7 @@ class Choice:
     started: bool = False  # streaming: whether its first chunk went out
     blocks: Blocks = field(default_factory=Blocks)
     events: list[BlockEvent] = field(default_factory=list)  # what the latest delta did to the blocks
+    token_blocks: list[int] = field(default_factory=list)  # per token, the block its text went to (-1: none)
 
     def absorb(self, delta: CompletionOutput) -> ParsedText:
         """Take one engine delta; return the parsed news it brings."""
@@ -61,7 +62,28 @@ class Choice:
             self.finish_reason, self.stop_reason = delta.finish_reason, delta.stop_reason
         self.parsed.extend(piece)
         self.events = self.blocks.feed(piece) + (self.blocks.close() if self.finish_reason else [])
+        self._place_tokens(len(delta.token_ids))
         return piece
+
+    def _place_tokens(self, count: int) -> None:
+        """The delta's tokens go to the block its text grew; held-back tokens (part of a character) join the
+        block that goes on after them, and markup (a tag that opens a block) none."""
+        grown = [e.index for e in self.events if e.kind == "delta"]
+        block = grown[-1] if grown else -1
+        self.token_blocks += [-1] * count
+        if block < 0:
+            return
+        held = len(self.token_blocks) - count
+        while held > 0 and self.token_blocks[held - 1] == -1:
+            held -= 1
+        before = self.token_blocks[held - 1] if held else -1
+        start = held if before == block else len(self.token_blocks) - count
+        self.token_blocks[start:] = [block] * (len(self.token_blocks) - start)
+
+    def block_tokens(self, index: int) -> tuple[list[int], list[dict[int, Logprob]]]:
+        """A block's tokens and their logprobs entries (when the request asked for them)."""
+        picked = [i for i, block in enumerate(self.token_blocks) if block == index]
+        return [self.token_ids[i] for i in picked], [self.logprobs[i] for i in picked if i < len(self.logprobs)]
 
     def reasoning_tokens(self, think_close: int | None) -> int:
         """The tokens of the reply's thought, its closing tag included (all of them while it is open)."""

@@ -11,18 +11,24 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Discriminator, Field, RootModel, Tag, field_validator, model_validator
 
 from zhuzi.server.common.schema import Request, Response, Text, _is_none, text_or
+from zhuzi.server.openai.answers import TokenLogprob
 from zhuzi.server.openai.protocol import JsonSchemaFormat
 
 UNSUPPORTED = {
-    "include": "is not supported: the answer holds everything zhuzi has (the reasoning as reasoning_text)",
     "background": "is not supported: a response runs while its request waits (or streams)",
     "conversation": "is not supported: continue a conversation with previous_response_id",
-    "truncation": "is not supported: a conversation longer than the context window is refused (400)",
     "prompt": "(a stored prompt template) is not supported",
-    "summary": "is not supported: zhuzi gives the reasoning itself (reasoning_text), not a summary",
     "max_tool_calls": "is not supported: tool_choice and parallel_tool_calls say how many calls a reply makes",
-    "top_logprobs": "is not supported by /v1/responses: use /v1/chat/completions",
+    "prompt_cache_options": "is not supported: zhuzi's prefix cache keeps what it can, matched by the tokens",
+    "context_management": "is not supported: zhuzi does not compact a conversation",
 }
+# include: what zhuzi adds to an answer for each value it honours; the others name tools and parts it refuses.
+INCLUDES = ("message.output_text.logprobs", "reasoning.encrypted_content")
+NO_INCLUDE = {"file_search_call.results": "file_search", "web_search_call.results": "web_search",
+              "web_search_call.action.sources": "web_search", "code_interpreter_call.outputs": "code_interpreter",
+              "computer_call_output.output.image_url": "computer_use", "message.input_image.image_url": "input_image"}
+# service_tier -> the scheduler's priority offset (lower is served first, with --scheduling-policy priority).
+TIER_PRIORITY = {"auto": 0, "default": 0, "flex": 1, "priority": -1}
 # reasoning.effort -> thinking_token_budget: a thinking model's thought ends after this many tokens.
 EFFORT_BUDGETS = {"minimal": 256, "low": 1024, "medium": 4096, "high": 16384}
 MAX_METADATA = 16
@@ -39,6 +45,7 @@ class OutputTextPart(Request):
     type: Literal["output_text"]
     text: Text
     annotations: list[dict[str, Any]] = Field(default_factory=list, max_length=0)  # zhuzi writes none
+    logprobs: list[dict[str, Any]] | None = None  # an earlier answer's, sent back with it: the prompt is the text
 
 
 class MediaPart(Request):
@@ -90,6 +97,7 @@ class ReasoningItem(Request):
     id: str | None = None
     summary: list[ReasoningText] = Field(default_factory=list)
     content: list[ReasoningText] | None = None
+    encrypted_content: Text | None = None  # zhuzi's own: the thought itself, not encrypted (see INCLUDES)
     status: ItemStatus | None = None
 
 
@@ -147,10 +155,33 @@ class TextFormat(Request):
 
 class TextConfig(Request):
     format: TextFormat | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None
+
+    @field_validator("verbosity")
+    @classmethod
+    def _medium_only(cls, verbosity: str | None) -> str | None:
+        if verbosity not in (None, "medium"):
+            raise ValueError(f"{verbosity} is not supported: zhuzi's models have no verbosity control (medium, "
+                             "the default, is how they answer)")
+        return verbosity
 
 
 class ReasoningConfig(Request):
     effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    # The reasoning comes whole, as the reasoning item's content, more than any summary; summary stays [].
+    summary: Literal["auto", "concise", "detailed"] | None = None
+    generate_summary: Literal["auto", "concise", "detailed"] | None = None  # summary's old name
+
+
+class StreamOptions(Request):
+    include_obfuscation: bool | None = None
+
+    @field_validator("include_obfuscation")
+    @classmethod
+    def _not_padded(cls, obfuscation: bool | None) -> bool | None:
+        if obfuscation:
+            raise ValueError("true is not supported: zhuzi does not pad its stream's deltas (set it to false)")
+        return obfuscation
 
 
 class ResponsesRequest(Request):
@@ -170,11 +201,63 @@ class ResponsesRequest(Request):
     store: bool = True  # kept for GET, input_items and a later previous_response_id
     previous_response_id: str | None = None
     stream: bool = False
+    stream_options: StreamOptions | None = None
+    include: list[str] | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    truncation: Literal["auto", "disabled"] | None = None
     user: str | None = None  # logged with the request, as chat's
+    safety_identifier: str | None = Field(None, max_length=64)  # logged with the request, as user
+    prompt_cache_key: str | None = None  # echoed: the prefix cache matches a prompt by its tokens, whatever the key
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None
+    service_tier: Literal["auto", "default", "flex", "priority", "scale"] | None = None
     priority: int = 0  # vLLM's extension, as chat's (extra_body): lower is served first
+
+    @field_validator("include")
+    @classmethod
+    def _includes_zhuzi_has(cls, include: list[str] | None) -> list[str] | None:
+        for value in include or []:
+            if value in NO_INCLUDE:
+                raise ValueError(f"{value} is not supported: zhuzi has no {NO_INCLUDE[value]}")
+            if value not in INCLUDES:
+                raise ValueError(f"{value!r} is not a value zhuzi knows (it honours {', '.join(INCLUDES)})")
+        return include
+
+    @field_validator("truncation")
+    @classmethod
+    def _no_auto_truncation(cls, truncation: str | None) -> str | None:
+        if truncation == "auto":
+            raise ValueError("auto is not supported: a conversation longer than the context window is refused "
+                             "(400), as with disabled")
+        return truncation
+
+    @field_validator("prompt_cache_retention")
+    @classmethod
+    def _in_memory(cls, retention: str | None) -> str | None:
+        if retention == "24h":
+            raise ValueError("24h is not supported: zhuzi's prefix cache lives in memory (in_memory) until evicted")
+        return retention
+
+    @field_validator("service_tier")
+    @classmethod
+    def _tiers_zhuzi_has(cls, tier: str | None) -> str | None:
+        if tier == "scale":
+            raise ValueError("scale is not supported: zhuzi has no reserved capacity (auto, default, flex, priority)")
+        return tier
+
+    @property
+    def logprobs(self) -> bool:
+        return "message.output_text.logprobs" in (self.include or [])
+
+    @property
+    def encrypted_reasoning(self) -> bool:
+        return "reasoning.encrypted_content" in (self.include or [])
 
     @model_validator(mode="after")
     def _tool_choice_names_a_tool(self) -> ResponsesRequest:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs needs include message.output_text.logprobs")
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options is only allowed when stream is true")
         if self.tool_choice not in (None, "none", "auto") and not self.tools:
             raise ValueError("tool_choice needs tools")
         if isinstance(self.tool_choice, NamedFunctionTool) and self.tool_choice.name not in {
@@ -189,6 +272,7 @@ class OutputText(Response):
     type: Literal["output_text"] = "output_text"
     text: str
     annotations: list[dict[str, Any]] = Field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = Field(None, exclude_if=_is_none)  # include message.output_text.logprobs
 
 
 class OutputMessage(Response):
@@ -210,6 +294,7 @@ class ReasoningOutput(Response):
     status: ItemStatus
     summary: list[dict[str, Any]] = Field(default_factory=list)
     content: list[ReasoningContent]
+    encrypted_content: str | None = Field(None, exclude_if=_is_none)  # include reasoning.encrypted_content
 
 
 class FunctionCallOutput(Response):
@@ -273,6 +358,12 @@ class ResponseObject(Response):
     tool_choice: Literal["none", "auto", "required"] | NamedFunctionTool
     tools: list[FunctionTool]
     top_p: float | None = None
+    top_logprobs: int | None = Field(None, exclude_if=_is_none)
+    truncation: Literal["disabled"] = "disabled"
+    service_tier: Literal["default", "flex", "priority"] = "default"
+    prompt_cache_key: str | None = Field(None, exclude_if=_is_none)
+    prompt_cache_retention: str | None = Field(None, exclude_if=_is_none)
+    safety_identifier: str | None = Field(None, exclude_if=_is_none)
     usage: ResponseUsage | None = None
     user: str | None = Field(None, exclude_if=_is_none)
 
@@ -323,16 +414,27 @@ class PartEvent(ContentEvent):
     part: OutputText | ReasoningContent
 
 
+class StreamTopLogprob(Response):
+    token: str
+    logprob: float
+
+
+class StreamLogprob(StreamTopLogprob):
+    """A token's logprob in a text event: as on output_text, without the bytes (OpenAI's event)."""
+
+    top_logprobs: list[StreamTopLogprob]
+
+
 class TextDeltaEvent(ContentEvent):
     type: Literal["response.output_text.delta", "response.reasoning_text.delta"]
     delta: str
-    logprobs: list[dict[str, Any]] | None = Field(None, exclude_if=_is_none)  # output_text's: always []
+    logprobs: list[StreamLogprob] | None = Field(None, exclude_if=_is_none)  # output_text's: [] unless included
 
 
 class TextDoneEvent(ContentEvent):
     type: Literal["response.output_text.done", "response.reasoning_text.done"]
     text: str
-    logprobs: list[dict[str, Any]] | None = Field(None, exclude_if=_is_none)
+    logprobs: list[StreamLogprob] | None = Field(None, exclude_if=_is_none)
 
 
 class ArgumentsDeltaEvent(ItemEventBase):

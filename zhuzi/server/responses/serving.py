@@ -12,7 +12,9 @@ caller's API key: another key gets a 404.
 from __future__ import annotations
 
 import json
+import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import Request
@@ -26,10 +28,12 @@ from zhuzi.server.common.serving import ApiError, json_response
 from zhuzi.server.common.store import owner_of
 from zhuzi.server.openai import answers as r
 from zhuzi.server.openai import protocol as p
+from zhuzi.server.openai.formats import chat_logprobs
 from zhuzi.server.openai.serving import Completions, as_chat_request
 from zhuzi.server.responses import protocol as rp
 from zhuzi.server.responses.store import MissingResponse, ResponseStore, StoredResponse
 
+log = logging.getLogger("zhuzi.server")
 MAX_ITEMS_PAGE = 100
 # The chat request's fields under their Responses names, for the errors the chat path finds (see ApiError.renamed).
 CHAT_NAMES = {r"^max_tokens\b": "max_output_tokens", r"^response_format(\.json_schema)?\b": "text.format",
@@ -69,7 +73,8 @@ def chat_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for item in items:
         kind = item["type"]
         if kind == "reasoning":
-            thought += "\n".join(part["text"] for part in item.get("content") or item.get("summary") or [])
+            parts = item.get("content") or item.get("summary") or [{"text": item.get("encrypted_content", "")}]
+            thought += "\n".join(part["text"] for part in parts)
         elif kind == "function_call_output":
             out.append({"role": "tool", "tool_call_id": item["call_id"], "content": item["output"]})
         elif kind == "function_call":
@@ -95,7 +100,9 @@ def chat_request(body: rp.ResponsesRequest, history: list[dict[str, Any]],
     chat: dict[str, Any] = {"model": body.model, "messages": messages, "parallel_tool_calls": body.parallel_tool_calls,
                             "max_tokens": body.max_output_tokens, "temperature": body.temperature,
                             "top_p": body.top_p, "stream": body.stream, "user": body.user,
-                            "priority": body.priority}
+                            "priority": body.priority + rp.TIER_PRIORITY[body.service_tier or "auto"]}
+    if body.logprobs:
+        chat["logprobs"], chat["top_logprobs"] = True, body.top_logprobs
     if body.tools:
         chat["tools"] = [{"type": "function", "function": t.model_dump(exclude={"type"}, exclude_none=True)}
                          for t in body.tools]
@@ -115,29 +122,53 @@ def chat_request(body: rp.ResponsesRequest, history: list[dict[str, Any]],
 
 # ---------------------------------------------------------------- the answer
 
-def _item(block: Block, status: rp.ItemStatus, text: str | None = None) -> rp.OutputItem:
-    """A block as its output item; text: instead of the block's (an item just added is empty)."""
-    text = block.text if text is None else text
-    if block.kind == "thinking":
-        return rp.ReasoningOutput(id=block.id, status=status, content=[rp.ReasoningContent(text=text)])
-    if block.kind == "text":
-        return rp.OutputMessage(id=block.id, status=status, content=[rp.OutputText(text=text)])
-    return rp.FunctionCallOutput(id=block.id, status=status, call_id=block.call_id or "", name=block.name or "",
-                                 arguments=text)
+def _in_stream(logprobs: list[r.TokenLogprob]) -> list[rp.StreamLogprob]:
+    return [rp.StreamLogprob.model_validate(lp.model_dump()) for lp in logprobs]
 
 
-def _part(block: Block, text: str) -> rp.OutputText | rp.ReasoningContent:
-    return rp.ReasoningContent(text=text) if block.kind == "thinking" else rp.OutputText(text=text)
+def _tier(tier: str | None) -> str:
+    """The tier a request is served in: auto picks the default."""
+    return "default" if tier in (None, "auto") else tier
 
 
 class ResponsesFormat:
     """A Response, whole or as OpenAI's stream: response.created and .in_progress, each output item's
     added / deltas / done events, then response.completed (or .incomplete, or .failed); every event numbered."""
 
-    def __init__(self, body: rp.ResponsesRequest, request_id: str, model: str) -> None:
-        self.body, self.request_id, self.model = body, request_id, model
+    def __init__(self, body: rp.ResponsesRequest, request_id: str, model: str,
+                 token_bytes: Callable[[int], bytes]) -> None:
+        self.body, self.request_id, self.model, self.token_bytes = body, request_id, model, token_bytes
         self.created = int(time.time())
         self.sequence = 0
+        self.logprobs_sent: dict[int, int] = {}  # per text block, how many of its tokens' logprobs went out
+
+    def _logprobs(self, choice: Choice | None, index: int, since: int = 0) -> list[r.TokenLogprob] | None:
+        """A text block's tokens' logprobs (from the since-th), if the request included them."""
+        if not self.body.logprobs:
+            return None
+        if choice is None:
+            return []
+        token_ids, entries = choice.block_tokens(index)
+        return chat_logprobs(token_ids[since:], entries[since:], self.body.top_logprobs or 0,
+                             self.token_bytes).content or []
+
+    def _item(self, gen: ResponseState, index: int, block: Block, status: rp.ItemStatus,
+              text: str | None = None) -> rp.OutputItem:
+        """A block as its output item; text: instead of the block's (an item just added is empty)."""
+        text = block.text if text is None else text
+        if block.kind == "thinking":
+            secret = text if self.body.encrypted_reasoning and text else None
+            return rp.ReasoningOutput(id=block.id, status=status, content=[rp.ReasoningContent(text=text)],
+                                      encrypted_content=secret)
+        if block.kind == "text":
+            return rp.OutputMessage(id=block.id, status=status, content=[self._part(gen, index, block, text)])
+        return rp.FunctionCallOutput(id=block.id, status=status, call_id=block.call_id or "",
+                                     name=block.name or "", arguments=text)
+
+    def _part(self, gen: ResponseState, index: int, block: Block, text: str) -> rp.OutputText | rp.ReasoningContent:
+        if block.kind == "thinking":
+            return rp.ReasoningContent(text=text)
+        return rp.OutputText(text=text, logprobs=self._logprobs(gen.choices.get(0) if text else None, index))
 
     def _status(self, gen: ResponseState) -> rp.ResponseStatus:
         choice = gen.choices.get(0)
@@ -168,11 +199,13 @@ class ResponsesFormat:
         return rp.ResponseObject(
             id=self.request_id, created_at=self.created, status=status, error=error, incomplete_details=incomplete,
             instructions=body.instructions, max_output_tokens=body.max_output_tokens, metadata=body.metadata or {},
-            model=self.model, output=[_item(b, self._item_status(gen, i)) for i, b in enumerate(blocks)],
+            model=self.model, output=[self._item(gen, i, b, self._item_status(gen, i)) for i, b in enumerate(blocks)],
             parallel_tool_calls=body.parallel_tool_calls, previous_response_id=body.previous_response_id,
             reasoning=body.reasoning, store=body.store, temperature=body.temperature, text=body.text,
             tool_choice=body.tool_choice or "auto", tools=body.tools or [], top_p=body.top_p, usage=usage,
-            user=body.user)
+            user=body.user, top_logprobs=body.top_logprobs, service_tier=_tier(body.service_tier),
+            prompt_cache_key=body.prompt_cache_key, prompt_cache_retention=body.prompt_cache_retention,
+            safety_identifier=body.safety_identifier)
 
     def _event(self, event: rp.Event) -> str:
         event.sequence_number, self.sequence = self.sequence, self.sequence + 1
@@ -183,10 +216,10 @@ class ResponsesFormat:
         where = {"item_id": block.id, "output_index": index}
         if e.kind == "start":
             events: list[rp.Event] = [rp.ItemEvent(type="response.output_item.added", output_index=index,
-                                                   item=_item(block, "in_progress", ""))]
+                                                   item=self._item(gen, index, block, "in_progress", ""))]
             if block.kind != "tool_use":
                 events.append(rp.PartEvent(type="response.content_part.added",
-                                           part=_part(block, ""), **where))
+                                           part=self._part(gen, index, block, ""), **where))
             return events
         if block.kind == "tool_use":
             if e.kind == "delta":
@@ -195,16 +228,24 @@ class ResponsesFormat:
                                                           arguments=block.text, **where)]
         else:
             kind = "reasoning_text" if block.kind == "thinking" else "output_text"
-            logprobs = [] if kind == "output_text" else None
             if e.kind == "delta":
                 return [rp.TextDeltaEvent(type=f"response.{kind}.delta", delta=e.text,
-                                          logprobs=logprobs, **where)]
-            done = [rp.TextDoneEvent(type=f"response.{kind}.done", text=block.text,
-                                     logprobs=logprobs, **where),
-                    rp.PartEvent(type="response.content_part.done", part=_part(block, block.text),
-                                 **where)]
+                                          logprobs=self._delta_logprobs(gen, index, kind), **where)]
+            part = self._part(gen, index, block, block.text)
+            logprobs = _in_stream(part.logprobs or []) if isinstance(part, rp.OutputText) else None
+            done = [rp.TextDoneEvent(type=f"response.{kind}.done", text=block.text, logprobs=logprobs, **where),
+                    rp.PartEvent(type="response.content_part.done", part=part, **where)]
         return done + [rp.ItemEvent(type="response.output_item.done", output_index=index,
-                                    item=_item(block, self._item_status(gen, index)))]
+                                    item=self._item(gen, index, block, self._item_status(gen, index)))]
+
+    def _delta_logprobs(self, gen: ResponseState, index: int, kind: str) -> list[rp.StreamLogprob] | None:
+        """An output_text delta's: [] (OpenAI's field is required), or its new tokens' logprobs if included."""
+        if kind != "output_text":
+            return None
+        sent = self.logprobs_sent.get(index, 0)
+        news = self._logprobs(gen.choices.get(0), index, sent) or []
+        self.logprobs_sent[index] = sent + len(news)
+        return _in_stream(news)
 
     def progress(self, progress: PromptProgress) -> list[str]:
         return []  # the API has no progress events
@@ -256,7 +297,10 @@ class Responses:
         items = input_items(body)
         chat = chat_request(body, history, items)
         plan = await self.completions.plan_chat(chat, CHAT_NAMES)
-        fmt = ResponsesFormat(body, new_item_id("resp"), self.server.model_name)
+        engine = self.server.ready()
+        fmt = ResponsesFormat(body, new_item_id("resp"), self.server.model_name, engine.tokenizer.bytes_of)
+        if body.safety_identifier is not None:  # OpenAI's end-user id, logged as user is
+            log.info("%s for safety_identifier %r", fmt.request_id, body.safety_identifier)
 
         async def keep(answer: Any) -> None:
             if body.store:
