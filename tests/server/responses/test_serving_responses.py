@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import json
 import signal
+from typing import Any, get_args
 
 import httpx
 import jsonschema
 import openai
+import pydantic
 import pytest
 from conftest import KEYS
+from openai.types.responses import ResponseStreamEvent
 from server_process import ServerProcess, running_server
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -178,6 +181,61 @@ def test_the_fields_the_sdks_send_are_served(client: openai.OpenAI) -> None:
         client.responses.retrieve(response.id)
     plain = client.responses.create(**args)
     assert plain.output[0].content[0].logprobs is None and plain.service_tier == "default"
+
+
+def sdk_fields(model: pydantic.BaseModel, sent: Any, where: str) -> None:
+    """Every field sent is one the SDK's model declares (its models accept extra fields silently)."""
+    if isinstance(sent, dict) and isinstance(model, pydantic.BaseModel):
+        declared = type(model).model_fields
+        extra = set(sent) - set(declared) - OPENAI_EXTRAS
+        assert not extra, f"{where}: {extra} not in {type(model).__name__}"
+        for name, value in sent.items():
+            sdk_fields(getattr(model, name), value, f"{where}.{name}")
+    elif isinstance(sent, list) and isinstance(model, list):
+        for i, (m, v) in enumerate(zip(model, sent)):
+            sdk_fields(m, v, f"{where}.{i}")
+
+
+# Fields that OpenAI's own Responses carry (its API reference's examples) though the SDK's models lack them.
+OPENAI_EXTRAS = {"store"}
+# The SDK's event models by their type (its ResponseStreamEvent union is discriminated by type).
+EVENT_MODELS = {get_args(model.model_fields["type"].annotation)[0]: model
+                for model in get_args(get_args(ResponseStreamEvent)[0])}
+
+
+def raw_events(server: ServerProcess, body: dict) -> list[tuple[str, dict]]:
+    """The stream's events as sent: SSE name and JSON data."""
+    with httpx.stream("POST", f"{server.api}/responses", json={**body, "stream": True}, timeout=120,
+                      headers={"Authorization": f"Bearer {KEYS[0]}"}) as answer:
+        lines = [line for line in answer.iter_lines() if line]
+    return [(name.removeprefix("event: "), json.loads(data.removeprefix("data: ")))
+            for name, data in zip(lines[::2], lines[1::2])]
+
+
+@pytest.mark.parametrize("body", [
+    {"input": "What is the capital of France?", "include": ["message.output_text.logprobs"], "top_logprobs": 1},
+    {"input": "What is the weather in Paris?", "tools": [WEATHER], "tool_choice": "required",
+     "parallel_tool_calls": False, "max_output_tokens": 60}], ids=["text", "call"])
+def test_each_streamed_event_is_the_sdks_event_to_the_letter(keyed_server: ServerProcess, body: dict) -> None:
+    """Each event validates as the openai SDK's own event model, with no field it lacks; sequence numbers
+    count from 0; each item's added, delta and done events name the same item id and output index."""
+    events = raw_events(keyed_server, {**GREEDY, **body})
+    parsed = [EVENT_MODELS[name].model_validate(data) for name, data in events]
+    for (name, data), event in zip(events, parsed):
+        assert name == data["type"] == event.type
+        sdk_fields(event, data, event.type)
+    assert [event.sequence_number for event in parsed] == list(range(len(parsed)))
+    final = parsed[-1].response
+    for index, item in enumerate(final.output):
+        mine = [event for event in parsed if getattr(event, "output_index", None) == index]
+        assert mine[0].type == "response.output_item.added" and mine[-1].type == "response.output_item.done"
+        assert {getattr(event, "item_id", None) or event.item.id for event in mine} == {item.id}
+        assert all(getattr(event, "content_index", 0) == 0 for event in mine)
+    if "include" in body:
+        deltas = [lp for event in parsed if event.type == "response.output_text.delta" for lp in event.logprobs]
+        whole = final.output[0].content[0].logprobs
+        assert [(lp.token, lp.logprob) for lp in deltas] == [(lp.token, lp.logprob) for lp in whole]
+        assert "".join(lp.token for lp in deltas) == final.output_text
 
 
 BAD = [

@@ -311,6 +311,7 @@ OutputItem = Annotated[OutputMessage | ReasoningOutput | FunctionCallOutput, Fie
 
 class InputTokensDetails(Response):
     cached_tokens: int  # of the input, found in the prefix cache
+    cache_write_tokens: int  # of the input, newly kept in the prefix cache (its whole blocks)
 
 
 class ReasoningTokensDetails(Response):
@@ -444,8 +445,7 @@ class ArgumentsDeltaEvent(ItemEventBase):
 
 class ArgumentsDoneEvent(ItemEventBase):
     type: Literal["response.function_call_arguments.done"] = "response.function_call_arguments.done"
-    name: str
-    arguments: str
+    arguments: str  # the call's name is on its item (output_item.added and .done)
 
 
 class ResponseStreamEvent(RootModel[ResponseEvent | ItemEvent | PartEvent | TextDeltaEvent | TextDoneEvent

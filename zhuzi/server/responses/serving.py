@@ -136,8 +136,9 @@ class ResponsesFormat:
     added / deltas / done events, then response.completed (or .incomplete, or .failed); every event numbered."""
 
     def __init__(self, body: rp.ResponsesRequest, request_id: str, model: str,
-                 token_bytes: Callable[[int], bytes]) -> None:
+                 token_bytes: Callable[[int], bytes], cache_block: int) -> None:
         self.body, self.request_id, self.model, self.token_bytes = body, request_id, model, token_bytes
+        self.cache_block = cache_block  # the prefix cache's unit (0: no prefix cache)
         self.created = int(time.time())
         self.sequence = 0
         self.logprobs_sent: dict[int, int] = {}  # per text block, how many of its tokens' logprobs went out
@@ -192,7 +193,8 @@ class ResponsesFormat:
             reason = "max_output_tokens" if choice and choice.finish_reason == "length" else None
             incomplete = rp.IncompleteDetails(reason=reason)
         usage = None if status == "in_progress" else rp.ResponseUsage(
-            input_tokens=gen.prompt_tokens, input_tokens_details=rp.InputTokensDetails(cached_tokens=gen.cached_tokens),
+            input_tokens=gen.prompt_tokens, input_tokens_details=rp.InputTokensDetails(
+                cached_tokens=gen.cached_tokens, cache_write_tokens=self._cache_writes(gen)),
             output_tokens=gen.completion_tokens,
             output_tokens_details=rp.ReasoningTokensDetails(reasoning_tokens=gen.reasoning_tokens or 0),
             total_tokens=gen.prompt_tokens + gen.completion_tokens)
@@ -206,6 +208,12 @@ class ResponsesFormat:
             user=body.user, top_logprobs=body.top_logprobs, service_tier=_tier(body.service_tier),
             prompt_cache_key=body.prompt_cache_key, prompt_cache_retention=body.prompt_cache_retention,
             safety_identifier=body.safety_identifier)
+
+    def _cache_writes(self, gen: ResponseState) -> int:
+        """The prompt's whole blocks that were not cached yet: the prefix cache keeps them now."""
+        if not self.cache_block:
+            return 0
+        return max(0, gen.prompt_tokens // self.cache_block * self.cache_block - gen.cached_tokens)
 
     def _event(self, event: rp.Event) -> str:
         event.sequence_number, self.sequence = self.sequence, self.sequence + 1
@@ -224,8 +232,7 @@ class ResponsesFormat:
         if block.kind == "tool_use":
             if e.kind == "delta":
                 return [rp.ArgumentsDeltaEvent(delta=e.text, **where)]
-            done: list[rp.Event] = [rp.ArgumentsDoneEvent(name=block.name or "",
-                                                          arguments=block.text, **where)]
+            done: list[rp.Event] = [rp.ArgumentsDoneEvent(arguments=block.text, **where)]
         else:
             kind = "reasoning_text" if block.kind == "thinking" else "output_text"
             if e.kind == "delta":
@@ -298,7 +305,8 @@ class Responses:
         chat = chat_request(body, history, items)
         plan = await self.completions.plan_chat(chat, CHAT_NAMES)
         engine = self.server.ready()
-        fmt = ResponsesFormat(body, new_item_id("resp"), self.server.model_name, engine.tokenizer.bytes_of)
+        fmt = ResponsesFormat(body, new_item_id("resp"), self.server.model_name, engine.tokenizer.bytes_of,
+                              engine.config.block_size if engine.config.enable_prefix_caching else 0)
         if body.safety_identifier is not None:  # OpenAI's end-user id, logged as user is
             log.info("%s for safety_identifier %r", fmt.request_id, body.safety_identifier)
 
