@@ -273,6 +273,31 @@ def test_tool_call_from_the_real_model_streamed_and_not(client: openai.OpenAI) -
     assert (declined.finish_reason, declined.message.tool_calls, declined.message.content) == ("stop", None, "}}")
 
 
+def test_parallel_calls_in_a_stream_each_carry_their_own_index_id_and_name(client: openai.OpenAI) -> None:
+    """With tool_choice required and parallel calls allowed, SmolLM2 calls get_weather more than once; each
+    call of the stream is its own index (llama-server numbers every call 0), its first piece has its own id and
+    the name, and the pieces of each index add up to the call the whole answer has."""
+    closed = {**WEATHER_TOOL["function"]["parameters"], "additionalProperties": False}  # no invented fields
+    tool = {"type": "function", "function": {**WEATHER_TOOL["function"], "parameters": closed}}
+    args = {"model": MODEL, "messages": [{"role": "user", "content": "What is the weather in Paris and in Rome?"}],
+            "tools": [tool], "tool_choice": "required", "temperature": 0, "max_tokens": 80}
+    whole = client.chat.completions.create(**args).choices[0].message.tool_calls
+    assert [json.loads(call.function.arguments) for call in whole] == [{"city": "Paris"}, {"city": "Rome"}]
+    calls: dict[int, dict] = {}
+    for chunk in client.chat.completions.create(**args, stream=True):
+        for piece in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+            if piece.index not in calls:
+                assert piece.id and piece.function.name and piece.type == "function"  # a new call's first piece
+                calls[piece.index] = {"id": piece.id, "name": piece.function.name, "arguments": ""}
+            else:
+                assert piece.id is None and piece.function.name is None
+            calls[piece.index]["arguments"] += piece.function.arguments or ""
+    assert sorted(calls) == list(range(len(whole)))
+    assert len({call["id"] for call in calls.values()}) == len(whole)
+    assert [(c["name"], c["arguments"]) for _, c in sorted(calls.items())] == [
+        (call.function.name, call.function.arguments) for call in whole]
+
+
 def test_tool_result_continues_the_conversation(server: ServerProcess, client: openai.OpenAI) -> None:
     messages = [
         {"role": "user", "content": "What's the weather in Paris?"},
