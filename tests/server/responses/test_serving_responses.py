@@ -252,6 +252,7 @@ BAD = [
     ({"text": {"verbosity": "low"}}, "text.verbosity: low is not supported"),
     ({"stream_options": {"include_obfuscation": False}}, "stream_options is only allowed when stream is true"),
     ({"background": True}, "background is not supported"),
+    ({"moderation": {}}, "moderation is not supported: zhuzi runs no moderation model"),
     ({"temperature": 3}, "temperature"),
     ({"metadata": {str(i): "x" for i in range(17)}}, "metadata"),
     ({"max_output_tokens": 0}, "max_output_tokens must be"),

@@ -21,6 +21,10 @@ UNSUPPORTED = {
     "max_tool_calls": "is not supported: tool_choice and parallel_tool_calls say how many calls a reply makes",
     "prompt_cache_options": "is not supported: zhuzi's prefix cache keeps what it can, matched by the tokens",
     "context_management": "is not supported: zhuzi does not compact a conversation",
+    "background_options": "is not supported: it goes with background, which zhuzi does not run",
+    "moderation": "is not supported: zhuzi runs no moderation model",
+    "image": "(image options) is not supported: zhuzi's models write text only",
+    "access_programs": "(OpenAI's domain-specific access programs) is not supported",
 }
 # include: what zhuzi adds to an answer for each value it honours; the others name tools and parts it refuses.
 INCLUDES = ("message.output_text.logprobs", "reasoning.encrypted_content")
