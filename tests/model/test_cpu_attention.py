@@ -15,9 +15,11 @@ TOLERANCE = {torch.float32: dict(rtol=1e-5, atol=1e-5),
 DTYPES = [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16), (torch.float32, torch.bfloat16)]
 
 
-def reference(q, k_cache, v_cache, slots, lengths, scale):
+def reference(q, k_cache, v_cache, slots, lengths, scale, window=None):
     group = q.shape[1] // k_cache.shape[1]
     valid = torch.arange(slots.shape[1])[None, :] < lengths[:, None]  # [B, W]
+    if window:
+        valid &= torch.arange(slots.shape[1])[None, :] >= lengths[:, None] - window
     rows = valid[:, :, None, None]
     k = torch.where(rows, k_cache[slots].double(), 0).repeat_interleave(group, dim=2)  # [B, W, heads, dim]
     v = torch.where(rows, v_cache[slots].double(), 0).repeat_interleave(group, dim=2)
@@ -91,13 +93,15 @@ def test_rejects_slots_outside_the_pool():
         paged_decode_attention(q, k_cache, v_cache, slots, lengths, 0.125)
 
 
-def causal_reference(q, k_cache, v_cache, slots, scale):
+def causal_reference(q, k_cache, v_cache, slots, scale, window=None):
     """q: [L, heads, dim] at positions context - L ..; slots: [context]."""
     length, context, group = q.shape[0], slots.shape[0], q.shape[1] // k_cache.shape[1]
     k = k_cache[slots].double().repeat_interleave(group, dim=1)  # [context, heads, dim]
     v = v_cache[slots].double().repeat_interleave(group, dim=1)
     scores = torch.einsum("lhd,chd->hlc", q.double(), k) * scale
     late = torch.arange(context)[None, :] > torch.arange(context - length, context)[:, None]
+    if window:
+        late |= torch.arange(context)[None, :] <= torch.arange(context - length, context)[:, None] - window
     return torch.einsum("hlc,chd->lhd", torch.softmax(scores.masked_fill(late, float("-inf")), dim=-1), v)
 
 
@@ -138,6 +142,31 @@ def test_a_query_gets_the_same_bits_however_its_prompt_is_chunked(dtype):
     for start, end in [(0, 23), (23, 64), (64, 65), (65, 300)]:
         part = paged_prefill_attention(q[start:end], k_cache, v_cache, slots[:end], 0.125)
         assert torch.equal(part, whole[start:end])
+
+
+@pytest.mark.parametrize("dtype,kv_dtype", DTYPES)
+@pytest.mark.parametrize("window", [1, 8, 40])
+def test_decode_reads_only_the_sliding_window(dtype, kv_dtype, window):
+    """A row attends its last `window` positions; the slots before (blocks given back: -1) are never read."""
+    q, k_cache, v_cache, slots, lengths = make_batch(20, 75, 9, 3, 64, dtype, kv_dtype=kv_dtype)
+    expected = reference(q, k_cache, v_cache, slots, lengths, 0.125, window)
+    slots[torch.arange(75)[None, :] < lengths[:, None] - window] = -1
+    out = paged_decode_attention(q, k_cache, v_cache, slots, lengths, 0.125, window)
+    torch.testing.assert_close(out.double(), expected, **TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("length,context,window", [(1, 40, 8), (17, 50, 5), (100, 100, 24), (45, 700, 33),
+                                                   (40, 40, 100)])
+def test_prefill_reads_only_the_sliding_window(length, context, window, dtype):
+    q, k_cache, v_cache, slots = make_chunk(length, context, 9, 3, 64, dtype=dtype)
+    expected = causal_reference(q, k_cache, v_cache, slots, 0.125, window)
+    bound = 2 ** -9 * v_cache[slots].double().abs().max() + 2 ** -8 * expected.abs() + 1e-5
+    slots[:max(0, context - length - window + 1)] = -1  # before the first query's window: given back
+    out = paged_prefill_attention(q, k_cache, v_cache, slots, 0.125, window)
+    if dtype == torch.float32:
+        bound = 1e-5 * (1 + expected.abs())
+    assert ((out.double() - expected).abs() <= bound).all()
 
 
 def test_prefill_declines_what_it_was_not_built_for():

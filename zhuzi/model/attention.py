@@ -6,6 +6,10 @@ the kernel in cpu_attention.py, reading the pool in place);
 the rest are prefill chunks, attended one sequence at a time. The pool stores
 keys and values per slot (block * block_size + offset), so a sequence's
 history is reached through its slot list, not copied into place beforehand.
+
+A sliding-window layer (ModelConfig.window) attends each token's last `window` positions only; the slots
+before a row's window may belong to blocks already back in the pool (negative where a sequence gave them
+up), and no path reads them.
 """
 from __future__ import annotations
 
@@ -44,59 +48,66 @@ class AttentionMetadata:
     prefills: list[PrefillChunk]
 
 
-def prefix_causal_mask(length: int, context: int) -> torch.Tensor:
-    """Query i (at position context - length + i) sees every key up to its own position."""
+def prefix_causal_mask(length: int, context: int, window: int | None = None) -> torch.Tensor:
+    """Query i (at position context - length + i) sees every key up to its own position (the last `window`
+    of them with a sliding window)."""
     rows = torch.arange(length)[:, None] + (context - length)
-    return torch.arange(context)[None, :] <= rows
+    cols = torch.arange(context)[None, :]
+    return (cols <= rows) & (cols > rows - window) if window else cols <= rows
 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    meta: AttentionMetadata, tiled_prefill: bool = True) -> torch.Tensor:
+                    meta: AttentionMetadata, tiled_prefill: bool = True, window: int | None = None) -> torch.Tensor:
     """q: [tokens, heads, dim]; k, v: [tokens, kv_heads, dim]; caches: [slots, kv_heads, dim]. Without
-    tiled_prefill, prompt chunks get a decode row's arithmetic (--deterministic)."""
+    tiled_prefill, prompt chunks get a decode row's arithmetic (--deterministic); window: the layer's
+    sliding window (None: the whole context)."""
     k_cache.index_copy_(0, meta.slot_mapping, k.to(k_cache.dtype))
     v_cache.index_copy_(0, meta.slot_mapping, v.to(v_cache.dtype))
     out = torch.empty_like(q)
     n = meta.num_decode_tokens
     if n:
-        out[:n] = _decode_attention(q[:n], k_cache, v_cache, meta)
+        out[:n] = _decode_attention(q[:n], k_cache, v_cache, meta, window)
     for chunk in meta.prefills:
         rows = slice(chunk.start, chunk.start + chunk.length)
-        out[rows] = _prefill_attention(q[rows], k[rows], v[rows], k_cache, v_cache, chunk, tiled_prefill)
+        out[rows] = _prefill_attention(q[rows], k[rows], v[rows], k_cache, v_cache, chunk, tiled_prefill,
+                                       window)
     return out
 
 
 def _prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                       v_cache: torch.Tensor, chunk: PrefillChunk, tiled: bool) -> torch.Tensor:
+                       v_cache: torch.Tensor, chunk: PrefillChunk, tiled: bool, window: int | None) -> torch.Tensor:
     """A prompt chunk is a batch of queries that each read the history up to their own position. In bf16
     the tiled kernel reads each K/V row once for 16 queries; in float32 (or untiled) the decode kernel serves each
     query with a decode step's own arithmetic (the reference: a token's K/V are the same bits whether it
     was prefilled or decoded)."""
     scale = q.shape[-1] ** -0.5
-    out = paged_prefill_attention(q, k_cache, v_cache, chunk.slots, scale) if tiled else None
+    out = paged_prefill_attention(q, k_cache, v_cache, chunk.slots, scale, window) if tiled else None
     if out is None:
-        out = paged_decode_attention(q, k_cache, v_cache, chunk.query_slots, chunk.query_lengths, scale)
+        out = paged_decode_attention(q, k_cache, v_cache, chunk.query_slots, chunk.query_lengths, scale, window)
     if out is not None:
         return out
-    if chunk.context == chunk.length:  # no cached prefix: the chunk's own K/V is the whole context
+    if chunk.context == chunk.length and not window:  # no cached prefix: the chunk's own K/V is the whole context
         keys, values, mask = _compute_dtype(k), _compute_dtype(v), None
     else:
         keys, values = _gather(k_cache, chunk.slots), _gather(v_cache, chunk.slots)
-        mask = prefix_causal_mask(chunk.length, chunk.context).to(q.device)
+        mask = prefix_causal_mask(chunk.length, chunk.context, window).to(q.device)
     return _sdpa(q.transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1), mask).transpose(0, 1)
 
 
 def _decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                      meta: AttentionMetadata) -> torch.Tensor:
-    out = paged_decode_attention(q, k_cache, v_cache, meta.decode_slots, meta.decode_lengths, q.shape[-1] ** -0.5)
+                      meta: AttentionMetadata, window: int | None) -> torch.Tensor:
+    out = paged_decode_attention(q, k_cache, v_cache, meta.decode_slots, meta.decode_lengths, q.shape[-1] ** -0.5,
+                                 window)
     if out is not None:
         return out
     # The portable path (CUDA, or no compiler): gather each history, then torch's attention.
     b, width = meta.decode_slots.shape
     keys = _gather(k_cache, meta.decode_slots.reshape(-1)).view(b, width, *k_cache.shape[1:]).transpose(1, 2)
     values = _gather(v_cache, meta.decode_slots.reshape(-1)).view(b, width, *v_cache.shape[1:]).transpose(1, 2)
-    mask = (torch.arange(width, device=q.device) < meta.decode_lengths[:, None])[:, None, None]
+    positions, lengths = torch.arange(width, device=q.device), meta.decode_lengths[:, None]
+    mask = (positions < lengths) & (positions >= lengths - window) if window else positions < lengths
+    mask = mask[:, None, None]
     return _sdpa(q[:, :, None], keys, values, mask)[:, :, 0]
 
 
@@ -107,8 +118,9 @@ def _compute_dtype(x: torch.Tensor) -> torch.Tensor:
 
 
 def _gather(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-    # index_select is a plain memcpy per row; advanced indexing is many times slower on CPU.
-    return _compute_dtype(cache.index_select(0, slots))
+    # index_select is a plain memcpy per row; advanced indexing is many times slower on CPU. Slots of blocks a
+    # sliding window gave up are negative: they read slot 0 instead, which the mask hides.
+    return _compute_dtype(cache.index_select(0, slots.clamp(min=0)))
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:

@@ -44,7 +44,7 @@ def _kernel():
     """The compiled entry point, or None when it cannot be built or loaded."""
     return native.entry("decode_attention", "zhuzi_decode_attention",
                         [ctypes.c_int] * 2 + [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 2 + [ctypes.c_int] * 3
-                        + [ctypes.c_int64, ctypes.c_float, ctypes.c_int])
+                        + [ctypes.c_int64, ctypes.c_float, ctypes.c_int64, ctypes.c_int])
 
 
 def _dtypes(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
@@ -54,8 +54,10 @@ def _dtypes(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bo
 
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                           slots: torch.Tensor, lengths: torch.Tensor, scale: float) -> torch.Tensor | None:
-    """One decode token per row attends over its first lengths[b] slots of the pool.
+                           slots: torch.Tensor, lengths: torch.Tensor, scale: float,
+                           window: int | None = None) -> torch.Tensor | None:
+    """One decode token per row attends over its first lengths[b] slots of the pool (with a sliding window,
+    over the last `window` of them: the slots before are never read).
 
     q: [B, heads, dim] bf16 or float32; k_cache, v_cache: [slots, kv_heads, dim] contiguous, q's dtype (or bf16
     under float32 queries); slots: [B, W] int64 (entries past a row's length are ignored); lengths: [B] int64 in
@@ -77,7 +79,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     out = torch.empty_like(q)
     status = fn(_DTYPES[q.dtype], _DTYPES[k_cache.dtype], q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
                 slots.data_ptr(), lengths.data_ptr(), out.data_ptr(), b, slots.shape[1], heads, kv_heads, dim,
-                k_cache.shape[0], scale, torch.get_num_threads())
+                k_cache.shape[0], scale, window or 0, torch.get_num_threads())
     if status == 1:
         raise IndexError("decode attention: a length is outside 1..W or a slot is outside the pool")
     return out if status == 0 else None
@@ -86,16 +88,17 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 def _prefill_kernel():
     return native.entry("prefill_attention", "zhuzi_prefill_attention",
                         [ctypes.c_int] * 2 + [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 2 + [ctypes.c_int] * 3
-                        + [ctypes.c_int64, ctypes.c_float, ctypes.c_void_p, ctypes.c_int])
+                        + [ctypes.c_int64, ctypes.c_float, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int])
 
 
 def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
-                            scale: float) -> torch.Tensor | None:
+                            scale: float, window: int | None = None) -> torch.Tensor | None:
     """A prompt chunk's causal attention over its whole history, in tiles (bf16 pools).
 
     q: [L, heads, dim] bf16 or float32, the queries of positions context - L .. context - 1; caches:
     [slots, kv_heads, dim] bf16 with the chunk's own K/V already written; slots: [context] int64, the pool
-    slots of positions 0 .. context - 1. Returns [L, heads, dim] in q's dtype, or None when this path cannot
+    slots of positions 0 .. context - 1 (with a sliding window, a query reads only its last `window` positions:
+    the slots before the first query's window are never read). Returns [L, heads, dim] in q's dtype, or None when this path cannot
     serve the call."""
     length, heads, dim = q.shape
     usable = (q.device.type == "cpu" and _dtypes(q, k_cache, v_cache) and k_cache.dtype == torch.bfloat16
@@ -107,7 +110,7 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     q, slots = q.contiguous(), slots.contiguous().long()
     out = torch.empty_like(q)
     status = fn(_DTYPES[q.dtype], 1, q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(), length,
-                slots.shape[0], heads, k_cache.shape[1], dim, k_cache.shape[0], scale, out.data_ptr(),
+                slots.shape[0], heads, k_cache.shape[1], dim, k_cache.shape[0], scale, window or 0, out.data_ptr(),
                 torch.get_num_threads())
     if status == 1:
         raise IndexError("prefill attention: a slot is outside the pool")

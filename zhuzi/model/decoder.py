@@ -64,6 +64,7 @@ class Layer:
     post_norm: torch.Tensor
     gate_up: Linear
     down: Linear
+    window: int | None = None  # sliding-window attention: tokens seen (ModelConfig.window)
 
 
 class Decoder:
@@ -96,6 +97,8 @@ class Decoder:
         self.lm_head = self._linear([head_rows(t.get("lm_head.weight", t["model.embed_tokens.weight"]), vocab, 1)],
                                     out_dtype=torch.float32)
         self.layers = [self._layer(t, f"model.layers.{i}") for i in range(config.num_layers)]
+        for i, layer in enumerate(self.layers):
+            layer.window = config.window(i)
         for name, count in self.dequantized.items():
             log.warning("GGUF type %s has no kernel here: %d matrices run dense in %s (dequantized at load)",
                         name, count, str(self.dtype).removeprefix("torch."))
@@ -194,7 +197,10 @@ class Decoder:
             "decode_attention": cpu_attention.paged_decode_attention(x, pool, pool, slots, lens, 1.0) is not None,
             "prefill_attention": cpu_attention.paged_prefill_attention(x, pool, pool, slots[0], 1.0) is not None,
         }
-        return {"variant": v, **{op: v if ok else "torch" for op, ok in served.items()}}
+        paths = {"variant": v, **{op: v if ok else "torch" for op, ok in served.items()}}
+        if (why := FusedDecode.refusal(c)) is not None:
+            paths["fused_decode_step"] = f"off ({why})"
+        return paths
 
     @property
     def weight_bytes_per_decode_step(self) -> int:
@@ -222,7 +228,7 @@ class Decoder:
             if layer.q_norm is not None:
                 q, k = rms_norm(q, layer.q_norm, c.rms_norm_eps), rms_norm(k, layer.k_norm, c.rms_norm_eps)
             q, k = self.rotary.apply(q, cos, sin), self.rotary.apply(k, cos, sin)
-            attn = paged_attention(q, k, v, cache[0], cache[1], meta, self.tiled_prefill)
+            attn = paged_attention(q, k, v, cache[0], cache[1], meta, self.tiled_prefill, layer.window)
             h = h + self._sum(layer.o(attn.view(-1, self.q_size)))
             x = rms_norm(h, layer.post_norm, c.rms_norm_eps)
             gate, up = layer.gate_up(x).chunk(2, -1)

@@ -117,8 +117,15 @@ class FusedDecode:
         self.vocab = decoder.lm_head.out_features if isinstance(decoder.lm_head, TiledLinear | BlockLinear) \
             else decoder.lm_head.weight.shape[0]
 
+    @staticmethod
+    def refusal(config) -> str | None:
+        """Why the kernel does not compute this model's step (it runs the llama/qwen layer shape only)."""
+        return "sliding-window attention" if config.sliding_window is not None else None
+
     @classmethod
     def build(cls, decoder) -> FusedDecode | None:
+        if cls.refusal(decoder.config):
+            return None
         tensors = [decoder.norm] + [t for layer in decoder.layers for t in
                                     (layer.input_norm, layer.post_norm, layer.q_norm, layer.k_norm) if t is not None]
         if not isinstance(decoder.embed, BlockWeight):

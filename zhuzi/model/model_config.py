@@ -27,6 +27,21 @@ class ModelConfig:
     rope_interleaved: bool = False  # RoPE rotates pairs (0, 1), (2, 3), ...: a llama GGUF's Q/K row order
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
+    sliding_window: int | None = None  # tokens a sliding layer sees, the current one included (transformers')
+    layer_types: list[str] | None = None  # per layer "sliding_attention" / "full_attention"; None: all slide
+
+    def window(self, layer: int) -> int | None:
+        """The tokens layer `layer` attends (its own included), or None for the whole context."""
+        if self.sliding_window is None:
+            return None
+        return self.sliding_window if self.layer_types is None or self.layer_types[layer] == "sliding_attention" \
+            else None
+
+    @property
+    def kv_window(self) -> int | None:
+        """The window of every layer when all of them slide: a sequence's KV older than it can be freed."""
+        windows = {self.window(i) for i in range(self.num_layers)}
+        return windows.pop() if len(windows) == 1 else None
 
     @property
     def num_parameters(self) -> int:

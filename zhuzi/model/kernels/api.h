@@ -20,15 +20,15 @@ void zhuzi_quantize_rows(int bf16, const void* x, int8_t* q, float* s, int32_t* 
 void zhuzi_scale_rows(int bf16, const int32_t* acc, const float* s, const int32_t* z, const int32_t* wsum,
                       const float* sw, const void* bias, void* y, int64_t M, int64_t N, int threads);
 // decode_attention.cpp: one query token per row over its paged history; q and out float32 or bf16 (q_bf16),
-// the pools float32 or bf16 (kv_bf16; bf16 queries take bf16 pools).
+// the pools float32 or bf16 (kv_bf16; bf16 queries take bf16 pools); window > 0: a sliding window's tokens.
 int zhuzi_decode_attention(int q_bf16, int kv_bf16, const void* q, const void* kc, const void* vc,
                            const int64_t* slots, const int64_t* lens, void* out, int64_t B, int64_t W, int H, int KV,
-                           int D, int64_t nslots, float scale, int threads);
+                           int D, int64_t nslots, float scale, int64_t window, int threads);
 // prefill_attention.cpp: a prompt chunk's causal attention over its paged history; q and out float32 or
-// bf16, pools bf16 (float32 pools are the reference: not served).
+// bf16, pools bf16 (float32 pools are the reference: not served); window > 0: a sliding window's tokens.
 int zhuzi_prefill_attention(int q_bf16, int kv_bf16, const void* q, const void* kc, const void* vc,
                             const int64_t* slots, int64_t L, int64_t context, int H, int KV, int D, int64_t nslots,
-                            float scale, void* out, int threads);
+                            float scale, int64_t window, void* out, int threads);
 // dequantize_blocks.cpp: rows ids[i] (all n rows when ids is null) of a GGUF block matrix -> their exact
 // values, float32 or bf16 [n, K].
 int zhuzi_dequantize_rows(int type, const void* src, int64_t rows, int64_t row_bytes, const int64_t* ids, int64_t n,

@@ -1,4 +1,5 @@
-// Paged decode attention over the KV pool; see cpu_attention.py for the design.
+// Paged decode attention over the KV pool; see cpu_attention.py for the design. With a sliding window
+// (window > 0) a row reads only its last `window` positions: its slot list from there on.
 #include "api.h"
 #include "attention.h"
 
@@ -6,14 +7,16 @@
 
 template <typename TQ, typename TKV, int D>
 static int run(const void* q, const void* kc, const void* vc, const int64_t* slots, const int64_t* lens,
-               void* out, int64_t B, int64_t W, int H, int KV, int64_t nslots, float scale, int threads) {
+               void* out, int64_t B, int64_t W, int H, int KV, int64_t nslots, float scale, int64_t window,
+               int threads) {
   const int64_t stride = int64_t(H) * D;
   int bad = 0;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
   for (int64_t b = 0; b < B; ++b) {
     if (lens[b] < 1 || lens[b] > W) { bad = 1; continue; }
+    const int64_t begin = window > 0 ? std::max<int64_t>(0, lens[b] - window) : 0;
     attend<TQ, TKV, D>(static_cast<const TQ*>(q) + b * stride, static_cast<const TKV*>(kc),
-                       static_cast<const TKV*>(vc), slots + b * W, lens[b], static_cast<TQ*>(out) + b * stride, 0, H,
+                       static_cast<const TKV*>(vc), slots + b * W + begin, lens[b] - begin, static_cast<TQ*>(out) + b * stride, 0, H,
                        H, KV, nslots, scale, &bad);
   }
   return bad;
@@ -21,8 +24,9 @@ static int run(const void* q, const void* kc, const void* vc, const int64_t* slo
 
 template <typename TQ, typename TKV>
 static int dispatch(int D, const void* q, const void* kc, const void* vc, const int64_t* slots, const int64_t* lens,
-                    void* out, int64_t B, int64_t W, int H, int KV, int64_t nslots, float scale, int threads) {
-  auto go = [&](auto fn) { return fn(q, kc, vc, slots, lens, out, B, W, H, KV, nslots, scale, threads); };
+                    void* out, int64_t B, int64_t W, int H, int KV, int64_t nslots, float scale, int64_t window,
+                    int threads) {
+  auto go = [&](auto fn) { return fn(q, kc, vc, slots, lens, out, B, W, H, KV, nslots, scale, window, threads); };
   switch (D) {
     case 32: return go(run<TQ, TKV, 32>);
     case 64: return go(run<TQ, TKV, 64>);
@@ -35,9 +39,10 @@ static int dispatch(int D, const void* q, const void* kc, const void* vc, const 
 
 extern "C" int zhuzi_decode_attention(int q_bf16, int kv_bf16, const void* q, const void* kc, const void* vc,
                                       const int64_t* slots, const int64_t* lens, void* out, int64_t B, int64_t W,
-                                      int H, int KV, int D, int64_t nslots, float scale, int threads) {
+                                      int H, int KV, int D, int64_t nslots, float scale, int64_t window,
+                                      int threads) {
   if (KV < 1 || H % KV || H > MAXH || H * D > MAXHD) return 2;
-  const auto args = std::make_tuple(D, q, kc, vc, slots, lens, out, B, W, H, KV, nslots, scale, threads);
+  const auto args = std::make_tuple(D, q, kc, vc, slots, lens, out, B, W, H, KV, nslots, scale, window, threads);
   if (q_bf16 && kv_bf16) return std::apply(dispatch<uint16_t, uint16_t>, args);
   if (kv_bf16) return std::apply(dispatch<float, uint16_t>, args);
   if (!q_bf16) return std::apply(dispatch<float, float>, args);

@@ -4,7 +4,9 @@
 // the keys from position 0 in tiles of 32 (only as far as its last query may look), so every K/V row a tile
 // reads serves all of the item's queries at once, with an online softmax per lane in float32. Two items:
 // bf16 throughout with vdpbf16ps (avx512/prefill_attention.h), and float32 math over float32 or bf16
-// queries and pools on every variant (prefill_tile.h).
+// queries and pools on every variant (prefill_tile.h). With a sliding window (window > 0) an item starts at
+// its first query's oldest visible key and each lane masks the keys older than its own window: the slots
+// before that are never read (their blocks may be back in the pool).
 #include "api.h"
 #include "prefill_tile.h"
 #if ZHUZI_AVX512
@@ -14,27 +16,30 @@
 #include <tuple>
 
 // Every item of the chunk, the last blocks (longest histories) first. Item(q, kc, vc, slots, first, q0, n,
-// h, H, G, row, scale, out) serves queries q0 .. q0 + n - 1 (n <= Q) of head h.
+// h, H, G, row, scale, window, out) serves queries q0 .. q0 + n - 1 (n <= Q) of head h.
 template <int Q, typename TQ, typename TKV, typename Item>
 static int run(Item item, const void* q, const void* kc, const void* vc, const int64_t* slots, int64_t L,
-               int64_t context, int H, int KV, int D, int64_t nslots, float scale, void* out, int threads) {
-  for (int64_t t = 0; t < context; ++t)
+               int64_t context, int H, int KV, int D, int64_t nslots, float scale, int64_t window, void* out,
+               int threads) {
+  for (int64_t t = window > 0 ? std::max<int64_t>(0, context - L - window + 1) : 0; t < context; ++t)
     if (slots[t] < 0 || slots[t] >= nslots) return 1;
   const int64_t blocks = (L + Q - 1) / Q, items = blocks * H, first = context - L;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
   for (int64_t i = 0; i < items; ++i) {
     const int64_t b = blocks - 1 - i / H;
     item(static_cast<const TQ*>(q), static_cast<const TKV*>(kc), static_cast<const TKV*>(vc), slots, first, b * Q,
-         int(std::min<int64_t>(Q, L - b * Q)), int(i % H), H, H / KV, int64_t(KV) * D, scale, static_cast<TQ*>(out));
+         int(std::min<int64_t>(Q, L - b * Q)), int(i % H), H, H / KV, int64_t(KV) * D, scale, window,
+         static_cast<TQ*>(out));
   }
   return 0;
 }
 
 template <typename TQ, typename TKV>
 static int float_items(int D, const void* q, const void* kc, const void* vc, const int64_t* slots, int64_t L,
-                       int64_t context, int H, int KV, int64_t nslots, float scale, void* out, int threads) {
+                       int64_t context, int H, int KV, int64_t nslots, float scale, int64_t window, void* out,
+                       int threads) {
   auto go = [&](auto item) {
-    return run<f32::Q, TQ, TKV>(item, q, kc, vc, slots, L, context, H, KV, D, nslots, scale, out, threads);
+    return run<f32::Q, TQ, TKV>(item, q, kc, vc, slots, L, context, H, KV, D, nslots, scale, window, out, threads);
   };
   switch (D) {
     case 32: return go(f32::item<TQ, TKV, 32>);
@@ -48,10 +53,11 @@ static int float_items(int D, const void* q, const void* kc, const void* vc, con
 
 #if ZHUZI_AVX512
 static int bf16_items(int D, const void* q, const void* kc, const void* vc, const int64_t* slots, int64_t L,
-                      int64_t context, int H, int KV, int64_t nslots, float scale, void* out, int threads) {
+                      int64_t context, int H, int KV, int64_t nslots, float scale, int64_t window, void* out,
+                      int threads) {
   auto go = [&](auto item) {
-    return run<bf16::Q, uint16_t, uint16_t>(item, q, kc, vc, slots, L, context, H, KV, D, nslots, scale, out,
-                                            threads);
+    return run<bf16::Q, uint16_t, uint16_t>(item, q, kc, vc, slots, L, context, H, KV, D, nslots, scale, window,
+                                            out, threads);
   };
   switch (D) {
     case 32: return go(bf16::item<32>);
@@ -67,9 +73,9 @@ static constexpr auto bf16_items = float_items<uint16_t, uint16_t>;
 
 extern "C" int zhuzi_prefill_attention(int q_bf16, int kv_bf16, const void* q, const void* kc, const void* vc,
                                        const int64_t* slots, int64_t L, int64_t context, int H, int KV, int D,
-                                       int64_t nslots, float scale, void* out, int threads) {
+                                       int64_t nslots, float scale, int64_t window, void* out, int threads) {
   if (KV < 1 || H % KV || L < 1 || L > context) return 2;
-  const auto args = std::make_tuple(D, q, kc, vc, slots, L, context, H, KV, nslots, scale, out, threads);
+  const auto args = std::make_tuple(D, q, kc, vc, slots, L, context, H, KV, nslots, scale, window, out, threads);
   if (q_bf16 && kv_bf16) return std::apply(bf16_items, args);
   if (!q_bf16 && kv_bf16) return std::apply(float_items<float, uint16_t>, args);
   return 2;  // float32 pools: the reference path, each query through the decode kernel

@@ -19,7 +19,7 @@ static inline float value(uint16_t x) { return widen(x); }
 // Queries q0 .. q0 + n - 1 (n <= Q) of head h, at positions first + q0 .. ; keys at pool rows slots[0 ..].
 template <typename TQ, typename TKV, int D>
 static void item(const TQ* q, const TKV* kc, const TKV* vc, const int64_t* slots, int64_t first, int64_t q0, int n,
-                 int h, int H, int G, int64_t row, float scale, TQ* out) {
+                 int h, int H, int G, int64_t row, float scale, int64_t window, TQ* out) {
   alignas(64) float qt[D][Q], o[D][Q];  // queries (scaled) and outputs, transposed: [d][lane]
   alignas(64) float kt[T][D], vt[T][D], s[T][Q];
   alignas(64) float lane_pos[Q];
@@ -28,10 +28,15 @@ static void item(const TQ* q, const TKV* kc, const TKV* vc, const int64_t* slots
     lane_pos[i] = float(first + p);
     for (int d = 0; d < D; ++d) qt[d][i] = value(q[(p * H + h) * D + d]) * scale, o[d][i] = 0.f;
   }
-  vf qpos[QV], m[QV], l[QV];
-  for (int v = 0; v < QV; ++v) qpos[v] = load_vf(lane_pos + v * VL), m[v] = splat(-INFINITY), l[v] = vf{};
-  const int64_t end = first + q0 + n, kv_off = int64_t(h / G) * D;  // keys [0, end) are visible to some lane
-  for (int64_t t0 = 0; t0 < end; t0 += T) {
+  vf qpos[QV], qlow[QV], m[QV], l[QV];  // a lane sees keys qlow .. qpos
+  for (int v = 0; v < QV; ++v) {
+    qpos[v] = load_vf(lane_pos + v * VL), m[v] = splat(-INFINITY), l[v] = vf{};
+    qlow[v] = window > 0 ? qpos[v] - float(window - 1) : splat(-INFINITY);
+  }
+  // keys [begin, end) are visible to some lane; each lane sees one in the first tile (Q <= T), so no max is -inf
+  const int64_t end = first + q0 + n, kv_off = int64_t(h / G) * D;
+  const int64_t begin = window > 0 ? std::max<int64_t>(0, first + q0 - window + 1) : 0;
+  for (int64_t t0 = begin; t0 < end; t0 += T) {
     const int nt = int(std::min<int64_t>(T, end - t0));
     for (int t = 0; t < nt; ++t) {  // whole contiguous rows: the widening runs in vectors
       const TKV* k = kc + slots[t0 + t] * row + kv_off;
@@ -50,9 +55,10 @@ static void item(const TQ* q, const TKV* kc, const TKV* vc, const int64_t* slots
           for (int v = 0; v < QV; ++v) acc[j][v] = fmadd(qd[v], k, acc[j][v]);
         }
       }
-      for (int j = 0; j < 4; ++j) {  // keys past a lane's own position, or past the tile, get -inf
+      for (int j = 0; j < 4; ++j) {  // keys past a lane's own position or window, or past the tile, get -inf
         const vf pos = splat(t + j < nt ? float(t0 + t + j) : INFINITY);
-        for (int v = 0; v < QV; ++v) store_vf(pos > qpos[v] ? splat(-INFINITY) : acc[j][v], &s[t + j][v * VL]);
+        for (int v = 0; v < QV; ++v)
+          store_vf((pos > qpos[v]) | (pos < qlow[v]) ? splat(-INFINITY) : acc[j][v], &s[t + j][v * VL]);
       }
     }
     const int tiles = (nt + 3) / 4 * 4;
