@@ -98,8 +98,8 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     q: [L, heads, dim] bf16 or float32, the queries of positions context - L .. context - 1; caches:
     [slots, kv_heads, dim] bf16 with the chunk's own K/V already written; slots: [context] int64, the pool
     slots of positions 0 .. context - 1 (with a sliding window, a query reads only its last `window` positions:
-    the slots before the first query's window are never read). Returns [L, heads, dim] in q's dtype, or None when this path cannot
-    serve the call."""
+    the slots before the first query's window are never read). Returns [L, heads, dim] in q's dtype, or None
+    when this path cannot serve the call."""
     length, heads, dim = q.shape
     usable = (q.device.type == "cpu" and _dtypes(q, k_cache, v_cache) and k_cache.dtype == torch.bfloat16
               and k_cache.shape == v_cache.shape and k_cache.shape[2] == dim and heads % k_cache.shape[1] == 0
