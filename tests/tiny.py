@@ -1,4 +1,4 @@
-"""Tiny random Llama / Qwen2 / Qwen3 checkpoints, saved the way Hugging Face saves them, with the
+"""Tiny random Llama / Qwen2 / Qwen3 / Mistral checkpoints, saved the way Hugging Face saves them, with the
 real SmolLM2 tokenizer beside them so text paths work too; and the same models as GGUF files, the way
 llama.cpp writes them (names, Q/K permutation, metadata, quantized types)."""
 from __future__ import annotations
@@ -15,7 +15,7 @@ from zhuzi.model.loader import default_model_path
 from zhuzi.tokenizer import Tokenizer
 
 CLASSES = {"llama": transformers.LlamaForCausalLM, "qwen2": transformers.Qwen2ForCausalLM,
-           "qwen3": transformers.Qwen3ForCausalLM}
+           "qwen3": transformers.Qwen3ForCausalLM, "mistral": transformers.MistralForCausalLM}
 VOCAB = 1000
 
 
@@ -55,10 +55,12 @@ RawTensors = dict[str, tuple[np.ndarray, gguf.GGMLQuantizationType]]
 
 
 def write_gguf(path: Path, model, arch: str, raw: RawTensors | None = None, drop: tuple[str, ...] = (),
-               types: dict[str, gguf.GGMLQuantizationType] | None = None) -> Path:
+               types: dict[str, gguf.GGMLQuantizationType] | None = None, sliding_window: int | None = None) -> Path:
     """A GGUF file holding `model` the way llama.cpp writes it: its names, its permutation, its metadata.
     `raw` replaces a tensor's data by pre-quantized bytes; `types` quantizes tensors to GGUF types (the
-    K-quants, which the gguf package cannot quantize, as random blocks)."""
+    K-quants, which the gguf package cannot quantize, as random blocks). A Mistral is written as llama.cpp's
+    converter writes it, as "llama" without its window; sliding_window adds the key llama.cpp's converters
+    write for the families whose window they keep."""
     cfg = model.config
     writer = gguf.GGUFWriter(path, arch)
     for key, value in {"block_count": cfg.num_hidden_layers, "context_length": cfg.max_position_embeddings,
@@ -68,6 +70,8 @@ def write_gguf(path: Path, model, arch: str, raw: RawTensors | None = None, drop
         writer.add_uint32(f"{arch}.{key}", value)
     writer.add_float32(f"{arch}.rope.freq_base", 50000.0)
     writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)
+    if sliding_window is not None:
+        writer.add_sliding_window(sliding_window)
     if arch == "qwen3":
         writer.add_key_length(cfg.head_dim)
     writer.add_token_list([f"t{i}" for i in range(cfg.vocab_size)])  # no vocab_size key: from the list

