@@ -137,7 +137,7 @@ def cmd_plan(args: argparse.Namespace) -> None:
     fmt = layer_format(config.quantization, tensors is not None, config.tensor_parallel_size > 1,
                        precision.weights)
     resident, step, parts = _weight_plan(c, fmt, precision.weights.itemsize, tensors)
-    per_seq = -(-args.context // plan.block_size) * plan.block_size * plan.bytes_per_token
+    per_seq = plan.sequence_tokens(args.context) * plan.bytes_per_token
     kv = per_seq * args.sequences
     print(f"model: {c.architecture}, {c.num_layers} layers, {c.num_kv_heads} KV heads x {c.head_dim} dims, "
           f"{c.num_parameters / 1e6:.1f} M parameters, weights {fmt or 'dense'}")
@@ -149,7 +149,11 @@ def cmd_plan(args: argparse.Namespace) -> None:
           f"with the weights {resident + kv:,} bytes ({(resident + kv) / 2**20:.0f} MiB)")
     print(f"KV pool: {config.kv_cache_bytes:,} bytes = {plan.num_blocks:,} blocks of {plan.block_size} tokens "
           f"= {plan.capacity_tokens:,} tokens")
-    print(f"requests of {args.context:,} tokens that fit at once: {plan.capacity_tokens // args.context:,}")
+    if plan.window is not None:
+        print(f"sliding window of {plan.window:,} tokens in every layer: a sequence holds at most "
+              f"{plan.sequence_tokens(args.context):,} tokens of KV (older blocks go back to the pool)")
+    print(f"requests of {args.context:,} tokens that fit at once: "
+          f"{plan.capacity_tokens // plan.sequence_tokens(args.context):,}")
     print(f"weight bytes one decode step reads: {step:,} ({step / 2**20:.0f} MiB)")
 
 

@@ -24,11 +24,20 @@ class KVPlan:
     bytes_per_token: int
     block_size: int
     num_blocks: int
+    window: int | None = None  # every layer's sliding window: a sequence holds the blocks it reaches
 
     @classmethod
     def of(cls, model: ModelConfig, dtype: torch.dtype, budget_bytes: int, block_size: int) -> KVPlan:
         per_token = 2 * model.num_layers * model.num_kv_heads * model.head_dim * dtype.itemsize
-        return cls(per_token, block_size, budget_bytes // (per_token * block_size))
+        return cls(per_token, block_size, budget_bytes // (per_token * block_size), model.kv_window)
+
+    def sequence_tokens(self, context: int) -> int:
+        """The KV slots a sequence of `context` tokens holds while it decodes: all its blocks, or with a sliding
+        window the blocks its next token's window reaches (window - 1 tokens back) and the block it writes."""
+        blocks = -(-context // self.block_size)
+        if self.window is not None:
+            blocks = min(blocks, -(-(self.window - 1) // self.block_size) + 1)
+        return blocks * self.block_size
 
     @property
     def capacity_tokens(self) -> int:

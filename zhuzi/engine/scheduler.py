@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from zhuzi.engine.kv.block_manager import BlockManager
+from zhuzi.engine.kv.block_manager import FREED, BlockManager
 from zhuzi.engine.policies import FirstComeFirstServed, Policy
 from zhuzi.engine.sequence import ScheduledSeq, Sequence, Status, StepOutcome
 from zhuzi.outputs import TenantLoad
@@ -196,7 +196,7 @@ class Scheduler:
 
     @staticmethod
     def _blocks_held(seq: Sequence) -> int:
-        return len(seq.block_table)
+        return sum(block_id != FREED for block_id in seq.block_table)
 
     def _blocks_after(self, seq: Sequence, n: int) -> int:
         return self.blocks.blocks_needed(seq.num_computed_tokens + n)
@@ -221,6 +221,7 @@ class Scheduler:
             self.blocks.computed(seq, item.num_new_tokens - len(item.spec_token_ids) + (accepted or 0))
             if not item.samples or accepted is not None:
                 self.blocks.register_computed(seq)  # before finishing, so the last blocks reach the prefix cache
+            self.blocks.slide(seq)  # after publishing: a block given back stays findable
         for seq, reason, stop_reason in outcome.finished:
             self.finish(seq, reason, stop_reason)
 

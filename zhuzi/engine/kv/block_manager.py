@@ -3,6 +3,14 @@
 With a KV connector (connector.py) the prefix cache reaches beyond the pool: a cached block about to be
 overwritten is handed to it first, a newly computed one is offered to it, and a prompt's next block that the
 pool lacks is looked up there and copied into a free block.
+
+Where every layer of the model slides (ModelConfig.kv_window), a sequence gives back each block that falls
+wholly out of its window (slide): its entry in the block table becomes FREED, so a position's block is still
+block_table[position // block_size]. A given-back block stays in the prefix cache, under its hash, until the
+pool needs it; a prompt then reuses the longest prefix whose last blocks (all its next token's window reaches)
+are still in the pool, whatever became of the blocks before: a block's hash stands for every token before it.
+With mixed layers (Gemma 3's full ones among sliding ones) every block stays in some layer's window: nothing
+is given back.
 """
 from __future__ import annotations
 
@@ -13,6 +21,8 @@ from dataclasses import dataclass, field
 
 from zhuzi.engine.kv.connector import KVConnector
 from zhuzi.engine.sequence import Sequence
+
+FREED = -1  # a block table entry whose block went back to the pool, out of every layer's window
 
 
 def block_hash(parent: bytes | None, tokens: list[int]) -> bytes:
@@ -62,6 +72,7 @@ class BlockManager:
     prefix_hits: int = 0  # of those, found cached
     events: KVEvents | None = None  # recorded only when someone takes them
     connector: KVConnector | None = None  # the tiers beyond the pool
+    window: int | None = None  # every layer's sliding window, in tokens (None: a layer attends everything)
 
     def __post_init__(self) -> None:
         self.blocks = [Block(i) for i in range(self.num_blocks)]
@@ -112,6 +123,8 @@ class BlockManager:
             seq.num_computed_tokens = 0
             return 0
         self.prefix_queries += seq.num_tokens
+        if self.window is not None:
+            return self._reuse_window(seq)
         for h in self._full_block_hashes(seq, seq.num_tokens - 1):
             if h in self.cached:
                 self._take(self.cached[h])
@@ -123,6 +136,42 @@ class BlockManager:
                 break
         seq.num_computed_tokens = len(seq.block_table) * self.block_size
         return seq.num_computed_tokens
+
+    def _window_start(self, position: int) -> int:
+        """The first block the window of the token at `position` reaches."""
+        assert self.window is not None
+        return max(0, position - self.window + 1) // self.block_size
+
+    def _reuse_window(self, seq: Sequence) -> int:
+        """reuse_cached_prefix where every layer slides: the longest prefix of full blocks whose blocks from its
+        next token's window on are all cached (the blocks before need not be: they are never read)."""
+        hashes, size = self._full_block_hashes(seq, seq.num_tokens - 1), self.block_size
+        best = run = 0
+        for k, h in enumerate(hashes, 1):
+            run = run + 1 if h in self.cached else 0
+            if run >= k - self._window_start(k * size):
+                best = k
+        first = self._window_start(best * size)
+        seq.block_table = [FREED] * first
+        for h in hashes[first:best]:
+            self._take(self.cached[h])
+            seq.block_table.append(self.cached[h])
+        seq.num_computed_tokens = best * size
+        self.prefix_hits += seq.num_computed_tokens
+        return seq.num_computed_tokens
+
+    def slide(self, seq: Sequence) -> None:
+        """After a step, where every layer slides: give back seq's blocks wholly before its next token's window
+        (that token is at num_computed_tokens; the older of them first, to be evicted first)."""
+        if self.window is None:
+            return
+        table, end = seq.block_table, min(self._window_start(seq.num_computed_tokens), len(seq.block_table))
+        start = end
+        while start > 0 and table[start - 1] != FREED:
+            start -= 1
+        for i in range(start, end):
+            self._drop(table[i])
+            table[i] = FREED
 
     def _load(self, h: bytes) -> int | None:
         """A block the connector's tiers hold, copied into a free block (taken for the caller)."""
@@ -203,13 +252,14 @@ class BlockManager:
             return
         hashes = self._full_block_hashes(seq, seq.num_computed_tokens)
         for block_id, h in zip(seq.block_table, hashes):
-            if self.blocks[block_id].hash is None and h not in self.cached:
+            if block_id != FREED and self.blocks[block_id].hash is None and h not in self.cached:
                 self._publish(block_id, h)
                 if self.connector is not None:
                     self.connector.computed(h, block_id)
 
     def free_sequence(self, seq: Sequence) -> None:
         """Return a sequence's blocks; cached ones stay findable until the pool needs them."""
-        self.release(seq.block_table[::-1])  # the tail is least likely to be shared: evict it first
+        # the tail is least likely to be shared: evict it first
+        self.release([block_id for block_id in seq.block_table[::-1] if block_id != FREED])
         seq.block_table = []
         seq.num_computed_tokens = 0

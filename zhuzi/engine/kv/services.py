@@ -31,7 +31,7 @@ class KVServices:
               num_blocks: int, kv_events: bool, handoffs: bool) -> tuple[BlockManager, KVServices]:
         connector = KVConnector.of(config, model, path, kv_cache) if config.kv_tiers or handoffs else None
         blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching,
-                              events=KVEvents() if kv_events else None, connector=connector)
+                              events=KVEvents() if kv_events else None, connector=connector, window=model.kv_window)
         pins = PinTable(blocks, connector, plan.bytes_per_token * plan.block_size,
                         parse_bytes(config.kv_pinned_memory))
         return blocks, cls(connector, pins, Handoffs(blocks, connector) if handoffs and connector else None)
