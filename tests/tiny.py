@@ -55,12 +55,13 @@ RawTensors = dict[str, tuple[np.ndarray, gguf.GGMLQuantizationType]]
 
 
 def write_gguf(path: Path, model, arch: str, raw: RawTensors | None = None, drop: tuple[str, ...] = (),
-               types: dict[str, gguf.GGMLQuantizationType] | None = None, sliding_window: int | None = None) -> Path:
+               types: dict[str, gguf.GGMLQuantizationType] | None = None, sliding_window: int | None = None,
+               sliding_window_pattern: list[bool] | None = None) -> Path:
     """A GGUF file holding `model` the way llama.cpp writes it: its names, its permutation, its metadata.
     `raw` replaces a tensor's data by pre-quantized bytes; `types` quantizes tensors to GGUF types (the
     K-quants, which the gguf package cannot quantize, as random blocks). A Mistral is written as llama.cpp's
-    converter writes it, as "llama" without its window; sliding_window adds the key llama.cpp's converters
-    write for the families whose window they keep."""
+    converter writes it, as "llama" without its window; sliding_window (and which layers slide) adds the keys
+    llama.cpp's converters write for the families whose window they keep."""
     cfg = model.config
     writer = gguf.GGUFWriter(path, arch)
     for key, value in {"block_count": cfg.num_hidden_layers, "context_length": cfg.max_position_embeddings,
@@ -72,6 +73,8 @@ def write_gguf(path: Path, model, arch: str, raw: RawTensors | None = None, drop
     writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)
     if sliding_window is not None:
         writer.add_sliding_window(sliding_window)
+    if sliding_window_pattern is not None:
+        writer.add_sliding_window_pattern(sliding_window_pattern)
     if arch == "qwen3":
         writer.add_key_length(cfg.head_dim)
     writer.add_token_list([f"t{i}" for i in range(cfg.vocab_size)])  # no vocab_size key: from the list

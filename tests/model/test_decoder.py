@@ -84,3 +84,51 @@ def test_paged_kv_equals_recomputing_without_cache(tiny_pair):
     ids = PROMPTS[1]
     out = llm.generate([ids], SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))[0]
     assert out.outputs[0].token_ids == greedy_without_cache(ours, ids, 40)
+
+
+# ---------------------------------------------------------------- sliding-window attention
+
+WINDOW = 12  # tokens a sliding layer sees: far fewer than the prompts and generations below
+
+
+@pytest.fixture(scope="module")
+def mistral(tmp_path_factory):
+    """A Mistral whose every layer slides, with the GGUF's rope base and epsilon so its GGUF form (llama, with
+    the window key) is the same model."""
+    directory = tmp_path_factory.mktemp("mistral")
+    hf = tiny.build("mistral", directory, sliding_window=WINDOW, rope_theta=50000.0, rms_norm_eps=1e-5)
+    return hf, directory
+
+
+def test_sliding_window_logits_match_transformers_from_hf_and_gguf(mistral, tmp_path):
+    hf, directory = mistral
+    gguf_path = tiny.write_gguf(tmp_path / "mistral.gguf", hf, "llama", sliding_window=WINDOW)
+    models = [Decoder(ckpt.config, ckpt.tensors) for ckpt in (load_checkpoint(directory, torch.float32),
+                                                              load_checkpoint(gguf_path, torch.float32))]
+    for ids in PROMPTS[1:]:
+        with torch.no_grad():
+            expected = hf(torch.tensor([ids])).logits[0]
+        for model in models:
+            assert (full_logits(model, ids) - expected).abs().max() < 1e-3
+
+
+def test_mixed_sliding_and_full_layers_match_transformers(tmp_path):
+    """Qwen2 with use_sliding_window: layer 0 reads everything, layer 1 its last 8 tokens."""
+    hf = tiny.build("qwen2", tmp_path, use_sliding_window=True, sliding_window=8, max_window_layers=1)
+    ckpt = load_checkpoint(tmp_path, torch.float32)
+    with torch.no_grad():
+        expected = hf(torch.tensor([PROMPTS[1]])).logits[0]
+    assert (full_logits(Decoder(ckpt.config, ckpt.tensors), PROMPTS[1]) - expected).abs().max() < 1e-3
+
+
+def test_sliding_window_greedy_generation_matches_transformers_batched_and_chunked(mistral):
+    """Blocks of 4 tokens, so blocks fall out of the window and go back to the pool; the prompts batched,
+    prefilled in chunks of 16 tokens, on the prefix cache."""
+    hf, directory = mistral
+    llm = LLM(str(directory), dtype="float32", block_size=4, max_num_batched_tokens=16)
+    outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=32, min_tokens=32))
+    for ids, out in zip(PROMPTS, outs):
+        with torch.no_grad():
+            expected = hf.generate(torch.tensor([ids]), max_new_tokens=32, min_new_tokens=32, do_sample=False)
+        assert out.outputs[0].token_ids == expected[0, len(ids):].tolist()
+    assert llm.engine.blocks.num_free_blocks == llm.engine.blocks.num_blocks

@@ -16,7 +16,7 @@ from zhuzi.model.blocks import BlockWeight
 from zhuzi.model.loader import Checkpoint, CheckpointError, load_checkpoint, load_model_config
 
 MODEL_CLASSES = {"llama": transformers.LlamaForCausalLM, "qwen2": transformers.Qwen2ForCausalLM,
-                 "qwen3": transformers.Qwen3ForCausalLM}
+                 "qwen3": transformers.Qwen3ForCausalLM, "mistral": transformers.MistralForCausalLM}
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 8192}
 DOWN_PROJ = "model.layers.0.mlp.down_proj.weight"  # (64, 256): one 256-wide block per row, fits K-quants
@@ -90,8 +90,11 @@ def error_message(path: Path) -> str:
 HF_CASES = {
     "llama": ({"rope_scaling": LLAMA3_ROPE, "rope_theta": 500000.0},
               {"head_dim": 16, "attention_bias": False, "qk_norm": False, "rope_theta": 500000.0}),
-    "qwen2": ({}, {"head_dim": 16, "attention_bias": True, "qk_norm": False, "rope_scaling": None}),
+    "qwen2": ({}, {"head_dim": 16, "attention_bias": True, "qk_norm": False, "rope_scaling": None,
+                   "sliding_window": None}),
     "qwen3": ({"head_dim": 32}, {"head_dim": 32, "attention_bias": False, "qk_norm": True}),
+    "mistral": ({"sliding_window": 24}, {"head_dim": 16, "attention_bias": False, "sliding_window": 24,
+                                         "layer_types": None, "kv_window": 24}),
 }
 
 
@@ -112,6 +115,15 @@ def test_hf_directory_gives_transformers_tensors_and_config(tmp_path, arch):
     assert config.eos_token_ids == [2, 7] and config.bos_token_id == 1
     assert checkpoint.path == tmp_path.resolve()
     assert load_model_config(tmp_path) == config
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+def test_qwen_slides_from_max_window_layers_on_when_asked(tmp_path, arch):
+    """As transformers reads it: use_sliding_window turns the window on for the layers from max_window_layers on."""
+    tiny_model(arch, use_sliding_window=True, sliding_window=8, max_window_layers=1).save_pretrained(tmp_path)
+    config = load_model_config(tmp_path)
+    assert [config.window(i) for i in range(2)] == [None, 8]
+    assert config.kv_window is None  # layer 0 reads everything: no block falls out of every window
 
 
 def test_llama3_rope_scaling_is_passed_through(tmp_path):
@@ -168,6 +180,19 @@ def test_gguf_gives_hf_names_file_order_tensors_and_config(tmp_path, arch, tied)
     assert (config.rope_theta, config.max_position_embeddings) == (50000.0, 16384)
     assert config.eos_token_ids == [2, 7] and config.bos_token_id == 1
     assert load_model_config(path) == config
+
+
+def test_gguf_mistral_as_llama_cpp_writes_it_attends_everything_and_a_window_key_is_honoured(tmp_path):
+    """llama.cpp's converter writes Mistral as llama and drops its window (llama.cpp then attends whole
+    contexts); a file that carries {arch}.attention.sliding_window, and a pattern of sliding layers, slides."""
+    model = tiny_model("mistral", sliding_window=24)
+    assert load_model_config(write_gguf(tmp_path / "plain.gguf", model, "llama")).sliding_window is None
+    config = load_model_config(write_gguf(tmp_path / "window.gguf", model, "llama", sliding_window=24))
+    assert (config.architecture, config.kv_window) == ("llama", 24)
+    path = write_gguf(tmp_path / "pattern.gguf", tiny_model("qwen2"), "qwen2", sliding_window=8,
+                      sliding_window_pattern=[False, True])
+    config = load_model_config(path)
+    assert [config.window(i) for i in range(2)] == [None, 8]
 
 
 ROUND_TRIP_TOLERANCE = {  # max |error| relative to the largest weight

@@ -174,12 +174,19 @@ class Engine:
                 f"This model's maximum context length is {self.max_model_len} tokens. However, you "
                 f"requested {total} tokens ({len(ids)} in the prompt, {params.max_tokens or 1} for the "
                 f"completion). Please reduce the length of the prompt or the completion."), "context_length_exceeded")
-        if self.blocks.blocks_needed(total) > self.blocks.num_blocks - self.kv.pins.num_blocks:
+        if self.blocks.blocks_needed(self._kv_tokens(total)) > self.blocks.num_blocks - self.kv.pins.num_blocks:
             raise InvalidRequest(None, (
                 f"request needs {total} tokens of KV cache but the pool holds {self.kv_capacity_tokens} tokens, "
                 f"{self.kv.pins.num_blocks * self.blocks.block_size} of them pinned; raise kv_cache_memory or "
                 f"shorten the request"), "context_length_exceeded")
         return ids
+
+    def _kv_tokens(self, total: int) -> int:
+        """The KV slots a request of `total` tokens holds at most: all of them, or with a sliding window in every
+        layer its window's blocks and a step's chunk of prompt."""
+        plan = self.kv_plan
+        return total if plan.window is None else \
+            min(total, plan.sequence_tokens(total) + self.config.max_num_batched_tokens)
 
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
                     arrival_time: float | None = None, tenant: Tenant = Tenant(),

@@ -6,7 +6,7 @@ import pytest
 import torch
 from fake_sequences import seq
 
-from zhuzi.engine.kv.block_manager import BlockManager, block_hash
+from zhuzi.engine.kv.block_manager import FREED, BlockManager, block_hash, hash_chain
 from zhuzi.engine.kv.connector import KVConnector, KVLayout
 
 LAYOUT = KVLayout("model", "float32", "float32", None, num_layers=1, num_kv_heads=1, head_dim=2, block_size=4)
@@ -19,11 +19,12 @@ def connector(num_blocks: int, host_blocks: int) -> KVConnector:
 
 
 def computed(blocks: BlockManager, s, n: int | None = None) -> None:
-    """Allocate and 'compute' the first n tokens of s (all of them by default)."""
+    """Allocate and 'compute' the first n tokens of s (all of them by default), as a step does."""
     n = s.num_tokens if n is None else n
     assert blocks.allocate_slots(s, n - s.num_computed_tokens)
     blocks.computed(s, n - s.num_computed_tokens)
     blocks.register_computed(s)
+    blocks.slide(s)
 
 
 def test_a_shared_prefix_is_found_and_its_blocks_counted_once_per_user():
@@ -137,3 +138,62 @@ def test_evicted_blocks_go_to_the_host_tier_which_keeps_the_latest_and_gives_the
     assert tier.host.snapshot().hit_tokens == 4 and blocks.prefix_hits == 0
     blocks.free_sequence(again)
     assert blocks.num_free_blocks == 4
+
+
+def decoded(blocks: BlockManager, s, steps: int) -> None:
+    """`steps` decode steps of s, one token each, as the scheduler runs them."""
+    for _ in range(steps):
+        s.token_ids.append(7)
+        computed(blocks, s)
+
+
+def test_a_sliding_window_sequence_holds_only_the_blocks_its_window_reaches():
+    """Window 6, blocks of 4: the next token at position p reads p - 5 .. p, so at most three blocks are held."""
+    blocks = BlockManager(num_blocks=16, block_size=4, window=6)
+    s = seq(list(range(10)))
+    computed(blocks, s, 10)  # the next token, at 10, reads 5 .. 10: block 0 is out of every window
+    assert s.block_table[0] == FREED and FREED not in s.block_table[1:]
+    for _ in range(30):
+        decoded(blocks, s, 1)
+        held = [b for b in s.block_table if b != FREED]
+        assert len(held) <= 3 and s.block_table.index(held[0]) == (s.num_computed_tokens - 5) // 4
+        assert blocks.num_free_blocks == 16 - len(held)
+    blocks.free_sequence(s)
+    assert blocks.num_free_blocks == 16 and all(b.ref_count == 0 for b in blocks.blocks)
+
+
+def test_a_sliding_window_prompt_reuses_a_prefix_whose_window_blocks_are_in_the_pool():
+    """A chat's second turn: the first turn's early blocks were given back and since evicted, yet its prefix is
+    reused up to its last full block, since only the blocks the next token's window reaches need their K/V."""
+    blocks = BlockManager(num_blocks=8, block_size=4, window=6)
+    first = seq(list(range(10)))
+    computed(blocks, first)
+    decoded(blocks, first, 14)  # 24 tokens in 6 blocks: blocks 0 .. 3 given back along the way
+    turn, hashes = list(first.token_ids), list(hash_chain(first.token_ids, 4))
+    blocks.free_sequence(first)
+    for k in range(3):  # other prompts take the 6 oldest free blocks: the 2 never used, then blocks 0 .. 3
+        other = seq(list(range(500 + 10 * k, 508 + 10 * k)))
+        computed(blocks, other)
+        blocks.free_sequence(other)
+    assert [h in blocks.cached for h in hashes] == [False] * 4 + [True] * 2
+    again = seq(turn + [900, 901, 902])
+    assert blocks.reuse_cached_prefix(again) == 24  # the next token, at 24, reads 19 ..: blocks 4 and 5
+    assert again.block_table[:4] == [FREED] * 4 and FREED not in again.block_table[4:]
+    blocks.free_sequence(again)
+    assert blocks.num_free_blocks == 8
+
+
+def test_a_sliding_window_prefix_is_not_reused_where_a_block_its_window_reads_was_evicted():
+    blocks = BlockManager(num_blocks=6, block_size=4, window=6)
+    first = seq(list(range(21)))
+    computed(blocks, first)  # 5 full blocks and one token; the next token, at 21, reads 16 ..: 0 .. 3 given back
+    hashes = list(hash_chain(first.token_ids, 4))
+    blocks.free_sequence(first)
+    other = seq(list(range(500, 516)))
+    computed(blocks, other)  # takes the four oldest free blocks: blocks 0 .. 3 of the first prompt
+    assert [h in blocks.cached for h in hashes] == [False] * 4 + [True]
+    # 20 tokens would need block 3 (positions 15 ..), 16 blocks 2 and 3, fewer blocks 0 .. 2: all evicted
+    again = seq(list(range(21)) + [5])
+    assert blocks.reuse_cached_prefix(again) == 0 and not again.block_table
+    blocks.free_sequence(other)
+    assert blocks.num_free_blocks == 6
