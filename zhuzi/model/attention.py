@@ -119,8 +119,10 @@ def _compute_dtype(x: torch.Tensor) -> torch.Tensor:
 
 def _gather(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     # index_select is a plain memcpy per row; advanced indexing is many times slower on CPU. Slots of blocks a
-    # sliding window gave up are negative: they read slot 0 instead, which the mask hides.
-    return _compute_dtype(cache.index_select(0, slots.clamp(min=0)))
+    # sliding window gave back are negative: zeros stand in for them (the mask hides them; what their block
+    # holds now might be anything).
+    rows = _compute_dtype(cache.index_select(0, slots.clamp(min=0)))
+    return rows.masked_fill_((slots < 0)[:, None, None], 0)
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
