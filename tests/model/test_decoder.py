@@ -27,14 +27,19 @@ def greedy_without_cache(model: Decoder, ids: list[int], steps: int) -> list[int
     return ids[-steps:]
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3"])
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 256}
+PHI3 = {"rope_theta": 50000.0}  # tiny.write_gguf's rope base: the GGUF form is the same model
+EXTRA = {"llama": {"rope_scaling": LLAMA3},
+         "phi3": PHI3 | {"partial_rotary_factor": 0.5, "tie_word_embeddings": True},  # as Phi-4-mini's
+         # within the original context: the short factors and the attention factor of a 32x stretch
+         "phi3-longrope": PHI3 | {"rope_scaling": tiny.PHI3_LONGROPE, "original_max_position_embeddings": 128}}
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3", "phi3", "phi3-longrope"])
 def tiny_pair(request, tmp_path_factory):
-    arch = request.param
-    llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-              "original_max_position_embeddings": 256}
-    extra = {"rope_scaling": llama3} if arch == "llama" else {}
-    directory = tmp_path_factory.mktemp(arch)
-    hf = tiny.build(arch, directory, **extra)
+    directory = tmp_path_factory.mktemp(request.param)
+    hf = tiny.build(request.param.split("-")[0], directory, **EXTRA.get(request.param, {}))
     ckpt = load_checkpoint(directory, torch.float32)
     return hf, Decoder(ckpt.config, ckpt.tensors), directory
 
@@ -84,3 +89,40 @@ def test_paged_kv_equals_recomputing_without_cache(tiny_pair):
     ids = PROMPTS[1]
     out = llm.generate([ids], SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))[0]
     assert out.outputs[0].token_ids == greedy_without_cache(ours, ids, 40)
+
+
+@pytest.fixture
+def phi3_pair(tiny_pair):
+    if tiny_pair[0].config.model_type != "phi3":
+        pytest.skip("Phi-3's own checks")
+    return tiny_pair
+
+
+def test_phi3_gguf_gives_transformers_logits_and_tokens(phi3_pair, tmp_path):
+    """The same model as llama.cpp's converter writes it (attn_qkv, gate and up fused in ffn_up, LongRoPE's
+    factors as tensors) computes what transformers computes, tokens included."""
+    hf, _, _ = phi3_pair
+    ckpt = load_checkpoint(tiny.write_gguf(tmp_path / "phi3.gguf", hf, "phi3"), torch.float32)
+    ours = Decoder(ckpt.config, ckpt.tensors)
+    ids = PROMPTS[1]
+    with torch.no_grad():
+        expected = hf(torch.tensor([ids])).logits[0]
+        tokens = hf.generate(torch.tensor([ids]), max_new_tokens=16, min_new_tokens=16, do_sample=False)
+    assert (full_logits(ours, ids) - expected).abs().max() < 1e-3
+    assert greedy_without_cache(ours, ids, 16) == tokens[0, len(ids):].tolist()
+
+
+def test_phi3_through_the_engine_batched_chunked_and_prefix_cached(phi3_pair):
+    """Prompts batched together, prefilled in chunks of 32 tokens, and a second round whose prompts share a
+    cached prefix with the first's: every sequence's greedy tokens are transformers'."""
+    hf, _, directory = phi3_pair
+    llm = LLM(str(directory), dtype="float32", block_size=16, max_num_batched_tokens=32)
+    params = SamplingParams(temperature=0, max_tokens=12, min_tokens=12)
+    again = [PROMPTS[1][:40] + [7, 8], PROMPTS[1] + [500]]
+    first = llm.generate(PROMPTS, params)
+    second = llm.generate(again, params)
+    assert all(out.num_cached_tokens >= 32 for out in second)
+    for ids, out in zip(PROMPTS + again, first + second):
+        with torch.no_grad():
+            expected = hf.generate(torch.tensor([ids]), max_new_tokens=12, min_new_tokens=12, do_sample=False)
+        assert out.outputs[0].token_ids == expected[0, len(ids):].tolist()
