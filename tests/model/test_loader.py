@@ -16,6 +16,7 @@ from zhuzi.disk_cache import cache_root
 from zhuzi.model.blocks import BlockWeight
 from zhuzi.model.layers import rope_attention_factor
 from zhuzi.model.loader import Checkpoint, CheckpointError, load_checkpoint, load_model_config
+from zhuzi.model.model_config import supported_families
 
 MODEL_CLASSES = {"llama": transformers.LlamaForCausalLM, "qwen2": transformers.Qwen2ForCausalLM,
                  "qwen3": transformers.Qwen3ForCausalLM, "phi3": transformers.Phi3ForCausalLM}
@@ -294,7 +295,8 @@ def test_error_no_safetensors(tmp_path):
 def test_error_unknown_architecture(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}))
     message = error_message(tmp_path)
-    assert "GPT2LMHeadModel" in message and "Qwen3ForCausalLM" in message and "config.json" in message
+    assert "unknown architecture GPT2LMHeadModel; zhuzi runs LlamaForCausalLM (GGUF llama)" in message
+    assert supported_families() in message and "config.json" in message
 
 
 def test_error_truncated_safetensors(tmp_path):
@@ -345,7 +347,7 @@ def test_error_gguf_unknown_architecture(tmp_path):
     writer.write_tensors_to_file()
     writer.close()
     message = error_message(path)
-    assert "unknown architecture gpt2" in message and "qwen3" in message
+    assert "unknown architecture gpt2" in message and supported_families() in message
 
 
 PHI4_MINI_ROPE = {"rope_type": "longrope", "short_factor": [1.0, 1.5, 2.5, 4.0], "long_factor": [1.0, 2.0, 6.0, 9.5]}
