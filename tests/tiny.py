@@ -3,6 +3,7 @@ real SmolLM2 tokenizer beside them so text paths work too; and the same models a
 llama.cpp writes them (names, Q/K permutation, metadata, quantized types)."""
 from __future__ import annotations
 
+import copy
 import math
 from pathlib import Path
 
@@ -17,8 +18,6 @@ from zhuzi.tokenizer import Tokenizer
 
 CLASSES = {"llama": transformers.LlamaForCausalLM, "qwen2": transformers.Qwen2ForCausalLM,
            "qwen3": transformers.Qwen3ForCausalLM, "phi3": transformers.Phi3ForCausalLM}
-PHI3_LONGROPE = {"rope_type": "longrope", "short_factor": [1.0, 1.2, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0],
-                 "long_factor": [1.0, 1.5, 3.0, 5.0, 8.0, 12.0, 16.0, 24.0]}  # head_dim 16: 8 frequencies
 VOCAB = 1000
 
 
@@ -30,7 +29,7 @@ def build(arch: str, directory: Path, layers: int = 2, vocab_size: int = VOCAB,
                  max_position_embeddings=4096, rope_theta=10000.0)
     if arch == "phi3":  # Phi3Config's default pad id (32000) is outside a tiny vocabulary
         shape |= {"pad_token_id": None}
-    config = cls.config_class(**(shape | overrides))
+    config = cls.config_class(**(shape | copy.deepcopy(overrides)))  # transformers edits rope dicts in place
     torch.manual_seed(0)
     model = cls(config).eval()
     with torch.no_grad():  # larger than HF's init so that tokens are not near-ties everywhere

@@ -1,9 +1,11 @@
 """RoPE's tables (layers.Rotary) against transformers' rotary embeddings."""
 import torch
 import transformers
-from tiny import PHI3_LONGROPE
 
 from zhuzi.model.layers import Rotary
+
+LONGROPE = {"rope_type": "longrope", "short_factor": [1.0, 1.2, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0],
+            "long_factor": [1.0, 1.5, 3.0, 5.0, 8.0, 12.0, 16.0, 24.0]}  # head_dim 16: 8 frequencies
 
 
 def test_longrope_turns_the_original_context_short_and_beyond_it_long():
@@ -11,10 +13,10 @@ def test_longrope_turns_the_original_context_short_and_beyond_it_long():
     in it (short factors), positions past it as transformers turns a longer one (long factors); both scaled
     by the attention factor of the context's stretch."""
     config = transformers.Phi3Config(hidden_size=64, num_attention_heads=4, max_position_embeddings=4096,
-                                     original_max_position_embeddings=128, rope_scaling=PHI3_LONGROPE,
+                                     original_max_position_embeddings=128, rope_scaling=dict(LONGROPE),
                                      pad_token_id=None)
     reference = transformers.models.phi3.modeling_phi3.Phi3RotaryEmbedding(config)
-    scaling = PHI3_LONGROPE | {"original_max_position_embeddings": 128, "factor": 4096 / 128}
+    scaling = LONGROPE | {"original_max_position_embeddings": 128, "factor": 4096 / 128}
     rotary = Rotary(16, 10000.0, scaling, 300)
     x = torch.zeros(1, dtype=torch.float32)
     for positions in (torch.arange(128), torch.arange(300)):  # the second reaches past the original context
