@@ -387,6 +387,9 @@ def test_phi3_reads_the_older_su_rope_scaling(tmp_path):
     scaling = load_model_config(tmp_path).rope_scaling
     assert (scaling["rope_type"], scaling["original_max_position_embeddings"], scaling["factor"]) == (
         "longrope", 4096, 32.0)
+    raw["rope_scaling"] = {"type": "yarn", "factor": 32.0}  # no factors: nothing LongRoPE can turn by
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    assert "Phi-3's rope_scaling (LongRoPE) needs short_factor and long_factor" in error_message(tmp_path)
 
 
 def test_error_missing_tensor_in_gguf(tmp_path):

@@ -177,11 +177,13 @@ def _hf_rope(raw: dict[str, Any]) -> tuple[float, dict | None]:
     return float(theta), (params if kind != "default" else None)
 
 
-def _hf_longrope(raw: dict[str, Any], scaling: dict | None) -> dict | None:
+def _hf_longrope(config_file: Path, raw: dict[str, Any], scaling: dict | None) -> dict | None:
     """Phi-3's RoPE scaling as transformers reads it: "su" and "yarn" are LongRoPE's older names, the original
     context may sit beside rope_scaling, and without a factor the context's stretch is the factor."""
     if scaling is None:
         return None
+    if not (scaling.get("short_factor") and scaling.get("long_factor")):
+        raise CheckpointError(config_file, "Phi-3's rope_scaling (LongRoPE) needs short_factor and long_factor")
     original = scaling.get("original_max_position_embeddings", raw.get("original_max_position_embeddings", 4096))
     factor = scaling.get("factor") or raw.get("max_position_embeddings", 2048) / original
     return scaling | {"rope_type": "longrope", "original_max_position_embeddings": original, "factor": factor}
@@ -205,7 +207,7 @@ def _hf_config(directory: Path) -> ModelConfig:
         raise CheckpointError(config_file, f"attention_bias is not supported for {architecture}")
     rope_theta, rope_scaling = _hf_rope(raw)
     if architecture == "phi3":
-        rope_scaling = _hf_longrope(raw, rope_scaling)
+        rope_scaling = _hf_longrope(config_file, raw, rope_scaling)
     try:
         heads = raw["num_attention_heads"]
         head_dim = raw.get("head_dim") or raw["hidden_size"] // heads
