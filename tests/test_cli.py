@@ -1,11 +1,14 @@
 """The command line as a user runs it: a real `zhuzi` process."""
+import json
 import platform
 import subprocess
 import sys
 
+import gguf
 import pytest
 
 from zhuzi.model import native
+from zhuzi.model.model_config import FAMILIES
 
 
 def zhuzi(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
@@ -77,3 +80,25 @@ def test_a_bad_speculative_config_is_a_one_line_error():
     assert out.returncode != 0 and out.stderr.strip().count("\n") == 0
     assert "num_speculative_tokens must be an integer in [1, 64], got 0" in out.stderr
 
+
+
+def gpt2_checkpoint(tmp_path, form: str):
+    """A GPT-2, which zhuzi does not run: a Hugging Face directory or a GGUF file (header only suffices)."""
+    if form == "directory":
+        (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}))
+        return tmp_path, "GPT2LMHeadModel"
+    writer = gguf.GGUFWriter(tmp_path / "gpt2.gguf", "gpt2")
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+    return tmp_path / "gpt2.gguf", "gpt2"
+
+
+@pytest.mark.parametrize("command,form", [("generate", "directory"), ("serve", "gguf")])
+def test_an_architecture_zhuzi_does_not_run_is_a_one_line_error_listing_those_it_does(tmp_path, command, form):
+    path, name = gpt2_checkpoint(tmp_path, form)
+    args = ("generate", "--model", str(path), "hi") if command == "generate" else ("serve", str(path), "--port", "1")
+    out = zhuzi(*args)
+    assert out.returncode != 0 and out.stderr.strip().count("\n") == 0, out.stderr
+    assert f"unknown architecture {name}" in out.stderr
+    assert all(hf in out.stderr and f"GGUF {arch}" in out.stderr for hf, arch in FAMILIES.values())

@@ -1,8 +1,10 @@
-"""Tiny random Llama / Qwen2 / Qwen3 / Mistral checkpoints, saved the way Hugging Face saves them, with the
-real SmolLM2 tokenizer beside them so text paths work too; and the same models as GGUF files, the way
-llama.cpp writes them (names, Q/K permutation, metadata, quantized types)."""
+"""Tiny random checkpoints of the families zhuzi runs, saved the way Hugging Face saves them, with the real
+SmolLM2 tokenizer beside them so text paths work too; and the same models as GGUF files, the way llama.cpp
+writes them (names, Q/K permutation, metadata, quantized types)."""
 from __future__ import annotations
 
+import copy
+import math
 from pathlib import Path
 
 import gguf
@@ -15,7 +17,8 @@ from zhuzi.model.loader import default_model_path
 from zhuzi.tokenizer import Tokenizer
 
 CLASSES = {"llama": transformers.LlamaForCausalLM, "qwen2": transformers.Qwen2ForCausalLM,
-           "qwen3": transformers.Qwen3ForCausalLM, "mistral": transformers.MistralForCausalLM}
+           "qwen3": transformers.Qwen3ForCausalLM, "mistral": transformers.MistralForCausalLM,
+           "phi3": transformers.Phi3ForCausalLM}
 VOCAB = 1000
 
 
@@ -25,7 +28,9 @@ def build(arch: str, directory: Path, layers: int = 2, vocab_size: int = VOCAB,
     shape = dict(hidden_size=64, num_hidden_layers=layers, vocab_size=vocab_size, num_attention_heads=4,
                  num_key_value_heads=2, intermediate_size=128, bos_token_id=1, eos_token_id=2,
                  max_position_embeddings=4096, rope_theta=10000.0)
-    config = cls.config_class(**(shape | overrides))
+    if arch == "phi3":  # Phi3Config's default pad id (32000) is outside a tiny vocabulary
+        shape |= {"pad_token_id": None}
+    config = cls.config_class(**(shape | copy.deepcopy(overrides)))  # transformers edits rope dicts in place
     torch.manual_seed(0)
     model = cls(config).eval()
     with torch.no_grad():  # larger than HF's init so that tokens are not near-ties everywhere
@@ -77,6 +82,8 @@ def write_gguf(path: Path, model, arch: str, raw: RawTensors | None = None, drop
         writer.add_sliding_window_pattern(sliding_window_pattern)
     if arch == "qwen3":
         writer.add_key_length(cfg.head_dim)
+    if arch == "phi3":
+        _phi3_metadata(writer, cfg)
     writer.add_token_list([f"t{i}" for i in range(cfg.vocab_size)])  # no vocab_size key: from the list
     writer.add_uint32("tokenizer.ggml.bos_token_id", 1)
     writer.add_eos_token_id(2)
@@ -101,6 +108,22 @@ def write_gguf(path: Path, model, arch: str, raw: RawTensors | None = None, drop
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def _phi3_metadata(writer: gguf.GGUFWriter, cfg) -> None:
+    """What llama.cpp's converter adds for Phi-3: the rotary dims, the original context, the sliding window
+    (0: none), and LongRoPE's factors as tensors with its attention factor computed from the context's stretch."""
+    rope = cfg.rope_parameters
+    original = rope.get("original_max_position_embeddings", cfg.original_max_position_embeddings)
+    head_dim = cfg.hidden_size // cfg.num_attention_heads
+    writer.add_rope_dimension_count(int(rope.get("partial_rotary_factor", 1.0) * head_dim))
+    writer.add_rope_scaling_orig_ctx_len(original)
+    writer.add_sliding_window(cfg.sliding_window or 0)
+    if rope.get("rope_type") == "longrope":
+        scale = cfg.max_position_embeddings / original
+        writer.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0)
+        writer.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], dtype=np.float32))
+        writer.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], dtype=np.float32))
 
 
 def quantized(array: np.ndarray, qtype: gguf.GGMLQuantizationType) -> np.ndarray:

@@ -35,10 +35,12 @@ def cmd_serve(args: argparse.Namespace) -> None:
     from zhuzi.engine import tp_worker
     from zhuzi.engine.core_client import CoreClient
     from zhuzi.engine.placement import init_ray
+    from zhuzi.model.loader import load_model_config
 
     # Tokenizing runs in the server's low-priority worker threads (see serving.py), not in a pool of its own.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     config, engine_config = ServerConfig.from_cli_args(args), EngineConfig.from_cli_args(args)
+    load_model_config(engine_config.model)  # a model zhuzi cannot run: one line, before the port opens
     if engine_config.scheduling_policy is None:  # many keys, many tenants: share the engine fairly
         engine_config.scheduling_policy = "fair" if config.api_keys else "fcfs"
     parallel = ParallelConfig.from_cli_args(args)

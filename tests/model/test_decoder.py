@@ -27,14 +27,22 @@ def greedy_without_cache(model: Decoder, ids: list[int], steps: int) -> list[int
     return ids[-steps:]
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3"])
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 256}
+# Phi-4-mini's shape of Phi-3: LongRoPE (here within its original context: the short factors and the attention
+# factor of a 32x stretch) over half of each head, tied embeddings; tiny.write_gguf's rope base, so that the
+# GGUF form is the same model.
+PHI3 = {"rope_scaling": {"rope_type": "longrope", "short_factor": [1.0, 1.5, 2.5, 4.0],
+                         "long_factor": [1.0, 2.0, 6.0, 9.5]},
+        "original_max_position_embeddings": 128, "partial_rotary_factor": 0.5, "tie_word_embeddings": True,
+        "rope_theta": 50000.0}
+EXTRA = {"llama": {"rope_scaling": LLAMA3}, "phi3": PHI3}
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3", "phi3"])
 def tiny_pair(request, tmp_path_factory):
-    arch = request.param
-    llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-              "original_max_position_embeddings": 256}
-    extra = {"rope_scaling": llama3} if arch == "llama" else {}
-    directory = tmp_path_factory.mktemp(arch)
-    hf = tiny.build(arch, directory, **extra)
+    directory = tmp_path_factory.mktemp(request.param)
+    hf = tiny.build(request.param, directory, **EXTRA.get(request.param, {}))
     ckpt = load_checkpoint(directory, torch.float32)
     return hf, Decoder(ckpt.config, ckpt.tensors), directory
 
@@ -68,10 +76,16 @@ def test_the_tap_reads_each_layers_residual_stream(tiny_pair):
 
 
 def test_greedy_generation_matches_transformers(tiny_pair):
+    """Through the engine: the prompts batched, prefilled in chunks of 32 tokens, then a second round whose
+    prompts share a cached prefix with the first's; every sequence's greedy tokens are transformers'."""
     hf, _, directory = tiny_pair
-    llm = LLM(str(directory), dtype="float32", block_size=16)
-    outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=32, min_tokens=32))
-    for ids, out in zip(PROMPTS, outs):
+    llm = LLM(str(directory), dtype="float32", block_size=16, max_num_batched_tokens=32)
+    params = SamplingParams(temperature=0, max_tokens=32, min_tokens=32)
+    again = [PROMPTS[1][:40] + [7, 8], PROMPTS[1] + [500]]
+    outs = llm.generate(PROMPTS, params)
+    outs += llm.generate(again, params)
+    assert all(out.num_cached_tokens >= 32 for out in outs[len(PROMPTS):])
+    for ids, out in zip(PROMPTS + again, outs):
         with torch.no_grad():
             expected = hf.generate(torch.tensor([ids]), max_new_tokens=32, min_new_tokens=32, do_sample=False)
         assert out.outputs[0].token_ids == expected[0, len(ids):].tolist()
@@ -132,3 +146,23 @@ def test_sliding_window_greedy_generation_matches_transformers_batched_and_chunk
             expected = hf.generate(torch.tensor([ids]), max_new_tokens=32, min_new_tokens=32, do_sample=False)
         assert out.outputs[0].token_ids == expected[0, len(ids):].tolist()
     assert llm.engine.blocks.num_free_blocks == llm.engine.blocks.num_blocks
+@pytest.fixture
+def phi3_pair(tiny_pair):
+    if tiny_pair[0].config.model_type != "phi3":
+        pytest.skip("Phi-3's own checks")
+    return tiny_pair
+
+
+def test_phi3_gguf_gives_transformers_logits_and_tokens(phi3_pair, tmp_path):
+    """The same model as llama.cpp's converter writes it (attn_qkv, gate and up fused in ffn_up, LongRoPE's
+    factors as tensors) computes what transformers computes, tokens included."""
+    hf, _, _ = phi3_pair
+    ckpt = load_checkpoint(tiny.write_gguf(tmp_path / "phi3.gguf", hf, "phi3"), torch.float32)
+    ours = Decoder(ckpt.config, ckpt.tensors)
+    ids = PROMPTS[1]
+    with torch.no_grad():
+        expected = hf(torch.tensor([ids])).logits[0]
+        tokens = hf.generate(torch.tensor([ids]), max_new_tokens=16, min_new_tokens=16, do_sample=False)
+    assert (full_logits(ours, ids) - expected).abs().max() < 1e-3
+    assert greedy_without_cache(ours, ids, 16) == tokens[0, len(ids):].tolist()
+

@@ -157,3 +157,26 @@ def test_fused_step_rejects_slots_outside_the_pool(checkpoint):
     _, kv = prefill(model, IDS, pool=64)
     with torch.inference_mode(), pytest.raises(IndexError):
         model.decode_step(torch.tensor([3]), torch.tensor([40]), decode_meta([list(range(40)) + [64]]), kv)
+
+
+
+@pytest.fixture(scope="module")
+def phi3(tmp_path_factory):
+    """Tiny Phi-3s: one with LongRoPE (IDS reach past its original context of 32: both factor sets), one whose
+    RoPE turns half of each head."""
+    directory = tmp_path_factory.mktemp("phi3")
+    longrope = {"rope_type": "longrope", "short_factor": [1.0 + i / 4 for i in range(16)],
+                "long_factor": [1.0 + i for i in range(16)]}
+    tiny.build("phi3", directory / "longrope", **SHAPE, rope_scaling=longrope, original_max_position_embeddings=32)
+    tiny.build("phi3", directory / "partial", **SHAPE, partial_rotary_factor=0.5)
+    return directory
+
+
+def test_fused_step_serves_phi3_and_steps_aside_for_a_partial_rotary(phi3):
+    """Phi-3's fused checkpoint tensors and LongRoPE tables run fused as the per-layer path runs them; RoPE over
+    part of each head is the per-layer path's alone."""
+    model = decoder(phi3 / "longrope")
+    assert model.fused is not None
+    fused, per_layer, _, _ = fused_and_per_layer(model, IDS)
+    assert (fused - per_layer).abs().max() <= 0.03 * per_layer.abs().max()
+    assert decoder(phi3 / "partial").fused is None

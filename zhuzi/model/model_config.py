@@ -4,12 +4,27 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# The families zhuzi runs, the one list the loaders, the CLI and the server check a checkpoint against
+# (docs/models.md): ModelConfig.architecture -> (Hugging Face class, the general.architecture llama.cpp writes).
+FAMILIES = {
+    "llama": ("LlamaForCausalLM", "llama"),
+    "qwen2": ("Qwen2ForCausalLM", "qwen2"),
+    "qwen3": ("Qwen3ForCausalLM", "qwen3"),
+    "mistral": ("MistralForCausalLM", "llama"),  # llama.cpp writes a Mistral as a llama
+    "phi3": ("Phi3ForCausalLM", "phi3"),
+}
+
+
+def supported_families() -> str:
+    """The families for a message: 'LlamaForCausalLM (GGUF llama), ...'."""
+    return ", ".join(f"{hf} (GGUF {gguf})" for hf, gguf in FAMILIES.values())
+
 
 @dataclass
 class ModelConfig:
     """The shape of a decoder-only checkpoint, independent of its file format."""
 
-    architecture: str  # llama, qwen2 or qwen3
+    architecture: str  # a key of FAMILIES
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -25,6 +40,7 @@ class ModelConfig:
     attention_bias: bool = False  # Qwen2: bias on q/k/v projections
     qk_norm: bool = False  # Qwen3: RMSNorm on q and k per head
     rope_interleaved: bool = False  # RoPE rotates pairs (0, 1), (2, 3), ...: a llama GGUF's Q/K row order
+    rotary_dim: int | None = None  # the first dims of a head that RoPE turns (Phi-3's partial_rotary_factor); None: all
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
     sliding_window: int | None = None  # tokens a sliding layer sees, the current one included (transformers')
