@@ -37,6 +37,7 @@ from zhuzi.model.blocks import BlockWeight
 from zhuzi.model.linear import BlockLinear, Int8Linear, Linear, TiledLinear
 
 MAX_ROWS = 8
+ARCHITECTURES = ("llama", "qwen2", "qwen3")  # the layer the kernel computes; not Gemma's norms, scales, windows
 _DENSE, _INT8, _Q4, _Q8, _BLOCKS = range(5)
 
 
@@ -119,6 +120,8 @@ class FusedDecode:
 
     @classmethod
     def build(cls, decoder) -> FusedDecode | None:
+        if decoder.config.architecture not in ARCHITECTURES:
+            return None
         tensors = [decoder.norm] + [t for layer in decoder.layers for t in
                                     (layer.input_norm, layer.post_norm, layer.q_norm, layer.k_norm) if t is not None]
         if not isinstance(decoder.embed, BlockWeight):

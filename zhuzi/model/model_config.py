@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 class ModelConfig:
     """The shape of a decoder-only checkpoint, independent of its file format."""
 
-    architecture: str  # llama, qwen2 or qwen3
+    architecture: str  # llama, qwen2, qwen3 or gemma3
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -27,6 +27,27 @@ class ModelConfig:
     rope_interleaved: bool = False  # RoPE rotates pairs (0, 1), (2, 3), ...: a llama GGUF's Q/K row order
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
+    sliding_window: int | None = None  # tokens a sliding layer sees, the current one included
+    layer_types: list[str] | None = None  # per layer "sliding_attention" / "full_attention"; None: all alike
+    # Gemma 3
+    embedding_scale: float = 1.0  # the token embedding is multiplied by it (Gemma: sqrt(hidden))
+    norm_weight_offset: float = 0.0  # RMSNorm scales by (offset + w) in float32 (Gemma: 1)
+    sandwich_norms: bool = False  # a norm on attention's and the MLP's outputs too (Gemma 2/3)
+    hidden_act: str = "silu"  # the MLP's gate activation: silu or gelu_pytorch_tanh (Gemma)
+    query_pre_attn_scalar: float | None = None  # attention scores scale by its -1/2 power; None: head_dim's
+    final_logit_softcapping: float | None = None  # logits -> cap * tanh(logits / cap)
+    rope_local_theta: float | None = None  # the RoPE base of sliding layers, where theirs is not rope_theta
+
+    def window(self, layer: int) -> int | None:
+        """The tokens layer `layer` attends, the current one included; None: the whole context."""
+        if self.sliding_window is None or (self.layer_types and self.layer_types[layer] != "sliding_attention"):
+            return None
+        return self.sliding_window
+
+    def is_local(self, layer: int) -> bool:
+        """A sliding layer with a RoPE base of its own (Gemma 3's local layers)."""
+        local = self.layer_types is not None and self.layer_types[layer] == "sliding_attention"
+        return local and self.rope_local_theta is not None
 
     @property
     def num_parameters(self) -> int:
