@@ -1,4 +1,4 @@
-"""Tiny random Llama / Qwen2 / Qwen3 checkpoints, saved the way Hugging Face saves them, with the
+"""Tiny random Llama / Qwen2 / Qwen3 / Gemma 3 checkpoints, saved the way Hugging Face saves them, with the
 real SmolLM2 tokenizer beside them so text paths work too; and the same models as GGUF files, the way
 llama.cpp writes them (names, Q/K permutation, metadata, quantized types)."""
 from __future__ import annotations
@@ -15,8 +15,12 @@ from zhuzi.model.loader import default_model_path
 from zhuzi.tokenizer import Tokenizer
 
 CLASSES = {"llama": transformers.LlamaForCausalLM, "qwen2": transformers.Qwen2ForCausalLM,
-           "qwen3": transformers.Qwen3ForCausalLM}
+           "qwen3": transformers.Qwen3ForCausalLM, "gemma3": transformers.Gemma3ForCausalLM}
 VOCAB = 1000
+# Gemma 3 as llama.cpp's converter can write it (query_pre_attn_scalar = head_dim, no soft-capping) and as
+# write_gguf's metadata says (its RoPE base and epsilon); 6 layers: five local, one global, llama.cpp's pattern.
+GEMMA3 = dict(head_dim=16, query_pre_attn_scalar=16, rope_theta=50000.0, rms_norm_eps=1e-5, sliding_window=512,
+              num_hidden_layers=6)
 
 
 def build(arch: str, directory: Path, layers: int = 2, vocab_size: int = VOCAB,
@@ -25,7 +29,7 @@ def build(arch: str, directory: Path, layers: int = 2, vocab_size: int = VOCAB,
     shape = dict(hidden_size=64, num_hidden_layers=layers, vocab_size=vocab_size, num_attention_heads=4,
                  num_key_value_heads=2, intermediate_size=128, bos_token_id=1, eos_token_id=2,
                  max_position_embeddings=4096, rope_theta=10000.0)
-    config = cls.config_class(**(shape | overrides))
+    config = cls.config_class(**(shape | (GEMMA3 if arch == "gemma3" else {}) | overrides))
     torch.manual_seed(0)
     model = cls(config).eval()
     with torch.no_grad():  # larger than HF's init so that tokens are not near-ties everywhere
@@ -61,6 +65,10 @@ def write_gguf(path: Path, model, arch: str, raw: RawTensors | None = None, drop
     K-quants, which the gguf package cannot quantize, as random blocks)."""
     cfg = model.config
     writer = gguf.GGUFWriter(path, arch)
+    if arch == "gemma3":  # what llama.cpp's converter adds for Gemma 3
+        writer.add_key_length(cfg.head_dim)
+        writer.add_value_length(cfg.head_dim)
+        writer.add_sliding_window(cfg.sliding_window)
     for key, value in {"block_count": cfg.num_hidden_layers, "context_length": cfg.max_position_embeddings,
                        "embedding_length": cfg.hidden_size, "feed_forward_length": cfg.intermediate_size,
                        "attention.head_count": cfg.num_attention_heads,
@@ -82,6 +90,8 @@ def write_gguf(path: Path, model, arch: str, raw: RawTensors | None = None, drop
         array = tensor.numpy()
         if arch == "llama" and hf_name.split(".")[-2] in heads:
             array = llama_cpp_permute(array, heads[hf_name.split(".")[-2]])
+        if arch == "gemma3" and hf_name.endswith("norm.weight"):  # the converter stores Gemma's (1 + w)
+            array = array + 1
         if hf_name in (types or {}):
             raw = (raw or {}) | {hf_name: (quantized(array, types[hf_name]), types[hf_name])}
         if hf_name in (raw or {}):
