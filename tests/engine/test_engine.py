@@ -6,6 +6,7 @@ import random
 
 import pytest
 import tiny
+import torch
 
 from zhuzi import LLM, SamplingParams
 from zhuzi.config import EngineConfig
@@ -371,3 +372,23 @@ def test_prefill_progress_is_reported_after_every_chunk_of_the_prompt(tiny_fcfs)
                     progress.append((rid, p.processed, p.total, p.cached))
     assert progress == [("first", 32, 100, 0), ("first", 64, 100, 0), ("first", 96, 100, 0),
                         ("first", 100, 100, 0), ("again", 100, 100, 96)]
+
+
+def test_gemma3_greedy_is_transformers_with_batching_chunked_prefill_and_prefix_cache(tmp_path_factory):
+    """Gemma 3 (local and global layers, sandwich norms) through the whole engine: five prompts batched,
+    prefills cut into 32-token chunks, four of them sharing a 40-token prefix the cache holds from a first
+    run; every greedy token is transformers'."""
+
+    path = tmp_path_factory.mktemp("gemma3")
+    hf = tiny.build("gemma3", path)
+    shared = list(range(10, 50))
+    prompts = [shared + [600 + i] * (i + 1) for i in range(4)] + [list(range(100, 137))]
+    llm = LLM(str(path), dtype="float32", block_size=16, max_num_batched_tokens=32, enable_prefix_caching=True)
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    llm.generate([shared + [7]], params)
+    outs = llm.generate(prompts, params)
+    assert [out.num_cached_tokens for out in outs] == [32, 32, 32, 32, 0]  # two whole blocks of the prefix
+    for ids, out in zip(prompts, outs):
+        with torch.no_grad():
+            expected = hf.generate(torch.tensor([ids]), max_new_tokens=16, min_new_tokens=16, do_sample=False)
+        assert out.outputs[0].token_ids == expected[0, len(ids):].tolist()

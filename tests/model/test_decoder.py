@@ -27,12 +27,20 @@ def greedy_without_cache(model: Decoder, ids: list[int], steps: int) -> list[int
     return ids[-steps:]
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3"])
+# Gemma 3 with what its GGUF form cannot say: soft-capped logits, an attention scale of its own, linear RoPE
+# scaling on the global layer only; one local and one global layer.
+GEMMA3_HF = dict(final_logit_softcapping=3.0, query_pre_attn_scalar=24, num_hidden_layers=2,
+                 layer_types=["sliding_attention", "full_attention"],
+                 rope_parameters={"full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
+                                  "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3", "gemma3"])
 def tiny_pair(request, tmp_path_factory):
     arch = request.param
     llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
               "original_max_position_embeddings": 256}
-    extra = {"rope_scaling": llama3} if arch == "llama" else {}
+    extra = {"rope_scaling": llama3} if arch == "llama" else GEMMA3_HF if arch == "gemma3" else {}
     directory = tmp_path_factory.mktemp(arch)
     hf = tiny.build(arch, directory, **extra)
     ckpt = load_checkpoint(directory, torch.float32)
@@ -84,3 +92,16 @@ def test_paged_kv_equals_recomputing_without_cache(tiny_pair):
     ids = PROMPTS[1]
     out = llm.generate([ids], SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))[0]
     assert out.outputs[0].token_ids == greedy_without_cache(ours, ids, 40)
+
+
+def test_gemma3_gguf_as_llama_cpp_writes_it_gives_transformers_logits(tmp_path):
+    """llama.cpp's converter stores Gemma's norms as (1 + w) and fixes the layer pattern and the local RoPE
+    base: the file's model is the directory's."""
+    hf = tiny.build("gemma3", tmp_path)
+    path = tiny.write_gguf(tmp_path / "tiny.gguf", hf, "gemma3")
+    ckpt = load_checkpoint(path, torch.float32)
+    ours = Decoder(ckpt.config, ckpt.tensors)
+    for ids in PROMPTS:
+        with torch.no_grad():
+            expected = hf(torch.tensor([ids])).logits[0]
+        assert (full_logits(ours, ids) - expected).abs().max() < 1e-3
