@@ -165,3 +165,36 @@ def test_stop_strings_never_change_the_text_before_them(tok: Tokenizer) -> None:
         stop = full[at:at + rng.randint(1, 8)]
         out = stream(tok, ids, stop=[stop, "never appears \x00"])
         assert out.stop == stop and out.text == full[:full.index(stop)]
+
+
+def piece_tokenizer(strip: bool = False) -> Tokenizer:
+    """A SentencePiece-style tokenizer as Gemma's (unigram pieces, ▁ for a space, byte fallback), built with the
+    tokenizers library; strip: Llama 2's decoder, which drops the first token's leading space."""
+    from tokenizers import Tokenizer as RustTokenizer
+    from tokenizers import decoders, models, normalizers
+    from transformers import PreTrainedTokenizerFast
+
+    pieces = ["<unk>", "<bos>", "<eos>"] + [f"<0x{b:02X}>" for b in range(256)]
+    pieces += ["▁", "▁hello", "▁world", "▁café", "我", "家"] + list("abcdefghijklmnopqrstuvwxyz")
+    model = models.Unigram([(p, -1.0 if p.startswith("▁") else -5.0) for p in pieces], unk_id=0, byte_fallback=True)
+    backend = RustTokenizer(model)
+    backend.normalizer = normalizers.Replace(" ", "▁")
+    steps = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+    backend.decoder = decoders.Sequence(steps + ([decoders.Strip(" ", 1, 0)] if strip else []))
+    return Tokenizer(PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<bos>", eos_token="<eos>",
+                                             unk_token="<unk>"))
+
+
+def test_byte_fallback_pieces_stream_whole_characters():
+    tok = piece_tokenizer()
+    text = " hello world 🐱 我家 café"
+    ids = tok.encode(text, add_special_tokens=False)
+    assert [tok.token_strs([i])[0] for i in ids[3:7]] == ["<0xF0>", "<0x9F>", "<0x90>", "<0xB1>"]
+    out = stream(tok, ids)
+    assert out.pieces[:8] == [" hello", " world", " ", "", "", "", "🐱", " "]
+    assert out.text == text == tok.decode(ids) and REPLACEMENT not in out.text
+
+
+def test_a_decoder_whose_text_depends_on_the_tokens_place_is_refused():
+    with pytest.raises(ValueError, match="byte-level BPE or a byte-fallback SentencePiece tokenizer"):
+        IncrementalDetokenizer(piece_tokenizer(strip=True), SamplingParams())

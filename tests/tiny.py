@@ -18,8 +18,12 @@ from zhuzi.tokenizer import Tokenizer
 
 CLASSES = {"llama": transformers.LlamaForCausalLM, "qwen2": transformers.Qwen2ForCausalLM,
            "qwen3": transformers.Qwen3ForCausalLM, "mistral": transformers.MistralForCausalLM,
-           "phi3": transformers.Phi3ForCausalLM}
+           "phi3": transformers.Phi3ForCausalLM, "gemma3": transformers.Gemma3ForCausalLM}
 VOCAB = 1000
+# Gemma 3 as llama.cpp's converter can write it (query_pre_attn_scalar = head_dim, no soft-capping) and as
+# write_gguf's metadata says (its RoPE base and epsilon); 6 layers: five local, one global, llama.cpp's pattern.
+GEMMA3 = dict(head_dim=16, query_pre_attn_scalar=16, rope_theta=50000.0, rms_norm_eps=1e-5, sliding_window=512,
+              num_hidden_layers=6)
 
 
 def build(arch: str, directory: Path, layers: int = 2, vocab_size: int = VOCAB,
@@ -30,7 +34,8 @@ def build(arch: str, directory: Path, layers: int = 2, vocab_size: int = VOCAB,
                  max_position_embeddings=4096, rope_theta=10000.0)
     if arch == "phi3":  # Phi3Config's default pad id (32000) is outside a tiny vocabulary
         shape |= {"pad_token_id": None}
-    config = cls.config_class(**(shape | copy.deepcopy(overrides)))  # transformers edits rope dicts in place
+    family = GEMMA3 if arch == "gemma3" else {}
+    config = cls.config_class(**(shape | family | copy.deepcopy(overrides)))  # transformers edits rope dicts in place
     torch.manual_seed(0)
     model = cls(config).eval()
     with torch.no_grad():  # larger than HF's init so that tokens are not near-ties everywhere
@@ -69,6 +74,10 @@ def write_gguf(path: Path, model, arch: str, raw: RawTensors | None = None, drop
     llama.cpp's converters write for the families whose window they keep."""
     cfg = model.config
     writer = gguf.GGUFWriter(path, arch)
+    if arch == "gemma3":  # what llama.cpp's converter adds for Gemma 3
+        writer.add_key_length(cfg.head_dim)
+        writer.add_value_length(cfg.head_dim)
+        writer.add_sliding_window(cfg.sliding_window)
     for key, value in {"block_count": cfg.num_hidden_layers, "context_length": cfg.max_position_embeddings,
                        "embedding_length": cfg.hidden_size, "feed_forward_length": cfg.intermediate_size,
                        "attention.head_count": cfg.num_attention_heads,
@@ -96,6 +105,8 @@ def write_gguf(path: Path, model, arch: str, raw: RawTensors | None = None, drop
         array = tensor.numpy()
         if arch == "llama" and hf_name.split(".")[-2] in heads:
             array = llama_cpp_permute(array, heads[hf_name.split(".")[-2]])
+        if arch == "gemma3" and hf_name.endswith("norm.weight"):  # the converter stores Gemma's (1 + w)
+            array = array + 1
         if hf_name in (types or {}):
             raw = (raw or {}) | {hf_name: (quantized(array, types[hf_name]), types[hf_name])}
         if hf_name in (raw or {}):

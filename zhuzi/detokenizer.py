@@ -1,6 +1,7 @@
 """Detokenizer + stop strings: generated token ids -> text safe to stream (the step after the sampler).
 
-Byte-level BPE tokens are byte strings, so each new token's bytes go through an incremental UTF-8
+Tokens are byte strings (byte-level BPE's, or SentencePiece's text and byte-fallback tokens like <0xE6>),
+so each new token's bytes go through an incremental UTF-8
 decoder: it returns only whole characters and keeps an unfinished one until its last byte comes
 (the three tokens of "🐱" show nothing, nothing, then the cat). Nothing is ever decoded twice.
 

@@ -73,6 +73,36 @@ def _bytes_to_unicode() -> dict[int, str]:
     return mapping
 
 
+def _byte_level_bytes(token: str) -> bytes:
+    return token.translate(_TO_BYTE).encode("latin-1")
+
+
+_TO_BYTE = str.maketrans({ch: chr(b) for b, ch in _bytes_to_unicode().items()})
+_BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+def _piece_bytes(tokenizer: RustTokenizer) -> Callable[[str], bytes]:
+    """A SentencePiece-style tokenizer's token -> bytes (Gemma, Llama 2): a byte-fallback token <0xE6> is that
+    byte, any other its text with the decoder's replacements (the ▁ that stands for a space). A decoder that
+    does more (Strip: a token whose text depends on its place) cannot be served token by token."""
+    decoder = json.loads((tokenizer.decoder.__getstate__() if tokenizer.decoder else b"{}").decode())
+    steps = decoder.get("decoders", []) if decoder.get("type") == "Sequence" else [decoder]
+    kinds = {step.get("type") for step in steps}
+    if "ByteFallback" not in kinds or not kinds <= {"Replace", "ByteFallback", "Fuse"} or any(
+            "String" not in step["pattern"] for step in steps if step["type"] == "Replace"):
+        raise ValueError("incremental detokenizing needs a byte-level BPE or a byte-fallback SentencePiece "
+                         f"tokenizer (this one decodes with {decoder.get('type') or 'nothing'})")
+    replaced = [(step["pattern"]["String"], step["content"]) for step in steps if step["type"] == "Replace"]
+
+    def to_bytes(token: str) -> bytes:
+        if byte := _BYTE_PIECE.fullmatch(token):
+            return bytes.fromhex(byte[1])
+        for old, new in replaced:
+            token = token.replace(old, new)
+        return token.encode()
+    return to_bytes
+
+
 def message_text(content: str | list[dict] | None) -> str:
     """A message's content as one string: OpenAI's list of parts is joined with newlines, as vLLM does."""
     if not isinstance(content, list):
@@ -193,14 +223,11 @@ class Tokenizer:
     @functools.cached_property
     def token_bytes(self) -> list[bytes]:
         """Each id's exact bytes: what the detokenizer joins, so it never decodes a window of text twice."""
-        if not isinstance(self._text.decoder, ByteLevel):
-            raise ValueError("incremental detokenizing needs a byte-level BPE tokenizer "
-                             f"(this one decodes with {type(self._text.decoder).__name__})")
-        to_byte = str.maketrans({ch: chr(b) for b, ch in _bytes_to_unicode().items()})
         vocab = self._text.get_vocab(with_added_tokens=False)
+        to_bytes = _byte_level_bytes if isinstance(self._text.decoder, ByteLevel) else _piece_bytes(self._text)
         table = [b""] * max(len(self), max(vocab.values()) + 1)
         for token, i in vocab.items():
-            table[i] = token.translate(to_byte).encode("latin-1")
+            table[i] = to_bytes(token)
         for i, added in self.hf.added_tokens_decoder.items():
             table[i] = added.content.encode()  # added tokens are stored as text, not in the byte alphabet
         return table

@@ -429,3 +429,25 @@ def test_a_sliding_window_chat_computes_only_its_new_tokens_on_turn_two(mistral)
     assert outs[-1].num_cached_tokens == (len(first) + len(reply) - 1) // 4 * 4 > len(first)
     assert [t for o in outs for c in o.outputs for t in c.token_ids] == transformers_greedy(hf, second, 20)
     assert_all_blocks_free(engine)
+
+
+# -- Gemma 3 --------------------------------------------------------------------------------
+
+def test_gemma3_greedy_is_transformers_with_batching_chunked_prefill_and_prefix_cache(tmp_path_factory):
+    """Gemma 3 (local and global layers, sandwich norms) through the whole engine: five prompts batched,
+    prefills cut into 32-token chunks, four of them sharing a 40-token prefix the cache holds from a first
+    run; every greedy token is transformers'."""
+
+    path = tmp_path_factory.mktemp("gemma3")
+    hf = tiny.build("gemma3", path)
+    shared = list(range(10, 50))
+    prompts = [shared + [600 + i] * (i + 1) for i in range(4)] + [list(range(100, 137))]
+    llm = LLM(str(path), dtype="float32", block_size=16, max_num_batched_tokens=32, enable_prefix_caching=True)
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    llm.generate([shared + [7]], params)
+    outs = llm.generate(prompts, params)
+    assert [out.num_cached_tokens for out in outs] == [32, 32, 32, 32, 0]  # two whole blocks of the prefix
+    for ids, out in zip(prompts, outs):
+        with torch.no_grad():
+            expected = hf.generate(torch.tensor([ids]), max_new_tokens=16, min_new_tokens=16, do_sample=False)
+        assert out.outputs[0].token_ids == expected[0, len(ids):].tolist()

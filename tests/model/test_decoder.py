@@ -36,10 +36,16 @@ PHI3 = {"rope_scaling": {"rope_type": "longrope", "short_factor": [1.0, 1.5, 2.5
                          "long_factor": [1.0, 2.0, 6.0, 9.5]},
         "original_max_position_embeddings": 128, "partial_rotary_factor": 0.5, "tie_word_embeddings": True,
         "rope_theta": 50000.0}
-EXTRA = {"llama": {"rope_scaling": LLAMA3}, "phi3": PHI3}
+# Gemma 3 with what its GGUF form cannot say: soft-capped logits, an attention scale of its own, linear RoPE
+# scaling on the global layer only; one local and one global layer.
+GEMMA3_HF = dict(final_logit_softcapping=3.0, query_pre_attn_scalar=24, num_hidden_layers=2,
+                 layer_types=["sliding_attention", "full_attention"],
+                 rope_parameters={"full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
+                                  "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})
+EXTRA = {"llama": {"rope_scaling": LLAMA3}, "phi3": PHI3, "gemma3": GEMMA3_HF}
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3", "phi3"])
+@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3", "phi3", "gemma3"])
 def tiny_pair(request, tmp_path_factory):
     directory = tmp_path_factory.mktemp(request.param)
     hf = tiny.build(request.param, directory, **EXTRA.get(request.param, {}))
@@ -166,3 +172,14 @@ def test_phi3_gguf_gives_transformers_logits_and_tokens(phi3_pair, tmp_path):
     assert (full_logits(ours, ids) - expected).abs().max() < 1e-3
     assert greedy_without_cache(ours, ids, 16) == tokens[0, len(ids):].tolist()
 
+def test_gemma3_gguf_as_llama_cpp_writes_it_gives_transformers_logits(tmp_path):
+    """llama.cpp's converter stores Gemma's norms as (1 + w) and fixes the layer pattern and the local RoPE
+    base: the file's model is the directory's."""
+    hf = tiny.build("gemma3", tmp_path)
+    path = tiny.write_gguf(tmp_path / "tiny.gguf", hf, "gemma3")
+    ckpt = load_checkpoint(path, torch.float32)
+    ours = Decoder(ckpt.config, ckpt.tensors)
+    for ids in PROMPTS:
+        with torch.no_grad():
+            expected = hf(torch.tensor([ids])).logits[0]
+        assert (full_logits(ours, ids) - expected).abs().max() < 1e-3

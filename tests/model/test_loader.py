@@ -7,6 +7,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
+import tiny
 import torch
 import transformers
 from safetensors.torch import load_file, save_file
@@ -20,7 +21,7 @@ from zhuzi.model.model_config import supported_families
 
 MODEL_CLASSES = {"llama": transformers.LlamaForCausalLM, "qwen2": transformers.Qwen2ForCausalLM,
                  "qwen3": transformers.Qwen3ForCausalLM, "mistral": transformers.MistralForCausalLM,
-                 "phi3": transformers.Phi3ForCausalLM}
+                 "phi3": transformers.Phi3ForCausalLM, "gemma3": transformers.Gemma3ForCausalLM}
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 8192}
 DOWN_PROJ = "model.layers.0.mlp.down_proj.weight"  # (64, 256): one 256-wide block per row, fits K-quants
@@ -421,3 +422,55 @@ def test_phi3_reads_the_older_su_rope_scaling(tmp_path):
 def test_error_missing_tensor_in_gguf(tmp_path):
     path = write_gguf(tmp_path / "model.gguf", tiny_model("qwen3", head_dim=32), "qwen3", drop=("blk.1.ffn_up.weight",))
     assert "missing tensor model.layers.1.mlp.up_proj.weight" in error_message(path)
+
+
+# ---------------------------------------------------------------- Gemma 3
+
+GEMMA3 = {key: value for key, value in tiny.GEMMA3.items() if key != "num_hidden_layers"}  # 2 layers, both local
+GEMMA3_FIELDS = ("architecture", "num_layers", "head_dim", "rope_theta", "rope_local_theta", "layer_types",
+                 "sliding_window", "query_pre_attn_scalar", "embedding_scale", "norm_weight_offset",
+                 "sandwich_norms", "hidden_act", "qk_norm", "tie_word_embeddings", "final_logit_softcapping")
+
+
+def test_gemma3_gguf_gives_the_directorys_config_and_tensors(tmp_path):
+    """llama.cpp's file stores each norm as (1 + w): loaded back as transformers' w; its other matrices as they
+    are (Gemma's Q/K are not permuted); what the file does not say is llama.cpp's fixed Gemma 3 values."""
+    model = tiny_model("gemma3", **GEMMA3)
+    model.save_pretrained(tmp_path)
+    directory = load_checkpoint(tmp_path, torch.float32)
+    from_file = load_checkpoint(write_gguf(tmp_path / "tiny.gguf", model, "gemma3"), torch.float32)
+    expected = reference_tensors(model)
+    assert_same_tensors(directory.tensors, expected)
+    norms = {name for name in expected if name.endswith("norm.weight")}
+    assert_same_tensors({k: v for k, v in from_file.tensors.items() if k not in norms},
+                        {k: v for k, v in expected.items() if k not in norms})
+    for name in norms:  # (1 + w) - 1 in float32: w to within 1 + w's rounding
+        assert (from_file.tensors[name] - expected[name]).abs().max() < 1e-6, name
+    assert {f: getattr(from_file.config, f) for f in GEMMA3_FIELDS} == \
+        {f: getattr(directory.config, f) for f in GEMMA3_FIELDS}
+    assert directory.config.layer_types == ["sliding_attention"] * 2 and directory.config.window(1) == 512
+
+
+def test_gemma3_hub_config_keys(tmp_path):
+    """The Hub's config.json (before transformers 5): rope_theta, rope_local_base_freq, rope_scaling for the
+    global layers, sliding_window_pattern, and tie_word_embeddings left to its default (tied)."""
+    tiny_model("gemma3", **GEMMA3).save_pretrained(tmp_path)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    for key in ("rope_parameters", "layer_types", "tie_word_embeddings"):
+        raw.pop(key)
+    raw |= {"rope_theta": 1e6, "rope_local_base_freq": 10000.0, "sliding_window_pattern": 3,
+            "rope_scaling": {"rope_type": "linear", "factor": 8.0}}
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    config = load_model_config(tmp_path)
+    assert (config.rope_theta, config.rope_local_theta, config.tie_word_embeddings) == (1e6, 10000.0, True)
+    assert config.rope_scaling == {"rope_type": "linear", "factor": 8.0}
+    assert config.layer_types == ["sliding_attention", "sliding_attention"]  # a global layer every third
+    raw |= {"num_hidden_layers": 3}
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    assert load_model_config(tmp_path).window(2) is None
+
+
+def test_error_gemma2_style_attention_softcapping(tmp_path):
+    tiny_model("gemma3", **GEMMA3, attn_logit_softcapping=50.0).save_pretrained(tmp_path)
+    message = error_message(tmp_path)
+    assert "config.json" in message and "gemma3 with attn_logit_softcapping=50.0 is not supported" in message

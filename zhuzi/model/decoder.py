@@ -1,9 +1,10 @@
 """The forward pass: embedding -> N x (norm, attention over paged KV, norm, SwiGLU MLP) -> norm -> LM head.
 
-One class serves Llama, Qwen2 (QKV bias), Qwen3 (per-head q/k RMSNorm) and Phi-3 (fused checkpoint
-tensors, partial and LongRoPE rotary) through flags in ModelConfig. Q/K/V and gate/up projections are
-fused into one matmul each. With a tensor-parallel group, the decoder holds this rank's slice of each
-layer (parallel.py).
+One class serves Llama, Qwen2 (QKV bias), Qwen3 (per-head q/k RMSNorm), Phi-3 (fused checkpoint tensors,
+partial and LongRoPE rotary) and Gemma 3 (scaled embeddings, (1 + w) norms also on attention's and the MLP's
+outputs, GELU-tanh, local layers with a RoPE base of their own, soft-capped logits) through flags in
+ModelConfig; sliding-window layers attend their window only. Q/K/V and gate/up projections are fused into one
+matmul each. With a tensor-parallel group, the decoder holds this rank's slice of each layer (parallel.py).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from zhuzi.model.attention import AttentionMetadata, paged_attention
 from zhuzi.model.blocks import BlockWeight
 from zhuzi.model.cpu_linear import fixed_order_available
 from zhuzi.model.fused import FusedDecode
-from zhuzi.model.layers import Rotary, rms_norm
+from zhuzi.model.layers import Rotary, offset_rms_norm, rms_norm
 from zhuzi.model.linear import FORMATS, QUANTIZATIONS, Linear, TiledLinear, block_linear, make_linear
 from zhuzi.model.model_config import ModelConfig
 from zhuzi.model.parallel import Shard, TPGroup, head_rows
@@ -79,6 +80,8 @@ class Layer:
     gate_up: Linear
     down: Linear
     window: int | None = None  # sliding-window attention: tokens seen (ModelConfig.window)
+    attn_out_norm: torch.Tensor | None = None  # Gemma's norms on attention's and the MLP's outputs
+    mlp_out_norm: torch.Tensor | None = None
 
 
 class Decoder:
@@ -119,6 +122,9 @@ class Decoder:
         self.rotary = Rotary(config.head_dim, config.rope_theta, config.rope_scaling,
                              max_positions or config.max_position_embeddings, config.rope_interleaved,
                              config.rotary_dim)
+        self.local_rotary = Rotary(config.head_dim, config.rope_local_theta, None,
+                                   max_positions or config.max_position_embeddings, config.rope_interleaved) \
+            if config.rope_local_theta is not None else None
         self.num_heads, self.num_kv_heads = len(self.shard.q_heads), len(self.shard.kv_heads)
         self.q_size = self.num_heads * config.head_dim
         self.kv_size = self.num_kv_heads * config.head_dim
@@ -183,9 +189,12 @@ class Decoder:
             q_norm=t.get(f"{attn}.q_norm.weight") if self.config.qk_norm else None,
             k_norm=t.get(f"{attn}.k_norm.weight") if self.config.qk_norm else None,
             o=self._linear([_columns(o, range(s.q_heads.start * d, s.q_heads.stop * d))]),
-            post_norm=t[f"{p}.post_attention_layernorm.weight"],
+            post_norm=t[f"{p}.pre_feedforward_layernorm.weight" if self.config.sandwich_norms
+                        else f"{p}.post_attention_layernorm.weight"],
             gate_up=self._linear(gate_up),
             down=self._linear([_columns(down, s.mlp)]),
+            attn_out_norm=t[f"{p}.post_attention_layernorm.weight"] if self.config.sandwich_norms else None,
+            mlp_out_norm=t.get(f"{p}.post_feedforward_layernorm.weight"),
         )
 
     def _quantize(self, layer_format: str, head_format: str) -> None:
@@ -222,7 +231,8 @@ class Decoder:
     def weight_bytes_per_decode_step(self) -> int:
         """Bytes of weights one decode step reads: every matrix and norm, one embedding row."""
         row = self.embed.nbytes // self.embed.shape[0]
-        norms = self.norm.nbytes + sum(layer.input_norm.nbytes + layer.post_norm.nbytes for layer in self.layers)
+        norms = self.norm.nbytes + sum(n.nbytes for layer in self.layers for n in (
+            layer.input_norm, layer.post_norm, layer.attn_out_norm, layer.mlp_out_norm) if n is not None)
         mats = sum(m.nbytes for layer in self.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down))
         return row + norms + mats + self.lm_head.nbytes
 
@@ -233,29 +243,49 @@ class Decoder:
         With a tap, the residual stream of its rows after each layer is appended to tap.residuals."""
         c = self.config
         cos, sin = self.rotary.tables(positions, self.dtype)
+        local = self.local_rotary.tables(positions, self.dtype) if self.local_rotary else None
         h = self.embed.take(input_ids, self.dtype) if isinstance(self.embed, BlockWeight) \
             else self.embed[input_ids].to(self.dtype)
-        for layer, cache in zip(self.layers, kv_cache):
-            x = rms_norm(h, layer.input_norm, c.rms_norm_eps)
+        if c.embedding_scale != 1.0:  # the scale rounded to the activations' dtype, as transformers does
+            h = h * torch.tensor(c.embedding_scale, dtype=self.dtype)
+        for i, (layer, cache) in enumerate(zip(self.layers, kv_cache)):
+            x = self._norm(h, layer.input_norm)
             q, k, v = layer.qkv(x).split([self.q_size, self.kv_size, self.kv_size], -1)
             q = q.view(-1, self.num_heads, c.head_dim)
             k = k.view(-1, self.num_kv_heads, c.head_dim)
             v = v.view(-1, self.num_kv_heads, c.head_dim)
             if layer.q_norm is not None:
-                q, k = rms_norm(q, layer.q_norm, c.rms_norm_eps), rms_norm(k, layer.k_norm, c.rms_norm_eps)
-            q, k = self.rotary.apply(q, cos, sin), self.rotary.apply(k, cos, sin)
+                q, k = self._norm(q, layer.q_norm), self._norm(k, layer.k_norm)
+            if local is not None and c.is_local(i):
+                q, k = self.local_rotary.apply(q, *local), self.local_rotary.apply(k, *local)
+            else:
+                q, k = self.rotary.apply(q, cos, sin), self.rotary.apply(k, cos, sin)
+            if c.query_pre_attn_scalar is not None and c.query_pre_attn_scalar != c.head_dim:
+                q = q * (c.head_dim / c.query_pre_attn_scalar) ** 0.5  # attention scales by head_dim ** -0.5
             attn = paged_attention(q, k, v, cache[0], cache[1], meta, self.tiled_prefill, layer.window)
-            h = h + self._sum(layer.o(attn.view(-1, self.q_size)))
-            x = rms_norm(h, layer.post_norm, c.rms_norm_eps)
+            h = h + self._out_norm(self._sum(layer.o(attn.view(-1, self.q_size))), layer.attn_out_norm)
+            x = self._norm(h, layer.post_norm)
             gate, up = layer.gate_up(x).chunk(2, -1)
-            h = h + self._sum(layer.down(F.silu(gate) * up))
+            h = h + self._out_norm(self._sum(layer.down(self._act(gate) * up)), layer.mlp_out_norm)
             if tap is not None:
                 tap.residuals.append(h[tap.rows])
         return self.final_norm(h)
 
     def final_norm(self, h: torch.Tensor) -> torch.Tensor:
         """The norm before the LM head (the logit lens reads any layer's residual stream through it)."""
-        return rms_norm(h, self.norm, self.config.rms_norm_eps)
+        return self._norm(h, self.norm)
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        c = self.config
+        return offset_rms_norm(x, weight, c.rms_norm_eps, c.norm_weight_offset) if c.norm_weight_offset \
+            else rms_norm(x, weight, c.rms_norm_eps)
+
+    def _out_norm(self, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+        """A sublayer's output, normed where the model has a norm there (Gemma), before the residual add."""
+        return x if weight is None else self._norm(x, weight)
+
+    def _act(self, gate: torch.Tensor) -> torch.Tensor:
+        return F.gelu(gate, approximate="tanh") if self.config.hidden_act == "gelu_pytorch_tanh" else F.silu(gate)
 
     def _sum(self, partial: torch.Tensor) -> torch.Tensor:
         """A row-parallel layer's output: every rank's partial sum added up."""
@@ -272,4 +302,7 @@ class Decoder:
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[rows, vocab] float32 (with tensor parallelism every rank's vocabulary slice, gathered)."""
         logits = self.lm_head(hidden).float()
-        return self.tp.gather_vocab(logits, self.config.vocab_size) if self.tp else logits
+        logits = self.tp.gather_vocab(logits, self.config.vocab_size) if self.tp else logits
+        if cap := self.config.final_logit_softcapping:
+            logits = torch.tanh(logits / cap) * cap
+        return logits

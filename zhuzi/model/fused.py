@@ -37,6 +37,7 @@ from zhuzi.model.blocks import BlockWeight
 from zhuzi.model.linear import BlockLinear, Int8Linear, Linear, TiledLinear
 
 MAX_ROWS = 8
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "phi3")  # the layers the kernel computes: not Gemma's
 _DENSE, _INT8, _Q4, _Q8, _BLOCKS = range(5)
 
 
@@ -120,7 +121,9 @@ class FusedDecode:
     @staticmethod
     def refusal(config) -> str | None:
         """Why the kernel does not compute this model's step (it runs the llama/qwen layer shape only)."""
-        return "sliding-window attention" if config.sliding_window is not None else None
+        if config.sliding_window is not None:
+            return "sliding-window attention"
+        return None if config.architecture in ARCHITECTURES else f"{config.architecture} layers"
 
     @classmethod
     def build(cls, decoder) -> FusedDecode | None:

@@ -12,6 +12,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return F.rms_norm(x.float(), weight.shape, eps=eps).to(x.dtype) * weight
 
 
+def offset_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float) -> torch.Tensor:
+    """Gemma's RMSNorm: scales by (offset + w), in float32 before rounding (w stays exact in bf16 this way)."""
+    return (F.rms_norm(x.float(), weight.shape, eps=eps) * (offset + weight.float())).to(x.dtype)
+
+
 def rope_kind(scaling: dict | None) -> str:
     return (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
 

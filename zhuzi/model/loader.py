@@ -19,7 +19,7 @@ import re
 import struct
 from collections.abc import Iterable
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +115,8 @@ def expected_tensor_names(config: ModelConfig) -> list[str]:
             names += [f"{layer}self_attn.{p}_proj.bias" for p in "qkv"]
         if config.qk_norm:
             names += [f"{layer}self_attn.{p}_norm.weight" for p in "qk"]
+        if config.sandwich_norms:
+            names += [layer + "pre_feedforward_layernorm.weight", layer + "post_feedforward_layernorm.weight"]
     return _fused_names(names) if config.architecture == "phi3" else names
 
 
@@ -227,7 +229,7 @@ def _hf_config(directory: Path) -> ModelConfig:
     try:
         heads = raw["num_attention_heads"]
         head_dim = raw.get("head_dim") or raw["hidden_size"] // heads
-        return ModelConfig(
+        config = ModelConfig(
             architecture=architecture,
             vocab_size=raw["vocab_size"],
             hidden_size=raw["hidden_size"],
@@ -251,6 +253,40 @@ def _hf_config(directory: Path) -> ModelConfig:
         )
     except KeyError as e:
         raise CheckpointError(config_file, f"missing key {e}") from None
+    return replace(config, **_hf_gemma3(config_file, raw, config.num_layers)) if architecture == "gemma3" else config
+
+
+def _gemma3_shape(hidden: int) -> dict[str, Any]:
+    """What every Gemma 3 has, whatever the file: scaled embeddings, (1 + w) norms around attention and the
+    MLP, GELU-tanh, q/k norms."""
+    return dict(embedding_scale=hidden ** 0.5, norm_weight_offset=1.0, sandwich_norms=True,
+                hidden_act="gelu_pytorch_tanh", qk_norm=True)
+
+
+def _hf_gemma3(config_file: Path, raw: dict[str, Any], layers: int) -> dict[str, Any]:
+    """Gemma 3's own fields, from transformers' Gemma3TextConfig (its defaults where the file leaves a key
+    out, as the Hub's files do)."""
+    activation = raw.get("hidden_activation") or raw.get("hidden_act") or "gelu_pytorch_tanh"
+    refused = {"attn_logit_softcapping": raw.get("attn_logit_softcapping"),
+               "use_bidirectional_attention": raw.get("use_bidirectional_attention"),
+               "hidden_activation": None if activation == "gelu_pytorch_tanh" else activation}
+    if clash := [f"{key}={value}" for key, value in refused.items() if value]:
+        raise CheckpointError(config_file, f"gemma3 with {', '.join(clash)} is not supported")
+    params = raw.get("rope_parameters") or {}
+    if "full_attention" in params:  # transformers 5: a RoPE per layer type
+        theta, scaling = _hf_rope({"rope_parameters": params["full_attention"]})
+        local_theta = (params.get("sliding_attention") or {}).get("rope_theta", 10000.0)
+    else:  # the Hub's files: rope_scaling applies to the global layers only
+        theta, scaling = _hf_rope({"rope_theta": 1e6} | raw)
+        local_theta = raw.get("rope_local_base_freq", 10000.0)
+    pattern = raw.get("sliding_window_pattern", 6)
+    types = raw.get("layer_types") or ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
+                                       for i in range(layers)]
+    return dict(rope_theta=theta, rope_scaling=scaling, rope_local_theta=float(local_theta),
+                sliding_window=raw.get("sliding_window", 4096), layer_types=types,
+                tie_word_embeddings=raw.get("tie_word_embeddings", True),
+                query_pre_attn_scalar=float(raw.get("query_pre_attn_scalar", 256)),
+                final_logit_softcapping=raw.get("final_logit_softcapping"), **_gemma3_shape(raw["hidden_size"]))
 
 
 def _safetensors_files(directory: Path) -> list[Path]:
@@ -301,7 +337,14 @@ GGUF_LAYER_NAMES = {
     "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
     "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
 }
-GGUF_ARCH_LAYER_NAMES = {"phi3": {"ffn_up": "mlp.gate_up_proj"}}  # where a family's tensor differs: gate and up
+# Where a family's tensor differs from Llama's: Phi-3's ffn_up holds gate and up; Gemma's ffn_norm is the norm
+# before the MLP, as in Llama, but Hugging Face names that one pre_feedforward_layernorm and the norm on
+# attention's output post_attention_layernorm.
+GGUF_ARCH_LAYER_NAMES = {
+    "phi3": {"ffn_up": "mlp.gate_up_proj"},
+    "gemma3": {"ffn_norm": "pre_feedforward_layernorm", "post_attention_norm": "post_attention_layernorm",
+               "post_ffw_norm": "post_feedforward_layernorm"},
+}
 
 
 @dataclass
@@ -410,12 +453,13 @@ def _gguf_config(path: Path, header: GGUFHeader) -> ModelConfig:
     arch = meta.get("general.architecture")
     if arch not in GGUF_ARCHITECTURES:
         raise CheckpointError(path, f"unknown architecture {arch}; zhuzi runs {supported_families()}")
-    scaled = meta.get(f"{arch}.rope.scaling.type", "none") != "none"
+    scaling = meta.get(f"{arch}.rope.scaling.type", "none")
+    scaled = scaling != "none" and (arch, scaling) != ("gemma3", "linear")  # Gemma 3's global layers: _gguf_gemma3
     if scaled or any(t.name == "rope_freqs.weight" for t in header.tensors):
         raise CheckpointError(path, "RoPE scaling in GGUF files is not supported; use the Hugging Face checkpoint")
     try:
         hidden, heads = meta[f"{arch}.embedding_length"], meta[f"{arch}.attention.head_count"]
-        return ModelConfig(
+        config = ModelConfig(
             architecture=GGUF_ARCHITECTURES[arch],
             vocab_size=meta.get(f"{arch}.vocab_size") or meta["tokenizer.ggml.tokens"],
             hidden_size=hidden,
@@ -439,6 +483,7 @@ def _gguf_config(path: Path, header: GGUFHeader) -> ModelConfig:
         )
     except KeyError as e:
         raise CheckpointError(path, f"missing GGUF metadata key {e}") from None
+    return replace(config, **_gguf_gemma3(meta, config)) if arch == "gemma3" else config
 
 
 def _gguf_sliding_window(meta: dict[str, Any], arch: str) -> dict[str, Any]:
@@ -449,6 +494,22 @@ def _gguf_sliding_window(meta: dict[str, Any], arch: str) -> dict[str, Any]:
     types = ["sliding_attention" if slides else "full_attention" for slides in pattern] \
         if window and isinstance(pattern, list) else None
     return {"sliding_window": window, "layer_types": types}
+
+
+def _gguf_gemma3(meta: dict[str, Any], config: ModelConfig) -> dict[str, Any]:
+    """Gemma 3's own fields as llama.cpp reads them: what the file does not say (the layer pattern, the local
+    RoPE base, the attention scale) is fixed for the family there (llama-model.cpp), and so here."""
+    factor = meta.get("gemma3.rope.scaling.factor")
+    # 27B (62 layers) scales attention by hidden / heads, the others by head_dim (query_pre_attn_scalar).
+    scalar = config.hidden_size // config.num_heads if config.num_layers == 62 else config.head_dim
+    return dict(rope_scaling={"rope_type": "linear", "factor": factor} if factor and factor != 1 else None,
+                rope_local_theta=meta.get("gemma3.rope.freq_base_swa", 10000.0),
+                sliding_window=meta.get("gemma3.attention.sliding_window"),
+                layer_types=["full_attention" if (i + 1) % 6 == 0 else "sliding_attention"
+                             for i in range(config.num_layers)],
+                query_pre_attn_scalar=float(scalar),
+                final_logit_softcapping=meta.get("gemma3.final_logit_softcapping"),
+                **_gemma3_shape(config.hidden_size))
 
 
 def _gguf_longrope(path: Path, header: GGUFHeader) -> dict | None:
@@ -499,9 +560,17 @@ def _gguf_tensors(path: Path, header: GGUFHeader, config: ModelConfig, dtype: to
     for name, info in infos.items():
         raw = data[info.offset:info.offset + info.nbytes]
         if info.qtype in DENSE_TYPES:
-            tensors[name] = raw.view(DENSE_TYPES[info.qtype]).view(info.shape).to(dtype)
+            tensors[name] = _from_gguf_norm(raw.view(DENSE_TYPES[info.qtype]).view(info.shape), name, config).to(dtype)
         elif len(info.shape) == 2:
             tensors[name] = BlockWeight(info.qtype, raw.view(info.shape[0], -1), info.shape[1])
         else:
             raise CheckpointError(path, f"tensor {info.name} is {info.qtype.name} but not a matrix")
     return tensors
+
+
+def _from_gguf_norm(tensor: torch.Tensor, name: str, config: ModelConfig) -> torch.Tensor:
+    """A norm's weight in Hugging Face's form: llama.cpp's converter stores Gemma's (1 + w) (it adds the
+    offset); the decoder takes w and adds it in float32, as transformers does."""
+    if config.norm_weight_offset and name.endswith("norm.weight"):
+        return tensor.float() - config.norm_weight_offset
+    return tensor

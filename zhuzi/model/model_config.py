@@ -12,6 +12,7 @@ FAMILIES = {
     "qwen3": ("Qwen3ForCausalLM", "qwen3"),
     "mistral": ("MistralForCausalLM", "llama"),  # llama.cpp writes a Mistral as a llama
     "phi3": ("Phi3ForCausalLM", "phi3"),
+    "gemma3": ("Gemma3ForCausalLM", "gemma3"),
 }
 
 
@@ -45,6 +46,14 @@ class ModelConfig:
     eos_token_ids: list[int] = field(default_factory=list)
     sliding_window: int | None = None  # tokens a sliding layer sees, the current one included (transformers')
     layer_types: list[str] | None = None  # per layer "sliding_attention" / "full_attention"; None: all slide
+    # Gemma 3
+    embedding_scale: float = 1.0  # the token embedding is multiplied by it (Gemma: sqrt(hidden))
+    norm_weight_offset: float = 0.0  # RMSNorm scales by (offset + w) in float32 (Gemma: 1)
+    sandwich_norms: bool = False  # a norm on attention's and the MLP's outputs too (Gemma 2/3)
+    hidden_act: str = "silu"  # the MLP's gate activation: silu or gelu_pytorch_tanh (Gemma)
+    query_pre_attn_scalar: float | None = None  # attention scores scale by its -1/2 power; None: head_dim's
+    final_logit_softcapping: float | None = None  # logits -> cap * tanh(logits / cap)
+    rope_local_theta: float | None = None  # the RoPE base of sliding layers, where theirs is not rope_theta
 
     def window(self, layer: int) -> int | None:
         """The tokens layer `layer` attends (its own included), or None for the whole context."""
@@ -58,6 +67,11 @@ class ModelConfig:
         """The window of every layer when all of them slide: a sequence's KV older than it can be freed."""
         windows = {self.window(i) for i in range(self.num_layers)}
         return windows.pop() if len(windows) == 1 else None
+
+    def is_local(self, layer: int) -> bool:
+        """A sliding layer with a RoPE base of its own (Gemma 3's local layers)."""
+        local = self.layer_types is not None and self.layer_types[layer] == "sliding_attention"
+        return local and self.rope_local_theta is not None
 
     @property
     def num_parameters(self) -> int:

@@ -65,6 +65,11 @@ def _factors(amax: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return amax.clamp(min=1e-5) ** ALPHA / _column_maxima(weight).clamp(min=1e-5) ** (1 - ALPHA)
 
 
+def _divided(norm: torch.Tensor, s: torch.Tensor, offset: float) -> torch.Tensor:
+    """A norm weight whose outputs come out divided by s: Gemma's norm scales by (offset + w), not by w."""
+    return ((offset + norm.float()) / s - offset).to(norm.dtype)
+
+
 def smooth(decoder, ids: list[int]) -> None:
     """Fold smoothing factors calibrated on ids into the decoder's dense layers and norm weights (new
     tensors; float32 weights, to be quantized next)."""
@@ -90,12 +95,12 @@ def smooth(decoder, ids: list[int]) -> None:
         gate_up[gate_up.shape[0] // 2:] /= s_down[:, None]  # the up rows make down's inputs
 
         dtype = layer.input_norm.dtype
-        layer.input_norm = (layer.input_norm.float() / s_qkv).to(dtype)
-        layer.post_norm = (layer.post_norm.float() / s_gu).to(dtype)
+        layer.input_norm = _divided(layer.input_norm, s_qkv, c.norm_weight_offset)
+        layer.post_norm = _divided(layer.post_norm, s_gu, c.norm_weight_offset)
         layer.qkv = Linear(qkv, qkv_bias.to(dtype) if qkv_bias is not None else None)
         layer.o = Linear(layer.o.weight.float() * s_o)
         layer.gate_up = Linear(gate_up)
         layer.down = Linear(layer.down.weight.float() * s_down)
     s_head = _factors(head_amax, decoder.lm_head.weight)
-    decoder.norm = (decoder.norm.float() / s_head).to(decoder.norm.dtype)
+    decoder.norm = _divided(decoder.norm, s_head, c.norm_weight_offset)
     decoder.lm_head = Linear(decoder.lm_head.weight.float() * s_head)
