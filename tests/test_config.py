@@ -65,6 +65,18 @@ def test_the_kv_plan_is_the_one_arithmetic():
     assert plan.bytes_per_token == 2 * 30 * 3 * 64 * 2 == 23040
     assert (plan.num_blocks, plan.capacity_tokens) == (11650, 186400)
     assert EngineConfig(kv_cache_memory="4GiB").kv_plan(smol) == plan
+    assert plan.sequence_tokens(4000) == 4000 and plan.sequence_tokens(4001) == 4016
+
+
+def test_a_sliding_window_model_holds_its_window_and_a_block_per_sequence():
+    """Window 4096 (Mistral 7B v0.1), blocks of 16: the next token reads 4095 back, 256 blocks, and writes in one
+    more. With a full layer among the sliding ones every block stays in some window."""
+    mistral = ModelConfig("mistral", 32000, 4096, 14336, 32, 32, 8, 128, sliding_window=4096)
+    plan = KVPlan.of(mistral, torch.bfloat16, parse_bytes("4GiB"), 16)
+    assert plan.window == 4096
+    assert (plan.sequence_tokens(1000), plan.sequence_tokens(4096), plan.sequence_tokens(32768)) == (1008, 4096, 4112)
+    mixed = dataclasses.replace(mistral, layer_types=["full_attention"] + ["sliding_attention"] * 31)
+    assert KVPlan.of(mixed, torch.bfloat16, parse_bytes("4GiB"), 16).sequence_tokens(32768) == 32768
 
 
 def test_keyed_settings_name_keys_and_read_the_quota_file(tmp_path):

@@ -379,11 +379,11 @@ def test_prefill_progress_is_reported_after_every_chunk_of_the_prompt(tiny_fcfs)
 
 @pytest.fixture(scope="module")
 def mistral(tmp_path_factory, one_thread):
-    """transformers' Mistral (the reference) and an engine on it: window 12, blocks of 4, so blocks fall out of
-    the window every few tokens; prompts chunked by 16."""
+    """transformers' Mistral (the reference) and zhuzi on it: window 12, blocks of 4, so blocks fall out of the
+    window every few tokens; prompts chunked by 16."""
     path = tmp_path_factory.mktemp("mistral") / "mistral"
     hf = tiny.build("mistral", path, sliding_window=12)
-    return hf, Engine(EngineConfig(model=str(path), dtype="float32", block_size=4, max_num_batched_tokens=16))
+    return hf, LLM(str(path), dtype="float32", block_size=4, max_num_batched_tokens=16)
 
 
 def transformers_greedy(hf, prompt: list[int], n: int) -> list[int]:
@@ -395,7 +395,7 @@ def transformers_greedy(hf, prompt: list[int], n: int) -> list[int]:
 def test_a_sliding_window_model_holds_only_its_window_and_changes_no_result(mistral):
     """Between steps a sequence at position p holds the blocks from p - 11 on: at most 4 blocks of 4, however
     long it grows (the KV plan's figure), prefilling in chunks beside other sequences or decoding."""
-    hf, engine = mistral
+    hf, engine = mistral[0], mistral[1].engine
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     prompts = {"long": list(range(3, 90, 2)), "short": [5, 17, 300, 42, 9], "mid": list(range(200, 230))}
     bound = engine.kv_plan.sequence_tokens(10 ** 6) // 4
@@ -415,20 +415,16 @@ def test_a_sliding_window_chat_computes_only_its_new_tokens_on_turn_two(mistral)
     """llama-server recomputes a sliding-window model's whole prompt each turn; here turn 2 finds every whole
     block of turn 1's prompt and reply (its window's blocks are still in the pool), and its tokens equal
     transformers' from scratch."""
-    hf, engine = mistral
+    hf, llm = mistral
     params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
     first = list(range(301, 345))
-    engine.add_request("turn-1", first, params)
-    reply = tokens_of(engine)["turn-1"]
+    reply = llm.generate([first], params)[0].outputs[0].token_ids
     second = first + reply + [7, 8, 9, 10, 11]
-    engine.add_request("turn-2", second, params)
-    outs = []
-    while engine.has_unfinished():
-        outs += engine.step()
+    out = llm.generate([second], params)[0]
     # turn 1 computed the K/V of its prompt and of its reply but the last token
-    assert outs[-1].num_cached_tokens == (len(first) + len(reply) - 1) // 4 * 4 > len(first)
-    assert [t for o in outs for c in o.outputs for t in c.token_ids] == transformers_greedy(hf, second, 20)
-    assert_all_blocks_free(engine)
+    assert out.num_cached_tokens == (len(first) + len(reply) - 1) // 4 * 4 > len(first)
+    assert out.outputs[0].token_ids == transformers_greedy(hf, second, 20)
+    assert_all_blocks_free(llm.engine)
 
 
 # -- Gemma 3 --------------------------------------------------------------------------------

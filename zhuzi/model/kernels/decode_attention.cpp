@@ -16,8 +16,8 @@ static int run(const void* q, const void* kc, const void* vc, const int64_t* slo
     if (lens[b] < 1 || lens[b] > W) { bad = 1; continue; }
     const int64_t begin = window > 0 ? std::max<int64_t>(0, lens[b] - window) : 0;
     attend<TQ, TKV, D>(static_cast<const TQ*>(q) + b * stride, static_cast<const TKV*>(kc),
-                       static_cast<const TKV*>(vc), slots + b * W + begin, lens[b] - begin, static_cast<TQ*>(out) + b * stride, 0, H,
-                       H, KV, nslots, scale, &bad);
+                       static_cast<const TKV*>(vc), slots + b * W + begin, lens[b] - begin,
+                       static_cast<TQ*>(out) + b * stride, 0, H, H, KV, nslots, scale, &bad);
   }
   return bad;
 }

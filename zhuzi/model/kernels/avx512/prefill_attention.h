@@ -37,7 +37,7 @@ static void item(const uint16_t* q, const uint16_t* kc, const uint16_t* vc, cons
   alignas(64) float lane_pos[Q];
   for (int i = 0; i < Q; ++i) lane_pos[i] = float(first + q0 + std::min(i, n - 1));
   const __m512 qpos = _mm512_load_ps(lane_pos);  // a lane sees keys qlow .. qpos
-  const __m512 qlow = window > 0 ? _mm512_sub_ps(qpos, _mm512_set1_ps(float(window - 1))) : _mm512_set1_ps(-INFINITY);
+  const __m512 qlow = _mm512_sub_ps(qpos, _mm512_set1_ps(window > 0 ? float(window - 1) : INFINITY));
   // keys [begin, end) are visible to some lane; each lane sees one in the first tile (Q <= T), so no max is -inf
   const int64_t end = first + q0 + n, begin = window > 0 ? std::max<int64_t>(0, first + q0 - window + 1) : 0;
   const int64_t kv_off = int64_t(h / G) * D;
