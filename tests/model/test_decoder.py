@@ -141,7 +141,6 @@ def test_mixed_sliding_and_full_layers_match_transformers(tmp_path):
     assert (full_logits(Decoder(ckpt.config, ckpt.tensors), PROMPTS[1]) - expected).abs().max() < 1e-3
 
 
-
 @pytest.fixture
 def phi3_pair(tiny_pair):
     if tiny_pair[0].config.model_type != "phi3":
