@@ -119,6 +119,8 @@ class FusedDecode:
 
     @classmethod
     def build(cls, decoder) -> FusedDecode | None:
+        if any(layer.moe is not None for layer in decoder.layers):  # the C++ step runs dense MLPs only
+            return None
         tensors = [decoder.norm] + [t for layer in decoder.layers for t in
                                     (layer.input_norm, layer.post_norm, layer.q_norm, layer.k_norm) if t is not None]
         if not isinstance(decoder.embed, BlockWeight):
