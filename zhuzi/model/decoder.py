@@ -242,7 +242,9 @@ class Decoder:
     def _dense_bytes(self) -> int:
         """Every matrix and norm but the experts (a sparse layer's MLP), one embedding row."""
         row = self.embed.nbytes // self.embed.shape[0]
-        norms = self.norm.nbytes + sum(layer.input_norm.nbytes + layer.post_norm.nbytes for layer in self.layers)
+        norms = self.norm.nbytes + sum(n.nbytes for layer in self.layers
+                                       for n in (layer.input_norm, layer.post_norm, layer.q_norm, layer.k_norm)
+                                       if n is not None)
         mats = sum(m.nbytes for layer in self.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down) if m)
         return row + norms + mats + self.lm_head.nbytes
 
