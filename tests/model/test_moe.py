@@ -8,8 +8,9 @@ from test_decoder import full_logits
 
 from zhuzi import LLM, SamplingParams
 from zhuzi.model.decoder import Decoder
-from zhuzi.model.linear import BlockLinear
+from zhuzi.model.linear import BlockLinear, Linear
 from zhuzi.model.loader import load_checkpoint
+from zhuzi.model.moe import MoE
 
 ARCHS = ["mixtral", "qwen2_moe", "qwen3_moe"]
 # As tiny.write_gguf writes them, so that the file and the directory are the same model.
@@ -134,3 +135,19 @@ def test_quantized_experts_stay_the_files_blocks(tmp_path):
         ours, expected = full_logits(model, ids).float(), full_logits(exact, ids)
         assert (ours - expected).abs().max() < 0.05 * expected.abs().max()
         assert (ours.argmax(-1) == expected.argmax(-1)).float().mean() > 0.9
+
+
+def test_a_sigmoid_router_scores_each_expert_on_its_own():
+    """A GGUF file's expert_gating_func 2: each expert's score is sigmoid(logit), not a share of a softmax; the top-k
+    scores are the weights, renormalized where the file says."""
+    torch.manual_seed(0)
+    x, router = torch.randn(5, 8), torch.randn(4, 8)
+    scores = torch.sigmoid(x @ router.T)
+    for normalize in (False, True):
+        moe = MoE(Linear(router), [], top_k=2, normalize=normalize, gating="sigmoid")
+        weights, ids = moe.route(x)
+        top = scores.topk(2, -1)
+        assert torch.equal(ids, top.indices)
+        expected = top.values / top.values.sum(-1, keepdim=True) if normalize else top.values
+        assert torch.allclose(weights, expected)
+        assert not torch.allclose(weights.sum(-1), torch.ones(5)) or normalize
