@@ -9,7 +9,7 @@ from test_decoder import full_logits
 from zhuzi import LLM, SamplingParams
 from zhuzi.model.decoder import Decoder
 from zhuzi.model.linear import BlockLinear, Linear
-from zhuzi.model.loader import load_checkpoint
+from zhuzi.model.loader import CheckpointError, gguf_weights, load_checkpoint, load_model_config
 from zhuzi.model.moe import MoE
 
 ARCHS = ["mixtral", "qwen2_moe", "qwen3_moe"]
@@ -47,6 +47,25 @@ def test_logits_match_transformers_from_the_directory_and_the_gguf(tiny_moe):
             with torch.no_grad():
                 expected = hf(torch.tensor([ids])).logits[0]
             assert (full_logits(ours, ids) - expected).abs().max() < 1e-3
+
+
+def test_the_config_counts_every_expert_and_a_tokens_active_ones(tiny_moe):
+    """num_parameters: every value of the file's matrices and norms (biases and q/k norms apart, as for the dense
+    families); active_parameters: less the two experts of each layer a token does not run."""
+    hf, _, path = tiny_moe
+    c = load_model_config(path)
+    values = sum(n for name, (_, _, n) in gguf_weights(path).items()
+                 if not name.endswith(".bias") and ".q_norm." not in name and ".k_norm." not in name)
+    assert c.num_parameters == values
+    assert c.active_parameters == values - c.num_layers * 2 * 3 * 64 * 32
+
+
+def test_a_file_without_an_experts_matrix_is_refused_by_name(tiny_moe, tmp_path):
+    hf, _, _ = tiny_moe
+    arch = hf.config.model_type
+    path = tiny.write_gguf(tmp_path / "cut.gguf", hf, arch, drop=("blk.1.ffn_up_exps.weight",))
+    with pytest.raises(CheckpointError, match=r"missing tensor model\.layers\.1\.mlp\.experts\.up_proj\.weight"):
+        load_checkpoint(path)
 
 
 def test_dense_layers_beside_sparse_ones(tmp_path):
