@@ -5,8 +5,8 @@ Qwen2-MoE adds a shared expert that every token runs, behind a sigmoid gate of i
 Rows are grouped by expert: each expert chosen in a step runs once, one matmul over the rows that chose it,
 and the experts no row chose are never read. So a decode step reads the router, the shared expert and only
 the chosen experts' weights; MoE.bytes_read counts them (the decoder's step_weight_bytes adds them up).
-A row's output is the same whatever rows are beside it: its experts' contributions are added in the same
-order (by expert id) alone or in a batch.
+Grouping adds nothing of its own to a row's arithmetic: its experts' contributions are added in the same order
+(by expert id) alone or in a batch, so batching changes a row's result no more than a dense layer's matmul does.
 """
 from __future__ import annotations
 
