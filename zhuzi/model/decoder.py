@@ -193,11 +193,12 @@ class Decoder:
         m, h = c.moe_intermediate_size, c.hidden_size
         experts = [mlp_of(expert("gate", e, m), expert("up", e, m), expert("down", e, h), s.expert)
                    for e in range(c.num_experts)]
-        shared = f"{mlp}.shared_expert"
+        shared: tuple[Expert | None, Linear | None] = (None, None)
+        if c.shared_expert_intermediate_size:
+            parts = (t[f"{mlp}.shared_expert.{n}_proj.weight"] for n in ("gate", "up", "down"))
+            shared = mlp_of(*parts, s.shared_expert), self._linear([t[f"{mlp}.shared_expert_gate.weight"]])
         return MoE(self._linear([t[f"{mlp}.gate.weight"]]), experts, c.num_experts_per_tok, c.norm_topk_prob,
-                   c.expert_gating,
-                   *((mlp_of(*(t[f"{shared}.{n}_proj.weight"] for n in ("gate", "up", "down")), s.shared_expert),
-                      self._linear([t[f"{shared}_gate.weight"]])) if c.shared_expert_intermediate_size else ()))
+                   c.expert_gating, *shared)
 
     def _quantize(self, layer_format: str, head_format: str) -> None:
         """Store every matrix in its quantized format (linear.py picks the path that runs it)."""
