@@ -6,6 +6,7 @@ import sys
 
 import gguf
 import pytest
+import tiny
 
 from zhuzi.model import native
 from zhuzi.model.model_config import FAMILIES
@@ -41,6 +42,20 @@ def test_plan_prints_the_weight_and_kv_arithmetic():
     assert "weights: 96,506,496 bytes (92 MiB) in memory: the file's blocks (Q4_1 63.3 MiB, Q8_0 28.7 MiB" in out.stdout
     assert "4 x 4,096-token sequences: KV 377,487,360 bytes (360 MiB), with the weights 473,993,856" in out.stdout
     assert "weight bytes one decode step reads: 96,506,496" in out.stdout
+
+
+def test_plan_of_a_mixture_of_experts_counts_the_experts_a_step_reads(tmp_path):
+    """A GGUF file of 4 experts, top-2: a step reads every weight but the unread embedding rows and two experts of
+    each layer (float32 values held as bf16)."""
+    hf = tiny.build("qwen3_moe", tmp_path)
+    path = tiny.write_gguf(tmp_path / "moe.gguf", hf, "qwen3_moe")
+    out = zhuzi("plan", "--model", str(path))
+    assert out.returncode == 0, out.stderr
+    values = sum(t.numel() for t in hf.state_dict().values())
+    step = 2 * (values - (1000 - 1) * 64 - 2 * 2 * 3 * 64 * 32)
+    assert f"weights: {2 * values:,} bytes" in out.stdout
+    assert f"weight bytes one decode step reads: {step:,}" in out.stdout
+    assert "M active: top-2 of 4 experts" in out.stdout
 
 
 def test_plan_of_dense_weights():

@@ -19,6 +19,14 @@ from zhuzi.tokenizer import Tokenizer
 CLASSES = {"llama": transformers.LlamaForCausalLM, "qwen2": transformers.Qwen2ForCausalLM,
            "qwen3": transformers.Qwen3ForCausalLM, "mistral": transformers.MistralForCausalLM,
            "phi3": transformers.Phi3ForCausalLM, "gemma3": transformers.Gemma3ForCausalLM}
+# Mixture-of-Experts: 4 experts, top-2 (Qwen3-MoE renormalizes its top-k as the released models do)
+CLASSES |= {"mixtral": transformers.MixtralForCausalLM, "qwen2_moe": transformers.Qwen2MoeForCausalLM,
+            "qwen3_moe": transformers.Qwen3MoeForCausalLM}
+MOE = {"mixtral": dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=32),
+       "qwen2_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                         shared_expert_intermediate_size=48),
+       "qwen3_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True)}
+GGUF_ARCH = {"mixtral": "llama", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe"}  # llama.cpp's names
 VOCAB = 1000
 # Gemma 3 as llama.cpp's converter can write it (query_pre_attn_scalar = head_dim, no soft-capping) and as
 # write_gguf's metadata says (its RoPE base and epsilon); 6 layers: five local, one global, llama.cpp's pattern.
@@ -34,7 +42,7 @@ def build(arch: str, directory: Path, layers: int = 2, vocab_size: int = VOCAB,
                  max_position_embeddings=4096, rope_theta=10000.0)
     if arch == "phi3":  # Phi3Config's default pad id (32000) is outside a tiny vocabulary
         shape |= {"pad_token_id": None}
-    family = GEMMA3 if arch == "gemma3" else {}
+    family = GEMMA3 if arch == "gemma3" else MOE.get(arch, {})
     config = cls.config_class(**(shape | family | copy.deepcopy(overrides)))  # transformers edits rope dicts in place
     torch.manual_seed(0)
     model = cls(config).eval()
@@ -56,6 +64,22 @@ def reference_tensors(model: transformers.PreTrainedModel) -> dict[str, torch.Te
     return tensors
 
 
+def converter_tensors(model: transformers.PreTrainedModel) -> dict[str, torch.Tensor]:
+    """What llama.cpp's converter maps to GGUF names: each sparse layer's experts stacked per matrix
+    ([experts, rows, columns], under the names gguf maps to ffn_*_exps); transformers holds gate and up as one."""
+    tensors = {}
+    for name, tensor in reference_tensors(model).items():
+        if name.endswith("experts.gate_up_proj"):
+            gate, up = tensor.chunk(2, 1)
+            tensors |= {name.replace("gate_up_proj", "gate_proj.weight"): gate,
+                        name.replace("gate_up_proj", "up_proj.weight"): up}
+        elif name.endswith("experts.down_proj"):
+            tensors[name + ".weight"] = tensor
+        else:
+            tensors[name] = tensor
+    return tensors
+
+
 def llama_cpp_permute(weight: np.ndarray, heads: int) -> np.ndarray:
     """What llama.cpp's converter does to Q/K rows (pairs for its RoPE); the model rotates them as they are."""
     return weight.reshape(heads, 2, -1, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
@@ -73,6 +97,7 @@ def write_gguf(path: Path, model, arch: str, raw: RawTensors | None = None, drop
     converter writes it, as "llama" without its window; sliding_window (and which layers slide) adds the keys
     llama.cpp's converters write for the families whose window they keep."""
     cfg = model.config
+    arch = GGUF_ARCH.get(arch, arch)
     writer = gguf.GGUFWriter(path, arch)
     if arch == "gemma3":  # what llama.cpp's converter adds for Gemma 3
         writer.add_key_length(cfg.head_dim)
@@ -89,10 +114,17 @@ def write_gguf(path: Path, model, arch: str, raw: RawTensors | None = None, drop
         writer.add_sliding_window(sliding_window)
     if sliding_window_pattern is not None:
         writer.add_sliding_window_pattern(sliding_window_pattern)
-    if arch == "qwen3":
-        writer.add_key_length(cfg.head_dim)
+    if arch in ("qwen3", "qwen3moe"):
+        writer.add_key_length(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
     if arch == "phi3":
         _phi3_metadata(writer, cfg)
+    if experts := getattr(cfg, "num_local_experts", None) or getattr(cfg, "num_experts", None):
+        writer.add_expert_count(experts)
+        writer.add_expert_used_count(cfg.num_experts_per_tok)
+        if arch != "llama":  # Qwen's converter: the experts' width, and the shared expert's where there is one
+            writer.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+        if getattr(cfg, "shared_expert_intermediate_size", None):
+            writer.add_expert_shared_feed_forward_length(cfg.shared_expert_intermediate_size)
     writer.add_token_list([f"t{i}" for i in range(cfg.vocab_size)])  # no vocab_size key: from the list
     writer.add_uint32("tokenizer.ggml.bos_token_id", 1)
     writer.add_eos_token_id(2)
@@ -100,7 +132,7 @@ def write_gguf(path: Path, model, arch: str, raw: RawTensors | None = None, drop
     arch_id = next(key for key, name in gguf.MODEL_ARCH_NAMES.items() if name == arch)
     names = gguf.get_tensor_name_map(arch_id, cfg.num_hidden_layers)
     heads = {"q_proj": cfg.num_attention_heads, "k_proj": cfg.num_key_value_heads}
-    for hf_name, tensor in reference_tensors(model).items():
+    for hf_name, tensor in converter_tensors(model).items():
         name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         array = tensor.numpy()
         if arch == "llama" and hf_name.split(".")[-2] in heads:

@@ -142,7 +142,9 @@ def cmd_plan(args: argparse.Namespace) -> None:
     per_seq = plan.sequence_tokens(args.context) * plan.bytes_per_token
     kv = per_seq * args.sequences
     print(f"model: {c.architecture}, {c.num_layers} layers, {c.num_kv_heads} KV heads x {c.head_dim} dims, "
-          f"{c.num_parameters / 1e6:.1f} M parameters, weights {fmt or 'dense'}")
+          f"{c.num_parameters / 1e6:.1f} M parameters" + (f" ({c.active_parameters / 1e6:.1f} M active: top-"
+                                                          f"{c.num_experts_per_tok} of {c.num_experts} experts)"
+                                                          if c.num_experts else "") + f", weights {fmt or 'dense'}")
     print(f"dtype {config.dtype}: {precision}; {precision.reason}; CPU kernels {native.resolve(config.cpu_kernels)}")
     print(f"weights: {resident:,} bytes ({resident / 2**20:.0f} MiB) in memory: {parts}")
     print(f"KV bytes per token: 2 x {c.num_layers} layers x {c.num_kv_heads} kv_heads x {c.head_dim} head_dim "
@@ -165,12 +167,15 @@ def _weight_plan(c, fmt: str | None, value_bytes: int,
     embed, head = c.vocab_size * c.hidden_size, c.vocab_size * c.hidden_size
     if fmt == "gguf":  # the file's blocks as they are; float tensors in the compute dtype
         by_type: dict[str, int] = {}
-        for qtype, nbytes, count in tensors.values():
-            by_type[qtype] = by_type.get(qtype, 0) + (count * value_bytes if qtype in ("F32", "F16", "BF16")
-                                                      else nbytes)
+        sizes = {name: count * value_bytes if qtype in ("F32", "F16", "BF16") else nbytes
+                 for name, (qtype, nbytes, count) in tensors.items()}
+        for name, (qtype, _, _) in tensors.items():
+            by_type[qtype] = by_type.get(qtype, 0) + sizes[name]
         resident = sum(by_type.values())
-        qtype, nbytes, _ = tensors["model.embed_tokens.weight"]
-        unread = 0 if c.tie_word_embeddings else nbytes - nbytes // c.vocab_size
+        embed = sizes["model.embed_tokens.weight"]
+        unread = 0 if c.tie_word_embeddings else embed - embed // c.vocab_size
+        experts = sum(size for name, size in sizes.items() if ".mlp.experts." in name)  # a step reads top-k
+        unread += experts * (c.num_experts - c.num_experts_per_tok) // max(c.num_experts, 1)
         parts = ", ".join(f"{t} {n / 2**20:.1f} MiB" for t, n in sorted(by_type.items(), key=lambda x: -x[1]))
         return resident, resident - unread, f"the file's blocks ({parts})"
     # int8: a byte a weight (+ an int8 LM head); int4: Q4_1 blocks (20 bytes per 32) and a Q8_0 LM head (34 per

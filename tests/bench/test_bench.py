@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import tiny
 
-from zhuzi.bench import collectives, kv
+from zhuzi.bench import collectives, decode, kv
 from zhuzi.bench.client import chunk_content
 from zhuzi.bench.datasets import (
     input_grounded_chats,
@@ -127,6 +127,21 @@ def test_decode_reports_speed_and_share_of_roofline(quantization, tmp_path, caps
     assert "% of roofline" in capsys.readouterr().out
     assert json.loads(out.read_text())["roofline_fraction"] == pytest.approx(report.roofline_fraction)
     assert report.machine.endswith(f", {native.resolve(native.default_choice())} kernels")  # the variant that ran
+
+
+def test_decode_of_a_mixture_of_experts_has_its_roofline_on_the_active_parameters(tmp_path, capsys, monkeypatch):
+    """Top-2 of 4 experts: a step reads the dense part and two experts a layer, not all four."""
+    tiny.build("qwen3_moe", tmp_path)
+    monkeypatch.setattr(decode, "BANDWIDTH_BUFFER_BYTES", 64 << 20)  # the figure is not checked here: a short read
+    report = run_tool(["bench", "decode", "--model", str(tmp_path), "--dtype", "float32", "--prompt-len", "8",
+                       "--max-tokens", "4", "--runs", "1", "--bandwidth-repeats", "1"])
+    config = load_model_config(tmp_path)
+    active, total = report.parameters
+    assert report.experts == (2, 4) and (active, total) == (config.active_parameters, config.num_parameters)
+    assert total - active == 2 * 2 * 3 * 64 * 32  # two layers' two unread experts
+    assert report.weight_bytes_per_step == pytest.approx(config.decode_weight_bytes(4), rel=0.01)  # float32
+    assert report.roofline_tokens_per_s == pytest.approx(report.bandwidth_bytes_per_s / report.weight_bytes_per_step)
+    assert "top-2 of 4 experts a sparse layer" in capsys.readouterr().out
 
 
 def test_decode_compares_speculation_with_none_on_grounded_prompts(tmp_path, capsys):

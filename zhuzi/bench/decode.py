@@ -3,6 +3,8 @@ and, with --compare llama.cpp, against llama-bench on the same GGUF with the sam
 
 A decode step at batch 1 reads every weight once, so its speed is capped by
 memory bandwidth: roofline tokens/s = bandwidth / weight bytes read per step.
+A Mixture-of-Experts step reads its token's top-k experts only: the roofline is
+on the active parameters (the bytes the model counts as it runs them).
 The bandwidth is measured in the same process, with the same threads, as the
 best of several read-only sums over a buffer much larger than the caches.
 Decode tokens/s count the whole step loop (scheduler, model, sampler,
@@ -96,6 +98,8 @@ class DecodeReport:
     load: tuple[float, float]  # 1-minute load average at the start and at the end
     decode_rounds: list[float]  # decode tokens/s of each measured run
     llama_cpp: LlamaCppDecode | None = None
+    parameters: tuple[int, int] = (0, 0)  # (active, total): a Mixture-of-Experts step runs the top-k experts only
+    experts: tuple[int, int] | None = None  # (top-k, experts) of a sparse model
 
     @property
     def prefill_tokens_per_s(self) -> float:
@@ -171,6 +175,7 @@ def run(args: argparse.Namespace) -> DecodeReport | SpecDecodeReport:
             *tests, command = llama_bench(tool, gguf, torch.get_num_threads(), len(request.prompt_token_ids),
                                           len(output.outputs[0].token_ids), 1)
             peer_rounds.append(tuple(tests))
+    c = llm.model_config
     report = DecodeReport(
         machine=machine_line(native.current()), model=model_label(args.model),
         dtype=args.dtype, quantization=llm.engine.weight_format, threads=torch.get_num_threads(),
@@ -178,7 +183,9 @@ def run(args: argparse.Namespace) -> DecodeReport | SpecDecodeReport:
         prefill_s=prefill_s, decode_step_s=1 / max(rounds),
         bandwidth_bytes_per_s=measure_read_bandwidth(args.device, BANDWIDTH_BUFFER_BYTES, args.bandwidth_repeats),
         weight_bytes_per_step=llm.weight_bytes_per_decode_step, model_step_s=model_s, load=(load_at_start, 0.0),
-        decode_rounds=rounds, llama_cpp=LlamaCppDecode(command, peer_rounds) if tool else None)
+        decode_rounds=rounds, llama_cpp=LlamaCppDecode(command, peer_rounds) if tool else None,
+        parameters=(c.active_parameters, c.num_parameters),
+        experts=(c.num_experts_per_tok, c.num_experts) if c.num_experts else None)
     report.load = (load_at_start, load_average())
     print(format_report(report, args))
     return save_report(report, args.json_out)
@@ -198,7 +205,9 @@ def format_report(r: DecodeReport, args: argparse.Namespace) -> str:
         f"step loop; the model runner's part {r.model_step_s * 1e3:.2f} ms)",
         f"bandwidth:  {r.bandwidth_bytes_per_s / 1e9:10.1f} GB/s    (read-only sum over "
         f"{BANDWIDTH_BUFFER_BYTES >> 20} MiB fp32, best of {args.bandwidth_repeats})",
-        f"weights:    {r.weight_bytes_per_step / 1e6:10.1f} MB a decode step",
+        f"weights:    {r.weight_bytes_per_step / 1e6:10.1f} MB a decode step" + (
+            f" (the active parameters, {r.parameters[0] / 1e6:.1f} M of {r.parameters[1] / 1e6:.1f} M: "
+            f"top-{r.experts[0]} of {r.experts[1]} experts a sparse layer)" if r.experts else ""),
         f"roofline:   {r.roofline_tokens_per_s:10.1f} tokens/s  -> decode at "
         f"{100 * r.roofline_fraction:.1f} % of roofline",
         f"overhead:   {r.step_overhead_s * 1e3:10.2f} ms a step beside reading the weights at that bandwidth",

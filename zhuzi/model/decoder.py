@@ -23,6 +23,7 @@ from zhuzi.model.fused import FusedDecode
 from zhuzi.model.layers import Rotary, offset_rms_norm, rms_norm
 from zhuzi.model.linear import FORMATS, QUANTIZATIONS, Linear, TiledLinear, block_linear, make_linear
 from zhuzi.model.model_config import ModelConfig
+from zhuzi.model.moe import Expert, MoE, gated_mlp
 from zhuzi.model.parallel import Shard, TPGroup, head_rows
 from zhuzi.model.smooth import smooth
 
@@ -77,11 +78,18 @@ class Layer:
     k_norm: torch.Tensor | None
     o: Linear
     post_norm: torch.Tensor
-    gate_up: Linear
-    down: Linear
+    gate_up: Linear | None  # None in a sparse layer, whose MLP is moe
+    down: Linear | None
     window: int | None = None  # sliding-window attention: tokens seen (ModelConfig.window)
     attn_out_norm: torch.Tensor | None = None  # Gemma's norms on attention's and the MLP's outputs
     mlp_out_norm: torch.Tensor | None = None
+    moe: MoE | None = None
+
+    @property
+    def matrices(self) -> list[tuple[object, str]]:
+        """(holder, attribute) of each of the layer's matrices: attention's, then its MLP's or every expert's."""
+        mlps = [self] if self.moe is None else self.moe.mlps
+        return [(self, "qkv"), (self, "o")] + [(mlp, part) for mlp in mlps for part in ("gate_up", "down")]
 
 
 class Decoder:
@@ -128,7 +136,7 @@ class Decoder:
         self.num_heads, self.num_kv_heads = len(self.shard.q_heads), len(self.shard.kv_heads)
         self.q_size = self.num_heads * config.head_dim
         self.kv_size = self.num_kv_heads * config.head_dim
-        if quantization == "int8" and calibration and not tp:
+        if quantization == "int8" and calibration and not tp and not config.num_experts:
             smooth(self, calibration)
         if quantization in FORMATS:
             self._quantize(*FORMATS[quantization])
@@ -149,8 +157,8 @@ class Decoder:
         if not fixed_order_available() or cpu_attention._kernel() is None:
             raise ValueError("deterministic mode needs zhuzi's CPU kernels, which could not be built here "
                              "(is a C++ compiler installed? see the log)")
-        for linear in [self.lm_head] + [m for layer in self.layers for m in (layer.qkv, layer.o, layer.gate_up,
-                                                                            layer.down)]:
+        routers = [m for layer in self.layers if layer.moe for m in (layer.moe.router, layer.moe.shared_gate) if m]
+        for linear in [self.lm_head] + routers + [getattr(h, p) for layer in self.layers for h, p in layer.matrices]:
             linear.fixed_order = True  # block layers are fixed-order by design
 
     def _dense(self, w: Weight) -> torch.Tensor:
@@ -181,8 +189,9 @@ class Decoder:
         heads = {"q": s.q_heads, "k": s.kv_heads, "v": s.kv_heads}
         qkv = [head_rows(t[f"{attn}.{n}_proj.weight"], heads[n], d) for n in "qkv"]
         bias = [head_rows(t[f"{attn}.{n}_proj.bias"], heads[n], d) for n in "qkv" if f"{attn}.{n}_proj.bias" in t]
-        gate_up = [head_rows(t[f"{mlp}.{n}_proj.weight"], s.mlp, 1) for n in ("gate", "up")]
-        o, down = t[f"{attn}.o_proj.weight"], t[f"{mlp}.down_proj.weight"]
+        sparse = self.config.is_moe_layer(int(p.rsplit(".", 1)[1]))
+        gate_up = [] if sparse else [head_rows(t[f"{mlp}.{n}_proj.weight"], s.mlp, 1) for n in ("gate", "up")]
+        o, down = t[f"{attn}.o_proj.weight"], t.get(f"{mlp}.down_proj.weight")
         return Layer(
             input_norm=t[f"{p}.input_layernorm.weight"],
             qkv=self._linear(qkv, torch.cat(bias) if bias else None),
@@ -191,18 +200,41 @@ class Decoder:
             o=self._linear([_columns(o, range(s.q_heads.start * d, s.q_heads.stop * d))]),
             post_norm=t[f"{p}.pre_feedforward_layernorm.weight" if self.config.sandwich_norms
                         else f"{p}.post_attention_layernorm.weight"],
-            gate_up=self._linear(gate_up),
-            down=self._linear([_columns(down, s.mlp)]),
+            gate_up=None if sparse else self._linear(gate_up),
+            down=None if sparse else self._linear([_columns(down, s.mlp)]),
+            moe=self._moe(t, mlp) if sparse else None,
             attn_out_norm=t[f"{p}.post_attention_layernorm.weight"] if self.config.sandwich_norms else None,
             mlp_out_norm=t.get(f"{p}.post_feedforward_layernorm.weight"),
         )
 
+    def _moe(self, t: dict[str, Weight], mlp: str) -> MoE:
+        """A sparse layer's router and experts. An expert is its rows of the stacked matrices (a view, of a GGUF
+        file's blocks too); with tensor parallelism, this rank's slice of each expert's width."""
+        c, s = self.config, self.shard
+
+        def mlp_of(gate: Weight, up: Weight, down: Weight, width: range) -> Expert:
+            return Expert(self._linear([head_rows(gate, width, 1), head_rows(up, width, 1)]),
+                          self._linear([_columns(down, width)]))
+
+        def expert(name: str, e: int, rows: int) -> Weight:
+            return t[f"{mlp}.experts.{name}_proj.weight"][e * rows:(e + 1) * rows]
+
+        m, h = c.moe_intermediate_size, c.hidden_size
+        experts = [mlp_of(expert("gate", e, m), expert("up", e, m), expert("down", e, h), s.expert)
+                   for e in range(c.num_experts)]
+        shared: tuple[Expert | None, Linear | None] = (None, None)
+        if c.shared_expert_intermediate_size:
+            parts = (t[f"{mlp}.shared_expert.{n}_proj.weight"] for n in ("gate", "up", "down"))
+            shared = mlp_of(*parts, s.shared_expert), self._linear([t[f"{mlp}.shared_expert_gate.weight"]])
+        return MoE(self._linear([t[f"{mlp}.gate.weight"]]), experts, c.num_experts_per_tok, c.norm_topk_prob,
+                   c.expert_gating, *shared)
+
     def _quantize(self, layer_format: str, head_format: str) -> None:
         """Store every matrix in its quantized format (linear.py picks the path that runs it)."""
         for layer in self.layers:
-            for part in ("qkv", "o", "gate_up", "down"):
-                dense = getattr(layer, part)
-                setattr(layer, part, make_linear(dense.weight, self._bias(dense.bias), layer_format, self.kv_dtype))
+            for holder, part in layer.matrices:
+                dense = getattr(holder, part)
+                setattr(holder, part, make_linear(dense.weight, self._bias(dense.bias), layer_format, self.kv_dtype))
         self.lm_head = make_linear(self.lm_head.weight, None, head_format, self.kv_dtype)
 
     def kernel_paths(self) -> dict[str, str]:
@@ -214,7 +246,7 @@ class Decoder:
         x, c = torch.zeros(1, 2, 64, dtype=self.dtype), self.config
         pool = torch.zeros(4, 1, 64, dtype=self.kv_dtype)
         slots, lens = torch.zeros(1, 1, dtype=torch.long), torch.ones(1, dtype=torch.long)
-        layer = self.layers[0].gate_up
+        layer = getattr(*self.layers[0].matrices[2])  # the first MLP's (or expert's) gate/up
         served = {
             "decode_matmul": isinstance(layer, TiledLinear)
             or layer._kernel(torch.zeros(1, c.hidden_size, dtype=self.dtype)) is not None,
@@ -229,11 +261,24 @@ class Decoder:
 
     @property
     def weight_bytes_per_decode_step(self) -> int:
-        """Bytes of weights one decode step reads: every matrix and norm, one embedding row."""
+        """Bytes of weights one decode step of one sequence reads: every matrix and norm (of a sparse layer,
+        the router, top-k experts and the shared expert: the active parameters), one embedding row."""
+        return self._dense_bytes + sum(layer.moe.active_bytes for layer in self.layers if layer.moe)
+
+    @property
+    def step_weight_bytes(self) -> int:
+        """Bytes of weights the last forward pass read, counting only the experts its rows ran (and one
+        embedding row): a decode step of one sequence reads weight_bytes_per_decode_step."""
+        return self._dense_bytes + sum(layer.moe.bytes_read for layer in self.layers if layer.moe)
+
+    @property
+    def _dense_bytes(self) -> int:
+        """Every matrix and norm but the experts (a sparse layer's MLP), one embedding row."""
         row = self.embed.nbytes // self.embed.shape[0]
         norms = self.norm.nbytes + sum(n.nbytes for layer in self.layers for n in (
-            layer.input_norm, layer.post_norm, layer.attn_out_norm, layer.mlp_out_norm) if n is not None)
-        mats = sum(m.nbytes for layer in self.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down))
+            layer.input_norm, layer.post_norm, layer.q_norm, layer.k_norm, layer.attn_out_norm, layer.mlp_out_norm)
+            if n is not None)
+        mats = sum(m.nbytes for layer in self.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down) if m)
         return row + norms + mats + self.lm_head.nbytes
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
@@ -265,8 +310,8 @@ class Decoder:
             attn = paged_attention(q, k, v, cache[0], cache[1], meta, self.tiled_prefill, layer.window)
             h = h + self._out_norm(self._sum(layer.o(attn.view(-1, self.q_size))), layer.attn_out_norm)
             x = self._norm(h, layer.post_norm)
-            gate, up = layer.gate_up(x).chunk(2, -1)
-            h = h + self._out_norm(self._sum(layer.down(self._act(gate) * up)), layer.mlp_out_norm)
+            mlp = layer.moe(x) if layer.moe is not None else gated_mlp(layer.gate_up, layer.down, x, self._act)
+            h = h + self._out_norm(self._sum(mlp), layer.mlp_out_norm)
             if tap is not None:
                 tap.residuals.append(h[tap.rows])
         return self.final_norm(h)

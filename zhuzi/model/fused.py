@@ -123,6 +123,8 @@ class FusedDecode:
         """Why the kernel does not compute this model's step (it runs the llama/qwen layer shape only)."""
         if config.sliding_window is not None:
             return "sliding-window attention"
+        if config.num_experts:
+            return "experts"  # the C++ step runs dense MLPs only
         return None if config.architecture in ARCHITECTURES else f"{config.architecture} layers"
 
     @classmethod

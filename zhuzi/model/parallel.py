@@ -40,6 +40,8 @@ class Shard:
     kv_heads: range
     mlp: range
     vocab: range
+    expert: range = range(0)  # of each routed expert's width (every rank a slice of every expert)
+    shared_expert: range = range(0)
 
     @classmethod
     def of(cls, c: ModelConfig, rank: int = 0, world_size: int = 1) -> Shard:
@@ -48,7 +50,8 @@ class Shard:
         kv = split(c.num_kv_heads, world_size, rank)
         group = c.num_heads // c.num_kv_heads
         return cls(range(kv.start * group, kv.stop * group), kv, split(c.intermediate_size, world_size, rank),
-                   split(c.vocab_size, world_size, rank))
+                   split(c.vocab_size, world_size, rank), split(c.moe_intermediate_size, world_size, rank),
+                   split(c.shared_expert_intermediate_size, world_size, rank))
 
 
 def head_rows(w: torch.Tensor, heads: range, head_dim: int) -> torch.Tensor:

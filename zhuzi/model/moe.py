@@ -1,0 +1,91 @@
+"""A sparse layer's MLP (decoder -> Mixture-of-Experts, Mixtral / Qwen2-MoE / Qwen3-MoE): a router scores the
+experts for each token, the token runs its top-k SwiGLU experts and sums their outputs weighted by the gate;
+Qwen2-MoE adds a shared expert that every token runs, behind a sigmoid gate of its own.
+
+Rows are grouped by expert: each expert chosen in a step runs once, one matmul over the rows that chose it,
+and the experts no row chose are never read. So a decode step reads the router, the shared expert and only
+the chosen experts' weights; MoE.bytes_read counts them (the decoder's step_weight_bytes adds them up).
+Grouping adds nothing of its own to a row's arithmetic: its experts' contributions are added in the same order
+(by expert id) alone or in a batch, so batching changes a row's result no more than a dense layer's matmul does.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from zhuzi.model.linear import Linear
+
+
+def gated_mlp(gate_up: Linear, down: Linear, x: torch.Tensor,
+              act: Callable[[torch.Tensor], torch.Tensor] = F.silu) -> torch.Tensor:
+    """down(act(gate x) * up x), gate and up in one matmul: a dense layer's MLP (SwiGLU, or Gemma's GELU-tanh)
+    and each expert."""
+    gate, up = gate_up(x).chunk(2, -1)
+    return down(act(gate) * up)
+
+
+@dataclass
+class Expert:
+    gate_up: Linear
+    down: Linear
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return gated_mlp(self.gate_up, self.down, x)
+
+    @property
+    def nbytes(self) -> int:
+        return self.gate_up.nbytes + self.down.nbytes
+
+
+@dataclass
+class MoE:
+    router: Linear  # [experts, hidden]: one logit per expert
+    experts: list[Expert]
+    top_k: int
+    normalize: bool  # the top-k gate weights renormalized to sum to 1 (Mixtral, Qwen3-MoE; not Qwen2-MoE)
+    gating: str = "softmax"  # router logits -> scores: "softmax" over the experts, or each one's "sigmoid"
+    shared: Expert | None = None
+    shared_gate: Linear | None = None  # [1, hidden]: sigmoid(x . w) scales the shared expert's output
+    bytes_read: int = 0  # weight bytes of the last call: the router, the experts it ran, the shared expert
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """([rows, k] gate weights in x's dtype, [rows, k] expert ids) of each row's top-k experts. Scores and
+        their renormalization in float32, as transformers computes them."""
+        logits = self.router(x).float()
+        scores = logits.softmax(-1) if self.gating == "softmax" else logits.sigmoid()
+        weights, ids = scores.topk(self.top_k, -1)
+        if self.normalize:
+            weights = weights / weights.sum(-1, keepdim=True)
+        return weights.to(x.dtype), ids
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        weights, ids = self.route(x)
+        out = torch.zeros_like(x)
+        # One stable sort groups the (row, slot) pairs by expert, rows ascending within each group.
+        order = ids.flatten().argsort(stable=True)
+        counts = torch.bincount(ids.flatten(), minlength=len(self.experts)).tolist()
+        self.bytes_read = self.router.nbytes
+        for expert, group in zip(self.experts, order.split(counts)):
+            if len(group):
+                rows = group // self.top_k
+                out.index_add_(0, rows, expert(x[rows]) * weights.flatten()[group, None])
+                self.bytes_read += expert.nbytes
+        if self.shared is not None:
+            out += torch.sigmoid(self.shared_gate(x)) * self.shared(x)
+            self.bytes_read += self.shared.nbytes + self.shared_gate.nbytes
+        return out
+
+    @property
+    def active_bytes(self) -> int:
+        """Weight bytes one token reads: the router, its top-k experts (all experts are the same size), the
+        shared expert."""
+        shared = self.shared.nbytes + self.shared_gate.nbytes if self.shared is not None else 0
+        return self.router.nbytes + self.top_k * self.experts[0].nbytes + shared
+
+    @property
+    def mlps(self) -> list[Expert]:
+        """Every SwiGLU of the layer: the routed experts, then the shared one."""
+        return self.experts + ([self.shared] if self.shared is not None else [])
