@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test test-models install clean
+.PHONY: serve test test-models test-webui install clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -46,6 +46,25 @@ test: $(STAMP)
 test-models: $(STAMP)
 	$(BIN)/python -m tests.real_models
 	$(BIN)/python -m pytest -q -m models tests
+
+# Open WebUI in a real browser (tests/webui): Open WebUI pins its own versions of much of what zhuzi uses, so it
+# gets a venv of its own, in zhuzi's cache (every clone shares it), on the Python of zhuzi's venv (Open WebUI wants
+# 3.11 or 3.12: WEBUI_PY=python3.12 where python3 is newer). torch first, the build zhuzi's venv has: what Open
+# WebUI pulls (sentence-transformers, accelerate) then finds it there and adds no CUDA build of its own.
+WEBUI_VERSION := 0.12.4
+WEBUI_VENV := $(or $(ZHUZI_CACHE),$(HOME)/.cache/zhuzi)/open-webui-$(WEBUI_VERSION)
+WEBUI_PY ?= $(PY)
+
+$(WEBUI_VENV)/.installed:
+	test -x $(WEBUI_VENV)/bin/python || $(WEBUI_PY) -m venv $(WEBUI_VENV)
+	$(WEBUI_VENV)/bin/pip install -q --upgrade pip
+	$(WEBUI_VENV)/bin/pip install -q --no-compile torch==2.13.0
+	$(WEBUI_VENV)/bin/pip install -q --no-compile open-webui==$(WEBUI_VERSION)
+	touch $@
+
+test-webui: $(STAMP) $(WEBUI_VENV)/.installed
+	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)
+	OPEN_WEBUI=$(WEBUI_VENV)/bin/open-webui $(BIN)/python -m pytest -q -m webui tests/webui
 
 clean:
 	rm -rf $(VENV)

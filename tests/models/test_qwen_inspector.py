@@ -10,16 +10,9 @@ import pytest
 from playwright.sync_api import Page, expect, sync_playwright
 from server.inspector import Inspector, launch
 from server.inspector_trip import check, walk
-from server.server_process import ServerProcess, running_server
+from server.server_process import ServerProcess
 
 pytestmark = pytest.mark.models
-
-
-@pytest.fixture(scope="module")
-def qwen_server(qwen_small, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    with running_server(tmp_path_factory.mktemp("qwen") / "server.log", str(qwen_small), "--max-model-len", "4096",
-                        "--kv-cache-memory", "256MiB") as server:
-        yield server
 
 
 @pytest.fixture

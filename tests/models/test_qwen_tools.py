@@ -7,7 +7,6 @@ import json
 import jsonschema
 import openai
 import pytest
-from server.server_process import running_server
 
 pytestmark = pytest.mark.models
 
@@ -19,10 +18,8 @@ QUESTION = [{"role": "user", "content": "What's the weather like in Paris right 
 
 
 @pytest.fixture(scope="module")
-def client(qwen_small, tmp_path_factory):
-    with running_server(tmp_path_factory.mktemp("qwen") / "server.log", str(qwen_small), "--max-model-len",
-                        "4096") as server:
-        yield openai.OpenAI(api_key="none", base_url=server.api, max_retries=0, timeout=600)
+def client(qwen_server):
+    return openai.OpenAI(api_key="none", base_url=qwen_server.api, max_retries=0, timeout=600)
 
 
 def ask(client: openai.OpenAI, messages: list, **extra):
