@@ -62,8 +62,10 @@ const bool DTYPES[][2] = {{false, false}, {true, true}, {false, true}};
 
 }  // namespace
 
+// window > 0: a sliding window's last `window` tokens of each row (0: all of them).
 TEST(decode_attention_matches_float64) {
   for (auto [q_bf16, kv_bf16] : DTYPES)
+    for (int64_t window : {0, 7})
     for (auto [H, KV, D] : {std::tuple<int, int, int>{4, 4, 32}, {9, 3, 64}, {8, 2, 128}, {2, 1, 96}}) {
       check::Rng g(H * D + q_bf16 + 2 * kv_bf16);
       const int64_t B = 5, W = 40, live = 3 * W;
@@ -77,17 +79,18 @@ TEST(decode_attention_matches_float64) {
       const int status = zhuzi_decode_attention(q_bf16, kv_bf16, q.data(q_bf16), pool.keys(kv_bf16),
                                                 pool.values(kv_bf16), slots.data(), lens.data(),
                                                 q_bf16 ? (void*)out16.data() : out32.data(), B, W, H, KV, D,
-                                                pool.slots, scale, 2);
+                                                pool.slots, scale, window, 2);
       CHECK(status == 0, "status %d", status);
       for (int64_t b = 0; b < B; ++b) {
-        const std::vector<int64_t> rows(slots.begin() + b * W, slots.begin() + b * W + lens[b]);
+        const int64_t first = window > 0 ? std::max<int64_t>(0, lens[b] - window) : 0;
+        const std::vector<int64_t> rows(slots.begin() + b * W + first, slots.begin() + b * W + lens[b]);
         const std::vector<double> want = reference(&q.x[b * H * D], pool, rows, H, scale);
         for (int64_t i = 0; i < H * D; ++i) {
           const double got = q_bf16 ? check::from_bf16(out16[b * H * D + i]) : out32[b * H * D + i];
           const double bound = (q_bf16 ? 0x1p-8 : 1e-5) * std::fabs(want[i]) + 1e-5;
           if (!(std::fabs(got - want[i]) <= bound)) {
-            CHECK(false, "q_bf16 %d kv_bf16 %d H %d KV %d D %d row %ld: %g, want %g", q_bf16, kv_bf16, H, KV, D,
-                  (long)b, got, want[i]);
+            CHECK(false, "q_bf16 %d kv_bf16 %d window %ld H %d KV %d D %d row %ld: %g, want %g", q_bf16, kv_bf16,
+                  (long)window, H, KV, D, (long)b, got, want[i]);
             break;
           }
         }
@@ -97,6 +100,7 @@ TEST(decode_attention_matches_float64) {
 
 TEST(prefill_attention_matches_the_float64_causal_reference) {
   for (bool q_bf16 : {true, false})
+    for (int64_t window : {0, 9})
     for (auto [L, context] : {std::pair<int64_t, int64_t>{1, 1}, {1, 40}, {17, 50}, {45, 130}})
       for (auto [H, KV, D] : {std::tuple<int, int, int>{9, 3, 64}, {4, 4, 32}, {2, 1, 96}}) {
         check::Rng g(L * context + H + q_bf16);
@@ -108,13 +112,14 @@ TEST(prefill_attention_matches_the_float64_causal_reference) {
         std::vector<uint16_t> out16(L * H * D);
         const float scale = 1.f / std::sqrt(float(D));
         const int status = zhuzi_prefill_attention(q_bf16, 1, q.data(q_bf16), pool.keys(true), pool.values(true),
-                                                   slots.data(), L, context, H, KV, D, pool.slots, scale,
+                                                   slots.data(), L, context, H, KV, D, pool.slots, scale, window,
                                                    q_bf16 ? (void*)out16.data() : out32.data(), 2);
         CHECK(status == 0, "status %d", status);
         double vmax = 0;
         for (float v : pool.v) vmax = std::isnan(v) ? vmax : std::fmax(vmax, std::fabs(v));
         for (int64_t l = 0; l < L; ++l) {
-          const std::vector<int64_t> rows(slots.begin(), slots.begin() + context - L + l + 1);
+          const int64_t end = context - L + l + 1, first = window > 0 ? std::max<int64_t>(0, end - window) : 0;
+          const std::vector<int64_t> rows(slots.begin() + first, slots.begin() + end);
           const std::vector<double> want = reference(&q.x[l * H * D], pool, rows, H, scale);
           for (int64_t i = 0; i < H * D; ++i) {
             const double got = q_bf16 ? check::from_bf16(out16[l * H * D + i]) : out32[l * H * D + i];
@@ -122,8 +127,8 @@ TEST(prefill_attention_matches_the_float64_causal_reference) {
             const double bound = q_bf16 ? 0x1p-9 * vmax + 0x1p-8 * std::fabs(want[i]) + 1e-5
                                         : 1e-5 * (1 + std::fabs(want[i]));
             if (!(std::fabs(got - want[i]) <= bound)) {
-              CHECK(false, "q_bf16 %d L %ld context %ld H %d D %d query %ld: %g, want %g", q_bf16, (long)L,
-                    (long)context, H, D, (long)l, got, want[i]);
+              CHECK(false, "q_bf16 %d window %ld L %ld context %ld H %d D %d query %ld: %g, want %g", q_bf16,
+                    (long)window, (long)L, (long)context, H, D, (long)l, got, want[i]);
               break;
             }
           }
@@ -138,7 +143,7 @@ TEST(attention_rejects_slots_outside_the_pool) {
   std::vector<int64_t> slots = {0, 8}, lens = {2};
   uint16_t out[32];
   CHECK(zhuzi_decode_attention(1, 1, q.data(true), pool.keys(true), pool.values(true), slots.data(), lens.data(),
-                               out, 1, 2, 1, 1, 32, 8, 1.f, 1) == 1, "decode took slot 8 of 8");
+                               out, 1, 2, 1, 1, 32, 8, 1.f, 0, 1) == 1, "decode took slot 8 of 8");
   CHECK(zhuzi_prefill_attention(1, 1, q.data(true), pool.keys(true), pool.values(true), slots.data(), 1, 2, 1, 1, 32,
-                                8, 1.f, out, 1) == 1, "prefill took slot 8 of 8");
+                                8, 1.f, 0, out, 1) == 1, "prefill took slot 8 of 8");
 }
