@@ -21,7 +21,7 @@ import torch
 from zhuzi.config import EngineConfig
 from zhuzi.engine.sequence import ScheduledSeq
 from zhuzi.engine.tp_control import FORWARD, LOGITS, StepChannel, pack_step
-from zhuzi.model import native
+from zhuzi.model import kv_format, native
 from zhuzi.model.attention import AttentionMetadata, PrefillChunk
 from zhuzi.model.decoder import Decoder, LayerTap, layer_format
 from zhuzi.model.loader import Checkpoint, load_checkpoint
@@ -106,9 +106,12 @@ class ModelRunner:
         self.num_blocks = num_blocks
         self.device = torch.device(config.device)
         # One preallocated pool: [layers, K/V, slots, kv_heads, head_dim], of this rank's KV heads (all of them
-        # without tensor parallelism): every rank has the same blocks, each for its own heads.
+        # without tensor parallelism): every rank has the same blocks, each for its own heads. q8_0 heads are
+        # wider: their scales follow their values (kv_format.py).
+        kv = config.precision.kv
+        kv_format.check(c.head_dim, kv)
         self.kv_cache = zeroed_pool((c.num_layers, 2, num_blocks * config.block_size, model.num_kv_heads,
-                                     c.head_dim), model.kv_dtype, self.device)
+                                     kv_format.head_width(c.head_dim, kv)), kv, self.device)
         self.sampler = Sampler()
         # With tensor parallelism this is rank 0's runner: it posts each forward pass and LM-head call, which the
         # other ranks' follow loops (tp_worker.py) run over their slices.
