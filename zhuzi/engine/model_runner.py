@@ -8,6 +8,7 @@ position, with a decode row's arithmetic), and all k + 1 rows get logits for the
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import math
 import mmap
@@ -48,14 +49,29 @@ class StepResult:
 
 
 def measure_read_bandwidth(device: str | torch.device = "cpu", nbytes: int = 256 << 20, repeats: int = 5) -> float:
-    """Bytes/s of the fastest of `repeats` full reads (torch.sum) of a buffer larger than any cache."""
+    """Bytes/s of the fastest of `repeats` full reads of a buffer larger than any cache: on CPU STREAM's way
+    (kernels/stream.cpp: every thread its own slice, vector loads), elsewhere (or without the kernels) one
+    torch.sum, which reads slower than the threads can (docs/cpu.md)."""
     buffer = torch.ones(nbytes // 4, dtype=torch.float32, device=device)  # ones, not empty: touch every page
+    fn = native.entry("stream", "zhuzi_stream_read", [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int,
+                                                      ctypes.c_void_p, ctypes.c_void_p]) \
+        if buffer.is_cpu else None
+    if fn is not None:
+        seconds, total = ctypes.c_double(), ctypes.c_float()
+        if fn(buffer.data_ptr(), buffer.numel(), repeats, torch.get_num_threads(), ctypes.byref(seconds),
+              ctypes.byref(total)) == 0:
+            return nbytes / seconds.value
+    return torch_sum_bandwidth(buffer, repeats)
+
+
+def torch_sum_bandwidth(buffer: torch.Tensor, repeats: int) -> float:
+    """Bytes/s of the fastest of `repeats` torch.sum over buffer."""
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
         float(buffer.sum())
         best = min(best, time.perf_counter() - start)
-    return nbytes / best
+    return buffer.nbytes / best
 
 
 def load_runner(config: EngineConfig, tp: TPGroup | None = None) -> tuple[Checkpoint, ModelRunner]:

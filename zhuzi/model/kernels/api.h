@@ -40,6 +40,9 @@ int zhuzi_dequantize_rows(int type, const void* src, int64_t rows, int64_t row_b
 // block_tiles.h's Part); x and y each float32, or bf16 (x_bf16, y_bf16).
 int zhuzi_block_linear(const void* parts, int nparts, const void* x, int x_bf16, void* y, int y_bf16, int64_t M,
                        int64_t N, int64_t K, int threads);
+// stream.cpp: the fastest of `passes` reads of x[n] (float32), every thread its own slice: seconds, and the
+// sum read (0 on success).
+int zhuzi_stream_read(const float* x, int64_t n, int passes, int threads, double* seconds, float* sum);
 // decode_step.cpp: a whole decode step of M <= 8 rows (args: step::Args, see fused.py).
 int zhuzi_decode_step(const void* args, int64_t M);
 }
