@@ -58,6 +58,14 @@ def test_plan_of_a_mixture_of_experts_counts_the_experts_a_step_reads(tmp_path):
     assert "M active: top-2 of 4 experts" in out.stdout
 
 
+def test_plan_counts_a_q8_0_kv_cache_at_about_half_the_bytes():
+    out = zhuzi("plan", "--kv-cache-memory", "4GiB", "--kv-cache-dtype", "q8_0")
+    assert out.returncode == 0, out.stderr
+    assert ("KV bytes per token: 2 x 30 layers x 3 kv_heads x 64 head_dim x 1.0625 bytes (q8_0: 8-bit values and an "
+            "fp16 scale per 32) = 12,240") in out.stdout  # 17/32 of bf16's 23,040
+    assert "= 350,896 tokens" in out.stdout  # 4 GiB / (12,240 x 16) = 21,931 blocks of 16
+
+
 def test_plan_of_dense_weights():
     out = zhuzi("plan", "--quantization", "none")
     assert out.returncode == 0, out.stderr

@@ -65,6 +65,8 @@ def test_the_kv_plan_is_the_one_arithmetic():
     assert plan.bytes_per_token == 2 * 30 * 3 * 64 * 2 == 23040
     assert (plan.num_blocks, plan.capacity_tokens) == (11650, 186400)
     assert EngineConfig(kv_cache_memory="4GiB").kv_plan(smol) == plan
+    q8 = EngineConfig(kv_cache_memory="4GiB", kv_cache_dtype="q8_0").kv_plan(smol)
+    assert q8.bytes_per_token == 2 * 30 * 3 * (64 + 4) == 12240  # values and an fp16 scale per 32 of them
     assert plan.sequence_tokens(4000) == 4000 and plan.sequence_tokens(4001) == 4016
 
 

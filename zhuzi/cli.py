@@ -128,13 +128,14 @@ def cmd_chat(args: argparse.Namespace) -> None:
 
 def cmd_plan(args: argparse.Namespace) -> None:
     """Weight and KV memory of a model for a context and a number of sequences, without loading its weights."""
-    from zhuzi.model import native
+    from zhuzi.model import kv_format, native
     from zhuzi.model.decoder import layer_format
     from zhuzi.model.loader import gguf_weights, load_model_config
     config = EngineConfig.from_cli_args(args)
     c = load_model_config(config.model)
     plan, precision = config.kv_plan(c), config.precision
-    value_bytes = precision.kv.itemsize
+    value_bytes = kv_format.head_bytes(c.head_dim, precision.kv) / c.head_dim  # q8_0: with its scales
+    q8 = " (q8_0: 8-bit values and an fp16 scale per 32)" if precision.kv == kv_format.Q8_0 else ""
     tensors = gguf_weights(config.model)
     fmt = layer_format(config.quantization, tensors is not None, config.tensor_parallel_size > 1,
                        precision.weights)
@@ -148,7 +149,7 @@ def cmd_plan(args: argparse.Namespace) -> None:
     print(f"dtype {config.dtype}: {precision}; {precision.reason}; CPU kernels {native.resolve(config.cpu_kernels)}")
     print(f"weights: {resident:,} bytes ({resident / 2**20:.0f} MiB) in memory: {parts}")
     print(f"KV bytes per token: 2 x {c.num_layers} layers x {c.num_kv_heads} kv_heads x {c.head_dim} head_dim "
-          f"x {value_bytes} bytes = {plan.bytes_per_token:,}")
+          f"x {value_bytes:g} bytes{q8} = {plan.bytes_per_token:,}")
     print(f"{args.sequences} x {args.context:,}-token sequences: KV {kv:,} bytes ({kv / 2**20:.0f} MiB), "
           f"with the weights {resident + kv:,} bytes ({(resident + kv) / 2**20:.0f} MiB)")
     print(f"KV pool: {config.kv_cache_bytes:,} bytes = {plan.num_blocks:,} blocks of {plan.block_size} tokens "

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from zhuzi.model import native
+from zhuzi.model import kv_format, native
 from zhuzi.model.model_config import ModelConfig
 from zhuzi.settings import Settings, setting
 
@@ -28,7 +28,7 @@ class KVPlan:
 
     @classmethod
     def of(cls, model: ModelConfig, dtype: torch.dtype, budget_bytes: int, block_size: int) -> KVPlan:
-        per_token = 2 * model.num_layers * model.num_kv_heads * model.head_dim * dtype.itemsize
+        per_token = 2 * model.num_layers * model.num_kv_heads * kv_format.head_bytes(model.head_dim, dtype)
         return cls(per_token, block_size, budget_bytes // (per_token * block_size), model.kv_window)
 
     def sequence_tokens(self, context: int) -> int:
@@ -71,7 +71,7 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
 @dataclass(frozen=True)
 class Precision:
     """The dtypes a model runs in: weights as stored (dense ones; quantized formats keep theirs), activations
-    (and every matmul that falls to torch), KV cache; and why `auto` chose them."""
+    (and every matmul that falls to torch), KV cache (kv_format.Q8_0 for q8_0); and why `auto` chose them."""
 
     weights: torch.dtype
     compute: torch.dtype
@@ -79,7 +79,15 @@ class Precision:
     reason: str
 
     @classmethod
-    def of(cls, dtype: str, cpu_kernels: str, device: str = "cpu") -> Precision:
+    def of(cls, dtype: str, cpu_kernels: str, device: str = "cpu", kv_cache_dtype: str = "auto") -> Precision:
+        p = cls._of(dtype, cpu_kernels, device)
+        if kv_cache_dtype == "auto":
+            return p
+        return dataclasses.replace(p, kv=kv_format.NAMES[kv_cache_dtype],
+                                   reason=f"{p.reason}; --kv-cache-dtype {kv_cache_dtype}")
+
+    @classmethod
+    def _of(cls, dtype: str, cpu_kernels: str, device: str) -> Precision:
         if dtype != "auto":
             d = parse_dtype(dtype)
             return cls(d, d, d, f"--dtype {dtype}")
@@ -97,7 +105,9 @@ class Precision:
     def __str__(self) -> str:
         if self.weights == self.compute == self.kv:
             return _name(self.compute)
-        return f"{_name(self.compute)} (weights and KV {_name(self.weights)})"
+        if self.weights == self.kv:
+            return f"{_name(self.compute)} (weights and KV {_name(self.weights)})"
+        return f"{_name(self.compute)} (weights {_name(self.weights)}, KV {kv_format.name(self.kv)})"
 
 
 def _name(dtype: torch.dtype) -> str:
@@ -187,6 +197,10 @@ class EngineConfig(Settings):
                                  "neon-i8mm, neon, or torch (none); $ZHUZI_CPU_KERNELS sets the default",
         choices=list(native.CHOICES))
     device: str = setting("cpu", "torch device to run the model on")
+    kv_cache_dtype: str = setting(
+        "auto", "KV cache format: auto (--dtype's: bf16 under auto), bf16, fp32, or q8_0 (8-bit values, an fp16 "
+                "scale per 32: about half of bf16's bytes to read and hold, as llama.cpp's --cache-type-k/-v q8_0)",
+        choices=["auto", *kv_format.NAMES])
     kv_cache_memory: str | int = setting("1GiB", "memory for the KV pool, e.g. 1GiB or 512MiB")
     block_size: int = setting(16, "tokens per KV block")
     max_model_len: int | None = setting(None, "context window in tokens (default: the checkpoint's)")
@@ -250,7 +264,7 @@ class EngineConfig(Settings):
 
     @property
     def precision(self) -> Precision:
-        return Precision.of(self.dtype, self.cpu_kernels, self.device)
+        return Precision.of(self.dtype, self.cpu_kernels, self.device, self.kv_cache_dtype)
 
     @property
     def torch_dtype(self) -> torch.dtype:

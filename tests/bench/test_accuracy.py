@@ -1,6 +1,6 @@
 """What quantization costs in quality stays within the project's bounds: on a fixed real text (ShareGPT
-answers) int8's perplexity is within 2 % of bf16's and int4's within 8 %; and `zhuzi bench accuracy`
-reports its three measures consistently."""
+answers) int8's perplexity is within 2 % of bf16's and int4's within 8 %, and a q8_0 KV cache's within 0.5 %
+of a bf16 one's; and `zhuzi bench accuracy` reports its three measures consistently."""
 import json
 
 import pytest
@@ -51,3 +51,8 @@ def test_bench_accuracy_reports_every_variant_against_bf16(tmp_path, capsys):
     assert int4.variant == "int4" and 0 <= int4.greedy_agreement <= 1 and int4.mean_abs_logprob_diff >= 0
     assert "perplexity" in capsys.readouterr().out
     assert json.loads(out.read_text())["results"][1]["perplexity"] == pytest.approx(int4.perplexity)
+
+
+def test_a_q8_0_kv_cache_keeps_perplexity_within_half_a_percent_of_bf16_kv(text):
+    bf16_kv = perplexity(LLM(), text, WINDOW)  # the file's blocks over a bf16 KV cache
+    assert perplexity(LLM(kv_cache_dtype="q8_0"), text, WINDOW) <= 1.005 * bf16_kv

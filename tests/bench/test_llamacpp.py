@@ -98,8 +98,10 @@ def test_decode_runs_llama_bench_on_the_same_gguf_and_threads(capsys):
     prefill, decode = report.ratios
     assert decode == pytest.approx(report.decode_tokens_per_s / peer.decode.tokens_per_s)
     assert prefill == pytest.approx(report.prefill_tokens_per_s / peer.prefill.tokens_per_s)
+    assert report.llama_cpp_roofline_fraction == pytest.approx(peer.decode.tokens_per_s / report.roofline_tokens_per_s)
     printed = capsys.readouterr().out
     assert "zhuzi / llama.cpp decode:" in printed and "tg8:" in printed and "load:" in printed
+    assert "llama.cpp at" in printed
 
 
 @pytest.mark.skipif(not built("llama-batched-bench"), reason=NOT_BUILT)

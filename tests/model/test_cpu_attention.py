@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from zhuzi.model.cpu_attention import paged_decode_attention, paged_prefill_attention
+from zhuzi.model.kv_format import dequantize_q8_0, quantize_q8_0
 
 pytestmark = [pytest.mark.usefixtures("variant"), pytest.mark.long]
 
@@ -181,3 +182,29 @@ def test_prefill_rejects_slots_outside_the_pool():
     slots[3] = k_cache.shape[0]
     with pytest.raises(IndexError):
         paged_prefill_attention(q, k_cache, v_cache, slots, 0.125)
+
+
+def q8_pools(k_cache, v_cache):
+    """The pools in q8_0 (a NaN row gets a NaN scale, so reading a padding slot still shows)."""
+    return quantize_q8_0(k_cache), quantize_q8_0(v_cache)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("heads,kv_heads,dim", [(9, 3, 64), (8, 2, 128), (4, 4, 32)])
+def test_q8_0_pools_match_the_float64_reference_over_their_values(dtype, heads, kv_heads, dim):
+    q, k_cache, v_cache, slots, lengths = make_batch(70, 75, heads, kv_heads, dim, dtype, kv_dtype=torch.float32)
+    k8, v8 = q8_pools(k_cache, v_cache)
+    out = paged_decode_attention(q, k8, v8, slots, lengths, dim ** -0.5)
+    assert out.dtype == dtype and out.shape == q.shape
+    expected = reference(q, dequantize_q8_0(k8), dequantize_q8_0(v8), slots, lengths, dim ** -0.5)
+    torch.testing.assert_close(out.double(), expected, **TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("length,context", [(1, 40), (17, 50), (45, 300)])
+def test_q8_0_prefill_matches_the_float64_causal_reference(dtype, length, context):
+    q, k_cache, v_cache, slots = make_chunk(length, context, 9, 3, 64, dtype=dtype)
+    k8, v8 = q8_pools(k_cache.float(), v_cache.float())
+    out = paged_prefill_attention(q, k8, v8, slots, 0.125)
+    expected = causal_reference(q, dequantize_q8_0(k8), dequantize_q8_0(v8), slots, 0.125)
+    torch.testing.assert_close(out.double(), expected, **TOLERANCE[dtype])

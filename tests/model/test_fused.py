@@ -11,6 +11,7 @@ from zhuzi.config import Precision
 from zhuzi.model import native
 from zhuzi.model.attention import AttentionMetadata, PrefillChunk
 from zhuzi.model.decoder import Decoder
+from zhuzi.model.kv_format import Q8_0, dequantize_q8_0, head_width
 from zhuzi.model.loader import load_checkpoint
 
 pytestmark = pytest.mark.usefixtures("variant")
@@ -49,11 +50,13 @@ def decoder(directory, dtype="auto", quantization=None, fused=True) -> Decoder:
 
 
 def prefill(model: Decoder, ids: list[int], pool: int = 256, kv: torch.Tensor | None = None,
-            first_slot: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """(logits of every position, the KV pool) of one prompt at slots first_slot + position."""
+            first_slot: int = 0, kv_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits of every position, the KV pool: kv, or a new one of kv_dtype) of one prompt at slots first_slot +
+    position."""
     c, n = model.config, len(ids)
     if kv is None:
-        kv = torch.zeros(c.num_layers, 2, pool, c.num_kv_heads, c.head_dim, dtype=model.kv_dtype)
+        dtype = kv_dtype or model.kv_dtype
+        kv = torch.zeros(c.num_layers, 2, pool, c.num_kv_heads, head_width(c.head_dim, dtype), dtype=dtype)
     slots = torch.arange(n) + first_slot
     meta = AttentionMetadata(slots, 0, torch.empty(0), torch.empty(0), [PrefillChunk(0, n, n, slots)])
     with torch.inference_mode():
@@ -71,9 +74,9 @@ def decode_meta(slots: list[list[int]]) -> AttentionMetadata:
 IDS = [5, 17, 300, 42, 9, 801, 77, 3, 250, 18] * 4
 
 
-def fused_and_per_layer(model: Decoder, ids: list[int]):
+def fused_and_per_layer(model: Decoder, ids: list[int], kv_dtype: torch.dtype | None = None):
     """The last token's logits as a fused decode step and through the per-layer path, from the same pool."""
-    _, kv = prefill(model, ids[:-1])
+    _, kv = prefill(model, ids[:-1], kv_dtype=kv_dtype)
     meta = decode_meta([list(range(len(ids)))])
     args = torch.tensor(ids[-1:]), torch.tensor([len(ids) - 1])
     with torch.inference_mode():
@@ -97,6 +100,18 @@ def test_fused_step_agrees_with_the_per_layer_path(checkpoint, quantization):
     assert torch.equal(fused_kv[:, :, :new], per_layer_kv[:, :, :new])  # and nowhere else
 
 
+def test_fused_step_over_a_q8_0_pool_agrees_with_the_per_layer_path(checkpoint):
+    """Both read the prompt's q8_0 K/V; the new token's K/V are quantized from the fused step's float32 (the
+    per-layer path's bf16 on AVX512-BF16), so they may land a step apart."""
+    model = decoder(checkpoint)
+    fused, per_layer, fused_kv, per_layer_kv = fused_and_per_layer(model, IDS, Q8_0)
+    assert (fused - per_layer).abs().max() <= 0.03 * per_layer.abs().max()
+    new = len(IDS) - 1
+    written = dequantize_q8_0(fused_kv[:, :, new])
+    assert (written - dequantize_q8_0(per_layer_kv[:, :, new])).abs().max() <= 0.03 * written.abs().max()
+    assert torch.equal(fused_kv[:, :, :new], per_layer_kv[:, :, :new])
+
+
 def test_fused_step_is_as_close_to_float32_as_the_per_layer_path(checkpoint):
     """Its float32 residual stream rounds less than the per-layer path's bf16 one (and as little as the
     float32 one's)."""
@@ -118,11 +133,12 @@ def test_fused_step_on_gguf_blocks_agrees_with_the_per_layer_path(gguf_file):
     assert (written - per_layer_kv[:, :, new].float()).abs().max() <= 0.03 * written.abs().max()
 
 
-@pytest.mark.parametrize("quantization", [None, "int4", "gguf"])
-def test_rows_never_influence_each_other(checkpoint, gguf_file, quantization):
-    """A row's logits are the same bits alone or beside others of other lengths, on any thread count."""
+@pytest.mark.parametrize("quantization,kv_dtype", [(None, None), ("int4", None), ("gguf", None), ("gguf", Q8_0)])
+def test_rows_never_influence_each_other(checkpoint, gguf_file, quantization, kv_dtype):
+    """A row's logits are the same bits alone or beside others of other lengths, on any thread count (over a
+    q8_0 pool too)."""
     model = decoder(gguf_file if quantization == "gguf" else checkpoint, quantization=quantization)
-    _, kv = prefill(model, IDS[:11])  # three sequences, each with its own slots
+    _, kv = prefill(model, IDS[:11], kv_dtype=kv_dtype)  # three sequences, each with its own slots
     prefill(model, IDS[:39], kv=kv, first_slot=64)
     prefill(model, IDS[:24], kv=kv, first_slot=128)
     rows = [list(range(12)), list(range(64, 104)), list(range(128, 153))]

@@ -1,7 +1,7 @@
 """`zhuzi bench accuracy`: what each quantization costs in quality, against bf16 on the same model.
 
-Per variant (bf16 dense; a GGUF's own blocks; int8; int4; float32 as the reference the others
-approximate):
+Per variant (bf16 dense; a GGUF's own blocks; int8; int4; the model's default weights over a q8_0 KV
+cache; float32 as the reference the others approximate):
 - greedy agreement with bf16: ShareGPT's first 32 chat prompts, 64 greedy tokens each (ignore_eos);
   the share of tokens generated before the first difference from bf16's continuation, and how many
   continuations are identical;
@@ -12,7 +12,8 @@ approximate):
 Perplexity is llama.cpp's measure (llama-perplexity): the text's tokens in whole windows, each window
 scored on its second half given the first (its first token BOS where the tokenizer adds one).
 --perplexity FILE measures only that, on FILE, per variant; with --compare llama.cpp, llama-perplexity
-runs on the same GGUF, text and window beside it.
+runs on the same GGUF, text and window beside it, and each variant after the first is also given against
+the first (`--variants default kv-q8_0`: what an 8-bit KV cache costs on that file).
 
 Greedy tokens come from the decode path (fused steps at batch <= 8, as served); logprobs and perplexity
 come from prefill (the path of prompts and big batches).
@@ -31,14 +32,16 @@ from zhuzi.bench.llamacpp import find_tool, gguf_of, llama_perplexity
 from zhuzi.model import native
 
 VARIANTS = {"float32": {"dtype": "float32"}, "bf16": {"quantization": "none"}, "gguf": {"quantization": "gguf"},
-            "int8": {"quantization": "int8"}, "int4": {"quantization": "int4"}}
+            "int8": {"quantization": "int8"}, "int4": {"quantization": "int4"},
+            "kv-q8_0": {"kv_cache_dtype": "q8_0"}, "default": {}}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", "-m", default=None, help="HF directory or .gguf file (default: embedded SmolLM2)")
     parser.add_argument("--variants", nargs="+", default=None, choices=list(VARIANTS),
                         help="models to compare with bf16 (default: all; gguf for a .gguf file only; with "
-                             "--perplexity: the model's default, gguf for a .gguf file)")
+                             "--perplexity: default, the model's default weights, gguf for a .gguf file); "
+                             "kv-q8_0: the default weights over a q8_0 KV cache")
     parser.add_argument("--num-prompts", type=int, default=32, help="chat prompts (default %(default)s)")
     parser.add_argument("--max-tokens", type=int, default=64, help="greedy tokens a prompt (default %(default)s)")
     parser.add_argument("--text-tokens", type=int, default=20000,
@@ -156,7 +159,7 @@ def run(args: argparse.Namespace) -> AccuracyReport | TextPerplexity:
     if args.perplexity:
         return run_text(args)
     is_gguf = Path(args.model or default_model_path()).suffix == ".gguf"
-    args.variants = args.variants or [v for v in VARIANTS if v != "gguf" or is_gguf]
+    args.variants = args.variants or [v for v in VARIANTS if v != "default" and (v != "gguf" or is_gguf)]
     tokenizer = Tokenizer.load(args.model or default_model_path())
     prompts = [tokenizer.encode_chat([{"role": "user", "content": p}]) for p in sharegpt_user_prompts(args.num_prompts)]
     text = sharegpt_answer_tokens(tokenizer.hf, args.text_tokens)
@@ -220,11 +223,12 @@ def format_text_report(r: TextPerplexity) -> str:
         f"model:      {r.model}",
         f"text:       {r.text}, {r.tokens:,} tokens: {r.windows} windows of {r.window}, each scored on its second "
         "half (llama-perplexity's measure)",
-        f"{'engine':<22} {'perplexity':>10} {'vs llama.cpp':>13}",
+        f"{'engine':<22} {'perplexity':>10} {'vs llama.cpp':>13} {'vs the first':>13}",
     ]
+    first = next(iter(r.results.values()))
     for variant, value in r.results.items():
-        change = f"{100 * (value / r.llama_cpp - 1):+12.2f}%" if r.llama_cpp else ""
-        lines.append(f"{'zhuzi ' + variant:<22} {value:10.4f} {change}")
+        change = f"{100 * (value / r.llama_cpp - 1):+12.2f}%" if r.llama_cpp else f"{'':13}"
+        lines.append(f"{'zhuzi ' + variant:<22} {value:10.4f} {change} {100 * (value / first - 1):+12.2f}%")
     if r.llama_cpp is not None:
         lines += [f"{'llama.cpp':<22} {r.llama_cpp:10.4f}  ({r.llama_cpp_windows} windows)",
                   f"llama.cpp:  {r.llama_cpp_command}"]

@@ -5,8 +5,13 @@ A decode step at batch 1 reads every weight once, so its speed is capped by
 memory bandwidth: roofline tokens/s = bandwidth / weight bytes read per step.
 A Mixture-of-Experts step reads its token's top-k experts only: the roofline is
 on the active parameters (the bytes the model counts as it runs them).
-The bandwidth is measured in the same process, with the same threads, as the
-best of several read-only sums over a buffer much larger than the caches.
+The bandwidth is measured in the same process, with the same threads, as STREAM
+does (kernels/stream.cpp: every thread reads its own slice of a buffer much
+larger than the caches with vector loads, the best of several passes); both
+engines' decode speeds are given as a fraction of that roofline. The figure
+of one torch.sum over the buffer, the ceiling used before, is kept beside it.
+The fused decode step's threads are clocked at its barriers: the mean time a
+thread waits there a step (barrier_wait_s).
 Decode tokens/s count the whole step loop (scheduler, model, sampler,
 detokenizer); llama-bench's tg counts its model calls, from an empty context.
 
@@ -37,7 +42,7 @@ from zhuzi.bench.datasets import random_token_requests
 from zhuzi.bench.llamacpp import BenchTest, find_tool, gguf_of, llama_bench
 from zhuzi.bench.speculative import SpecDecodeReport
 from zhuzi.config import EngineConfig
-from zhuzi.engine.model_runner import measure_read_bandwidth
+from zhuzi.engine.model_runner import measure_read_bandwidth, torch_sum_bandwidth
 from zhuzi.model import native
 
 BANDWIDTH_BUFFER_BYTES = 1 << 30
@@ -97,6 +102,8 @@ class DecodeReport:
     model_step_s: float  # mean seconds of the model runner's part of a decode step
     load: tuple[float, float]  # 1-minute load average at the start and at the end
     decode_rounds: list[float]  # decode tokens/s of each measured run
+    sum_bandwidth_bytes_per_s: float = 0.0  # one torch.sum over the same buffer: the ceiling used before
+    barrier_wait_s: float | None = None  # mean seconds a thread waited at the fused step's barriers a step
     llama_cpp: LlamaCppDecode | None = None
     parameters: tuple[int, int] = (0, 0)  # (active, total): a Mixture-of-Experts step runs the top-k experts only
     experts: tuple[int, int] | None = None  # (top-k, experts) of a sparse model
@@ -116,6 +123,11 @@ class DecodeReport:
     @property
     def roofline_fraction(self) -> float:
         return self.decode_tokens_per_s / self.roofline_tokens_per_s
+
+    @property
+    def llama_cpp_roofline_fraction(self) -> float | None:
+        """llama-bench's tg against the same roofline (it reads the same file's blocks a step)."""
+        return self.llama_cpp.decode.tokens_per_s / self.roofline_tokens_per_s if self.llama_cpp else None
 
     @property
     def step_overhead_s(self) -> float:
@@ -139,8 +151,8 @@ class DecodeReport:
 
     def to_dict(self) -> dict:
         return asdict(self) | {name: getattr(self, name) for name in (
-            "prefill_tokens_per_s", "decode_tokens_per_s", "roofline_tokens_per_s", "roofline_fraction", "ratios",
-            "step_overhead_s", "decode_ratios_by_round")}
+            "prefill_tokens_per_s", "decode_tokens_per_s", "roofline_tokens_per_s", "roofline_fraction",
+            "llama_cpp_roofline_fraction", "ratios", "step_overhead_s", "decode_ratios_by_round")}
 
 
 def decode_step_seconds(metrics, output_tokens: int) -> float:
@@ -165,6 +177,9 @@ def run(args: argparse.Namespace) -> DecodeReport | SpecDecodeReport:
                                      llm.model_config.vocab_size)
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
     llm.generate([requests[0].prompt_token_ids], params, use_tqdm=False)  # warm-up: first-call costs
+    fused = llm.engine.runner.model.fused
+    if fused is not None:
+        fused.time_barriers()
     prefill_s, model_s, rounds, peer_rounds = float("inf"), float("inf"), [], []
     for request in requests[1:]:
         output = llm.generate([request.prompt_token_ids], params, use_tqdm=False)[0]
@@ -176,6 +191,7 @@ def run(args: argparse.Namespace) -> DecodeReport | SpecDecodeReport:
                                           len(output.outputs[0].token_ids), 1)
             peer_rounds.append(tuple(tests))
     c = llm.model_config
+    buffer = torch.ones(BANDWIDTH_BUFFER_BYTES // 4, device=args.device)
     report = DecodeReport(
         machine=machine_line(native.current()), model=model_label(args.model),
         dtype=args.dtype, quantization=llm.engine.weight_format, threads=torch.get_num_threads(),
@@ -183,7 +199,9 @@ def run(args: argparse.Namespace) -> DecodeReport | SpecDecodeReport:
         prefill_s=prefill_s, decode_step_s=1 / max(rounds),
         bandwidth_bytes_per_s=measure_read_bandwidth(args.device, BANDWIDTH_BUFFER_BYTES, args.bandwidth_repeats),
         weight_bytes_per_step=llm.weight_bytes_per_decode_step, model_step_s=model_s, load=(load_at_start, 0.0),
-        decode_rounds=rounds, llama_cpp=LlamaCppDecode(command, peer_rounds) if tool else None,
+        decode_rounds=rounds, sum_bandwidth_bytes_per_s=torch_sum_bandwidth(buffer, args.bandwidth_repeats),
+        barrier_wait_s=fused.barrier_wait_per_step if fused is not None and fused.steps else None,
+        llama_cpp=LlamaCppDecode(command, peer_rounds) if tool else None,
         parameters=(c.active_parameters, c.num_parameters),
         experts=(c.num_experts_per_tok, c.num_experts) if c.num_experts else None)
     report.load = (load_at_start, load_average())
@@ -203,8 +221,9 @@ def format_report(r: DecodeReport, args: argparse.Namespace) -> str:
         f"({r.prompt_tokens} tokens in {r.prefill_s * 1e3:.1f} ms)",
         f"decode:     {r.decode_tokens_per_s:10.1f} tokens/s  ({r.decode_step_s * 1e3:.2f} ms a token, the whole "
         f"step loop; the model runner's part {r.model_step_s * 1e3:.2f} ms)",
-        f"bandwidth:  {r.bandwidth_bytes_per_s / 1e9:10.1f} GB/s    (read-only sum over "
-        f"{BANDWIDTH_BUFFER_BYTES >> 20} MiB fp32, best of {args.bandwidth_repeats})",
+        f"bandwidth:  {r.bandwidth_bytes_per_s / 1e9:10.1f} GB/s    (STREAM-style read of "
+        f"{BANDWIDTH_BUFFER_BYTES >> 20} MiB, each thread its slice, best of {args.bandwidth_repeats}; one torch.sum: "
+        f"{r.sum_bandwidth_bytes_per_s / 1e9:.1f} GB/s)",
         f"weights:    {r.weight_bytes_per_step / 1e6:10.1f} MB a decode step" + (
             f" (the active parameters, {r.parameters[0] / 1e6:.1f} M of {r.parameters[1] / 1e6:.1f} M: "
             f"top-{r.experts[0]} of {r.experts[1]} experts a sparse layer)" if r.experts else ""),
@@ -212,6 +231,9 @@ def format_report(r: DecodeReport, args: argparse.Namespace) -> str:
         f"{100 * r.roofline_fraction:.1f} % of roofline",
         f"overhead:   {r.step_overhead_s * 1e3:10.2f} ms a step beside reading the weights at that bandwidth",
     ]
+    if r.barrier_wait_s is not None:
+        lines.append(f"barriers:   {r.barrier_wait_s * 1e3:10.3f} ms a step a thread waits at the fused step's "
+                     f"barriers ({100 * r.barrier_wait_s / r.model_step_s:.1f} % of the model's part)")
     if r.llama_cpp:
         peer, (prefill_ratio, decode_ratio) = r.llama_cpp, r.ratios
         lines += [
@@ -221,6 +243,8 @@ def format_report(r: DecodeReport, args: argparse.Namespace) -> str:
             f"   zhuzi / llama.cpp prefill: {prefill_ratio:.2f}x",
             f"  {peer.decode.name + ':':<9} {peer.decode.tokens_per_s:10.1f} tokens/s  (best round)"
             f"   zhuzi / llama.cpp decode:  {decode_ratio:.2f}x",
+            f"roofline:   zhuzi decodes at {100 * r.roofline_fraction:.1f} %, llama.cpp at "
+            f"{100 * r.llama_cpp_roofline_fraction:.1f} % of it",
             f"rounds:     zhuzi, then llama-bench -r 1, {len(peer.rounds)} times; decode tokens/s by round: zhuzi "
             + " ".join(f"{x:.1f}" for x in r.decode_rounds) + ", llama.cpp "
             + " ".join(f"{tg.tokens_per_s:.1f}" for _, tg in peer.rounds) + "; ratios "

@@ -8,6 +8,7 @@ position, with a decode row's arithmetic), and all k + 1 rows get logits for the
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import math
 import mmap
@@ -21,7 +22,7 @@ import torch
 from zhuzi.config import EngineConfig
 from zhuzi.engine.sequence import ScheduledSeq
 from zhuzi.engine.tp_control import FORWARD, LOGITS, StepChannel, pack_step
-from zhuzi.model import native
+from zhuzi.model import kv_format, native
 from zhuzi.model.attention import AttentionMetadata, PrefillChunk
 from zhuzi.model.decoder import Decoder, LayerTap, layer_format
 from zhuzi.model.loader import Checkpoint, load_checkpoint
@@ -48,14 +49,29 @@ class StepResult:
 
 
 def measure_read_bandwidth(device: str | torch.device = "cpu", nbytes: int = 256 << 20, repeats: int = 5) -> float:
-    """Bytes/s of the fastest of `repeats` full reads (torch.sum) of a buffer larger than any cache."""
+    """Bytes/s of the fastest of `repeats` full reads of a buffer larger than any cache: on CPU STREAM's way
+    (kernels/stream.cpp: every thread its own slice, vector loads), elsewhere (or without the kernels) one
+    torch.sum, which reads slower than the threads can (docs/cpu.md)."""
     buffer = torch.ones(nbytes // 4, dtype=torch.float32, device=device)  # ones, not empty: touch every page
+    fn = native.entry("stream", "zhuzi_stream_read", [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int,
+                                                      ctypes.c_void_p, ctypes.c_void_p]) \
+        if buffer.is_cpu else None
+    if fn is not None:
+        seconds, total = ctypes.c_double(), ctypes.c_float()
+        if fn(buffer.data_ptr(), buffer.numel(), repeats, torch.get_num_threads(), ctypes.byref(seconds),
+              ctypes.byref(total)) == 0:
+            return nbytes / seconds.value
+    return torch_sum_bandwidth(buffer, repeats)
+
+
+def torch_sum_bandwidth(buffer: torch.Tensor, repeats: int) -> float:
+    """Bytes/s of the fastest of `repeats` torch.sum over buffer."""
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
         float(buffer.sum())
         best = min(best, time.perf_counter() - start)
-    return nbytes / best
+    return buffer.nbytes / best
 
 
 def load_runner(config: EngineConfig, tp: TPGroup | None = None) -> tuple[Checkpoint, ModelRunner]:
@@ -106,9 +122,12 @@ class ModelRunner:
         self.num_blocks = num_blocks
         self.device = torch.device(config.device)
         # One preallocated pool: [layers, K/V, slots, kv_heads, head_dim], of this rank's KV heads (all of them
-        # without tensor parallelism): every rank has the same blocks, each for its own heads.
+        # without tensor parallelism): every rank has the same blocks, each for its own heads. q8_0 heads are
+        # wider: their scales follow their values (kv_format.py).
+        kv = config.precision.kv
+        kv_format.check(c.head_dim, kv)
         self.kv_cache = zeroed_pool((c.num_layers, 2, num_blocks * config.block_size, model.num_kv_heads,
-                                     c.head_dim), model.kv_dtype, self.device)
+                                     kv_format.head_width(c.head_dim, kv)), kv, self.device)
         self.sampler = Sampler()
         # With tensor parallelism this is rank 0's runner: it posts each forward pass and LM-head call, which the
         # other ranks' follow loops (tp_worker.py) run over their slices.

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from zhuzi.model.cpu_attention import paged_decode_attention, paged_prefill_attention
+from zhuzi.model.kv_format import Q8_0, from_pool, to_pool
 
 
 @dataclass
@@ -62,8 +63,8 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """q: [tokens, heads, dim]; k, v: [tokens, kv_heads, dim]; caches: [slots, kv_heads, dim]. Without
     tiled_prefill, prompt chunks get a decode row's arithmetic (--deterministic); window: the layer's
     sliding window (None: the whole context)."""
-    k_cache.index_copy_(0, meta.slot_mapping, k.to(k_cache.dtype))
-    v_cache.index_copy_(0, meta.slot_mapping, v.to(v_cache.dtype))
+    k_cache.index_copy_(0, meta.slot_mapping, to_pool(k, k_cache.dtype))
+    v_cache.index_copy_(0, meta.slot_mapping, to_pool(v, v_cache.dtype))
     out = torch.empty_like(q)
     n = meta.num_decode_tokens
     if n:
@@ -87,7 +88,7 @@ def _prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cach
         out = paged_decode_attention(q, k_cache, v_cache, chunk.query_slots, chunk.query_lengths, scale, window)
     if out is not None:
         return out
-    if chunk.context == chunk.length and not window:  # no cached prefix: the chunk's own K/V is the whole context
+    if chunk.context == chunk.length and not window and k_cache.dtype != Q8_0:  # the chunk's K/V is the context
         keys, values, mask = _compute_dtype(k), _compute_dtype(v), None
     else:
         keys, values = _gather(k_cache, chunk.slots), _gather(v_cache, chunk.slots)
@@ -103,8 +104,8 @@ def _decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
         return out
     # The portable path (CUDA, or no compiler): gather each history, then torch's attention.
     b, width = meta.decode_slots.shape
-    keys = _gather(k_cache, meta.decode_slots.reshape(-1)).view(b, width, *k_cache.shape[1:]).transpose(1, 2)
-    values = _gather(v_cache, meta.decode_slots.reshape(-1)).view(b, width, *v_cache.shape[1:]).transpose(1, 2)
+    keys = _gather(k_cache, meta.decode_slots.reshape(-1)).view(b, width, -1, q.shape[-1]).transpose(1, 2)
+    values = _gather(v_cache, meta.decode_slots.reshape(-1)).view(b, width, -1, q.shape[-1]).transpose(1, 2)
     positions, lengths = torch.arange(width, device=q.device), meta.decode_lengths[:, None]
     mask = (positions < lengths) & (positions >= lengths - window) if window else positions < lengths
     mask = mask[:, None, None]
@@ -121,7 +122,7 @@ def _gather(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     # index_select is a plain memcpy per row; advanced indexing is many times slower on CPU. Slots of blocks a
     # sliding window gave back are negative: zeros stand in for them (the mask hides them; what their block
     # holds now might be anything).
-    rows = _compute_dtype(cache.index_select(0, slots.clamp(min=0)))
+    rows = _compute_dtype(from_pool(cache.index_select(0, slots.clamp(min=0))))
     return rows.masked_fill_((slots < 0)[:, None, None], 0)
 
 

@@ -5,14 +5,15 @@ Why: at batch 1 a step streams every weight once, and the per-layer torch path a
 (norms, dtype copies, cats, slices, index_copy) and as many OpenMP fork/joins around them, which cost more
 than reading the int4 weights; one call a step leaves little beside the reads (docs/benchmarks.md).
 
-How: one OpenMP parallel region for the whole step. Per layer: RMSNorm -> QKV (+ bias) -> q/k norms,
-RoPE, K/V into the pool -> attention per kv head (kernels/attention.h, the decode kernel's loop) ->
-O + residual -> RMSNorm -> gate and up rows in matching 16-row chunks, SiLU(gate) * up -> down +
-residual; then the final norm and the LM head. Weight rows are split over the threads in chunks of 16,
-through the linear kernels' own inner loops (kernels/rows.h, kernels/tiles.h); each thread prepares a
-matrix's input rows itself, so a layer costs six barriers. The decoder's weight tensors are used in
-place (dense bf16, int8 with scales, Q4/Q8 tiles, a GGUF file's blocks in its mapping: block_tiles.h against
-q8 activations, the embedding's rows dequantized from its blocks).
+How: one OpenMP parallel region for the whole step. Per layer: RMSNorm -> QKV (+ bias) -> per row and
+kv head, its q/k norms, RoPE, K/V into the pool (bf16 or q8_0) and attention (kernels/attention.h, the
+decode kernel's loop) -> O + residual -> RMSNorm -> gate and up rows in matching 16-row chunks,
+SiLU(gate) * up -> down + residual; then the final norm and the LM head. Weight rows are split over the
+threads in chunks of 16, through the linear kernels' own inner loops (kernels/rows.h, kernels/tiles.h); each
+thread prepares a matrix's input rows itself, so a layer costs five barriers (time_barriers() clocks each
+thread's wait at them: zhuzi bench decode reports it). The decoder's weight tensors are used in place
+(dense bf16, int8 with scales, Q4/Q8 tiles, a GGUF file's blocks in its mapping: block_tiles.h against q8
+activations, the embedding's rows dequantized from its blocks).
 
 Arithmetic, and how it differs from the per-layer path: the residual stream stays float32 for the whole
 step. With AVX512-BF16 each matrix input is rounded to bf16 once (the RMSNorm output computed in
@@ -34,6 +35,7 @@ import torch
 
 from zhuzi.model import native
 from zhuzi.model.blocks import BlockWeight
+from zhuzi.model.kv_format import Q8_0
 from zhuzi.model.linear import BlockLinear, Int8Linear, Linear, TiledLinear
 
 MAX_ROWS = 8
@@ -61,7 +63,8 @@ class _Args(ctypes.Structure):
                 ("sin", ctypes.c_void_p), ("kv", ctypes.c_void_p), ("num_slots", ctypes.c_int64),
                 ("slots", ctypes.c_void_p), ("lens", ctypes.c_void_p), ("width", ctypes.c_int64),
                 ("logits", ctypes.c_void_p), ("threads", ctypes.c_int32), ("embed_type", ctypes.c_int32),
-                ("embed_row_bytes", ctypes.c_int64), ("rope_interleaved", ctypes.c_int32)]
+                ("embed_row_bytes", ctypes.c_int64), ("rope_interleaved", ctypes.c_int32), ("kv_q8", ctypes.c_int32),
+                ("barrier_s", ctypes.c_void_p)]
 
 
 def _kernel():
@@ -98,6 +101,8 @@ class FusedDecode:
     """One decode step of a Decoder in one call; build() returns None where the kernel cannot serve it."""
 
     def __init__(self, decoder, fn):
+        self.barrier_s: torch.Tensor | None = None  # time_barriers()
+        self.steps = 0
         c = decoder.config
         self.fn, self.decoder = fn, decoder  # the decoder owns every tensor the structs point at, but the biases
         self.biases: list[torch.Tensor] = []
@@ -127,6 +132,17 @@ class FusedDecode:
             return "experts"  # the C++ step runs dense MLPs only
         return None if config.architecture in ARCHITECTURES else f"{config.architecture} layers"
 
+    def time_barriers(self) -> None:
+        """From now on, add each thread's seconds of waiting at the step's barriers to barrier_s[thread], and
+        count the steps in steps (from zero)."""
+        self.barrier_s, self.steps = torch.zeros(torch.get_num_threads(), dtype=torch.float64), 0
+        self.args.barrier_s = self.barrier_s.data_ptr()
+
+    @property
+    def barrier_wait_per_step(self) -> float:
+        """Mean seconds a thread waited at barriers a step, since time_barriers()."""
+        return float(self.barrier_s.mean()) / max(1, self.steps)
+
     @classmethod
     def build(cls, decoder) -> FusedDecode | None:
         if cls.refusal(decoder.config):
@@ -150,7 +166,7 @@ class FusedDecode:
         """Logits [M, vocab] float32 of M <= 8 decode rows; row m attends its first lengths[m] slots, the
         last of which receives its new K/V. None when the kernel does not serve the call."""
         m = input_ids.shape[0]
-        if not (1 <= m <= MAX_ROWS and kv_cache.dtype == torch.bfloat16 and kv_cache.is_contiguous()):
+        if not (1 <= m <= MAX_ROWS and kv_cache.dtype in (torch.bfloat16, Q8_0) and kv_cache.is_contiguous()):
             return None
         ids, positions = input_ids.contiguous(), positions.contiguous()
         slots, lengths = slots.contiguous(), lengths.contiguous()
@@ -160,7 +176,12 @@ class FusedDecode:
                                                         lengths.data_ptr(), slots.shape[1])
         a.kv, a.num_slots, a.logits, a.threads = kv_cache.data_ptr(), kv_cache.shape[2], logits.data_ptr(), \
             torch.get_num_threads()
+        a.kv_q8 = kv_cache.dtype == Q8_0
+        if self.barrier_s is not None and a.threads > len(self.barrier_s):
+            raise RuntimeError(f"fused decode step: barriers timed for {len(self.barrier_s)} threads, not "
+                               f"{a.threads}")
         status = self.fn(ctypes.addressof(a), m)
+        self.steps += status == 0
         if status == 1:
             raise IndexError("fused decode step: a length is outside 1..W or a slot is outside the pool")
         return logits if status == 0 else None

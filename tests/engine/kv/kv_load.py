@@ -18,7 +18,8 @@ def ids(seed: int, n: int = 64) -> list[int]:
 
 
 def llm(model: str, **options) -> LLM:
-    return LLM(model, dtype=options.pop("dtype", "float32"), kv_cache_memory=POOL, **options)
+    return LLM(model, dtype=options.pop("dtype", "float32"), kv_cache_memory=options.pop("kv_cache_memory", POOL),
+               **options)
 
 
 def push_out(engine: LLM) -> None:

@@ -1,6 +1,6 @@
 """The KV connector with a real model (tiny, float32): blocks that left the pool come back from the host and
-disk tiers instead of being computed, give the tokens computing gives, survive a restart, and are never
-loaded into another model or dtype; a corrupt file is recomputed."""
+disk tiers instead of being computed, give the tokens computing gives (q8_0 blocks too), survive a restart,
+and are never loaded into another model or dtype; a corrupt file is recomputed."""
 import logging
 import shutil
 
@@ -43,6 +43,18 @@ def test_blocks_evicted_to_host_memory_come_back_with_the_tokens_computing_gives
     assert again.num_cached_tokens == 48 and stats.prefix_cache_hits == hits_before  # none from the pool itself
     assert stats.kv_tiers["host"].hit_tokens == 48 and stats.kv_tiers["host"].stored >= 4
     assert again.outputs[0].token_ids == first.outputs[0].token_ids == computed(model, A)
+
+
+def test_q8_0_blocks_evicted_to_host_memory_come_back_with_the_tokens_computing_gives(tmp_path):
+    tiny.build("llama", tmp_path, num_attention_heads=2, num_key_value_heads=1)  # head_dim 32: one q8_0 block
+    q8 = {"kv_cache_dtype": "q8_0", "kv_cache_memory": 12 * BLOCK * 2 * 2 * 34}  # 12 blocks of 2 layers' K and V
+    engine = llm(str(tmp_path), kv_offload_memory="1MiB", **q8)
+    first = engine.generate([A], GREEDY)[0]
+    push_out(engine)
+    again = engine.generate([A], GREEDY)[0]
+    assert again.num_cached_tokens == 48 and engine.engine.stats().kv_tiers["host"].hit_tokens == 48
+    computed = llm(str(tmp_path), enable_prefix_caching=False, **q8).generate([A], GREEDY)[0].outputs[0].token_ids
+    assert again.outputs[0].token_ids == first.outputs[0].token_ids == computed
 
 
 def test_the_disk_tier_serves_after_a_restart_only_the_same_model_and_dtype(model, other_model, tmp_path):

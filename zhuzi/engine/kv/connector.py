@@ -49,10 +49,11 @@ class KVLayout:
     block_size: int
 
     @classmethod
-    def of(cls, config: EngineConfig, model: ModelConfig, path: Path, pool: torch.dtype) -> KVLayout:
-        pool_dtype, compute = (str(d).removeprefix("torch.") for d in (pool, config.precision.compute))
+    def of(cls, config: EngineConfig, model: ModelConfig, path: Path, pool: torch.Tensor) -> KVLayout:
+        """head_dim: the pool's last dimension (a q8_0 head's values and scales: kv_format.py)."""
+        pool_dtype, compute = (str(d).removeprefix("torch.") for d in (pool.dtype, config.precision.compute))
         return cls(content_digest(path), pool_dtype, compute, config.quantization, model.num_layers,
-                   model.num_kv_heads, model.head_dim, config.block_size)
+                   model.num_kv_heads, pool.shape[-1], config.block_size)
 
     @property
     def digest(self) -> bytes:
@@ -90,7 +91,7 @@ class KVConnector:
     def of(cls, config: EngineConfig, model: ModelConfig, path: Path, kv_cache: torch.Tensor) -> KVConnector:
         host = parse_bytes(config.kv_offload_memory)
         folder = Path(config.kv_offload_dir) if config.kv_offload_dir else None
-        return cls(KVLayout.of(config, model, path, kv_cache.dtype), kv_cache, host, folder,
+        return cls(KVLayout.of(config, model, path, kv_cache), kv_cache, host, folder,
                    parse_bytes(config.kv_offload_disk))
 
     @property

@@ -4,6 +4,9 @@
 #pragma once
 #include <cstdint>
 
+// The KV pool's formats (kv_rows.h), as the attention entry points take them.
+enum KVType : int { KV_F32 = 0, KV_BF16 = 1, KV_Q8_0 = 2 };
+
 extern "C" {
 // small_m_linear.cpp: y[M, N] = x[M, K] w[N, K]^T (times scale[n] for int8 weights), M <= 8.
 int zhuzi_small_m_linear(int weight, int x_bf16, const void* x, const void* w, const void* scale, int scale_bf16,
@@ -20,13 +23,13 @@ void zhuzi_quantize_rows(int bf16, const void* x, int8_t* q, float* s, int32_t* 
 void zhuzi_scale_rows(int bf16, const int32_t* acc, const float* s, const int32_t* z, const int32_t* wsum,
                       const float* sw, const void* bias, void* y, int64_t M, int64_t N, int threads);
 // decode_attention.cpp: one query token per row over its paged history; q and out float32 or bf16 (q_bf16),
-// the pools float32 or bf16 (kv_bf16; bf16 queries take bf16 pools); window > 0: a sliding window's tokens.
-int zhuzi_decode_attention(int q_bf16, int kv_bf16, const void* q, const void* kc, const void* vc,
+// the pools a KVType (bf16 queries take bf16 or q8_0 pools); window > 0: a sliding window's tokens.
+int zhuzi_decode_attention(int q_bf16, int kv_type, const void* q, const void* kc, const void* vc,
                            const int64_t* slots, const int64_t* lens, void* out, int64_t B, int64_t W, int H, int KV,
                            int D, int64_t nslots, float scale, int64_t window, int threads);
 // prefill_attention.cpp: a prompt chunk's causal attention over its paged history; q and out float32 or
-// bf16, pools bf16 (float32 pools are the reference: not served); window > 0: a sliding window's tokens.
-int zhuzi_prefill_attention(int q_bf16, int kv_bf16, const void* q, const void* kc, const void* vc,
+// bf16, pools bf16 or q8_0 (float32 pools are the reference: not served); window > 0: a sliding window's tokens.
+int zhuzi_prefill_attention(int q_bf16, int kv_type, const void* q, const void* kc, const void* vc,
                             const int64_t* slots, int64_t L, int64_t context, int H, int KV, int D, int64_t nslots,
                             float scale, int64_t window, void* out, int threads);
 // dequantize_blocks.cpp: rows ids[i] (all n rows when ids is null) of a GGUF block matrix -> their exact
@@ -37,6 +40,9 @@ int zhuzi_dequantize_rows(int type, const void* src, int64_t rows, int64_t row_b
 // block_tiles.h's Part); x and y each float32, or bf16 (x_bf16, y_bf16).
 int zhuzi_block_linear(const void* parts, int nparts, const void* x, int x_bf16, void* y, int y_bf16, int64_t M,
                        int64_t N, int64_t K, int threads);
+// stream.cpp: the fastest of `passes` reads of x[n] (float32), every thread its own slice: seconds, and the
+// sum read (0 on success).
+int zhuzi_stream_read(const float* x, int64_t n, int passes, int threads, double* seconds, float* sum);
 // decode_step.cpp: a whole decode step of M <= 8 rows (args: step::Args, see fused.py).
 int zhuzi_decode_step(const void* args, int64_t M);
 }

@@ -1,7 +1,7 @@
 // Paged attention of one query token over its history, online softmax over tiles of positions: the
 // inner loop of the decode attention kernel and of the fused decode step (see cpu_attention.py).
 #pragma once
-#include "prelude.h"
+#include "kv_rows.h"
 
 #include <algorithm>
 #include <cmath>
@@ -27,31 +27,31 @@ static inline void load_row(const uint16_t* p, vf* out, int nv) {
 }
 static inline int element(const float*, int j, int i) { return j * VL + i; }
 static inline int element(const uint16_t*, int j, int i) { return (j & ~1) * VL + 2 * i + (j & 1); }
+static inline int element(const uint8_t*, int j, int i) { return j * VL + i; }
 
-// A query row in the element order of the keys it meets (float queries against bf16 keys are split too).
-template <typename TKV>
-static inline void load_row_as(const float* p, vf* out, int nv) {
-  if constexpr (std::is_same_v<TKV, float>) {
+// A query row in the element order of the keys it meets (bf16 keys split, float and q8_0 keys in order).
+template <typename TKV, typename TQ>
+static inline void load_row_as(const TQ* p, vf* out, int nv) {
+  if constexpr (std::is_same_v<TKV, TQ>) {
     load_row(p, out, nv);
   } else {
     for (int j = 0; j < nv; ++j)
-      for (int i = 0; i < VL; ++i) out[j][i] = p[element((const uint16_t*)nullptr, j, i)];
+      for (int i = 0; i < VL; ++i) out[j][i] = value(p[element((const TKV*)nullptr, j, i)]);
   }
 }
-template <typename TKV>
-static inline void load_row_as(const uint16_t* p, vf* out, int nv) { load_row(p, out, nv); }
 
 // One sequence, query heads h0 .. h1 - 1 of H (q and out point at the sequence's head 0). A slot's row
 // holds every kv head side by side; the kv heads of the range are read together, which keeps the reads
 // contiguous when the range is all heads. A head's arithmetic does not depend on the range.
-// Queries and outputs are TQ, keys and values TKV (float or bf16 each).
+// Queries and outputs are TQ (float or bf16), keys and values TKV (float, bf16 or q8_0).
 template <typename TQ, typename TKV, int D>
 static void attend(const TQ* q, const TKV* kc, const TKV* vc, const int64_t* slots, int64_t len, TQ* out,
                    int h0, int h1, int H, int KV, int64_t nslots, float scale, int* bad) {
   constexpr int NV = D / VL;
   static_assert(D % (2 * VL) == 0, "bf16 rows are read 2 VL values at a time");
   const int G = H / KV, kv0 = h0 / G, kv1 = (h1 - 1) / G + 1;
-  const int64_t row = int64_t(KV) * D, span = int64_t(kv1 - kv0) * D * sizeof(TKV);
+  constexpr int64_t W = head_width<TKV>(D);
+  const int64_t row = int64_t(KV) * W, span = int64_t(kv1 - kv0) * W * sizeof(TKV);
   const int ahead = std::clamp(AHEAD_BYTES / int(2 * span), 1, TILE);
   vf qv[MAXHD / VL], acc[MAXHD / VL];
   alignas(64) float s[MAXH][TILE];
@@ -71,8 +71,8 @@ static void attend(const TQ* q, const TKV* kc, const TKV* vc, const int64_t* slo
     for (int t = 0; t < n; ++t) {
       if (t0 + t + ahead < len) {
         const int64_t o = std::clamp<int64_t>(slots[t0 + t + ahead], 0, nslots - 1) * row;
-        const char* kr = reinterpret_cast<const char*>(kc + o + kv0 * D);
-        const char* vr = reinterpret_cast<const char*>(vc + o + kv0 * D);
+        const char* kr = reinterpret_cast<const char*>(kc + o + kv0 * W);
+        const char* vr = reinterpret_cast<const char*>(vc + o + kv0 * W);
         for (int64_t i = 0; i < span; i += 64) {
           __builtin_prefetch(kr + i);
           __builtin_prefetch(vr + i);
@@ -80,7 +80,7 @@ static void attend(const TQ* q, const TKV* kc, const TKV* vc, const int64_t* slo
       }
       for (int kh = kv0; kh < kv1; ++kh) {
         vf k[NV];
-        load_row(kc + off[t] + kh * D, k, NV);
+        load_row(kc + off[t] + kh * W, k, NV);
         for (int h = std::max(kh * G, h0); h < std::min((kh + 1) * G, h1); ++h) {
           vf d = qv[h * NV] * k[0];
           for (int j = 1; j < NV; ++j) d = fmadd(qv[h * NV + j], k[j], d);
@@ -107,7 +107,7 @@ static void attend(const TQ* q, const TKV* kc, const TKV* vc, const int64_t* slo
       for (int j = 0; j < NV; ++j) a[j] = acc[h * NV + j] * alpha[h];
       for (int t = 0; t < n; ++t) {
         vf v[NV];
-        load_row(vc + off[t] + (h / G) * D, v, NV);
+        load_row(vc + off[t] + (h / G) * W, v, NV);
         for (int j = 0; j < NV; ++j) a[j] = fmadd(splat(s[h][t]), v[j], a[j]);
       }
       for (int j = 0; j < NV; ++j) acc[h * NV + j] = a[j];

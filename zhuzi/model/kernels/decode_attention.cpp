@@ -37,14 +37,14 @@ static int dispatch(int D, const void* q, const void* kc, const void* vc, const 
   }
 }
 
-extern "C" int zhuzi_decode_attention(int q_bf16, int kv_bf16, const void* q, const void* kc, const void* vc,
+extern "C" int zhuzi_decode_attention(int q_bf16, int kv_type, const void* q, const void* kc, const void* vc,
                                       const int64_t* slots, const int64_t* lens, void* out, int64_t B, int64_t W,
                                       int H, int KV, int D, int64_t nslots, float scale, int64_t window,
                                       int threads) {
   if (KV < 1 || H % KV || H > MAXH || H * D > MAXHD) return 2;
   const auto args = std::make_tuple(D, q, kc, vc, slots, lens, out, B, W, H, KV, nslots, scale, window, threads);
-  if (q_bf16 && kv_bf16) return std::apply(dispatch<uint16_t, uint16_t>, args);
-  if (kv_bf16) return std::apply(dispatch<float, uint16_t>, args);
-  if (!q_bf16) return std::apply(dispatch<float, float>, args);
+  if (kv_type == KV_BF16) return std::apply(q_bf16 ? dispatch<uint16_t, uint16_t> : dispatch<float, uint16_t>, args);
+  if (kv_type == KV_Q8_0) return std::apply(q_bf16 ? dispatch<uint16_t, uint8_t> : dispatch<float, uint8_t>, args);
+  if (kv_type == KV_F32 && !q_bf16) return std::apply(dispatch<float, float>, args);
   return 2;
 }

@@ -8,9 +8,26 @@
 #include "rows.h"
 #include "tiles.h"
 
+#include <omp.h>
+
 #include <vector>
 
 namespace step {
+
+// Where the team waits for its slowest thread: the end of each work-shared loop. With a clock (Args::barrier_s),
+// each thread's wait is added to its entry.
+struct Barrier {
+  double* clock;
+  void operator()() const {
+    if (!clock) {
+#pragma omp barrier
+      return;
+    }
+    const double start = omp_get_wtime();
+#pragma omp barrier
+    clock[omp_get_thread_num()] += omp_get_wtime() - start;
+  }
+};
 
 constexpr int CHUNK = 16;  // output rows per work item: one block of tiles
 
@@ -160,15 +177,16 @@ static void chunk(const Mat& a, Inputs& in, int64_t n0, int count, float out[M][
 
 // Every chunk of 16 output rows of a, split over the team; emit(n0, count, out) takes each chunk's results.
 template <int M, typename Emit>
-static void matmul(const Mat& a, Inputs& in, Emit emit) {
+static void matmul(const Mat& a, Inputs& in, const Barrier& sync, Emit emit) {
   const int64_t chunks = (a.n + CHUNK - 1) / CHUNK;
-#pragma omp for schedule(static)
+#pragma omp for schedule(static) nowait
   for (int64_t c = 0; c < chunks; ++c) {
     float out[M][CHUNK];
     const int count = int(std::min<int64_t>(CHUNK, a.n - c * CHUNK));
     chunk<M>(a, in, c * CHUNK, count, out);
     emit(c * CHUNK, count, out);
   }
+  sync();
 }
 
 static void head_norm(float* x, const uint16_t* w, int64_t D, float eps) {
@@ -202,23 +220,33 @@ static void embedding(const Args& a, int64_t id, float* h) {
 }
 
 // The query heads of kv head kh: each K/V row is read once for all of them.
-static void attend_group(int64_t D, const Act* q, const uint16_t* kc, const uint16_t* vc, const int64_t* slots,
+template <typename TKV>
+static void attend_group(int64_t D, const Act* q, const void* kc, const void* vc, const int64_t* slots,
                          int64_t len, Act* out, int kh, int H, int KV, int64_t nslots, float scale, int* bad) {
   const int G = H / KV;
-  auto go = [&](auto fn) { fn(q, kc, vc, slots, len, out, kh * G, (kh + 1) * G, H, KV, nslots, scale, bad); };
+  const auto* k = static_cast<const TKV*>(kc);
+  const auto* v = static_cast<const TKV*>(vc);
+  auto go = [&](auto fn) { fn(q, k, v, slots, len, out, kh * G, (kh + 1) * G, H, KV, nslots, scale, bad); };
   switch (D) {
-    case 32: go(attend<Act, uint16_t, 32>); break;
-    case 64: go(attend<Act, uint16_t, 64>); break;
-    case 96: go(attend<Act, uint16_t, 96>); break;
-    case 128: go(attend<Act, uint16_t, 128>); break;
-    default: go(attend<Act, uint16_t, 256>); break;
+    case 32: go(attend<Act, TKV, 32>); break;
+    case 64: go(attend<Act, TKV, 64>); break;
+    case 96: go(attend<Act, TKV, 96>); break;
+    case 128: go(attend<Act, TKV, 128>); break;
+    default: go(attend<Act, TKV, 256>); break;
   }
+}
+
+// A new token's K or V head into the pool.
+static void write_head(const float* x, void* pool, int64_t at, int64_t D, bool q8) {
+  if (q8) quantize_row(x, static_cast<uint8_t*>(pool) + at * head_width<uint8_t>(D), D);
+  else quantize_row(x, static_cast<uint16_t*>(pool) + at * D, D);
 }
 
 template <int M>
 static int run(const Args& a) {
   const int64_t H = a.heads, KV = a.kv_heads, D = a.head_dim, E = a.hidden, F = a.ffn, V = a.lm_head.n;
-  const int64_t QKV = (H + 2 * KV) * D, row = KV * D, pool = a.num_slots * row;
+  const int64_t QKV = (H + 2 * KV) * D;
+  const int64_t pool = a.num_slots * KV * (a.kv_q8 ? head_width<uint8_t>(D) : 2 * D);  // bytes of a layer's K
   std::vector<float> h(M * E), qkv(M * QKV), act(M * F);
   std::vector<Act> q(M * H * D), attn(M * H * D);
   for (int m = 0; m < M; ++m) embedding(a, a.ids[m], &h[m * E]);
@@ -228,43 +256,42 @@ static int run(const Args& a) {
 #pragma omp parallel num_threads(a.threads)
   {
     static thread_local Inputs in;
+    const Barrier sync{a.barrier_s};
     for (int64_t l = 0; l < a.num_layers; ++l) {
       const Layer& L = a.layers[l];
-      uint16_t* kc = a.kv + 2 * l * pool;
-      uint16_t* vc = kc + pool;
+      char* kc = static_cast<char*>(a.kv) + 2 * l * pool;
+      char* vc = kc + pool;
       in.set(h.data(), M, E, L.input_norm, a.eps);
-      matmul<M>(L.qkv, in, [&](int64_t n0, int count, float out[M][CHUNK]) {
+      matmul<M>(L.qkv, in, sync, [&](int64_t n0, int count, float out[M][CHUNK]) {
         for (int m = 0; m < M; ++m) std::memcpy(&qkv[m * QKV + n0], out[m], count * 4);
       });
-#pragma omp for schedule(static)
-      for (int64_t i = 0; i < M * (H + KV); ++i) {  // q/k norms, RoPE; queries to bf16, K and V into the pool
-        const int64_t m = i / (H + KV), j = i % (H + KV);
+      // A work item is a row's kv head: its query heads' and its key's norms and RoPE, its K/V into the pool,
+      // then its attention (which reads that K/V), with no barrier between them.
+#pragma omp for schedule(static) nowait
+      for (int64_t i = 0; i < M * KV; ++i) {
+        const int64_t m = i / KV, kh = i % KV, G = H / KV;
         const float* cos = a.cos + a.positions[m] * (D / 2);
         const float* sin = a.sin + a.positions[m] * (D / 2);
-        float* x = &qkv[m * QKV + j * D];
-        if (j < H) {
+        for (int64_t j = kh * G; j < (kh + 1) * G; ++j) {
+          float* x = &qkv[m * QKV + j * D];
           if (L.q_norm) head_norm(x, L.q_norm, D, a.eps);
           rope(x, cos, sin, D, a.rope_interleaved);
           for (int64_t d = 0; d < D; ++d) store(x[d], &q[(m * H + j) * D + d]);
-          continue;
         }
-        const int64_t kh = j - H, slot = a.slots[m * a.width + a.lens[m] - 1];
+        const int64_t slot = a.slots[m * a.width + a.lens[m] - 1];
         if (slot < 0 || slot >= a.num_slots) { bad = 1; continue; }
+        float* x = &qkv[m * QKV + (H + kh) * D];
         if (L.k_norm) head_norm(x, L.k_norm, D, a.eps);
         rope(x, cos, sin, D, a.rope_interleaved);
-        for (int64_t d = 0; d < D; ++d) {
-          store(x[d], kc + slot * row + kh * D + d);
-          store(x[KV * D + d], vc + slot * row + kh * D + d);
-        }
+        write_head(x, kc, slot * KV + kh, D, a.kv_q8);
+        write_head(x + KV * D, vc, slot * KV + kh, D, a.kv_q8);
+        (a.kv_q8 ? attend_group<uint8_t> : attend_group<uint16_t>)(
+            D, &q[m * H * D], kc, vc, a.slots + m * a.width, a.lens[m], &attn[m * H * D], int(kh), int(H),
+            int(KV), a.num_slots, a.scale, &bad);
       }
-#pragma omp for schedule(static)
-      for (int64_t i = 0; i < M * KV; ++i) {
-        const int64_t m = i / KV;
-        attend_group(D, &q[m * H * D], kc, vc, a.slots + m * a.width, a.lens[m], &attn[m * H * D], int(i % KV),
-                     int(H), int(KV), a.num_slots, a.scale, &bad);
-      }
+      sync();
       in.use(attn.data(), M, H * D);
-      matmul<M>(L.o, in, [&](int64_t n0, int count, float out[M][CHUNK]) {
+      matmul<M>(L.o, in, sync, [&](int64_t n0, int count, float out[M][CHUNK]) {
         for (int m = 0; m < M; ++m)
           for (int r = 0; r < count; ++r) h[m * E + n0 + r] += out[m][r];
       });
@@ -276,7 +303,7 @@ static int run(const Args& a) {
       else if (gate.kind == INT8) up.w = static_cast<const int8_t*>(gate.w) + F * E, up.scale = gate.scale + F;
       else if (gate.kind == BLOCKS) up.w = static_cast<const block_tiles::Part*>(gate.w) + 1;
       else up.w = static_cast<const uint8_t*>(gate.w) + (F / CHUNK) * (E / 32) * tiles::tile_bytes(gate.kind - Q4);
-#pragma omp for schedule(static)
+#pragma omp for schedule(static) nowait
       for (int64_t c = 0; c < F / CHUNK; ++c) {
         float g[M][CHUNK], u[M][CHUNK];
         chunk<M>(gate, in, c * CHUNK, CHUNK, g);
@@ -284,14 +311,15 @@ static int run(const Args& a) {
         for (int m = 0; m < M; ++m)
           for (int r = 0; r < CHUNK; ++r) act[m * F + c * CHUNK + r] = g[m][r] / (1.f + expf(-g[m][r])) * u[m][r];
       }
+      sync();
       in.set(act.data(), M, F);
-      matmul<M>(L.down, in, [&](int64_t n0, int count, float out[M][CHUNK]) {
+      matmul<M>(L.down, in, sync, [&](int64_t n0, int count, float out[M][CHUNK]) {
         for (int m = 0; m < M; ++m)
           for (int r = 0; r < count; ++r) h[m * E + n0 + r] += out[m][r];
       });
     }
     in.set(h.data(), M, E, a.norm, a.eps);
-    matmul<M>(a.lm_head, in, [&](int64_t n0, int count, float out[M][CHUNK]) {
+    matmul<M>(a.lm_head, in, sync, [&](int64_t n0, int count, float out[M][CHUNK]) {
       for (int m = 0; m < M; ++m) std::memcpy(a.logits + m * V + n0, out[m], count * 4);
     });
   }

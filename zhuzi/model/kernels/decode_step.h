@@ -40,7 +40,7 @@ struct Args {
   const int64_t* positions;   // [M]
   const float* cos;           // [positions, head_dim / 2]
   const float* sin;
-  uint16_t* kv;               // [layers, 2, slots, kv_heads, head_dim]
+  void* kv;                   // [layers, 2, slots, kv_heads, head_dim] bf16, or of q8_0 heads (kv_q8)
   int64_t num_slots;
   const int64_t* slots;       // [M, width]: the last of row m's lens[m] slots is its new token's
   const int64_t* lens;        // [M]
@@ -50,6 +50,9 @@ struct Args {
   int32_t embed_type;         // 0: embed is bf16; else a GGUF block type, rows of embed_row_bytes
   int64_t embed_row_bytes;
   int32_t rope_interleaved;   // RoPE on pairs (2i, 2i + 1) (a llama GGUF's Q/K order), not (i, i + D/2)
+  int32_t kv_q8;              // the pool holds q8_0 heads (kv_rows.h), not bf16
+  double* barrier_s;          // [threads]: each thread's seconds of waiting at the step's barriers are added
+                              // to its entry (zhuzi bench decode); null: not timed
 };
 
 }  // namespace step

@@ -4,9 +4,9 @@
 // the keys from position 0 in tiles of 32 (only as far as its last query may look), so every K/V row a tile
 // reads serves all of the item's queries at once, with an online softmax per lane in float32. Two items:
 // bf16 throughout with vdpbf16ps (avx512/prefill_attention.h), and float32 math over float32 or bf16
-// queries and pools on every variant (prefill_tile.h). With a sliding window (window > 0) an item starts at
-// its first query's oldest visible key and each lane masks the keys older than its own window: the slots
-// before that are never read (their blocks may be back in the pool).
+// queries and bf16 or q8_0 pools on every variant (prefill_tile.h). With a sliding window (window > 0) an item
+// starts at its first query's oldest visible key and each lane masks the keys older than its own window: the
+// slots before that are never read (their blocks may be back in the pool).
 #include "api.h"
 #include "prefill_tile.h"
 #if ZHUZI_AVX512
@@ -28,7 +28,7 @@ static int run(Item item, const void* q, const void* kc, const void* vc, const i
   for (int64_t i = 0; i < items; ++i) {
     const int64_t b = blocks - 1 - i / H;
     item(static_cast<const TQ*>(q), static_cast<const TKV*>(kc), static_cast<const TKV*>(vc), slots, first, b * Q,
-         int(std::min<int64_t>(Q, L - b * Q)), int(i % H), H, H / KV, int64_t(KV) * D, scale, window,
+         int(std::min<int64_t>(Q, L - b * Q)), int(i % H), H, H / KV, KV * head_width<TKV>(D), scale, window,
          static_cast<TQ*>(out));
   }
   return 0;
@@ -71,12 +71,13 @@ static int bf16_items(int D, const void* q, const void* kc, const void* vc, cons
 static constexpr auto bf16_items = float_items<uint16_t, uint16_t>;
 #endif
 
-extern "C" int zhuzi_prefill_attention(int q_bf16, int kv_bf16, const void* q, const void* kc, const void* vc,
+extern "C" int zhuzi_prefill_attention(int q_bf16, int kv_type, const void* q, const void* kc, const void* vc,
                                        const int64_t* slots, int64_t L, int64_t context, int H, int KV, int D,
                                        int64_t nslots, float scale, int64_t window, void* out, int threads) {
   if (KV < 1 || H % KV || L < 1 || L > context) return 2;
   const auto args = std::make_tuple(D, q, kc, vc, slots, L, context, H, KV, nslots, scale, window, out, threads);
-  if (q_bf16 && kv_bf16) return std::apply(bf16_items, args);
-  if (!q_bf16 && kv_bf16) return std::apply(float_items<float, uint16_t>, args);
+  if (kv_type == KV_BF16) return std::apply(q_bf16 ? bf16_items : float_items<float, uint16_t>, args);
+  if (kv_type == KV_Q8_0)
+    return std::apply(q_bf16 ? float_items<uint16_t, uint8_t> : float_items<float, uint8_t>, args);
   return 2;  // float32 pools: the reference path, each query through the decode kernel
 }

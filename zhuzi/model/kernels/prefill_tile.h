@@ -1,9 +1,9 @@
-// prefill_attention.cpp's work item in float32 on any variant (queries float32 or bf16, pools float32 or
-// bf16): 2 VL queries of one head, one per lane of two vectors. A tile's key and value rows are widened to
+// prefill_attention.cpp's work item in float32 on any variant (queries float32 or bf16, pools float32, bf16
+// or q8_0): 2 VL queries of one head, one per lane of two vectors. A tile's key and value rows are widened to
 // float once; a key's scores for all the queries are its values broadcast against the transposed queries,
 // and each value likewise updates every query's output. Softmax is online per lane.
 #pragma once
-#include "prelude.h"
+#include "kv_rows.h"
 
 #include <algorithm>
 #include <cmath>
@@ -12,9 +12,6 @@ namespace f32 {
 
 constexpr int QV = 2, Q = QV * VL;  // query vectors, queries per item
 constexpr int T = 32;               // keys per tile
-
-static inline float value(float x) { return x; }
-static inline float value(uint16_t x) { return widen(x); }
 
 // Queries q0 .. q0 + n - 1 (n <= Q) of head h, at positions first + q0 .. ; keys at pool rows slots[0 ..].
 template <typename TQ, typename TKV, int D>
@@ -34,14 +31,15 @@ static void item(const TQ* q, const TKV* kc, const TKV* vc, const int64_t* slots
     qlow[v] = window > 0 ? qpos[v] - float(window - 1) : splat(-INFINITY);
   }
   // keys [begin, end) are visible to some lane; each lane sees one in the first tile (Q <= T), so no max is -inf
-  const int64_t end = first + q0 + n, kv_off = int64_t(h / G) * D;
+  const int64_t end = first + q0 + n, kv_off = int64_t(h / G) * head_width<TKV>(D);
   const int64_t begin = window > 0 ? std::max<int64_t>(0, first + q0 - window + 1) : 0;
   for (int64_t t0 = begin; t0 < end; t0 += T) {
     const int nt = int(std::min<int64_t>(T, end - t0));
     for (int t = 0; t < nt; ++t) {  // whole contiguous rows: the widening runs in vectors
       const TKV* k = kc + slots[t0 + t] * row + kv_off;
       const TKV* v = vc + slots[t0 + t] * row + kv_off;
-      for (int d = 0; d < D; ++d) kt[t][d] = value(k[d]), vt[t][d] = value(v[d]);
+      widen_row(k, kt[t], D);
+      widen_row(v, vt[t], D);
     }
     for (int t = nt; t < T; ++t)
       for (int d = 0; d < D; ++d) kt[t][d] = vt[t][d] = 0.f;
