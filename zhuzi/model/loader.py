@@ -169,6 +169,15 @@ def _hf_rope(raw: dict[str, Any]) -> tuple[float, dict | None]:
     return float(theta), (params if kind != "default" else None)
 
 
+def _sentence_transformers_pooling(directory: Path) -> str | None:
+    """The pooling an embedding model's sentence-transformers config asks for (1_Pooling/config.json)."""
+    pooling_file = directory / "1_Pooling" / "config.json"
+    if not pooling_file.is_file():
+        return None
+    modes = _read_json(pooling_file)
+    return "last" if modes.get("pooling_mode_lasttoken") else "mean" if modes.get("pooling_mode_mean_tokens") else None
+
+
 def _hf_config(directory: Path) -> ModelConfig:
     config_file = directory / "config.json"
     if not config_file.is_file():
@@ -200,6 +209,7 @@ def _hf_config(directory: Path) -> ModelConfig:
             qk_norm=architecture == "qwen3",
             bos_token_id=(_unique([raw.get("bos_token_id"), generation.get("bos_token_id")]) or [None])[0],
             eos_token_ids=_unique(_as_list(raw.get("eos_token_id")) + _as_list(generation.get("eos_token_id"))),
+            pooling=_sentence_transformers_pooling(directory),
         )
     except KeyError as e:
         raise CheckpointError(config_file, f"missing key {e}") from None
@@ -352,6 +362,10 @@ def _parse_gguf_header(path: Path, cursor: _Cursor) -> GGUFHeader:
     return GGUFHeader(metadata, infos)
 
 
+# llama.cpp's enum llama_pooling_type, for the kinds a decoder's hidden states allow (2 is BERT's CLS token).
+_GGUF_POOLING = {1: "mean", 3: "last"}
+
+
 def _gguf_config(path: Path, header: GGUFHeader) -> ModelConfig:
     meta = header.metadata
     arch = meta.get("general.architecture")
@@ -380,6 +394,7 @@ def _gguf_config(path: Path, header: GGUFHeader) -> ModelConfig:
             qk_norm=arch == "qwen3",
             bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
             eos_token_ids=_unique([meta.get("tokenizer.ggml.eos_token_id"), meta.get("tokenizer.ggml.eot_token_id")]),
+            pooling=_GGUF_POOLING.get(meta.get(f"{arch}.pooling_type", 0)),
         )
     except KeyError as e:
         raise CheckpointError(path, f"missing GGUF metadata key {e}") from None

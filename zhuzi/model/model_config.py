@@ -27,6 +27,7 @@ class ModelConfig:
     rope_interleaved: bool = False  # RoPE rotates pairs (0, 1), (2, 3), ...: a llama GGUF's Q/K row order
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
+    pooling: str | None = None  # an embedding checkpoint's own pooling, "mean" or "last" (None: it names none)
 
     @property
     def num_parameters(self) -> int:
