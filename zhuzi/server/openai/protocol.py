@@ -384,6 +384,15 @@ class ChatCompletionRequest(ChatTemplateRequest, SamplingRequest):
 Prompt = Text | list[Text] | list[int] | list[list[int]]
 
 
+def as_batch(prompt: Prompt) -> list[str | list[int]]:
+    """A prompt (or an embedding's input) as a batch: each item a string or a list of token ids."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if prompt and all(isinstance(p, int) for p in prompt):
+        return [prompt]  # type: ignore[list-item]
+    return list(prompt)  # type: ignore[arg-type]
+
+
 class CompletionRequest(SamplingRequest):
     prompt: Prompt
     max_tokens: int | None = 16  # OpenAI's default here (chat's is the rest of the context); null: the rest
@@ -400,17 +409,24 @@ class CompletionRequest(SamplingRequest):
         return self
 
     def prompts(self) -> list[str | list[int]]:
-        """The prompt as a batch: each item a string or a list of token ids."""
-        prompt = self.prompt
-        if isinstance(prompt, str):
-            return [prompt]
-        if prompt and all(isinstance(p, int) for p in prompt):
-            return [prompt]  # type: ignore[list-item]
-        return list(prompt)  # type: ignore[arg-type]
+        return as_batch(self.prompt)
 
     def to_sampling_params(self, structured_outputs: StructuredOutputsParams | None = None) -> SamplingParams:
         wanted = [n for n in (self.prompt_logprobs, self.logprobs if self.echo else None) if n is not None]
         return self.sampling_params(self.max_tokens, self.logprobs, max(wanted, default=None), structured_outputs)
+
+
+class EmbeddingRequest(Request):
+    """OpenAI's /v1/embeddings: input is one text, a list of texts, one list of token ids or a list of them."""
+
+    input: Prompt
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(None, ge=1)  # served only as the model's own width (see embeddings.py)
+    user: str | None = None  # logged with the request, as chat's
+
+    def inputs(self) -> list[str | list[int]]:
+        return as_batch(self.input)
 
 
 class TokenizeRequest(ChatTemplateRequest):
