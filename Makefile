@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test test-models install clean
+.PHONY: serve test test-models test-clients install clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -46,6 +46,13 @@ test: $(STAMP)
 test-models: $(STAMP)
 	$(BIN)/python -m tests.real_models
 	$(BIN)/python -m pytest -q -m models tests
+
+# LangChain's ChatOpenAI and instructor, unmodified, against a real zhuzi serve. instructor pins jiter<0.15 and
+# rich<15, older than the openai SDK the suite runs needs: it is installed without its pins (it runs on ours).
+test-clients: $(STAMP)
+	$(BIN)/pip install -q --no-compile -e '.[clients]'
+	$(BIN)/pip install -q --no-compile --no-deps instructor
+	$(BIN)/python -m pytest -q -m clients tests
 
 clean:
 	rm -rf $(VENV)
