@@ -55,7 +55,7 @@ RawTensors = dict[str, tuple[np.ndarray, gguf.GGMLQuantizationType]]
 
 
 def write_gguf(path: Path, model, arch: str, raw: RawTensors | None = None, drop: tuple[str, ...] = (),
-               types: dict[str, gguf.GGMLQuantizationType] | None = None) -> Path:
+               types: dict[str, gguf.GGMLQuantizationType] | None = None, pooling_type: int | None = None) -> Path:
     """A GGUF file holding `model` the way llama.cpp writes it: its names, its permutation, its metadata.
     `raw` replaces a tensor's data by pre-quantized bytes; `types` quantizes tensors to GGUF types (the
     K-quants, which the gguf package cannot quantize, as random blocks)."""
@@ -70,6 +70,8 @@ def write_gguf(path: Path, model, arch: str, raw: RawTensors | None = None, drop
     writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)
     if arch == "qwen3":
         writer.add_key_length(cfg.head_dim)
+    if pooling_type is not None:  # an embedding model's (llama.cpp's enum: 1 mean, 3 last)
+        writer.add_uint32(f"{arch}.pooling_type", pooling_type)
     writer.add_token_list([f"t{i}" for i in range(cfg.vocab_size)])  # no vocab_size key: from the list
     writer.add_uint32("tokenizer.ggml.bos_token_id", 1)
     writer.add_eos_token_id(2)
