@@ -71,7 +71,7 @@ def error_response(request: Request, status: int, message: str, type: str, param
 
 
 # What a validation error may name: every API's request fields, and why zhuzi refuses some undeclared ones.
-UNSUPPORTED = {**p.UNSUPPORTED, **rp.UNSUPPORTED}
+UNSUPPORTED = {**p.UNSUPPORTED, **rp.UNSUPPORTED, **a.UNSUPPORTED}
 _FIELD_NAMES = frozenset(field.alias or name for module in (p, ip, a, rp, cp, o) for model in vars(module).values()
                          if isinstance(model, type) and issubclass(model, schema.Request)
                          for name, field in model.model_fields.items())

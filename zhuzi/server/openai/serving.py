@@ -130,7 +130,7 @@ class Completions:
                        fmt: Format, on_answer: Callable[[pydantic.BaseModel], Awaitable[None]] | None = None
                        ) -> Response:
         """A planned chat request, answered in fmt (OpenAI's chat, Anthropic's messages, a Response)."""
-        self.log_user(fmt.request_id, body.user)
+        self.log_user(fmt.request_id, body.user or body.safety_identifier)
         return await self.server.generate(request, key, [plan.chat.ids], plan.params, fmt, plan.new_parser,
                                           body.stream, on_answer)
 
@@ -155,7 +155,7 @@ class Completions:
             return tokenizer.decode([token_id], skip_special_tokens=False)
 
         fmt = CompletionFormat(r.new_id("cmpl"), self.server.model_name, body, texts, prompt_ids, decode)
-        self.log_user(fmt.request_id, body.user)
+        self.log_user(fmt.request_id, body.user or body.safety_identifier)
 
         def new_parser() -> OutputParser:
             return OutputParser(reasoning=False, tools=False)
