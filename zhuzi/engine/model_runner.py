@@ -283,7 +283,7 @@ class ModelRunner:
         try:
             if self.pooling == "mean" and (done == 0 or (seq.pooled is not None and seq.pooled[0] == done)):
                 # Added one token at a time, in order (a sequential scan): the sum does not depend on how the
-                # prompt was cut into chunks, so neither batching nor chunking changes an embedding.
+                # prompt was cut into chunks, so pooling adds no difference of its own between a batch and alone.
                 start = hidden.new_zeros(1, hidden.shape[-1], dtype=torch.float32) if done == 0 else seq.pooled[1]
                 total = torch.cat([start.view(1, -1), hidden.float()]).cumsum(0)[-1]
                 seq.pooled = (done + item.num_new_tokens, total)  # done 0: the first chunk, or again after preemption
