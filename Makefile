@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test test-models test-webui install clean
+.PHONY: serve test test-models test-clients test-webui install clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -46,6 +46,13 @@ test: $(STAMP)
 test-models: $(STAMP)
 	$(BIN)/python -m tests.real_models
 	$(BIN)/python -m pytest -q -m models tests
+
+# LangChain's ChatOpenAI and instructor, unmodified, against a real zhuzi serve. instructor pins jiter<0.15 and
+# rich<15, older than the openai SDK the suite runs needs: it is installed without its pins (it runs on ours).
+test-clients: $(STAMP)
+	$(BIN)/pip install -q --no-compile -e '.[clients]'
+	$(BIN)/pip install -q --no-compile --no-deps instructor
+	$(BIN)/python -m pytest -q -m clients tests
 
 # Open WebUI in a real browser (tests/webui): Open WebUI pins its own versions of much of what zhuzi uses, so it
 # gets a venv of its own, in zhuzi's cache (every clone shares it), on the Python of zhuzi's venv (Open WebUI wants

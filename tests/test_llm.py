@@ -106,3 +106,56 @@ def test_int8_weights_stay_close_to_bf16_and_sensible(llm16):
     for step_a, step_b, token in zip(a.logprobs[:same], b.logprobs, a.token_ids):
         assert abs(step_a[token].logprob - step_b[token].logprob) < 0.25  # stated tolerance (nats)
         assert len(set(step_a) & set(step_b)) >= 3  # mostly the same top-5 candidates
+
+
+# -- embeddings, on a tiny Qwen3 checkpoint against transformers ---------------------------------
+
+EMBED_PROMPTS = ["The capital of France is Paris, a city on the Seine with many bridges and old streets.",
+                 "def fibonacci(n):", "Once upon a time"]
+
+
+@pytest.fixture(scope="module")
+def tiny_qwen3(tmp_path_factory):
+    import tiny
+    path = tmp_path_factory.mktemp("embed") / "qwen3"
+    return path, tiny.build("qwen3", path, vocab_size=49152)  # the real tokenizer's, so text embeds
+
+
+def reference_states(model, tokenizer, prompt: str) -> torch.Tensor:
+    """transformers' final hidden states (after the last norm) of prompt's tokens: [tokens, hidden]."""
+    with torch.no_grad():
+        return model.model(torch.tensor([tokenizer.encode(prompt)])).last_hidden_state[0]
+
+
+def test_embed_is_the_final_hidden_state_mean_pooled_and_normalized(tiny_qwen3):
+    path, model = tiny_qwen3
+    # 8 tokens a step: the first prompt's state is summed over several chunks
+    llm = LLM(str(path), dtype="float32", max_num_batched_tokens=8, kv_cache_memory="16MiB")
+    for prompt, got in zip(EMBED_PROMPTS, llm.embed(EMBED_PROMPTS)):
+        want = torch.nn.functional.normalize(reference_states(model, llm.tokenizer, prompt).mean(0), dim=0)
+        assert got.shape == (64,) and abs(float(got.norm()) - 1) < 1e-5
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+    assert llm.engine.blocks.num_free_blocks == llm.engine.blocks.num_blocks
+
+
+def test_batching_and_the_prefix_cache_change_no_embedding(tiny_qwen3):
+    llm = LLM(str(tiny_qwen3[0]), dtype="float32", kv_cache_memory="16MiB", deterministic=True)
+    batch = llm.embed(EMBED_PROMPTS)
+    for prompt, got in zip(EMBED_PROMPTS, batch):  # alone, and again once its blocks sit in the prefix cache
+        assert torch.equal(llm.embed(prompt)[0], got)
+        assert torch.equal(llm.embed(llm.tokenizer.encode(prompt))[0], got)
+
+
+def test_a_sentence_transformers_config_asking_for_the_last_token_is_followed(tiny_qwen3, tmp_path):
+    path, model = tiny_qwen3
+    (path / "1_Pooling").mkdir(exist_ok=True)
+    (path / "1_Pooling" / "config.json").write_text('{"pooling_mode_lasttoken": true}')
+    try:
+        llm = LLM(str(path), dtype="float32", kv_cache_memory="16MiB")
+        assert LLM(str(path), dtype="float32", kv_cache_memory="16MiB", pooling="mean").embed(EMBED_PROMPTS[1])[0] \
+            .sub(llm.embed(EMBED_PROMPTS[1])[0]).abs().max() > 1e-3
+    finally:
+        (path / "1_Pooling" / "config.json").unlink()
+    (got,) = llm.embed(EMBED_PROMPTS[1])
+    want = torch.nn.functional.normalize(reference_states(model, llm.tokenizer, EMBED_PROMPTS[1])[-1], dim=0)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)

@@ -90,7 +90,7 @@ RawTensors = dict[str, tuple[np.ndarray, gguf.GGMLQuantizationType]]
 
 def write_gguf(path: Path, model, arch: str, raw: RawTensors | None = None, drop: tuple[str, ...] = (),
                types: dict[str, gguf.GGMLQuantizationType] | None = None, sliding_window: int | None = None,
-               sliding_window_pattern: list[bool] | None = None) -> Path:
+               sliding_window_pattern: list[bool] | None = None, pooling_type: int | None = None) -> Path:
     """A GGUF file holding `model` the way llama.cpp writes it: its names, its permutation, its metadata.
     `raw` replaces a tensor's data by pre-quantized bytes; `types` quantizes tensors to GGUF types (the
     K-quants, which the gguf package cannot quantize, as random blocks). A Mistral is written as llama.cpp's
@@ -125,6 +125,8 @@ def write_gguf(path: Path, model, arch: str, raw: RawTensors | None = None, drop
             writer.add_expert_feed_forward_length(cfg.moe_intermediate_size)
         if getattr(cfg, "shared_expert_intermediate_size", None):
             writer.add_expert_shared_feed_forward_length(cfg.shared_expert_intermediate_size)
+    if pooling_type is not None:  # an embedding model's (llama.cpp's enum: 1 mean, 3 last)
+        writer.add_uint32(f"{arch}.pooling_type", pooling_type)
     writer.add_token_list([f"t{i}" for i in range(cfg.vocab_size)])  # no vocab_size key: from the list
     writer.add_uint32("tokenizer.ggml.bos_token_id", 1)
     writer.add_eos_token_id(2)

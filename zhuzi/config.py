@@ -225,6 +225,10 @@ class EngineConfig(Settings):
     fused_decode: bool = setting(
         True, "run a step of at most 8 decodes as one native call (CPU, bfloat16); off: the per-layer path, "
               "whose bf16 rounding differs (see zhuzi/model/fused.py)")
+    pooling: str | None = setting(
+        None, "how /v1/embeddings pools the last hidden state: mean (over the input's tokens) or last (its last "
+              "token, as Qwen3-Embedding wants) (default: the checkpoint's own, from its GGUF pooling_type or "
+              "sentence-transformers config, else mean)", choices=["mean", "last"])
     seed: int = setting(0, "seed of the random stream that unseeded requests sample from")
     tensor_parallel_size: int = setting(
         1, "split every layer across this many processes (torch.distributed: gloo on CPU, NCCL on CUDA); "

@@ -1,9 +1,10 @@
-"""Offline API with vLLM's names: LLM(...).generate(prompts, params) and .chat(messages, params); zhuzi's
-pins (.pin, .unpin, .pins) keep a prefix's KV blocks in the pool."""
+"""Offline API with vLLM's names: LLM(...).generate(prompts, params), .chat(messages, params) and
+.embed(prompts); zhuzi's pins (.pin, .unpin, .pins) keep a prefix's KV blocks in the pool."""
 from __future__ import annotations
 
 import itertools
 
+import torch
 from tqdm import tqdm
 
 from zhuzi.config import EngineConfig
@@ -73,17 +74,33 @@ class LLM:
             raise RequestError("generation failed for " + "; ".join(failed))
         return outputs
 
+    def embed(self, prompts: str | list[int] | list[str] | list[list[int]]) -> list[torch.Tensor]:
+        """Each prompt's embedding ([hidden_size] float32, L2-normalized): its final hidden states (after the last
+        norm) pooled as EngineConfig.pooling says, the prompts batched through the step loop."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        outs = self._probe(prompts, Probe(embed=True))
+        if failed := [f"prompt {i}: {out.error}" for i, out in enumerate(outs) if out.inspection is None]:
+            raise RequestError("embedding failed for " + "; ".join(failed))
+        return [out.inspection.embedding for out in outs]
+
     def pin(self, name: str, prompt: str | list[int], ttl: float | None = None) -> PinInfo:
         """Keep the KV blocks of prompt's full blocks in the pool (and the tiers) under name, until unpin(name)
         or for ttl seconds; a pin under the same name is replaced. InvalidRequest if it does not fit."""
-        request_id = f"pin-{next(self._ids)}"
-        self.engine.add_probe(request_id, prompt, Probe(pin=PinSpec(name, ttl)))
-        out = None
-        while self.engine.has_unfinished():
-            out = next((o for o in self.engine.step() if o.request_id == request_id and o.finished), out)
-        if out is None or out.pin is None:
-            raise RequestError(f"pinning {name!r} failed: {out.error if out else 'no output'}")
+        (out,) = self._probe([prompt], Probe(pin=PinSpec(name, ttl)))
+        if out.pin is None:
+            raise RequestError(f"pinning {name!r} failed: {out.error or 'no output'}")
         return out.pin
+
+    def _probe(self, prompts: list[str] | list[list[int]], probe: Probe) -> list[RequestOutput]:
+        """Each prompt as a probe through the step loop, together: their final outputs, in order."""
+        ids = [f"probe-{next(self._ids)}" for _ in prompts]
+        for rid, prompt in zip(ids, prompts):
+            self.engine.add_probe(rid, prompt, probe)
+        finals: dict[str, RequestOutput] = {}
+        while self.engine.has_unfinished():
+            finals.update((o.request_id, o) for o in self.engine.step() if o.finished)
+        return [finals[rid] for rid in ids]
 
     def unpin(self, name: str) -> bool:
         return self.engine.kv.pins.remove(name)

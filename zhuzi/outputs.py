@@ -97,10 +97,11 @@ class LensLayer:
 
 @dataclass
 class Inspection:
-    """What an inspection read at the last position of its token ids."""
+    """What an inspection read at the last position of its token ids, or, for an embedding, over all of them."""
 
-    logits: torch.Tensor  # [vocab] float32: the raw next-token logits, before any sampling step
+    logits: torch.Tensor | None = None  # [vocab] float32: the raw next-token logits (None for an embedding)
     lens: list[LensLayer] | None = None  # one per layer, when the probe asked for the logit lens
+    embedding: torch.Tensor | None = None  # [hidden] float32, L2-normalized: the pooled final hidden state
 
 
 @dataclass

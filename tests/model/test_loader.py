@@ -200,6 +200,23 @@ def test_gguf_mistral_as_llama_cpp_writes_it_attends_everything_and_a_window_key
     assert [config.window(i) for i in range(2)] == [None, 8]
 
 
+@pytest.mark.parametrize(("pooling_type", "pooling"), [(None, None), (1, "mean"), (3, "last"), (0, None)])
+def test_an_embedding_gguf_says_how_to_pool(tmp_path, pooling_type, pooling):
+    path = write_gguf(tmp_path / "tiny.gguf", tiny_model("qwen3", **HF_CASES["qwen3"][0]), "qwen3",
+                      pooling_type=pooling_type)
+    assert load_model_config(path).pooling == pooling
+
+
+@pytest.mark.parametrize(("modes", "pooling"), [({"pooling_mode_lasttoken": True}, "last"),
+                                                ({"pooling_mode_mean_tokens": True}, "mean"), (None, None)])
+def test_a_sentence_transformers_directory_says_how_to_pool(tmp_path, modes, pooling):
+    tiny_model("qwen3").save_pretrained(tmp_path)
+    if modes is not None:
+        (tmp_path / "1_Pooling").mkdir()
+        (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps(modes))
+    assert load_model_config(tmp_path).pooling == pooling
+
+
 ROUND_TRIP_TOLERANCE = {  # max |error| relative to the largest weight
     "F32": 0.0, "F16": 1e-3, "BF16": 1e-2, "Q8_0": 1e-2,
     "Q5_0": 0.05, "Q5_1": 0.05, "Q4_0": 0.1, "Q4_1": 0.1,

@@ -82,6 +82,7 @@ class EngineClient(Protocol):
     tokenizer: Tokenizer  # the front's own copy
     model_name: str
     max_model_len: int
+    embedding_size: int  # an embedding's length (the model's hidden size)
 
     def generate(self, prompt: str | list[int], params: SamplingParams, request_id: str,
                  tenant: Tenant = Tenant()) -> AsyncIterator[RequestOutput]:
@@ -91,8 +92,8 @@ class EngineClient(Protocol):
         ...
 
     async def probe(self, token_ids: list[int], probe: Probe, request_id: str) -> RequestOutput:
-        """An inspection through the step loop: its final output, whose .inspection holds the reading.
-        Cancelling the caller aborts it in the engine."""
+        """An inspection (or an embedding) through the step loop: its final output, whose .inspection holds the
+        reading. Cancelling the caller aborts it in the engine."""
         ...
 
     async def snapshot(self, num_steps: int) -> EngineSnapshot:

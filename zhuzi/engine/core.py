@@ -197,7 +197,8 @@ def serve(config: EngineConfig, replica: int, addresses: Addresses, watched: lis
         shipments = ShipmentSockets(context, addresses.kv) if addresses.kv is not None else None
         outputs.send(encode(Ready(replica, os.getpid(), str(engine.model_path), engine.model_name,
                                   engine.model_config.vocab_size, engine.max_model_len, engine.eos_ids,
-                                  engine.stats(), shipments.address if shipments else None)))
+                                  engine.stats(), shipments.address if shipments else None,
+                                  engine.model_config.hidden_size)))
         try:
             core = EngineCore(engine, replica, commands, outputs,
                               watched + [(p.sentinel, f"{p.name} has exited") for p in engine.workers], shipments)

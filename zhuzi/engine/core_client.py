@@ -49,6 +49,7 @@ class CoreClient:
     model_name: str
     max_model_len: int
     vocab_size: int
+    embedding_size: int
     grammars: GrammarCompiler  # the front's own, to check constraints: errors then name the request's field
 
     def __init__(self, config: EngineConfig, parallel: ParallelConfig, fork: bool = False,
@@ -105,6 +106,7 @@ class CoreClient:
         assert info is not None
         self.tokenizer = Tokenizer.load(Path(info.model_path))
         self.model_name, self.max_model_len, self.vocab_size = info.model_name, info.max_model_len, info.vocab_size
+        self.embedding_size = info.embedding_size
         self.grammars = shared_compiler(self.tokenizer.hf, info.vocab_size, info.eos_token_ids)
         # The grammar library's view of the tokenizer takes a second or so: built before a request needs it.
         threading.Thread(target=self.grammars.warm, name="zhuzi-grammar-warmup", daemon=True).start()

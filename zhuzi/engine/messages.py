@@ -102,6 +102,7 @@ class Ready(msgspec.Struct, tag=True):
     eos_token_ids: list[int]
     stats: EngineStats
     kv_address: str | None = None  # where prefill replicas send it KV blocks
+    embedding_size: int = 0  # an embedding's length (the hidden size)
 
 
 class Refused(msgspec.Struct):

@@ -1,6 +1,7 @@
 """Model runner: owns the KV pool, turns a scheduled step into tensors, runs the forward pass, then
 the sampler (or, when the step carries speculative drafts, their verification), scores prompt tokens
-for prompt_logprobs, and reads out inspections (probes).
+for prompt_logprobs, reads out inspections (probes) and pools embeddings (a probe's final hidden states,
+summed chunk by chunk as its prompt is computed, then normalized).
 
 A sequence's drafts ride in the same pass as the rest of the batch: its last token and k drafts
 are k + 1 new tokens, laid out as a prefill chunk (each row attends to the history up to its own
@@ -88,7 +89,8 @@ def load_runner(config: EngineConfig, tp: TPGroup | None = None) -> tuple[Checkp
     plan = config.kv_plan(ckpt.config)
     if plan.num_blocks < 1:
         raise ValueError(f"kv_cache_memory {config.kv_cache_memory} holds no KV block")
-    return ckpt, ModelRunner(model, config, plan.num_blocks, list(ckpt.config.eos_token_ids))
+    pooling = config.pooling or ckpt.config.pooling or "mean"
+    return ckpt, ModelRunner(model, config, plan.num_blocks, list(ckpt.config.eos_token_ids), pooling)
 
 
 def calibration_ids(model_path: Path) -> list[int]:
@@ -116,9 +118,10 @@ def _one_token_rows_first(batch: list[ScheduledSeq]) -> list[int]:
 
 
 class ModelRunner:
-    def __init__(self, model: Decoder, config: EngineConfig, num_blocks: int, eos_ids: list[int]):
+    def __init__(self, model: Decoder, config: EngineConfig, num_blocks: int, eos_ids: list[int],
+                 pooling: str = "mean"):
         c = model.config
-        self.model, self.block_size, self.eos_ids = model, config.block_size, eos_ids
+        self.model, self.block_size, self.eos_ids, self.pooling = model, config.block_size, eos_ids, pooling
         self.num_blocks = num_blocks
         self.device = torch.device(config.device)
         # One preallocated pool: [layers, K/V, slots, kv_heads, head_dim], of this rank's KV heads (all of them
@@ -214,7 +217,10 @@ class ModelRunner:
                     result.prompt_logprobs[s.seq.seq_id] = self._prompt_logprobs(s, hidden[row:])
                 except Exception as exc:
                     result.failed.append((s, exc))
-        sampling = [(s, row) for s, row in zip(batch, starts) if s.samples]
+            for s, row in zip(batch, starts):
+                if s.seq.embeds:
+                    self._pool(result, s, hidden[row:row + s.num_new_tokens])
+        sampling = [(s, row) for s, row in zip(batch, starts) if s.samples and not s.seq.embeds]
         probes = [(s, row) for s, row in sampling if s.seq.probe is not None]
         if probes:
             logits = read([row + s.num_new_tokens - 1 for s, row in probes])
@@ -288,6 +294,24 @@ class ModelRunner:
                 result.inspections.append((item, inspection))
             except Exception as exc:
                 result.failed.append((item, exc))
+
+    def _pool(self, result: StepResult, item: ScheduledSeq, hidden: torch.Tensor) -> None:
+        """An embedding's chunk of final hidden states: added to its sum (mean pooling), and at its last token
+        read out, pooled and L2-normalized; a failure fails that embedding alone."""
+        seq, done = item.seq, item.seq.num_computed_tokens
+        try:
+            if self.pooling == "mean" and (done == 0 or (seq.pooled is not None and seq.pooled[0] == done)):
+                # Added one token at a time, in order (a sequential scan): the sum does not depend on how the
+                # prompt was cut into chunks, so pooling adds no difference of its own between a batch and alone.
+                start = hidden.new_zeros(1, hidden.shape[-1], dtype=torch.float32) if done == 0 else seq.pooled[1]
+                total = torch.cat([start.view(1, -1), hidden.float()]).cumsum(0)[-1]
+                seq.pooled = (done + item.num_new_tokens, total)  # done 0: the first chunk, or again after preemption
+            if item.samples:
+                state = hidden[-1].float() if self.pooling == "last" else seq.pooled[1] / seq.num_prompt_tokens
+                embedding = torch.nn.functional.normalize(state, dim=0).cpu()
+                result.inspections.append((item, Inspection(embedding=embedding)))
+        except Exception as exc:
+            result.failed.append((item, exc))
 
     def _prompt_logprobs(self, item: ScheduledSeq, hidden: torch.Tensor) -> PromptLogprobs:
         """Each prompt token's logprob given those before it (+ the top k), for the tokens this chunk

@@ -172,7 +172,7 @@ class Scheduler:
                 plan.blocked = True
                 return
             self._preempt(victim, plan)
-        if not seq.block_table and seq.params.prompt_logprobs is None:
+        if not seq.block_table and not seq.reads_every_prompt_token:
             self.blocks.reuse_cached_prefix(seq)
             if not seq.ever_scheduled:
                 seq.num_cached_tokens = seq.num_computed_tokens

@@ -31,6 +31,7 @@ class Probe:
 
     lens_top: int = 0  # the logit lens: this many top tokens per layer (0: no lens)
     pin: PinSpec | None = None
+    embed: bool = False  # an embedding: the final hidden state pooled over every token (the runner's pooling)
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,8 @@ class Sequence:
     # token_ids (block hashes assume tokens only grow) until the target accepts them.
     spec_token_ids: list[int] = field(default_factory=list)
     spec_probs: torch.Tensor | None = None  # [k, V]: a draft model's distributions; None for prompt lookup
+    # An embedding's running sum of final hidden states: (tokens summed, their sum), so a retried step adds none twice.
+    pooled: tuple[int, torch.Tensor] | None = None
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_token_ids)
@@ -108,6 +111,15 @@ class Sequence:
     @property
     def prompt_done(self) -> bool:
         return self.num_computed_tokens >= self.num_prompt_tokens
+
+    @property
+    def embeds(self) -> bool:
+        return self.probe is not None and self.probe.embed
+
+    @property
+    def reads_every_prompt_token(self) -> bool:
+        """Its prompt's every position is read (prompt logprobs, an embedding): no prefix is taken from the cache."""
+        return self.params.prompt_logprobs is not None or self.embeds
 
     def max_length(self, max_model_len: int) -> int:
         """The number of tokens (prompt and output) at which it ends with "length"."""

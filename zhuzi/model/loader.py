@@ -226,6 +226,15 @@ def _hf_rotary_dim(raw: dict[str, Any], head_dim: int) -> int | None:
     return int(head_dim * factor) if factor != 1.0 else None
 
 
+def _sentence_transformers_pooling(directory: Path) -> str | None:
+    """The pooling an embedding model's sentence-transformers config asks for (1_Pooling/config.json)."""
+    pooling_file = directory / "1_Pooling" / "config.json"
+    if not pooling_file.is_file():
+        return None
+    modes = _read_json(pooling_file)
+    return "last" if modes.get("pooling_mode_lasttoken") else "mean" if modes.get("pooling_mode_mean_tokens") else None
+
+
 def _hf_config(directory: Path) -> ModelConfig:
     config_file = directory / "config.json"
     if not config_file.is_file():
@@ -265,6 +274,7 @@ def _hf_config(directory: Path) -> ModelConfig:
             eos_token_ids=_unique(_as_list(raw.get("eos_token_id")) + _as_list(generation.get("eos_token_id"))),
             sliding_window=sliding_window,
             layer_types=layer_types,
+            pooling=_sentence_transformers_pooling(directory),
         )
     except KeyError as e:
         raise CheckpointError(config_file, f"missing key {e}") from None
@@ -509,6 +519,10 @@ def _parse_gguf_header(path: Path, cursor: _Cursor) -> GGUFHeader:
     return GGUFHeader(metadata, infos)
 
 
+# llama.cpp's enum llama_pooling_type, for the kinds a decoder's hidden states allow (2 is BERT's CLS token).
+_GGUF_POOLING = {1: "mean", 3: "last"}
+
+
 def _gguf_config(path: Path, header: GGUFHeader) -> ModelConfig:
     meta = header.metadata
     arch = meta.get("general.architecture")
@@ -542,6 +556,7 @@ def _gguf_config(path: Path, header: GGUFHeader) -> ModelConfig:
             bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
             eos_token_ids=_unique([meta.get("tokenizer.ggml.eos_token_id"), meta.get("tokenizer.ggml.eot_token_id")]),
             **_gguf_sliding_window(meta, arch),
+            pooling=_GGUF_POOLING.get(meta.get(f"{arch}.pooling_type", 0)),
         )
     except KeyError as e:
         raise CheckpointError(path, f"missing GGUF metadata key {e}") from None

@@ -65,6 +65,7 @@ class ModelConfig:
     norm_topk_prob: bool = False  # the top-k gate weights renormalized to sum to 1
     expert_gating: str = "softmax"  # router logits -> gate weights: "softmax" or "sigmoid"
     moe_layers: list[int] | None = None  # the sparse layers (others run a dense MLP); None: every layer
+    pooling: str | None = None  # an embedding checkpoint's own pooling, "mean" or "last" (None: it names none)
 
     def window(self, layer: int) -> int | None:
         """The tokens layer `layer` attends (its own included), or None for the whole context."""

@@ -47,6 +47,7 @@ from zhuzi.server.ollama.serving import error_response as ollama_error
 from zhuzi.server.openai import answers as r
 from zhuzi.server.openai import protocol as p
 from zhuzi.server.openai import router as openai_router
+from zhuzi.server.openai.embeddings import Embeddings
 from zhuzi.server.openai.serving import Completions
 from zhuzi.server.openai.tokenize import Tokenization
 from zhuzi.server.pins import protocol as cp
@@ -70,17 +71,17 @@ def error_response(request: Request, status: int, message: str, type: str, param
 
 
 # What a validation error may name: every API's request fields, and why zhuzi refuses some undeclared ones.
-UNSUPPORTED = {**p.UNSUPPORTED, **rp.UNSUPPORTED}
+UNSUPPORTED = {**p.UNSUPPORTED, **rp.UNSUPPORTED, **a.UNSUPPORTED}
 _FIELD_NAMES = frozenset(field.alias or name for module in (p, ip, a, rp, cp, o) for model in vars(module).values()
                          if isinstance(model, type) and issubclass(model, schema.Request)
                          for name, field in model.model_fields.items())
 
 # ---------------------------------------------------------------- the OpenAPI description
 
-_BODIES = [p.ChatCompletionRequest, p.CompletionRequest, p.TokenizeRequest, p.DetokenizeRequest,
+_BODIES = [p.ChatCompletionRequest, p.CompletionRequest, p.EmbeddingRequest, p.TokenizeRequest, p.DetokenizeRequest,
            ip.NextTokenRequest, ip.LogitLensRequest, ip.DocumentRequest, ip.BpeRequest,
            a.MessagesRequest, a.CountTokensRequest, rp.ResponsesRequest, cp.PinRequest, o.ChatRequest,
-           o.GenerateRequest, o.ShowRequest]
+           o.GenerateRequest, o.EmbedRequest, o.EmbeddingsRequest, o.ShowRequest]
 # A completion's chunks are CompletionResponse objects, as OpenAI's are.
 _CHUNKS = [r.ChatCompletionChunk, a.MessageStreamEvent, a.AnthropicError, rp.ResponseStreamEvent]
 
@@ -118,13 +119,14 @@ def create_app(engine: EngineClient | Callable[[], EngineClient], server_config:
 
     app = FastAPI(title="zhuzi", version=zhuzi.__version__, lifespan=lifespan)
     app.state.server = server
-    app.include_router(openai_router.router(intake, generations, Tokenization(server)))
+    embeddings = Embeddings(server)
+    app.include_router(openai_router.router(intake, generations, Tokenization(server), embeddings))
     app.include_router(anthropic_router.router(intake, Messages(generations)))
     store = ResponseStore(server.store, server.config.responses_ttl)
     app.include_router(responses_router.router(intake, Responses(generations, store)))
     app.include_router(inspect_router.router(intake, Inspector(server)))
     app.include_router(pins_router.router(intake, CachePins(server)))
-    app.include_router(ollama_router.router(intake, Ollama(generations)))
+    app.include_router(ollama_router.router(intake, Ollama(generations, embeddings)))
     app.include_router(status.router(server))
     app.openapi = _openapi(app)  # type: ignore[method-assign]
 

@@ -241,3 +241,21 @@ def test_a_server_with_keys_refuses_a_client_without_one(keyed_server: ServerPro
     with pytest.raises(ollama.ResponseError) as refused:
         wrong.generate(model=MODEL, prompt="hi")
     assert refused.value.status_code == 401
+
+
+def test_embed_and_the_deprecated_embeddings_give_the_v1_embeddings_vectors(client: ollama.Client,
+                                                                           keyed_server: ServerProcess) -> None:
+    texts = ["The capital of France is Paris.", "Once upon a time"]
+    embedded = client.embed(model=MODEL, input=texts)
+    v1 = httpx.post(f"{keyed_server.api}/embeddings", headers=AUTH, timeout=60,
+                    json={"model": MODEL, "input": texts, "encoding_format": "float"}).json()
+    for got, want in zip(embedded.embeddings, v1["data"]):  # bf16 without --deterministic: a batch's rounding
+        assert got == pytest.approx(want["embedding"], abs=1e-2)
+    assert embedded.prompt_eval_count == v1["usage"]["prompt_tokens"] and embedded.total_duration > 0
+    assert client.embeddings(model=MODEL, prompt=texts[1]).embedding == pytest.approx(embedded.embeddings[1], abs=1e-2)
+    with pytest.raises(ollama.ResponseError, match="dimensions") as refused:
+        client.embed(model=MODEL, input="hi", dimensions=8)
+    assert refused.value.status_code == 400
+    with pytest.raises(ollama.ResponseError, match="maximum context length"):  # (truncate true cuts it to fit)
+        client.embed(model=MODEL, input="word " * 9000, truncate=False)
+    assert httpx.post(f"{keyed_server.url}/api/embed", json={"model": MODEL, "input": "hi"}).status_code == 401

@@ -220,7 +220,7 @@ INVALID = [  # (path, body, param)
             "add_generation_prompt": False, "response_format": {"type": "json_object"}}, "continue_final_message"),
     (CHAT, {"foo": 1}, "foo"),
     (CHAT, {"functions": [{"name": "f"}]}, "functions"),
-    (CHAT, {"stream": True, "stream_options": {"include_usage": True, "include_obfuscation": False}},
+    (CHAT, {"stream": True, "stream_options": {"include_usage": True, "include_obfuscation": True}},
      "stream_options.include_obfuscation"),
     (CHAT, {"messages": [{"role": "user", "content": "hi", "refusal": None}]}, "messages.0.refusal"),
     (COMPLETIONS, {"prompt": "hi", "logprobs": True}, "logprobs"),

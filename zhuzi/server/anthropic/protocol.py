@@ -15,6 +15,15 @@ from pydantic import Field, RootModel, model_validator
 from zhuzi.server.common.schema import Request, Response, Text, _is_none, text_or
 
 MIN_THINKING_BUDGET = 1024  # Anthropic's floor for thinking.budget_tokens
+# Fields of the anthropic SDK's messages.create that zhuzi refuses, and why (any other unknown field is refused too).
+UNSUPPORTED = {
+    "container": "is not supported: zhuzi runs no code execution containers",
+    "inference_geo": "is not supported: zhuzi runs where it was started",
+    "diagnostics": "is not supported: zhuzi does not explain prefix-cache misses between requests",
+    "mcp_servers": "is not supported: zhuzi connects to no MCP servers (run the tools in the client)",
+}
+# output_config.effort -> thinking_token_budget: a thinking model's thought ends after this many tokens (None: none).
+EFFORT_BUDGETS = {"low": 1024, "medium": 4096, "high": 16384, "xhigh": None, "max": None}
 
 
 # ---------------------------------------------------------------- requests
@@ -129,6 +138,16 @@ class ThinkingDisabled(Request):
 Thinking = Annotated[ThinkingEnabled | ThinkingAdaptive | ThinkingDisabled, Field(discriminator="type")]
 
 
+class JsonOutputFormat(Request):
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] = Field(alias="schema")  # the reply is held to it by the grammar
+
+
+class OutputConfig(Request):
+    effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None
+    format: JsonOutputFormat | None = None
+
+
 class Metadata(Request):
     user_id: str | None = None  # logged with the request, as chat's `user`
 
@@ -165,12 +184,23 @@ class MessagesRequest(MessagesPrompt):
     metadata: Metadata | None = None
     stream: bool = False
     priority: int = 0  # vLLM's extension, as chat's (extra_body): lower is served first
+    output_config: OutputConfig | None = None
+    output_format: JsonOutputFormat | None = None  # the structured-outputs beta's name for output_config.format
+    service_tier: Literal["auto", "standard_only"] | None = None  # zhuzi has one tier, the standard: both get it
+    speed: Literal["standard"] | None = None  # "fast" is refused: zhuzi has no faster mode to switch to
 
     @model_validator(mode="after")
     def _budget_below_max_tokens(self) -> MessagesRequest:
         if isinstance(self.thinking, ThinkingEnabled) and self.thinking.budget_tokens >= self.max_tokens:
             raise ValueError("thinking.budget_tokens must be less than max_tokens")
+        if self.output_format is not None and self.output_config is not None and self.output_config.format:
+            raise ValueError("give the output format once: output_config.format or output_format")
         return self
+
+    @property
+    def output_schema(self) -> dict[str, Any] | None:
+        fmt = self.output_format or (self.output_config.format if self.output_config else None)
+        return fmt.schema_ if fmt is not None else None
 
 
 class CountTokensRequest(MessagesPrompt):

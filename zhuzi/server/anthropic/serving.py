@@ -35,7 +35,8 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "
 
 
 # The chat request's fields under their Messages names, for the errors the chat path finds (see ApiError.renamed).
-CHAT_NAMES = {r"^stop\b": "stop_sequences", r"^tools\.(\d+)\.function\.parameters": r"tools.\1.input_schema",
+CHAT_NAMES = {r"^stop\b": "stop_sequences", r"^response_format\b.*": "output_config.format",
+              r"^tools\.(\d+)\.function\.parameters": r"tools.\1.input_schema",
               r"^messages\b.*": "messages", r"^(chat_template_kwargs|thinking_token_budget)\b.*": "thinking"}
 
 
@@ -133,6 +134,11 @@ def chat_request(body: a.MessagesPrompt) -> p.ChatCompletionRequest:
         chat.update(max_tokens=body.max_tokens, stop=body.stop_sequences, temperature=body.temperature,
                     top_p=body.top_p, top_k=body.top_k, stream=body.stream, priority=body.priority,
                     user=body.metadata.user_id if body.metadata else None)
+        if (schema := body.output_schema) is not None:
+            chat["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}
+        effort = body.output_config.effort if body.output_config else None
+        if effort is not None and thinks and "thinking_token_budget" not in chat:
+            chat["thinking_token_budget"] = a.EFFORT_BUDGETS[effort]
     return as_chat_request(chat, "messages")
 
 

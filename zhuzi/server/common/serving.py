@@ -32,6 +32,7 @@ from fastapi.responses import Response
 
 from zhuzi.config import ServerConfig
 from zhuzi.engine.client import EngineClient, EngineDead
+from zhuzi.engine.sequence import Probe
 from zhuzi.outputs import EngineStats, RequestError, RequestOutput
 from zhuzi.sampling_params import InvalidRequest, SamplingParams
 from zhuzi.server.common.formats import Format, PromptStats, ResponseState
@@ -40,7 +41,13 @@ from zhuzi.server.common.metrics import ServerMetrics
 from zhuzi.server.common.parsers import OutputParser, opened_thought
 from zhuzi.server.common.quota import Quotas
 from zhuzi.server.common.store import Database
-from zhuzi.server.common.streams import ClosingStreamingResponse, first_outputs, merge_streams, until_disconnect
+from zhuzi.server.common.streams import (
+    ClosingStreamingResponse,
+    first_outputs,
+    gather_or_cancel,
+    merge_streams,
+    until_disconnect,
+)
 from zhuzi.server.common.tools import template_renders_tools, with_generic_tools
 from zhuzi.server.openai import answers as r
 from zhuzi.server.openai import protocol as p
@@ -265,6 +272,31 @@ class Server:
         if model is not None and model != self.model_name:
             raise ApiError(404, f"The model {model!r} does not exist; this server serves {self.model_name!r}.",
                            param="model", code="model_not_found")
+
+    # -- probes (inspections, embeddings)
+
+    async def probe(self, request: Request, key: str, contexts: list[list[int]], probe: Probe,
+                    param: str) -> list[RequestOutput]:
+        """Each context through the step loop, admitted and charged as a generation's prompts are; a client
+        that hangs up aborts them all. param: the request field the contexts came from, for errors."""
+        engine = self.ready()
+        try:
+            for k, ids in enumerate(contexts):
+                engine.check_token_ids(ids, f"{param}.{k}" if len(contexts) > 1 else param)
+        except InvalidRequest as exc:
+            raise ApiError.of(exc) from exc
+        self.quotas.check(key)
+        admission = self.gateway.admit(len(contexts))
+        request_id = r.new_id("probe")
+        try:
+            outs = await until_disconnect(request, gather_or_cancel(
+                [engine.probe(ids, probe, f"{request_id}-{k}") for k, ids in enumerate(contexts)]))
+        except InvalidRequest as exc:  # longer than the context window or the KV pool
+            raise ApiError(400, str(exc), param=param, code=exc.code) from exc
+        finally:
+            admission.release()
+        self.charge(key, sum(len(ids) - out.num_cached_tokens for ids, out in zip(contexts, outs)))
+        return outs
 
     # -- generation
 

@@ -16,12 +16,9 @@ from fastapi.responses import Response
 
 from zhuzi.bpe_replay import replay
 from zhuzi.engine.sequence import Probe
-from zhuzi.outputs import RequestOutput, StepRow
-from zhuzi.sampling_params import InvalidRequest
+from zhuzi.outputs import StepRow
 from zhuzi.server.common.serving import ApiError, Server, json_response
-from zhuzi.server.common.streams import gather_or_cancel, until_disconnect
 from zhuzi.server.inspect import protocol as ip
-from zhuzi.server.openai import answers as r
 from zhuzi.server.pins.serving import cache_pin
 
 
@@ -33,31 +30,9 @@ class Inspector:
         raw = self.server.ready().tokenizer.bytes_of(token_id)
         return {"id": token_id, "token": raw.decode(errors="replace"), "bytes": list(raw)}
 
-    async def _probe(self, request: Request, key: str, contexts: list[list[int]], probe: Probe,
-                     param: str) -> list[RequestOutput]:
-        """Each context through the step loop; a client that hangs up aborts them all."""
-        engine = self.server.ready()
-        try:
-            for k, ids in enumerate(contexts):
-                engine.check_token_ids(ids, f"{param}.{k}" if len(contexts) > 1 else param)
-        except InvalidRequest as exc:
-            raise ApiError.of(exc) from exc
-        admission = self.server.gateway.admit(len(contexts))
-        request_id = r.new_id("inspect")
-        try:
-            outs = await until_disconnect(request, gather_or_cancel(
-                [engine.probe(ids, probe, f"{request_id}-{k}") for k, ids in enumerate(contexts)]))
-        except InvalidRequest as exc:  # longer than the context window or the KV pool
-            raise ApiError(400, str(exc), param=param, code=exc.code) from exc
-        finally:
-            admission.release()
-        self.server.gateway.charge_tokens(key, sum(len(ids) - out.num_cached_tokens
-                                                   for ids, out in zip(contexts, outs)))
-        return outs
-
     async def next_token(self, request: Request, key: str, body: ip.NextTokenRequest) -> Response:
         self.server.check_model(body.model)
-        outs = await self._probe(request, key, body.contexts, Probe(), "contexts")
+        outs = await self.server.probe(request, key, body.contexts, Probe(), "contexts")
 
         def answer() -> Response:  # a few MB of JSON for 16 contexts: built off the event loop
             results = []
@@ -76,7 +51,7 @@ class Inspector:
 
     async def logit_lens(self, request: Request, key: str, body: ip.LogitLensRequest) -> Response:
         self.server.check_model(body.model)
-        (out,) = await self._probe(request, key, [body.token_ids], Probe(lens_top=body.top_k), "token_ids")
+        (out,) = await self.server.probe(request, key, [body.token_ids], Probe(lens_top=body.top_k), "token_ids")
         layers = [ip.LensRow(layer=n, top=[ip.LensCandidate(**self._token(i), logprob=lp)
                                           for i, lp in zip(row.token_ids, row.logprobs)])
                   for n, row in enumerate(out.inspection.lens or [])]

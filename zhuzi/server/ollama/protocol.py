@@ -1,4 +1,5 @@
-"""The words of Ollama's API (/api/chat, /api/generate, /api/tags, /api/show, /api/ps, /api/version) in pydantic:
+"""The words of Ollama's API (/api/chat, /api/generate, /api/embed, /api/tags, /api/show, /api/ps, /api/version) in
+pydantic:
 the requests, the answers (whole, or one NDJSON line of a stream) and the error object.
 
 As with OpenAI's words, types are strict and every field declared here does something. Fields of Ollama's that
@@ -141,6 +142,27 @@ class GenerateRequest(GenerationRequest):
     steps: refused("is for image generation, which zhuzi does not do") = None
 
 
+NO_OPTIONS = "has nothing to set for an embedding: sampling options do not apply, load-time ones are zhuzi serve's"
+
+
+class EmbedRequest(Request):
+    model: str = Field(min_length=1)
+    input: Text | list[Text]
+    truncate: bool = True  # an input longer than the context window is cut to fit (false: refused)
+    dimensions: int | None = Field(None, ge=1)  # served only as the model's own width, as on /v1/embeddings
+    keep_alive: KeepAlive | None = None  # accepted: the model stays loaded for the server's life anyway
+    options: refused(NO_OPTIONS, {}) = None
+
+
+class EmbeddingsRequest(Request):
+    """The deprecated /api/embeddings: one prompt."""
+
+    model: str = Field(min_length=1)
+    prompt: Text
+    keep_alive: KeepAlive | None = None
+    options: refused(NO_OPTIONS, {}) = None
+
+
 class ShowRequest(Request):
     model: str = Field(min_length=1)
     verbose: refused("(the tokenizer's arrays in model_info) is not supported", False) = None
@@ -232,6 +254,18 @@ class ShowResponse(Response):
     model_info: dict[str, Any]
     capabilities: list[str]
     modified_at: str
+
+
+class EmbedResponse(Response):
+    model: str
+    embeddings: list[list[float]]
+    total_duration: int  # nanoseconds, as the other answers' durations
+    load_duration: int = 0  # the model is loaded once, at start
+    prompt_eval_count: int
+
+
+class EmbeddingsResponse(Response):
+    embedding: list[float]
 
 
 class VersionResponse(Response):

@@ -1,5 +1,6 @@
-"""Ollama's routes: /api/chat, /api/generate, /api/tags, /api/show, /api/ps and /api/version, checked by the
-Intake and handed to serving.py; their errors are Ollama's {"error": ...}."""
+"""Ollama's routes: /api/chat, /api/generate, /api/embed (and the deprecated /api/embeddings), /api/tags,
+/api/show, /api/ps and /api/version, checked by the Intake and handed to serving.py; their errors are Ollama's
+{"error": ...}."""
 from __future__ import annotations
 
 from typing import Any
@@ -37,6 +38,15 @@ def router(intake: Intake, ollama: Ollama) -> APIRouter:
     @routes.post("/api/generate", **streamed(o.GenerateRequest, o.GenerateResponse))
     async def generate(request: Request) -> Response:
         return await intake.generation(request, o.GenerateRequest, ollama.generate)
+
+    @routes.post("/api/embed", **documented(o.EmbedRequest, o.EmbedResponse, (*BODY_ERRORS, 500), error=o.OllamaError))
+    async def embed(request: Request) -> Response:
+        return await intake.generation(request, o.EmbedRequest, ollama.embed)
+
+    @routes.post("/api/embeddings", **documented(o.EmbeddingsRequest, o.EmbeddingsResponse, (*BODY_ERRORS, 500),
+                                                 error=o.OllamaError))
+    async def embeddings(request: Request) -> Response:
+        return await intake.generation(request, o.EmbeddingsRequest, ollama.embeddings_legacy)
 
     @routes.get("/api/tags", **documented(None, o.TagsResponse, (401, 503), error=o.OllamaError))
     async def tags(request: Request) -> Response:

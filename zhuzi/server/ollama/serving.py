@@ -1,5 +1,5 @@
-"""Ollama's API (/api/chat, /api/generate, /api/tags, /api/show, /api/ps, /api/version), between the routes and
-the chat path.
+"""Ollama's API (/api/chat, /api/generate, /api/embed, /api/tags, /api/show, /api/ps, /api/version), between the
+routes and the chat path (and the embeddings' logic).
 
 A chat or generate request becomes the chat request it means (messages, tools, think, format as
 response_format, options as sampling fields) and runs the chat path unchanged: the same template, tool
@@ -33,6 +33,7 @@ from zhuzi.server.common.serving import ApiError, Server, json_response
 from zhuzi.server.ollama import protocol as o
 from zhuzi.server.openai import answers as r
 from zhuzi.server.openai import protocol as p
+from zhuzi.server.openai.embeddings import Embeddings
 from zhuzi.server.openai.formats import chat_logprobs
 from zhuzi.server.openai.serving import Completions, as_chat_request
 
@@ -201,8 +202,8 @@ class OllamaFormat:
 
 
 class Ollama:
-    def __init__(self, completions: Completions) -> None:
-        self.completions = completions
+    def __init__(self, completions: Completions, embeddings: Embeddings) -> None:
+        self.completions, self.embeddings = completions, embeddings
         self.server: Server = completions.server
 
     def _model(self, name: str) -> str:
@@ -309,6 +310,20 @@ class Ollama:
         digest = hashlib.sha256(f"{path.resolve()}:{size}:{stamp}".encode()).hexdigest()
         return o.ModelEntry(name=name, model=name, modified_at=rfc3339(stamp), size=size, digest=digest,
                             details=details), snapshot
+
+    async def embed(self, request: Request, key: str, body: o.EmbedRequest) -> Response:
+        start = time.monotonic()
+        model = self._model(body.model)
+        inputs: list[str | list[int]] = [body.input] if isinstance(body.input, str) else list(body.input)
+        vectors, tokens = await self.embeddings.embed(request, key, inputs, "input", body.dimensions, body.truncate)
+        return json_response(o.EmbedResponse(model=model, embeddings=[v.tolist() for v in vectors],
+                                             total_duration=int((time.monotonic() - start) * NS),
+                                             prompt_eval_count=tokens))
+
+    async def embeddings_legacy(self, request: Request, key: str, body: o.EmbeddingsRequest) -> Response:
+        self._model(body.model)
+        (vector,), _ = await self.embeddings.embed(request, key, [body.prompt], "prompt")
+        return json_response(o.EmbeddingsResponse(embedding=vector.tolist()))
 
     async def tags(self) -> Response:
         entry, _ = await self._entry()

@@ -215,6 +215,24 @@ class DetokenizeResponse(Response):
     prompt: str
 
 
+class Embedding(Response):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str  # base64: the little-endian float32 bytes
+
+
+class EmbeddingUsage(Response):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingResponse(Response):
+    object: Literal["list"] = "list"
+    data: list[Embedding]
+    model: str
+    usage: EmbeddingUsage
+
+
 class ErrorInfo(Response):
     message: str
     type: str

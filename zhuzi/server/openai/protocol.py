@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
 
 from zhuzi.sampling_params import (
     MAX_REPETITION_PENALTY,
@@ -31,11 +31,9 @@ UNSUPPORTED = {
     "functions": "is deprecated by OpenAI and not supported: use tools",
     "function_call": "is deprecated by OpenAI and not supported: use tool_choice",
     "audio": "is not supported: zhuzi writes text only",
-    "modalities": "is not supported: zhuzi writes text only",
     "prediction": "(predicted outputs) is not supported",
     "store": "is not supported: zhuzi stores no completions",
     "metadata": "is not supported: zhuzi stores no completions",
-    "service_tier": "is not supported: zhuzi has one tier",
     "reasoning_effort": "is not supported: use thinking_token_budget (and chat_template_kwargs' enable_thinking)",
     "web_search_options": "is not supported: zhuzi has no web search",
     "suffix": "is not supported: zhuzi does not fill in the middle",
@@ -44,6 +42,20 @@ UNSUPPORTED = {
     "guided_decoding_backend": "is not supported: zhuzi's one grammar backend is llguidance",
     "structural_tag": "is not supported: use tools with tool_choice, or a grammar",
 }
+
+
+# service_tier -> the scheduler's priority offset (lower is served first, with --scheduling-policy priority).
+TIER_PRIORITY = {"auto": 0, "default": 0, "flex": 1, "priority": -1}
+
+
+def _in_memory(retention: str | None) -> str | None:
+    if retention == "24h":
+        raise ValueError("24h is not supported: zhuzi's prefix cache lives in memory (in_memory) until evicted")
+    return retention
+
+
+# prompt_cache_retention, as chat and the Responses API take it
+CacheRetention = Annotated[Literal["in_memory", "24h"] | None, AfterValidator(_in_memory)]
 
 
 # ---------------------------------------------------------------- requests
@@ -120,6 +132,14 @@ class NamedToolChoice(Request):
 
 class StreamOptions(Request):
     include_usage: bool = False
+    include_obfuscation: bool = False  # true is refused: zhuzi pads no chunk (its streams are not obfuscated)
+
+    @field_validator("include_obfuscation")
+    @classmethod
+    def _no_obfuscation(cls, value: bool) -> bool:
+        if value:
+            raise ValueError("true is not supported: zhuzi does not pad its chunks against size side channels")
+        return value
 
 
 class JsonSchemaFormat(Request):
@@ -206,7 +226,12 @@ class SamplingRequest(Request):
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     user: str | None = None  # logged with the request, for tracing abuse to an end user
+    safety_identifier: str | None = Field(None, max_length=64)  # logged with the request, as user
+    # The prefix cache matches a prompt by its tokens, whatever the key: what the key asks for happens anyway.
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: CacheRetention = None
     priority: int = 0  # vLLM's: lower is served first (--scheduling-policy priority, or fair within a key)
+    service_tier: Literal["auto", "default", "flex", "priority"] | None = None  # an offset to priority (TIER_PRIORITY)
     stream: bool = False
     stream_options: StreamOptions | None = None
     return_progress: bool = False  # llama.cpp's: chunks of prompt progress before the first token
@@ -293,7 +318,8 @@ class SamplingRequest(Request):
             prompt_logprobs=prompt_logprobs, include_stop_str_in_output=self.include_stop_str_in_output,
             skip_special_tokens=self.skip_special_tokens, structured_outputs=structured_outputs,
             bad_words=self.bad_words, allowed_token_ids=self.allowed_token_ids, thinking_token_budget=thinking_budget,
-            priority=self.priority, **{name: value for name, value in given.items() if value is not None},
+            priority=self.priority + TIER_PRIORITY[self.service_tier or "auto"],
+            **{name: value for name, value in given.items() if value is not None},
         )
 
 
@@ -349,6 +375,7 @@ class ChatCompletionRequest(ChatTemplateRequest, SamplingRequest):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
     parallel_tool_calls: bool = True  # false: at most one tool call a reply
+    modalities: list[Literal["text"]] | None = None  # text is what zhuzi writes; audio is refused
     # vLLM's extensions: the prompt's and each choice's token ids; logprobs' tokens written "token_id:N".
     return_token_ids: bool = False
     return_tokens_as_token_ids: bool = False
@@ -384,6 +411,15 @@ class ChatCompletionRequest(ChatTemplateRequest, SamplingRequest):
 Prompt = Text | list[Text] | list[int] | list[list[int]]
 
 
+def as_batch(prompt: Prompt) -> list[str | list[int]]:
+    """A prompt (or an embedding's input) as a batch: each item a string or a list of token ids."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if prompt and all(isinstance(p, int) for p in prompt):
+        return [prompt]  # type: ignore[list-item]
+    return list(prompt)  # type: ignore[arg-type]
+
+
 class CompletionRequest(SamplingRequest):
     prompt: Prompt
     max_tokens: int | None = 16  # OpenAI's default here (chat's is the rest of the context); null: the rest
@@ -400,17 +436,24 @@ class CompletionRequest(SamplingRequest):
         return self
 
     def prompts(self) -> list[str | list[int]]:
-        """The prompt as a batch: each item a string or a list of token ids."""
-        prompt = self.prompt
-        if isinstance(prompt, str):
-            return [prompt]
-        if prompt and all(isinstance(p, int) for p in prompt):
-            return [prompt]  # type: ignore[list-item]
-        return list(prompt)  # type: ignore[arg-type]
+        return as_batch(self.prompt)
 
     def to_sampling_params(self, structured_outputs: StructuredOutputsParams | None = None) -> SamplingParams:
         wanted = [n for n in (self.prompt_logprobs, self.logprobs if self.echo else None) if n is not None]
         return self.sampling_params(self.max_tokens, self.logprobs, max(wanted, default=None), structured_outputs)
+
+
+class EmbeddingRequest(Request):
+    """OpenAI's /v1/embeddings: input is one text, a list of texts, one list of token ids or a list of them."""
+
+    input: Prompt
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(None, ge=1)  # served only as the model's own width (see embeddings.py)
+    user: str | None = None  # logged with the request, as chat's
+
+    def inputs(self) -> list[str | list[int]]:
+        return as_batch(self.input)
 
 
 class TokenizeRequest(ChatTemplateRequest):

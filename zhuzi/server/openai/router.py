@@ -1,5 +1,6 @@
-"""OpenAI's routes (and vLLM's): /v1/chat/completions and its /render, /v1/completions, /v1/models, /tokenize
-and /detokenize, each checked by the Intake and handed to its logic (serving.py, tokenize.py)."""
+"""OpenAI's routes (and vLLM's): /v1/chat/completions and its /render, /v1/completions, /v1/embeddings,
+/v1/models, /tokenize and /detokenize, each checked by the Intake and handed to its logic (serving.py,
+embeddings.py, tokenize.py)."""
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
@@ -8,11 +9,12 @@ from fastapi.responses import JSONResponse, Response
 from zhuzi.server.common.routes import BODY_ERRORS, Intake, documented
 from zhuzi.server.openai import answers as r
 from zhuzi.server.openai import protocol as p
+from zhuzi.server.openai.embeddings import Embeddings
 from zhuzi.server.openai.serving import Completions
 from zhuzi.server.openai.tokenize import Tokenization
 
 
-def router(intake: Intake, generations: Completions, tokenization: Tokenization) -> APIRouter:
+def router(intake: Intake, generations: Completions, tokenization: Tokenization, embeddings: Embeddings) -> APIRouter:
     routes = APIRouter()
     server = intake.server
 
@@ -29,6 +31,10 @@ def router(intake: Intake, generations: Completions, tokenization: Tokenization)
                                                  r.CompletionResponse))
     async def completions(request: Request) -> Response:
         return await intake.generation(request, p.CompletionRequest, generations.completions)
+
+    @routes.post("/v1/embeddings", **documented(p.EmbeddingRequest, r.EmbeddingResponse, (*BODY_ERRORS, 500)))
+    async def embed(request: Request) -> Response:
+        return await intake.generation(request, p.EmbeddingRequest, embeddings.openai)
 
     @routes.get("/v1/models", **documented(None, r.ModelList, (401, 503)))
     async def models(request: Request) -> Response:

@@ -79,9 +79,9 @@ class Completions:
                 raise ApiError.of(constraint.rename(exc)) from exc
 
     @staticmethod
-    def log_user(request_id: str, body: p.SamplingRequest) -> None:
-        if body.user is not None:  # OpenAI's end-user id: what an operator needs to trace abuse
-            log.info("%s for user %r", request_id, body.user)
+    def log_user(request_id: str, user: str | None) -> None:
+        if user is not None:  # OpenAI's end-user id: what an operator needs to trace abuse
+            log.info("%s for user %r", request_id, user)
 
     @staticmethod
     def completion_prompts(engine: EngineClient, prompts: list[str | list[int]]) -> tuple[list[str], list[list[int]]]:
@@ -130,7 +130,7 @@ class Completions:
                        fmt: Format, on_answer: Callable[[pydantic.BaseModel], Awaitable[None]] | None = None
                        ) -> Response:
         """A planned chat request, answered in fmt (OpenAI's chat, Anthropic's messages, a Response)."""
-        self.log_user(fmt.request_id, body)
+        self.log_user(fmt.request_id, body.user or body.safety_identifier)
         return await self.server.generate(request, key, [plan.chat.ids], plan.params, fmt, plan.new_parser,
                                           body.stream, on_answer)
 
@@ -155,7 +155,7 @@ class Completions:
             return tokenizer.decode([token_id], skip_special_tokens=False)
 
         fmt = CompletionFormat(r.new_id("cmpl"), self.server.model_name, body, texts, prompt_ids, decode)
-        self.log_user(fmt.request_id, body)
+        self.log_user(fmt.request_id, body.user or body.safety_identifier)
 
         def new_parser() -> OutputParser:
             return OutputParser(reasoning=False, tools=False)

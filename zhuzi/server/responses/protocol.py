@@ -12,7 +12,7 @@ from pydantic import ConfigDict, Discriminator, Field, RootModel, Tag, field_val
 
 from zhuzi.server.common.schema import Request, Response, Text, _is_none, text_or
 from zhuzi.server.openai.answers import TokenLogprob
-from zhuzi.server.openai.protocol import JsonSchemaFormat
+from zhuzi.server.openai.protocol import CacheRetention, JsonSchemaFormat
 
 UNSUPPORTED = {
     "background": "is not supported: a response runs while its request waits (or streams)",
@@ -31,8 +31,6 @@ INCLUDES = ("message.output_text.logprobs", "reasoning.encrypted_content")
 NO_INCLUDE = {"file_search_call.results": "file_search", "web_search_call.results": "web_search",
               "web_search_call.action.sources": "web_search", "code_interpreter_call.outputs": "code_interpreter",
               "computer_call_output.output.image_url": "computer_use", "message.input_image.image_url": "input_image"}
-# service_tier -> the scheduler's priority offset (lower is served first, with --scheduling-policy priority).
-TIER_PRIORITY = {"auto": 0, "default": 0, "flex": 1, "priority": -1}
 # reasoning.effort -> thinking_token_budget: a thinking model's thought ends after this many tokens.
 EFFORT_BUDGETS = {"minimal": 256, "low": 1024, "medium": 4096, "high": 16384}
 MAX_METADATA = 16
@@ -212,7 +210,7 @@ class ResponsesRequest(Request):
     user: str | None = None  # logged with the request, as chat's
     safety_identifier: str | None = Field(None, max_length=64)  # logged with the request, as user
     prompt_cache_key: str | None = None  # echoed: the prefix cache matches a prompt by its tokens, whatever the key
-    prompt_cache_retention: Literal["in_memory", "24h"] | None = None
+    prompt_cache_retention: CacheRetention = None
     service_tier: Literal["auto", "default", "flex", "priority", "scale"] | None = None
     priority: int = 0  # vLLM's extension, as chat's (extra_body): lower is served first
 
@@ -233,13 +231,6 @@ class ResponsesRequest(Request):
             raise ValueError("auto is not supported: a conversation longer than the context window is refused "
                              "(400), as with disabled")
         return truncation
-
-    @field_validator("prompt_cache_retention")
-    @classmethod
-    def _in_memory(cls, retention: str | None) -> str | None:
-        if retention == "24h":
-            raise ValueError("24h is not supported: zhuzi's prefix cache lives in memory (in_memory) until evicted")
-        return retention
 
     @field_validator("service_tier")
     @classmethod

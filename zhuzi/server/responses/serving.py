@@ -100,7 +100,7 @@ def chat_request(body: rp.ResponsesRequest, history: list[dict[str, Any]],
     chat: dict[str, Any] = {"model": body.model, "messages": messages, "parallel_tool_calls": body.parallel_tool_calls,
                             "max_tokens": body.max_output_tokens, "temperature": body.temperature,
                             "top_p": body.top_p, "stream": body.stream, "user": body.user,
-                            "priority": body.priority + rp.TIER_PRIORITY[body.service_tier or "auto"]}
+                            "priority": body.priority + p.TIER_PRIORITY[body.service_tier or "auto"]}
     if body.logprobs:
         chat["logprobs"], chat["top_logprobs"] = True, body.top_logprobs
     if body.tools:
