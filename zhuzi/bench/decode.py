@@ -11,7 +11,7 @@ larger than the caches with vector loads, the best of several passes); both
 engines' decode speeds are given as a fraction of that roofline. The figure
 of one torch.sum over the buffer, the ceiling used before, is kept beside it.
 The fused decode step's threads are clocked at its barriers: the mean time a
-thread waits there a step (barrier_wait_s).
+thread waits there a step in the best run (barrier_wait_s).
 Decode tokens/s count the whole step loop (scheduler, model, sampler,
 detokenizer); llama-bench's tg counts its model calls, from an empty context.
 
@@ -103,7 +103,7 @@ class DecodeReport:
     load: tuple[float, float]  # 1-minute load average at the start and at the end
     decode_rounds: list[float]  # decode tokens/s of each measured run
     sum_bandwidth_bytes_per_s: float = 0.0  # one torch.sum over the same buffer: the ceiling used before
-    barrier_wait_s: float | None = None  # mean seconds a thread waited at the fused step's barriers a step
+    barrier_wait_s: float | None = None  # best run: mean s a thread waited at the fused step's barriers a step
     llama_cpp: LlamaCppDecode | None = None
     parameters: tuple[int, int] = (0, 0)  # (active, total): a Mixture-of-Experts step runs the top-k experts only
     experts: tuple[int, int] | None = None  # (top-k, experts) of a sparse model
@@ -178,11 +178,13 @@ def run(args: argparse.Namespace) -> DecodeReport | SpecDecodeReport:
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
     llm.generate([requests[0].prompt_token_ids], params, use_tqdm=False)  # warm-up: first-call costs
     fused = llm.engine.runner.model.fused
-    if fused is not None:
-        fused.time_barriers()
+    barrier_rounds = []  # each run's mean barrier wait a step
     prefill_s, model_s, rounds, peer_rounds = float("inf"), float("inf"), [], []
     for request in requests[1:]:
+        if fused is not None:
+            fused.time_barriers()
         output = llm.generate([request.prompt_token_ids], params, use_tqdm=False)[0]
+        barrier_rounds.append(fused.barrier_wait_per_step if fused is not None and fused.steps else None)
         prefill_s = min(prefill_s, output.metrics.prefill_time)
         rounds.append(1 / decode_step_seconds(output.metrics, len(output.outputs[0].token_ids)))
         model_s = min(model_s, statistics.fmean(output.metrics.decode_step_times or [float("nan")]))
@@ -200,7 +202,7 @@ def run(args: argparse.Namespace) -> DecodeReport | SpecDecodeReport:
         bandwidth_bytes_per_s=measure_read_bandwidth(args.device, BANDWIDTH_BUFFER_BYTES, args.bandwidth_repeats),
         weight_bytes_per_step=llm.weight_bytes_per_decode_step, model_step_s=model_s, load=(load_at_start, 0.0),
         decode_rounds=rounds, sum_bandwidth_bytes_per_s=torch_sum_bandwidth(buffer, args.bandwidth_repeats),
-        barrier_wait_s=fused.barrier_wait_per_step if fused is not None and fused.steps else None,
+        barrier_wait_s=barrier_rounds[rounds.index(max(rounds))],
         llama_cpp=LlamaCppDecode(command, peer_rounds) if tool else None,
         parameters=(c.active_parameters, c.num_parameters),
         experts=(c.num_experts_per_tok, c.num_experts) if c.num_experts else None)
@@ -233,7 +235,7 @@ def format_report(r: DecodeReport, args: argparse.Namespace) -> str:
     ]
     if r.barrier_wait_s is not None:
         lines.append(f"barriers:   {r.barrier_wait_s * 1e3:10.3f} ms a step a thread waits at the fused step's "
-                     f"barriers ({100 * r.barrier_wait_s / r.model_step_s:.1f} % of the model's part)")
+                     f"barriers ({100 * r.barrier_wait_s / r.decode_step_s:.1f} % of the step; best run)")
     if r.llama_cpp:
         peer, (prefill_ratio, decode_ratio) = r.llama_cpp, r.ratios
         lines += [
