@@ -120,6 +120,26 @@ static inline void row_ints(const uint8_t* const* row, int64_t at, const vi* off
   }
 }
 
+// The tile's 16 row pointers (beyond rows: the last row again, its results unused) and their byte offsets
+// from w, vectors over the rows.
+static inline void rows_of(const uint8_t* w, int64_t row_bytes, int rows, const uint8_t** row, vi* off) {
+  for (int r = 0; r < ROWS; ++r) {
+    row[r] = w + std::min(r, rows - 1) * row_bytes;
+    off[r / VL][r % VL] = int32_t(row[r] - w);
+  }
+}
+
+// 16 rows are 16 streams, too many for the hardware prefetchers, and often short ones (1,536 Q4_K weights are
+// 864 bytes): while a tile computes blocks [blk, blk + nblk), the next tile's rows (the 16 after these, one
+// contiguous run) are fetched into L2 in order, that step's share at a time (into L1 they would evict this
+// tile's rows). A prefetch past the matrix's end never faults.
+template <class F>
+static inline void prefetch_next(const uint8_t* w, int64_t row_bytes, int64_t blk, int nblk) {
+  const uint8_t* next = w + ROWS * row_bytes + blk * ROWS * F::BYTES;
+  for (int o = 0; o < ROWS * nblk * F::BYTES; o += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(next + o), _MM_HINT_T1);
+}
+
 // A row's codes of READS vectors of units, vector k from unit u + k UNITS on: Q6_K's two of a half block
 // (READS = 2) come from one read of its bytes (four_q6k()), where codes() would read them twice.
 template <class F, int READS>
@@ -154,21 +174,12 @@ static void pass(const uint8_t* w, int64_t row_bytes, int rows, int64_t K, const
 #endif
   const uint8_t* row[ROWS];
   vi off[V];
-  for (int r = 0; r < ROWS; ++r) {
-    row[r] = w + std::min(r, rows - 1) * row_bytes;  // beyond rows: the last row again, its results unused
-    off[r / VL][r % VL] = int32_t(row[r] - w);
-  }
+  rows_of(w, row_bytes, rows, row, off);
   vf sums[P][V] = {};
   const int64_t nb = K / F::QK;
   for (int64_t blk = 0; blk < nb; blk += STEP) {
     const int nblk = int(std::min<int64_t>(STEP, nb - blk));
-    // 16 rows are 16 streams, too many for the hardware prefetchers, and often short ones (1,536 Q4_K weights
-    // are 864 bytes): while this tile computes, the next tile's rows (the 16 after these, one contiguous run)
-    // are fetched into L2 in order, a step's share at a time (into L1 they would evict this tile's rows). A
-    // prefetch past the matrix's end never faults.
-    const uint8_t* next = w + ROWS * row_bytes + blk * ROWS * F::BYTES;
-    for (int o = 0; o < ROWS * nblk * F::BYTES; o += 64)
-      _mm_prefetch(reinterpret_cast<const char*>(next + o), _MM_HINT_T1);
+    prefetch_next<F>(w, row_bytes, blk, nblk);
     alignas(64) float a[NG][ROWS], b[NG][ROWS];
     KScales k;
     if constexpr (KQ) row_ints<F>(row, blk * F::BYTES, off, k);
@@ -231,6 +242,62 @@ static void pass(const uint8_t* w, int64_t row_bytes, int rows, int64_t K, const
     for (int v = 0; v < V; ++v) store_vf(sums[p][v], acc[p] + v * VL);
 }
 
+#if ZHUZI_AVX2
+// pass() for the K-quants on AVX2: the int16 pair sums of maddubs meet each row's sub-block scales in madd (in
+// place of the ones of dot_u8s8()), so a row's lanes add up sc_g s_g over the whole super-block and 16 rows are
+// reduced once per 256 inputs, not once per 32; the same exact integers as pass(), so the same bits. Every
+// pair sum stays exact: codes <= 63, |x| <= 127, |sc| <= 128.
+template <class F, int P>
+static void k_pass(const uint8_t* w, int64_t row_bytes, int rows, int64_t K, const q8::Block* const* x,
+                   float (*acc)[ROWS]) {
+  constexpr bool Q6K = std::is_same_v<F, blocks::Format<blocks::Q6_K>>;
+  const uint8_t* row[ROWS];
+  vi off[V];
+  rows_of(w, row_bytes, rows, row, off);
+  vf sums[P][V] = {};
+  for (int64_t blk = 0; blk < K / F::QK; ++blk) {
+    prefetch_next<F>(w, row_bytes, blk, 1);
+    KScales k;
+    row_ints<F>(row, blk * F::BYTES, off, k);
+    const q8::Block* xb[P];
+    for (int p = 0; p < P; ++p) xb[p] = x[p] + blk * 8;
+    i8::I32 f[P][ROWS / 4];
+    for (int r4 = 0; r4 < ROWS; r4 += 4) {
+      i8::I32 d[P][4];
+      for (int r = 0; r < 4; ++r) {
+        const uint8_t* b = row[r4 + r] + blk * F::BYTES;
+        const int at = r4 + r;
+        for (int p = 0; p < P; ++p) d[p][r] = i8::zero();
+#pragma GCC unroll 8
+        for (int u = 0; u < 8; ++u) {
+          const __m256i c = unit<F>(b, u);
+          // The unit's scales as int16 words: Q6_K's groups 2u and 2u + 1 in its two 128-bit halves.
+          const __m256i sc = Q6K ? _mm256_set_m128i(_mm_set1_epi16(int16_t(k.sc[2 * u + 1][at])),
+                                                    _mm_set1_epi16(int16_t(k.sc[2 * u][at])))
+                                 : _mm256_set1_epi16(int16_t(k.sc[u][at]));
+          for (int p = 0; p < P; ++p)
+            d[p][r] = _mm256_add_epi32(d[p][r], _mm256_madd_epi16(_mm256_maddubs_epi16(c, load32(xb[p][u].q)), sc));
+        }
+      }
+      for (int p = 0; p < P; ++p) f[p][r4 / 4] = quad(d[p]);
+    }
+    for (int p = 0; p < P; ++p) {
+      i8::I32 t[2][V], is[V];
+      transpose(f[p], t);
+      for (int v = 0; v < V; ++v) {
+        vi offset = {};  // Q6_K: sum_g sc_g sum_g, which times -32 takes its codes' offset off
+        if constexpr (Q6K)
+          for (int g = 0; g < 16; ++g) offset += load_vi(k.sc[g] + v * VL) * block_dot::group_sum<F>(xb[p], g);
+        is[v] = (i8::I32)((vi)t[0][v] + (vi)t[1][v] - F::OFF * offset);
+      }
+      k_super<F>(sums[p], is, k, xb[p]);
+    }
+  }
+  for (int p = 0; p < P; ++p)
+    for (int v = 0; v < V; ++v) store_vf(sums[p][v], acc[p] + v * VL);
+}
+#endif
+
 // block_tiles::tile()'s results, for input rows [m0, m1) of x: PASS rows at a time.
 template <class F>
 static void tile(const uint8_t* w, int64_t row_bytes, int rows, int64_t K, const q8::Rows& x, int64_t m0,
@@ -241,11 +308,18 @@ static void tile(const uint8_t* w, int64_t row_bytes, int rows, int64_t K, const
     const q8::Sums* ds[PASS];
     for (int i = 0; i < count; ++i) xs[i] = x.row(m + i), ds[i] = x.sums(m + i);
     float(*out)[ROWS] = acc + (m - m0);
+    auto go = [&](auto p) {
+      constexpr int P = decltype(p)::value;
+#if ZHUZI_AVX2
+      if constexpr (F::QK == 256) return k_pass<F, P>(w, row_bytes, rows, K, xs, out);
+#endif
+      pass<F, P>(w, row_bytes, rows, K, xs, ds, out);
+    };
     switch (count) {
-      case 1: pass<F, 1>(w, row_bytes, rows, K, xs, ds, out); break;
-      case 2: pass<F, 2>(w, row_bytes, rows, K, xs, ds, out); break;
-      case 3: pass<F, 3>(w, row_bytes, rows, K, xs, ds, out); break;
-      default: pass<F, PASS>(w, row_bytes, rows, K, xs, ds, out); break;
+      case 1: go(std::integral_constant<int, 1>{}); break;
+      case 2: go(std::integral_constant<int, 2>{}); break;
+      case 3: go(std::integral_constant<int, 3>{}); break;
+      default: go(std::integral_constant<int, PASS>{}); break;
     }
   }
 }
