@@ -5,8 +5,8 @@
 // A reduction over 4 rows at a time (then a transpose of 128-bit blocks) turns every row's lanes into its
 // exact int32 sum per 16 inputs, a vector over the tile's rows: block_tiles.h's accumulate() (32-blocks) or
 // k_group() and k_super() (K-quants) then do the rest exactly as there (block_dot.h), so an output is the same
-// bits on either path (batch invariance).
-// On NEON the tiles serve every row count.
+// bits on either path (batch invariance). On AVX2 the K-quants take k_pass(): their scales applied in the lanes,
+// one reduction per 256 inputs. On NEON the tiles serve every row count.
 #pragma once
 #include "block_tiles.h"
 
