@@ -88,13 +88,13 @@ inline float from_half(uint16_t u) {
 #endif
 }
 
-// How far a dot product of w[0..K) with x[0..K) moves when x is rounded to q8 blocks of 32 (kernels/q8.h):
-// half a step (amax / 254) per block, times the block's |w|.
-inline double q8_bound(const float* x, const double* w, int64_t K) {
+// How far a dot product of w[0..K) with x[0..K) moves when x is rounded to q8 codes (kernels/q8.h), one scale
+// per `span` inputs (32, or 256 for the K-quants): half a step (amax / 254) per span, times the span's |w|.
+inline double q8_bound(const float* x, const double* w, int64_t K, int64_t span = 32) {
   double bound = 0;
-  for (int64_t k0 = 0; k0 < K; k0 += 32) {
+  for (int64_t k0 = 0; k0 < K; k0 += span) {
     double amax = 0, wsum = 0;
-    for (int64_t k = k0; k < std::min<int64_t>(K, k0 + 32); ++k)
+    for (int64_t k = k0; k < std::min<int64_t>(K, k0 + span); ++k)
       amax = std::fmax(amax, std::fabs(x[k])), wsum += std::fabs(w[k]);
     bound += amax / 254 * wsum;
   }

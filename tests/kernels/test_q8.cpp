@@ -5,28 +5,36 @@
 
 TEST(q8_blocks_round_each_input_by_at_most_half_a_step) {
   check::Rng g(3);
-  for (int64_t K : {1, 31, 32, 33, 100}) {
-    std::vector<float> x(K);
-    for (int64_t k = 0; k < K; ++k) x[k] = k >= 32 && k < 64 ? 0.f : float(g.normal()) * (k == 5 ? 50.f : 1.f);
-    const int64_t n = q8::blocks(K);
-    std::vector<q8::Block> b(n);
-    q8::quantize_row(x.data(), K, n * 32, b.data());
-    for (int64_t j = 0; j < n; ++j) {
-      float amax = 0;
-      for (int64_t k = 32 * j; k < std::min<int64_t>(K, 32 * j + 32); ++k) amax = std::fmax(amax, std::fabs(x[k]));
-      CHECK(b[j].d == amax / 127, "K %ld block %ld: d %g, amax %g", (long)K, (long)j, b[j].d, amax);
-      int sums[2] = {0, 0}, top = 0;
-      for (int i = 0; i < 32; ++i) {
-        const int64_t k = 32 * j + i;
-        const double v = k < K ? x[k] : 0.0;
-        CHECK(std::abs(b[j].q[i]) <= 127 && std::fabs(v - double(b[j].d) * b[j].q[i]) <= b[j].d * 0.5000001,
-              "K %ld input %ld: %g as %d x %g", (long)K, (long)k, v, b[j].q[i], b[j].d);
-        sums[i / 16] += b[j].q[i], top = std::max(top, std::abs(int(b[j].q[i])));
+  for (int span : {32, 256})  // the K-quants' activations: one scale per 256 inputs
+    for (int64_t K : {1, 31, 32, 33, 100, 300}) {
+      std::vector<float> x(K);
+      for (int64_t k = 0; k < K; ++k) x[k] = k >= 32 && k < 64 ? 0.f : float(g.normal()) * (k == 5 ? 50.f : 1.f);
+      const int64_t n = q8::blocks(K);
+      std::vector<q8::Block> b(n);
+      q8::quantize_row(x.data(), K, n * 32, b.data(), span);
+      for (int64_t j = 0; j < n; ++j) {
+        const int64_t s0 = 32 * j / span * span;
+        float amax = 0;
+        for (int64_t k = s0; k < std::min<int64_t>(K, s0 + span); ++k) amax = std::fmax(amax, std::fabs(x[k]));
+        CHECK(b[j].d == amax / 127, "span %d K %ld block %ld: d %g, amax %g", span, (long)K, (long)j, b[j].d, amax);
+        int sums[2] = {0, 0};
+        for (int i = 0; i < 32; ++i) {
+          const int64_t k = 32 * j + i;
+          const double v = k < K ? x[k] : 0.0;
+          CHECK(std::abs(b[j].q[i]) <= 127 && std::fabs(v - double(b[j].d) * b[j].q[i]) <= b[j].d * 0.5000001,
+                "span %d K %ld input %ld: %g as %d x %g", span, (long)K, (long)k, v, b[j].q[i], b[j].d);
+          sums[i / 16] += b[j].q[i];
+        }
+        CHECK(b[j].sum[0] == sums[0] && b[j].sum[1] == sums[1], "span %d K %ld block %ld sums", span, (long)K, (long)j);
       }
-      CHECK(b[j].sum[0] == sums[0] && b[j].sum[1] == sums[1], "K %ld block %ld sums", (long)K, (long)j);
-      CHECK(amax == 0 ? top == 0 : top == 127, "K %ld block %ld: largest code %d", (long)K, (long)j, top);
+      for (int64_t s0 = 0; s0 < n * 32; s0 += span) {  // the span's largest input takes code +-127
+        int top = 0;
+        for (int64_t k = s0; k < std::min<int64_t>(n * 32, s0 + span); ++k)
+          top = std::max(top, std::abs(int(b[k / 32].q[k % 32])));
+        CHECK(b[s0 / 32].d == 0 ? top == 0 : top == 127, "span %d K %ld at %ld: largest code %d", span, (long)K,
+              (long)s0, top);
+      }
     }
-  }
 }
 
 TEST(int8_dot_products_are_exact_at_the_extremes) {

@@ -22,11 +22,11 @@ def variant(request):
     native.select(before)
 
 
-def q8_bound(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """[M, N]: how far x @ w.T can move when each block of 32 inputs of a row of x is rounded to q8 codes
-    (kernels/q8.h): half a step, amax / 254, times the block's |weights|."""
+def q8_bound(x: torch.Tensor, w: torch.Tensor, span: int = 32) -> torch.Tensor:
+    """[M, N]: how far x @ w.T can move when each row of x is rounded to q8 codes (kernels/q8.h), one scale per
+    `span` inputs (32, or 256 for the K-quants): half a step, amax / 254, times the span's |weights|."""
     m, k = x.shape
-    pad = -k % 32
-    xb = torch.nn.functional.pad(x.double(), (0, pad)).view(m, -1, 32).abs().amax(-1)  # [M, blocks]
-    wb = torch.nn.functional.pad(w.double().abs(), (0, pad)).view(w.shape[0], -1, 32).sum(-1)  # [N, blocks]
+    pad = -k % span
+    xb = torch.nn.functional.pad(x.double(), (0, pad)).view(m, -1, span).abs().amax(-1)  # [M, spans]
+    wb = torch.nn.functional.pad(w.double().abs(), (0, pad)).view(w.shape[0], -1, span).sum(-1)  # [N, spans]
     return xb / 254 @ wb.T * (1 + 1e-6)

@@ -15,11 +15,12 @@ pytestmark = pytest.mark.usefixtures("variant")
 
 
 def reference(x: torch.Tensor, parts: list[BlockWeight]) -> tuple[np.ndarray, np.ndarray]:
-    """x W^T in float64 from gguf's values, and each output's bound: the q8 rounding of x (conftest.q8_bound)
-    plus float32 sums."""
-    w = torch.from_numpy(np.concatenate([gguf.quants.dequantize(p.data.numpy(), p.qtype) for p in parts]))
-    x64, w64 = x.double(), w.double()
-    return (x64 @ w64.T).numpy(), (q8_bound(x, w) + 1e-5 * x64.abs() @ w64.abs().T).numpy()
+    """x W^T in float64 from gguf's values, and each output's bound: the q8 rounding of x (conftest.q8_bound:
+    per 256 inputs for the K-quants, per 32 for the rest) plus float32 sums."""
+    values = [torch.from_numpy(gguf.quants.dequantize(p.data.numpy(), p.qtype)) for p in parts]
+    bound = torch.cat([q8_bound(x, w, gguf.GGML_QUANT_SIZES[p.qtype][0]) for p, w in zip(parts, values)], 1)
+    x64, w64 = x.double(), torch.cat(values).double()
+    return (x64 @ w64.T).numpy(), (bound + 1e-5 * x64.abs() @ w64.abs().T).numpy()
 
 
 def weight(qtype, rows: int, cols: int, seed: int) -> BlockWeight:

@@ -70,8 +70,8 @@ def part_table(parts) -> ctypes.Array:
 def block_linear(x: torch.Tensor, table: ctypes.Array, out_features: int,
                  out_dtype: torch.dtype | None = None) -> torch.Tensor | None:
     """y = x @ W^T for W the parts' rows one after another; x: [M, K] float32 or bf16 on CPU, quantized to
-    q8 blocks per 32 inputs. Returns [M, out_features] in out_dtype (default x's), or None when the kernel
-    does not serve the call."""
+    q8 blocks with one scale per 32 inputs (per 256 for the K-quants: kernels/block_dot.h). Returns
+    [M, out_features] in out_dtype (default x's), or None when the kernel does not serve the call."""
     fn = _linear_kernel()
     if fn is None or not (x.is_cpu and x.dtype in _OUT and x.dim() == 2 and x.shape[0] > 0):
         return None

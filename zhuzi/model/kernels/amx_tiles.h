@@ -2,8 +2,8 @@
 // chunk is already AMX's B layout (codes[quad][row][4]: 4 inputs of each of 16 rows a 64-byte row), and q8
 // activation rows are A rows as they lie (32 codes a block). One tdpbsud (tdpbssd for Q8_0) gives every group's
 // exact int32 sums for 16 input rows x 16 output rows at once, where VNNI takes 8 dot products per input row;
-// block_tiles::accumulate() then does the float part as on every other path. Only the avx512 build has it,
-// and it runs where the CPU has AMX-INT8 and the kernel grants the tile state (ready()).
+// block_tiles.h's accumulate() (or k_group() and k_super()) then does the rest as on every other path. Only
+// the avx512 build has it, and it runs where the CPU has AMX-INT8 and the kernel grants the tile state (ready()).
 #pragma once
 #include "block_tiles.h"
 
@@ -84,7 +84,9 @@ __attribute__((target("amx-tile,amx-int8"))) static void tile(const uint8_t* w, 
       const q8::Block* xb[16];
       const q8::Sums* ds[16];  // the rows' scaled sums from the chunk's first block
       vf sums[16];
+      i8::I32 is[16];  // K-quants: each input row's integer sums over the super-block (the chunk)
       for (int i = 0; i < 16; ++i) {
+        is[i] = i8::zero();
         const int64_t row = m + std::min(i, count - 1);
         xb[i] = x.row(row) + k0 / 32;
         ds[i] = x.sums(row) + k0 / 32;
@@ -96,10 +98,13 @@ __attribute__((target("amx-tile,amx-int8"))) static void tile(const uint8_t* w, 
           const int blk = (g + i) * F::G / 32;
           for (int r = 0; r < 16; ++r) {
             const i8::I32 gs = _mm512_load_si512(s[i][r]);
-            accumulate<F>(&sums[r], &gs, t.a[g + i], t.b[g + i], xb[r][blk], ds[r][blk], g + i);
+            if constexpr (F::QK == CHUNK) k_group<F>(&is[r], &gs, t.k, g + i, xb[r]);
+            else accumulate<F>(&sums[r], &gs, t.a[g + i], t.b[g + i], xb[r][blk], ds[r][blk], g + i);
           }
         }
       }
+      if constexpr (F::QK == CHUNK)
+        for (int r = 0; r < 16; ++r) k_super<F>(&sums[r], &is[r], t.k, xb[r]);
       for (int i = 0; i < count; ++i) store_vf(sums[i], acc[m - m0 + i]);
     }
   }

@@ -16,8 +16,11 @@ constexpr int64_t FEW_ROWS = 8;
 
 template <typename T, typename Y>
 static void linear(const Part* parts, int nparts, const T* x, Y* y, int64_t M, int64_t N, int64_t K, int threads) {
-  q8::Rows xq;
-  xq.set(x, M, K, K, threads);
+  q8::Rows xq[2];  // the activations per 32 inputs and per 256 (K-quants), as the parts need them
+  bool need[2] = {};
+  for (int p = 0; p < nparts; ++p) need[span(parts[p].type) == CHUNK] = true;
+  for (int s = 0; s < 2; ++s)
+    if (need[s]) xq[s].set(x, M, K, K, threads, s ? CHUNK : q8::BLOCK);
   struct Ref { const Part* part; int64_t row, n0; };  // a tile: its part, its first row there, and in y
   std::vector<Ref> tiles;
   for (int64_t p = 0, n0 = 0; p < nparts; n0 += parts[p].rows, ++p)
@@ -34,12 +37,13 @@ static void linear(const Part* parts, int nparts, const T* x, Y* y, int64_t M, i
       const int rows = int(std::min<int64_t>(ROWS, t.part->rows - t.row));
       alignas(64) float acc[CHUNK_ROWS][ROWS];
       blocks::with_format(t.part->type, [&](auto f) {
+        const q8::Rows& x8 = xq[decltype(f)::QK == CHUNK];
         const uint8_t* w = t.part->w + t.row * t.part->row_bytes;
-        if (m1 - m0 <= FEW_ROWS) block_rows::tile<decltype(f)>(w, t.part->row_bytes, rows, K, xq, m0, m1, acc);
+        if (m1 - m0 <= FEW_ROWS) block_rows::tile<decltype(f)>(w, t.part->row_bytes, rows, K, x8, m0, m1, acc);
 #if ZHUZI_AVX512
-        else if (amx) amx_tiles::tile<decltype(f)>(w, t.part->row_bytes, rows, K, xq, m0, m1, acc);
+        else if (amx) amx_tiles::tile<decltype(f)>(w, t.part->row_bytes, rows, K, x8, m0, m1, acc);
 #endif
-        else block_tiles::tile<decltype(f)>(w, t.part->row_bytes, rows, K, xq, m0, m1, acc);
+        else block_tiles::tile<decltype(f)>(w, t.part->row_bytes, rows, K, x8, m0, m1, acc);
       });
       for (int64_t m = m0; m < m1; ++m)
         for (int r = 0; r < rows; ++r) store(acc[m - m0][r], y + m * N + t.n0 + r);

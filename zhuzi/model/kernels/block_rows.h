@@ -3,9 +3,10 @@
 // all its input rows, which at one to a few rows costs more than reading the weights; here each row's
 // blocks are unpacked in registers, in input order, and meet the inputs in int8 dot products lane by lane.
 // A reduction over 4 rows at a time (then a transpose of 128-bit blocks) turns every row's lanes into its
-// exact int32 sum per 16 inputs, a vector over the tile's rows: block_tiles::accumulate() then does the
-// float part exactly as there, so an output is the same bits on either path (batch invariance).
-// On NEON the tiles serve every row count.
+// exact int32 sum per 16 inputs, a vector over the tile's rows: block_tiles.h's accumulate() (32-blocks) or
+// k_group() and k_super() (K-quants) then do the rest exactly as there (block_dot.h), so an output is the same
+// bits on either path (batch invariance). On AVX2 the K-quants take k_pass(): their scales applied in the lanes,
+// one reduction per 256 inputs. On NEON the tiles serve every row count.
 #pragma once
 #include "block_tiles.h"
 
@@ -77,47 +78,66 @@ static inline i8::B8 codes(const uint8_t* w, int64_t blk, int u, bool tail) {
   return join(units);
 }
 
-// Each group's scale a and (formats with a minimum) offset b of the block at byte `at` of every row of a tile
-// (row r at row[r], at row[0] + off[.][r]), vectors over the rows: blocks.h's scales(), the same operations on
-// whole vectors of rows, so the same bits.
+// The scale a and (formats with a minimum) offset b of the 32-block at byte `at` of every row of a tile (row r
+// at row[r], at row[0] + off[.][r]), vectors over the rows: blocks.h's scales(), the same operations on whole
+// vectors of rows, so the same bits.
 template <class F>
 static inline void row_scales(const uint8_t* const* row, int64_t at, const vi* off, float (*a)[ROWS], float (*b)[ROWS]) {
-  constexpr int GROUPS = F::QK / F::G;
-  constexpr bool Q6K = std::is_same_v<F, blocks::Format<blocks::Q6_K>>;
-  auto to_float = [](vi v) { return __builtin_convertvector(v, vf); };
   for (int v = 0; v < V; ++v) {
-    auto word = [&](int k) { return (vu)gather(row[0] + at + k, off[v]); };
-    // A K-quant's 16 bytes of scales (Q4_K, Q5_K: after fp16 d and dmin; Q6_K: its 16 int8 scales), a word
-    // of each row per vector.
+    const vu w = (vu)gather(row[0] + at, off[v]);  // fp16 d, then (MIN formats) fp16 m
+    store_vf(halves(w), a[0] + v * VL);
+    if constexpr (F::MIN) store_vf(halves(w >> 16), b[0] + v * VL);
+  }
+}
+
+// The integer scales of the K-quant block at byte `at` of every row of a tile: blocks.h's ints(), vectors over
+// the rows.
+template <class F>
+static inline void row_ints(const uint8_t* const* row, int64_t at, const vi* off, KScales& k) {
+  constexpr bool Q6K = std::is_same_v<F, blocks::Format<blocks::Q6_K>>;
+  for (int v = 0; v < V; ++v) {
+    // The 16 bytes of scales (Q4_K, Q5_K: after fp16 d and dmin; Q6_K: its 16 int8 scales), a word of each row
+    // per vector.
     vu head[4];
-    if constexpr (F::QK == 256) words16(row + v * VL, at + (Q6K ? 192 : 0), head);
-    vf av[GROUPS], bv[GROUPS];
-    if constexpr (F::QK == 32) {  // fp16 d, then (MIN formats) fp16 m
-      const vu w = word(0);
-      av[0] = halves(w);
-      if constexpr (F::MIN) bv[0] = halves(w >> 16);
-    } else if constexpr (Q6K) {  // int8 scales[16] at 192, fp16 d at 208
-      const vf d = halves(word(206) >> 16);
-      for (int q = 0; q < 4; ++q) {
-        const vi s = (vi)head[q];
-        for (int i = 0; i < 4; ++i) av[4 * q + i] = d * to_float((s << (24 - 8 * i)) >> 24);
-      }
+    words16(row + v * VL, at + (Q6K ? 192 : 0), head);
+    if constexpr (Q6K) {  // int8 scales[16] at 192, fp16 d at 208
+      store_vf(halves((vu)gather(row[0] + at + 206, off[v]) >> 16), k.d + v * VL);
+      for (int q = 0; q < 4; ++q)
+        for (int i = 0; i < 4; ++i) {
+          const vi sc = (vi)head[q] << (24 - 8 * i) >> 24;  // byte i of each word, sign-extended
+          std::memcpy(k.sc[4 * q + i] + v * VL, &sc, sizeof sc);
+        }
     } else {  // Q4_K, Q5_K: fp16 d, dmin, then 6-bit scales and mins in 12 bytes (blocks.h)
       const vu w = head[0], s0 = head[1], s1 = head[2], s2 = head[3];
-      const vf d = halves(w), dmin = halves(w >> 16);
+      store_vf(halves(w), k.d + v * VL), store_vf(halves(w >> 16), k.dmin + v * VL);
       for (int j = 0; j < 8; ++j) {
-        const int at = 8 * (j % 4);
-        const vu sc = j < 4 ? (s0 >> at) & 63 : ((s2 >> at) & 15) | ((s0 >> (at + 6)) & 3) << 4;
-        const vu mn = j < 4 ? (s1 >> at) & 63 : ((s2 >> (at + 4)) & 15) | ((s1 >> (at + 6)) & 3) << 4;
-        av[j] = d * to_float((vi)sc);
-        bv[j] = -(dmin * to_float((vi)mn));
+        const int at8 = 8 * (j % 4);
+        const vu sc = j < 4 ? (s0 >> at8) & 63 : ((s2 >> at8) & 15) | ((s0 >> (at8 + 6)) & 3) << 4;
+        const vu mn = j < 4 ? (s1 >> at8) & 63 : ((s2 >> (at8 + 4)) & 15) | ((s1 >> (at8 + 6)) & 3) << 4;
+        std::memcpy(k.sc[j] + v * VL, &sc, sizeof sc), std::memcpy(k.mn[j] + v * VL, &mn, sizeof mn);
       }
     }
-    for (int g = 0; g < GROUPS; ++g) {
-      store_vf(av[g], a[g] + v * VL);
-      if constexpr (F::MIN) store_vf(bv[g], b[g] + v * VL);
-    }
   }
+}
+
+// The tile's 16 row pointers (beyond rows: the last row again, its results unused) and their byte offsets
+// from w, vectors over the rows.
+static inline void rows_of(const uint8_t* w, int64_t row_bytes, int rows, const uint8_t** row, vi* off) {
+  for (int r = 0; r < ROWS; ++r) {
+    row[r] = w + std::min(r, rows - 1) * row_bytes;
+    off[r / VL][r % VL] = int32_t(row[r] - w);
+  }
+}
+
+// 16 rows are 16 streams, too many for the hardware prefetchers, and often short ones (1,536 Q4_K weights are
+// 864 bytes): while a tile computes blocks [blk, blk + nblk), the next tile's rows (the 16 after these, one
+// contiguous run) are fetched into L2 in order, that step's share at a time (into L1 they would evict this
+// tile's rows). A prefetch past the matrix's end never faults.
+template <class F>
+static inline void prefetch_next(const uint8_t* w, int64_t row_bytes, int64_t blk, int nblk) {
+  const uint8_t* next = w + ROWS * row_bytes + blk * ROWS * F::BYTES;
+  for (int o = 0; o < ROWS * nblk * F::BYTES; o += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(next + o), _MM_HINT_T1);
 }
 
 // A row's codes of READS vectors of units, vector k from unit u + k UNITS on: Q6_K's two of a half block
@@ -139,6 +159,7 @@ template <class F, int P>
 static void pass(const uint8_t* w, int64_t row_bytes, int rows, int64_t K, const q8::Block* const* x,
                  const q8::Sums* const* ds, float (*acc)[ROWS]) {
   constexpr int GROUPS = F::QK / F::G, PER_BLOCK = F::QK / 32;
+  constexpr bool KQ = F::QK == 256;  // a step is one K-quant super-block
   constexpr int STEP = PER_BLOCK >= UNITS ? 1 : UNITS;  // blocks a step: a whole vector of units
   constexpr int NU = STEP * PER_BLOCK, NG = STEP * GROUPS;
   // Signed codes (Q8_0) go in as unsigned ones biased by 128 where the int8 dot product keeps every sum
@@ -153,23 +174,17 @@ static void pass(const uint8_t* w, int64_t row_bytes, int rows, int64_t K, const
 #endif
   const uint8_t* row[ROWS];
   vi off[V];
-  for (int r = 0; r < ROWS; ++r) {
-    row[r] = w + std::min(r, rows - 1) * row_bytes;  // beyond rows: the last row again, its results unused
-    off[r / VL][r % VL] = int32_t(row[r] - w);
-  }
+  rows_of(w, row_bytes, rows, row, off);
   vf sums[P][V] = {};
   const int64_t nb = K / F::QK;
   for (int64_t blk = 0; blk < nb; blk += STEP) {
     const int nblk = int(std::min<int64_t>(STEP, nb - blk));
-    // 16 rows are 16 streams, too many for the hardware prefetchers, and often short ones (1,536 Q4_K weights
-    // are 864 bytes): while this tile computes, the next tile's rows (the 16 after these, one contiguous run)
-    // are fetched into L2 in order, a step's share at a time (into L1 they would evict this tile's rows). A
-    // prefetch past the matrix's end never faults.
-    const uint8_t* next = w + ROWS * row_bytes + blk * ROWS * F::BYTES;
-    for (int o = 0; o < ROWS * nblk * F::BYTES; o += 64)
-      _mm_prefetch(reinterpret_cast<const char*>(next + o), _MM_HINT_T1);
+    prefetch_next<F>(w, row_bytes, blk, nblk);
     alignas(64) float a[NG][ROWS], b[NG][ROWS];
-    for (int i = 0; i < nblk; ++i) row_scales<F>(row, (blk + i) * F::BYTES, off, a + i * GROUPS, b + i * GROUPS);
+    KScales k;
+    if constexpr (KQ) row_ints<F>(row, blk * F::BYTES, off, k);
+    else
+      for (int i = 0; i < nblk; ++i) row_scales<F>(row, (blk + i) * F::BYTES, off, a + i, b + i);
     const q8::Block* xb[P];
     for (int p = 0; p < P; ++p) xb[p] = x[p] + blk * PER_BLOCK;
     i8::I32 s[P][2 * NU][V];  // per input row, per 16 inputs of the step: sums over the rows
@@ -211,17 +226,77 @@ static void pass(const uint8_t* w, int64_t row_bytes, int rows, int64_t K, const
                 s[p][2 * uk + h][v] = (i8::I32)((vi)s[p][2 * uk + h][v] - 128 * xb[p][uk + h / 2].sum[h % 2]);
         }
     }
+    i8::I32 is[P][V] = {};
     for (int g = 0; g < nblk * GROUPS; ++g)
       for (int p = 0; p < P; ++p) {
         i8::I32 gs[V];
         for (int v = 0; v < V; ++v)
           gs[v] = F::G == 16 ? s[p][g][v] : i8::I32((vi)s[p][2 * g][v] + (vi)s[p][2 * g + 1][v]);
-        accumulate<F>(sums[p], gs, a[g], b[g], xb[p][g * F::G / 32], ds[p][blk * PER_BLOCK + g * F::G / 32], g);
+        if constexpr (KQ) k_group<F>(is[p], gs, k, g, xb[p]);
+        else accumulate<F>(sums[p], gs, a[g], b[g], xb[p][g * F::G / 32], ds[p][blk * PER_BLOCK + g * F::G / 32], g);
       }
+    if constexpr (KQ)
+      for (int p = 0; p < P; ++p) k_super<F>(sums[p], is[p], k, xb[p]);
   }
   for (int p = 0; p < P; ++p)
     for (int v = 0; v < V; ++v) store_vf(sums[p][v], acc[p] + v * VL);
 }
+
+#if ZHUZI_AVX2
+// pass() for the K-quants on AVX2: the int16 pair sums of maddubs meet each row's sub-block scales in madd (in
+// place of the ones of dot_u8s8()), so a row's lanes add up sc_g s_g over the whole super-block and 16 rows are
+// reduced once per 256 inputs, not once per 32; the same exact integers as pass(), so the same bits. Every
+// pair sum stays exact: codes <= 63, |x| <= 127, |sc| <= 128.
+template <class F, int P>
+static void k_pass(const uint8_t* w, int64_t row_bytes, int rows, int64_t K, const q8::Block* const* x,
+                   float (*acc)[ROWS]) {
+  constexpr bool Q6K = std::is_same_v<F, blocks::Format<blocks::Q6_K>>;
+  const uint8_t* row[ROWS];
+  vi off[V];
+  rows_of(w, row_bytes, rows, row, off);
+  vf sums[P][V] = {};
+  for (int64_t blk = 0; blk < K / F::QK; ++blk) {
+    prefetch_next<F>(w, row_bytes, blk, 1);
+    KScales k;
+    row_ints<F>(row, blk * F::BYTES, off, k);
+    const q8::Block* xb[P];
+    for (int p = 0; p < P; ++p) xb[p] = x[p] + blk * 8;
+    i8::I32 f[P][ROWS / 4];
+    for (int r4 = 0; r4 < ROWS; r4 += 4) {
+      i8::I32 d[P][4];
+      for (int r = 0; r < 4; ++r) {
+        const uint8_t* b = row[r4 + r] + blk * F::BYTES;
+        const int at = r4 + r;
+        for (int p = 0; p < P; ++p) d[p][r] = i8::zero();
+#pragma GCC unroll 8
+        for (int u = 0; u < 8; ++u) {
+          const __m256i c = unit<F>(b, u);
+          // The unit's scales as int16 words: Q6_K's groups 2u and 2u + 1 in its two 128-bit halves.
+          const __m256i sc = Q6K ? _mm256_set_m128i(_mm_set1_epi16(int16_t(k.sc[2 * u + 1][at])),
+                                                    _mm_set1_epi16(int16_t(k.sc[2 * u][at])))
+                                 : _mm256_set1_epi16(int16_t(k.sc[u][at]));
+          for (int p = 0; p < P; ++p)
+            d[p][r] = _mm256_add_epi32(d[p][r], _mm256_madd_epi16(_mm256_maddubs_epi16(c, load32(xb[p][u].q)), sc));
+        }
+      }
+      for (int p = 0; p < P; ++p) f[p][r4 / 4] = quad(d[p]);
+    }
+    for (int p = 0; p < P; ++p) {
+      i8::I32 t[2][V], is[V];
+      transpose(f[p], t);
+      for (int v = 0; v < V; ++v) {
+        vi offset = {};  // Q6_K: sum_g sc_g sum_g, which times -32 takes its codes' offset off
+        if constexpr (Q6K)
+          for (int g = 0; g < 16; ++g) offset += load_vi(k.sc[g] + v * VL) * block_dot::group_sum<F>(xb[p], g);
+        is[v] = (i8::I32)((vi)t[0][v] + (vi)t[1][v] - F::OFF * offset);
+      }
+      k_super<F>(sums[p], is, k, xb[p]);
+    }
+  }
+  for (int p = 0; p < P; ++p)
+    for (int v = 0; v < V; ++v) store_vf(sums[p][v], acc[p] + v * VL);
+}
+#endif
 
 // block_tiles::tile()'s results, for input rows [m0, m1) of x: PASS rows at a time.
 template <class F>
@@ -233,11 +308,18 @@ static void tile(const uint8_t* w, int64_t row_bytes, int rows, int64_t K, const
     const q8::Sums* ds[PASS];
     for (int i = 0; i < count; ++i) xs[i] = x.row(m + i), ds[i] = x.sums(m + i);
     float(*out)[ROWS] = acc + (m - m0);
+    auto go = [&](auto p) {
+      constexpr int P = decltype(p)::value;
+#if ZHUZI_AVX2
+      if constexpr (F::QK == 256) return k_pass<F, P>(w, row_bytes, rows, K, xs, out);
+#endif
+      pass<F, P>(w, row_bytes, rows, K, xs, ds, out);
+    };
     switch (count) {
-      case 1: pass<F, 1>(w, row_bytes, rows, K, xs, ds, out); break;
-      case 2: pass<F, 2>(w, row_bytes, rows, K, xs, ds, out); break;
-      case 3: pass<F, 3>(w, row_bytes, rows, K, xs, ds, out); break;
-      default: pass<F, PASS>(w, row_bytes, rows, K, xs, ds, out); break;
+      case 1: go(std::integral_constant<int, 1>{}); break;
+      case 2: go(std::integral_constant<int, 2>{}); break;
+      case 3: go(std::integral_constant<int, 3>{}); break;
+      default: go(std::integral_constant<int, PASS>{}); break;
     }
   }
 }

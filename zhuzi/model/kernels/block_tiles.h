@@ -10,9 +10,11 @@
 //
 // Per group of G inputs and input row m, with s the group's exact int32 sum of code products:
 //   acc += s (a d) + b (d sum)     d: the activation block's scale, sum: its codes' sum (its half for G = 16)
-// which is sum_i (a q_i + b) x_i, since x_i = d c_i. An output's operations depend only on its own input row
-// and come in a fixed order: results are batch-invariant.
+// which is sum_i (a q_i + b) x_i, since x_i = d c_i; the K-quants apply their scales to s as integers and
+// meet d once per 256 inputs (block_dot.h). An output's operations depend only on its own input row and
+// come in a fixed order: results are batch-invariant.
 #pragma once
+#include "block_dot.h"
 #include "blocks.h"
 #include "int8.h"
 #include "q8.h"
@@ -37,11 +39,22 @@ struct Part {
   int64_t rows, row_bytes;
 };
 
+// A K-quant super-block's integer scales (blocks.h's ints()) for each of a tile's rows.
+struct KScales {
+  alignas(64) int32_t sc[16][ROWS];
+  alignas(64) int32_t mn[8][ROWS];
+  alignas(64) float d[ROWS];
+  alignas(64) float dmin[ROWS];
+};
+
 struct Tile {
   alignas(64) uint8_t codes[QUADS][ROWS][4];
-  alignas(64) float a[CHUNK / 16][ROWS];
+  alignas(64) float a[CHUNK / 16][ROWS];  // 32-blocks' scales and offsets
   alignas(64) float b[CHUNK / 16][ROWS];
+  KScales k;  // a K-quant's (a chunk is one super-block)
 };
+
+static inline vi load_vi(const int32_t* p) { vi v; std::memcpy(&v, p, sizeof v); return v; }
 
 static inline i8::B8 broadcast4(const int8_t* p) {
   int32_t v;
@@ -105,6 +118,27 @@ static inline void accumulate(vf* sums, const i8::I32* s, const float* a, const 
   accumulate<F>(sums, s, a, b, xb.d, F::MIN || F::OFF ? ds[F::G == 16 ? g % 2 : 2] : 0.f);
 }
 
+// block_dot::group() for a K-quant's group g, vectors over a tile's rows: is[v] += sc s.
+template <class F>
+static inline void k_group(i8::I32* is, const i8::I32* s, const KScales& k, int g, const q8::Block* xb) {
+  const int32_t xsum = block_dot::group_sum<F>(xb, g);
+  for (int v = 0; v < V; ++v)
+    is[v] = (i8::I32)block_dot::group<F>((vi)is[v], (vi)s[v], load_vi(k.sc[g] + v * VL), xsum);
+}
+
+// block_dot::super() for a super-block of the tile's rows whose integer sums are is, one input row (q8 blocks
+// from the super-block's first, xb).
+template <class F>
+static inline void k_super(vf* sums, const i8::I32* is, const KScales& k, const q8::Block* xb) {
+  const vf dx = splat(xb[0].d);
+  for (int v = 0; v < V; ++v) {
+    vi im = {};
+    if constexpr (F::MIN)
+      for (int j = 0; j < 8; ++j) im += load_vi(k.mn[j] + v * VL) * block_dot::group_sum<F>(xb, j);
+    sums[v] = block_dot::super<F>(sums[v], (vi)is[v], im, load_vf(k.d + v * VL) * dx, -(load_vf(k.dmin + v * VL) * dx));
+  }
+}
+
 // Rows [0, rows) (the rest zeros) of a tile whose first row's blocks start at w, inputs [k0, k0 + n): n a
 // multiple of F::QK, at most CHUNK.
 template <class F>
@@ -114,13 +148,23 @@ static void decode(const uint8_t* w, int64_t row_bytes, int rows, int64_t k0, in
   for (int r = 0; r < ROWS; ++r) {
     if (r >= rows) {
       std::memset(q[r], 0, n);
-      for (int g = 0; g < n / F::G; ++g) t.a[g][r] = t.b[g][r] = 0.f;
+      for (int g = 0; g < CHUNK / 16; ++g) t.a[g][r] = t.b[g][r] = 0.f, t.k.sc[g][r] = 0;
+      for (int j = 0; j < 8; ++j) t.k.mn[j][r] = 0;
+      t.k.d[r] = t.k.dmin[r] = 0.f;
       continue;
     }
     const uint8_t* src = w + r * row_bytes + k0 / F::QK * F::BYTES;
     for (int blk = 0; blk < n / F::QK; ++blk) {
       float a[GROUPS], b[GROUPS];
       F::decode(src + blk * F::BYTES, q[r] + blk * F::QK, a, b);
+      if constexpr (F::QK == CHUNK) {
+        int32_t sc[16], mn[8];
+        F::ints(src, sc, mn, t.k.d[r], t.k.dmin[r]);
+        for (int g = 0; g < GROUPS; ++g) t.k.sc[g][r] = sc[g];
+        if constexpr (F::MIN)
+          for (int j = 0; j < 8; ++j) t.k.mn[j][r] = mn[j];
+        continue;
+      }
       for (int g = 0; g < GROUPS; ++g) t.a[blk * GROUPS + g][r] = a[g];
       if constexpr (F::MIN)
         for (int g = 0; g < GROUPS; ++g) t.b[blk * GROUPS + g][r] = b[g];
@@ -134,9 +178,11 @@ static void decode(const uint8_t* w, int64_t row_bytes, int rows, int64_t k0, in
 template <class F, int P>
 static void apply(const Tile& t, int n, const q8::Block* const* x, const q8::Sums* const* ds, float (*acc)[ROWS]) {
   constexpr int QG = F::G / 4;  // quads a group
+  constexpr bool KQ = F::QK == CHUNK;  // the chunk is one K-quant super-block
   vf sums[P][V];
+  i8::I32 is[P][V];
   for (int m = 0; m < P; ++m)
-    for (int v = 0; v < V; ++v) sums[m][v] = load_vf(acc[m] + v * VL);
+    for (int v = 0; v < V; ++v) sums[m][v] = load_vf(acc[m] + v * VL), is[m][v] = i8::zero();
   for (int g = 0; g < n / F::G; ++g) {
     // The group's codes in each input row: the quads below sit at fixed offsets from them, so that every
     // dot product takes its broadcast operand straight from memory (one instruction, no address arithmetic).
@@ -155,8 +201,12 @@ static void apply(const Tile& t, int n, const q8::Block* const* x, const q8::Sum
                               : i8::dot_u8s8_at(s[m][v], w[v], xg[m] + 4 * j);
     }
     const int blk = g * F::G / 32;
-    for (int m = 0; m < P; ++m) accumulate<F>(sums[m], s[m], t.a[g], t.b[g], x[m][blk], ds[m][blk], g);
+    for (int m = 0; m < P; ++m)
+      if constexpr (KQ) k_group<F>(is[m], s[m], t.k, g, x[m]);
+      else accumulate<F>(sums[m], s[m], t.a[g], t.b[g], x[m][blk], ds[m][blk], g);
   }
+  if constexpr (KQ)
+    for (int m = 0; m < P; ++m) k_super<F>(sums[m], is[m], t.k, x[m]);
   for (int m = 0; m < P; ++m)
     for (int v = 0; v < V; ++v) store_vf(sums[m][v], acc[m] + v * VL);
 }
@@ -198,6 +248,14 @@ static void tile(const uint8_t* w, int64_t row_bytes, int rows, int64_t K, const
       apply_rows<F>(t, n, rows_x, rows_ds, acc + (m - m0), count);
     }
   }
+}
+
+// The inputs that share an activation scale (q8::Rows' span) for weights of `type`: their block's length,
+// 32, or 256 for the K-quants (block_dot.h).
+static inline int span(int type) {
+  int n = q8::BLOCK;
+  blocks::with_format(type, [&](auto f) { n = decltype(f)::QK; });
+  return n;
 }
 
 // Whether a matrix of `type` blocks with rows of row_bytes bytes holds K inputs a row.

@@ -22,6 +22,9 @@
 // nibble, t = 2: high) or ql[64h + 32 + l] (t = 1: low, t = 3: high), and its top 2 bits from
 // (qh[32h + l] >> 2t) & 3.
 //
+// K-quants (QK = 256) also give their sub-block scales as integers (ints(): sc per group, mn per 32, the fp16
+// d and dmin), which the dot products apply in the integer domain (block_dot.h).
+//
 // Each Format decodes a block into its codes q (one byte a weight; Q8_0's are signed), and per group of
 // G weights a scale a and, for the formats with a minimum, an offset b (scales(): these alone):
 // weight = a q + b ("MIN" formats), or a (q - OFF) (the others). values() computes the weights as gguf's
@@ -63,15 +66,19 @@ static inline void fifth_bits(const uint8_t* qh, uint8_t* q) {
   std::memcpy(q, &lo, 16), std::memcpy(q + 16, &hi, 16);
 }
 
-// The 8 sub-block scales (times d) and offsets (-dmin mn) of a Q4_K / Q5_K block.
+// The 8 sub-block scales sc_j and minimums mn_j of a Q4_K / Q5_K block, as the integers they are.
+static inline void k_ints(const uint8_t* s, int32_t* sc, int32_t* mn) {
+  for (int j = 0; j < 8; ++j) {
+    sc[j] = j < 4 ? s[j] & 63 : (s[j + 4] & 15) | (s[j - 4] >> 6) << 4;
+    mn[j] = j < 4 ? s[j + 4] & 63 : (s[j + 4] >> 4) | (s[j] >> 6) << 4;
+  }
+}
+// The same, as each group's scale (times d) and offset (-dmin mn).
 static inline void k_scales(uint16_t d16, uint16_t dmin16, const uint8_t* s, float* a, float* b) {
   const float d = half_to_float(d16), dmin = half_to_float(dmin16);
-  for (int j = 0; j < 8; ++j) {
-    const int sc = j < 4 ? s[j] & 63 : (s[j + 4] & 15) | (s[j - 4] >> 6) << 4;
-    const int mn = j < 4 ? s[j + 4] & 63 : (s[j + 4] >> 4) | (s[j] >> 6) << 4;
-    a[j] = d * float(sc);
-    b[j] = -(dmin * float(mn));
-  }
+  int32_t sc[8], mn[8];
+  k_ints(s, sc, mn);
+  for (int j = 0; j < 8; ++j) a[j] = d * float(sc[j]), b[j] = -(dmin * float(mn[j]));
 }
 static inline void k_nibbles(const uint8_t* qs, uint8_t* q) {
   for (int c = 0; c < 4; ++c)
@@ -145,6 +152,10 @@ template <> struct Format<Q4_K> {
     const auto* b = static_cast<const BQ4_K*>(p);
     k_scales(b->d, b->dmin, b->scales, a, off);
   }
+  static void ints(const void* p, int32_t* sc, int32_t* mn, float& d, float& dmin) {
+    const auto* b = static_cast<const BQ4_K*>(p);
+    k_ints(b->scales, sc, mn), d = half_to_float(b->d), dmin = half_to_float(b->dmin);
+  }
 };
 template <> struct Format<Q5_K> {
   static constexpr int QK = 256, BYTES = 176, G = 32, OFF = 0;
@@ -159,6 +170,10 @@ template <> struct Format<Q5_K> {
   static void scales(const void* p, float* a, float* off) {
     const auto* b = static_cast<const BQ5_K*>(p);
     k_scales(b->d, b->dmin, b->scales, a, off);
+  }
+  static void ints(const void* p, int32_t* sc, int32_t* mn, float& d, float& dmin) {
+    const auto* b = static_cast<const BQ5_K*>(p);
+    k_ints(b->scales, sc, mn), d = half_to_float(b->d), dmin = half_to_float(b->dmin);
   }
 };
 template <> struct Format<Q6_K> {
@@ -179,6 +194,11 @@ template <> struct Format<Q6_K> {
     const auto* b = static_cast<const BQ6_K*>(p);
     const float d = half_to_float(b->d);
     for (int g = 0; g < 16; ++g) a[g] = d * float(b->scales[g]);
+  }
+  static void ints(const void* p, int32_t* sc, int32_t*, float& d, float& dmin) {
+    const auto* b = static_cast<const BQ6_K*>(p);
+    for (int g = 0; g < 16; ++g) sc[g] = b->scales[g];
+    d = half_to_float(b->d), dmin = 0.f;
   }
 };
 

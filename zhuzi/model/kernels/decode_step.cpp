@@ -48,15 +48,15 @@ using Int8 = I8Q8;      // int8 weights against q8 activations
 struct Inputs {
   std::vector<float> f, split;
   tiles::Input t;
-  q8::Rows q8;           // for GGUF blocks
+  q8::Rows q8[2];        // for GGUF blocks: per 32 inputs, per 256 (K-quants)
   const uint16_t* bf16 = nullptr;  // rows given as bf16 (use()), not in f
   int M = 0;
   int64_t K = 0;
-  bool tiled_ready = false, split_ready = false, q8_ready = false;
+  bool tiled_ready = false, split_ready = false, q8_ready[2] = {};
 
   // Rows of float32 values, optionally RMS-normalised with weight w.
   void set(const float* src, int rows, int64_t width, const uint16_t* w = nullptr, float eps = 0.f) {
-    M = rows, K = width, tiled_ready = split_ready = q8_ready = false, bf16 = nullptr;
+    M = rows, K = width, tiled_ready = split_ready = q8_ready[0] = q8_ready[1] = false, bf16 = nullptr;
     f.resize(M * K);
     for (int m = 0; m < M; ++m) {
       const float* s = src + m * K;
@@ -74,7 +74,7 @@ struct Inputs {
   }
 #if ZHUZI_AVX512
   void use(const uint16_t* rows, int count, int64_t width) {  // bf16 rows as they are
-    M = count, K = width, split_ready = q8_ready = false, bf16 = rows;
+    M = count, K = width, split_ready = q8_ready[0] = q8_ready[1] = false, bf16 = rows;
     t.set(rows, M, K, K);
     tiled_ready = true;
   }
@@ -86,13 +86,14 @@ struct Inputs {
     tiled_ready = true;
     return t;
   }
-  const q8::Rows& blocks() {
-    if (!q8_ready) {
-      if (bf16) q8.set(bf16, M, K, K);
-      else q8.set(f.data(), M, K, K);
+  const q8::Rows& blocks(int span) {  // span: the weights' block length, the inputs an activation scale covers
+    const int s = span == block_tiles::CHUNK;
+    if (!q8_ready[s]) {
+      if (bf16) q8[s].set(bf16, M, K, K, 1, span);
+      else q8[s].set(f.data(), M, K, K, 1, span);
     }
-    q8_ready = true;
-    return q8;
+    q8_ready[s] = true;
+    return q8[s];
   }
   const float* dense() {
     if (!split_ready) {
@@ -158,8 +159,8 @@ static void chunk(const Mat& a, Inputs& in, int64_t n0, int count, float out[M][
       for (; row >= part->rows; ++part) row -= part->rows;
       float acc[M][block_tiles::ROWS];
       blocks::with_format(part->type, [&](auto f) {
-        block_rows::tile<decltype(f)>(part->w + row * part->row_bytes, part->row_bytes, count, K, in.blocks(), 0, M,
-                                      acc);
+        using F = decltype(f);
+        block_rows::tile<F>(part->w + row * part->row_bytes, part->row_bytes, count, K, in.blocks(F::QK), 0, M, acc);
       });
       for (int m = 0; m < M; ++m) std::memcpy(out[m], acc[m], count * 4);
       break;

@@ -6,6 +6,9 @@
 // x86's maddubs sign trick and every int16 pair sum stay exact. The sums serve weights with an offset or
 // a minimum: sum_i (a c_i + b) x_i = d (a sum_i c_i q_i + b sum_i q_i). The arithmetic is the same on every
 // variant, so a row's blocks are the same bits everywhere.
+//
+// amax is taken over a span of 32 inputs, or of 256 for the K-quants (llama.cpp's q8_K): the 8 blocks of a
+// span then share one d, so a 256-input super-block's integer sums meet the activations' scale once.
 #pragma once
 #include "prelude.h"
 
@@ -28,35 +31,38 @@ static inline int64_t blocks(int64_t K) { return (K + BLOCK - 1) / BLOCK; }
 static inline float value(float x) { return x; }
 static inline float value(uint16_t x) { return widen(x); }
 
-// x[0..K) -> out[0 .. kp / 32), kp a multiple of 32 at least K (the rest of the row is zeros).
+// x[0..K) -> out[0 .. kp / 32), kp a multiple of 32 at least K (the rest of the row is zeros); one d per
+// `span` inputs (32 or 256).
 template <typename T>
-static void quantize_row(const T* x, int64_t K, int64_t kp, Block* out) {
-  for (int64_t b = 0; b < kp / BLOCK; ++b) {
-    alignas(64) float v[BLOCK];
-    const int64_t k0 = b * BLOCK;
-    for (int i = 0; i < BLOCK; ++i) v[i] = k0 + i < K ? value(x[k0 + i]) : 0.f;
+static void quantize_row(const T* x, int64_t K, int64_t kp, Block* out, int span = BLOCK) {
+  alignas(64) float v[256];
+  for (int64_t k0 = 0; k0 < kp; k0 += span) {
+    const int n = int(std::min<int64_t>(span, kp - k0));
+    for (int i = 0; i < n; ++i) v[i] = k0 + i < K ? value(x[k0 + i]) : 0.f;
     vf top = vf{};
-    for (int i = 0; i < BLOCK; i += VL) {
+    for (int i = 0; i < n; i += VL) {
       const vf a = (vf)((vu)load_vf(v + i) & 0x7fffffffu);
       top = a > top ? a : top;
     }
     float amax = 0.f;
     for (int l = 0; l < VL; ++l) amax = std::max(amax, top[l]);
     const float inv = amax > 0.f ? 127.f / amax : 0.f;
-    Block& o = out[b];
-    o.d = amax / 127.f;
-    alignas(64) int32_t c[BLOCK];
-    vi sums[2] = {};
-    for (int i = 0; i < BLOCK; i += VL) {
-      const vi r = round_to_int(load_vf(v + i) * inv);
-      std::memcpy(c + i, &r, sizeof r);
-      sums[i / 16] += r;
-    }
-    for (int i = 0; i < BLOCK; ++i) o.q[i] = int8_t(c[i]);
-    for (int h = 0; h < 2; ++h) {
-      int32_t sum = 0;
-      for (int l = 0; l < VL; ++l) sum += sums[h][l];
-      o.sum[h] = int16_t(sum);
+    for (int b = 0; b < n / BLOCK; ++b) {
+      Block& o = out[k0 / BLOCK + b];
+      o.d = amax / 127.f;
+      alignas(64) int32_t c[BLOCK];
+      vi sums[2] = {};
+      for (int i = 0; i < BLOCK; i += VL) {
+        const vi r = round_to_int(load_vf(v + BLOCK * b + i) * inv);
+        std::memcpy(c + i, &r, sizeof r);
+        sums[i / 16] += r;
+      }
+      for (int i = 0; i < BLOCK; ++i) o.q[i] = int8_t(c[i]);
+      for (int h = 0; h < 2; ++h) {
+        int32_t sum = 0;
+        for (int l = 0; l < VL; ++l) sum += sums[h][l];
+        o.sum[h] = int16_t(sum);
+      }
     }
   }
 }
@@ -75,17 +81,18 @@ using Sums = std::array<float, 3>;  // a block's scaled_sum()s, h = 0, 1, 2
 // 256 inputs.
 struct Rows {
   int64_t n = 0;  // blocks a row
+  int span = BLOCK;  // inputs that share a d
   std::vector<Block> data;
   std::vector<Sums> scaled;
 
   template <typename T>
-  void set(const T* x, int64_t M, int64_t K, int64_t ldx, int threads = 1) {
-    n = blocks(K);
+  void set(const T* x, int64_t M, int64_t K, int64_t ldx, int threads = 1, int span_ = BLOCK) {
+    n = blocks(K), span = span_;
     data.resize((M + 15) / 16 * 16 * n + 8);
     scaled.resize(M * n);
 #pragma omp parallel for schedule(static) num_threads(threads) if (M > 8)
     for (int64_t m = 0; m < M; ++m) {
-      quantize_row(x + m * ldx, K, n * BLOCK, &data[m * n]);
+      quantize_row(x + m * ldx, K, n * BLOCK, &data[m * n], span);
       for (int64_t j = 0; j < n; ++j)
         for (int h = 0; h < 3; ++h) scaled[m * n + j][h] = scaled_sum(data[m * n + j], h);
     }
