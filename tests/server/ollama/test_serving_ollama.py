@@ -227,7 +227,7 @@ def test_the_client_hears_the_error(client: ollama.Client) -> None:
         client.show("llama3.2")
     assert unknown.value.status_code == 404
     with pytest.raises(ollama.ResponseError) as unserved:
-        client.embed(model=MODEL, input="hello")  # a route zhuzi's Ollama API does not have
+        client.copy(MODEL, "mine")  # model management: zhuzi serves the one model it was started with
     assert unserved.value.status_code == 404
 
 

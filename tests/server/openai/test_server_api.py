@@ -372,7 +372,6 @@ MALFORMED = [  # (path, body: dict or raw bytes, status, param)
     ("/tokenize", {}, 400, None),
     ("/tokenize", {"prompt": "hi", "messages": MESSAGES}, 400, None),
     ("/detokenize", {"tokens": [-5]}, 400, "tokens"),
-    ("/v1/embeddings", {"input": "hi"}, 404, None),
 ]
 
 
