@@ -140,10 +140,16 @@ class RequestOutput:
     inspection: Inspection | None = None  # on the final output of a probe
     prompt_progress: PromptProgress | None = None  # after a step that advanced the prompt's prefill
     pin: PinInfo | None = None  # on the final output of a pin's probe
+    error_param: str | None = None  # with error: the request's field at fault, where its own input caused it
 
 
 class RequestError(RuntimeError):
-    """The engine failed this request while running it; other requests were not affected."""
+    """The engine failed this request while running it; other requests were not affected. param: the request's
+    field at fault where its own input caused the failure (a 4xx, OpenAI's error `param`), else None."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
 
 
 @dataclass

@@ -47,7 +47,7 @@ class Stream:
                     raise item
                 finished = item.finished
                 if item.error is not None:
-                    raise RequestError(item.error)
+                    raise RequestError(item.error, item.error_param)
                 yield item
         finally:
             streams.pop(request_id, None)

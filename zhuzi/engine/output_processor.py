@@ -24,7 +24,7 @@ from zhuzi.engine.model_runner import PromptLogprobs, StepResult
 from zhuzi.engine.sequence import ScheduledSeq, Sequence, StepOutcome
 from zhuzi.outputs import CompletionOutput, Inspection, Logprob, PinInfo, PromptProgress, RequestMetrics, RequestOutput
 from zhuzi.sample.sampler import Verdict
-from zhuzi.sampling_params import SamplingParams
+from zhuzi.sampling_params import InvalidRequest, SamplingParams, StructuredOutputError
 from zhuzi.tokenizer import Tokenizer
 
 log = logging.getLogger("zhuzi")
@@ -46,6 +46,7 @@ class RequestState:
     partial_prompt_logprobs: PromptLogprobs = field(default_factory=list)
     deltas: dict[int, CompletionOutput] = field(default_factory=dict)  # news since the last output
     error: str | None = None  # why the engine failed this request
+    error_param: str | None = None  # the request's field at fault, where its own input made it fail
     inspection: Inspection | None = None  # a probe's reading, once its last token ran
     progress: PromptProgress | None = None  # news of the prompt's prefill since the last output
     pin: PinInfo | None = None  # a pin's, once its probe ran
@@ -103,6 +104,7 @@ class OutputProcessor:
         """End this request alone with the error: its sequences not already ending finish as "error"."""
         log.error("request %s failed: %s: %s", req.request_id, type(exc).__name__, exc, exc_info=exc)
         req.error = f"{type(exc).__name__}: {exc}"
+        req.error_param = exc.param if isinstance(exc, InvalidRequest) else None
         ending = {id(seq) for seq, _, _ in outcome.finished}
         for seq in req.seqs:
             if not seq.finished and id(seq) not in ending:
@@ -130,7 +132,7 @@ class OutputProcessor:
             req.metrics.num_cached_tokens = req.seqs[0].num_cached_tokens
         return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, deltas, req.finished, req.metrics,
                              req.prompt_logprobs, req.seqs[0].num_cached_tokens, req.error, req.inspection, progress,
-                             req.pin)
+                             req.pin, req.error_param)
 
     def _collect_prompt_logprobs(self, req: RequestState, seq: Sequence, entries: PromptLogprobs) -> None:
         """Called before the chunk counts as computed; a preempted prompt starts over from its first token."""
@@ -182,7 +184,11 @@ class OutputProcessor:
         p = seq.params
         seq.token_ids.append(token)
         if seq.grammar is not None and not seq.grammar.accept(token):
-            raise RuntimeError(f"sampled token {token} breaks the grammar of request {req.request_id}")
+            # The grammar's mask allowed the token and its matcher refuses it: what the constraint requires
+            # next has no token in this vocabulary (llguidance's mask lets a byte through that no token begins).
+            raise StructuredOutputError(p.structured_outputs.kind if p.structured_outputs else "grammar",
+                                        f"this model's vocabulary cannot write what the constraint requires after "
+                                        f"{len(seq.token_ids) - seq.num_prompt_tokens - 1} tokens")
         delta = req.delta(seq.index)
         delta.token_ids.append(token)
         if logprobs is not None:

@@ -153,6 +153,6 @@ def create_app(engine: EngineClient | Callable[[], EngineClient], server_config:
     async def failed(request: Request, exc: Exception) -> Response:
         # Starlette logs an unexpected exception's traceback after this answer goes out.
         info = failure_info(exc)
-        return error_response(request, int(info.code or 500), info.message, info.type, code=info.code)
+        return error_response(request, int(info.code or 500), info.message, info.type, info.param, code=info.code)
 
     return app

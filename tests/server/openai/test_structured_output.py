@@ -141,6 +141,16 @@ def test_regex_choice_and_grammar_outputs_match(client: openai.OpenAI) -> None:
     assert all(isinstance(node, (ast.Expression, ast.BinOp, ast.Constant, ast.Add)) for node in ast.walk(tree))
 
 
+def test_a_regex_this_vocabulary_cannot_write_is_a_400_naming_it(client: openai.OpenAI) -> None:
+    """SmolLM2's vocabulary has no token that begins with byte 0xF1, the first of U+611D8: the request, not the
+    server, is at fault once the output reaches that character (a fuzzed request found it as a 500)."""
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(model=MODEL, prompt="Say it:", max_tokens=8,
+                                  extra_body={"guided_regex": "-\uc0b9\U000611d8"})
+    assert refused.value.body["param"] == "structured_outputs.regex"
+    assert "vocabulary cannot write" in refused.value.body["message"]
+
+
 # ------------------------------------------------------------------ tool calls
 
 def test_a_named_tool_choice_calls_it_with_valid_arguments_streamed_and_not(client: openai.OpenAI) -> None:

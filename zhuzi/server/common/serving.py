@@ -80,9 +80,12 @@ class ApiError(Exception):
 
 
 def failure_info(exc: Exception) -> r.ErrorInfo:
-    """OpenAI's error object for a request that failed after it was accepted (500, or 503 if the engine is gone)."""
+    """OpenAI's error object for a request that failed after it was accepted: 400 where its own input was at
+    fault, 503 if the engine is gone, else 500."""
     if isinstance(exc, EngineDead):
         return r.ErrorInfo(message=f"Service unavailable: {exc}", type="service_unavailable", code=503)
+    if isinstance(exc, RequestError) and exc.param is not None:  # the request's own input, found as it ran
+        return r.ErrorInfo(message=str(exc), type="invalid_request_error", param=exc.param, code=400)
     if isinstance(exc, RequestError):
         return r.ErrorInfo(message=f"The engine failed this request: {exc}", type="internal_error", code=500)
     return r.ErrorInfo(message=f"Internal server error: {type(exc).__name__}", type="internal_error", code=500)
