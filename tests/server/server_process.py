@@ -73,12 +73,17 @@ def running_server(log: Path, *args: str, inject: str = "", env: dict[str, str] 
                 _wait_healthy(server, proc)
             yield server
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop(proc, 15)
+
+
+def stop(proc: subprocess.Popen, grace_s: float) -> None:
+    """SIGTERM, and SIGKILL if it has not exited within grace_s."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def engine_pids(server: ServerProcess) -> dict[int, int]:

@@ -18,7 +18,7 @@ import httpx
 import pytest
 from playwright.sync_api import Page, expect, sync_playwright
 from server.inspector import launch
-from server.server_process import ServerProcess, free_port, running_server
+from server.server_process import ServerProcess, free_port, running_server, stop
 
 pytestmark = pytest.mark.webui
 
@@ -72,12 +72,7 @@ def running_open_webui(data: Path, env: dict[str, str]) -> Iterator[str]:
             time.sleep(1)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc, 30)
 
 
 def healthy(url: str) -> bool:
