@@ -3,11 +3,12 @@ out of its default mode with OpenAI (TOOLS: a forced function call) and out of J
 response format). zhuzi's grammars hold the small model to the schema, so these tests are about the protocol."""
 from __future__ import annotations
 
-import instructor
 import openai
 import pytest
 from pydantic import BaseModel
 from server_process import ServerProcess
+
+instructor = pytest.importorskip("instructor", reason="make test-clients installs it")
 
 MODEL = "SmolLM2-135M-Instruct"
 pytestmark = pytest.mark.clients
