@@ -73,6 +73,7 @@ class EngineCore:
     _news: list[RequestOutput] = field(default_factory=list)
     _refused: list[Refused] = field(default_factory=list)
     _logprobs_sent: set[str] = field(default_factory=set)  # requests whose prompt logprobs went out
+    _tiers_sent: dict = field(default_factory=dict)  # the KV tiers' counts in the last stats sent
 
     def run(self) -> str | None:
         """None once told to shut down; otherwise why it stopped (a watched process ended)."""
@@ -85,7 +86,10 @@ class EngineCore:
         ends = dict(self.watched)
         while True:
             # A request awaiting its KV blocks is work, but none a step can do: wait for them, a beat at a time.
-            idle = None if not self.engine.has_unfinished() else 0 if self.engine.has_work() else BEAT_MS
+            # The disk tier's writer runs on after the last step: look again each beat until it is done, so that
+            # the counts it moves reach the front (and /metrics) without waiting for the next request.
+            waiting = self.engine.has_unfinished() or self._writing()
+            idle = None if not waiting else 0 if self.engine.has_work() else BEAT_MS
             ready = dict(poller.poll(idle))
             if gone := [ends[fd] for fd in ends if fd in ready]:
                 return gone[0]
@@ -151,13 +155,24 @@ class EngineCore:
         events = self.engine.blocks.events
         # While it holds work it says so at least every beat, so that the front never takes it for stalled.
         beat = self.engine.has_unfinished() and time.monotonic() - self._last_sent > BEAT_MS / 1000
-        if not (self._news or self._refused or events.stored or events.removed or beat):
+        if not (self._news or self._refused or events.stored or events.removed or beat or self._tiers_moved()):
             return
         self._last_sent = time.monotonic()
         outputs = [self._lean(out) for out in self._news]
         stored, removed = events.take()
-        self.outputs.send(encode(Outputs(self.replica, outputs, self._refused, self.engine.stats(), stored, removed)))
+        stats = self.engine.stats()
+        self._tiers_sent = stats.kv_tiers
+        self.outputs.send(encode(Outputs(self.replica, outputs, self._refused, stats, stored, removed)))
         self._news, self._refused = [], []
+
+    def _writing(self) -> bool:
+        connector = self.engine.kv.connector
+        return connector is not None and connector.writing
+
+    def _tiers_moved(self) -> bool:
+        """The KV tiers' counts differ from those last sent (the disk writer moves them between steps)."""
+        connector = self.engine.kv.connector
+        return connector is not None and connector.stats() != self._tiers_sent
 
     def _lean(self, out: RequestOutput) -> RequestOutput:
         """What the front does not have yet: it knows the prompt it sent, needs the timings once (at the end)

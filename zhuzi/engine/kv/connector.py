@@ -153,6 +153,11 @@ class KVConnector:
         return {name: tier.snapshot() for name, tier in (("host", self.host), ("disk", self.disk))
                 if tier is not None}
 
+    @property
+    def writing(self) -> bool:
+        """The disk tier's writer has blocks to write: its counts move without a step."""
+        return self.disk is not None and self.disk.writing
+
     def flush(self) -> None:
         """Wait for the disk writes queued so far."""
         if self.disk is not None:

@@ -241,6 +241,12 @@ class DiskTier:
             self._queue.put(None)
             self._writer.join()
 
+    @property
+    def writing(self) -> bool:
+        """Blocks are queued for the writer or being written."""
+        with self._lock:
+            return bool(self._pending)
+
     def snapshot(self) -> KVTierStats:
         with self._lock:
             blocks = len(self.index)
