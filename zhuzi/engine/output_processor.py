@@ -102,7 +102,10 @@ class OutputProcessor:
 
     def fail(self, req: RequestState, exc: Exception, outcome: StepOutcome) -> None:
         """End this request alone with the error: its sequences not already ending finish as "error"."""
-        log.error("request %s failed: %s: %s", req.request_id, type(exc).__name__, exc, exc_info=exc)
+        if isinstance(exc, InvalidRequest):  # the request's own input, found as it ran: no fault of the engine's
+            log.warning("request %s refused: %s", req.request_id, exc)
+        else:
+            log.error("request %s failed: %s: %s", req.request_id, type(exc).__name__, exc, exc_info=exc)
         req.error = f"{type(exc).__name__}: {exc}"
         req.error_param = exc.param if isinstance(exc, InvalidRequest) else None
         ending = {id(seq) for seq, _, _ in outcome.finished}
