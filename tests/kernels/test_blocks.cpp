@@ -1,9 +1,10 @@
-// The GGUF block kernels (block_linear.cpp: block_rows.h for up to 8 input rows, block_tiles.h beyond) against
-// block_dot.h's scalar reference, bit for bit, for every block type; and the reference against float64
-// products of blocks.h's values within the bound of the activations' q8 rounding.
+// The GGUF block kernels (block_linear.cpp: block_rows.h for up to 8 input rows, block_tiles.h beyond; the
+// packed layouts of packed_blocks.h) against block_dot.h's scalar reference, bit for bit, for every block
+// type; and the reference against float64 products of blocks.h's values within the bound of the activations'
+// q8 rounding.
 #include "block_dot.h"
-#include "block_tiles.h"
 #include "check.h"
+#include "packed_blocks.h"
 
 namespace {
 
@@ -59,7 +60,45 @@ void check_format(const char* name) {
   }
 }
 
+// A matrix packed at load gives the file's values and, for every row count, the reference's bits on the file's
+// blocks.
+template <int T>
+void check_packed(const char* name) {
+  using F = blocks::Format<T>;
+  constexpr int64_t N = 48, K = 768, row_bytes = K / 256 * F::BYTES;
+  constexpr int64_t packed_bytes = K / 256 * packed::Layout<F>::BYTES;
+  check::Rng g(F::BYTES + 1);
+  const std::vector<uint8_t> w = random_rows<F>(N, K, g);
+  std::vector<uint8_t> p(N * packed_bytes);
+  CHECK(zhuzi_pack_blocks(T, w.data(), N, row_bytes, K, p.data(), 2) == 0, "%s: not packed", name);
+  CHECK(zhuzi_pack_blocks(T, w.data(), N - 8, row_bytes, K, p.data(), 2) == 2, "%s: 40 rows packed", name);
+  std::vector<float> file(N * K), unpacked(N * K);
+  CHECK(zhuzi_dequantize_rows(T, w.data(), N, row_bytes, nullptr, N, K, file.data(), 0, 1) == 0, "%s", name);
+  CHECK(zhuzi_dequantize_rows(packed::FLAG | T, p.data(), N, packed_bytes, nullptr, N, K, unpacked.data(), 0, 1) == 0,
+        "%s: packed rows not dequantized", name);
+  CHECK(std::memcmp(file.data(), unpacked.data(), file.size() * 4) == 0, "%s: packed values differ", name);
+  const block_tiles::Part part = {packed::FLAG | T, p.data(), N, packed_bytes};
+  for (int64_t M : {1, 2, 5, 8, 20}) {
+    std::vector<float> x(M * K), y(M * N);
+    for (auto& v : x) v = float(g.normal());
+    CHECK(zhuzi_block_linear(&part, 1, x.data(), 0, y.data(), 0, M, N, K, 2) == 0, "%s packed: not served", name);
+    q8::Rows xq;
+    xq.set(x.data(), M, K, K, 1, 256);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) {
+        const float want = block_dot::row<F>(&w[n * row_bytes], xq.row(m), xq.sums(m), K);
+        CHECK(std::memcmp(&want, &y[m * N + n], 4) == 0, "%s packed M %ld: row %ld output %ld %.9g, reference %.9g",
+              name, (long)M, (long)m, (long)n, y[m * N + n], want);
+      }
+  }
+}
+
 }  // namespace
+
+TEST(packed_k_quants_give_the_file_values_and_the_reference_bits) {
+  check_packed<blocks::Q4_K>("Q4_K");
+  check_packed<blocks::Q6_K>("Q6_K");
+}
 
 TEST(block_kernels_give_the_reference_bits_for_every_block_type) {
   using namespace blocks;

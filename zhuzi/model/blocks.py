@@ -5,6 +5,9 @@ The block layouts are described once, in kernels/blocks.h; here a matrix is its 
 ([rows, bytes per row], a view of the mapping: nothing is copied while the rows stay as they are) and its
 number of inputs. Values come from the native dequantizer (kernels/dequantize_blocks.cpp, the same bits as
 gguf's reference), else from the gguf package.
+
+A linear layer's Q4_K and Q6_K matrices are repacked once at load (pack(): kernels/packed_blocks.h's
+16-row groups, which a decode step streams at memory speed); the packed copy replaces the file's pages.
 """
 from __future__ import annotations
 
@@ -27,6 +30,12 @@ class BlockWeight:
     qtype: gguf.GGMLQuantizationType
     data: torch.Tensor
     in_features: int
+    packed: bool = False  # data in kernels/packed_blocks.h's layout: rows in groups of 16
+
+    @property
+    def kernel_type(self) -> int:
+        """The type id the kernels take: the ggml type, or packed_blocks.h's FLAG | it."""
+        return int(self.qtype) | (cpu_blocks.PACKED_FLAG if self.packed else 0)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -37,7 +46,12 @@ class BlockWeight:
         return self.data.nbytes
 
     def __getitem__(self, rows: slice) -> BlockWeight:
-        return BlockWeight(self.qtype, self.data[rows], self.in_features)
+        return BlockWeight(self.qtype, self.data[rows], self.in_features, self.packed)
+
+    def pack(self) -> BlockWeight:
+        """This matrix in the kernels' packed layout where they have one for its type and shape, else itself."""
+        data = None if self.packed else cpu_blocks.pack_rows(self.qtype, self.data, self.in_features)
+        return self if data is None else BlockWeight(self.qtype, data, self.in_features, packed=True)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Every row's exact values, in dtype."""
@@ -48,8 +62,8 @@ class BlockWeight:
         return self._values(ids.reshape(-1), dtype).view(*ids.shape, self.in_features)
 
     def _values(self, ids: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
-        values = cpu_blocks.dequantize_rows(self.qtype, self.data, self.in_features, ids, dtype)
-        if values is not None:
+        values = cpu_blocks.dequantize_rows(self.kernel_type, self.data, self.in_features, ids, dtype)
+        if values is not None or self.packed:
             return values
         rows = self.data if ids is None else self.data[ids.cpu()]
         flat = gguf.quants.dequantize(rows.numpy(), self.qtype)  # [rows, in_features] float32

@@ -2,6 +2,7 @@
 
 dequantize_rows: rows of blocks -> their exact values (kernels/dequantize_blocks.cpp), for the embedding's
 rows of a step and for matrices that run dense.
+pack_rows: a Q4_K / Q6_K matrix -> the packed layout of kernels/packed_blocks.h, once at load.
 block_linear: bf16 input rows against one or more matrices of blocks (kernels/block_linear.cpp).
 """
 from __future__ import annotations
@@ -13,6 +14,8 @@ import torch
 from zhuzi.model import native
 
 KERNEL_TYPES = frozenset({2, 3, 6, 7, 8, 12, 13, 14})  # kernels/blocks.h: Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q4_K Q5_K Q6_K
+PACKED_FLAG = 0x100  # kernels/packed_blocks.h's FLAG: a packed matrix's type id is FLAG | its ggml type
+PACKED_BYTES = {12: 148, 14: 210}  # a row's bytes per 256 inputs, packed: Q4_K's scales widened, Q6_K as stored
 _OUT = {torch.float32: 0, torch.bfloat16: 1}
 
 
@@ -26,12 +29,29 @@ def dequantize_serves(qtype: int) -> bool:
     return int(qtype) in KERNEL_TYPES and _dequantize_kernel() is not None
 
 
+def pack_rows(qtype: int, data: torch.Tensor, in_features: int) -> torch.Tensor | None:
+    """A Q4_K / Q6_K matrix (uint8 [rows, bytes per row], rows a multiple of 16) in the packed layout, uint8
+    [rows, packed bytes per row]; None for other types and shapes, or without the kernel. The source's pages
+    leave this process's resident set (their contents stay)."""
+    if int(qtype) not in PACKED_BYTES or data.shape[0] % 16 or in_features % 256 or not data.is_cpu:
+        return None
+    fn = native.entry("dequantize_blocks", "zhuzi_pack_blocks",
+                      [ctypes.c_int, ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_void_p, ctypes.c_int])
+    if fn is None or data.stride(-1) != 1:
+        return None
+    out = torch.empty(data.shape[0], in_features // 256 * PACKED_BYTES[int(qtype)], dtype=torch.uint8)
+    status = fn(int(qtype), data.data_ptr(), data.shape[0], data.stride(0), in_features, out.data_ptr(),
+                torch.get_num_threads())
+    return out if status == 0 else None
+
+
 def dequantize_rows(qtype: int, data: torch.Tensor, in_features: int, ids: torch.Tensor | None,
                     dtype: torch.dtype) -> torch.Tensor | None:
     """Rows ids (all rows when None) of a block matrix (uint8 [rows, bytes per row], contiguous rows) as
     [n, in_features] values in dtype (float32 or bf16; others converted from float32). None when the
     kernel does not serve the type or cannot be built."""
-    fn = _dequantize_kernel() if int(qtype) in KERNEL_TYPES and data.is_cpu and data.stride(-1) == 1 else None
+    known = int(qtype) & ~PACKED_FLAG in KERNEL_TYPES
+    fn = _dequantize_kernel() if known and data.is_cpu and data.stride(-1) == 1 else None
     if fn is None:
         return None
     ids = ids.to(torch.int64, copy=False).contiguous().cpu() if ids is not None else None
@@ -63,7 +83,7 @@ def linear_serves(qtype: int) -> bool:
 
 def part_table(parts) -> ctypes.Array:
     """The kernel's view of a layer's parts (blocks.BlockWeight, whose data the layer keeps alive)."""
-    return (_Part * len(parts))(*[_Part(int(p.qtype), p.data.data_ptr(), p.data.shape[0], p.data.stride(0))
+    return (_Part * len(parts))(*[_Part(p.kernel_type, p.data.data_ptr(), p.data.shape[0], p.data.stride(0))
                                   for p in parts])
 
 

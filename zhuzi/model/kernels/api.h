@@ -32,12 +32,14 @@ int zhuzi_decode_attention(int q_bf16, int kv_type, const void* q, const void* k
 int zhuzi_prefill_attention(int q_bf16, int kv_type, const void* q, const void* kc, const void* vc,
                             const int64_t* slots, int64_t L, int64_t context, int H, int KV, int D, int64_t nslots,
                             float scale, int64_t window, void* out, int threads);
-// dequantize_blocks.cpp: rows ids[i] (all n rows when ids is null) of a GGUF block matrix -> their exact
-// values, float32 or bf16 [n, K].
+// dequantize_blocks.cpp: rows ids[i] (all n rows when ids is null) of a GGUF block matrix (type: a GGUF type,
+// or packed_blocks.h's FLAG | type) -> their exact values, float32 or bf16 [n, K].
 int zhuzi_dequantize_rows(int type, const void* src, int64_t rows, int64_t row_bytes, const int64_t* ids, int64_t n,
                           int64_t K, void* out, int out_bf16, int threads);
+// The same file: a Q4_K / Q6_K matrix [rows, K] -> packed_blocks.h's layout at out.
+int zhuzi_pack_blocks(int type, const void* src, int64_t rows, int64_t row_bytes, int64_t K, void* out, int threads);
 // block_linear.cpp: y[M, N] = x[M, K] W^T for W the rows of GGUF block matrices one after another (parts:
-// block_tiles.h's Part); x and y each float32, or bf16 (x_bf16, y_bf16).
+// block_tiles.h's Part, of a GGUF type or a packed one); x and y each float32, or bf16 (x_bf16, y_bf16).
 int zhuzi_block_linear(const void* parts, int nparts, const void* x, int x_bf16, void* y, int y_bf16, int64_t M,
                        int64_t N, int64_t K, int threads);
 // stream.cpp: the fastest of `passes` reads of x[n] (float32), every thread its own slice: seconds, and the

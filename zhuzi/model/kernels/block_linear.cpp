@@ -1,7 +1,9 @@
-// Linear layers on GGUF blocks (block_tiles.h) for any number of input rows; see cpu_blocks.py.
+// Linear layers on GGUF blocks (block_tiles.h), or packed ones (packed_blocks.h), for any number of input
+// rows; see cpu_blocks.py.
 #include "amx_tiles.h"
 #include "api.h"
 #include "block_rows.h"
+#include "packed_blocks.h"
 
 #include <vector>
 
@@ -18,7 +20,7 @@ template <typename T, typename Y>
 static void linear(const Part* parts, int nparts, const T* x, Y* y, int64_t M, int64_t N, int64_t K, int threads) {
   q8::Rows xq[2];  // the activations per 32 inputs and per 256 (K-quants), as the parts need them
   bool need[2] = {};
-  for (int p = 0; p < nparts; ++p) need[span(parts[p].type) == CHUNK] = true;
+  for (int p = 0; p < nparts; ++p) need[parts[p].type & packed::FLAG || span(parts[p].type) == CHUNK] = true;
   for (int s = 0; s < 2; ++s)
     if (need[s]) xq[s].set(x, M, K, K, threads, s ? CHUNK : q8::BLOCK);
   struct Ref { const Part* part; int64_t row, n0; };  // a tile: its part, its first row there, and in y
@@ -36,9 +38,10 @@ static void linear(const Part* parts, int nparts, const T* x, Y* y, int64_t M, i
       const int64_t m0 = c * CHUNK_ROWS, m1 = std::min(M, m0 + CHUNK_ROWS);
       const int rows = int(std::min<int64_t>(ROWS, t.part->rows - t.row));
       alignas(64) float acc[CHUNK_ROWS][ROWS];
+      const uint8_t* w = t.part->w + t.row * t.part->row_bytes;
+      packed::with_format(t.part->type, [&](auto f) { packed::tile<decltype(f)>(w, K, xq[1], m0, m1, acc); });
       blocks::with_format(t.part->type, [&](auto f) {
         const q8::Rows& x8 = xq[decltype(f)::QK == CHUNK];
-        const uint8_t* w = t.part->w + t.row * t.part->row_bytes;
         if (m1 - m0 <= FEW_ROWS) block_rows::tile<decltype(f)>(w, t.part->row_bytes, rows, K, x8, m0, m1, acc);
 #if ZHUZI_AVX512
         else if (amx) amx_tiles::tile<decltype(f)>(w, t.part->row_bytes, rows, K, x8, m0, m1, acc);
@@ -57,7 +60,8 @@ extern "C" int zhuzi_block_linear(const void* parts, int nparts, const void* x, 
   const auto* p = static_cast<const Part*>(parts);
   int64_t rows = 0;
   for (int i = 0; i < nparts; ++i) {
-    if (!serves(p[i].type, K, p[i].row_bytes)) return 2;
+    const bool packed_rows = packed::serves(p[i].type, K, p[i].row_bytes) && p[i].rows % packed::ROWS == 0;
+    if (!packed_rows && !serves(p[i].type, K, p[i].row_bytes)) return 2;
     rows += p[i].rows;
   }
   if (rows != N || M < 1) return 2;

@@ -202,17 +202,21 @@ template <> struct Format<Q6_K> {
   }
 };
 
-// The QK weights of one block, as gguf computes them.
-template <class F>
-static inline void values(const void* p, float* y) {
+// The QK weights of one block, as gguf computes them, from what decode(q, a, b) gives (F::decode()'s outputs).
+template <class F, typename Decode>
+static inline void values(float* y, Decode decode) {
   uint8_t q[F::QK];
   float a[F::QK / F::G], b[F::QK / F::G];
-  F::decode(p, q, a, b);
+  decode(q, a, b);
   for (int i = 0; i < F::QK; ++i) {
     const int g = i / F::G;
     if constexpr (F::MIN) y[i] = a[g] * float(q[i]) + b[g];  // not fmadd(): gguf rounds the product
     else y[i] = a[g] * float((F::SIGNED ? int(int8_t(q[i])) : int(q[i])) - F::OFF);
   }
+}
+template <class F>
+static inline void values(const void* p, float* y) {
+  values<F>(y, [&](uint8_t* q, float* a, float* b) { F::decode(p, q, a, b); });
 }
 
 // Calls fn(Format<T>{}) for a run-time type id; false for a type this file does not know.

@@ -5,6 +5,7 @@
 #include "attention.h"
 #include "block_rows.h"
 #include "decode_step.h"
+#include "packed_blocks.h"
 #include "rows.h"
 #include "tiles.h"
 
@@ -158,6 +159,9 @@ static void chunk(const Mat& a, Inputs& in, int64_t n0, int count, float out[M][
       int64_t row = n0;
       for (; row >= part->rows; ++part) row -= part->rows;
       float acc[M][block_tiles::ROWS];
+      packed::with_format(part->type, [&](auto f) {
+        packed::tile<decltype(f)>(part->w + row * part->row_bytes, K, in.blocks(256), 0, M, acc);
+      });
       blocks::with_format(part->type, [&](auto f) {
         using F = decltype(f);
         block_rows::tile<F>(part->w + row * part->row_bytes, part->row_bytes, count, K, in.blocks(F::QK), 0, M, acc);
