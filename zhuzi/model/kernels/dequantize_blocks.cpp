@@ -66,6 +66,11 @@ extern "C" int zhuzi_pack_blocks(int type, const void* src, int64_t rows, int64_
     if (rows % packed::ROWS || K % 256 || row_bytes != K / 256 * F::BYTES) return;
     status = 0;
     const int64_t packed_row_bytes = K / 256 * packed::Layout<F>::BYTES;
+#ifdef MADV_HUGEPAGE
+    const uintptr_t huge = 2 << 20, at = reinterpret_cast<uintptr_t>(out);
+    const uintptr_t begin = (at + huge - 1) / huge * huge, end = (at + rows * packed_row_bytes) / huge * huge;
+    if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
+#endif
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t g = 0; g < rows / packed::ROWS; ++g)
       for (int64_t sb = 0; sb < K / 256; ++sb)

@@ -147,44 +147,93 @@ static inline vf halves(const uint8_t* p) {  // VL IEEE halves -> floats, exactl
 #endif
 }
 
+// A group's codes, 8 inputs of every row a pair: pair j's low and high nibbles (Q6_K: with their top bits).
+template <class F>
+struct Codes {
+  static constexpr bool Q6K = std::is_same_v<F, Format<blocks::Q6_K>>;
+  static constexpr int PAIRS = F::G / 8;
+  const uint8_t* lanes;  // the group's first pair, at a vector's first row
+  vb top;
+  Codes(const uint8_t* p, int g, int v) : lanes(p + (g * PAIRS * ROWS + v * i8::LANES) * 4) {
+    top = Q6K ? load_vb(p + Layout<F>::TOP + (g * ROWS + v * i8::LANES) * 4) : vb{};
+  }
+  void pair(int j, i8::B8& lo, i8::B8& hi) const {
+    const vb raw = load_vb(lanes + j * ROWS * 4);
+    vb l = raw & 15, h = raw >> 4;
+    if constexpr (Q6K) l |= ((top >> (4 * j)) & 3) << 4, h |= ((top >> (4 * j + 2)) & 3) << 4;
+    lo = (i8::B8)l, hi = (i8::B8)h;
+  }
+};
+
+// The super-block's integer sums is[m][v] (block_dot.h): exact, whatever the path.
+template <class F, int P>
+static inline void integer_sums(const uint8_t* p, const q8::Block* const* x, i8::I32 (*is)[V]) {
+  constexpr bool Q6K = Codes<F>::Q6K;
+#if ZHUZI_AVX2 && !ZHUZI_AVXVNNI
+  if constexpr (P <= 2) {
+    // maddubs's int16 pair sums add up in int16 over a run of pairs (Q4_K: a group's 8 products, at most
+    // 8 * 2 * 15 * 127 = 30,480; Q6_K: a pair's 2, at most 2 * 2 * 63 * 127 = 32,004) and meet the rows'
+    // scales in one madd, where dot_u8s8() widens each to int32 and the group is scaled after: the same
+    // exact integers, in a third fewer instructions.
+    constexpr int RUN = Q6K ? 1 : Codes<F>::PAIRS;
+#pragma GCC unroll 16
+    for (int g = 0; g < 256 / F::G; ++g)
+      for (int v = 0; v < V; ++v) {
+        const Codes<F> codes(p, g, v);
+        const vi sc = widen_lanes<Q6K>(p + Layout<F>::SC + g * ROWS + v * VL);
+        const __m256i sc16 = (__m256i)((sc & 0xffff) | (sc << 16));  // each lane's scale in both words
+        __m256i run[P];
+        for (int j = 0; j < Codes<F>::PAIRS; ++j) {
+          i8::B8 lo, hi;
+          codes.pair(j, lo, hi);
+          const int at = g * F::G + 8 * j;
+          for (int m = 0; m < P; ++m) {
+            const int8_t* xq = x[m][at / 32].q + at % 32;
+            int32_t x0, x1;
+            std::memcpy(&x0, xq, 4), std::memcpy(&x1, xq + 4, 4);
+            const __m256i t = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(x0)),
+                                               _mm256_maddubs_epi16(hi, _mm256_set1_epi32(x1)));
+            run[m] = j % RUN ? _mm256_add_epi16(run[m], t) : t;
+            if ((j + 1) % RUN == 0) is[m][v] = _mm256_add_epi32(is[m][v], _mm256_madd_epi16(run[m], sc16));
+          }
+        }
+        if constexpr (F::OFF)
+          for (int m = 0; m < P; ++m)
+            is[m][v] = (i8::I32)((vi)is[m][v] - sc * (F::OFF * block_dot::group_sum<F>(x[m], g)));
+      }
+    return;
+  }
+#endif
+#pragma GCC unroll 16
+  for (int g = 0; g < 256 / F::G; ++g)
+    for (int v = 0; v < V; ++v) {
+      const Codes<F> codes(p, g, v);
+      i8::I32 s[P];
+      for (int m = 0; m < P; ++m) s[m] = i8::zero();
+      for (int j = 0; j < Codes<F>::PAIRS; ++j) {
+        i8::B8 lo, hi;
+        codes.pair(j, lo, hi);
+        const int at = g * F::G + 8 * j;  // the pair's first input in the super-block
+        for (int m = 0; m < P; ++m) {
+          const int8_t* xq = x[m][at / 32].q + at % 32;
+          s[m] = i8::dot_u8s8_at(i8::dot_u8s8_at(s[m], lo, xq), hi, xq + 4);
+        }
+      }
+      const vi sc = widen_lanes<Q6K>(p + Layout<F>::SC + g * ROWS + v * VL);
+      for (int m = 0; m < P; ++m)
+        is[m][v] = (i8::I32)block_dot::group<F>((vi)is[m][v], (vi)s[m], sc, block_dot::group_sum<F>(x[m], g));
+    }
+}
+
 // acc[m][r] += the products of packed super-block p (16 rows) with input rows x[m] (q8 blocks of the
 // super-block, span 256), m < P.
 template <class F, int P>
 static void apply(const uint8_t* p, const q8::Block* const* x, float (*acc)[ROWS]) {
   using L = Layout<F>;
-  constexpr bool Q6K = std::is_same_v<F, Format<blocks::Q6_K>>;
-  constexpr int PAIRS = F::G / 8;  // code vectors a group: 8 inputs of every row each
-  vf sums[P][V];
   i8::I32 is[P][V];
   for (int m = 0; m < P; ++m)
-    for (int v = 0; v < V; ++v) sums[m][v] = load_vf(acc[m] + v * VL), is[m][v] = i8::zero();
-#pragma GCC unroll 16
-  for (int g = 0; g < 256 / F::G; ++g) {
-    i8::I32 s[P][V];
-    for (int m = 0; m < P; ++m)
-      for (int v = 0; v < V; ++v) s[m][v] = i8::zero();
-    for (int v = 0; v < V; ++v) {
-      const uint8_t* lanes = p + v * 4 * i8::LANES;
-      vb top = {};
-      if constexpr (Q6K) top = load_vb(lanes + L::TOP + g * ROWS * 4);
-      for (int j = 0; j < PAIRS; ++j) {
-        const vb raw = load_vb(lanes + (g * PAIRS + j) * ROWS * 4);
-        vb lo = raw & 15, hi = raw >> 4;
-        if constexpr (Q6K) lo |= ((top >> (4 * j)) & 3) << 4, hi |= ((top >> (4 * j + 2)) & 3) << 4;
-        const int at = g * F::G + 8 * j;  // the pair's first input in the super-block
-        for (int m = 0; m < P; ++m) {
-          const int8_t* xq = x[m][at / 32].q + at % 32;
-          s[m][v] = i8::dot_u8s8_at(s[m][v], (i8::B8)lo, xq);
-          s[m][v] = i8::dot_u8s8_at(s[m][v], (i8::B8)hi, xq + 4);
-        }
-      }
-    }
-    for (int v = 0; v < V; ++v) {
-      const vi sc = widen_lanes<Q6K>(p + L::SC + g * ROWS + v * VL);
-      for (int m = 0; m < P; ++m)
-        is[m][v] = (i8::I32)block_dot::group<F>((vi)is[m][v], (vi)s[m][v], sc, block_dot::group_sum<F>(x[m], g));
-    }
-  }
+    for (int v = 0; v < V; ++v) is[m][v] = i8::zero();
+  integer_sums<F, P>(p, x, is);
   for (int v = 0; v < V; ++v) {
     const vf d = halves(p + L::D + 2 * v * VL);
     const vf dmin = F::MIN ? halves(p + L::DMIN + 2 * v * VL) : vf{};
@@ -196,11 +245,9 @@ static void apply(const uint8_t* p, const q8::Block* const* x, float (*acc)[ROWS
       if constexpr (F::MIN)
         for (int j = 0; j < 8; ++j) im += mn[j] * block_dot::group_sum<F>(x[m], j);
       const vf dx = splat(x[m][0].d);
-      sums[m][v] = block_dot::super<F>(sums[m][v], (vi)is[m][v], im, d * dx, -(dmin * dx));
+      store_vf(block_dot::super<F>(load_vf(acc[m] + v * VL), (vi)is[m][v], im, d * dx, -(dmin * dx)), acc[m] + v * VL);
     }
   }
-  for (int m = 0; m < P; ++m)
-    for (int v = 0; v < V; ++v) store_vf(sums[m][v], acc[m] + v * VL);
 }
 
 // The 16 rows of the packed group at w (K inputs) against input rows [m0, m1) of x (q8, span 256):
