@@ -180,11 +180,17 @@ static void chunk(const Mat& a, Inputs& in, int64_t n0, int count, float out[M][
       for (int m = 0; m < M; ++m) out[m][r] += a.bias[n0 + r];
 }
 
+// Work items a thread takes at a time from the team's counter: about four turns a thread, as llama.cpp
+// splits its rows. A static split left the faster thread waiting at every barrier whenever the other's core
+// was slower for a while (a shared host's usual state); each turn is still one contiguous run of rows,
+// which the packed kernels' prefetch follows. Results do not depend on the split: a row is one thread's.
+static inline int64_t turn(int64_t items) { return std::max<int64_t>(1, items / (4 * omp_get_num_threads())); }
+
 // Every chunk of 16 output rows of a, split over the team; emit(n0, count, out) takes each chunk's results.
 template <int M, typename Emit>
 static void matmul(const Mat& a, Inputs& in, const Barrier& sync, Emit emit) {
   const int64_t chunks = (a.n + CHUNK - 1) / CHUNK;
-#pragma omp for schedule(static) nowait
+#pragma omp for schedule(dynamic, turn(chunks)) nowait
   for (int64_t c = 0; c < chunks; ++c) {
     float out[M][CHUNK];
     const int count = int(std::min<int64_t>(CHUNK, a.n - c * CHUNK));
@@ -308,7 +314,7 @@ static int run(const Args& a) {
       else if (gate.kind == INT8) up.w = static_cast<const int8_t*>(gate.w) + F * E, up.scale = gate.scale + F;
       else if (gate.kind == BLOCKS) up.w = static_cast<const block_tiles::Part*>(gate.w) + 1;
       else up.w = static_cast<const uint8_t*>(gate.w) + (F / CHUNK) * (E / 32) * tiles::tile_bytes(gate.kind - Q4);
-#pragma omp for schedule(static) nowait
+#pragma omp for schedule(dynamic, turn(F / CHUNK)) nowait
       for (int64_t c = 0; c < F / CHUNK; ++c) {
         float g[M][CHUNK], u[M][CHUNK];
         chunk<M>(gate, in, c * CHUNK, CHUNK, g);
