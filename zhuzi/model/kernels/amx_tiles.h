@@ -66,10 +66,9 @@ __attribute__((target("amx-tile,amx-int8"))) static inline void four_groups(cons
 
 // block_tiles::tile()'s results. x's rows must be readable up to the next multiple of 16 after m1 (q8::Rows
 // pads them): an A tile always loads 16.
-template <class F>
-__attribute__((target("amx-tile,amx-int8"))) static void tile(const uint8_t* w, int64_t row_bytes, int rows,
-                                                                int64_t K, const q8::Rows& x, int64_t m0,
-                                                                int64_t m1, float (*acc)[ROWS]) {
+template <class F, typename Decode>
+__attribute__((target("amx-tile,amx-int8"))) static void tile(Decode decode, int64_t K, const q8::Rows& x,
+                                                                int64_t m0, int64_t m1, float (*acc)[ROWS]) {
   static_assert(V == 1, "a tile's 16 rows are one vector");
   Tile t;
   alignas(64) int32_t s[4][16][ROWS];
@@ -78,7 +77,7 @@ __attribute__((target("amx-tile,amx-int8"))) static void tile(const uint8_t* w, 
   std::memset(acc, 0, sizeof(float) * ROWS * (m1 - m0));
   for (int64_t k0 = 0; k0 < K; k0 += CHUNK) {
     const int n = int(std::min<int64_t>(CHUNK, K - k0)), groups = n / F::G;
-    decode<F>(w, row_bytes, rows, k0, n, t);
+    decode(k0, n, t);
     for (int64_t m = m0; m < m1; m += 16) {
       const int count = int(std::min<int64_t>(16, m1 - m));
       const q8::Block* xb[16];

@@ -39,14 +39,25 @@ static void linear(const Part* parts, int nparts, const T* x, Y* y, int64_t M, i
       const int rows = int(std::min<int64_t>(ROWS, t.part->rows - t.row));
       alignas(64) float acc[CHUNK_ROWS][ROWS];
       const uint8_t* w = t.part->w + t.row * t.part->row_bytes;
-      packed::with_format(t.part->type, [&](auto f) { packed::tile<decltype(f)>(w, K, xq[1], m0, m1, acc); });
-      blocks::with_format(t.part->type, [&](auto f) {
-        const q8::Rows& x8 = xq[decltype(f)::QK == CHUNK];
-        if (m1 - m0 <= FEW_ROWS) block_rows::tile<decltype(f)>(w, t.part->row_bytes, rows, K, x8, m0, m1, acc);
+      const bool is_packed = t.part->type & packed::FLAG;
+      blocks::with_format(t.part->type & ~packed::FLAG, [&](auto f) {
+        using F = decltype(f);
+        const q8::Rows& x8 = xq[F::QK == CHUNK];
+        auto batched = [&](auto decode) {
 #if ZHUZI_AVX512
-        else if (amx) amx_tiles::tile<decltype(f)>(w, t.part->row_bytes, rows, K, x8, m0, m1, acc);
+          if (amx) return amx_tiles::tile<F>(decode, K, x8, m0, m1, acc);
 #endif
-        else block_tiles::tile<decltype(f)>(w, t.part->row_bytes, rows, K, x8, m0, m1, acc);
+          block_tiles::tile<F>(decode, K, x8, m0, m1, acc);
+        };
+        if constexpr (packed::PACKS<F>) {
+          if (is_packed) {
+            if (m1 - m0 <= FEW_ROWS) packed::tile<F>(w, K, x8, m0, m1, acc);
+            else batched(packed::decoder<F>(w));
+            return;
+          }
+        }
+        if (m1 - m0 <= FEW_ROWS) block_rows::tile<F>(w, t.part->row_bytes, rows, K, x8, m0, m1, acc);
+        else batched(block_tiles::decoder<F>(w, t.part->row_bytes, rows));
       });
       for (int64_t m = m0; m < m1; ++m)
         for (int r = 0; r < rows; ++r) store(acc[m - m0][r], y + m * N + t.n0 + r);

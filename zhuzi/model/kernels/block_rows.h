@@ -24,7 +24,7 @@ using namespace block_tiles;
 template <class F>
 static void tile(const uint8_t* w, int64_t row_bytes, int rows, int64_t K, const q8::Rows& x, int64_t m0,
                  int64_t m1, float (*acc)[ROWS]) {
-  block_tiles::tile<F>(w, row_bytes, rows, K, x, m0, m1, acc);
+  block_tiles::tile<F>(block_tiles::decoder<F>(w, row_bytes, rows), K, x, m0, m1, acc);
 }
 #else
 

@@ -230,16 +230,16 @@ static void apply_rows(const Tile& t, int n, const q8::Block* const* x, const q8
   }
 }
 
-// The 16-row tile of matrix w starting at its row `row` (rows <= 16 of them) against input rows
-// [m0, m1) of x (q8 rows of K inputs): acc[m - m0][r] = the sum of products (acc holds m1 - m0 rows).
-template <class F>
-static void tile(const uint8_t* w, int64_t row_bytes, int rows, int64_t K, const q8::Rows& x, int64_t m0,
-                 int64_t m1, float (*acc)[ROWS]) {
+// A 16-row tile of a matrix (K inputs a row) against input rows [m0, m1) of x (q8 rows of K inputs): acc[m -
+// m0][r] = the sum of products (acc holds m1 - m0 rows). decode(k0, n, t) fills t with the tile's inputs
+// [k0, k0 + n): decoder() from the file's blocks, or from packed ones (packed_blocks.h).
+template <class F, typename Decode>
+static void tile(Decode decode, int64_t K, const q8::Rows& x, int64_t m0, int64_t m1, float (*acc)[ROWS]) {
   Tile t;
   std::memset(acc, 0, sizeof(float) * ROWS * (m1 - m0));
   for (int64_t k0 = 0; k0 < K; k0 += CHUNK) {
     const int n = int(std::min<int64_t>(CHUNK, K - k0));
-    decode<F>(w, row_bytes, rows, k0, n, t);
+    decode(k0, n, t);
     for (int64_t m = m0; m < m1; m += MB) {
       const int count = int(std::min<int64_t>(MB, m1 - m));
       const q8::Block* rows_x[MB];
@@ -248,6 +248,12 @@ static void tile(const uint8_t* w, int64_t row_bytes, int rows, int64_t K, const
       apply_rows<F>(t, n, rows_x, rows_ds, acc + (m - m0), count);
     }
   }
+}
+
+// tile()'s decode for rows [0, rows) of the file's blocks from w.
+template <class F>
+static auto decoder(const uint8_t* w, int64_t row_bytes, int rows) {
+  return [=](int64_t k0, int n, Tile& t) { decode<F>(w, row_bytes, rows, k0, n, t); };
 }
 
 // The inputs that share an activation scale (q8::Rows' span) for weights of `type`: their block's length,

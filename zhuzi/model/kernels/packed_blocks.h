@@ -39,6 +39,9 @@ template <> struct Layout<Format<blocks::Q6_K>> {
   static constexpr int TOP = 2048, SC = 3072, D = 3328, MN = 0, DMIN = 0;
 };
 
+template <class F>
+constexpr bool PACKS = std::is_same_v<F, Format<blocks::Q4_K>> || std::is_same_v<F, Format<blocks::Q6_K>>;
+
 // Calls fn(Format<T>{}) for a packed type (FLAG | T); false for any other.
 template <typename Fn>
 static bool with_format(int type, Fn fn) {
@@ -120,6 +123,7 @@ static void decode(const uint8_t* p, int r, uint8_t* q, float* a, float* b) {
 typedef uint8_t vb __attribute__((vector_size(4 * i8::LANES)));  // a lane's 4 bytes, for every lane
 
 static inline vb load_vb(const uint8_t* p) { vb v; std::memcpy(&v, p, sizeof v); return v; }
+static inline void store_vi(vi v, int32_t* p) { std::memcpy(p, &v, sizeof v); }
 // VL bytes, unsigned or signed, -> int32 lanes (GCC's convertvector goes through scalars here).
 template <bool SIGNED>
 static inline vi widen_lanes(const uint8_t* p) {
@@ -285,6 +289,36 @@ static void tile(const uint8_t* w, int64_t K, const q8::Rows& x, int64_t m0, int
       }
     }
   }
+}
+
+// block_tiles::tile()'s decode of a packed group at w (many input rows): a super-block's codes are the Tile's
+// as they lie, two nibbles a byte (and Q6_K's top bits), its scales widened; no transposes, unlike the
+// file's blocks.
+template <class F>
+static auto decoder(const uint8_t* w) {
+  return [=](int64_t k0, int, block_tiles::Tile& t) {
+    using L = Layout<F>;
+    const uint8_t* p = w + k0 / 256 * ROWS * L::BYTES;
+    for (int g = 0; g < 256 / F::G; ++g)
+      for (int v = 0; v < V; ++v) {
+        const Codes<F> codes(p, g, v);
+        for (int j = 0; j < Codes<F>::PAIRS; ++j) {
+          i8::B8 lo, hi;
+          codes.pair(j, lo, hi);
+          const int quad = 2 * (g * Codes<F>::PAIRS + j);
+          std::memcpy(t.codes[quad][v * i8::LANES], &lo, sizeof lo);
+          std::memcpy(t.codes[quad + 1][v * i8::LANES], &hi, sizeof hi);
+        }
+        store_vi(widen_lanes<Codes<F>::Q6K>(p + L::SC + g * ROWS + v * VL), t.k.sc[g] + v * VL);
+      }
+    for (int v = 0; v < V; ++v) {
+      store_vf(halves(p + L::D + 2 * v * VL), t.k.d + v * VL);
+      if constexpr (F::MIN) {
+        store_vf(halves(p + L::DMIN + 2 * v * VL), t.k.dmin + v * VL);
+        for (int j = 0; j < 8; ++j) store_vi(widen_lanes<false>(p + L::MN + j * ROWS + v * VL), t.k.mn[j] + v * VL);
+      }
+    }
+  };
 }
 
 }  // namespace packed
