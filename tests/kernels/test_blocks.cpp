@@ -65,8 +65,8 @@ void check_format(const char* name) {
 template <int T>
 void check_packed(const char* name) {
   using F = blocks::Format<T>;
-  constexpr int64_t N = 48, K = 768, row_bytes = K / 256 * F::BYTES;
-  constexpr int64_t packed_bytes = K / 256 * packed::Layout<F>::BYTES;
+  constexpr int64_t N = 48, K = F::QK == 256 ? 768 : 288, row_bytes = K / F::QK * F::BYTES;
+  constexpr int64_t packed_bytes = K / F::QK * packed::Layout<F>::BYTES;
   check::Rng g(F::BYTES + 1);
   const std::vector<uint8_t> w = random_rows<F>(N, K, g);
   std::vector<uint8_t> p(N * packed_bytes);
@@ -83,7 +83,7 @@ void check_packed(const char* name) {
     for (auto& v : x) v = float(g.normal());
     CHECK(zhuzi_block_linear(&part, 1, x.data(), 0, y.data(), 0, M, N, K, 2) == 0, "%s packed: not served", name);
     q8::Rows xq;
-    xq.set(x.data(), M, K, K, 1, 256);
+    xq.set(x.data(), M, K, K, 1, F::QK);
     for (int64_t m = 0; m < M; ++m)
       for (int64_t n = 0; n < N; ++n) {
         const float want = block_dot::row<F>(&w[n * row_bytes], xq.row(m), xq.sums(m), K);
@@ -95,9 +95,15 @@ void check_packed(const char* name) {
 
 }  // namespace
 
-TEST(packed_k_quants_give_the_file_values_and_the_reference_bits) {
-  check_packed<blocks::Q4_K>("Q4_K");
-  check_packed<blocks::Q6_K>("Q6_K");
+TEST(packed_blocks_give_the_file_values_and_the_reference_bits) {
+  using namespace blocks;
+  check_packed<Q4_0>("Q4_0");
+  check_packed<Q4_1>("Q4_1");
+  check_packed<Q5_0>("Q5_0");
+  check_packed<Q5_1>("Q5_1");
+  check_packed<Q8_0>("Q8_0");
+  check_packed<Q4_K>("Q4_K");
+  check_packed<Q6_K>("Q6_K");
 }
 
 TEST(block_kernels_give_the_reference_bits_for_every_block_type) {

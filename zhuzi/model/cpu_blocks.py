@@ -2,7 +2,7 @@
 
 dequantize_rows: rows of blocks -> their exact values (kernels/dequantize_blocks.cpp), for the embedding's
 rows of a step and for matrices that run dense.
-pack_rows: a Q4_K / Q6_K matrix -> the packed layout of kernels/packed_blocks.h, once at load.
+pack_rows: a block matrix -> the packed layout of kernels/packed_blocks.h (16-row groups), once at load.
 block_linear: bf16 input rows against one or more matrices of blocks (kernels/block_linear.cpp).
 """
 from __future__ import annotations
@@ -15,7 +15,8 @@ from zhuzi.model import native
 
 KERNEL_TYPES = frozenset({2, 3, 6, 7, 8, 12, 13, 14})  # kernels/blocks.h: Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q4_K Q5_K Q6_K
 PACKED_FLAG = 0x100  # kernels/packed_blocks.h's FLAG: a packed matrix's type id is FLAG | its ggml type
-PACKED_BYTES = {12: 148, 14: 210}  # a row's bytes per 256 inputs, packed: Q4_K's scales widened, Q6_K as stored
+# Types packed_blocks.h packs: (inputs a block, a row's bytes a block once packed: the file's, bar Q4_K's scales)
+PACKED = {2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34), 12: (256, 148), 14: (256, 210)}
 _OUT = {torch.float32: 0, torch.bfloat16: 1}
 
 
@@ -30,16 +31,17 @@ def dequantize_serves(qtype: int) -> bool:
 
 
 def pack_rows(qtype: int, data: torch.Tensor, in_features: int) -> torch.Tensor | None:
-    """A Q4_K / Q6_K matrix (uint8 [rows, bytes per row], rows a multiple of 16) in the packed layout, uint8
-    [rows, packed bytes per row]; None for other types and shapes, or without the kernel. The source's pages
-    leave this process's resident set (their contents stay)."""
-    if int(qtype) not in PACKED_BYTES or data.shape[0] % 16 or in_features % 256 or not data.is_cpu:
+    """A block matrix (uint8 [rows, bytes per row], rows a multiple of 16) in the packed layout, uint8 [rows,
+    packed bytes per row]; None for types and shapes it does not take (Q5_K), or without the kernel. The
+    source's pages leave this process's resident set (their contents stay)."""
+    if int(qtype) not in PACKED or data.shape[0] % 16 or not data.is_cpu or data.stride(-1) != 1:
         return None
+    block, nbytes = PACKED[int(qtype)]
     fn = native.entry("dequantize_blocks", "zhuzi_pack_blocks",
                       [ctypes.c_int, ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_void_p, ctypes.c_int])
-    if fn is None or data.stride(-1) != 1:
+    if fn is None or in_features % block:
         return None
-    out = torch.empty(data.shape[0], in_features // 256 * PACKED_BYTES[int(qtype)], dtype=torch.uint8)
+    out = torch.empty(data.shape[0], in_features // block * nbytes, dtype=torch.uint8)
     status = fn(int(qtype), data.data_ptr(), data.shape[0], data.stride(0), in_features, out.data_ptr(),
                 torch.get_num_threads())
     return out if status == 0 else None

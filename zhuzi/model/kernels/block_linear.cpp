@@ -20,7 +20,7 @@ template <typename T, typename Y>
 static void linear(const Part* parts, int nparts, const T* x, Y* y, int64_t M, int64_t N, int64_t K, int threads) {
   q8::Rows xq[2];  // the activations per 32 inputs and per 256 (K-quants), as the parts need them
   bool need[2] = {};
-  for (int p = 0; p < nparts; ++p) need[parts[p].type & packed::FLAG || span(parts[p].type) == CHUNK] = true;
+  for (int p = 0; p < nparts; ++p) need[span(parts[p].type & ~packed::FLAG) == CHUNK] = true;
   for (int s = 0; s < 2; ++s)
     if (need[s]) xq[s].set(x, M, K, K, threads, s ? CHUNK : q8::BLOCK);
   struct Ref { const Part* part; int64_t row, n0; };  // a tile: its part, its first row there, and in y

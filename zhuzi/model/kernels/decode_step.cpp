@@ -160,7 +160,8 @@ static void chunk(const Mat& a, Inputs& in, int64_t n0, int count, float out[M][
       for (; row >= part->rows; ++part) row -= part->rows;
       float acc[M][block_tiles::ROWS];
       packed::with_format(part->type, [&](auto f) {
-        packed::tile<decltype(f)>(part->w + row * part->row_bytes, K, in.blocks(256), 0, M, acc);
+        using F = decltype(f);
+        packed::tile<F>(part->w + row * part->row_bytes, K, in.blocks(F::QK), 0, M, acc);
       });
       blocks::with_format(part->type, [&](auto f) {
         using F = decltype(f);

@@ -54,8 +54,8 @@ extern "C" int zhuzi_dequantize_rows(int type, const void* src, int64_t rows, in
   return status;
 }
 
-// A Q4_K or Q6_K matrix of `rows` rows (a multiple of 16) of K weights -> packed_blocks.h's layout at out
-// (rows * K / 256 * Layout::BYTES bytes). The source's pages are then paged out of this process (MADV_PAGEOUT
+// A matrix of `rows` rows (a multiple of 16) of K weights in a type packed_blocks.h packs -> its layout at
+// out (rows * K / QK * Layout::BYTES bytes). The source's pages are then paged out of this process (MADV_PAGEOUT
 // keeps their contents, so src may be any memory): the packed copy replaces them in its resident set.
 // Returns 0, or 2 for a type, K or row count this file does not serve.
 extern "C" int zhuzi_pack_blocks(int type, const void* src, int64_t rows, int64_t row_bytes, int64_t K, void* out,
@@ -63,9 +63,9 @@ extern "C" int zhuzi_pack_blocks(int type, const void* src, int64_t rows, int64_
   int status = 2;
   packed::with_format(packed::FLAG | type, [&](auto f) {
     using F = decltype(f);
-    if (rows % packed::ROWS || K % 256 || row_bytes != K / 256 * F::BYTES) return;
+    if (rows % packed::ROWS || K % F::QK || row_bytes != K / F::QK * F::BYTES) return;
     status = 0;
-    const int64_t packed_row_bytes = K / 256 * packed::Layout<F>::BYTES;
+    const int64_t packed_row_bytes = K / F::QK * packed::Layout<F>::BYTES;
 #ifdef MADV_HUGEPAGE
     const uintptr_t huge = 2 << 20, at = reinterpret_cast<uintptr_t>(out);
     const uintptr_t begin = (at + huge - 1) / huge * huge, end = (at + rows * packed_row_bytes) / huge * huge;
@@ -73,7 +73,7 @@ extern "C" int zhuzi_pack_blocks(int type, const void* src, int64_t rows, int64_
 #endif
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t g = 0; g < rows / packed::ROWS; ++g)
-      for (int64_t sb = 0; sb < K / 256; ++sb)
+      for (int64_t sb = 0; sb < K / F::QK; ++sb)
         packed::pack<F>(static_cast<const uint8_t*>(src) + g * packed::ROWS * row_bytes + sb * F::BYTES, row_bytes,
                         packed::block<F>(static_cast<uint8_t*>(out), packed_row_bytes, g * packed::ROWS, sb));
   });
