@@ -70,8 +70,8 @@ void check_packed(const char* name) {
   check::Rng g(F::BYTES + 1);
   const std::vector<uint8_t> w = random_rows<F>(N, K, g);
   std::vector<uint8_t> p(N * packed_bytes);
-  CHECK(zhuzi_pack_blocks(T, w.data(), N, row_bytes, K, p.data(), 2) == 0, "%s: not packed", name);
-  CHECK(zhuzi_pack_blocks(T, w.data(), N - 8, row_bytes, K, p.data(), 2) == 2, "%s: 40 rows packed", name);
+  CHECK(zhuzi_pack_blocks(T, w.data(), N, row_bytes, K, p.data(), 0, 2) == 0, "%s: not packed", name);
+  CHECK(zhuzi_pack_blocks(T, w.data(), N - 8, row_bytes, K, p.data(), 0, 2) == 2, "%s: 40 rows packed", name);
   std::vector<float> file(N * K), unpacked(N * K);
   CHECK(zhuzi_dequantize_rows(T, w.data(), N, row_bytes, nullptr, N, K, file.data(), 0, 1) == 0, "%s", name);
   CHECK(zhuzi_dequantize_rows(packed::FLAG | T, p.data(), N, packed_bytes, nullptr, N, K, unpacked.data(), 0, 1) == 0,

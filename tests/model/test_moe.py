@@ -135,18 +135,20 @@ def test_a_decode_step_reads_only_the_experts_its_rows_chose(tiny_moe):
 
 
 def test_quantized_experts_stay_the_files_blocks(tmp_path):
-    """A GGUF file's Q8_0 experts run as views of the stacked blocks (nothing copied), one block layer per
-    expert, and count their blocks' bytes; the logits stay close to the same blocks' exact values in float32."""
+    """A GGUF file's Q8_0 experts run as one block layer per expert, each its rows of the stacked blocks
+    repacked at load (the same values, the file's bytes), and count their blocks' bytes; the logits stay close
+    to the same blocks' exact values in float32."""
     arch = "qwen2_moe"
     hf = tiny.build(arch, tmp_path, **SHAPE)
     names = [n for n in tiny.converter_tensors(hf) if ".mlp.experts." in n]
     path = tiny.write_gguf(tmp_path / "q8.gguf", hf, arch, types=dict.fromkeys(names, gguf.GGMLQuantizationType.Q8_0))
     blocks = load_checkpoint(path, torch.bfloat16)
     model = Decoder(blocks.config, blocks.tensors, quantization="gguf")
-    stacked = blocks.tensors["model.layers.0.mlp.experts.gate_proj.weight"].data
+    stacked = blocks.tensors["model.layers.0.mlp.experts.gate_proj.weight"]
     expert = model.layers[0].moe.experts[3]
     assert isinstance(expert.gate_up, BlockLinear) and isinstance(expert.down, BlockLinear)
-    assert expert.gate_up.parts[0].data.data_ptr() == stacked.data_ptr() + 3 * 32 * stacked.stride(0)
+    gate = expert.gate_up.parts[0]
+    assert gate.packed and torch.equal(gate.dequantize(), stacked[3 * 32:4 * 32].dequantize())
     assert expert.nbytes == 3 * 64 * 32 // 32 * 34  # Q8_0: 34 bytes a block of 32
     reference = load_checkpoint(path, torch.float32)
     exact = Decoder(reference.config, reference.tensors)

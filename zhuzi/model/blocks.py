@@ -31,6 +31,7 @@ class BlockWeight:
     data: torch.Tensor
     in_features: int
     packed: bool = False  # data in kernels/packed_blocks.h's layout: rows in groups of 16
+    mapped: bool = False  # data is a view of the file's mapping, nothing written: its pages may be dropped
 
     @property
     def kernel_type(self) -> int:
@@ -46,11 +47,11 @@ class BlockWeight:
         return self.data.nbytes
 
     def __getitem__(self, rows: slice) -> BlockWeight:
-        return BlockWeight(self.qtype, self.data[rows], self.in_features, self.packed)
+        return BlockWeight(self.qtype, self.data[rows], self.in_features, self.packed, self.mapped)
 
     def pack(self) -> BlockWeight:
         """This matrix in the kernels' packed layout where they have one for its type and shape, else itself."""
-        data = None if self.packed else cpu_blocks.pack_rows(self.qtype, self.data, self.in_features)
+        data = None if self.packed else cpu_blocks.pack_rows(self.qtype, self.data, self.in_features, self.mapped)
         return self if data is None else BlockWeight(self.qtype, data, self.in_features, packed=True)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:

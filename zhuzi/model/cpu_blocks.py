@@ -30,20 +30,20 @@ def dequantize_serves(qtype: int) -> bool:
     return int(qtype) in KERNEL_TYPES and _dequantize_kernel() is not None
 
 
-def pack_rows(qtype: int, data: torch.Tensor, in_features: int) -> torch.Tensor | None:
+def pack_rows(qtype: int, data: torch.Tensor, in_features: int, release: bool = False) -> torch.Tensor | None:
     """A block matrix (uint8 [rows, bytes per row], rows a multiple of 16) in the packed layout, uint8 [rows,
-    packed bytes per row]; None for types and shapes it does not take (Q5_K), or without the kernel. The
-    source's pages leave this process's resident set (their contents stay)."""
+    packed bytes per row]; None for types and shapes it does not take (Q5_K), or without the kernel. release:
+    data is a view of the file's mapping, whose pages then leave this process's resident set."""
     if int(qtype) not in PACKED or data.shape[0] % 16 or not data.is_cpu or data.stride(-1) != 1:
         return None
     block, nbytes = PACKED[int(qtype)]
     fn = native.entry("dequantize_blocks", "zhuzi_pack_blocks",
-                      [ctypes.c_int, ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_void_p, ctypes.c_int])
+                      [ctypes.c_int, ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_void_p] + [ctypes.c_int] * 2)
     if fn is None or in_features % block:
         return None
     out = torch.empty(data.shape[0], in_features // block * nbytes, dtype=torch.uint8)
     status = fn(int(qtype), data.data_ptr(), data.shape[0], data.stride(0), in_features, out.data_ptr(),
-                torch.get_num_threads())
+                int(release), torch.get_num_threads())
     return out if status == 0 else None
 
 

@@ -658,7 +658,7 @@ def _gguf_tensors(path: Path, header: GGUFHeader, config: ModelConfig, dtype: to
         if info.qtype in DENSE_TYPES:
             tensors[name] = _from_gguf_norm(raw.view(DENSE_TYPES[info.qtype]).view(shape), name, config).to(dtype)
         elif len(shape) == 2:
-            tensors[name] = BlockWeight(info.qtype, raw.view(shape[0], -1), shape[1])
+            tensors[name] = BlockWeight(info.qtype, raw.view(shape[0], -1), shape[1], mapped=True)
         else:
             raise CheckpointError(path, f"tensor {info.name} is {info.qtype.name} but not a matrix")
     return tensors

@@ -37,7 +37,8 @@ int zhuzi_prefill_attention(int q_bf16, int kv_type, const void* q, const void* 
 int zhuzi_dequantize_rows(int type, const void* src, int64_t rows, int64_t row_bytes, const int64_t* ids, int64_t n,
                           int64_t K, void* out, int out_bf16, int threads);
 // The same file: a block matrix [rows, K] (rows a multiple of 16) -> packed_blocks.h's layout at out.
-int zhuzi_pack_blocks(int type, const void* src, int64_t rows, int64_t row_bytes, int64_t K, void* out, int threads);
+int zhuzi_pack_blocks(int type, const void* src, int64_t rows, int64_t row_bytes, int64_t K, void* out, int release,
+                      int threads);
 // block_linear.cpp: y[M, N] = x[M, K] W^T for W the rows of GGUF block matrices one after another (parts:
 // block_tiles.h's Part, of a GGUF type or a packed one); x and y each float32, or bf16 (x_bf16, y_bf16).
 int zhuzi_block_linear(const void* parts, int nparts, const void* x, int x_bf16, void* y, int y_bf16, int64_t M,

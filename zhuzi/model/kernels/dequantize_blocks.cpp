@@ -55,11 +55,12 @@ extern "C" int zhuzi_dequantize_rows(int type, const void* src, int64_t rows, in
 }
 
 // A matrix of `rows` rows (a multiple of 16) of K weights in a type packed_blocks.h packs -> its layout at
-// out (rows * K / QK * Layout::BYTES bytes). The source's pages are then paged out of this process (MADV_PAGEOUT
-// keeps their contents, so src may be any memory): the packed copy replaces them in its resident set.
-// Returns 0, or 2 for a type, K or row count this file does not serve.
+// out (rows * K / QK * Layout::BYTES bytes), on huge pages where the kernel grants them. With release, src is
+// a view of a file's private mapping that nothing has written: its pages then leave this process
+// (MADV_DONTNEED; a later read faults them in again from the page cache), so the packed copy replaces them in
+// its resident set. Returns 0, or 2 for a type, K or row count this file does not serve.
 extern "C" int zhuzi_pack_blocks(int type, const void* src, int64_t rows, int64_t row_bytes, int64_t K, void* out,
-                                 int threads) {
+                                 int release, int threads) {
   int status = 2;
   packed::with_format(packed::FLAG | type, [&](auto f) {
     using F = decltype(f);
@@ -77,10 +78,8 @@ extern "C" int zhuzi_pack_blocks(int type, const void* src, int64_t rows, int64_
         packed::pack<F>(static_cast<const uint8_t*>(src) + g * packed::ROWS * row_bytes + sb * F::BYTES, row_bytes,
                         packed::block<F>(static_cast<uint8_t*>(out), packed_row_bytes, g * packed::ROWS, sb));
   });
-#ifdef MADV_PAGEOUT
   const uintptr_t page = 4096, at = reinterpret_cast<uintptr_t>(src);
   const uintptr_t begin = (at + page - 1) / page * page, end = (at + rows * row_bytes) / page * page;
-  if (status == 0 && end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_PAGEOUT);
-#endif
+  if (release && status == 0 && end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
   return status;
 }
