@@ -103,6 +103,7 @@ TEST(packed_blocks_give_the_file_values_and_the_reference_bits) {
   check_packed<Q5_1>("Q5_1");
   check_packed<Q8_0>("Q8_0");
   check_packed<Q4_K>("Q4_K");
+  check_packed<Q5_K>("Q5_K");
   check_packed<Q6_K>("Q6_K");
 }
 

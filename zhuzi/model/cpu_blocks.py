@@ -15,8 +15,10 @@ from zhuzi.model import native
 
 KERNEL_TYPES = frozenset({2, 3, 6, 7, 8, 12, 13, 14})  # kernels/blocks.h: Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q4_K Q5_K Q6_K
 PACKED_FLAG = 0x100  # kernels/packed_blocks.h's FLAG: a packed matrix's type id is FLAG | its ggml type
-# Types packed_blocks.h packs: (inputs a block, a row's bytes a block once packed: the file's, bar Q4_K's scales)
-PACKED = {2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34), 12: (256, 148), 14: (256, 210)}
+# Types packed_blocks.h packs: (inputs a block, a row's bytes a block once packed: the file's, bar the 6-bit
+# scales of Q4_K and Q5_K)
+PACKED = {2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34),
+          12: (256, 148), 13: (256, 180), 14: (256, 210)}
 _OUT = {torch.float32: 0, torch.bfloat16: 1}
 
 
@@ -32,7 +34,7 @@ def dequantize_serves(qtype: int) -> bool:
 
 def pack_rows(qtype: int, data: torch.Tensor, in_features: int, release: bool = False) -> torch.Tensor | None:
     """A block matrix (uint8 [rows, bytes per row], rows a multiple of 16) in the packed layout, uint8 [rows,
-    packed bytes per row]; None for types and shapes it does not take (Q5_K), or without the kernel. release:
+    packed bytes per row]; None for other types and shapes, or without the kernel. release:
     data is a view of the file's mapping, whose pages then leave this process's resident set."""
     if int(qtype) not in PACKED or data.shape[0] % 16 or not data.is_cpu or data.stride(-1) != 1:
         return None

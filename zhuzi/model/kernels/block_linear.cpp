@@ -49,12 +49,10 @@ static void linear(const Part* parts, int nparts, const T* x, Y* y, int64_t M, i
 #endif
           block_tiles::tile<F>(decode, K, x8, m0, m1, acc);
         };
-        if constexpr (packed::PACKS<F>) {
-          if (is_packed) {
-            if (m1 - m0 <= FEW_ROWS) packed::tile<F>(w, K, x8, m0, m1, acc);
-            else batched(packed::decoder<F>(w));
-            return;
-          }
+        if (is_packed) {
+          if (m1 - m0 <= FEW_ROWS) packed::tile<F>(w, K, x8, m0, m1, acc);
+          else batched(packed::decoder<F>(w));
+          return;
         }
         if (m1 - m0 <= FEW_ROWS) block_rows::tile<F>(w, t.part->row_bytes, rows, K, x8, m0, m1, acc);
         else batched(block_tiles::decoder<F>(w, t.part->row_bytes, rows));
