@@ -47,6 +47,15 @@ struct KScales {
   alignas(64) float dmin[ROWS];
 };
 
+// How many quads of int8 products (4 inputs each) can add up their maddubs pair sums in int16 (AVX2 without
+// VNNI) before one could overflow: a word is at most 2 * CMAX * 127 for a K-quant's codes up to CMAX.
+template <class F>
+constexpr int i16_run() {
+  constexpr int CMAX = std::is_same_v<F, blocks::Format<blocks::Q6_K>> ? 63
+                       : std::is_same_v<F, blocks::Format<blocks::Q5_K>> ? 31 : 15;
+  return 32767 / (2 * CMAX * 127);
+}
+
 struct Tile {
   alignas(64) uint8_t codes[QUADS][ROWS][4];
   alignas(64) float a[CHUNK / 16][ROWS];  // 32-blocks' scales and offsets
@@ -188,6 +197,36 @@ static void apply(const Tile& t, int n, const q8::Block* const* x, const q8::Sum
     // dot product takes its broadcast operand straight from memory (one instruction, no address arithmetic).
     const int8_t* xg[P];
     for (int m = 0; m < P; ++m) xg[m] = x[m][g * F::G / 32].q + g * F::G % 32;
+#if ZHUZI_AVX2 && !ZHUZI_AVXVNNI
+    if constexpr (KQ) {
+      // Runs of maddubs pair sums add up in int16 and meet the rows' scales in one madd, in place of a madd by
+      // ones per quad and a multiply per group: the same exact integer sums (block_dot::group()).
+      constexpr int RUN = i16_run<F>();
+      __m256i sc16[V], run[P][V];
+      for (int v = 0; v < V; ++v) {
+        const vi sc = load_vi(t.k.sc[g] + v * VL);
+        sc16[v] = (__m256i)((sc & 0xffff) | (sc << 16));  // each lane's scale in both words
+      }
+#pragma GCC unroll 8
+      for (int j = 0; j < QG; ++j) {
+        i8::B8 w[V];
+        for (int v = 0; v < V; ++v) w[v] = i8::load_b8(t.codes[g * QG + j][v * i8::LANES]);
+        for (int m = 0; m < P; ++m) {
+          const __m256i xb = broadcast4(xg[m] + 4 * j);
+          for (int v = 0; v < V; ++v) {
+            const __m256i pairs = _mm256_maddubs_epi16(w[v], xb);
+            run[m][v] = j % RUN ? _mm256_add_epi16(run[m][v], pairs) : pairs;
+            if ((j + 1) % RUN == 0) is[m][v] = _mm256_add_epi32(is[m][v], _mm256_madd_epi16(run[m][v], sc16[v]));
+          }
+        }
+      }
+      if constexpr (F::OFF)
+        for (int m = 0; m < P; ++m)
+          for (int v = 0; v < V; ++v)
+            is[m][v] = (i8::I32)((vi)is[m][v] - load_vi(t.k.sc[g] + v * VL) * (F::OFF * block_dot::group_sum<F>(x[m], g)));
+      continue;
+    }
+#endif
     i8::I32 s[P][V];
     for (int m = 0; m < P; ++m)
       for (int v = 0; v < V; ++v) s[m][v] = i8::zero();

@@ -239,11 +239,10 @@ template <class F, int P>
 static inline void integer_sums(const uint8_t* p, const q8::Block* const* x, i8::I32 (*is)[V]) {
 #if ZHUZI_AVX2 && !ZHUZI_AVXVNNI
   if constexpr (P <= 2) {
-    // maddubs's int16 pair sums add up in int16 over a run of pairs (Q4_K: a group's 8 products, at most
-    // 8 * 2 * 15 * 127 = 30,480; Q5_K: 4, at most 4 * 2 * 31 * 127 = 31,496; Q6_K: a pair's 2, at most
-    // 2 * 2 * 63 * 127 = 32,004) and meet the rows' scales in one madd, where dot_u8s8() widens each to int32
-    // and the group is scaled after: the same exact integers, in a third fewer instructions.
-    constexpr int RUN = Q6K<F> ? 1 : FIFTH<F> ? 2 : Codes<F>::PAIRS;
+    // maddubs's int16 pair sums add up in int16 over a run of pairs (block_tiles::i16_run(): Q4_K's whole
+    // group, Q5_K's half, a pair of Q6_K) and meet the rows' scales in one madd, where dot_u8s8() widens each
+    // to int32 and the group is scaled after: the same exact integers, in a third fewer instructions.
+    constexpr int RUN = block_tiles::i16_run<F>() / 2;
 #pragma GCC unroll 16
     for (int g = 0; g < 256 / F::G; ++g)
       for (int v = 0; v < V; ++v) {
