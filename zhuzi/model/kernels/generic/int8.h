@@ -13,9 +13,10 @@ static inline B8 load_b8(const void* p) { B8 v; std::memcpy(&v, p, sizeof v); re
 static inline I32 zero() { return I32{}; }
 static inline vf to_float(I32 v) { return __builtin_convertvector(v, vf); }
 
-// acc[l] += the 4 products of lane l's bytes, a read as unsigned where A_UNSIGNED.
+// acc[l] += the 4 products of lane l's bytes, a read as unsigned where A_UNSIGNED. Out of line: inlined into
+// the kernels' unrolled loops at every call, it doubled the variant's build time (the reference, not a fast path).
 template <bool A_UNSIGNED>
-static inline I32 dot(I32 acc, B8 a, B8 b) {
+__attribute__((noinline)) static I32 dot(I32 acc, B8 a, B8 b) {
   for (int l = 0; l < LANES; ++l)
     for (int i = 0; i < 4; ++i) acc[l] += (A_UNSIGNED ? int32_t(uint8_t(a[4 * l + i])) : a[4 * l + i]) * b[4 * l + i];
   return acc;
