@@ -30,6 +30,14 @@ def test_auto_picks_the_first_variant_this_cpu_runs():
     assert [v.name for v in best] == [v for v in native.VARIANTS if v in {b.name for b in best}]  # best first
 
 
+def test_a_cpu_no_simd_variant_runs_on_gets_the_generic_kernels(monkeypatch):
+    monkeypatch.setattr(native.platform, "machine", lambda: "riscv64")
+    assert [v.name for v in native.runnable()] == ["generic"] and native.resolve("auto") == "generic"
+    with pytest.raises(ValueError, match=r"^cpu_kernels avx2 runs on x86_64 CPUs, this one is riscv64 \(it runs: "
+                                         r"generic, torch\)$"):
+        native.resolve("avx2")
+
+
 def test_a_variant_this_cpu_cannot_run_is_a_one_line_error():
     other = "neon" if platform.machine() != "aarch64" else "avx2"
     with pytest.raises(ValueError, match=f"^cpu_kernels {other} runs on .* CPUs, this one is .*it runs: ") as info:
