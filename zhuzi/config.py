@@ -194,7 +194,8 @@ class EngineConfig(Settings):
         choices=["auto", *DTYPES])
     cpu_kernels: str = setting(
         native.default_choice(), "CPU kernel variant: auto (the best this CPU runs), avx512, avx2-vnni, avx2, "
-                                 "neon-i8mm, neon, or torch (none); $ZHUZI_CPU_KERNELS sets the default",
+                                 "neon-i8mm, neon, generic (portable, any CPU), or torch (none); $ZHUZI_CPU_KERNELS "
+                                 "sets the default",
         choices=list(native.CHOICES))
     device: str = setting("cpu", "torch device to run the model on")
     kv_cache_dtype: str = setting(

@@ -14,7 +14,7 @@
 
 #include "api.h"
 
-#if !defined(__aarch64__)
+#if defined(__F16C__)
 #include <immintrin.h>
 #endif
 
@@ -76,15 +76,28 @@ inline double of_bf16(uint16_t x) { return from_bf16(x); }
 inline uint16_t half(float x) {
 #if defined(__aarch64__)
   __fp16 h = __fp16(x); uint16_t u; std::memcpy(&u, &h, 2); return u;
-#else
+#elif defined(__F16C__)
   return _cvtss_sh(x, 0);
+#else  // the generic build: from the definition, in double (finite values)
+  const double a = std::fabs(double(x));
+  const int step = std::max(std::ilogb(a), -14) - 10;  // a half's spacing at a: 2^step
+  const double m = std::ldexp(std::nearbyint(std::ldexp(a, -step)), step);  // a rounded to it, ties to even
+  const int e = std::ilogb(m);
+  const uint16_t bits = m > 65504.0 ? 0x7c00                             // beyond the largest half: infinity
+                        : m < 0x1p-14 ? uint16_t(m * 0x1p24)             // subnormal: a count of 2^-24
+                        : uint16_t((e + 15) << 10 | (int(std::ldexp(m, 10 - e)) & 0x3ff));
+  return uint16_t(bits | (std::signbit(x) ? 0x8000 : 0));
 #endif
 }
 inline float from_half(uint16_t u) {
 #if defined(__aarch64__)
   __fp16 h; std::memcpy(&h, &u, 2); return float(h);
-#else
+#elif defined(__F16C__)
   return _cvtsh_ss(u);
+#else  // the generic build: from the definition (finite values)
+  const int e = (u >> 10) & 31, m = u & 0x3ff;
+  const double a = e ? std::ldexp(1024 + m, e - 25) : std::ldexp(m, -24);
+  return float(u & 0x8000 ? -a : a);
 #endif
 }
 

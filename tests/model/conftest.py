@@ -1,7 +1,9 @@
 """The CPU variants the kernel tests run under (native.py): every variant this CPU runs, each test once per
 variant through the `variant` fixture (avx512 and avx2 on an AVX-512 machine, avx2 alone on an AVX2 one).
 The avx2-vnni and neon-i8mm sub-paths differ from their base in the int8 dot-product instructions; where the
-base runs too, the C++ unit tests (test_native.py) cover them against float64, which keeps the suite short."""
+base runs too, the C++ unit tests (test_native.py) cover them against float64, which keeps the suite short.
+So do they cover generic (slow, and the same bits as the SIMD variants where the kernels promise them: one
+test here compares them), unless it is all this CPU runs."""
 import pytest
 import torch
 
@@ -9,7 +11,8 @@ from zhuzi.model import native
 
 SUBPATHS = {"avx2-vnni": "avx2", "neon-i8mm": "neon"}
 RUNNABLE = [v.name for v in native.runnable()]
-VARIANTS = [v for v in RUNNABLE if SUBPATHS.get(v) not in RUNNABLE] if native.compiler() else []
+SIMD = [v for v in RUNNABLE if SUBPATHS.get(v) not in RUNNABLE and v != "generic"]
+VARIANTS = (SIMD or RUNNABLE) if native.compiler() else []
 
 
 @pytest.fixture(params=VARIANTS or [pytest.param(None, marks=pytest.mark.skip(reason="no kernels: no compiler "

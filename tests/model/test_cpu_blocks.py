@@ -1,6 +1,7 @@
 """The GGUF block kernels against gguf's reference: random blocks of every type, dequantized by the gguf package
 and multiplied in float64, within the bound of the activations' q8 rounding; for every kernel variant this
-CPU runs, for decode rows and batched rows, float32 and bf16 activations."""
+CPU runs, for decode rows and batched rows, float32 and bf16 activations; and the portable generic variant
+gives each SIMD variant's bits."""
 import gguf
 import numpy as np
 import pytest
@@ -8,7 +9,7 @@ import torch
 from conftest import q8_bound
 from gguf_blocks import KERNEL_TYPES, random_blocks
 
-from zhuzi.model import cpu_blocks
+from zhuzi.model import cpu_blocks, native
 from zhuzi.model.blocks import BlockWeight
 
 pytestmark = pytest.mark.usefixtures("variant")
@@ -102,3 +103,25 @@ def test_a_row_is_the_same_bits_alone_or_in_a_batch(qtype):
 def test_rows_of_another_length_are_not_served():
     parts = [weight(gguf.GGMLQuantizationType.Q4_0, 16, 256, 6)]
     assert cpu_blocks.block_linear(torch.randn(2, 288), cpu_blocks.part_table(parts), 16) is None
+
+
+@pytest.mark.parametrize("qtype", KERNEL_TYPES, ids=lambda t: t.name)
+def test_the_generic_variant_gives_the_same_bits(variant, qtype):
+    """The portable build (native.py's generic, for CPUs no SIMD variant runs on) computes the same integers and
+    float operations as the SIMD ones (kernels/block_dot.h): the same bits for decode rows and batched ones, on
+    the file's layout and packed."""
+    if variant == "generic":
+        pytest.skip("no SIMD variant runs here to compare with")
+    cols = 512 if gguf.GGML_QUANT_SIZES[qtype][0] == 256 else 288
+    w = weight(qtype, 48, cols, 3)
+    parts = [w, w.pack()]  # alive while the tables point at their blocks
+    tables = [cpu_blocks.part_table([p]) for p in parts]
+    x = torch.randn(40, cols, generator=torch.Generator().manual_seed(3))
+
+    def outputs() -> list[torch.Tensor]:
+        return [cpu_blocks.block_linear(x[:m], table, 48) for table in tables for m in (1, 5, 40)]
+
+    simd = outputs()
+    native.select("generic")  # the fixture selects its variant back
+    generic = outputs()
+    assert all(a is not None and b is not None and torch.equal(a, b) for a, b in zip(simd, generic, strict=True))

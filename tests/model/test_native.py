@@ -1,7 +1,7 @@
 """native.py: the variant this CPU runs is chosen and a forced one it cannot run is refused in one line; a
 kernel that does not compile fails loudly; and the kernels' own C++ unit tests (tests/kernels, against
-float64 references) pass for every x86 variant this CPU runs, natively, and for both aarch64 variants,
-cross-compiled and run under qemu-aarch64 (the neon one on a CPU model without i8mm)."""
+float64 references) pass for every x86 variant this CPU runs and for generic, natively, and for both aarch64
+variants, cross-compiled and run under qemu-aarch64 (the neon one on a CPU model without i8mm)."""
 import os
 import platform
 import shutil
@@ -17,15 +17,25 @@ pytestmark = pytest.mark.long  # a minute or more: handed out first (tests/conft
 
 TESTS = Path(__file__).parent.parent / "kernels"
 X86 = [v.name for v in native.runnable() if v.arch == "x86_64"]
+NATIVE = [*X86, "generic"]  # generic runs on every CPU
 ARM = {"neon-i8mm": "max", "neon": "neoverse-n1"}  # qemu CPU models: with and without i8mm
 CROSS = native.CROSS_COMPILERS["aarch64"]
 
 
 def test_auto_picks_the_first_variant_this_cpu_runs():
     best = native.runnable()
-    assert native.resolve("auto") == (best[0].name if best else "torch")
+    assert native.resolve("auto") == best[0].name
+    assert best[-1].name == "generic"  # last: auto takes it only where no SIMD variant runs
     assert native.resolve("torch") == "torch"
     assert [v.name for v in best] == [v for v in native.VARIANTS if v in {b.name for b in best}]  # best first
+
+
+def test_a_cpu_no_simd_variant_runs_on_gets_the_generic_kernels(monkeypatch):
+    monkeypatch.setattr(native.platform, "machine", lambda: "riscv64")
+    assert [v.name for v in native.runnable()] == ["generic"] and native.resolve("auto") == "generic"
+    with pytest.raises(ValueError, match=r"^cpu_kernels avx2 runs on x86_64 CPUs, this one is riscv64 \(it runs: "
+                                         r"generic, torch\)$"):
+        native.resolve("avx2")
 
 
 def test_a_variant_this_cpu_cannot_run_is_a_one_line_error():
@@ -116,7 +126,7 @@ def expect_pass(command: list[str], variant: str) -> None:
 
 
 @pytest.mark.skipif(native.compiler() is None, reason="no C++ compiler")
-@pytest.mark.parametrize("variant", X86)
+@pytest.mark.parametrize("variant", NATIVE)
 def test_kernel_unit_tests_pass_natively(variant, tmp_path):
     expect_pass([str(kernel_tests(variant, native.compiler(), tmp_path))], variant)
 

@@ -10,14 +10,15 @@ sources, the compiler and the flags (and, for a build tuned with -mtune=native, 
     avx2       x86-64-v3 (Zen 2/3, Haswell to Comet Lake, AVX-512 CPUs without BF16)
     neon-i8mm  armv8.2-a + dotprod + i8mm (Graviton 3/4, Neoverse V/N2, Apple M2 and later)
     neon       armv8.2-a + dotprod (Graviton 2, Ampere Altra, Apple M1)
+    generic    portable C++, no SIMD flags (any other CPU: RISC-V, POWER, x86 without AVX2, armv8.0)
 
 A source picks its code per variant with the ZHUZI_* macros of prelude.h, and an entry point returns 2
 for what its build does not serve (the caller's torch path runs). select() (EngineConfig.cpu_kernels,
-default $ZHUZI_CPU_KERNELS or auto) sets the process's variant: auto takes the first one the CPU runs,
-`torch` none. A compile error raises (a broken kernel must not hide behind a slow path); only a missing
-compiler falls back to torch, with a warning. The first library a process needs builds all of its variant's
-libraries at once, one compiler per core (a cold cache otherwise compiles them one after another). The
-kernels run on torch's OpenMP thread pool.
+default $ZHUZI_CPU_KERNELS or auto) sets the process's variant: auto takes the first one the CPU runs
+(generic, last, runs on every CPU), `torch` none. A compile error raises (a broken kernel must not hide
+behind a slow path); only a missing compiler falls back to torch, with a warning. The first library a
+process needs builds all of its variant's libraries at once, one compiler per core (a cold cache otherwise
+compiles them one after another). The kernels run on torch's OpenMP thread pool.
 """
 from __future__ import annotations
 
@@ -44,20 +45,21 @@ COMMON_FLAGS = ("-O3", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-ff
 # Tuning for the CPU that builds, where the variant runs on that machine's architecture (kernels are built
 # where they run): GCC's generic x86 tuning decodes slower (docs/benchmarks.md).
 NATIVE_TUNING = {"x86_64": ("-mtune=native",)}
+ANY = "any"  # a Variant's arch where it runs on every architecture
 _X86_V3 = ("avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "movbe", "abm", "popcnt", "sse4_1", "sse4_2", "ssse3")
 
 
 @dataclass(frozen=True)
 class Variant:
     name: str
-    arch: str  # platform.machine() of the CPUs it runs on
+    arch: str  # platform.machine() of the CPUs it runs on, ANY for every one
     flags: tuple[str, ...]  # what the compiler targets
     needs: tuple[str, ...]  # CPU features it executes, as /proc/cpuinfo names them
     bf16: bool  # computes in bf16 natively (dtype auto follows it)
 
     def missing(self, features: frozenset[str], machine: str) -> list[str]:
         """What this CPU lacks to run it (its architecture first)."""
-        if machine != self.arch:
+        if self.arch not in (ANY, machine):
             return [self.arch]
         return [f for f in self.needs if f not in features]
 
@@ -70,6 +72,7 @@ VARIANTS = {v.name: v for v in (
     Variant("avx2", "x86_64", ("-march=x86-64-v3",), _X86_V3, bf16=False),
     Variant("neon-i8mm", "aarch64", ("-march=armv8.2-a+dotprod+i8mm",), ("asimd", "asimddp", "i8mm"), bf16=False),
     Variant("neon", "aarch64", ("-march=armv8.2-a+dotprod",), ("asimd", "asimddp"), bf16=False),
+    Variant("generic", ANY, (), (), bf16=False),  # the plain reference: slow, for CPUs none of the above runs on
 )}
 CHOICES = ("auto", *VARIANTS, "torch")
 CROSS_COMPILERS = {"aarch64": "aarch64-linux-gnu-g++"}

@@ -6,7 +6,7 @@
 // exact int32 sum per 16 inputs, a vector over the tile's rows: block_tiles.h's accumulate() (32-blocks) or
 // k_group() and k_super() (K-quants) then do the rest exactly as there (block_dot.h), so an output is the same
 // bits on either path (batch invariance). On AVX2 the K-quants take k_pass(): their scales applied in the lanes,
-// one reduction per 256 inputs. On NEON the tiles serve every row count.
+// one reduction per 256 inputs. On NEON and generic the tiles serve every row count.
 #pragma once
 #include "block_tiles.h"
 
@@ -20,7 +20,7 @@ namespace block_rows {
 
 using namespace block_tiles;
 
-#if ZHUZI_NEON
+#if ZHUZI_NEON || ZHUZI_GENERIC
 template <class F>
 static void tile(const uint8_t* w, int64_t row_bytes, int rows, int64_t K, const q8::Rows& x, int64_t m0,
                  int64_t m1, float (*acc)[ROWS]) {

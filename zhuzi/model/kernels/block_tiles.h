@@ -72,8 +72,10 @@ static inline i8::B8 broadcast4(const int8_t* p) {
   return _mm512_set1_epi32(v);
 #elif ZHUZI_AVX2
   return _mm256_set1_epi32(v);
-#else
+#elif ZHUZI_NEON
   return vreinterpretq_s8_s32(vdupq_n_s32(v));
+#else
+  return (i8::B8)(vi{} + v);
 #endif
 }
 

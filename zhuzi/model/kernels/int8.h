@@ -1,5 +1,5 @@
 // The int8 dot products under the q8 kernels, one definition per variant (avx2/int8.h, neon/int8.h,
-// avx512/int8.h), the same names everywhere:
+// avx512/int8.h, generic/int8.h), the same names everywhere:
 //
 //   I32                     the variant's vector of int32 lanes (LANES of them)
 //   B8                      a vector of 4 * LANES bytes: 4 consecutive bytes per lane
@@ -19,6 +19,8 @@
 #include "avx512/int8.h"
 #elif ZHUZI_AVX2
 #include "avx2/int8.h"
-#else
+#elif ZHUZI_NEON
 #include "neon/int8.h"
+#else
+#include "generic/int8.h"
 #endif

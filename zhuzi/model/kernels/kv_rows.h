@@ -5,6 +5,7 @@
 #pragma once
 #include "prelude.h"
 
+#include <algorithm>
 #include <cmath>
 #include <type_traits>
 
@@ -41,6 +42,15 @@ static inline void widen_row(const uint8_t* p, float* out, int D) {
 static inline uint16_t float_to_half(float x) {  // round to nearest even
 #if ZHUZI_NEON
   __fp16 v = __fp16(x); uint16_t h; std::memcpy(&h, &v, 2); return h;
+#elif ZHUZI_GENERIC
+  // The float's mantissa rounded where a half's ends, by adding a power of two that leaves just the
+  // half's bits below it (Maratyszcza's FP16 library): the addition rounds ties to even, subnormals
+  // and overflow to infinity included. A NaN stays a NaN.
+  const uint32_t w = to_bits(x), twice = w + w, sign = (w & 0x80000000u) >> 16;
+  const uint32_t bias = std::max(twice & 0xff000000u, 0x71000000u);
+  const float rounded = from_bits((bias >> 1) + 0x07800000u) + std::fabs(x) * 0x1p112f * 0x1p-110f;
+  const uint32_t r = to_bits(rounded);
+  return uint16_t(sign | (twice > 0xff000000u ? 0x7e00u : ((r >> 13) & 0x7c00u) + (r & 0x0fffu)));
 #else
   return _cvtss_sh(x, 0);
 #endif

@@ -177,9 +177,9 @@ static inline vi widen_lanes(const uint8_t* p) {
   const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
   return (vi)(SIGNED ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b));
 #else
-  int32_t w[4];
-  for (int l = 0; l < 4; ++l) w[l] = SIGNED ? int32_t(int8_t(p[l])) : int32_t(p[l]);
-  return (vi)vld1q_s32(w);
+  vi w;
+  for (int l = 0; l < VL; ++l) w[l] = SIGNED ? int32_t(int8_t(p[l])) : int32_t(p[l]);
+  return w;
 #endif
 }
 static inline vf halves(const uint8_t* p) {  // VL IEEE halves -> floats, exactly
@@ -187,10 +187,14 @@ static inline vf halves(const uint8_t* p) {  // VL IEEE halves -> floats, exactl
   return (vf)_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 #elif ZHUZI_AVX2
   return (vf)_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-#else
+#elif ZHUZI_NEON
   uint16_t h[4];
   std::memcpy(h, p, 8);
   return (vf)vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(h)));
+#else
+  vf v;
+  for (int l = 0; l < VL; ++l) v[l] = half_to_float(uint16_t(p[2 * l] | p[2 * l + 1] << 8));
+  return v;
 #endif
 }
 

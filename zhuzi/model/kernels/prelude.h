@@ -5,6 +5,8 @@
 //   ZHUZI_AVX512  x86-64-v4 + AVX512-BF16/VNNI/VBMI   VL = 16 floats a vector
 //   ZHUZI_AVX2    x86-64-v3 (AVX2, FMA, F16C)          VL = 8   (ZHUZI_AVXVNNI: + AVX-VNNI)
 //   ZHUZI_NEON    armv8.2-a + dotprod                  VL = 4   (ZHUZI_I8MM: + i8mm)
+//   ZHUZI_GENERIC portable C++ (any CPU)              VL = 4   GCC vectors and scalar loops, no intrinsics:
+//                                                              the plain reference, not a fast path
 //
 // A source picks its code with these macros; an entry point returns 2 for what its build does not serve.
 #pragma once
@@ -38,7 +40,10 @@ constexpr int VEC_BYTES = 32;
 #endif
 constexpr int VEC_BYTES = 16;
 #else
-#error "zhuzi's kernels are built per variant with native.py's flags (avx512, avx2, avx2-vnni, neon, neon-i8mm)"
+#define ZHUZI_GENERIC 1
+#define ZHUZI_VARIANT "generic"
+#include <cmath>
+constexpr int VEC_BYTES = 16;
 #endif
 
 constexpr int VL = VEC_BYTES / 4;  // floats a vector
@@ -53,8 +58,10 @@ static inline vf splat(float x) {  // a broadcast: vf{} + x costs an add of 0 (k
   return (vf)_mm512_set1_ps(x);
 #elif ZHUZI_AVX2
   return (vf)_mm256_set1_ps(x);
-#else
+#elif ZHUZI_NEON
   return (vf)vdupq_n_f32(x);
+#else
+  return vf{x, x, x, x};
 #endif
 }
 
@@ -67,8 +74,11 @@ static inline vf fmadd(vf a, vf b, vf c) {
   return (vf)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
 #elif ZHUZI_AVX2
   return (vf)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
-#else
+#elif ZHUZI_NEON
   return (vf)vfmaq_f32((float32x4_t)c, (float32x4_t)a, (float32x4_t)b);
+#else
+  for (int l = 0; l < VL; ++l) c[l] = __builtin_fmaf(a[l], b[l], c[l]);
+  return c;
 #endif
 }
 static inline float fmadd(float a, float b, float c) { return __builtin_fmaf(a, b, c); }  // one instruction
@@ -83,7 +93,7 @@ static inline float hsum(vf v) {
   q = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
 #elif ZHUZI_AVX2
   q = __builtin_shufflevector(v, v, 0, 1, 2, 3) + __builtin_shufflevector(v, v, 4, 5, 6, 7);
-#else
+#else  // NEON, generic: VL = 4
   q = v;
 #endif
   return (q[0] + q[2]) + (q[1] + q[3]);
@@ -97,10 +107,19 @@ static inline void store(float x, uint16_t* p) {  // round to nearest even; a Na
   *p = nan ? uint16_t((u >> 16) | 0x40) : uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
+static inline uint32_t to_bits(float x) { uint32_t u; std::memcpy(&u, &x, 4); return u; }
+static inline float from_bits(uint32_t u) { float x; std::memcpy(&x, &u, 4); return x; }
+
 // IEEE half -> float (the tiles' scales), exact for every value.
 static inline float half_to_float(uint16_t h) {
 #if ZHUZI_NEON
   __fp16 v; std::memcpy(&v, &h, 2); return float(v);
+#elif ZHUZI_GENERIC
+  // Exponent and mantissa moved into a float's fields and scaled by 2^(127 - 15): exact, subnormals included
+  // (they become normal floats); an all-ones exponent (infinity, NaN) stays all ones.
+  const uint32_t magnitude = uint32_t(h & 0x7fffu) << 13, sign = uint32_t(h & 0x8000u) << 16;
+  const float x = (h & 0x7c00u) == 0x7c00u ? from_bits(0x7f800000u | magnitude) : from_bits(magnitude) * 0x1p112f;
+  return from_bits(to_bits(x) | sign);
 #else
   return _cvtsh_ss(h);
 #endif
@@ -112,8 +131,12 @@ static inline vi round_to_int(vf x) {
   return (vi)_mm512_cvtps_epi32((__m512)x);
 #elif ZHUZI_AVX2
   return (vi)_mm256_cvtps_epi32((__m256)x);
-#else
+#elif ZHUZI_NEON
   return (vi)vcvtnq_s32_f32((float32x4_t)x);
+#else
+  vi n;
+  for (int l = 0; l < VL; ++l) n[l] = int32_t(std::nearbyint(x[l]));
+  return n;
 #endif
 }
 

@@ -47,9 +47,13 @@ struct I8 : Plain<int8_t, float> {
     return (vf)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 #elif ZHUZI_AVX2
     return (vf)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
-#else
+#elif ZHUZI_NEON
     int32_t v; std::memcpy(&v, p, 4);
     return (vf)vcvtq_f32_s32(vmovl_s16(vget_low_s16(vmovl_s8(vreinterpret_s8_s32(vdup_n_s32(v))))));
+#else
+    typedef int8_t v4b __attribute__((vector_size(VL)));
+    v4b v; std::memcpy(&v, p, VL);
+    return __builtin_convertvector(v, vf);
 #endif
   }
   static XV load_x(const X* p) { return load_vf(p); }

@@ -135,7 +135,8 @@ class EngineModel(Response):
     name: str
     architecture: str
     dtype: str  # activations, and the weights' and KV cache's where they differ: "float32 (weights and KV bfloat16)"
-    cpu_kernels: dict[str, str]  # "variant" (avx512, avx2-vnni, avx2, neon-i8mm, neon, torch), then per operation
+    cpu_kernels: dict[str, str]  # "variant" (avx512, avx2-vnni, avx2, neon-i8mm, neon, generic, torch), then
+    # per operation
     bytes_per_value: int
     num_layers: int
     num_heads: int
