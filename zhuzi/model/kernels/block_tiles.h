@@ -252,22 +252,21 @@ static void apply(const Tile& t, int n, const q8::Block* const* x, const q8::Sum
     for (int v = 0; v < V; ++v) store_vf(sums[m][v], acc[m] + v * VL);
 }
 
-// apply() for any count <= MB of input rows.
-template <class F>
-static void apply_rows(const Tile& t, int n, const q8::Block* const* x, const q8::Sums* const* ds,
-                       float (*acc)[ROWS], int count) {
-  auto go = [&](auto p) { apply<F, decltype(p)::value>(t, n, x, ds, acc); };
+// fn(std::integral_constant<int, P>{}) for a run-time count of input rows, 1 <= count <= MB: the kernels unroll
+// their loops over a pass's rows at compile time.
+template <typename Fn>
+static inline void with_rows(int count, Fn fn) {
   switch (count) {
-    case 1: go(std::integral_constant<int, 1>{}); break;
-    case 2: go(std::integral_constant<int, 2>{}); break;
-    case 3: go(std::integral_constant<int, 3>{}); break;
+    case 1: fn(std::integral_constant<int, 1>{}); break;
+    case 2: fn(std::integral_constant<int, 2>{}); break;
+    case 3: fn(std::integral_constant<int, 3>{}); break;
 #if ZHUZI_AVX512
-    case 4: go(std::integral_constant<int, 4>{}); break;
-    case 5: go(std::integral_constant<int, 5>{}); break;
-    case 6: go(std::integral_constant<int, 6>{}); break;
-    case 7: go(std::integral_constant<int, 7>{}); break;
+    case 4: fn(std::integral_constant<int, 4>{}); break;
+    case 5: fn(std::integral_constant<int, 5>{}); break;
+    case 6: fn(std::integral_constant<int, 6>{}); break;
+    case 7: fn(std::integral_constant<int, 7>{}); break;
 #endif
-    default: go(std::integral_constant<int, MB>{}); break;
+    default: fn(std::integral_constant<int, MB>{}); break;
   }
 }
 
@@ -286,7 +285,7 @@ static void tile(Decode decode, int64_t K, const q8::Rows& x, int64_t m0, int64_
       const q8::Block* rows_x[MB];
       const q8::Sums* rows_ds[MB];
       for (int i = 0; i < count; ++i) rows_x[i] = x.row(m + i) + k0 / 32, rows_ds[i] = x.sums(m + i) + k0 / 32;
-      apply_rows<F>(t, n, rows_x, rows_ds, acc + (m - m0), count);
+      with_rows(count, [&](auto p) { apply<F, decltype(p)::value>(t, n, rows_x, rows_ds, acc + (m - m0)); });
     }
   }
 }

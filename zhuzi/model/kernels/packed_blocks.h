@@ -373,20 +373,7 @@ static void tile(const uint8_t* w, int64_t K, const q8::Rows& x, int64_t m0, int
     const q8::Block* xs[MB];
     const q8::Sums* ds[MB];
     for (int i = 0; i < count; ++i) xs[i] = x.row(m + i), ds[i] = x.sums(m + i);
-    float(*out)[ROWS] = acc + (m - m0);
-    auto go = [&](auto n) { rows<F, decltype(n)::value>(w, K, xs, ds, out); };
-    switch (count) {
-      case 1: go(std::integral_constant<int, 1>{}); break;
-      case 2: go(std::integral_constant<int, 2>{}); break;
-      case 3: go(std::integral_constant<int, 3>{}); break;
-#if ZHUZI_AVX512
-      case 4: go(std::integral_constant<int, 4>{}); break;
-      case 5: go(std::integral_constant<int, 5>{}); break;
-      case 6: go(std::integral_constant<int, 6>{}); break;
-      case 7: go(std::integral_constant<int, 7>{}); break;
-#endif
-      default: go(std::integral_constant<int, MB>{}); break;
-    }
+    block_tiles::with_rows(count, [&](auto p) { rows<F, decltype(p)::value>(w, K, xs, ds, acc + (m - m0)); });
   }
 }
 
