@@ -1,5 +1,5 @@
 // The dot product of a GGUF block row (blocks.h) with a q8 activation row (q8.h): the numerics every block
-// kernel (block_rows.h, block_tiles.h, amx_tiles.h; every variant) reproduces bit for bit, and row(), the
+// kernel (block_rows.h, block_tiles.h, arch/x86/amx/tiles.h; every variant) reproduces bit for bit, and row(), the
 // plain scalar reference the kernels' C++ tests hold them to.
 //
 // Every path first computes exact int32 sums s of code products per group of G inputs; how it gets them (dot

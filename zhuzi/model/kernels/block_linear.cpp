@@ -1,6 +1,6 @@
 // Linear layers on GGUF blocks (block_tiles.h), or packed ones (packed_blocks.h), for any number of input
 // rows; see cpu_blocks.py.
-#include "amx_tiles.h"
+#include "arch/x86/amx/tiles.h"
 #include "api.h"
 #include "block_rows.h"
 #include "packed_blocks.h"

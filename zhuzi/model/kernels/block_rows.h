@@ -11,9 +11,9 @@
 #include "block_tiles.h"
 
 #if ZHUZI_AVX512
-#include "avx512/block_rows.h"
+#include "arch/x86/avx512/block_rows.h"
 #elif ZHUZI_AVX2
-#include "avx2/block_rows.h"
+#include "arch/x86/avx2/block_rows.h"
 #endif
 
 namespace block_rows {

@@ -107,7 +107,7 @@ static inline void interleave(const uint8_t* rows, uint8_t* out) {
 
 // The float part of group g (of a chunk or a step aligned to 256 inputs) for one input row, from its q8 block's
 // scale d and q8::scaled_sum(): sums[v] += s (a d) + b (d sum), vectors over the tile's rows. Every tile path
-// (here, block_rows.h, amx_tiles.h) calls it with the exact int32 group sums s, so an output's bits do not
+// (here, block_rows.h, arch/x86/amx/tiles.h) calls it with the exact int32 group sums s, so an output's bits do not
 // depend on the path. Formats without an offset (Q8_0) have no b term; for those whose offset is b = -OFF a
 // (OFF a power of two), b (d sum) is computed as a (-OFF d sum), the same number: scaling by a power of two
 // commutes with rounding. So their b is never stored.

@@ -1,5 +1,5 @@
-// The int8 dot products under the q8 kernels, one definition per variant (avx2/int8.h, neon/int8.h,
-// avx512/int8.h, generic/int8.h), the same names everywhere:
+// The int8 dot products under the q8 kernels, one definition per variant (arch/x86/avx512, arch/x86/avx2,
+// arch/arm/neon, arch/generic: int8.h in each), the same names everywhere:
 //
 //   I32                     the variant's vector of int32 lanes (LANES of them)
 //   B8                      a vector of 4 * LANES bytes: 4 consecutive bytes per lane
@@ -16,11 +16,11 @@
 #include "prelude.h"
 
 #if ZHUZI_AVX512
-#include "avx512/int8.h"
+#include "arch/x86/avx512/int8.h"
 #elif ZHUZI_AVX2
-#include "avx2/int8.h"
+#include "arch/x86/avx2/int8.h"
 #elif ZHUZI_NEON
-#include "neon/int8.h"
+#include "arch/arm/neon/int8.h"
 #else
-#include "generic/int8.h"
+#include "arch/generic/int8.h"
 #endif

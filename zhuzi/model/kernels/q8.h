@@ -77,7 +77,7 @@ using Sums = std::array<float, 3>;  // a block's scaled_sum()s, h = 0, 1, 2
 
 // M rows of K values; row m's blocks at row(m), and their scaled_sum()s at sums(m), made once here because
 // every 16-row tile of a matrix meets every block. The storage runs on to the next multiple of
-// 16 rows and a chunk of 256 inputs past it (never written): AMX's tile loads (amx_tiles.h) read 16 rows,
+// 16 rows and a chunk of 256 inputs past it (never written): AMX's tile loads (arch/x86/amx/tiles.h) read 16 rows,
 // 256 inputs.
 struct Rows {
   int64_t n = 0;  // blocks a row

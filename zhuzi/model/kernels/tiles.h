@@ -12,8 +12,8 @@
 // Q8 tile (Q8_0), 544 bytes: 8 quads of 64 code bytes (in quad j, byte 4r + i holds row r's input 4j + i
 //   as an int8 in -127..127), then 16 fp16 scales d; the weight is q d.
 //
-// avx512/tiles.h turns the codes into bf16 and meets bf16 inputs as they are; avx2/tiles.h, neon/tiles.h
-// and generic/tiles.h meet q8 activations (q8.h, tiles::Input here) with int8 dot products. Each provides
+// arch/x86/avx512/tiles.h turns the codes into bf16 and meets bf16 inputs as they are; the avx2, neon and
+// generic tiles.h meet q8 activations (q8.h, tiles::Input here) with int8 dot products. Each provides
 // Input (the prepared input rows: set(x, M, K, ldx, threads) from float or bf16 rows), PASS (input rows per pass
 // over a block) and block<F, M>(w, groups, in, m0, out): a block's 16 rows against input rows m0 .. m0 + M -
 // 1 (block<M>(format, ...) below picks F at run time). Every
@@ -60,13 +60,13 @@ struct Input {  // q8 blocks of every row, and per block d times the sum of its 
 #endif
 
 #if ZHUZI_AVX512
-#include "avx512/tiles.h"
+#include "arch/x86/avx512/tiles.h"
 #elif ZHUZI_AVX2
-#include "avx2/tiles.h"
+#include "arch/x86/avx2/tiles.h"
 #elif ZHUZI_NEON
-#include "neon/tiles.h"
+#include "arch/arm/neon/tiles.h"
 #else
-#include "generic/tiles.h"
+#include "arch/generic/tiles.h"
 #endif
 
 namespace tiles {

@@ -1,6 +1,6 @@
 // tiles.h in portable C++: each row's codes read one at a time from the tile's layout (tiles.h) and summed
-// against the q8 inputs in int32, then per group and row the same float steps as neon/tiles.h and
-// avx2/tiles.h: Q4 adds d dx sum(q qx) + m dx sum(qx), Q8 d dx sum(q qx).
+// against the q8 inputs in int32, then per group and row the same float steps as arch/arm/neon/tiles.h
+// and arch/x86/avx2/tiles.h: Q4 adds d dx sum(q qx) + m dx sum(qx), Q8 d dx sum(q qx).
 #pragma once
 
 namespace tiles {
