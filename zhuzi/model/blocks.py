@@ -6,8 +6,8 @@ The block layouts are described once, in kernels/blocks.h; here a matrix is its 
 number of inputs. Values come from the native dequantizer (kernels/dequantize_blocks.cpp, the same bits as
 gguf's reference), else from the gguf package.
 
-A linear layer's Q4_K and Q6_K matrices are repacked once at load (pack(): kernels/packed_blocks.h's
-16-row groups, which a decode step streams at memory speed); the packed copy replaces the file's pages.
+A linear layer's matrices are repacked once at load (pack(): kernels/packed_blocks.h's 16-row groups, which a
+decode step streams at memory speed); the packed copy replaces the file's pages.
 """
 from __future__ import annotations
 

@@ -118,10 +118,10 @@ class TiledLinear(Linear):
 
 
 class BlockLinear(Linear):
-    """A GGUF file's blocks (blocks.py; Q4_K and Q6_K repacked at load for the kernels): one matrix, or several
-    whose output rows follow each other (q, k, v; gate, up), each of its own type, through the block kernels
-    for any number of bf16 rows. An
-    output's arithmetic depends only on its own input row, so the layer is fixed-order as it is."""
+    """A GGUF file's blocks (blocks.py; repacked at load for the kernels): one matrix, or several whose output
+    rows follow each other (q, k, v; gate, up), each of its own type, through the block kernels for any number
+    of bf16 rows. An output's arithmetic depends only on its own input row, so the layer is fixed-order as it
+    is."""
 
     def __init__(self, parts: list[BlockWeight], bias: torch.Tensor | None = None,
                  out_dtype: torch.dtype | None = None):

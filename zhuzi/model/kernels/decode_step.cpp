@@ -159,13 +159,11 @@ static void chunk(const Mat& a, Inputs& in, int64_t n0, int count, float out[M][
       int64_t row = n0;
       for (; row >= part->rows; ++part) row -= part->rows;
       float acc[M][block_tiles::ROWS];
-      packed::with_format(part->type, [&](auto f) {
+      const uint8_t* w = part->w + row * part->row_bytes;
+      blocks::with_format(part->type & ~packed::FLAG, [&](auto f) {
         using F = decltype(f);
-        packed::tile<F>(part->w + row * part->row_bytes, K, in.blocks(F::QK), 0, M, acc);
-      });
-      blocks::with_format(part->type, [&](auto f) {
-        using F = decltype(f);
-        block_rows::tile<F>(part->w + row * part->row_bytes, part->row_bytes, count, K, in.blocks(F::QK), 0, M, acc);
+        if (part->type & packed::FLAG) packed::tile<F>(w, K, in.blocks(F::QK), 0, M, acc);
+        else block_rows::tile<F>(w, part->row_bytes, count, K, in.blocks(F::QK), 0, M, acc);
       });
       for (int m = 0; m < M; ++m) std::memcpy(out[m], acc[m], count * 4);
       break;
