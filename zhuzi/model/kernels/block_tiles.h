@@ -150,6 +150,81 @@ static inline void k_super(vf* sums, const i8::I32* is, const KScales& k, const 
   }
 }
 
+#if ZHUZI_AVX2 && !ZHUZI_AVXVNNI
+// A K-quant's sums on AVX2 without VNNI, the same integers as block_dot.h in 16-bit steps, where the multiplier
+// (one port on Zen 2) is what a step waits on. Runs of maddubs pair sums add up in int16 (i16_run()) and meet
+// the rows' group scales in one madd. The per-32 terms, the minimums' im = sum_j mn_j sum_j and Q6_K's
+// offset sum_g sc_g sum_g (its -32 taken off once per super-block, as llama.cpp does), are int16 pair dots
+// too: a block's coefficient pair meets its two 16-input code sums (q8::Block::sum, one word each) in one
+// madd, in place of a 32-bit multiply (two uops) per group or minimum.
+namespace runs {
+
+// Each lane's int32 value (within int16) in both of its words, or lo's in the low word and hi's in the high.
+static inline __m256i both_words(vi v) { return (__m256i)((v & 0xffff) | (v << 16)); }
+static inline __m256i pair_words(vi lo, vi hi) {
+  return _mm256_blend_epi16((__m256i)lo, _mm256_slli_epi32((__m256i)hi, 16), 0xAA);
+}
+
+// The maddubs pair sums of quad j (codes against 4 broadcast activation codes) into a group's run, which
+// meets the scales sc16 (both_words()) in is every RUN quads.
+template <int RUN>
+static inline void quad(__m256i& run, __m256i& is, __m256i codes, __m256i x4, __m256i sc16, int j) {
+  const __m256i pairs = _mm256_maddubs_epi16(codes, x4);
+  run = j % RUN ? _mm256_add_epi16(run, pairs) : pairs;
+  if ((j + 1) % RUN == 0) is = _mm256_add_epi32(is, _mm256_madd_epi16(run, sc16));
+}
+
+// term += block b's coefficient pair (scale(g), minimum(j): int32 lanes over the rows) times the activation
+// block's two code sums.
+template <class F, class Scale, class Minimum>
+static inline __m256i block_term(__m256i term, Scale scale, Minimum minimum, int b, const q8::Block& xb) {
+  int32_t sums;
+  std::memcpy(&sums, xb.sum, 4);
+  const __m256i c = F::MIN ? both_words(minimum(b)) : pair_words(scale(2 * b), scale(2 * b + 1));
+  return _mm256_add_epi32(term, _mm256_madd_epi16(c, _mm256_set1_epi32(sums)));
+}
+
+// The super-block's is (Q6_K: less its offsets) and im from the sums without offsets and the block terms.
+template <class F>
+static inline void close(i8::I32& is, i8::I32& im, __m256i term) {
+  if constexpr (F::MIN) im = term;
+  else if constexpr (F::OFF) is = (i8::I32)((vi)is - F::OFF * (vi)term);
+}
+
+}  // namespace runs
+
+// apply() for a K-quant super-block: a half of the tile's rows (one vector) at a time, so that a pass's runs
+// and sums fit the 16 registers.
+template <class F, int P>
+static void apply_runs(const Tile& t, const q8::Block* const* x, float (*acc)[ROWS]) {
+  constexpr int QG = F::G / 4, RUN = i16_run<F>();
+  for (int v = 0; v < V; ++v) {
+    __m256i is[P], run[P];
+    for (int m = 0; m < P; ++m) is[m] = i8::zero();
+    for (int g = 0; g < CHUNK / F::G; ++g) {
+      const __m256i sc16 = runs::both_words(load_vi(t.k.sc[g] + v * VL));
+#pragma GCC unroll 8
+      for (int j = 0; j < QG; ++j) {
+        const __m256i codes = i8::load_b8(t.codes[g * QG + j][v * i8::LANES]);
+        for (int m = 0; m < P; ++m)
+          runs::quad<RUN>(run[m], is[m], codes, broadcast4(x[m][g * F::G / 32].q + g * F::G % 32 + 4 * j), sc16, j);
+      }
+    }
+    const auto scale = [&](int g) { return load_vi(t.k.sc[g] + v * VL); };
+    const auto minimum = [&](int j) { return load_vi(t.k.mn[j] + v * VL); };
+    const vf d = load_vf(t.k.d + v * VL), dmin = load_vf(t.k.dmin + v * VL);
+    for (int m = 0; m < P; ++m) {
+      __m256i term = i8::zero();
+      for (int b = 0; b < CHUNK / 32; ++b) term = runs::block_term<F>(term, scale, minimum, b, x[m][b]);
+      i8::I32 im = i8::zero();
+      runs::close<F>(is[m], im, term);
+      const vf dx = splat(x[m][0].d);
+      store_vf(block_dot::super<F>(load_vf(acc[m] + v * VL), (vi)is[m], (vi)im, d * dx, -(dmin * dx)), acc[m] + v * VL);
+    }
+  }
+}
+#endif
+
 // Rows [0, rows) (the rest zeros) of a tile whose first row's blocks start at w, inputs [k0, k0 + n): n a
 // multiple of F::QK, at most CHUNK.
 template <class F>
@@ -190,6 +265,9 @@ template <class F, int P>
 static void apply(const Tile& t, int n, const q8::Block* const* x, const q8::Sums* const* ds, float (*acc)[ROWS]) {
   constexpr int QG = F::G / 4;  // quads a group
   constexpr bool KQ = F::QK == CHUNK;  // the chunk is one K-quant super-block
+#if ZHUZI_AVX2 && !ZHUZI_AVXVNNI
+  if constexpr (KQ) return apply_runs<F, P>(t, x, acc);
+#endif
   vf sums[P][V];
   i8::I32 is[P][V];
   for (int m = 0; m < P; ++m)
@@ -199,36 +277,6 @@ static void apply(const Tile& t, int n, const q8::Block* const* x, const q8::Sum
     // dot product takes its broadcast operand straight from memory (one instruction, no address arithmetic).
     const int8_t* xg[P];
     for (int m = 0; m < P; ++m) xg[m] = x[m][g * F::G / 32].q + g * F::G % 32;
-#if ZHUZI_AVX2 && !ZHUZI_AVXVNNI
-    if constexpr (KQ) {
-      // Runs of maddubs pair sums add up in int16 and meet the rows' scales in one madd, in place of a madd by
-      // ones per quad and a multiply per group: the same exact integer sums (block_dot::group()).
-      constexpr int RUN = i16_run<F>();
-      __m256i sc16[V], run[P][V];
-      for (int v = 0; v < V; ++v) {
-        const vi sc = load_vi(t.k.sc[g] + v * VL);
-        sc16[v] = (__m256i)((sc & 0xffff) | (sc << 16));  // each lane's scale in both words
-      }
-#pragma GCC unroll 8
-      for (int j = 0; j < QG; ++j) {
-        i8::B8 w[V];
-        for (int v = 0; v < V; ++v) w[v] = i8::load_b8(t.codes[g * QG + j][v * i8::LANES]);
-        for (int m = 0; m < P; ++m) {
-          const __m256i xb = broadcast4(xg[m] + 4 * j);
-          for (int v = 0; v < V; ++v) {
-            const __m256i pairs = _mm256_maddubs_epi16(w[v], xb);
-            run[m][v] = j % RUN ? _mm256_add_epi16(run[m][v], pairs) : pairs;
-            if ((j + 1) % RUN == 0) is[m][v] = _mm256_add_epi32(is[m][v], _mm256_madd_epi16(run[m][v], sc16[v]));
-          }
-        }
-      }
-      if constexpr (F::OFF)
-        for (int m = 0; m < P; ++m)
-          for (int v = 0; v < V; ++v)
-            is[m][v] = (i8::I32)((vi)is[m][v] - load_vi(t.k.sc[g] + v * VL) * (F::OFF * block_dot::group_sum<F>(x[m], g)));
-      continue;
-    }
-#endif
     i8::I32 s[P][V];
     for (int m = 0; m < P; ++m)
       for (int v = 0; v < V; ++v) s[m][v] = i8::zero();

@@ -238,21 +238,35 @@ static inline void dot_pair(i8::I32* s, i8::B8 lo, i8::B8 hi, const q8::Block* c
   }
 }
 
-// A K-quant super-block's integer sums is[m][v] (block_dot.h): exact, whatever the path.
+// How far ahead of the unit in use a row group's stream is fetched into L2: the hardware prefetchers alone
+// kept a decode step at two thirds of the read bandwidth (a 1.5B's Q6_K LM head: 17 GB/s without, 27-34 with
+// 32-64 KiB ahead, on a 2-core Zen 4). A prefetch past the matrix's end never faults.
+constexpr int AHEAD = 96 << 10;
+
+// Fetches slice g of GROUPS of the unit AHEAD bytes past p: a K-quant unit's lines spread over its groups, as
+// they are read, where one burst of 37-53 prefetches a unit left a 2-core Zen 2 stalled at each unit's first
+// load (a third of its time on the 1.5B's Q6_K LM head).
+template <class F>
+static inline void fetch_ahead(const uint8_t* p, int g) {
+  constexpr int UNIT = ROWS * Layout<F>::BYTES, GROUPS = F::QK / F::G, SLICE = (UNIT / GROUPS + 63) / 64 * 64;
+#pragma GCC unroll 8
+  for (int o = g * SLICE; o < std::min(UNIT, (g + 1) * SLICE); o += 64) __builtin_prefetch(p + AHEAD + o, 0, 2);
+}
+
+// A K-quant super-block's integer sums is[m][v] and, with minimums, im[m][v] (block_dot.h): exact, whatever
+// the path.
 template <class F, int P>
-static inline void integer_sums(const uint8_t* p, const q8::Block* const* x, i8::I32 (*is)[V]) {
+static inline void integer_sums(const uint8_t* p, const q8::Block* const* x, i8::I32 (*is)[V], i8::I32 (*im)[V]) {
+  using L = Layout<F>;
 #if ZHUZI_AVX2 && !ZHUZI_AVXVNNI
   if constexpr (P <= 2) {
-    // maddubs's int16 pair sums add up in int16 over a run of pairs (block_tiles::i16_run(): Q4_K's whole
-    // group, Q5_K's half, a pair of Q6_K) and meet the rows' scales in one madd, where dot_u8s8() widens each
-    // to int32 and the group is scaled after: the same exact integers, in a third fewer instructions.
-    constexpr int RUN = block_tiles::i16_run<F>() / 2;
+    constexpr int RUN = block_tiles::i16_run<F>();
 #pragma GCC unroll 16
-    for (int g = 0; g < 256 / F::G; ++g)
+    for (int g = 0; g < 256 / F::G; ++g) {
+      fetch_ahead<F>(p, g);
       for (int v = 0; v < V; ++v) {
         const Codes<F> codes(p, g, v);
-        const vi sc = widen_lanes<Q6K<F>>(p + Layout<F>::SC + g * ROWS + v * VL);
-        const __m256i sc16 = (__m256i)((sc & 0xffff) | (sc << 16));  // each lane's scale in both words
+        const __m256i sc16 = block_tiles::runs::both_words(widen_lanes<Q6K<F>>(p + L::SC + g * ROWS + v * VL));
         __m256i run[P];
         for (int j = 0; j < Codes<F>::PAIRS; ++j) {
           i8::B8 lo, hi;
@@ -260,23 +274,27 @@ static inline void integer_sums(const uint8_t* p, const q8::Block* const* x, i8:
           const int at = g * F::G + 8 * j;
           for (int m = 0; m < P; ++m) {
             const int8_t* xq = x[m][at / 32].q + at % 32;
-            int32_t x0, x1;
-            std::memcpy(&x0, xq, 4), std::memcpy(&x1, xq + 4, 4);
-            const __m256i t = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(x0)),
-                                               _mm256_maddubs_epi16(hi, _mm256_set1_epi32(x1)));
-            run[m] = j % RUN ? _mm256_add_epi16(run[m], t) : t;
-            if ((j + 1) % RUN == 0) is[m][v] = _mm256_add_epi32(is[m][v], _mm256_madd_epi16(run[m], sc16));
+            block_tiles::runs::quad<RUN>(run[m], is[m][v], lo, block_tiles::broadcast4(xq), sc16, 2 * j);
+            block_tiles::runs::quad<RUN>(run[m], is[m][v], hi, block_tiles::broadcast4(xq + 4), sc16, 2 * j + 1);
           }
         }
-        if constexpr (F::OFF)
-          for (int m = 0; m < P; ++m)
-            is[m][v] = (i8::I32)((vi)is[m][v] - sc * (F::OFF * block_dot::group_sum<F>(x[m], g)));
       }
+    }
+    for (int v = 0; v < V; ++v) {
+      const auto scale = [&](int g) { return widen_lanes<true>(p + L::SC + g * ROWS + v * VL); };
+      const auto minimum = [&](int j) { return widen_lanes<false>(p + L::MN + j * ROWS + v * VL); };
+      for (int m = 0; m < P; ++m) {
+        __m256i term = i8::zero();
+        for (int b = 0; b < 8; ++b) term = block_tiles::runs::block_term<F>(term, scale, minimum, b, x[m][b]);
+        block_tiles::runs::close<F>(is[m][v], im[m][v], term);
+      }
+    }
     return;
   }
 #endif
 #pragma GCC unroll 16
-  for (int g = 0; g < 256 / F::G; ++g)
+  for (int g = 0; g < 256 / F::G; ++g) {
+    fetch_ahead<F>(p, g);
     for (int v = 0; v < V; ++v) {
       const Codes<F> codes(p, g, v);
       i8::I32 s[P];
@@ -286,9 +304,20 @@ static inline void integer_sums(const uint8_t* p, const q8::Block* const* x, i8:
         codes.pair(j, lo, hi);
         dot_pair<F, P>(s, lo, hi, x, g * F::G + 8 * j);
       }
-      const vi sc = widen_lanes<Q6K<F>>(p + Layout<F>::SC + g * ROWS + v * VL);
+      const vi sc = widen_lanes<Q6K<F>>(p + L::SC + g * ROWS + v * VL);
       for (int m = 0; m < P; ++m)
         is[m][v] = (i8::I32)block_dot::group<F>((vi)is[m][v], (vi)s[m], sc, block_dot::group_sum<F>(x[m], g));
+    }
+  }
+  if constexpr (F::MIN)
+    for (int v = 0; v < V; ++v) {
+      vi mn[8];
+      for (int j = 0; j < 8; ++j) mn[j] = widen_lanes<false>(p + L::MN + j * ROWS + v * VL);
+      for (int m = 0; m < P; ++m) {
+        vi t = {};
+        for (int j = 0; j < 8; ++j) t += mn[j] * block_dot::group_sum<F>(x[m], j);
+        im[m][v] = (i8::I32)t;
+      }
     }
 }
 
@@ -319,30 +348,19 @@ static inline void apply(const uint8_t* p, const q8::Block* const* x, const q8::
     for (int m = 0; m < P; ++m) block_tiles::accumulate<F>(sums[m], s[m], a, b, *x[m], *ds[m], 0);
     return;
   }
-  i8::I32 is[P][V];
+  i8::I32 is[P][V], im[P][V];
   for (int m = 0; m < P; ++m)
-    for (int v = 0; v < V; ++v) is[m][v] = i8::zero();
-  integer_sums<F, P>(p, x, is);
+    for (int v = 0; v < V; ++v) is[m][v] = im[m][v] = i8::zero();
+  integer_sums<F, P>(p, x, is, im);
   for (int v = 0; v < V; ++v) {
     const vf d = halves(p + L::D + 2 * v * VL);
     const vf dmin = F::MIN ? halves(p + L::DMIN + 2 * v * VL) : vf{};
-    vi mn[8];
-    if constexpr (F::MIN)
-      for (int j = 0; j < 8; ++j) mn[j] = widen_lanes<false>(p + L::MN + j * ROWS + v * VL);
     for (int m = 0; m < P; ++m) {
-      vi im = {};
-      if constexpr (F::MIN)
-        for (int j = 0; j < 8; ++j) im += mn[j] * block_dot::group_sum<F>(x[m], j);
       const vf dx = splat(x[m][0].d);
-      sums[m][v] = block_dot::super<F>(sums[m][v], (vi)is[m][v], im, d * dx, -(dmin * dx));
+      sums[m][v] = block_dot::super<F>(sums[m][v], (vi)is[m][v], (vi)im[m][v], d * dx, -(dmin * dx));
     }
   }
 }
-
-// How far ahead of the unit in use a row group's stream is fetched into L2: the hardware prefetchers alone
-// kept a decode step at two thirds of the read bandwidth (a 1.5B's Q6_K LM head: 17 GB/s without, 27-34 with
-// 32-64 KiB ahead, on a 2-core Zen 4). A prefetch past the matrix's end never faults.
-constexpr int AHEAD = 48 << 10;
 
 // P input rows x[m] (q8, from their first block; ds[m] the scaled sums) against the 16 rows of the packed
 // group at w (K inputs): acc[m][r]. The sums stay in registers from the first unit to the last.
@@ -352,7 +370,8 @@ static void rows(const uint8_t* w, int64_t K, const q8::Block* const* x, const q
   vf sums[P][V] = {};
   for (int64_t u = 0; u < K / F::QK; ++u) {
     const uint8_t* p = w + u * UNIT;
-    for (int o = 0; o < UNIT; o += 64) __builtin_prefetch(p + AHEAD + o, 0, 2);
+    if constexpr (F::QK == 32)  // a K-quant's integer_sums() fetches its unit's lines group by group
+      for (int o = 0; o < UNIT; o += 64) __builtin_prefetch(p + AHEAD + o, 0, 2);
     const q8::Block* xu[P];
     const q8::Sums* du[P];
     for (int m = 0; m < P; ++m) xu[m] = x[m] + u * XB, du[m] = ds[m] + u * XB;
