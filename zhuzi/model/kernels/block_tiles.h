@@ -171,6 +171,9 @@ template <int RUN>
 static inline void quad(__m256i& run, __m256i& is, __m256i codes, __m256i x4, __m256i sc16, int j) {
   const __m256i pairs = _mm256_maddubs_epi16(codes, x4);
   run = j % RUN ? _mm256_add_epi16(run, pairs) : pairs;
+  // Opaque to GCC, which otherwise reassociates a run's chain of adds into a tree: every product of a group
+  // live at once, spilled to the stack, twice the instructions.
+  __asm__("" : "+x"(run));
   if ((j + 1) % RUN == 0) is = _mm256_add_epi32(is, _mm256_madd_epi16(run, sc16));
 }
 
