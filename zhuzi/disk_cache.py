@@ -1,4 +1,5 @@
-"""On-disk caches of start-up work (not the KV cache): converted tokenizers, converted checkpoints, compiled kernels.
+"""On-disk caches of start-up work (not the KV cache): converted tokenizers, converted checkpoints, compiled kernels,
+packed GGUF weights.
 
 Each entry lives at $ZHUZI_CACHE (default ~/.cache/zhuzi) / kind / name-digest, where the digest
 covers everything the entry was made from, so a changed input is never answered from a stale

@@ -14,7 +14,8 @@ from zhuzi.model.decoder import Decoder
 from zhuzi.model.kv_format import Q8_0, dequantize_q8_0, head_width
 from zhuzi.model.loader import load_checkpoint
 
-pytestmark = pytest.mark.usefixtures("variant")
+# The GGUF files written here are packed into the module's own cache, not the user's.
+pytestmark = pytest.mark.usefixtures("own_cache", "variant")
 
 SHAPE = dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2)  # head_dim 32
 

@@ -13,7 +13,6 @@ import transformers
 from safetensors.torch import load_file, save_file
 from tiny import llama_cpp_permute, reference_tensors, write_gguf
 
-from zhuzi.disk_cache import cache_root
 from zhuzi.model.blocks import BlockWeight
 from zhuzi.model.layers import rope_attention_factor
 from zhuzi.model.loader import Checkpoint, CheckpointError, load_checkpoint, load_model_config
@@ -27,17 +26,7 @@ LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "hi
 DOWN_PROJ = "model.layers.0.mlp.down_proj.weight"  # (64, 256): one 256-wide block per row, fits K-quants
 
 
-@pytest.fixture(scope="module", autouse=True)
-def cache_dir(tmp_path_factory):
-    """Keep any cache entry these tests make out of the user's home (loading a GGUF should make none), but
-    the compiled kernels: the rest of the suite builds them there, and building them anew is slow."""
-    kernels = cache_root() / "kernels"
-    kernels.mkdir(parents=True, exist_ok=True)
-    with pytest.MonkeyPatch.context() as patch:
-        directory = tmp_path_factory.mktemp("zhuzi-cache")
-        (directory / "kernels").symlink_to(kernels, target_is_directory=True)
-        patch.setenv("ZHUZI_CACHE", str(directory))
-        yield directory
+pytestmark = pytest.mark.usefixtures("own_cache")  # loading a GGUF should make no entry
 
 
 def made_entries(cache: Path) -> set[Path]:
@@ -273,20 +262,20 @@ def test_gguf_k_quants_dequantize_to_their_encoded_values(tmp_path, type_name):
     np.testing.assert_allclose(loaded, expected, rtol=1e-6)
 
 
-def test_gguf_blocks_are_read_in_place(tmp_path, cache_dir):
+def test_gguf_blocks_are_read_in_place(tmp_path, own_cache):
     """Quantized matrices are views of the mapped file: no copy, no converted cache."""
     model = tiny_model("qwen2")
     quantized = gguf.quants.quantize(model.state_dict()[DOWN_PROJ].numpy(), gguf.GGMLQuantizationType.Q8_0)
     path = write_gguf(tmp_path / "mapped.gguf", model, "qwen2",
                       raw={DOWN_PROJ: (quantized, gguf.GGMLQuantizationType.Q8_0)})
-    before = made_entries(cache_dir)
+    before = made_entries(own_cache)
 
     weight = load_checkpoint(path).tensors[DOWN_PROJ]
 
     assert isinstance(weight, BlockWeight) and weight.shape == (64, 256)
     assert weight.data.untyped_storage().nbytes() == path.stat().st_size  # the whole file, mapped
     assert weight.data.numpy().tobytes() == quantized.tobytes()
-    assert made_entries(cache_dir) == before
+    assert made_entries(own_cache) == before
 
 
 # ---------------------------------------------------------------- the embedded SmolLM2

@@ -12,6 +12,9 @@ from zhuzi.model.linear import BlockLinear, Linear
 from zhuzi.model.loader import CheckpointError, gguf_weights, load_checkpoint, load_model_config
 from zhuzi.model.moe import MoE
 
+# The GGUF files written here are packed into the module's own cache, not the user's.
+pytestmark = pytest.mark.usefixtures("own_cache")
+
 ARCHS = ["mixtral", "qwen2_moe", "qwen3_moe"]
 # As tiny.write_gguf writes them, so that the file and the directory are the same model.
 SHAPE = dict(rope_theta=50000.0, rms_norm_eps=1e-5)

@@ -6,21 +6,39 @@ The block layouts are described once, in kernels/blocks.h; here a matrix is its 
 number of inputs. Values come from the native dequantizer (kernels/dequantize_blocks.cpp, the same bits as
 gguf's reference), else from the gguf package.
 
-A linear layer's matrices are repacked once at load (pack(): kernels/packed_blocks.h's 16-row groups, which a
-decode step streams at memory speed); the packed copy replaces the file's pages.
+A linear layer's matrices are repacked at load (pack(): kernels/packed_blocks.h's 16-row groups, which a
+decode step streams at memory speed); the packed copy replaces the file's pages. A matrix from a file is packed
+once: the packed bytes go to zhuzi's disk cache (kind "packed": a folder per version of the file and of the
+layout, a file per matrix), and later loads map them from there, never reading the file's copy.
 """
 from __future__ import annotations
 
+import logging
+import math
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import gguf
 import numpy as np
 import torch
 
+from zhuzi.disk_cache import atomic_write, cache_path
 from zhuzi.model import cpu_blocks
+
+log = logging.getLogger(__name__)
 
 Q = gguf.GGMLQuantizationType
 DENSE_TYPES = {Q.F32: torch.float32, Q.F16: torch.float16, Q.BF16: torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a matrix's rows lie in a file: the file as disk_cache.file_identity() tells its versions apart,
+    and the byte its first row starts at."""
+
+    file: tuple[str, int, int]
+    offset: int
 
 
 @dataclass(frozen=True)
@@ -31,7 +49,9 @@ class BlockWeight:
     data: torch.Tensor
     in_features: int
     packed: bool = False  # data in kernels/packed_blocks.h's layout: rows in groups of 16
-    mapped: bool = False  # data is a view of the file's mapping, nothing written: its pages may be dropped
+    # origin: data is a view of this file's mapping, nothing written: its pages may be dropped, and its packed
+    # copy is cached
+    origin: Origin | None = None
 
     @property
     def kernel_type(self) -> int:
@@ -47,12 +67,19 @@ class BlockWeight:
         return self.data.nbytes
 
     def __getitem__(self, rows: slice) -> BlockWeight:
-        return BlockWeight(self.qtype, self.data[rows], self.in_features, self.packed, self.mapped)
+        start, _, step = rows.indices(self.data.shape[0])
+        origin = None if self.origin is None or step != 1 else \
+            Origin(self.origin.file, self.origin.offset + start * self.data.stride(0))
+        return BlockWeight(self.qtype, self.data[rows], self.in_features, self.packed, origin)
 
     def pack(self) -> BlockWeight:
-        """This matrix in the kernels' packed layout where they have one for its type and shape, else itself."""
-        data = None if self.packed else cpu_blocks.pack_rows(self.qtype, self.data, self.in_features, self.mapped)
-        return self if data is None else BlockWeight(self.qtype, data, self.in_features, packed=True)
+        """This matrix in the kernels' packed layout where they have one for its type and shape, else itself. A
+        file's matrix is packed once, into the disk cache, whose entry later loads map (_cached_pack)."""
+        if self.packed or not cpu_blocks.packs(self.qtype, self.data, self.in_features):
+            return self
+        data = cpu_blocks.pack_rows(self.qtype, self.data, self.in_features) if self.origin is None \
+            else _cached_pack(self)
+        return BlockWeight(self.qtype, data, self.in_features, packed=True)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Every row's exact values, in dtype."""
@@ -69,3 +96,42 @@ class BlockWeight:
         rows = self.data if ids is None else self.data[ids.cpu()]
         flat = gguf.quants.dequantize(rows.numpy(), self.qtype)  # [rows, in_features] float32
         return torch.from_numpy(np.ascontiguousarray(flat)).to(dtype)
+
+
+def _entry(w: BlockWeight) -> Path:
+    """Where the disk cache keeps a file's matrix packed: a folder per version of the file and of the packed
+    layout, a file per matrix named by its first byte in the file, its shape and type."""
+    folder = cache_path("packed", Path(w.origin.file[0]).stem, *w.origin.file, cpu_blocks.layout_version())
+    return folder / f"{w.origin.offset}-{w.shape[0]}x{w.in_features}-{w.qtype.name}"
+
+
+_unwritable: set[Path] = set()  # cache folders a load could not write to, warned of once
+
+
+def _cached_pack(w: BlockWeight) -> torch.Tensor:
+    """A file's matrix packed, as a mapping of its disk cache entry (clean pages of a file, like the GGUF's).
+    On a miss it is packed from the file's mapping, whose pages then leave the process, into the entry;
+    where the cache cannot be written (read-only, full), into memory."""
+    entry = _entry(w)
+    if not entry.exists():
+        try:
+            # Two loads packing the same matrix at once each write a whole entry of the same bytes: the last
+            # rename wins, and a reader never sees half of one.
+            with atomic_write(entry) as tmp:
+                _pack_into_file(w, tmp)
+        except OSError as e:
+            if entry.parent not in _unwritable:
+                _unwritable.add(entry.parent)
+                log.warning("packed weights cannot be cached in %s (%s): every load repacks them", entry.parent, e)
+            return cpu_blocks.pack_rows(w.qtype, w.data, w.in_features, release=True)
+    return torch.from_numpy(np.memmap(entry, dtype=np.uint8, mode="c")).view(w.shape[0], -1)
+
+
+def _pack_into_file(w: BlockWeight, path: Path) -> None:
+    """w packed straight into a new file, through a shared mapping of it: no copy in anonymous memory, which
+    the allocator would keep (on huge pages) once freed."""
+    shape = cpu_blocks.packed_shape(w.qtype, *w.shape)
+    with path.open("wb") as f:
+        os.posix_fallocate(f.fileno(), 0, math.prod(shape))  # a full disk fails here, not as a SIGBUS below
+    out = np.memmap(path, dtype=np.uint8, mode="r+", shape=shape)
+    cpu_blocks.pack_rows(w.qtype, w.data, w.in_features, release=True, out=torch.from_numpy(out))

@@ -2,13 +2,16 @@
 
 dequantize_rows: rows of blocks -> their exact values (kernels/dequantize_blocks.cpp), for the embedding's
 rows of a step and for matrices that run dense.
-pack_rows: a block matrix -> the packed layout of kernels/packed_blocks.h (16-row groups), once at load.
+pack_rows: a block matrix -> the packed layout of kernels/packed_blocks.h (16-row groups), at load.
 block_linear: bf16 input rows against one or more matrices of blocks (kernels/block_linear.cpp).
 """
 from __future__ import annotations
 
 import ctypes
+import hashlib
+from functools import cache
 
+import gguf
 import torch
 
 from zhuzi.model import native
@@ -32,21 +35,50 @@ def dequantize_serves(qtype: int) -> bool:
     return int(qtype) in KERNEL_TYPES and _dequantize_kernel() is not None
 
 
-def pack_rows(qtype: int, data: torch.Tensor, in_features: int, release: bool = False) -> torch.Tensor | None:
-    """A block matrix (uint8 [rows, bytes per row], rows a multiple of 16) in the packed layout, uint8 [rows,
-    packed bytes per row]; None for other types and shapes, or without the kernel. release:
-    data is a view of the file's mapping, whose pages then leave this process's resident set."""
-    if int(qtype) not in PACKED or data.shape[0] % 16 or not data.is_cpu or data.stride(-1) != 1:
-        return None
+def _pack_kernel():
+    return native.entry("dequantize_blocks", "zhuzi_pack_blocks",
+                        [ctypes.c_int, ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_void_p] + [ctypes.c_int] * 2)
+
+
+def packs(qtype: int, data: torch.Tensor, in_features: int) -> bool:
+    """Whether the kernel packs this block matrix (uint8 [rows, bytes per row]): a type packed_blocks.h packs,
+    whole groups of 16 contiguous rows of in_features inputs, on CPU."""
+    if int(qtype) not in PACKED:
+        return False
+    block, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
+    rows, row_bytes = data.shape
+    return (rows % 16 == 0 and in_features % block == 0 and row_bytes == in_features // block * block_bytes
+            and data.is_cpu and data.is_contiguous() and _pack_kernel() is not None)
+
+
+@cache
+def layout_version() -> str:
+    """What a packed matrix's bytes depend on besides its file's: the packing library's sources
+    (kernels/dequantize_blocks.cpp, packed_blocks.h and every header, as native's key for the build reads them).
+    Every variant packs the same bytes (packed_blocks.h's pack() is plain scalar code), so no variant is in it."""
+    digest = hashlib.sha256()
+    for source in native.sources("dequantize_blocks"):
+        digest.update(source.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def packed_shape(qtype: int, rows: int, in_features: int) -> tuple[int, int]:
+    """A matrix's shape in the packed layout: [rows, packed bytes per row]."""
     block, nbytes = PACKED[int(qtype)]
-    fn = native.entry("dequantize_blocks", "zhuzi_pack_blocks",
-                      [ctypes.c_int, ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_void_p] + [ctypes.c_int] * 2)
-    if fn is None or in_features % block:
-        return None
-    out = torch.empty(data.shape[0], in_features // block * nbytes, dtype=torch.uint8)
-    status = fn(int(qtype), data.data_ptr(), data.shape[0], data.stride(0), in_features, out.data_ptr(),
-                int(release), torch.get_num_threads())
-    return out if status == 0 else None
+    return rows, in_features // block * nbytes
+
+
+def pack_rows(qtype: int, data: torch.Tensor, in_features: int, release: bool = False,
+              out: torch.Tensor | None = None) -> torch.Tensor:
+    """A block matrix that packs() takes in the packed layout, uint8 packed_shape(), in out where given.
+    release: data is a view of the file's mapping, whose pages then leave this process's resident set."""
+    shape = packed_shape(qtype, data.shape[0], in_features)
+    out = torch.empty(shape, dtype=torch.uint8) if out is None else out.view(shape)
+    status = _pack_kernel()(int(qtype), data.data_ptr(), data.shape[0], data.stride(0), in_features,
+                            out.data_ptr(), int(release), torch.get_num_threads())
+    if status:
+        raise RuntimeError(f"the packing kernel refused a {tuple(data.shape)} matrix of type {int(qtype)}")
+    return out
 
 
 def dequantize_rows(qtype: int, data: torch.Tensor, in_features: int, ids: torch.Tensor | None,

@@ -29,7 +29,8 @@ import torch
 from safetensors import SafetensorError, safe_open
 from tqdm import tqdm
 
-from zhuzi.model.blocks import DENSE_TYPES, BlockWeight
+from zhuzi.disk_cache import file_identity
+from zhuzi.model.blocks import DENSE_TYPES, BlockWeight, Origin
 from zhuzi.model.model_config import FAMILIES, ModelConfig, supported_families
 
 HF_ARCHITECTURES = {hf: architecture for architecture, (hf, _) in FAMILIES.items()}
@@ -651,6 +652,7 @@ def _gguf_tensors(path: Path, header: GGUFHeader, config: ModelConfig, dtype: to
     _check_complete(path, config, infos)
     # Copy-on-write: tensors made from views of the file stay writable, and the file untouched.
     data = torch.from_numpy(np.memmap(path, dtype=np.uint8, mode="c"))
+    identity = file_identity(path)
     tensors: dict[str, Weight] = {}
     for name, info in infos.items():
         raw = data[info.offset:info.offset + info.nbytes]
@@ -658,7 +660,8 @@ def _gguf_tensors(path: Path, header: GGUFHeader, config: ModelConfig, dtype: to
         if info.qtype in DENSE_TYPES:
             tensors[name] = _from_gguf_norm(raw.view(DENSE_TYPES[info.qtype]).view(shape), name, config).to(dtype)
         elif len(shape) == 2:
-            tensors[name] = BlockWeight(info.qtype, raw.view(shape[0], -1), shape[1], mapped=True)
+            tensors[name] = BlockWeight(info.qtype, raw.view(shape[0], -1), shape[1],
+                                        origin=Origin(identity, info.offset))
         else:
             raise CheckpointError(path, f"tensor {info.name} is {info.qtype.name} but not a matrix")
     return tensors
