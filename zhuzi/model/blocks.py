@@ -6,7 +6,7 @@ The block layouts are described once, in kernels/blocks.h; here a matrix is its 
 number of inputs. Values come from the native dequantizer (kernels/dequantize_blocks.cpp, the same bits as
 gguf's reference), else from the gguf package.
 
-A linear layer's matrices are repacked at load (pack(): kernels/packed_blocks.h's 16-row groups, which a
+A linear layer's matrices are repacked at load (pack(): kernels/packed_layout.h's 16-row groups, which a
 decode step streams at memory speed); the packed copy replaces the file's pages. A matrix from a file is packed
 once: the packed bytes go to zhuzi's disk cache (kind "packed": a folder per version of the file and of the
 layout, a file per matrix), and later loads map them from there, never reading the file's copy.
@@ -48,14 +48,14 @@ class BlockWeight:
     qtype: gguf.GGMLQuantizationType
     data: torch.Tensor
     in_features: int
-    packed: bool = False  # data in kernels/packed_blocks.h's layout: rows in groups of 16
+    packed: bool = False  # data in kernels/packed_layout.h's layout: rows in groups of 16
     # origin: data is a view of this file's mapping, nothing written: its pages may be dropped, and its packed
     # copy is cached
     origin: Origin | None = None
 
     @property
     def kernel_type(self) -> int:
-        """The type id the kernels take: the ggml type, or packed_blocks.h's FLAG | it."""
+        """The type id the kernels take: the ggml type, or packed_layout.h's FLAG | it."""
         return int(self.qtype) | (cpu_blocks.PACKED_FLAG if self.packed else 0)
 
     @property

@@ -2,7 +2,7 @@
 
 dequantize_rows: rows of blocks -> their exact values (kernels/dequantize_blocks.cpp), for the embedding's
 rows of a step and for matrices that run dense.
-pack_rows: a block matrix -> the packed layout of kernels/packed_blocks.h (16-row groups), at load.
+pack_rows: a block matrix -> the packed layout of kernels/packed_layout.h (16-row groups), at load.
 block_linear: bf16 input rows against one or more matrices of blocks (kernels/block_linear.cpp).
 """
 from __future__ import annotations
@@ -17,8 +17,8 @@ import torch
 from zhuzi.model import native
 
 KERNEL_TYPES = frozenset({2, 3, 6, 7, 8, 12, 13, 14})  # kernels/blocks.h: Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q4_K Q5_K Q6_K
-PACKED_FLAG = 0x100  # kernels/packed_blocks.h's FLAG: a packed matrix's type id is FLAG | its ggml type
-# Types packed_blocks.h packs: (inputs a block, a row's bytes a block once packed: the file's, bar the 6-bit
+PACKED_FLAG = 0x100  # kernels/packed_layout.h's FLAG: a packed matrix's type id is FLAG | its ggml type
+# Types packed_layout.h packs: (inputs a block, a row's bytes a block once packed: the file's, bar the 6-bit
 # scales of Q4_K and Q5_K)
 PACKED = {2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34),
           12: (256, 148), 13: (256, 180), 14: (256, 210)}
@@ -41,7 +41,7 @@ def _pack_kernel():
 
 
 def packs(qtype: int, data: torch.Tensor, in_features: int) -> bool:
-    """Whether the kernel packs this block matrix (uint8 [rows, bytes per row]): a type packed_blocks.h packs,
+    """Whether the kernel packs this block matrix (uint8 [rows, bytes per row]): a type packed_layout.h packs,
     whole groups of 16 contiguous rows of in_features inputs, on CPU."""
     if int(qtype) not in PACKED:
         return False
@@ -53,12 +53,12 @@ def packs(qtype: int, data: torch.Tensor, in_features: int) -> bool:
 
 @cache
 def layout_version() -> str:
-    """What a packed matrix's bytes depend on besides its file's: the packing library's sources
-    (kernels/dequantize_blocks.cpp, packed_blocks.h and every header, as native's key for the build reads them).
-    Every variant packs the same bytes (packed_blocks.h's pack() is plain scalar code), so no variant is in it."""
+    """What a packed matrix's bytes depend on besides its file's: the packing code's sources (the layout, the
+    blocks it reads, the loop over a matrix), not the kernels', which change far more often. Every variant packs
+    the same bytes (packed_layout.h's pack() is plain scalar code), so no variant is in it."""
     digest = hashlib.sha256()
-    for source in native.sources("dequantize_blocks"):
-        digest.update(source.read_bytes())
+    for name in ("dequantize_blocks.cpp", "packed_layout.h", "blocks.h", "prelude.h"):
+        digest.update((native.KERNELS / name).read_bytes())
     return digest.hexdigest()[:16]
 
 

@@ -33,10 +33,10 @@ int zhuzi_prefill_attention(int q_bf16, int kv_type, const void* q, const void* 
                             const int64_t* slots, int64_t L, int64_t context, int H, int KV, int D, int64_t nslots,
                             float scale, int64_t window, void* out, int threads);
 // dequantize_blocks.cpp: rows ids[i] (all n rows when ids is null) of a GGUF block matrix (type: a GGUF type,
-// or packed_blocks.h's FLAG | type) -> their exact values, float32 or bf16 [n, K].
+// or packed_layout.h's FLAG | type) -> their exact values, float32 or bf16 [n, K].
 int zhuzi_dequantize_rows(int type, const void* src, int64_t rows, int64_t row_bytes, const int64_t* ids, int64_t n,
                           int64_t K, void* out, int out_bf16, int threads);
-// The same file: a block matrix [rows, K] (rows a multiple of 16) -> packed_blocks.h's layout at out.
+// The same file: a block matrix [rows, K] (rows a multiple of 16) -> packed_layout.h's layout at out.
 int zhuzi_pack_blocks(int type, const void* src, int64_t rows, int64_t row_bytes, int64_t K, void* out, int release,
                       int threads);
 // block_linear.cpp: y[M, N] = x[M, K] W^T for W the rows of GGUF block matrices one after another (parts:

@@ -1,9 +1,9 @@
 // Rows of GGUF blocks -> their values, float32 or bf16: the embedding's rows of a step, and whole tensors
 // that run dense (float32, the reference; int8 / int4 re-quantized; types without a kernel). The values equal
 // gguf's reference dequantization bit for bit (blocks::values()), from the file's layout or the packed one
-// (packed_blocks.h). And the file's layout -> the packed one, once at load.
+// (packed_layout.h). And the file's layout -> the packed one, once at load.
 #include "api.h"
-#include "packed_blocks.h"
+#include "packed_layout.h"
 
 #include <sys/mman.h>
 
@@ -54,7 +54,7 @@ extern "C" int zhuzi_dequantize_rows(int type, const void* src, int64_t rows, in
   return status;
 }
 
-// A matrix of `rows` rows (a multiple of 16) of K weights in a type packed_blocks.h packs -> its layout at
+// A matrix of `rows` rows (a multiple of 16) of K weights in a type packed_layout.h packs -> its layout at
 // out (rows * K / QK * Layout::BYTES bytes), on huge pages where the kernel grants them. With release, src is
 // a view of a file's private mapping that nothing has written: its pages then leave this process
 // (MADV_DONTNEED; a later read faults them in again from the page cache), so the packed copy replaces them in

@@ -1,0 +1,159 @@
+// GGUF block matrices repacked at load (cpu_blocks.pack_rows()) into the layout their dot products read: a
+// group of 16 output rows stores each unit of inputs (a K-quant's 256-input super-block, a 32-block) as one
+// run of bytes, the codes of the same 4 inputs of all 16 rows side by side (4 bytes a row), and the scales as
+// arrays over the rows. One vector load then holds a lane per row: the rows' codes meet an input row's 4
+// activation codes, broadcast, in one int8 dot product per lane, with no unpacking of 16 separate streams and
+// no horizontal sum (llama.cpp's "x8" repacked layouts are the same idea over 8 rows). A group is one
+// contiguous stream, every group after the last. The layout is the same for every variant (only the vector
+// width differs), and a group holds 16 rows of exactly the bytes of the file, bar Q4_K's and Q5_K's scales,
+// unpacked from 6 to 8 bits (148 and 180 bytes a row and super-block in place of 144 and 176).
+//
+// A packed unit of 16 rows (r: row, b < 4: byte of a lane), codes as blocks.h decodes them:
+//   4- and 5-bit codes  codes[pairs][16][4]  pair p: low nibble = code of input 8p + b, high = input 8p + 4 + b
+//   Q8_0                codes[8][16][4]      quad q: input 4q + b, as stored (signed)
+//   Q5_0, Q5_1, Q5_K    top[groups][16][4]   per 32 inputs: bits 2p, 2p + 1 = the fifth bits of pair p's codes
+//   Q6_K                top[16][16][4]       group g (16 inputs): bits 2i, 2i + 1 = top 2 bits of 16g + 4i + b
+//   Q4_K  sc[8][16], mn[8][16] (uint8), d[16], dmin[16] (fp16)                              2,368 bytes
+//   Q5_K  as Q4_K, after its top bits                                                      2,880 bytes
+//   Q6_K  sc[16][16] (int8), d[16] (fp16)                                                    3,360 bytes
+//   32-blocks  d[16] (fp16), and for Q4_1, Q5_1 m[16] (fp16)                   16 times the file's block
+
+#pragma once
+#include "blocks.h"
+
+#include <type_traits>
+
+namespace packed {
+
+constexpr int ROWS = 16;  // rows a group
+using blocks::Format;
+
+constexpr int32_t FLAG = 0x100;  // a Part's type: FLAG | the GGUF type its blocks were packed from
+
+// Byte offsets in a packed unit (0: the format has no such field); BYTES: a row's share of a unit.
+template <class F> struct Layout;
+template <> struct Layout<Format<blocks::Q4_K>> { static constexpr int BYTES = 148, TOP = 0, SC = 2048, MN = 2176, D = 2304, DMIN = 2336; };
+template <> struct Layout<Format<blocks::Q5_K>> { static constexpr int BYTES = 180, TOP = 2048, SC = 2560, MN = 2688, D = 2816, DMIN = 2848; };
+template <> struct Layout<Format<blocks::Q6_K>> { static constexpr int BYTES = 210, TOP = 2048, SC = 3072, MN = 0, D = 3328, DMIN = 0; };
+template <> struct Layout<Format<blocks::Q4_0>> { static constexpr int BYTES = 18, TOP = 0, SC = 0, MN = 0, D = 256, DMIN = 0; };
+template <> struct Layout<Format<blocks::Q4_1>> { static constexpr int BYTES = 20, TOP = 0, SC = 0, MN = 0, D = 256, DMIN = 288; };
+template <> struct Layout<Format<blocks::Q5_0>> { static constexpr int BYTES = 22, TOP = 256, SC = 0, MN = 0, D = 320, DMIN = 0; };
+template <> struct Layout<Format<blocks::Q5_1>> { static constexpr int BYTES = 24, TOP = 256, SC = 0, MN = 0, D = 320, DMIN = 352; };
+template <> struct Layout<Format<blocks::Q8_0>> { static constexpr int BYTES = 34, TOP = 0, SC = 0, MN = 0, D = 512, DMIN = 0; };
+
+// Calls fn(Format<T>{}) for a packed type (FLAG | T); false for any other.
+template <typename Fn>
+static bool with_format(int type, Fn fn) {
+  using namespace blocks;
+  switch (type) {
+    case FLAG | Q4_0: fn(Format<Q4_0>{}); return true;
+    case FLAG | Q4_1: fn(Format<Q4_1>{}); return true;
+    case FLAG | Q5_0: fn(Format<Q5_0>{}); return true;
+    case FLAG | Q5_1: fn(Format<Q5_1>{}); return true;
+    case FLAG | Q8_0: fn(Format<Q8_0>{}); return true;
+    case FLAG | Q4_K: fn(Format<Q4_K>{}); return true;
+    case FLAG | Q5_K: fn(Format<Q5_K>{}); return true;
+    case FLAG | Q6_K: fn(Format<Q6_K>{}); return true;
+    default: return false;
+  }
+}
+
+// Whether a packed matrix of `type` with rows of row_bytes bytes holds K inputs a row.
+static inline bool serves(int type, int64_t K, int64_t row_bytes) {
+  bool ok = false;
+  with_format(type, [&](auto f) {
+    using F = decltype(f);
+    ok = K % F::QK == 0 && row_bytes == K / F::QK * Layout<F>::BYTES;
+  });
+  return ok;
+}
+
+// Unit u of the packed group holding row `row`, in a packed matrix w of row_bytes a row.
+template <class F, typename T>
+static inline T* block(T* w, int64_t row_bytes, int64_t row, int64_t u) {
+  return w + row / ROWS * ROWS * row_bytes + u * ROWS * Layout<F>::BYTES;
+}
+
+template <class F> constexpr bool BYTE_CODES = std::is_same_v<F, Format<blocks::Q8_0>>;
+template <class F> constexpr bool Q6K = std::is_same_v<F, Format<blocks::Q6_K>>;
+template <class F>
+constexpr bool FIFTH = std::is_same_v<F, Format<blocks::Q5_0>> || std::is_same_v<F, Format<blocks::Q5_1>>
+                       || std::is_same_v<F, Format<blocks::Q5_K>>;
+
+// 16 rows of unit blocks (row r's at src + r * row_bytes) -> one packed unit at out.
+template <class F>
+static void pack(const uint8_t* src, int64_t row_bytes, uint8_t* out) {
+  using L = Layout<F>;
+  for (int r = 0; r < ROWS; ++r) {
+    const uint8_t* b = src + r * row_bytes;
+    uint8_t q[F::QK];
+    float a[F::QK / F::G], off[F::QK / F::G];
+    F::decode(b, q, a, off);
+    if constexpr (FIFTH<F>)
+      for (int g = 0; g < F::QK / 32; ++g) std::memset(out + L::TOP + (g * ROWS + r) * 4, 0, 4);
+    for (int p = 0; p < F::QK / 8; ++p)
+      for (int i = 0; i < 4; ++i) {
+        const uint8_t lo = q[8 * p + i], hi = q[8 * p + 4 + i];
+        if constexpr (BYTE_CODES<F>) out[(2 * p * ROWS + r) * 4 + i] = lo, out[((2 * p + 1) * ROWS + r) * 4 + i] = hi;
+        else out[(p * ROWS + r) * 4 + i] = uint8_t((lo & 15) | (hi & 15) << 4);
+        if constexpr (FIFTH<F>)  // pair p is pair p % 4 of group p / 4 (32 inputs)
+          out[L::TOP + (p / 4 * ROWS + r) * 4 + i] |= uint8_t((lo >> 4) << (2 * (p % 4)) | (hi >> 4) << (2 * (p % 4) + 1));
+      }
+    if constexpr (F::QK == 256) {
+      int32_t sc[16], mn[8];
+      float d, dmin;
+      F::ints(b, sc, mn, d, dmin);
+      for (int g = 0; g < 256 / F::G; ++g) out[L::SC + g * ROWS + r] = uint8_t(sc[g]);
+      if constexpr (Q6K<F>) {
+        for (int g = 0; g < 16; ++g)
+          for (int i = 0; i < 4; ++i) {
+            uint8_t top = 0;
+            for (int t = 0; t < 4; ++t) top |= uint8_t((q[16 * g + 4 * t + i] >> 4) << (2 * t));
+            out[L::TOP + (g * ROWS + r) * 4 + i] = top;
+          }
+        std::memcpy(out + L::D + 2 * r, b + 208, 2);
+        continue;
+      }
+      for (int j = 0; j < 8; ++j) out[L::MN + j * ROWS + r] = uint8_t(mn[j]);
+    }
+    std::memcpy(out + L::D + 2 * r, b, 2);  // d, then dmin (K-quants) or m (Q4_1, Q5_1)
+    if constexpr (F::MIN) std::memcpy(out + L::DMIN + 2 * r, b + 2, 2);
+  }
+}
+
+// Row r of a packed unit p, as F::decode() gives it from the file's block: codes q, scales a, offsets b.
+template <class F>
+static void decode(const uint8_t* p, int r, uint8_t* q, float* a, float* b) {
+  using L = Layout<F>;
+  for (int j = 0; j < F::QK / 8; ++j)
+    for (int i = 0; i < 4; ++i) {
+      if constexpr (BYTE_CODES<F>) {
+        q[8 * j + i] = p[(2 * j * ROWS + r) * 4 + i], q[8 * j + 4 + i] = p[((2 * j + 1) * ROWS + r) * 4 + i];
+        continue;
+      }
+      const uint8_t c = p[(j * ROWS + r) * 4 + i];
+      q[8 * j + i] = c & 15, q[8 * j + 4 + i] = c >> 4;
+      if constexpr (FIFTH<F>) {
+        const uint8_t top = p[L::TOP + (j / 4 * ROWS + r) * 4 + i];
+        q[8 * j + i] |= ((top >> (2 * (j % 4))) & 1) << 4, q[8 * j + 4 + i] |= ((top >> (2 * (j % 4) + 1)) & 1) << 4;
+      }
+    }
+  uint16_t h[2];
+  std::memcpy(h, p + L::D + 2 * r, 2);
+  const float d = half_to_float(h[0]);
+  float dmin = 0.f;
+  if constexpr (F::MIN) std::memcpy(h + 1, p + L::DMIN + 2 * r, 2), dmin = half_to_float(h[1]);
+  if constexpr (F::QK == 32) {
+    a[0] = d, b[0] = dmin;
+  } else if constexpr (Q6K<F>) {
+    for (int g = 0; g < 16; ++g) {
+      for (int i = 0; i < 4; ++i)
+        for (int t = 0; t < 4; ++t) q[16 * g + 4 * t + i] |= ((p[L::TOP + (g * ROWS + r) * 4 + i] >> (2 * t)) & 3) << 4;
+      a[g] = d * float(int8_t(p[L::SC + g * ROWS + r]));
+    }
+  } else {
+    for (int j = 0; j < 8; ++j) a[j] = d * float(p[L::SC + j * ROWS + r]), b[j] = -(dmin * float(p[L::MN + j * ROWS + r]));
+  }
+}
+
+}  // namespace packed
