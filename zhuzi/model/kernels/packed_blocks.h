@@ -51,27 +51,39 @@ static inline vf halves(const uint8_t* p) {  // VL IEEE halves -> floats, exactl
 #endif
 }
 
-// A group's codes, 8 inputs of every row a pair: pair j's first and second 4 inputs (nibbles, with Q6_K's
-// top bits or Q5's fifth bits; Q8_0's bytes as stored).
+// A group's codes, 8 inputs of every row a pair: pair j's first and second 4 inputs (nibbles, with Q5's fifth
+// bits; Q6_K's whole codes; Q8_0's bytes as stored).
 template <class F>
 struct Codes {
   static constexpr int PAIRS = F::G / 8;
   static constexpr int STRIDE = (BYTE_CODES<F> ? 2 : 1) * ROWS * 4;  // bytes from a pair to the next
+  static constexpr int GROUP = Q6K<F> ? 3 * ROWS * 4 : PAIRS * STRIDE;  // bytes of a group's codes
   const uint8_t* lanes;  // the group's first pair, at a vector's first row
   vb top;
-  Codes(const uint8_t* p, int g, int v) : lanes(p + g * PAIRS * STRIDE + v * i8::LANES * 4) {
-    top = Q6K<F> || FIFTH<F> ? load_vb(p + Layout<F>::TOP + (g * ROWS + v * i8::LANES) * 4) : vb{};
+  vb q6[4];  // Q6_K: the group's 4 quads
+  Codes(const uint8_t* p, int g, int v) : lanes(p + g * GROUP + v * i8::LANES * 4) {
+    top = FIFTH<F> ? load_vb(p + Layout<F>::TOP + (g * ROWS + v * i8::LANES) * 4) : vb{};
+    if constexpr (Q6K<F>) {
+      // Three vectors hold quads 0-2 in their low 6 bits and quad 3's code, 2 bits each, in their top 2: eleven
+      // operations for 4 quads, where nibbles and a vector of top bits took seventeen.
+      vb t[3];
+      for (int k = 0; k < 3; ++k) t[k] = load_vb(lanes + k * ROWS * 4), q6[k] = t[k] & 63;
+      q6[3] = (shift(t[0], -6) & 3) | (shift(t[1], -4) & 12) | (shift(t[2], -2) & 48);
+    }
   }
   void pair(int j, i8::B8& lo, i8::B8& hi) const {
+    if constexpr (Q6K<F>) {
+      lo = (i8::B8)q6[2 * j], hi = (i8::B8)q6[2 * j + 1];
+      return;
+    }
     const vb raw = load_vb(lanes + j * STRIDE);
     if constexpr (BYTE_CODES<F>) {
       lo = (i8::B8)raw, hi = (i8::B8)load_vb(lanes + j * STRIDE + ROWS * 4);
       return;
     }
     vb l = raw & 15, h = shift(raw, -4) & 15;
-    // Q6_K: code c's top bits sit at bit 2c of its byte of top (c: 0, 1 the low and high nibbles of pair 0,
-    // then pair 1's) and go to bits 4, 5; Q5: its fifth bit at bit c goes to bit 4. One shift, one mask each.
-    if constexpr (Q6K<F>) l |= shift(top, 4 - 4 * j) & 0x30, h |= shift(top, 2 - 4 * j) & 0x30;
+    // Q5: a code's fifth bit sits at bit c of its byte of top (c: 0, 1 the low and high nibbles of pair 0,
+    // then pair 1's...) and goes to bit 4: one shift, one mask each.
     if constexpr (FIFTH<F>) l |= shift(top, 4 - 2 * j) & 0x10, h |= shift(top, 3 - 2 * j) & 0x10;
     lo = (i8::B8)l, hi = (i8::B8)h;
   }

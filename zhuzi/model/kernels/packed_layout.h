@@ -12,7 +12,8 @@
 //   4- and 5-bit codes  codes[pairs][16][4]  pair p: low nibble = code of input 8p + b, high = input 8p + 4 + b
 //   Q8_0                codes[8][16][4]      quad q: input 4q + b, as stored (signed)
 //   Q5_0, Q5_1, Q5_K    top[groups][16][4]   per 32 inputs: bits 2p, 2p + 1 = the fifth bits of pair p's codes
-//   Q6_K                top[16][16][4]       group g (16 inputs): bits 2i, 2i + 1 = top 2 bits of 16g + 4i + b
+//   Q6_K                codes[16][3][16][4]  group g (16 inputs), vector k < 3: bits 0-5 = code of 16g + 4k + b,
+//                                            bits 6, 7 = bits 2k, 2k + 1 of the code of 16g + 12 + b
 //   Q4_K  sc[8][16], mn[8][16] (uint8), d[16], dmin[16] (fp16)                              2,368 bytes
 //   Q5_K  as Q4_K, after its top bits                                                      2,880 bytes
 //   Q6_K  sc[16][16] (int8), d[16] (fp16)                                                    3,360 bytes
@@ -34,7 +35,7 @@ constexpr int32_t FLAG = 0x100;  // a Part's type: FLAG | the GGUF type its bloc
 template <class F> struct Layout;
 template <> struct Layout<Format<blocks::Q4_K>> { static constexpr int BYTES = 148, TOP = 0, SC = 2048, MN = 2176, D = 2304, DMIN = 2336; };
 template <> struct Layout<Format<blocks::Q5_K>> { static constexpr int BYTES = 180, TOP = 2048, SC = 2560, MN = 2688, D = 2816, DMIN = 2848; };
-template <> struct Layout<Format<blocks::Q6_K>> { static constexpr int BYTES = 210, TOP = 2048, SC = 3072, MN = 0, D = 3328, DMIN = 0; };
+template <> struct Layout<Format<blocks::Q6_K>> { static constexpr int BYTES = 210, TOP = 0, SC = 3072, MN = 0, D = 3328, DMIN = 0; };
 template <> struct Layout<Format<blocks::Q4_0>> { static constexpr int BYTES = 18, TOP = 0, SC = 0, MN = 0, D = 256, DMIN = 0; };
 template <> struct Layout<Format<blocks::Q4_1>> { static constexpr int BYTES = 20, TOP = 0, SC = 0, MN = 0, D = 256, DMIN = 288; };
 template <> struct Layout<Format<blocks::Q5_0>> { static constexpr int BYTES = 22, TOP = 256, SC = 0, MN = 0, D = 320, DMIN = 0; };
@@ -91,7 +92,12 @@ static void pack(const uint8_t* src, int64_t row_bytes, uint8_t* out) {
     F::decode(b, q, a, off);
     if constexpr (FIFTH<F>)
       for (int g = 0; g < F::QK / 32; ++g) std::memset(out + L::TOP + (g * ROWS + r) * 4, 0, 4);
-    for (int p = 0; p < F::QK / 8; ++p)
+    if constexpr (Q6K<F>)
+      for (int g = 0; g < 16; ++g)
+        for (int k = 0; k < 3; ++k)
+          for (int i = 0; i < 4; ++i)
+            out[((3 * g + k) * ROWS + r) * 4 + i] = uint8_t(q[16 * g + 4 * k + i] | ((q[16 * g + 12 + i] >> (2 * k)) & 3) << 6);
+    for (int p = 0; p < F::QK / 8 && !Q6K<F>; ++p)
       for (int i = 0; i < 4; ++i) {
         const uint8_t lo = q[8 * p + i], hi = q[8 * p + 4 + i];
         if constexpr (BYTE_CODES<F>) out[(2 * p * ROWS + r) * 4 + i] = lo, out[((2 * p + 1) * ROWS + r) * 4 + i] = hi;
@@ -105,12 +111,6 @@ static void pack(const uint8_t* src, int64_t row_bytes, uint8_t* out) {
       F::ints(b, sc, mn, d, dmin);
       for (int g = 0; g < 256 / F::G; ++g) out[L::SC + g * ROWS + r] = uint8_t(sc[g]);
       if constexpr (Q6K<F>) {
-        for (int g = 0; g < 16; ++g)
-          for (int i = 0; i < 4; ++i) {
-            uint8_t top = 0;
-            for (int t = 0; t < 4; ++t) top |= uint8_t((q[16 * g + 4 * t + i] >> 4) << (2 * t));
-            out[L::TOP + (g * ROWS + r) * 4 + i] = top;
-          }
         std::memcpy(out + L::D + 2 * r, b + 208, 2);
         continue;
       }
@@ -125,7 +125,16 @@ static void pack(const uint8_t* src, int64_t row_bytes, uint8_t* out) {
 template <class F>
 static void decode(const uint8_t* p, int r, uint8_t* q, float* a, float* b) {
   using L = Layout<F>;
-  for (int j = 0; j < F::QK / 8; ++j)
+  if constexpr (Q6K<F>)
+    for (int g = 0; g < 16; ++g)
+      for (int i = 0; i < 4; ++i) {
+        q[16 * g + 12 + i] = 0;
+        for (int k = 0; k < 3; ++k) {
+          const uint8_t c = p[((3 * g + k) * ROWS + r) * 4 + i];
+          q[16 * g + 4 * k + i] = c & 63, q[16 * g + 12 + i] |= uint8_t((c >> 6) << (2 * k));
+        }
+      }
+  for (int j = 0; j < F::QK / 8 && !Q6K<F>; ++j)
     for (int i = 0; i < 4; ++i) {
       if constexpr (BYTE_CODES<F>) {
         q[8 * j + i] = p[(2 * j * ROWS + r) * 4 + i], q[8 * j + 4 + i] = p[((2 * j + 1) * ROWS + r) * 4 + i];
@@ -146,11 +155,7 @@ static void decode(const uint8_t* p, int r, uint8_t* q, float* a, float* b) {
   if constexpr (F::QK == 32) {
     a[0] = d, b[0] = dmin;
   } else if constexpr (Q6K<F>) {
-    for (int g = 0; g < 16; ++g) {
-      for (int i = 0; i < 4; ++i)
-        for (int t = 0; t < 4; ++t) q[16 * g + 4 * t + i] |= ((p[L::TOP + (g * ROWS + r) * 4 + i] >> (2 * t)) & 3) << 4;
-      a[g] = d * float(int8_t(p[L::SC + g * ROWS + r]));
-    }
+    for (int g = 0; g < 16; ++g) a[g] = d * float(int8_t(p[L::SC + g * ROWS + r]));
   } else {
     for (int j = 0; j < 8; ++j) a[j] = d * float(p[L::SC + j * ROWS + r]), b[j] = -(dmin * float(p[L::MN + j * ROWS + r]));
   }
