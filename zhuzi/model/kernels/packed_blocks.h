@@ -106,7 +106,7 @@ static inline void dot_pair(i8::I32* s, i8::B8 lo, i8::B8 hi, const q8::Block* c
 // How far ahead of the unit in use a row group's stream is fetched into L2: the hardware prefetchers alone
 // kept a decode step at two thirds of the read bandwidth (a 1.5B's Q6_K LM head: 17 GB/s without, 27-34 with
 // 32-64 KiB ahead, on a 2-core Zen 4). A prefetch past the matrix's end never faults.
-constexpr int AHEAD = 96 << 10;
+constexpr int AHEAD = 48 << 10;
 
 // Fetches slice g of GROUPS of the unit AHEAD bytes past p: a K-quant unit's lines spread over its groups, as
 // they are read, where one burst of 37-53 prefetches a unit left a 2-core Zen 2 stalled at each unit's first
