@@ -21,7 +21,7 @@ from zhuzi.model.blocks import BlockWeight
 from zhuzi.model.cpu_linear import fixed_order_available
 from zhuzi.model.fused import FusedDecode
 from zhuzi.model.layers import Rotary, offset_rms_norm, rms_norm
-from zhuzi.model.linear import FORMATS, QUANTIZATIONS, Linear, TiledLinear, block_linear, make_linear
+from zhuzi.model.linear import FORMATS, QUANTIZATIONS, Linear, QuantLinear, block_linear, make_linear
 from zhuzi.model.model_config import ModelConfig
 from zhuzi.model.moe import Expert, MoE, gated_mlp
 from zhuzi.model.parallel import Shard, TPGroup, head_rows
@@ -248,7 +248,7 @@ class Decoder:
         slots, lens = torch.zeros(1, 1, dtype=torch.long), torch.ones(1, dtype=torch.long)
         layer = getattr(*self.layers[0].matrices[2])  # the first MLP's (or expert's) gate/up
         served = {
-            "decode_matmul": isinstance(layer, TiledLinear)
+            "decode_matmul": isinstance(layer, QuantLinear)
             or layer._kernel(torch.zeros(1, c.hidden_size, dtype=self.dtype)) is not None,
             "fused_decode_step": self.fused is not None,
             "decode_attention": cpu_attention.paged_decode_attention(x, pool, pool, slots, lens, 1.0) is not None,

@@ -14,9 +14,9 @@ int zhuzi_small_m_linear(int weight, int x_bf16, const void* x, const void* w, c
 // The same for any M, each row by the operations it gets alone (--deterministic).
 int zhuzi_fixed_order_linear(int weight, int x_bf16, const void* x, const void* w, const void* scale, int scale_bf16,
                              void* y, int64_t M, int64_t N, int64_t K, int64_t MB, int threads);
-// tiled_linear.cpp: y[M, N] = x[M, K] W^T for quant.py's Q4 (format 0) or Q8 (1) tiles [ceil(N / 16), K / 32,
-// tile bytes]; x and y float32 or bf16 (x_bf16); K a multiple of 32.
-int zhuzi_tiled_linear(int format, int x_bf16, const void* x, const void* w, void* y, int64_t M, int64_t N,
+// quant_linear.cpp: y[M, N] = x[M, K] W^T for quant.py's Q4 (format 0) or Q8 (1) units [ceil(N / 16), K / 32,
+// unit bytes]; x and y float32 or bf16 (x_bf16); K a multiple of 32.
+int zhuzi_quant_linear(int format, int x_bf16, const void* x, const void* w, void* y, int64_t M, int64_t N,
                        int64_t K, int threads);
 // int8_rows.cpp: per-row int8 activations around torch._int_mm.
 void zhuzi_quantize_rows(int bf16, const void* x, int8_t* q, float* s, int32_t* z, int64_t M, int64_t K, int threads);

@@ -6,8 +6,8 @@
 #include "block_rows.h"
 #include "decode_step.h"
 #include "packed_blocks.h"
+#include "quant_packed.h"
 #include "rows.h"
-#include "tiles.h"
 
 #include <omp.h>
 
@@ -30,7 +30,7 @@ struct Barrier {
   }
 };
 
-constexpr int CHUNK = 16;  // output rows per work item: one block of tiles
+constexpr int CHUNK = 16;  // output rows per work item: one block of units
 
 #if ZHUZI_AVX512
 using Act = uint16_t;  // queries and attention outputs: bf16, as the matrices take them
@@ -43,21 +43,21 @@ using Int8 = I8Q8;      // int8 weights against q8 activations
 #endif
 
 // One matrix's input rows, as each thread prepares them for itself (no barrier needed): float rows (an
-// RMSNorm's output, an activation), then the form each weight kind reads, made on first use: the tiles'
-// Input (bf16 rows and group sums with AVX-512, q8 blocks elsewhere), and off AVX-512 the float rows in
-// the bf16 weights' even / odd split.
+// RMSNorm's output, an activation), then the form each weight kind reads, made on first use:
+// quant_packed's Input (bf16 rows and group sums with AVX-512, q8 blocks elsewhere), and off AVX-512 the float
+// rows in the bf16 weights' even / odd split.
 struct Inputs {
   std::vector<float> f, split;
-  tiles::Input t;
+  quant_packed::Input t;
   q8::Rows q8[2];        // for GGUF blocks: per 32 inputs, per 256 (K-quants)
   const uint16_t* bf16 = nullptr;  // rows given as bf16 (use()), not in f
   int M = 0;
   int64_t K = 0;
-  bool tiled_ready = false, split_ready = false, q8_ready[2] = {};
+  bool quant_ready = false, split_ready = false, q8_ready[2] = {};
 
   // Rows of float32 values, optionally RMS-normalised with weight w.
   void set(const float* src, int rows, int64_t width, const uint16_t* w = nullptr, float eps = 0.f) {
-    M = rows, K = width, tiled_ready = split_ready = q8_ready[0] = q8_ready[1] = false, bf16 = nullptr;
+    M = rows, K = width, quant_ready = split_ready = q8_ready[0] = q8_ready[1] = false, bf16 = nullptr;
     f.resize(M * K);
     for (int m = 0; m < M; ++m) {
       const float* s = src + m * K;
@@ -77,14 +77,14 @@ struct Inputs {
   void use(const uint16_t* rows, int count, int64_t width) {  // bf16 rows as they are
     M = count, K = width, split_ready = q8_ready[0] = q8_ready[1] = false, bf16 = rows;
     t.set(rows, M, K, K);
-    tiled_ready = true;
+    quant_ready = true;
   }
 #else
   void use(const float* rows, int count, int64_t width) { set(rows, count, width); }
 #endif
-  const tiles::Input& tiled() {
-    if (!tiled_ready) t.set(f.data(), M, K, K);
-    tiled_ready = true;
+  const quant_packed::Input& quant() {
+    if (!quant_ready) t.set(f.data(), M, K, K);
+    quant_ready = true;
     return t;
   }
   const q8::Rows& blocks(int span) {  // span: the weights' block length, the inputs an activation scale covers
@@ -136,7 +136,7 @@ static void chunk(const Mat& a, Inputs& in, int64_t n0, int count, float out[M][
   switch (a.kind) {
     case DENSE: {
 #if ZHUZI_AVX512
-      const tiles::Input& t = in.tiled();
+      const quant_packed::Input& t = in.quant();
       dense_rows<Dense, M>(static_cast<const uint16_t*>(a.w), K, t.x, t.ld, n0, count, out);
 #else
       dense_rows<Dense, M>(static_cast<const uint16_t*>(a.w), K, in.dense(), K, n0, count, out);
@@ -144,7 +144,7 @@ static void chunk(const Mat& a, Inputs& in, int64_t n0, int count, float out[M][
       break;
     }
     case INT8: {
-      const tiles::Input& t = in.tiled();
+      const quant_packed::Input& t = in.quant();
 #if ZHUZI_AVX512
       dense_rows<Int8, M>(static_cast<const int8_t*>(a.w), K, t.x, t.ld, n0, count, out);
 #else
@@ -169,9 +169,9 @@ static void chunk(const Mat& a, Inputs& in, int64_t n0, int count, float out[M][
       break;
     }
     default: {
-      const int format = a.kind == Q4 ? tiles::Q4 : tiles::Q8;
-      const auto* w = static_cast<const uint8_t*>(a.w) + (n0 / CHUNK) * (K / 32) * tiles::tile_bytes(format);
-      tiles::block<M>(format, w, K / 32, in.tiled(), 0, out);
+      const int format = a.kind == Q4 ? quant_packed::Q4 : quant_packed::Q8;
+      const auto* w = static_cast<const uint8_t*>(a.w) + (n0 / CHUNK) * (K / 32) * quant_packed::unit_bytes(format);
+      quant_packed::block<M>(format, w, K / 32, in.quant(), 0, out);
     }
   }
   if (a.bias)
@@ -312,7 +312,8 @@ static int run(const Args& a) {
       if (gate.kind == DENSE) up.w = static_cast<const uint16_t*>(gate.w) + F * E;
       else if (gate.kind == INT8) up.w = static_cast<const int8_t*>(gate.w) + F * E, up.scale = gate.scale + F;
       else if (gate.kind == BLOCKS) up.w = static_cast<const block_tiles::Part*>(gate.w) + 1;
-      else up.w = static_cast<const uint8_t*>(gate.w) + (F / CHUNK) * (E / 32) * tiles::tile_bytes(gate.kind - Q4);
+      else
+        up.w = static_cast<const uint8_t*>(gate.w) + (F / CHUNK) * (E / 32) * quant_packed::unit_bytes(gate.kind - Q4);
 #pragma omp for schedule(dynamic, turn(F / CHUNK)) nowait
       for (int64_t c = 0; c < F / CHUNK; ++c) {
         float g[M][CHUNK], u[M][CHUNK];
