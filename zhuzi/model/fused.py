@@ -12,7 +12,7 @@ SiLU(gate) * up -> down + residual; then the final norm and the LM head. Weight 
 threads in chunks of 16, through the linear kernels' own inner loops (kernels/rows.h, kernels/quant_packed.h); each
 thread prepares a matrix's input rows itself, so a layer costs five barriers (time_barriers() clocks each
 thread's wait at them: zhuzi bench decode reports it). The decoder's weight tensors are used in place
-(dense bf16, int8 with scales, Q4/Q8 units, a GGUF file's blocks in its mapping: block_tiles.h against q8
+(dense bf16, int8 with scales, Q4/Q8 units, a GGUF file's blocks in its mapping: block_prefill.h against q8
 activations, the embedding's rows dequantized from its blocks).
 
 Arithmetic, and how it differs from the per-layer path: the residual stream stays float32 for the whole
@@ -84,7 +84,7 @@ def _mat(layer: Linear, keep: list[torch.Tensor]) -> _Mat:
         bias = keep[-1].data_ptr()
     if isinstance(layer, BlockLinear):  # a 16-row chunk must not straddle two parts
         if any(p.shape[0] % 16 for p in layer.parts):
-            raise ValueError("the fused decode step takes GGUF parts of whole 16-row tiles")
+            raise ValueError("the fused decode step takes GGUF parts of whole 16-row groups")
         return _Mat(_BLOCKS, ctypes.addressof(layer.table), None, bias, layer.out_features, layer.parts[0].shape[1])
     if isinstance(layer, QuantLinear):
         kind = _Q4 if layer.fmt == "q4" else _Q8

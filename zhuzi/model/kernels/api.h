@@ -40,7 +40,7 @@ int zhuzi_dequantize_rows(int type, const void* src, int64_t rows, int64_t row_b
 int zhuzi_pack_blocks(int type, const void* src, int64_t rows, int64_t row_bytes, int64_t K, void* out, int release,
                       int threads);
 // block_linear.cpp: y[M, N] = x[M, K] W^T for W the rows of GGUF block matrices one after another (parts:
-// block_tiles.h's Part, of a GGUF type or a packed one); x and y each float32, or bf16 (x_bf16, y_bf16).
+// block_prefill.h's Part, of a GGUF type or a packed one); x and y each float32, or bf16 (x_bf16, y_bf16).
 int zhuzi_block_linear(const void* parts, int nparts, const void* x, int x_bf16, void* y, int y_bf16, int64_t M,
                        int64_t N, int64_t K, int threads);
 // stream.cpp: the fastest of `passes` reads of x[n] (float32), every thread its own slice: seconds, and the

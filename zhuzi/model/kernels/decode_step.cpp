@@ -3,7 +3,7 @@
 // the per-layer path.
 #include "api.h"
 #include "attention.h"
-#include "block_rows.h"
+#include "block_decode.h"
 #include "decode_step.h"
 #include "packed_blocks.h"
 #include "quant_packed.h"
@@ -88,7 +88,7 @@ struct Inputs {
     return t;
   }
   const q8::Rows& blocks(int span) {  // span: the weights' block length, the inputs an activation scale covers
-    const int s = span == block_tiles::CHUNK;
+    const int s = span == block_prefill::CHUNK;
     if (!q8_ready[s]) {
       if (bf16) q8[s].set(bf16, M, K, K, 1, span);
       else q8[s].set(f.data(), M, K, K, 1, span);
@@ -155,15 +155,15 @@ static void chunk(const Mat& a, Inputs& in, int64_t n0, int count, float out[M][
       break;
     }
     case BLOCKS: {
-      const auto* part = static_cast<const block_tiles::Part*>(a.w);
+      const auto* part = static_cast<const block_prefill::Part*>(a.w);
       int64_t row = n0;
       for (; row >= part->rows; ++part) row -= part->rows;
-      float acc[M][block_tiles::ROWS];
+      float acc[M][block_prefill::ROWS];
       const uint8_t* w = part->w + row * part->row_bytes;
       blocks::with_format(part->type & ~packed::FLAG, [&](auto f) {
         using F = decltype(f);
-        if (part->type & packed::FLAG) packed::tile<F>(w, K, in.blocks(F::QK), 0, M, acc);
-        else block_rows::tile<F>(w, part->row_bytes, count, K, in.blocks(F::QK), 0, M, acc);
+        if (part->type & packed::FLAG) packed::row_group<F>(w, K, in.blocks(F::QK), 0, M, acc);
+        else block_decode::row_group<F>(w, part->row_bytes, count, K, in.blocks(F::QK), 0, M, acc);
       });
       for (int m = 0; m < M; ++m) std::memcpy(out[m], acc[m], count * 4);
       break;
@@ -311,7 +311,7 @@ static int run(const Args& a) {
       Mat up = gate;
       if (gate.kind == DENSE) up.w = static_cast<const uint16_t*>(gate.w) + F * E;
       else if (gate.kind == INT8) up.w = static_cast<const int8_t*>(gate.w) + F * E, up.scale = gate.scale + F;
-      else if (gate.kind == BLOCKS) up.w = static_cast<const block_tiles::Part*>(gate.w) + 1;
+      else if (gate.kind == BLOCKS) up.w = static_cast<const block_prefill::Part*>(gate.w) + 1;
       else
         up.w = static_cast<const uint8_t*>(gate.w) + (F / CHUNK) * (E / 32) * quant_packed::unit_bytes(gate.kind - Q4);
 #pragma omp for schedule(dynamic, turn(F / CHUNK)) nowait
@@ -347,7 +347,7 @@ extern "C" int zhuzi_decode_step(const void* args, int64_t M) {
   const bool heads = (D == 32 || D == 64 || D == 96 || D == 128 || D == 256) && a.kv_heads > 0
                      && a.heads % a.kv_heads == 0 && a.heads <= MAXH && a.heads * D <= MAXHD;
   if (!heads || a.hidden % 32 || a.ffn % 32) return 2;
-  if (a.embed_type && !block_tiles::serves(a.embed_type, a.hidden, a.embed_row_bytes)) return 2;
+  if (a.embed_type && !block_prefill::serves(a.embed_type, a.hidden, a.embed_row_bytes)) return 2;
   switch (M) {
     case 1: return step::run<1>(a);
     case 2: return step::run<2>(a);

@@ -5,7 +5,7 @@
 
 namespace step {
 
-// Q4 - Q4 and Q8 - Q4 are quant_packed.h's formats; BLOCKS: GGUF block matrices (block_tiles.h's Parts)
+// Q4 - Q4 and Q8 - Q4 are quant_packed.h's formats; BLOCKS: GGUF block matrices (block_prefill.h's Parts)
 enum Kind : int32_t { DENSE = 0, INT8 = 1, Q4 = 2, Q8 = 3, BLOCKS = 4 };
 
 struct Mat {
