@@ -21,7 +21,7 @@ close to memory speed, and for prefill it does the same vdpbf16ps work as a bf16
 materialising bf16 weights. Results are batch-invariant in the same way.
 
 For --deterministic, fixed_order_linear serves any number of rows with that same per-output
-routine (inputs in tiles of up to 8 rows): a token's projections are then the same bits in a decode
+routine (inputs in sets of up to 8 rows): a token's projections are then the same bits in a decode
 of one row, a batch of 30 or a prefill chunk of 512, which torch's GEMM (whose blocking follows the
 shape) does not promise.
 
