@@ -1,4 +1,4 @@
-// quant.py's Q4 / Q8 tiles (kernels/tiles.h describes them), packed here for the kernels' tests, with the
+// quant.py's Q4 / Q8 units (kernels/quant_packed.h describes them), packed here for the kernels' tests, with the
 // weights they stand for.
 #pragma once
 #include "check.h"
@@ -7,18 +7,18 @@ namespace pack {
 
 constexpr int GROUP = 32, LANES = 16;
 
-struct Tiles {
-  std::vector<uint8_t> bytes;  // [ceil(N / 16), K / 32, tile bytes]
-  std::vector<double> w;       // [N, K]: the weights the tiles stand for
+struct Packed {
+  std::vector<uint8_t> bytes;  // [ceil(N / 16), K / 32, unit bytes]
+  std::vector<double> w;       // [N, K]: the weights the units stand for
 };
 
 // format 0: Q4 (q d + m, q in 0..15), 1: Q8 (q d, q in -127..127); w [N, K], K a multiple of 32.
-inline Tiles tiles(int format, const std::vector<float>& w, int64_t N, int64_t K) {
+inline Packed quant(int format, const std::vector<float>& w, int64_t N, int64_t K) {
   const int64_t blocks = (N + LANES - 1) / LANES, groups = K / GROUP, size = format == 0 ? 320 : 544;
-  Tiles t{std::vector<uint8_t>(blocks * groups * size), std::vector<double>(N * K)};
+  Packed t{std::vector<uint8_t>(blocks * groups * size), std::vector<double>(N * K)};
   for (int64_t b = 0; b < blocks; ++b)
     for (int64_t g = 0; g < groups; ++g) {
-      uint8_t* tile = &t.bytes[(b * groups + g) * size];
+      uint8_t* unit = &t.bytes[(b * groups + g) * size];
       for (int r = 0; r < LANES; ++r) {
         const int64_t n = b * LANES + r;
         float v[GROUP] = {};
@@ -35,13 +35,13 @@ inline Tiles tiles(int format, const std::vector<float>& w, int64_t N, int64_t K
         }
         if (format == 0) {
           for (int j = 0; j < 4; ++j)
-            for (int i = 0; i < 4; ++i) tile[64 * j + 4 * r + i] = uint8_t(q[8 * j + i] | (q[8 * j + 4 + i] << 4));
-          std::memcpy(tile + 256 + 2 * r, &d, 2);
-          std::memcpy(tile + 288 + 2 * r, &m, 2);
+            for (int i = 0; i < 4; ++i) unit[64 * j + 4 * r + i] = uint8_t(q[8 * j + i] | (q[8 * j + 4 + i] << 4));
+          std::memcpy(unit + 256 + 2 * r, &d, 2);
+          std::memcpy(unit + 288 + 2 * r, &m, 2);
         } else {
           for (int j = 0; j < 8; ++j)
-            for (int i = 0; i < 4; ++i) tile[64 * j + 4 * r + i] = uint8_t(int8_t(q[4 * j + i]));
-          std::memcpy(tile + 512 + 2 * r, &d, 2);
+            for (int i = 0; i < 4; ++i) unit[64 * j + 4 * r + i] = uint8_t(int8_t(q[4 * j + i]));
+          std::memcpy(unit + 512 + 2 * r, &d, 2);
         }
       }
     }

@@ -1,4 +1,4 @@
-// The GGUF block kernels (block_linear.cpp: block_rows.h for up to 8 input rows, block_tiles.h beyond; the
+// The GGUF block kernels (block_linear.cpp: block_decode.h for up to 8 input rows, block_prefill.h beyond; the
 // packed layouts of packed_blocks.h) against block_dot.h's scalar reference, bit for bit, for every block
 // type; and the reference against float64 products of blocks.h's values within the bound of the activations'
 // q8 rounding.
@@ -28,7 +28,7 @@ std::vector<uint8_t> random_rows(int64_t rows, int64_t K, check::Rng& g) {
 template <int T>
 void check_format(const char* name) {
   using F = blocks::Format<T>;
-  constexpr int64_t N = 40, K = F::QK == 256 ? 512 : 288;  // a partial tile; 32-blocks: a chunk and a tail
+  constexpr int64_t N = 40, K = F::QK == 256 ? 512 : 288;  // a partial row group; 32-blocks: a chunk and a tail
   constexpr int64_t row_bytes = K / F::QK * F::BYTES;
   check::Rng g(F::BYTES);
   const std::vector<uint8_t> w = random_rows<F>(N, K, g);
@@ -38,8 +38,8 @@ void check_format(const char* name) {
     blocks::values<F>(&w[b * F::BYTES], v);
     std::copy(v, v + F::QK, &values[b * F::QK]);
   }
-  const block_tiles::Part part = {T, w.data(), N, row_bytes};
-  for (int64_t M : {1, 3, 8, 20}) {  // decode rows, over passes of 4, all 8, and the batched tiles
+  const block_prefill::Part part = {T, w.data(), N, row_bytes};
+  for (int64_t M : {1, 3, 8, 20}) {  // decode rows, over passes of 4, all 8, and the batched row groups
     std::vector<float> x(M * K), y(M * N);
     for (auto& v : x) v = float(g.normal());
     CHECK(zhuzi_block_linear(&part, 1, x.data(), 0, y.data(), 0, M, N, K, 2) == 0, "%s: not served", name);
@@ -77,7 +77,7 @@ void check_packed(const char* name) {
   CHECK(zhuzi_dequantize_rows(packed::FLAG | T, p.data(), N, packed_bytes, nullptr, N, K, unpacked.data(), 0, 1) == 0,
         "%s: packed rows not dequantized", name);
   CHECK(std::memcmp(file.data(), unpacked.data(), file.size() * 4) == 0, "%s: packed values differ", name);
-  const block_tiles::Part part = {packed::FLAG | T, p.data(), N, packed_bytes};
+  const block_prefill::Part part = {packed::FLAG | T, p.data(), N, packed_bytes};
   for (int64_t M : {1, 2, 5, 8, 20}) {
     std::vector<float> x(M * K), y(M * N);
     for (auto& v : x) v = float(g.normal());

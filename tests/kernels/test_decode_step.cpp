@@ -1,6 +1,6 @@
 // decode_step.cpp, the whole fused decode step of a tiny random model (2 layers, grouped heads, QKV bias and
 // q/k norms, an LM head that ends in a partial block), against a float64 forward of the same weights: dense
-// bf16, int8 and Q4 tiles with a Q8 head. The kernel rounds matrix inputs (bf16 with AVX-512, q8 blocks for
+// bf16, int8 and Q4 weights with a Q8 head. The kernel rounds matrix inputs (bf16 with AVX-512, q8 blocks for
 // int8 and 4-bit weights elsewhere) and the new K/V: its logits stay within 3 % of the largest (float32
 // math over bf16 weights, off AVX-512: 0.1 %). Each row's logits are the same bits alone or in a batch, and
 // the step writes only the new tokens' K/V.
@@ -20,7 +20,7 @@ struct Matrix {
   std::vector<uint16_t> bf16;
   std::vector<int8_t> i8;
   std::vector<float> scale, bias;
-  pack::Tiles tiles;
+  pack::Packed packed;
   step::Mat mat{};
 
   Matrix(int64_t rows, int64_t cols, int kind, bool with_bias, check::Rng& g) : n(rows), k(cols), w(rows * cols) {
@@ -44,9 +44,9 @@ struct Matrix {
       }
       data = i8.data();
     } else {
-      tiles = pack::tiles(kind == step::Q4 ? 0 : 1, f, n, k);
-      w = tiles.w;
-      data = tiles.bytes.data();
+      packed = pack::quant(kind == step::Q4 ? 0 : 1, f, n, k);
+      w = packed.w;
+      data = packed.bytes.data();
     }
     mat = {kind, data, scale.empty() ? nullptr : scale.data(), bias.empty() ? nullptr : bias.data(), n, k};
   }

@@ -1,5 +1,5 @@
 """The CPU attention kernels against a float64 softmax over the gathered rows, under every CPU variant this
-machine runs: decode rows, and the tiled kernel for prompt chunks; float32 queries over bf16 pools too (dtype
+machine runs: decode rows, and the prefill kernel for prompt chunks; float32 queries over bf16 pools too (dtype
 auto without native bf16)."""
 import pytest
 import torch

@@ -1,6 +1,6 @@
 """The CPU linear kernels against float64 matrix products, under every CPU variant this machine runs: the
-small-batch kernel (float32, bf16 and int8 weights; bf16 weights against float32 inputs too), the tiled kernel
-(Q4/Q8 tiles, any number of rows), int8 compute, and the fixed-order form (--deterministic) that gives every
+small-batch kernel (float32, bf16 and int8 weights; bf16 weights against float32 inputs too), the quant kernel
+(Q4/Q8, any number of rows), int8 compute, and the fixed-order form (--deterministic) that gives every
 row the bits it gets alone, for any number of rows. Off AVX-512 int8 and 4-bit weights meet q8 activations
 (kernels/q8.h): their bound adds that rounding (conftest.q8_bound)."""
 import pytest
@@ -8,7 +8,7 @@ import torch
 from conftest import q8_bound
 
 from zhuzi.model import native
-from zhuzi.model.cpu_linear import fixed_order_linear, int8_matmul, small_m_linear, tiled_linear
+from zhuzi.model.cpu_linear import fixed_order_linear, int8_matmul, quant_linear, small_m_linear
 from zhuzi.model.quant import pack_q4, pack_q8, unpack_q4, unpack_q8
 
 pytestmark = [pytest.mark.usefixtures("variant"), pytest.mark.long]
@@ -106,27 +106,27 @@ def test_declines_what_it_does_not_serve():
     assert small_m_linear(x, w, scale[:8]) is None
 
 
-TILES = {"q4": (pack_q4, unpack_q4), "q8": (pack_q8, unpack_q8)}
+PACKERS = {"q4": (pack_q4, unpack_q4), "q8": (pack_q8, unpack_q8)}
 
 
-def tiled_problem(m: int, n: int, k: int, fmt: str, dtype=torch.bfloat16, seed: int = 0):
+def quant_problem(m: int, n: int, k: int, fmt: str, dtype=torch.bfloat16, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(m, k, generator=g)
     x[:, 7] *= 20  # an outlier channel, as real activations have
-    pack, unpack = TILES[fmt]
-    tiles = pack(torch.randn(n, k, generator=g) * 0.05)
-    return x.to(dtype), tiles, unpack(tiles, n)
+    pack, unpack = PACKERS[fmt]
+    packed = pack(torch.randn(n, k, generator=g) * 0.05)
+    return x.to(dtype), packed, unpack(packed, n)
 
 
 @pytest.mark.parametrize("fmt", ["q4", "q8"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("n,k", [(64, 576), (37, 1536), (5, 32)])
-def test_tiles_match_the_float64_product_of_their_weights(n, k, fmt, dtype):
+def test_quant_matches_the_float64_product_of_its_weights(n, k, fmt, dtype):
     """With AVX-512 the inputs meet the weights unrounded (float32 inputs rounded to bf16 once); elsewhere as
     q8 blocks. Beyond that only float32 sums and the output's rounding remain."""
     for m in [1, 2, 3, 5, 8, 9, 17, 130]:
-        x, tiles, w = tiled_problem(m, n, k, fmt, dtype, seed=m)
-        y = tiled_linear(x, tiles, fmt, n)
+        x, packed, w = quant_problem(m, n, k, fmt, dtype, seed=m)
+        y = quant_linear(x, packed, fmt, n)
         assert y is not None and y.dtype == dtype and y.shape == (m, n)
         expected = x.double() @ w.double().T
         bound = TOLERANCE[torch.bfloat16] * expected.abs().max()
@@ -136,23 +136,23 @@ def test_tiles_match_the_float64_product_of_their_weights(n, k, fmt, dtype):
 
 
 @pytest.mark.parametrize("fmt", ["q4", "q8"])
-def test_tiled_row_is_bitwise_the_same_alone_in_any_batch_and_thread_count(fmt):
-    x, tiles, _ = tiled_problem(40, 203, 576, fmt)
-    batched = tiled_linear(x, tiles, fmt, 203)
+def test_quant_row_is_bitwise_the_same_alone_in_any_batch_and_thread_count(fmt):
+    x, packed, _ = quant_problem(40, 203, 576, fmt)
+    batched = quant_linear(x, packed, fmt, 203)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         for i in (0, 9, 39):
-            assert torch.equal(tiled_linear(x[i:i + 1], tiles, fmt, 203)[0], batched[i])
-            assert torch.equal(tiled_linear(x[i:i + 3], tiles, fmt, 203)[0], batched[i])
+            assert torch.equal(quant_linear(x[i:i + 1], packed, fmt, 203)[0], batched[i])
+            assert torch.equal(quant_linear(x[i:i + 3], packed, fmt, 203)[0], batched[i])
     finally:
         torch.set_num_threads(threads)
 
 
-def test_tiled_kernel_declines_what_it_does_not_serve():
-    x, tiles, _ = tiled_problem(2, 16, 64, "q4")
-    assert tiled_linear(x.half(), tiles, "q4", 16) is None
-    assert tiled_linear(x[:, :32], tiles, "q4", 16) is None  # inputs of another width
+def test_quant_kernel_declines_what_it_does_not_serve():
+    x, packed, _ = quant_problem(2, 16, 64, "q4")
+    assert quant_linear(x.half(), packed, "q4", 16) is None
+    assert quant_linear(x[:, :32], packed, "q4", 16) is None  # inputs of another width
 
 
 def emulated_int8(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

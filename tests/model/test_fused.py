@@ -38,7 +38,7 @@ def gguf_file(request, tmp_path_factory):
     """A tiny model as a GGUF file of blocks (llama: Q/K rows in llama.cpp's order, rotated interleaved)."""
     directory = tmp_path_factory.mktemp(f"{request.param}-gguf")
     model = tiny.build(request.param, directory, hidden_size=256, intermediate_size=512, num_attention_heads=4,
-                       num_key_value_heads=2, vocab_size=1024)  # K-quant rows of 256; whole 16-row tiles
+                       num_key_value_heads=2, vocab_size=1024)  # K-quant rows of 256; whole 16-row groups
     types = {name: BLOCK_TYPES[name.split(".")[-2]] for name in model.state_dict()
              if name.endswith(".weight") and name.split(".")[-2] in BLOCK_TYPES}
     return tiny.write_gguf(directory / "tiny.gguf", model, request.param, types=types)

@@ -45,7 +45,7 @@ def test_int8_is_per_output_channel_within_half_a_step():
     assert ((q.float() * scale[:, None] - w).abs() <= scale[:, None] / 2 + 1e-7).all()
 
 
-def test_shapes_the_tiles_cannot_hold_are_refused():
+def test_shapes_the_q4_q8_packing_cannot_hold_are_refused():
     with pytest.raises(ValueError, match="multiple of 32"):
         pack_q4(torch.randn(16, 40))
     with pytest.raises(ValueError, match="multiple of 32"):

@@ -59,9 +59,9 @@ def prefix_causal_mask(length: int, context: int, window: int | None = None) -> 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    meta: AttentionMetadata, tiled_prefill: bool = True, window: int | None = None) -> torch.Tensor:
+                    meta: AttentionMetadata, prefill_kernel: bool = True, window: int | None = None) -> torch.Tensor:
     """q: [tokens, heads, dim]; k, v: [tokens, kv_heads, dim]; caches: [slots, kv_heads, dim]. Without
-    tiled_prefill, prompt chunks get a decode row's arithmetic (--deterministic); window: the layer's
+    prefill_kernel, prompt chunks get a decode row's arithmetic (--deterministic); window: the layer's
     sliding window (None: the whole context)."""
     k_cache.index_copy_(0, meta.slot_mapping, to_pool(k, k_cache.dtype))
     v_cache.index_copy_(0, meta.slot_mapping, to_pool(v, v_cache.dtype))
@@ -71,19 +71,20 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         out[:n] = _decode_attention(q[:n], k_cache, v_cache, meta, window)
     for chunk in meta.prefills:
         rows = slice(chunk.start, chunk.start + chunk.length)
-        out[rows] = _prefill_attention(q[rows], k[rows], v[rows], k_cache, v_cache, chunk, tiled_prefill,
+        out[rows] = _prefill_attention(q[rows], k[rows], v[rows], k_cache, v_cache, chunk, prefill_kernel,
                                        window)
     return out
 
 
 def _prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                       v_cache: torch.Tensor, chunk: PrefillChunk, tiled: bool, window: int | None) -> torch.Tensor:
+                       v_cache: torch.Tensor, chunk: PrefillChunk, prefill_kernel: bool,
+                       window: int | None) -> torch.Tensor:
     """A prompt chunk is a batch of queries that each read the history up to their own position. In bf16
-    the tiled kernel reads each K/V row once for 16 queries; in float32 (or untiled) the decode kernel serves each
-    query with a decode step's own arithmetic (the reference: a token's K/V are the same bits whether it
-    was prefilled or decoded)."""
+    the prefill kernel reads each K/V row once for 16 queries; in float32 (or without prefill_kernel) the decode
+    kernel serves each query with a decode step's own arithmetic (the reference: a token's K/V are the same
+    bits whether it was prefilled or decoded)."""
     scale = q.shape[-1] ** -0.5
-    out = paged_prefill_attention(q, k_cache, v_cache, chunk.slots, scale, window) if tiled else None
+    out = paged_prefill_attention(q, k_cache, v_cache, chunk.slots, scale, window) if prefill_kernel else None
     if out is None:
         out = paged_decode_attention(q, k_cache, v_cache, chunk.query_slots, chunk.query_lengths, scale, window)
     if out is not None:

@@ -1,7 +1,7 @@
 """Linear layers on CPU through native kernels (model runner -> every projection of a step).
 
 small_m_linear: dense bf16 / float32 / int8 weights against a decode batch of M <= 8 rows.
-tiled_linear: the 4-bit and 8-bit tiles of quant.py against any number of bf16 rows.
+quant_linear: zhuzi's own 4-bit and 8-bit weights (quant.py) against any number of bf16 rows.
 
 A decode step multiplies a handful of rows (one per running request) by every
 weight matrix once, so its time is the time to stream the weights from memory.
@@ -15,13 +15,13 @@ Output rows are split over torch's OpenMP threads. The arithmetic of one output
 value depends only on its input row and weight row, never on M or the thread
 count, so a request's logits are the same bits alone or in a small batch.
 
-The tiled kernel (kernels/tiled_linear.cpp, loops in kernels/tiles.h) streams each 16-row block of
-tiles once per 8 input rows, turning codes into bf16 in registers: at one row it reads int4 weights at
+The quant kernel (kernels/quant_linear.cpp, loops in kernels/quant_packed.h) streams each 16-row block
+once per 8 input rows, turning codes into bf16 in registers: at one row it reads int4 weights at
 close to memory speed, and for prefill it does the same vdpbf16ps work as a bf16 GEMM without ever
 materialising bf16 weights. Results are batch-invariant in the same way.
 
 For --deterministic, fixed_order_linear serves any number of rows with that same per-output
-routine (inputs in tiles of up to 8 rows): a token's projections are then the same bits in a decode
+routine (inputs in sets of up to 8 rows): a token's projections are then the same bits in a decode
 of one row, a batch of 30 or a prefill chunk of 512, which torch's GEMM (whose blocking follows the
 shape) does not promise.
 
@@ -98,22 +98,22 @@ def _call(fn, x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None,
     return y if status == 0 else None
 
 
-def _tiled_kernel(variant: str | None = None):
-    return native.entry("tiled_linear", "zhuzi_tiled_linear",
+def _quant_kernel(variant: str | None = None):
+    return native.entry("quant_linear", "zhuzi_quant_linear",
                         [ctypes.c_int] * 2 + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3 + [ctypes.c_int], variant)
 
 
-TILE_FORMATS = {"q4": 0, "q8": 1}
+QUANT_FORMATS = {"q4": 0, "q8": 1}
 
 
-def tiled_linear_available() -> bool:
-    """Whether the process's kernels serve tiled weights."""
-    return _tiles_served(native.current())
+def quant_linear_available() -> bool:
+    """Whether the process's kernels serve quant.py's packed weights."""
+    return _quant_served(native.current())
 
 
 @functools.cache
-def _tiles_served(variant: str) -> bool:
-    fn = _tiled_kernel(variant)
+def _quant_served(variant: str) -> bool:
+    fn = _quant_kernel(variant)
     if fn is None:
         return False
     x, y = torch.zeros(1, 32, dtype=torch.bfloat16), torch.empty(1, 16, dtype=torch.bfloat16)
@@ -121,16 +121,16 @@ def _tiles_served(variant: str) -> bool:
     return fn(1, 1, x.data_ptr(), w.data_ptr(), y.data_ptr(), 1, 16, 32, 1) == 0
 
 
-def tiled_linear(x: torch.Tensor, tiles: torch.Tensor, fmt: str, out_features: int) -> torch.Tensor | None:
-    """y = x @ W^T for W packed as quant.py's `fmt` tiles ("q4" or "q8"); x: [M, K] float32 or bf16 on CPU.
+def quant_linear(x: torch.Tensor, packed: torch.Tensor, fmt: str, out_features: int) -> torch.Tensor | None:
+    """y = x @ W^T for W packed as quant.py's `fmt` ("q4" or "q8"); x: [M, K] float32 or bf16 on CPU.
     Returns [M, out_features] in x's dtype, or None when the kernel does not serve the call."""
-    fn = _tiled_kernel()
+    fn = _quant_kernel()
     if fn is None or not (x.is_cpu and x.dtype in _FLOATS and x.dim() == 2 and x.shape[0] > 0
-                          and x.shape[1] == tiles.shape[1] * 32):
+                          and x.shape[1] == packed.shape[1] * 32):
         return None
     x = x.contiguous()
     y = torch.empty(x.shape[0], out_features, dtype=x.dtype)
-    status = fn(TILE_FORMATS[fmt], int(x.dtype == torch.bfloat16), x.data_ptr(), tiles.data_ptr(), y.data_ptr(),
+    status = fn(QUANT_FORMATS[fmt], int(x.dtype == torch.bfloat16), x.data_ptr(), packed.data_ptr(), y.data_ptr(),
                 x.shape[0], out_features, x.shape[1], torch.get_num_threads())
     return y if status == 0 else None
 

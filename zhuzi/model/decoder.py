@@ -21,7 +21,7 @@ from zhuzi.model.blocks import BlockWeight
 from zhuzi.model.cpu_linear import fixed_order_available
 from zhuzi.model.fused import FusedDecode
 from zhuzi.model.layers import Rotary, offset_rms_norm, rms_norm
-from zhuzi.model.linear import FORMATS, QUANTIZATIONS, Linear, TiledLinear, block_linear, make_linear
+from zhuzi.model.linear import FORMATS, QUANTIZATIONS, Linear, QuantLinear, block_linear, make_linear
 from zhuzi.model.model_config import ModelConfig
 from zhuzi.model.moe import Expert, MoE, gated_mlp
 from zhuzi.model.parallel import Shard, TPGroup, head_rows
@@ -108,7 +108,7 @@ class Decoder:
             raise ValueError(f"quantization {quantization} does not split across tensor-parallel ranks: "
                              "use int8 or none")
         self.config, self.quantization, self.tp, self.device = config, quantization, tp, device
-        self.tiled_prefill = not deterministic  # calibration (smooth) runs forward before the end of __init__
+        self.prefill_kernel = not deterministic  # calibration (smooth) runs forward before the end of __init__
         self.shard = Shard.of(config, tp.rank, tp.world_size) if tp else Shard.of(config)
         self.kv_dtype = tensors["model.norm.weight"].dtype  # the loader's: weights' (dense ones) and KV cache's
         self.dtype = dtype or self.kv_dtype
@@ -147,8 +147,8 @@ class Decoder:
     def _make_deterministic(self, device: str) -> None:
         """Every linear through the fixed-order kernel and attention through the CPU decode kernel, whose
         per-row arithmetic never depends on the rows around it (batch, chunk, cached prefix); no fused step.
-        Prompt chunks too take the decode kernel (tiled_prefill off): a prompt whose blocks are cached but
-        its last token is computed as a decode row, and the tiled kernel's bits differ from the decode's."""
+        Prompt chunks too take the decode kernel (prefill_kernel off): a prompt whose blocks are cached but
+        its last token is computed as a decode row, and the prefill kernel's bits differ from the decode's."""
         if torch.device(device).type != "cpu" or self.dtype not in (torch.float32, torch.bfloat16):
             raise ValueError(f"deterministic mode runs on CPU in bfloat16 or float32, not {self.dtype} on {device}")
         if self.tp is not None or self.quantization not in (None, "gguf"):
@@ -248,7 +248,7 @@ class Decoder:
         slots, lens = torch.zeros(1, 1, dtype=torch.long), torch.ones(1, dtype=torch.long)
         layer = getattr(*self.layers[0].matrices[2])  # the first MLP's (or expert's) gate/up
         served = {
-            "decode_matmul": isinstance(layer, TiledLinear)
+            "decode_matmul": isinstance(layer, QuantLinear)
             or layer._kernel(torch.zeros(1, c.hidden_size, dtype=self.dtype)) is not None,
             "fused_decode_step": self.fused is not None,
             "decode_attention": cpu_attention.paged_decode_attention(x, pool, pool, slots, lens, 1.0) is not None,
@@ -307,7 +307,7 @@ class Decoder:
                 q, k = self.rotary.apply(q, cos, sin), self.rotary.apply(k, cos, sin)
             if c.query_pre_attn_scalar is not None and c.query_pre_attn_scalar != c.head_dim:
                 q = q * (c.head_dim / c.query_pre_attn_scalar) ** 0.5  # attention scales by head_dim ** -0.5
-            attn = paged_attention(q, k, v, cache[0], cache[1], meta, self.tiled_prefill, layer.window)
+            attn = paged_attention(q, k, v, cache[0], cache[1], meta, self.prefill_kernel, layer.window)
             h = h + self._out_norm(self._sum(layer.o(attn.view(-1, self.q_size))), layer.attn_out_norm)
             x = self._norm(h, layer.post_norm)
             mlp = layer.moe(x) if layer.moe is not None else gated_mlp(layer.gate_up, layer.down, x, self._act)

@@ -9,10 +9,10 @@ How: one OpenMP parallel region for the whole step. Per layer: RMSNorm -> QKV (+
 kv head, its q/k norms, RoPE, K/V into the pool (bf16 or q8_0) and attention (kernels/attention.h, the
 decode kernel's loop) -> O + residual -> RMSNorm -> gate and up rows in matching 16-row chunks,
 SiLU(gate) * up -> down + residual; then the final norm and the LM head. Weight rows are split over the
-threads in chunks of 16, through the linear kernels' own inner loops (kernels/rows.h, kernels/tiles.h); each
+threads in chunks of 16, through the linear kernels' own inner loops (kernels/rows.h, kernels/quant_packed.h); each
 thread prepares a matrix's input rows itself, so a layer costs five barriers (time_barriers() clocks each
 thread's wait at them: zhuzi bench decode reports it). The decoder's weight tensors are used in place
-(dense bf16, int8 with scales, Q4/Q8 tiles, a GGUF file's blocks in its mapping: block_tiles.h against q8
+(dense bf16, int8 with scales, Q4/Q8 units, a GGUF file's blocks in its mapping: block_prefill.h against q8
 activations, the embedding's rows dequantized from its blocks).
 
 Arithmetic, and how it differs from the per-layer path: the residual stream stays float32 for the whole
@@ -36,7 +36,7 @@ import torch
 from zhuzi.model import native
 from zhuzi.model.blocks import BlockWeight
 from zhuzi.model.kv_format import Q8_0
-from zhuzi.model.linear import BlockLinear, Int8Linear, Linear, TiledLinear
+from zhuzi.model.linear import BlockLinear, Int8Linear, Linear, QuantLinear
 
 MAX_ROWS = 8
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "phi3")  # the layers the kernel computes: not Gemma's
@@ -84,11 +84,11 @@ def _mat(layer: Linear, keep: list[torch.Tensor]) -> _Mat:
         bias = keep[-1].data_ptr()
     if isinstance(layer, BlockLinear):  # a 16-row chunk must not straddle two parts
         if any(p.shape[0] % 16 for p in layer.parts):
-            raise ValueError("the fused decode step takes GGUF parts of whole 16-row tiles")
+            raise ValueError("the fused decode step takes GGUF parts of whole 16-row groups")
         return _Mat(_BLOCKS, ctypes.addressof(layer.table), None, bias, layer.out_features, layer.parts[0].shape[1])
-    if isinstance(layer, TiledLinear):
+    if isinstance(layer, QuantLinear):
         kind = _Q4 if layer.fmt == "q4" else _Q8
-        return _Mat(kind, layer.tiles.data_ptr(), None, bias, layer.out_features, layer.tiles.shape[1] * 32)
+        return _Mat(kind, layer.packed.data_ptr(), None, bias, layer.out_features, layer.packed.shape[1] * 32)
     w = layer.weight
     if isinstance(layer, Int8Linear):
         return _Mat(_INT8, w.data_ptr(), layer.scale.data_ptr(), bias, *w.shape)
@@ -120,7 +120,7 @@ class FusedDecode:
                           c.rms_norm_eps, c.head_dim ** -0.5, _ptr(embed.data if blocks else embed), cos=_ptr(self.cos),
                           sin=_ptr(self.sin), embed_type=int(embed.qtype) if blocks else 0,
                           embed_row_bytes=embed.data.stride(0) if blocks else 0, rope_interleaved=c.rope_interleaved)
-        self.vocab = decoder.lm_head.out_features if isinstance(decoder.lm_head, TiledLinear | BlockLinear) \
+        self.vocab = decoder.lm_head.out_features if isinstance(decoder.lm_head, QuantLinear | BlockLinear) \
             else decoder.lm_head.weight.shape[0]
 
     @staticmethod

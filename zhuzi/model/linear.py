@@ -1,4 +1,4 @@
-"""The model's linear layers (decoder -> every projection): dense, int8, 4/8-bit tiles, or a GGUF file's
+"""The model's linear layers (decoder -> every projection): dense, int8, zhuzi's 4/8-bit packing, or a GGUF file's
 own blocks, each picking its fastest path for the rows of a step.
 
 float32 weights are the reference: every format runs there as torch's matmul over its weights' exact values
@@ -16,16 +16,16 @@ from zhuzi.model.blocks import BlockWeight
 from zhuzi.model.cpu_linear import (
     fixed_order_linear,
     int8_matmul,
+    quant_linear,
+    quant_linear_available,
     small_m_linear,
-    tiled_linear,
-    tiled_linear_available,
 )
 from zhuzi.model.quant import pack_q4, pack_q8, quantize_int8, unpack_q4, unpack_q8
 
 QUANTIZATIONS = ("int8", "int4", "gguf")
 # Weight format of the layers and of the LM head for the quantizations made at load.
 FORMATS = {"int8": ("int8", "int8"), "int4": ("q4", "q8")}
-_TILES = {"q4": (pack_q4, unpack_q4), "q8": (pack_q8, unpack_q8)}
+_QUANT_PACKERS = {"q4": (pack_q4, unpack_q4), "q8": (pack_q8, unpack_q8)}
 
 
 class Linear:
@@ -100,21 +100,21 @@ class Int8Linear(Linear):
         return super().tensors + [self.scale]
 
 
-class TiledLinear(Linear):
-    """4-bit or 8-bit tiles (quant.py) through the tiled kernel, for any number of rows on CPU."""
+class QuantLinear(Linear):
+    """zhuzi's own 4-bit or 8-bit packing (quant.py) through the quant kernel, for any number of rows on CPU."""
 
-    def __init__(self, tiles: torch.Tensor, fmt: str, out_features: int, bias: torch.Tensor | None = None):
-        self.tiles, self.fmt, self.out_features, self.bias = tiles, fmt, out_features, bias
+    def __init__(self, packed: torch.Tensor, fmt: str, out_features: int, bias: torch.Tensor | None = None):
+        self.packed, self.fmt, self.out_features, self.bias = packed, fmt, out_features, bias
 
     def _kernel(self, flat: torch.Tensor) -> torch.Tensor | None:
-        return tiled_linear(flat, self.tiles, self.fmt, self.out_features)
+        return quant_linear(flat, self.packed, self.fmt, self.out_features)
 
     def _matmul(self, flat: torch.Tensor) -> torch.Tensor:
-        raise RuntimeError(f"{self.fmt} tiles take float32 or bf16 CPU inputs, got {flat.dtype} on {flat.device}")
+        raise RuntimeError(f"{self.fmt} weights take float32 or bf16 CPU inputs, got {flat.dtype} on {flat.device}")
 
     @property
     def tensors(self) -> list[torch.Tensor]:
-        return [t for t in (self.tiles, self.bias) if t is not None]
+        return [t for t in (self.packed, self.bias) if t is not None]
 
 
 class BlockLinear(Linear):
@@ -161,8 +161,8 @@ def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, fmt: str | None
         if dtype == torch.float32:
             return Linear(q.float() * scale[:, None], bias)
         return Int8Linear(q.to(device), scale.to(device), bias)
-    pack, unpack = _TILES[fmt]
-    tiles = pack(weight)
-    if dtype == torch.bfloat16 and device.type == "cpu" and tiled_linear_available():
-        return TiledLinear(tiles, fmt, weight.shape[0], bias)
-    return Linear(unpack(tiles, weight.shape[0]).to(dtype).to(device), bias)
+    pack, unpack = _QUANT_PACKERS[fmt]
+    packed = pack(weight)
+    if dtype == torch.bfloat16 and device.type == "cpu" and quant_linear_available():
+        return QuantLinear(packed, fmt, weight.shape[0], bias)
+    return Linear(unpack(packed, weight.shape[0]).to(dtype).to(device), bias)

@@ -14,9 +14,9 @@ int zhuzi_small_m_linear(int weight, int x_bf16, const void* x, const void* w, c
 // The same for any M, each row by the operations it gets alone (--deterministic).
 int zhuzi_fixed_order_linear(int weight, int x_bf16, const void* x, const void* w, const void* scale, int scale_bf16,
                              void* y, int64_t M, int64_t N, int64_t K, int64_t MB, int threads);
-// tiled_linear.cpp: y[M, N] = x[M, K] W^T for quant.py's Q4 (format 0) or Q8 (1) tiles [ceil(N / 16), K / 32,
-// tile bytes]; x and y float32 or bf16 (x_bf16); K a multiple of 32.
-int zhuzi_tiled_linear(int format, int x_bf16, const void* x, const void* w, void* y, int64_t M, int64_t N,
+// quant_linear.cpp: y[M, N] = x[M, K] W^T for quant.py's Q4 (format 0) or Q8 (1) units [ceil(N / 16), K / 32,
+// unit bytes]; x and y float32 or bf16 (x_bf16); K a multiple of 32.
+int zhuzi_quant_linear(int format, int x_bf16, const void* x, const void* w, void* y, int64_t M, int64_t N,
                        int64_t K, int threads);
 // int8_rows.cpp: per-row int8 activations around torch._int_mm.
 void zhuzi_quantize_rows(int bf16, const void* x, int8_t* q, float* s, int32_t* z, int64_t M, int64_t K, int threads);
@@ -40,7 +40,7 @@ int zhuzi_dequantize_rows(int type, const void* src, int64_t rows, int64_t row_b
 int zhuzi_pack_blocks(int type, const void* src, int64_t rows, int64_t row_bytes, int64_t K, void* out, int release,
                       int threads);
 // block_linear.cpp: y[M, N] = x[M, K] W^T for W the rows of GGUF block matrices one after another (parts:
-// block_tiles.h's Part, of a GGUF type or a packed one); x and y each float32, or bf16 (x_bf16, y_bf16).
+// block_prefill.h's Part, of a GGUF type or a packed one); x and y each float32, or bf16 (x_bf16, y_bf16).
 int zhuzi_block_linear(const void* parts, int nparts, const void* x, int x_bf16, void* y, int y_bf16, int64_t M,
                        int64_t N, int64_t K, int threads);
 // stream.cpp: the fastest of `passes` reads of x[n] (float32), every thread its own slice: seconds, and the

@@ -1,11 +1,11 @@
 // The dot product of a GGUF block row (blocks.h) with a q8 activation row (q8.h): the numerics every block
-// kernel (block_rows.h, block_tiles.h, arch/x86/amx/tiles.h; every variant) reproduces bit for bit, and row(), the
-// plain scalar reference the kernels' C++ tests hold them to.
+// kernel (block_decode.h, block_prefill.h, arch/x86/amx/block_prefill.h; every variant) reproduces bit for bit,
+// and row(), the plain scalar reference the kernels' C++ tests hold them to.
 //
 // Every path first computes exact int32 sums s of code products per group of G inputs; how it gets them (dot
 // lanes, reductions, AMX tiles) cannot change a bit. What follows is fixed here:
 //
-// - 32-blocks (activations quantized per 32): per group, acc += s (a d) + b (d sum), block_tiles::accumulate().
+// - 32-blocks (activations quantized per 32): per group, acc += s (a d) + b (d sum), block_prefill::accumulate().
 // - K-quants (activations quantized per 256, q8.h's span, as llama.cpp's q8_K): the sub-block scales are
 //   applied as integers, is = sum_g sc_g s_g, Q6_K taking its -32 off through the activations' code sums
 //   (s_g - 32 sum_g), and the minimums meet those sums too, im = sum_j mn_j sum_j. A super-block of 256 inputs
@@ -66,7 +66,7 @@ static float row(const uint8_t* w, const q8::Block* x, const q8::Sums* ds, int64
       if constexpr (F::MIN)
         for (int j = 0; j < 8; ++j) im += mn[j] * group_sum<F>(xb, j);
       acc = super<F>(acc, is, im, d * xb[0].d, -(dmin * xb[0].d));
-    } else {  // block_tiles::accumulate(), one lane
+    } else {  // block_prefill::accumulate(), one lane
       const float d = xb[0].d, dsum = ds[blk][2];
       if constexpr (F::MIN) acc = acc + fmadd(float(s[0]), a[0] * d, b[0] * dsum);
       else if constexpr (F::OFF) acc = acc + fmadd(float(s[0]), a[0] * d, a[0] * (-float(F::OFF) * dsum));

@@ -1,19 +1,19 @@
-// Linear layers on GGUF blocks (block_tiles.h), or packed ones (packed_blocks.h), for any number of input
+// Linear layers on GGUF blocks (block_prefill.h), or packed ones (packed_blocks.h), for any number of input
 // rows; see cpu_blocks.py.
-#include "arch/x86/amx/tiles.h"
+#include "arch/x86/amx/block_prefill.h"
 #include "api.h"
-#include "block_rows.h"
+#include "block_decode.h"
 #include "packed_blocks.h"
 
 #include <vector>
 
-using namespace block_tiles;
+using namespace block_prefill;
 
-// Input rows a work item takes: a tile's chunk is decoded once per work item, and at 64 rows decoding took
+// Input rows a work item takes: a row group's chunk is decoded once per work item, and at 64 rows decoding took
 // a third of a Q6_K prefill; a chunk's q8 blocks of 256 rows (80 KiB) still stay in L2.
 constexpr int64_t CHUNK_ROWS = 256;
-// Up to this many input rows, unpacking a tile's blocks per pass (block_rows.h) costs less than decoding it
-// once (block_tiles.h); both give the same bits.
+// Up to this many input rows, unpacking a row group's blocks per pass (block_decode.h) costs less than
+// decoding it once (block_prefill.h); both give the same bits.
 constexpr int64_t FEW_ROWS = 8;
 
 template <typename T, typename Y>
@@ -23,18 +23,18 @@ static void linear(const Part* parts, int nparts, const T* x, Y* y, int64_t M, i
   for (int p = 0; p < nparts; ++p) need[span(parts[p].type & ~packed::FLAG) == CHUNK] = true;
   for (int s = 0; s < 2; ++s)
     if (need[s]) xq[s].set(x, M, K, K, threads, s ? CHUNK : q8::BLOCK);
-  struct Ref { const Part* part; int64_t row, n0; };  // a tile: its part, its first row there, and in y
-  std::vector<Ref> tiles;
+  struct Ref { const Part* part; int64_t row, n0; };  // a row group: its part, its first row there, and in y
+  std::vector<Ref> groups;
   for (int64_t p = 0, n0 = 0; p < nparts; n0 += parts[p].rows, ++p)
-    for (int64_t r = 0; r < parts[p].rows; r += ROWS) tiles.push_back({&parts[p], r, n0 + r});
-  const int64_t chunks = (M + CHUNK_ROWS - 1) / CHUNK_ROWS, count = int64_t(tiles.size());
+    for (int64_t r = 0; r < parts[p].rows; r += ROWS) groups.push_back({&parts[p], r, n0 + r});
+  const int64_t chunks = (M + CHUNK_ROWS - 1) / CHUNK_ROWS, count = int64_t(groups.size());
 #if ZHUZI_AVX512
-  const bool amx = M > FEW_ROWS && amx_tiles::ready();
+  const bool amx = M > FEW_ROWS && amx_prefill::ready();
 #endif
 #pragma omp parallel for collapse(2) schedule(static) num_threads(threads)
   for (int64_t c = 0; c < chunks; ++c)
     for (int64_t i = 0; i < count; ++i) {
-      const Ref& t = tiles[i];
+      const Ref& t = groups[i];
       const int64_t m0 = c * CHUNK_ROWS, m1 = std::min(M, m0 + CHUNK_ROWS);
       const int rows = int(std::min<int64_t>(ROWS, t.part->rows - t.row));
       alignas(64) float acc[CHUNK_ROWS][ROWS];
@@ -45,17 +45,17 @@ static void linear(const Part* parts, int nparts, const T* x, Y* y, int64_t M, i
         const q8::Rows& x8 = xq[F::QK == CHUNK];
         auto batched = [&](auto decode) {
 #if ZHUZI_AVX512
-          if (amx) return amx_tiles::tile<F>(decode, K, x8, m0, m1, acc);
+          if (amx) return amx_prefill::row_group<F>(decode, K, x8, m0, m1, acc);
 #endif
-          block_tiles::tile<F>(decode, K, x8, m0, m1, acc);
+          block_prefill::row_group<F>(decode, K, x8, m0, m1, acc);
         };
         if (is_packed) {
-          if (m1 - m0 <= FEW_ROWS) packed::tile<F>(w, K, x8, m0, m1, acc);
+          if (m1 - m0 <= FEW_ROWS) packed::row_group<F>(w, K, x8, m0, m1, acc);
           else batched(packed::decoder<F>(w));
           return;
         }
-        if (m1 - m0 <= FEW_ROWS) block_rows::tile<F>(w, t.part->row_bytes, rows, K, x8, m0, m1, acc);
-        else batched(block_tiles::decoder<F>(w, t.part->row_bytes, rows));
+        if (m1 - m0 <= FEW_ROWS) block_decode::row_group<F>(w, t.part->row_bytes, rows, K, x8, m0, m1, acc);
+        else batched(block_prefill::decoder<F>(w, t.part->row_bytes, rows));
       });
       for (int64_t m = m0; m < m1; ++m)
         for (int r = 0; r < rows; ++r) store(acc[m - m0][r], y + m * N + t.n0 + r);

@@ -3,11 +3,11 @@
 // the per-layer path.
 #include "api.h"
 #include "attention.h"
-#include "block_rows.h"
+#include "block_decode.h"
 #include "decode_step.h"
 #include "packed_blocks.h"
+#include "quant_packed.h"
 #include "rows.h"
-#include "tiles.h"
 
 #include <omp.h>
 
@@ -30,7 +30,7 @@ struct Barrier {
   }
 };
 
-constexpr int CHUNK = 16;  // output rows per work item: one block of tiles
+constexpr int CHUNK = 16;  // output rows per work item: one block of units
 
 #if ZHUZI_AVX512
 using Act = uint16_t;  // queries and attention outputs: bf16, as the matrices take them
@@ -43,21 +43,21 @@ using Int8 = I8Q8;      // int8 weights against q8 activations
 #endif
 
 // One matrix's input rows, as each thread prepares them for itself (no barrier needed): float rows (an
-// RMSNorm's output, an activation), then the form each weight kind reads, made on first use: the tiles'
-// Input (bf16 rows and group sums with AVX-512, q8 blocks elsewhere), and off AVX-512 the float rows in
-// the bf16 weights' even / odd split.
+// RMSNorm's output, an activation), then the form each weight kind reads, made on first use:
+// quant_packed's Input (bf16 rows and group sums with AVX-512, q8 blocks elsewhere), and off AVX-512 the float
+// rows in the bf16 weights' even / odd split.
 struct Inputs {
   std::vector<float> f, split;
-  tiles::Input t;
+  quant_packed::Input t;
   q8::Rows q8[2];        // for GGUF blocks: per 32 inputs, per 256 (K-quants)
   const uint16_t* bf16 = nullptr;  // rows given as bf16 (use()), not in f
   int M = 0;
   int64_t K = 0;
-  bool tiled_ready = false, split_ready = false, q8_ready[2] = {};
+  bool quant_ready = false, split_ready = false, q8_ready[2] = {};
 
   // Rows of float32 values, optionally RMS-normalised with weight w.
   void set(const float* src, int rows, int64_t width, const uint16_t* w = nullptr, float eps = 0.f) {
-    M = rows, K = width, tiled_ready = split_ready = q8_ready[0] = q8_ready[1] = false, bf16 = nullptr;
+    M = rows, K = width, quant_ready = split_ready = q8_ready[0] = q8_ready[1] = false, bf16 = nullptr;
     f.resize(M * K);
     for (int m = 0; m < M; ++m) {
       const float* s = src + m * K;
@@ -77,18 +77,18 @@ struct Inputs {
   void use(const uint16_t* rows, int count, int64_t width) {  // bf16 rows as they are
     M = count, K = width, split_ready = q8_ready[0] = q8_ready[1] = false, bf16 = rows;
     t.set(rows, M, K, K);
-    tiled_ready = true;
+    quant_ready = true;
   }
 #else
   void use(const float* rows, int count, int64_t width) { set(rows, count, width); }
 #endif
-  const tiles::Input& tiled() {
-    if (!tiled_ready) t.set(f.data(), M, K, K);
-    tiled_ready = true;
+  const quant_packed::Input& quant() {
+    if (!quant_ready) t.set(f.data(), M, K, K);
+    quant_ready = true;
     return t;
   }
   const q8::Rows& blocks(int span) {  // span: the weights' block length, the inputs an activation scale covers
-    const int s = span == block_tiles::CHUNK;
+    const int s = span == block_prefill::CHUNK;
     if (!q8_ready[s]) {
       if (bf16) q8[s].set(bf16, M, K, K, 1, span);
       else q8[s].set(f.data(), M, K, K, 1, span);
@@ -136,7 +136,7 @@ static void chunk(const Mat& a, Inputs& in, int64_t n0, int count, float out[M][
   switch (a.kind) {
     case DENSE: {
 #if ZHUZI_AVX512
-      const tiles::Input& t = in.tiled();
+      const quant_packed::Input& t = in.quant();
       dense_rows<Dense, M>(static_cast<const uint16_t*>(a.w), K, t.x, t.ld, n0, count, out);
 #else
       dense_rows<Dense, M>(static_cast<const uint16_t*>(a.w), K, in.dense(), K, n0, count, out);
@@ -144,7 +144,7 @@ static void chunk(const Mat& a, Inputs& in, int64_t n0, int count, float out[M][
       break;
     }
     case INT8: {
-      const tiles::Input& t = in.tiled();
+      const quant_packed::Input& t = in.quant();
 #if ZHUZI_AVX512
       dense_rows<Int8, M>(static_cast<const int8_t*>(a.w), K, t.x, t.ld, n0, count, out);
 #else
@@ -155,23 +155,23 @@ static void chunk(const Mat& a, Inputs& in, int64_t n0, int count, float out[M][
       break;
     }
     case BLOCKS: {
-      const auto* part = static_cast<const block_tiles::Part*>(a.w);
+      const auto* part = static_cast<const block_prefill::Part*>(a.w);
       int64_t row = n0;
       for (; row >= part->rows; ++part) row -= part->rows;
-      float acc[M][block_tiles::ROWS];
+      float acc[M][block_prefill::ROWS];
       const uint8_t* w = part->w + row * part->row_bytes;
       blocks::with_format(part->type & ~packed::FLAG, [&](auto f) {
         using F = decltype(f);
-        if (part->type & packed::FLAG) packed::tile<F>(w, K, in.blocks(F::QK), 0, M, acc);
-        else block_rows::tile<F>(w, part->row_bytes, count, K, in.blocks(F::QK), 0, M, acc);
+        if (part->type & packed::FLAG) packed::row_group<F>(w, K, in.blocks(F::QK), 0, M, acc);
+        else block_decode::row_group<F>(w, part->row_bytes, count, K, in.blocks(F::QK), 0, M, acc);
       });
       for (int m = 0; m < M; ++m) std::memcpy(out[m], acc[m], count * 4);
       break;
     }
     default: {
-      const int format = a.kind == Q4 ? tiles::Q4 : tiles::Q8;
-      const auto* w = static_cast<const uint8_t*>(a.w) + (n0 / CHUNK) * (K / 32) * tiles::tile_bytes(format);
-      tiles::block<M>(format, w, K / 32, in.tiled(), 0, out);
+      const int format = a.kind == Q4 ? quant_packed::Q4 : quant_packed::Q8;
+      const auto* w = static_cast<const uint8_t*>(a.w) + (n0 / CHUNK) * (K / 32) * quant_packed::unit_bytes(format);
+      quant_packed::block<M>(format, w, K / 32, in.quant(), 0, out);
     }
   }
   if (a.bias)
@@ -311,8 +311,9 @@ static int run(const Args& a) {
       Mat up = gate;
       if (gate.kind == DENSE) up.w = static_cast<const uint16_t*>(gate.w) + F * E;
       else if (gate.kind == INT8) up.w = static_cast<const int8_t*>(gate.w) + F * E, up.scale = gate.scale + F;
-      else if (gate.kind == BLOCKS) up.w = static_cast<const block_tiles::Part*>(gate.w) + 1;
-      else up.w = static_cast<const uint8_t*>(gate.w) + (F / CHUNK) * (E / 32) * tiles::tile_bytes(gate.kind - Q4);
+      else if (gate.kind == BLOCKS) up.w = static_cast<const block_prefill::Part*>(gate.w) + 1;
+      else
+        up.w = static_cast<const uint8_t*>(gate.w) + (F / CHUNK) * (E / 32) * quant_packed::unit_bytes(gate.kind - Q4);
 #pragma omp for schedule(dynamic, turn(F / CHUNK)) nowait
       for (int64_t c = 0; c < F / CHUNK; ++c) {
         float g[M][CHUNK], u[M][CHUNK];
@@ -346,7 +347,7 @@ extern "C" int zhuzi_decode_step(const void* args, int64_t M) {
   const bool heads = (D == 32 || D == 64 || D == 96 || D == 128 || D == 256) && a.kv_heads > 0
                      && a.heads % a.kv_heads == 0 && a.heads <= MAXH && a.heads * D <= MAXHD;
   if (!heads || a.hidden % 32 || a.ffn % 32) return 2;
-  if (a.embed_type && !block_tiles::serves(a.embed_type, a.hidden, a.embed_row_bytes)) return 2;
+  if (a.embed_type && !block_prefill::serves(a.embed_type, a.hidden, a.embed_row_bytes)) return 2;
   switch (M) {
     case 1: return step::run<1>(a);
     case 2: return step::run<2>(a);

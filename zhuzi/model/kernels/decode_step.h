@@ -5,12 +5,12 @@
 
 namespace step {
 
-// Q4 - Q4 and Q8 - Q4 are tiles.h's formats; BLOCKS: GGUF block matrices (block_tiles.h's Parts)
+// Q4 - Q4 and Q8 - Q4 are quant_packed.h's formats; BLOCKS: GGUF block matrices (block_prefill.h's Parts)
 enum Kind : int32_t { DENSE = 0, INT8 = 1, Q4 = 2, Q8 = 3, BLOCKS = 4 };
 
 struct Mat {
   int32_t kind;
-  const void* w;         // bf16 / int8 rows [n, k], tiles [ceil(n / 16), k / 32, tile bytes], or Parts whose
+  const void* w;         // bf16 / int8 rows [n, k], units [ceil(n / 16), k / 32, unit bytes], or Parts whose
                          // rows add up to n, each a multiple of 16
   const float* scale;    // int8: one per row
   const float* bias;     // [n], or null

@@ -1,15 +1,15 @@
 // The block kernels on packed GGUF matrices (packed_layout.h): decode rows, and the decode of a unit into
-// block_tiles' tiles for many input rows. The sums are block_dot.h's, bit for bit: exact int32 per group, then
-// the float steps of block_tiles.h's accumulate() (32-blocks) or of block_dot::super() (K-quants, their scales
+// block_prefill.h's chunks for many input rows. The sums are block_dot.h's, bit for bit: exact int32 per group, then
+// the float steps of block_prefill.h's accumulate() (32-blocks) or of block_dot::super() (K-quants, their scales
 // as integers) in input order; an output is the same bits as on the file's layout, on every path.
 #pragma once
-#include "block_tiles.h"
+#include "block_prefill.h"
 #include "packed_layout.h"
 
 namespace packed {
 
-static_assert(ROWS == block_tiles::ROWS, "a packed group is a tile's rows");
-using block_tiles::V;
+static_assert(ROWS == block_prefill::ROWS, "a packed group is a row group's rows");
+using block_prefill::V;
 
 typedef uint8_t vb __attribute__((vector_size(4 * i8::LANES)));  // a lane's 4 bytes, for every lane
 
@@ -98,7 +98,7 @@ static inline void dot_pair(i8::I32* s, i8::B8 lo, i8::B8 hi, const q8::Block* c
   for (int m = 0; m < P; ++m) {
     const int8_t* xq = x[m][at / 32].q + at % 32;
     if constexpr (F::SIGNED && !BIASED)
-      s[m] = i8::dot_s8s8(i8::dot_s8s8(s[m], lo, block_tiles::broadcast4(xq)), hi, block_tiles::broadcast4(xq + 4));
+      s[m] = i8::dot_s8s8(i8::dot_s8s8(s[m], lo, block_prefill::broadcast4(xq)), hi, block_prefill::broadcast4(xq + 4));
     else s[m] = i8::dot_u8s8_at(i8::dot_u8s8_at(s[m], lo, xq), hi, xq + 4);
   }
 }
@@ -125,13 +125,13 @@ static inline void integer_sums(const uint8_t* p, const q8::Block* const* x, i8:
   using L = Layout<F>;
 #if ZHUZI_AVX2 && !ZHUZI_AVXVNNI
   if constexpr (P <= 2) {
-    constexpr int RUN = block_tiles::i16_run<F>();
+    constexpr int RUN = block_prefill::i16_run<F>();
 #pragma GCC unroll 16
     for (int g = 0; g < 256 / F::G; ++g) {
       fetch_ahead<F>(p, g);
       for (int v = 0; v < V; ++v) {
         const Codes<F> codes(p, g, v);
-        const __m256i sc16 = block_tiles::runs::both_words(widen_lanes<Q6K<F>>(p + L::SC + g * ROWS + v * VL));
+        const __m256i sc16 = block_prefill::runs::both_words(widen_lanes<Q6K<F>>(p + L::SC + g * ROWS + v * VL));
         __m256i run[P];
         for (int j = 0; j < Codes<F>::PAIRS; ++j) {
           i8::B8 lo, hi;
@@ -139,8 +139,8 @@ static inline void integer_sums(const uint8_t* p, const q8::Block* const* x, i8:
           const int at = g * F::G + 8 * j;
           for (int m = 0; m < P; ++m) {
             const int8_t* xq = x[m][at / 32].q + at % 32;
-            block_tiles::runs::quad<RUN>(run[m], is[m][v], lo, block_tiles::broadcast4(xq), sc16, 2 * j);
-            block_tiles::runs::quad<RUN>(run[m], is[m][v], hi, block_tiles::broadcast4(xq + 4), sc16, 2 * j + 1);
+            block_prefill::runs::quad<RUN>(run[m], is[m][v], lo, block_prefill::broadcast4(xq), sc16, 2 * j);
+            block_prefill::runs::quad<RUN>(run[m], is[m][v], hi, block_prefill::broadcast4(xq + 4), sc16, 2 * j + 1);
           }
         }
       }
@@ -150,8 +150,8 @@ static inline void integer_sums(const uint8_t* p, const q8::Block* const* x, i8:
       const auto minimum = [&](int j) { return widen_lanes<false>(p + L::MN + j * ROWS + v * VL); };
       for (int m = 0; m < P; ++m) {
         __m256i term = i8::zero();
-        for (int b = 0; b < 8; ++b) term = block_tiles::runs::block_term<F>(term, scale, minimum, b, x[m][b]);
-        block_tiles::runs::close<F>(is[m][v], im[m][v], term);
+        for (int b = 0; b < 8; ++b) term = block_prefill::runs::block_term<F>(term, scale, minimum, b, x[m][b]);
+        block_prefill::runs::close<F>(is[m][v], im[m][v], term);
       }
     }
     return;
@@ -210,7 +210,7 @@ static inline void apply(const uint8_t* p, const q8::Block* const* x, const q8::
       store_vf(halves(p + L::D + 2 * v * VL), a + v * VL);
       if constexpr (F::MIN) store_vf(halves(p + L::DMIN + 2 * v * VL), b + v * VL);
     }
-    for (int m = 0; m < P; ++m) block_tiles::accumulate<F>(sums[m], s[m], a, b, *x[m], *ds[m], 0);
+    for (int m = 0; m < P; ++m) block_prefill::accumulate<F>(sums[m], s[m], a, b, *x[m], *ds[m], 0);
     return;
   }
   i8::I32 is[P][V], im[P][V];
@@ -247,26 +247,27 @@ static void rows(const uint8_t* w, int64_t K, const q8::Block* const* x, const q
 }
 
 // The 16 rows of the packed group at w (K inputs) against input rows [m0, m1) of x (q8 rows of the unit's
-// span): acc[m - m0][r], MB input rows a pass. For decode rows; many rows take block_tiles::tile() with
+// span): acc[m - m0][r], MB input rows a pass. For decode rows; many rows take block_prefill::row_group() with
 // decoder().
 template <class F>
-static void tile(const uint8_t* w, int64_t K, const q8::Rows& x, int64_t m0, int64_t m1, float (*acc)[ROWS]) {
-  constexpr int MB = block_tiles::MB;
+static void row_group(const uint8_t* w, int64_t K, const q8::Rows& x, int64_t m0, int64_t m1,
+                      float (*acc)[ROWS]) {
+  constexpr int MB = block_prefill::MB;
   for (int64_t m = m0; m < m1; m += MB) {
     const int count = int(std::min<int64_t>(MB, m1 - m));
     const q8::Block* xs[MB];
     const q8::Sums* ds[MB];
     for (int i = 0; i < count; ++i) xs[i] = x.row(m + i), ds[i] = x.sums(m + i);
-    block_tiles::with_rows(count, [&](auto p) { rows<F, decltype(p)::value>(w, K, xs, ds, acc + (m - m0)); });
+    block_prefill::with_rows(count, [&](auto p) { rows<F, decltype(p)::value>(w, K, xs, ds, acc + (m - m0)); });
   }
 }
 
-// block_tiles::tile()'s decode of a packed group at w (many input rows): a unit's codes are the Tile's as
-// they lie, two nibbles a byte (with Q6_K's top or Q5's fifth bits), its scales widened; no transposes,
+// block_prefill::row_group()'s decode of a packed group at w (many input rows): a unit's codes are the Chunk's
+// as they lie, two nibbles a byte (with Q6_K's top or Q5's fifth bits), its scales widened; no transposes,
 // unlike the file's blocks.
 template <class F>
 static auto decoder(const uint8_t* w) {
-  return [=](int64_t k0, int n, block_tiles::Tile& t) {
+  return [=](int64_t k0, int n, block_prefill::Chunk& t) {
     using L = Layout<F>;
     constexpr int GROUPS = F::QK / F::G;
     for (int u = 0; u < n / F::QK; ++u) {

@@ -4,11 +4,11 @@
 // the keys from position 0 in tiles of 32 (only as far as its last query may look), so every K/V row a tile
 // reads serves all of the item's queries at once, with an online softmax per lane in float32. Two items:
 // bf16 throughout with vdpbf16ps (arch/x86/avx512/prefill_attention.h), and float32 math over float32 or bf16
-// queries and bf16 or q8_0 pools on every variant (prefill_tile.h). With a sliding window (window > 0) an item
-// starts at its first query's oldest visible key and each lane masks the keys older than its own window: the
-// slots before that are never read (their blocks may be back in the pool).
+// queries and bf16 or q8_0 pools on every variant (prefill_attention_f32.h). With a sliding window (window > 0)
+// an item starts at its first query's oldest visible key and each lane masks the keys older than its own
+// window: the slots before that are never read (their blocks may be back in the pool).
 #include "api.h"
-#include "prefill_tile.h"
+#include "prefill_attention_f32.h"
 #if ZHUZI_AVX512
 #include "arch/x86/avx512/prefill_attention.h"
 #endif

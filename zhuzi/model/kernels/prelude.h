@@ -110,7 +110,7 @@ static inline void store(float x, uint16_t* p) {  // round to nearest even; a Na
 static inline uint32_t to_bits(float x) { uint32_t u; std::memcpy(&u, &x, 4); return u; }
 static inline float from_bits(uint32_t u) { float x; std::memcpy(&x, &u, 4); return x; }
 
-// IEEE half -> float (the tiles' scales), exact for every value.
+// IEEE half -> float (the quant units' scales), exact for every value.
 static inline float half_to_float(uint16_t h) {
 #if ZHUZI_NEON
   __fp16 v; std::memcpy(&v, &h, 2); return float(v);

@@ -78,13 +78,13 @@ static int dispatch(int64_t M, const void* x, const void* w, const void* scale, 
 
 // --deterministic: any number of rows, each output value computed by the very operations the M <= 8 path
 // uses (rows<> gives every (row, input) pair its own accumulator and sequence), so a token gets the same
-// bits in a decode of one row, a batch of 30 or a prefill chunk of 512. Inputs go in tiles of up to 8
-// rows; a tile meets a group of weight blocks (~24 KiB) while both sit in L1, and the MB input rows of
+// bits in a decode of one row, a batch of 30 or a prefill chunk of 512. Inputs go in sets of up to 8
+// rows; a set meets a group of weight blocks (~24 KiB) while both sit in L1, and the MB input rows of
 // one pass over the weights stay in L2.
 template <class F, typename T>
 static void fixed_order(const T* x, const typename F::W* w, const void* scale, int scale_bf16, T* y,
                         int64_t M, int64_t N, int64_t K, int64_t MB, int threads) {
-  constexpr int R = ROWS[8];  // one weight block for every tile size: R does not change any output's bits
+  constexpr int R = ROWS[8];  // one weight block for every set size: R does not change any output's bits
   const int64_t kp = stride<F>(K);
   const std::vector<typename F::X> xp = prepared<F>(x, M, K, kp, threads);
   const int64_t blocks = (N + R - 1) / R;

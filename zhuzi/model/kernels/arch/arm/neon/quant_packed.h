@@ -1,4 +1,4 @@
-// tiles.h for armv8.2-a + dotprod: q8 activations (q8.h) meet the codes through sdot by lane (a lane
+// quant_packed.h for armv8.2-a + dotprod: q8 activations (q8.h) meet the codes through sdot by lane (a lane
 // selects four input bytes for all four rows of a vector). A block's 16 rows are four quarters of 4, one
 // row per 32-bit lane. With i8mm, two input rows at a time go through smmla instead (2 weight rows x 8
 // inputs against 2 input rows: twice sdot's products an instruction); its int32 sums are the same, so a
@@ -9,7 +9,7 @@
 
 #include <vector>
 
-namespace tiles {
+namespace quant_packed {
 
 constexpr int PASS = 4;
 constexpr int AHEAD = 4096;
@@ -100,4 +100,4 @@ static void block(const uint8_t* w, int64_t groups, const Input& in, int64_t m0,
     for (int q = 0; q < 4; ++q) vst1q_f32(out[m] + 4 * q, acc[m][q]);
 }
 
-}  // namespace tiles
+}  // namespace quant_packed

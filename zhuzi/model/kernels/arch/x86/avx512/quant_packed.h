@@ -1,13 +1,13 @@
-// tiles.h for AVX-512 BF16 + VBMI: the codes become bf16 in registers and meet bf16 inputs as they are (no
-// input quantization) through vdpbf16ps, which accumulates pairs of products in float32. A Q4 group's dot
+// quant_packed.h for AVX-512 BF16 + VBMI: the codes become bf16 in registers and meet bf16 inputs as they are
+// (no input quantization) through vdpbf16ps, which accumulates pairs of products in float32. A Q4 group's dot
 // product uses the codes centred, w = (q - 8) d + (m + 8 d): d * sum (q - 8) x + (m + 8 d) * sum x, and
 // q - 8 is exact in bf16.
 #pragma once
 #include <vector>
 
-namespace tiles {
+namespace quant_packed {
 
-constexpr int PASS = 8;        // input rows per pass over a block's tiles (accumulators + codes fit the registers)
+constexpr int PASS = 8;        // input rows per pass over a block's units (accumulators + codes fit the registers)
 constexpr int AHEAD = 4096;    // bytes prefetched ahead in a block's stream
 
 // acc += w . (the bf16 pair at p, broadcast to every lane). GCC does not fold a broadcast into the
@@ -106,7 +106,7 @@ static inline void group_sums(const uint16_t* x, int64_t groups, float* sums) {
   }
 }
 
-// Input rows as the tiles take them: bf16 (used in place, or float rounded once) and each group's sum.
+// Input rows as the units take them: bf16 (used in place, or float rounded once) and each group's sum.
 struct Input {
   std::vector<uint16_t> own;
   std::vector<float> sums;
@@ -135,4 +135,4 @@ static void block(const uint8_t* w, int64_t groups, const Input& in, int64_t m0,
   for (int m = 0; m < M; ++m) _mm512_storeu_ps(out[m], v[m]);
 }
 
-}  // namespace tiles
+}  // namespace quant_packed

@@ -1,11 +1,11 @@
-// Linear layers with tiled 4-bit / 8-bit weights (tiles.h) for any number of input rows; see cpu_linear.py
-// for the design.
+// Linear layers with zhuzi's own 4-bit / 8-bit weights (quant_packed.h) for any number of input rows; see
+// cpu_linear.py for the design.
 #include "api.h"
-#include "tiles.h"
+#include "quant_packed.h"
 
 #include <algorithm>
 
-using namespace tiles;
+using namespace quant_packed;
 
 // Input rows per chunk: a chunk's rows stay in L2 while the blocks of the matrix pass over them.
 constexpr int64_t CHUNK_ROWS = 128;
@@ -13,7 +13,7 @@ constexpr int64_t CHUNK_ROWS = 128;
 template <typename T>
 static void linear(int format, const T* x, const uint8_t* w, T* y, int64_t M, int64_t N, int64_t K, int threads) {
   const int64_t groups = K / GROUP, blocks = (N + LANES - 1) / LANES, chunks = (M + CHUNK_ROWS - 1) / CHUNK_ROWS;
-  const int64_t block_bytes = groups * tile_bytes(format);
+  const int64_t block_bytes = groups * unit_bytes(format);
   Input in;
   in.set(x, M, K, K, threads);
 #pragma omp parallel for collapse(2) schedule(static) num_threads(threads)
@@ -30,11 +30,11 @@ static void linear(int format, const T* x, const uint8_t* w, T* y, int64_t M, in
     }
 }
 
-extern "C" int zhuzi_tiled_linear(int format, int x_bf16, const void* x, const void* w, void* y, int64_t M,
+extern "C" int zhuzi_quant_linear(int format, int x_bf16, const void* x, const void* w, void* y, int64_t M,
                                   int64_t N, int64_t K, int threads) {
   if (K % GROUP || (format != Q4 && format != Q8)) return 2;
-  const auto* tiles = static_cast<const uint8_t*>(w);
-  if (x_bf16) linear(format, static_cast<const uint16_t*>(x), tiles, static_cast<uint16_t*>(y), M, N, K, threads);
-  else linear(format, static_cast<const float*>(x), tiles, static_cast<float*>(y), M, N, K, threads);
+  const auto* packed = static_cast<const uint8_t*>(w);
+  if (x_bf16) linear(format, static_cast<const uint16_t*>(x), packed, static_cast<uint16_t*>(y), M, N, K, threads);
+  else linear(format, static_cast<const float*>(x), packed, static_cast<float*>(y), M, N, K, threads);
   return 0;
 }

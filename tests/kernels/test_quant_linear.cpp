@@ -1,4 +1,4 @@
-// tiled_linear.cpp against float64 products of the weights the Q4 / Q8 tiles stand for: float32 and bf16
+// quant_linear.cpp against float64 products of the weights the Q4 / Q8 units stand for: float32 and bf16
 // inputs, every pass size and a partial last block. AVX-512 meets bf16 inputs as they are (float32 ones
 // rounded to bf16 once); the other variants meet q8 blocks, held to the bound of that rounding.
 #include "check.h"
@@ -11,7 +11,7 @@ struct Case {
   int64_t M, N, K;
   std::vector<float> x;  // what the kernel reads, already rounded when bf16
   std::vector<uint16_t> x16;
-  pack::Tiles t;
+  pack::Packed t;
 };
 
 Case make(int format, int64_t M, int64_t N, int64_t K, bool x_bf16, uint64_t seed) {
@@ -24,14 +24,14 @@ Case make(int format, int64_t M, int64_t N, int64_t K, bool x_bf16, uint64_t see
   }
   std::vector<float> w(N * K);
   for (float& v : w) v = float(g.normal()) * 0.05f;
-  c.t = pack::tiles(format, w, N, K);
+  c.t = pack::quant(format, w, N, K);
   return c;
 }
 
 std::vector<double> run(int format, const Case& c, bool x_bf16, int64_t rows, int64_t m0, int threads) {
   std::vector<float> y32(rows * c.N);
   std::vector<uint16_t> y16(rows * c.N);
-  const int status = zhuzi_tiled_linear(format, x_bf16, x_bf16 ? (const void*)(c.x16.data() + m0 * c.K)
+  const int status = zhuzi_quant_linear(format, x_bf16, x_bf16 ? (const void*)(c.x16.data() + m0 * c.K)
                                                              : (const void*)(c.x.data() + m0 * c.K),
                                         c.t.bytes.data(), x_bf16 ? (void*)y16.data() : y32.data(), rows, c.N, c.K,
                                         threads);
@@ -43,7 +43,7 @@ std::vector<double> run(int format, const Case& c, bool x_bf16, int64_t rows, in
 
 }  // namespace
 
-TEST(tiled_linear_matches_float64) {
+TEST(quant_linear_matches_float64) {
   for (int format : {0, 1})
     for (auto [N, K] : {std::pair<int64_t, int64_t>{5, 32}, {37, 576}, {64, 96}})
       for (bool x_bf16 : {false, true})
@@ -75,7 +75,7 @@ TEST(tiled_linear_matches_float64) {
         }
 }
 
-TEST(tiled_rows_are_the_bits_they_get_alone) {
+TEST(quant_rows_are_the_bits_they_get_alone) {
   for (int format : {0, 1}) {
     const Case c = make(format, 40, 203 / 32 * 32 + 11, 576, false, 9 + format);
     const std::vector<double> all = run(format, c, false, c.M, 0, 2);
@@ -86,8 +86,8 @@ TEST(tiled_rows_are_the_bits_they_get_alone) {
   }
 }
 
-TEST(tiled_linear_declines_a_width_not_a_multiple_of_32) {
+TEST(quant_linear_declines_a_width_not_a_multiple_of_32) {
   const Case c = make(0, 1, 16, 32, false, 1);
   float y[16];
-  CHECK(zhuzi_tiled_linear(0, 0, c.x.data(), c.t.bytes.data(), y, 1, 16, 31, 1) == 2, "served K = 31");
+  CHECK(zhuzi_quant_linear(0, 0, c.x.data(), c.t.bytes.data(), y, 1, 16, 31, 1) == 2, "served K = 31");
 }

@@ -1,12 +1,13 @@
-// GGUF block matrices (blocks.h) in tiles of 16 output rows against q8 activation rows (q8.h): the inner
-// loops of the block linear kernel and of the fused decode step.
+// GGUF block matrices (blocks.h) in row groups of 16 output rows against q8 activation rows (q8.h), for many
+// rows (prefill; block_decode.h takes a few on x86): the inner loops of the block linear kernel and of the fused
+// decode step.
 //
-// A tile's chunk of up to 256 inputs is decoded once into a small buffer: the 16 rows' codes interleaved
+// A row group's chunk of up to 256 inputs is decoded once into a small buffer: the 16 rows' codes interleaved
 // 4 bytes at a time (codes[quad][row]: one vector holds the same 4 inputs of every row, a lane per row), and
 // each group's scale a and offset b as vectors over the rows. An input row meets the chunk with one int8
 // dot product per 4 inputs, its 4 codes broadcast to every lane (vpdpbusd, maddubs + madd, sdot): no
 // horizontal sums, and every input row of the call reuses the decoded chunk, so decoding is paid once
-// per tile and chunk, not once per row.
+// per row group and chunk, not once per row.
 //
 // Per group of G inputs and input row m, with s the group's exact int32 sum of code products:
 //   acc += s (a d) + b (d sum)     d: the activation block's scale, sum: its codes' sum (its half for G = 16)
@@ -22,10 +23,10 @@
 #include <algorithm>
 #include <type_traits>
 
-namespace block_tiles {
+namespace block_prefill {
 
 constexpr int ROWS = 16, CHUNK = 256, QUADS = CHUNK / 4;
-constexpr int V = ROWS / i8::LANES;  // vectors a tile row-quad spans
+constexpr int V = ROWS / i8::LANES;  // vectors a row group's quad spans
 #if ZHUZI_AVX512
 constexpr int MB = 8;  // input rows a pass: their int32 sums stay in registers
 #else
@@ -39,7 +40,7 @@ struct Part {
   int64_t rows, row_bytes;
 };
 
-// A K-quant super-block's integer scales (blocks.h's ints()) for each of a tile's rows.
+// A K-quant super-block's integer scales (blocks.h's ints()) for each of a row group's rows.
 struct KScales {
   alignas(64) int32_t sc[16][ROWS];
   alignas(64) int32_t mn[8][ROWS];
@@ -56,7 +57,7 @@ constexpr int i16_run() {
   return 32767 / (2 * CMAX * 127);
 }
 
-struct Tile {
+struct Chunk {
   alignas(64) uint8_t codes[QUADS][ROWS][4];
   alignas(64) float a[CHUNK / 16][ROWS];  // 32-blocks' scales and offsets
   alignas(64) float b[CHUNK / 16][ROWS];
@@ -106,11 +107,11 @@ static inline void interleave(const uint8_t* rows, uint8_t* out) {
 }
 
 // The float part of group g (of a chunk or a step aligned to 256 inputs) for one input row, from its q8 block's
-// scale d and q8::scaled_sum(): sums[v] += s (a d) + b (d sum), vectors over the tile's rows. Every tile path
-// (here, block_rows.h, arch/x86/amx/tiles.h) calls it with the exact int32 group sums s, so an output's bits do not
-// depend on the path. Formats without an offset (Q8_0) have no b term; for those whose offset is b = -OFF a
-// (OFF a power of two), b (d sum) is computed as a (-OFF d sum), the same number: scaling by a power of two
-// commutes with rounding. So their b is never stored.
+// scale d and q8::scaled_sum(): sums[v] += s (a d) + b (d sum), vectors over the row group's rows. Every
+// path (here, block_decode.h, arch/x86/amx/block_prefill.h) calls it with the exact int32 group sums s, so an
+// output's bits do not depend on the path. Formats without an offset (Q8_0) have no b term; for those whose
+// offset is b = -OFF a (OFF a power of two), b (d sum) is computed as a (-OFF d sum), the same number: scaling
+// by a power of two commutes with rounding. So their b is never stored.
 template <class F>
 static inline void accumulate(vf* sums, const i8::I32* s, const float* a, const float* b, float d, float dsum) {
   static_assert((F::OFF & (F::OFF - 1)) == 0, "an offset that is not a power of two would round differently");
@@ -129,7 +130,7 @@ static inline void accumulate(vf* sums, const i8::I32* s, const float* a, const 
   accumulate<F>(sums, s, a, b, xb.d, F::MIN || F::OFF ? ds[F::G == 16 ? g % 2 : 2] : 0.f);
 }
 
-// block_dot::group() for a K-quant's group g, vectors over a tile's rows: is[v] += sc s.
+// block_dot::group() for a K-quant's group g, vectors over a row group's rows: is[v] += sc s.
 template <class F>
 static inline void k_group(i8::I32* is, const i8::I32* s, const KScales& k, int g, const q8::Block* xb) {
   const int32_t xsum = block_dot::group_sum<F>(xb, g);
@@ -137,7 +138,7 @@ static inline void k_group(i8::I32* is, const i8::I32* s, const KScales& k, int 
     is[v] = (i8::I32)block_dot::group<F>((vi)is[v], (vi)s[v], load_vi(k.sc[g] + v * VL), xsum);
 }
 
-// block_dot::super() for a super-block of the tile's rows whose integer sums are is, one input row (q8 blocks
+// block_dot::super() for a super-block of the row group's rows whose integer sums are is, one input row (q8 blocks
 // from the super-block's first, xb).
 template <class F>
 static inline void k_super(vf* sums, const i8::I32* is, const KScales& k, const q8::Block* xb) {
@@ -196,10 +197,10 @@ static inline void close(i8::I32& is, i8::I32& im, __m256i term) {
 
 }  // namespace runs
 
-// apply() for a K-quant super-block: a half of the tile's rows (one vector) at a time, so that a pass's runs
+// apply() for a K-quant super-block: a half of the row group's rows (one vector) at a time, so that a pass's runs
 // and sums fit the 16 registers.
 template <class F, int P>
-static void apply_runs(const Tile& t, const q8::Block* const* x, float (*acc)[ROWS]) {
+static void apply_runs(const Chunk& t, const q8::Block* const* x, float (*acc)[ROWS]) {
   constexpr int QG = F::G / 4, RUN = i16_run<F>();
   for (int v = 0; v < V; ++v) {
     __m256i is[P], run[P];
@@ -228,10 +229,10 @@ static void apply_runs(const Tile& t, const q8::Block* const* x, float (*acc)[RO
 }
 #endif
 
-// Rows [0, rows) (the rest zeros) of a tile whose first row's blocks start at w, inputs [k0, k0 + n): n a
+// Rows [0, rows) (the rest zeros) of a row group whose first row's blocks start at w, inputs [k0, k0 + n): n a
 // multiple of F::QK, at most CHUNK.
 template <class F>
-static void decode(const uint8_t* w, int64_t row_bytes, int rows, int64_t k0, int n, Tile& t) {
+static void decode(const uint8_t* w, int64_t row_bytes, int rows, int64_t k0, int n, Chunk& t) {
   constexpr int GROUPS = F::QK / F::G;
   alignas(64) uint8_t q[ROWS][CHUNK];
   for (int r = 0; r < ROWS; ++r) {
@@ -265,7 +266,7 @@ static void decode(const uint8_t* w, int64_t row_bytes, int rows, int64_t k0, in
 // acc[m][r] += the chunk's products for P <= MB input rows; x[m]: row m's q8 blocks from the chunk's first,
 // ds[m] their scaled sums.
 template <class F, int P>
-static void apply(const Tile& t, int n, const q8::Block* const* x, const q8::Sums* const* ds, float (*acc)[ROWS]) {
+static void apply(const Chunk& t, int n, const q8::Block* const* x, const q8::Sums* const* ds, float (*acc)[ROWS]) {
   constexpr int QG = F::G / 4;  // quads a group
   constexpr bool KQ = F::QK == CHUNK;  // the chunk is one K-quant super-block
 #if ZHUZI_AVX2 && !ZHUZI_AVXVNNI
@@ -321,12 +322,12 @@ static inline void with_rows(int count, Fn fn) {
   }
 }
 
-// A 16-row tile of a matrix (K inputs a row) against input rows [m0, m1) of x (q8 rows of K inputs): acc[m -
-// m0][r] = the sum of products (acc holds m1 - m0 rows). decode(k0, n, t) fills t with the tile's inputs
+// A 16-row group of a matrix (K inputs a row) against input rows [m0, m1) of x (q8 rows of K inputs): acc[m -
+// m0][r] = the sum of products (acc holds m1 - m0 rows). decode(k0, n, t) fills t with the row group's inputs
 // [k0, k0 + n): decoder() from the file's blocks, or from packed ones (packed_blocks.h).
 template <class F, typename Decode>
-static void tile(Decode decode, int64_t K, const q8::Rows& x, int64_t m0, int64_t m1, float (*acc)[ROWS]) {
-  Tile t;
+static void row_group(Decode decode, int64_t K, const q8::Rows& x, int64_t m0, int64_t m1, float (*acc)[ROWS]) {
+  Chunk t;
   std::memset(acc, 0, sizeof(float) * ROWS * (m1 - m0));
   for (int64_t k0 = 0; k0 < K; k0 += CHUNK) {
     const int n = int(std::min<int64_t>(CHUNK, K - k0));
@@ -341,10 +342,10 @@ static void tile(Decode decode, int64_t K, const q8::Rows& x, int64_t m0, int64_
   }
 }
 
-// tile()'s decode for rows [0, rows) of the file's blocks from w.
+// row_group()'s decode for rows [0, rows) of the file's blocks from w.
 template <class F>
 static auto decoder(const uint8_t* w, int64_t row_bytes, int rows) {
-  return [=](int64_t k0, int n, Tile& t) { decode<F>(w, row_bytes, rows, k0, n, t); };
+  return [=](int64_t k0, int n, Chunk& t) { decode<F>(w, row_bytes, rows, k0, n, t); };
 }
 
 // The inputs that share an activation scale (q8::Rows' span) for weights of `type`: their block's length,
@@ -365,4 +366,4 @@ static inline bool serves(int type, int64_t K, int64_t row_bytes) {
   return ok;
 }
 
-}  // namespace block_tiles
+}  // namespace block_prefill

@@ -1,4 +1,4 @@
-// tiles.h for x86-64-v3: q8 activations (q8.h) meet the codes in int8 dot products, maddubs + madd
+// quant_packed.h for x86-64-v3: q8 activations (q8.h) meet the codes in int8 dot products, maddubs + madd
 // (AVX-VNNI: vpdpbusd). A block's 16 rows are two halves of 8, one row per 32-bit lane; a group's four
 // input bytes at a time are broadcast to every lane. Per group and row, the int32 dot product becomes
 // float once: Q4 adds d dx sum(q qx) + m dx sum(qx), Q8 d dx sum(q qx).
@@ -8,7 +8,7 @@
 
 #include <vector>
 
-namespace tiles {
+namespace quant_packed {
 
 constexpr int PASS = 4;      // input rows per pass: 8 code vectors + 4 accumulators fit the 16 registers
 constexpr int AHEAD = 4096;  // bytes prefetched ahead in a block's stream
@@ -95,4 +95,4 @@ static void block(const uint8_t* w, int64_t groups, const Input& in, int64_t m0,
   }
 }
 
-}  // namespace tiles
+}  // namespace quant_packed

@@ -1,19 +1,19 @@
-// block_tiles.h's batched rows through AMX (Sapphire Rapids and later Xeons), the same bits: a tile's decoded
-// chunk is already AMX's B layout (codes[quad][row][4]: 4 inputs of each of 16 rows a 64-byte row), and q8
+// block_prefill.h's batched rows through AMX (Sapphire Rapids and later Xeons), the same bits: a row group's
+// decoded chunk is already AMX's B layout (codes[quad][row][4]: 4 inputs of each of 16 rows a 64-byte row), and q8
 // activation rows are A rows as they lie (32 codes a block). One tdpbsud (tdpbssd for Q8_0) gives every group's
 // exact int32 sums for 16 input rows x 16 output rows at once, where VNNI takes 8 dot products per input row;
-// block_tiles.h's accumulate() (or k_group() and k_super()) then does the rest as on every other path. Only
+// block_prefill.h's accumulate() (or k_group() and k_super()) then does the rest as on every other path. Only
 // the avx512 build has it, and it runs where the CPU has AMX-INT8 and the kernel grants the tile state (ready()).
 #pragma once
-#include "block_tiles.h"
+#include "../../../block_prefill.h"  // kernels/block_prefill.h: a quoted name finds this file first
 
 #if ZHUZI_AVX512
 #include <sys/syscall.h>
 #include <unistd.h>
 
-namespace amx_tiles {
+namespace amx_prefill {
 
-using namespace block_tiles;
+using namespace block_prefill;
 
 // Whether this process may run AMX-INT8: the CPU has it and Linux granted the tile data state (once).
 static inline bool ready() {
@@ -41,7 +41,7 @@ __attribute__((target("amx-tile"))) static inline void configure() {
 
 // Groups g .. g + 3 of the chunk: sums[i][m][r] for input rows at x (A rows `stride` bytes apart).
 template <class F>
-__attribute__((target("amx-tile,amx-int8"))) static inline void four_groups(const Tile& t, const int8_t* x,
+__attribute__((target("amx-tile,amx-int8"))) static inline void four_groups(const Chunk& t, const int8_t* x,
                                                                               int64_t stride, int g,
                                                                               int32_t (*sums)[16][ROWS]) {
   constexpr int QG = F::G / 4;
@@ -64,13 +64,13 @@ __attribute__((target("amx-tile,amx-int8"))) static inline void four_groups(cons
   _tile_stored(3, sums[3], 64);
 }
 
-// block_tiles::tile()'s results. x's rows must be readable up to the next multiple of 16 after m1 (q8::Rows
-// pads them): an A tile always loads 16.
+// block_prefill::row_group()'s results. x's rows must be readable up to the next multiple of 16 after m1
+// (q8::Rows pads them): an A tile always loads 16.
 template <class F, typename Decode>
-__attribute__((target("amx-tile,amx-int8"))) static void tile(Decode decode, int64_t K, const q8::Rows& x,
-                                                                int64_t m0, int64_t m1, float (*acc)[ROWS]) {
-  static_assert(V == 1, "a tile's 16 rows are one vector");
-  Tile t;
+__attribute__((target("amx-tile,amx-int8"))) static void row_group(Decode decode, int64_t K, const q8::Rows& x,
+                                                                    int64_t m0, int64_t m1, float (*acc)[ROWS]) {
+  static_assert(V == 1, "a row group's 16 rows are one vector");
+  Chunk t;
   alignas(64) int32_t s[4][16][ROWS];
   const int64_t stride = x.n * int64_t(sizeof(q8::Block));
   configure<F>();
@@ -110,5 +110,5 @@ __attribute__((target("amx-tile,amx-int8"))) static void tile(Decode decode, int
   _tile_release();
 }
 
-}  // namespace amx_tiles
+}  // namespace amx_prefill
 #endif

@@ -1,8 +1,8 @@
-// block_rows.h for AVX-512: a vector holds two 32-input units; the int32 dot lanes of 16 rows become their
+// block_decode.h for AVX-512: a vector holds two 32-input units; the int32 dot lanes of 16 rows become their
 // 16-input sums, a vector over the rows per 128-bit block.
 #pragma once
 
-namespace block_rows {
+namespace block_decode {
 
 constexpr int UNITS = 2;  // 32-input units a vector
 
@@ -53,7 +53,7 @@ static inline void four_q6k(const uint8_t* p, int h, __m512i* c) {
 }
 
 // The codes of inputs [32u, 32u + 64) of a K-quant block p (u even): both units come from the same bytes
-// (32 of qs, or 64 of Q6_K's ql), read once into a vector and shifted per half, as block_rows.h's unit() does
+// (32 of qs, or 64 of Q6_K's ql), read once into a vector and shifted per half, as block_decode.h's unit() does
 // for each.
 template <class F>
 static inline __m512i pair(const uint8_t* p, int u) {
@@ -98,4 +98,4 @@ static inline vi gather(const uint8_t* p, vi off) { return (vi)_mm512_i32gather_
 // The IEEE halves in the low 16 bits of each lane, as floats.
 static inline vf halves(vu w) { return (vf)_mm512_cvtph_ps(_mm512_cvtepi32_epi16((__m512i)w)); }
 
-}  // namespace block_rows
+}  // namespace block_decode

@@ -1,13 +1,14 @@
-// tiles.h in portable C++: each row's codes read one at a time from the tile's layout (tiles.h) and summed
-// against the q8 inputs in int32, then per group and row the same float steps as arch/arm/neon/tiles.h
-// and arch/x86/avx2/tiles.h: Q4 adds d dx sum(q qx) + m dx sum(qx), Q8 d dx sum(q qx).
+// quant_packed.h in portable C++: each row's codes read one at a time from the unit's layout (quant_packed.h)
+// and summed against the q8 inputs in int32, then per group and row the same float steps as
+// arch/arm/neon/quant_packed.h and arch/x86/avx2/quant_packed.h: Q4 adds d dx sum(q qx) + m dx sum(qx), Q8
+// d dx sum(q qx).
 #pragma once
 
-namespace tiles {
+namespace quant_packed {
 
 constexpr int PASS = 4;
 
-// Row r's code for input i of a group's tile at w.
+// Row r's code for input i of a group's unit at w.
 template <int F>
 static inline int32_t code(const uint8_t* w, int r, int i) {
   if constexpr (F == Q4) {
@@ -42,4 +43,4 @@ static void block(const uint8_t* w, int64_t groups, const Input& in, int64_t m0,
     }
 }
 
-}  // namespace tiles
+}  // namespace quant_packed

@@ -1,8 +1,8 @@
-// block_rows.h for x86-64-v3: a vector holds one 32-input unit; the int32 dot lanes of 16 rows become their
+// block_decode.h for x86-64-v3: a vector holds one 32-input unit; the int32 dot lanes of 16 rows become their
 // 16-input sums, two vectors of 8 rows per 128-bit half.
 #pragma once
 
-namespace block_rows {
+namespace block_decode {
 
 constexpr int UNITS = 1;  // 32-input units a vector
 
@@ -61,4 +61,4 @@ static inline vf halves(vu w) {
   return (vf)_mm256_cvtph_ps(_mm256_castsi256_si128(packed));
 }
 
-}  // namespace block_rows
+}  // namespace block_decode

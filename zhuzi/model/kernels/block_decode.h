@@ -1,30 +1,30 @@
-// GGUF block matrices (blocks.h) against a few q8 activation rows (decode): the same 16-row tiles and results
-// as block_tiles.h, without its decoded chunk. block_tiles.h pays a chunk's decode and interleave once for
+// GGUF block matrices (blocks.h) against a few q8 activation rows (decode): the same 16-row groups and results
+// as block_prefill.h, without its decoded chunk. block_prefill.h pays a chunk's decode and interleave once for
 // all its input rows, which at one to a few rows costs more than reading the weights; here each row's
 // blocks are unpacked in registers, in input order, and meet the inputs in int8 dot products lane by lane.
 // A reduction over 4 rows at a time (then a transpose of 128-bit blocks) turns every row's lanes into its
-// exact int32 sum per 16 inputs, a vector over the tile's rows: block_tiles.h's accumulate() (32-blocks) or
+// exact int32 sum per 16 inputs, a vector over the row group's rows: block_prefill.h's accumulate() (32-blocks) or
 // k_group() and k_super() (K-quants) then do the rest exactly as there (block_dot.h), so an output is the same
 // bits on either path (batch invariance). On AVX2 the K-quants take k_pass(): their scales applied in the lanes,
-// one reduction per 256 inputs. On NEON and generic the tiles serve every row count.
+// one reduction per 256 inputs. On NEON and generic block_prefill.h serves every row count.
 #pragma once
-#include "block_tiles.h"
+#include "block_prefill.h"
 
 #if ZHUZI_AVX512
-#include "arch/x86/avx512/block_rows.h"
+#include "arch/x86/avx512/block_decode.h"
 #elif ZHUZI_AVX2
-#include "arch/x86/avx2/block_rows.h"
+#include "arch/x86/avx2/block_decode.h"
 #endif
 
-namespace block_rows {
+namespace block_decode {
 
-using namespace block_tiles;
+using namespace block_prefill;
 
 #if ZHUZI_NEON || ZHUZI_GENERIC
 template <class F>
-static void tile(const uint8_t* w, int64_t row_bytes, int rows, int64_t K, const q8::Rows& x, int64_t m0,
-                 int64_t m1, float (*acc)[ROWS]) {
-  block_tiles::tile<F>(block_tiles::decoder<F>(w, row_bytes, rows), K, x, m0, m1, acc);
+static void row_group(const uint8_t* w, int64_t row_bytes, int rows, int64_t K, const q8::Rows& x, int64_t m0,
+                      int64_t m1, float (*acc)[ROWS]) {
+  block_prefill::row_group<F>(block_prefill::decoder<F>(w, row_bytes, rows), K, x, m0, m1, acc);
 }
 #else
 
@@ -78,7 +78,7 @@ static inline i8::B8 codes(const uint8_t* w, int64_t blk, int u, bool tail) {
   return join(units);
 }
 
-// The scale a and (formats with a minimum) offset b of the 32-block at byte `at` of every row of a tile (row r
+// The scale a and (formats with a minimum) offset b of the 32-block at byte `at` of every row of a row group (row r
 // at row[r], at row[0] + off[.][r]), vectors over the rows: blocks.h's scales(), the same operations on whole
 // vectors of rows, so the same bits.
 template <class F>
@@ -90,7 +90,7 @@ static inline void row_scales(const uint8_t* const* row, int64_t at, const vi* o
   }
 }
 
-// The integer scales of the K-quant block at byte `at` of every row of a tile: blocks.h's ints(), vectors over
+// The integer scales of the K-quant block at byte `at` of every row of a row group: blocks.h's ints(), vectors over
 // the rows.
 template <class F>
 static inline void row_ints(const uint8_t* const* row, int64_t at, const vi* off, KScales& k) {
@@ -120,7 +120,7 @@ static inline void row_ints(const uint8_t* const* row, int64_t at, const vi* off
   }
 }
 
-// The tile's 16 row pointers (beyond rows: the last row again, its results unused) and their byte offsets
+// The row group's 16 row pointers (beyond rows: the last row again, its results unused) and their byte offsets
 // from w, vectors over the rows.
 static inline void rows_of(const uint8_t* w, int64_t row_bytes, int rows, const uint8_t** row, vi* off) {
   for (int r = 0; r < ROWS; ++r) {
@@ -130,9 +130,9 @@ static inline void rows_of(const uint8_t* w, int64_t row_bytes, int rows, const 
 }
 
 // 16 rows are 16 streams, too many for the hardware prefetchers, and often short ones (1,536 Q4_K weights are
-// 864 bytes): while a tile computes blocks [blk, blk + nblk), the next tile's rows (the 16 after these, one
-// contiguous run) are fetched into L2 in order, that step's share at a time (into L1 they would evict this
-// tile's rows). A prefetch past the matrix's end never faults.
+// 864 bytes): while a row group computes blocks [blk, blk + nblk), the next group's rows (the 16 after these,
+// one contiguous run) are fetched into L2 in order, that step's share at a time (into L1 they would evict this
+// group's rows). A prefetch past the matrix's end never faults.
 template <class F>
 static inline void prefetch_next(const uint8_t* w, int64_t row_bytes, int64_t blk, int nblk) {
   const uint8_t* next = w + ROWS * row_bytes + blk * ROWS * F::BYTES;
@@ -153,7 +153,7 @@ static inline void read(const uint8_t* w, int64_t blk, int u, bool tail, i8::B8*
   c[0] = codes<F>(w, blk, u, tail);
 }
 
-// Rows [0, rows) of the tile at w against P input rows x[p] (q8 blocks from the row's first; ds[p] their
+// Rows [0, rows) of the row group at w against P input rows x[p] (q8 blocks from the row's first; ds[p] their
 // scaled sums): acc[p][r] (for r >= rows, not results).
 template <class F, int P>
 static void pass(const uint8_t* w, int64_t row_bytes, int rows, int64_t K, const q8::Block* const* x,
@@ -298,10 +298,10 @@ static void k_pass(const uint8_t* w, int64_t row_bytes, int rows, int64_t K, con
 }
 #endif
 
-// block_tiles::tile()'s results, for input rows [m0, m1) of x: PASS rows at a time.
+// block_prefill::row_group()'s results, for input rows [m0, m1) of x: PASS rows at a time.
 template <class F>
-static void tile(const uint8_t* w, int64_t row_bytes, int rows, int64_t K, const q8::Rows& x, int64_t m0,
-                 int64_t m1, float (*acc)[ROWS]) {
+static void row_group(const uint8_t* w, int64_t row_bytes, int rows, int64_t K, const q8::Rows& x, int64_t m0,
+                      int64_t m1, float (*acc)[ROWS]) {
   for (int64_t m = m0; m < m1; m += PASS) {
     const int count = int(std::min<int64_t>(PASS, m1 - m));
     const q8::Block* xs[PASS];
@@ -325,4 +325,4 @@ static void tile(const uint8_t* w, int64_t row_bytes, int rows, int64_t K, const
 }
 #endif
 
-}  // namespace block_rows
+}  // namespace block_decode

@@ -1,44 +1,44 @@
-// Tiled 4-bit and 8-bit weights (the GGUF's Q4_1 and Q8_0 blocks, repacked at load by quant.py): the inner
-// loops of the tiled linear kernel and of the fused decode step, one implementation per variant.
+// zhuzi's own 4-bit and 8-bit weights (the GGUF's Q4_1 and Q8_0 blocks, repacked at load by quant.py): the
+// inner loops of the quant linear kernel and of the fused decode step, one implementation per variant.
 //
-// A tile is 16 output rows x 32 inputs. The 16 rows are interleaved one per 32-bit lane, four consecutive
-// inputs of a row in a lane (what vpdpbusd / sdot multiply), so a group's scales apply as whole vectors and
-// no horizontal sums are needed; a block of 16 rows stores its K/32 tiles one after another, so it is read
-// as one sequential stream.
+// A block is a row group of 16 output rows, stored as units of 32 inputs (packed_layout.h's words for its GGUF
+// groups). The 16 rows are interleaved one per 32-bit lane, four consecutive inputs of a row in a lane (what
+// vpdpbusd / sdot multiply), so a unit's scales apply as whole vectors and no horizontal sums are needed; a
+// block stores its K/32 units one after another, so it is read as one sequential stream.
 //
-// Q4 tile (Q4_1), 320 bytes: 4 chunks of 64 code bytes, 16 fp16 scales d, 16 fp16 minimums m; the weight
+// Q4 unit (Q4_1), 320 bytes: 4 chunks of 64 code bytes, 16 fp16 scales d, 16 fp16 minimums m; the weight
 //   is q d + m for a code q in 0..15. In chunk j, byte 4r + i holds row r's input 8j + i in its low nibble
 //   and input 8j + 4 + i in its high nibble.
-// Q8 tile (Q8_0), 544 bytes: 8 quads of 64 code bytes (in quad j, byte 4r + i holds row r's input 4j + i
+// Q8 unit (Q8_0), 544 bytes: 8 quads of 64 code bytes (in quad j, byte 4r + i holds row r's input 4j + i
 //   as an int8 in -127..127), then 16 fp16 scales d; the weight is q d.
 //
-// arch/x86/avx512/tiles.h turns the codes into bf16 and meets bf16 inputs as they are; the avx2, neon and
-// generic tiles.h meet q8 activations (q8.h, tiles::Input here) with int8 dot products. Each provides
-// Input (the prepared input rows: set(x, M, K, ldx, threads) from float or bf16 rows), PASS (input rows per pass
-// over a block) and block<F, M>(w, groups, in, m0, out): a block's 16 rows against input rows m0 .. m0 + M -
-// 1 (block<M>(format, ...) below picks F at run time). Every
-// (output, input row) pair has its own accumulators and the same operations whatever the number of rows,
-// the block or the thread, so results are batch-invariant.
+// arch/x86/avx512/quant_packed.h turns the codes into bf16 and meets bf16 inputs as they are; the avx2, neon
+// and generic quant_packed.h meet q8 activations (q8.h, quant_packed::Input here) with int8 dot products. Each
+// provides Input (the prepared input rows: set(x, M, K, ldx, threads) from float or bf16 rows), PASS (input
+// rows per pass over a block) and block<F, M>(w, groups, in, m0, out): a block's 16 rows against input rows
+// m0 .. m0 + M - 1 (block<M>(format, ...) below picks F at run time). Every (output, input row) pair has its
+// own accumulators and the same operations whatever the number of rows, the block or the thread, so results
+// are batch-invariant.
 #pragma once
 #include "prelude.h"
 
 #include <type_traits>
 
-namespace tiles {
+namespace quant_packed {
 
 enum Format : int32_t { Q4 = 0, Q8 = 1 };
 constexpr int GROUP = 32, LANES = 16, Q4_BYTES = 320, Q8_BYTES = 544;
 
-static inline int64_t tile_bytes(int format) { return format == Q4 ? Q4_BYTES : Q8_BYTES; }
+static inline int64_t unit_bytes(int format) { return format == Q4 ? Q4_BYTES : Q8_BYTES; }
 
-}  // namespace tiles
+}  // namespace quant_packed
 
 #if !ZHUZI_AVX512
 #include "q8.h"
 
 #include <vector>
 
-namespace tiles {
+namespace quant_packed {
 
 struct Input {  // q8 blocks of every row, and per block d times the sum of its codes (what Q4's minimums meet)
   q8::Rows rows;
@@ -56,20 +56,20 @@ struct Input {  // q8 blocks of every row, and per block d times the sum of its 
   const float* dsum_row(int64_t m) const { return dsum.data() + m * rows.n; }
 };
 
-}  // namespace tiles
+}  // namespace quant_packed
 #endif
 
 #if ZHUZI_AVX512
-#include "arch/x86/avx512/tiles.h"
+#include "arch/x86/avx512/quant_packed.h"
 #elif ZHUZI_AVX2
-#include "arch/x86/avx2/tiles.h"
+#include "arch/x86/avx2/quant_packed.h"
 #elif ZHUZI_NEON
-#include "arch/arm/neon/tiles.h"
+#include "arch/arm/neon/quant_packed.h"
 #else
-#include "arch/generic/tiles.h"
+#include "arch/generic/quant_packed.h"
 #endif
 
-namespace tiles {
+namespace quant_packed {
 
 template <int M>
 static void block(int format, const uint8_t* w, int64_t groups, const Input& in, int64_t m0, float out[M][LANES]) {
@@ -93,4 +93,4 @@ static inline void block_rows(int format, const uint8_t* w, int64_t groups, cons
   }
 }
 
-}  // namespace tiles
+}  // namespace quant_packed
