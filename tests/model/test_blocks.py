@@ -135,13 +135,25 @@ def test_loads_packing_the_same_matrix_at_once_leave_one_whole_entry(smollm2_pat
     assert len(entries(cache)) == 1 and not list((cache / "packed").glob("*/.*"))  # no temporary file left
 
 
-def test_a_changed_file_is_packed_anew(smollm2_path, cache, tmp_path):
-    """A GGUF written again (a new mtime) is never answered from its old version's entries."""
-    path = tmp_path / "model.gguf"
-    shutil.copyfile(smollm2_path, path)
-    w = load_checkpoint(path).tensors[K_PROJ]
-    before = w.pack().dequantize()
-    assert len(entries(cache)) == 1
+def folders(cache: Path) -> set[Path]:
+    return {entry.parent for entry in entries(cache)}
+
+
+def test_a_changed_file_is_packed_anew_and_its_old_entries_leave(smollm2_path, cache, tmp_path):
+    """A GGUF written again (a new mtime) is never answered from its old version's entries, and those leave the
+    cache once the new ones are made (every version would hold a whole model's bytes); so do a deleted file's,
+    while a file of the same name elsewhere keeps its own."""
+    path, twin, gone = (tmp_path / where / "model.gguf" for where in ("models", "twin", "gone"))
+    folder = {}
+    for copy in (twin, gone, path):
+        copy.parent.mkdir()
+        shutil.copyfile(smollm2_path, copy)
+        known = folders(cache)
+        w = load_checkpoint(copy).tensors[K_PROJ]
+        before = w.pack().dequantize()
+        (folder[copy],) = folders(cache) - known
+    gone.unlink()
+    twins = {entry: stat for entry, stat in entries(cache).items() if entry.parent == folder[twin]}
 
     with path.open("r+b") as f:  # the file's first row of k_proj becomes its second
         f.seek(w.origin.offset)
@@ -150,5 +162,8 @@ def test_a_changed_file_is_packed_anew(smollm2_path, cache, tmp_path):
     changed = load_checkpoint(path).tensors[K_PROJ]
     after = changed.pack().dequantize()
 
-    assert len(entries(cache)) == 2
     assert torch.equal(after[0], before[1]) and torch.equal(after[1:], before[1:])
+    (new,) = folders(cache) - set(folder.values())
+    assert folders(cache) == {new, folder[twin]}
+    assert torch.equal(load_checkpoint(twin).tensors[K_PROJ].pack().dequantize(), before)
+    assert twins and {entry: entries(cache)[entry] for entry in twins} == twins  # a hit, not packed again

@@ -9,13 +9,17 @@ gguf's reference), else from the gguf package.
 A linear layer's matrices are repacked at load (pack(): kernels/packed_layout.h's 16-row groups, which a
 decode step streams at memory speed); the packed copy replaces the file's pages. A matrix from a file is packed
 once: the packed bytes go to zhuzi's disk cache (kind "packed": a folder per version of the file and of the
-layout, a file per matrix), and later loads map them from there, never reading the file's copy.
+layout, a file per matrix), and later loads map them from there, never reading the file's copy. A new folder
+removes those of the same file's earlier versions (or of an earlier layout) and of files gone: each holds a
+whole model's bytes.
 """
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -106,6 +110,41 @@ def _entry(w: BlockWeight) -> Path:
 
 
 _unwritable: set[Path] = set()  # cache folders a load could not write to, warned of once
+_claimed: set[Path] = set()  # cache folders this process has recorded (_claim)
+
+
+def _record(folder: Path) -> Path:
+    """The file beside a packed folder that says which GGUF it was packed from."""
+    return folder.with_name(f"{folder.name}.json")
+
+
+def _claim(folder: Path, file: str) -> None:
+    """Records, once, that folder holds file's matrices, and removes its stale neighbours: the folders of the
+    same name that hold an earlier version of file (or an earlier packed layout), a file that is gone, or were
+    made before records were kept. A process still mapping one keeps its pages; the next load repacks."""
+    record = _record(folder)
+    if folder in _claimed or record.exists():
+        _claimed.add(folder)
+        return
+    try:
+        with atomic_write(record) as tmp:
+            tmp.write_text(json.dumps({"file": file}))
+    except OSError:
+        return  # an unwritable cache: _cached_pack says so
+    _claimed.add(folder)
+    stem = folder.name.rsplit("-", 1)[0]
+    for other in folder.parent.iterdir():
+        if other.is_dir() and other != folder and other.name.rsplit("-", 1)[0] == stem and _stale(other, file):
+            shutil.rmtree(other, ignore_errors=True)
+            _record(other).unlink(missing_ok=True)
+
+
+def _stale(folder: Path, file: str) -> bool:
+    try:
+        packed_from = json.loads(_record(folder).read_text())["file"]
+    except (OSError, ValueError, KeyError):
+        return True  # made before records were kept, or its record was cut short
+    return packed_from == file or not Path(packed_from).exists()
 
 
 def _cached_pack(w: BlockWeight) -> torch.Tensor:
@@ -113,6 +152,7 @@ def _cached_pack(w: BlockWeight) -> torch.Tensor:
     On a miss it is packed from the file's mapping, whose pages then leave the process, into the entry;
     where the cache cannot be written (read-only, full), into memory."""
     entry = _entry(w)
+    _claim(entry.parent, w.origin.file[0])
     if not entry.exists():
         try:
             # Two loads packing the same matrix at once each write a whole entry of the same bytes: the last
