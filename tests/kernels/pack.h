@@ -14,13 +14,13 @@ struct Packed {
 
 // format 0: Q4 (q d + m, q in 0..15), 1: Q8 (q d, q in -127..127); w [N, K], K a multiple of 32.
 inline Packed quant(int format, const std::vector<float>& w, int64_t N, int64_t K) {
-  const int64_t blocks = (N + LANES - 1) / LANES, groups = K / GROUP, size = format == 0 ? 320 : 544;
-  Packed t{std::vector<uint8_t>(blocks * groups * size), std::vector<double>(N * K)};
-  for (int64_t b = 0; b < blocks; ++b)
+  const int64_t row_groups = (N + LANES - 1) / LANES, groups = K / GROUP, size = format == 0 ? 320 : 544;
+  Packed t{std::vector<uint8_t>(row_groups * groups * size), std::vector<double>(N * K)};
+  for (int64_t rg = 0; rg < row_groups; ++rg)
     for (int64_t g = 0; g < groups; ++g) {
-      uint8_t* unit = &t.bytes[(b * groups + g) * size];
+      uint8_t* unit = &t.bytes[(rg * groups + g) * size];
       for (int r = 0; r < LANES; ++r) {
-        const int64_t n = b * LANES + r;
+        const int64_t n = rg * LANES + r;
         float v[GROUP] = {};
         if (n < N) std::memcpy(v, &w[n * K + g * GROUP], sizeof v);
         float lo = v[0], hi = v[0], amax = 0;

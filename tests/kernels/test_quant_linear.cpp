@@ -1,5 +1,5 @@
 // quant_linear.cpp against float64 products of the weights the Q4 / Q8 units stand for: float32 and bf16
-// inputs, every pass size and a partial last block. AVX-512 meets bf16 inputs as they are (float32 ones
+// inputs, every pass size and a partial last row group. AVX-512 meets bf16 inputs as they are (float32 ones
 // rounded to bf16 once); the other variants meet q8 blocks, held to the bound of that rounding.
 #include "check.h"
 #include "pack.h"

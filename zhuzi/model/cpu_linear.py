@@ -15,7 +15,7 @@ Output rows are split over torch's OpenMP threads. The arithmetic of one output
 value depends only on its input row and weight row, never on M or the thread
 count, so a request's logits are the same bits alone or in a small batch.
 
-The quant kernel (kernels/quant_linear.cpp, loops in kernels/quant_packed.h) streams each 16-row block
+The quant kernel (kernels/quant_linear.cpp, loops in kernels/quant_packed.h) streams each 16-row group
 once per 8 input rows, turning codes into bf16 in registers: at one row it reads int4 weights at
 close to memory speed, and for prefill it does the same vdpbf16ps work as a bf16 GEMM without ever
 materialising bf16 weights. Results are batch-invariant in the same way.

@@ -9,9 +9,9 @@ Q8: the GGUF's Q8_0 blocks: per group of 32, int8 codes and an fp16 scale d, w =
     weight); the int4 model's LM head (SmolLM2's tied embedding is Q8_0 in its GGUF; 4 bits cost too
     much top-1 agreement there).
 
-Q4 and Q8 are repacked into blocks of 16 output rows (row groups), stored as units of 32 inputs, for
-kernels/quant_packed.h (the layout is described there; the same on every CPU variant); pure torch here:
-packing, and unpacking for the reference path and the tests.
+Q4 and Q8 are repacked into row groups of 16 output rows, stored as units of 32 inputs (one group of
+each row), for kernels/quant_packed.h (the layout is described there; the same on every CPU variant);
+pure torch here: packing, and unpacking for the reference path and the tests.
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _groups(weight: torch.Tensor) -> torch.Tensor:
-    """[N, K] -> float32 [blocks * 16, K / 32, 32], zero rows padding N to whole blocks of 16."""
+    """[N, K] -> float32 [row_groups * 16, K / 32, 32], zero rows padding N to whole row groups of 16."""
     n, k = weight.shape
     if k % GROUP:
         raise ValueError(f"in_features {k} is not a multiple of {GROUP}: no 4/8-bit packing for this matrix")
@@ -39,56 +39,56 @@ def _groups(weight: torch.Tensor) -> torch.Tensor:
 
 
 def _per_group(values: torch.Tensor) -> torch.Tensor:
-    """fp16 [blocks * 16, groups] -> the bytes of each unit's 16 values (a group of each row), [blocks, groups, 32]."""
+    """fp16 [row_groups * 16, groups] -> the bytes of each unit's 16 values, [row_groups, groups, 32]."""
     rows, groups = values.shape
     return values.view(rows // LANES, LANES, groups).transpose(1, 2).contiguous().view(torch.uint8)
 
 
 def _per_row(raw: torch.Tensor) -> torch.Tensor:
-    """The inverse of _per_group, as float32 [blocks * 16, groups, 1]."""
-    blocks, groups = raw.shape[:2]
-    values = raw.contiguous().view(torch.float16).view(blocks, groups, LANES)
+    """The inverse of _per_group, as float32 [row_groups * 16, groups, 1]."""
+    row_groups, groups = raw.shape[:2]
+    values = raw.contiguous().view(torch.float16).view(row_groups, groups, LANES)
     return values.transpose(1, 2).reshape(-1, groups, 1).float()
 
 
 def pack_q4(weight: torch.Tensor) -> torch.Tensor:
     """[N, K] float -> Q4 units, uint8 [ceil(N / 16), K / 32, 320]."""
     w = _groups(weight)
-    blocks, groups = w.shape[0] // LANES, w.shape[1]
+    row_groups, groups = w.shape[0] // LANES, w.shape[1]
     lo, hi = w.amin(-1), w.amax(-1)
     d, m = ((hi - lo) / 15).half(), lo.half()  # rounded first: the codes are chosen against the stored values
     step = d.float()[..., None]
     q = torch.where(step > 0, torch.round((w - m.float()[..., None]) / step.clamp(min=1e-30)), 0).clamp(0, 15)
-    q = q.to(torch.uint8).view(blocks, LANES, groups, 4, 2, 4)  # block, row, group, chunk, nibble, byte
-    q = q.permute(0, 2, 3, 1, 5, 4)  # block, group, chunk, row, byte, nibble
-    codes = (q[..., 0] | (q[..., 1] << 4)).reshape(blocks, groups, 256)
+    q = q.to(torch.uint8).view(row_groups, LANES, groups, 4, 2, 4)  # row group, row, group, chunk, nibble, byte
+    q = q.permute(0, 2, 3, 1, 5, 4)  # row group, group, chunk, row, byte, nibble
+    codes = (q[..., 0] | (q[..., 1] << 4)).reshape(row_groups, groups, 256)
     return torch.cat([codes, _per_group(d), _per_group(m)], -1).contiguous()
 
 
 def unpack_q4(packed: torch.Tensor, out_features: int) -> torch.Tensor:
     """Q4 units -> the float32 [N, K] weights they stand for."""
-    blocks, groups = packed.shape[:2]
-    codes = packed[..., :256].reshape(blocks, groups, 4, LANES, 4)
-    q = torch.stack([codes & 15, codes >> 4], -1)  # block, group, chunk, row, byte, nibble
-    q = q.permute(0, 3, 1, 2, 5, 4).reshape(blocks * LANES, groups, GROUP).float()
+    row_groups, groups = packed.shape[:2]
+    codes = packed[..., :256].reshape(row_groups, groups, 4, LANES, 4)
+    q = torch.stack([codes & 15, codes >> 4], -1)  # row group, group, chunk, row, byte, nibble
+    q = q.permute(0, 3, 1, 2, 5, 4).reshape(row_groups * LANES, groups, GROUP).float()
     w = q * _per_row(packed[..., 256:288]) + _per_row(packed[..., 288:320])
-    return w.view(blocks * LANES, -1)[:out_features]
+    return w.view(row_groups * LANES, -1)[:out_features]
 
 
 def pack_q8(weight: torch.Tensor) -> torch.Tensor:
     """[N, K] float -> Q8 units, uint8 [ceil(N / 16), K / 32, 544]."""
     w = _groups(weight)
-    blocks, groups = w.shape[0] // LANES, w.shape[1]
+    row_groups, groups = w.shape[0] // LANES, w.shape[1]
     d = (w.abs().amax(-1) / 127).half()
     q = torch.round(w / d.float().clamp(min=1e-30)[..., None]).clamp(-127, 127).to(torch.int8)
-    q = q.view(blocks, LANES, groups, 8, 4).permute(0, 2, 3, 1, 4)  # block, group, quad, row, input
-    codes = q.reshape(blocks, groups, 512).view(torch.uint8)
+    q = q.view(row_groups, LANES, groups, 8, 4).permute(0, 2, 3, 1, 4)  # row group, group, quad, row, input
+    codes = q.reshape(row_groups, groups, 512).view(torch.uint8)
     return torch.cat([codes, _per_group(d)], -1).contiguous()
 
 
 def unpack_q8(packed: torch.Tensor, out_features: int) -> torch.Tensor:
     """Q8 units -> the float32 [N, K] weights they stand for."""
-    blocks, groups = packed.shape[:2]
-    q = packed[..., :512].contiguous().view(torch.int8).view(blocks, groups, 8, LANES, 4)
-    q = q.permute(0, 3, 1, 2, 4).reshape(blocks * LANES, groups, GROUP).float()
-    return (q * _per_row(packed[..., 512:544])).view(blocks * LANES, -1)[:out_features]
+    row_groups, groups = packed.shape[:2]
+    q = packed[..., :512].contiguous().view(torch.int8).view(row_groups, groups, 8, LANES, 4)
+    q = q.permute(0, 3, 1, 2, 4).reshape(row_groups * LANES, groups, GROUP).float()
+    return (q * _per_row(packed[..., 512:544])).view(row_groups * LANES, -1)[:out_features]

@@ -30,7 +30,7 @@ struct Barrier {
   }
 };
 
-constexpr int CHUNK = 16;  // output rows per work item: one block of units
+constexpr int CHUNK = 16;  // output rows per work item: one row group of Q4 / Q8 units
 
 #if ZHUZI_AVX512
 using Act = uint16_t;  // queries and attention outputs: bf16, as the matrices take them
@@ -171,7 +171,7 @@ static void chunk(const Mat& a, Inputs& in, int64_t n0, int count, float out[M][
     default: {
       const int format = a.kind == Q4 ? quant_packed::Q4 : quant_packed::Q8;
       const auto* w = static_cast<const uint8_t*>(a.w) + (n0 / CHUNK) * (K / 32) * quant_packed::unit_bytes(format);
-      quant_packed::block<M>(format, w, K / 32, in.quant(), 0, out);
+      quant_packed::row_group<M>(format, w, K / 32, in.quant(), 0, out);
     }
   }
   if (a.bias)

@@ -7,23 +7,23 @@
 
 using namespace quant_packed;
 
-// Input rows per chunk: a chunk's rows stay in L2 while the blocks of the matrix pass over them.
+// Input rows per chunk: a chunk's rows stay in L2 while the row groups of the matrix pass over them.
 constexpr int64_t CHUNK_ROWS = 128;
 
 template <typename T>
 static void linear(int format, const T* x, const uint8_t* w, T* y, int64_t M, int64_t N, int64_t K, int threads) {
-  const int64_t groups = K / GROUP, blocks = (N + LANES - 1) / LANES, chunks = (M + CHUNK_ROWS - 1) / CHUNK_ROWS;
-  const int64_t block_bytes = groups * unit_bytes(format);
+  const int64_t groups = K / GROUP, row_groups = (N + LANES - 1) / LANES, chunks = (M + CHUNK_ROWS - 1) / CHUNK_ROWS;
+  const int64_t row_group_bytes = groups * unit_bytes(format);
   Input in;
   in.set(x, M, K, K, threads);
 #pragma omp parallel for collapse(2) schedule(static) num_threads(threads)
   for (int64_t c = 0; c < chunks; ++c)
-    for (int64_t b = 0; b < blocks; ++b) {
-      const int64_t n0 = b * LANES, rows = std::min<int64_t>(LANES, N - n0);
+    for (int64_t rg = 0; rg < row_groups; ++rg) {
+      const int64_t n0 = rg * LANES, rows = std::min<int64_t>(LANES, N - n0);
       for (int64_t m0 = c * CHUNK_ROWS; m0 < std::min(M, (c + 1) * CHUNK_ROWS); m0 += PASS) {
         const int pass = int(std::min<int64_t>(PASS, M - m0));
         float out[PASS][LANES];
-        block_rows(format, w + b * block_bytes, groups, in, m0, pass, out);
+        row_group(format, w + rg * row_group_bytes, groups, in, m0, pass, out);
         for (int m = 0; m < pass; ++m)
           for (int r = 0; r < rows; ++r) store(out[m][r], y + (m0 + m) * N + n0 + r);
       }

@@ -1,10 +1,10 @@
 // zhuzi's own 4-bit and 8-bit weights (the GGUF's Q4_1 and Q8_0 blocks, repacked at load by quant.py): the
 // inner loops of the quant linear kernel and of the fused decode step, one implementation per variant.
 //
-// A block is a row group of 16 output rows, stored as units of 32 inputs (packed_layout.h's words for its GGUF
-// groups). The 16 rows are interleaved one per 32-bit lane, four consecutive inputs of a row in a lane (what
+// A row group of 16 output rows is stored as units of 32 inputs (packed_layout.h's words for its GGUF groups).
+// The 16 rows are interleaved one per 32-bit lane, four consecutive inputs of a row in a lane (what
 // vpdpbusd / sdot multiply), so a unit's scales apply as whole vectors and no horizontal sums are needed; a
-// block stores its K/32 units one after another, so it is read as one sequential stream.
+// row group stores its K/32 units one after another, so it is read as one sequential stream.
 //
 // Q4 unit (Q4_1), 320 bytes: 4 chunks of 64 code bytes, 16 fp16 scales d, 16 fp16 minimums m; the weight
 //   is q d + m for a code q in 0..15. In chunk j, byte 4r + i holds row r's input 8j + i in its low nibble
@@ -15,10 +15,10 @@
 // arch/x86/avx512/quant_packed.h turns the codes into bf16 and meets bf16 inputs as they are; the avx2, neon
 // and generic quant_packed.h meet q8 activations (q8.h, quant_packed::Input here) with int8 dot products. Each
 // provides Input (the prepared input rows: set(x, M, K, ldx, threads) from float or bf16 rows), PASS (input
-// rows per pass over a block) and block<F, M>(w, groups, in, m0, out): a block's 16 rows against input rows
-// m0 .. m0 + M - 1 (block<M>(format, ...) below picks F at run time). Every (output, input row) pair has its
-// own accumulators and the same operations whatever the number of rows, the block or the thread, so results
-// are batch-invariant.
+// rows per pass over a row group) and row_group<F, M>(w, groups, in, m0, out): a row group's 16 rows against
+// input rows m0 .. m0 + M - 1 (row_group<M>(format, ...) below picks F at run time). Every (output, input row)
+// pair has its own accumulators and the same operations whatever the number of rows, the row group or the
+// thread, so results are batch-invariant.
 #pragma once
 #include "prelude.h"
 
@@ -72,15 +72,16 @@ struct Input {  // q8 blocks of every row, and per block d times the sum of its 
 namespace quant_packed {
 
 template <int M>
-static void block(int format, const uint8_t* w, int64_t groups, const Input& in, int64_t m0, float out[M][LANES]) {
-  if (format == Q4) block<Q4, M>(w, groups, in, m0, out);
-  else block<Q8, M>(w, groups, in, m0, out);
+static void row_group(int format, const uint8_t* w, int64_t groups, const Input& in, int64_t m0,
+                      float out[M][LANES]) {
+  if (format == Q4) row_group<Q4, M>(w, groups, in, m0, out);
+  else row_group<Q8, M>(w, groups, in, m0, out);
 }
 
-// block<M> for any M <= PASS chosen at run time.
-static inline void block_rows(int format, const uint8_t* w, int64_t groups, const Input& in, int64_t m0, int M,
-                              float out[][LANES]) {
-  auto go = [&](auto m) { block<decltype(m)::value>(format, w, groups, in, m0, out); };
+// row_group<M> for any M <= PASS chosen at run time.
+static inline void row_group(int format, const uint8_t* w, int64_t groups, const Input& in, int64_t m0, int M,
+                             float out[][LANES]) {
+  auto go = [&](auto m) { row_group<decltype(m)::value>(format, w, groups, in, m0, out); };
   switch (M) {
     case 1: go(std::integral_constant<int, 1>{}); break;
     case 2: go(std::integral_constant<int, 2>{}); break;

@@ -26,7 +26,7 @@ static inline float half_at(const uint8_t* p, int r) {
 }
 
 template <int F, int M>
-static void block(const uint8_t* w, int64_t groups, const Input& in, int64_t m0, float out[M][LANES]) {
+static void row_group(const uint8_t* w, int64_t groups, const Input& in, int64_t m0, float out[M][LANES]) {
   constexpr int BYTES = F == Q4 ? Q4_BYTES : Q8_BYTES;
   for (int m = 0; m < M; ++m)
     for (int r = 0; r < LANES; ++r) out[m][r] = 0.f;

@@ -1,5 +1,5 @@
 // quant_packed.h for armv8.2-a + dotprod: q8 activations (q8.h) meet the codes through sdot by lane (a lane
-// selects four input bytes for all four rows of a vector). A block's 16 rows are four quarters of 4, one
+// selects four input bytes for all four rows of a vector). A row group's 16 rows are four quarters of 4, one
 // row per 32-bit lane. With i8mm, two input rows at a time go through smmla instead (2 weight rows x 8
 // inputs against 2 input rows: twice sdot's products an instruction); its int32 sums are the same, so a
 // row's result does not depend on whether it ran paired. Per group and row, the int32 dot product becomes
@@ -59,7 +59,7 @@ static inline float32x4_t halves(const uint8_t* p) {  // 4 fp16 values
 }
 
 template <int F, int M>
-static void block(const uint8_t* w, int64_t groups, const Input& in, int64_t m0, float out[M][LANES]) {
+static void row_group(const uint8_t* w, int64_t groups, const Input& in, int64_t m0, float out[M][LANES]) {
   constexpr int BYTES = F == Q4 ? Q4_BYTES : Q8_BYTES;
   float32x4_t acc[M][4];
   for (int m = 0; m < M; ++m)

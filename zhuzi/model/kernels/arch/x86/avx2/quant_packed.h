@@ -1,5 +1,5 @@
 // quant_packed.h for x86-64-v3: q8 activations (q8.h) meet the codes in int8 dot products, maddubs + madd
-// (AVX-VNNI: vpdpbusd). A block's 16 rows are two halves of 8, one row per 32-bit lane; a group's four
+// (AVX-VNNI: vpdpbusd). A row group's 16 rows are two halves of 8, one row per 32-bit lane; a group's four
 // input bytes at a time are broadcast to every lane. Per group and row, the int32 dot product becomes
 // float once: Q4 adds d dx sum(q qx) + m dx sum(qx), Q8 d dx sum(q qx).
 #pragma once
@@ -11,7 +11,7 @@
 namespace quant_packed {
 
 constexpr int PASS = 4;      // input rows per pass: 8 code vectors + 4 accumulators fit the 16 registers
-constexpr int AHEAD = 4096;  // bytes prefetched ahead in a block's stream
+constexpr int AHEAD = 4096;  // bytes prefetched ahead in a row group's stream
 
 
 static inline __m256i broadcast4(const int8_t* p) {  // a load, not a trip through a general register
@@ -55,10 +55,10 @@ static inline __m256 halves(const uint8_t* p) {  // 8 fp16 values
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
-// A half (8 rows) at a time over the whole block, so its M accumulators and 8 code vectors stay in the 16
-// registers; the second half reads the block's bytes from L1, where the first half brought them.
+// A half (8 rows) at a time over the whole row group, so its M accumulators and 8 code vectors stay in the
+// 16 registers; the second half reads the row group's bytes from L1, where the first half brought them.
 template <int F, int M>
-static void block(const uint8_t* w, int64_t groups, const Input& in, int64_t m0, float out[M][LANES]) {
+static void row_group(const uint8_t* w, int64_t groups, const Input& in, int64_t m0, float out[M][LANES]) {
   constexpr int BYTES = F == Q4 ? Q4_BYTES : Q8_BYTES;
   const q8::Block* x[M];
   const float* dsum[M];

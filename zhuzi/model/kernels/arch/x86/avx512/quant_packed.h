@@ -7,8 +7,8 @@
 
 namespace quant_packed {
 
-constexpr int PASS = 8;        // input rows per pass over a block's units (accumulators + codes fit the registers)
-constexpr int AHEAD = 4096;    // bytes prefetched ahead in a block's stream
+constexpr int PASS = 8;      // input rows per pass over a row group (accumulators + codes fit the registers)
+constexpr int AHEAD = 4096;  // bytes prefetched ahead in a row group's stream
 
 // acc += w . (the bf16 pair at p, broadcast to every lane). GCC does not fold a broadcast into the
 // instruction by itself, and a separate broadcast per product costs as many uops as the product.
@@ -80,11 +80,11 @@ static inline void apply(const Codes& g, const uint16_t* x, int64_t ldx, const f
   }
 }
 
-// One block (16 output rows) against M <= PASS input rows: out[m] holds the 16 results of row m.
+// One row group (16 output rows) against M <= PASS input rows: out[m] holds the 16 results of row m.
 // x: bf16 rows of K = groups * 32 inputs, row m at x + m * ldx; sums: [M, groups] group sums (Q4).
 template <int F, int M>
-static void block(const uint8_t* w, int64_t groups, const uint16_t* x, int64_t ldx, const float* sums,
-                  __m512 out[M]) {
+static void row_group(const uint8_t* w, int64_t groups, const uint16_t* x, int64_t ldx, const float* sums,
+                      __m512 out[M]) {
   constexpr int BYTES = F == Q4 ? Q4_BYTES : Q8_BYTES;
   for (int m = 0; m < M; ++m) out[m] = _mm512_setzero_ps();
   Codes g;
@@ -127,11 +127,11 @@ struct Input {
   }
 };
 
-// One block (16 rows) against input rows m0 .. m0 + M - 1 (M <= PASS): out[m][r].
+// One row group (16 rows) against input rows m0 .. m0 + M - 1 (M <= PASS): out[m][r].
 template <int F, int M>
-static void block(const uint8_t* w, int64_t groups, const Input& in, int64_t m0, float out[M][LANES]) {
+static void row_group(const uint8_t* w, int64_t groups, const Input& in, int64_t m0, float out[M][LANES]) {
   __m512 v[M];
-  block<F, M>(w, groups, in.x + m0 * in.ld, in.ld, F == Q4 ? in.sums.data() + m0 * in.groups : nullptr, v);
+  row_group<F, M>(w, groups, in.x + m0 * in.ld, in.ld, F == Q4 ? in.sums.data() + m0 * in.groups : nullptr, v);
   for (int m = 0; m < M; ++m) _mm512_storeu_ps(out[m], v[m]);
 }
 
