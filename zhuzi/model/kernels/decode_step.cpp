@@ -107,7 +107,7 @@ struct Inputs {
 };
 
 // Rows [n0, n0 + count) of a row-major matrix against M inputs: out[m][r].
-// Weight rows per block that divide a chunk: a remainder would stream its rows one at a time, with a single
+// Weight rows per stripe that divide a chunk: a remainder would stream its rows one at a time, with a single
 // accumulator chain each, below memory speed.
 constexpr int chunk_rows(int r) { return r >= 8 ? 8 : r >= 4 ? 4 : r >= 2 ? 2 : 1; }
 

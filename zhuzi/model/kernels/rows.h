@@ -172,7 +172,7 @@ static void rows(const typename F::W* w, int64_t K, const typename F::X* x, int6
     for (int m = 0; m < M; ++m) out[r][m] = hsum(acc[r][m]);
 }
 
-// Weight rows per block for M inputs: enough independent accumulators to hide vdpbf16ps/FMA latency,
+// Weight rows per stripe (small_m_linear.cpp) for M inputs: enough independent accumulators to hide vdpbf16ps/FMA latency,
 // few enough (R * M + R + 1) to stay in the vector registers (32; AVX2 has 16).
 #if ZHUZI_AVX2
 constexpr int ROWS[9] = {0, 6, 4, 3, 3, 2, 2, 1, 1};

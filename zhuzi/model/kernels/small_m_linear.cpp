@@ -12,9 +12,9 @@ static float input(const uint16_t* p) { return widen(*p); }
 template <class F>
 static int64_t stride(int64_t K) { return (K + F::LANES - 1) / F::LANES * F::LANES / F::XPER; }
 
-// Weight rows n0..n1 (a block of R, or the matrix's last few one by one) against M prepared input rows.
+// Weight rows n0..n1 (a stripe of R, or the matrix's last few one by one) against M prepared input rows.
 template <class F, int M, int R, typename T>
-static void block(const typename F::W* w, int64_t n0, int64_t n1, int64_t K, const typename F::X* xp, int64_t kp,
+static void stripe(const typename F::W* w, int64_t n0, int64_t n1, int64_t K, const typename F::X* xp, int64_t kp,
                   const void* scale, int scale_bf16, T* y, int64_t N) {
   auto emit = [&](int64_t n, const float* dots) {
     const float s = !scale ? 1.f : scale_bf16 ? input(static_cast<const uint16_t*>(scale) + n)
@@ -49,10 +49,10 @@ static void linear(const T* x, const typename F::W* w, const void* scale, int sc
   constexpr int R = ROWS[M];
   const int64_t kp = stride<F>(K);
   const std::vector<typename F::X> xp = prepared<F>(x, M, K, kp, threads);
-  const int64_t blocks = (N + R - 1) / R;
+  const int64_t stripes = (N + R - 1) / R;
 #pragma omp parallel for schedule(static) num_threads(threads)
-  for (int64_t b = 0; b < blocks; ++b)
-    block<F, M, R>(w, b * R, std::min(N, b * R + R), K, xp.data(), kp, scale, scale_bf16, y, N);
+  for (int64_t b = 0; b < stripes; ++b)
+    stripe<F, M, R>(w, b * R, std::min(N, b * R + R), K, xp.data(), kp, scale, scale_bf16, y, N);
 }
 
 template <class F, typename T>
@@ -79,17 +79,17 @@ static int dispatch(int64_t M, const void* x, const void* w, const void* scale, 
 // --deterministic: any number of rows, each output value computed by the very operations the M <= 8 path
 // uses (rows<> gives every (row, input) pair its own accumulator and sequence), so a token gets the same
 // bits in a decode of one row, a batch of 30 or a prefill chunk of 512. Inputs go in sets of up to 8
-// rows; a set meets a group of weight blocks (~24 KiB) while both sit in L1, and the MB input rows of
+// rows; a set meets a group of weight stripes (~24 KiB) while both sit in L1, and the MB input rows of
 // one pass over the weights stay in L2.
 template <class F, typename T>
 static void fixed_order(const T* x, const typename F::W* w, const void* scale, int scale_bf16, T* y,
                         int64_t M, int64_t N, int64_t K, int64_t MB, int threads) {
-  constexpr int R = ROWS[8];  // one weight block for every set size: R does not change any output's bits
+  constexpr int R = ROWS[8];  // one stripe height for every set size: R does not change any output's bits
   const int64_t kp = stride<F>(K);
   const std::vector<typename F::X> xp = prepared<F>(x, M, K, kp, threads);
-  const int64_t blocks = (N + R - 1) / R;
+  const int64_t stripes = (N + R - 1) / R;
   const int64_t group = std::max<int64_t>(1, (24 << 10) / (int64_t(R) * K * int64_t(sizeof(typename F::W))));
-  const int64_t groups = (blocks + group - 1) / group;
+  const int64_t groups = (stripes + group - 1) / group;
   for (int64_t m0 = 0; m0 < M; m0 += MB) {
     const int64_t m1 = std::min(M, m0 + MB);
 #pragma omp parallel for schedule(static) num_threads(threads)
@@ -97,17 +97,17 @@ static void fixed_order(const T* x, const typename F::W* w, const void* scale, i
       for (int64_t m = m0; m < m1; m += 8) {
         const typename F::X* xt = xp.data() + m * kp;
         T* yt = y + m * N;
-        for (int64_t b = g * group; b < std::min(blocks, (g + 1) * group); ++b) {
+        for (int64_t b = g * group; b < std::min(stripes, (g + 1) * group); ++b) {
           const int64_t n0 = b * R, n1 = std::min(N, n0 + R);
           switch (std::min<int64_t>(8, m1 - m)) {
-            case 1: block<F, 1, R>(w, n0, n1, K, xt, kp, scale, scale_bf16, yt, N); break;
-            case 2: block<F, 2, R>(w, n0, n1, K, xt, kp, scale, scale_bf16, yt, N); break;
-            case 3: block<F, 3, R>(w, n0, n1, K, xt, kp, scale, scale_bf16, yt, N); break;
-            case 4: block<F, 4, R>(w, n0, n1, K, xt, kp, scale, scale_bf16, yt, N); break;
-            case 5: block<F, 5, R>(w, n0, n1, K, xt, kp, scale, scale_bf16, yt, N); break;
-            case 6: block<F, 6, R>(w, n0, n1, K, xt, kp, scale, scale_bf16, yt, N); break;
-            case 7: block<F, 7, R>(w, n0, n1, K, xt, kp, scale, scale_bf16, yt, N); break;
-            default: block<F, 8, R>(w, n0, n1, K, xt, kp, scale, scale_bf16, yt, N); break;
+            case 1: stripe<F, 1, R>(w, n0, n1, K, xt, kp, scale, scale_bf16, yt, N); break;
+            case 2: stripe<F, 2, R>(w, n0, n1, K, xt, kp, scale, scale_bf16, yt, N); break;
+            case 3: stripe<F, 3, R>(w, n0, n1, K, xt, kp, scale, scale_bf16, yt, N); break;
+            case 4: stripe<F, 4, R>(w, n0, n1, K, xt, kp, scale, scale_bf16, yt, N); break;
+            case 5: stripe<F, 5, R>(w, n0, n1, K, xt, kp, scale, scale_bf16, yt, N); break;
+            case 6: stripe<F, 6, R>(w, n0, n1, K, xt, kp, scale, scale_bf16, yt, N); break;
+            case 7: stripe<F, 7, R>(w, n0, n1, K, xt, kp, scale, scale_bf16, yt, N); break;
+            default: stripe<F, 8, R>(w, n0, n1, K, xt, kp, scale, scale_bf16, yt, N); break;
           }
         }
       }
