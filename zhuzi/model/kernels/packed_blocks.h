@@ -61,7 +61,7 @@ struct Codes {
   const uint8_t* lanes;  // the group's first pair, at a vector's first row
   vb top;
   vb q6[4];  // Q6_K: the group's 4 quads
-  Codes(const uint8_t* p, int g, int v) : lanes(p + g * GROUP + v * i8::LANES * 4) {
+  Codes(const uint8_t* p, int g, int v) : lanes(p + Layout<F>::CODES + g * GROUP + v * i8::LANES * 4) {
     top = FIFTH<F> ? load_vb(p + Layout<F>::TOP + (g * ROWS + v * i8::LANES) * 4) : vb{};
     if constexpr (Q6K<F>) {
       // Three vectors hold quads 0-2 in their low 6 bits and quad 3's code, 2 bits each, in their top 2: eleven
