@@ -83,6 +83,22 @@ static inline vf fmadd(vf a, vf b, vf c) {
 }
 static inline float fmadd(float a, float b, float c) { return __builtin_fmaf(a, b, c); }  // one instruction
 
+#if ZHUZI_AVX512
+// acc += w . (the bf16 pair at p, broadcast to every lane): vdpbf16ps with the broadcast folded into the
+// instruction, which GCC does not do by itself (a separate broadcast per product costs as many uops as the
+// product). An emulated build (tests/kernels/emulate.h) has no 512-bit registers for asm operands.
+static inline __m512 dot_bf16_pair(__m512 acc, __m512i w, const void* p) {
+#if ZHUZI_EMULATED
+  int32_t pair;
+  std::memcpy(&pair, p, 4);
+  return _mm512_dpbf16_ps(acc, (__m512bh)w, (__m512bh)_mm512_set1_epi32(pair));
+#else
+  asm("vdpbf16ps %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*static_cast<const int32_t*>(p)));
+  return acc;
+#endif
+}
+#endif
+
 // Pairwise halving: the same order of additions on every call.
 static inline float hsum(vf v) {
   typedef float v4 __attribute__((vector_size(16)));

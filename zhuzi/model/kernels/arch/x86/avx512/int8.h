@@ -12,10 +12,17 @@ static inline B8 load_b8(const void* p) { return _mm512_loadu_si512(p); }
 static inline I32 zero() { return _mm512_setzero_si512(); }
 static inline vf to_float(I32 v) { return (vf)_mm512_cvtepi32_ps(v); }
 static inline I32 dot_u8s8(I32 acc, B8 u, B8 s) { return _mm512_dpbusd_epi32(acc, u, s); }
-// The broadcast folded into the instruction: GCC keeps it a separate one, an instruction as costly as the product.
+// The broadcast folded into the instruction: GCC keeps it a separate one, an instruction as costly as the product
+// (emulated builds, as dot_bf16_pair() in prelude.h, take the intrinsics).
 static inline I32 dot_u8s8_at(I32 acc, B8 u, const void* p) {
+#if ZHUZI_EMULATED
+  int32_t s;
+  std::memcpy(&s, p, 4);
+  return dot_u8s8(acc, u, _mm512_set1_epi32(s));
+#else
   asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*static_cast<const int32_t*>(p)));
   return acc;
+#endif
 }
 
 // a b = |a| (sign(a) b); AVX-512 has no vpsignb, so the sign moves through a mask.

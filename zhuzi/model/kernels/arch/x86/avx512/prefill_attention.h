@@ -12,11 +12,6 @@ namespace bf16 {
 constexpr int Q = 16;          // query positions per item (vector lanes)
 constexpr int T = 32;          // keys per tile
 
-static inline __m512 dot_pair(__m512 acc, __m512i w, const void* p) {  // acc += w . broadcast pair at p
-  asm("vdpbf16ps %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*static_cast<const int32_t*>(p)));
-  return acc;
-}
-
 // Queries q0 .. q0 + n - 1 (n <= 16) of head h, at positions first + q0 .. ; keys at pool rows slots[0 ..].
 template <int D>
 static void item(const uint16_t* q, const uint16_t* kc, const uint16_t* vc, const int64_t* slots, int64_t first,
@@ -60,7 +55,7 @@ static void item(const uint16_t* q, const uint16_t* kc, const uint16_t* vc, cons
       for (int j = 0; j < 8; ++j) acc[j] = _mm512_setzero_ps();
       for (int p = 0; p < P; ++p) {
         const __m512i qv = _mm512_load_si512(qt[p]);
-        for (int j = 0; j < 8; ++j) acc[j] = dot_pair(acc[j], qv, krow[t + j] + 2 * p);
+        for (int j = 0; j < 8; ++j) acc[j] = dot_bf16_pair(acc[j], qv, krow[t + j] + 2 * p);
       }
       for (int j = 0; j < 8; ++j) {  // keys past a lane's own position or window, or past the tile, get -inf
         const float pos = t + j < nt ? float(t0 + t + j) : INFINITY;
@@ -99,7 +94,7 @@ static void item(const uint16_t* q, const uint16_t* kc, const uint16_t* vc, cons
       for (int j = 0; j < 16; ++j) acc[j] = _mm512_mul_ps(o[d0 + j], a);  // rescaled to the new maxima
       for (int t = 0; t < (nt + 1) / 2; ++t) {
         const __m512i pv = _mm512_load_si512(pt[t]);
-        for (int j = 0; j < 16; ++j) acc[j] = dot_pair(acc[j], pv, &vt[t][d0 + j]);
+        for (int j = 0; j < 16; ++j) acc[j] = dot_bf16_pair(acc[j], pv, &vt[t][d0 + j]);
       }
       for (int j = 0; j < 16; ++j) o[d0 + j] = acc[j];
     }

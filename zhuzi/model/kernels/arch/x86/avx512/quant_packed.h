@@ -10,13 +10,6 @@ namespace quant_packed {
 constexpr int PASS = 8;      // input rows per pass over a row group (accumulators + codes fit the registers)
 constexpr int AHEAD = 4096;  // bytes prefetched ahead in a row group's stream
 
-// acc += w . (the bf16 pair at p, broadcast to every lane). GCC does not fold a broadcast into the
-// instruction by itself, and a separate broadcast per product costs as many uops as the product.
-static inline __m512 dot_pair(__m512 acc, __m512i w, const void* p) {
-  asm("vdpbf16ps %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*static_cast<const int32_t*>(p)));
-  return acc;
-}
-
 // A group's 16 code vectors: c[p] holds, in lane r, row r's weights for inputs 2p and 2p + 1 (bf16).
 struct Codes {
   __m512i c[16];
@@ -74,7 +67,7 @@ static inline void apply(const Codes& g, const uint16_t* x, int64_t ldx, const f
   for (int m = 0; m < M; ++m) {
     const int32_t* pairs = reinterpret_cast<const int32_t*>(x + m * ldx);
     __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};  // two chains hide the latency at M = 1
-    for (int p = 0; p < 16; ++p) acc[p & 1] = dot_pair(acc[p & 1], g.c[p], pairs + p);
+    for (int p = 0; p < 16; ++p) acc[p & 1] = dot_bf16_pair(acc[p & 1], g.c[p], pairs + p);
     dot[m] = _mm512_fmadd_ps(_mm512_add_ps(acc[0], acc[1]), g.d, dot[m]);
     if constexpr (F == Q4) dot[m] = _mm512_fmadd_ps(g.shift, _mm512_set1_ps(sums[m * ldsum]), dot[m]);
   }
