@@ -1,7 +1,8 @@
 """native.py: the variant this CPU runs is chosen and a forced one it cannot run is refused in one line; a
 kernel that does not compile fails loudly; and the kernels' own C++ unit tests (tests/kernels, against
-float64 references) pass for every x86 variant this CPU runs and for generic, natively, and for both aarch64
-variants, cross-compiled and run under qemu-aarch64 (the neon one on a CPU model without i8mm)."""
+float64 references) pass for every x86 variant this CPU runs and for generic, natively; for the x86 variants
+it lacks, their intrinsics emulated (tests/kernels/emulate.h); and for both aarch64 variants, cross-compiled
+and run under qemu-aarch64 (the neon one on a CPU model without i8mm)."""
 import os
 import platform
 import shutil
@@ -20,6 +21,9 @@ X86 = [v.name for v in native.runnable() if v.arch == "x86_64"]
 NATIVE = [*X86, "generic"]  # generic runs on every CPU
 ARM = {"neon-i8mm": "max", "neon": "neoverse-n1"}  # qemu CPU models: with and without i8mm
 CROSS = native.CROSS_COMPILERS["aarch64"]
+# x86 variants this CPU may lack, emulated in an x86-64-v3 build (the macro tests/kernels/emulate.h reads).
+EMULATED = {"avx512": "-DZHUZI_EMULATE_AVX512", "avx2-vnni": "-DZHUZI_EMULATE_AVXVNNI"}
+SIMDE = Path("/usr/include/simde/x86/avx512.h")
 
 
 def test_auto_picks_the_first_variant_this_cpu_runs():
@@ -146,6 +150,16 @@ def expect_pass(command: list[str], variant: str) -> None:
 @pytest.mark.parametrize("variant", NATIVE)
 def test_kernel_unit_tests_pass_natively(variant, tmp_path):
     expect_pass([str(kernel_tests(variant, native.compiler(), tmp_path))], variant)
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64" or "avx2" not in X86 or not SIMDE.exists(),
+                    reason="emulates on an AVX2 CPU, with SIMDe's headers (libsimde-dev; make test installs them)")
+@pytest.mark.parametrize("variant", [v for v in EMULATED if v not in X86])
+def test_kernel_unit_tests_pass_with_the_variant_emulated(variant, tmp_path):
+    # Kernels edited on a CPU without AVX-512 would otherwise first run on a user's. -O0: SIMDe's emulation
+    # takes GCC three times as long at -O1, and these tests run natively in seconds either way.
+    emulate = ["-O0", *native.VARIANTS["avx2"].flags, "-include", str(TESTS / "emulate.h"), EMULATED[variant]]
+    expect_pass([str(kernel_tests(variant, native.compiler(), tmp_path, emulate))], variant)
 
 
 @pytest.mark.skipif(not (shutil.which(CROSS) and shutil.which("qemu-aarch64")),
