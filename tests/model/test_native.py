@@ -21,8 +21,13 @@ X86 = [v.name for v in native.runnable() if v.arch == "x86_64"]
 NATIVE = [*X86, "generic"]  # generic runs on every CPU
 ARM = {"neon-i8mm": "max", "neon": "neoverse-n1"}  # qemu CPU models: with and without i8mm
 CROSS = native.CROSS_COMPILERS["aarch64"]
-# x86 variants this CPU may lack, emulated in an x86-64-v3 build (the macro tests/kernels/emulate.h reads).
-EMULATED = {"avx512": "-DZHUZI_EMULATE_AVX512", "avx2-vnni": "-DZHUZI_EMULATE_AVXVNNI"}
+# x86 variants this CPU may lack, emulated in an x86-64-v3 build: the variant and the macros
+# tests/kernels/emulate.h reads. avx512 with and without AMX: AMX takes its prefill rows past 8.
+EMULATED = {"avx512": ("avx512", ["-DZHUZI_EMULATE_AVX512"]),
+            "avx512-amx": ("avx512", ["-DZHUZI_EMULATE_AVX512", "-DZHUZI_EMULATE_AMX"]),
+            "avx2-vnni": ("avx2-vnni", ["-DZHUZI_EMULATE_AVXVNNI"])}
+LACKED = [name for name, (variant, _) in EMULATED.items()
+          if variant not in X86 or (name.endswith("amx") and "amx_int8" not in native.cpu_features())]
 SIMDE = Path("/usr/include/simde/x86/avx512.h")
 
 
@@ -154,11 +159,12 @@ def test_kernel_unit_tests_pass_natively(variant, tmp_path):
 
 @pytest.mark.skipif(platform.machine() != "x86_64" or "avx2" not in X86 or not SIMDE.exists(),
                     reason="emulates on an AVX2 CPU, with SIMDe's headers (libsimde-dev; make test installs them)")
-@pytest.mark.parametrize("variant", [v for v in EMULATED if v not in X86])
-def test_kernel_unit_tests_pass_with_the_variant_emulated(variant, tmp_path):
+@pytest.mark.parametrize("name", LACKED)
+def test_kernel_unit_tests_pass_with_the_variant_emulated(name, tmp_path):
     # Kernels edited on a CPU without AVX-512 would otherwise first run on a user's. -O0: SIMDe's emulation
     # takes GCC three times as long at -O1, and these tests run natively in seconds either way.
-    emulate = ["-O0", *native.VARIANTS["avx2"].flags, "-include", str(TESTS / "emulate.h"), EMULATED[variant]]
+    variant, macros = EMULATED[name]
+    emulate = ["-O0", *native.VARIANTS["avx2"].flags, "-include", str(TESTS / "emulate.h"), *macros]
     expect_pass([str(kernel_tests(variant, native.compiler(), tmp_path, emulate))], variant)
 
 
