@@ -308,19 +308,13 @@ static void row_group(const uint8_t* w, int64_t row_bytes, int rows, int64_t K, 
     const q8::Sums* ds[PASS];
     for (int i = 0; i < count; ++i) xs[i] = x.row(m + i), ds[i] = x.sums(m + i);
     float(*out)[ROWS] = acc + (m - m0);
-    auto go = [&](auto p) {
+    with_rows<PASS>(count, [&](auto p) {
       constexpr int P = decltype(p)::value;
 #if ZHUZI_AVX2
       if constexpr (F::QK == 256) return k_pass<F, P>(w, row_bytes, rows, K, xs, out);
 #endif
       pass<F, P>(w, row_bytes, rows, K, xs, ds, out);
-    };
-    switch (count) {
-      case 1: go(std::integral_constant<int, 1>{}); break;
-      case 2: go(std::integral_constant<int, 2>{}); break;
-      case 3: go(std::integral_constant<int, 3>{}); break;
-      default: go(std::integral_constant<int, PASS>{}); break;
-    }
+    });
   }
 }
 #endif

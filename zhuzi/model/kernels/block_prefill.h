@@ -304,24 +304,6 @@ static void apply(const Chunk& t, int n, const q8::Block* const* x, const q8::Su
     for (int v = 0; v < V; ++v) store_vf(sums[m][v], acc[m] + v * VL);
 }
 
-// fn(std::integral_constant<int, P>{}) for a run-time count of input rows, 1 <= count <= MB: the kernels unroll
-// their loops over a pass's rows at compile time.
-template <typename Fn>
-static inline void with_rows(int count, Fn fn) {
-  switch (count) {
-    case 1: fn(std::integral_constant<int, 1>{}); break;
-    case 2: fn(std::integral_constant<int, 2>{}); break;
-    case 3: fn(std::integral_constant<int, 3>{}); break;
-#if ZHUZI_AVX512
-    case 4: fn(std::integral_constant<int, 4>{}); break;
-    case 5: fn(std::integral_constant<int, 5>{}); break;
-    case 6: fn(std::integral_constant<int, 6>{}); break;
-    case 7: fn(std::integral_constant<int, 7>{}); break;
-#endif
-    default: fn(std::integral_constant<int, MB>{}); break;
-  }
-}
-
 // A 16-row group of a matrix (K inputs a row) against input rows [m0, m1) of x (q8 rows of K inputs): acc[m -
 // m0][r] = the sum of products (acc holds m1 - m0 rows). decode(k0, n, t) fills t with the row group's inputs
 // [k0, k0 + n): decoder() from the file's blocks, or from packed ones (packed_blocks.h).
@@ -337,7 +319,7 @@ static void row_group(Decode decode, int64_t K, const q8::Rows& x, int64_t m0, i
       const q8::Block* rows_x[MB];
       const q8::Sums* rows_ds[MB];
       for (int i = 0; i < count; ++i) rows_x[i] = x.row(m + i) + k0 / 32, rows_ds[i] = x.sums(m + i) + k0 / 32;
-      with_rows(count, [&](auto p) { apply<F, decltype(p)::value>(t, n, rows_x, rows_ds, acc + (m - m0)); });
+      with_rows<MB>(count, [&](auto p) { apply<F, decltype(p)::value>(t, n, rows_x, rows_ds, acc + (m - m0)); });
     }
   }
 }

@@ -348,15 +348,6 @@ extern "C" int zhuzi_decode_step(const void* args, int64_t M) {
                      && a.heads % a.kv_heads == 0 && a.heads <= MAXH && a.heads * D <= MAXHD;
   if (!heads || a.hidden % 32 || a.ffn % 32) return 2;
   if (a.embed_type && !block_prefill::serves(a.embed_type, a.hidden, a.embed_row_bytes)) return 2;
-  switch (M) {
-    case 1: return step::run<1>(a);
-    case 2: return step::run<2>(a);
-    case 3: return step::run<3>(a);
-    case 4: return step::run<4>(a);
-    case 5: return step::run<5>(a);
-    case 6: return step::run<6>(a);
-    case 7: return step::run<7>(a);
-    case 8: return step::run<8>(a);
-    default: return 2;
-  }
+  if (M < 1 || M > 8) return 2;
+  return with_rows<8>(M, [&](auto m) { return step::run<decltype(m)::value>(a); });
 }

@@ -266,7 +266,7 @@ static void row_group(const uint8_t* w, int64_t K, const q8::Rows& x, int64_t m0
     const q8::Block* xs[MB];
     const q8::Sums* ds[MB];
     for (int i = 0; i < count; ++i) xs[i] = x.row(m + i), ds[i] = x.sums(m + i);
-    block_prefill::with_rows(count, [&](auto p) { rows<F, decltype(p)::value>(w, K, xs, ds, acc + (m - m0)); });
+    with_rows<MB>(count, [&](auto p) { rows<F, decltype(p)::value>(w, K, xs, ds, acc + (m - m0)); });
   }
 }
 

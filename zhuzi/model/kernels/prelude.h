@@ -12,6 +12,7 @@
 #pragma once
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512BF16__) \
     && defined(__AVX512VNNI__) && defined(__AVX512VBMI__)
@@ -121,6 +122,15 @@ static inline void store(float x, uint16_t* p) {  // round to nearest even; a Na
   uint32_t u; std::memcpy(&u, &x, 4);
   const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
   *p = nan ? uint16_t((u >> 16) | 0x40) : uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+// fn(std::integral_constant<int, N>{}) for a run-time count of rows 1 <= n <= MAX (N = MAX from there on): the
+// kernels unroll their loops over a pass's rows at compile time.
+template <int MAX, typename Fn>
+static inline auto with_rows(int64_t n, Fn fn) {
+  if constexpr (MAX > 1)
+    if (n < MAX) return with_rows<MAX - 1>(n, fn);
+  return fn(std::integral_constant<int, MAX>{});
 }
 
 static inline uint32_t to_bits(float x) { uint32_t u; std::memcpy(&u, &x, 4); return u; }

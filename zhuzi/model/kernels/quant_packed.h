@@ -81,17 +81,7 @@ static void row_group(int format, const uint8_t* w, int64_t groups, const Input&
 // row_group<M> for any M <= PASS chosen at run time.
 static inline void row_group(int format, const uint8_t* w, int64_t groups, const Input& in, int64_t m0, int M,
                              float out[][LANES]) {
-  auto go = [&](auto m) { row_group<decltype(m)::value>(format, w, groups, in, m0, out); };
-  switch (M) {
-    case 1: go(std::integral_constant<int, 1>{}); break;
-    case 2: go(std::integral_constant<int, 2>{}); break;
-    case 3: go(std::integral_constant<int, 3>{}); break;
-    case 4: go(std::integral_constant<int, 4>{}); break;
-    case 5: go(std::integral_constant<int, 5>{}); break;
-    case 6: go(std::integral_constant<int, 6>{}); break;
-    case 7: go(std::integral_constant<int, 7>{}); break;
-    default: go(std::integral_constant<int, 8>{}); break;
-  }
+  with_rows<8>(M, [&](auto m) { row_group<decltype(m)::value>(format, w, groups, in, m0, out); });
 }
 
 }  // namespace quant_packed
