@@ -58,7 +58,7 @@ struct Inputs {
   // Rows of float32 values, optionally RMS-normalised with weight w.
   void set(const float* src, int rows, int64_t width, const uint16_t* w = nullptr, float eps = 0.f) {
     M = rows, K = width, quant_ready = split_ready = q8_ready[0] = q8_ready[1] = false, bf16 = nullptr;
-    f.resize(M * K);
+    at_least(f, M * K);
     for (int m = 0; m < M; ++m) {
       const float* s = src + m * K;
       float r = 1.f;
@@ -98,7 +98,7 @@ struct Inputs {
   }
   const float* dense() {
     if (!split_ready) {
-      split.resize(M * K);
+      at_least(split, M * K);
       for (int m = 0; m < M; ++m) BF16F32::prepare(f.data() + m * K, K, K, split.data() + m * K);
     }
     split_ready = true;

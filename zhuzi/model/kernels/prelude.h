@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512BF16__) \
     && defined(__AVX512VNNI__) && defined(__AVX512VBMI__)
@@ -122,6 +123,13 @@ static inline void store(float x, uint16_t* p) {  // round to nearest even; a Na
   uint32_t u; std::memcpy(&u, &x, 4);
   const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
   *p = nan ? uint16_t((u >> 16) | 0x40) : uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+// v made at least n long, never shorter: buffers refilled on every call (a decode step's inputs, whose width
+// changes from matrix to matrix) keep their memory, and growing back is not zero-filling again.
+template <typename T>
+static inline void at_least(std::vector<T>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
 }
 
 // fn(std::integral_constant<int, N>{}) for a run-time count of rows 1 <= n <= MAX (N = MAX from there on): the

@@ -88,8 +88,8 @@ struct Rows {
   template <typename T>
   void set(const T* x, int64_t M, int64_t K, int64_t ldx, int threads = 1, int span_ = BLOCK) {
     n = blocks(K), span = span_;
-    data.resize((M + 15) / 16 * 16 * n + 8);
-    scaled.resize(M * n);
+    at_least(data, (M + 15) / 16 * 16 * n + 8);
+    at_least(scaled, M * n);
 #pragma omp parallel for schedule(static) num_threads(threads) if (M > 8)
     for (int64_t m = 0; m < M; ++m) {
       quantize_row(x + m * ldx, K, n * BLOCK, &data[m * n], span);

@@ -47,8 +47,8 @@ struct Input {  // q8 blocks of every row, and per block d times the sum of its 
   template <typename T>
   void set(const T* x, int64_t M, int64_t K, int64_t ldx, int threads = 1) {
     rows.set(x, M, K, ldx, threads);
-    dsum.resize(rows.data.size());
-    for (size_t i = 0; i < dsum.size(); ++i) {
+    at_least(dsum, M * rows.n);
+    for (int64_t i = 0; i < M * rows.n; ++i) {
       const q8::Block& b = rows.data[i];
       dsum[i] = b.d * float(b.sum[0] + b.sum[1]);
     }
