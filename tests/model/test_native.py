@@ -93,6 +93,23 @@ def test_a_library_tuned_for_this_cpu_is_cached_under_its_name(monkeypatch):
     assert len({tuned for tuned, _ in paths}) == 3 and len({cross for _, cross in paths}) == 1
 
 
+def test_a_header_edit_rebuilds_only_the_libraries_that_include_it(tmp_path, monkeypatch):
+    # A library is cached under its sources: an edit to a header it includes (here only under #if
+    # ZHUZI_AVX512, through two others) must give it a new build, and an edit elsewhere must not.
+    monkeypatch.setattr(native, "KERNELS", tmp_path / "kernels")
+    shutil.copytree(Path(native.__file__).parent / "kernels", native.KERNELS)
+    names = ("block_linear", "decode_step", "stream", "prefill_attention")
+
+    def edit(header: str) -> set[str]:
+        before = {name: native.library(name, "generic", "g++") for name in names}
+        path = native.KERNELS / header
+        path.write_text(path.read_text() + "\n// edited\n")
+        return {name for name in names if native.library(name, "generic", "g++") != before[name]}
+
+    assert edit("arch/x86/avx512/block_decode.h") == {"block_linear", "decode_step"}
+    assert edit("prelude.h") == set(names)
+
+
 @pytest.mark.skipif(native.compiler() is None, reason="no C++ compiler")
 def test_builds_of_one_kernel_side_by_side_compile_it_once(tmp_path, monkeypatch):
     # Two servers (or test workers) starting on a cold cache: the second waits for the first's build.

@@ -26,6 +26,7 @@ import ctypes
 import logging
 import os
 import platform
+import re
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -180,9 +181,23 @@ def tuned_for(variant: str) -> list[str]:
     return [info.get(field, "") for field in ("vendor_id", "cpu family", "model", "model name")]
 
 
+_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
+
+
 def sources(name: str) -> list[Path]:
-    """kernels/<name>.cpp and every header it may include (all of them: the cache key must see each)."""
-    return [KERNELS / f"{name}.cpp", *sorted(KERNELS.rglob("*.h"))]
+    """kernels/<name>.cpp and every header it includes, directly or through another, for any variant (an
+    #include under any #if counts): the cache key must see each, and an edit elsewhere keeps its library.
+    A quoted name is looked up as the compiler does: beside the includer, then in kernels/ (-I)."""
+    source = (KERNELS / f"{name}.cpp").resolve()
+    found, todo = {source}, [source]
+    while todo:
+        path = todo.pop()
+        for included in _INCLUDE.findall(path.read_text()):
+            header = next((p.resolve() for p in (path.parent / included, KERNELS / included) if p.is_file()), None)
+            if header and header not in found:
+                found.add(header)
+                todo.append(header)
+    return [source, *sorted(found - {source})]
 
 
 def library(name: str, variant: str, cxx: str) -> Path:
