@@ -132,32 +132,17 @@ def test_without_a_compiler_the_torch_path_runs(monkeypatch):
     assert native._open("small_m_linear", "avx2") is None
 
 
-def kernel_tests(variant: str, cxx: str, out: Path, flags: list[str] | None = None) -> Path:
-    """The C++ tests of tests/kernels, linked against the variant's kernel libraries: native's own (cached)
-    build of them, or with `flags` a build for these tests only, into out."""
-    libs = native.build_all(variant, cxx).values() if flags is None else one_run_build(cxx, flags, out)
-    flags = flags or ["-O1", *native.VARIANTS[variant].flags]
+def kernel_tests(variant: str, cxx: str, out: Path, build_as: str | None = None, extra: tuple[str, ...] = ()) -> Path:
+    """The C++ tests of tests/kernels, linked against the variant's kernel libraries as native builds and
+    caches them: with build_as's flags where the variant is emulated, and `extra` arguments after them."""
+    build_as = build_as or variant
+    libs = native.build_all(build_as, cxx, extra).values()
     binary = out / f"kernel-tests-{variant}"
-    done = subprocess.run([cxx, *flags, "-fopenmp", f"-I{native.KERNELS}", *map(str, sorted(TESTS.glob("*.cpp"))),
-                           "-o", str(binary), *map(str, libs), "-lm"], capture_output=True, text=True, timeout=600)
+    done = subprocess.run([cxx, "-O1", *native.VARIANTS[build_as].flags, *extra, "-fopenmp", f"-I{native.KERNELS}",
+                           *map(str, sorted(TESTS.glob("*.cpp"))), "-o", str(binary), *map(str, libs), "-lm"],
+                          capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     return binary
-
-
-def one_run_build(cxx: str, flags: list[str], out: Path) -> list[Path]:
-    """Every kernels/*.cpp library with native's flags but its -O3 replaced by the optimisation in `flags`:
-    these builds serve one test run, where -O3's compile time (a minute a variant on 2 cores) buys nothing."""
-    common = [f for f in native.COMMON_FLAGS if not f.startswith("-O")]
-
-    def build(src: Path) -> Path:
-        lib = out / f"{src.stem}.so"
-        done = subprocess.run([cxx, *common, *flags, f"-I{native.KERNELS}", str(src), "-o", str(lib)],
-                              capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, done.stderr
-        return lib
-
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        return list(pool.map(build, sorted(native.KERNELS.glob("*.cpp"))))
 
 
 def expect_pass(command: list[str], variant: str) -> None:
@@ -181,8 +166,8 @@ def test_kernel_unit_tests_pass_with_the_variant_emulated(name, tmp_path):
     # Kernels edited on a CPU without AVX-512 would otherwise first run on a user's. -O0: SIMDe's emulation
     # takes GCC three times as long at -O1, and these tests run natively in seconds either way.
     variant, macros = EMULATED[name]
-    emulate = ["-O0", *native.VARIANTS["avx2"].flags, "-include", str(TESTS / "emulate.h"), *macros]
-    expect_pass([str(kernel_tests(variant, native.compiler(), tmp_path, emulate))], variant)
+    emulate = ("-O0", "-include", str(TESTS / "emulate.h"), *macros)
+    expect_pass([str(kernel_tests(variant, native.compiler(), tmp_path, "avx2", emulate))], variant)
 
 
 @pytest.mark.skipif(not (shutil.which(CROSS) and shutil.which("qemu-aarch64")),
@@ -191,5 +176,5 @@ def test_kernel_unit_tests_pass_with_the_variant_emulated(name, tmp_path):
 def test_kernel_unit_tests_pass_on_aarch64_under_qemu(variant, tmp_path):
     sysroot = Path(subprocess.run([CROSS, "-print-file-name=libc.so.6"], capture_output=True, text=True,
                                   check=True).stdout.strip()).resolve().parent.parent
-    binary = kernel_tests(variant, CROSS, tmp_path, ["-O1", *native.VARIANTS[variant].flags])
+    binary = kernel_tests(variant, CROSS, tmp_path, extra=("-O1",))  # -O3's minute of compiling buys nothing here
     expect_pass(["qemu-aarch64", "-L", str(sysroot), "-cpu", ARM[variant], str(binary)], variant)

@@ -200,21 +200,26 @@ def sources(name: str) -> list[Path]:
     return [source, *sorted(found - {source})]
 
 
-def library(name: str, variant: str, cxx: str) -> Path:
-    """Where the cache keeps the shared library of kernels/<name>.cpp for a variant."""
-    key = [*(p.read_text() for p in sources(name)), cxx, *COMMON_FLAGS, *flags(variant), *tuned_for(variant)]
+def library(name: str, variant: str, cxx: str, extra: tuple[str, ...] = ()) -> Path:
+    """Where the cache keeps the shared library of kernels/<name>.cpp for a variant, built with `extra`
+    arguments after the variant's (the kernel tests' builds: another -O level, macros, a header given to
+    -include, whose text the key takes as a source's)."""
+    forced = [Path(extra[i + 1]) for i, arg in enumerate(extra[:-1]) if arg == "-include"]
+    key = [*(p.read_text() for p in [*sources(name), *forced]), cxx, *COMMON_FLAGS, *flags(variant), *extra,
+           *tuned_for(variant)]
     return cache_path("kernels", f"{name}-{variant}", *key, suffix=".so")
 
 
-def build(name: str, variant: str, cxx: str) -> Path:
-    """The shared library of kernels/<name>.cpp for a variant, from the cache or compiled now."""
-    lib = library(name, variant, cxx)
+def build(name: str, variant: str, cxx: str, extra: tuple[str, ...] = ()) -> Path:
+    """The shared library of kernels/<name>.cpp for a variant (with `extra` arguments: library()), from the
+    cache or compiled now."""
+    lib = library(name, variant, cxx, extra)
     if lib.exists():
         return lib
     with one_maker(lib):
         if lib.exists():  # another process built it while this one waited
             return lib
-        command = [cxx, *COMMON_FLAGS, *flags(variant), f"-I{KERNELS}", str(KERNELS / f"{name}.cpp")]
+        command = [cxx, *COMMON_FLAGS, *flags(variant), *extra, f"-I{KERNELS}", str(KERNELS / f"{name}.cpp")]
         with atomic_write(lib) as tmp:
             done = subprocess.run([*command, "-o", str(tmp)], capture_output=True, text=True, timeout=600)
             if done.returncode:
@@ -222,11 +227,11 @@ def build(name: str, variant: str, cxx: str) -> Path:
     return lib
 
 
-def build_all(variant: str, cxx: str) -> dict[str, Path]:
+def build_all(variant: str, cxx: str, extra: tuple[str, ...] = ()) -> dict[str, Path]:
     """Every kernels/*.cpp library of a variant, the missing ones compiled side by side."""
     names = [src.stem for src in sorted(KERNELS.glob("*.cpp"))]
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        return dict(zip(names, pool.map(lambda name: build(name, variant, cxx), names)))
+        return dict(zip(names, pool.map(lambda name: build(name, variant, cxx, extra), names)))
 
 
 _libraries: dict[tuple[str, str], ctypes.CDLL | None] = {}
