@@ -3,8 +3,8 @@
 // -DZHUZI_EMULATE_AVXVNNI; -DZHUZI_EMULATE_AMX with the first adds AMX's tiles, for its prefill path). SIMDe
 // (libsimde-dev) implements the AVX-512 and VNNI intrinsics from AVX2 ones under their own names; this
 // header adds the few it lacks, then defines the feature macros the variant's compiler flags would, so
-// prelude.h selects the variant as on a CPU that has it. What this checks is the
-// kernels' logic (every result against the scalar reference), not their speed or their code generation.
+// prelude.h selects the variant as on a CPU that has it. What this checks is the kernels' logic (every
+// result against the scalar reference), not their speed or their code generation.
 #pragma once
 #include <immintrin.h>
 
@@ -94,12 +94,13 @@ static inline simde__m512i cvtne2ps_pbh(simde__m512 a, simde__m512 b) {  // b's 
 #define _mm512_cvtps_epi32 emulate::cvtps_epi32
 #define _mm512_cvtepi32_ps emulate::cvtepi32_ps
 #define _mm512_cvtepi32_epi16 emulate::cvtepi32_epi16
-#undef _mm512_i32gather_epi32  // a macro in GCC's headers at -O0
-#define _mm512_i32gather_epi32 emulate::i32gather_epi32
 #define _mm512_cvtne2ps_pbh emulate::cvtne2ps_pbh
-#undef _mm512_mask_srli_epi16  // a macro in GCC's headers at -O0
+// Macros in GCC's own headers at -O0: replaced, not redefined.
+#undef _mm512_i32gather_epi32
+#undef _mm512_mask_srli_epi16
+#undef _mm512_mask_slli_epi16
+#define _mm512_i32gather_epi32 emulate::i32gather_epi32
 #define _mm512_mask_srli_epi16(w, k, a, s) simde_mm512_mask_mov_epi16((w), (k), simde_mm512_srli_epi16((a), (s)))
-#undef _mm512_mask_slli_epi16  // a macro in GCC's headers at -O0
 #define _mm512_mask_slli_epi16(w, k, a, s) simde_mm512_mask_mov_epi16((w), (k), simde_mm512_slli_epi16((a), (s)))
 
 #define __AVX512F__ 1
