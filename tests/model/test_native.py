@@ -110,6 +110,18 @@ def test_a_header_edit_rebuilds_only_the_libraries_that_include_it(tmp_path, mon
     assert edit("prelude.h") == set(names)
 
 
+def test_a_header_given_to_include_is_keyed_by_its_text_not_its_folder(tmp_path):
+    # The kernel tests force-include tests/kernels/emulate.h: a clone elsewhere must find their builds, an
+    # edit to the header must not.
+    def key(folder: str, text: str) -> Path:
+        header = tmp_path / folder / "emulate.h"
+        header.parent.mkdir(exist_ok=True)
+        header.write_text(text)
+        return native.library("stream", "generic", "g++", ("-O0", "-include", str(header)))
+
+    assert key("a", "#define X 1\n") == key("b", "#define X 1\n") != key("b", "#define X 2\n")
+
+
 @pytest.mark.skipif(native.compiler() is None, reason="no C++ compiler")
 def test_builds_of_one_kernel_side_by_side_compile_it_once(tmp_path, monkeypatch):
     # Two servers (or test workers) starting on a cold cache: the second waits for the first's build.

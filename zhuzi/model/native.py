@@ -205,7 +205,8 @@ def library(name: str, variant: str, cxx: str, extra: tuple[str, ...] = ()) -> P
     arguments after the variant's (the kernel tests' builds: another -O level, macros, a header given to
     -include, whose text the key takes as a source's)."""
     forced = [Path(extra[i + 1]) for i, arg in enumerate(extra[:-1]) if arg == "-include"]
-    key = [*(p.read_text() for p in [*sources(name), *forced]), cxx, *COMMON_FLAGS, *flags(variant), *extra,
+    arguments = [Path(arg).name if Path(arg) in forced else arg for arg in extra]  # its text, not its folder
+    key = [*(p.read_text() for p in [*sources(name), *forced]), cxx, *COMMON_FLAGS, *flags(variant), *arguments,
            *tuned_for(variant)]
     return cache_path("kernels", f"{name}-{variant}", *key, suffix=".so")
 
