@@ -81,7 +81,7 @@ static void row_group(int format, const uint8_t* w, int64_t groups, const Input&
 // row_group<M> for any M <= PASS chosen at run time.
 static inline void row_group(int format, const uint8_t* w, int64_t groups, const Input& in, int64_t m0, int M,
                              float out[][LANES]) {
-  with_rows<8>(M, [&](auto m) { row_group<decltype(m)::value>(format, w, groups, in, m0, out); });
+  with_rows<PASS>(M, [&](auto m) { row_group<decltype(m)::value>(format, w, groups, in, m0, out); });
 }
 
 }  // namespace quant_packed
