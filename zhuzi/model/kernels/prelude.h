@@ -67,6 +67,21 @@ static inline vf splat(float x) {  // a broadcast: vf{} + x costs an add of 0 (k
 #endif
 }
 
+// v stays in a register from here on: GCC otherwise folds a value that a loop reuses into every instruction
+// that reads it, one load per use, and the loads then bound the loop.
+template <class T>
+static inline void in_register(T& v) {
+#if ZHUZI_EMULATED || !(defined(__x86_64__) || defined(__aarch64__))
+  (void)v;  // an emulated 512-bit vector is no register
+#elif defined(__AVX512F__)
+  __asm__("" : "+v"(v));
+#elif defined(__x86_64__)
+  __asm__("" : "+x"(v));
+#else
+  __asm__("" : "+w"(v));
+#endif
+}
+
 // a * b + c rounded once: every multiply-add of the kernels goes through these. native.py builds with
 // -ffp-contract=off, so the compiler never fuses a multiply and an add by itself: left to it, whether a
 // statement became an FMA depended on its tuning and on the function it was inlined into, and the same
