@@ -40,21 +40,36 @@ static inline void load_row_as(const TQ* p, vf* out, int nv) {
   }
 }
 
+// The largest divisor of n up to most.
+constexpr int largest_divisor(int n, int most) {
+  while (n % most) --most;
+  return most;
+}
+
 // One sequence, query heads h0 .. h1 - 1 of H (q and out point at the sequence's head 0). A slot's row
 // holds every kv head side by side; the kv heads of the range are read together, which keeps the reads
 // contiguous when the range is all heads. A head's arithmetic does not depend on the range.
 // Queries and outputs are TQ (float or bf16), keys and values TKV (float, bf16 or q8_0).
+//
+// A tile's K and V rows of a kv head are widened to float once for all of its query heads. A head scores
+// KEYS keys at a time, each key's dot product its own chain of FMAs: one chain at a time waited out an FMA's
+// latency per vector, where KEYS chains keep both FMA ports busy. Each key's sum is the same chain as alone,
+// so the bits do not depend on how many keys a tile holds.
 template <typename TQ, typename TKV, int D>
 static void attend(const TQ* q, const TKV* kc, const TKV* vc, const int64_t* slots, int64_t len, TQ* out,
                    int h0, int h1, int H, int KV, int64_t nslots, float scale, int* bad) {
-  constexpr int NV = D / VL;
+  // SUMS: output vectors summed in registers at once; 16 of them and a broadcast overflowed AVX2's 16, and the
+  // two spilled sums' store and reload went into every key's chain.
+  constexpr int NV = D / VL, KEYS = 8, SUMS = largest_divisor(NV, VREGS / 2);
   static_assert(D % (2 * VL) == 0, "bf16 rows are read 2 VL values at a time");
+  static_assert(TILE % KEYS == 0, "a tile's keys are scored KEYS at a time");
   const int G = H / KV, kv0 = h0 / G, kv1 = (h1 - 1) / G + 1;
   constexpr int64_t W = head_width<TKV>(D);
   const int64_t row = int64_t(KV) * W, span = int64_t(kv1 - kv0) * W * sizeof(TKV);
   const int ahead = std::clamp(AHEAD_BYTES / int(2 * span), 1, TILE);
   vf qv[MAXHD / VL], acc[MAXHD / VL];
   alignas(64) float s[MAXH][TILE];
+  alignas(64) vf kw[TILE][NV], vw[TILE][NV];  // a tile's rows of one kv head, widened
   float m[MAXH], l[MAXH], alpha[MAXH];
   for (int h = h0; h < h1; ++h) {
     load_row_as<TKV>(q + h * D, qv + h * NV, NV);
@@ -62,13 +77,11 @@ static void attend(const TQ* q, const TKV* kc, const TKV* vc, const int64_t* slo
     m[h] = -INFINITY; l[h] = 0.f;
   }
   for (int64_t t0 = 0; t0 < len; t0 += TILE) {
-    const int n = int(std::min<int64_t>(TILE, len - t0));
+    const int n = int(std::min<int64_t>(TILE, len - t0)), keys = (n + KEYS - 1) / KEYS * KEYS;
     int64_t off[TILE];
     for (int t = 0; t < n; ++t) {
       const int64_t sl = slots[t0 + t];
       if (sl < 0 || sl >= nslots) { *bad = 1; off[t] = 0; } else off[t] = sl * row;
-    }
-    for (int t = 0; t < n; ++t) {
       if (t0 + t + ahead < len) {
         const int64_t o = std::clamp<int64_t>(slots[t0 + t + ahead], 0, nslots - 1) * row;
         const char* kr = reinterpret_cast<const char*>(kc + o + kv0 * W);
@@ -78,39 +91,46 @@ static void attend(const TQ* q, const TKV* kc, const TKV* vc, const int64_t* slo
           __builtin_prefetch(vr + i);
         }
       }
-      for (int kh = kv0; kh < kv1; ++kh) {
-        vf k[NV];
-        load_row(kc + off[t] + kh * W, k, NV);
-        for (int h = std::max(kh * G, h0); h < std::min((kh + 1) * G, h1); ++h) {
-          vf d = qv[h * NV] * k[0];
-          for (int j = 1; j < NV; ++j) d = fmadd(qv[h * NV + j], k[j], d);
-          s[h][t] = hsum(d);
+    }
+    for (int kh = kv0; kh < kv1; ++kh) {
+      for (int t = 0; t < n; ++t) {
+        load_row(kc + off[t] + kh * W, kw[t], NV);
+        load_row(vc + off[t] + kh * W, vw[t], NV);
+      }
+      for (int t = n; t < keys; ++t)  // scored with the others, never read
+        for (int j = 0; j < NV; ++j) kw[t][j] = vf{};
+      for (int h = std::max(kh * G, h0); h < std::min((kh + 1) * G, h1); ++h) {
+        for (int t = 0; t < keys; t += KEYS) {
+          vf d[KEYS];
+          for (int i = 0; i < KEYS; ++i) d[i] = qv[h * NV] * kw[t + i][0];
+          for (int j = 1; j < NV; ++j) {
+            vf qj = qv[h * NV + j];
+            in_register(qj);
+            for (int i = 0; i < KEYS; ++i) d[i] = fmadd(qj, kw[t + i][j], d[i]);
+          }
+          for (int i = 0; i < KEYS; ++i) s[h][t + i] = hsum(d[i]);
+        }
+        // online softmax: rescale what came before to the new max
+        float mx = m[h];
+        for (int t = 0; t < n; ++t) mx = std::max(mx, s[h][t]);
+        for (int t = n; t < (n + VL - 1) / VL * VL; ++t) s[h][t] = -INFINITY;
+        vf sum = vf{};
+        for (int t = 0; t < n; t += VL) {
+          const vf p = vexp(load_vf(&s[h][t]) - mx);
+          store_vf(p, &s[h][t]);
+          sum += p;
+        }
+        alpha[h] = scalar_exp(m[h] - mx);
+        l[h] = fmadd(l[h], alpha[h], hsum(sum));
+        m[h] = mx;
+        for (int j0 = 0; j0 < NV; j0 += SUMS) {  // SUMS of the head's output vectors at a time, in registers
+          vf a[SUMS];
+          for (int j = 0; j < SUMS; ++j) a[j] = acc[h * NV + j0 + j] * alpha[h];
+          for (int t = 0; t < n; ++t)
+            for (int j = 0; j < SUMS; ++j) a[j] = fmadd(splat(s[h][t]), vw[t][j0 + j], a[j]);
+          for (int j = 0; j < SUMS; ++j) acc[h * NV + j0 + j] = a[j];
         }
       }
-    }
-    for (int h = h0; h < h1; ++h) {  // online softmax: rescale what came before to the new max
-      float mx = m[h];
-      for (int t = 0; t < n; ++t) mx = std::max(mx, s[h][t]);
-      for (int t = n; t < (n + VL - 1) / VL * VL; ++t) s[h][t] = -INFINITY;
-      vf sum = vf{};
-      for (int t = 0; t < n; t += VL) {
-        const vf p = vexp(load_vf(&s[h][t]) - mx);
-        store_vf(p, &s[h][t]);
-        sum += p;
-      }
-      alpha[h] = scalar_exp(m[h] - mx);
-      l[h] = fmadd(l[h], alpha[h], hsum(sum));
-      m[h] = mx;
-    }
-    for (int h = h0; h < h1; ++h) {  // head-outer keeps the accumulator in registers; the tile's
-      vf a[NV];                    // value rows are in L1 after the first head reads them
-      for (int j = 0; j < NV; ++j) a[j] = acc[h * NV + j] * alpha[h];
-      for (int t = 0; t < n; ++t) {
-        vf v[NV];
-        load_row(vc + off[t] + (h / G) * W, v, NV);
-        for (int j = 0; j < NV; ++j) a[j] = fmadd(splat(s[h][t]), v[j], a[j]);
-      }
-      for (int j = 0; j < NV; ++j) acc[h * NV + j] = a[j];
     }
   }
   for (int h = h0; h < h1; ++h)

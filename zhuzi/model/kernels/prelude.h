@@ -49,6 +49,11 @@ constexpr int VEC_BYTES = 16;
 #endif
 
 constexpr int VL = VEC_BYTES / 4;  // floats a vector
+#if ZHUZI_AVX512 || ZHUZI_NEON
+constexpr int VREGS = 32;  // vector registers: how many sums a loop can keep without spilling
+#else
+constexpr int VREGS = 16;
+#endif
 typedef float vf __attribute__((vector_size(VEC_BYTES)));
 typedef uint32_t vu __attribute__((vector_size(VEC_BYTES)));
 typedef int32_t vi __attribute__((vector_size(VEC_BYTES)));
