@@ -62,10 +62,12 @@ const bool DTYPES[][2] = {{false, false}, {true, true}, {false, true}};
 
 }  // namespace
 
-// window > 0: a sliding window's last `window` tokens of each row (0: all of them).
+// window > 0: a sliding window's last `window` tokens of each row (0: all of them). More threads than rows:
+// each row's kv heads are items of their own.
 TEST(decode_attention_matches_float64) {
   for (auto [q_bf16, kv_bf16] : DTYPES)
     for (int64_t window : {0, 7})
+    for (int threads : {2, 8})
     for (auto [H, KV, D] : {std::tuple<int, int, int>{4, 4, 32}, {9, 3, 64}, {8, 2, 128}, {2, 1, 96}}) {
       check::Rng g(H * D + q_bf16 + 2 * kv_bf16);
       const int64_t B = 5, W = 40, live = 3 * W;
@@ -79,7 +81,7 @@ TEST(decode_attention_matches_float64) {
       const int status = zhuzi_decode_attention(q_bf16, kv_bf16, q.data(q_bf16), pool.keys(kv_bf16),
                                                 pool.values(kv_bf16), slots.data(), lens.data(),
                                                 q_bf16 ? (void*)out16.data() : out32.data(), B, W, H, KV, D,
-                                                pool.slots, scale, window, 2);
+                                                pool.slots, scale, window, threads);
       CHECK(status == 0, "status %d", status);
       for (int64_t b = 0; b < B; ++b) {
         const int64_t first = window > 0 ? std::max<int64_t>(0, lens[b] - window) : 0;
@@ -89,8 +91,8 @@ TEST(decode_attention_matches_float64) {
           const double got = q_bf16 ? check::from_bf16(out16[b * H * D + i]) : out32[b * H * D + i];
           const double bound = (q_bf16 ? 0x1p-8 : 1e-5) * std::fabs(want[i]) + 1e-5;
           if (!(std::fabs(got - want[i]) <= bound)) {
-            CHECK(false, "q_bf16 %d kv_bf16 %d window %ld H %d KV %d D %d row %ld: %g, want %g", q_bf16, kv_bf16,
-                  (long)window, H, KV, D, (long)b, got, want[i]);
+            CHECK(false, "q_bf16 %d kv_bf16 %d window %ld threads %d H %d KV %d D %d row %ld: %g, want %g", q_bf16,
+                  kv_bf16, (long)window, threads, H, KV, D, (long)b, got, want[i]);
             break;
           }
         }

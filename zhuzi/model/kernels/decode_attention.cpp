@@ -11,13 +11,17 @@ static int run(const void* q, const void* kc, const void* vc, const int64_t* slo
                int threads) {
   const int64_t stride = int64_t(H) * D;
   int bad = 0;
+  // Fewer rows than threads: a row's kv heads are items of their own, so that one sequence takes every thread.
+  const int parts = B < threads ? KV : 1, heads = H / parts;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
-  for (int64_t b = 0; b < B; ++b) {
+  for (int64_t i = 0; i < B * parts; ++i) {
+    const int64_t b = i / parts;
+    const int h0 = int(i % parts) * heads;
     if (lens[b] < 1 || lens[b] > W) { bad = 1; continue; }
     const int64_t begin = window > 0 ? std::max<int64_t>(0, lens[b] - window) : 0;
     attend<TQ, TKV, D>(static_cast<const TQ*>(q) + b * stride, static_cast<const TKV*>(kc),
                        static_cast<const TKV*>(vc), slots + b * W + begin, lens[b] - begin,
-                       static_cast<TQ*>(out) + b * stride, 0, H, H, KV, nslots, scale, &bad);
+                       static_cast<TQ*>(out) + b * stride, h0, h0 + heads, H, KV, nslots, scale, &bad);
   }
   return bad;
 }
