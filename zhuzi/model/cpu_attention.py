@@ -4,11 +4,13 @@ Batched decoding reads every sequence's whole history each step, so this is a
 memory-bandwidth problem: a small C++ kernel walks each sequence's slot list
 and reads its keys and values straight from the pool, once, prefetching a few
 positions ahead, with an online (flash-decoding style) softmax in float32. No
-gathered copy is made and bf16 is widened in registers.
+gathered copy is made: a tile of 32 positions' K and V rows of a kv head is
+widened to float once for all of its query heads, which score 8 keys at a time.
 
-Each row is computed by one thread with arithmetic that depends only on that
-row (its query, slots and length), never on the batch around it, so a request
-decodes to the same bits alone or in any batch.
+Each row (with fewer rows than threads, each kv head of a row) is computed by
+one thread with arithmetic that depends only on that row (its query, slots and
+length), never on the batch around it, so a request decodes to the same bits
+alone or in any batch.
 
 Float32 queries may read a bf16 pool (dtype auto without native bf16: half the
 bytes of a float32 pool), widened in registers; both read q8_0 pools
@@ -17,9 +19,10 @@ vector of int8 widened and multiplied by its block's scale in registers.
 
 A prompt chunk's queries are many and share their history, so there the
 problem is compute and reuse: the prefill kernel takes a few consecutive query
-positions of one head at a time (16 with AVX-512, 2 vectors elsewhere), one per
-vector lane, and walks their keys from position 0 in tiles of 32. Each K and V
-row it reads serves all of them at once: with bf16 and AVX512-BF16, scores
+positions of one head at a time (16 with AVX512-BF16, 3 vectors elsewhere), one
+per vector lane, and walks their keys from position 0 in tiles of 32 (or as many
+as its queries). Each K and V row it reads serves all of them at once: with bf16
+and AVX512-BF16, scores
 come from broadcasting the key's bf16 pairs against the queries' (vdpbf16ps)
 and the probabilities meet V as bf16 pairs; elsewhere the tile's rows are
 widened to float once and met with float FMAs. The online softmax runs per
