@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from zhuzi import LLM, SamplingParams
-from zhuzi.model import cpu_blocks
+from zhuzi.model import cpu_blocks, native
 
 pytestmark = pytest.mark.long  # a minute or more: handed out first (tests/conftest.py)
 
@@ -72,6 +72,10 @@ def test_float32_runs_the_file_dense_unless_its_blocks_are_asked_for(llm32, hf_s
     if not cpu_blocks.linear_serves(gguf.GGMLQuantizationType.Q4_1):
         pytest.skip("no kernel computes Q4_1 blocks here (no C++ compiler): they run dense")
     assert blocks.engine.weight_bytes_per_decode_step < llm32.engine.weight_bytes_per_decode_step / 4
+    # The engine says whether a prompt's rows go through AMX tiles, and never where the CPU has none.
+    paths = blocks.engine.kernel_paths
+    v, amx = paths["variant"], "amx_int8" in native.cpu_features() and paths["variant"] == "avx512"
+    assert paths["prefill_matmul"] in ((v, v + "+amx") if amx else (v,))
     assert_greedy_within(blocks, hf_smollm2, Q8_REGRET, Q8_LOGPROB)
 
 

@@ -113,6 +113,13 @@ def _linear_kernel():
                         + [ctypes.c_int64] * 3 + [ctypes.c_int])
 
 
+def prefill_on_amx() -> bool:
+    """Whether block_linear's calls of many rows run through AMX tiles here (the avx512 build, on a CPU with
+    AMX-INT8 whose kernel grants the tile state)."""
+    fn = native.entry("block_linear", "zhuzi_block_linear_amx", [])
+    return fn is not None and fn() == 1
+
+
 def linear_serves(qtype: int) -> bool:
     return int(qtype) in KERNEL_TYPES and _linear_kernel() is not None
 

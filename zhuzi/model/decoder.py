@@ -21,7 +21,7 @@ from zhuzi.model.blocks import BlockWeight
 from zhuzi.model.cpu_linear import fixed_order_available
 from zhuzi.model.fused import FusedDecode
 from zhuzi.model.layers import Rotary, offset_rms_norm, rms_norm
-from zhuzi.model.linear import FORMATS, QUANTIZATIONS, Linear, QuantLinear, block_linear, make_linear
+from zhuzi.model.linear import FORMATS, QUANTIZATIONS, BlockLinear, Linear, QuantLinear, block_linear, make_linear
 from zhuzi.model.model_config import ModelConfig
 from zhuzi.model.moe import Expert, MoE, gated_mlp
 from zhuzi.model.parallel import Shard, TPGroup, head_rows
@@ -255,6 +255,8 @@ class Decoder:
             "prefill_attention": cpu_attention.paged_prefill_attention(x, pool, pool, slots[0], 1.0) is not None,
         }
         paths = {"variant": v, **{op: v if ok else "torch" for op, ok in served.items()}}
+        if isinstance(layer, BlockLinear) and served["decode_matmul"]:  # a GGUF's prompt rows, maybe on AMX tiles
+            paths["prefill_matmul"] = v + ("+amx" if cpu_blocks.prefill_on_amx() else "")
         if (why := FusedDecode.refusal(c)) is not None:
             paths["fused_decode_step"] = f"off ({why})"
         return paths

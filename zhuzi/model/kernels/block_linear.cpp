@@ -82,3 +82,13 @@ extern "C" int zhuzi_block_linear(const void* parts, int nparts, const void* x, 
   else go(static_cast<const float*>(x));
   return 0;
 }
+
+// 1 where this build's calls of more than FEW_ROWS rows run through AMX tiles (Sapphire Rapids and later, where
+// the OS grants the tile state), else 0.
+extern "C" int zhuzi_block_linear_amx() {
+#if ZHUZI_AVX512
+  return amx_prefill::ready();
+#else
+  return 0;
+#endif
+}
