@@ -21,7 +21,8 @@ def pack(model: Path, folder: Path) -> None:
     reader = GGUFReader(model)
     folder.mkdir(parents=True, exist_ok=True)
     name = model.stem
-    (folder / f"{name}.head").write_bytes(model.open("rb").read(reader.data_offset))
+    with model.open("rb") as f:
+        (folder / f"{name}.head").write_bytes(f.read(reader.data_offset))
     samples: dict[str, memoryview] = {}
     sizes: dict[str, int] = {}
     tensors = []
