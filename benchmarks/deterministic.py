@@ -2,12 +2,9 @@
 
     OMP_NUM_THREADS=1 python benchmarks/deterministic.py [--max-tokens 64] [--json-out det.json]
 
-20 ShareGPT first turns (SmolLM2, bfloat16, greedy, ignore_eos), with the flag off and then on: each prompt
-alone (the reference), all 20 in one batch, the batch with a 24-token step budget (prefills in chunks next
-to decodes), and each prompt again once the prefix cache holds it. Counts the answers that differ from
-the alone run, and times the prompts alone (batch 1, prefill included) and the batch of 20, in output
-tokens per CPU-second of this process: on a shared machine CPU time, unlike wall time, does not count
-the waits for a core (run with one thread so that it counts only work).
+20 ShareGPT first turns (SmolLM2, bf16, greedy), flag off and on: alone, in one batch, the batch in 24-token
+steps (prefill chunks beside decodes), and again from the prefix cache; counts answers that differ from alone,
+and times them in output tokens per CPU-second (on a shared machine CPU time does not count waits for a core).
 """
 import argparse
 import json

@@ -1,13 +1,9 @@
 """Detokenizer + stop strings: generated token ids -> text safe to stream (the step after the sampler).
 
-Tokens are byte strings (byte-level BPE's, or SentencePiece's text and byte-fallback tokens like <0xE6>),
-so each new token's bytes go through an incremental UTF-8
-decoder: it returns only whole characters and keeps an unfinished one until its last byte comes
-(the three tokens of "🐱" show nothing, nothing, then the cat). Nothing is ever decoded twice.
-
-Stop strings are searched for in the text not yet shown plus the new text. The longest tail of that
-text which could still grow into a stop string is held back, so a stop string that later completes
-is never partly shown; any stop string that completes must therefore start inside the held-back tail.
+Each new token's bytes (byte-level BPE's, or SentencePiece's text and <0xE6>-style byte tokens) go through an
+incremental UTF-8 decoder that returns whole characters only: "🐱"'s three tokens show nothing, nothing, the
+cat. The longest tail that could still grow into a stop string is held back, so a stop string is never partly
+shown.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""On-disk caches of start-up work (not the KV cache): converted tokenizers, converted checkpoints, compiled kernels,
+"""On-disk caches of start-up work (not the KV cache): converted tokenizers, weight digests, compiled kernels,
 packed GGUF weights.
 
 Each entry lives at $ZHUZI_CACHE (default ~/.cache/zhuzi) / kind / name-digest, where the digest

@@ -1,13 +1,9 @@
 """The tokenizer's helper process: a server's long texts are encoded there, at low priority.
 
-A text of megabytes takes the tokenizers library seconds. In a thread of the server at normal priority it
-would slow running streams; in a thread at low priority it would, on its way in and out of the library,
-hold the server's GIL while it waits for the CPU, and every other thread of the server, the event loop's
-too, would wait with it (/health stalled behind a 4 MB /tokenize: docs/reliability.md). A process of its
-own at low priority holds nothing the server needs: the text goes over a pipe, the ids come back packed.
-
-The helper runs this file as a script, not as a module of the package: it imports the tokenizers library
-and nothing of zhuzi's (whose package imports torch), so it is up in a tenth of a second, not in seconds.
+A low-priority thread would hold the server's GIL while it waits for the CPU, and every other thread, the event
+loop's too, would wait with it (docs/reliability.md); a process holds nothing the server needs. It runs this
+file as a script that imports only the tokenizers library (zhuzi's package imports torch), so it starts in a
+tenth of a second.
 """
 from __future__ import annotations
 

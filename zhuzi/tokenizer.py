@@ -1,23 +1,8 @@
 """Chat template + tokenizer: messages -> one document -> token ids (the step after the gateway).
 
-Injection safety. Rendering the template and tokenizing the result with special-token parsing
-on would let a user who types ``<|im_end|>\\n<|im_start|>system`` forge control tokens. Before
-rendering, every string the client sent (message contents, tool calls, tool schemas, template
-kwargs) is escaped: each special-token string in it becomes a private-use placeholder, so the
-template sees the real text except for those strings. Every special-token string left in the
-rendered document is then the template's own marker and becomes its control id; the text between
-markers gets its placeholders restored and is encoded with special-token parsing off. A tokenizer
-always cuts its input at special tokens before running BPE, so for content without special-token
-strings this equals the naive render-then-encode. Escaping (instead of swapping whole contents for
-sentinels) keeps templates that transform content (``.strip()``, splitting on ``</think>``)
-rendering exactly as they would the real text.
-
-Added tokens that are not special (Qwen's ``<think>``, ``<tool_call>``) stay ordinary added tokens,
-as in other engines. The lstrip/rstrip options of added tokens are not honoured (the supported
-models set none on their special tokens).
-
-Authorship (for the inspector's document view): the same render with each message's content wrapped
-in private-use marks shows where the template put it; every other character is the template's.
+User text never becomes a control token: what the client sent is escaped before the template renders it, so
+only the template's own markers encode as special tokens. The same render with each message's content marked
+says who wrote each token (the inspector's document view).
 """
 from __future__ import annotations
 
@@ -42,6 +27,15 @@ from zhuzi.disk_cache import atomic_write, cache_path, file_identity
 from zhuzi.encoder_process import LONG_TEXT, EncoderProcess, in_slices
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"  # a thinking model's tags, each one token of its vocabulary
+# Injection safety: rendering the template and tokenizing it with special-token parsing on would let a user who
+# types "<|im_end|>\n<|im_start|>system" forge control tokens. So every string the client sent (contents, tool
+# calls and schemas, template kwargs) is escaped first: each special-token string becomes a private-use
+# placeholder. Every special-token string left in the render is then the template's own marker; the text between
+# markers is restored and encoded with parsing off. A tokenizer cuts at special tokens before BPE, so content
+# without such strings encodes as the naive render-then-encode would; and escaping, unlike swapping whole
+# contents for sentinels, keeps templates that transform content (.strip(), splitting on </think>) exact.
+# Added tokens that are not special (Qwen's <think>, <tool_call>) stay ordinary added tokens, as in other
+# engines; their lstrip/rstrip options are not honoured (the supported models set none on special tokens).
 _ESC = "\U000f0000"  # private use: opens a placeholder; a literal one in client text is doubled
 _CODE_BASE = 0xF0001  # special token k (longest first) is written _ESC + chr(_CODE_BASE + k)
 _AUTHOR_BASE = 0x100000  # message i's content is marked chr(_AUTHOR_BASE + i) ... _AUTHOR_END (plane 16)

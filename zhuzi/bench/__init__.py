@@ -1,14 +1,5 @@
-"""Benchmark tools, `zhuzi bench offline | decode | structured | serve | polling | scaling | accuracy | kv`: they
-time the whole request path.
-
-offline:    many requests through LLM.generate, against Hugging Face transformers (and llama.cpp).
-decode:     one stream's prefill and decode speed against the memory-bandwidth roofline (and llama.cpp).
-structured: a batch's decode step with every row under a JSON schema, against none.
-serve:      an OpenAI-API load generator for any compatible server.
-polling:    serve's load with and without the inspector page's polling, side by side.
-scaling:    `zhuzi serve` in-process, with an engine process, 2 data-parallel replicas, TP=2, side by side.
-accuracy:   what each quantization costs in quality against bf16.
-kv:         prefill/decode replicas against colocated ones under long prompts; TTFT after a kill -9 and restart.
+"""Benchmark tools, `zhuzi bench offline | decode | structured | serve | polling | scaling | accuracy | kv`:
+each times the whole request path and starts its report with the machine line (docs/benchmarks.md).
 """
 from __future__ import annotations
 

@@ -1,22 +1,9 @@
 """`zhuzi bench accuracy`: what each quantization costs in quality, against bf16 on the same model.
 
-Per variant (bf16 dense; a GGUF's own blocks; int8; int4; the model's default weights over a q8_0 KV
-cache; float32 as the reference the others approximate):
-- greedy agreement with bf16: ShareGPT's first 32 chat prompts, 64 greedy tokens each (ignore_eos);
-  the share of tokens generated before the first difference from bf16's continuation, and how many
-  continuations are identical;
-- mean |logprob difference| of the chosen tokens: bf16's continuations scored teacher-forced (prompt
-  logprobs of prompt + continuation) by each model, against bf16's own scores;
-- perplexity on a fixed real text: the first N tokens of ShareGPT's answers (file order).
-
-Perplexity is llama.cpp's measure (llama-perplexity): the text's tokens in whole windows, each window
-scored on its second half given the first (its first token BOS where the tokenizer adds one).
---perplexity FILE measures only that, on FILE, per variant; with --compare llama.cpp, llama-perplexity
-runs on the same GGUF, text and window beside it, and each variant after the first is also given against
-the first (`--variants default kv-q8_0`: what an 8-bit KV cache costs on that file).
-
-Greedy tokens come from the decode path (fused steps at batch <= 8, as served); logprobs and perplexity
-come from prefill (the path of prompts and big batches).
+Per variant (bf16, a GGUF's own blocks, int8, int4, the default weights over a q8_0 KV cache, float32): greedy
+agreement with bf16 on ShareGPT prompts (the decode path, as served), the mean |logprob difference| of bf16's
+tokens scored teacher-forced, and perplexity as llama-perplexity measures it; --compare llama.cpp runs
+llama-perplexity on the same GGUF, text and window beside it.
 """
 from __future__ import annotations
 

@@ -1,13 +1,9 @@
-"""The load generators' OpenAI client: one streamed request timed chunk by chunk, a conversation replayed
-turn by turn (each turn carrying the history and the server's previous answers), the model a server serves.
+"""The load generators' OpenAI client: one streamed request timed event by event, a conversation replayed
+turn by turn (each turn carrying the history and the server's answers), the model a server serves.
 
-Per request, from the moment it is sent:
-  TTFT  time to the first chunk that carries content;
-  ITL   the gaps between successive content chunks;
-  TPOT  (end-to-end - TTFT) / (output tokens - 1), over requests of 2+ tokens;
-  E2E   time to the end of the stream.
-Output tokens come from the usage chunk (stream_options.include_usage) when the server sends one, else from
-the number of content chunks; prompt tokens from usage, else from a local count of the messages' text.
+TTFT: time to the first event with content; ITL: the gaps between content events; TPOT: (end-to-end - TTFT) /
+(output tokens - 1), over requests of 2+ tokens. Token counts come from the usage event where the server
+sends one, else from counting content events and the messages' text.
 """
 from __future__ import annotations
 

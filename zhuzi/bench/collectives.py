@@ -1,11 +1,6 @@
 """What tensor parallelism adds to a decoder layer and what it saves, on this machine (`zhuzi bench scaling
---collectives`).
-
-Two local ranks (spawned, gloo, 1 thread each, as `--tensor-parallel-size 2` runs them) time an all-reduce of
-one token's hidden state (the default model's 576 wide, bf16 and fp32); a layer pays two of them (after O
-and after down). Against that: one layer's four matmuls for one token (QKV, O, gate/up, down, bf16, through
-the engine's own Linear and its weight-streaming kernel), whole on one thread and rank 0's share under TP=2
-(6 of 9 query heads and 2 of 3 KV heads, half the MLP): the compute TP takes off a rank's hands.
+--collectives`): two local gloo ranks of 1 thread time an all-reduce of one token's hidden state (a layer
+pays two), against one layer's four matmuls for one token whole on one thread and rank 0's share under TP=2.
 """
 from __future__ import annotations
 

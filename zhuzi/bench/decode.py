@@ -1,27 +1,9 @@
-"""`zhuzi bench decode`: one stream's prefill and decode speed, against the memory-bandwidth roofline
-and, with --compare llama.cpp, against llama-bench on the same GGUF with the same threads.
+"""`zhuzi bench decode`: one stream's prefill and decode speed against the memory-bandwidth roofline
+(bandwidth over the weight bytes a step reads; a MoE step's active experts only) and, with --compare llama.cpp,
+against llama-bench on the same GGUF and threads, the engines taking turns round by round.
 
-A decode step at batch 1 reads every weight once, so its speed is capped by
-memory bandwidth: roofline tokens/s = bandwidth / weight bytes read per step.
-A Mixture-of-Experts step reads its token's top-k experts only: the roofline is
-on the active parameters (the bytes the model counts as it runs them).
-The bandwidth is measured in the same process, with the same threads, as STREAM
-does (kernels/stream.cpp: every thread reads its own slice of a buffer much
-larger than the caches with vector loads, the best of several passes); both
-engines' decode speeds are given as a fraction of that roofline. The figure
-of one torch.sum over the buffer, the ceiling used before, is kept beside it.
-The fused decode step's threads are clocked at its barriers: the mean time a
-thread waits there a step in the best run (barrier_wait_s).
-Decode tokens/s count the whole step loop (scheduler, model, sampler,
-detokenizer); llama-bench's tg counts its model calls, from an empty context.
-
-With --compare llama.cpp the two engines take turns, round by round (zhuzi's
-run, then `llama-bench -r 1`, then zhuzi again ...), so that on a shared
-machine both see the same load: each engine's figure is its best round, and
-every round's ratio is kept beside them.
-
-With --speculative-config the tool compares decode speed with and without speculation instead
-(zhuzi/bench/speculative.py), on --workload random or grounded prompts.
+Decode tokens/s count the whole step loop (scheduler, model, sampler, detokenizer); llama-bench's tg counts its
+model calls. With --speculative-config it compares decoding with and without speculation (speculative.py).
 """
 from __future__ import annotations
 

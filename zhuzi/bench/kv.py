@@ -1,13 +1,8 @@
 """`zhuzi bench kv`: KV beyond one engine, measured on `zhuzi serve` processes it starts itself.
 
-pd       the long-prompt mix (`zhuzi bench serve --long-prompt-len 4000`: --max-concurrency chat streams, and
-         a new 4,000-token prompt every few seconds) against two replicas that both prefill and decode
-         (colocated: --data-parallel-size 2) and against one prefill and one decode replica (disaggregated:
-         --kv-role prefill,decode), one after the other in the same run: the chat streams' inter-token
-         latency and TTFT, and the long prompts' TTFT.
-restart  a long system prompt's TTFT (after a short warm-up request): cold (nothing cached), warm (in the
-         pool), and after a kill -9 of every process and a restart on the same --kv-offload-dir (the disk
-         tier), each round with a system prompt of its own.
+pd: the long-prompt mix against two colocated replicas and against one prefill and one decode replica
+(--kv-role), in the same run. restart: a long system prompt's TTFT cold, warm (in the pool), and after a kill -9
+of every process and a restart on the same --kv-offload-dir (the disk tier).
 """
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""llama.cpp as the peer of `zhuzi bench decode | offline | accuracy --compare llama.cpp`: its llama-bench,
-llama-batched-bench and llama-perplexity run on the same GGUF file with the same thread count, in the same run.
-
-The binaries are found in --llama-cpp-bin DIR, else $LLAMA_CPP_BIN, else the folder that the team's
-../shared/tools/build-llamacpp.sh builds them in (under $LLAMA_CPP_DIR, default ~/.cache/llama.cpp), else on
-the PATH. The benchmarks print JSON (llama-bench -o json, llama-batched-bench --output-format jsonl), which is
-what is read here; llama-perplexity's final estimate is read from its log.
+"""llama.cpp as the peer of `zhuzi bench decode | offline | accuracy --compare llama.cpp`: llama-bench,
+llama-batched-bench and llama-perplexity on the same GGUF with the same threads, in the same run. The binaries
+are found in --llama-cpp-bin, $LLAMA_CPP_BIN, $LLAMA_CPP_DIR's build (default ~/.cache/llama.cpp), or the PATH.
 """
 from __future__ import annotations
 

@@ -1,18 +1,9 @@
 """`zhuzi bench offline`: many requests through LLM.generate, then the same ones through transformers
 and, with --compare llama.cpp, llama-batched-bench on the same GGUF with the same threads.
 
-The workload is nano-vllm's, scaled to a small CPU: random-token prompts and
-outputs of random lengths, ignore_eos so every request generates exactly what
-it asked for. Both engines get the same prompt token ids, dtype and sampling,
-and one short warm-up request each before the clock starts (first-call costs
-such as allocations are start-up, not throughput). llama-batched-bench runs as
-many sequences at once, each with the workload's mean prompt and output
-lengths (the same token totals); its output tokens/s count its whole run,
-prefill included, as zhuzi's do. With --rounds N the two take turns N times
-(zhuzi's pass, then llama-batched-bench, ...), so that on a shared machine both
-see the same load; each engine's figure is its best round. Every round's prompts
-start with a token of their own, so that no round is served from the prefix
-cache of an earlier one.
+The workload is nano-vllm's, scaled to a small CPU: random-token prompts and outputs of random lengths, with
+ignore_eos. Every engine gets the same prompt ids and a warm-up first; with --rounds N they take turns, and each
+round's prompts start with a token of their own, so that no round is served from an earlier one's prefix cache.
 """
 from __future__ import annotations
 

@@ -1,12 +1,9 @@
 """`zhuzi bench polling`: what watching a server costs the streams it serves.
 
-The inspector page polls GET /inspect/engine while a reply streams, and /inspect/batch too while its batch view
-is open (its heaviest watching: the default here). This runs one `bench serve`
-workload (the same flags) against one server twice per round, side by side: quiet, and with --poll
-at the page's rate, swapping the order every round so that drift on a shared machine hits both arms,
-after one polled warm-up run. The figures are each run's median TPOT, and polled against quiet two
-ways: the best run of each arm (a disturbance from outside only ever adds time, while the polling's
-own cost is in every polled run) and the median of the rounds' ratios.
+One `bench serve` workload (the same flags) against one server twice a round, quiet and with --poll at the
+inspector page's rate (/inspect/engine and /inspect/batch by default), the order swapped every round. Reported:
+the best run of each arm (outside disturbances only add time; the polling's cost is in every polled run) and
+the median of the rounds' ratios.
 """
 from __future__ import annotations
 

@@ -1,21 +1,8 @@
 """`zhuzi bench scaling`: what each way of running `zhuzi serve` costs and buys, side by side.
 
-For each setup it starts `zhuzi serve` with that setup's flags, warms it up, and runs the same `zhuzi
-bench serve` load against it (16 streams of random prompts) while a prober in a process of its own
-GETs /health and /v1/models in turn every 10 ms: the front's latency while the engine works. Setups
-(the thread counts share out the machine's cores):
-
-  in-process      the step loop in a thread of the server's process (--no-engine-process)
-  engine-process  the step loop in an engine-core process of its own (the default)
-  in-process-1t   in-process with 1 thread: against tp1-1t, the engine process's cost alone (on a busy
-                  machine 2 OpenMP threads can run many times slower than 1)
-  dp2-mp          --data-parallel-size 2: two engine-core processes, the cores split between them
-  dp2-ray         the same two as Ray actors on a local Ray (started by the server)
-  tp1-1t          one engine core with 1 thread: the reference for tp2 (one rank's share of the cores)
-  tp2             --tensor-parallel-size 2: every layer split over 2 processes, 1 thread each
-
-With --collectives it also times what tensor parallelism adds to a layer (two gloo all-reduces of one
-token's hidden state) against what it saves (half of the layer's matmuls), see collectives.py.
+Each setup (SETUPS: its flags) is started, warmed up and given the same `bench serve` load (16 streams) while a
+prober process GETs /health and /v1/models every 10 ms: the front's latency while the engine works.
+--collectives also times what tensor parallelism adds to a layer against what it saves (collectives.py).
 """
 from __future__ import annotations
 
@@ -41,10 +28,12 @@ from zhuzi.model import native
 SETUPS = {
     "in-process": ["--no-engine-process"],
     "engine-process": [],
+    # Against tp1-1t, the engine process's cost alone (on a busy machine 2 OpenMP threads can run many times
+    # slower than 1).
     "in-process-1t": ["--no-engine-process", "--num-threads", "1"],
     "dp2-mp": ["--data-parallel-size", "2"],
     "dp2-ray": ["--data-parallel-size", "2", "--data-parallel-backend", "ray"],
-    "tp1-1t": ["--num-threads", "1"],
+    "tp1-1t": ["--num-threads", "1"],  # tp2's reference: one rank's share of the cores
     "tp2": ["--tensor-parallel-size", "2"],
 }
 PROBE_PERIOD_S = 0.010

@@ -1,19 +1,9 @@
 """`zhuzi bench serve`: an OpenAI-API load generator for any compatible server, in the manner of `vllm bench serve`.
 
-Every request streams (SSE) and is timed as client.py says: TTFT, TPOT, ITL
-and end-to-end latency.
-
-A workload is a list of conversations: `random` gives one-turn conversations
-of random tokens; `sharegpt` replays real multi-turn chats turn by turn, each
-next turn carrying the whole history including the server's previous answer,
-so a prefix cache pays off. --request-rate is the Poisson arrival rate of
-conversations; --max-concurrency caps the conversations (and so the requests)
-in flight. --poll GETs a path every --poll-interval seconds while the load runs (the inspector page
-polls /inspect/engine so): run with and without it to see what watching costs the streams. --tenants runs
-several API keys' loads at once (tenants.py). --long-prompt-len adds the long-prompt mix: while the load runs,
-a new prompt of that many tokens every --long-prompt-interval seconds (at most --long-prompts of them),
-reported apart (what a long prefill does to everyone's next token); the run ends when the last one sent is
-answered.
+Every request streams and is timed as client.py says. A workload is a list of conversations: `random` one-turn
+prompts of random tokens, `sharegpt` real multi-turn chats replayed with the server's own answers in the history
+(so a prefix cache pays off). --poll, --tenants and --long-prompt-len add polling, several API keys' loads
+(tenants.py) and the long-prompt mix.
 """
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
-"""`zhuzi bench decode --speculative-config ...`: one stream's decode speed with speculative decoding
-against the same engine without it, in the same run.
-
-Both engines load side by side; each prompt runs through one and then the other (which one goes first
-alternates), one request at a time. Decode speed is output tokens after the first over the time from
-the first token to the last, summed over the prompts. Greedy speculation emits exactly the plain
-tokens, so the two runs decode the same text and the ratio is a pure speed ratio; with --temperature
-the texts differ (same distribution, other draws), and the ratio compares different texts.
+"""`zhuzi bench decode --speculative-config ...`: one stream's decode speed with speculative decoding against
+the same engine without it, in the same run: both loaded side by side, each prompt through one and then the
+other (alternating which goes first). Greedy speculation emits exactly the plain tokens, so the ratio is a pure
+speed ratio; with --temperature the two decode different texts.
 """
 from __future__ import annotations
 

@@ -1,21 +1,7 @@
-"""`zhuzi bench serve --tenants`: several API keys on one server at once, each with a load of its own, and
-what the requests of each key see beside the others against what they see alone.
-
-A tenant is comma-separated key=value pairs:
-  key       its API key (default: --api-key)
-  name      what the report calls it (default: t1, t2, ...)
-  streams   conversations it keeps in flight (default 1)
-  requests  requests in all: its latencies are measured; without it the tenant is background load, which
-            runs until the measured tenants are done and is then hung up
-  turns     turns per conversation, each carrying the history before it, as a chat does (default 1)
-  priority  sent as the request's `priority` (--scheduling-policy priority or fair)
-  delay     seconds from the start before its first request (default 0)
-  input, output   prompt and output tokens (default --random-input-len, --random-output-len)
-
-Each measured tenant first runs alone on the idle server, then all tenants run together; the report gives
-each measured tenant's TTFT and TPOT p50 alone, together, and together / alone. Two keys, A with 32 streams
-and B with one chat turn at a time:
-  zhuzi bench serve --base-url URL --tenants key=A,streams=32 key=B,requests=16,turns=4 --ignore-eos
+"""`zhuzi bench serve --tenants`: several API keys on one server at once, each with a load of its own (a SPEC
+of FIELDS, see --help), and what each measured key's requests see beside the others against alone: each
+measured tenant runs alone on the idle server first, then all together; background tenants (no requests=N)
+keep their streams busy until the measured ones are done.
 """
 from __future__ import annotations
 

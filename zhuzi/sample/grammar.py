@@ -1,19 +1,9 @@
-"""Structured output: the grammar that decides which tokens a sequence may sample next.
+"""Structured output: the grammar that decides which tokens a sequence may sample next (between the forward
+pass and sampling).
 
-The step between the forward pass and sampling. A request's StructuredOutputsParams holds one
-constraint (a JSON schema, any JSON object, a regex, a choice among strings, a Lark/GBNF grammar);
-the llguidance library does the work. GrammarCompiler compiles each source once (cached by source)
-and gives every sequence its own GrammarMatcher; each step the sampler asks the batch's matchers
-for their token bitmasks and sets forbidden tokens' logits to -inf, and the engine advances each
-matcher with the token its sequence got. A matcher lives with its sequence and moves only on
-sampled tokens, never on prefill: a preempted sequence recomputes its KV cache and its matcher is
-still exactly where its output is.
-
-Speculative decoding: prompt-lookup drafts are cut where validate() says the grammar stops taking
-them (the target's masked distribution gives the rest zero odds, and a point-mass proposal may be
-cut anywhere); a draft model masks its own logits with the matcher while drafting (accept, then
-rollback), so its q is the distribution it really drew from; the verifier takes the k + 1 masks of
-a draft with fill_draft_masks; the engine then accepts the emitted tokens, as for one token a step.
+A request's constraint (a JSON schema, a regex, a choice, a Lark/GBNF grammar) is compiled once per source by
+llguidance; each sequence gets its own matcher, whose token bitmask the sampler applies and which the engine
+advances with each sampled token, never on prefill (a preempted sequence's matcher stays where its output is).
 """
 from __future__ import annotations
 
@@ -100,6 +90,11 @@ class GrammarMatcher:
     llguidance stops counting tokens once its grammar has ended: a stop token taken after that is not
     in its history, so this wrapper counts those itself for rollback. A token the grammar forbids is
     refused without touching the state (llguidance's own matcher would enter a permanent error).
+
+    Speculative decoding: prompt-lookup drafts are cut where validate() says the grammar stops taking them (the
+    target's masked distribution gives the rest zero odds, and a point-mass proposal may be cut anywhere); a
+    draft model masks its own logits with the matcher while drafting (accept, then rollback), so its q is the
+    distribution it really drew from; the verifier takes a draft's k + 1 masks from fill_draft_masks.
     """
 
     def __init__(self, inner: llguidance.LLMatcher, stop_ids: frozenset[int], mask_words: int):

@@ -1,15 +1,9 @@
-"""Speculative decoding's verification, the sampling step of a step with drafts: which proposed tokens
-stand, and the token of the target's own that follows them (a step without drafts calls the sampler).
+"""Speculative decoding's verification, the sampling step of a step with drafts: which proposed tokens stand,
+and the target's own token after them (a step without drafts calls the sampler).
 
-The rule is Leviathan et al. 2023's (vLLM's rejection sampler), on the very distribution the plain
-sampler draws from (sampler.sampling_probs). A sequence with k drafts x_1..x_k has k + 1 rows of
-logits; row j is used only if x_1..x_j stand, so it is processed as if they had been emitted
-(penalties and min_tokens see them, its grammar mask is the one after them). Greedy rows accept while
-the draft is the argmax. Sampled rows accept x with probability min(1, p(x) / q(x)), q being the
-distribution the draft was drawn from (a point mass for prompt lookup); the first rejection draws from
-norm(max(p - q, 0)), and when all k stand a bonus token comes from the last row. Every emitted token is
-then distributed exactly as without speculation. A sequence takes k + 1 uniforms a step from its own
-generator whatever happens, so a seeded request gets the same tokens alone or in any batch.
+The rule is Leviathan et al. 2023's (vLLM's rejection sampler), on the very distribution the plain sampler draws
+from (sampler.sampling_probs), so every emitted token is distributed exactly as without speculation; a sequence
+takes k + 1 uniforms a step from its own generator, so a seeded request gets the same tokens in any batch.
 """
 from __future__ import annotations
 
@@ -60,7 +54,13 @@ class Draft:
 
 def verify(logits: torch.Tensor, drafts: list[Draft]) -> list[Verdict]:
     """Each draft's verdict; logits [sum(k + 1), V]: each draft's k + 1 rows in a run, drafts in order. A draft
-    of k = 0 (a sequence with nothing proposed) gets the token the plain sampler would draw."""
+    of k = 0 (a sequence with nothing proposed) gets the token the plain sampler would draw.
+
+    Row j is used only if drafts x_1..x_j stand, so it is processed as if they had been emitted (penalties and
+    min_tokens see them, its grammar mask is the one after them). Greedy rows accept while the draft is the
+    argmax; sampled rows accept x with probability min(1, p(x) / q(x)), q the distribution the draft was drawn
+    from (a point mass for prompt lookup); the first rejection draws from norm(max(p - q, 0)), and when all k
+    stand a bonus token comes from the last row."""
     starts = [0]
     for d in drafts:
         starts.append(starts[-1] + d.k + 1)

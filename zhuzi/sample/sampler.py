@@ -1,13 +1,9 @@
 """Sampling: the step after the forward pass, logits of a batch -> next tokens (+ logprobs).
 
-Order and meanings are vLLM's: grammar masks -> allowed_token_ids and bad_words -> logit_bias ->
-min_tokens -> repetition penalty -> frequency/presence penalties -> temperature (0: greedy argmax)
--> top-k -> top-p -> min-p -> draw. Every step works on the whole batch at once; per-row Python
-only builds small index tensors. Grammar masks come first, in place, as in vLLM: logprobs
-then describe the distribution the token was actually drawn from.
-
-Speculative decoding's verification of proposed tokens is in rejection.py, on the very distribution
-this module draws from (sampling_probs); a step without drafts calls the sampler alone.
+Order and meanings are vLLM's: grammar masks -> allowed_token_ids and bad_words -> logit_bias -> min_tokens ->
+repetition penalty -> frequency/presence penalties -> temperature (0: greedy argmax) -> top-k -> top-p -> min-p
+-> draw, each on the whole batch at once. The masks come first, in place, as in vLLM: logprobs then describe the
+distribution the token was drawn from. Drafts are verified in rejection.py, on this module's sampling_probs.
 """
 from __future__ import annotations
 
