@@ -37,9 +37,9 @@ from zhuzi.model import native
 from zhuzi.model.blocks import BlockWeight
 from zhuzi.model.kv_format import Q8_0
 from zhuzi.model.linear import BlockLinear, Int8Linear, Linear, QuantLinear
+from zhuzi.model.model_config import Mixer, Mlp, ModelConfig
 
 MAX_ROWS = 8
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "phi3")  # the layers the kernel computes: not Gemma's
 _DENSE, _INT8, _Q4, _Q8, _BLOCKS = range(5)
 
 
@@ -111,7 +111,8 @@ class FusedDecode:
         self.layers = (_Layer * c.num_layers)(*[
             _Layer(_ptr(layer.input_norm), qkv, _ptr(layer.q_norm), _ptr(layer.k_norm), o, _ptr(layer.post_norm),
                    gate_up, down) for layer, (qkv, o, gate_up, down) in zip(decoder.layers, mats)])
-        self.cos, self.sin = decoder.rotary.cos.contiguous(), decoder.rotary.sin.contiguous()
+        rotary = decoder.rotaries[0]  # refusal(): every layer's
+        self.cos, self.sin = rotary.cos.contiguous(), rotary.sin.contiguous()
         embed = decoder.embed
         blocks = isinstance(embed, BlockWeight)
         self.args = _Args(ctypes.addressof(self.layers), c.num_layers, _ptr(decoder.norm),
@@ -124,13 +125,23 @@ class FusedDecode:
             else decoder.lm_head.weight.shape[0]
 
     @staticmethod
-    def refusal(config) -> str | None:
-        """Why the kernel does not compute this model's step (it runs the llama/qwen layer shape only)."""
-        if config.sliding_window is not None:
-            return "sliding-window attention"
-        if config.num_experts:
-            return "experts"  # the C++ step runs dense MLPs only
-        return None if config.architecture in ARCHITECTURES else f"{config.architecture} layers"
+    def refusal(config: ModelConfig) -> str | None:
+        """The first feature of the model the kernel lacks, or None: it computes full attention with an optional
+        QKV bias and q/k norms, one RoPE over whole heads, RMSNorm before attention and a dense SiLU MLP."""
+        specs, d = config.layers, config.head_dim
+        lacks = {
+            "sliding-window attention": any(s.mixer is not Mixer.ATTENTION for s in specs),
+            "experts": any(s.mlp is not Mlp.DENSE for s in specs),
+            "sandwich norms": any(s.sandwich_norms for s in specs),
+            "offset norms": config.norm_weight_offset != 0 or any(s.norm_offset != 0 for s in specs),
+            "a GELU MLP": any(s.activation != "silu" for s in specs),
+            "a query scale of its own": any(s.query_scalar != d for s in specs),
+            "RoPE bases per layer": any(s.rope != specs[0].rope for s in specs),
+            "RoPE over part of each head": any(s.rope.rotary_dim not in (None, d) for s in specs),
+            "scaled embeddings": config.embedding_scale != 1.0,
+            "soft-capped logits": config.final_logit_softcapping is not None,
+        }
+        return next((feature for feature, present in lacks.items() if present), None)
 
     def time_barriers(self) -> None:
         """From now on, add each thread's seconds of waiting at the step's barriers to barrier_s[thread], and
@@ -152,8 +163,6 @@ class FusedDecode:
         if not isinstance(decoder.embed, BlockWeight):
             tensors.append(decoder.embed)
         if not all(t.is_cpu and t.dtype == torch.bfloat16 and t.is_contiguous() for t in tensors):
-            return None
-        if decoder.rotary.dim != decoder.config.head_dim:  # the step turns whole heads
             return None
         fn = _kernel()
         try:
