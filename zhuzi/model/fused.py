@@ -1,32 +1,8 @@
-"""The fused decode step (model runner -> model, for steps that are all decodes): every layer, the final
-norm and the LM head of up to 8 decode rows in one native call (kernels/decode_step.cpp).
-
-Why: at batch 1 a step streams every weight once, and the per-layer torch path adds many small ops
-(norms, dtype copies, cats, slices, index_copy) and as many OpenMP fork/joins around them, which cost more
-than reading the int4 weights; one call a step leaves little beside the reads (docs/benchmarks.md).
-
-How: one OpenMP parallel region for the whole step. Per layer: RMSNorm -> QKV (+ bias) -> per row and
-kv head, its q/k norms, RoPE, K/V into the pool (bf16 or q8_0) and attention (kernels/attention.h, the
-decode kernel's loop) -> O + residual -> RMSNorm -> gate and up rows in matching 16-row chunks,
-SiLU(gate) * up -> down + residual; then the final norm and the LM head. Weight rows are split over the
-threads in chunks of 16, through the linear kernels' own inner loops (kernels/rows.h, kernels/quant_packed.h); each
-thread prepares a matrix's input rows itself, so a layer costs five barriers (time_barriers() clocks each
-thread's wait at them: zhuzi bench decode reports it). The decoder's weight tensors are used in place
-(dense bf16, int8 with scales, Q4/Q8 units, a GGUF file's blocks in its mapping: block_prefill.h against q8
-activations, the embedding's rows dequantized from its blocks).
-
-Arithmetic, and how it differs from the per-layer path: the residual stream stays float32 for the whole
-step. With AVX512-BF16 each matrix input is rounded to bf16 once (the RMSNorm output computed in
-float32, the SiLU(gate) * up product, the attention output); RoPE and the q/k norms run in float32
-before the query and the new K/V are rounded to bf16. The per-layer path keeps the residual stream in
-bf16 and rounds after every op. So in bf16 a request's tokens can depend on whether its steps ran fused
-(all decodes, at most 8 rows) or not; against a float32 reference the fused step is the closer of the
-two. On the other variants (float32 activations over bf16 weights) the inputs stay float32 for bf16
-weights and become q8 blocks for int8 and 4-bit ones, as in the per-layer path's kernels; only the new
-K/V are rounded (to the bf16 pool). Rows never influence each other: a row's logits are the same bits
-alone or in a batch of up to 8. float32 weights never take this path; EngineConfig.fused_decode switches
-it off (e.g. for a mode that wants bf16 results independent of the batch).
-"""
+"""The fused decode step (model runner -> model, for steps that are all decodes): every layer, the final norm
+and the LM head of up to 8 decode rows in one native call (kernels/decode_step.cpp), which leaves little
+beside the weight reads. Its residual stream stays float32 for the whole step, so in bf16 its tokens can
+differ from the per-layer path's (it is the closer of the two to float32); a row's logits never depend on the
+other rows. It computes one layer shape and refuses a model with a feature it lacks (refusal)."""
 from __future__ import annotations
 
 import ctypes
