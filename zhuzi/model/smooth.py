@@ -86,8 +86,8 @@ def smooth(decoder, ids: list[int]) -> None:
         gate_up[gate_up.shape[0] // 2:] /= s_down[:, None]  # the up rows make down's inputs
 
         dtype = layer.input_norm.dtype
-        layer.input_norm = _divided(layer.input_norm, s_qkv, c.norm_weight_offset)
-        layer.post_norm = _divided(layer.post_norm, s_gu, c.norm_weight_offset)
+        layer.input_norm = _divided(layer.input_norm, s_qkv, layer.spec.norm_offset)
+        layer.post_norm = _divided(layer.post_norm, s_gu, layer.spec.norm_offset)
         layer.qkv = Linear(qkv, qkv_bias.to(dtype) if qkv_bias is not None else None)
         layer.o = Linear(layer.o.weight.float() * s_o)
         layer.gate_up = Linear(gate_up)
