@@ -1,6 +1,6 @@
 """The forward pass: embedding -> N x (norm, mixer, norm, MLP) -> norm -> LM head. Each layer is built from
 its LayerSpec (model_config.py): attention over paged KV (its whole context or a window), a dense or
-Mixture-of-Experts MLP, its norms, biases and RoPE. Q/K/V and gate/up are fused into one matmul each. With a
+Mixture-of-Experts MLP, its norms, biases and RoPE. Q/K/V and gate/up are merged into one matmul each. With a
 tensor-parallel group, the decoder holds this rank's slice of each layer (parallel.py)."""
 from __future__ import annotations
 
@@ -179,7 +179,7 @@ class Decoder:
         return Linear(torch.cat([self._dense(w) for w in parts], 0), self._bias(bias))
 
     def _layer(self, t: dict[str, Weight], p: str, spec: LayerSpec, rope: int) -> Layer:
-        t = family(self.config.architecture).unpacked(t, self.config, p)
+        t = family(self.config.architecture).split_merged(t, self.config, p)
         attn, mlp, s, d = f"{p}.self_attn", f"{p}.mlp", self.shard, self.config.head_dim
         heads = {"q": s.q_heads, "k": s.kv_heads, "v": s.kv_heads}
         qkv = [head_rows(t[f"{attn}.{n}_proj.weight"], heads[n], d) for n in "qkv"]

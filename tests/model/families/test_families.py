@@ -1,4 +1,4 @@
-"""The registry finds each family by its names; a family's declarations (packed tensors, GGUF rules) and the
+"""The registry finds each family by its names; a family's declarations (merged tensors, GGUF rules) and the
 layer specs a ModelConfig gives."""
 import dataclasses
 from pathlib import Path
@@ -28,7 +28,7 @@ def test_a_gguf_architecture_names_the_first_family_written_so_with_experts_wher
     assert {f.name for f in FAMILIES.values() if gguf_family(f.gguf_arch, f.sparse) is not f} == {"mistral"}
 
 
-def test_packed_tensors_are_named_as_stored_and_read_as_row_views_of_their_parts():
+def test_merged_tensors_are_named_as_stored_and_read_as_row_views_of_their_parts():
     config = ModelConfig("phi3", *SHAPE)
     phi3 = family("phi3")
     names = phi3.tensor_names(config)
@@ -36,14 +36,14 @@ def test_packed_tensors_are_named_as_stored_and_read_as_row_views_of_their_parts
     assert f"{layer}.self_attn.qkv_proj.weight" in names and f"{layer}.mlp.gate_up_proj.weight" in names
     assert not [n for n in names if any(f".{p}_proj." in n for p in ("q", "k", "v", "gate", "up"))]
     qkv, gate_up = torch.randn(64 + 2 * 32, 64), torch.randn(2 * 128, 64)
-    parts = phi3.unpacked({f"{layer}.self_attn.qkv_proj.weight": qkv, f"{layer}.mlp.gate_up_proj.weight": gate_up},
+    parts = phi3.split_merged({f"{layer}.self_attn.qkv_proj.weight": qkv, f"{layer}.mlp.gate_up_proj.weight": gate_up},
                           config, layer)
     rows = {"self_attn.q_proj": qkv[:64], "self_attn.k_proj": qkv[64:96], "self_attn.v_proj": qkv[96:],
             "mlp.gate_proj": gate_up[:128], "mlp.up_proj": gate_up[128:]}
     for part, expected in rows.items():
         got = parts[f"{layer}.{part}.weight"]
         assert torch.equal(got, expected) and got.untyped_storage().data_ptr() == expected.untyped_storage().data_ptr()
-    assert family("llama").unpacked({"x": qkv}, config, layer) == {"x": qkv}  # nothing packed
+    assert family("llama").split_merged({"x": qkv}, config, layer) == {"x": qkv}  # nothing merged
 
 
 def test_layer_specs_follow_the_config():

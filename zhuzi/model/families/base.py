@@ -30,7 +30,7 @@ GGUF_LAYER_NAMES = {
     "ffn_up_shexp": "mlp.shared_expert.up_proj", "ffn_down_shexp": "mlp.shared_expert.down_proj",
     "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
 }
-# The rows of each module weight a packed checkpoint tensor holds (Family.packed)
+# The rows of each module weight a merged checkpoint tensor holds (Family.merged)
 PART_ROWS = {"q_proj": lambda c: c.num_heads * c.head_dim, "k_proj": lambda c: c.num_kv_heads * c.head_dim,
              "v_proj": lambda c: c.num_kv_heads * c.head_dim, "gate_proj": lambda c: c.intermediate_size,
              "up_proj": lambda c: c.intermediate_size}
@@ -48,8 +48,8 @@ class Family:
     qk_norm: bool = False
     gguf_permuted_qk: bool = False  # llama.cpp's converter orders Q/K rows for interleaved RoPE
     gguf_rope_scalings: tuple[str, ...] = ()  # a GGUF's rope.scaling.type that the family's mapping reads
-    # nano-vllm's packed_modules_mapping: a checkpoint tensor -> the module weights it holds, rows in order
-    packed: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # nano-vllm's packed_modules_mapping: a merged checkpoint tensor -> the module weights it holds, rows in order
+    merged: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     gguf_names: Mapping[str, str] = field(default_factory=dict)  # where llama.cpp's layer names map otherwise
     sparse: bool = False  # its layers have experts (a GGUF with expert_count)
 
@@ -131,7 +131,7 @@ class Family:
     # ------------------------------------------------------------ tensors
 
     def tensor_names(self, config: ModelConfig, per_expert: bool = False) -> list[str]:
-        """The decoder's tensors as the checkpoint holds them (packed ones under their packed name). A sparse
+        """The decoder's tensors as the checkpoint holds them (merged ones under their stored name). A sparse
         layer's experts are stacked, [experts * rows, columns] per matrix (as a GGUF file stores them), or with
         per_expert each expert's own (as a Hugging Face directory does)."""
         names = ["model.embed_tokens.weight", "model.norm.weight"]
@@ -148,12 +148,12 @@ class Family:
                 names += [f"{layer}self_attn.{p}_norm.weight" for p in "qk"]
             if spec.sandwich_norms:
                 names += [layer + "pre_feedforward_layernorm.weight", layer + "post_feedforward_layernorm.weight"]
-        return self._packed_names(names)
+        return self._merged_names(names)
 
-    def _packed_names(self, names: list[str]) -> list[str]:
-        """Each packed tensor where its first part's name was; its other parts' names go."""
-        first = {parts[0]: packed for packed, parts in self.packed.items()}
-        rest = {part for parts in self.packed.values() for part in parts[1:]}
+    def _merged_names(self, names: list[str]) -> list[str]:
+        """Each merged tensor where its first part's name was; its other parts' names go."""
+        first = {parts[0]: merged for merged, parts in self.merged.items()}
+        rest = {part for parts in self.merged.values() for part in parts[1:]}
         kept = []
         for name in names:
             m = LAYER_NAME.fullmatch(name)
@@ -161,12 +161,12 @@ class Family:
                 kept.append(f"{m[1]}.{first[m[2]]}.{m[3]}" if m and m[2] in first else name)
         return kept
 
-    def unpacked(self, tensors: dict[str, Weight], config: ModelConfig, layer: str) -> dict[str, Weight]:
-        """Layer `layer`'s module weights where the checkpoint packs them: row ranges (views) of the packed
+    def split_merged(self, tensors: dict[str, Weight], config: ModelConfig, layer: str) -> dict[str, Weight]:
+        """Layer `layer`'s module weights where the checkpoint merges them: row ranges (views) of the merged
         tensors, so that a tensor-parallel rank takes its rows of each part as for any family."""
         parts = {}
-        for packed, names in self.packed.items():
-            weight, start = tensors[f"{layer}.{packed}.weight"], 0
+        for merged, names in self.merged.items():
+            weight, start = tensors[f"{layer}.{merged}.weight"], 0
             for name in names:
                 rows = PART_ROWS[name.rsplit(".", 1)[1]](config)
                 parts[f"{layer}.{name}.weight"] = weight[start:start + rows]

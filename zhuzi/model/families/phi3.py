@@ -1,4 +1,4 @@
-"""Phi-3 (Phi-3, Phi-3.5-mini, Phi-4-mini): Q/K/V and gate/up stored packed (GGUF: attn_qkv, and ffn_up
+"""Phi-3 (Phi-3, Phi-3.5-mini, Phi-4-mini): Q/K/V and gate/up stored merged (GGUF: attn_qkv, and ffn_up
 holding gate and up), RoPE over part of each head, LongRoPE scaling, a sliding window."""
 from __future__ import annotations
 
@@ -42,6 +42,6 @@ class Phi3(Family):
 
 
 FAMILY = Phi3("phi3", "Phi3ForCausalLM", "phi3",
-              packed={"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+              merged={"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
                       "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj")},
               gguf_names={"ffn_up": "mlp.gate_up_proj"})
