@@ -8,7 +8,6 @@ import logging
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -28,7 +27,7 @@ from zhuzi.model.smooth import smooth
 
 log = logging.getLogger(__name__)
 Weight = torch.Tensor | BlockWeight
-ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": partial(F.gelu, approximate="tanh")}  # an MLP's gate
+ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh")}  # an MLP's gate
 
 
 def layer_format(requested: str | None, gguf: bool, tensor_parallel: bool, weights: torch.dtype) -> str | None:
