@@ -9,7 +9,7 @@ import pytest
 import tiny
 
 from zhuzi.model import native
-from zhuzi.model.model_config import FAMILIES
+from zhuzi.model.families import FAMILIES
 
 
 def zhuzi(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
@@ -124,4 +124,4 @@ def test_an_architecture_zhuzi_does_not_run_is_a_one_line_error_listing_those_it
     out = zhuzi(*args)
     assert out.returncode != 0 and out.stderr.strip().count("\n") == 0, out.stderr
     assert f"unknown architecture {name}" in out.stderr
-    assert all(hf in out.stderr and f"GGUF {arch}" in out.stderr for hf, arch in FAMILIES.values())
+    assert all(f.hf_class in out.stderr and f"GGUF {f.gguf_arch}" in out.stderr for f in FAMILIES.values())

@@ -2,6 +2,8 @@
 tiny Llama / Qwen2 (QKV bias) / Qwen3 (q/k norms) checkpoints in every weight format, and as GGUF files of
 every block type, under every CPU variant this machine runs, in the precision dtype auto picks there (bf16
 with AVX512-BF16, else float32 activations over bf16 weights and KV cache)."""
+import dataclasses
+
 import gguf
 import pytest
 import tiny
@@ -11,8 +13,10 @@ from zhuzi.config import Precision
 from zhuzi.model import native
 from zhuzi.model.attention import AttentionMetadata, PrefillChunk
 from zhuzi.model.decoder import Decoder
+from zhuzi.model.fused import FusedDecode
 from zhuzi.model.kv_format import Q8_0, dequantize_q8_0, head_width
 from zhuzi.model.loader import load_checkpoint
+from zhuzi.model.model_config import ModelConfig
 
 # The GGUF files written here are packed into the module's own cache, not the user's.
 pytestmark = pytest.mark.usefixtures("own_cache", "variant")
@@ -197,3 +201,18 @@ def test_fused_step_serves_phi3_and_steps_aside_for_a_partial_rotary(phi3):
     fused, per_layer, _, _ = fused_and_per_layer(model, IDS)
     assert (fused - per_layer).abs().max() <= 0.03 * per_layer.abs().max()
     assert decoder(phi3 / "partial").fused is None
+
+
+LACKS = {"sliding-window attention": dict(sliding_window=8), "experts": dict(num_experts=4, num_experts_per_tok=2),
+         "sandwich norms": dict(sandwich_norms=True), "offset norms": dict(norm_weight_offset=1.0),
+         "a GELU MLP": dict(hidden_act="gelu_pytorch_tanh"), "a query scale of its own": dict(query_pre_attn_scalar=8),
+         "RoPE over part of each head": dict(rotary_dim=8), "scaled embeddings": dict(embedding_scale=8.0),
+         "soft-capped logits": dict(final_logit_softcapping=30.0)}
+
+
+@pytest.mark.parametrize("feature", LACKS)
+def test_the_step_refuses_a_model_by_the_feature_it_lacks_not_by_its_family(feature):
+    llama = ModelConfig("llama", 100, 64, 128, 2, 4, 2, 16)
+    assert FusedDecode.refusal(llama) is None
+    assert FusedDecode.refusal(dataclasses.replace(llama, architecture="gemma3")) is None
+    assert FusedDecode.refusal(dataclasses.replace(llama, **LACKS[feature])) == feature

@@ -14,9 +14,9 @@ from safetensors.torch import load_file, save_file
 from tiny import llama_cpp_permute, reference_tensors, write_gguf
 
 from zhuzi.model.blocks import BlockWeight
+from zhuzi.model.families import supported_families
 from zhuzi.model.layers import rope_attention_factor
 from zhuzi.model.loader import Checkpoint, CheckpointError, load_checkpoint, load_model_config
-from zhuzi.model.model_config import supported_families
 
 MODEL_CLASSES = {"llama": transformers.LlamaForCausalLM, "qwen2": transformers.Qwen2ForCausalLM,
                  "qwen3": transformers.Qwen3ForCausalLM, "mistral": transformers.MistralForCausalLM,

@@ -1,15 +1,12 @@
-"""The forward pass: embedding -> N x (norm, attention over paged KV, norm, SwiGLU MLP) -> norm -> LM head.
-
-One class serves Llama, Qwen2 (QKV bias), Qwen3 (per-head q/k RMSNorm), Phi-3 (fused checkpoint tensors,
-partial and LongRoPE rotary) and Gemma 3 (scaled embeddings, (1 + w) norms also on attention's and the MLP's
-outputs, GELU-tanh, local layers with a RoPE base of their own, soft-capped logits) through flags in
-ModelConfig; sliding-window layers attend their window only. Q/K/V and gate/up projections are fused into one
-matmul each. With a tensor-parallel group, the decoder holds this rank's slice of each layer (parallel.py).
-"""
+"""The forward pass: embedding -> N x (norm, mixer, norm, MLP) -> norm -> LM head. Each layer is built from
+its LayerSpec (model_config.py): attention over paged KV (its whole context or a window), a dense or
+Mixture-of-Experts MLP, its norms, biases and RoPE. Q/K/V and gate/up are merged into one matmul each. With a
+tensor-parallel group, the decoder holds this rank's slice of each layer (parallel.py)."""
 from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -19,16 +16,18 @@ from zhuzi.model import cpu_attention, cpu_blocks, native
 from zhuzi.model.attention import AttentionMetadata, paged_attention
 from zhuzi.model.blocks import BlockWeight
 from zhuzi.model.cpu_linear import fixed_order_available
+from zhuzi.model.families import family
 from zhuzi.model.fused import FusedDecode
 from zhuzi.model.layers import Rotary, offset_rms_norm, rms_norm
 from zhuzi.model.linear import FORMATS, QUANTIZATIONS, BlockLinear, Linear, QuantLinear, block_linear, make_linear
-from zhuzi.model.model_config import ModelConfig
+from zhuzi.model.model_config import LayerSpec, Mlp, ModelConfig, Rope
 from zhuzi.model.moe import Expert, MoE, gated_mlp
 from zhuzi.model.parallel import Shard, TPGroup, head_rows
 from zhuzi.model.smooth import smooth
 
 log = logging.getLogger(__name__)
 Weight = torch.Tensor | BlockWeight
+ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh")}  # an MLP's gate
 
 
 def layer_format(requested: str | None, gguf: bool, tensor_parallel: bool, weights: torch.dtype) -> str | None:
@@ -44,22 +43,18 @@ def layer_format(requested: str | None, gguf: bool, tensor_parallel: bool, weigh
     return None if requested == "none" else requested
 
 
+def _distinct(items: Iterable[Rope]) -> list[Rope]:
+    """Each item once, in order (a Rope's scaling dict makes it unhashable)."""
+    seen: list[Rope] = []
+    for item in items:
+        if item not in seen:
+            seen.append(item)
+    return seen
+
+
 def _columns(w: Weight, columns: range) -> Weight:
     """A row-parallel layer's input columns on this rank: all of them without tensor parallelism."""
     return w if (columns.start, columns.stop) == (0, w.shape[1]) else w[:, columns.start:columns.stop]
-
-
-def _unfused(t: dict[str, Weight], p: str, c: ModelConfig) -> dict[str, Weight]:
-    """Layer p's q, k, v and gate, up weights where the checkpoint fuses them (Phi-3's qkv_proj, gate_up_proj):
-    row ranges of the fused tensors, views, so that a rank takes its heads' rows of each as for any family
-    (without tensor parallelism the layer's Linear is the fused matrix again)."""
-    qkv, gate_up = t.get(f"{p}.self_attn.qkv_proj.weight"), t.get(f"{p}.mlp.gate_up_proj.weight")
-    if qkv is None:
-        return t
-    q, kv, i = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.intermediate_size
-    return t | {f"{p}.self_attn.q_proj.weight": qkv[:q], f"{p}.self_attn.k_proj.weight": qkv[q:q + kv],
-                f"{p}.self_attn.v_proj.weight": qkv[q + kv:], f"{p}.mlp.gate_proj.weight": gate_up[:i],
-                f"{p}.mlp.up_proj.weight": gate_up[i:]}
 
 
 @dataclass
@@ -72,6 +67,8 @@ class LayerTap:
 
 @dataclass
 class Layer:
+    spec: LayerSpec
+    rope: int  # its RoPE's index in Decoder.rotaries
     input_norm: torch.Tensor
     qkv: Linear
     q_norm: torch.Tensor | None
@@ -80,8 +77,7 @@ class Layer:
     post_norm: torch.Tensor
     gate_up: Linear | None  # None in a sparse layer, whose MLP is moe
     down: Linear | None
-    window: int | None = None  # sliding-window attention: tokens seen (ModelConfig.window)
-    attn_out_norm: torch.Tensor | None = None  # Gemma's norms on attention's and the MLP's outputs
+    attn_out_norm: torch.Tensor | None = None  # sandwich norms: on attention's and the MLP's outputs
     mlp_out_norm: torch.Tensor | None = None
     moe: MoE | None = None
 
@@ -121,18 +117,16 @@ class Decoder:
         # Logits in float32 where the kernel makes them (as the fused step's): bf16 ties near-equal candidates.
         self.lm_head = self._linear([head_rows(t.get("lm_head.weight", t["model.embed_tokens.weight"]), vocab, 1)],
                                     out_dtype=torch.float32)
-        self.layers = [self._layer(t, f"model.layers.{i}") for i in range(config.num_layers)]
-        for i, layer in enumerate(self.layers):
-            layer.window = config.window(i)
+        specs = config.layers
+        ropes = _distinct(spec.rope for spec in specs)  # tables computed once a step for the layers sharing one
+        self.layers = [self._layer(t, f"model.layers.{i}", spec, ropes.index(spec.rope))
+                       for i, spec in enumerate(specs)]
         for name, count in self.dequantized.items():
             log.warning("GGUF type %s has no kernel here: %d matrices run dense in %s (dequantized at load)",
                         name, count, str(self.dtype).removeprefix("torch."))
-        self.rotary = Rotary(config.head_dim, config.rope_theta, config.rope_scaling,
-                             max_positions or config.max_position_embeddings, config.rope_interleaved,
-                             config.rotary_dim)
-        self.local_rotary = Rotary(config.head_dim, config.rope_local_theta, None,
-                                   max_positions or config.max_position_embeddings, config.rope_interleaved) \
-            if config.rope_local_theta is not None else None
+        positions = max_positions or config.max_position_embeddings
+        self.rotaries = [Rotary(config.head_dim, r.theta, r.scaling, positions, r.interleaved, r.rotary_dim)
+                         for r in ropes]
         self.num_heads, self.num_kv_heads = len(self.shard.q_heads), len(self.shard.kv_heads)
         self.q_size = self.num_heads * config.head_dim
         self.kv_size = self.num_kv_heads * config.head_dim
@@ -183,31 +177,33 @@ class Decoder:
             self.dequantized.update(w.qtype.name for w in blocks)
         return Linear(torch.cat([self._dense(w) for w in parts], 0), self._bias(bias))
 
-    def _layer(self, t: dict[str, Weight], p: str) -> Layer:
-        t = _unfused(t, p, self.config)
+    def _layer(self, t: dict[str, Weight], p: str, spec: LayerSpec, rope: int) -> Layer:
+        t = family(self.config.architecture).split_merged(t, self.config, p)
         attn, mlp, s, d = f"{p}.self_attn", f"{p}.mlp", self.shard, self.config.head_dim
         heads = {"q": s.q_heads, "k": s.kv_heads, "v": s.kv_heads}
         qkv = [head_rows(t[f"{attn}.{n}_proj.weight"], heads[n], d) for n in "qkv"]
         bias = [head_rows(t[f"{attn}.{n}_proj.bias"], heads[n], d) for n in "qkv" if f"{attn}.{n}_proj.bias" in t]
-        sparse = self.config.is_moe_layer(int(p.rsplit(".", 1)[1]))
+        sparse = spec.mlp is not Mlp.DENSE
         gate_up = [] if sparse else [head_rows(t[f"{mlp}.{n}_proj.weight"], s.mlp, 1) for n in ("gate", "up")]
         o, down = t[f"{attn}.o_proj.weight"], t.get(f"{mlp}.down_proj.weight")
         return Layer(
+            spec=spec,
+            rope=rope,
             input_norm=t[f"{p}.input_layernorm.weight"],
             qkv=self._linear(qkv, torch.cat(bias) if bias else None),
-            q_norm=t.get(f"{attn}.q_norm.weight") if self.config.qk_norm else None,
-            k_norm=t.get(f"{attn}.k_norm.weight") if self.config.qk_norm else None,
+            q_norm=t.get(f"{attn}.q_norm.weight") if spec.qk_norm else None,
+            k_norm=t.get(f"{attn}.k_norm.weight") if spec.qk_norm else None,
             o=self._linear([_columns(o, range(s.q_heads.start * d, s.q_heads.stop * d))]),
-            post_norm=t[f"{p}.pre_feedforward_layernorm.weight" if self.config.sandwich_norms
+            post_norm=t[f"{p}.pre_feedforward_layernorm.weight" if spec.sandwich_norms
                         else f"{p}.post_attention_layernorm.weight"],
             gate_up=None if sparse else self._linear(gate_up),
             down=None if sparse else self._linear([_columns(down, s.mlp)]),
-            moe=self._moe(t, mlp) if sparse else None,
-            attn_out_norm=t[f"{p}.post_attention_layernorm.weight"] if self.config.sandwich_norms else None,
-            mlp_out_norm=t.get(f"{p}.post_feedforward_layernorm.weight"),
+            moe=self._moe(t, mlp, spec.mlp is Mlp.MOE_SHARED) if sparse else None,
+            attn_out_norm=t[f"{p}.post_attention_layernorm.weight"] if spec.sandwich_norms else None,
+            mlp_out_norm=t.get(f"{p}.post_feedforward_layernorm.weight") if spec.sandwich_norms else None,
         )
 
-    def _moe(self, t: dict[str, Weight], mlp: str) -> MoE:
+    def _moe(self, t: dict[str, Weight], mlp: str, with_shared: bool) -> MoE:
         """A sparse layer's router and experts. An expert is its rows of the stacked matrices (a view, of a GGUF
         file's blocks too); with tensor parallelism, this rank's slice of each expert's width."""
         c, s = self.config, self.shard
@@ -223,7 +219,7 @@ class Decoder:
         experts = [mlp_of(expert("gate", e, m), expert("up", e, m), expert("down", e, h), s.expert)
                    for e in range(c.num_experts)]
         shared: tuple[Expert | None, Linear | None] = (None, None)
-        if c.shared_expert_intermediate_size:
+        if with_shared:
             parts = (t[f"{mlp}.shared_expert.{n}_proj.weight"] for n in ("gate", "up", "down"))
             shared = mlp_of(*parts, s.shared_expert), self._linear([t[f"{mlp}.shared_expert_gate.weight"]])
         return MoE(self._linear([t[f"{mlp}.gate.weight"]]), experts, c.num_experts_per_tok, c.norm_topk_prob,
@@ -289,50 +285,45 @@ class Decoder:
 
         With a tap, the residual stream of its rows after each layer is appended to tap.residuals."""
         c = self.config
-        cos, sin = self.rotary.tables(positions, self.dtype)
-        local = self.local_rotary.tables(positions, self.dtype) if self.local_rotary else None
+        tables = [rotary.tables(positions, self.dtype) for rotary in self.rotaries]
         h = self.embed.take(input_ids, self.dtype) if isinstance(self.embed, BlockWeight) \
             else self.embed[input_ids].to(self.dtype)
         if c.embedding_scale != 1.0:  # the scale rounded to the activations' dtype, as transformers does
             h = h * torch.tensor(c.embedding_scale, dtype=self.dtype)
-        for i, (layer, cache) in enumerate(zip(self.layers, kv_cache)):
-            x = self._norm(h, layer.input_norm)
+        for layer, cache in zip(self.layers, kv_cache):
+            spec = layer.spec
+            x = self._norm(h, layer.input_norm, spec.norm_offset)
             q, k, v = layer.qkv(x).split([self.q_size, self.kv_size, self.kv_size], -1)
             q = q.view(-1, self.num_heads, c.head_dim)
             k = k.view(-1, self.num_kv_heads, c.head_dim)
             v = v.view(-1, self.num_kv_heads, c.head_dim)
             if layer.q_norm is not None:
-                q, k = self._norm(q, layer.q_norm), self._norm(k, layer.k_norm)
-            if local is not None and c.is_local(i):
-                q, k = self.local_rotary.apply(q, *local), self.local_rotary.apply(k, *local)
-            else:
-                q, k = self.rotary.apply(q, cos, sin), self.rotary.apply(k, cos, sin)
-            if c.query_pre_attn_scalar is not None and c.query_pre_attn_scalar != c.head_dim:
-                q = q * (c.head_dim / c.query_pre_attn_scalar) ** 0.5  # attention scales by head_dim ** -0.5
-            attn = paged_attention(q, k, v, cache[0], cache[1], meta, self.prefill_kernel, layer.window)
-            h = h + self._out_norm(self._sum(layer.o(attn.view(-1, self.q_size))), layer.attn_out_norm)
-            x = self._norm(h, layer.post_norm)
-            mlp = layer.moe(x) if layer.moe is not None else gated_mlp(layer.gate_up, layer.down, x, self._act)
-            h = h + self._out_norm(self._sum(mlp), layer.mlp_out_norm)
+                q, k = self._norm(q, layer.q_norm, spec.norm_offset), self._norm(k, layer.k_norm, spec.norm_offset)
+            rotary, (cos, sin) = self.rotaries[layer.rope], tables[layer.rope]
+            q, k = rotary.apply(q, cos, sin), rotary.apply(k, cos, sin)
+            if spec.query_scalar != c.head_dim:
+                q = q * (c.head_dim / spec.query_scalar) ** 0.5  # attention scales by head_dim ** -0.5
+            attn = paged_attention(q, k, v, cache[0], cache[1], meta, self.prefill_kernel, spec.window)
+            h = h + self._out_norm(self._sum(layer.o(attn.view(-1, self.q_size))), layer.attn_out_norm, spec)
+            x = self._norm(h, layer.post_norm, spec.norm_offset)
+            mlp = layer.moe(x) if layer.moe is not None else \
+                gated_mlp(layer.gate_up, layer.down, x, ACTIVATIONS[spec.activation])
+            h = h + self._out_norm(self._sum(mlp), layer.mlp_out_norm, spec)
             if tap is not None:
                 tap.residuals.append(h[tap.rows])
         return self.final_norm(h)
 
     def final_norm(self, h: torch.Tensor) -> torch.Tensor:
         """The norm before the LM head (the logit lens reads any layer's residual stream through it)."""
-        return self._norm(h, self.norm)
+        return self._norm(h, self.norm, self.config.norm_weight_offset)
 
-    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        c = self.config
-        return offset_rms_norm(x, weight, c.rms_norm_eps, c.norm_weight_offset) if c.norm_weight_offset \
-            else rms_norm(x, weight, c.rms_norm_eps)
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor, offset: float) -> torch.Tensor:
+        eps = self.config.rms_norm_eps
+        return offset_rms_norm(x, weight, eps, offset) if offset else rms_norm(x, weight, eps)
 
-    def _out_norm(self, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
-        """A sublayer's output, normed where the model has a norm there (Gemma), before the residual add."""
-        return x if weight is None else self._norm(x, weight)
-
-    def _act(self, gate: torch.Tensor) -> torch.Tensor:
-        return F.gelu(gate, approximate="tanh") if self.config.hidden_act == "gelu_pytorch_tanh" else F.silu(gate)
+    def _out_norm(self, x: torch.Tensor, weight: torch.Tensor | None, spec: LayerSpec) -> torch.Tensor:
+        """A sublayer's output, normed where the layer has a norm there (sandwich norms), before the residual add."""
+        return x if weight is None else self._norm(x, weight, spec.norm_offset)
 
     def _sum(self, partial: torch.Tensor) -> torch.Tensor:
         """A row-parallel layer's output: every rank's partial sum added up."""

@@ -1,32 +1,8 @@
-"""The fused decode step (model runner -> model, for steps that are all decodes): every layer, the final
-norm and the LM head of up to 8 decode rows in one native call (kernels/decode_step.cpp).
-
-Why: at batch 1 a step streams every weight once, and the per-layer torch path adds many small ops
-(norms, dtype copies, cats, slices, index_copy) and as many OpenMP fork/joins around them, which cost more
-than reading the int4 weights; one call a step leaves little beside the reads (docs/benchmarks.md).
-
-How: one OpenMP parallel region for the whole step. Per layer: RMSNorm -> QKV (+ bias) -> per row and
-kv head, its q/k norms, RoPE, K/V into the pool (bf16 or q8_0) and attention (kernels/attention.h, the
-decode kernel's loop) -> O + residual -> RMSNorm -> gate and up rows in matching 16-row chunks,
-SiLU(gate) * up -> down + residual; then the final norm and the LM head. Weight rows are split over the
-threads in chunks of 16, through the linear kernels' own inner loops (kernels/rows.h, kernels/quant_packed.h); each
-thread prepares a matrix's input rows itself, so a layer costs five barriers (time_barriers() clocks each
-thread's wait at them: zhuzi bench decode reports it). The decoder's weight tensors are used in place
-(dense bf16, int8 with scales, Q4/Q8 units, a GGUF file's blocks in its mapping: block_prefill.h against q8
-activations, the embedding's rows dequantized from its blocks).
-
-Arithmetic, and how it differs from the per-layer path: the residual stream stays float32 for the whole
-step. With AVX512-BF16 each matrix input is rounded to bf16 once (the RMSNorm output computed in
-float32, the SiLU(gate) * up product, the attention output); RoPE and the q/k norms run in float32
-before the query and the new K/V are rounded to bf16. The per-layer path keeps the residual stream in
-bf16 and rounds after every op. So in bf16 a request's tokens can depend on whether its steps ran fused
-(all decodes, at most 8 rows) or not; against a float32 reference the fused step is the closer of the
-two. On the other variants (float32 activations over bf16 weights) the inputs stay float32 for bf16
-weights and become q8 blocks for int8 and 4-bit ones, as in the per-layer path's kernels; only the new
-K/V are rounded (to the bf16 pool). Rows never influence each other: a row's logits are the same bits
-alone or in a batch of up to 8. float32 weights never take this path; EngineConfig.fused_decode switches
-it off (e.g. for a mode that wants bf16 results independent of the batch).
-"""
+"""The fused decode step (model runner -> model, for steps that are all decodes): every layer, the final norm
+and the LM head of up to 8 decode rows in one native call (kernels/decode_step.cpp), which leaves little
+beside the weight reads. Its residual stream stays float32 for the whole step, so in bf16 its tokens can
+differ from the per-layer path's (it is the closer of the two to float32); a row's logits never depend on the
+other rows. It computes one layer shape and refuses a model with a feature it lacks (refusal)."""
 from __future__ import annotations
 
 import ctypes
@@ -37,9 +13,9 @@ from zhuzi.model import native
 from zhuzi.model.blocks import BlockWeight
 from zhuzi.model.kv_format import Q8_0
 from zhuzi.model.linear import BlockLinear, Int8Linear, Linear, QuantLinear
+from zhuzi.model.model_config import Mixer, Mlp, ModelConfig
 
 MAX_ROWS = 8
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "phi3")  # the layers the kernel computes: not Gemma's
 _DENSE, _INT8, _Q4, _Q8, _BLOCKS = range(5)
 
 
@@ -111,7 +87,8 @@ class FusedDecode:
         self.layers = (_Layer * c.num_layers)(*[
             _Layer(_ptr(layer.input_norm), qkv, _ptr(layer.q_norm), _ptr(layer.k_norm), o, _ptr(layer.post_norm),
                    gate_up, down) for layer, (qkv, o, gate_up, down) in zip(decoder.layers, mats)])
-        self.cos, self.sin = decoder.rotary.cos.contiguous(), decoder.rotary.sin.contiguous()
+        rotary = decoder.rotaries[0]  # refusal(): every layer's
+        self.cos, self.sin = rotary.cos.contiguous(), rotary.sin.contiguous()
         embed = decoder.embed
         blocks = isinstance(embed, BlockWeight)
         self.args = _Args(ctypes.addressof(self.layers), c.num_layers, _ptr(decoder.norm),
@@ -124,13 +101,23 @@ class FusedDecode:
             else decoder.lm_head.weight.shape[0]
 
     @staticmethod
-    def refusal(config) -> str | None:
-        """Why the kernel does not compute this model's step (it runs the llama/qwen layer shape only)."""
-        if config.sliding_window is not None:
-            return "sliding-window attention"
-        if config.num_experts:
-            return "experts"  # the C++ step runs dense MLPs only
-        return None if config.architecture in ARCHITECTURES else f"{config.architecture} layers"
+    def refusal(config: ModelConfig) -> str | None:
+        """The first feature of the model the kernel lacks, or None: it computes full attention with an optional
+        QKV bias and q/k norms, one RoPE over whole heads, RMSNorm before attention and a dense SiLU MLP."""
+        specs, d = config.layers, config.head_dim
+        lacks = {
+            "sliding-window attention": any(s.mixer is not Mixer.ATTENTION for s in specs),
+            "experts": any(s.mlp is not Mlp.DENSE for s in specs),
+            "sandwich norms": any(s.sandwich_norms for s in specs),
+            "offset norms": config.norm_weight_offset != 0 or any(s.norm_offset != 0 for s in specs),
+            "a GELU MLP": any(s.activation != "silu" for s in specs),
+            "a query scale of its own": any(s.query_scalar != d for s in specs),
+            "RoPE bases per layer": any(s.rope != specs[0].rope for s in specs),
+            "RoPE over part of each head": any(s.rope.rotary_dim not in (None, d) for s in specs),
+            "scaled embeddings": config.embedding_scale != 1.0,
+            "soft-capped logits": config.final_logit_softcapping is not None,
+        }
+        return next((feature for feature, present in lacks.items() if present), None)
 
     def time_barriers(self) -> None:
         """From now on, add each thread's seconds of waiting at the step's barriers to barrier_s[thread], and
@@ -152,8 +139,6 @@ class FusedDecode:
         if not isinstance(decoder.embed, BlockWeight):
             tensors.append(decoder.embed)
         if not all(t.is_cpu and t.dtype == torch.bfloat16 and t.is_contiguous() for t in tensors):
-            return None
-        if decoder.rotary.dim != decoder.config.head_dim:  # the step turns whole heads
             return None
         fn = _kernel()
         try:

@@ -1,11 +1,6 @@
-"""The KV pool's formats (model -> attention): float32, bf16, or q8_0 (8-bit, --kv-cache-dtype q8_0).
-
-A q8_0 pool is a uint8 tensor [..., kv_heads, head_dim + head_dim // 16]: each head is its head_dim int8
-values, then one fp16 scale per 32 of them (llama.cpp's q8_0 blocks, the scales gathered after the values
-so a head's values are one contiguous load). scale = max |x| / 127 of the block, values rounded to nearest
-(ties to even): half the bytes of bf16, plus 1/16. The kernels (kernels/kv_rows.h) write and read the same
-bytes; this module is the torch side of it (the portable path, and the prompt's K/V writes).
-"""
+"""The KV pool's formats (model -> attention): float32, bf16, or q8_0 (--kv-cache-dtype q8_0): per head its
+head_dim int8 values, then one fp16 scale per 32 of them (llama.cpp's q8_0 blocks, scales after the values).
+The kernels (kernels/kv_rows.h) write and read the same bytes; this is the torch side."""
 from __future__ import annotations
 
 import torch

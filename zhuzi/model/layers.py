@@ -1,4 +1,5 @@
-"""Model building blocks: RMSNorm, rotary position embedding, fused linear helpers."""
+"""Model building blocks: RMSNorm (plain and Gemma's offset form) and rotary position embedding (RoPE) with
+its scalings."""
 from __future__ import annotations
 
 import math

@@ -1,34 +1,55 @@
-"""The model's own description (shape, architecture, RoPE, norms): what the loader reads from a checkpoint
-(loader.py) and the decoder is built to; the KV pool's arithmetic (config.py's KVPlan) reads it too."""
+"""The model's own description: what a family's config mapping (families/) makes of a checkpoint's config,
+and the decoder is built to: the shape, and per layer a LayerSpec. The KV pool's arithmetic (config.py) reads it."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
-# The families zhuzi runs, the one list the loaders, the CLI and the server check a checkpoint against
-# (docs/models.md): ModelConfig.architecture -> (Hugging Face class, the general.architecture llama.cpp writes).
-FAMILIES = {
-    "llama": ("LlamaForCausalLM", "llama"),
-    "qwen2": ("Qwen2ForCausalLM", "qwen2"),
-    "qwen3": ("Qwen3ForCausalLM", "qwen3"),
-    "mistral": ("MistralForCausalLM", "llama"),  # llama.cpp writes a Mistral as a llama
-    "phi3": ("Phi3ForCausalLM", "phi3"),
-    "gemma3": ("Gemma3ForCausalLM", "gemma3"),
-    "mixtral": ("MixtralForCausalLM", "llama"),  # a llama file with experts (loader.GGUF_MOE)
-    "qwen2_moe": ("Qwen2MoeForCausalLM", "qwen2moe"),
-    "qwen3_moe": ("Qwen3MoeForCausalLM", "qwen3moe"),
-}
+from enum import Enum
 
 
-def supported_families() -> str:
-    """The families for a message: 'LlamaForCausalLM (GGUF llama), ...'."""
-    return ", ".join(f"{hf} (GGUF {gguf})" for hf, gguf in FAMILIES.values())
+class Mixer(Enum):
+    """What mixes a layer's tokens. A mixer that keeps a recurrent state instead of KV (linear attention, a
+    state-space layer) is one more kind here, with the decoder's builder for it."""
+
+    ATTENTION = "full_attention"
+    SLIDING_ATTENTION = "sliding_attention"  # each token attends its last `window` tokens
+
+
+class Mlp(Enum):
+    DENSE = "dense"  # gated: down(act(gate x) * up x)
+    MOE = "moe"  # routed experts, top-k per token
+    MOE_SHARED = "moe_shared"  # routed experts plus a gated shared expert every token runs
+
+
+@dataclass(frozen=True)
+class Rope:
+    theta: float
+    scaling: dict | None  # HF's rope_scaling dict (llama3, linear, longrope)
+    rotary_dim: int | None  # the first dims of a head that turn; None: all
+    interleaved: bool  # pairs (0, 1), (2, 3), ...: a llama GGUF's Q/K row order
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """One decoder layer as the decoder builds it."""
+
+    mixer: Mixer
+    window: int | None  # tokens a sliding layer sees, its own included
+    rope: Rope
+    mlp: Mlp
+    qkv_bias: bool
+    qk_norm: bool  # RMSNorm of each head's q and k
+    sandwich_norms: bool  # norms on attention's and the MLP's outputs too
+    norm_offset: float  # RMSNorm scales by (offset + w)
+    activation: str  # the MLP's gate: silu or gelu_pytorch_tanh
+    query_scalar: float  # attention scores scale by its -1/2 power
 
 
 @dataclass
 class ModelConfig:
-    """The shape of a decoder-only checkpoint, independent of its file format."""
+    """A decoder-only checkpoint, independent of its file format: its shape and the features its layers have
+    (the family's config mapping sets them; layer(i) is layer i's LayerSpec)."""
 
-    architecture: str  # a key of FAMILIES
+    architecture: str  # the family's name (families/)
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -41,15 +62,14 @@ class ModelConfig:
     rope_scaling: dict | None = None  # HF's rope_scaling dict (e.g. Llama-3 "llama3")
     max_position_embeddings: int = 2048
     tie_word_embeddings: bool = False
-    attention_bias: bool = False  # Qwen2: bias on q/k/v projections
-    qk_norm: bool = False  # Qwen3: RMSNorm on q and k per head
+    attention_bias: bool = False  # bias on the q/k/v projections
+    qk_norm: bool = False  # RMSNorm on q and k per head
     rope_interleaved: bool = False  # RoPE rotates pairs (0, 1), (2, 3), ...: a llama GGUF's Q/K row order
     rotary_dim: int | None = None  # the first dims of a head that RoPE turns (Phi-3's partial_rotary_factor); None: all
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
     sliding_window: int | None = None  # tokens a sliding layer sees, the current one included (transformers')
     layer_types: list[str] | None = None  # per layer "sliding_attention" / "full_attention"; None: all slide
-    # Gemma 3
     embedding_scale: float = 1.0  # the token embedding is multiplied by it (Gemma: sqrt(hidden))
     norm_weight_offset: float = 0.0  # RMSNorm scales by (offset + w) in float32 (Gemma: 1)
     sandwich_norms: bool = False  # a norm on attention's and the MLP's outputs too (Gemma 2/3)
@@ -57,15 +77,28 @@ class ModelConfig:
     query_pre_attn_scalar: float | None = None  # attention scores scale by its -1/2 power; None: head_dim's
     final_logit_softcapping: float | None = None  # logits -> cap * tanh(logits / cap)
     rope_local_theta: float | None = None  # the RoPE base of sliding layers, where theirs is not rope_theta
-    # Mixture-of-Experts (Mixtral, Qwen2-MoE, Qwen3-MoE); num_experts 0 is a dense model
+    # Mixture-of-Experts; num_experts 0 is a dense model
     num_experts: int = 0  # routed experts of a sparse layer
     num_experts_per_tok: int = 0  # top-k: the experts each token runs
     moe_intermediate_size: int = 0  # an expert's SwiGLU width
-    shared_expert_intermediate_size: int = 0  # Qwen2-MoE's shared expert, run by every token (0: none)
+    shared_expert_intermediate_size: int = 0  # a shared expert every token runs (0: none)
     norm_topk_prob: bool = False  # the top-k gate weights renormalized to sum to 1
     expert_gating: str = "softmax"  # router logits -> gate weights: "softmax" or "sigmoid"
     moe_layers: list[int] | None = None  # the sparse layers (others run a dense MLP); None: every layer
     pooling: str | None = None  # an embedding checkpoint's own pooling, "mean" or "last" (None: it names none)
+
+    @property
+    def layers(self) -> list[LayerSpec]:
+        return [self.layer(i) for i in range(self.num_layers)]
+
+    def layer(self, i: int) -> LayerSpec:
+        mixer = Mixer.SLIDING_ATTENTION if self.window(i) is not None else Mixer.ATTENTION
+        rope = Rope(self.rope_local_theta, None, self.rotary_dim, self.rope_interleaved) if self.is_local(i) \
+            else Rope(self.rope_theta, self.rope_scaling, self.rotary_dim, self.rope_interleaved)
+        mlp = Mlp.DENSE if not self.is_moe_layer(i) else Mlp.MOE_SHARED if self.shared_expert_intermediate_size \
+            else Mlp.MOE
+        return LayerSpec(mixer, self.window(i), rope, mlp, self.attention_bias, self.qk_norm, self.sandwich_norms,
+                         self.norm_weight_offset, self.hidden_act, self.query_pre_attn_scalar or float(self.head_dim))
 
     def window(self, layer: int) -> int | None:
         """The tokens layer `layer` attends (its own included), or None for the whole context."""

@@ -1,13 +1,7 @@
-"""A sparse layer's MLP (decoder -> Mixture-of-Experts, Mixtral / Qwen2-MoE / Qwen3-MoE): a router scores the
-experts for each token, the token runs its top-k SwiGLU experts and sums their outputs weighted by the gate;
-Qwen2-MoE adds a shared expert that every token runs, behind a sigmoid gate of its own.
-
-Rows are grouped by expert: each expert chosen in a step runs once, one matmul over the rows that chose it,
-and the experts no row chose are never read. So a decode step reads the router, the shared expert and only
-the chosen experts' weights; MoE.bytes_read counts them (the decoder's step_weight_bytes adds them up).
-Grouping adds nothing of its own to a row's arithmetic: its experts' contributions are added in the same order
-(by expert id) alone or in a batch, so batching changes a row's result no more than a dense layer's matmul does.
-"""
+"""A sparse layer's MLP (decoder -> Mixture-of-Experts): a router scores the experts for each token, the token
+runs its top-k gated experts and sums their outputs weighted by the gate, plus a gated shared expert where
+the layer has one. Rows are grouped by expert (each chosen expert runs one matmul, the others are not read),
+and a row's experts are added in expert order, so batching changes a row's result no more than a matmul does."""
 from __future__ import annotations
 
 from collections.abc import Callable

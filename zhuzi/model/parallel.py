@@ -1,16 +1,7 @@
 """Tensor parallelism over torch.distributed (gloo on CPU, NCCL on CUDA): each rank holds a slice of every
-layer and the ranks add up their partial results.
-
-QKV and gate/up are split by output rows (column-parallel), O and down by input columns (row-parallel,
-then an all-reduce), the LM head by vocabulary (then the logits are gathered); the embedding and the norms
-are whole on every rank. Attention heads split in whole GQA groups: a rank takes a range of KV heads and
-the query heads that read them, so its attention and its slice of the KV pool need nothing from the
-others. Ranges are contiguous and the first ranks take the remainder (SmolLM2's 3 KV heads over 2 ranks:
-2 and 1), since a model's head count need not divide by the number of ranks.
-
-Rank 0 is the engine: before each forward pass and each LM-head call it posts what to run to the group's
-store, and the other ranks, which only follow, run the same pass over their slices.
-"""
+layer: QKV and gate/up by output rows, O and down by input columns (then an all-reduce), the LM head by
+vocabulary (then a gather). Heads split in whole GQA groups, contiguous ranges, the first ranks taking the
+remainder. Rank 0 is the engine; it posts each pass to the group's store and the other ranks follow."""
 from __future__ import annotations
 
 import datetime

@@ -1,16 +1,7 @@
 """Activation smoothing for int8 compute (model loading, quantization="int8"): SmoothQuant's migration of
-activation outliers into the weights, calibrated once at load on a short fixed chat.
-
-int8 compute (prefill, big decode batches) quantizes each input row of a matmul to int8 with one scale,
-max |x| / 127. The residual stream has a few channels many times larger than the rest, in the same channels
-for every token, which would leave the others a handful of int8 steps. Dividing input channel j by s_j
-and multiplying weight column j by s_j changes nothing in exact arithmetic; with
-s_j = sqrt(max |x_j| / max |W_j|) both sides have tame ranges. The divisions are folded into whatever
-produces each input, so they cost nothing at run time: the RMSNorm weights (QKV, gate/up, LM head), the
-up rows (down) and the V rows (O; one factor per kv-head channel, shared by that head's query heads).
-
-Smoothing takes most of int8 compute's perplexity cost away (docs/benchmarks.md, `zhuzi bench accuracy`).
-"""
+activation outliers into the weights, calibrated once at load on a short fixed chat. Input channel j is
+divided by s_j = sqrt(max |x_j| / max |W_j|) and weight column j multiplied by it; the divisions are folded
+into what produces each input (norm weights, up rows, V rows), so they cost nothing at run time."""
 from __future__ import annotations
 
 import torch
@@ -95,8 +86,8 @@ def smooth(decoder, ids: list[int]) -> None:
         gate_up[gate_up.shape[0] // 2:] /= s_down[:, None]  # the up rows make down's inputs
 
         dtype = layer.input_norm.dtype
-        layer.input_norm = _divided(layer.input_norm, s_qkv, c.norm_weight_offset)
-        layer.post_norm = _divided(layer.post_norm, s_gu, c.norm_weight_offset)
+        layer.input_norm = _divided(layer.input_norm, s_qkv, layer.spec.norm_offset)
+        layer.post_norm = _divided(layer.post_norm, s_gu, layer.spec.norm_offset)
         layer.qkv = Linear(qkv, qkv_bias.to(dtype) if qkv_bias is not None else None)
         layer.o = Linear(layer.o.weight.float() * s_o)
         layer.gate_up = Linear(gate_up)

@@ -1,0 +1,71 @@
+"""The registry finds each family by its names; a family's declarations (merged tensors, GGUF rules) and the
+layer specs a ModelConfig gives."""
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+
+from zhuzi.model.families import FAMILIES, family, gguf_family, hf_family
+from zhuzi.model.gguf_header import GGUFHeader
+from zhuzi.model.model_config import Mixer, Mlp, ModelConfig
+
+# ModelConfig(architecture, vocab, hidden, intermediate, layers, heads, kv_heads, head_dim)
+SHAPE = (100, 64, 128, 2, 4, 2, 16)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_every_family_is_found_by_its_hugging_face_class_and_its_model_type(name):
+    f = family(name)
+    assert f.name == name and hf_family({"architectures": [f.hf_class]}) is f
+    assert hf_family({"model_type": name}) is f
+    assert hf_family({"architectures": ["GPT2LMHeadModel"], "model_type": name}) is None  # a class names it
+
+
+def test_a_gguf_architecture_names_the_first_family_written_so_with_experts_where_the_file_has_them():
+    assert [gguf_family("llama", sparse).name for sparse in (False, True)] == ["llama", "mixtral"]
+    assert gguf_family("qwen2moe", True).name == "qwen2_moe" and gguf_family("gpt2", False) is None
+    assert {f.name for f in FAMILIES.values() if gguf_family(f.gguf_arch, f.sparse) is not f} == {"mistral"}
+
+
+def test_merged_tensors_are_named_as_stored_and_read_as_row_views_of_their_parts():
+    config = ModelConfig("phi3", *SHAPE)
+    phi3 = family("phi3")
+    names = phi3.tensor_names(config)
+    layer = "model.layers.1"
+    assert f"{layer}.self_attn.qkv_proj.weight" in names and f"{layer}.mlp.gate_up_proj.weight" in names
+    assert not [n for n in names if any(f".{p}_proj." in n for p in ("q", "k", "v", "gate", "up"))]
+    qkv, gate_up = torch.randn(64 + 2 * 32, 64), torch.randn(2 * 128, 64)
+    parts = phi3.split_merged({f"{layer}.self_attn.qkv_proj.weight": qkv, f"{layer}.mlp.gate_up_proj.weight": gate_up},
+                          config, layer)
+    rows = {"self_attn.q_proj": qkv[:64], "self_attn.k_proj": qkv[64:96], "self_attn.v_proj": qkv[96:],
+            "mlp.gate_proj": gate_up[:128], "mlp.up_proj": gate_up[128:]}
+    for part, expected in rows.items():
+        got = parts[f"{layer}.{part}.weight"]
+        assert torch.equal(got, expected) and got.untyped_storage().data_ptr() == expected.untyped_storage().data_ptr()
+    assert family("llama").split_merged({"x": qkv}, config, layer) == {"x": qkv}  # nothing merged
+
+
+def test_layer_specs_follow_the_config():
+    config = ModelConfig("gemma3", *SHAPE[:3], 6, *SHAPE[4:], sliding_window=512, rope_local_theta=10000.0,
+                         rope_theta=1e6, layer_types=["sliding_attention"] * 5 + ["full_attention"])
+    specs = config.layers
+    assert [s.mixer for s in specs] == [Mixer.SLIDING_ATTENTION] * 5 + [Mixer.ATTENTION]
+    assert [s.window for s in specs] == [512] * 5 + [None]
+    assert [s.rope.theta for s in specs] == [10000.0] * 5 + [1e6]
+    sparse = dataclasses.replace(config, num_experts=4, moe_layers=[0, 2], shared_expert_intermediate_size=8)
+    assert [s.mlp for s in sparse.layers[:3]] == [Mlp.MOE_SHARED, Mlp.DENSE, Mlp.MOE_SHARED]
+    assert dataclasses.replace(sparse, shared_expert_intermediate_size=0).layer(0).mlp is Mlp.MOE
+
+
+@pytest.mark.parametrize(("layers", "hidden", "heads", "head_dim", "scalar"),
+                         [(62, 5376, 32, 128, 168.0), (34, 2560, 8, 256, 256.0)])
+def test_gemma3_gguf_scales_attention_by_llama_cpps_rule_per_shape(layers, hidden, heads, head_dim, scalar):
+    """The file does not say; llama.cpp scales its 27B (62 layers) by hidden / heads, the others by head_dim."""
+    meta = {"general.architecture": "gemma3", "gemma3.vocab_size": 100, "gemma3.embedding_length": hidden,
+            "gemma3.feed_forward_length": 4 * hidden, "gemma3.block_count": layers,
+            "gemma3.attention.head_count": heads, "gemma3.attention.key_length": head_dim,
+            "gemma3.attention.sliding_window": 1024}
+    config = family("gemma3").gguf_config(GGUFHeader(Path("gemma3.gguf"), meta, []))
+    assert config.query_pre_attn_scalar == scalar
+    assert [config.layer(i).mixer for i in (4, 5)] == [Mixer.SLIDING_ATTENTION, Mixer.ATTENTION]  # every 6th global

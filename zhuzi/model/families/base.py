@@ -1,0 +1,248 @@
+"""What a family is (model loading): its names, how its config maps to ModelConfig from a Hugging Face
+config.json and from GGUF metadata, and its checkpoint tensors. Family holds what most families share
+(Llama's layer); a family file makes one, or a subclass where its mapping differs."""
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+from zhuzi.model.blocks import BlockWeight
+from zhuzi.model.gguf_header import GGUFHeader
+from zhuzi.model.model_config import Mlp, ModelConfig
+
+Weight = torch.Tensor | BlockWeight
+EXPERT_PARTS = ("gate", "up", "down")
+# llama.cpp's tensor names -> Hugging Face's (a family overrides those it names otherwise: Family.gguf_names)
+GGUF_TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+GGUF_LAYER_NAMES = {
+    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_qkv": "self_attn.qkv_proj",
+    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+    # Mixture-of-Experts: the router, the stacked experts, the shared expert and its gate
+    "ffn_gate_inp": "mlp.gate", "ffn_gate_exps": "mlp.experts.gate_proj", "ffn_up_exps": "mlp.experts.up_proj",
+    "ffn_down_exps": "mlp.experts.down_proj", "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj", "ffn_down_shexp": "mlp.shared_expert.down_proj",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+}
+# The rows of each module weight a merged checkpoint tensor holds (Family.merged)
+PART_ROWS = {"q_proj": lambda c: c.num_heads * c.head_dim, "k_proj": lambda c: c.num_kv_heads * c.head_dim,
+             "v_proj": lambda c: c.num_kv_heads * c.head_dim, "gate_proj": lambda c: c.intermediate_size,
+             "up_proj": lambda c: c.intermediate_size}
+# llama.cpp's enum llama_pooling_type, for the kinds a decoder's hidden states allow (2 is BERT's CLS token)
+GGUF_POOLING = {1: "mean", 3: "last"}
+LAYER_NAME = re.compile(r"(model\.layers\.\d+)\.(.+)\.(\w+)")
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str  # ModelConfig.architecture
+    hf_class: str  # config.json's architectures
+    gguf_arch: str  # general.architecture as llama.cpp's converter writes it
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    gguf_permuted_qk: bool = False  # llama.cpp's converter orders Q/K rows for interleaved RoPE
+    gguf_rope_scalings: tuple[str, ...] = ()  # a GGUF's rope.scaling.type that the family's mapping reads
+    # nano-vllm's packed_modules_mapping: a merged checkpoint tensor -> the module weights it holds, rows in order
+    merged: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    gguf_names: Mapping[str, str] = field(default_factory=dict)  # where llama.cpp's layer names map otherwise
+    sparse: bool = False  # its layers have experts (a GGUF with expert_count)
+
+    # ------------------------------------------------------------ config
+
+    def hf_config(self, raw: dict[str, Any], generation: dict[str, Any]) -> ModelConfig:
+        """config.json (and generation_config.json) -> ModelConfig; KeyError for a missing key, ValueError
+        for what the family does not run."""
+        if raw.get("attention_bias") and not self.qkv_bias:
+            raise ValueError(f"attention_bias is not supported for {self.name}")
+        rope_theta, rope_scaling = hf_rope(raw)
+        sliding_window, layer_types = _hf_sliding_window(raw)
+        heads = raw["num_attention_heads"]
+        head_dim = raw.get("head_dim") or raw["hidden_size"] // heads
+        config = ModelConfig(
+            architecture=self.name,
+            vocab_size=raw["vocab_size"],
+            hidden_size=raw["hidden_size"],
+            intermediate_size=raw["intermediate_size"],
+            num_layers=raw["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=raw.get("num_key_value_heads") or heads,
+            head_dim=head_dim,
+            rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
+            rope_theta=rope_theta,
+            rope_scaling=rope_scaling,
+            max_position_embeddings=raw.get("max_position_embeddings", 2048),
+            tie_word_embeddings=raw.get("tie_word_embeddings", False),
+            attention_bias=self.qkv_bias,
+            qk_norm=self.qk_norm,
+            rotary_dim=_hf_rotary_dim(raw, head_dim),
+            bos_token_id=(_unique([raw.get("bos_token_id"), generation.get("bos_token_id")]) or [None])[0],
+            eos_token_ids=_unique(_as_list(raw.get("eos_token_id")) + _as_list(generation.get("eos_token_id"))),
+            sliding_window=sliding_window,
+            layer_types=layer_types,
+        )
+        return replace(config, **self.hf_fields(raw, config))
+
+    def hf_fields(self, raw: dict[str, Any], config: ModelConfig) -> dict[str, Any]:
+        """The family's own ModelConfig fields from config.json, over the common mapping's."""
+        return {}
+
+    def gguf_config(self, header: GGUFHeader) -> ModelConfig:
+        """GGUF metadata -> ModelConfig, as llama.cpp reads it; KeyError for a missing key, ValueError for what
+        the family does not run."""
+        meta, arch = header.metadata, self.gguf_arch
+        scaling = meta.get(f"{arch}.rope.scaling.type", "none")
+        if (scaling != "none" and scaling not in self.gguf_rope_scalings) or header.has("rope_freqs.weight"):
+            raise ValueError("RoPE scaling in GGUF files is not supported; use the Hugging Face checkpoint")
+        hidden, heads = meta[f"{arch}.embedding_length"], meta[f"{arch}.attention.head_count"]
+        config = ModelConfig(
+            architecture=self.name,
+            vocab_size=meta.get(f"{arch}.vocab_size") or meta["tokenizer.ggml.tokens"],
+            hidden_size=hidden,
+            intermediate_size=meta[f"{arch}.feed_forward_length"],
+            num_layers=meta[f"{arch}.block_count"],
+            num_heads=heads,
+            num_kv_heads=meta.get(f"{arch}.attention.head_count_kv", heads),
+            head_dim=meta.get(f"{arch}.attention.key_length", hidden // heads),
+            rms_norm_eps=meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6),
+            rope_theta=meta.get(f"{arch}.rope.freq_base", 10000.0),
+            max_position_embeddings=meta.get(f"{arch}.context_length", 2048),
+            tie_word_embeddings=not header.has("output.weight"),
+            rope_interleaved=self.gguf_permuted_qk,
+            attention_bias=self.qkv_bias,
+            qk_norm=self.qk_norm,
+            rotary_dim=meta.get(f"{arch}.rope.dimension_count"),
+            bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
+            eos_token_ids=_unique([meta.get("tokenizer.ggml.eos_token_id"), meta.get("tokenizer.ggml.eot_token_id")]),
+            **_gguf_sliding_window(meta, arch),
+            pooling=GGUF_POOLING.get(meta.get(f"{arch}.pooling_type", 0)),
+        )
+        return replace(config, **self.gguf_fields(header, config))
+
+    def gguf_fields(self, header: GGUFHeader, config: ModelConfig) -> dict[str, Any]:
+        """The family's own ModelConfig fields from GGUF metadata, over the common mapping's."""
+        return {}
+
+    # ------------------------------------------------------------ tensors
+
+    def tensor_names(self, config: ModelConfig, per_expert: bool = False) -> list[str]:
+        """The decoder's tensors as the checkpoint holds them (merged ones under their stored name). A sparse
+        layer's experts are stacked, [experts * rows, columns] per matrix (as a GGUF file stores them), or with
+        per_expert each expert's own (as a Hugging Face directory does)."""
+        names = ["model.embed_tokens.weight", "model.norm.weight"]
+        if not config.tie_word_embeddings:
+            names.append("lm_head.weight")
+        for i, spec in enumerate(config.layers):
+            layer = f"model.layers.{i}."
+            names += [layer + "input_layernorm.weight", layer + "post_attention_layernorm.weight"]
+            names += [f"{layer}self_attn.{p}_proj.weight" for p in "qkvo"]
+            names += _mlp_names(config, spec.mlp, f"{layer}mlp.", per_expert)
+            if spec.qkv_bias:
+                names += [f"{layer}self_attn.{p}_proj.bias" for p in "qkv"]
+            if spec.qk_norm:
+                names += [f"{layer}self_attn.{p}_norm.weight" for p in "qk"]
+            if spec.sandwich_norms:
+                names += [layer + "pre_feedforward_layernorm.weight", layer + "post_feedforward_layernorm.weight"]
+        return self._merged_names(names)
+
+    def _merged_names(self, names: list[str]) -> list[str]:
+        """Each merged tensor where its first part's name was; its other parts' names go."""
+        first = {parts[0]: merged for merged, parts in self.merged.items()}
+        rest = {part for parts in self.merged.values() for part in parts[1:]}
+        kept = []
+        for name in names:
+            m = LAYER_NAME.fullmatch(name)
+            if m is None or m[2] not in rest:
+                kept.append(f"{m[1]}.{first[m[2]]}.{m[3]}" if m and m[2] in first else name)
+        return kept
+
+    def split_merged(self, tensors: dict[str, Weight], config: ModelConfig, layer: str) -> dict[str, Weight]:
+        """Layer `layer`'s module weights where the checkpoint merges them: row ranges (views) of the merged
+        tensors, so that a tensor-parallel rank takes its rows of each part as for any family."""
+        parts = {}
+        for merged, names in self.merged.items():
+            weight, start = tensors[f"{layer}.{merged}.weight"], 0
+            for name in names:
+                rows = PART_ROWS[name.rsplit(".", 1)[1]](config)
+                parts[f"{layer}.{name}.weight"] = weight[start:start + rows]
+                start += rows
+        return tensors | parts if parts else tensors
+
+    def hf_tensor_name(self, stored: str) -> str:
+        """A safetensors name under the decoder's name for it (the same but where a family differs)."""
+        return stored
+
+    def gguf_tensor_name(self, gguf_name: str) -> str | None:
+        """llama.cpp tensor name -> Hugging Face name; None for tensors the decoder does not use."""
+        base, _, kind = gguf_name.rpartition(".")
+        layer = re.fullmatch(r"blk\.(\d+)\.(\w+)", base)
+        if layer:
+            part = self.gguf_names.get(layer[2]) or GGUF_LAYER_NAMES.get(layer[2])
+            return part and f"model.layers.{layer[1]}.{part}.{kind}"
+        part = GGUF_TOP_NAMES.get(base)
+        return part and f"{part}.{kind}"
+
+    def from_gguf(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        """A float tensor of a GGUF file in Hugging Face's form (the same but where the converter changed it)."""
+        return tensor
+
+
+def _mlp_names(config: ModelConfig, mlp_kind: Mlp, mlp: str, per_expert: bool) -> list[str]:
+    if mlp_kind is Mlp.DENSE:
+        return [f"{mlp}{p}_proj.weight" for p in EXPERT_PARTS]
+    experts = [f"{mlp}experts.{e}.{p}_proj.weight" for e in range(config.num_experts) for p in EXPERT_PARTS] \
+        if per_expert else [f"{mlp}experts.{p}_proj.weight" for p in EXPERT_PARTS]
+    shared = [f"{mlp}shared_expert.{p}_proj.weight" for p in EXPERT_PARTS] + [f"{mlp}shared_expert_gate.weight"]
+    return [f"{mlp}gate.weight"] + experts + (shared if mlp_kind is Mlp.MOE_SHARED else [])
+
+
+def _unique(ids: Iterable[int | None]) -> list[int]:
+    return list(dict.fromkeys(i for i in ids if i is not None))
+
+
+def _as_list(value: int | list[int] | None) -> list[int | None]:
+    return value if isinstance(value, list) else [value]
+
+
+def hf_rope(raw: dict[str, Any]) -> tuple[float, dict | None]:
+    """(rope_theta, rope_scaling) from either transformers 5's rope_parameters or the older keys."""
+    params = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
+    theta = params.pop("rope_theta", raw.get("rope_theta", 10000.0))
+    kind = params.get("rope_type", params.get("type", "default"))
+    return float(theta), (params if kind != "default" else None)
+
+
+def _hf_sliding_window(raw: dict[str, Any]) -> tuple[int | None, list[str] | None]:
+    """(sliding_window, layer_types) as transformers reads them: Mistral's window applies to every layer; Qwen2/3's
+    only with use_sliding_window, to the layers from max_window_layers on."""
+    window = raw.get("sliding_window")
+    if not raw.get("use_sliding_window", True):
+        window = None
+    if not window:
+        return None, None
+    types = raw.get("layer_types")
+    if types is None and "max_window_layers" in raw:
+        types = ["sliding_attention" if i >= raw["max_window_layers"] else "full_attention"
+                 for i in range(raw["num_hidden_layers"])]
+    return window, types
+
+
+def _hf_rotary_dim(raw: dict[str, Any], head_dim: int) -> int | None:
+    """The dims RoPE turns where partial_rotary_factor (in rope_parameters or beside it) leaves some unturned."""
+    factor = (raw.get("rope_parameters") or {}).get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))
+    return int(head_dim * factor) if factor != 1.0 else None
+
+
+def _gguf_sliding_window(meta: dict[str, Any], arch: str) -> dict[str, Any]:
+    """The window where the file has one (llama.cpp's converter writes none for Mistral, which it writes as
+    llama: such a file attends whole contexts, as llama.cpp runs it), and which layers slide (a pattern of flags)."""
+    window = meta.get(f"{arch}.attention.sliding_window") or None
+    pattern = meta.get(f"{arch}.attention.sliding_window_pattern")
+    types = ["sliding_attention" if slides else "full_attention" for slides in pattern] \
+        if window and isinstance(pattern, list) else None
+    return {"sliding_window": window, "layer_types": types}
