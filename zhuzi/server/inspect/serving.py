@@ -17,7 +17,8 @@ from fastapi.responses import Response
 from zhuzi.bpe_replay import replay
 from zhuzi.engine.sequence import Probe
 from zhuzi.outputs import StepRow
-from zhuzi.server.common.serving import ApiError, Server, json_response
+from zhuzi.server.common.errors import ApiError
+from zhuzi.server.common.serving import Server, json_response
 from zhuzi.server.inspect import protocol as ip
 from zhuzi.server.pins.serving import cache_pin
 
@@ -64,11 +65,12 @@ class Inspector:
         tokenizer = self.server.ready().tokenizer
 
         def document() -> tuple[int, Response]:
-            chat = self.server.render_chat(body)  # the checks and errors of a chat request
+            request = body.chat()
+            chat = self.server.render_chat(request)  # the checks and errors of a chat request
             tokens = tokenizer.chat_document(chat.messages, **chat.args)
             return len(chat.ids), json_response(ip.DocumentResponse(
                 text=tokenizer.render_chat(chat.messages, **chat.args), token_ids=chat.ids,
-                tool_prompt=self.server.tool_prompt(body),
+                tool_prompt=self.server.tool_prompt(request),
                 tokens=[ip.DocumentToken(**self._token(t.id), author=t.author, special=t.special) for t in tokens]))
 
         count, response = await self.server.in_worker(document)

@@ -15,10 +15,10 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from zhuzi.engine.sequence import Probe
-from zhuzi.server.common.serving import ApiError, Server, json_response
+from zhuzi.server.common.errors import ApiError
+from zhuzi.server.common.serving import Server, json_response, new_id
 from zhuzi.server.openai import answers as r
 from zhuzi.server.openai import protocol as p
-from zhuzi.server.openai.serving import Completions
 
 
 class Embeddings:
@@ -50,8 +50,8 @@ class Embeddings:
 
     async def openai(self, request: Request, key: str, body: p.EmbeddingRequest) -> Response:
         self.server.check_model(body.model)
-        request_id = r.new_id("embd")
-        Completions.log_user(request_id, body.user)
+        request_id = new_id("embd")
+        self.server.log_user(request_id, body.user)
         vectors, tokens = await self.embed(request, key, body.inputs(), "input", body.dimensions)
 
         def encoded(vector: torch.Tensor) -> list[float] | str:
