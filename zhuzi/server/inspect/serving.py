@@ -1,11 +1,6 @@
-"""The inspector's endpoints (/inspect/...): their logic, between the routes and the engine.
-
-They answer what the OpenAI API has no word for: the document a chat makes (each token with its author),
-the next-token distribution and the logit lens at the end of some token ids, the tokenizer's BPE merges
-step by step, and a snapshot of the engine. A forward pass happens only inside the engine's step loop, as
-a probe batched with everyone's tokens (the prefix cache holds most of any context the engine has just
-seen); the snapshot is taken on the loop's thread between two steps. So there is one copy of the weights,
-nothing races a step, and every number is the answering model's own.
+"""The inspector's endpoints (/inspect/...), between the routes and the engine: the document a chat makes, the
+next-token distribution and logit lens at some token ids, the BPE merges, snapshots of the engine and its batch.
+Forward passes run as probes inside the engine's step loop, so every number is the answering model's own.
 """
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""The embeddings endpoint's logic (OpenAI's /v1/embeddings, and Ollama's /api/embed through embed()), between
-the routes and the engine.
-
-An embedding is a probe through the engine's step loop, batched with everyone's tokens: the model's final
-hidden states (after the last norm) over the input's tokens, pooled (mean, or the last token's for a model
-that wants it: --pooling) and L2-normalized. A decoder chat model's pooled state is a weak embedding; an
-embedding checkpoint of an architecture zhuzi runs (Qwen3-Embedding) is a good one (docs/serving.md).
+"""The embeddings logic (OpenAI's /v1/embeddings, and Ollama's /api/embed through embed()), between the routes
+and the engine: a probe through the step loop, the final hidden states pooled (--pooling) and L2-normalized.
 """
 from __future__ import annotations
 
