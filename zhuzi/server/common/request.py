@@ -127,13 +127,10 @@ class ChatRequest:
         # The one check of a tool choice, whichever API's words it came in.
         if self.tool_choice not in (None, "none", "auto") and not self.tools:
             raise ApiError(400, "tool_choice needs tools", param="tool_choice").renamed(self.names)
-        if isinstance(self.tool_choice, NamedTool) and self.tool_choice.name not in (names := self.tool_names):
+        names = {tool.name for tool in self.tools}
+        if isinstance(self.tool_choice, NamedTool) and self.tool_choice.name not in names:
             raise ApiError(400, f"tool_choice names {self.tool_choice.name!r}, which is not among the tools "
                            f"{sorted(names)}", param="tool_choice").renamed(self.names)
-
-    @property
-    def tool_names(self) -> set[str]:
-        return {tool.name for tool in self.tools}
 
     @property
     def parse_tool_calls(self) -> bool:

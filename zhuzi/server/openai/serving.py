@@ -12,18 +12,10 @@ from zhuzi.sampling_params import InvalidRequest
 from zhuzi.server.common.chat import ChatPath, sampling_params
 from zhuzi.server.common.errors import ApiError
 from zhuzi.server.common.parsers import OutputParser
-from zhuzi.server.common.request import ChatRequest
 from zhuzi.server.common.serving import Server, json_response, new_id
 from zhuzi.server.openai import answers as r
 from zhuzi.server.openai import protocol as p
 from zhuzi.server.openai.formats import ChatFormat, CompletionFormat
-
-
-def chat_request(body: p.ChatCompletionRequest) -> ChatRequest:
-    try:
-        return body.chat_request()
-    except InvalidRequest as exc:
-        raise ApiError.of(exc) from exc
 
 
 class Completions:
@@ -44,7 +36,7 @@ class Completions:
         return texts, [tokenizer.encode_prompt(x) for x in prompts]
 
     async def chat(self, request: Request, key: str, body: p.ChatCompletionRequest) -> Response:
-        chat = chat_request(body)
+        chat = body.chat_request()
         plan = await self.chats.plan(chat)
         fmt = ChatFormat(new_id("chatcmpl"), self.server.model_name, body, plan.chat.ids,
                          self.server.ready().tokenizer.bytes_of)
@@ -52,7 +44,7 @@ class Completions:
 
     async def render(self, key: str, body: p.ChatCompletionRequest) -> Response:
         """vLLM's /v1/chat/completions/render: the prompt a chat request makes, as text and token ids."""
-        plan = await self.chats.plan(chat_request(body))
+        plan = await self.chats.plan(body.chat_request())
         tokenizer = self.server.ready().tokenizer
         text = await self.server.in_worker(lambda: tokenizer.render_chat(plan.chat.messages, **plan.chat.args))
         self.server.gateway.charge_tokens(key, len(plan.chat.ids))
