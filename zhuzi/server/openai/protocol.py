@@ -340,13 +340,14 @@ class ChatCompletionRequest(ChatTemplateRequest, SamplingRequest):
             raise ValueError("top_logprobs needs logprobs set to true")
         return self
 
-    def chat_request(self) -> ChatRequest:
+    def chat(self, **fields: Any) -> ChatRequest:
         """The server's chat request for this body; InvalidRequest names a field."""
         max_tokens = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
         sampling = self.sampling_fields(max_tokens, logprobs, thinking_budget=self.thinking_token_budget)
-        return self.chat(model=self.model, parallel_tool_calls=self.parallel_tool_calls, constraint=self.constraint(),
-                         sampling=sampling, stream=self.stream, user=self.user or self.safety_identifier)
+        return super().chat(model=self.model, parallel_tool_calls=self.parallel_tool_calls,
+                            constraint=self.constraint(), sampling=sampling, stream=self.stream,
+                            user=self.user or self.safety_identifier, **fields)
 
 
 Prompt = Text | list[Text] | list[int] | list[list[int]]

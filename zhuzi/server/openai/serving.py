@@ -36,7 +36,7 @@ class Completions:
         return texts, [tokenizer.encode_prompt(x) for x in prompts]
 
     async def chat(self, request: Request, key: str, body: p.ChatCompletionRequest) -> Response:
-        chat = body.chat_request()
+        chat = body.chat()
         plan = await self.chats.plan(chat)
         fmt = ChatFormat(new_id("chatcmpl"), self.server.model_name, body, plan.chat.ids,
                          self.server.ready().tokenizer.bytes_of)
@@ -44,7 +44,7 @@ class Completions:
 
     async def render(self, key: str, body: p.ChatCompletionRequest) -> Response:
         """vLLM's /v1/chat/completions/render: the prompt a chat request makes, as text and token ids."""
-        plan = await self.chats.plan(body.chat_request())
+        plan = await self.chats.plan(body.chat())
         tokenizer = self.server.ready().tokenizer
         text = await self.server.in_worker(lambda: tokenizer.render_chat(plan.chat.messages, **plan.chat.args))
         self.server.gateway.charge_tokens(key, len(plan.chat.ids))
