@@ -82,7 +82,7 @@ def _openapi(app: FastAPI) -> Callable[[], dict[str, Any]]:
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
             spec = get_openapi(title=app.title, version=app.version, routes=app.routes,
-                               description="An OpenAI-compatible API; every error is OpenAI's error object.")
+                               description="OpenAI's, Anthropic's and Ollama's APIs, each with its own error object.")
             models = [(model, "validation") for model in _BODIES] + [(model, "serialization") for model in _CHUNKS]
             _, defs = models_json_schema(models, ref_template="#/components/schemas/{model}")
             spec.setdefault("components", {}).setdefault("schemas", {}).update(defs["$defs"])
