@@ -376,24 +376,24 @@ class Server:
 
     # -- prompts (in worker threads)
 
-    def tool_prompt(self, body: ChatRequest) -> str | None:
+    def tool_prompt(self, chat: ChatRequest) -> str | None:
         """Who tells the model about the request's tools: "template", "generic" (zhuzi's generic prompt in the
         system message, for templates that ignore tools), or None (no tools to parse)."""
-        if not body.parse_tool_calls:
+        if not chat.parse_tool_calls:
             return None
         return "template" if template_renders_tools(self.ready().tokenizer.template_variables) else "generic"
 
-    def render_chat(self, body: ChatRequest, constraint: Constraint | None = None) -> RenderedChat:
+    def render_chat(self, chat: ChatRequest, constraint: Constraint | None = None) -> RenderedChat:
         """The prompt a chat request makes (the generic tool format written in where the template has none;
         under a constraint a thinking model is asked for no thought)."""
-        tokenizer, messages, args = self.ready().tokenizer, body.template_messages(), body.template_args()
-        if self.tool_prompt(body) == "generic":
+        tokenizer, messages, args = self.ready().tokenizer, chat.template_messages(), chat.template_args()
+        if self.tool_prompt(chat) == "generic":
             messages = with_generic_tools(messages, args["tools"])
         if constraint is not None and self.reasoning:
             args["chat_template_kwargs"] = self.without_thought(args["chat_template_kwargs"])
         try:
             ids = tokenizer.encode_chat(messages, **args)
-            if body.continue_final_message:
+            if chat.continue_final_message:
                 return RenderedChat(ids, message_text(messages[-1].get("content")), messages, args)
             # Only a thinking model's template can open a thought; skip the second render otherwise.
             prefill = opened_thought(tokenizer.render_chat(messages, **args)) if self.reasoning else ""
