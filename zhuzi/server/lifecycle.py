@@ -1,9 +1,5 @@
-"""The server process's end: uvicorn with a graceful shutdown.
-
-The first SIGTERM or SIGINT drains (Server.drain: new requests get 503, running ones may finish
-within --shutdown-timeout, then end with finish_reason "abort" and [DONE]); a second signal ends
-them at once. The process then exits 0, since a shutdown that was asked for is no failure; a server
-that failed (see Server.fail) exits non-zero from the CLI.
+"""The server process's end: uvicorn with a graceful shutdown. The first SIGTERM or SIGINT drains (Server.drain),
+a second ends the running requests at once; the process then exits 0 (a failed server exits non-zero).
 """
 from __future__ import annotations
 

@@ -9,8 +9,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 import zhuzi
 from zhuzi.server.common import schema
-from zhuzi.server.common.routes import documented
 from zhuzi.server.common.serving import Server
+from zhuzi.server.openai.router import OpenAIRoute, documented
 
 
 class HealthResponse(schema.Response):
@@ -22,7 +22,7 @@ class VersionResponse(schema.Response):
 
 
 def router(server: Server) -> APIRouter:
-    routes = APIRouter()
+    routes = APIRouter(route_class=OpenAIRoute)
 
     @routes.get("/health", **documented(None, HealthResponse, (503,)))
     async def health() -> Response:

@@ -224,7 +224,7 @@ def test_tool_round_trip_renders_the_call_and_the_result_into_the_next_prompt(qw
     request = ChatCompletionRequest.model_validate({"tools": [WEATHER_TOOL], "messages": QUESTION + [
         {"role": "assistant", "content": None, "tool_calls": [
             {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}]},
-        {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 18}'}]})
+        {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 18}'}]}).chat()
     document = qwen3.render_chat(request.template_messages(), **request.template_args())
     assert ('<|im_start|>assistant\n\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
             '</tool_call><|im_end|>\n') in document

@@ -15,6 +15,7 @@ from zhuzi.sample.grammar import GrammarCompiler
 from zhuzi.sample.sampler import SamplingRow, apply_grammar_masks
 from zhuzi.sampling_params import SamplingParams, StructuredOutputsParams
 from zhuzi.server.common.parsers import OutputParser, ParsedText
+from zhuzi.server.common.request import NamedTool
 from zhuzi.server.common.tools import template_renders_tools, tool_grammar, with_generic_tools
 from zhuzi.tokenizer import Tokenizer
 
@@ -32,7 +33,7 @@ FUNCTIONS = [
     {"name": "now"},
 ]
 SCHEMAS = {f["name"]: f.get("parameters") or {"type": "object"} for f in FUNCTIONS}
-NAMED = {"type": "function", "function": {"name": "get_weather"}}
+NAMED = NamedTool("get_weather")
 
 
 @pytest.fixture(scope="module", params=["text markers", "added-token markers"])

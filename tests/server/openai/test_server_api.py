@@ -358,7 +358,7 @@ MALFORMED = [  # (path, body: dict or raw bytes, status, param)
 
     (CHAT, {"messages": MESSAGES, "stream": "maybe"}, 400, "stream"),
     (CHAT, {"messages": MESSAGES, "stream_options": {"include_usage": True}}, 400, None),
-    (CHAT, {"messages": MESSAGES, "tool_choice": "required"}, 400, None),
+    (CHAT, {"messages": MESSAGES, "tool_choice": "required"}, 400, "tool_choice"),
     (CHAT, {"messages": MESSAGES, "tools": [{"type": "function"}]}, 400, "tools.0.function"),
     (CHAT, {"messages": MESSAGES, "chat_template_kwargs": {"tokenize": True}}, 400, "messages"),
     (CHAT, {"messages": MESSAGES, "continue_final_message": True, "add_generation_prompt": False}, 400, None),

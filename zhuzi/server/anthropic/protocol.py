@@ -1,10 +1,6 @@
-"""The words of Anthropic's Messages API (/v1/messages, /v1/messages/count_tokens) in pydantic: the requests,
-the answers, the stream's events and the error object.
-
-As with OpenAI's words (openai/protocol.py), types are strict and every field declared here does something: any
-other field is refused with a 400 that names it. `cache_control` is accepted wherever Anthropic takes it:
-zhuzi's prefix cache keeps every prompt prefix anyway, so what it asks for always happens. These models are
-also the OpenAPI spec's schemas for those routes.
+"""Anthropic's wire format in pydantic: the Messages requests, the answers, the stream's events and the error
+object. Strict as everywhere (an unknown field is a 400 naming it); cache_control is accepted, since the prefix
+cache keeps every prefix anyway. Also the OpenAPI spec's schemas for those routes.
 """
 from __future__ import annotations
 

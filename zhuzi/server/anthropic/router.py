@@ -6,10 +6,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from zhuzi.server.anthropic import protocol as a
-from zhuzi.server.anthropic.serving import Messages, anthropic_status
-from zhuzi.server.common.routes import BODY_ERRORS, Intake, documented
+from zhuzi.server.anthropic.serving import Messages, anthropic_status, error_response
+from zhuzi.server.common.routes import BODY_ERRORS, Intake, answering_errors_with, documented
 
-MESSAGES = "/v1/messages"  # Anthropic's routes: its error object and status codes
+MESSAGES = "/v1/messages"
 
 
 def statuses(server_statuses: tuple[int, ...]) -> tuple[int, ...]:
@@ -18,10 +18,10 @@ def statuses(server_statuses: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def router(intake: Intake, anthropic: Messages) -> APIRouter:
-    routes = APIRouter()
+    routes = APIRouter(route_class=answering_errors_with(error_response))
 
     @routes.post(MESSAGES, **documented(a.MessagesRequest, a.Message, statuses((*BODY_ERRORS, 500)),
-                                        a.MessageStreamEvent, a.AnthropicError, named=True))
+                                        a.AnthropicError, a.MessageStreamEvent, named=True))
     async def messages(request: Request) -> Response:
         return await intake.generation(request, a.MessagesRequest, anthropic.create)
 

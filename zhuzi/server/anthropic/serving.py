@@ -1,13 +1,7 @@
-"""Anthropic's Messages API (/v1/messages, /v1/messages/count_tokens), between the routes and the chat path.
-
-A Messages request becomes the chat request it means (system, messages and content blocks, tools and
-tool_choice, thinking, sampling) and runs the chat path unchanged: the same template, tool format, forced
-calls through the same grammars, the same engine. Only the answer's shape is Anthropic's: MessagesFormat
-writes the content blocks (thinking, text, tool_use) as a Message, or as the stream of events Anthropic
-sends, and errors are Anthropic's error object with its status codes.
-
-A tool_result with is_error reaches the model as its text after "Error: " (templates have no word for
-it). A thought has no signature: zhuzi reads a thought sent back as it is.
+"""Anthropic's Messages API (/v1/messages, /v1/messages/count_tokens), between the routes and the chat path: a
+Messages request becomes the server's chat request (a tool_result with is_error reaches the model as its text
+after "Error: "), and MessagesFormat writes the reply's content blocks as a Message or Anthropic's stream of
+events. A thought carries no signature: one sent back is read as it is.
 """
 from __future__ import annotations
 
@@ -20,13 +14,13 @@ from fastapi.responses import JSONResponse, Response
 
 from zhuzi.outputs import CompletionOutput, PromptProgress
 from zhuzi.server.anthropic import protocol as a
+from zhuzi.server.common.chat import ChatPath
 from zhuzi.server.common.content_blocks import BlockEvent, new_item_id
+from zhuzi.server.common.errors import ApiError
 from zhuzi.server.common.formats import Choice, ResponseState, sse_event
 from zhuzi.server.common.parsers import ParsedText
-from zhuzi.server.common.serving import ApiError, json_response
-from zhuzi.server.openai import answers as r
-from zhuzi.server.openai import protocol as p
-from zhuzi.server.openai.serving import Completions, as_chat_request
+from zhuzi.server.common.request import ChatRequest, Constraint, Message, NamedTool, Tool, ToolCall, ToolChoice
+from zhuzi.server.common.serving import json_response
 
 # Anthropic's error types by status; 529 is its "overloaded" (a full queue, or a server that cannot serve now).
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -35,9 +29,8 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "
 
 
 # The chat request's fields under their Messages names, for the errors the chat path finds (see ApiError.renamed).
-CHAT_NAMES = {r"^stop\b": "stop_sequences", r"^response_format\b.*": "output_config.format",
-              r"^tools\.(\d+)\.function\.parameters": r"tools.\1.input_schema",
-              r"^messages\b.*": "messages", r"^(chat_template_kwargs|thinking_token_budget)\b.*": "thinking"}
+NAMES = {r"^stop\b": "stop_sequences", r"^tools\.(\d+)\.parameters": r"tools.\1.input_schema",
+         r"^messages\b.*": "messages", r"^(chat_template_kwargs|thinking_token_budget)\b.*": "thinking"}
 
 
 def anthropic_status(status: int, code: str | int | None = None) -> int:
@@ -53,10 +46,10 @@ def error_body(status: int, message: str) -> a.AnthropicError:
     return a.AnthropicError(error=a.ErrorDetail(type=ERROR_TYPES.get(status, "api_error"), message=message))
 
 
-def error_response(status: int, message: str, code: str | int | None = None,
-                   headers: dict[str, str] | None = None) -> JSONResponse:
-    status = anthropic_status(status, code)
-    return JSONResponse(error_body(status, message).model_dump(), status_code=status, headers=headers)
+def error_response(error: ApiError, headers: dict[str, str] | None = None) -> JSONResponse:
+    """Anthropic's error object, with its status for the error's."""
+    status = anthropic_status(error.status, error.code)
+    return JSONResponse(error_body(status, error.message).model_dump(), status_code=status, headers=headers)
 
 
 def event(payload: pydantic.BaseModel) -> str:
@@ -66,80 +59,73 @@ def event(payload: pydantic.BaseModel) -> str:
 
 # ---------------------------------------------------------------- the request, as a chat request
 
-def _texts(blocks: list[a.TextBlock]) -> list[dict[str, str]]:
-    return [{"type": "text", "text": block.text} for block in blocks]
+def _texts(blocks: list[a.TextBlock]) -> list[str]:
+    return [block.text for block in blocks]
 
 
-def _tool_result(block: a.ToolResultBlock) -> dict[str, Any]:
+def _tool_result(block: a.ToolResultBlock) -> Message:
     content = block.content if isinstance(block.content, str) else "\n".join(b.text for b in block.content
                                                                              if isinstance(b, a.TextBlock))
-    return {"role": "tool", "tool_call_id": block.tool_use_id,
-            "content": f"Error: {content}" if block.is_error else content}
+    return Message("tool", f"Error: {content}" if block.is_error else content, tool_call_id=block.tool_use_id)
 
 
-def _message(message: a.MessageParam) -> list[dict[str, Any]]:
+def _message(message: a.MessageParam) -> list[Message]:
     """One Anthropic message as chat messages: a user's tool results become tool messages (first, as
     Anthropic orders them), an assistant's tool_use blocks its tool calls and its thoughts its reasoning."""
     if isinstance(message.content, str):
-        return [{"role": message.role, "content": message.content}]
+        return [Message(message.role, message.content)]
     texts = [b for b in message.content if isinstance(b, a.TextBlock)]
     if message.role == "user":
         results = [_tool_result(b) for b in message.content if isinstance(b, a.ToolResultBlock)]
-        return results + ([{"role": "user", "content": _texts(texts)}] if texts or not results else [])
-    calls = [{"id": b.id, "type": "function", "function": {"name": b.name, "arguments": json.dumps(b.input)}}
-             for b in message.content if isinstance(b, a.ToolUseBlock)]
+        return results + ([Message("user", _texts(texts))] if texts or not results else [])
+    calls = [ToolCall(b.name, json.dumps(b.input), b.id) for b in message.content if isinstance(b, a.ToolUseBlock)]
     thoughts = "\n".join(b.thinking for b in message.content if isinstance(b, a.ThinkingBlock))
-    out: dict[str, Any] = {"role": "assistant", "content": _texts(texts) if texts or not calls else None}
-    if calls:
-        out["tool_calls"] = calls
-    if thoughts:
-        out["reasoning_content"] = thoughts
-    return [out]
+    return [Message("assistant", _texts(texts) if texts or not calls else None, tool_calls=calls or None,
+                    reasoning=thoughts or None)]
 
 
-def _tool_choice(choice: a.ToolChoice) -> Any:
-    """Chat's tool_choice for Anthropic's: any is required, tool names a function."""
+def _tool_choice(choice: a.ToolChoice) -> ToolChoice:
+    """Anthropic's tool_choice in the chat request's words: any is required, tool names a function."""
     if isinstance(choice, a.ToolChoiceTool):
-        return {"type": "function", "function": {"name": choice.name}}
-    return {"auto": "auto", "any": "required", "none": "none"}[choice.type]
+        return NamedTool(choice.name)
+    return {"auto": "auto", "any": "required", "none": "none"}[choice.type]  # type: ignore[return-value]
 
 
-def chat_request(body: a.MessagesPrompt) -> p.ChatCompletionRequest:
+def chat_request(body: a.MessagesPrompt) -> ChatRequest:
     """The chat request a Messages request means."""
     forced = isinstance(body.tool_choice, (a.ToolChoiceAny, a.ToolChoiceTool))
     thinks = body.thinking is not None and not isinstance(body.thinking, a.ThinkingDisabled)
     if forced and thinks:  # as Anthropic: a forced call starts at once, so nothing can think first
         raise ApiError(400, "thinking cannot be enabled while tool_choice forces a tool (any or tool)",
                        param="thinking")
-    messages = [{"role": "system", "content": body.system if isinstance(body.system, str) else _texts(body.system)}
-                ] if body.system else []
-    for message in body.messages:
-        messages += _message(message)
+    system = [Message("system", body.system if isinstance(body.system, str) else _texts(body.system))
+              ] if body.system else []
+    messages = system + [chat for message in body.messages for chat in _message(message)]
     continued = body.messages[-1].role == "assistant"  # Anthropic's prefill: the reply continues it
-    chat: dict[str, Any] = {"model": body.model, "messages": messages, "add_generation_prompt": not continued,
-                            "continue_final_message": continued}
-    if body.tools:
-        chat["tools"] = [{"type": "function", "function": {
-            "name": t.name, "description": t.description, "parameters": t.input_schema, "strict": t.strict}}
-            for t in body.tools]
-    if body.tool_choice is not None:
-        chat["tool_choice"] = _tool_choice(body.tool_choice)
-        if not isinstance(body.tool_choice, a.ToolChoiceNone):
-            chat["parallel_tool_calls"] = not body.tool_choice.disable_parallel_tool_use
-    if body.thinking is not None:
-        chat["chat_template_kwargs"] = {"enable_thinking": thinks}
+    tools = [Tool(t.name, t.description, t.input_schema, t.strict) for t in body.tools or []]
+    choice = body.tool_choice
+    parallel = not choice.disable_parallel_tool_use if choice is not None and not isinstance(
+        choice, a.ToolChoiceNone) else True
+    sampling: dict[str, Any] = {}
     if isinstance(body.thinking, a.ThinkingEnabled):
-        chat["thinking_token_budget"] = body.thinking.budget_tokens
+        sampling["thinking_token_budget"] = body.thinking.budget_tokens
+    constraint, user = None, None
     if isinstance(body, a.MessagesRequest):
-        chat.update(max_tokens=body.max_tokens, stop=body.stop_sequences, temperature=body.temperature,
-                    top_p=body.top_p, top_k=body.top_k, stream=body.stream, priority=body.priority,
-                    user=body.metadata.user_id if body.metadata else None)
+        sampling.update(max_tokens=body.max_tokens, stop=body.stop_sequences, temperature=body.temperature,
+                        top_p=body.top_p, top_k=body.top_k, priority=body.priority)
         if (schema := body.output_schema) is not None:
-            chat["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}
+            constraint = Constraint.build("output_config.format", {"json": "output_config.format"}, json=schema)
         effort = body.output_config.effort if body.output_config else None
-        if effort is not None and thinks and "thinking_token_budget" not in chat:
-            chat["thinking_token_budget"] = a.EFFORT_BUDGETS[effort]
-    return as_chat_request(chat, "messages")
+        if effort is not None and thinks and "thinking_token_budget" not in sampling:
+            sampling["thinking_token_budget"] = a.EFFORT_BUDGETS[effort]
+        user = body.metadata.user_id if body.metadata else None
+    return ChatRequest(
+        messages, model=body.model, tools=tools, tool_choice=None if choice is None else _tool_choice(choice),
+        parallel_tool_calls=parallel, constraint=constraint,
+        sampling={name: value for name, value in sampling.items() if value is not None},
+        chat_template_kwargs=None if body.thinking is None else {"enable_thinking": thinks},
+        add_generation_prompt=not continued, continue_final_message=continued,
+        stream=isinstance(body, a.MessagesRequest) and body.stream, user=user, names=NAMES)
 
 
 # ---------------------------------------------------------------- the answer, as Anthropic's
@@ -230,9 +216,8 @@ class MessagesFormat:
         return self._start(gen) + [event(a.MessageDelta(delta=a.StopDelta(stop_reason=reason, stop_sequence=sequence),
                                                         usage=self._usage(gen))), event(a.MessageStop())]
 
-    def failure(self, gen: ResponseState, error: r.ErrorInfo) -> list[str]:
-        status = anthropic_status(int(error.code or 500))
-        return [event(error_body(status, error.message))]
+    def failure(self, gen: ResponseState, error: ApiError) -> list[str]:
+        return [event(error_body(anthropic_status(error.status), error.message))]
 
     def response(self, gen: ResponseState) -> a.Message:
         choice = gen.choices.get(0)
@@ -249,18 +234,17 @@ class MessagesFormat:
 
 
 class Messages:
-    def __init__(self, completions: Completions) -> None:
-        self.completions = completions
-        self.server = completions.server
+    def __init__(self, chats: ChatPath) -> None:
+        self.chats = chats
+        self.server = chats.server
 
     async def create(self, request: Request, key: str, body: a.MessagesRequest) -> Response:
         chat = chat_request(body)
-        plan = await self.completions.plan_chat(chat, CHAT_NAMES)
+        plan = await self.chats.plan(chat)
         fmt = MessagesFormat(new_item_id("msg"), self.server.model_name)
-        return await self.completions.run_chat(request, key, chat, plan, fmt)
+        return await self.chats.run(request, key, chat, plan, fmt)
 
     async def count_tokens(self, key: str, body: a.CountTokensRequest) -> Response:
-        plan = await self.completions.plan_chat(chat_request(body), CHAT_NAMES)
+        plan = await self.chats.plan(chat_request(body))
         self.server.gateway.charge_tokens(key, len(plan.chat.ids))
         return json_response(a.TokenCount(input_tokens=len(plan.chat.ids)))
-

@@ -1,4 +1,3 @@
-"""What every API of the server shares, between its routes and the engine: the gateway (keys, rates, quotas,
-the queue), the serving machinery (generate, stream, drain, health), the parsers and tool grammars of a
-reply, its content blocks, the store that outlives the process, and the metrics. It speaks OpenAI's chat
-request (openai/protocol.py): the chat path every other API's request becomes."""
+"""What every API of the server shares, importing none of them: the chat request every API's body becomes and
+the chat path it runs, the gateway, the serving machinery, the parsers and tool grammars, the errors (in no
+API's shape), the store and the metrics."""

@@ -1,9 +1,6 @@
-"""A reply as content blocks, the shape of Anthropic's messages and of the Responses API's output items.
-
-The parser (parsers.py) splits a reply's text into reasoning, content and tool calls as it streams; Blocks
-lays those pieces out as an ordered list of blocks (a thought, text, a tool call, ...) and says, for each
-piece, which block opened, grew or closed. A streamed answer is written from those events and a whole one
-from the finished list, so the two agree by construction.
+"""A reply as content blocks (a thought, text, a tool call), the shape of Anthropic's messages and the Responses
+API's output items: Blocks lays out the parser's pieces and says which block each opened, grew or closed, so a
+streamed answer and a whole one agree by construction.
 """
 from __future__ import annotations
 

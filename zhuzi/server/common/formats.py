@@ -1,10 +1,6 @@
-"""Response formats, the last step before the wire: what one API request produced, and the Format each API writes
-it in (JSON bodies and SSE chunks).
-
-A ResponseState gathers what one API request produced (its prompts, their n choices each, parsed into content /
-reasoning / tool calls, and laid out as content blocks). Every API's Format (openai/formats.py: chat.completion
-and text_completion; anthropic/serving.py: Message; responses/serving.py: Response) answers the same four
-calls: the chunks of a delta, the end of a stream, a failure once the stream has begun, and the whole answer.
+"""What one request produced, the last step before the wire: a ResponseState gathers its prompts' choices, parsed
+(content, reasoning, tool calls) and laid out as content blocks; each API's Format writes it as its JSON answer or
+its stream's chunks (a delta's chunks, a stream's end, a failure once the stream has begun, the whole answer).
 """
 from __future__ import annotations
 
@@ -17,8 +13,8 @@ import pydantic
 
 from zhuzi.outputs import CompletionOutput, Logprob, PromptProgress, RequestMetrics, RequestOutput
 from zhuzi.server.common.content_blocks import BlockEvent, Blocks
+from zhuzi.server.common.errors import ApiError
 from zhuzi.server.common.parsers import OutputParser, ParsedText
-from zhuzi.server.openai import answers as r
 
 
 def sse(payload: pydantic.BaseModel | dict) -> str:
@@ -93,12 +89,6 @@ class Choice:
             return self.token_ids.index(think_close) + 1
         return len(self.token_ids)
 
-    @property
-    def openai_finish_reason(self) -> str | None:
-        if self.finish_reason == "stop" and self.parsed.tool_calls:
-            return "tool_calls"
-        return self.finish_reason
-
 
 @dataclass
 class PromptStats:
@@ -162,9 +152,6 @@ class ResponseState:
             return None
         return sum(c.reasoning_tokens(self.think_close) for c in self.choices.values())
 
-    def usage(self) -> r.Usage:
-        return r.Usage.of(self.prompt_tokens, self.completion_tokens, self.cached_tokens, self.reasoning_tokens)
-
     def sorted_choices(self) -> list[Choice]:
         return [self.choices[i] for i in sorted(self.choices)]
 
@@ -182,7 +169,7 @@ class Format(Protocol):
     def end(self, gen: ResponseState) -> list[str]:
         """The chunks that end a stream that went well."""
 
-    def failure(self, gen: ResponseState, error: r.ErrorInfo) -> list[str]:
+    def failure(self, gen: ResponseState, error: ApiError) -> list[str]:
         """The chunks that end a stream the engine failed (the headers are out: the error goes in-band)."""
 
     def response(self, gen: ResponseState) -> pydantic.BaseModel:

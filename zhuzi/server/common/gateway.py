@@ -1,15 +1,6 @@
-"""Step 2 of the request path: who may ask, how often, and whether there is room.
-
-- API keys: with keys configured, `Authorization: Bearer <key>` (OpenAI's) or `x-api-key: <key>`
-  (Anthropic's) must name one (401).
-- Rate limits per key: requests per minute and tokens per minute, as token
-  buckets that refill continuously (429 with Retry-After). Tokens are charged
-  when known: the prompt at admission, the completion when it ends, so a
-  bucket may go negative and the key then waits until it refills.
-- A bounded queue: at most max_running + max_waiting sequences in flight;
-  past that a request gets 429 at once instead of queueing without limit.
-- Tenants: each key is one for the engine's fair shares, known there (and in
-  /metrics, the inspector, the usage store) by a masked id, never the key.
+"""The gateway, the request path's second step: who may ask (API keys: Bearer or x-api-key, 401), how often
+(requests and tokens per minute per key, token buckets, 429 with Retry-After), and whether there is room (a
+bounded queue: 429 at once past it). Each key is a tenant for the engine's fair shares, known by a masked id.
 """
 from __future__ import annotations
 

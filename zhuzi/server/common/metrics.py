@@ -1,13 +1,6 @@
-"""The last step of a request's life: its timings and counts, in Prometheus form at /metrics.
-
-Names follow vLLM's (`vllm:` becomes `zhuzi:`) so existing dashboards fit. The
-per-request histograms and counters are recorded by the server when a request
-ends; the engine-wide state (running, waiting, KV usage, prefix-cache,
-speculative-decoding, KV tier, pin and transfer counts) is read from each replica's EngineStats at scrape
-time, so it is never stale, and is labelled with the replica (data-parallel
-engine core) it describes. Per API key (labelled with its masked id, never the
-key): its running and waiting sequences, and its tokens used today against its
-daily quota.
+"""The last step of a request's life: its timings and counts in Prometheus form at /metrics, named as vLLM's
+(zhuzi: for vllm:). Per-request histograms are recorded as requests end; the engine's state is read from each
+replica's stats at scrape time; per API key (masked): its running and waiting sequences and today's tokens.
 """
 from __future__ import annotations
 

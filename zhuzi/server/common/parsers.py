@@ -1,24 +1,7 @@
-"""Step after detokenizing: split a model's text into reasoning, content and tool calls.
-
-Thinking models write `<think>...</think>` before the answer; Qwen/Hermes-style
-models call tools with `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`.
-OutputParser is one incremental state machine that takes the text as it
-streams; a whole reply is parsed by feeding it at once, so streamed and
-non-streamed responses agree by construction, however the text was chunked.
-
-Text that could still turn into a tag (a trailing "<thi") or whitespace that
-might sit right before one is held back until the next text decides it.
-
-Small models often drop the tags and answer with the call's JSON alone: a reply that opens with
-`{` when tools are offered is a call too if it is exactly {"name": ..., "arguments": {...}} (as
-llama.cpp's Hermes parser takes it), and is held until its object closes.
-
-A free model's call may turn out malformed, so it is emitted whole once it
-closes (and given back as text if it does not parse). A call a grammar forces
-(server/tools.py) always parses and writes "name" before "arguments", so it
-streams as OpenAI's do: its id and name as soon as the name is complete, then
-its arguments piece by piece, as the model writes them. It ends where its arguments' JSON closes: a
-"</tool_call>" that a small model writes inside one of their strings is part of that string.
+"""The step after detokenizing: a model's text split into reasoning (<think>), content and tool calls
+(<tool_call>, or a bare {"name": ..., "arguments": ...} object) by one incremental state machine, so a
+streamed and a whole reply agree however the text was chunked. Text that may still become a tag is held back;
+a free call is emitted whole once it closes, a forced one streams as OpenAI's do (id and name, then arguments).
 """
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""Token quotas, a step of the gateway: how many prompt + generated tokens each API key may use a day.
-
-A key's usage is counted as the gateway counts its tokens per minute: the prompt when the request is
-admitted, the generated tokens when it ends. A request that starts under the quota finishes; the next one
-gets 429 with OpenAI's insufficient_quota error, naming the quota and when it resets (midnight UTC).
-Usage is kept in zhuzi's embedded SQLite file (store.py: the one that keeps the Responses API's stored
-responses), a component of its own, one row per masked key id and day, committed as it is counted, so it
-survives a restart or a kill -9. Usage is shown per masked key id in /metrics.
+"""Token quotas, a step of the gateway: the prompt and generated tokens each API key may use a day, counted as
+the gateway counts them; past the quota a request gets 429 (insufficient_quota) until midnight UTC. Usage
+is a component of the store (store.py), committed as it is counted.
 """
 from __future__ import annotations
 

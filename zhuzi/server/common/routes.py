@@ -1,6 +1,6 @@
 """The first step of every API's routes: who asks (the gateway's key and rate), the body (JSON, within the size
-limit, validated into the API's words, a refusal naming the field the client sent), and how a route is
-described in the OpenAPI spec (its body, its answer, its stream's events, its error statuses).
+limit, validated into the API's words, a refusal naming the field the client sent), the shape a route's errors
+take (its router's), and how a route is described in the OpenAPI spec.
 """
 from __future__ import annotations
 
@@ -10,13 +10,25 @@ from typing import Any, TypeVar
 
 import pydantic
 from fastapi import Request
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
 
-from zhuzi.server.common.serving import ApiError, Server
+from zhuzi.server.common.errors import ApiError
+from zhuzi.server.common.serving import Server
 from zhuzi.server.common.streams import ClientGone
-from zhuzi.server.openai import answers as r
 
 ModelT = TypeVar("ModelT", bound=pydantic.BaseModel)
+# An API's error object for an error, with the headers it carries (Retry-After, Allow, ...).
+ErrorRenderer = Callable[[ApiError, dict[str, str] | None], JSONResponse]
+
+
+def answering_errors_with(render: ErrorRenderer) -> type[APIRoute]:
+    """The route class of an API's router: its routes carry the API's error renderer, which the app's error
+    handlers use for whatever the route raises (the router that received a request chooses its error's shape)."""
+    class ApiRoute(APIRoute):
+        render_error = staticmethod(render)
+
+    return ApiRoute
 
 
 def is_json(content_type: str) -> bool:
@@ -122,10 +134,10 @@ def _sse_event(chunk: type[pydantic.BaseModel], error: type[pydantic.BaseModel],
 
 
 def documented(body: type[pydantic.BaseModel] | None, answer: type[pydantic.BaseModel] | None,
-               statuses: tuple[int, ...], chunk: type[pydantic.BaseModel] | None = None,
-               error: type[pydantic.BaseModel] = r.ErrorResponse, named: bool = False) -> dict[str, Any]:
+               statuses: tuple[int, ...], error: type[pydantic.BaseModel],
+               chunk: type[pydantic.BaseModel] | None = None, named: bool = False) -> dict[str, Any]:
     """A route's OpenAPI description: its JSON body (which the route parses itself), its answer (and the
-    chunks of its SSE stream, named events or not), its error objects."""
+    chunks of its SSE stream, named events or not), its API's error object."""
     responses: dict[int | str, dict[str, Any]] = {
         status: {"model": error, "description": ERROR_DESCRIPTIONS[status]} for status in statuses}
     if answer is not None:

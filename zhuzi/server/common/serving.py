@@ -1,16 +1,7 @@
-"""The server's shared serving machinery, between the HTTP routes and the engine.
-
-Every API has its serving module (serving.py in openai/, anthropic/, responses/, inspect/ and pins/);
-what they share is here: the errors, rendering a chat (in a worker thread, so that no prompt, however
-long, holds up the event loop; under an output constraint a thinking model is asked for no thought, since
-the grammar holds from the first token), and generate(): admitted by the gateway, handed to the engine as
-one stream per prompt, its deltas collected into one response or streamed as SSE chunks. However it
-ends, close() aborts what still runs and frees its place.
-
-The server's own life: it loads the model, serves, and on shutdown drains (new requests get 503; the
-running ones may finish until a deadline, then end with finish_reason "abort"). It watches the engine
-too: once the engine fails or stalls, /health says 503, the open streams end with an error, and
-on_failure tells the process to exit non-zero so that a supervisor restarts it.
+"""The server's shared machinery, between each API's serving logic and the engine: rendering a chat (in a worker
+thread), generate() (admitted by the gateway, one engine stream per prompt, collected into one answer or streamed
+in the API's Format, and closed however it ends), probes, and the server's own life (loading, health, a drain
+on shutdown, a watch on the engine that stops the server once the engine fails).
 """
 from __future__ import annotations
 
@@ -18,9 +9,9 @@ import asyncio
 import functools
 import gc
 import logging
-import re
 import threading
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -35,11 +26,13 @@ from zhuzi.engine.client import EngineClient, EngineDead
 from zhuzi.engine.sequence import Probe
 from zhuzi.outputs import EngineStats, RequestError, RequestOutput
 from zhuzi.sampling_params import InvalidRequest, SamplingParams
+from zhuzi.server.common.errors import ApiError, failure
 from zhuzi.server.common.formats import Format, PromptStats, ResponseState
 from zhuzi.server.common.gateway import Admission, Gateway
 from zhuzi.server.common.metrics import ServerMetrics
 from zhuzi.server.common.parsers import OutputParser, opened_thought
 from zhuzi.server.common.quota import Quotas
+from zhuzi.server.common.request import ChatRequest, Constraint
 from zhuzi.server.common.store import Database
 from zhuzi.server.common.streams import (
     ClosingStreamingResponse,
@@ -49,46 +42,14 @@ from zhuzi.server.common.streams import (
     until_disconnect,
 )
 from zhuzi.server.common.tools import template_renders_tools, with_generic_tools
-from zhuzi.server.openai import answers as r
-from zhuzi.server.openai import protocol as p
 from zhuzi.tokenizer import message_text
 
 T = TypeVar("T")
 log = logging.getLogger("zhuzi.server")
 
 
-class ApiError(Exception):
-    """An answer other than success: the routes turn it into OpenAI's error object."""
-
-    def __init__(self, status: int, message: str, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
-
-    @classmethod
-    def of(cls, exc: InvalidRequest) -> ApiError:
-        return cls(400, str(exc), param=exc.param, code=exc.code)
-
-    def renamed(self, names: dict[str, str]) -> ApiError:
-        """The error under another API's names for the chat request's fields: names maps a pattern of the
-        param to its replacement (re.sub), the first that matches."""
-        for pattern, name in names.items():
-            if self.param is not None and re.match(pattern, self.param):
-                param = re.sub(pattern, name, self.param, count=1)
-                return ApiError(self.status, self.message.replace(self.param, param), self.type, param, self.code)
-        return self
-
-
-def failure_info(exc: Exception) -> r.ErrorInfo:
-    """OpenAI's error object for a request that failed after it was accepted: 400 where its own input was at
-    fault, 503 if the engine is gone, else 500."""
-    if isinstance(exc, EngineDead):
-        return r.ErrorInfo(message=f"Service unavailable: {exc}", type="service_unavailable", code=503)
-    if isinstance(exc, RequestError) and exc.param is not None:  # the request's own input, found as it ran
-        return r.ErrorInfo(message=str(exc), type="invalid_request_error", param=exc.param, code=400)
-    if isinstance(exc, RequestError):
-        return r.ErrorInfo(message=f"The engine failed this request: {exc}", type="internal_error", code=500)
-    return r.ErrorInfo(message=f"Internal server error: {type(exc).__name__}", type="internal_error", code=500)
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
 
 
 def json_response(body: pydantic.BaseModel) -> Response:
@@ -276,6 +237,19 @@ class Server:
             raise ApiError(404, f"The model {model!r} does not exist; this server serves {self.model_name!r}.",
                            param="model", code="model_not_found")
 
+    async def check_constraints(self, constraints: list[Constraint]) -> None:
+        """Each output constraint compiled before anything is queued: a bad one is a 400 naming its field."""
+        for constraint in constraints:
+            try:
+                await self.ready().check_structured_output(constraint.params)
+            except InvalidRequest as exc:
+                raise ApiError.of(constraint.rename(exc)) from exc
+
+    @staticmethod
+    def log_user(request_id: str, user: str | None) -> None:
+        if user is not None:  # the end user's id: what an operator needs to trace abuse
+            log.info("%s for user %r", request_id, user)
+
     # -- probes (inspections, embeddings)
 
     async def probe(self, request: Request, key: str, contexts: list[list[int]], probe: Probe,
@@ -290,7 +264,7 @@ class Server:
             raise ApiError.of(exc) from exc
         self.quotas.check(key)
         admission = self.gateway.admit(len(contexts))
-        request_id = r.new_id("probe")
+        request_id = new_id("probe")
         try:
             outs = await until_disconnect(request, gather_or_cancel(
                 [engine.probe(ids, probe, f"{request_id}-{k}") for k, ids in enumerate(contexts)]))
@@ -368,7 +342,7 @@ class Server:
         except Exception as exc:  # the headers are out: report in-band, as OpenAI's streams do
             if not isinstance(exc, (RequestError, EngineDead)):  # the engine logged those
                 log.exception("stream %s failed", fmt.request_id)
-            for chunk in fmt.failure(call.response, failure_info(exc)):
+            for chunk in fmt.failure(call.response, failure(exc)):
                 yield chunk
 
     async def close(self, call: ActiveRequest, ran: bool = True) -> None:
@@ -402,24 +376,24 @@ class Server:
 
     # -- prompts (in worker threads)
 
-    def tool_prompt(self, body: p.ChatTemplateRequest) -> str | None:
+    def tool_prompt(self, chat: ChatRequest) -> str | None:
         """Who tells the model about the request's tools: "template", "generic" (zhuzi's generic prompt in the
         system message, for templates that ignore tools), or None (no tools to parse)."""
-        if not body.parse_tool_calls:
+        if not chat.parse_tool_calls:
             return None
         return "template" if template_renders_tools(self.ready().tokenizer.template_variables) else "generic"
 
-    def render_chat(self, body: p.ChatTemplateRequest, constraint: p.Constraint | None = None) -> RenderedChat:
+    def render_chat(self, chat: ChatRequest, constraint: Constraint | None = None) -> RenderedChat:
         """The prompt a chat request makes (the generic tool format written in where the template has none;
         under a constraint a thinking model is asked for no thought)."""
-        tokenizer, messages, args = self.ready().tokenizer, body.template_messages(), body.template_args()
-        if self.tool_prompt(body) == "generic":
+        tokenizer, messages, args = self.ready().tokenizer, chat.template_messages(), chat.template_args()
+        if self.tool_prompt(chat) == "generic":
             messages = with_generic_tools(messages, args["tools"])
         if constraint is not None and self.reasoning:
             args["chat_template_kwargs"] = self.without_thought(args["chat_template_kwargs"])
         try:
             ids = tokenizer.encode_chat(messages, **args)
-            if body.continue_final_message:
+            if chat.continue_final_message:
                 return RenderedChat(ids, message_text(messages[-1].get("content")), messages, args)
             # Only a thinking model's template can open a thought; skip the second render otherwise.
             prefill = opened_thought(tokenizer.render_chat(messages, **args)) if self.reasoning else ""
@@ -437,9 +411,3 @@ class Server:
             raise ApiError(400, "chat_template_kwargs.enable_thinking: a constrained reply cannot think",
                            param="chat_template_kwargs.enable_thinking")
         return kwargs
-
-    def models(self) -> r.ModelList:
-        engine = self.ready()
-        card = r.ModelCard(id=self.model_name, created=self.created, root=engine.config.model or engine.model_name,
-                           max_model_len=engine.max_model_len)
-        return r.ModelList(data=[card])

@@ -1,12 +1,6 @@
-"""What the server keeps beyond its own life: an embedded SQLite database (sqlite3 from the stdlib).
-
-One file holds every part that must outlive the process (the Responses API's stored responses, responses/
-store.py, and each key's token usage, quota.py): each part is a component with its own tables and its own
-schema version, kept in the zhuzi_schema table. Opening a file creates what a component lacks, migrates an older version
-forward, and refuses a newer one, or a file that is not zhuzi's, with a message that says so: nothing is ever dropped
-silently. The file is marked as zhuzi's (PRAGMA application_id) and written ahead (WAL) with a full sync at
-each commit, and a write commits before the server answers: a killed server (SIGKILL, power loss) loses
-nothing it has answered. API keys are never written: a row belongs to a key's SHA-256.
+"""What the server keeps beyond its own life: one SQLite file (stored responses, token usage), each part a
+component with its own tables and schema version. Opening creates or migrates a component and refuses a newer
+one or a foreign file; every write commits (WAL, full sync) before the server answers. Keys are never written.
 """
 from __future__ import annotations
 

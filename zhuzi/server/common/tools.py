@@ -1,22 +1,7 @@
-"""Tool calls on the way in: what the model is told about tools, and the grammar its calls must follow.
-
-The server's step before the engine. zhuzi reads one tool-call format (parsers.py), the
-Hermes/Qwen one:
-
-    <tool_call>
-    {"name": "get_weather", "arguments": {"city": "Paris"}}
-    </tool_call>
-
-Templates with their own tool support (Qwen2.5, Qwen3, Hermes) render the tools and trained
-their models on it. For templates that ignore tools (SmolLM2) this is zhuzi's generic format:
-the tools and the format are described in a system message (tools_system_prompt) and earlier
-calls are written into the assistant turns as that text (calls_as_text).
-
-tool_choice "required" or a named function makes the reply a grammar: only calls, each one's
-arguments valid under its function's parameters schema ("name" before "arguments", so they
-stream). "auto" leaves the reply free, unless a function is strict (OpenAI's strict function
-calling) or a JSON response_format is given: then the reply is free text with calls, or the
-formatted answer or calls, and every call is held to its schema. "none" never calls.
+"""Tool calls on the way in, the chat path's step before the engine: what the model is told about tools, and the
+grammar its calls must follow. zhuzi reads one call format (parsers.py), the Hermes/Qwen one. Templates that
+ignore tools (SmolLM2) get zhuzi's generic prompt for it; tool_choice required or named makes the reply only
+calls, and auto with a strict function or a JSON format holds every call to its function's schema.
 """
 from __future__ import annotations
 
@@ -27,7 +12,7 @@ from typing import Any
 from zhuzi.sample.grammar import close_objects, json_options, json_schema
 from zhuzi.sampling_params import InvalidRequest, StructuredOutputsParams
 from zhuzi.server.common.parsers import TOOL_CLOSE, TOOL_OPEN
-from zhuzi.server.openai.protocol import ChatCompletionRequest, Constraint, NamedToolChoice
+from zhuzi.server.common.request import ChatRequest, Constraint, NamedTool, ToolChoice
 from zhuzi.tokenizer import message_text
 
 # Text between tool calls and after the last one, in the grammar for "auto".
@@ -61,25 +46,25 @@ def _marker(text: str, added_tokens: set[str]) -> str:
     return text if text in added_tokens else json.dumps(text)
 
 
-def tool_grammar(functions: list[dict[str, Any]], tool_choice: str | dict[str, Any] | None,
+def tool_grammar(functions: list[dict[str, Any]], tool_choice: ToolChoice | None,
                  parallel_tool_calls: bool, added_tokens: set[str],
                  answer: StructuredOutputsParams | None = None) -> ToolGrammar | None:
     """The reply's grammar (Lark), or None when the reply is free.
 
-    functions: the tools' "function" objects; tool_choice: "required", "auto" (None), or
-    {"type": "function", "function": {"name": ...}}; answer: the JSON (json or json_object) the reply
-    must be when it calls nothing ("auto" with a JSON response_format); added_tokens: the tokenizer's.
+    functions: the tools' "function" objects; tool_choice: "required", "auto" (None) or a NamedTool; answer:
+    the JSON (json or json_object) the reply must be when it calls nothing ("auto" with a JSON format);
+    added_tokens: the tokenizer's.
     """
-    forced = tool_choice == "required" or isinstance(tool_choice, dict)
+    forced = tool_choice == "required" or isinstance(tool_choice, NamedTool)
     strict = any(f.get("strict") for f in functions)
     if not (forced or strict or answer is not None):
         return None
-    if isinstance(tool_choice, dict):
-        functions = [f for f in functions if f["name"] == tool_choice["function"]["name"]]
+    if isinstance(tool_choice, NamedTool):
+        functions = [f for f in functions if f["name"] == tool_choice.name]
     schemas = [call_schema(f) for f in functions]
     body = {**(schemas[0] if len(schemas) == 1 else {"anyOf": schemas}), "x-guidance": json_options()}
     open_, close = _marker(TOOL_OPEN, added_tokens), _marker(TOOL_CLOSE, added_tokens)
-    single = isinstance(tool_choice, dict) or not parallel_tool_calls
+    single = isinstance(tool_choice, NamedTool) or not parallel_tool_calls
     lines = [f"body: %json {json.dumps(body)}"]
     if forced or answer is not None:
         lines.append(f'call: {open_} "\\n" body "\\n" {close}')
@@ -98,25 +83,30 @@ def tool_grammar(functions: list[dict[str, Any]], tool_choice: str | dict[str, A
     return ToolGrammar("\n".join(lines), forced)
 
 
-def chat_constraints(body: ChatCompletionRequest, added_tokens: set[str]) -> tuple[list[Constraint], bool]:
+def chat_constraints(request: ChatRequest, added_tokens: set[str]) -> tuple[list[Constraint], bool]:
     """A chat request's constraints to compile, in order, the last being the reply's (the earlier ones
     check a part alone, so that an error names that part), and whether the reply is only tool calls."""
-    answer = body.constraint()
+    answer = request.constraint
+    forced = request.forces_tool_call
+    if answer is not None and forced:
+        raise InvalidRequest("tool_choice", f"{answer.source} and tool_choice both constrain the output: "
+                             "give one of them")
+    if (answer is not None or forced) and request.continue_final_message:
+        raise InvalidRequest("continue_final_message", f"{answer.source if answer else 'tool_choice'} cannot "
+                             "constrain a continued message (continue_final_message)")
     answers = [answer] if answer else []
-    if not body.parse_tool_calls:
+    if not request.parse_tool_calls:
         return answers, False
-    assert body.tools is not None
-    functions = [tool.function.model_dump(exclude_none=True) for tool in body.tools]
-    choice = body.tool_choice.model_dump() if isinstance(body.tool_choice, NamedToolChoice) else body.tool_choice
+    functions = [tool.function() for tool in request.tools]
     if answer is not None and answer.params.kind not in ("json", "json_object"):
         raise InvalidRequest(answer.source, f"{answer.source} can go with tools only as JSON (a schema or any "
                              "object): set tool_choice to none, or drop the tools")
-    grammar = tool_grammar(functions, choice, body.parallel_tool_calls, added_tokens,
+    grammar = tool_grammar(functions, request.tool_choice, request.parallel_tool_calls, added_tokens,
                            answer.params if answer else None)
     if grammar is None:
         return answers, False
     arguments = [Constraint(StructuredOutputsParams(json=call_schema(f)["properties"]["arguments"]),
-                            f"tools.{i}.function.parameters", {}) for i, f in enumerate(functions)]
+                            f"tools.{i}.parameters", {}) for i, f in enumerate(functions)]
     whole = Constraint(StructuredOutputsParams(grammar=grammar.grammar), "tools", {})
     return answers + arguments + [whole], grammar.forced
 

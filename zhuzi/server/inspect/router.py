@@ -10,10 +10,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, Response
 from fastapi.staticfiles import StaticFiles
 
-from zhuzi.server.common.routes import BODY_ERRORS, Intake, documented
-from zhuzi.server.common.serving import ApiError
+from zhuzi.server.common.errors import ApiError
+from zhuzi.server.common.routes import BODY_ERRORS, Intake
 from zhuzi.server.inspect import protocol as ip
 from zhuzi.server.inspect.serving import Inspector
+from zhuzi.server.openai.router import OpenAIRoute, documented
 
 STATIC = Path(__file__).parent / "static"
 # The page loads nothing from elsewhere, and nothing else may run in it.
@@ -51,7 +52,7 @@ def _query(request: Request, defaults: dict[str, str | None]) -> dict[str, Any]:
 
 
 def router(intake: Intake, inspector: Inspector) -> APIRouter:
-    routes = APIRouter()
+    routes = APIRouter(route_class=OpenAIRoute)
     server = intake.server
 
     @routes.get("/", include_in_schema=False)

@@ -1,11 +1,6 @@
-"""The inspector's endpoints (/inspect/...): their logic, between the routes and the engine.
-
-They answer what the OpenAI API has no word for: the document a chat makes (each token with its author),
-the next-token distribution and the logit lens at the end of some token ids, the tokenizer's BPE merges
-step by step, and a snapshot of the engine. A forward pass happens only inside the engine's step loop, as
-a probe batched with everyone's tokens (the prefix cache holds most of any context the engine has just
-seen); the snapshot is taken on the loop's thread between two steps. So there is one copy of the weights,
-nothing races a step, and every number is the answering model's own.
+"""The inspector's endpoints (/inspect/...), between the routes and the engine: the document a chat makes, the
+next-token distribution and logit lens at some token ids, the BPE merges, snapshots of the engine and its batch.
+Forward passes run as probes inside the engine's step loop, so every number is the answering model's own.
 """
 from __future__ import annotations
 
@@ -17,7 +12,8 @@ from fastapi.responses import Response
 from zhuzi.bpe_replay import replay
 from zhuzi.engine.sequence import Probe
 from zhuzi.outputs import StepRow
-from zhuzi.server.common.serving import ApiError, Server, json_response
+from zhuzi.server.common.errors import ApiError
+from zhuzi.server.common.serving import Server, json_response
 from zhuzi.server.inspect import protocol as ip
 from zhuzi.server.pins.serving import cache_pin
 
@@ -64,11 +60,12 @@ class Inspector:
         tokenizer = self.server.ready().tokenizer
 
         def document() -> tuple[int, Response]:
-            chat = self.server.render_chat(body)  # the checks and errors of a chat request
+            request = body.chat()
+            chat = self.server.render_chat(request)  # the checks and errors of a chat request
             tokens = tokenizer.chat_document(chat.messages, **chat.args)
             return len(chat.ids), json_response(ip.DocumentResponse(
                 text=tokenizer.render_chat(chat.messages, **chat.args), token_ids=chat.ids,
-                tool_prompt=self.server.tool_prompt(body),
+                tool_prompt=self.server.tool_prompt(request),
                 tokens=[ip.DocumentToken(**self._token(t.id), author=t.author, special=t.special) for t in tokens]))
 
         count, response = await self.server.in_worker(document)

@@ -1,11 +1,6 @@
-"""The words of Ollama's API (/api/chat, /api/generate, /api/embed, /api/tags, /api/show, /api/ps, /api/version) in
-pydantic:
-the requests, the answers (whole, or one NDJSON line of a stream) and the error object.
-
-As with OpenAI's words, types are strict and every field declared here does something. Fields of Ollama's that
-zhuzi cannot honour (load-time options, images, Go templates, ...) are declared as Refused: sent with a value
-other than the one that means "off", they get a 400 that names the field and says why. Any other field is
-refused too. These models are also the OpenAPI spec's schemas for those routes.
+"""Ollama's wire format in pydantic: the requests, the answers (whole, or one NDJSON line) and the error object.
+Strict as everywhere; Ollama's fields that zhuzi cannot honour are Refused (a value other than "off" is a 400
+naming the field and why). Also the OpenAPI spec's schemas for those routes.
 """
 from __future__ import annotations
 

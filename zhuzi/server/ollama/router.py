@@ -10,12 +10,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 import zhuzi
-from zhuzi.server.common.routes import BODY_ERRORS, Intake, documented
+from zhuzi.server.common.routes import BODY_ERRORS, Intake, answering_errors_with, documented
 from zhuzi.server.common.serving import json_response
 from zhuzi.server.ollama import protocol as o
-from zhuzi.server.ollama.serving import NDJSON, Ollama
-
-API = "/api/"  # Ollama's routes: its error object
+from zhuzi.server.ollama.serving import NDJSON, Ollama, error_response
 
 
 def streamed(body: type[pydantic.BaseModel], answer: type[pydantic.BaseModel]) -> dict[str, Any]:
@@ -29,7 +27,7 @@ def streamed(body: type[pydantic.BaseModel], answer: type[pydantic.BaseModel]) -
 
 
 def router(intake: Intake, ollama: Ollama) -> APIRouter:
-    routes = APIRouter()
+    routes = APIRouter(route_class=answering_errors_with(error_response))
 
     @routes.post("/api/chat", **streamed(o.ChatRequest, o.ChatResponse))
     async def chat(request: Request) -> Response:

@@ -1,16 +1,8 @@
 """Ollama's API (/api/chat, /api/generate, /api/embed, /api/tags, /api/show, /api/ps, /api/version), between the
-routes and the chat path (and the embeddings' logic).
-
-A chat or generate request becomes the chat request it means (messages, tools, think, format as
-response_format, options as sampling fields) and runs the chat path unchanged: the same template, tool
-format, grammars and engine. /api/generate templates its prompt (and system) as one user turn; with raw true
-the prompt runs as it is, as /v1/completions runs one. Only the answer's shape is Ollama's: OllamaFormat writes
-one JSON object, or NDJSON lines (each piece of text or thought, each tool call whole with its arguments as an
-object, then the last line with done_reason and the timings), and errors are Ollama's {"error": ...}.
-
-A last assistant message is continued, as Ollama continues it: the reply is what follows its text.
-Ollama's tool calls carry no ids: a tool message answers the call its tool_call_id names, or else the first
-call of the last assistant turn that calls its tool_name and is not answered yet.
+routes and the chat path: a chat or generate request becomes the server's chat request (generate's prompt one
+user turn; with raw true the prompt runs as it is, untemplated), and OllamaFormat writes one JSON object or NDJSON
+lines. A last assistant message is continued. Ollama's tool calls carry no ids: a tool message answers the call
+its tool_call_id names, or else the first unanswered call of its tool_name in the last assistant turn.
 """
 from __future__ import annotations
 
@@ -26,16 +18,17 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from zhuzi.outputs import CompletionOutput, Logprob, PromptProgress
+from zhuzi.server.common.chat import ChatPath, sampling_params
 from zhuzi.server.common.content_blocks import new_item_id
+from zhuzi.server.common.errors import ApiError
 from zhuzi.server.common.formats import Choice, ResponseState
 from zhuzi.server.common.parsers import OutputParser, ParsedText
-from zhuzi.server.common.serving import ApiError, Server, json_response
+from zhuzi.server.common.request import ChatRequest, Constraint, Message, Tool, ToolCall
+from zhuzi.server.common.serving import Server, json_response
 from zhuzi.server.ollama import protocol as o
 from zhuzi.server.openai import answers as r
-from zhuzi.server.openai import protocol as p
 from zhuzi.server.openai.embeddings import Embeddings
 from zhuzi.server.openai.formats import chat_logprobs
-from zhuzi.server.openai.serving import Completions, as_chat_request
 
 NS = 1_000_000_000
 NDJSON = "application/x-ndjson"
@@ -44,14 +37,15 @@ NEVER = "9999-12-31T23:59:59Z"  # /api/ps's expires_at: the model stays loaded f
 # The chat request's fields under Ollama's names, for the errors the chat path finds (see ApiError.renamed).
 CHAT_NAMES = {r"^max_tokens\b": "options.num_predict", r"^repetition_penalty\b": "options.repeat_penalty",
               r"^(temperature|top_p|top_k|min_p|seed|stop|presence_penalty|frequency_penalty)\b": r"options.\1",
-              r"^(response_format|structured_outputs)\b.*": "format",
+              r"^tools\.(\d+)\.parameters": r"tools.\1.function.parameters",
               r"^(chat_template_kwargs|thinking_token_budget)\b.*": "think", r"^logprobs\b": "top_logprobs",
               r"^continue_final_message\b": "messages"}
 GENERATE_NAMES = {**CHAT_NAMES, r"^(messages|prompt)\b.*": "prompt"}
 
 
-def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(o.OllamaError(error=message).model_dump(), status_code=status, headers=headers)
+def error_response(error: ApiError, headers: dict[str, str] | None = None) -> JSONResponse:
+    """Ollama's error object: the message alone, with the error's status."""
+    return JSONResponse(o.OllamaError(error=error.message).model_dump(), status_code=error.status, headers=headers)
 
 
 def rfc3339(seconds: float | None = None) -> str:
@@ -81,45 +75,43 @@ def _answered(open_calls: list[tuple[str, str]], name: str | None) -> str:
     return f"call_{name or 'tool'}"  # no call to answer: the template sees the result all the same
 
 
-def chat_messages(messages: list[o.Message]) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
+def chat_messages(messages: list[o.Message]) -> list[Message]:
+    out: list[Message] = []
     open_calls: list[tuple[str, str]] = []
     for n, message in enumerate(messages):
-        chat: dict[str, Any] = {"role": message.role, "content": message.content or ""}
+        chat = Message(message.role, message.content or "", reasoning=message.thinking or None)
         if message.role == "assistant" and message.tool_calls:
-            calls = [{"id": c.id or f"call_{n}_{i}", "type": "function", "function": {
-                "name": c.function.name, "arguments": json.dumps(c.function.arguments)}}
-                for i, c in enumerate(message.tool_calls)]
-            open_calls = [(c["id"], c["function"]["name"]) for c in calls]
-            chat.update(content=message.content or None, tool_calls=calls)
+            chat.content = message.content or None
+            chat.tool_calls = [ToolCall(c.function.name, json.dumps(c.function.arguments), c.id or f"call_{n}_{i}")
+                               for i, c in enumerate(message.tool_calls)]
+            open_calls = [(call.id or "", call.name) for call in chat.tool_calls]
         if message.role == "tool":
-            chat.update(tool_call_id=message.tool_call_id or _answered(open_calls, message.tool_name),
-                        name=message.tool_name)
-        if message.thinking:
-            chat["reasoning_content"] = message.thinking
-        out.append({k: v for k, v in chat.items() if v is not None or k == "content"})
+            chat.tool_call_id = message.tool_call_id or _answered(open_calls, message.tool_name)
+            chat.name = message.tool_name
+        out.append(chat)
     return out
 
 
-def _format(fmt: o.Format | None) -> dict[str, Any]:
+def _format(fmt: o.Format | None) -> Constraint | None:
     if not fmt:
-        return {}
+        return None
     if fmt == "json":
-        return {"response_format": {"type": "json_object"}}
-    return {"response_format": {"type": "json_schema", "json_schema": {"name": "format", "schema": fmt}}}
+        return Constraint.build("format", {}, json_object=True)
+    return Constraint.build("format", {"json": "format"}, json=fmt)
 
 
-def _sampling(options: o.Options | None, max_model_len: int) -> dict[str, Any]:
+def _options(options: o.Options | None, max_model_len: int) -> dict[str, Any]:
     if options is None:
         return {}
     if options.num_ctx is not None and options.num_ctx > max_model_len:
         raise ApiError(400, f"options.num_ctx {options.num_ctx} is more than this server's context of "
                        f"{max_model_len} tokens (zhuzi serve --max-model-len)", param="options.num_ctx")
     predict = options.num_predict
-    return {"temperature": options.temperature, "top_k": options.top_k, "top_p": options.top_p,
-            "min_p": options.min_p, "seed": options.seed, "stop": options.stop,
-            "presence_penalty": options.presence_penalty, "frequency_penalty": options.frequency_penalty,
-            "repetition_penalty": options.repeat_penalty, "max_tokens": None if predict in (-1, -2) else predict}
+    fields = {"temperature": options.temperature, "top_k": options.top_k, "top_p": options.top_p,
+              "min_p": options.min_p, "seed": options.seed, "stop": options.stop,
+              "presence_penalty": options.presence_penalty, "frequency_penalty": options.frequency_penalty,
+              "repetition_penalty": options.repeat_penalty, "max_tokens": None if predict in (-1, -2) else predict}
+    return {name: value for name, value in fields.items() if value is not None}
 
 
 def _logprobs(body: o.GenerationRequest) -> dict[str, Any]:
@@ -127,7 +119,7 @@ def _logprobs(body: o.GenerationRequest) -> dict[str, Any]:
         if body.top_logprobs:
             raise ApiError(400, "top_logprobs needs logprobs set to true", param="top_logprobs")
         return {}
-    return {"logprobs": True, "top_logprobs": body.top_logprobs or 0}
+    return {"logprobs": body.top_logprobs or 0}
 
 
 class OllamaFormat:
@@ -189,7 +181,7 @@ class OllamaFormat:
     def end(self, gen: ResponseState) -> list[str]:
         return [line(self._answer("", "", [], True, **self._timings(gen)))]
 
-    def failure(self, gen: ResponseState, error: r.ErrorInfo) -> list[str]:
+    def failure(self, gen: ResponseState, error: ApiError) -> list[str]:
         return [line(o.OllamaError(error=error.message))]
 
     def response(self, gen: ResponseState) -> o.Answer:
@@ -202,9 +194,9 @@ class OllamaFormat:
 
 
 class Ollama:
-    def __init__(self, completions: Completions, embeddings: Embeddings) -> None:
-        self.completions, self.embeddings = completions, embeddings
-        self.server: Server = completions.server
+    def __init__(self, chats: ChatPath, embeddings: Embeddings) -> None:
+        self.chats, self.embeddings = chats, embeddings
+        self.server: Server = chats.server
 
     def _model(self, name: str) -> str:
         """The served model's name for the one a request gives (:latest or not); 404 for another."""
@@ -213,18 +205,24 @@ class Ollama:
         self.server.check_model(name)
         return name
 
-    def _think(self, think: o.Think | None) -> dict[str, Any]:
+    def _think(self, think: o.Think | None) -> dict[str, Any] | None:
+        """The chat template's switch for a thought."""
         if isinstance(think, str):
             raise ApiError(400, f"think: levels ({think!r}) are gpt-oss's; zhuzi's models take true or false",
                            param="think")
         if think and not self.server.reasoning:
             raise ApiError(400, f"think: {self.server.model_name!r} does not support thinking", param="think")
-        return {} if think is None else {"chat_template_kwargs": {"enable_thinking": think}}
+        return None if think is None else {"enable_thinking": think}
 
-    def _common(self, body: o.GenerationRequest) -> dict[str, Any]:
-        """The chat or completion request fields that chat and generate share."""
-        return {"model": self._model(body.model), "stream": body.stream, **_format(body.format),
-                **_sampling(body.options, self.server.ready().max_model_len), **_logprobs(body)}
+    def _sampling(self, body: o.GenerationRequest) -> dict[str, Any]:
+        """The sampling fields chat and generate share: options and logprobs."""
+        return {**_options(body.options, self.server.ready().max_model_len), **_logprobs(body)}
+
+    def _request(self, body: o.GenerationRequest, messages: list[Message], names: dict[str, str],
+                 **fields: Any) -> ChatRequest:
+        return ChatRequest(messages, model=self._model(body.model), constraint=_format(body.format),
+                           sampling=self._sampling(body), chat_template_kwargs=self._think(body.think),
+                           stream=body.stream, names=names, **fields)
 
     def _fmt(self, body: o.GenerationRequest, chat: bool) -> OllamaFormat:
         return OllamaFormat(body.model, chat, body.top_logprobs or 0 if body.logprobs else None,
@@ -239,27 +237,23 @@ class Ollama:
         if not body.messages:
             return self._loaded(body, chat=True)
         continued = body.messages[-1].role == "assistant"  # as Ollama: the reply continues it
-        fields = {**self._common(body), **self._think(body.think), "messages": chat_messages(body.messages),
-                  "add_generation_prompt": not continued, "continue_final_message": continued}
-        if body.tools:
-            fields["tools"] = [tool.model_dump(exclude_none=True) for tool in body.tools]
-        return await self._run_chat(request, key, fields, CHAT_NAMES, self._fmt(body, chat=True))
+        tools = [Tool(t.function.name, t.function.description, t.function.parameters) for t in body.tools or []]
+        chat = self._request(body, chat_messages(body.messages), CHAT_NAMES, tools=tools,
+                             add_generation_prompt=not continued, continue_final_message=continued)
+        return await self._run_chat(request, key, chat, self._fmt(body, chat=True))
 
     async def generate(self, request: Request, key: str, body: o.GenerateRequest) -> Response:
         if not body.prompt and not body.system:
             return self._loaded(body, chat=False)
         if body.raw:
             return await self._raw(request, key, body)
-        system = [{"role": "system", "content": body.system}] if body.system else []
-        fields = {**self._common(body), **self._think(body.think),
-                  "messages": [*system, {"role": "user", "content": body.prompt or ""}]}
-        return await self._run_chat(request, key, fields, GENERATE_NAMES, self._fmt(body, chat=False))
+        system = [Message("system", body.system)] if body.system else []
+        chat = self._request(body, [*system, Message("user", body.prompt or "")], GENERATE_NAMES)
+        return await self._run_chat(request, key, chat, self._fmt(body, chat=False))
 
-    async def _run_chat(self, request: Request, key: str, fields: dict[str, Any], names: dict[str, str],
-                        fmt: OllamaFormat) -> Response:
-        chat = as_chat_request(fields, "messages")
-        plan = await self.completions.plan_chat(chat, names)
-        return ndjson(await self.completions.run_chat(request, key, chat, plan, fmt))
+    async def _run_chat(self, request: Request, key: str, chat: ChatRequest, fmt: OllamaFormat) -> Response:
+        plan = await self.chats.plan(chat)
+        return ndjson(await self.chats.run(request, key, chat, plan, fmt))
 
     async def _raw(self, request: Request, key: str, body: o.GenerateRequest) -> Response:
         """The prompt as it is, as /v1/completions runs it (no template, so no thought and no system)."""
@@ -267,16 +261,11 @@ class Ollama:
             wrong = "system" if body.system else "think"
             raise ApiError(400, f"{wrong} needs the chat template, which raw true skips", param=wrong)
         fmt = self._fmt(body, chat=False)
-        fields = self._common(body)
-        fields["logprobs"] = fields.pop("top_logprobs", None)
         try:
-            completion = p.CompletionRequest.model_validate({"prompt": body.prompt, "max_tokens": None, **{
-                k: v for k, v in fields.items() if v is not None}})
-            constraints, _ = self.completions.constraints(completion)
-            params = self.completions.sampling_params(completion, constraints[-1] if constraints else None)
-            await self.completions.check_constraints(constraints)
-        except pydantic.ValidationError as exc:
-            raise ApiError(400, f"prompt: {exc.errors()[0]['msg']}", param="prompt") from exc
+            self._model(body.model)
+            constraint = _format(body.format)
+            params = sampling_params({"max_tokens": None, **self._sampling(body)}, constraint)
+            await self.server.check_constraints([constraint] if constraint else [])
         except ApiError as exc:
             raise exc.renamed(GENERATE_NAMES) from exc
         tokenizer = self.server.ready().tokenizer

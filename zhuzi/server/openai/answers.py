@@ -6,16 +6,11 @@ answer schemas (see app.py).
 from __future__ import annotations
 
 import time
-import uuid
 from typing import Literal
 
 from pydantic import Field
 
 from zhuzi.server.common.schema import Response, _is_none
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex}"
 
 
 class PromptTokensDetails(Response):

@@ -1,10 +1,5 @@
-"""The embeddings endpoint's logic (OpenAI's /v1/embeddings, and Ollama's /api/embed through embed()), between
-the routes and the engine.
-
-An embedding is a probe through the engine's step loop, batched with everyone's tokens: the model's final
-hidden states (after the last norm) over the input's tokens, pooled (mean, or the last token's for a model
-that wants it: --pooling) and L2-normalized. A decoder chat model's pooled state is a weak embedding; an
-embedding checkpoint of an architecture zhuzi runs (Qwen3-Embedding) is a good one (docs/serving.md).
+"""The embeddings logic (OpenAI's /v1/embeddings, and Ollama's /api/embed through embed()), between the routes
+and the engine: a probe through the step loop, the final hidden states pooled (--pooling) and L2-normalized.
 """
 from __future__ import annotations
 
@@ -15,10 +10,10 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from zhuzi.engine.sequence import Probe
-from zhuzi.server.common.serving import ApiError, Server, json_response
+from zhuzi.server.common.errors import ApiError
+from zhuzi.server.common.serving import Server, json_response, new_id
 from zhuzi.server.openai import answers as r
 from zhuzi.server.openai import protocol as p
-from zhuzi.server.openai.serving import Completions
 
 
 class Embeddings:
@@ -50,8 +45,8 @@ class Embeddings:
 
     async def openai(self, request: Request, key: str, body: p.EmbeddingRequest) -> Response:
         self.server.check_model(body.model)
-        request_id = r.new_id("embd")
-        Completions.log_user(request_id, body.user)
+        request_id = new_id("embd")
+        self.server.log_user(request_id, body.user)
         vectors, tokens = await self.embed(request, key, body.inputs(), "input", body.dimensions)
 
         def encoded(vector: torch.Tensor) -> list[float] | str:

@@ -1,16 +1,41 @@
 """OpenAI's formats, the last step before the wire: what a request produced (common/formats.py's ResponseState)
--> chat.completion(.chunk) and text_completion objects, whole or as SSE chunks, with their logprobs.
+-> chat.completion(.chunk) and text_completion objects, whole or as SSE chunks, with their logprobs and usage;
+and OpenAI's error object.
 """
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
 
+from fastapi.responses import JSONResponse
+
 from zhuzi.outputs import CompletionOutput, Logprob, PromptProgress
+from zhuzi.server.common.errors import ApiError
 from zhuzi.server.common.formats import Choice, ResponseState, sse
 from zhuzi.server.common.parsers import ParsedText
 from zhuzi.server.openai import answers as r
 from zhuzi.server.openai import protocol as p
+
+
+def error_info(error: ApiError) -> r.ErrorInfo:
+    return r.ErrorInfo(message=error.message, type=error.type, param=error.param, code=error.code)
+
+
+def error_response(error: ApiError, headers: dict[str, str] | None = None) -> JSONResponse:
+    """OpenAI's error object, with the error's status."""
+    return JSONResponse(r.ErrorResponse(error=error_info(error)).model_dump(), status_code=error.status,
+                        headers=headers)
+
+
+def usage_of(gen: ResponseState) -> r.Usage:
+    return r.Usage.of(gen.prompt_tokens, gen.completion_tokens, gen.cached_tokens, gen.reasoning_tokens)
+
+
+def finish_reason_of(choice: Choice) -> str | None:
+    """OpenAI's finish_reason: tool_calls for a reply that stopped after calling."""
+    if choice.finish_reason == "stop" and choice.parsed.tool_calls:
+        return "tool_calls"
+    return choice.finish_reason
 
 
 class OpenAIStream:
@@ -30,11 +55,11 @@ class OpenAIStream:
 
     def end(self, gen: ResponseState) -> list[str]:
         usage = sse(self.chunk_type(id=self.request_id, created=self.created, model=self.model, choices=[],
-                                    usage=gen.usage()))
+                                    usage=usage_of(gen)))
         return ([usage] if self.body.include_usage_chunk else []) + [DONE]
 
-    def failure(self, gen: ResponseState, error: r.ErrorInfo) -> list[str]:
-        return [sse(r.ErrorResponse(error=error)), DONE]
+    def failure(self, gen: ResponseState, error: ApiError) -> list[str]:
+        return [sse(r.ErrorResponse(error=error_info(error))), DONE]
 
 
 DONE = "data: [DONE]\n\n"
@@ -95,7 +120,7 @@ class ChatFormat(OpenAIStream):
                                    function=r.DeltaFunction(name=call.name, arguments=call.arguments))
             out.append(self._chunk(choice.index, r.DeltaMessage(tool_calls=[tool])))
         if choice.finish_reason is not None:
-            out.append(self._chunk(choice.index, r.DeltaMessage(), finish_reason=choice.openai_finish_reason,
+            out.append(self._chunk(choice.index, r.DeltaMessage(), finish_reason=finish_reason_of(choice),
                                    stop_reason=choice.stop_reason))
         return out
 
@@ -107,12 +132,12 @@ class ChatFormat(OpenAIStream):
             message = r.ChatResponseMessage(content=c.parsed.content if c.parsed.content or not calls else None,
                                             reasoning_content=c.parsed.reasoning_content or None,
                                             tool_calls=calls or None)
-            choices.append(r.ChatChoice(index=c.index, message=message, finish_reason=c.openai_finish_reason,
+            choices.append(r.ChatChoice(index=c.index, message=message, finish_reason=finish_reason_of(c),
                                         stop_reason=c.stop_reason, logprobs=self._logprobs(c.token_ids, c.logprobs),
                                         token_ids=c.token_ids if self.body.return_token_ids else None,
                                         **self.draft_marks(c)))
         return r.ChatCompletionResponse(id=self.request_id, created=self.created, model=self.model,
-                                        choices=choices, usage=gen.usage(),
+                                        choices=choices, usage=usage_of(gen),
                                         prompt_token_ids=self.prompt_ids if self.body.return_token_ids else None)
 
 
@@ -169,7 +194,7 @@ class CompletionFormat(OpenAIStream):
         choices = [self._piece(gen, c, c.index // gen.n, c.parsed.content, c.token_ids, c.logprobs, True)
                    for c in gen.sorted_choices()]
         return r.CompletionResponse(id=self.request_id, created=self.created, model=self.model,
-                                    choices=choices, usage=gen.usage())
+                                    choices=choices, usage=usage_of(gen))
 
 
 def progress_of(progress: PromptProgress) -> r.PromptProgress:

@@ -1,29 +1,16 @@
-"""The words of the HTTP step (the first of the request path): OpenAI's wire format in pydantic.
-
-Requests are validated here (types, ranges OpenAI defines); the sampling knobs
-then go to SamplingParams, whose own checks name the offending field. Types are
-strict, as OpenAI's schema is: a number is a JSON number, a boolean a JSON boolean,
-a token id an integer. No field is accepted and ignored: every field a request model
-declares does something, and any other field is refused with a 400 that names it
-(UNSUPPORTED says why for OpenAI's and vLLM's fields that zhuzi does not implement).
-These models are also the OpenAPI spec's request schemas (see app.py); the answers
-are in answers.py, the other APIs' words in their own protocol.py.
+"""OpenAI's wire format (and vLLM's extensions): the requests in pydantic, strict as OpenAI's schema is (a field
+no model declares is a 400 naming it; UNSUPPORTED says why for OpenAI's and vLLM's fields that zhuzi does not
+implement), and what a chat body means as the server's chat request (common/request.py). Also the OpenAPI
+spec's request schemas; the answers are in answers.py.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
 
-from zhuzi.sampling_params import (
-    MAX_REPETITION_PENALTY,
-    MIN_REPETITION_PENALTY,
-    InvalidRequest,
-    SamplingParams,
-    StructuredOutputError,
-    StructuredOutputsParams,
-)
+from zhuzi.sampling_params import MAX_REPETITION_PENALTY, MIN_REPETITION_PENALTY, InvalidRequest
+from zhuzi.server.common.request import ChatRequest, Constraint, Message, NamedTool, Tool, ToolCall
 from zhuzi.server.common.schema import Request, Text
 
 # Fields of OpenAI's or vLLM's requests that zhuzi refuses, and why (any other unknown field is refused too).
@@ -44,6 +31,8 @@ UNSUPPORTED = {
 }
 
 
+# The chat request's names for its fields, as OpenAI's (ChatRequest's errors name them so).
+NAMES = {r"^tools\.(\d+)\.parameters": r"tools.\1.function.parameters"}
 # service_tier -> the scheduler's priority offset (lower is served first, with --scheduling-policy priority).
 TIER_PRIORITY = {"auto": 0, "default": 0, "flex": 1, "priority": -1}
 
@@ -74,6 +63,9 @@ class ToolCallIn(Request):
     id: str | None = None
     type: Literal["function"] = "function"
     function: FunctionCall
+
+    def chat(self) -> ToolCall:
+        return ToolCall(self.function.name, self.function.arguments, self.id)
 
 
 class ChatMessage(Request):
@@ -108,12 +100,20 @@ class ChatMessage(Request):
             raise ValueError("an assistant message needs content or tool_calls")
         return self
 
+    def chat(self) -> Message:
+        content = self.content if not isinstance(self.content, list) else [part.text for part in self.content]
+        calls = None if self.tool_calls is None else [call.chat() for call in self.tool_calls]
+        return Message(self.role, content, self.name, calls, self.tool_call_id, self.reasoning_content)
+
 
 class FunctionDef(Request):
     name: str = Field(min_length=1)
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None  # true: its calls always match parameters (held to it by a grammar)
+
+    def chat(self) -> Tool:
+        return Tool(self.name, self.description, self.parameters, self.strict)
 
 
 class ToolDef(Request):
@@ -171,34 +171,6 @@ class StructuredOutputsRequest(Request):
     disable_any_whitespace: bool = False
     disable_additional_properties: bool = False
     whitespace_pattern: str | None = None
-
-
-@dataclass
-class Constraint:
-    """A structured-output constraint as the request gave it: the engine's parameters, plus the
-    request's own names for their fields, so that an error names what the client sent."""
-
-    params: StructuredOutputsParams
-    source: str  # the request field it came from
-    names: dict[str, str]  # StructuredOutputsParams field -> request field
-
-    @classmethod
-    def build(cls, source: str, names: dict[str, str], **fields: Any) -> Constraint:
-        try:
-            return cls(StructuredOutputsParams(**fields), source, names)
-        except InvalidRequest as exc:
-            raise _renamed(exc, source, names) from exc
-
-    def rename(self, exc: InvalidRequest) -> InvalidRequest:
-        """The engine's complaint about a StructuredOutputsParams field, under the request's name for it."""
-        return _renamed(exc, self.source, self.names)
-
-
-def _renamed(exc: InvalidRequest, source: str, names: dict[str, str]) -> InvalidRequest:
-    if not isinstance(exc, StructuredOutputError):
-        return exc if source == "structured_outputs" else InvalidRequest(source, str(exc))
-    param = names.get(exc.field, source)
-    return InvalidRequest(param, f"{param}: {exc.reason}")
 
 
 _GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
@@ -302,22 +274,21 @@ class SamplingRequest(Request):
             why = f"logit_bias keys must be token ids, got {list(self.logit_bias)!r}"
             raise InvalidRequest("logit_bias", why) from exc
 
-    def sampling_params(self, max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None = None,
-                        structured_outputs: StructuredOutputsParams | None = None,
-                        thinking_budget: int | None = None) -> SamplingParams:
-        """Build SamplingParams; unset fields keep its defaults. Raises InvalidRequest naming a field."""
+    def sampling_fields(self, max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None = None,
+                        thinking_budget: int | None = None) -> dict[str, Any]:
+        """SamplingParams' fields (unset ones keep its defaults); InvalidRequest names a field."""
         given = {
             "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
             "min_p": self.min_p, "presence_penalty": self.presence_penalty,
             "frequency_penalty": self.frequency_penalty, "repetition_penalty": self.repetition_penalty,
         }
-        return SamplingParams(
+        return dict(
             n=self.n, max_tokens=max_tokens, seed=self.seed, stop=self.stop,
             stop_token_ids=self.stop_token_ids, logit_bias=self.logit_bias_ids(),
             ignore_eos=self.ignore_eos, min_tokens=self.min_tokens, logprobs=logprobs,
             prompt_logprobs=prompt_logprobs, include_stop_str_in_output=self.include_stop_str_in_output,
-            skip_special_tokens=self.skip_special_tokens, structured_outputs=structured_outputs,
-            bad_words=self.bad_words, allowed_token_ids=self.allowed_token_ids, thinking_token_budget=thinking_budget,
+            skip_special_tokens=self.skip_special_tokens, bad_words=self.bad_words,
+            allowed_token_ids=self.allowed_token_ids, thinking_token_budget=thinking_budget,
             priority=self.priority + TIER_PRIORITY[self.service_tier or "auto"],
             **{name: value for name, value in given.items() if value is not None},
         )
@@ -340,34 +311,16 @@ class ChatTemplateRequest(Request):
                 raise ValueError("continue_final_message needs add_generation_prompt set to false")
             if self.messages[-1].role != "assistant":
                 raise ValueError("continue_final_message needs an assistant message last")
-        if self.tool_choice not in (None, "none", "auto") and not self.tools:
-            raise ValueError("tool_choice needs tools")
-        if isinstance(self.tool_choice, NamedToolChoice):
-            names = {tool.function.name for tool in self.tools or []}
-            if self.tool_choice.function.name not in names:
-                raise ValueError(f"tool_choice names {self.tool_choice.function.name!r}, "
-                                 f"which is not among the tools {sorted(names)}")
         return self
 
-    @property
-    def parse_tool_calls(self) -> bool:
-        return bool(self.tools) and self.tool_choice != "none"
-
-    def template_args(self) -> dict[str, Any]:
-        """Keyword arguments for Tokenizer.render_chat / encode_chat."""
-        kwargs = dict(self.chat_template_kwargs or {})
-        if self.tool_choice is not None:
-            choice = self.tool_choice
-            kwargs.setdefault("tool_choice", choice if isinstance(choice, str) else choice.model_dump())
-        return {
-            "tools": [tool.model_dump(exclude_none=True) for tool in self.tools] if self.tools else None,
-            "add_generation_prompt": self.add_generation_prompt,
-            "continue_final_message": self.continue_final_message,
-            "chat_template_kwargs": kwargs or None,
-        }
-
-    def template_messages(self) -> list[dict[str, Any]]:
-        return [message.model_dump(exclude_none=True) for message in self.messages]
+    def chat(self, **fields: Any) -> ChatRequest:
+        """The chat request these messages, tools and template options mean; fields: the rest of it."""
+        choice = self.tool_choice
+        return ChatRequest(
+            [message.chat() for message in self.messages], tools=[tool.function.chat() for tool in self.tools or []],
+            tool_choice=NamedTool(choice.function.name) if isinstance(choice, NamedToolChoice) else choice,
+            chat_template_kwargs=self.chat_template_kwargs, add_generation_prompt=self.add_generation_prompt,
+            continue_final_message=self.continue_final_message, names=NAMES, **fields)
 
 
 class ChatCompletionRequest(ChatTemplateRequest, SamplingRequest):
@@ -381,31 +334,20 @@ class ChatCompletionRequest(ChatTemplateRequest, SamplingRequest):
     return_tokens_as_token_ids: bool = False
     thinking_token_budget: int | None = None  # a thinking model's thought ends after this many tokens
 
-    @property
-    def forces_tool_call(self) -> bool:
-        return bool(self.tools) and (self.tool_choice == "required" or isinstance(self.tool_choice, NamedToolChoice))
-
     @model_validator(mode="after")
     def _top_logprobs_need_logprobs(self) -> ChatCompletionRequest:
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs set to true")
         return self
 
-    def constraint(self) -> Constraint | None:
-        given = self.constraint_fields()
-        if given and self.forces_tool_call:
-            raise InvalidRequest("tool_choice", f"{given[0]} and tool_choice both constrain the output: "
-                                 "give one of them")
-        if (given or self.forces_tool_call) and self.continue_final_message:
-            raise InvalidRequest("continue_final_message", f"{given[0] if given else 'tool_choice'} cannot "
-                                 "constrain a continued message (continue_final_message)")
-        return super().constraint()
-
-    def to_sampling_params(self, structured_outputs: StructuredOutputsParams | None = None) -> SamplingParams:
+    def chat(self, **fields: Any) -> ChatRequest:
+        """The server's chat request for this body; InvalidRequest names a field."""
         max_tokens = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
-        return self.sampling_params(max_tokens, logprobs, structured_outputs=structured_outputs,
-                                    thinking_budget=self.thinking_token_budget)
+        sampling = self.sampling_fields(max_tokens, logprobs, thinking_budget=self.thinking_token_budget)
+        return super().chat(model=self.model, parallel_tool_calls=self.parallel_tool_calls,
+                            constraint=self.constraint(), sampling=sampling, stream=self.stream,
+                            user=self.user or self.safety_identifier, **fields)
 
 
 Prompt = Text | list[Text] | list[int] | list[list[int]]
@@ -438,9 +380,9 @@ class CompletionRequest(SamplingRequest):
     def prompts(self) -> list[str | list[int]]:
         return as_batch(self.prompt)
 
-    def to_sampling_params(self, structured_outputs: StructuredOutputsParams | None = None) -> SamplingParams:
+    def sampling(self) -> dict[str, Any]:
         wanted = [n for n in (self.prompt_logprobs, self.logprobs if self.echo else None) if n is not None]
-        return self.sampling_params(self.max_tokens, self.logprobs, max(wanted, default=None), structured_outputs)
+        return self.sampling_fields(self.max_tokens, self.logprobs, max(wanted, default=None))
 
 
 class EmbeddingRequest(Request):

@@ -3,19 +3,33 @@
 embeddings.py, tokenize.py)."""
 from __future__ import annotations
 
+from typing import Any
+
+import pydantic
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from zhuzi.server.common.routes import BODY_ERRORS, Intake, documented
+from zhuzi.server.common.routes import BODY_ERRORS, Intake, answering_errors_with
+from zhuzi.server.common.routes import documented as described
 from zhuzi.server.openai import answers as r
 from zhuzi.server.openai import protocol as p
 from zhuzi.server.openai.embeddings import Embeddings
+from zhuzi.server.openai.formats import error_response
 from zhuzi.server.openai.serving import Completions
 from zhuzi.server.openai.tokenize import Tokenization
 
+# OpenAI's routes, and those of the APIs that answer errors as OpenAI does: OpenAI's error object.
+OpenAIRoute = answering_errors_with(error_response)
+
+
+def documented(body: type[pydantic.BaseModel] | None, answer: type[pydantic.BaseModel], statuses: tuple[int, ...],
+               chunk: type[pydantic.BaseModel] | None = None, named: bool = False) -> dict[str, Any]:
+    """A route's OpenAPI description, its errors OpenAI's error object."""
+    return described(body, answer, statuses, r.ErrorResponse, chunk, named)
+
 
 def router(intake: Intake, generations: Completions, tokenization: Tokenization, embeddings: Embeddings) -> APIRouter:
-    routes = APIRouter()
+    routes = APIRouter(route_class=OpenAIRoute)
     server = intake.server
 
     @routes.post("/v1/chat/completions", **documented(p.ChatCompletionRequest, r.ChatCompletionResponse,
@@ -39,8 +53,10 @@ def router(intake: Intake, generations: Completions, tokenization: Tokenization,
     @routes.get("/v1/models", **documented(None, r.ModelList, (401, 503)))
     async def models(request: Request) -> Response:
         intake.authenticated(request)
-        server.ready()
-        return JSONResponse(server.models().model_dump())
+        engine = server.ready()
+        card = r.ModelCard(id=server.model_name, created=server.created, root=engine.config.model or engine.model_name,
+                           max_model_len=engine.max_model_len)
+        return JSONResponse(r.ModelList(data=[card]).model_dump())
 
     @routes.post("/tokenize", **documented(p.TokenizeRequest, r.TokenizeResponse, BODY_ERRORS))
     async def tokenize(request: Request) -> Response:

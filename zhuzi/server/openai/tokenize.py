@@ -13,7 +13,8 @@ import pydantic
 from fastapi.responses import Response, StreamingResponse
 
 from zhuzi.sampling_params import InvalidRequest
-from zhuzi.server.common.serving import ApiError, Server, json_response
+from zhuzi.server.common.errors import ApiError
+from zhuzi.server.common.serving import Server, json_response
 from zhuzi.server.openai import answers as r
 from zhuzi.server.openai import protocol as p
 
@@ -49,7 +50,7 @@ class Tokenization:
 
         def tokenize() -> r.TokenizeResponse:
             if body.messages is not None:
-                ids = self.server.render_chat(body).ids
+                ids = self.server.render_chat(body.chat()).ids
             else:
                 ids = engine.tokenizer.encode_prompt(body.prompt or "")
             return r.TokenizeResponse.model_construct(  # no need to validate a million items

@@ -4,13 +4,14 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from zhuzi.server.common.routes import BODY_ERRORS, Intake, documented
+from zhuzi.server.common.routes import BODY_ERRORS, Intake
+from zhuzi.server.openai.router import OpenAIRoute, documented
 from zhuzi.server.pins import protocol as cp
 from zhuzi.server.pins.serving import CachePins
 
 
 def router(intake: Intake, pins: CachePins) -> APIRouter:
-    routes = APIRouter()
+    routes = APIRouter(route_class=OpenAIRoute)
     server = intake.server
 
     @routes.post("/v1/cache/pins", **documented(cp.PinRequest, cp.CachePin, (*BODY_ERRORS, 500)))

@@ -12,9 +12,9 @@ from fastapi.responses import Response
 from zhuzi.engine.sequence import PinSpec
 from zhuzi.outputs import PinInfo
 from zhuzi.sampling_params import InvalidRequest
-from zhuzi.server.common.serving import ApiError, Server, json_response
+from zhuzi.server.common.errors import ApiError
+from zhuzi.server.common.serving import Server, json_response, new_id
 from zhuzi.server.common.streams import until_disconnect
-from zhuzi.server.openai import answers as r
 from zhuzi.server.pins import protocol as cp
 
 
@@ -36,14 +36,14 @@ class CachePins:
         if body.token_ids is not None:
             ids = body.token_ids
         else:
-            ids = (await self.server.in_worker(self.server.render_chat, body)).ids
+            ids = (await self.server.in_worker(self.server.render_chat, body.chat())).ids
         try:
             engine.check_token_ids(ids, param)
         except InvalidRequest as exc:
             raise ApiError.of(exc) from exc
         admission = self.server.gateway.admit(1)
         try:
-            info = await until_disconnect(request, engine.pin(ids, PinSpec(body.name, body.ttl), r.new_id("pin")))
+            info = await until_disconnect(request, engine.pin(ids, PinSpec(body.name, body.ttl), new_id("pin")))
         except InvalidRequest as exc:  # too long, over the pinned-memory bound, shorter than a block
             raise ApiError(400, str(exc), param=param if exc.param == "token_ids" else exc.param,
                            code=exc.code) from exc

@@ -5,8 +5,9 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from zhuzi.server.common.routes import BODY_ERRORS, Intake, documented
-from zhuzi.server.common.serving import ApiError
+from zhuzi.server.common.errors import ApiError
+from zhuzi.server.common.routes import BODY_ERRORS, Intake
+from zhuzi.server.openai.router import OpenAIRoute, documented
 from zhuzi.server.responses import protocol as rp
 from zhuzi.server.responses.serving import MAX_ITEMS_PAGE, Responses
 
@@ -20,7 +21,7 @@ _ITEMS_QUERY = {"parameters": [
 
 
 def router(intake: Intake, responses: Responses) -> APIRouter:
-    routes = APIRouter()
+    routes = APIRouter(route_class=OpenAIRoute)
 
     @routes.post("/v1/responses", **documented(rp.ResponsesRequest, rp.ResponseObject, (*BODY_ERRORS, 500),
                                                rp.ResponseStreamEvent, named=True))

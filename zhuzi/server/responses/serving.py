@@ -1,13 +1,8 @@
-"""OpenAI's Responses API (/v1/responses and its GET, DELETE and input_items), between the routes and the
-chat path, with the stored conversations of common/store.py.
-
-A request's input items (with previous_response_id: after the stored items and outputs of every earlier
-turn, so that the client sends only the new turn and the prompt starts with what the prefix cache holds)
-become the chat request they mean, and run the chat path unchanged: the same template, tool format, forced
-calls and JSON formats through the same grammars. ResponsesFormat writes the reply's blocks as output items
-(reasoning, message, function_call), whole or as OpenAI's stream of numbered events. With store (the
-default) the Response and its input items are committed before the client sees the answer, under the
-caller's API key: another key gets a 404.
+"""OpenAI's Responses API (/v1/responses and its GET, DELETE and input_items), between the routes and the chat
+path: a request's input items, after the stored items of every earlier turn (previous_response_id), become the
+server's chat request; ResponsesFormat writes the reply's blocks as output items, whole or as OpenAI's numbered
+events. With store (the default) the Response and its input items are kept, under the caller's key, before the
+client sees the answer.
 """
 from __future__ import annotations
 
@@ -21,24 +16,25 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from zhuzi.outputs import CompletionOutput, PromptProgress
+from zhuzi.server.common.chat import ChatPath
 from zhuzi.server.common.content_blocks import Block, BlockEvent, new_item_id
+from zhuzi.server.common.errors import ApiError
 from zhuzi.server.common.formats import Choice, ResponseState, sse_event
 from zhuzi.server.common.parsers import ParsedText
-from zhuzi.server.common.serving import ApiError, json_response
+from zhuzi.server.common.request import ChatRequest, Constraint, Message, NamedTool, Tool, ToolCall
+from zhuzi.server.common.serving import json_response
 from zhuzi.server.common.store import owner_of
 from zhuzi.server.openai import answers as r
 from zhuzi.server.openai import protocol as p
 from zhuzi.server.openai.formats import chat_logprobs
-from zhuzi.server.openai.serving import Completions, as_chat_request
 from zhuzi.server.responses import protocol as rp
 from zhuzi.server.responses.store import MissingResponse, ResponseStore, StoredResponse
 
 log = logging.getLogger("zhuzi.server")
 MAX_ITEMS_PAGE = 100
 # The chat request's fields under their Responses names, for the errors the chat path finds (see ApiError.renamed).
-CHAT_NAMES = {r"^max_tokens\b": "max_output_tokens", r"^response_format(\.json_schema)?\b": "text.format",
-              r"^tools\.(\d+)\.function\.": r"tools.\1.", r"^messages\b.*": "input",
-              r"^(chat_template_kwargs|thinking_token_budget)\b.*": "reasoning"}
+NAMES = {r"^max_tokens\b": "max_output_tokens", r"^messages\b.*": "input",
+         r"^(chat_template_kwargs|thinking_token_budget)\b.*": "reasoning"}
 
 
 def not_found(response_id: str, param: str | None = None) -> ApiError:
@@ -65,10 +61,10 @@ def input_items(body: rp.ResponsesRequest) -> list[dict[str, Any]]:
     return out
 
 
-def chat_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def chat_messages(items: list[dict[str, Any]]) -> list[Message]:
     """Input and output items (stored form) as chat messages: function calls join the assistant turn they
     follow, a reasoning item goes with the assistant turn after it."""
-    out: list[dict[str, Any]] = []
+    out: list[Message] = []
     thought = ""
     for item in items:
         kind = item["type"]
@@ -76,48 +72,51 @@ def chat_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
             parts = item.get("content") or item.get("summary") or [{"text": item.get("encrypted_content", "")}]
             thought += "\n".join(part["text"] for part in parts)
         elif kind == "function_call_output":
-            out.append({"role": "tool", "tool_call_id": item["call_id"], "content": item["output"]})
+            out.append(Message("tool", item["output"], tool_call_id=item["call_id"]))
         elif kind == "function_call":
-            call = {"id": item["call_id"], "type": "function",
-                    "function": {"name": item["name"], "arguments": item["arguments"]}}
-            if out and out[-1]["role"] == "assistant" and "tool_call_id" not in out[-1]:
-                out[-1].setdefault("tool_calls", []).append(call)
+            call = ToolCall(item["name"], item["arguments"], item["call_id"])
+            if out and out[-1].role == "assistant" and out[-1].tool_call_id is None:
+                out[-1].tool_calls = (out[-1].tool_calls or []) + [call]
                 continue
-            out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+            out.append(Message("assistant", tool_calls=[call]))
         else:
-            content = [{"type": "text", "text": part["text"]} for part in item["content"]]
-            out.append({"role": item["role"], "content": content})
-        if thought and out and out[-1]["role"] == "assistant":
-            out[-1]["reasoning_content"], thought = thought, ""
+            out.append(Message(item["role"], [part["text"] for part in item["content"]]))
+        if thought and out and out[-1].role == "assistant":
+            out[-1].reasoning, thought = thought, ""
     return out
 
 
+def _constraint(fmt: rp.TextFormat | None) -> Constraint | None:
+    """text.format's constraint on the reply (none for plain text)."""
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object" or fmt.schema_ is None:
+        return Constraint.build("text.format", {}, json_object=True)
+    return Constraint.build("text.format", {"json": "text.format.schema"}, json=fmt.schema_,
+                            disable_additional_properties=bool(fmt.strict))
+
+
 def chat_request(body: rp.ResponsesRequest, history: list[dict[str, Any]],
-                 items: list[dict[str, Any]]) -> p.ChatCompletionRequest:
+                 items: list[dict[str, Any]]) -> ChatRequest:
     """The chat request a Responses request means (history: the earlier turns' items, oldest first)."""
-    messages = ([{"role": "system", "content": body.instructions}] if body.instructions else []) + \
-        chat_messages(history + items)
-    chat: dict[str, Any] = {"model": body.model, "messages": messages, "parallel_tool_calls": body.parallel_tool_calls,
-                            "max_tokens": body.max_output_tokens, "temperature": body.temperature,
-                            "top_p": body.top_p, "stream": body.stream, "user": body.user,
-                            "priority": body.priority + p.TIER_PRIORITY[body.service_tier or "auto"]}
+    system = [Message("system", body.instructions)] if body.instructions else []
+    priority = body.priority + p.TIER_PRIORITY[body.service_tier or "auto"]
+    sampling: dict[str, Any] = {"max_tokens": body.max_output_tokens, "temperature": body.temperature,
+                                "top_p": body.top_p, "priority": priority}
     if body.logprobs:
-        chat["logprobs"], chat["top_logprobs"] = True, body.top_logprobs
-    if body.tools:
-        chat["tools"] = [{"type": "function", "function": t.model_dump(exclude={"type"}, exclude_none=True)}
-                         for t in body.tools]
-    if isinstance(body.tool_choice, rp.NamedFunctionTool):
-        chat["tool_choice"] = {"type": "function", "function": {"name": body.tool_choice.name}}
-    elif body.tool_choice is not None:
-        chat["tool_choice"] = body.tool_choice
-    if body.text is not None and body.text.format is not None:
-        fmt = body.text.format
-        chat["response_format"] = {"type": fmt.type} if fmt.type != "json_schema" else {
-            "type": "json_schema", "json_schema": fmt.model_dump(exclude={"type"}, exclude_none=True, by_alias=True)}
+        sampling["logprobs"] = body.top_logprobs or 0
+    template_kwargs = None
     if body.reasoning is not None and body.reasoning.effort is not None:
-        chat["chat_template_kwargs"] = {"enable_thinking": body.reasoning.effort != "none"}
-        chat["thinking_token_budget"] = rp.EFFORT_BUDGETS.get(body.reasoning.effort)
-    return as_chat_request(chat, "input")
+        template_kwargs = {"enable_thinking": body.reasoning.effort != "none"}
+        sampling["thinking_token_budget"] = rp.EFFORT_BUDGETS.get(body.reasoning.effort)
+    choice = body.tool_choice
+    return ChatRequest(
+        system + chat_messages(history + items), model=body.model,
+        tools=[Tool(t.name, t.description, t.parameters, t.strict) for t in body.tools or []],
+        tool_choice=NamedTool(choice.name) if isinstance(choice, rp.NamedFunctionTool) else choice,
+        parallel_tool_calls=body.parallel_tool_calls, constraint=_constraint(body.text.format if body.text else None),
+        sampling={name: value for name, value in sampling.items() if value is not None},
+        chat_template_kwargs=template_kwargs, stream=body.stream, user=body.user, names=NAMES)
 
 
 # ---------------------------------------------------------------- the answer
@@ -276,7 +275,7 @@ class ResponsesFormat:
         kind = "response.completed" if response.status == "completed" else "response.incomplete"
         return self._start(gen) + [self._event(rp.ResponseEvent(type=kind, response=response))]
 
-    def failure(self, gen: ResponseState, error: r.ErrorInfo) -> list[str]:
+    def failure(self, gen: ResponseState, error: ApiError) -> list[str]:
         failed = self._response(gen, "failed", rp.ResponseError(code="server_error", message=error.message))
         return self._start(gen) + [self._event(rp.ResponseEvent(type="response.failed", response=failed))]
 
@@ -287,9 +286,9 @@ class ResponsesFormat:
 # ---------------------------------------------------------------- the endpoints
 
 class Responses:
-    def __init__(self, completions: Completions, store: ResponseStore) -> None:
-        self.completions, self.store = completions, store
-        self.server = completions.server
+    def __init__(self, chats: ChatPath, store: ResponseStore) -> None:
+        self.chats, self.store = chats, store
+        self.server = chats.server
 
     async def create(self, request: Request, key: str, body: rp.ResponsesRequest) -> Response:
         owner = owner_of(key)
@@ -303,7 +302,7 @@ class Responses:
                 history += turn.input_items + turn.response["output"]
         items = input_items(body)
         chat = chat_request(body, history, items)
-        plan = await self.completions.plan_chat(chat, CHAT_NAMES)
+        plan = await self.chats.plan(chat)
         engine = self.server.ready()
         fmt = ResponsesFormat(body, new_item_id("resp"), self.server.model_name, engine.tokenizer.bytes_of,
                               engine.config.block_size if engine.config.enable_prefix_caching else 0)
@@ -316,7 +315,7 @@ class Responses:
                                         json.loads(answer.model_dump_json()), items)
                 await self.server.in_worker(self.store.put, stored)
 
-        return await self.completions.run_chat(request, key, chat, plan, fmt, keep)
+        return await self.chats.run(request, key, chat, plan, fmt, keep)
 
     async def _stored(self, key: str, response_id: str) -> StoredResponse:
         try:
