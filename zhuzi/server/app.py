@@ -55,9 +55,25 @@ from zhuzi.server.responses.store import ResponseStore
 
 
 def error_response(request: Request, error: ApiError, headers: dict[str, str] | None = None) -> Response:
-    """The error in the shape of the router whose route received the request."""
-    render: ErrorRenderer = getattr(request.scope.get("route"), "render_error", openai_error)
+    """The error in the shape of the router whose route received the request; for a path no route matches
+    (an Ollama client's /api/copy), of the router whose paths share the most leading segments with it."""
+    route = request.scope.get("route") or _nearest_route(request.app.state.routes, request.url.path)
+    render: ErrorRenderer = getattr(route, "render_error", openai_error)
     return render(error, headers)
+
+
+def _nearest_route(routes: list[Any], path: str) -> Any:
+    def shared(route: Any) -> int:
+        common = 0
+        for mine, theirs in zip(path.strip("/").split("/"), route.path.strip("/").split("/"), strict=False):
+            if mine != theirs:
+                break
+            common += 1
+        return common
+
+    answering = [route for route in routes if hasattr(route, "render_error")]
+    best = max(answering, key=shared, default=None)
+    return best if best is not None and shared(best) else None
 
 
 # What a validation error may name: every API's request fields, and why zhuzi refuses some undeclared ones.
@@ -110,14 +126,17 @@ def create_app(engine: EngineClient | Callable[[], EngineClient], server_config:
     app = FastAPI(title="zhuzi", version=zhuzi.__version__, lifespan=lifespan)
     app.state.server = server
     embeddings = Embeddings(server)
-    app.include_router(openai_router.router(intake, Completions(server, chats), Tokenization(server), embeddings))
-    app.include_router(anthropic_router.router(intake, Messages(chats)))
     store = ResponseStore(server.store, server.config.responses_ttl)
-    app.include_router(responses_router.router(intake, Responses(chats, store)))
-    app.include_router(inspect_router.router(intake, Inspector(server)))
-    app.include_router(pins_router.router(intake, CachePins(server)))
-    app.include_router(ollama_router.router(intake, Ollama(chats, embeddings)))
-    app.include_router(status.router(server))
+    routers = [openai_router.router(intake, Completions(server, chats), Tokenization(server), embeddings),
+               anthropic_router.router(intake, Messages(chats)),
+               responses_router.router(intake, Responses(chats, store)),
+               inspect_router.router(intake, Inspector(server)),
+               pins_router.router(intake, CachePins(server)),
+               ollama_router.router(intake, Ollama(chats, embeddings)),
+               status.router(server)]
+    for router in routers:
+        app.include_router(router)
+    app.state.routes = [route for router in routers for route in router.routes]
     app.openapi = _openapi(app)  # type: ignore[method-assign]
 
     @app.exception_handler(ApiError)
