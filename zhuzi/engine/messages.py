@@ -1,5 +1,5 @@
 """The engine's wire messages: the typed msgspec structs that cross between the front (core_client.py) and
-an engine core (core.py), as msgpack on ZeroMQ sockets, and the header of the KV shipments engine cores send
+an engine core (engine_core_proc.py), as msgpack on ZeroMQ sockets, and the header of the KV shipments engine cores send
 each other (kv/transfer.py).
 
 Commands go to an engine core (add a request or a probe, take a snapshot, unpin, abort, give up a hand-off,

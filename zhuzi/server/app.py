@@ -26,7 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import zhuzi
 from zhuzi.config import ServerConfig
-from zhuzi.engine.client import EngineClient, EngineDead
+from zhuzi.engine.front.client import EngineClient, EngineDead
 from zhuzi.outputs import RequestError
 from zhuzi.server import status
 from zhuzi.server.anthropic import protocol as a

@@ -17,7 +17,7 @@ import pydantic
 from fastapi import Request
 from fastapi.responses import Response
 
-from zhuzi.engine.client import EngineClient
+from zhuzi.engine.front.client import EngineClient
 from zhuzi.sampling_params import InvalidRequest, SamplingParams
 from zhuzi.server.common.formats import Format
 from zhuzi.server.common.parsers import OutputParser
