@@ -26,9 +26,8 @@ from zhuzi.config import EngineConfig, SpeculativeConfig
 from zhuzi.engine.core.kv.block_manager import BlockManager
 from zhuzi.engine.core.scheduler import scheduled
 from zhuzi.engine.sequence import Sequence
+from zhuzi.engine.worker.model_builder import build_model
 from zhuzi.engine.worker.model_runner import ModelRunner
-from zhuzi.model.decoder import Decoder, layer_format
-from zhuzi.model.loader import load_checkpoint
 from zhuzi.sample.rejection import sample_drafts
 from zhuzi.sample.sampler import SamplingRow
 from zhuzi.tokenizer import Tokenizer
@@ -89,17 +88,12 @@ class _Shadow:
 class DraftModelProposer:
     def __init__(self, spec: SpeculativeConfig, config: EngineConfig, tokenizer: Tokenizer, eos_ids: list[int],
                  vocab_size: int, num_blocks: int, max_positions: int):
-        precision = config.precision
-        ckpt = load_checkpoint(spec.model, precision.weights)
+        ckpt, model = build_model(config, spec.model, min_positions=max_positions)
         vocab = Tokenizer.load(ckpt.path).hf.get_vocab()
         if ckpt.config.vocab_size != vocab_size or vocab != tokenizer.hf.get_vocab():
             raise ValueError(f"speculative_config: the draft model {spec.model} does not share the target's "
                              f"tokenizer (vocabulary, or size {ckpt.config.vocab_size} vs {vocab_size})")
         self.eos_ids = eos_ids
-        quantization = layer_format(config.quantization, ckpt.is_gguf, False, precision.weights)
-        model = Decoder(ckpt.config, ckpt.tensors, config.device, quantization,
-                        max_positions=max(max_positions, ckpt.config.max_position_embeddings),
-                        deterministic=config.deterministic, dtype=precision.compute)
         self.runner = ModelRunner(model, config, num_blocks, self.eos_ids)
         self.blocks = BlockManager(num_blocks, config.block_size, enable_prefix_caching=False)
         self.budget = config.max_num_batched_tokens  # tokens a catch-up pass computes at most

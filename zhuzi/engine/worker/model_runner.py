@@ -10,28 +10,26 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import json
 import math
 import mmap
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
 from zhuzi.config import EngineConfig
 from zhuzi.engine.sequence import ScheduledSeq
+from zhuzi.engine.worker.model_builder import build_model
 from zhuzi.engine.worker.tp_control import FORWARD, LOGITS, StepChannel, pack_step
 from zhuzi.model import kv_format, native
 from zhuzi.model.attention import AttentionMetadata, PrefillChunk
-from zhuzi.model.decoder import Decoder, LayerTap, layer_format
-from zhuzi.model.loader import Checkpoint, load_checkpoint
+from zhuzi.model.decoder import Decoder, LayerTap
+from zhuzi.model.loader import Checkpoint
 from zhuzi.model.parallel import TPGroup
 from zhuzi.outputs import Inspection, LensLayer, Logprob
 from zhuzi.sample.rejection import Draft, verify
 from zhuzi.sample.sampler import Sampler, SamplingRow, Verdict, token_logprobs
-from zhuzi.tokenizer import Tokenizer
 
 # Prompt logprobs are computed this many positions at a time, so a long chunk never needs a
 # second [tokens, vocab] tensor of logits.
@@ -78,26 +76,12 @@ def torch_sum_bandwidth(buffer: torch.Tensor, repeats: int) -> float:
 def load_runner(config: EngineConfig, tp: TPGroup | None = None) -> tuple[Checkpoint, ModelRunner]:
     """The checkpoint, and a runner around its model (this rank's slice of it) with the KV pool the plan allows."""
     native.select(config.cpu_kernels)
-    precision = config.precision
-    ckpt = load_checkpoint(config.model, precision.weights)
-    positions = max(config.max_model_len or 0, ckpt.config.max_position_embeddings)
-    quantization = layer_format(config.quantization, ckpt.is_gguf, tp is not None, precision.weights)
-    calibration = calibration_ids(ckpt.path) if quantization == "int8" and tp is None else None
-    model = Decoder(ckpt.config, ckpt.tensors, config.device, quantization, positions, tp,
-                    fused_decode=config.fused_decode, calibration=calibration,
-                    deterministic=config.deterministic, dtype=precision.compute)
+    ckpt, model = build_model(config, config.model, tp)
     plan = config.kv_plan(ckpt.config)
     if plan.num_blocks < 1:
         raise ValueError(f"kv_cache_memory {config.kv_cache_memory} holds no KV block")
     pooling = config.pooling or ckpt.config.pooling or "mean"
     return ckpt, ModelRunner(model, config, plan.num_blocks, list(ckpt.config.eos_token_ids), pooling)
-
-
-def calibration_ids(model_path: Path) -> list[int]:
-    """A short fixed chat (prose, a list, code, a table, four languages) in the model's template: int8's
-    smoothing factors are calibrated on it."""
-    messages = json.loads((Path(__file__).parent / "calibration.json").read_text())
-    return Tokenizer.load(model_path).encode_chat(messages)
 
 
 def zeroed_pool(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
