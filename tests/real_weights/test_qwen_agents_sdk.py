@@ -1,9 +1,9 @@
 """The OpenAI Agents SDK (openai-agents), unmodified, on a real tool-calling model: an agent with a function tool,
 run streamed over /v1/responses of a real `zhuzi serve` of Qwen2.5-Coder-0.5B-Instruct's GGUF
-(tests/models/conftest.py), greedy. The call is forced (tool_choice names the tool), so the test checks zhuzi,
+(tests/real_weights/conftest.py), greedy. The call is forced (tool_choice names the tool), so the test checks zhuzi,
 not how often a 0.5B model decides to call; the tool runs with the model's arguments and the run stops there
 (stop_on_first_tool). The conversation then goes on in a second streamed run with tool_choice "none": offered
-the tool again, the 0.5B calls it again (as tests/models/test_qwen_tools.py finds through the openai client),
+the tool again, the 0.5B calls it again (as tests/real_weights/test_qwen_tools.py finds through the openai client),
 where asked to answer it answers from the tool's result. Tracing is off, so nothing is sent to OpenAI's host."""
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The `ollama` Python client, unmodified, on a real tool-calling model: Qwen2.5-Coder-0.5B-Instruct's GGUF behind a
-real `zhuzi serve` (tests/models/conftest.py), greedy: the model listed and shown, a chat whole and streamed,
+real `zhuzi serve` (tests/real_weights/conftest.py), greedy: the model listed and shown, a chat whole and streamed,
 generate, and a tool call that the client gets in Ollama's shape, whose result goes back for the answer."""
 from __future__ import annotations
 
