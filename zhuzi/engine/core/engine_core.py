@@ -1,24 +1,6 @@
-"""The engine's step: schedule -> run the model and sample -> process the outputs (stop checks,
-detokenizing, deltas) -> the scheduler's bookkeeping. engine_core_proc.py's EngineCoreProc loops over it.
-
-A fault stays with the request that caused it: a row whose sampling or bookkeeping raises fails
-its request alone (its output carries the error) while the rest of the batch goes on; a failure of
-the whole step (the forward pass) is retried once, and then fails only that step's requests.
-
-With speculative decoding (EngineConfig.speculative_config) a proposer guesses each decoding sequence's
-next tokens at the end of a step; the next step verifies them in the same forward pass as the rest of
-the batch and emits the accepted ones plus one token of the target's own, one at a time through the
-same stop checks: nothing after a stop string, stop token or max_tokens is emitted. KV entries of
-rejected drafts sit beyond num_computed_tokens, where the next step overwrites them.
-
-A constrained request (SamplingParams.structured_outputs) gets one grammar matcher per sequence;
-the sampler masks with it, each sampled token advances it, and the sequence ends ("stop") the
-moment its grammar does: that end wins over min_tokens and ignore_eos. Stop strings and max_tokens
-still cut the output short, as they do any other ("length" may leave an object unfinished).
-
-Inspections (probes) take the same loop: a probe is a sequence that is scheduled, prefix-cached and
-batched like any other, but at its last token the model is read out instead of sampled.
-"""
+"""The engine's step (EngineCore.step): schedule -> run the model and sample -> process the outputs
+(stop checks, detokenizing, deltas) -> the scheduler's bookkeeping. EngineCoreProc (engine_core_proc.py) loops
+over it; the offline LLM calls it itself."""
 from __future__ import annotations
 
 import dataclasses
@@ -69,6 +51,18 @@ def check_token_ids(ids: list[int], vocab: int, param: str) -> None:
 
 
 class EngineCore:
+    """Validates requests and runs steps. A fault stays with the request that caused it: a row whose sampling
+    or bookkeeping raises fails its request alone (its output carries the error) while the rest of the batch
+    goes on; a failure of the whole step (the forward pass) is retried once, then fails only that step's
+    requests.
+
+    With speculative decoding (EngineConfig.speculative_config) a proposer guesses each decoding sequence's
+    next tokens after a step; the next step verifies them in the same forward pass as the rest of the batch,
+    and the accepted ones plus one token of the target's own go through the stop checks one at a time.
+    KV entries of rejected drafts sit beyond num_computed_tokens, where the next step overwrites them.
+    Inspections (probes) are scheduled, prefix-cached and batched like any sequence, but at their last token
+    the model is read out instead of sampled."""
+
     def __init__(self, config: EngineConfig, kv_events: bool = False, kv_transfers: bool = False):
         """kv_events: record the prefix-cache blocks stored and evicted (blocks.events), for a router;
         kv_transfers: take part in prefill/decode hand-offs (self.kv.handoffs)."""

@@ -1,14 +1,6 @@
-"""The engine core: THE step loop, between the front (core_client.py) and the engine.
-
-Commands come in (add a request or a probe, take a snapshot, unpin, abort, shut down), and after every step
-one message goes out with the news of every request that step touched, the engine's stats, and the
-prefix-cache blocks it stored and evicted (the front routes a conversation's next turn to the replica that
-holds its history); the messages are messages.py's, as msgpack on ZeroMQ sockets. The same loop runs
-wherever the engine core lives: in a thread of the server's process (inproc:// sockets), in a local process
-(ipc://) or in a Ray actor on any node (tcp://). Prefill/decode replicas also ship KV blocks to each other on
-sockets of their own (kv/transfer.py). The engine core knows nothing of HTTP; the front knows nothing of
-blocks beyond their hashes.
-"""
+"""The engine core's loop (EngineCoreProc): commands in from the front, one message of outputs out
+after every step (messages.py, as msgpack on ZeroMQ), wherever it runs: a thread of the server's process
+(inproc://), a local process (ipc://) or a Ray actor on any node (tcp://)."""
 from __future__ import annotations
 
 import gc
@@ -61,7 +53,12 @@ class Addresses:
 
 @dataclass
 class EngineCoreProc:
-    """Drains the commands, runs a step while there is work, sends the news; blocks only while idle."""
+    """Drains the commands, runs a step while there is work, sends the news; blocks only while idle.
+
+    The news of a step: every request it touched, the engine's stats, and the prefix-cache blocks it stored
+    and evicted (the front routes a conversation's next turn to the replica that holds its history).
+    Prefill/decode replicas also ship KV blocks to each other on sockets of their own (kv/transfer.py). The
+    engine core knows nothing of HTTP; the front knows nothing of blocks beyond their hashes."""
 
     engine: EngineCore
     replica: int
@@ -264,7 +261,7 @@ def run_process(config: EngineConfig, replica: int, addresses: Addresses) -> Non
 
 
 class CoreActor:
-    """The engine core as a Ray actor (core_client.py wraps it with ray.remote, so that importing zhuzi never
+    """The engine core as a Ray actor (placement.py wraps it with ray.remote, so that importing zhuzi never
     imports Ray): Ray places it and watches it, the same loop and sockets carry its work."""
 
     def run(self, config: EngineConfig, replica: int, addresses: Addresses) -> None:

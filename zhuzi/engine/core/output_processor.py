@@ -1,18 +1,6 @@
 """Output processing, the step after sampling: each emitted token through the stop checks and the
-detokenizer, into the deltas a request streams.
-
-A step's tokens for a sequence are taken one at a time (a step with drafts emits its accepted ones plus
-one of the target's own): each is appended, advances the sequence's grammar, joins the delta with its
-logprobs and text, and is checked against EOS and stop_token_ids (not before min_tokens), stop strings,
-the grammar's end and the length limit. The first token that ends the sequence is its last; the rest of
-an accepted run is dropped. A stop token ends the text without showing it, as vLLM does; the text held
-back (an incomplete character, a possible stop-string prefix) is shown when the sequence ends otherwise.
-A thinking budget (thinking.py) may put </think> in place of a sampled token; what was drawn after that
-token is dropped too, as it followed another.
-
-What the step decided for each sequence (how many drafts stand, who ended and why) goes back to the
-scheduler as a StepOutcome; a request whose processing raises fails alone.
-"""
+detokenizer, into the deltas a request streams; what the step decided for each sequence (how many drafts
+stand, who ended and why) goes back to the scheduler as a StepOutcome."""
 from __future__ import annotations
 
 import logging
@@ -63,6 +51,16 @@ class RequestState:
 
 
 class OutputProcessor:
+    """A step's tokens for a sequence are taken one at a time (a step with drafts emits its accepted ones plus
+    one of the target's own): each is appended, advances the sequence's grammar, joins the delta with its
+    logprobs and text, and is checked against EOS and stop_token_ids (not before min_tokens), stop strings,
+    the grammar's end (which wins over min_tokens and ignore_eos) and the length limit. The first token that
+    ends the sequence is its last; the rest of an accepted run is dropped. A stop token ends the text without
+    showing it, as vLLM does; the text held back (an incomplete character, a possible stop-string prefix) is
+    shown when the sequence ends otherwise. A thinking budget (thinking.py) may put </think> in place of a
+    sampled token; what was drawn after that token is dropped too, as it followed another. A request whose
+    processing raises fails alone."""
+
     def __init__(self, tokenizer: Tokenizer, eos_ids: list[int], max_model_len: int):
         self.tokenizer, self.eos_ids, self.max_model_len = tokenizer, eos_ids, max_model_len
 

@@ -1,39 +1,7 @@
-"""The scheduler's policies: in what order sequences are served, how many of a step's tokens each tenant
-may take, and whom to preempt when the KV pool or the batch is full.
-
-fcfs      first come, first served: the running sequences in the order they were admitted, then the
-          queue; when the pool runs short the newest running sequence makes room; a waiting sequence
-          never preempts.
-priority  vLLM's `priority` (lower is more urgent), ties first come: sequences are served most urgent
-          first, and a waiting sequence that finds no KV blocks or no batch slot preempts running ones
-          of lower priority (the least urgent, newest first) until it fits.
-fair      tenants (API keys) with work get equal, or weighted, shares of the engine's tokens whatever
-          their number of requests; a tenant alone gets the whole engine. Virtual-time fair queuing: a
-          tenant's counter is the tokens it was served divided by its weight; tenants are served lowest
-          counter first, and a tenant that comes back from idle starts at the lowest busy counter
-          (Sheng et al., "Fairness in Serving Large Language Models", OSDI 2024: the virtual token
-          counter), so idleness banks no credit. Each step a tenant may take the slowest tenant's pace
-          (the fewest tokens, per weight, that a tenant with work wants this step) plus what it is behind
-          the most-served tenant: beside a chat that decodes a token a step, a tenant with 32 streams
-          decodes about a token a step too (each row a step adds slows every stream in it), and neither
-          runs ahead, so little is forgiven when the chat goes idle between turns; the tokens of the
-          chat's prompt the other tenant makes up in the next step, while the chat keeps its pace. A
-          tenant back from idle takes what it wants in its first step, and the least-served tenant's
-          prompts (or, all level, a returning tenant's) are not held to --long-prefill-token-threshold
-          (the cap that keeps streams' pace while a prompt is computed); a step that carries such a
-          prompt beside decoding streams carries no other prompt (the others' streams decode on), nor do
-          the RETURN_STEPS steps after a tenant's work runs out (a chat's next turn, an agent's next
-          call, comes right after its answer, and must not queue behind a step of the others' prompts:
-          anticipatory scheduling, Iyer and Druschel, SOSP 2001), so the chat's next first token comes
-          about as soon as it would alone. (The scheduler runs a step that these shares or waits leave
-          empty without them, so a tenant that cannot be served, for want of a slot or blocks, never
-          stalls the others.) A waiting sequence of a tenant holding less than another (KV
-          blocks or batch slots, per weight) preempts that tenant's least urgent sequence, as long as it
-          still holds no more than that tenant afterwards (so two tenants never take a place from each
-          other in turn). Within a tenant, `priority` orders its requests.
-
-Policies are model-free: they read a sequence's tenant, priority, status and block count, and never
-touch the KV pool themselves.
+"""The scheduler's policies (--scheduling-policy): in what order sequences are served, how many of a step's
+tokens each tenant may take, and whom to preempt when the KV pool or the batch is full. Policies are
+model-free: they read a sequence's tenant, priority, status and block count, never the KV pool.
+docs/scheduling.md describes each.
 """
 from __future__ import annotations
 
@@ -53,6 +21,9 @@ def urgency(seq: Sequence) -> tuple[int, int]:
 
 
 class FirstComeFirstServed:
+    """fcfs: the running sequences in the order they were admitted, then the queue; when the pool runs short
+    the newest running sequence makes room; a waiting sequence never preempts."""
+
     name = "fcfs"
     orders_by_priority = False
 
@@ -91,6 +62,9 @@ class FirstComeFirstServed:
 
 
 class Priority(FirstComeFirstServed):
+    """vLLM's `priority` (lower is more urgent), ties first come; a waiting sequence that finds no KV blocks or
+    no batch slot preempts running ones of lower priority (the least urgent, newest first) until it fits."""
+
     name = "priority"
     orders_by_priority = True
 
@@ -106,6 +80,14 @@ class Priority(FirstComeFirstServed):
 
 
 class FairShare(FirstComeFirstServed):
+    """fair: tenants with work get equal (or weighted) shares of the engine's tokens, whatever their number of
+    requests. Virtual-time fair queuing: a tenant's counter is the tokens it was served per weight, the lowest
+    served first; one back from idle starts at the lowest busy counter (Sheng et al., OSDI 2024: the virtual
+    token counter). A step gives each the slowest tenant's pace plus what it is behind the most-served one;
+    the least-served tenant's prompt goes in whole, and for RETURN_STEPS steps after a tenant's work runs
+    out the others' prompts wait (anticipatory scheduling, Iyer and Druschel, SOSP 2001). A tenant holding
+    less preempts the heaviest one's least urgent sequence; within a tenant, `priority` orders."""
+
     name = "fair"
     orders_by_priority = True
 

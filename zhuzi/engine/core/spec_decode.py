@@ -1,20 +1,6 @@
-"""Speculative decoding, proposing: at the end of a step, guesses of each decoding sequence's next tokens,
-which the next step's forward pass checks (zhuzi/sample/rejection.py decides which stand).
-
-- NgramProposer (vLLM's "ngram", prompt lookup): the text a model is asked to edit, comment or quote is
-  already in its context, so the tokens that followed an earlier occurrence of the current suffix are a
-  good guess. For n from prompt_lookup_max down to prompt_lookup_min, the latest earlier occurrence of the
-  last n tokens of prompt + output; its followers are proposed. A match close to the end has fewer than k
-  followers (in a loop of period p it is p tokens back): the copy then runs on through what it has just
-  copied, like an overlapping LZ77 copy, so a loop proposes k tokens of itself. A point-mass proposal
-  needs no q: accepting x with probability p(x), else drawing from p without x, keeps p for any x.
-- DraftModelProposer ("draft_model"): a small model with the target's tokenizer, its own paged KV pool and
-  block manager, drafts k tokens with the request's own sampling settings (and its grammar) and records
-  the distribution each was drawn from. Per target sequence it keeps a shadow sequence in its pool; after
-  a verdict the shadow keeps the K/V of the prefix it shares with the target and recomputes the rest.
-
-Drafts never enter Sequence.token_ids: block hashes (the prefix cache) assume tokens only grow.
-"""
+"""Speculative decoding's proposers, called after each step: guesses of each decoding sequence's next
+tokens, which the next step's forward pass checks (zhuzi/sample/rejection.py decides which stand). Drafts
+never enter Sequence.token_ids: block hashes (the prefix cache) assume tokens only grow."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -62,6 +48,14 @@ def lookup(tokens: np.ndarray | list[int], k: int, low: int, high: int) -> list[
 
 
 class NgramProposer:
+    """vLLM's "ngram" (prompt lookup): the text a model is asked to edit, comment or quote is already in its
+    context, so the tokens that followed an earlier occurrence of the current suffix are a good guess. For n
+    from prompt_lookup_max down to prompt_lookup_min, the latest earlier occurrence of the last n tokens of
+    prompt + output; its followers are proposed. A match close to the end has fewer than k followers (in a
+    loop of period p it is p tokens back): the copy then runs on through what it has just copied, like an
+    overlapping LZ77 copy, so a loop proposes k tokens of itself. A point-mass proposal needs no q:
+    accepting x with probability p(x), else drawing from p without x, keeps p for any x."""
+
     def __init__(self, spec: SpeculativeConfig):
         self.low, self.high = spec.prompt_lookup_min, spec.prompt_lookup_max
 
@@ -86,6 +80,11 @@ class _Shadow:
 
 
 class DraftModelProposer:
+    """"draft_model": a small model with the target's tokenizer, its own paged KV pool and block manager,
+    drafts k tokens with the request's own sampling settings (and its grammar) and records the distribution
+    each was drawn from. Per target sequence it keeps a shadow sequence in its pool; after a verdict the
+    shadow keeps the K/V of the prefix it shares with the target and recomputes the rest."""
+
     def __init__(self, spec: SpeculativeConfig, config: EngineConfig, tokenizer: Tokenizer, eos_ids: list[int],
                  vocab_size: int, num_blocks: int, max_positions: int):
         ckpt, model = build_model(config, spec.model, min_positions=max_positions)

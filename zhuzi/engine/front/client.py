@@ -1,10 +1,6 @@
-"""What the server sees of the engine: the EngineClient interface, and the streams its answers come in.
-
-However the step loop runs (engine_core_proc.py's EngineCoreProc, in a thread of the server's process or in processes of
-its own: core_client.py), the server asks it the same few things: generate, probe, snapshot, pin, abort, and
-health, fail and stats to watch it. Answers arrive from another thread, so each call reads them from a
-Stream bound to the caller's event loop.
-"""
+"""What the server sees of the engine: the EngineClient interface (generate, probe, snapshot, pin, abort;
+health, fail and stats to watch it), the same wherever the step loop runs, and the Streams its answers come
+in: they arrive from another thread, so each call reads them from a Stream bound to the caller's event loop."""
 from __future__ import annotations
 
 import asyncio

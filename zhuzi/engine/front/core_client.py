@@ -1,14 +1,6 @@
-"""The engine cores the server talks to, front side, wherever they run: the EngineClient (client.py).
-
-EngineCoreClient starts its engine cores (EngineCoreProc, the one step loop) in one of two transports: a thread of this
-process, on inproc:// sockets (--no-engine-process), or data_parallel_size processes of their own, local
-(mp, ipc://) or Ray actors on a local or existing Ray cluster (ray, tcp://); placement.py starts them. It
-sends each request to one of them (router.py) and streams its deltas back, so the server does not know
-where the step loop runs. One reader thread receives every replica's messages and notices a replica's end
-at once (a local process's sentinel, a Ray actor's run() call returning, an engine thread's last word):
-its requests end with EngineDead, it leaves the rotation, the others keep serving; so does one silent for the
-stall timeout with work pending. health() reports a problem when none is left, or when the last one stalls.
-"""
+"""The engine's front (EngineCoreClient): starts the engine cores (placement.py), sends each request to
+one of them (router.py) and streams its deltas back behind the EngineClient interface (client.py), so the
+server never knows where the step loop runs."""
 from __future__ import annotations
 
 import asyncio
@@ -45,7 +37,15 @@ READER_POLL_MS = 100  # how often the reader thread looks up from its sockets to
 
 
 class EngineCoreClient:
-    """Engine cores in a thread or in processes of their own, behind the EngineClient interface."""
+    """Engine cores in a thread or in processes of their own, behind the EngineClient interface.
+
+    The cores run in a thread of this process on inproc:// sockets (--no-engine-process), or as
+    data_parallel_size processes of their own: local (mp, ipc://) or Ray actors on a local or existing Ray
+    cluster (ray, tcp://). One reader thread receives every replica's messages and notices a replica's end at
+    once (a local process's sentinel, a Ray actor's run() call returning, an engine thread's last word): its
+    requests end with EngineDead, it leaves the rotation, the others keep serving; so does one silent for the
+    stall timeout with work pending. health() reports a problem when none is left, or when the last one
+    stalls."""
 
     tokenizer: Tokenizer  # these once started
     model_name: str

@@ -1,10 +1,6 @@
-"""Where the engine cores run, for the front (core_client.py): a thread of the server's process, local
-processes (mp) or Ray actors (ray).
-
-A Replica is one engine core as the front sees it: the socket its commands go to, the thread, process or
-actor that runs it, and its bookkeeping. This module starts it, watches a Ray actor's end and stops it; Ray
-is imported only here and only when the ray backend runs, so importing zhuzi never imports Ray.
-"""
+"""Where the engine cores run, for the front: a thread of the server's process, local processes (mp) or
+Ray actors (ray); this module starts each Replica, watches a Ray actor's end and stops it. Ray is imported
+only here and only when the ray backend runs, so importing zhuzi never imports Ray."""
 from __future__ import annotations
 
 import logging
@@ -32,7 +28,8 @@ EXIT_CODE_WAIT_S = 1.0  # an ended process's sentinel fires as it ends; its exit
 
 @dataclass(eq=False)
 class Replica:
-    """One engine core, as the front sees it."""
+    """One engine core, as the front sees it: the socket its commands go to, the thread, process or actor that
+    runs it, and its bookkeeping."""
 
     index: int
     commands: zmq.Socket  # PUSH, bound by the front

@@ -1,13 +1,6 @@
 """Which data-parallel replica runs a request: the one whose prefix cache holds the longest prefix of its
-prompt (a conversation's next turn lands where its history is cached), else the least loaded. With prefill
-and decode replicas (--kv-role), a pair: the same choice among each kind.
-
-Each replica reports the block hashes its prefix cache stored and evicted (messages.Outputs); the router
-keeps which replicas hold each hash and walks a new prompt's hash chain, computed with the engine's own
-hash chain, so a match here is a match there. A cached prefix is weighed against the requests already
-running there: otherwise the first replica to cache a system prompt that every chat shares would draw
-every chat.
-"""
+prompt (a conversation's next turn lands where its history is cached), weighed against its load. With prefill
+and decode replicas (--kv-role), a pair: the same choice among each kind."""
 from __future__ import annotations
 
 from collections import defaultdict
@@ -23,6 +16,11 @@ LOAD_COST_TOKENS = 512
 
 @dataclass
 class PrefixRouter:
+    """Which replicas hold each block hash, from the blocks each reports stored and evicted (messages.Outputs).
+    A new prompt's hash chain is computed with the engine's own, so a match here is a match there. A cached
+    prefix is weighed against the requests already running there: otherwise the first replica to cache a
+    system prompt that every chat shares would draw every chat."""
+
     block_size: int
     holders: defaultdict[bytes, set[int]] = field(default_factory=lambda: defaultdict(set))
 

@@ -1,11 +1,6 @@
-"""Model runner: owns the KV pool, turns a scheduled step into tensors, runs the forward pass, then
-the sampler (or, when the step carries speculative drafts, their verification), scores prompt tokens
-for prompt_logprobs, reads out inspections (probes) and pools embeddings (a probe's final hidden states,
-summed chunk by chunk as its prompt is computed, then normalized).
-
-A sequence's drafts ride in the same pass as the rest of the batch: its last token and k drafts
-are k + 1 new tokens, laid out as a prefill chunk (each row attends to the history up to its own
-position, with a decode row's arithmetic), and all k + 1 rows get logits for the verifier."""
+"""The model runner, the worker's part of a step: owns the KV pool, turns a scheduled step into tensors,
+runs the forward pass, then the sampler (or the verification of speculative drafts); prompt logprobs, probe
+readings and pooled embeddings come from the same pass."""
 from __future__ import annotations
 
 import contextlib
@@ -102,6 +97,11 @@ def _one_token_rows_first(batch: list[ScheduledSeq]) -> list[int]:
 
 
 class ModelRunner:
+    """Runs steps of one model over its KV pool. A sequence's drafts ride in the same pass as the rest of the
+    batch: its last token and k drafts are k + 1 new tokens, laid out as a prefill chunk (each row attends to
+    the history up to its own position, with a decode row's arithmetic), and all k + 1 rows get logits for
+    the verifier."""
+
     def __init__(self, model: Decoder, config: EngineConfig, num_blocks: int, eos_ids: list[int],
                  pooling: str = "mean"):
         c = model.config

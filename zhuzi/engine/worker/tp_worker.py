@@ -1,11 +1,4 @@
-"""Tensor-parallel ranks: how rank 0 (the engine) meets the others, and the loop of the others.
-
-On one machine the engine spawns ranks 1..N-1 itself. Across machines every rank is started the way
-torchrun starts one, with MASTER_ADDR, MASTER_PORT, WORLD_SIZE and RANK in its environment (torchrun
-sets them; so can a user, one `zhuzi serve` per rank): rank 0 serves, the others run follow(). A
-follower loads only its slice into use, keeps its slice of the KV pool, and runs each forward pass and
-LM-head call that rank 0's model runner posts (tp_control.py); it schedules and samples nothing.
-"""
+"""Tensor-parallel ranks: how rank 0 (the engine) meets the others, and the others' loop (follow)."""
 from __future__ import annotations
 
 import logging
@@ -57,7 +50,11 @@ def _free_port() -> int:
 
 def start(config: EngineConfig) -> tuple[TPGroup | None, list[BaseProcess]]:
     """Join the group as rank 0: with the ranks started elsewhere torchrun-style, or with ranks spawned here.
-    Returns the group and the local processes (none without tensor parallelism)."""
+    Returns the group and the local processes (none without tensor parallelism).
+
+    On one machine the engine spawns ranks 1..N-1 itself. Across machines every rank is started the way
+    torchrun starts one, with MASTER_ADDR, MASTER_PORT, WORLD_SIZE and RANK in its environment (torchrun sets
+    them; so can a user, one `zhuzi serve` per rank): rank 0 serves, the others run follow()."""
     world = config.tensor_parallel_size
     if world < 1:
         raise ValueError(f"tensor_parallel_size must be at least 1, got {world}")
@@ -126,6 +123,8 @@ def run_torchrun_rank(config: EngineConfig) -> None:
 
 @torch.inference_mode()
 def follow(model: Decoder, kv_cache: torch.Tensor, tp: TPGroup) -> None:
+    """A follower's loop: with its slice of the model and of the KV pool, it runs each forward pass and LM-head
+    call that rank 0's model runner posts (tp_control.py), until the stop; it schedules and samples nothing."""
     channel = StepChannel(tp)
     while True:
         op, payload = channel.next_op()

@@ -1,17 +1,5 @@
-"""Paged KV blocks: allocation, reference counts, and the prefix cache (hash chain + LRU).
-
-With a KV connector (connector.py) the prefix cache reaches beyond the pool: a cached block about to be
-overwritten is handed to it first, a newly computed one is offered to it, and a prompt's next block that the
-pool lacks is looked up there and copied into a free block.
-
-Where every layer of the model slides (ModelConfig.kv_window), a sequence gives back each block that falls
-wholly out of its window (slide): its entry in the block table becomes FREED, so a position's block is still
-block_table[position // block_size]. A given-back block stays in the prefix cache, under its hash, until the
-pool needs it; a prompt then reuses the longest prefix whose last blocks (all its next token's window reaches)
-are still in the pool, whatever became of the blocks before: a block's hash stands for every token before it.
-With mixed layers (Gemma 3's full ones among sliding ones) every block stays in some layer's window: nothing
-is given back.
-"""
+"""Paged KV blocks: allocation, reference counts, and the prefix cache (hash chain + LRU), which a KV
+connector (connector.py) extends beyond the pool."""
 from __future__ import annotations
 
 import hashlib
@@ -62,6 +50,18 @@ class KVEvents:
 
 @dataclass
 class BlockManager:
+    """The pool's blocks. With a KV connector, a cached block about to be overwritten is handed to it first, a
+    newly computed one is offered to it, and a prompt's next block that the pool lacks is looked up there and
+    copied into a free block.
+
+    Where every layer of the model slides (ModelConfig.kv_window), a sequence gives back each block that falls
+    wholly out of its window (slide): its entry in the block table becomes FREED, so a position's block is
+    still block_table[position // block_size]. A given-back block stays in the prefix cache, under its hash,
+    until the pool needs it; a prompt then reuses the longest prefix whose last blocks (all its next token's
+    window reaches) are still in the pool, whatever became of the blocks before: a block's hash stands for
+    every token before it. With mixed layers (Gemma 3's full ones among sliding ones) every block stays in
+    some layer's window: nothing is given back."""
+
     num_blocks: int
     block_size: int
     enable_prefix_caching: bool = True

@@ -1,19 +1,6 @@
-"""The KV connector: K/V blocks beyond the engine's own pool, as vLLM's KV connectors have them, in the
-step loop's own thread (zhuzi's steps are synchronous, so a load is done before the prefill that needs it).
-
-A block is known by its prefix hash (block_manager.block_hash: its tokens and every token before them)
-within a KVLayout: the model's stored weights (a digest of their bytes), the dtype, the quantization and
-the pool's layout. The layout's digest is written into every block file and every transfer, so a block is
-never loaded into another model, another dtype or another layout.
-
-The block manager calls the connector at three moments:
-  evicted(h, b)   the pool is about to reuse block b, which held h: it goes to the host-memory tier;
-  computed(h, b)  block b was just computed: with a disk tier it is also written there (in the background),
-                  so a restart, even after kill -9, finds it;
-  lookup / load   at admission: how many leading blocks of a prompt the tiers hold beyond the pool's own
-                  prefix cache, then each one copied into a free pool block (a refused one ends the run).
-Pinned hashes (pins.py) are never evicted from a tier.
-"""
+"""The KV connector, as vLLM's: K/V blocks beyond the engine's own pool (tiers.py), each known by its
+prefix hash within a KVLayout, in the step loop's own thread (steps are synchronous, so a load is done before
+the prefill that needs it)."""
 from __future__ import annotations
 
 import hashlib
@@ -37,7 +24,8 @@ FORMAT = 1  # bump when the bytes of a block change meaning
 @dataclass(frozen=True)
 class KVLayout:
     """What a block's bytes mean: K and V of which weights, computed in which dtype, stored in which dtype and
-    shape."""
+    shape. Its digest is written into every block file and every transfer, so a block is never loaded into
+    another model, another dtype or another layout."""
 
     model: str  # content_digest of the weights as stored
     dtype: str  # the pool's
@@ -74,7 +62,16 @@ class KVLayout:
 
 
 class KVConnector:
-    """The pool's blocks in and out: the tiers, pins' protection there, and block copies for transfers."""
+    """The pool's blocks in and out: the tiers, pins' protection there, and block copies for transfers. The
+    block manager calls it at three moments:
+
+      evicted(h, b)   the pool is about to reuse block b, which held h: it goes to the host-memory tier;
+      computed(h, b)  block b was just computed: with a disk tier it is also written there (in the
+                      background), so a restart, even after kill -9, finds it;
+      lookup / load   at admission: how many leading blocks of a prompt the tiers hold beyond the pool's own
+                      prefix cache, then each one copied into a free pool block (a refused one ends the run).
+
+    Pinned hashes (pins.py) are never evicted from a tier."""
 
     def __init__(self, layout: KVLayout, kv_cache: torch.Tensor, host_bytes: int = 0,
                  disk_folder: Path | None = None, disk_bytes: int = 0):

@@ -1,12 +1,5 @@
 """Pinned prefixes: named runs of full KV blocks that the pool keeps, and the KV tiers never evict, until the
-pin is deleted or its time to live ends.
-
-A pin is computed as an inspection of its token ids is (a probe through the step loop, so the prefix cache
-and the tiers give whatever they hold); when the probe has run, the pin takes one more reference on each of
-its full blocks. Blocks shared by several pins are held once per pin but counted once against the bound
-(EngineConfig.kv_pinned_memory, at most half the pool), checked when a pin is asked for and when it completes.
-An expired pin is released at the next step or listing. A new pin under a name replaces the old one.
-"""
+pin is deleted or its time to live ends."""
 from __future__ import annotations
 
 import time
@@ -29,6 +22,13 @@ class Pin:
 
 
 class PinTable:
+    """The pins. A pin is computed as an inspection of its token ids is (a probe through the step loop, so the
+    prefix cache and the tiers give whatever they hold); when the probe has run, the pin takes one more
+    reference on each of its full blocks. Blocks shared by several pins are held once per pin but counted once
+    against the bound (EngineConfig.kv_pinned_memory, at most half the pool), checked when a pin is asked for
+    and when it completes. An expired pin is released at the next step or listing. A new pin under a name
+    replaces the old one."""
+
     def __init__(self, blocks: BlockManager, connector: KVConnector | None, block_bytes: int, limit_bytes: int,
                  clock: Callable[[], float] = time.time):
         self.blocks, self.connector, self.clock = blocks, connector, clock

@@ -1,14 +1,6 @@
 """The KV tiers below the pool: a bounded host-memory tier and a disk tier, each an LRU cache of whole
-blocks known by their prefix hash (connector.py decides what goes where).
-
-A pinned block (its hash in the shared `pinned` set) is never evicted from a tier. The disk tier keeps
-one file per block in a folder of its own per block identity (connector.KVLayout): a 56-byte header
-(magic, identity digest, block hash, payload length, CRC-32 of the payload) and the payload. A file is
-written under a temporary name and renamed into place, so neither a reader nor a kill -9 ever leaves
-half a block behind; a file whose header or checksum does not match is skipped with a warning, never
-loaded. Writes run on a thread of their own, so the step loop never waits for the disk. Files and their
-modification times outlive the process: a restarted engine finds its blocks, least recently used first.
-"""
+blocks known by their prefix hash (connector.py decides what goes where). A pinned block (its hash in the
+shared `pinned` set) is never evicted from a tier."""
 from __future__ import annotations
 
 import atexit
@@ -87,7 +79,13 @@ def _make_room(entries: OrderedDict[bytes, Any], pinned: Container[bytes], keep:
 
 
 class DiskTier:
-    """Blocks as files in folder (one folder per block identity), at most capacity bytes of them."""
+    """Blocks as files in folder (one folder per block identity, connector.KVLayout), at most capacity bytes
+    of them. A file is a 56-byte header (magic, identity digest, block hash, payload length, CRC-32 of the
+    payload) and the payload, written under a temporary name and renamed into place, so neither a reader nor
+    a kill -9 ever leaves half a block behind; a file whose header or checksum does not match is skipped with
+    a warning, never loaded. Writes run on a thread of their own, so the step loop never waits for the disk.
+    Files and their modification times outlive the process: a restarted engine finds its blocks, least
+    recently used first."""
 
     def __init__(self, folder: Path, capacity: int, identity: bytes, shape: tuple[int, ...], dtype: torch.dtype,
                  pinned: Container[bytes]):

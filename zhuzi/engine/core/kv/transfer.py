@@ -1,17 +1,7 @@
-"""Prefill/decode hand-offs: a prefill replica computes a prompt and ships its KV blocks, known by their
-prefix hashes, to the decode replica that streams the reply (vLLM's disaggregated prefill, pushed rather
-than pulled). Handoffs is the engine's side of it; ShipmentSockets carry the shipments between engine cores
-over ZeroMQ (engine_core_proc.py owns them), ipc:// on one host, tcp:// across hosts.
-
-The front sends the request to both replicas at once. The decode replica holds it back (Sequence.awaiting_kv)
-until the blocks have come or the hand-off is given up; the prefill replica runs the prompt as a request of
-one greedy token, then its full blocks before the last prompt token leave as shipments of at most
-CHUNK_BLOCKS blocks. The decode replica adopts each block into its prefix cache as it arrives, so when the
-request is let go its prompt is found there and only the last few tokens are computed. A hand-off given up
-(the prefill replica died or refused, its blocks were for another model, or nothing came within
-WAIT_S) lets the request go as it is: whatever blocks arrived are used, the rest is computed there. Either
-way the decode replica alone emits the reply: nothing is lost or sent twice.
-"""
+"""Prefill/decode hand-offs (vLLM's disaggregated prefill, pushed rather than pulled): a prefill replica
+computes a prompt and ships its KV blocks, known by their prefix hashes, to the decode replica that streams
+the reply. Handoffs is an engine's side of it; ShipmentSockets carry the shipments between engine cores over
+ZeroMQ, ipc:// on one host, tcp:// across hosts."""
 from __future__ import annotations
 
 import itertools
@@ -59,7 +49,16 @@ class Awaited:
 
 @dataclass
 class Handoffs:
-    """Both ends of the hand-offs one engine takes part in, and their counts."""
+    """Both ends of the hand-offs one engine takes part in, and their counts.
+
+    The front sends the request to both replicas at once. The decode replica holds it back
+    (Sequence.awaiting_kv) until the blocks have come or the hand-off is given up; the prefill replica runs
+    the prompt as a request of one greedy token, then its full blocks before the last prompt token leave as
+    shipments of at most CHUNK_BLOCKS blocks. The decode replica adopts each block into its prefix cache as it
+    arrives, so when the request is let go its prompt is found there and only the last few tokens are
+    computed. A hand-off given up (the prefill replica died or refused, its blocks were for another model, or
+    nothing came within WAIT_S) lets the request go as it is: whatever blocks arrived are used, the rest is
+    computed there. Either way the decode replica alone emits the reply: nothing is lost or sent twice."""
 
     blocks: BlockManager
     connector: KVConnector
