@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import itertools
 
-from zhuzi.engine.kv.block_manager import BlockManager
-from zhuzi.engine.policies import make_policy
-from zhuzi.engine.scheduler import Scheduler
+from zhuzi.engine.core.kv.block_manager import BlockManager
+from zhuzi.engine.core.policies import make_policy
+from zhuzi.engine.core.scheduler import Scheduler
 from zhuzi.engine.sequence import ScheduledSeq, Sequence, StepOutcome, Tenant
 from zhuzi.sampling_params import SamplingParams
 

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from zhuzi.engine.scheduler import Scheduler
+from zhuzi.engine.core.scheduler import Scheduler
 from zhuzi.sample.sampler import Sampler
 from zhuzi.sampling_params import SamplingParams
 

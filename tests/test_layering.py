@@ -1,8 +1,9 @@
-"""The package's wiring, read from its own imports: data flows server -> engine -> runner -> model (the
-sampler beside the model, under the engine), no module reaches back up (the model, at the bottom, imports only
-itself and leaf utilities), and no modules import each other in a circle (lazy imports count too). The server
-sees the engine only through its client interface; the step loop never imports the front that talks to it
-(core_client.py and what it starts the engine cores with)."""
+"""The package's wiring, read from its own imports: data flows server -> engine -> model (the sampler beside
+the model, under the engine), no module reaches back up (the model, at the bottom, imports only itself and leaf
+utilities), and no modules import each other in a circle (lazy imports count too). Inside the engine, its
+roles run front -> core -> worker: the step loop never imports the front that talks to it, the worker neither
+of them; the data they share (sequence.py, thinking.py, messages.py) imports no role. The server sees the
+engine only through the front's client interface."""
 import ast
 from pathlib import Path
 
@@ -18,9 +19,14 @@ FORBIDDEN = {
 # Modules that import nothing of the package, so that the model, at the bottom, may use them.
 LEAVES = {"zhuzi.disk_cache"}
 # What of the engine the server may import: the client interface, and the data a request carries (Probe).
-SERVER_SEES = {"zhuzi.engine.client", "zhuzi.engine.sequence"}
-# The front of the engine: the client the server holds, and where it starts and routes to the engine cores.
-FRONT = {"zhuzi.engine.client", "zhuzi.engine.core_client", "zhuzi.engine.placement", "zhuzi.engine.router"}
+SERVER_SEES = {"zhuzi.engine.front.client", "zhuzi.engine.sequence"}
+# The engine's roles, top to bottom: the front (the client the server holds, where it starts and routes to the
+# engine cores), the core (the step loop, scheduler, KV blocks), the worker (the model runner, tensor-parallel
+# ranks). A role imports itself and the roles below it.
+ROLES = ("zhuzi.engine.front", "zhuzi.engine.core", "zhuzi.engine.worker")
+# Beside the roles, the data they share: a request's and a sequence's (sequence, and the thought budget a sequence
+# carries), the wire between front and core (messages).
+SHARED = {"zhuzi.engine.sequence", "zhuzi.engine.thinking", "zhuzi.engine.messages"}
 
 
 def within(name: str, package: str) -> bool:
@@ -56,12 +62,13 @@ GRAPH = {name: imported(path) - {name} for name, path in MODULES.items()}
 
 
 def test_the_graph_is_read():
-    assert "zhuzi.engine.model_runner" in GRAPH["zhuzi.engine.engine"]
-    assert "zhuzi.engine.output_processor" in GRAPH["zhuzi.engine.engine"]
-    assert "zhuzi.engine.core" in GRAPH["zhuzi.engine.placement"]
-    assert "zhuzi.engine.kv.block_manager" in GRAPH["zhuzi.engine.scheduler"]  # subpackages too
-    assert "zhuzi.engine.messages" in GRAPH["zhuzi.engine.core"] & GRAPH["zhuzi.engine.core_client"]
-    assert "zhuzi.sample.sampler" in GRAPH["zhuzi.engine.model_runner"]
+    assert "zhuzi.engine.worker.model_runner" in GRAPH["zhuzi.engine.core.engine_core"]
+    assert "zhuzi.engine.core.output_processor" in GRAPH["zhuzi.engine.core.engine_core"]
+    assert "zhuzi.engine.core.engine_core_proc" in GRAPH["zhuzi.engine.front.placement"]
+    assert "zhuzi.engine.core.kv.block_manager" in GRAPH["zhuzi.engine.core.scheduler"]  # subpackages too
+    assert "zhuzi.engine.messages" in (GRAPH["zhuzi.engine.core.engine_core_proc"]
+                                       & GRAPH["zhuzi.engine.front.core_client"])
+    assert "zhuzi.sample.sampler" in GRAPH["zhuzi.engine.worker.model_runner"]
     assert "zhuzi.server.openai.protocol" in GRAPH["zhuzi.server.common.serving"]
 
 
@@ -72,13 +79,33 @@ def engine_imports(name: str) -> set[str]:
 def test_the_server_sees_the_engine_only_through_its_client():
     seen = {target for name in GRAPH if name.startswith("zhuzi.server.") for target in engine_imports(name)}
     assert seen <= SERVER_SEES, seen - SERVER_SEES
-    assert "zhuzi.engine.client" in seen
+    assert "zhuzi.engine.front.client" in seen
+
+
+def role(name: str) -> int | None:
+    """The depth of the engine role name belongs to (0: the front), None for the shared data."""
+    return next((depth for depth, package in enumerate(ROLES) if within(name, package)), None)
+
+
+def test_every_engine_module_has_a_role_or_is_shared_data():
+    engine = [name for name in GRAPH if name.startswith("zhuzi.engine.")]
+    assert [name for name in engine if role(name) is None and name not in SHARED] == []
+    assert all(any(role(name) == depth for name in engine) for depth in range(len(ROLES)))
+
+
+def test_the_engine_roles_import_only_downwards():
+    """front -> core -> worker: the core never imports the front, the worker neither the core nor the front."""
+    assert "zhuzi.engine.worker.model_runner" in engine_imports("zhuzi.engine.core.engine_core")
+    up = [f"{name} imports {target}" for name in GRAPH if name.startswith("zhuzi.engine.")
+          for target in engine_imports(name) if role(target) is not None
+          and (name in SHARED or role(target) < role(name))]
+    assert up == []
 
 
 def test_the_step_loop_never_imports_its_front():
-    back = [name for name in GRAPH if name.startswith("zhuzi.engine.") and name not in FRONT]
-    assert "zhuzi.engine.core" in back and "zhuzi.engine.scheduler" in back
-    assert [f"{name} imports {target}" for name in back for target in engine_imports(name) & FRONT] == []
+    back = [name for name in GRAPH if name.startswith("zhuzi.engine.") and role(name) != 0]
+    assert "zhuzi.engine.core.engine_core_proc" in back and "zhuzi.engine.core.scheduler" in back
+    assert [f"{name} imports {target}" for name in back for target in engine_imports(name) if role(target) == 0] == []
 
 
 def test_lower_layers_never_import_higher_ones():

@@ -32,9 +32,9 @@ def sampling_params(args: argparse.Namespace):
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
-    from zhuzi.engine import tp_worker
-    from zhuzi.engine.core_client import CoreClient
-    from zhuzi.engine.placement import init_ray
+    from zhuzi.engine.front.core_client import EngineCoreClient
+    from zhuzi.engine.front.placement import init_ray
+    from zhuzi.engine.worker import tp_worker
     from zhuzi.model.loader import load_model_config
 
     # Tokenizing runs in the server's low-priority worker threads (see serving.py), not in a pool of its own.
@@ -58,9 +58,9 @@ def cmd_serve(args: argparse.Namespace) -> None:
              engine_config.model or "the embedded SmolLM2-135M-Instruct", engine_config.precision)
     # Launched before this process starts a thread or runs torch: the engine-core processes are forked and
     # need not import the engine again.
-    client = CoreClient(engine_config, parallel, fork=True)
+    client = EngineCoreClient(engine_config, parallel, fork=True)
     client.launch()
-    loading: Future[CoreClient] = Future()
+    loading: Future[EngineCoreClient] = Future()
 
     def load() -> None:
         try:
@@ -100,8 +100,8 @@ def cmd_generate(args: argparse.Namespace) -> None:
 
 def cmd_chat(args: argparse.Namespace) -> None:
     """An interactive chat that streams each reply and keeps the whole history."""
-    from zhuzi.engine.engine import Engine
-    engine = Engine(EngineConfig.from_cli_args(args))
+    from zhuzi.engine.core.engine_core import EngineCore
+    engine = EngineCore(EngineConfig.from_cli_args(args))
     params = sampling_params(args)
     history: list[dict] = [{"role": "system", "content": args.system}] if args.system else []
     print("zhuzi chat — empty line or Ctrl-D to quit", file=sys.stderr)

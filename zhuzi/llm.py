@@ -8,7 +8,7 @@ import torch
 from tqdm import tqdm
 
 from zhuzi.config import EngineConfig
-from zhuzi.engine.engine import Engine
+from zhuzi.engine.core.engine_core import EngineCore
 from zhuzi.engine.sequence import PinSpec, Probe
 from zhuzi.outputs import CompletionOutput, PinInfo, RequestError, RequestOutput
 from zhuzi.sampling_params import SamplingParams
@@ -40,7 +40,7 @@ def merge(total: RequestOutput | None, delta: RequestOutput) -> RequestOutput:
 
 class LLM:
     def __init__(self, model: str | None = None, **options):
-        self.engine = Engine(EngineConfig(model=model, **options))
+        self.engine = EngineCore(EngineConfig(model=model, **options))
         self.tokenizer = self.engine.tokenizer
         self.model_config = self.engine.model_config
         self._ids = itertools.count()
@@ -53,7 +53,7 @@ class LLM:
                  sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = False) -> list[RequestOutput]:
         """Run every prompt as one batch; results come back in the order of the prompts. A prompt the
-        engine failed (see Engine.step) raises RequestError once the others have finished."""
+        engine failed (see EngineCore.step) raises RequestError once the others have finished."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         params = sampling_params or SamplingParams()

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from playwright.sync_api import Browser, Locator, Page, Playwright, expect
 
-if TYPE_CHECKING:  # only a type here: tests/models import this module as server.inspector
+if TYPE_CHECKING:  # only a type here: tests/real_weights import this module as server.inspector
     from server_process import ServerProcess
 
 CHROMIUM = Path("/usr/bin/chromium")  # Debian's package: Playwright's own download host is unreachable here

@@ -1,6 +1,6 @@
 """The inspector's tool round trip, walked in the page: Next until the trip ends (each wait bounded), and what
 each step added checked against the server's own answers (its rendering of the same messages, its step
-records of each request). Shared by the default model's test (tests/server) and Qwen's (tests/models)."""
+records of each request). Shared by the default model's test (tests/server) and Qwen's (tests/real_weights)."""
 from __future__ import annotations
 
 import json

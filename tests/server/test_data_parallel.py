@@ -144,7 +144,7 @@ PD_FLAGS = ["--dtype", "float32", "--data-parallel-size", "2", "--kv-role", "pre
 # (sitecustomize runs in every process; only a prefill replica sends shipments).
 DIE_MID_TRANSFER = """
 import os, signal, time
-from zhuzi.engine.kv.transfer import ShipmentSockets
+from zhuzi.engine.core.kv.transfer import ShipmentSockets
 send = ShipmentSockets.send
 def send_then_die(self, shipment):
     send(self, shipment)

@@ -19,7 +19,7 @@ from server_process import ServerProcess, engine_pids, free_port, running_server
 from test_lifecycle import stream_events
 
 from zhuzi import LLM, SamplingParams
-from zhuzi.engine.placement import EXIT_CODE_WAIT_S
+from zhuzi.engine.front.placement import EXIT_CODE_WAIT_S
 
 pytestmark = pytest.mark.long  # a minute or more: handed out first (tests/conftest.py)
 

@@ -15,7 +15,7 @@ from faults import Gate, planted
 
 from zhuzi import SamplingParams
 from zhuzi.config import EngineConfig, ParallelConfig, ServerConfig
-from zhuzi.engine.core_client import CoreClient
+from zhuzi.engine.front.core_client import EngineCoreClient
 from zhuzi.server.app import create_app
 
 QUESTION = [{"role": "user", "content": "Tell me a story"}]
@@ -28,11 +28,11 @@ def clock() -> Clock:
 
 
 @pytest.fixture
-def engine(clock: Clock) -> Iterator[CoreClient]:
+def engine(clock: Clock) -> Iterator[EngineCoreClient]:
     """The engine core in a thread of this process (--no-engine-process), with a sampler that fails for seed 666,
     its heartbeats read on the test's clock."""
     with planted("fail_sampling(seed=666)"):
-        client = CoreClient(EngineConfig(kv_cache_memory="16MiB"), ParallelConfig(engine_process=False),
+        client = EngineCoreClient(EngineConfig(kv_cache_memory="16MiB"), ParallelConfig(engine_process=False),
                             clock=clock).start()
         yield client
         client.close()

@@ -71,7 +71,7 @@ def test_sigterm_lets_running_streams_finish_then_ends_the_rest_with_abort_and_e
 
 MODEL = "SmolLM2-135M-Instruct"
 FAILING_ENGINE = """
-from zhuzi.engine.scheduler import Scheduler
+from zhuzi.engine.core.scheduler import Scheduler
 schedule, calls = Scheduler.schedule, []
 def failing(self):
     calls.append(1)

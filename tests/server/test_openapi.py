@@ -13,7 +13,7 @@ from schemathesis import GenerationMode
 from schemathesis.checks import positive_data_acceptance
 
 from zhuzi.config import EngineConfig, ParallelConfig, ServerConfig
-from zhuzi.engine.core_client import CoreClient
+from zhuzi.engine.front.core_client import EngineCoreClient
 from zhuzi.server.app import create_app
 
 EXAMPLES = int(os.environ.get("ZHUZI_FUZZ_EXAMPLES", 25))  # per route and mode: a few seconds each in make test
@@ -37,7 +37,7 @@ def app(tmp_path_factory):
     tiny.build("llama", directory, vocab_size=49152)
     config = EngineConfig(model=str(directory), dtype="float32", kv_cache_memory="16MiB", max_model_len=64,
                           max_num_seqs=8)
-    engine = CoreClient(config, ParallelConfig(engine_process=False)).start()
+    engine = EngineCoreClient(config, ParallelConfig(engine_process=False)).start()
     yield create_app(engine, ServerConfig(max_waiting=8, responses_store=str(directory / "responses.sqlite3")))
     engine.close()
 

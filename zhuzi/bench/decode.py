@@ -24,7 +24,7 @@ from zhuzi.bench.datasets import random_token_requests
 from zhuzi.bench.llamacpp import BenchTest, find_tool, gguf_of, llama_bench
 from zhuzi.bench.speculative import SpecDecodeReport
 from zhuzi.config import EngineConfig
-from zhuzi.engine.model_runner import measure_read_bandwidth, torch_sum_bandwidth
+from zhuzi.engine.worker.model_runner import measure_read_bandwidth, torch_sum_bandwidth
 from zhuzi.model import native
 
 BANDWIDTH_BUFFER_BYTES = 1 << 30

@@ -1,13 +1,8 @@
-"""The engine's wire messages: the typed msgspec structs that cross between the front (core_client.py) and
-an engine core (core.py), as msgpack on ZeroMQ sockets, and the header of the KV shipments engine cores send
-each other (kv/transfer.py).
-
-Commands go to an engine core (add a request or a probe, take a snapshot, unpin, abort, give up a hand-off,
-shut down); after every step one Outputs message comes back with the news of every request that step touched,
-the engine's stats, and the prefix-cache blocks it stored and evicted. The structs wrap the engine's own
-dataclasses (SamplingParams, RequestOutput, EngineStats); the only tensor that crosses is an inspection's
-logits, as float32 bytes.
-"""
+"""The wire between the engine's front (core_client.py) and its cores (engine_core_proc.py): typed msgspec
+structs as msgpack on ZeroMQ, commands one way (add a request or a probe, snapshot, unpin, abort, give up a
+hand-off, shut down) and one Outputs per step the other; and the header of the KV shipments cores send each
+other (kv/transfer.py). The structs wrap the engine's own dataclasses; the only tensor that crosses is an
+inspection's logits, as float32 bytes."""
 from __future__ import annotations
 
 import copy

@@ -1,11 +1,6 @@
-"""The thinking budget, a step of output processing: a reasoning model's thought (between its own <think> and
-</think> tokens) holds at most SamplingParams.thinking_token_budget tokens; then the engine writes </think>
-in place of the next sampled token, and the answer follows.
-
-A model whose vocabulary has no such tags never thinks, so the budget holds for it as it is. A thought the
-prompt opened (DeepSeek-R1 style templates end with <think>) counts from the reply's first token. The token
-written in place of the sampled one has logprob 0: the engine, not the distribution, chose it.
-"""
+"""The thinking budget, a step of output processing: a reasoning model's thought (between its own <think>
+and </think> tokens) holds at most SamplingParams.thinking_token_budget tokens; then the engine writes
+</think> in place of the next sampled token, and the answer follows."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -16,7 +11,10 @@ from zhuzi.sampling_params import SamplingParams
 
 @dataclass
 class ThoughtBudget:
-    """One sequence's thought: whether it is open, and how many of its tokens were written."""
+    """One sequence's thought: whether it is open, and how many of its tokens were written. A model whose
+    vocabulary has no such tags never thinks, so the budget holds for it as it is. A thought the prompt opened
+    (DeepSeek-R1 style templates end with <think>) counts from the reply's first token. The token written in
+    place of the sampled one has logprob 0: the engine, not the distribution, chose it."""
 
     budget: int
     open_id: int

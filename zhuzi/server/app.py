@@ -19,7 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import zhuzi
 from zhuzi.config import ServerConfig
-from zhuzi.engine.client import EngineClient, EngineDead
+from zhuzi.engine.front.client import EngineClient, EngineDead
 from zhuzi.outputs import RequestError
 from zhuzi.sampling_params import InvalidRequest
 from zhuzi.server import status

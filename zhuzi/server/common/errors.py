@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from zhuzi.engine.client import EngineDead
+from zhuzi.engine.front.client import EngineDead
 from zhuzi.outputs import RequestError
 from zhuzi.sampling_params import InvalidRequest
 

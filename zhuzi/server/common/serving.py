@@ -22,7 +22,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from zhuzi.config import ServerConfig
-from zhuzi.engine.client import EngineClient, EngineDead
+from zhuzi.engine.front.client import EngineClient, EngineDead
 from zhuzi.engine.sequence import Probe
 from zhuzi.outputs import EngineStats, RequestError, RequestOutput
 from zhuzi.sampling_params import InvalidRequest, SamplingParams

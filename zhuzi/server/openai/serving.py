@@ -7,7 +7,7 @@ from __future__ import annotations
 from fastapi import Request
 from fastapi.responses import Response
 
-from zhuzi.engine.client import EngineClient
+from zhuzi.engine.front.client import EngineClient
 from zhuzi.sampling_params import InvalidRequest
 from zhuzi.server.common.chat import ChatPath, sampling_params
 from zhuzi.server.common.errors import ApiError

@@ -1,0 +1,119 @@
+"""Prefill/decode hand-offs between two real engines (tiny model, float32) in one process, the shipments passed
+by hand as the engine cores' sockets would pass them: the decode engine streams the tokens one engine alone
+gives, whether every block came, some did, or none (foreign ones are refused)."""
+import dataclasses
+
+import msgspec
+import pytest
+import tiny
+import zmq
+from clock import Clock
+from kv_load import GREEDY, ids
+
+from zhuzi.config import EngineConfig
+from zhuzi.engine.core.engine_core import EngineCore
+from zhuzi.engine.core.kv import transfer
+from zhuzi.engine.core.kv.transfer import Shipment
+from zhuzi.engine.messages import Handoff, ShipmentHeader
+
+PROMPT = ids(7, 120)  # 7 full blocks before its last token
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory) -> EngineConfig:
+    directory = tmp_path_factory.mktemp("llama")
+    tiny.build("llama", directory)
+    return EngineConfig(model=str(directory), dtype="float32", kv_cache_memory=64 * 16 * 512)
+
+
+@pytest.fixture(scope="module")
+def alone(config) -> list[int]:
+    engine = EngineCore(config)
+    engine.add_request("r", PROMPT, GREEDY)
+    return run(engine)["r"]
+
+
+def run(engine: EngineCore) -> dict[str, list[int]]:
+    tokens: dict[str, list[int]] = {}
+    while engine.has_work():
+        for out in engine.step():
+            tokens.setdefault(out.request_id, []).extend(out.outputs[0].token_ids)
+    return tokens
+
+
+@pytest.fixture(scope="module")
+def shipments(config) -> list[Shipment]:
+    """A prefill engine's shipments for PROMPT, 3 blocks each."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(transfer, "CHUNK_BLOCKS", 3)
+        engine = EngineCore(config, kv_transfers=True)
+        engine.add_request("r#prefill", PROMPT, GREEDY, handoff=Handoff("r", "ipc://decode"))
+        run(engine)
+    assert engine.stats().kv_transfers_sent == 1 and engine.stats().kv_transfer_blocks_sent == 7
+    return engine.kv.handoffs.take_outbox()
+
+
+def deliver(engine: EngineCore, shipment: Shipment) -> None:
+    frames = [zmq.Frame(bytes(f)) for f in shipment.frames()]
+    header = msgspec.msgpack.decode(frames[0].bytes, type=ShipmentHeader)
+    engine.kv.handoffs.receive(header, frames[1:])
+
+
+def decode_engine(config: EngineConfig) -> EngineCore:
+    engine = EngineCore(config, kv_transfers=True)
+    engine.add_request("r", PROMPT, GREEDY, handoff=Handoff("r"))
+    assert engine.has_unfinished() and not engine.has_work() and engine.step() == []  # it waits for the blocks
+    return engine
+
+
+def test_a_hand_off_gives_the_tokens_one_engine_gives_and_computes_only_the_last_block(config, alone, shipments):
+    assert [len(s.header.hashes) for s in shipments] == [3, 3, 1] and [s.header.last for s in shipments] == [
+        False, False, True]
+    engine = decode_engine(config)
+    for shipment in shipments[:-1]:
+        deliver(engine, shipment)
+        assert not engine.has_work()
+    deliver(engine, shipments[-1])
+    assert run(engine)["r"] == alone
+    stats = engine.stats()
+    assert (stats.kv_transfers_received, stats.kv_transfer_blocks_received, stats.kv_transfers_failed) == (1, 7, 0)
+    assert stats.prefix_cache_hits == 7 * 16  # the shipped blocks, found in its prefix cache
+
+
+def test_a_hand_off_given_up_midway_computes_the_rest_with_the_same_tokens(config, alone, shipments):
+    engine = decode_engine(config)
+    deliver(engine, shipments[0])  # then the prefill replica died
+    engine.kv.handoffs.give_up("r")
+    assert run(engine)["r"] == alone
+    stats = engine.stats()
+    assert stats.kv_transfers_failed == 1 and stats.prefix_cache_hits == 3 * 16
+
+
+def test_a_hand_off_whose_blocks_never_come_is_given_up_after_wait_s(config, alone, monkeypatch):
+    clock = Clock()
+    engine = EngineCore(config, kv_transfers=True)
+    monkeypatch.setattr(engine.kv.handoffs, "clock", clock)
+    engine.add_request("r", PROMPT, GREEDY, handoff=Handoff("r"))
+    clock.now += transfer.WAIT_S - 1
+    assert engine.step() == [] and not engine.has_work()  # a second before the deadline: it still waits
+    clock.now += 1
+    given_up = engine.step()  # the step at the deadline lets the request go, and computes its prompt
+    assert [t for out in given_up for t in out.outputs[0].token_ids] + run(engine)["r"] == alone
+    stats = engine.stats()
+    assert (stats.kv_transfers_failed, stats.prefix_cache_hits) == (1, 0)
+
+
+def test_blocks_of_another_model_are_refused_and_the_prompt_computed(config, alone, shipments, caplog):
+    foreign = dataclasses.replace(shipments[0], header=msgspec.structs.replace(shipments[0].header, layout=b"x" * 16))
+    engine = decode_engine(config)
+    deliver(engine, foreign)
+    assert "another model" in caplog.text
+    assert run(engine)["r"] == alone and engine.stats().prefix_cache_hits == 0
+
+
+def test_a_request_aborted_while_it_waits_ends_and_frees_everything(config):
+    engine = decode_engine(config)
+    out = engine.abort("r")
+    assert out.finished and out.outputs[0].finish_reason == "abort" and not engine.has_unfinished()
+    engine.step()
+    assert engine.kv.handoffs.awaited == {} and engine.blocks.num_free_blocks == engine.blocks.num_blocks

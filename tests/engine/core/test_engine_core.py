@@ -1,0 +1,449 @@
+"""Serving-engine invariants on the real SmolLM2 checkpoint: batching, prefix caching, chunked
+prefill and preemption never change a greedy result, and every KV block comes back. The invariants run in
+float32 on the file's own Q4_1 blocks, as served (a fifth of the dense reference's bytes a step)."""
+import dataclasses
+import random
+
+import pytest
+import tiny
+import torch
+
+from zhuzi import LLM, SamplingParams
+from zhuzi.config import EngineConfig
+from zhuzi.engine.core.engine_core import EngineCore
+from zhuzi.engine.core.kv.block_manager import FREED
+from zhuzi.model.loader import default_model_path
+from zhuzi.sampling_params import InvalidRequest
+from zhuzi.tokenizer import Tokenizer
+
+pytestmark = pytest.mark.long  # a minute or more: handed out first (tests/conftest.py)
+
+GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=1)
+NEAR_TIE = 1e-4
+
+
+def mixed_prompts(tokenizer, count: int = 8, longest: int = 300, seed: int = 0) -> list[list[int]]:
+    """Real text, 8 to `longest` tokens."""
+    rng = random.Random(seed)
+    words = ("the river city light morning question answer model token people write small house "
+             "garden music number paper window road story").split()
+    lengths = [8, longest] + [rng.randint(8, longest) for _ in range(count - 2)]
+    prompts = []
+    for n in lengths:
+        ids = tokenizer.encode(" ".join(rng.choice(words) for _ in range(n)))
+        prompts.append(ids[:n])
+    return prompts
+
+
+def assert_same_or_near_tie(a, b):
+    """Token for token; a difference is only allowed where the two best tokens were within NEAR_TIE,
+    and until then the chosen tokens' logprobs agree within NEAR_TIE."""
+    for out_a, out_b in zip(a, b):
+        ta, tb = out_a.outputs[0], out_b.outputs[0]
+        for i, (x, y) in enumerate(zip(ta.token_ids, tb.token_ids)):
+            lp_a, lp_b = ta.logprobs[i], tb.logprobs[i]
+            if x != y:
+                ranked = sorted(lp_a.values(), key=lambda lp: lp.rank)
+                assert ranked[0].logprob - ranked[1].logprob < NEAR_TIE, f"token {i} differs and is no near-tie"
+                break
+            assert abs(lp_a[x].logprob - lp_b[y].logprob) < NEAR_TIE
+        else:
+            assert ta.token_ids == tb.token_ids
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    return mixed_prompts(Tokenizer.load(default_model_path()))
+
+
+@pytest.fixture(scope="module")
+def alone(prompts):
+    """Each prompt on its own: the reference, with its prompt logprobs too (computed apart from the sampled
+    token's logits, they change nothing else)."""
+    llm = LLM(dtype="float32", quantization="gguf", enable_prefix_caching=False)
+    return [llm.generate([p], dataclasses.replace(GREEDY, prompt_logprobs=1))[0] for p in prompts]
+
+
+def run_together(prompts, **options):
+    llm = LLM(dtype="float32", quantization="gguf", **options)
+    outs = llm.generate(prompts, GREEDY)
+    engine = llm.engine
+    assert engine.blocks.num_free_blocks == engine.blocks.num_blocks  # every block returned
+    return outs, engine
+
+
+def test_batching_never_changes_a_greedy_result(prompts, alone):
+    together, _ = run_together(prompts, enable_prefix_caching=False)
+    assert_same_or_near_tie(alone, together)
+
+
+def test_prefix_caching_never_changes_a_greedy_result(prompts, alone):
+    # Each prompt twice: the second copies find the first ones' blocks in the cache.
+    cached, engine = run_together(prompts[:4] + prompts[:4], enable_prefix_caching=True)
+    assert_same_or_near_tie(alone[:4] + alone[:4], cached)
+    assert engine.blocks.prefix_hits > 0
+
+
+def test_chunked_prefill_never_changes_a_greedy_result(prompts, alone):
+    chunked, _ = run_together(prompts, max_num_batched_tokens=64)
+    assert_same_or_near_tie(alone, chunked)
+
+
+def test_preemption_never_changes_a_greedy_result(prompts, alone):
+    # 20 blocks of 16 tokens: the longest request (300 + 12) just fits alone. Steps of 256 tokens admit
+    # prompts a part at a time, so the pool runs out again and again (decoding requests are preempted too),
+    # and without the prefix cache a preempted request computes all its tokens again.
+    preempted, engine = run_together(prompts, kv_cache_memory=20 * 16 * 46080, max_num_batched_tokens=256,
+                                     enable_prefix_caching=False)
+    assert engine.blocks.num_blocks == 20
+    assert engine.scheduler.num_preemptions >= 3
+    assert_same_or_near_tie(alone, preempted)
+
+
+# -- engine mechanics on the default bf16 model ------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return EngineCore(EngineConfig(max_num_batched_tokens=64, kv_cache_memory="64MiB"))
+
+
+def run(engine: EngineCore, until=lambda: False) -> dict:
+    """Step until done (or until `until()`); returns request id -> concatenated text deltas."""
+    texts: dict[str, str] = {}
+    while engine.has_unfinished() and not until():
+        for out in engine.step():
+            for c in out.outputs:
+                texts[out.request_id] = texts.get(out.request_id, "") + c.text
+    return texts
+
+
+def assert_all_blocks_free(engine: EngineCore):
+    assert not engine.has_unfinished()
+    assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
+    assert all(b.ref_count == 0 for b in engine.blocks.blocks)
+
+
+def test_abort_in_every_state_returns_every_block(engine):
+    long_prompt = engine.tokenizer.encode("word " * 300)
+    params = SamplingParams(temperature=0, max_tokens=50, ignore_eos=True)
+    for i in range(3):
+        engine.add_request(f"decoding-{i}", "Tell me a story", params)
+    engine.add_request("prefilling", long_prompt, params)
+    engine.add_request("waiting", long_prompt, params)
+    seqs = {rid: engine.requests[rid].seqs[0] for rid in engine.requests}
+    run(engine, until=lambda: 0 < seqs["prefilling"].num_computed_tokens < len(long_prompt))
+    assert seqs["decoding-0"].num_output_tokens > 0 and seqs["waiting"].status.value == "waiting"
+    for rid in ("prefilling", "waiting", "decoding-0"):
+        engine.abort(rid)
+    run(engine)
+    assert_all_blocks_free(engine)
+
+
+def test_abort_of_a_preempted_request_and_resumed_ones_return_every_block():
+    engine = EngineCore(EngineConfig(kv_cache_memory=12 * 16 * 23040, max_num_batched_tokens=256))
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    for i in range(4):
+        engine.add_request(f"r{i}", engine.tokenizer.encode(f"{i} " * 20), params)
+
+    def victims() -> list:
+        return [s for r in engine.requests.values() for s in r.seqs if s.num_preemptions]
+
+    run(engine, until=lambda: bool(victims()))
+    assert victims(), "the pool was meant to run out"
+    engine.abort(victims()[0].request_id)
+    run(engine)
+    assert engine.scheduler.num_preemptions >= 2  # another request was preempted, and resumed
+    assert_all_blocks_free(engine)
+
+
+def test_second_turn_computes_only_its_new_tokens(engine):
+    params = SamplingParams(temperature=0, max_tokens=20)
+    history = [{"role": "user", "content": "Name three rivers in Europe and say one thing about each."}]
+    first = engine.tokenizer.encode_chat(history)
+    engine.add_request("turn-1", first, params)
+    outs = []
+    while engine.has_unfinished():
+        outs += engine.step()
+    reply_ids = [t for o in outs for c in o.outputs for t in c.token_ids]
+    reply = "".join(c.text for o in outs for c in o.outputs)
+    history += [{"role": "assistant", "content": reply}, {"role": "user", "content": "Which is longest?"}]
+    second = engine.tokenizer.encode_chat(history)
+    queries, hits = engine.blocks.prefix_queries, engine.blocks.prefix_hits
+    engine.add_request("turn-2", second, params)
+    outs = []
+    while engine.has_unfinished():
+        outs += engine.step()
+    # Turn 1's prompt and reply sit in the cache; every whole block of what turn 2 shares with
+    # them is reused, so only the new messages (and a partial block) are computed.
+    seen = first + reply_ids
+    common = next(i for i, (a, b) in enumerate(zip(seen + [-1], second)) if a != b)
+    cached = outs[-1].num_cached_tokens
+    assert common > len(first)
+    assert cached == min(common, len(second) - 1) // 16 * 16
+    assert engine.blocks.prefix_queries - queries == len(second)
+    assert engine.blocks.prefix_hits - hits == cached
+    assert outs[-1].metrics.num_cached_tokens == cached
+    assert_all_blocks_free(engine)
+
+
+def test_n_samples_share_the_prompt_blocks_and_seeds_reproduce(engine):
+    prompt = engine.tokenizer.encode("Write a short poem about the sea. " * 6)
+    params = SamplingParams(n=4, temperature=1.0, seed=7, max_tokens=16, ignore_eos=True)
+    hits = engine.blocks.prefix_hits
+    engine.add_request("poem", prompt, params)
+    first = run(engine)["poem"]
+    shared = (len(prompt) - 1) // 16 * 16
+    assert engine.blocks.prefix_hits - hits >= 3 * shared  # samples 2-4 reuse sample 1's prompt blocks
+    llm_outputs = []
+    for rid in ("again-1", "again-2"):
+        engine.add_request(rid, prompt, params)
+        outs = []
+        while engine.has_unfinished():
+            outs += engine.step()
+        tokens = {}
+        for out in outs:
+            for c in out.outputs:
+                tokens.setdefault(c.index, []).extend(c.token_ids)
+        llm_outputs.append(tokens)
+    assert llm_outputs[0] == llm_outputs[1]  # same seed, same samples
+    assert len({tuple(t) for t in llm_outputs[0].values()}) == 4  # the 4 samples differ
+    assert first
+    assert_all_blocks_free(engine)
+
+
+def test_streamed_deltas_concatenate_to_the_final_text_with_stop_strings(engine):
+    llm_text = {}
+    prompt = "List the numbers from one to ten in words: one, two, three,"
+    engine.add_request("full", prompt, SamplingParams(temperature=0, max_tokens=30))
+    full = run(engine)["full"]
+    stop = full[10:14]  # a stop string that spans token boundaries inside the real output
+    for include in (False, True):
+        rid = f"stop-{include}"
+        engine.add_request(rid, prompt, SamplingParams(temperature=0, max_tokens=30, stop=[stop],
+                                                       include_stop_str_in_output=include))
+        outs = []
+        while engine.has_unfinished():
+            outs += engine.step()
+        llm_text[include] = "".join(c.text for o in outs for c in o.outputs)
+        last = outs[-1].outputs[-1]
+        assert (last.finish_reason, last.stop_reason) == ("stop", stop)
+    assert llm_text[False] == full[:full.index(stop)]
+    assert llm_text[True] == full[:full.index(stop)] + stop
+    assert_all_blocks_free(engine)
+
+
+def test_an_emoji_split_over_tokens_arrives_whole(engine):
+    cat = engine.tokenizer.encode("🐱")
+    assert len(cat) == 3  # each piece alone decodes to U+FFFD
+    engine.add_request("cat", "🐱" * 10, SamplingParams(temperature=0, max_tokens=9))  # the model copies it
+    outs = []
+    while engine.has_unfinished():
+        outs += engine.step()
+    ids = [t for o in outs for c in o.outputs for t in c.token_ids]
+    pieces = [c.text for o in outs for c in o.outputs]
+    assert ids == cat * 3
+    assert pieces.count("🐱") == 3 and "".join(pieces) == "🐱" * 3
+    assert all("\ufffd" not in p for p in pieces)
+
+
+def test_requests_that_can_never_fit_are_refused_with_the_numbers(engine):
+    with pytest.raises(ValueError, match=r"8192 tokens.*8200"):
+        engine.add_request("too-long", [5] * 8000, SamplingParams(max_tokens=200))
+    small = EngineCore(EngineConfig(kv_cache_memory=4 * 16 * 23040))
+    with pytest.raises(ValueError, match="64 tokens"):
+        small.add_request("too-big", [5] * 60, SamplingParams(max_tokens=10))
+    with pytest.raises(ValueError, match="prompt is empty"):
+        engine.add_request("empty", [], SamplingParams())
+
+
+def test_metrics_record_every_phase(engine):
+    engine.add_request("timed", "Hello there", SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    outs = []
+    while engine.has_unfinished():
+        outs += engine.step()
+    m = outs[-1].metrics
+    assert m.arrival_time <= m.first_scheduled_time <= m.first_token_time <= m.finished_time
+    assert m.queue_time >= 0 and m.prefill_time > 0 and m.time_to_first_token > 0
+    assert len(m.decode_step_times) == 7 and all(t > 0 for t in m.decode_step_times)
+
+
+def test_a_long_prompt_is_chunked_beside_running_streams_which_get_a_token_every_step():
+    engine = EngineCore(EngineConfig(kv_cache_memory="64MiB", max_num_batched_tokens=512,
+                                 long_prefill_token_threshold=128))
+    params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)  # outlasts the long prompt's 5 chunks
+    engine.add_request("stream", "Tell me a story", params)
+    while not engine.requests["stream"].seqs[0].num_output_tokens:
+        engine.step()
+    long_prompt = engine.tokenizer.encode("word " * 1000)[:600]
+    engine.add_request("long", long_prompt, SamplingParams(temperature=0, max_tokens=2))
+    stream, long = engine.requests["stream"].seqs[0], engine.requests["long"].seqs[0]
+    chunks = []
+    while not long.prompt_done:
+        before, tokens = long.num_computed_tokens, stream.num_output_tokens
+        engine.step()
+        chunks.append(long.num_computed_tokens - before)
+        assert stream.num_output_tokens == tokens + 1  # the stream never waits a step
+    assert max(chunks) <= 128 and sum(chunks) == len(long_prompt)
+    run(engine)
+    assert_all_blocks_free(engine)
+
+
+def test_prompt_logprobs_survive_chunked_prefill_and_preemption(prompts, alone):
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, prompt_logprobs=1)
+    # 20 blocks and 64-token chunks: prompts are preempted half-prefilled and computed again
+    llm = LLM(dtype="float32", quantization="gguf", kv_cache_memory=20 * 16 * 46080, max_num_batched_tokens=64)
+    together = llm.generate(prompts, params)
+    assert llm.engine.scheduler.num_preemptions >= 1
+    for a, b in zip(alone, together, strict=True):
+        assert len(b.prompt_logprobs) == len(b.prompt_token_ids) and b.prompt_logprobs[0] is None
+        for token, x, y in zip(a.prompt_token_ids[1:], a.prompt_logprobs[1:], b.prompt_logprobs[1:]):
+            assert abs(x[token].logprob - y[token].logprob) < NEAR_TIE
+
+
+# -- scheduling policies and prefill progress on a tiny checkpoint -------------------------
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory, one_thread):
+    path = tmp_path_factory.mktemp("tiny") / "llama"
+    tiny.build("llama", path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def tiny_fcfs(tiny_model):
+    return EngineCore(EngineConfig(model=tiny_model, dtype="float32", max_num_batched_tokens=32))
+
+
+def tokens_of(engine: EngineCore) -> dict[str, list[int]]:
+    tokens: dict[str, list[int]] = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            tokens.setdefault(out.request_id, []).extend(t for c in out.outputs for t in c.token_ids)
+    return tokens
+
+
+def test_an_urgent_request_preempts_the_lowest_priority_and_changes_no_result(tiny_model, tiny_fcfs):
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    prompts = {"low": list(range(10, 40)), "lowest": list(range(50, 80)), "urgent": list(range(100, 130))}
+    alone = {}
+    for rid, prompt in prompts.items():
+        tiny_fcfs.add_request(rid, prompt, params)
+        alone |= tokens_of(tiny_fcfs)
+    engine = EngineCore(EngineConfig(model=tiny_model, dtype="float32", scheduling_policy="priority", max_num_seqs=2))
+    engine.add_request("low", prompts["low"], dataclasses.replace(params, priority=1))
+    engine.add_request("lowest", prompts["lowest"], dataclasses.replace(params, priority=2))
+    together: dict[str, list[int]] = {}
+
+    def step() -> dict[str, list[int]]:
+        news = {out.request_id: [t for c in out.outputs for t in c.token_ids] for out in engine.step()}
+        for rid, ids in news.items():
+            together.setdefault(rid, []).extend(ids)
+        return news
+
+    while len(together.get("lowest", [])) < 4:
+        step()
+    lowest, low = engine.requests["lowest"].seqs[0], engine.requests["low"].seqs[0]
+    engine.add_request("urgent", prompts["urgent"], params)  # priority 0: the most urgent
+    assert len(step()["urgent"]) == 1  # its first token comes in the very next step
+    assert (lowest.num_preemptions, low.num_preemptions) == (1, 0)
+    while engine.has_unfinished():
+        step()
+    assert together == alone
+    assert_all_blocks_free(engine)
+
+
+def test_a_priority_is_refused_where_the_policy_would_ignore_it(tiny_fcfs):
+    with pytest.raises(InvalidRequest, match="scheduling policy priority or fair") as refused:
+        tiny_fcfs.add_request("r", [5, 6, 7], SamplingParams(priority=-1))
+    assert refused.value.param == "priority"
+
+
+def test_prefill_progress_is_reported_after_every_chunk_of_the_prompt(tiny_fcfs):
+    engine = tiny_fcfs
+    prompt = list(range(200, 300))
+    progress = []
+    for rid in ("first", "again"):  # the second finds 96 tokens (6 blocks) in the prefix cache
+        engine.add_request(rid, prompt, SamplingParams(temperature=0, max_tokens=2))
+        while engine.has_unfinished():
+            for out in engine.step():
+                if out.prompt_progress is not None:
+                    p = out.prompt_progress
+                    assert not any(c.token_ids for c in out.outputs) or p.processed == p.total
+                    progress.append((rid, p.processed, p.total, p.cached))
+    assert progress == [("first", 32, 100, 0), ("first", 64, 100, 0), ("first", 96, 100, 0),
+                        ("first", 100, 100, 0), ("again", 100, 100, 96)]
+
+
+# -- sliding-window attention on a tiny Mistral --------------------------------------------
+
+@pytest.fixture(scope="module")
+def mistral(tmp_path_factory, one_thread):
+    """transformers' Mistral (the reference) and zhuzi on it: window 12, blocks of 4, so blocks fall out of the
+    window every few tokens; prompts chunked by 16."""
+    path = tmp_path_factory.mktemp("mistral") / "mistral"
+    hf = tiny.build("mistral", path, sliding_window=12)
+    return hf, LLM(str(path), dtype="float32", block_size=4, max_num_batched_tokens=16)
+
+
+def transformers_greedy(hf, prompt: list[int], n: int) -> list[int]:
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False)
+    return out[0, len(prompt):].tolist()
+
+
+def test_a_sliding_window_model_holds_only_its_window_and_changes_no_result(mistral):
+    """Between steps a sequence at position p holds the blocks from p - 11 on: at most 4 blocks of 4, however
+    long it grows (the KV plan's figure), prefilling in chunks beside other sequences or decoding."""
+    hf, engine = mistral[0], mistral[1].engine
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    prompts = {"long": list(range(3, 90, 2)), "short": [5, 17, 300, 42, 9], "mid": list(range(200, 230))}
+    bound = engine.kv_plan.sequence_tokens(10 ** 6) // 4
+    assert bound == 4
+    for rid, prompt in prompts.items():
+        engine.add_request(rid, prompt, params)
+    tokens: dict[str, list[int]] = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            tokens.setdefault(out.request_id, []).extend(t for c in out.outputs for t in c.token_ids)
+        assert all(sum(b != FREED for b in s.block_table) <= bound for s in engine.scheduler.running)
+    assert tokens == {rid: transformers_greedy(hf, prompt, 40) for rid, prompt in prompts.items()}
+    assert_all_blocks_free(engine)
+
+
+def test_a_sliding_window_chat_computes_only_its_new_tokens_on_turn_two(mistral):
+    """llama-server recomputes a sliding-window model's whole prompt each turn; here turn 2 finds every whole
+    block of turn 1's prompt and reply (its window's blocks are still in the pool), and its tokens equal
+    transformers' from scratch."""
+    hf, llm = mistral
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    first = list(range(301, 345))
+    reply = llm.generate([first], params)[0].outputs[0].token_ids
+    second = first + reply + [7, 8, 9, 10, 11]
+    out = llm.generate([second], params)[0]
+    # turn 1 computed the K/V of its prompt and of its reply but the last token
+    assert out.num_cached_tokens == (len(first) + len(reply) - 1) // 4 * 4 > len(first)
+    assert out.outputs[0].token_ids == transformers_greedy(hf, second, 20)
+    assert_all_blocks_free(llm.engine)
+
+
+# -- Gemma 3 --------------------------------------------------------------------------------
+
+def test_gemma3_greedy_is_transformers_with_batching_chunked_prefill_and_prefix_cache(tmp_path_factory):
+    """Gemma 3 (local and global layers, sandwich norms) through the whole engine: five prompts batched,
+    prefills cut into 32-token chunks, four of them sharing a 40-token prefix the cache holds from a first
+    run; every greedy token is transformers'."""
+
+    path = tmp_path_factory.mktemp("gemma3")
+    hf = tiny.build("gemma3", path)
+    shared = list(range(10, 50))
+    prompts = [shared + [600 + i] * (i + 1) for i in range(4)] + [list(range(100, 137))]
+    llm = LLM(str(path), dtype="float32", block_size=16, max_num_batched_tokens=32, enable_prefix_caching=True)
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    llm.generate([shared + [7]], params)
+    outs = llm.generate(prompts, params)
+    assert [out.num_cached_tokens for out in outs] == [32, 32, 32, 32, 0]  # two whole blocks of the prefix
+    for ids, out in zip(prompts, outs):
+        with torch.no_grad():
+            expected = hf.generate(torch.tensor([ids]), max_new_tokens=16, min_new_tokens=16, do_sample=False)
+        assert out.outputs[0].token_ids == expected[0, len(ids):].tolist()

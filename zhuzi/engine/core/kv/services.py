@@ -1,0 +1,70 @@
+"""What the engine keeps of KV beyond its pool's own prefix cache, in one place: the KV connector and its
+tiers (connector.py), pinned prefixes (pins.py) and prefill/decode hand-offs (transfer.py); built
+with the block manager they plug into, ticked before each step, counted in EngineStats, closed at the end.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from zhuzi.config import EngineConfig, KVPlan, parse_bytes
+from zhuzi.engine.core.kv.block_manager import BlockManager, KVEvents
+from zhuzi.engine.core.kv.connector import KVConnector
+from zhuzi.engine.core.kv.pins import PinTable
+from zhuzi.engine.core.kv.transfer import Handoffs
+from zhuzi.engine.messages import Handoff
+from zhuzi.engine.sequence import Sequence
+from zhuzi.model.model_config import ModelConfig
+
+
+@dataclass
+class KVServices:
+    connector: KVConnector | None  # with a tier configured, or hand-offs
+    pins: PinTable
+    handoffs: Handoffs | None  # on the replicas of a prefill/decode pair
+
+    @classmethod
+    def build(cls, config: EngineConfig, model: ModelConfig, path: Path, plan: KVPlan, kv_cache: torch.Tensor,
+              num_blocks: int, kv_events: bool, handoffs: bool) -> tuple[BlockManager, KVServices]:
+        connector = KVConnector.of(config, model, path, kv_cache) if config.kv_tiers or handoffs else None
+        blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching,
+                              events=KVEvents() if kv_events else None, connector=connector, window=model.kv_window)
+        pins = PinTable(blocks, connector, plan.bytes_per_token * plan.block_size,
+                        parse_bytes(config.kv_pinned_memory))
+        return blocks, cls(connector, pins, Handoffs(blocks, connector) if handoffs and connector else None)
+
+    def start_handoff(self, handoff: Handoff, seqs: list[Sequence]) -> None:
+        if self.handoffs is None:
+            raise ValueError("this engine takes no part in prefill/decode hand-offs")
+        self.handoffs.start(handoff, seqs)
+
+    def prompt_computed(self, seq: Sequence) -> None:
+        """seq has sampled (its prompt is in the prefix cache): a prefill replica ships it now."""
+        if self.handoffs is not None:
+            self.handoffs.prompt_computed(seq)
+
+    def tick(self) -> None:
+        """Before a step: expired pins let go, hand-offs that waited too long given up."""
+        self.pins.expire()
+        if self.handoffs is not None:
+            self.handoffs.expire()
+
+    def stats(self) -> dict[str, Any]:
+        """EngineStats' fields of what this holds."""
+        pins, handoffs = self.pins, self.handoffs
+        counts = {"kv_tiers": self.connector.stats() if self.connector is not None else {},
+                  "num_pins": len(pins.pins), "pinned_blocks": pins.num_blocks,
+                  "pinned_bytes": pins.num_blocks * pins.block_bytes}
+        if handoffs is not None:
+            counts.update(kv_transfers_sent=handoffs.sent, kv_transfers_received=handoffs.received,
+                          kv_transfers_failed=handoffs.failed, kv_transfer_blocks_sent=handoffs.blocks_sent,
+                          kv_transfer_blocks_received=handoffs.blocks_received)
+        return counts
+
+    def close(self) -> None:
+        """Write what the disk tier has queued."""
+        if self.connector is not None:
+            self.connector.close()
