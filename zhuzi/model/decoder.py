@@ -145,9 +145,9 @@ class Decoder:
         its last token is computed as a decode row, and the prefill kernel's bits differ from the decode's."""
         if torch.device(device).type != "cpu" or self.dtype not in (torch.float32, torch.bfloat16):
             raise ValueError(f"deterministic mode runs on CPU in bfloat16 or float32, not {self.dtype} on {device}")
-        if self.tp is not None or self.quantization not in (None, "gguf"):
-            raise ValueError("deterministic mode runs without tensor parallelism and int8/int4 quantization (an "
-                             "all-reduce and int8 compute sum in orders of their own)")
+        if self.tp is not None:
+            raise ValueError("deterministic mode runs without tensor parallelism (an all-reduce sums in an order of "
+                             "its own)")
         if not cpu_linear.available() or cpu_attention._kernel() is None:
             raise ValueError("deterministic mode needs zhuzi's CPU kernels, which could not be built here "
                              "(is a C++ compiler installed? see the log)")
