@@ -227,12 +227,12 @@ class Decoder:
     def _quantize(self, layer_type: Q, head_type: Q) -> None:
         """Every matrix into GGUF blocks (quant.py), from there run as a GGUF file's are; in float32 (the
         reference) their exact values run dense. Gate and up stay parts of their own, as a GGUF's."""
-        def blocks(linear: Linear, qtype: Q, parts: int = 1, **kw) -> Linear:
+        def blocks(linear: Linear, qtype: Q, parts: int = 1, out_dtype: torch.dtype | None = None) -> Linear:
             quantized = [quantize(w, qtype) for w in linear.weight.chunk(parts)]
             if self.kv_dtype == torch.float32:
                 return Linear(torch.cat([w.dequantize(self.kv_dtype) for w in quantized]).to(self.device),
                               linear.bias)
-            return self._linear(quantized, linear.bias, **kw)
+            return self._linear(quantized, linear.bias, out_dtype)
 
         for layer in self.layers:
             for holder, part in layer.matrices:
