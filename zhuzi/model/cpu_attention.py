@@ -90,7 +90,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 
 def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
                             scale: float, window: int | None = None) -> torch.Tensor:
-    """A prompt chunk's causal attention over its whole history, in tiles.
+    """A prompt chunk's causal attention over its whole history, in slabs.
 
     q: [L, heads, dim], the queries of positions context - L .. context - 1; caches: [slots, kv_heads, dim] of
     dtypes prefill_serves(), with the chunk's own K/V already written; slots: [context] int64, the pool slots of
