@@ -179,9 +179,10 @@ def _weight_plan(c, fmt: str | None, value_bytes: int,
         unread += experts * (c.num_experts - c.num_experts_per_tok) // max(c.num_experts, 1)
         parts = ", ".join(f"{t} {n / 2**20:.1f} MiB" for t, n in sorted(by_type.items(), key=lambda x: -x[1]))
         return resident, resident - unread, f"the file's blocks ({parts})"
-    # int8: a byte a weight (+ an int8 LM head); int4: Q4_1 blocks (20 bytes per 32) and a Q8_0 LM head (34 per
-    # 32); the embedding stays dense, and a tied one is stored twice (embedding and LM head)
-    body_rate, head_rate = {None: (value_bytes, value_bytes), "int8": (1.0, 1.0), "int4": (20 / 32, 34 / 32)}[fmt]
+    # int8: Q8_0 blocks (34 bytes per 32), the LM head too; int4: Q4_1 blocks (20 per 32) and a Q8_0 LM head; the
+    # embedding stays dense, and a tied one is stored twice (embedding and LM head)
+    body_rate, head_rate = {None: (value_bytes, value_bytes), "int8": (34 / 32, 34 / 32),
+                            "int4": (20 / 32, 34 / 32)}[fmt]
     body = c.num_parameters - embed - (0 if c.tie_word_embeddings else head)
     resident = int(body * body_rate + embed * value_bytes + (head * head_rate if fmt or not c.tie_word_embeddings
                                                               else 0))

@@ -220,8 +220,8 @@ class EngineConfig(Settings):
     quantization: str | None = setting(
         None, "weight format: gguf (a .gguf file's own blocks, read in place; the default for a .gguf, but "
               "in float32, the reference, which runs its exact values dense), none (dense in --dtype; the "
-              "default for a Hugging Face directory), or quantized at load from the dense values: int8 (per "
-              "output channel) or int4 (Q4_1 blocks, Q8_0 LM head)",
+              "default for a Hugging Face directory), or quantized at load from the dense values into GGUF "
+              "blocks: int8 (Q8_0) or int4 (Q4_1, Q8_0 LM head)",
         choices=["gguf", "none", "int8", "int4"])
     fused_decode: bool = setting(
         True, "run a step of at most 8 decodes as one native call (CPU, bfloat16); off: the per-layer path, "

@@ -72,7 +72,7 @@ inline Error compare(const A* got, const double* want, int64_t n, double (*value
 inline double of_float(float x) { return x; }
 inline double of_bf16(uint16_t x) { return from_bf16(x); }
 
-// IEEE half <-> float, round to nearest even (the quant units' scales).
+// IEEE half <-> float, round to nearest even (the blocks' scales).
 inline uint16_t half(float x) {
 #if defined(__aarch64__)
   __fp16 h = __fp16(x); uint16_t u; std::memcpy(&u, &h, 2); return u;

@@ -1,9 +1,10 @@
 // decode_step.cpp, the whole fused decode step of a tiny random model (2 layers, grouped heads, QKV bias and
-// q/k norms, an LM head that ends in a partial block), against a float64 forward of the same weights: dense
-// bf16, int8 and Q4 weights with a Q8 head. The kernel rounds matrix inputs (bf16 with AVX-512, q8 blocks for
-// int8 and 4-bit weights elsewhere) and the new K/V: its logits stay within 3 % of the largest (float32
-// math over bf16 weights, off AVX-512: 0.1 %). Each row's logits are the same bits alone or in a batch, and
-// the step writes only the new tokens' K/V.
+// q/k norms, an LM head that ends in a partial row group), against a float64 forward of the same weights:
+// dense bf16, Q8_0 blocks, and Q4_1 blocks with a Q8_0 head (--quantization int8 and int4). The kernel rounds
+// matrix inputs (bf16 with AVX-512, q8 blocks for GGUF blocks) and the new K/V: its logits stay within 3 % of
+// the largest (float32 math over bf16 weights, off AVX-512: 0.1 %). Each row's logits are the same bits alone
+// or in a batch, and the step writes only the new tokens' K/V.
+#include "block_prefill.h"
 #include "check.h"
 #include "decode_step.h"
 #include "pack.h"
@@ -18,37 +19,30 @@ struct Matrix {
   int64_t n, k;
   std::vector<double> w;  // [n, k]: the weights the kernel's storage stands for
   std::vector<uint16_t> bf16;
-  std::vector<int8_t> i8;
-  std::vector<float> scale, bias;
-  pack::Packed packed;
+  std::vector<float> bias;
+  pack::Rows blocks;
+  std::vector<block_prefill::Part> parts;  // gate and up (parts > 1): a part each, as a GGUF's
   step::Mat mat{};
 
-  Matrix(int64_t rows, int64_t cols, int kind, bool with_bias, check::Rng& g) : n(rows), k(cols), w(rows * cols) {
+  // kind: DENSE, or a GGUF block type (Q4_1, Q8_0) for BLOCKS in `count` parts of equal rows.
+  Matrix(int64_t rows, int64_t cols, int kind, bool with_bias, check::Rng& g, int count = 1)
+      : n(rows), k(cols), w(rows * cols) {
     std::vector<float> f(n * k);
     for (float& x : f) x = float(g.normal() / std::sqrt(double(k)));
     if (with_bias)
       for (int64_t i = 0; i < n; ++i) bias.push_back(float(g.normal()) * 0.1f);
-    const void* data = nullptr;
+    const float* b = bias.empty() ? nullptr : bias.data();
     if (kind == step::DENSE) {
       for (int64_t i = 0; i < n * k; ++i) bf16.push_back(check::bf16(f[i])), w[i] = check::from_bf16(bf16[i]);
-      data = bf16.data();
-    } else if (kind == step::INT8) {
-      for (int64_t r = 0; r < n; ++r) {
-        float amax = 0;
-        for (int64_t c = 0; c < k; ++c) amax = std::fmax(amax, std::fabs(f[r * k + c]));
-        scale.push_back(amax / 127);
-        for (int64_t c = 0; c < k; ++c) {
-          i8.push_back(int8_t(std::nearbyint(f[r * k + c] / scale[r])));
-          w[r * k + c] = double(i8.back()) * scale[r];
-        }
-      }
-      data = i8.data();
-    } else {
-      packed = pack::quant(kind == step::Q4 ? 0 : 1, f, n, k);
-      w = packed.w;
-      data = packed.bytes.data();
+      mat = {step::DENSE, bf16.data(), b, n, k};
+      return;
     }
-    mat = {kind, data, scale.empty() ? nullptr : scale.data(), bias.empty() ? nullptr : bias.data(), n, k};
+    blocks = pack::quantize(kind, f, n, k);
+    w = blocks.w;
+    const int64_t part_rows = n / count, row_bytes = int64_t(blocks.bytes.size()) / n;
+    for (int i = 0; i < count; ++i)
+      parts.push_back({kind, blocks.bytes.data() + i * part_rows * row_bytes, part_rows, row_bytes});
+    mat = {step::BLOCKS, parts.data(), b, n, k};
   }
   std::vector<double> apply(const std::vector<double>& x) const {
     std::vector<double> y(n);
@@ -86,7 +80,7 @@ struct Model {
     for (int64_t l = 0; l < L; ++l) {
       mats.emplace_back((H + 2 * KV) * D, E, layer_kind, true, g);
       mats.emplace_back(E, H * D, layer_kind, false, g);
-      mats.emplace_back(2 * F, E, layer_kind, false, g);
+      mats.emplace_back(2 * F, E, layer_kind, false, g, 2);
       mats.emplace_back(E, F, layer_kind, false, g);
       for (int64_t size : {E, E, D, D}) norms.push_back(bf16_vector(size, 1, g));
     }
@@ -170,8 +164,8 @@ int run(const Model& m, const Step& s, int64_t first, int64_t M, std::vector<uin
 }  // namespace
 
 TEST(decode_step_matches_a_float64_forward) {
-  for (auto [layer_kind, head_kind] : {std::pair{step::DENSE, step::DENSE}, {step::INT8, step::INT8},
-                                       {step::Q4, step::Q8}}) {
+  for (auto [layer_kind, head_kind] : {std::pair<int, int>{step::DENSE, step::DENSE}, {blocks::Q8_0, blocks::Q8_0},
+                                       {blocks::Q4_1, blocks::Q8_0}}) {
     check::Rng g(layer_kind + 1);
     const Model model(layer_kind, head_kind, g);
     std::vector<uint16_t> kv = bf16_vector(L * 2 * SLOTS * KV * D, 0, g);

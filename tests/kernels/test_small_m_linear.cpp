@@ -1,19 +1,17 @@
 // small_m_linear.cpp against float64 products: every weight format, M = 1..8, and widths that leave
-// tails of every length; fixed_order_linear gives each row the bits it gets alone. int8 weights meet q8
-// activations outside AVX-512, held to the bound of their rounding.
+// tails of every length; fixed_order_linear gives each row the bits it gets alone.
 #include "check.h"
 #include "prelude.h"
 
 namespace {
 
-enum Weight { F32 = 0, BF16 = 1, I8 = 2 };
+enum Weight { F32 = 0, BF16 = 1 };
 
 struct Problem {
   int64_t M, N, K;
-  std::vector<float> x, w, scale;  // the values the kernel sees (already rounded to their storage)
+  std::vector<float> x, w;  // the values the kernel sees (already rounded to their storage)
   std::vector<float> x32, w32;
   std::vector<uint16_t> x16, w16;
-  std::vector<int8_t> w8;
 
   Problem(int64_t m, int64_t n, int64_t k, Weight weight, bool x_bf16, uint64_t seed) : M(m), N(n), K(k) {
     check::Rng g(seed);
@@ -23,54 +21,34 @@ struct Problem {
       x32.push_back(v);
       x.push_back(x_bf16 ? check::from_bf16(x16.back()) : v);
     }
-    for (int64_t r = 0; r < N; ++r) {
-      float amax = 0;
-      std::vector<float> row;
-      for (int64_t k = 0; k < K; ++k) row.push_back(float(g.normal())), amax = std::fmax(amax, std::fabs(row.back()));
-      const float s = amax / 127;
-      scale.push_back(weight == I8 ? s : 1.f);
-      for (float v : row) {
-        w32.push_back(v);
-        w16.push_back(check::bf16(v));
-        w8.push_back(int8_t(std::lrint(v / s)));
-        w.push_back(weight == F32 ? v : weight == BF16 ? check::from_bf16(w16.back()) : float(w8.back()));
-      }
+    for (int64_t i = 0; i < N * K; ++i) {
+      const float v = float(g.normal());
+      w32.push_back(v);
+      w16.push_back(check::bf16(v));
+      w.push_back(weight == F32 ? v : check::from_bf16(w16.back()));
     }
   }
-  const void* weights(Weight weight) const {
-    return weight == F32 ? (const void*)w32.data() : weight == BF16 ? (const void*)w16.data() : w8.data();
-  }
+  const void* weights(Weight weight) const { return weight == F32 ? (const void*)w32.data() : w16.data(); }
   std::vector<double> reference() const {
     std::vector<double> y(M * N);
     for (int64_t m = 0; m < M; ++m)
       for (int64_t n = 0; n < N; ++n) {
         double s = 0;
         for (int64_t k = 0; k < K; ++k) s += double(x[m * K + k]) * w[n * K + k];
-        y[m * N + n] = s * scale[n];
+        y[m * N + n] = s;
       }
     return y;
   }
-  // Per output: float32 sums (and one bf16 rounding) relative to the largest output, plus for q8
-  // activations the rounding of each block's inputs (half a step, amax / 254) times its weights.
-  std::vector<double> bounds(const std::vector<double>& y, Weight weight, bool x_bf16) const {
+  // Per output: float32 sums (and one bf16 rounding) relative to the largest output.
+  std::vector<double> bounds(const std::vector<double>& y, bool x_bf16) const {
     double top = 0;
     for (double v : y) top = std::fmax(top, std::fabs(v));
-    std::vector<double> b(M * N, (x_bf16 ? 0x1p-8 : 1e-5) * top);
-#if !ZHUZI_AVX512
-    if (weight == I8)
-      for (int64_t n = 0; n < N; ++n) {
-        std::vector<double> row(w.begin() + n * K, w.begin() + (n + 1) * K);
-        for (int64_t m = 0; m < M; ++m) b[m * N + n] += check::q8_bound(&x[m * K], row.data(), K) * scale[n];
-      }
-#else
-    (void)weight;
-#endif
-    return b;
+    return std::vector<double>(M * N, (x_bf16 ? 0x1p-8 : 1e-5) * top);
   }
 };
 
 // (weight, bf16 inputs) pairs the entry point takes.
-const int FORMATS[][2] = {{F32, 0}, {BF16, 0}, {BF16, 1}, {I8, 0}, {I8, 1}};
+const int FORMATS[][2] = {{F32, 0}, {BF16, 0}, {BF16, 1}};
 
 template <typename Call>
 void each_format(int64_t m, int64_t n, int64_t k, Call call) {
@@ -86,8 +64,7 @@ std::vector<double> run_small_m(const Problem& p, Weight weight, bool x_bf16, in
   std::vector<float> y32(p.M * p.N);
   std::vector<uint16_t> y16(p.M * p.N);
   *status = zhuzi_small_m_linear(weight, x_bf16, x_bf16 ? (const void*)p.x16.data() : p.x32.data(),
-                                 p.weights(weight), weight == I8 ? p.scale.data() : nullptr, 0,
-                                 x_bf16 ? (void*)y16.data() : y32.data(), p.M, p.N, p.K, 2);
+                                 p.weights(weight), x_bf16 ? (void*)y16.data() : y32.data(), p.M, p.N, p.K, 2);
   std::vector<double> y;
   for (int64_t i = 0; i < p.M * p.N; ++i) y.push_back(x_bf16 ? check::from_bf16(y16[i]) : y32[i]);
   return y;
@@ -102,7 +79,7 @@ TEST(small_m_linear_matches_float64) {
         int status;
         const std::vector<double> y = run_small_m(p, weight, x_bf16, &status);
         CHECK(status == 0, "status %d", status);
-        const std::vector<double> want = p.reference(), bound = p.bounds(want, weight, x_bf16);
+        const std::vector<double> want = p.reference(), bound = p.bounds(want, x_bf16);
         for (int64_t i = 0; i < p.M * p.N; ++i)
           if (!(std::fabs(y[i] - want[i]) <= bound[i])) {
             CHECK(false, "weight %d x_bf16 %d M %ld N %ld K %ld: y[%ld] = %g, want %g +- %g", weight, x_bf16,
@@ -126,13 +103,11 @@ TEST(fixed_order_rows_are_the_bits_of_a_row_alone) {
     const auto x = [&](int64_t m) {
       return x_bf16 ? (const void*)(p.x16.data() + m * p.K) : (const void*)(p.x32.data() + m * p.K);
     };
-    const int status = zhuzi_fixed_order_linear(weight, x_bf16, x(0), p.weights(weight),
-                                                weight == I8 ? p.scale.data() : nullptr, 0, all.data(), p.M, p.N,
+    const int status = zhuzi_fixed_order_linear(weight, x_bf16, x(0), p.weights(weight), all.data(), p.M, p.N,
                                                 p.K, 7, 2);
     CHECK(status == 0, "status %d", status);
     for (int64_t m : {0, 8, 28}) {
-      zhuzi_small_m_linear(weight, x_bf16, x(m), p.weights(weight), weight == I8 ? p.scale.data() : nullptr, 0,
-                           alone.data(), 1, p.N, p.K, 1);
+      zhuzi_small_m_linear(weight, x_bf16, x(m), p.weights(weight), alone.data(), 1, p.N, p.K, 1);
       CHECK(!std::memcmp(alone.data(), all.data() + m * p.N * out, p.N * out), "row %ld, weight %d x_bf16 %d",
             (long)m, weight, x_bf16);
     }

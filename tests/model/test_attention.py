@@ -1,11 +1,13 @@
 """Paged attention's own paths against a dense float64 softmax: with a sliding window, decode rows and prompt
 chunks read only their window, through the kernels and through torch (the path of CUDA, or of a CPU without
-a compiler), with the slots of blocks already given back (-1) before each window."""
+a compiler), with the slots of blocks already given back (-1) before each window. And the backend each model
+gets, chosen once from what the kernels serve."""
 import pytest
 import torch
 
 from zhuzi.model import native
-from zhuzi.model.attention import AttentionMetadata, PrefillChunk, paged_attention
+from zhuzi.model.attention import AttentionBackend, AttentionMetadata, PrefillChunk, paged_attention, select
+from zhuzi.model.kv_format import Q8_0
 
 CONTEXT, WINDOW, HEADS, KV_HEADS, DIM = 30, 7, 4, 2, 32
 
@@ -44,3 +46,27 @@ def test_a_sliding_window_reads_only_its_positions_in_decode_rows_and_prompt_chu
         native.select(before)
     expected = dense(q[rows], k, v, rows, WINDOW)
     torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
+
+
+KERNELS = pytest.mark.skipif(native.current() == "torch" or native.compiler() is None, reason="no kernels here")
+
+
+@KERNELS
+def test_the_backend_is_what_the_kernels_serve():
+    v = native.current()
+    kernels = AttentionBackend("kernel", "kernel")
+    assert select("cpu", torch.bfloat16, torch.bfloat16, 4, 2, 64, True, v) == kernels
+    assert select("cpu", torch.float32, Q8_0, 4, 2, 64, True, v) == kernels
+    # a float32 pool is the reference, and --deterministic asks for it: prompts as decode rows
+    assert select("cpu", torch.float32, torch.float32, 4, 2, 64, True, v) == AttentionBackend("kernel", "decode kernel")
+    assert select("cpu", torch.bfloat16, torch.bfloat16, 4, 2, 64, False, v).prefill == "decode kernel"
+    # what no kernel serves: bf16 queries over a float32 pool, a head size it was not built for
+    torch_only = AttentionBackend("torch", "torch")
+    assert select("cpu", torch.bfloat16, torch.float32, 4, 2, 64, True, v) == torch_only
+    assert select("cpu", torch.float32, torch.float32, 4, 2, 48, True, v) == torch_only
+
+
+def test_without_kernels_or_off_the_cpu_torch_attends():
+    torch_only = AttentionBackend("torch", "torch")
+    assert select("cuda", torch.bfloat16, torch.bfloat16, 4, 2, 64, True, native.current()) == torch_only
+    assert select("cpu", torch.bfloat16, torch.bfloat16, 4, 2, 64, True, "torch") == torch_only

@@ -4,7 +4,12 @@ auto without native bf16)."""
 import pytest
 import torch
 
-from zhuzi.model.cpu_attention import paged_decode_attention, paged_prefill_attention
+from zhuzi.model.cpu_attention import (
+    decode_serves,
+    paged_decode_attention,
+    paged_prefill_attention,
+    prefill_serves,
+)
 from zhuzi.model.kv_format import dequantize_q8_0, quantize_q8_0
 
 pytestmark = [pytest.mark.usefixtures("variant"), pytest.mark.long]
@@ -79,12 +84,13 @@ def test_row_is_bitwise_the_same_alone_or_in_any_batch(dtype, kv_dtype):
 
 
 def test_declines_what_it_was_not_built_for():
-    q, k_cache, v_cache, slots, lengths = make_batch(2, 10, 4, 2, 64, torch.float16)
-    assert paged_decode_attention(q, k_cache, v_cache, slots, lengths, 0.125) is None
-    q, k_cache, v_cache, slots, lengths = make_batch(2, 10, 4, 2, 64, torch.bfloat16, kv_dtype=torch.float32)
-    assert paged_decode_attention(q, k_cache, v_cache, slots, lengths, 0.125) is None
-    q, k_cache, v_cache, slots, lengths = make_batch(2, 10, 4, 2, 48, torch.float32)
-    assert paged_decode_attention(q, k_cache, v_cache, slots, lengths, 0.125) is None
+    assert decode_serves(torch.float32, torch.float32, 4, 2, 64)
+    for dtype, kv_dtype, dim in [(torch.float16, torch.float16, 64), (torch.bfloat16, torch.float32, 64),
+                                 (torch.float32, torch.float32, 48)]:
+        assert not decode_serves(dtype, kv_dtype, 4, 2, dim)
+        q, k_cache, v_cache, slots, lengths = make_batch(2, 10, 4, 2, dim, dtype, kv_dtype=kv_dtype)
+        with pytest.raises(ValueError):
+            paged_decode_attention(q, k_cache, v_cache, slots, lengths, 0.125)
 
 
 def test_rejects_slots_outside_the_pool():
@@ -171,10 +177,15 @@ def test_prefill_reads_only_the_sliding_window(length, context, window, dtype):
 
 
 def test_prefill_declines_what_it_was_not_built_for():
+    assert prefill_serves(torch.bfloat16, torch.bfloat16, 4, 2, 64)
+    assert not prefill_serves(torch.float32, torch.float32, 4, 2, 64)  # fp32: the reference, as decode rows
+    assert not prefill_serves(torch.bfloat16, torch.bfloat16, 4, 2, 48)
     q, k_cache, v_cache, slots = make_chunk(4, 10, 4, 2, 64)
-    assert paged_prefill_attention(q.float(), k_cache.float(), v_cache.float(), slots, 0.125) is None  # fp32
+    with pytest.raises(ValueError):
+        paged_prefill_attention(q.float(), k_cache.float(), v_cache.float(), slots, 0.125)
     q, k_cache, v_cache, slots = make_chunk(4, 10, 4, 2, 48)
-    assert paged_prefill_attention(q, k_cache, v_cache, slots, 0.125) is None
+    with pytest.raises(ValueError):
+        paged_prefill_attention(q, k_cache, v_cache, slots, 0.125)
 
 
 def test_prefill_rejects_slots_outside_the_pool():

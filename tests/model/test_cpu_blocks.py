@@ -100,9 +100,20 @@ def test_a_row_is_the_same_bits_alone_or_in_a_batch(qtype):
         assert torch.equal(cpu_blocks.block_linear(x[rows], table, 40), whole[rows])
 
 
-def test_rows_of_another_length_are_not_served():
+def test_rows_of_another_length_are_refused():
     parts = [weight(gguf.GGMLQuantizationType.Q4_0, 16, 256, 6)]
-    assert cpu_blocks.block_linear(torch.randn(2, 288), cpu_blocks.part_table(parts), 16) is None
+    with pytest.raises(ValueError, match="does not take these parts"):
+        cpu_blocks.block_linear(torch.randn(2, 288), cpu_blocks.part_table(parts), 16)
+
+
+def test_the_type_table_is_gguf_s():
+    """Each block type the kernels serve has the inputs and bytes a GGUF file gives it (its packed bytes are the
+    file's, bar the 6-bit scales of Q4_K and Q5_K, unpacked to a byte each), and the types are the tests' own."""
+    assert sorted(cpu_blocks.TYPES) == sorted(KERNEL_TYPES)
+    for qtype, t in cpu_blocks.TYPES.items():
+        assert (t.inputs, t.nbytes) == gguf.GGML_QUANT_SIZES[qtype]
+        assert t.packed_bytes == t.nbytes + (4 if qtype in (gguf.GGMLQuantizationType.Q4_K,
+                                                             gguf.GGMLQuantizationType.Q5_K) else 0)
 
 
 @pytest.mark.parametrize("qtype", KERNEL_TYPES, ids=lambda t: t.name)

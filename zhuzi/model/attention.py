@@ -1,25 +1,20 @@
-"""Attention over the paged KV cache (the torch path, CPU or CUDA).
+"""Attention over the paged KV cache (decoder -> every layer): CPU kernels (cpu_attention.py) or torch.
 
-Every token of a step lives in one flat batch. The first `num_decode_tokens`
-are decodes (one token per sequence) and are attended in one batch (on CPU by
-the kernel in cpu_attention.py, reading the pool in place);
-the rest are prefill chunks, attended one sequence at a time. The pool stores
-keys and values per slot (block * block_size + offset), so a sequence's
-history is reached through its slot list, not copied into place beforehand.
-
-A sliding-window layer (ModelConfig.window) attends each token's last `window` positions only; the slots
-before a row's window may belong to blocks already back in the pool (negative where a sequence gave them
-up), and no path reads them.
+Every token of a step lives in one flat batch: the first `num_decode_tokens` are decodes (one token per
+sequence), attended in one batch; the rest are prefill chunks, one sequence at a time. The pool stores keys and
+values per slot (block * block_size + offset), reached through each sequence's slot list. Which path serves
+decodes and prompt chunks is chosen once per model and pool (select()). A sliding-window layer
+(ModelConfig.window) attends each token's last `window` positions; slots before a row's window are never read.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cache, cached_property
 
 import torch
 import torch.nn.functional as F
 
-from zhuzi.model.cpu_attention import paged_decode_attention, paged_prefill_attention
+from zhuzi.model import cpu_attention, native
 from zhuzi.model.kv_format import Q8_0, from_pool, to_pool
 
 
@@ -57,38 +52,62 @@ def prefix_causal_mask(length: int, context: int, window: int | None = None) -> 
     return (cols <= rows) & (cols > rows - window) if window else cols <= rows
 
 
+@dataclass(frozen=True)
+class AttentionBackend:
+    """Which path attends a model's decode rows ("kernel" or "torch") and its prompt chunks ("kernel", "decode
+    kernel": each query a decode row, the reference's arithmetic, or "torch")."""
+
+    decode: str
+    prefill: str
+
+
+@cache
+def select(device: str, q_dtype: torch.dtype, kv_dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int,
+           prefill_kernel: bool = True, variant: str | None = None) -> AttentionBackend:
+    """The backend for a model's queries over its pool, by what the CPU's kernels serve (variant: the process's
+    kernels, part of the key). Without prefill_kernel (--deterministic) prompt chunks get a decode row's
+    arithmetic; a float32 pool is the reference, where they do too."""
+    if device != "cpu" or (variant or native.current()) == "torch":
+        return AttentionBackend("torch", "torch")
+    shape = (q_dtype, kv_dtype, heads, kv_heads, head_dim)
+    decode = "kernel" if cpu_attention.decode_serves(*shape) else "torch"
+    if prefill_kernel and cpu_attention.prefill_serves(*shape):
+        return AttentionBackend(decode, "kernel")
+    return AttentionBackend(decode, "decode kernel" if decode == "kernel" else "torch")
+
+
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     k_cache: torch.Tensor, v_cache: torch.Tensor,
                     meta: AttentionMetadata, prefill_kernel: bool = True, window: int | None = None) -> torch.Tensor:
     """q: [tokens, heads, dim]; k, v: [tokens, kv_heads, dim]; caches: [slots, kv_heads, dim]. Without
     prefill_kernel, prompt chunks get a decode row's arithmetic (--deterministic); window: the layer's
     sliding window (None: the whole context)."""
+    backend = select(q.device.type, q.dtype, k_cache.dtype, q.shape[1], k_cache.shape[1], q.shape[2],
+                     prefill_kernel, native.current())
     k_cache.index_copy_(0, meta.slot_mapping, to_pool(k, k_cache.dtype))
     v_cache.index_copy_(0, meta.slot_mapping, to_pool(v, v_cache.dtype))
     out = torch.empty_like(q)
     n = meta.num_decode_tokens
     if n:
-        out[:n] = _decode_attention(q[:n], k_cache, v_cache, meta, window)
+        out[:n] = _decode_attention(q[:n], k_cache, v_cache, meta, window, backend)
     for chunk in meta.prefills:
         rows = slice(chunk.start, chunk.start + chunk.length)
-        out[rows] = _prefill_attention(q[rows], k[rows], v[rows], k_cache, v_cache, chunk, prefill_kernel,
-                                       window)
+        out[rows] = _prefill_attention(q[rows], k[rows], v[rows], k_cache, v_cache, chunk, window, backend)
     return out
 
 
 def _prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                       v_cache: torch.Tensor, chunk: PrefillChunk, prefill_kernel: bool,
-                       window: int | None) -> torch.Tensor:
-    """A prompt chunk is a batch of queries that each read the history up to their own position. In bf16
-    the prefill kernel reads each K/V row once for 16 queries; in float32 (or without prefill_kernel) the decode
-    kernel serves each query with a decode step's own arithmetic (the reference: a token's K/V are the same
-    bits whether it was prefilled or decoded)."""
+                       v_cache: torch.Tensor, chunk: PrefillChunk, window: int | None,
+                       backend: AttentionBackend) -> torch.Tensor:
+    """A prompt chunk is a batch of queries that each read the history up to their own position. The prefill
+    kernel reads each K/V row once for many queries; the decode kernel serves each query with a decode step's
+    own arithmetic (the reference: a token's K/V are the same bits whether it was prefilled or decoded)."""
     scale = q.shape[-1] ** -0.5
-    out = paged_prefill_attention(q, k_cache, v_cache, chunk.slots, scale, window) if prefill_kernel else None
-    if out is None:
-        out = paged_decode_attention(q, k_cache, v_cache, chunk.query_slots, chunk.query_lengths, scale, window)
-    if out is not None:
-        return out
+    if backend.prefill == "kernel":
+        return cpu_attention.paged_prefill_attention(q, k_cache, v_cache, chunk.slots, scale, window)
+    if backend.prefill == "decode kernel":
+        return cpu_attention.paged_decode_attention(q, k_cache, v_cache, chunk.query_slots, chunk.query_lengths,
+                                                    scale, window)
     if chunk.context == chunk.length and not window and k_cache.dtype != Q8_0:  # the chunk's K/V is the context
         keys, values, mask = _compute_dtype(k), _compute_dtype(v), None
     else:
@@ -98,11 +117,10 @@ def _prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cach
 
 
 def _decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                      meta: AttentionMetadata, window: int | None) -> torch.Tensor:
-    out = paged_decode_attention(q, k_cache, v_cache, meta.decode_slots, meta.decode_lengths, q.shape[-1] ** -0.5,
-                                 window)
-    if out is not None:
-        return out
+                      meta: AttentionMetadata, window: int | None, backend: AttentionBackend) -> torch.Tensor:
+    if backend.decode == "kernel":
+        return cpu_attention.paged_decode_attention(q, k_cache, v_cache, meta.decode_slots, meta.decode_lengths,
+                                                    q.shape[-1] ** -0.5, window)
     # The portable path (CUDA, or no compiler): gather each history, then torch's attention.
     b, width = meta.decode_slots.shape
     keys = _gather(k_cache, meta.decode_slots.reshape(-1)).view(b, width, -1, q.shape[-1]).transpose(1, 2)

@@ -1,17 +1,7 @@
-"""GGUF weights as the file stores them (loader -> decoder -> linear.py): a matrix's rows of quantized
-blocks, read in place from the memory-mapped file, and their exact values where a layer needs them dense.
-
-The block layouts are described once, in kernels/blocks.h; here a matrix is its ggml type, its bytes
-([rows, bytes per row], a view of the mapping: nothing is copied while the rows stay as they are) and its
-number of inputs. Values come from the native dequantizer (kernels/dequantize_blocks.cpp, the same bits as
-gguf's reference), else from the gguf package.
-
-A linear layer's matrices are repacked at load (pack(): kernels/packed_layout.h's 16-row groups, which a
-decode step streams at memory speed); the packed copy replaces the file's pages. A matrix from a file is packed
-once: the packed bytes go to zhuzi's disk cache (kind "packed": a folder per version of the file and of the
-layout, a file per matrix), and later loads map them from there, never reading the file's copy. A new folder
-removes those of the same file's earlier versions (or of an earlier layout) and of files gone: each holds a
-whole model's bytes.
+"""GGUF weights as the file stores them (loader -> decoder -> linear.py): a matrix's rows of quantized blocks,
+read in place from the memory-mapped file (or made at load by quant.py), and their exact values where a layer
+needs them dense. A linear layer's matrices are repacked at load into the kernels' layout; a file's matrix is
+packed once, into zhuzi's disk cache (kind "packed"), which later loads map. docs/cpu.md describes both.
 """
 from __future__ import annotations
 
@@ -94,9 +84,8 @@ class BlockWeight:
         return self._values(ids.reshape(-1), dtype).view(*ids.shape, self.in_features)
 
     def _values(self, ids: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
-        values = cpu_blocks.dequantize_rows(self.kernel_type, self.data, self.in_features, ids, dtype)
-        if values is not None or self.packed:
-            return values
+        if cpu_blocks.dequantize_serves(self.kernel_type):
+            return cpu_blocks.dequantize_rows(self.kernel_type, self.data, self.in_features, ids, dtype)
         rows = self.data if ids is None else self.data[ids.cpu()]
         flat = gguf.quants.dequantize(rows.numpy(), self.qtype)  # [rows, in_features] float32
         return torch.from_numpy(np.ascontiguousarray(flat)).to(dtype)
@@ -179,8 +168,8 @@ def _pack_into_file(w: BlockWeight, path: Path) -> None:
     del out
     # Pages written through a mapping stay small folios in the page cache; read back by readahead they come as
     # large ones, which a mapping of the entry gets on huge pages (2 MiB, where aligned): a decode step streams
-    # the weights with a tenth of the TLB misses (5-10 % of a Zen 2 thread's decode rows). So the written pages
-    # go to disk and leave the cache now, once per entry.
+    # the weights with far fewer TLB misses. So the written pages go to disk and leave the cache now, once per
+    # entry.
     with path.open("rb") as f:
         os.fsync(f.fileno())
         os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)

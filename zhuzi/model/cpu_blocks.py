@@ -1,14 +1,14 @@
 """GGUF blocks on CPU through native kernels (decoder -> embedding rows and block linear layers).
 
-dequantize_rows: rows of blocks -> their exact values (kernels/dequantize_blocks.cpp), for the embedding's
-rows of a step and for matrices that run dense.
-pack_rows: a block matrix -> the packed layout of kernels/packed_layout.h (16-row groups), at load.
-block_linear: bf16 input rows against one or more matrices of blocks (kernels/block_linear.cpp).
+TYPES names the block types the kernels serve. dequantize_rows: rows of blocks -> their values; pack_rows: a
+matrix -> the packed layout of kernels/packed_layout.h, at load; block_linear: input rows against one or more
+matrices of blocks. Whether a kernel serves a type is known at load (serves()); a call it does not serve raises.
 """
 from __future__ import annotations
 
 import ctypes
 import hashlib
+from dataclasses import dataclass
 from functools import cache
 
 import gguf
@@ -16,12 +16,28 @@ import torch
 
 from zhuzi.model import native
 
-KERNEL_TYPES = frozenset({2, 3, 6, 7, 8, 12, 13, 14})  # kernels/blocks.h: Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q4_K Q5_K Q6_K
+Q = gguf.GGMLQuantizationType
+
+
+@dataclass(frozen=True)
+class BlockType:
+    """A GGUF block type the kernels serve, as kernels/blocks.h lays it out: every one is dequantized
+    (dequantize_blocks.cpp), packed (packed_layout.h) and multiplied by block_linear.cpp and the fused decode
+    step (decode_step.cpp), packed or not. A type outside TYPES is dequantized by the gguf package and runs
+    dense."""
+
+    qtype: Q
+    inputs: int  # weights a block holds
+    nbytes: int  # a block's bytes in the file
+    packed_bytes: int  # a block's bytes in a packed row: the file's, bar the 6-bit scales of Q4_K and Q5_K
+    made_by: str | None = None  # the --quantization that makes it at load from dense weights (quant.py)
+
+
+TYPES = {t.qtype: t for t in (
+    BlockType(Q.Q4_0, 32, 18, 18), BlockType(Q.Q4_1, 32, 20, 20, "int4"), BlockType(Q.Q5_0, 32, 22, 22),
+    BlockType(Q.Q5_1, 32, 24, 24), BlockType(Q.Q8_0, 32, 34, 34, "int8"), BlockType(Q.Q4_K, 256, 144, 148),
+    BlockType(Q.Q5_K, 256, 176, 180), BlockType(Q.Q6_K, 256, 210, 210))}
 PACKED_FLAG = 0x100  # kernels/packed_layout.h's FLAG: a packed matrix's type id is FLAG | its ggml type
-# Types packed_layout.h packs: (inputs a block, a row's bytes a block once packed: the file's, bar the 6-bit
-# scales of Q4_K and Q5_K)
-PACKED = {2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34),
-          12: (256, 148), 13: (256, 180), 14: (256, 210)}
 _OUT = {torch.float32: 0, torch.bfloat16: 1}
 
 
@@ -31,23 +47,35 @@ def _dequantize_kernel():
                         + [ctypes.c_int64] * 2 + [ctypes.c_void_p, ctypes.c_int, ctypes.c_int])
 
 
-def dequantize_serves(qtype: int) -> bool:
-    return int(qtype) in KERNEL_TYPES and _dequantize_kernel() is not None
-
-
 def _pack_kernel():
     return native.entry("dequantize_blocks", "zhuzi_pack_blocks",
                         [ctypes.c_int, ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_void_p] + [ctypes.c_int] * 2)
 
 
+def _linear_kernel():
+    return native.entry("block_linear", "zhuzi_block_linear",
+                        [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+                        + [ctypes.c_int64] * 3 + [ctypes.c_int])
+
+
+def dequantize_serves(qtype: int) -> bool:
+    """Whether this process's kernels dequantize rows of this type (a packed one's too)."""
+    return int(qtype) & ~PACKED_FLAG in TYPES and _dequantize_kernel() is not None
+
+
+def linear_serves(qtype: int) -> bool:
+    """Whether block_linear serves matrices of this type here."""
+    return int(qtype) in TYPES and _linear_kernel() is not None
+
+
 def packs(qtype: int, data: torch.Tensor, in_features: int) -> bool:
-    """Whether the kernel packs this block matrix (uint8 [rows, bytes per row]): a type packed_layout.h packs,
-    whole groups of 16 contiguous rows of in_features inputs, on CPU."""
-    if int(qtype) not in PACKED:
+    """Whether the kernel packs this block matrix (uint8 [rows, bytes per row]): a type of TYPES, whole groups
+    of 16 contiguous rows of in_features inputs, on CPU."""
+    t = TYPES.get(int(qtype))
+    if t is None:
         return False
-    block, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
     rows, row_bytes = data.shape
-    return (rows % 16 == 0 and in_features % block == 0 and row_bytes == in_features // block * block_bytes
+    return (rows % 16 == 0 and in_features % t.inputs == 0 and row_bytes == in_features // t.inputs * t.nbytes
             and data.is_cpu and data.is_contiguous() and _pack_kernel() is not None)
 
 
@@ -64,8 +92,8 @@ def layout_version() -> str:
 
 def packed_shape(qtype: int, rows: int, in_features: int) -> tuple[int, int]:
     """A matrix's shape in the packed layout: [rows, packed bytes per row]."""
-    block, nbytes = PACKED[int(qtype)]
-    return rows, in_features // block * nbytes
+    t = TYPES[int(qtype)]
+    return rows, in_features // t.inputs * t.packed_bytes
 
 
 def pack_rows(qtype: int, data: torch.Tensor, in_features: int, release: bool = False,
@@ -82,22 +110,21 @@ def pack_rows(qtype: int, data: torch.Tensor, in_features: int, release: bool = 
 
 
 def dequantize_rows(qtype: int, data: torch.Tensor, in_features: int, ids: torch.Tensor | None,
-                    dtype: torch.dtype) -> torch.Tensor | None:
-    """Rows ids (all rows when None) of a block matrix (uint8 [rows, bytes per row], contiguous rows) as
-    [n, in_features] values in dtype (float32 or bf16; others converted from float32). None when the
-    kernel does not serve the type or cannot be built."""
-    known = int(qtype) & ~PACKED_FLAG in KERNEL_TYPES
-    fn = _dequantize_kernel() if known and data.is_cpu and data.stride(-1) == 1 else None
-    if fn is None:
-        return None
+                    dtype: torch.dtype) -> torch.Tensor:
+    """Rows ids (all rows when None) of a block matrix of a type dequantize_serves() (uint8 [rows, bytes per
+    row], contiguous rows, on CPU) as [n, in_features] values in dtype (float32 or bf16; others converted from
+    float32)."""
     ids = ids.to(torch.int64, copy=False).contiguous().cpu() if ids is not None else None
     n = data.shape[0] if ids is None else ids.numel()
     out = torch.empty(n, in_features, dtype=dtype if dtype in _OUT else torch.float32)
-    status = fn(int(qtype), data.data_ptr(), data.shape[0], data.stride(0), None if ids is None else ids.data_ptr(),
-                n, in_features, out.data_ptr(), _OUT[out.dtype], torch.get_num_threads())
+    status = _dequantize_kernel()(int(qtype), data.data_ptr(), data.shape[0], data.stride(0),
+                                  None if ids is None else ids.data_ptr(), n, in_features, out.data_ptr(),
+                                  _OUT[out.dtype], torch.get_num_threads())
     if status == 1:
         raise IndexError(f"a row id is outside 0..{data.shape[0] - 1}")
-    return out.to(dtype) if status == 0 else None
+    if status:
+        raise ValueError(f"the dequantizer does not take a {tuple(data.shape)} matrix of type {int(qtype)}")
+    return out.to(dtype)
 
 
 class _Part(ctypes.Structure):
@@ -107,21 +134,11 @@ class _Part(ctypes.Structure):
                 ("row_bytes", ctypes.c_int64)]
 
 
-def _linear_kernel():
-    return native.entry("block_linear", "zhuzi_block_linear",
-                        [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
-                        + [ctypes.c_int64] * 3 + [ctypes.c_int])
-
-
 def prefill_on_amx() -> bool:
     """Whether block_linear's calls of many rows run through AMX tiles here (the avx512 build, on a CPU with
     AMX-INT8 whose kernel grants the tile state)."""
     fn = native.entry("block_linear", "zhuzi_block_linear_amx", [])
     return fn is not None and fn() == 1
-
-
-def linear_serves(qtype: int) -> bool:
-    return int(qtype) in KERNEL_TYPES and _linear_kernel() is not None
 
 
 def part_table(parts) -> ctypes.Array:
@@ -131,15 +148,16 @@ def part_table(parts) -> ctypes.Array:
 
 
 def block_linear(x: torch.Tensor, table: ctypes.Array, out_features: int,
-                 out_dtype: torch.dtype | None = None) -> torch.Tensor | None:
-    """y = x @ W^T for W the parts' rows one after another; x: [M, K] float32 or bf16 on CPU, quantized to
-    q8 blocks with one scale per 32 inputs (per 256 for the K-quants: kernels/block_dot.h). Returns
-    [M, out_features] in out_dtype (default x's), or None when the kernel does not serve the call."""
-    fn = _linear_kernel()
-    if fn is None or not (x.is_cpu and x.dtype in _OUT and x.dim() == 2 and x.shape[0] > 0):
-        return None
+                 out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """y = x @ W^T for W the parts' rows one after another, of types linear_serves(); x: [M, K] float32 or bf16
+    on CPU, quantized to q8 blocks with one scale per 32 inputs (per 256 for the K-quants: kernels/block_dot.h).
+    Returns [M, out_features] in out_dtype (default x's)."""
+    if not (x.is_cpu and x.dtype in _OUT and x.dim() == 2 and x.shape[0] > 0):
+        raise ValueError(f"GGUF blocks take float32 or bf16 CPU rows, not {tuple(x.shape)} {x.dtype} on {x.device}")
     x = x.contiguous()
     y = torch.empty(x.shape[0], out_features, dtype=out_dtype or x.dtype)
-    status = fn(ctypes.addressof(table), len(table), x.data_ptr(), _OUT[x.dtype], y.data_ptr(), _OUT[y.dtype],
-                x.shape[0], out_features, x.shape[1], torch.get_num_threads())
-    return y if status == 0 else None
+    status = _linear_kernel()(ctypes.addressof(table), len(table), x.data_ptr(), _OUT[x.dtype], y.data_ptr(),
+                              _OUT[y.dtype], x.shape[0], out_features, x.shape[1], torch.get_num_threads())
+    if status:
+        raise ValueError(f"the block kernel does not take these parts for {tuple(x.shape)} inputs")
+    return y

@@ -12,17 +12,17 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from zhuzi.model import cpu_attention, cpu_blocks, native
-from zhuzi.model.attention import AttentionMetadata, paged_attention
+from zhuzi.model import cpu_attention, cpu_blocks, cpu_linear, native
+from zhuzi.model.attention import AttentionMetadata, paged_attention, select
 from zhuzi.model.blocks import BlockWeight
-from zhuzi.model.cpu_linear import fixed_order_available
 from zhuzi.model.families import family
 from zhuzi.model.fused import FusedDecode
 from zhuzi.model.layers import Rotary, offset_rms_norm, rms_norm
-from zhuzi.model.linear import FORMATS, QUANTIZATIONS, BlockLinear, Linear, QuantLinear, block_linear, make_linear
+from zhuzi.model.linear import QUANTIZATIONS, BlockLinear, Linear, blocks_serve
 from zhuzi.model.model_config import LayerSpec, Mlp, ModelConfig, Rope
 from zhuzi.model.moe import Expert, MoE, gated_mlp
 from zhuzi.model.parallel import Shard, TPGroup, head_rows
+from zhuzi.model.quant import FORMATS, Q, quantize
 from zhuzi.model.smooth import smooth
 
 log = logging.getLogger(__name__)
@@ -145,10 +145,10 @@ class Decoder:
         its last token is computed as a decode row, and the prefill kernel's bits differ from the decode's."""
         if torch.device(device).type != "cpu" or self.dtype not in (torch.float32, torch.bfloat16):
             raise ValueError(f"deterministic mode runs on CPU in bfloat16 or float32, not {self.dtype} on {device}")
-        if self.tp is not None or self.quantization not in (None, "gguf"):
-            raise ValueError("deterministic mode runs without tensor parallelism and int8/int4 quantization (an "
-                             "all-reduce and int8 compute sum in orders of their own)")
-        if not fixed_order_available() or cpu_attention._kernel() is None:
+        if self.tp is not None:
+            raise ValueError("deterministic mode runs without tensor parallelism (an all-reduce sums in an order of "
+                             "its own)")
+        if not cpu_linear.available() or cpu_attention._kernel() is None:
             raise ValueError("deterministic mode needs zhuzi's CPU kernels, which could not be built here "
                              "(is a C++ compiler installed? see the log)")
         routers = [m for layer in self.layers if layer.moe for m in (layer.moe.router, layer.moe.shared_gate) if m]
@@ -170,10 +170,9 @@ class Decoder:
         """One layer whose output rows are the parts' rows, one after another (q, k, v or gate, up). With
         quantization gguf, blocks stay blocks where a kernel serves every part's type."""
         blocks = [w for w in parts if isinstance(w, BlockWeight)]
+        if blocks and len(blocks) == len(parts) and blocks_serve(blocks, self.device):
+            return BlockLinear(blocks, self._bias(bias), out_dtype)
         if blocks and torch.device(self.device).type == "cpu":
-            layer = block_linear(parts, self._bias(bias), out_dtype) if len(blocks) == len(parts) else None
-            if layer is not None:
-                return layer
             self.dequantized.update(w.qtype.name for w in blocks)
         return Linear(torch.cat([self._dense(w) for w in parts], 0), self._bias(bias))
 
@@ -225,33 +224,36 @@ class Decoder:
         return MoE(self._linear([t[f"{mlp}.gate.weight"]]), experts, c.num_experts_per_tok, c.norm_topk_prob,
                    c.expert_gating, *shared)
 
-    def _quantize(self, layer_format: str, head_format: str) -> None:
-        """Store every matrix in its quantized format (linear.py picks the path that runs it)."""
+    def _quantize(self, layer_type: Q, head_type: Q) -> None:
+        """Every matrix into GGUF blocks (quant.py), from there run as a GGUF file's are; in float32 (the
+        reference) their exact values run dense. Gate and up stay parts of their own, as a GGUF's."""
+        def blocks(linear: Linear, qtype: Q, parts: int = 1, out_dtype: torch.dtype | None = None) -> Linear:
+            quantized = [quantize(w, qtype) for w in linear.weight.chunk(parts)]
+            if self.kv_dtype == torch.float32:
+                return Linear(torch.cat([w.dequantize(self.kv_dtype) for w in quantized]).to(self.device),
+                              linear.bias)
+            return self._linear(quantized, linear.bias, out_dtype)
+
         for layer in self.layers:
             for holder, part in layer.matrices:
-                dense = getattr(holder, part)
-                setattr(holder, part, make_linear(dense.weight, self._bias(dense.bias), layer_format, self.kv_dtype))
-        self.lm_head = make_linear(self.lm_head.weight, None, head_format, self.kv_dtype)
+                setattr(holder, part, blocks(getattr(holder, part), layer_type, 2 if part == "gate_up" else 1))
+        self.lm_head = blocks(self.lm_head, head_type, out_dtype=torch.float32)
 
     def kernel_paths(self) -> dict[str, str]:
-        """Which build serves each operation of this model: the CPU variant's kernels, or torch (README has
-        the paths of prefill matmuls)."""
+        """Which build serves each operation of this model, as chosen at load: the CPU variant's kernels, or
+        torch (README has the paths of prefill matmuls)."""
         v = native.current()
         if self.norm.device.type != "cpu" or v == "torch":
             return {"variant": v}
-        x, c = torch.zeros(1, 2, 64, dtype=self.dtype), self.config
-        pool = torch.zeros(4, 1, 64, dtype=self.kv_dtype)
-        slots, lens = torch.zeros(1, 1, dtype=torch.long), torch.ones(1, dtype=torch.long)
+        c = self.config
         layer = getattr(*self.layers[0].matrices[2])  # the first MLP's (or expert's) gate/up
-        served = {
-            "decode_matmul": isinstance(layer, QuantLinear)
-            or layer._kernel(torch.zeros(1, c.hidden_size, dtype=self.dtype)) is not None,
-            "fused_decode_step": self.fused is not None,
-            "decode_attention": cpu_attention.paged_decode_attention(x, pool, pool, slots, lens, 1.0) is not None,
-            "prefill_attention": cpu_attention.paged_prefill_attention(x, pool, pool, slots[0], 1.0) is not None,
-        }
-        paths = {"variant": v, **{op: v if ok else "torch" for op, ok in served.items()}}
-        if isinstance(layer, BlockLinear) and served["decode_matmul"]:  # a GGUF's prompt rows, maybe on AMX tiles
+        attention = select("cpu", self.dtype, self.kv_dtype, self.num_heads, self.num_kv_heads, c.head_dim,
+                           self.prefill_kernel, v)
+        on = {"kernel": v, "decode kernel": f"{v} (as decode rows)", "torch": "torch"}
+        paths = {"variant": v, "decode_matmul": v if layer.backend != "torch" else "torch",
+                 "fused_decode_step": v if self.fused is not None else "torch",
+                 "decode_attention": on[attention.decode], "prefill_attention": on[attention.prefill]}
+        if layer.backend == "blocks":  # a GGUF's prompt rows, maybe on AMX tiles
             paths["prefill_matmul"] = v + ("+amx" if cpu_blocks.prefill_on_amx() else "")
         if (why := FusedDecode.refusal(c)) is not None:
             paths["fused_decode_step"] = f"off ({why})"

@@ -12,16 +12,16 @@ import torch
 from zhuzi.model import native
 from zhuzi.model.blocks import BlockWeight
 from zhuzi.model.kv_format import Q8_0
-from zhuzi.model.linear import BlockLinear, Int8Linear, Linear, QuantLinear
+from zhuzi.model.linear import BlockLinear, Linear
 from zhuzi.model.model_config import Mixer, Mlp, ModelConfig
 
 MAX_ROWS = 8
-_DENSE, _INT8, _Q4, _Q8, _BLOCKS = range(5)
+_DENSE, _BLOCKS = range(2)  # kernels/decode_step.h's Kind
 
 
 class _Mat(ctypes.Structure):
-    _fields_ = [("kind", ctypes.c_int32), ("w", ctypes.c_void_p), ("scale", ctypes.c_void_p),
-                ("bias", ctypes.c_void_p), ("n", ctypes.c_int64), ("k", ctypes.c_int64)]
+    _fields_ = [("kind", ctypes.c_int32), ("w", ctypes.c_void_p), ("bias", ctypes.c_void_p), ("n", ctypes.c_int64),
+                ("k", ctypes.c_int64)]
 
 
 class _Layer(ctypes.Structure):
@@ -59,18 +59,13 @@ def _mat(layer: Linear, keep: list[torch.Tensor]) -> _Mat:
         keep.append(layer.bias.float().contiguous())
         bias = keep[-1].data_ptr()
     if isinstance(layer, BlockLinear):  # a 16-row chunk must not straddle two parts
-        if any(p.shape[0] % 16 for p in layer.parts):
-            raise ValueError("the fused decode step takes GGUF parts of whole 16-row groups")
-        return _Mat(_BLOCKS, ctypes.addressof(layer.table), None, bias, layer.out_features, layer.parts[0].shape[1])
-    if isinstance(layer, QuantLinear):
-        kind = _Q4 if layer.fmt == "q4" else _Q8
-        return _Mat(kind, layer.packed.data_ptr(), None, bias, layer.out_features, layer.packed.shape[1] * 32)
+        if any(p.shape[0] % 16 for p in layer.parts[:-1]):
+            raise ValueError("the fused decode step takes GGUF parts of whole 16-row groups (bar the last)")
+        return _Mat(_BLOCKS, ctypes.addressof(layer.table), bias, layer.out_features, layer.parts[0].shape[1])
     w = layer.weight
-    if isinstance(layer, Int8Linear):
-        return _Mat(_INT8, w.data_ptr(), layer.scale.data_ptr(), bias, *w.shape)
     if w.dtype != torch.bfloat16:
         raise ValueError(f"the fused decode step takes bf16 weights, not {w.dtype}")
-    return _Mat(_DENSE, w.data_ptr(), None, bias, *w.shape)
+    return _Mat(_DENSE, w.data_ptr(), bias, *w.shape)
 
 
 class FusedDecode:
@@ -97,7 +92,7 @@ class FusedDecode:
                           c.rms_norm_eps, c.head_dim ** -0.5, _ptr(embed.data if blocks else embed), cos=_ptr(self.cos),
                           sin=_ptr(self.sin), embed_type=int(embed.qtype) if blocks else 0,
                           embed_row_bytes=embed.data.stride(0) if blocks else 0, rope_interleaved=c.rope_interleaved)
-        self.vocab = decoder.lm_head.out_features if isinstance(decoder.lm_head, QuantLinear | BlockLinear) \
+        self.vocab = decoder.lm_head.out_features if isinstance(decoder.lm_head, BlockLinear) \
             else decoder.lm_head.weight.shape[0]
 
     @staticmethod

@@ -1,69 +1,53 @@
-"""The model's linear layers (decoder -> every projection): dense, int8, zhuzi's 4/8-bit packing, or a GGUF file's
-own blocks, each picking its fastest path for the rows of a step.
-
-float32 weights are the reference: every format runs there as torch's matmul over its weights' exact values
-(quantized values included), so a quantized fp32 model keeps the invariants of an fp32 one. float32
-activations over bf16, int8 or 4-bit weights (dtype auto without native bf16) run through the kernels, which
-widen the weights (or quantize the activations to q8 blocks) in registers.
+"""The model's linear layers (decoder -> every projection): dense weights, or GGUF blocks (a file's own, or made
+at load by quant.py). Each layer picks its backend once, at construction, by its weights' dtype, format and
+device and by the CPU's kernels; float32 weights are the reference and run through torch.
 """
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
-from zhuzi.model import cpu_blocks
+from zhuzi.model import cpu_blocks, cpu_linear
 from zhuzi.model.blocks import BlockWeight
-from zhuzi.model.cpu_linear import (
-    fixed_order_linear,
-    int8_matmul,
-    quant_linear,
-    quant_linear_available,
-    small_m_linear,
-)
-from zhuzi.model.quant import pack_q4, pack_q8, quantize_int8, unpack_q4, unpack_q8
 
 QUANTIZATIONS = ("int8", "int4", "gguf")
-# Weight format of the layers and of the LM head for the quantizations made at load.
-FORMATS = {"int8": ("int8", "int8"), "int4": ("q4", "q8")}
-_QUANT_PACKERS = {"q4": (pack_q4, unpack_q4), "q8": (pack_q8, unpack_q8)}
 
 
 class Linear:
-    """y = x W^T + b with W kept in the compute dtype."""
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
-        self.weight, self.bias = weight.contiguous(), bias
+    """y = x W^T + b with W dense, in the compute dtype."""
 
     fixed_order = False  # --deterministic: every row's outputs by the same operations, whatever the rows
 
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+        self.weight, self.bias = weight.contiguous(), bias
+        # bf16 weights on CPU run through the rows kernels where this CPU has them: a decode batch of a few rows
+        # is a weight-streaming problem, which the kernel reads at close to memory speed (torch's GEMV does
+        # not), and float32 inputs meet the bf16 weights widened in registers (torch would need a float32 copy
+        # of the matrix every call).
+        rows = self.weight.is_cpu and self.weight.dtype == torch.bfloat16 and cpu_linear.available()
+        self.backend = "rows" if rows else "torch"
+        self._forward: Callable[[torch.Tensor], torch.Tensor] = self._rows if rows else self._torch
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
-        y = self._fixed_order(flat) if self.fixed_order else self._kernel(flat)
-        if y is None:
-            y = self._matmul(flat)
-        elif self.bias is not None:
-            y = y + self.bias
+        y = self._fixed_order(flat) if self.fixed_order else self._forward(flat)
         return y.view(*x.shape[:-1], -1)
 
+    def _torch(self, flat: torch.Tensor) -> torch.Tensor:
+        return F.linear(flat, self.weight.to(flat.dtype), self.bias)
+
+    def _rows(self, flat: torch.Tensor) -> torch.Tensor:
+        m = flat.shape[0]
+        if m == 0 or (m > cpu_linear.MAX_ROWS and flat.dtype == self.weight.dtype):
+            return self._torch(flat)  # a prompt's rows in the weights' dtype: torch's GEMM
+        y = cpu_linear.small_m_linear(flat, self.weight) if m <= cpu_linear.MAX_ROWS \
+            else cpu_linear.fixed_order_linear(flat, self.weight)
+        return y + self.bias if self.bias is not None else y
+
     def _fixed_order(self, flat: torch.Tensor) -> torch.Tensor:
-        y = fixed_order_linear(flat, self.weight)
-        if y is None:
-            raise RuntimeError(f"the fixed-order kernel cannot serve {tuple(flat.shape)} {flat.dtype} inputs")
-        return y
-
-    def _kernel(self, flat: torch.Tensor) -> torch.Tensor | None:
-        # Decode batches of a few rows are a weight-streaming problem: the kernel reads W at close to
-        # memory speed, well above torch's GEMV. float32 weights are the reference: torch.
-        return small_m_linear(flat, self.weight) if self.weight.dtype != torch.float32 else None
-
-    def _matmul(self, flat: torch.Tensor) -> torch.Tensor:
-        if flat.dtype == self.weight.dtype:
-            return F.linear(flat, self.weight, self.bias)
-        # float32 inputs against bf16 weights: the rows kernel widens them in registers; torch would need a
-        # float32 copy of the matrix every call.
-        y = fixed_order_linear(flat, self.weight)
-        if y is None:
-            return F.linear(flat, self.weight.to(flat.dtype), self.bias)
+        y = cpu_linear.fixed_order_linear(flat, self.weight)
         return y + self.bias if self.bias is not None else y
 
     @property
@@ -75,94 +59,38 @@ class Linear:
         return sum(t.nbytes for t in self.tensors)
 
 
-class Int8Linear(Linear):
-    """int8 weights, one float32 scale per output channel. Decode batches (<= 8 rows) stream them against
-    the inputs (bf16 ones as they are with AVX512-BF16, q8 blocks elsewhere); bigger batches run int8 compute."""
-
-    def __init__(self, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None):
-        super().__init__(weight, bias)
-        self.scale = scale.float().contiguous()
-        self.code_sums = weight.sum(1, dtype=torch.int32)  # int8 compute removes the inputs' zero points with these
-
-    def _kernel(self, flat: torch.Tensor) -> torch.Tensor | None:
-        return small_m_linear(flat, self.weight, self.scale)
-
-    def _matmul(self, flat: torch.Tensor) -> torch.Tensor:
-        # Beyond a few rows the step is compute-bound: int8 inputs and products (smooth.py keeps the
-        # inputs' ranges tame).
-        y = int8_matmul(flat, self.weight, self.scale, self.code_sums, self.bias)
-        if y is None:  # no kernels: dequantize on the fly
-            y = F.linear(flat, (self.weight.float() * self.scale[:, None]).to(flat.dtype), self.bias)
-        return y
-
-    @property
-    def tensors(self) -> list[torch.Tensor]:
-        return super().tensors + [self.scale]
-
-
-class QuantLinear(Linear):
-    """zhuzi's own 4-bit or 8-bit packing (quant.py) through the quant kernel, for any number of rows on CPU."""
-
-    def __init__(self, packed: torch.Tensor, fmt: str, out_features: int, bias: torch.Tensor | None = None):
-        self.packed, self.fmt, self.out_features, self.bias = packed, fmt, out_features, bias
-
-    def _kernel(self, flat: torch.Tensor) -> torch.Tensor | None:
-        return quant_linear(flat, self.packed, self.fmt, self.out_features)
-
-    def _matmul(self, flat: torch.Tensor) -> torch.Tensor:
-        raise RuntimeError(f"{self.fmt} weights take float32 or bf16 CPU inputs, got {flat.dtype} on {flat.device}")
-
-    @property
-    def tensors(self) -> list[torch.Tensor]:
-        return [t for t in (self.packed, self.bias) if t is not None]
+def _whole_groups(w: BlockWeight) -> list[BlockWeight]:
+    """w as its whole 16-row groups, then the rows past them: the groups pack, and a 16-row chunk of the fused
+    step never straddles two parts."""
+    whole = w.shape[0] // 16 * 16
+    return [w] if whole in (0, w.shape[0]) else [w[:whole], w[whole:]]
 
 
 class BlockLinear(Linear):
-    """A GGUF file's blocks (blocks.py; repacked at load for the kernels): one matrix, or several whose output
-    rows follow each other (q, k, v; gate, up), each of its own type, through the block kernels for any number
-    of bf16 rows. An output's arithmetic depends only on its own input row, so the layer is fixed-order as it
-    is."""
+    """GGUF blocks (blocks.py; repacked at load for the kernels): one matrix, or several whose output rows
+    follow each other (q, k, v; gate, up), each of its own type, through the block kernels for any number of
+    rows. An output's arithmetic depends only on its own input row, so the layer is fixed-order as it is."""
+
+    backend = "blocks"
 
     def __init__(self, parts: list[BlockWeight], bias: torch.Tensor | None = None,
                  out_dtype: torch.dtype | None = None):
-        parts = [p.pack() for p in parts]
+        parts = [p.pack() for part in parts for p in _whole_groups(part)]
         self.parts, self.bias, self.out_dtype = parts, bias, out_dtype  # out_dtype: default the inputs'
         self.out_features = sum(p.shape[0] for p in parts)
         self.table = cpu_blocks.part_table(parts)
 
-    def _kernel(self, flat: torch.Tensor) -> torch.Tensor | None:
-        return cpu_blocks.block_linear(flat, self.table, self.out_features, self.out_dtype)
+    def _forward(self, flat: torch.Tensor) -> torch.Tensor:
+        y = cpu_blocks.block_linear(flat, self.table, self.out_features, self.out_dtype)
+        return y + self.bias if self.bias is not None else y
 
-    _fixed_order = _kernel
-
-    def _matmul(self, flat: torch.Tensor) -> torch.Tensor:
-        raise RuntimeError(f"GGUF blocks take bf16 CPU inputs, got {flat.dtype} on {flat.device}")
+    _fixed_order = _forward
 
     @property
     def tensors(self) -> list[torch.Tensor]:
         return [p.data for p in self.parts] + ([self.bias] if self.bias is not None else [])
 
 
-def block_linear(parts: list[BlockWeight], bias: torch.Tensor | None,
-                 out_dtype: torch.dtype | None = None) -> BlockLinear | None:
-    """A layer on these blocks, or None where the kernels do not serve one of their types on this CPU."""
-    return BlockLinear(parts, bias, out_dtype) if all(cpu_blocks.linear_serves(p.qtype) for p in parts) else None
-
-
-def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, fmt: str | None, dtype: torch.dtype) -> Linear:
-    """A layer of weight [N, K] stored in format fmt (None: dense, "int8", "q4" or "q8") for a model whose
-    weights are dtype. float32 weights (the reference) and formats without a kernel here run their exact
-    values dense through torch."""
-    device = weight.device
-    if fmt is None:
-        return Linear(weight.to(dtype), bias)
-    if fmt == "int8":
-        q, scale = quantize_int8(weight)
-        if dtype == torch.float32:
-            return Linear(q.float() * scale[:, None], bias)
-        return Int8Linear(q.to(device), scale.to(device), bias)
-    pack, unpack = _QUANT_PACKERS[fmt]
-    packed = pack(weight)
-    if dtype == torch.bfloat16 and device.type == "cpu" and quant_linear_available():
-        return QuantLinear(packed, fmt, weight.shape[0], bias)
-    return Linear(unpack(packed, weight.shape[0]).to(dtype).to(device), bias)
+def blocks_serve(parts: list[BlockWeight], device: str) -> bool:
+    """Whether the block kernels run a layer of these parts here (else their values run dense)."""
+    return torch.device(device).type == "cpu" and all(cpu_blocks.linear_serves(p.qtype) for p in parts)

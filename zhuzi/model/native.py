@@ -1,24 +1,7 @@
-"""Native CPU kernels for the model: one build per instruction set, the best one this CPU runs chosen at
-load (model runner -> model -> the kernels' Python wrappers), loaded with ctypes.
-
-The kernels are C++ sources in kernels/ (each includes kernels/prelude.h). Every source is compiled once
-per variant with that variant's explicit flags, never -march=native, into zhuzi's disk cache, keyed by its
-sources, the compiler and the flags (and, for a build tuned with -mtune=native, the CPU; see flags()):
-
-    avx512     x86-64-v4 + AVX512-BF16, VNNI, VBMI (Sapphire Rapids, Zen 4/5): bf16 compute
-    avx2-vnni  x86-64-v3 (AVX2, FMA, F16C) + AVX-VNNI (Alder Lake and later clients)
-    avx2       x86-64-v3 (Zen 2/3, Haswell to Comet Lake, AVX-512 CPUs without BF16)
-    neon-i8mm  armv8.2-a + dotprod + i8mm (Graviton 3/4, Neoverse V/N2, Apple M2 and later)
-    neon       armv8.2-a + dotprod (Graviton 2, Ampere Altra, Apple M1)
-    generic    portable C++, no SIMD flags (any other CPU: RISC-V, POWER, x86 without AVX2, armv8.0)
-
-A source picks its code per variant with the ZHUZI_* macros of prelude.h, and an entry point returns 2
-for what its build does not serve (the caller's torch path runs). select() (EngineConfig.cpu_kernels,
-default $ZHUZI_CPU_KERNELS or auto) sets the process's variant: auto takes the first one the CPU runs
-(generic, last, runs on every CPU), `torch` none. A compile error raises (a broken kernel must not hide
-behind a slow path); only a missing compiler falls back to torch, with a warning. The first library a
-process needs builds all of its variant's libraries at once, one compiler per core (a cold cache otherwise
-compiles them one after another). The kernels run on torch's OpenMP thread pool.
+"""Native CPU kernels for the model: kernels/*.cpp compiled once per instruction-set variant (VARIANTS, with
+explicit flags, never -march=native) into zhuzi's disk cache, keyed by their sources, compiler and flags, and
+loaded with ctypes; the best variant this CPU runs is chosen at load (select()). A compile error raises; only a
+missing compiler leaves torch's ops alone, with a warning. docs/cpu.md describes the variants.
 """
 from __future__ import annotations
 

@@ -8,20 +8,12 @@
 enum KVType : int { KV_F32 = 0, KV_BF16 = 1, KV_Q8_0 = 2 };
 
 extern "C" {
-// small_m_linear.cpp: y[M, N] = x[M, K] w[N, K]^T (times scale[n] for int8 weights), M <= 8.
-int zhuzi_small_m_linear(int weight, int x_bf16, const void* x, const void* w, const void* scale, int scale_bf16,
-                         void* y, int64_t M, int64_t N, int64_t K, int threads);
+// small_m_linear.cpp: y[M, N] = x[M, K] w[N, K]^T, M <= 8; weight 0: float32, 1: bf16.
+int zhuzi_small_m_linear(int weight, int x_bf16, const void* x, const void* w, void* y, int64_t M, int64_t N,
+                         int64_t K, int threads);
 // The same for any M, each row by the operations it gets alone (--deterministic).
-int zhuzi_fixed_order_linear(int weight, int x_bf16, const void* x, const void* w, const void* scale, int scale_bf16,
-                             void* y, int64_t M, int64_t N, int64_t K, int64_t MB, int threads);
-// quant_linear.cpp: y[M, N] = x[M, K] W^T for quant.py's Q4 (format 0) or Q8 (1) units [ceil(N / 16), K / 32,
-// unit bytes]; x and y float32 or bf16 (x_bf16); K a multiple of 32.
-int zhuzi_quant_linear(int format, int x_bf16, const void* x, const void* w, void* y, int64_t M, int64_t N,
-                       int64_t K, int threads);
-// int8_rows.cpp: per-row int8 activations around torch._int_mm.
-void zhuzi_quantize_rows(int bf16, const void* x, int8_t* q, float* s, int32_t* z, int64_t M, int64_t K, int threads);
-void zhuzi_scale_rows(int bf16, const int32_t* acc, const float* s, const int32_t* z, const int32_t* wsum,
-                      const float* sw, const void* bias, void* y, int64_t M, int64_t N, int threads);
+int zhuzi_fixed_order_linear(int weight, int x_bf16, const void* x, const void* w, void* y, int64_t M, int64_t N,
+                             int64_t K, int64_t MB, int threads);
 // decode_attention.cpp: one query token per row over its paged history; q and out float32 or bf16 (q_bf16),
 // the pools a KVType (bf16 queries take bf16 or q8_0 pools); window > 0: a sliding window's tokens.
 int zhuzi_decode_attention(int q_bf16, int kv_type, const void* q, const void* kc, const void* vc,

@@ -6,7 +6,6 @@
 #include "block_decode.h"
 #include "decode_step.h"
 #include "packed_blocks.h"
-#include "quant_packed.h"
 #include "rows.h"
 
 #include <omp.h>
@@ -30,34 +29,31 @@ struct Barrier {
   }
 };
 
-constexpr int CHUNK = 16;  // output rows per work item: one row group of Q4 / Q8 units
+constexpr int CHUNK = 16;  // output rows per work item: one packed row group of blocks
 
 #if ZHUZI_AVX512
 using Act = uint16_t;  // queries and attention outputs: bf16, as the matrices take them
 using Dense = BF16;    // bf16 weights against bf16 inputs
-using Int8 = I8BF16;
 #else
 using Act = float;
 using Dense = BF16F32;  // bf16 weights widened against float inputs
-using Int8 = I8Q8;      // int8 weights against q8 activations
 #endif
 
 // One matrix's input rows, as each thread prepares them for itself (no barrier needed): float rows (an
-// RMSNorm's output, an activation), then the form each weight kind reads, made on first use:
-// quant_packed's Input (bf16 rows and group sums with AVX-512, q8 blocks elsewhere), and off AVX-512 the float
-// rows in the bf16 weights' even / odd split.
+// RMSNorm's output, an activation), then the form each weight kind reads, made on first use: q8 blocks for
+// GGUF blocks, and for bf16 weights the rows in bf16 (AVX-512) or in the weights' even / odd split (elsewhere).
 struct Inputs {
   std::vector<float> f, split;
-  quant_packed::Input t;
+  std::vector<uint16_t> rounded;  // f in bf16 (AVX-512)
   q8::Rows q8[2];        // for GGUF blocks: per 32 inputs, per 256 (K-quants)
   const uint16_t* bf16 = nullptr;  // rows given as bf16 (use()), not in f
   int M = 0;
   int64_t K = 0;
-  bool quant_ready = false, split_ready = false, q8_ready[2] = {};
+  bool dense_ready = false, q8_ready[2] = {};
 
   // Rows of float32 values, optionally RMS-normalised with weight w.
   void set(const float* src, int rows, int64_t width, const uint16_t* w = nullptr, float eps = 0.f) {
-    M = rows, K = width, quant_ready = split_ready = q8_ready[0] = q8_ready[1] = false, bf16 = nullptr;
+    M = rows, K = width, dense_ready = q8_ready[0] = q8_ready[1] = false, bf16 = nullptr;
     at_least(f, M * K);
     for (int m = 0; m < M; ++m) {
       const float* s = src + m * K;
@@ -75,18 +71,20 @@ struct Inputs {
   }
 #if ZHUZI_AVX512
   void use(const uint16_t* rows, int count, int64_t width) {  // bf16 rows as they are
-    M = count, K = width, split_ready = q8_ready[0] = q8_ready[1] = false, bf16 = rows;
-    t.set(rows, M, K, K);
-    quant_ready = true;
+    M = count, K = width, dense_ready = q8_ready[0] = q8_ready[1] = false, bf16 = rows;
+  }
+  const uint16_t* dense() {  // the rows in bf16: as given (use()), or f rounded once
+    if (bf16) return bf16;
+    if (!dense_ready) {
+      at_least(rounded, M * K);
+      for (int64_t i = 0; i < M * K; ++i) store(f[i], &rounded[i]);
+    }
+    dense_ready = true;
+    return rounded.data();
   }
 #else
   void use(const float* rows, int count, int64_t width) { set(rows, count, width); }
 #endif
-  const quant_packed::Input& quant() {
-    if (!quant_ready) t.set(f.data(), M, K, K);
-    quant_ready = true;
-    return t;
-  }
   const q8::Rows& blocks(int span) {  // span: the weights' block length, the inputs an activation scale covers
     const int s = span == block_prefill::CHUNK;
     if (!q8_ready[s]) {
@@ -96,14 +94,16 @@ struct Inputs {
     q8_ready[s] = true;
     return q8[s];
   }
+#if !ZHUZI_AVX512
   const float* dense() {
-    if (!split_ready) {
+    if (!dense_ready) {
       at_least(split, M * K);
       for (int m = 0; m < M; ++m) BF16F32::prepare(f.data() + m * K, K, K, split.data() + m * K);
     }
-    split_ready = true;
+    dense_ready = true;
     return split.data();
   }
+#endif
 };
 
 // Rows [n0, n0 + count) of a row-major matrix against M inputs: out[m][r].
@@ -134,26 +134,9 @@ template <int M>
 static void chunk(const Mat& a, Inputs& in, int64_t n0, int count, float out[M][CHUNK]) {
   const int64_t K = a.k;
   switch (a.kind) {
-    case DENSE: {
-#if ZHUZI_AVX512
-      const quant_packed::Input& t = in.quant();
-      dense_rows<Dense, M>(static_cast<const uint16_t*>(a.w), K, t.x, t.ld, n0, count, out);
-#else
+    case DENSE:
       dense_rows<Dense, M>(static_cast<const uint16_t*>(a.w), K, in.dense(), K, n0, count, out);
-#endif
       break;
-    }
-    case INT8: {
-      const quant_packed::Input& t = in.quant();
-#if ZHUZI_AVX512
-      dense_rows<Int8, M>(static_cast<const int8_t*>(a.w), K, t.x, t.ld, n0, count, out);
-#else
-      dense_rows<Int8, M>(static_cast<const int8_t*>(a.w), K, t.rows.row(0), t.rows.n, n0, count, out);
-#endif
-      for (int r = 0; r < count; ++r)
-        for (int m = 0; m < M; ++m) out[m][r] *= a.scale[n0 + r];
-      break;
-    }
     case BLOCKS: {
       const auto* part = static_cast<const block_prefill::Part*>(a.w);
       int64_t row = n0;
@@ -167,11 +150,6 @@ static void chunk(const Mat& a, Inputs& in, int64_t n0, int count, float out[M][
       });
       for (int m = 0; m < M; ++m) std::memcpy(out[m], acc[m], count * 4);
       break;
-    }
-    default: {
-      const int format = a.kind == Q4 ? quant_packed::Q4 : quant_packed::Q8;
-      const auto* w = static_cast<const uint8_t*>(a.w) + (n0 / CHUNK) * (K / 32) * quant_packed::unit_bytes(format);
-      quant_packed::row_group<M>(format, w, K / 32, in.quant(), 0, out);
     }
   }
   if (a.bias)
@@ -307,13 +285,10 @@ static int run(const Args& a) {
       });
       in.set(h.data(), M, E, L.post_norm, a.eps);
       // A work item computes 16 gate rows and the 16 matching up rows, and applies SiLU(gate) * up itself.
-      const Mat gate = {L.gate_up.kind, L.gate_up.w, L.gate_up.scale, L.gate_up.bias, F, E};
+      const Mat gate = {L.gate_up.kind, L.gate_up.w, L.gate_up.bias, F, E};
       Mat up = gate;
       if (gate.kind == DENSE) up.w = static_cast<const uint16_t*>(gate.w) + F * E;
-      else if (gate.kind == INT8) up.w = static_cast<const int8_t*>(gate.w) + F * E, up.scale = gate.scale + F;
-      else if (gate.kind == BLOCKS) up.w = static_cast<const block_prefill::Part*>(gate.w) + 1;
-      else
-        up.w = static_cast<const uint8_t*>(gate.w) + (F / CHUNK) * (E / 32) * quant_packed::unit_bytes(gate.kind - Q4);
+      else up.w = static_cast<const block_prefill::Part*>(gate.w) + 1;
 #pragma omp for schedule(dynamic, turn(F / CHUNK)) nowait
       for (int64_t c = 0; c < F / CHUNK; ++c) {
         float g[M][CHUNK], u[M][CHUNK];

@@ -5,14 +5,12 @@
 
 namespace step {
 
-// Q4 - Q4 and Q8 - Q4 are quant_packed.h's formats; BLOCKS: GGUF block matrices (block_prefill.h's Parts)
-enum Kind : int32_t { DENSE = 0, INT8 = 1, Q4 = 2, Q8 = 3, BLOCKS = 4 };
+// DENSE: bf16 rows; BLOCKS: GGUF block matrices (block_prefill.h's Parts)
+enum Kind : int32_t { DENSE = 0, BLOCKS = 1 };
 
 struct Mat {
   int32_t kind;
-  const void* w;         // bf16 / int8 rows [n, k], units [ceil(n / 16), k / 32, unit bytes], or Parts whose
-                         // rows add up to n, each a multiple of 16
-  const float* scale;    // int8: one per row
+  const void* w;         // bf16 rows [n, k], or Parts whose rows add up to n, each but the last a multiple of 16
   const float* bias;     // [n], or null
   int64_t n, k;
 };

@@ -104,16 +104,14 @@ static inline void dot_pair(i8::I32* s, i8::B8 lo, i8::B8 hi, const q8::Block* c
 }
 
 // How far ahead of the unit in use a row group's stream is fetched into L2: the hardware prefetchers alone
-// kept a decode step at two thirds of the read bandwidth (a 1.5B's Q6_K LM head: 17 GB/s without, 27-34 with
-// 32-64 KiB ahead, on a 2-core Zen 4). A prefetch past the matrix's end never faults.
+// leave a decode step well below the read bandwidth (docs/benchmarks.md). A prefetch past the matrix's end
+// never faults.
 constexpr int AHEAD = 48 << 10;
 
 // Fetches slice g of GROUPS of the unit AHEAD bytes past p: a K-quant unit's lines spread over its groups, as
-// they are read, where one burst of 37-53 prefetches a unit left a 2-core Zen 2 stalled at each unit's first
-// load (a third of its time on the 1.5B's Q6_K LM head). On that Zen 2 (AVX2) Q6_K's rows read faster with
-// only a slice's first line fetched (its 256 bytes a group; the L2's own prefetcher follows the rest): 10.0
-// GB/s a thread against 8.5 with every line and 9.5 with none; Q4_K's, with every line (12.5, against 11.0
-// with every other one).
+// they are read (one burst of prefetches a unit stalls a small core at each unit's first load). On AVX2, Q6_K's
+// rows read faster with only a slice's first line fetched (its 256 bytes a group; the L2's own prefetcher
+// follows the rest), Q4_K's with every line.
 template <class F>
 static inline void fetch_ahead(const uint8_t* p, int g) {
   constexpr int UNIT = ROWS * Layout<F>::BYTES, GROUPS = F::QK / F::G, SLICE = (UNIT / GROUPS + 63) / 64 * 64;

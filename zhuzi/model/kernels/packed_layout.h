@@ -8,7 +8,8 @@
 // width differs), and a group holds 16 rows of exactly the bytes of the file, bar Q4_K's and Q5_K's scales,
 // unpacked from 6 to 8 bits (148 and 180 bytes a row and super-block in place of 144 and 176).
 //
-// A packed unit of 16 rows (r: row, b < 4: byte of a lane), codes as blocks.h decodes them:
+// A packed unit of 16 rows (r: row, b < 4: byte of a lane), codes as blocks.h decodes them (cpu_blocks.TYPES
+// has each type's bytes a row and block, packed or not):
 //   4- and 5-bit codes  codes[pairs][16][4]  pair p: low nibble = code of input 8p + b, high = input 8p + 4 + b
 //   Q8_0                codes[8][16][4]      quad q: input 4q + b, as stored (signed)
 //   Q5_0, Q5_1, Q5_K    top[groups][16][4]   per 32 inputs: bits 2p, 2p + 1 = the fifth bits of pair p's codes
@@ -19,9 +20,8 @@
 //   Q6_K  sc[16][16] (int8), d[16] (fp16), then the codes                                  3,360 bytes
 //   32-blocks  the codes (and top bits), then d[16] (fp16), and for Q4_1, Q5_1 m[16]   16 times the file's block
 //
-// A K-quant unit's scales come before its codes, so that a row group's reads go one way through memory: with
-// the scales after the codes, every group's first read jumped to the unit's end and back, and a Zen 2 read
-// Q4_K rows 7 % slower a thread (11.8 against 12.6 GB/s) and Q6_K's 11 % (9.6 against 10.6).
+// A K-quant unit's scales come before its codes, so that a row group's reads go one way through memory (with
+// the scales after the codes, every group's first read jumped to the unit's end and back: slower rows).
 
 #pragma once
 #include "blocks.h"

@@ -11,7 +11,7 @@
 namespace f32 {
 
 // Three query vectors: the score and output loops then keep 4 x 3 sums in flight, where an FMA's latency times
-// its two ports asks for 10 (two vectors' 8 left a Zen 2's FMA ports idle a fifth of the time).
+// its two ports asks for 10 (two vectors' 8 leave the FMA ports idle part of the time).
 constexpr int QV = 3, Q = QV * VL;  // query vectors, queries per item
 constexpr int T = std::max(32, Q);  // keys per tile: each lane sees one of the first (below)
 

@@ -1,7 +1,6 @@
-// Row-major weights (float32, bf16, int8 with a scale per row) against M <= 8 input rows: the inner
+// Row-major weights (float32, bf16) against M <= 8 input rows: the inner
 // loops of the small-batch linear kernel and of the fused decode step.
 #pragma once
-#include "int8.h"
 #include "prelude.h"
 #include "q8.h"
 
@@ -34,28 +33,6 @@ struct F32 : Plain<float, float> {
   using WV = vf; using XV = vf;
   static constexpr int LANES = VL;
   static WV load_w(const W* p) { return load_vf(p); }
-  static XV load_x(const X* p) { return load_vf(p); }
-  static void dot(vf& acc, WV w, XV x) { acc = fmadd(w, x, acc); }
-};
-
-// int8 weights widened to float (the float32 models of the AVX-512 variant).
-struct I8 : Plain<int8_t, float> {
-  using WV = vf; using XV = vf;
-  static constexpr int LANES = VL;
-  static WV load_w(const W* p) {  // GCC's __builtin_convertvector does this one element at a time
-#if ZHUZI_AVX512
-    return (vf)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-#elif ZHUZI_AVX2
-    return (vf)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
-#elif ZHUZI_NEON
-    int32_t v; std::memcpy(&v, p, 4);
-    return (vf)vcvtq_f32_s32(vmovl_s16(vget_low_s16(vmovl_s8(vreinterpret_s8_s32(vdup_n_s32(v))))));
-#else
-    typedef int8_t v4b __attribute__((vector_size(VL)));
-    v4b v; std::memcpy(&v, p, VL);
-    return __builtin_convertvector(v, vf);
-#endif
-  }
   static XV load_x(const X* p) { return load_vf(p); }
   static void dot(vf& acc, WV w, XV x) { acc = fmadd(w, x, acc); }
 };
@@ -99,41 +76,6 @@ struct BF16F32 {
   static XV load_x(const X* p) { return {load_vf(p), load_vf(p + VL)}; }
   static void dot(vf& acc, WV w, XV x) { acc = fmadd(w.odd, x.odd, fmadd(w.even, x.even, acc)); }
 };
-
-#if ZHUZI_AVX512
-// int8 weights are exact in bf16 (8 significant bits), so with bf16 inputs they can use vdpbf16ps too:
-// it does 32 multiply-adds where a float FMA does 16, and an int8 row streams twice as fast as bf16.
-struct I8BF16 : BF16 {
-  using W = int8_t;
-  static WV load_w(const W* p) {
-    const __m128i* q = reinterpret_cast<const __m128i*>(p);
-    const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q)));
-    const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q + 1)));
-    return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
-  }
-};
-#else
-// int8 weights against q8 activations (q8.h): a block's 32 products in int8 dot products, then its scale
-// (the row's scale is applied by the caller).
-struct I8Q8 {
-  using W = int8_t; using X = q8::Block; using XV = const q8::Block*;
-  static constexpr int LANES = q8::BLOCK, XPER = q8::BLOCK, PARTS = q8::BLOCK / (4 * i8::LANES);
-  struct WV { i8::B8 part[PARTS]; };
-  template <typename T>
-  static void prepare(const T* x, int64_t K, int64_t kp, X* out) { q8::quantize_row(x, K, kp, out); }
-  static WV load_w(const W* p) {
-    WV v;
-    for (int i = 0; i < PARTS; ++i) v.part[i] = i8::load_b8(p + i * 4 * i8::LANES);
-    return v;
-  }
-  static XV load_x(const X* p) { return p; }
-  static void dot(vf& acc, const WV& w, XV x) {
-    i8::I32 s = i8::zero();
-    for (int i = 0; i < PARTS; ++i) s = i8::dot_s8s8(s, w.part[i], i8::load_b8(x->q + i * 4 * i8::LANES));
-    acc = fmadd(i8::to_float(s), splat(x->d), acc);
-  }
-};
-#endif
 
 // Bytes prefetched ahead in each row's stream: the hardware prefetcher alone falls behind, the more so
 // the more multiply-adds each weight byte feeds (M > 1). docs/benchmarks.md has how the distance was chosen.

@@ -5,9 +5,6 @@
 #include <algorithm>
 #include <vector>
 
-static float input(const float* p) { return *p; }
-static float input(const uint16_t* p) { return widen(*p); }
-
 // Inputs a row of K takes in F's prepared form (whole chunks of LANES).
 template <class F>
 static int64_t stride(int64_t K) { return (K + F::LANES - 1) / F::LANES * F::LANES / F::XPER; }
@@ -15,11 +12,9 @@ static int64_t stride(int64_t K) { return (K + F::LANES - 1) / F::LANES * F::LAN
 // Weight rows n0..n1 (a stripe of R, or the matrix's last few one by one) against M prepared input rows.
 template <class F, int M, int R, typename T>
 static void stripe(const typename F::W* w, int64_t n0, int64_t n1, int64_t K, const typename F::X* xp, int64_t kp,
-                  const void* scale, int scale_bf16, T* y, int64_t N) {
+                   T* y, int64_t N) {
   auto emit = [&](int64_t n, const float* dots) {
-    const float s = !scale ? 1.f : scale_bf16 ? input(static_cast<const uint16_t*>(scale) + n)
-                                              : input(static_cast<const float*>(scale) + n);
-    for (int m = 0; m < M; ++m) store(scale ? dots[m] * s : dots[m], y + m * N + n);
+    for (int m = 0; m < M; ++m) store(dots[m], y + m * N + n);
   };
   if (n1 - n0 == R) {
     float out[R][M];
@@ -44,23 +39,20 @@ static std::vector<typename F::X> prepared(const T* x, int64_t M, int64_t K, int
 }
 
 template <class F, int M, typename T>
-static void linear(const T* x, const typename F::W* w, const void* scale, int scale_bf16, T* y,
-                   int64_t N, int64_t K, int threads) {
+static void linear(const T* x, const typename F::W* w, T* y, int64_t N, int64_t K, int threads) {
   constexpr int R = ROWS[M];
   const int64_t kp = stride<F>(K);
   const std::vector<typename F::X> xp = prepared<F>(x, M, K, kp, threads);
   const int64_t stripes = (N + R - 1) / R;
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (int64_t b = 0; b < stripes; ++b)
-    stripe<F, M, R>(w, b * R, std::min(N, b * R + R), K, xp.data(), kp, scale, scale_bf16, y, N);
+    stripe<F, M, R>(w, b * R, std::min(N, b * R + R), K, xp.data(), kp, y, N);
 }
 
 template <class F, typename T>
-static int dispatch(int64_t M, const void* x, const void* w, const void* scale, int scale_bf16, void* y,
-                    int64_t N, int64_t K, int threads) {
+static int dispatch(int64_t M, const void* x, const void* w, void* y, int64_t N, int64_t K, int threads) {
   auto go = [&](auto fn) {
-    fn(static_cast<const T*>(x), static_cast<const typename F::W*>(w), scale, scale_bf16, static_cast<T*>(y),
-       N, K, threads);
+    fn(static_cast<const T*>(x), static_cast<const typename F::W*>(w), static_cast<T*>(y), N, K, threads);
     return 0;
   };
   switch (M) {
@@ -82,8 +74,8 @@ static int dispatch(int64_t M, const void* x, const void* w, const void* scale, 
 // rows; a set meets a group of weight stripes (~24 KiB) while both sit in L1, and the MB input rows of
 // one pass over the weights stay in L2.
 template <class F, typename T>
-static void fixed_order(const T* x, const typename F::W* w, const void* scale, int scale_bf16, T* y,
-                        int64_t M, int64_t N, int64_t K, int64_t MB, int threads) {
+static void fixed_order(const T* x, const typename F::W* w, T* y, int64_t M, int64_t N, int64_t K, int64_t MB,
+                        int threads) {
   constexpr int R = ROWS[8];  // one stripe height for every set size: R does not change any output's bits
   const int64_t kp = stride<F>(K);
   const std::vector<typename F::X> xp = prepared<F>(x, M, K, kp, threads);
@@ -100,56 +92,39 @@ static void fixed_order(const T* x, const typename F::W* w, const void* scale, i
         for (int64_t b = g * group; b < std::min(stripes, (g + 1) * group); ++b) {
           const int64_t n0 = b * R, n1 = std::min(N, n0 + R);
           switch (std::min<int64_t>(8, m1 - m)) {
-            case 1: stripe<F, 1, R>(w, n0, n1, K, xt, kp, scale, scale_bf16, yt, N); break;
-            case 2: stripe<F, 2, R>(w, n0, n1, K, xt, kp, scale, scale_bf16, yt, N); break;
-            case 3: stripe<F, 3, R>(w, n0, n1, K, xt, kp, scale, scale_bf16, yt, N); break;
-            case 4: stripe<F, 4, R>(w, n0, n1, K, xt, kp, scale, scale_bf16, yt, N); break;
-            case 5: stripe<F, 5, R>(w, n0, n1, K, xt, kp, scale, scale_bf16, yt, N); break;
-            case 6: stripe<F, 6, R>(w, n0, n1, K, xt, kp, scale, scale_bf16, yt, N); break;
-            case 7: stripe<F, 7, R>(w, n0, n1, K, xt, kp, scale, scale_bf16, yt, N); break;
-            default: stripe<F, 8, R>(w, n0, n1, K, xt, kp, scale, scale_bf16, yt, N); break;
+            case 1: stripe<F, 1, R>(w, n0, n1, K, xt, kp, yt, N); break;
+            case 2: stripe<F, 2, R>(w, n0, n1, K, xt, kp, yt, N); break;
+            case 3: stripe<F, 3, R>(w, n0, n1, K, xt, kp, yt, N); break;
+            case 4: stripe<F, 4, R>(w, n0, n1, K, xt, kp, yt, N); break;
+            case 5: stripe<F, 5, R>(w, n0, n1, K, xt, kp, yt, N); break;
+            case 6: stripe<F, 6, R>(w, n0, n1, K, xt, kp, yt, N); break;
+            case 7: stripe<F, 7, R>(w, n0, n1, K, xt, kp, yt, N); break;
+            default: stripe<F, 8, R>(w, n0, n1, K, xt, kp, yt, N); break;
           }
         }
       }
   }
 }
 
-#if ZHUZI_AVX512
-using I8F32 = I8;  // int8 weights against float inputs: widened to float
-#else
-using I8F32 = I8Q8;  // int8 weights against any inputs: q8 activations, int8 dot products
-using I8BF16 = I8Q8;
-#endif
-
-// weight: 0 float32, 1 bf16, 2 int8 (scale per row); x float32 or bf16 (bf16 weights with either, float32
-// weights with float32). Returns 0 on success, 2 for a case it was not built for.
-extern "C" int zhuzi_small_m_linear(int weight, int x_bf16, const void* x, const void* w, const void* scale,
-                                    int scale_bf16, void* y, int64_t M, int64_t N, int64_t K, int threads) {
+// weight: 0 float32, 1 bf16; x float32 or bf16 (bf16 weights with either, float32 weights with float32).
+// Returns 0 on success, 2 for a case it was not built for.
+extern "C" int zhuzi_small_m_linear(int weight, int x_bf16, const void* x, const void* w, void* y, int64_t M,
+                                    int64_t N, int64_t K, int threads) {
   switch (weight * 2 + x_bf16) {
-    case 0: return dispatch<F32, float>(M, x, w, nullptr, 0, y, N, K, threads);
-    case 2: return dispatch<BF16F32, float>(M, x, w, nullptr, 0, y, N, K, threads);
-    case 3: return dispatch<BF16, uint16_t>(M, x, w, nullptr, 0, y, N, K, threads);
-    case 4: return dispatch<I8F32, float>(M, x, w, scale, scale_bf16, y, N, K, threads);
-    case 5: return dispatch<I8BF16, uint16_t>(M, x, w, scale, scale_bf16, y, N, K, threads);
+    case 0: return dispatch<F32, float>(M, x, w, y, N, K, threads);
+    case 2: return dispatch<BF16F32, float>(M, x, w, y, N, K, threads);
+    case 3: return dispatch<BF16, uint16_t>(M, x, w, y, N, K, threads);
     default: return 2;
   }
 }
 
 // The same formats as zhuzi_small_m_linear, for any M >= 1 (see fixed_order); MB input rows per pass.
-extern "C" int zhuzi_fixed_order_linear(int weight, int x_bf16, const void* x, const void* w, const void* scale,
-                                        int scale_bf16, void* y, int64_t M, int64_t N, int64_t K, int64_t MB,
-                                        int threads) {
+extern "C" int zhuzi_fixed_order_linear(int weight, int x_bf16, const void* x, const void* w, void* y, int64_t M,
+                                        int64_t N, int64_t K, int64_t MB, int threads) {
   switch (weight * 2 + x_bf16) {
-    case 0: fixed_order<F32>((const float*)x, (const float*)w, nullptr, 0, (float*)y, M, N, K, MB, threads); return 0;
-    case 2: fixed_order<BF16F32>((const float*)x, (const uint16_t*)w, nullptr, 0, (float*)y, M, N, K, MB, threads);
-      return 0;
-    case 3: fixed_order<BF16>((const uint16_t*)x, (const uint16_t*)w, nullptr, 0, (uint16_t*)y, M, N, K, MB, threads);
-      return 0;
-    case 4: fixed_order<I8F32>((const float*)x, (const int8_t*)w, scale, scale_bf16, (float*)y, M, N, K, MB, threads);
-      return 0;
-    case 5: fixed_order<I8BF16>((const uint16_t*)x, (const int8_t*)w, scale, scale_bf16, (uint16_t*)y, M, N, K, MB,
-                                threads);
-      return 0;
+    case 0: fixed_order<F32>((const float*)x, (const float*)w, (float*)y, M, N, K, MB, threads); return 0;
+    case 2: fixed_order<BF16F32>((const float*)x, (const uint16_t*)w, (float*)y, M, N, K, MB, threads); return 0;
+    case 3: fixed_order<BF16>((const uint16_t*)x, (const uint16_t*)w, (uint16_t*)y, M, N, K, MB, threads); return 0;
     default: return 2;
   }
 }
