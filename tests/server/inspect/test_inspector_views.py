@@ -23,7 +23,7 @@ pytestmark = pytest.mark.long  # a minute or more: handed out first (tests/conft
 
 @pytest.fixture(scope="module")
 def bf16_server(server: ServerProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """The divergence experiment's server, bf16 as the issue's experiment is: the session's `server` where dtype
+    """The divergence experiment's server, in bf16 as docs/inspector.md describes it: the session's `server` where dtype
     auto computes in bf16 (native bf16), else one of its own (dtype auto computes in float32 there)."""
     if server.get("/inspect/engine?steps=0")["model"]["dtype"] == "bfloat16":
         yield server
