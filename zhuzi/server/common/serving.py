@@ -137,9 +137,9 @@ class Server:
         self.gateway.capacity = engine.config.max_num_seqs + self.config.max_waiting
         self.engine = engine
         stats = engine.stats()
-        log.info("model %s loaded: dtype %s, KV cache %d tokens (%d blocks of %d), context %d tokens%s",
-                 self.model_name, engine.config.precision, stats.num_blocks * engine.config.block_size,
-                 stats.num_blocks, engine.config.block_size, engine.max_model_len,
+        log.info("model %s loaded: dtype %s, KV cache %d tokens (%d pages of %d), context %d tokens%s",
+                 self.model_name, engine.config.precision, stats.num_pages * engine.config.page_size,
+                 stats.num_pages, engine.config.page_size, engine.max_model_len,
                  ", reasoning parser on" if self.reasoning else "")
         log.info("serving at http://%s:%d/v1", self.config.host, self.config.port)
 

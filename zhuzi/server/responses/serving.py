@@ -135,9 +135,9 @@ class ResponsesFormat:
     added / deltas / done events, then response.completed (or .incomplete, or .failed); every event numbered."""
 
     def __init__(self, body: rp.ResponsesRequest, request_id: str, model: str,
-                 token_bytes: Callable[[int], bytes], cache_block: int) -> None:
+                 token_bytes: Callable[[int], bytes], cache_page: int) -> None:
         self.body, self.request_id, self.model, self.token_bytes = body, request_id, model, token_bytes
-        self.cache_block = cache_block  # the prefix cache's unit (0: no prefix cache)
+        self.cache_page = cache_page  # the prefix cache's unit (0: no prefix cache)
         self.created = int(time.time())
         self.sequence = 0
         self.logprobs_sent: dict[int, int] = {}  # per text block, how many of its tokens' logprobs went out
@@ -210,9 +210,9 @@ class ResponsesFormat:
 
     def _cache_writes(self, gen: ResponseState) -> int:
         """The prompt's whole blocks that were not cached yet: the prefix cache keeps them now."""
-        if not self.cache_block:
+        if not self.cache_page:
             return 0
-        return max(0, gen.prompt_tokens // self.cache_block * self.cache_block - gen.cached_tokens)
+        return max(0, gen.prompt_tokens // self.cache_page * self.cache_page - gen.cached_tokens)
 
     def _event(self, event: rp.Event) -> str:
         event.sequence_number, self.sequence = self.sequence, self.sequence + 1
@@ -305,7 +305,7 @@ class Responses:
         plan = await self.chats.plan(chat)
         engine = self.server.ready()
         fmt = ResponsesFormat(body, new_item_id("resp"), self.server.model_name, engine.tokenizer.bytes_of,
-                              engine.config.block_size if engine.config.enable_prefix_caching else 0)
+                              engine.config.page_size if engine.config.enable_prefix_caching else 0)
         if body.safety_identifier is not None:  # OpenAI's end-user id, logged as user is
             log.info("%s for safety_identifier %r", fmt.request_id, body.safety_identifier)
 
