@@ -152,7 +152,7 @@ class EngineModel(Response):
 
 
 class EngineKV(Response):
-    """The KV pool; its JSON names say "blocks" (vLLM's word) for KV pages, as the page's script reads them."""
+    """The KV pool; its JSON names say "blocks" (vLLM's word) for KV pages, as the inspector's script reads them."""
 
     block_size: int
     num_blocks: int
