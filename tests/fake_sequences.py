@@ -1,9 +1,9 @@
-"""Fake sequences for the scheduler and block-manager tests: the engine's bookkeeping without a model."""
+"""Fake sequences for the scheduler and page-manager tests: the engine's bookkeeping without a model."""
 from __future__ import annotations
 
 import itertools
 
-from zhuzi.engine.core.kv.block_manager import BlockManager
+from zhuzi.engine.core.kv.page_manager import PageManager
 from zhuzi.engine.core.policies import make_policy
 from zhuzi.engine.core.scheduler import Scheduler
 from zhuzi.engine.sequence import ScheduledSeq, Sequence, StepOutcome, Tenant
@@ -33,7 +33,7 @@ def run_step(scheduler: Scheduler, token: int = 7) -> list[ScheduledSeq]:
     return batch
 
 
-def scheduler(num_blocks: int = 64, block_size: int = 4, max_num_seqs: int = 8, budget: int = 32,
+def scheduler(num_pages: int = 64, page_size: int = 4, max_num_seqs: int = 8, budget: int = 32,
               long_prefill: int = 0, prefix_caching: bool = True, policy: str = "fcfs") -> Scheduler:
-    return Scheduler(BlockManager(num_blocks, block_size, prefix_caching), max_num_seqs, budget, long_prefill,
+    return Scheduler(PageManager(num_pages, page_size, prefix_caching), max_num_seqs, budget, long_prefill,
                      policy=make_policy(policy))

@@ -36,7 +36,7 @@ def test_plan_prints_the_weight_and_kv_arithmetic():
     out = zhuzi("plan", "--kv-cache-memory", "4GiB", "--context", "4096", "--sequences", "4")
     assert out.returncode == 0, out.stderr
     assert "KV bytes per token: 2 x 30 layers x 3 kv_heads x 64 head_dim x 2 bytes = 23,040" in out.stdout
-    assert "186,400 tokens" in out.stdout  # 4 GiB / (23,040 x 16) = 11,650 blocks of 16
+    assert "186,400 tokens" in out.stdout  # 4 GiB / (23,040 x 16) = 11,650 pages of 16
     assert "requests of 4,096 tokens that fit at once: 45" in out.stdout
     # The GGUF's own blocks: Q4_1 layers, the tied Q8_0 embedding (the LM head), float32 norms as bf16
     assert "weights: 96,506,496 bytes (92 MiB) in memory: the file's blocks (Q4_1 63.3 MiB, Q8_0 28.7 MiB" in out.stdout
@@ -63,7 +63,7 @@ def test_plan_counts_a_q8_0_kv_cache_at_about_half_the_bytes():
     assert out.returncode == 0, out.stderr
     assert ("KV bytes per token: 2 x 30 layers x 3 kv_heads x 64 head_dim x 1.0625 bytes (q8_0: 8-bit values and an "
             "fp16 scale per 32) = 12,240") in out.stdout  # 17/32 of bf16's 23,040
-    assert "= 350,896 tokens" in out.stdout  # 4 GiB / (12,240 x 16) = 21,931 blocks of 16
+    assert "= 350,896 tokens" in out.stdout  # 4 GiB / (12,240 x 16) = 21,931 pages of 16
 
 
 def test_plan_of_dense_weights():

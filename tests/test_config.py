@@ -35,6 +35,10 @@ def test_flags_of_each_kind_reach_their_field():
     assert (server.api_keys, server.rate_limit_rpm) == (["a", "b"], 5)
 
 
+def test_the_page_size_keeps_vllms_flag():
+    assert EngineConfig.from_cli_args(parsed("--block-size", "32")).page_size == 32
+
+
 def test_a_bad_choice_is_refused_by_the_parser():
     with pytest.raises(SystemExit):
         parsed("--quantization", "int3")
@@ -45,7 +49,7 @@ def test_help_shows_each_setting_with_its_help_text(capsys: pytest.CaptureFixtur
         build_parser().parse_args(["generate", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
     for f in dataclasses.fields(EngineConfig):
-        assert "--" + f.name.replace("_", "-") in help_text
+        assert f.metadata.get("flags", ["--" + f.name.replace("_", "-")])[0] in help_text
         assert " ".join(f.metadata["help"].split())[:30] in help_text
 
 
@@ -63,16 +67,16 @@ def test_the_kv_plan_is_the_one_arithmetic():
     smol = ModelConfig("llama", 49152, 576, 1536, 30, 9, 3, 64)
     plan = KVPlan.of(smol, torch.bfloat16, parse_bytes("4GiB"), 16)
     assert plan.bytes_per_token == 2 * 30 * 3 * 64 * 2 == 23040
-    assert (plan.num_blocks, plan.capacity_tokens) == (11650, 186400)
+    assert (plan.num_pages, plan.capacity_tokens) == (11650, 186400)
     assert EngineConfig(kv_cache_memory="4GiB").kv_plan(smol) == plan
     q8 = EngineConfig(kv_cache_memory="4GiB", kv_cache_dtype="q8_0").kv_plan(smol)
     assert q8.bytes_per_token == 2 * 30 * 3 * (64 + 4) == 12240  # values and an fp16 scale per 32 of them
     assert plan.sequence_tokens(4000) == 4000 and plan.sequence_tokens(4001) == 4016
 
 
-def test_a_sliding_window_model_holds_its_window_and_a_block_per_sequence():
-    """Window 4096 (Mistral 7B v0.1), blocks of 16: the next token reads 4095 back, 256 blocks, and writes in one
-    more. With a full layer among the sliding ones every block stays in some window."""
+def test_a_sliding_window_model_holds_its_window_and_a_page_per_sequence():
+    """Window 4096 (Mistral 7B v0.1), pages of 16: the next token reads 4095 back, 256 pages, and writes in one
+    more. With a full layer among the sliding ones every page stays in some window."""
     mistral = ModelConfig("mistral", 32000, 4096, 14336, 32, 32, 8, 128, sliding_window=4096)
     plan = KVPlan.of(mistral, torch.bfloat16, parse_bytes("4GiB"), 16)
     assert plan.window == 4096

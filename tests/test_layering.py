@@ -26,7 +26,7 @@ LEAVES = {"zhuzi.disk_cache"}
 # What of the engine the server may import: the client interface, and the data a request carries (Probe).
 SERVER_SEES = {"zhuzi.engine.front.client", "zhuzi.engine.sequence"}
 # The engine's roles, top to bottom: the front (the client the server holds, where it starts and routes to the
-# engine cores), the core (the step loop, scheduler, KV blocks), the worker (the model runner, tensor-parallel
+# engine cores), the core (the step loop, scheduler, KV pages), the worker (the model runner, tensor-parallel
 # ranks). A role imports itself and the roles below it.
 ROLES = ("zhuzi.engine.front", "zhuzi.engine.core", "zhuzi.engine.worker")
 # Beside the roles, the data they share: a request's and a sequence's (sequence, and the thought budget a sequence
@@ -70,7 +70,7 @@ def test_the_graph_is_read():
     assert "zhuzi.engine.worker.model_runner" in GRAPH["zhuzi.engine.core.engine_core"]
     assert "zhuzi.engine.core.output_processor" in GRAPH["zhuzi.engine.core.engine_core"]
     assert "zhuzi.engine.core.engine_core_proc" in GRAPH["zhuzi.engine.front.placement"]
-    assert "zhuzi.engine.core.kv.block_manager" in GRAPH["zhuzi.engine.core.scheduler"]  # subpackages too
+    assert "zhuzi.engine.core.kv.page_manager" in GRAPH["zhuzi.engine.core.scheduler"]  # subpackages too
     assert "zhuzi.engine.messages" in (GRAPH["zhuzi.engine.core.engine_core_proc"]
                                        & GRAPH["zhuzi.engine.front.core_client"])
     assert "zhuzi.sample.sampler" in GRAPH["zhuzi.engine.worker.model_runner"]

@@ -139,13 +139,13 @@ def test_embed_is_the_final_hidden_state_mean_pooled_and_normalized(tiny_qwen3):
         want = torch.nn.functional.normalize(reference_states(model, llm.tokenizer, prompt).mean(0), dim=0)
         assert got.shape == (64,) and abs(float(got.norm()) - 1) < 1e-5
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
-    assert llm.engine.blocks.num_free_blocks == llm.engine.blocks.num_blocks
+    assert llm.engine.pages.num_free_pages == llm.engine.pages.num_pages
 
 
 def test_batching_and_the_prefix_cache_change_no_embedding(tiny_qwen3):
     llm = LLM(str(tiny_qwen3[0]), dtype="float32", kv_cache_memory="16MiB", deterministic=True)
     batch = llm.embed(EMBED_PROMPTS)
-    for prompt, got in zip(EMBED_PROMPTS, batch):  # alone, and again once its blocks sit in the prefix cache
+    for prompt, got in zip(EMBED_PROMPTS, batch):  # alone, and again once its pages sit in the prefix cache
         assert torch.equal(llm.embed(prompt)[0], got)
         assert torch.equal(llm.embed(llm.tokenizer.encode(prompt))[0], got)
 

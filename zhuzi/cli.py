@@ -152,11 +152,11 @@ def cmd_plan(args: argparse.Namespace) -> None:
           f"x {value_bytes:g} bytes{q8} = {plan.bytes_per_token:,}")
     print(f"{args.sequences} x {args.context:,}-token sequences: KV {kv:,} bytes ({kv / 2**20:.0f} MiB), "
           f"with the weights {resident + kv:,} bytes ({(resident + kv) / 2**20:.0f} MiB)")
-    print(f"KV pool: {config.kv_cache_bytes:,} bytes = {plan.num_blocks:,} blocks of {plan.block_size} tokens "
+    print(f"KV pool: {config.kv_cache_bytes:,} bytes = {plan.num_pages:,} pages of {plan.page_size} tokens "
           f"= {plan.capacity_tokens:,} tokens")
     if plan.window is not None:
         print(f"sliding window of {plan.window:,} tokens in every layer: a sequence holds at most "
-              f"{plan.sequence_tokens(args.context):,} tokens of KV (older blocks go back to the pool)")
+              f"{plan.sequence_tokens(args.context):,} tokens of KV (older pages go back to the pool)")
     print(f"requests of {args.context:,} tokens that fit at once: "
           f"{plan.capacity_tokens // plan.sequence_tokens(args.context):,}")
     print(f"weight bytes one decode step reads: {step:,} ({step / 2**20:.0f} MiB)")

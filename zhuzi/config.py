@@ -19,29 +19,29 @@ from zhuzi.settings import Settings, setting
 
 @dataclass(frozen=True)
 class KVPlan:
-    """The KV pool: K and V for every layer and KV head, per token, in blocks of block_size tokens."""
+    """The KV pool: K and V for every layer and KV head, per token, in pages of page_size tokens."""
 
     bytes_per_token: int
-    block_size: int
-    num_blocks: int
-    window: int | None = None  # every layer's sliding window: a sequence holds the blocks it reaches
+    page_size: int
+    num_pages: int
+    window: int | None = None  # every layer's sliding window: a sequence holds the pages it reaches
 
     @classmethod
-    def of(cls, model: ModelConfig, dtype: torch.dtype, budget_bytes: int, block_size: int) -> KVPlan:
+    def of(cls, model: ModelConfig, dtype: torch.dtype, budget_bytes: int, page_size: int) -> KVPlan:
         per_token = 2 * model.num_layers * model.num_kv_heads * kv_format.head_bytes(model.head_dim, dtype)
-        return cls(per_token, block_size, budget_bytes // (per_token * block_size), model.kv_window)
+        return cls(per_token, page_size, budget_bytes // (per_token * page_size), model.kv_window)
 
     def sequence_tokens(self, context: int) -> int:
-        """The KV slots a sequence of `context` tokens holds while it decodes: all its blocks, or with a sliding
-        window the blocks its next token's window reaches (window - 1 tokens back) and the block it writes."""
-        blocks = -(-context // self.block_size)
+        """The KV slots a sequence of `context` tokens holds while it decodes: all its pages, or with a sliding
+        window the pages its next token's window reaches (window - 1 tokens back) and the page it writes."""
+        pages = -(-context // self.page_size)
         if self.window is not None:
-            blocks = min(blocks, -(-(self.window - 1) // self.block_size) + 1)
-        return blocks * self.block_size
+            pages = min(pages, -(-(self.window - 1) // self.page_size) + 1)
+        return pages * self.page_size
 
     @property
     def capacity_tokens(self) -> int:
-        return self.num_blocks * self.block_size
+        return self.num_pages * self.page_size
 
 
 def parse_bytes(text: str | int) -> int:
@@ -203,7 +203,8 @@ class EngineConfig(Settings):
                 "scale per 32: about half of bf16's bytes to read and hold, as llama.cpp's --cache-type-k/-v q8_0)",
         choices=["auto", *kv_format.NAMES])
     kv_cache_memory: str | int = setting("1GiB", "memory for the KV pool, e.g. 1GiB or 512MiB")
-    block_size: int = setting(16, "tokens per KV block")
+    # the flag keeps vLLM's spelling, --block-size, for the same setting
+    page_size: int = setting(16, "tokens per KV page", flags=["--block-size"])
     max_model_len: int | None = setting(None, "context window in tokens (default: the checkpoint's)")
     max_num_seqs: int = setting(64, "sequences running at once")
     max_num_batched_tokens: int = setting(512, "tokens one step computes, over all sequences")
@@ -211,7 +212,7 @@ class EngineConfig(Settings):
     long_prefill_token_threshold: int = setting(
         0, "while others decode, a prompt advances at most this many tokens a step, so a long prompt "
            "cannot stall the running streams (0: no cap; offline 0, `zhuzi serve` 128)", serve=128)
-    enable_prefix_caching: bool = setting(True, "reuse the KV blocks of prompt prefixes seen before")
+    enable_prefix_caching: bool = setting(True, "reuse the KV pages of prompt prefixes seen before")
     scheduling_policy: str | None = setting(
         None, "who is served first: fcfs (arrival order), priority (lower `priority` first; a waiting request "
               "preempts running ones of lower priority), fair (each API key an equal share of every step's "
@@ -245,12 +246,12 @@ class EngineConfig(Settings):
         False, "batch invariance: a request's tokens at temperature 0 (or with a seed) do not depend on the "
                "batch, chunking or prefix cache around it (every linear in one fixed order per row; CPU)")
     kv_offload_memory: str | int = setting(
-        "0", "host memory for KV blocks the pool evicts, e.g. 4GiB: a prompt whose prefix is there loads it "
+        "0", "host memory for KV pages the pool evicts, e.g. 4GiB: a prompt whose prefix is there loads it "
              "instead of computing it (0: no host tier)")
     kv_offload_dir: str | None = setting(
-        None, "folder of a disk tier for KV blocks: each computed block is also written there (in the "
+        None, "folder of a disk tier for KV pages: each computed page is also written there (in the "
               "background), so prefixes outlive a restart; corrupt or foreign files are skipped")
-    kv_offload_disk: str | int = setting("20GiB", "the disk tier's bound (least recently used blocks go first)")
+    kv_offload_disk: str | int = setting("20GiB", "the disk tier's bound (least recently used pages go first)")
     kv_pinned_memory: str | int = setting(
         "256MiB", "KV pool memory that pinned prefixes (POST /v1/cache/pins) may hold (at most half the pool)")
 
@@ -264,7 +265,7 @@ class EngineConfig(Settings):
         if self.kv_tiers and self.tensor_parallel_size > 1:
             raise ValueError("the KV tiers (--kv-offload-memory, --kv-offload-dir) need --tensor-parallel-size 1")
         if self.kv_tiers and not self.enable_prefix_caching:
-            raise ValueError("the KV tiers (--kv-offload-memory, --kv-offload-dir) bring blocks back through the "
+            raise ValueError("the KV tiers (--kv-offload-memory, --kv-offload-dir) bring pages back through the "
                              "prefix cache: drop --no-enable-prefix-caching")
 
     @property
@@ -292,11 +293,11 @@ class EngineConfig(Settings):
 
     @property
     def kv_tiers(self) -> bool:
-        """Whether a host-memory or disk tier keeps KV blocks beyond the pool."""
+        """Whether a host-memory or disk tier keeps KV pages beyond the pool."""
         return bool(self.kv_offload_dir or parse_bytes(self.kv_offload_memory))
 
     def kv_plan(self, model: ModelConfig) -> KVPlan:
-        return KVPlan.of(model, self.precision.kv, self.kv_cache_bytes, self.block_size)
+        return KVPlan.of(model, self.precision.kv, self.kv_cache_bytes, self.page_size)
 
 
 @dataclass
@@ -313,7 +314,7 @@ class ParallelConfig(Settings):
                                             "(default: start a local Ray)")
     kv_role: str = setting(
         "both", "each replica's part: both (prefill and decode), or one role per replica, comma-separated, e.g. "
-                "prefill,decode: a new prompt is computed on a prefill replica, which ships its KV blocks to a "
+                "prefill,decode: a new prompt is computed on a prefill replica, which ships its KV pages to a "
                 "decode replica that streams the reply (ZeroMQ: ipc:// on one host, tcp:// across Ray nodes)")
     max_local_prefill_tokens: int = setting(
         256, "with prefill and decode replicas, a prompt of at most this many tokens the decode replica has not "
@@ -347,12 +348,12 @@ class ParallelConfig(Settings):
         return "prefill" in self.kv_roles
 
     def check(self, engine: EngineConfig) -> None:
-        """ValueError where these replicas cannot run that engine: a hand-off ships whole blocks (one rank's
+        """ValueError where these replicas cannot run that engine: a hand-off ships whole pages (one rank's
         pool holds a slice of each) into the decode replica's prefix cache."""
         if self.handoffs and engine.tensor_parallel_size > 1:
             raise ValueError("prefill/decode replicas (--kv-role) need --tensor-parallel-size 1")
         if self.handoffs and not engine.enable_prefix_caching:
-            raise ValueError("prefill/decode replicas (--kv-role) hand blocks over through the prefix cache: drop "
+            raise ValueError("prefill/decode replicas (--kv-role) hand pages over through the prefix cache: drop "
                              "--no-enable-prefix-caching")
 
 

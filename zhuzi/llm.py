@@ -1,5 +1,5 @@
 """Offline API with vLLM's names: LLM(...).generate(prompts, params), .chat(messages, params) and
-.embed(prompts); zhuzi's pins (.pin, .unpin, .pins) keep a prefix's KV blocks in the pool."""
+.embed(prompts); zhuzi's pins (.pin, .unpin, .pins) keep a prefix's KV pages in the pool."""
 from __future__ import annotations
 
 import itertools
@@ -85,7 +85,7 @@ class LLM:
         return [out.inspection.embedding for out in outs]
 
     def pin(self, name: str, prompt: str | list[int], ttl: float | None = None) -> PinInfo:
-        """Keep the KV blocks of prompt's full blocks in the pool (and the tiers) under name, until unpin(name)
+        """Keep the KV pages of prompt's full pages in the pool (and the tiers) under name, until unpin(name)
         or for ttl seconds; a pin under the same name is replaced. InvalidRequest if it does not fit."""
         (out,) = self._probe([prompt], Probe(pin=PinSpec(name, ttl)))
         if out.pin is None:

@@ -118,9 +118,9 @@ class PinInfo:
     """A pinned prefix (POST /v1/cache/pins): what it holds and until when (Unix times)."""
 
     name: str
-    num_tokens: int  # pinned: the tokens of its full blocks
-    num_blocks: int
-    bytes: int  # of KV cache its blocks take
+    num_tokens: int  # pinned: the tokens of its full pages
+    num_pages: int
+    bytes: int  # of KV cache its pages take
     created_at: float
     expires_at: float | None  # None: until deleted
     cached_tokens: int  # found cached (pool or tiers) when it was pinned
@@ -215,13 +215,13 @@ class TenantLoad:
 
 @dataclass
 class KVTierStats:
-    """One KV tier below the pool (host memory, disk): its contents and traffic, in blocks unless named."""
+    """One KV tier below the pool (host memory, disk): its contents and traffic, in pages unless named."""
 
-    blocks: int = 0
+    pages: int = 0
     bytes: int = 0
     hit_tokens: int = 0  # prompt tokens loaded from it into the pool instead of computed
-    stored: int = 0  # blocks put into it
-    evicted: int = 0  # blocks it let go to make room
+    stored: int = 0  # pages put into it
+    evicted: int = 0  # pages it let go to make room
     refused: int = 0  # files skipped: corrupt, foreign or unreadable
     dropped: int = 0  # saves given up: no room (everything pinned) or the disk writer behind
 
@@ -236,25 +236,25 @@ class EngineStats:
 
     num_running: int
     num_waiting: int
-    num_blocks: int
-    num_free_blocks: int
+    num_pages: int
+    num_free_pages: int
     prefix_cache_queries: int  # prompt tokens looked up in the prefix cache
     prefix_cache_hits: int  # of those, tokens found cached
     spec_decoding: SpecDecodingStats | None = None  # None: speculative decoding is off
     tenants: list[TenantLoad] = field(default_factory=list)  # those with sequences in the engine
     kv_tiers: dict[str, KVTierStats] = field(default_factory=dict)  # "host", "disk": the ones configured
     num_pins: int = 0
-    pinned_blocks: int = 0  # pool blocks held by pins
+    pinned_pages: int = 0  # pool pages held by pins
     pinned_bytes: int = 0
-    kv_transfers_sent: int = 0  # prefill/decode hand-offs: requests whose blocks this engine sent
+    kv_transfers_sent: int = 0  # prefill/decode hand-offs: requests whose pages this engine sent
     kv_transfers_received: int = 0  # ... received (a decode replica)
     kv_transfers_failed: int = 0  # ... that never arrived: the decode replica computed the prompt itself
-    kv_transfer_blocks_sent: int = 0
-    kv_transfer_blocks_received: int = 0
+    kv_transfer_pages_sent: int = 0
+    kv_transfer_pages_received: int = 0
 
     @property
     def kv_cache_usage(self) -> float:
-        return 1.0 - self.num_free_blocks / self.num_blocks if self.num_blocks else 0.0
+        return 1.0 - self.num_free_pages / self.num_pages if self.num_pages else 0.0
 
     @classmethod
     def total(cls, parts: list[EngineStats]) -> EngineStats:
@@ -321,7 +321,7 @@ class EngineSnapshot:
     weight_bytes_per_decode_step: int
     stats: EngineStats
     kv_plan: KVPlan
-    cached_blocks: int  # blocks holding a prefix-cache entry, in use or free
+    cached_pages: int  # pages holding a prefix-cache entry, in use or free
     read_bandwidth: float  # bytes/s, measured once on the step loop's thread
     steps: list[StepRecord]  # the most recent, oldest first
     pins: list[PinInfo] = field(default_factory=list)

@@ -124,6 +124,6 @@ def test_hand_offs_pins_and_kv_stats_cross_as_they_were_sent():
     probe = decode_command(encode(AddProbe("p-1", [1] * 16, Probe(pin=PinSpec("rules", 60.0)))))
     assert probe.probe.pin == PinSpec("rules", 60.0)
     assert decode_command(encode(GiveUpHandoff("r-3"))) == GiveUpHandoff("r-3")
-    stats = dataclasses.replace(core_stats(), kv_tiers={"disk": KVTierStats(blocks=3, hit_tokens=48)}, num_pins=1)
+    stats = dataclasses.replace(core_stats(), kv_tiers={"disk": KVTierStats(pages=3, hit_tokens=48)}, num_pins=1)
     unpinned = decode_message(encode(Unpinned(1, "u-1", True, stats)))
     assert unpinned.removed and unpinned.stats == stats and unpinned.stats.kv_tiers["disk"].hit_tokens == 48

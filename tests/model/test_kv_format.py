@@ -1,6 +1,6 @@
 """The KV pool's formats: q8_0 heads hold their values within half a quantization step, and a tiny model with a
 q8_0 KV cache (--kv-cache-dtype q8_0) follows its float KV cache's tokens, gives the same greedy tokens alone or
-batched, returns every block, and brings blocks back from the host tier as computing gives them."""
+batched, returns every page, and brings pages back from the host tier as computing gives them."""
 import pytest
 import tiny
 import torch
@@ -56,8 +56,8 @@ def test_batching_never_changes_a_greedy_result_and_every_block_comes_back(model
     llm = LLM(model, dtype="float32", kv_cache_memory="8MiB", kv_cache_dtype="q8_0")
     batched = tokens(llm, PROMPTS)
     assert batched == [tokens(llm, [p])[0] for p in PROMPTS]
-    blocks = llm.engine.blocks
-    assert not llm.engine.has_unfinished() and blocks.num_free_blocks == blocks.num_blocks
+    pages = llm.engine.pages
+    assert not llm.engine.has_unfinished() and pages.num_free_pages == pages.num_pages
 
 
 def test_a_head_dim_q8_0_cannot_hold_is_a_one_line_error(tmp_path):

@@ -86,16 +86,16 @@ def test_dense_layers_beside_sparse_ones(tmp_path):
 def test_greedy_equals_transformers_alone_batched_chunked_and_prefix_cached(tiny_moe):
     """The GGUF file through the engine (the directory's: the next test). Grouping rows by expert changes no
     greedy result: a prompt alone, then every prompt in one batch, chunked 32 tokens a step, the first two
-    reading the first one's blocks from the prefix cache, give transformers' tokens."""
+    reading the first one's pages from the prefix cache, give transformers' tokens."""
     hf, _, path = tiny_moe
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     expected = [hf_greedy(hf, ids, 12) for ids in PROMPTS]
-    llm = LLM(str(path), dtype="float32", block_size=16, max_num_batched_tokens=32, kv_cache_memory="4MiB",
+    llm = LLM(str(path), dtype="float32", page_size=16, max_num_batched_tokens=32, kv_cache_memory="4MiB",
               enable_prefix_caching=True)
     alone = llm.generate([PROMPTS[0]], params)[0]
-    hits = llm.engine.blocks.prefix_hits
+    hits = llm.engine.pages.prefix_hits
     together = llm.generate(PROMPTS, params)
-    assert llm.engine.blocks.prefix_hits > hits
+    assert llm.engine.pages.prefix_hits > hits
     assert alone.outputs[0].token_ids == expected[0]
     assert [out.outputs[0].token_ids for out in together] == expected
 

@@ -366,7 +366,7 @@ def test_mixed_batch_constrains_only_its_constrained_rows(llm, chats, alone):
 
 
 @pytest.mark.parametrize("options", [
-    dict(kv_cache_memory=16 * 16 * 46080),  # 16 blocks of 16 tokens: sequences are preempted and recomputed
+    dict(kv_cache_memory=16 * 16 * 46080),  # 16 pages of 16 tokens: sequences are preempted and recomputed
     dict(max_num_batched_tokens=32, enable_prefix_caching=True),  # prompts prefilled in chunks, prefixes shared
 ])
 def test_preemption_chunked_prefill_and_prefix_caching_keep_the_output(chats, alone, options):
@@ -376,8 +376,8 @@ def test_preemption_chunked_prefill_and_prefix_caching_keep_the_output(chats, al
     if "kv_cache_memory" in options:
         assert llm.engine.scheduler.num_preemptions >= 1
     else:
-        assert llm.engine.blocks.prefix_hits > 0
-    assert llm.engine.blocks.num_free_blocks == llm.engine.blocks.num_blocks
+        assert llm.engine.pages.prefix_hits > 0
+    assert llm.engine.pages.num_free_pages == llm.engine.pages.num_pages
 
 
 def test_n_samples_each_follow_the_grammar_on_their_own(llm):

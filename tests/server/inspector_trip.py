@@ -105,7 +105,7 @@ def check(ui: Inspector, steps: list[Step]) -> None:
             assert _prefilled(ui, request["id"]) == request["prompt"] - request["cached"]
             if before is not None:  # the document it read is the one the program appended to
                 assert [t["id"] for t in step.doc[:step.prompt]] == [t["id"] for t in before.doc]
-                assert request["cached"] >= request["prompt"] // 2, "a request re-reads the last one's blocks"
+                assert request["cached"] >= request["prompt"] // 2, "a request re-reads the last one's pages"
             if step.outcome in ("no-call", "cut", "answer"):  # what it wrote instead of a call, in one line
                 quote = ui.page.get_by_test_id("tool-log-step").last.get_by_test_id("tool-wrote").text_content()
                 wrote = "".join(t["text"] for t in written if t["text"] and not t["text"].startswith("<|"))

@@ -197,22 +197,22 @@ def streamed_completion(server: ServerProcess, name: str) -> tuple[str, dict]:
 def test_a_prefill_replica_hands_its_prompt_to_a_decode_replica_and_one_killed_mid_transfer_falls_back(
         tiny_model, alone, tmp_path):
     with running_server(tmp_path / "server.log", tiny_model, *PD_FLAGS, inject=DIE_MID_TRANSFER) as server:
-        text, usage = streamed_completion(server, "handed")  # 18 blocks: one shipment
+        text, usage = streamed_completion(server, "handed")  # 18 pages: one shipment
         assert text == alone["handed"] and usage["prompt_tokens"] == 300
-        assert usage["prompt_tokens_details"]["cached_tokens"] == 288  # the blocks that came, as vLLM counts
+        assert usage["prompt_tokens_details"]["cached_tokens"] == 288  # the pages that came, as vLLM counts
         metrics = engine_metrics(server)
         assert metrics[("zhuzi:kv_transfers_sent_total", "0")] == 1
         assert metrics[("zhuzi:kv_transfers_received_total", "1")] == 1
         assert metrics[("zhuzi:kv_transfer_blocks_received_total", "1")] == 18
 
-        text, usage = streamed_completion(server, "killed")  # 62 blocks: the prefill replica dies after 32
+        text, usage = streamed_completion(server, "killed")  # 62 pages: the prefill replica dies after 32
         assert text == alone["killed"]
         metrics = engine_metrics(server)
         assert metrics[("zhuzi:kv_transfer_blocks_received_total", "1")] == 18 + 32
         assert metrics[("zhuzi:kv_transfers_failed_total", "1")] == 1
         assert usage["prompt_tokens_details"]["cached_tokens"] == 32 * 16  # the rest was computed there
         assert ("zhuzi:num_requests_running", "0") not in metrics  # the prefill replica left the rotation
-        assert "given up after 32 blocks" in server.log.read_text()
+        assert "given up after 32 pages" in server.log.read_text()
         assert streamed_completion(server, "after")[0] == alone["after"]  # the decode replica alone serves on
 
 
@@ -222,7 +222,7 @@ def test_a_hand_off_between_ray_actors(tiny_model, alone, tmp_path, ray_address)
         text, usage = streamed_completion(server, "handed")
         assert text == alone["handed"] and usage["prompt_tokens_details"]["cached_tokens"] == 288
         assert engine_metrics(server)[("zhuzi:kv_transfers_received_total", "1")] == 1
-        assert streamed_completion(server, "short")[0] == alone["short"]  # 2 blocks: handed off too (threshold 0)
+        assert streamed_completion(server, "short")[0] == alone["short"]  # 2 pages: handed off too (threshold 0)
         assert engine_metrics(server)[("zhuzi:kv_transfers_received_total", "1")] == 2
         os.kill(engine_pids(server)[0], signal.SIGKILL)  # the prefill actor dies: the decode one serves on alone
         killed = time.monotonic()

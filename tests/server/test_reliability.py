@@ -1,6 +1,6 @@
 """One request can never hurt another, against a real `zhuzi serve` (conftest.py's: SmolLM2, bf16): a 1 MB
 prompt to tokenize leaves /health and a running stream alone, and 200 streams, 30 % of them cut mid-stream,
-leave no KV block, running or waiting sequence behind."""
+leave no KV page, running or waiting sequence behind."""
 from __future__ import annotations
 
 import asyncio
@@ -119,7 +119,7 @@ async def soak(url: str, streams: int, cut_share: float) -> list[str]:
         return await asyncio.gather(*(one(i, http) for i in range(streams)))
 
 
-def test_200_streams_with_30_percent_cut_mid_stream_leave_every_block_free(server: ServerProcess) -> None:
+def test_200_streams_with_30_percent_cut_mid_stream_leave_every_page_free(server: ServerProcess) -> None:
     before = metrics(server)
     started = time.monotonic()
     endings = asyncio.run(soak(server.url, 200, 0.3))
@@ -127,7 +127,7 @@ def test_200_streams_with_30_percent_cut_mid_stream_leave_every_block_free(serve
     after = wait_for_idle(server)
     assert endings.count("cut") == 60 and endings.count("length") == 140
     assert (after["zhuzi:num_requests_running"], after["zhuzi:num_requests_waiting"]) == (0, 0)
-    assert after["zhuzi:kv_cache_usage_perc"] == 0  # every KV block is free again
+    assert after["zhuzi:kv_cache_usage_perc"] == 0  # every KV page is free again
     ended = {reason: after.get(f"zhuzi:request_success_total{{{reason}}}", 0) - before.get(
         f"zhuzi:request_success_total{{{reason}}}", 0) for reason in ("length", "abort")}
     print(f"\nsoak: 200 streams in {seconds:.1f} s; ended {ended}")

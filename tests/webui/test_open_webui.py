@@ -1,6 +1,6 @@
 """Open WebUI, unmodified, in a real browser (Debian's Chromium through Playwright) against a real `zhuzi serve` of
 the default model: once with zhuzi as its OpenAI connection, once as its Ollama connection. zhuzi's model is in
-its list, a reply streams into the page, Stop ends the request on zhuzi's side (its KV blocks come back), and a
+its list, a reply streams into the page, Stop ends the request on zhuzi's side (its KV pages come back), and a
 second turn reuses the first one's prefix. `make test-webui` installs Open WebUI in a venv of its own and names
 its executable in $OPEN_WEBUI; `make test` leaves these tests out (marker `webui`)."""
 from __future__ import annotations
@@ -180,7 +180,7 @@ def test_a_second_turn_reuses_the_prefix_cache(webui: WebUI, zhuzi: ServerProces
     expect(page.locator("#response-content-container").last).not_to_be_empty(timeout=REPLY_TIMEOUT_MS)
     expect(page.get_by_role("button", name="Stop")).to_be_hidden(timeout=REPLY_TIMEOUT_MS)
     after = settled(zhuzi)
-    assert after["prefix_cache_hits_total"] > before["prefix_cache_hits_total"]  # the first turn's prompt blocks
+    assert after["prefix_cache_hits_total"] > before["prefix_cache_hits_total"]  # the first turn's prompt pages
     assert after.get("request_success_total_stop") == before.get("request_success_total_stop", 0) + 1
 
 

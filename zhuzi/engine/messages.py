@@ -20,7 +20,7 @@ from zhuzi.sampling_params import InvalidRequest, SamplingParams, StructuredOutp
 
 @dataclass(frozen=True)
 class Handoff:
-    """A request's part in a hand-off: on the prefill replica, send its prompt's blocks to send_to (the decode
+    """A request's part in a hand-off: on the prefill replica, send its prompt's pages to send_to (the decode
     replica's address); on the decode replica (send_to None), wait for them."""
 
     transfer_id: str
@@ -96,7 +96,7 @@ class Ready(msgspec.Struct, tag=True):
     max_model_len: int
     eos_token_ids: list[int]
     stats: EngineStats
-    kv_address: str | None = None  # where prefill replicas send it KV blocks
+    kv_address: str | None = None  # where prefill replicas send it KV pages
     embedding_size: int = 0  # an embedding's length (the hidden size)
 
 
@@ -132,7 +132,7 @@ class Outputs(msgspec.Struct, tag=True):
     outputs: list[RequestOutput]
     refused: list[Refused]
     stats: EngineStats
-    stored: list[bytes]  # prefix-cache block hashes registered this turn
+    stored: list[bytes]  # prefix-cache page hashes registered this turn
     removed: list[bytes]  # and evicted
 
 
@@ -154,7 +154,7 @@ class Unpinned(msgspec.Struct, tag=True):
     replica: int
     request_id: str
     removed: bool  # False: no pin had that name
-    stats: EngineStats  # without the pin's blocks (no step may follow soon to say so)
+    stats: EngineStats  # without the pin's pages (no step may follow soon to say so)
 
 
 Message = Ready | Outputs | SnapshotTaken | Unpinned | Failed
@@ -181,9 +181,9 @@ decode_message = msgspec.msgpack.Decoder(Message, dec_hook=_decode_tensor).decod
 # ---------------------------------------------------------------- engine core -> engine core
 
 class ShipmentHeader(msgspec.Struct):
-    """The first frame of a shipment; one frame of raw K/V bytes per block follows."""
+    """The first frame of a shipment; one frame of raw K/V bytes per page follows."""
 
     transfer_id: str
-    layout: bytes  # KVLayout.digest of the sender: a block is never adopted by another model or layout
+    layout: bytes  # KVLayout.digest of the sender: a page is never adopted by another model or layout
     hashes: list[bytes]
     last: bool

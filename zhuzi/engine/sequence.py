@@ -1,4 +1,4 @@
-"""One sequence's state (its tokens, KV blocks, progress through prefill, outcome), what the scheduler
+"""One sequence's state (its tokens, KV pages, progress through prefill, outcome), what the scheduler
 hands the model runner for it each step, and what the step's output processing hands back to the
 scheduler: data only, shared by them."""
 from __future__ import annotations
@@ -27,7 +27,7 @@ class PinSpec:
 @dataclass(frozen=True)
 class Probe:
     """An inspection: run some token ids through the step loop and read the model at the last one
-    instead of sampling a token there (or, with pin, keep their KV blocks)."""
+    instead of sampling a token there (or, with pin, keep their KV pages)."""
 
     lens_top: int = 0  # the logit lens: this many top tokens per layer (0: no lens)
     pin: PinSpec | None = None
@@ -59,16 +59,16 @@ class Sequence:
     prompt_token_ids: list[int]
     params: SamplingParams
     generator: torch.Generator | None = None
-    leader: Sequence | None = None  # a sibling that must prefill first so its prompt blocks are shared
+    leader: Sequence | None = None  # a sibling that must prefill first so its prompt pages are shared
     grammar: GrammarMatcher | None = None  # structured output: where the output is in its grammar
     probe: Probe | None = None  # an inspection: read out at its last token, never sampled
     thought: ThoughtBudget | None = None  # thinking_token_budget: where the sequence is in its thought
     tenant: Tenant = Tenant()
     token_ids: list[int] = field(init=False)
-    # The blocks and computed tokens are the block manager's to write (the scheduler and the draft proposer
+    # The pages and computed tokens are the page manager's to write (the scheduler and the draft proposer
     # go through it), so the two never disagree.
-    block_table: list[int] = field(default_factory=list)
-    block_hashes: list[bytes] = field(default_factory=list)  # of the full blocks so far
+    page_table: list[int] = field(default_factory=list)
+    page_hashes: list[bytes] = field(default_factory=list)  # of the full pages so far
     num_computed_tokens: int = 0  # tokens whose K/V sit in the cache
     num_cached_tokens: int = 0  # of the prompt, found in the prefix cache at first admission
     num_preemptions: int = 0
@@ -77,9 +77,9 @@ class Sequence:
     stop_reason: int | str | None = None
     cumulative_logprob: float = 0.0
     ever_scheduled: bool = False
-    awaiting_kv: bool = False  # held back until a prefill replica's blocks come (kv/transfer.py)
+    awaiting_kv: bool = False  # held back until a prefill replica's pages come (kv/transfer.py)
     # Speculative decoding: tokens proposed to follow token_ids, checked by the next step. They never enter
-    # token_ids (block hashes assume tokens only grow) until the target accepts them.
+    # token_ids (page hashes assume tokens only grow) until the target accepts them.
     spec_token_ids: list[int] = field(default_factory=list)
     spec_probs: torch.Tensor | None = None  # [k, V]: a draft model's distributions; None for prompt lookup
     # An embedding's running sum of final hidden states: (tokens summed, their sum), so a retried step adds none twice.

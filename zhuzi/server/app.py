@@ -88,18 +88,18 @@ _BODIES = [p.ChatCompletionRequest, p.CompletionRequest, p.EmbeddingRequest, p.T
            ip.NextTokenRequest, ip.LogitLensRequest, ip.DocumentRequest, ip.BpeRequest,
            a.MessagesRequest, a.CountTokensRequest, rp.ResponsesRequest, cp.PinRequest, o.ChatRequest,
            o.GenerateRequest, o.EmbedRequest, o.EmbeddingsRequest, o.ShowRequest]
-# A completion's chunks are CompletionResponse objects, as OpenAI's are.
-_CHUNKS = [r.ChatCompletionChunk, a.MessageStreamEvent, a.AnthropicError, rp.ResponseStreamEvent]
+# A completion's events are CompletionResponse objects, as OpenAI's are.
+_EVENTS = [r.ChatCompletionChunk, a.MessageStreamEvent, a.AnthropicError, rp.ResponseStreamEvent]
 
 
 def _openapi(app: FastAPI) -> Callable[[], dict[str, Any]]:
     """FastAPI's spec plus the request bodies, which the routes parse themselves (to check the key, the
-    size and the content type first), and the SSE chunks."""
+    size and the content type first), and the SSE events."""
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
             spec = get_openapi(title=app.title, version=app.version, routes=app.routes,
                                description="OpenAI's, Anthropic's and Ollama's APIs, each with its own error object.")
-            models = [(model, "validation") for model in _BODIES] + [(model, "serialization") for model in _CHUNKS]
+            models = [(model, "validation") for model in _BODIES] + [(model, "serialization") for model in _EVENTS]
             _, defs = models_json_schema(models, ref_template="#/components/schemas/{model}")
             spec.setdefault("components", {}).setdefault("schemas", {}).update(defs["$defs"])
             app.openapi_schema = spec

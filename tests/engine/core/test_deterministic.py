@@ -62,9 +62,9 @@ def test_chunked_prefill_in_a_busy_batch_changes_no_token(prompts, alone):
 
 
 def test_a_prompt_from_the_prefix_cache_changes_no_token(prompts, alone, cached_llm):
-    hits = cached_llm.engine.blocks.prefix_hits
-    assert [tokens(cached_llm, [p])[0] for p in prompts] == alone  # every prompt's blocks are cached now
-    assert cached_llm.engine.blocks.prefix_hits - hits >= sum(len(p) for p in prompts) // 2
+    hits = cached_llm.engine.pages.prefix_hits
+    assert [tokens(cached_llm, [p])[0] for p in prompts] == alone  # every prompt's pages are cached now
+    assert cached_llm.engine.pages.prefix_hits - hits >= sum(len(p) for p in prompts) // 2
 
 
 def test_a_seeded_sample_is_the_same_alone_and_batched(prompts, uncached_llm):

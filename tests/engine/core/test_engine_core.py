@@ -1,5 +1,5 @@
 """Serving-engine invariants on the real SmolLM2 checkpoint: batching, prefix caching, chunked
-prefill and preemption never change a greedy result, and every KV block comes back. The invariants run in
+prefill and preemption never change a greedy result, and every KV page comes back. The invariants run in
 float32 on the file's own Q4_1 blocks, as served (a fifth of the dense reference's bytes a step)."""
 import dataclasses
 import random
@@ -11,7 +11,7 @@ import torch
 from zhuzi import LLM, SamplingParams
 from zhuzi.config import EngineConfig
 from zhuzi.engine.core.engine_core import EngineCore
-from zhuzi.engine.core.kv.block_manager import FREED
+from zhuzi.engine.core.kv.page_manager import FREED
 from zhuzi.model.loader import default_model_path
 from zhuzi.sampling_params import InvalidRequest
 from zhuzi.tokenizer import Tokenizer
@@ -68,7 +68,7 @@ def run_together(prompts, **options):
     llm = LLM(dtype="float32", quantization="gguf", **options)
     outs = llm.generate(prompts, GREEDY)
     engine = llm.engine
-    assert engine.blocks.num_free_blocks == engine.blocks.num_blocks  # every block returned
+    assert engine.pages.num_free_pages == engine.pages.num_pages  # every page returned
     return outs, engine
 
 
@@ -78,10 +78,10 @@ def test_batching_never_changes_a_greedy_result(prompts, alone):
 
 
 def test_prefix_caching_never_changes_a_greedy_result(prompts, alone):
-    # Each prompt twice: the second copies find the first ones' blocks in the cache.
+    # Each prompt twice: the second copies find the first ones' pages in the cache.
     cached, engine = run_together(prompts[:4] + prompts[:4], enable_prefix_caching=True)
     assert_same_or_near_tie(alone[:4] + alone[:4], cached)
-    assert engine.blocks.prefix_hits > 0
+    assert engine.pages.prefix_hits > 0
 
 
 def test_chunked_prefill_never_changes_a_greedy_result(prompts, alone):
@@ -90,12 +90,12 @@ def test_chunked_prefill_never_changes_a_greedy_result(prompts, alone):
 
 
 def test_preemption_never_changes_a_greedy_result(prompts, alone):
-    # 20 blocks of 16 tokens: the longest request (300 + 12) just fits alone. Steps of 256 tokens admit
+    # 20 pages of 16 tokens: the longest request (300 + 12) just fits alone. Steps of 256 tokens admit
     # prompts a part at a time, so the pool runs out again and again (decoding requests are preempted too),
     # and without the prefix cache a preempted request computes all its tokens again.
     preempted, engine = run_together(prompts, kv_cache_memory=20 * 16 * 46080, max_num_batched_tokens=256,
                                      enable_prefix_caching=False)
-    assert engine.blocks.num_blocks == 20
+    assert engine.pages.num_pages == 20
     assert engine.scheduler.num_preemptions >= 3
     assert_same_or_near_tie(alone, preempted)
 
@@ -118,13 +118,13 @@ def run(engine: EngineCore, until=lambda: False) -> dict:
     return texts
 
 
-def assert_all_blocks_free(engine: EngineCore):
+def assert_all_pages_free(engine: EngineCore):
     assert not engine.has_unfinished()
-    assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
-    assert all(b.ref_count == 0 for b in engine.blocks.blocks)
+    assert engine.pages.num_free_pages == engine.pages.num_pages
+    assert all(b.ref_count == 0 for b in engine.pages.pages)
 
 
-def test_abort_in_every_state_returns_every_block(engine):
+def test_abort_in_every_state_returns_every_page(engine):
     long_prompt = engine.tokenizer.encode("word " * 300)
     params = SamplingParams(temperature=0, max_tokens=50, ignore_eos=True)
     for i in range(3):
@@ -137,10 +137,10 @@ def test_abort_in_every_state_returns_every_block(engine):
     for rid in ("prefilling", "waiting", "decoding-0"):
         engine.abort(rid)
     run(engine)
-    assert_all_blocks_free(engine)
+    assert_all_pages_free(engine)
 
 
-def test_abort_of_a_preempted_request_and_resumed_ones_return_every_block():
+def test_abort_of_a_preempted_request_and_resumed_ones_return_every_page():
     engine = EngineCore(EngineConfig(kv_cache_memory=12 * 16 * 23040, max_num_batched_tokens=256))
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     for i in range(4):
@@ -154,7 +154,7 @@ def test_abort_of_a_preempted_request_and_resumed_ones_return_every_block():
     engine.abort(victims()[0].request_id)
     run(engine)
     assert engine.scheduler.num_preemptions >= 2  # another request was preempted, and resumed
-    assert_all_blocks_free(engine)
+    assert_all_pages_free(engine)
 
 
 def test_second_turn_computes_only_its_new_tokens(engine):
@@ -169,32 +169,32 @@ def test_second_turn_computes_only_its_new_tokens(engine):
     reply = "".join(c.text for o in outs for c in o.outputs)
     history += [{"role": "assistant", "content": reply}, {"role": "user", "content": "Which is longest?"}]
     second = engine.tokenizer.encode_chat(history)
-    queries, hits = engine.blocks.prefix_queries, engine.blocks.prefix_hits
+    queries, hits = engine.pages.prefix_queries, engine.pages.prefix_hits
     engine.add_request("turn-2", second, params)
     outs = []
     while engine.has_unfinished():
         outs += engine.step()
-    # Turn 1's prompt and reply sit in the cache; every whole block of what turn 2 shares with
-    # them is reused, so only the new messages (and a partial block) are computed.
+    # Turn 1's prompt and reply sit in the cache; every whole page of what turn 2 shares with
+    # them is reused, so only the new messages (and a partial page) are computed.
     seen = first + reply_ids
     common = next(i for i, (a, b) in enumerate(zip(seen + [-1], second)) if a != b)
     cached = outs[-1].num_cached_tokens
     assert common > len(first)
     assert cached == min(common, len(second) - 1) // 16 * 16
-    assert engine.blocks.prefix_queries - queries == len(second)
-    assert engine.blocks.prefix_hits - hits == cached
+    assert engine.pages.prefix_queries - queries == len(second)
+    assert engine.pages.prefix_hits - hits == cached
     assert outs[-1].metrics.num_cached_tokens == cached
-    assert_all_blocks_free(engine)
+    assert_all_pages_free(engine)
 
 
-def test_n_samples_share_the_prompt_blocks_and_seeds_reproduce(engine):
+def test_n_samples_share_the_prompt_pages_and_seeds_reproduce(engine):
     prompt = engine.tokenizer.encode("Write a short poem about the sea. " * 6)
     params = SamplingParams(n=4, temperature=1.0, seed=7, max_tokens=16, ignore_eos=True)
-    hits = engine.blocks.prefix_hits
+    hits = engine.pages.prefix_hits
     engine.add_request("poem", prompt, params)
     first = run(engine)["poem"]
     shared = (len(prompt) - 1) // 16 * 16
-    assert engine.blocks.prefix_hits - hits >= 3 * shared  # samples 2-4 reuse sample 1's prompt blocks
+    assert engine.pages.prefix_hits - hits >= 3 * shared  # samples 2-4 reuse sample 1's prompt pages
     llm_outputs = []
     for rid in ("again-1", "again-2"):
         engine.add_request(rid, prompt, params)
@@ -209,7 +209,7 @@ def test_n_samples_share_the_prompt_blocks_and_seeds_reproduce(engine):
     assert llm_outputs[0] == llm_outputs[1]  # same seed, same samples
     assert len({tuple(t) for t in llm_outputs[0].values()}) == 4  # the 4 samples differ
     assert first
-    assert_all_blocks_free(engine)
+    assert_all_pages_free(engine)
 
 
 def test_streamed_deltas_concatenate_to_the_final_text_with_stop_strings(engine):
@@ -230,7 +230,7 @@ def test_streamed_deltas_concatenate_to_the_final_text_with_stop_strings(engine)
         assert (last.finish_reason, last.stop_reason) == ("stop", stop)
     assert llm_text[False] == full[:full.index(stop)]
     assert llm_text[True] == full[:full.index(stop)] + stop
-    assert_all_blocks_free(engine)
+    assert_all_pages_free(engine)
 
 
 def test_an_emoji_split_over_tokens_arrives_whole(engine):
@@ -286,12 +286,12 @@ def test_a_long_prompt_is_chunked_beside_running_streams_which_get_a_token_every
         assert stream.num_output_tokens == tokens + 1  # the stream never waits a step
     assert max(chunks) <= 128 and sum(chunks) == len(long_prompt)
     run(engine)
-    assert_all_blocks_free(engine)
+    assert_all_pages_free(engine)
 
 
 def test_prompt_logprobs_survive_chunked_prefill_and_preemption(prompts, alone):
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, prompt_logprobs=1)
-    # 20 blocks and 64-token chunks: prompts are preempted half-prefilled and computed again
+    # 20 pages and 64-token chunks: prompts are preempted half-prefilled and computed again
     llm = LLM(dtype="float32", quantization="gguf", kv_cache_memory=20 * 16 * 46080, max_num_batched_tokens=64)
     together = llm.generate(prompts, params)
     assert llm.engine.scheduler.num_preemptions >= 1
@@ -350,7 +350,7 @@ def test_an_urgent_request_preempts_the_lowest_priority_and_changes_no_result(ti
     while engine.has_unfinished():
         step()
     assert together == alone
-    assert_all_blocks_free(engine)
+    assert_all_pages_free(engine)
 
 
 def test_a_priority_is_refused_where_the_policy_would_ignore_it(tiny_fcfs):
@@ -363,7 +363,7 @@ def test_prefill_progress_is_reported_after_every_chunk_of_the_prompt(tiny_fcfs)
     engine = tiny_fcfs
     prompt = list(range(200, 300))
     progress = []
-    for rid in ("first", "again"):  # the second finds 96 tokens (6 blocks) in the prefix cache
+    for rid in ("first", "again"):  # the second finds 96 tokens (6 pages) in the prefix cache
         engine.add_request(rid, prompt, SamplingParams(temperature=0, max_tokens=2))
         while engine.has_unfinished():
             for out in engine.step():
@@ -379,11 +379,11 @@ def test_prefill_progress_is_reported_after_every_chunk_of_the_prompt(tiny_fcfs)
 
 @pytest.fixture(scope="module")
 def mistral(tmp_path_factory, one_thread):
-    """transformers' Mistral (the reference) and zhuzi on it: window 12, blocks of 4, so blocks fall out of the
+    """transformers' Mistral (the reference) and zhuzi on it: window 12, pages of 4, so pages fall out of the
     window every few tokens; prompts chunked by 16."""
     path = tmp_path_factory.mktemp("mistral") / "mistral"
     hf = tiny.build("mistral", path, sliding_window=12)
-    return hf, LLM(str(path), dtype="float32", block_size=4, max_num_batched_tokens=16)
+    return hf, LLM(str(path), dtype="float32", page_size=4, max_num_batched_tokens=16)
 
 
 def transformers_greedy(hf, prompt: list[int], n: int) -> list[int]:
@@ -393,7 +393,7 @@ def transformers_greedy(hf, prompt: list[int], n: int) -> list[int]:
 
 
 def test_a_sliding_window_model_holds_only_its_window_and_changes_no_result(mistral):
-    """Between steps a sequence at position p holds the blocks from p - 11 on: at most 4 blocks of 4, however
+    """Between steps a sequence at position p holds the pages from p - 11 on: at most 4 pages of 4, however
     long it grows (the KV plan's figure), prefilling in chunks beside other sequences or decoding."""
     hf, engine = mistral[0], mistral[1].engine
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
@@ -406,14 +406,14 @@ def test_a_sliding_window_model_holds_only_its_window_and_changes_no_result(mist
     while engine.has_unfinished():
         for out in engine.step():
             tokens.setdefault(out.request_id, []).extend(t for c in out.outputs for t in c.token_ids)
-        assert all(sum(b != FREED for b in s.block_table) <= bound for s in engine.scheduler.running)
+        assert all(sum(b != FREED for b in s.page_table) <= bound for s in engine.scheduler.running)
     assert tokens == {rid: transformers_greedy(hf, prompt, 40) for rid, prompt in prompts.items()}
-    assert_all_blocks_free(engine)
+    assert_all_pages_free(engine)
 
 
 def test_a_sliding_window_chat_computes_only_its_new_tokens_on_turn_two(mistral):
     """llama-server recomputes a sliding-window model's whole prompt each turn; here turn 2 finds every whole
-    block of turn 1's prompt and reply (its window's blocks are still in the pool), and its tokens equal
+    page of turn 1's prompt and reply (its window's pages are still in the pool), and its tokens equal
     transformers' from scratch."""
     hf, llm = mistral
     params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
@@ -424,7 +424,7 @@ def test_a_sliding_window_chat_computes_only_its_new_tokens_on_turn_two(mistral)
     # turn 1 computed the K/V of its prompt and of its reply but the last token
     assert out.num_cached_tokens == (len(first) + len(reply) - 1) // 4 * 4 > len(first)
     assert out.outputs[0].token_ids == transformers_greedy(hf, second, 20)
-    assert_all_blocks_free(llm.engine)
+    assert_all_pages_free(llm.engine)
 
 
 # -- Gemma 3 --------------------------------------------------------------------------------
@@ -438,11 +438,11 @@ def test_gemma3_greedy_is_transformers_with_batching_chunked_prefill_and_prefix_
     hf = tiny.build("gemma3", path)
     shared = list(range(10, 50))
     prompts = [shared + [600 + i] * (i + 1) for i in range(4)] + [list(range(100, 137))]
-    llm = LLM(str(path), dtype="float32", block_size=16, max_num_batched_tokens=32, enable_prefix_caching=True)
+    llm = LLM(str(path), dtype="float32", page_size=16, max_num_batched_tokens=32, enable_prefix_caching=True)
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     llm.generate([shared + [7]], params)
     outs = llm.generate(prompts, params)
-    assert [out.num_cached_tokens for out in outs] == [32, 32, 32, 32, 0]  # two whole blocks of the prefix
+    assert [out.num_cached_tokens for out in outs] == [32, 32, 32, 32, 0]  # two whole pages of the prefix
     for ids, out in zip(prompts, outs):
         with torch.no_grad():
             expected = hf.generate(torch.tensor([ids]), max_new_tokens=16, min_new_tokens=16, do_sample=False)

@@ -53,10 +53,10 @@ def reference(engine) -> dict[str, list[int]]:
     return tokens(run(engine, REQUESTS), REQUESTS)
 
 
-def assert_all_blocks_free(engine: EngineCore) -> None:
+def assert_all_pages_free(engine: EngineCore) -> None:
     assert not engine.has_unfinished()
     assert (len(engine.scheduler.running), len(engine.scheduler.waiting)) == (0, 0)
-    assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
+    assert engine.pages.num_free_pages == engine.pages.num_pages
 
 
 def test_an_overflowing_parameter_fails_its_request_alone(engine):
@@ -72,7 +72,7 @@ def test_an_overflowing_parameter_fails_its_request_alone(engine):
     assert all(faulty[rid].outputs[0].finish_reason == "length" and not faulty[rid].error for rid in others)
     failed = faulty["culprit"]
     assert failed.finished and "Overflow" in failed.error and failed.outputs[0].finish_reason == "error"
-    assert_all_blocks_free(engine)
+    assert_all_pages_free(engine)
 
 
 def test_a_fault_in_the_middle_of_a_generation_fails_that_request_alone(engine, reference):
@@ -86,7 +86,7 @@ def test_a_fault_in_the_middle_of_a_generation_fails_that_request_alone(engine, 
     assert len(faulty["r1"].outputs[0].token_ids) == 5  # the tokens before the fault were delivered
     assert faulty["r1"].outputs[0].finish_reason == "error"
     assert tokens(faulty, ["r0", "r2"]) == {rid: reference[rid] for rid in ("r0", "r2")}
-    assert_all_blocks_free(engine)
+    assert_all_pages_free(engine)
 
 
 def test_a_step_that_fails_once_is_retried_and_nobody_notices(engine, reference):
@@ -106,7 +106,7 @@ def test_a_step_that_fails_once_is_retried_and_nobody_notices(engine, reference)
     assert len(calls) > 4 and calls[3] == calls[4]  # the failed step ran again, whole
     assert tokens(again, REQUESTS) == reference
     assert not any(out.error for out in again.values())
-    assert_all_blocks_free(engine)
+    assert_all_pages_free(engine)
 
 
 def test_a_step_that_fails_twice_fails_its_requests_and_the_engine_goes_on(engine):
@@ -121,7 +121,7 @@ def test_a_step_that_fails_twice_fails_its_requests_and_the_engine_goes_on(engin
     finally:
         engine.runner.execute = execute
     assert {out.error for out in failed.values()} == {"RuntimeError: the forward pass is broken"}
-    assert_all_blocks_free(engine)
+    assert_all_pages_free(engine)
     after = run(engine, {"after": REQUESTS["r0"]})["after"]
     assert after.error is None and len(after.outputs[0].token_ids) == 16
 
@@ -133,4 +133,4 @@ def test_abort_ends_the_request_with_finish_reason_abort(engine):
     out = engine.abort("long")
     assert out.finished and out.outputs[0].finish_reason == "abort"
     assert engine.abort("long") is None  # already gone
-    assert_all_blocks_free(engine)
+    assert_all_pages_free(engine)

@@ -1,6 +1,6 @@
 """Inspections (probes) through the step loop on the real SmolLM2: they read the very distribution a step
 sampled from, the logit lens ends in the model's output, they change no one else's result, and they
-return every block."""
+return every page."""
 import pytest
 import torch
 
@@ -37,8 +37,8 @@ def reply(engine: EngineCore, request_id: str) -> tuple[list[int], list[int], li
     return outs[0].prompt_token_ids, ids, logprobs
 
 
-def assert_all_blocks_free(engine: EngineCore) -> None:
-    assert not engine.has_unfinished() and engine.blocks.num_free_blocks == engine.blocks.num_blocks
+def assert_all_pages_free(engine: EngineCore) -> None:
+    assert not engine.has_unfinished() and engine.pages.num_free_pages == engine.pages.num_pages
 
 
 def test_a_probe_reads_the_distribution_each_step_sampled_from(engine):
@@ -52,12 +52,12 @@ def test_a_probe_reads_the_distribution_each_step_sampled_from(engine):
         logprobs = out.inspection.logits.log_softmax(-1)
         assert int(logprobs.argmax()) == token  # greedy took the argmax
         assert all(abs(logprobs[t].item() - lp.logprob) < 1e-4 for t, lp in step.items())
-        assert out.num_cached_tokens >= len(prompt) // 16 * 16  # the reply's blocks were found cached
-    assert_all_blocks_free(engine)
+        assert out.num_cached_tokens >= len(prompt) // 16 * 16  # the reply's pages were found cached
+    assert_all_pages_free(engine)
 
 
 def test_the_logit_lens_has_every_layer_and_ends_in_the_output(engine):
-    ids = engine.tokenizer.encode(PROMPT)  # shorter than a block: each probe computes all of it
+    ids = engine.tokenizer.encode(PROMPT)  # shorter than a page: each probe computes all of it
     engine.add_probe("plain", ids, Probe())
     plain = run(engine)["plain"][0].inspection
     engine.add_probe("lens", ids, Probe(lens_top=5))  # the very step plain ran, with the layers tapped
@@ -69,7 +69,7 @@ def test_the_logit_lens_has_every_layer_and_ends_in_the_output(engine):
     assert max(abs(a - b) for a, b in zip(lens.lens[-1].logprobs, top.values.tolist())) < 1e-4
     assert lens.lens[0].token_ids != lens.lens[-1].token_ids  # the first layer has not found the answer yet
     assert torch.equal(lens.logits, plain.logits)  # the lens costs the batch nothing in precision
-    assert_all_blocks_free(engine)
+    assert_all_pages_free(engine)
 
 
 def test_probes_in_the_batch_change_no_reply(engine):
@@ -85,7 +85,7 @@ def test_probes_in_the_batch_change_no_reply(engine):
     assert [t for c in beside for t in c.token_ids] == alone
     steps = [e for c in beside for e in c.logprobs]
     assert all(abs(a[t].logprob - b[t].logprob) < 1e-4 for a, b, t in zip(steps, alone_steps, alone))
-    assert_all_blocks_free(engine)
+    assert_all_pages_free(engine)
 
 
 def test_a_probe_is_checked_like_a_prompt(engine):
@@ -95,24 +95,24 @@ def test_a_probe_is_checked_like_a_prompt(engine):
     with pytest.raises(InvalidRequest) as long:
         engine.add_probe("long", [1] * engine.max_model_len, Probe())
     assert long.value.code == "context_length_exceeded"
-    assert_all_blocks_free(engine)
+    assert_all_pages_free(engine)
 
 
-def test_an_aborted_probe_returns_its_blocks(engine):
+def test_an_aborted_probe_returns_its_pages(engine):
     engine.add_probe("aborted", engine.tokenizer.encode("word " * 200), Probe(lens_top=2))
     engine.abort("aborted")
     assert run(engine) == {}
-    assert_all_blocks_free(engine)
+    assert_all_pages_free(engine)
 
 
 def test_the_snapshot_shows_the_pool_and_the_recent_steps(engine):
     engine.add_request("busy", "Tell me a story " * 5, SamplingParams(max_tokens=6, ignore_eos=True))
     engine.step()
     busy = engine.snapshot(4)
-    assert busy.stats.num_running == 1 and busy.stats.num_free_blocks < busy.stats.num_blocks
+    assert busy.stats.num_running == 1 and busy.stats.num_free_pages < busy.stats.num_pages
     run(engine)
     idle = engine.snapshot(5)
-    assert idle.stats.num_running == 0 and idle.stats.num_free_blocks == idle.stats.num_blocks
+    assert idle.stats.num_running == 0 and idle.stats.num_free_pages == idle.stats.num_pages
     assert len(idle.steps) == 5 and [s.decode_tokens for s in idle.steps] == [1] * 5
     assert [s.kv_tokens_read for s in idle.steps] == list(range(idle.steps[0].kv_tokens_read,
                                                                 idle.steps[0].kv_tokens_read + 5))
@@ -123,6 +123,6 @@ def test_the_snapshot_shows_the_pool_and_the_recent_steps(engine):
     assert [s.index for s in idle.steps] == list(range(idle.steps[0].index, idle.steps[0].index + 5))
     c = idle.model
     assert idle.kv_plan.bytes_per_token == 2 * c.num_layers * c.num_kv_heads * c.head_dim * 4  # float32
-    assert idle.kv_plan.num_blocks == idle.stats.num_blocks
-    assert 1e8 < idle.read_bandwidth < 1e13 and idle.cached_blocks > 0
+    assert idle.kv_plan.num_pages == idle.stats.num_pages
+    assert 1e8 < idle.read_bandwidth < 1e13 and idle.cached_pages > 0
     assert engine.snapshot(0).steps == []

@@ -51,16 +51,16 @@ def test_a_waiting_urgent_request_takes_the_batch_slot_of_the_lowest_priority():
     run_step(s)
     (urgent,) = add(s, seq(4, priority=0))
     assert urgent.seq_id in served(run_step(s))
-    assert lowest.status is Status.WAITING and lowest.num_preemptions == 1 and lowest.block_table == []
+    assert lowest.status is Status.WAITING and lowest.num_preemptions == 1 and lowest.page_table == []
     assert low.status is Status.RUNNING and low.num_preemptions == 0
 
 
-def test_a_waiting_urgent_request_frees_kv_blocks_lowest_priority_first():
-    s = scheduler(num_blocks=6, block_size=4, budget=64, policy="priority")  # 24 slots
+def test_a_waiting_urgent_request_frees_kv_pages_lowest_priority_first():
+    s = scheduler(num_pages=6, page_size=4, budget=64, policy="priority")  # 24 slots
     mid, low, lowest = add(s, seq(8, priority=1), seq(8, priority=2), seq(8, priority=3))
     run_step(s)
-    assert s.blocks.num_free_blocks == 0
-    (urgent,) = add(s, seq(12, priority=0))  # 3 blocks: both the lowest's and the next one's
+    assert s.pages.num_free_pages == 0
+    (urgent,) = add(s, seq(12, priority=0))  # 3 pages: both the lowest's and the next one's
     batch = served(run_step(s))
     assert batch[urgent.seq_id] == 12
     assert [x.status for x in (mid, low, lowest)] == [Status.RUNNING, Status.WAITING, Status.WAITING]
@@ -75,13 +75,13 @@ def test_equal_priority_never_preempts_its_way_in():
     assert second.status is Status.WAITING and first.num_preemptions == 0
 
 
-def test_a_running_sequence_short_of_blocks_preempts_the_lowest_priority_not_the_newest():
-    s = scheduler(num_blocks=6, block_size=4, budget=64, policy="priority")
+def test_a_running_sequence_short_of_pages_preempts_the_lowest_priority_not_the_newest():
+    s = scheduler(num_pages=6, page_size=4, budget=64, policy="priority")
     low, urgent = add(s, seq(7, priority=5), seq(7, priority=0))
     other = seq(7, priority=1)
     s.add(other)
-    run_step(s)  # 2 blocks each: the pool is full
-    for _ in range(2):  # each reaches 9 tokens and needs a third block
+    run_step(s)  # 2 pages each: the pool is full
+    for _ in range(2):  # each reaches 9 tokens and needs a third page
         run_step(s)
     assert low.status is Status.WAITING and low.num_preemptions == 1
     assert urgent.status is other.status is Status.RUNNING
@@ -90,7 +90,7 @@ def test_a_running_sequence_short_of_blocks_preempts_the_lowest_priority_not_the
 # ------------------------------------------------------------------ fair shares
 
 def test_a_tenant_alone_gets_the_whole_step():
-    s = scheduler(num_blocks=256, budget=64, policy="fair")
+    s = scheduler(num_pages=256, budget=64, policy="fair")
     add(s, *[seq(40, tenant="a") for _ in range(4)])
     assert sum(per_tenant(run_step(s)).values()) == 64
 
@@ -111,7 +111,7 @@ def test_each_tenant_may_take_the_slowest_tenants_pace_plus_what_it_is_behind():
 
 
 def test_shares_converge_whatever_the_number_of_requests():
-    s = scheduler(num_blocks=2048, max_num_seqs=64, budget=48, policy="fair")
+    s = scheduler(num_pages=2048, max_num_seqs=64, budget=48, policy="fair")
     add(s, *[seq(30, tenant="many") for _ in range(12)])
     add(s, seq(30, tenant="one"), seq(30, tenant="one"))
     totals = Counter()
@@ -122,7 +122,7 @@ def test_shares_converge_whatever_the_number_of_requests():
 
 
 def test_weights_set_the_ratio_of_the_shares():
-    s = scheduler(num_blocks=2048, max_num_seqs=64, budget=48, policy="fair")
+    s = scheduler(num_pages=2048, max_num_seqs=64, budget=48, policy="fair")
     add(s, *[seq(600, tenant="a", weight=3.0) for _ in range(6)])
     add(s, *[seq(600, tenant="b") for _ in range(6)])
     totals = Counter()
@@ -133,7 +133,7 @@ def test_weights_set_the_ratio_of_the_shares():
 
 
 def test_one_decoding_chat_holds_a_busy_tenant_to_one_token_a_step_in_turn():
-    s = scheduler(num_blocks=256, budget=64, policy="fair")
+    s = scheduler(num_pages=256, budget=64, policy="fair")
     busy = add(s, *[seq(4, tenant="batch") for _ in range(4)])
     run_step(s)  # alone: every prompt at once
     chat = seq(40, tenant="chat")
@@ -153,7 +153,7 @@ def test_the_least_served_tenants_prompt_is_not_held_to_the_long_prefill_cap():
     """A chat's next turn comes back level with a busy tenant (idleness banks no credit) and its prompt goes in
     whole, as it would alone, beside the busy tenant's decoding streams, whose own new prompt waits that step;
     then the chat is ahead and the busy tenant's prompt goes in whole, the chat's next one waiting that step."""
-    s = scheduler(num_blocks=512, max_num_seqs=16, budget=256, long_prefill=16, policy="fair")
+    s = scheduler(num_pages=512, max_num_seqs=16, budget=256, long_prefill=16, policy="fair")
     busy = add(s, *[seq(4, tenant="batch") for _ in range(4)])
     run_step(s)  # alone: every prompt at once
     chat, late = seq(100, tenant="chat"), seq(100, tenant="batch")
@@ -171,7 +171,7 @@ def test_a_chats_next_turn_does_not_queue_behind_the_other_tenants_prompts():
     on, so the chat's next turn, arriving then, finds a step of decodes ahead of it, not one full of prompts;
     then the busy tenant has the whole engine again. Its new prompts wait again in the step that carries the
     chat's prompt (here mostly in the prefix cache, so short)."""
-    s = scheduler(num_blocks=1024, max_num_seqs=16, budget=256, long_prefill=16, policy="fair")
+    s = scheduler(num_pages=1024, max_num_seqs=16, budget=256, long_prefill=16, policy="fair")
     busy = add(s, *[seq(4, tenant="batch") for _ in range(4)])
     run_step(s)  # alone: every prompt at once
     turn = seq(list(range(40)), tenant="chat")
@@ -191,7 +191,7 @@ def test_a_chats_next_turn_does_not_queue_behind_the_other_tenants_prompts():
 
 
 def test_no_tenant_starves():
-    s = scheduler(num_blocks=1024, max_num_seqs=16, budget=32, policy="fair")
+    s = scheduler(num_pages=1024, max_num_seqs=16, budget=32, policy="fair")
     add(s, *[seq(200, tenant="a") for _ in range(10)], seq(20, tenant="b"), seq(90, tenant="c"))
     served_in = [set(per_tenant(run_step(s))) for _ in range(80)]
     for step in range(len(served_in) - 2):  # every tenant moves in any three steps in a row
@@ -199,7 +199,7 @@ def test_no_tenant_starves():
 
 
 def test_a_light_tenant_preempts_the_heaviest_for_a_slot_and_is_not_preempted_back():
-    s = scheduler(num_blocks=256, max_num_seqs=4, budget=64, policy="fair")
+    s = scheduler(num_pages=256, max_num_seqs=4, budget=64, policy="fair")
     heavy = add(s, *[seq(4, tenant="heavy") for _ in range(4)])
     run_step(s)
     light = add(s, seq(4, tenant="light"), seq(4, tenant="light"))
@@ -223,9 +223,9 @@ def test_a_tenant_that_cannot_be_served_does_not_hold_the_others_back():
     assert queued.status is Status.WAITING
 
 
-def test_a_light_tenant_preempts_the_heaviest_for_kv_blocks():
-    s = scheduler(num_blocks=8, block_size=4, budget=64, policy="fair")
-    heavy = add(s, *[seq(7, tenant="heavy") for _ in range(4)])  # 2 blocks each: the whole pool
+def test_a_light_tenant_preempts_the_heaviest_for_kv_pages():
+    s = scheduler(num_pages=8, page_size=4, budget=64, policy="fair")
+    heavy = add(s, *[seq(7, tenant="heavy") for _ in range(4)])  # 2 pages each: the whole pool
     run_step(s)
     (light,) = add(s, seq(4, tenant="light"))
     run_step(s)
@@ -234,7 +234,7 @@ def test_a_light_tenant_preempts_the_heaviest_for_kv_blocks():
 
 
 def test_a_tenant_back_from_idle_banks_no_credit():
-    s = scheduler(num_blocks=1024, budget=32, policy="fair")
+    s = scheduler(num_pages=1024, budget=32, policy="fair")
     add(s, *[seq(400, tenant="a") for _ in range(2)])
     for _ in range(20):
         run_step(s)
@@ -252,14 +252,14 @@ def test_priority_orders_requests_within_a_tenant_under_fair():
 
 
 @pytest.mark.parametrize("name", ["fcfs", "priority", "fair"])
-def test_every_step_with_work_schedules_someone_within_the_budget_and_every_block_returns(name):
+def test_every_step_with_work_schedules_someone_within_the_budget_and_every_page_returns(name):
     """Random arrivals and ends on small pools and batches: no policy ever leaves the engine idle with work,
     which the server would see as a stall."""
     for trial in range(25):
         rng = random.Random(trial)
-        s = scheduler(num_blocks=rng.randint(8, 40), max_num_seqs=rng.randint(1, 6), budget=rng.randint(4, 40),
+        s = scheduler(num_pages=rng.randint(8, 40), max_num_seqs=rng.randint(1, 6), budget=rng.randint(4, 40),
                       long_prefill=rng.choice([0, 4, 8]), policy=name)
-        capacity, live = s.blocks.num_blocks * s.blocks.block_size, []
+        capacity, live = s.pages.num_pages * s.pages.page_size, []
         for _ in range(150):
             if rng.random() < 0.3:
                 live.append(seq(rng.randint(1, 20), tenant=rng.choice("abc"), weight=rng.choice([1.0, 2.0]),
@@ -274,4 +274,4 @@ def test_every_step_with_work_schedules_someone_within_the_budget_and_every_bloc
             assert sum(item.num_new_tokens for item in batch) <= s.max_num_batched_tokens
         for x in live:
             s.finish(x, "stop")
-        assert s.blocks.num_free_blocks == s.blocks.num_blocks
+        assert s.pages.num_free_pages == s.pages.num_pages

@@ -1,7 +1,7 @@
 """Scheduler policy on fake sequences (no model): who runs each step, with how many tokens."""
 from fake_sequences import run_step, scheduler, seq
 
-from zhuzi.engine.core.kv.block_manager import BlockManager
+from zhuzi.engine.core.kv.page_manager import PageManager
 from zhuzi.engine.core.scheduler import Scheduler
 from zhuzi.engine.sequence import Status, StepOutcome
 
@@ -24,7 +24,7 @@ def test_a_step_never_exceeds_the_token_budget_and_decodes_come_first():
 
 
 def test_a_long_prompt_is_prefilled_in_chunks_of_the_budget():
-    s = scheduler(num_blocks=128, budget=64)
+    s = scheduler(num_pages=128, budget=64)
     long = seq(200)
     s.add(long)
     chunks = [tokens(run_step(s))[long.seq_id] for _ in range(4)]
@@ -33,7 +33,7 @@ def test_a_long_prompt_is_prefilled_in_chunks_of_the_budget():
 
 
 def test_the_long_prefill_cap_applies_only_while_others_decode():
-    s = scheduler(num_blocks=128, budget=64, long_prefill=16)
+    s = scheduler(num_pages=128, budget=64, long_prefill=16)
     alone = seq(100)
     s.add(alone)
     assert tokens(run_step(s))[alone.seq_id] == 64  # nobody decodes: no cap
@@ -54,22 +54,22 @@ def test_max_num_seqs_bounds_the_running_set():
 
 
 def test_when_the_pool_runs_short_the_newest_is_preempted_first_and_waits_first_in_line():
-    s = scheduler(num_blocks=6, block_size=4, budget=64)  # 24 slots
+    s = scheduler(num_pages=6, page_size=4, budget=64)  # 24 slots
     old, mid, new = seq(7), seq(7), seq(7)
     for x in (old, mid, new):
         s.add(x)
-    run_step(s)  # 2 blocks each: the pool is full
-    assert s.blocks.num_free_blocks == 0
-    for _ in range(2):  # each sequence reaches 9 tokens and needs a third block
+    run_step(s)  # 2 pages each: the pool is full
+    assert s.pages.num_free_pages == 0
+    for _ in range(2):  # each sequence reaches 9 tokens and needs a third page
         run_step(s)
     assert new.status is Status.WAITING and new.num_preemptions == 1
     assert old.status is mid.status is Status.RUNNING
-    assert s.waiting[0] is new and new.block_table == [] and new.num_computed_tokens == 0
+    assert s.waiting[0] is new and new.page_table == [] and new.num_computed_tokens == 0
     assert s.num_preemptions == 1
 
 
-def test_finishing_returns_every_block():
-    s = scheduler(num_blocks=16, block_size=4)
+def test_finishing_returns_every_page():
+    s = scheduler(num_pages=16, page_size=4)
     seqs = [seq(9) for _ in range(3)]
     for x in seqs:
         s.add(x)
@@ -77,13 +77,13 @@ def test_finishing_returns_every_block():
     run_step(s)
     for x in seqs:
         s.finish(x, "stop")
-    assert s.blocks.num_free_blocks == 16 and not s.running and not s.waiting
+    assert s.pages.num_free_pages == 16 and not s.running and not s.waiting
 
 
 def test_a_steps_bookkeeping_counts_standing_drafts_and_finishes_who_ended():
-    """update_from_output: computed tokens count the drafts that stood (not the rejected ones), the full blocks
-    reach the prefix cache, and a sequence that ended gives its blocks back."""
-    s = Scheduler(BlockManager(64, 4), 8, 64, spec_step_tokens=8)
+    """update_from_output: computed tokens count the drafts that stood (not the rejected ones), the full pages
+    reach the prefix cache, and a sequence that ended gives its pages back."""
+    s = Scheduler(PageManager(64, 4), 8, 64, spec_step_tokens=8)
     drafted, ending = seq(7), seq(7)
     for x in (drafted, ending):
         s.add(x)
@@ -96,6 +96,6 @@ def test_a_steps_bookkeeping_counts_standing_drafts_and_finishes_who_ended():
     s.update_from_output(batch, StepOutcome(emitted={drafted.seq_id: 2, ending.seq_id: 0},
                                             finished=[(ending, "stop", None)]))
     assert drafted.num_computed_tokens == 7 + 1 + 2 and drafted.num_tokens == 11
-    assert len(drafted.block_hashes) == 2  # blocks [0, 4) and [4, 8) are full and computed: published
-    assert ending.finished and ending.finish_reason == "stop" and ending.block_table == []
-    assert s.running == [drafted] and s.blocks.num_free_blocks == 64 - 3
+    assert len(drafted.page_hashes) == 2  # pages [0, 4) and [4, 8) are full and computed: published
+    assert ending.finished and ending.finish_reason == "stop" and ending.page_table == []
+    assert s.running == [drafted] and s.pages.num_free_pages == 64 - 3

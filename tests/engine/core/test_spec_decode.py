@@ -2,7 +2,7 @@
 output with speculation is the output without it (fp32, several K, alone and batched); a stop string, stop
 token or max_tokens inside an accepted run ends the output exactly where it ends without speculation;
 logprobs come for every token; sampled outputs keep the target's distribution (chi-square on a tiny model,
-with a draft model and with prompt lookup); grammars hold; and every KV block comes back however a
+with a draft model and with prompt lookup); grammars hold; and every KV page comes back however a
 speculating request ends."""
 from __future__ import annotations
 
@@ -163,7 +163,7 @@ def test_greedy_output_is_the_same_with_speculation_alone_and_batched(prompts, p
     stats = counts_since(llm, before)
     assert stats.num_accepted_tokens > 0 and stats.num_draft_tokens > stats.num_accepted_tokens
     assert len(stats.num_accepted_tokens_per_pos) == k
-    assert llm.engine.blocks.num_free_blocks == llm.engine.blocks.num_blocks
+    assert llm.engine.pages.num_free_pages == llm.engine.pages.num_pages
 
 
 def test_outputs_and_step_records_say_which_tokens_were_drafts(prompts, speculating):
@@ -220,7 +220,7 @@ def test_stops_and_max_tokens_inside_an_accepted_run_end_the_output_there(prompt
         assert (with_spec.finish_reason, with_spec.stop_reason) == (without.finish_reason, without.stop_reason)
         assert len(with_spec.token_ids) < before + len(run)  # the run was cut short
     for engine in (spec, base):
-        assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
+        assert engine.pages.num_free_pages == engine.pages.num_pages
 
 
 def test_streamed_deltas_carry_several_tokens_and_add_up_to_the_output(prompts, speculating):
@@ -287,7 +287,7 @@ def test_a_draft_model_changes_no_greedy_token(tiny_models):
         stats = llm.engine.stats().spec_decoding
         rates[name] = stats.num_accepted_tokens / stats.num_draft_tokens
         assert not llm.engine.proposer.shadows
-        assert llm.engine.proposer.blocks.num_free_blocks == llm.engine.proposer.blocks.num_blocks
+        assert llm.engine.proposer.pages.num_free_pages == llm.engine.proposer.pages.num_pages
     assert rates["target"] == 1.0 and 0 < rates["noisy"] < 1.0
 
 
@@ -351,10 +351,10 @@ def test_a_regex_holds_with_a_draft_model(tiny_models):
     assert llm.engine.stats().spec_decoding.num_accepted_tokens > 0
 
 
-# ------------------------------------------------------------------ every block comes back
+# ------------------------------------------------------------------ every page comes back
 
 @pytest.mark.parametrize("method", ["ngram", "draft_model"])
-def test_every_block_returns_however_a_speculating_request_ends(tiny_models, method):
+def test_every_page_returns_however_a_speculating_request_ends(tiny_models, method):
     """Finished, stopped by a stop token or string inside a run, cut by max_tokens, aborted mid-stream,
     preempted and resumed, n > 1: afterwards both pools are whole, and preemption changed no greedy token."""
     _, root = tiny_models
@@ -362,7 +362,7 @@ def test_every_block_returns_however_a_speculating_request_ends(tiny_models, met
     greedy = SamplingParams(temperature=0, max_tokens=60, ignore_eos=True)
     loop = TINY_PROMPTS[0]
     expected = LLM(str(root / "target"), dtype="float32").generate([loop], greedy)[0].outputs[0].token_ids
-    # 12 blocks of 16 tokens (fp32 tiny model: 512 bytes a token): the requests cannot all fit, so some are preempted
+    # 12 pages of 16 tokens (fp32 tiny model: 512 bytes a token): the requests cannot all fit, so some are preempted
     engine = EngineCore(EngineConfig(str(root / "target"), dtype="float32", kv_cache_memory=12 * 16 * 512,
                                  speculative_config=config))
     requests = {
@@ -389,10 +389,10 @@ def test_every_block_returns_however_a_speculating_request_ends(tiny_models, met
     assert results["stop-token"].outputs[0].token_ids == expected[:expected.index(expected[9]) + 1]
     assert results["length"].outputs[0].token_ids == expected[:7]
     assert results["abort"].outputs[0].finish_reason == "abort"
-    assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
+    assert engine.pages.num_free_pages == engine.pages.num_pages
     if method == "draft_model":
         proposer = engine.proposer
-        assert not proposer.shadows and proposer.blocks.num_free_blocks == proposer.blocks.num_blocks
+        assert not proposer.shadows and proposer.pages.num_free_pages == proposer.pages.num_pages
     assert engine.stats().spec_decoding.num_accepted_tokens > 0
 
 

@@ -1,7 +1,7 @@
 """The engine client, through both transports of the one step loop (an engine core in a thread of this
 process, and in a process of its own): streams equal what the offline engine computes, token for token;
 probes and snapshots go through the loop; cancelling or aborting lands before the next step and frees the
-blocks; a refusal or a failure stays with its request; the event loop stays free; and health() tells a
+pages; a refusal or a failure stays with its request; the event loop stays free; and health() tells a
 stalled or failed engine from a working one."""
 from __future__ import annotations
 
@@ -95,7 +95,7 @@ def test_streams_equal_what_the_offline_engine_computes(client, offline):
         assert outs[-1].metrics.e2e_latency > 0 and outs[-1].metrics.time_to_first_token > 0
 
 
-def test_cancelling_the_consumer_aborts_and_frees_its_blocks(client):
+def test_cancelling_the_consumer_aborts_and_frees_its_pages(client):
     params = SamplingParams(temperature=0, max_tokens=400, ignore_eos=True)
 
     async def main():
@@ -109,13 +109,13 @@ def test_cancelling_the_consumer_aborts_and_frees_its_blocks(client):
         for _ in range(100):  # the abort lands within a step or two
             await asyncio.sleep(0.05)
             stats = client.stats()
-            if stats.num_running == 0 and stats.num_free_blocks == stats.num_blocks:
+            if stats.num_running == 0 and stats.num_free_pages == stats.num_pages:
                 return stats
         return client.stats()
 
     stats = asyncio.run(main())
     assert stats.num_running == 0 and stats.num_waiting == 0
-    assert stats.num_free_blocks == stats.num_blocks
+    assert stats.num_free_pages == stats.num_pages
 
 
 def test_an_abort_lands_before_the_next_step_and_ends_the_stream_with_abort(client):
@@ -137,7 +137,7 @@ def test_an_abort_lands_before_the_next_step_and_ends_the_stream_with_abort(clie
     assert outs[-1].finished and outs[-1].outputs[0].finish_reason == "abort"
     assert after <= 1, f"{after} tokens came after the abort"
     stats = client.stats()
-    assert stats.num_running == 0 and stats.num_free_blocks == stats.num_blocks
+    assert stats.num_running == 0 and stats.num_free_pages == stats.num_pages
 
 
 def test_a_tenant_and_its_prompt_progress_cross_to_the_engine_and_back(client):
@@ -254,7 +254,7 @@ def test_a_command_the_engine_core_cannot_read_leaves_it_serving(client):
 
 def test_probes_and_snapshots_read_what_the_offline_engine_reads(client, offline):
     """The inspector's calls go through the loop, beside a running stream: a probe's raw logits and logit lens
-    (a tensor on the wire), a snapshot of the pool and the recent steps; a cancelled probe frees its blocks."""
+    (a tensor on the wire), a snapshot of the pool and the recent steps; a cancelled probe frees its pages."""
     ids = offline.tokenizer.encode("The capital of France is")
     offline.engine.add_probe("here", ids, Probe(lens_top=3))
     want = next(out for step in iter(offline.engine.step, []) for out in step if out.finished).inspection
@@ -272,7 +272,7 @@ def test_probes_and_snapshots_read_what_the_offline_engine_reads(client, offline
         await asyncio.gather(long, return_exceptions=True)
         for _ in range(100):  # the abort lands within a step or two
             after = await client.snapshot(0)
-            if after.stats.num_running == 0 and after.stats.num_free_blocks == after.stats.num_blocks:
+            if after.stats.num_running == 0 and after.stats.num_free_pages == after.stats.num_pages:
                 break
             await asyncio.sleep(0.05)
         return probes, during, after
@@ -283,16 +283,16 @@ def test_probes_and_snapshots_read_what_the_offline_engine_reads(client, offline
     assert plain.logits.dtype == torch.float32 and plain.lens is None
     assert all(torch.allclose(read.logits, want.logits, atol=1e-4) for read in (plain, lens))
     assert [layer.token_ids for layer in lens.lens] == [layer.token_ids for layer in want.lens]
-    assert during.model == offline.model_config and during.stats.num_blocks == client.stats().num_blocks
+    assert during.model == offline.model_config and during.stats.num_pages == client.stats().num_pages
     assert during.stats.num_running >= 1 and 1 <= len(during.steps) <= 8
     assert during.steps[-1].prefill_tokens + during.steps[-1].decode_tokens > 0
     assert after.stats.num_running == after.stats.num_waiting == 0
-    assert after.stats.num_free_blocks == after.stats.num_blocks and after.steps == []
+    assert after.stats.num_free_pages == after.stats.num_pages and after.steps == []
 
 
-def test_a_pin_holds_its_blocks_for_the_requests_that_begin_with_it_until_deleted(client):
-    """Pins go through the loop too: a pin holds its prompt's full blocks, is listed, is found cached by a
-    request beginning with it, and deleting it gives every block back."""
+def test_a_pin_holds_its_pages_for_the_requests_that_begin_with_it_until_deleted(client):
+    """Pins go through the loop too: a pin holds its prompt's full pages, is listed, is found cached by a
+    request beginning with it, and deleting it gives every page back."""
     ids = client.tokenizer.encode("The weather in the north of Scotland, day by day. " * 6)
     params = SamplingParams(temperature=0, max_tokens=4)
 
@@ -304,13 +304,13 @@ def test_a_pin_holds_its_blocks_for_the_requests_that_begin_with_it_until_delete
         return pin, listed, held, outs[-1], removed, again, await client.snapshot(0)
 
     pin, listed, held, out, removed, again, after = asyncio.run(main())
-    blocks = len(ids) // CONFIG.block_size
-    assert (pin.name, pin.num_blocks, pin.num_tokens) == ("weather", blocks, blocks * CONFIG.block_size)
+    pages = len(ids) // CONFIG.page_size
+    assert (pin.name, pin.num_pages, pin.num_tokens) == ("weather", pages, pages * CONFIG.page_size)
     assert [p.name for p in listed] == ["weather"] and listed[0].expires_at is not None
-    assert held.stats.pinned_blocks == blocks and held.stats.num_free_blocks == held.stats.num_blocks - blocks
+    assert held.stats.pinned_pages == pages and held.stats.num_free_pages == held.stats.num_pages - pages
     assert out.num_cached_tokens >= pin.num_tokens
     assert (removed, again) == (True, False)
-    assert after.pins == [] and after.stats.num_free_blocks == after.stats.num_blocks
+    assert after.pins == [] and after.stats.num_free_pages == after.stats.num_pages
 
 
 def test_health_tells_a_stall_with_work_pending_from_an_idle_engine(client, gate, monkeypatch):

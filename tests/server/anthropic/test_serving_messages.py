@@ -40,7 +40,7 @@ def test_a_plain_answer_with_usage_that_adds_up_to_the_prompt(claude: anthropic.
     assert usage.input_tokens + usage.cache_read_input_tokens == prompt
     assert 0 < usage.output_tokens < 24
     again = claude.messages.create(model=MODEL, max_tokens=24, messages=QUESTION, **GREEDY).usage
-    assert again.cache_read_input_tokens >= prompt // 16 * 16 > 0  # the whole blocks of the same prompt
+    assert again.cache_read_input_tokens >= prompt // 16 * 16 > 0  # the whole pages of the same prompt
     assert again.input_tokens == prompt - again.cache_read_input_tokens
 
 

@@ -17,9 +17,9 @@ def samples(metrics: ServerMetrics) -> dict[tuple[str, tuple], float]:
 
 
 def test_every_dashboard_metric_is_exposed_with_its_value() -> None:
-    stats = EngineStats(num_running=2, num_waiting=1, num_blocks=100, num_free_blocks=75,
+    stats = EngineStats(num_running=2, num_waiting=1, num_pages=100, num_free_pages=75,
                         prefix_cache_queries=640, prefix_cache_hits=320)
-    other = EngineStats(num_running=0, num_waiting=0, num_blocks=100, num_free_blocks=100,
+    other = EngineStats(num_running=0, num_waiting=0, num_pages=100, num_free_pages=100,
                         prefix_cache_queries=16, prefix_cache_hits=0)
     metrics = ServerMetrics(lambda: (MODEL, {0: stats, 1: other}))
     timings = RequestMetrics(arrival_time=10.0, first_scheduled_time=10.5, first_token_time=11.0,
@@ -86,11 +86,11 @@ def test_each_keys_load_and_usage_are_labelled_by_its_masked_id() -> None:
 
 def test_kv_tiers_pins_and_transfers_are_counted_per_replica_and_tier() -> None:
     stats = EngineStats(0, 0, 10, 6, 64, 16, kv_tiers={
-        "host": KVTierStats(blocks=3, bytes=3072, hit_tokens=48, stored=5, evicted=2),
-        "disk": KVTierStats(blocks=9, bytes=9300, hit_tokens=16, stored=9, refused=1)},
-        num_pins=1, pinned_blocks=4, pinned_bytes=4096, kv_transfers_sent=2, kv_transfer_blocks_sent=12)
+        "host": KVTierStats(pages=3, bytes=3072, hit_tokens=48, stored=5, evicted=2),
+        "disk": KVTierStats(pages=9, bytes=9300, hit_tokens=16, stored=9, refused=1)},
+        num_pins=1, pinned_pages=4, pinned_bytes=4096, kv_transfers_sent=2, kv_transfer_pages_sent=12)
     decode = EngineStats(0, 0, 10, 10, 0, 0, kv_transfers_received=1, kv_transfers_failed=1,
-                         kv_transfer_blocks_received=12)
+                         kv_transfer_pages_received=12)
     got = samples(ServerMetrics(lambda: (MODEL, {0: stats, 1: decode})))
     replica0, replica1 = (("model_name", MODEL), ("replica", "0")), (("model_name", MODEL), ("replica", "1"))
     host, disk = replica0 + (("tier", "host"),), replica0 + (("tier", "disk"),)

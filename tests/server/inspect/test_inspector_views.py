@@ -126,8 +126,8 @@ def test_cached_prompt_tokens_are_shaded_and_priced_both_ways(inspector: Inspect
     cached = int(ui.page.get_by_test_id("doc-cached").get_attribute("data-value"))
     prompt = doc.locator("[data-testid=doc-token]:not([data-generated])").count()
     generated = doc.locator("[data-testid=doc-token][data-generated]").count()
-    block = ui.server.get("/inspect/engine?steps=0")["kv"]["block_size"]
-    assert cached >= block and cached % block == 0, "the second turn re-reads the first from whole cached blocks"
+    page = ui.server.get("/inspect/engine?steps=0")["kv"]["block_size"]
+    assert cached >= page and cached % page == 0, "the second turn re-reads the first from whole cached pages"
     assert doc.locator("[data-cached=true]").count() == cached
     assert prefill_of(batch(ui.server, reply_id(ui))) == prompt - cached, "the engine computed the rest"
     for key, price in (("input", "2"), ("cached", "0.5"), ("output", "8")):
@@ -208,7 +208,7 @@ def diverging(bf16_server: ServerProcess) -> Divergence | None:
     none of the candidates changes (this CPU's bf16 kernels gave every row the same bits in these batches)."""
     server = bf16_server
     for prompt in CANDIDATES:
-        greedy(server, prompt)  # its blocks in the prefix cache, as the page does first
+        greedy(server, prompt)  # its pages in the prefix cache, as the page does first
         alone = greedy(server, prompt)
         for rows in (16, 8):
             batched = in_batch(server, prompt, rows)

@@ -486,7 +486,7 @@ def test_closing_a_stream_or_dropping_a_request_frees_its_kv(server: ServerProce
     stream = client.chat.completions.create(**endless, stream=True, extra_body={"ignore_eos": True})
     for _, _chunk in zip(range(3), stream):
         pass
-    assert scrape(server)["zhuzi:kv_cache_usage_perc"] > idle_kv  # it holds blocks while it runs
+    assert scrape(server)["zhuzi:kv_cache_usage_perc"] > idle_kv  # it holds pages while it runs
     stream.close()
     after = wait_for_idle(server, idle_kv)
     assert (after["zhuzi:num_requests_running"], after["zhuzi:kv_cache_usage_perc"]) == (0, idle_kv)

@@ -15,7 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from server_process import ServerProcess, engine_pids, running_server
 
-BLOCK_BYTES = 16 * 23040  # SmolLM2 in bf16: 23,040 bytes of K/V a token
+PAGE_BYTES = 16 * 23040  # SmolLM2 in bf16: 23,040 bytes of K/V a token
 SYSTEM = [{"role": "system", "content": "You answer questions about the weather in the north of Scotland. " * 12}]
 QUESTION = [{"role": "user", "content": "Will it rain tomorrow?"}]
 RULES = " ".join(f"Rule {n}: answer in plain words, cite the source, never guess a number." for n in range(20))
@@ -58,7 +58,7 @@ def test_a_pinned_system_prompt_is_found_by_the_chats_that_begin_with_it(server)
     pin = answer.json()
     assert answer.status_code == 200, pin
     assert pin["object"] == "cache.pin" and pin["name"] == "weather" and pin["num_tokens"] >= 128
-    assert pin["num_tokens"] == 16 * pin["num_blocks"] and pin["bytes"] == pin["num_blocks"] * BLOCK_BYTES
+    assert pin["num_tokens"] == 16 * pin["num_blocks"] and pin["bytes"] == pin["num_blocks"] * PAGE_BYTES
     assert pin["expires_at"] - pin["created_at"] in (599, 600, 601)
     listing = api(server).get("/v1/cache/pins").json()
     assert listing["object"] == "list" and [p["name"] for p in listing["data"]] == ["weather"]
@@ -70,7 +70,7 @@ def test_a_pinned_system_prompt_is_found_by_the_chats_that_begin_with_it(server)
     assert ("zhuzi:kv_offload_blocks", "host") in metrics and ("zhuzi:kv_offload_hits_total", "disk") in metrics
     view = api(server).get("/inspect/engine?steps=0").json()
     assert [p["name"] for p in view["pins"]["pins"]] == ["weather"] and view["pins"]["bytes"] == pin["bytes"]
-    assert view["pins"]["limit_bytes"] == (16 * 2**20 // BLOCK_BYTES) * BLOCK_BYTES
+    assert view["pins"]["limit_bytes"] == (16 * 2**20 // PAGE_BYTES) * PAGE_BYTES
     assert sorted(t["tier"] for t in view["kv_tiers"]) == ["disk", "host"]
 
     deleted = api(server).delete("/v1/cache/pins/weather")
@@ -106,7 +106,7 @@ def test_after_a_kill_9_the_restarted_server_loads_a_long_prompt_from_disk(serve
     assert prompt_tokens > 300 and first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
     deadline = time.monotonic() + 60
     while engine_metrics(server)[("zhuzi:kv_offload_stored_total", "disk")] < prompt_tokens // 16:
-        assert time.monotonic() < deadline, "the disk tier did not write the prompt's blocks"
+        assert time.monotonic() < deadline, "the disk tier did not write the prompt's pages"
         time.sleep(0.1)
     for pid in [*engine_pids(server).values(), server.proc.pid]:
         os.kill(pid, signal.SIGKILL)

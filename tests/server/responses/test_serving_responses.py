@@ -18,7 +18,7 @@ from server_process import ServerProcess, running_server
 
 MODEL = "SmolLM2-135M-Instruct"
 GREEDY = {"model": MODEL, "temperature": 0, "max_output_tokens": 24}
-BLOCK = 16  # tokens per KV block: the prefix cache's unit
+PAGE = 16  # tokens per KV page: the prefix cache's unit
 WEATHER = {"type": "function", "name": "get_weather", "description": "Current weather in a city",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
 
@@ -72,9 +72,9 @@ def test_a_conversation_by_previous_response_id_is_read_from_the_prefix_cache(cl
     third = client.responses.create(input="And of Italy?", previous_response_id=second.id, **GREEDY)
     assert "Berlin" in second.output_text and "Rome" in third.output_text
     for before, after in ((first, second), (second, third)):
-        # The new turn's prompt holds the earlier one and its answer, and its whole blocks come from the cache.
+        # The new turn's prompt holds the earlier one and its answer, and its whole pages come from the cache.
         assert after.usage.input_tokens > before.usage.input_tokens + before.usage.output_tokens
-        assert after.usage.input_tokens_details.cached_tokens >= before.usage.input_tokens // BLOCK * BLOCK > 0
+        assert after.usage.input_tokens_details.cached_tokens >= before.usage.input_tokens // PAGE * PAGE > 0
         assert after.previous_response_id == before.id
 
 

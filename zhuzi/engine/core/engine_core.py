@@ -64,7 +64,7 @@ class EngineCore:
     the model is read out instead of sampled."""
 
     def __init__(self, config: EngineConfig, kv_events: bool = False, kv_transfers: bool = False):
-        """kv_events: record the prefix-cache blocks stored and evicted (blocks.events), for a router;
+        """kv_events: record the prefix-cache pages stored and evicted (pages.events), for a router;
         kv_transfers: take part in prefill/decode hand-offs (self.kv.handoffs)."""
         self.config = config
         if config.num_threads:
@@ -87,9 +87,9 @@ class EngineCore:
         max_positions = max(self.max_model_len, ckpt.config.max_position_embeddings)
         self.kv_plan = plan = config.kv_plan(ckpt.config)
         self.grammars = shared_compiler(self.tokenizer.hf, ckpt.config.vocab_size, self.eos_ids)
-        self.blocks, self.kv = KVServices.build(config, ckpt.config, ckpt.path, plan, self.runner.kv_cache,
-                                                self.runner.num_blocks, kv_events, kv_transfers)
-        self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens,
+        self.pages, self.kv = KVServices.build(config, ckpt.config, ckpt.path, plan, self.runner.kv_cache,
+                                                self.runner.num_pages, kv_events, kv_transfers)
+        self.scheduler = Scheduler(self.pages, config.max_num_seqs, config.max_num_batched_tokens,
                                    config.long_prefill_token_threshold, spec.max_step_tokens if spec else 0,
                                    make_policy(config.scheduling_policy))
         self.spec = spec
@@ -97,7 +97,7 @@ class EngineCore:
         self.spec_stats: SpecDecodingStats | None = None
         if spec is not None:
             self.proposer = NgramProposer(spec) if spec.method == "ngram" else DraftModelProposer(
-                spec, config, self.tokenizer, self.eos_ids, ckpt.config.vocab_size, self.runner.num_blocks,
+                spec, config, self.tokenizer, self.eos_ids, ckpt.config.vocab_size, self.runner.num_pages,
                 max_positions)
             self.spec_stats = SpecDecodingStats(num_accepted_tokens_per_pos=[0] * spec.num_speculative_tokens)
         self.output = OutputProcessor(self.tokenizer, self.eos_ids, self.max_model_len)
@@ -105,8 +105,8 @@ class EngineCore:
         self._seq_ids = itertools.count()
         self.recent_steps: deque[StepRecord] = deque(maxlen=RECENT_STEPS)
         self._step_count = itertools.count()
-        log.info("model %s (%s, %s), KV %d bytes/token, %d blocks of %d = %d tokens%s", ckpt.path.name,
-                 ckpt.config.architecture, config.precision, plan.bytes_per_token, plan.num_blocks, plan.block_size,
+        log.info("model %s (%s, %s), KV %d bytes/token, %d pages of %d = %d tokens%s", ckpt.path.name,
+                 ckpt.config.architecture, config.precision, plan.bytes_per_token, plan.num_pages, plan.page_size,
                  plan.capacity_tokens, f", tensor parallel over {self.tp.world_size} ranks" if self.tp else "")
         log.info("CPU kernels: %s", ", ".join(f"{op} {path}" for op, path in self.kernel_paths.items()))
 
@@ -140,7 +140,7 @@ class EngineCore:
 
     @property
     def kv_capacity_tokens(self) -> int:
-        return self.blocks.num_blocks * self.blocks.block_size
+        return self.pages.num_pages * self.pages.page_size
 
     # -- requests --------------------------------------------------------------------
 
@@ -168,16 +168,16 @@ class EngineCore:
                 f"This model's maximum context length is {self.max_model_len} tokens. However, you "
                 f"requested {total} tokens ({len(ids)} in the prompt, {params.max_tokens or 1} for the "
                 f"completion). Please reduce the length of the prompt or the completion."), "context_length_exceeded")
-        if self.blocks.blocks_needed(self._kv_tokens(total)) > self.blocks.num_blocks - self.kv.pins.num_blocks:
+        if self.pages.pages_needed(self._kv_tokens(total)) > self.pages.num_pages - self.kv.pins.num_pages:
             raise InvalidRequest(None, (
                 f"request needs {total} tokens of KV cache but the pool holds {self.kv_capacity_tokens} tokens, "
-                f"{self.kv.pins.num_blocks * self.blocks.block_size} of them pinned; raise kv_cache_memory or "
+                f"{self.kv.pins.num_pages * self.pages.page_size} of them pinned; raise kv_cache_memory or "
                 f"shorten the request"), "context_length_exceeded")
         return ids
 
     def _kv_tokens(self, total: int) -> int:
         """The KV slots a request of `total` tokens holds at most: all of them, or with a sliding window in every
-        layer its window's blocks and a step's chunk of prompt."""
+        layer its window's pages and a step's chunk of prompt."""
         plan = self.kv_plan
         return total if plan.window is None else \
             min(total, plan.sequence_tokens(total) + self.config.max_num_batched_tokens)
@@ -222,7 +222,7 @@ class EngineCore:
         self.scheduler.add(seq)
 
     def abort(self, request_id: str) -> RequestOutput | None:
-        """End the request now, in whatever state it is, and free its blocks. Its last output gives every
+        """End the request now, in whatever state it is, and free its pages. Its last output gives every
         sample still running finish_reason "abort" and the text held back so far."""
         req = self.requests.get(request_id)
         if req is None:
@@ -235,13 +235,13 @@ class EngineCore:
         return bool(self.requests)
 
     def has_work(self) -> bool:
-        """Whether a step would run something (a request awaiting its KV blocks waits for a message)."""
+        """Whether a step would run something (a request awaiting its KV pages waits for a message)."""
         return bool(self.scheduler.running) or any(not s.awaiting_kv for s in self.scheduler.waiting)
 
     def stats(self) -> EngineStats:
         spec = self.spec_stats
-        return EngineStats(len(self.scheduler.running), len(self.scheduler.waiting), self.blocks.num_blocks,
-                           self.blocks.num_free_blocks, self.blocks.prefix_queries, self.blocks.prefix_hits,
+        return EngineStats(len(self.scheduler.running), len(self.scheduler.waiting), self.pages.num_pages,
+                           self.pages.num_free_pages, self.pages.prefix_queries, self.pages.prefix_hits,
                            None if spec is None else dataclasses.replace(
                                spec, num_accepted_tokens_per_pos=list(spec.num_accepted_tokens_per_pos)),
                            self.scheduler.tenant_loads(), **self.kv.stats())
@@ -257,7 +257,7 @@ class EngineCore:
         steps = list(self.recent_steps)[-num_steps:] if num_steps > 0 else []
         return EngineSnapshot(time.monotonic(), self.model_config, str(self.config.precision), self.kernel_paths,
                               self.max_model_len,
-                              self.weight_bytes_per_decode_step, self.stats(), self.kv_plan, len(self.blocks.cached),
+                              self.weight_bytes_per_decode_step, self.stats(), self.kv_plan, len(self.pages.cached),
                               self.read_bandwidth, steps, self.kv.pins.list(), self.kv.pins.limit_bytes)
 
     # -- the step --------------------------------------------------------------------
@@ -292,8 +292,8 @@ class EngineCore:
         return [self._output(req) for req in touched.values()]
 
     def _after_kv(self, result: StepResult, touched: dict[str, RequestState]) -> None:
-        """Once the step's blocks are in the prefix cache: prompts computed for a decode replica leave, pins
-        whose probe has run hold their blocks."""
+        """Once the step's pages are in the prefix cache: prompts computed for a decode replica leave, pins
+        whose probe has run hold their pages."""
         for item, _ in result.sampled:
             if touched[item.seq.request_id].error is None:
                 self.kv.prompt_computed(item.seq)

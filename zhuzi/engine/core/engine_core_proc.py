@@ -36,7 +36,7 @@ from zhuzi.engine.messages import (
 from zhuzi.outputs import RequestOutput
 
 log = logging.getLogger("zhuzi")
-BEAT_MS = 1000  # the longest an engine core with work stays silent, and waits for KV blocks between looks
+BEAT_MS = 1000  # the longest an engine core with work stays silent, and waits for KV pages between looks
 
 
 @dataclass
@@ -55,10 +55,10 @@ class Addresses:
 class EngineCoreProc:
     """Drains the commands, runs a step while there is work, sends the news; blocks only while idle.
 
-    The news of a step: every request it touched, the engine's stats, and the prefix-cache blocks it stored
+    The news of a step: every request it touched, the engine's stats, and the prefix-cache pages it stored
     and evicted (the front routes a conversation's next turn to the replica that holds its history).
-    Prefill/decode replicas also ship KV blocks to each other on sockets of their own (kv/transfer.py). The
-    engine core knows nothing of HTTP; the front knows nothing of blocks beyond their hashes."""
+    Prefill/decode replicas also ship KV pages to each other on sockets of their own (kv/transfer.py). The
+    engine core knows nothing of HTTP; the front knows nothing of pages beyond their hashes."""
 
     engine: EngineCore
     replica: int
@@ -82,7 +82,7 @@ class EngineCoreProc:
             poller.register(self.shipments.inbox, zmq.POLLIN)
         ends = dict(self.watched)
         while True:
-            # A request awaiting its KV blocks is work, but none a step can do: wait for them, a beat at a time.
+            # A request awaiting its KV pages is work, but none a step can do: wait for them, a beat at a time.
             # The disk tier's writer runs on after the last step: look again each beat until it is done, so that
             # the counts it moves reach the front (and /metrics) without waiting for the next request.
             waiting = self.engine.has_unfinished() or self._writing()
@@ -149,7 +149,7 @@ class EngineCoreProc:
                                          invalid=False))
 
     def _send_news(self) -> None:
-        events = self.engine.blocks.events
+        events = self.engine.pages.events
         # While it holds work it says so at least every beat, so that the front never takes it for stalled.
         beat = self.engine.has_unfinished() and time.monotonic() - self._last_sent > BEAT_MS / 1000
         if not (self._news or self._refused or events.stored or events.removed or beat or self._tiers_moved()):

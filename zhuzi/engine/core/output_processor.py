@@ -92,7 +92,7 @@ class OutputProcessor:
         for item, inspection in result.inspections:
             if item.seq.request_id not in failed:
                 requests[item.seq.request_id].inspection = inspection
-                outcome.emitted[item.seq.seq_id] = 0  # its reading stands: its blocks join the prefix cache
+                outcome.emitted[item.seq.seq_id] = 0  # its reading stands: its pages join the prefix cache
                 outcome.finished.append((item.seq, "stop", None))
         for request_id, exc in failed.items():
             self.fail(requests[request_id], exc, outcome)

@@ -1,6 +1,6 @@
 """The scheduler's policies (--scheduling-policy): in what order sequences are served, how many of a step's
 tokens each tenant may take, and whom to preempt when the KV pool or the batch is full. Policies are
-model-free: they read a sequence's tenant, priority, status and block count, never the KV pool.
+model-free: they read a sequence's tenant, priority, status and page count, never the KV pool.
 docs/scheduling.md describes each.
 """
 from __future__ import annotations
@@ -52,7 +52,7 @@ class FirstComeFirstServed:
 
     def victim(self, running: list[Sequence], seq: Sequence, held: Callable[[Sequence], int],
                need: int) -> Sequence | None:
-        """Whom to preempt so that seq gets what it lacks, KV blocks or a batch slot (held: how many a
+        """Whom to preempt so that seq gets what it lacks, KV pages or a batch slot (held: how many a
         sequence holds; need: how many seq will hold). A running seq may be its own victim (it yields);
         None: a waiting seq waits."""
         return running[-1] if seq.status is Status.RUNNING else None
@@ -62,7 +62,7 @@ class FirstComeFirstServed:
 
 
 class Priority(FirstComeFirstServed):
-    """vLLM's `priority` (lower is more urgent), ties first come; a waiting sequence that finds no KV blocks or
+    """vLLM's `priority` (lower is more urgent), ties first come; a waiting sequence that finds no KV pages or
     no batch slot preempts running ones of lower priority (the least urgent, newest first) until it fits."""
 
     name = "priority"

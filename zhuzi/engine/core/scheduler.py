@@ -1,6 +1,6 @@
 """Who runs this step: continuous batching under a token budget, chunked prefill, preemption, and which
 speculative drafts ride along; and, once the step's outputs are processed, its bookkeeping (computed
-tokens, blocks published to the prefix cache, sequences that ended), as vLLM v1's scheduler does. The
+tokens, pages published to the prefix cache, sequences that ended), as vLLM v1's scheduler does. The
 policy (policies.py) says in what order sequences are served, how much of the step each tenant may take,
 and whom to preempt."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from zhuzi.engine.core.kv.block_manager import FREED, BlockManager
+from zhuzi.engine.core.kv.page_manager import FREED, PageManager
 from zhuzi.engine.core.policies import FirstComeFirstServed, Policy
 from zhuzi.engine.sequence import ScheduledSeq, Sequence, Status, StepOutcome
 from zhuzi.outputs import TenantLoad
@@ -70,9 +70,9 @@ class StepPlan:
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
+    def __init__(self, page_manager: PageManager, max_num_seqs: int, max_num_batched_tokens: int,
                  long_prefill_token_threshold: int = 0, spec_step_tokens: int = 0, policy: Policy | None = None):
-        self.blocks = block_manager
+        self.pages = page_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.long_prefill_token_threshold = long_prefill_token_threshold
@@ -91,7 +91,7 @@ class Scheduler:
         order = self.policy.order(self.running, self.waiting)
         plan = StepPlan(self.max_num_batched_tokens, cap, self.policy.uncapped())
         plan.prompts_wait = bool(cap) and self.policy.expecting()
-        # A tenant that cannot be served (no slot, no blocks) must not hold the others to their shares for
+        # A tenant that cannot be served (no slot, no pages) must not hold the others to their shares for
         # good: a step that the shares leave empty goes on without them.
         for shares in (self.policy.shares(self._demands(order, plan), plan.budget), None):
             plan.shares = shares
@@ -139,7 +139,7 @@ class Scheduler:
                     given[i] += 1
                     room -= 1
         for item, k in zip(wanting, given):
-            if k and self.blocks.allocate_slots(item.seq, 1 + k):
+            if k and self.pages.allocate_slots(item.seq, 1 + k):
                 item.spec_token_ids, item.num_new_tokens = item.seq.spec_token_ids[:k], 1 + k
                 item.kind = "verify"
 
@@ -152,8 +152,8 @@ class Scheduler:
         """A running sequence's next tokens; when the pool runs short, the policy's victims make room (seq
         itself, if it is the one to yield), and nobody new is admitted this step."""
         n = self._chunk(seq, room, plan.cap_of(seq))
-        while not self.blocks.allocate_slots(seq, n):
-            victim = self.policy.victim(self.running, seq, self._blocks_held, self._blocks_after(seq, n))
+        while not self.pages.allocate_slots(seq, n):
+            victim = self.policy.victim(self.running, seq, self._pages_held, self._pages_after(seq, n))
             assert victim is not None, "a running sequence always has a victim, at worst itself"
             self._preempt(victim, plan)
             plan.blocked = True
@@ -162,9 +162,9 @@ class Scheduler:
         plan.add(scheduled(seq, n))
 
     def _admit(self, seq: Sequence, room: int, plan: StepPlan) -> None:
-        """A waiting sequence joins the batch if it finds a slot and blocks, preempting whom the policy lets
+        """A waiting sequence joins the batch if it finds a slot and pages, preempting whom the policy lets
         it; otherwise it and everyone behind it wait."""
-        if self._held_by_leader(seq) or seq.awaiting_kv:  # awaiting_kv: its blocks come from a prefill replica
+        if self._held_by_leader(seq) or seq.awaiting_kv:  # awaiting_kv: its pages come from a prefill replica
             return
         while len(self.running) >= self.max_num_seqs:
             victim = self.policy.victim(self.running, seq, lambda s: 1, 1)
@@ -172,15 +172,15 @@ class Scheduler:
                 plan.blocked = True
                 return
             self._preempt(victim, plan)
-        if not seq.block_table and not seq.reads_every_prompt_token:
-            self.blocks.reuse_cached_prefix(seq)
+        if not seq.page_table and not seq.reads_every_prompt_token:
+            self.pages.reuse_cached_prefix(seq)
             if not seq.ever_scheduled:
                 seq.num_cached_tokens = seq.num_computed_tokens
         n = self._chunk(seq, room, plan.cap_of(seq))
-        while not self.blocks.allocate_slots(seq, n):
-            victim = self.policy.victim(self.running, seq, self._blocks_held, self._blocks_after(seq, n))
+        while not self.pages.allocate_slots(seq, n):
+            victim = self.policy.victim(self.running, seq, self._pages_held, self._pages_after(seq, n))
             if victim is None:
-                self.blocks.free_sequence(seq)  # give back the cached prefix it was holding
+                self.pages.free_sequence(seq)  # give back the cached prefix it was holding
                 plan.blocked = True
                 return
             self._preempt(victim, plan)
@@ -191,21 +191,21 @@ class Scheduler:
 
     @staticmethod
     def _held_by_leader(seq: Sequence) -> bool:
-        """A sibling waits while its leader fills the shared prompt blocks."""
+        """A sibling waits while its leader fills the shared prompt pages."""
         return seq.leader is not None and not (seq.leader.prompt_done or seq.leader.finished)
 
     @staticmethod
-    def _blocks_held(seq: Sequence) -> int:
-        return sum(block_id != FREED for block_id in seq.block_table)
+    def _pages_held(seq: Sequence) -> int:
+        return sum(page_id != FREED for page_id in seq.page_table)
 
-    def _blocks_after(self, seq: Sequence, n: int) -> int:
-        return self.blocks.blocks_needed(seq.num_computed_tokens + n)
+    def _pages_after(self, seq: Sequence, n: int) -> int:
+        return self.pages.pages_needed(seq.num_computed_tokens + n)
 
     def _preempt(self, seq: Sequence, plan: StepPlan) -> None:
-        """Free a running sequence's blocks and requeue it first in line; it recomputes later."""
+        """Free a running sequence's pages and requeue it first in line; it recomputes later."""
         self.running.remove(seq)
         plan.drop(seq)
-        self.blocks.free_sequence(seq)
+        self.pages.free_sequence(seq)
         seq.status = Status.WAITING
         seq.spec_token_ids, seq.spec_probs = [], None
         seq.num_preemptions += 1
@@ -213,15 +213,15 @@ class Scheduler:
         self.waiting.appendleft(seq)
 
     def update_from_output(self, batch: list[ScheduledSeq], outcome: StepOutcome) -> None:
-        """After a step: each sequence's computed tokens (drafts count once they stand), its full blocks published
+        """After a step: each sequence's computed tokens (drafts count once they stand), its full pages published
         to the prefix cache (not a sampled sequence whose tokens were not emitted: its request failed), then the
-        sequences that ended finished and their blocks freed."""
+        sequences that ended finished and their pages freed."""
         for item in batch:
             seq, accepted = item.seq, outcome.emitted.get(item.seq.seq_id)
-            self.blocks.computed(seq, item.num_new_tokens - len(item.spec_token_ids) + (accepted or 0))
+            self.pages.computed(seq, item.num_new_tokens - len(item.spec_token_ids) + (accepted or 0))
             if not item.samples or accepted is not None:
-                self.blocks.register_computed(seq)  # before finishing, so the last blocks reach the prefix cache
-            self.blocks.slide(seq)  # after publishing: a block given back stays findable
+                self.pages.register_computed(seq)  # before finishing, so the last pages reach the prefix cache
+            self.pages.slide(seq)  # after publishing: a page given back stays findable
         for seq, reason, stop_reason in outcome.finished:
             self.finish(seq, reason, stop_reason)
 
@@ -230,7 +230,7 @@ class Scheduler:
             self.running.remove(seq)
         elif seq.status is Status.WAITING:
             self.waiting.remove(seq)
-        self.blocks.free_sequence(seq)
+        self.pages.free_sequence(seq)
         seq.status, seq.finish_reason, seq.stop_reason = Status.FINISHED, reason, stop_reason
 
     def tenant_loads(self) -> list[TenantLoad]:

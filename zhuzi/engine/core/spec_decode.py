@@ -1,6 +1,6 @@
 """Speculative decoding's proposers, called after each step: guesses of each decoding sequence's next
 tokens, which the next step's forward pass checks (zhuzi/sample/rejection.py decides which stand). Drafts
-never enter Sequence.token_ids: block hashes (the prefix cache) assume tokens only grow."""
+never enter Sequence.token_ids: page hashes (the prefix cache) assume tokens only grow."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from zhuzi.config import EngineConfig, SpeculativeConfig
-from zhuzi.engine.core.kv.block_manager import BlockManager
+from zhuzi.engine.core.kv.page_manager import PageManager
 from zhuzi.engine.core.scheduler import scheduled
 from zhuzi.engine.sequence import Sequence
 from zhuzi.engine.worker.model_builder import build_model
@@ -80,27 +80,27 @@ class _Shadow:
 
 
 class DraftModelProposer:
-    """"draft_model": a small model with the target's tokenizer, its own paged KV pool and block manager,
+    """"draft_model": a small model with the target's tokenizer, its own paged KV pool and page manager,
     drafts k tokens with the request's own sampling settings (and its grammar) and records the distribution
     each was drawn from. Per target sequence it keeps a shadow sequence in its pool; after a verdict the
     shadow keeps the K/V of the prefix it shares with the target and recomputes the rest."""
 
     def __init__(self, spec: SpeculativeConfig, config: EngineConfig, tokenizer: Tokenizer, eos_ids: list[int],
-                 vocab_size: int, num_blocks: int, max_positions: int):
+                 vocab_size: int, num_pages: int, max_positions: int):
         ckpt, model = build_model(config, spec.model, min_positions=max_positions)
         vocab = Tokenizer.load(ckpt.path).hf.get_vocab()
         if ckpt.config.vocab_size != vocab_size or vocab != tokenizer.hf.get_vocab():
             raise ValueError(f"speculative_config: the draft model {spec.model} does not share the target's "
                              f"tokenizer (vocabulary, or size {ckpt.config.vocab_size} vs {vocab_size})")
         self.eos_ids = eos_ids
-        self.runner = ModelRunner(model, config, num_blocks, self.eos_ids)
-        self.blocks = BlockManager(num_blocks, config.block_size, enable_prefix_caching=False)
+        self.runner = ModelRunner(model, config, num_pages, self.eos_ids)
+        self.pages = PageManager(num_pages, config.page_size, enable_prefix_caching=False)
         self.budget = config.max_num_batched_tokens  # tokens a catch-up pass computes at most
         self.shadows: dict[int, _Shadow] = {}
 
     def release(self, seq: Sequence) -> None:
         if (shadow := self.shadows.pop(seq.seq_id, None)) is not None:
-            self.blocks.free_sequence(shadow.seq)
+            self.pages.free_sequence(shadow.seq)
 
     @torch.inference_mode()
     def propose(self, seqs: list[Sequence], limits: list[int]) -> None:
@@ -143,7 +143,7 @@ class DraftModelProposer:
             n = min(len(shadow.token_ids) - shadow.num_computed_tokens, budget)
             if n < 1:
                 continue
-            if not self.blocks.allocate_slots(shadow, n):
+            if not self.pages.allocate_slots(shadow, n):
                 self.release(seq)  # the draft never takes room from anyone: this sequence goes without
                 continue
             batch.append(scheduled(shadow, n))
@@ -153,7 +153,7 @@ class DraftModelProposer:
         logits = self.runner.last_logits(batch)
         ready = {}
         for item, row in zip(batch, logits):
-            self.blocks.computed(item.seq, item.num_new_tokens)
+            self.pages.computed(item.seq, item.num_new_tokens)
             if item.seq.num_computed_tokens == item.seq.num_tokens:
                 ready[item.seq.seq_id] = row
         return ready
@@ -169,7 +169,7 @@ class DraftModelProposer:
         while common < min(len(own), len(target)) and own[common] == target[common]:
             common += 1
         shadow.seq.token_ids = list(target)
-        self.blocks.keep_computed(shadow.seq, min(common, len(target) - 1))
+        self.pages.keep_computed(shadow.seq, min(common, len(target) - 1))
         shadow.synced = len(target)
         return shadow.seq
 
@@ -180,14 +180,14 @@ class DraftModelProposer:
         for seq, k in step:
             shadow = self.shadows[seq.seq_id].seq
             shadow.token_ids.append(drafts[seq.seq_id][-1])
-            if self.blocks.allocate_slots(shadow, 1):
+            if self.pages.allocate_slots(shadow, 1):
                 batch.append(scheduled(shadow, 1))
                 kept.append((seq, k))
         if not batch:
             return {}, []
         logits = self.runner.last_logits(batch)
         for item in batch:
-            self.blocks.computed(item.seq, 1)
+            self.pages.computed(item.seq, 1)
         return {seq.seq_id: row for (seq, _), row in zip(kept, logits)}, kept
 
 

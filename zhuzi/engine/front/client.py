@@ -97,7 +97,7 @@ class EngineClient(Protocol):
         ...
 
     async def pin(self, token_ids: list[int], spec: PinSpec, request_id: str) -> PinInfo:
-        """Keep token_ids' full KV blocks in every replica's pool under spec.name (computed through the step
+        """Keep token_ids' full KV pages in every replica's pool under spec.name (computed through the step
         loop first); InvalidRequest if they do not fit."""
         ...
 

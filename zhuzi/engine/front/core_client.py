@@ -66,7 +66,7 @@ class EngineCoreClient:
         self.parallel = parallel
         self.fork = fork
         self.clock = clock
-        self.router = PrefixRouter(config.block_size)
+        self.router = PrefixRouter(config.page_size)
         self._lock = threading.Lock()  # replicas' bookkeeping: the event loop and the reader thread share it
         self._ready = threading.Condition(self._lock)
         self._streams: dict[str, Stream] = {}
@@ -150,7 +150,7 @@ class EngineCoreClient:
             raise failed[0]
         for r in self.replicas:
             assert r.ready is not None
-            log.info("engine core %d ready: pid %d, %d KV blocks (%s)", r.index, r.ready.pid, r.ready.stats.num_blocks,
+            log.info("engine core %d ready: pid %d, %d KV pages (%s)", r.index, r.ready.pid, r.ready.stats.num_pages,
                      "thread" if r.thread else "Ray actor" if r.actor else "local process")
 
     def _bind(self, socket: zmq.Socket, host: str | None, name: str) -> str:
@@ -257,7 +257,7 @@ class EngineCoreClient:
             self._deliver(refused.request_id, refused.error())
 
     def _end_handoff(self, prefill_id: str, give_up: bool) -> None:
-        """A prefill job has ended (under the lock); give_up: its blocks will not come, so its decode replica
+        """A prefill job has ended (under the lock); give_up: its pages will not come, so its decode replica
         computes the prompt itself."""
         request_id, decode = self._handoffs.pop(prefill_id, (None, None))
         if give_up and decode is not None and decode.failure is None:
@@ -355,7 +355,7 @@ class EngineCoreClient:
         if prefill is None:
             command = messages.AddRequest.of(request_id, ids, params, tenant)
             stream = self._submit(request_id, ids, messages.encode(command), replica=decode)
-        else:  # the decode replica waits for the blocks the prefill replica computes and sends it
+        else:  # the decode replica waits for the pages the prefill replica computes and sends it
             stream = self._submit(request_id, ids, messages.encode(messages.AddRequest.of(
                 request_id, ids, params, tenant, messages.Handoff(request_id))), replica=decode)
             address, prefill_id = self.replicas[decode].ready.kv_address, request_id + PREFILL_JOB
@@ -392,7 +392,7 @@ class EngineCoreClient:
         return await stream.answer(request_id, self._streams)
 
     async def pin(self, token_ids: list[int], spec: PinSpec, request_id: str) -> PinInfo:
-        """Every live replica pins token_ids' full blocks, so a chat finds them wherever it lands; if one cannot,
+        """Every live replica pins token_ids' full pages, so a chat finds them wherever it lands; if one cannot,
         none keeps the pin and its error is raised."""
         live = [r.index for r in self.replicas if r.failure is None]
         probes = [self._submit(f"{request_id}-{i}", token_ids, messages.encode(messages.AddProbe(

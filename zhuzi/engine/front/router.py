@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from zhuzi.engine.core.kv.block_manager import hash_chain
+from zhuzi.engine.core.kv.page_manager import hash_chain
 
 # A request in flight on a replica costs a newcomer about as much as recomputing this many prompt tokens:
 # one more row in a decode batch slows every step of the reply a little, which over a reply adds up to a
@@ -16,12 +16,12 @@ LOAD_COST_TOKENS = 512
 
 @dataclass
 class PrefixRouter:
-    """Which replicas hold each block hash, from the blocks each reports stored and evicted (messages.Outputs).
+    """Which replicas hold each page hash, from the pages each reports stored and evicted (messages.Outputs).
     A new prompt's hash chain is computed with the engine's own, so a match here is a match there. A cached
     prefix is weighed against the requests already running there: otherwise the first replica to cache a
     system prompt that every chat shares would draw every chat."""
 
-    block_size: int
+    page_size: int
     holders: defaultdict[bytes, set[int]] = field(default_factory=lambda: defaultdict(set))
 
     def update(self, replica: int, stored: list[bytes], removed: list[bytes]) -> None:
@@ -40,13 +40,13 @@ class PrefixRouter:
     def cached_tokens(self, prompt: list[int], replicas: set[int]) -> dict[int, int]:
         """How many leading tokens of prompt each replica holds in its prefix cache."""
         cached = dict.fromkeys(replicas, 0)
-        # The engine always computes a prompt's last token, so only the full blocks before it can hit.
-        for n, h in enumerate(hash_chain(prompt[:-1], self.block_size), 1):
+        # The engine always computes a prompt's last token, so only the full pages before it can hit.
+        for n, h in enumerate(hash_chain(prompt[:-1], self.page_size), 1):
             replicas = replicas & self.holders.get(h, set())
             if not replicas:
                 break
             for r in replicas:
-                cached[r] = n * self.block_size
+                cached[r] = n * self.page_size
         return cached
 
     def pick(self, prompt: list[int], load: dict[int, int]) -> int:

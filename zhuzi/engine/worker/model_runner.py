@@ -73,16 +73,16 @@ def load_runner(config: EngineConfig, tp: TPGroup | None = None) -> tuple[Checkp
     native.select(config.cpu_kernels)
     ckpt, model = build_model(config, config.model, tp)
     plan = config.kv_plan(ckpt.config)
-    if plan.num_blocks < 1:
-        raise ValueError(f"kv_cache_memory {config.kv_cache_memory} holds no KV block")
+    if plan.num_pages < 1:
+        raise ValueError(f"kv_cache_memory {config.kv_cache_memory} holds no KV page")
     pooling = config.pooling or ckpt.config.pooling or "mean"
-    return ckpt, ModelRunner(model, config, plan.num_blocks, list(ckpt.config.eos_token_ids), pooling)
+    return ckpt, ModelRunner(model, config, plan.num_pages, list(ckpt.config.eos_token_ids), pooling)
 
 
 def zeroed_pool(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A tensor of zeros for the KV pool. On the CPU an anonymous mapping, which the OS zeroes a page at a time
-    as it is first written: the pool costs memory and time as its blocks are used, not all of it at start
-    (torch.zeros writes every page at once). Zeros, not garbage: attention reads the padding slots of a block
+    as it is first written: the pool costs memory and time as its pages are used, not all of it at start
+    (torch.zeros writes every memory page at once). Zeros, not garbage: attention reads the padding slots of a page
     and masks them, and garbage may hold NaN."""
     if device.type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
@@ -102,18 +102,18 @@ class ModelRunner:
     the history up to its own position, with a decode row's arithmetic), and all k + 1 rows get logits for
     the verifier."""
 
-    def __init__(self, model: Decoder, config: EngineConfig, num_blocks: int, eos_ids: list[int],
+    def __init__(self, model: Decoder, config: EngineConfig, num_pages: int, eos_ids: list[int],
                  pooling: str = "mean"):
         c = model.config
-        self.model, self.block_size, self.eos_ids, self.pooling = model, config.block_size, eos_ids, pooling
-        self.num_blocks = num_blocks
+        self.model, self.page_size, self.eos_ids, self.pooling = model, config.page_size, eos_ids, pooling
+        self.num_pages = num_pages
         self.device = torch.device(config.device)
         # One preallocated pool: [layers, K/V, slots, kv_heads, head_dim], of this rank's KV heads (all of them
-        # without tensor parallelism): every rank has the same blocks, each for its own heads. q8_0 heads are
+        # without tensor parallelism): every rank has the same pages, each for its own heads. q8_0 heads are
         # wider: their scales follow their values (kv_format.py).
         kv = config.precision.kv
         kv_format.check(c.head_dim, kv)
-        self.kv_cache = zeroed_pool((c.num_layers, 2, num_blocks * config.block_size, model.num_kv_heads,
+        self.kv_cache = zeroed_pool((c.num_layers, 2, num_pages * config.page_size, model.num_kv_heads,
                                      kv_format.head_width(c.head_dim, kv)), kv, self.device)
         self.sampler = Sampler()
         # With tensor parallelism this is rank 0's runner: it posts each forward pass and LM-head call, which the
@@ -136,27 +136,27 @@ class ModelRunner:
     def _tensor(self, data: list[int]) -> torch.Tensor:
         return torch.tensor(data, dtype=torch.long, device=self.device)
 
-    def _slots(self, block_table: list[int], start: int, end: int) -> list[int]:
-        bs = self.block_size
-        return [block_table[p // bs] * bs + p % bs for p in range(start, end)]
+    def _slots(self, page_table: list[int], start: int, end: int) -> list[int]:
+        size = self.page_size
+        return [page_table[p // size] * size + p % size for p in range(start, end)]
 
     def _metadata(self, batch: list[ScheduledSeq], slot_mapping: list[int]) -> AttentionMetadata:
         """Batch must list its one-token rows first (_one_token_rows_first)."""
         decodes = [s for s in batch if s.num_new_tokens == 1]
-        bs = self.block_size
+        size = self.page_size
         if decodes:
             contexts = self._tensor([s.seq.num_computed_tokens + 1 for s in decodes])
-            width = max(len(s.seq.block_table) for s in decodes)
-            tables = self._tensor([s.seq.block_table + [0] * (width - len(s.seq.block_table)) for s in decodes])
+            width = max(len(s.seq.page_table) for s in decodes)
+            tables = self._tensor([s.seq.page_table + [0] * (width - len(s.seq.page_table)) for s in decodes])
             longest = int(contexts.max())
-            slots = (tables[:, :, None] * bs + torch.arange(bs, device=self.device)).view(len(decodes), -1)
+            slots = (tables[:, :, None] * size + torch.arange(size, device=self.device)).view(len(decodes), -1)
             decode_slots = slots[:, :longest].contiguous()
         else:
             decode_slots = contexts = torch.empty(0, device=self.device)
         prefills, start = [], len(decodes)
         for s in batch[len(decodes):]:
             done, n = s.seq.num_computed_tokens, s.num_new_tokens
-            prefills.append(PrefillChunk(start, n, done + n, self._tensor(self._slots(s.seq.block_table, 0, done + n))))
+            prefills.append(PrefillChunk(start, n, done + n, self._tensor(self._slots(s.seq.page_table, 0, done + n))))
             start += n
         return AttentionMetadata(self._tensor(slot_mapping), len(decodes), decode_slots, contexts,
                                  prefills)
@@ -169,7 +169,7 @@ class ModelRunner:
             starts.append(len(input_ids))
             input_ids += seq.token_ids[done:done + n - len(s.spec_token_ids)] + s.spec_token_ids
             positions += range(done, done + n)
-            slot_mapping += self._slots(seq.block_table, done, done + n)
+            slot_mapping += self._slots(seq.page_table, done, done + n)
         return self._tensor(input_ids), self._tensor(positions), self._metadata(batch, slot_mapping), starts
 
     @torch.inference_mode()

@@ -78,7 +78,7 @@ class MessageParam(Request):
     content: text_or(ContentBlock)
 
     @model_validator(mode="after")
-    def _blocks_by_role(self) -> MessageParam:
+    def _parts_by_role(self) -> MessageParam:
         kinds = {block.type for block in self.content} if isinstance(self.content, list) else set()
         wrong = kinds & ({"tool_use", "thinking"} if self.role == "user" else {"tool_result"})
         if wrong:

@@ -1,6 +1,6 @@
 """Anthropic's Messages API (/v1/messages, /v1/messages/count_tokens), between the routes and the chat path: a
 Messages request becomes the server's chat request (a tool_result with is_error reaches the model as its text
-after "Error: "), and MessagesFormat writes the reply's content blocks as a Message or Anthropic's stream of
+after "Error: "), and MessagesFormat writes the reply's parts as a Message's content blocks or Anthropic's stream of
 events. A thought carries no signature: one sent back is read as it is.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse, Response
 from zhuzi.outputs import CompletionOutput, PromptProgress
 from zhuzi.server.anthropic import protocol as a
 from zhuzi.server.common.chat import ChatPath
-from zhuzi.server.common.content_blocks import BlockEvent, new_item_id
+from zhuzi.server.common.content_parts import PartEvent, new_item_id
 from zhuzi.server.common.errors import ApiError
 from zhuzi.server.common.formats import Choice, ResponseState, sse_event
 from zhuzi.server.common.parsers import ParsedText
@@ -143,19 +143,19 @@ def stop_reason(choice: Choice | None) -> tuple[a.StopReason | None, str | None]
     return "end_turn", None
 
 
-def _start_block(block_event: BlockEvent) -> a.ContentBlockStart:
-    block = block_event.block
-    content: a.Content = (a.ThinkingContent(thinking="") if block.kind == "thinking" else
-                          a.TextContent(text="") if block.kind == "text" else
-                          a.ToolUseContent(id=block.call_id or "", name=block.name or "", input={}))
-    return a.ContentBlockStart(index=block_event.index, content_block=content)
+def _start_part(part_event: PartEvent) -> a.ContentBlockStart:
+    part = part_event.part
+    content: a.Content = (a.ThinkingContent(thinking="") if part.kind == "thinking" else
+                          a.TextContent(text="") if part.kind == "text" else
+                          a.ToolUseContent(id=part.call_id or "", name=part.name or "", input={}))
+    return a.ContentBlockStart(index=part_event.index, content_block=content)
 
 
-def _delta(block_event: BlockEvent) -> a.ContentBlockDelta:
-    kind, text = block_event.block.kind, block_event.text
+def _delta(part_event: PartEvent) -> a.ContentBlockDelta:
+    kind, text = part_event.part.kind, part_event.text
     delta = (a.ThinkingDelta(thinking=text) if kind == "thinking" else a.TextDelta(text=text) if kind == "text"
              else a.InputJsonDelta(partial_json=text))
-    return a.ContentBlockDelta(index=block_event.index, delta=delta)
+    return a.ContentBlockDelta(index=part_event.index, delta=delta)
 
 
 def _input(arguments: str) -> dict[str, Any]:
@@ -196,19 +196,19 @@ class MessagesFormat:
     def progress(self, progress: PromptProgress) -> list[str]:
         return []  # the API has no progress events
 
-    def chunks(self, gen: ResponseState, choice: Choice, delta: CompletionOutput, piece: ParsedText,
+    def events(self, gen: ResponseState, choice: Choice, delta: CompletionOutput, piece: ParsedText,
                prompt_index: int) -> list[str]:
         out = self._start(gen)
-        for block_event in choice.events:
-            if block_event.kind == "start":
-                out.append(event(_start_block(block_event)))
-            elif block_event.kind == "delta":
-                out.append(event(_delta(block_event)))
+        for part_event in choice.events:
+            if part_event.kind == "start":
+                out.append(event(_start_part(part_event)))
+            elif part_event.kind == "delta":
+                out.append(event(_delta(part_event)))
             else:
-                if block_event.block.kind == "thinking":
-                    out.append(event(a.ContentBlockDelta(index=block_event.index,
+                if part_event.part.kind == "thinking":
+                    out.append(event(a.ContentBlockDelta(index=part_event.index,
                                                          delta=a.SignatureDelta(signature=""))))
-                out.append(event(a.ContentBlockStop(index=block_event.index)))
+                out.append(event(a.ContentBlockStop(index=part_event.index)))
         return out
 
     def end(self, gen: ResponseState) -> list[str]:
@@ -222,14 +222,14 @@ class MessagesFormat:
     def response(self, gen: ResponseState) -> a.Message:
         choice = gen.choices.get(0)
         content: list[a.Content] = []
-        for block in choice.blocks.blocks if choice else []:
-            if block.kind == "thinking":
-                content.append(a.ThinkingContent(thinking=block.text))
-            elif block.kind == "text":
-                content.append(a.TextContent(text=block.text))
+        for part in choice.parts.parts if choice else []:
+            if part.kind == "thinking":
+                content.append(a.ThinkingContent(thinking=part.text))
+            elif part.kind == "text":
+                content.append(a.TextContent(text=part.text))
             else:
-                content.append(a.ToolUseContent(id=block.call_id or "", name=block.name or "",
-                                                input=_input(block.text)))
+                content.append(a.ToolUseContent(id=part.call_id or "", name=part.name or "",
+                                                input=_input(part.text)))
         return self._message(gen, content)
 
 

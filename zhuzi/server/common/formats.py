@@ -1,6 +1,6 @@
 """What one request produced, the last step before the wire: a ResponseState gathers its prompts' choices, parsed
-(content, reasoning, tool calls) and laid out as content blocks; each API's Format writes it as its JSON answer or
-its stream's chunks (a delta's chunks, a stream's end, a failure once the stream has begun, the whole answer).
+(content, reasoning, tool calls) and laid out as content parts; each API's Format writes it as its JSON answer or
+its stream's events (a delta's events, a stream's end, a failure once the stream has begun, the whole answer).
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Protocol
 import pydantic
 
 from zhuzi.outputs import CompletionOutput, Logprob, PromptProgress, RequestMetrics, RequestOutput
-from zhuzi.server.common.content_blocks import BlockEvent, Blocks
+from zhuzi.server.common.content_parts import PartEvent, Parts
 from zhuzi.server.common.errors import ApiError
 from zhuzi.server.common.parsers import OutputParser, ParsedText
 
@@ -40,10 +40,10 @@ class Choice:
     parsed: ParsedText = field(default_factory=ParsedText)
     finish_reason: str | None = None
     stop_reason: int | str | None = None
-    started: bool = False  # streaming: whether its first chunk went out
-    blocks: Blocks = field(default_factory=Blocks)
-    events: list[BlockEvent] = field(default_factory=list)  # what the latest delta did to the blocks
-    token_blocks: list[int] = field(default_factory=list)  # per token, the block its text went to (-1: none)
+    started: bool = False  # streaming: whether its first event went out
+    parts: Parts = field(default_factory=Parts)
+    events: list[PartEvent] = field(default_factory=list)  # what the latest delta did to the parts
+    token_parts: list[int] = field(default_factory=list)  # per token, the part its text went to (-1: none)
 
     def absorb(self, delta: CompletionOutput) -> ParsedText:
         """Take one engine delta; return the parsed news it brings."""
@@ -57,28 +57,28 @@ class Choice:
             piece.extend(self.parser.finish())
             self.finish_reason, self.stop_reason = delta.finish_reason, delta.stop_reason
         self.parsed.extend(piece)
-        self.events = self.blocks.feed(piece) + (self.blocks.close() if self.finish_reason else [])
+        self.events = self.parts.feed(piece) + (self.parts.close() if self.finish_reason else [])
         self._place_tokens(len(delta.token_ids))
         return piece
 
     def _place_tokens(self, count: int) -> None:
-        """The delta's tokens go to the block its text grew; held-back tokens (part of a character) join the
-        block that goes on after them, and markup (a tag that opens a block) none."""
+        """The delta's tokens go to the part its text grew; held-back tokens (part of a character) join the
+        part that goes on after them, and markup (a tag that opens a part) none."""
         grown = [e.index for e in self.events if e.kind == "delta"]
-        block = grown[-1] if grown else -1
-        self.token_blocks += [-1] * count
-        if block < 0:
+        part = grown[-1] if grown else -1
+        self.token_parts += [-1] * count
+        if part < 0:
             return
-        held = len(self.token_blocks) - count
-        while held > 0 and self.token_blocks[held - 1] == -1:
+        held = len(self.token_parts) - count
+        while held > 0 and self.token_parts[held - 1] == -1:
             held -= 1
-        before = self.token_blocks[held - 1] if held else -1
-        start = held if before == block else len(self.token_blocks) - count
-        self.token_blocks[start:] = [block] * (len(self.token_blocks) - start)
+        before = self.token_parts[held - 1] if held else -1
+        start = held if before == part else len(self.token_parts) - count
+        self.token_parts[start:] = [part] * (len(self.token_parts) - start)
 
-    def block_tokens(self, index: int) -> tuple[list[int], list[dict[int, Logprob]]]:
-        """A block's tokens and their logprobs entries (when the request asked for them)."""
-        picked = [i for i, block in enumerate(self.token_blocks) if block == index]
+    def part_tokens(self, index: int) -> tuple[list[int], list[dict[int, Logprob]]]:
+        """A part's tokens and their logprobs entries (when the request asked for them)."""
+        picked = [i for i, part in enumerate(self.token_parts) if part == index]
         return [self.token_ids[i] for i in picked], [self.logprobs[i] for i in picked if i < len(self.logprobs)]
 
     def reasoning_tokens(self, think_close: int | None) -> int:
@@ -97,7 +97,7 @@ class PromptStats:
     metrics: RequestMetrics | None = None
     logprobs: list[dict[int, Logprob] | None] | None = None  # prompt logprobs (echo)
     answered: bool = False  # a token of it came
-    progress_shown: bool = False  # return_progress: a chunk of its prefill's progress went out
+    progress_shown: bool = False  # return_progress: an event of its prefill's progress went out
 
 
 @dataclass
@@ -159,18 +159,18 @@ class ResponseState:
 class Format(Protocol):
     request_id: str
 
-    def chunks(self, gen: ResponseState, choice: Choice, delta: CompletionOutput, piece: ParsedText,
+    def events(self, gen: ResponseState, choice: Choice, delta: CompletionOutput, piece: ParsedText,
                prompt_index: int) -> list[str]:
-        """The SSE chunks one engine delta makes."""
+        """The SSE events one engine delta makes."""
 
     def progress(self, progress: PromptProgress) -> list[str]:
-        """The chunks that show a prompt's prefill progress before its first token (none unless asked for)."""
+        """The events that show a prompt's prefill progress before its first token (none unless asked for)."""
 
     def end(self, gen: ResponseState) -> list[str]:
-        """The chunks that end a stream that went well."""
+        """The events that end a stream that went well."""
 
     def failure(self, gen: ResponseState, error: ApiError) -> list[str]:
-        """The chunks that end a stream the engine failed (the headers are out: the error goes in-band)."""
+        """The events that end a stream the engine failed (the headers are out: the error goes in-band)."""
 
     def response(self, gen: ResponseState) -> pydantic.BaseModel:
         """The whole answer."""

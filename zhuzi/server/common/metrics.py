@@ -37,24 +37,24 @@ class EngineCollector(Collector):
         families = [
             (GaugeMetricFamily, "num_requests_running", "Sequences in the running batch.", "num_running"),
             (GaugeMetricFamily, "num_requests_waiting", "Sequences waiting to be scheduled.", "num_waiting"),
-            (GaugeMetricFamily, "kv_cache_usage_perc", "Fraction of KV-cache blocks in use (1 = full).",
+            (GaugeMetricFamily, "kv_cache_usage_perc", "Fraction of KV-cache pages in use (1 = full).",
              "kv_cache_usage"),
             (CounterMetricFamily, "prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
              "prefix_cache_queries"),
             (CounterMetricFamily, "prefix_cache_hits", "Prompt tokens found in the prefix cache.", "prefix_cache_hits"),
             (GaugeMetricFamily, "kv_pins", "Pinned prefixes.", "num_pins"),
-            (GaugeMetricFamily, "kv_pinned_blocks", "KV pool blocks held by pinned prefixes.", "pinned_blocks"),
+            (GaugeMetricFamily, "kv_pinned_blocks", "KV pool pages held by pinned prefixes.", "pinned_pages"),
             (GaugeMetricFamily, "kv_pinned_bytes", "KV pool bytes held by pinned prefixes.", "pinned_bytes"),
-            (CounterMetricFamily, "kv_transfers_sent", "Prefill/decode hand-offs: requests whose KV blocks this "
+            (CounterMetricFamily, "kv_transfers_sent", "Prefill/decode hand-offs: requests whose KV pages this "
              "replica sent.", "kv_transfers_sent"),
             (CounterMetricFamily, "kv_transfers_received", "Prefill/decode hand-offs received.",
              "kv_transfers_received"),
             (CounterMetricFamily, "kv_transfers_failed", "Hand-offs that never arrived: the decode replica "
              "computed the prompt itself.", "kv_transfers_failed"),
-            (CounterMetricFamily, "kv_transfer_blocks_sent", "KV blocks sent to decode replicas.",
-             "kv_transfer_blocks_sent"),
-            (CounterMetricFamily, "kv_transfer_blocks_received", "KV blocks received from prefill replicas.",
-             "kv_transfer_blocks_received"),
+            (CounterMetricFamily, "kv_transfer_blocks_sent", "KV pages sent to decode replicas.",
+             "kv_transfer_pages_sent"),
+            (CounterMetricFamily, "kv_transfer_blocks_received", "KV pages received from prefill replicas.",
+             "kv_transfer_pages_received"),
         ]
         yield from families_of(families, ENGINE_LABELS,
                                [([model, str(replica)], stats) for replica, stats in sorted(replicas.items())])
@@ -64,13 +64,13 @@ class EngineCollector(Collector):
         yield from families_of([
             (CounterMetricFamily, "kv_offload_hits", "Prompt tokens loaded from a KV tier instead of computed.",
              "hit_tokens"),
-            (GaugeMetricFamily, "kv_offload_blocks", "KV blocks held in a tier.", "blocks"),
-            (GaugeMetricFamily, "kv_offload_bytes", "Bytes of KV blocks held in a tier.", "bytes"),
-            (CounterMetricFamily, "kv_offload_stored", "KV blocks put into a tier.", "stored"),
-            (CounterMetricFamily, "kv_offload_evicted", "KV blocks a tier let go to make room.", "evicted"),
-            (CounterMetricFamily, "kv_offload_refused", "Block files skipped: corrupt, foreign or unreadable.",
+            (GaugeMetricFamily, "kv_offload_blocks", "KV pages held in a tier.", "pages"),
+            (GaugeMetricFamily, "kv_offload_bytes", "Bytes of KV pages held in a tier.", "bytes"),
+            (CounterMetricFamily, "kv_offload_stored", "KV pages put into a tier.", "stored"),
+            (CounterMetricFamily, "kv_offload_evicted", "KV pages a tier let go to make room.", "evicted"),
+            (CounterMetricFamily, "kv_offload_refused", "Page files skipped: corrupt, foreign or unreadable.",
              "refused"),
-            (CounterMetricFamily, "kv_offload_dropped", "Blocks not stored: no room (all pinned) or the disk "
+            (CounterMetricFamily, "kv_offload_dropped", "Pages not stored: no room (all pinned) or the disk "
              "writer behind.", "dropped"),
         ], ENGINE_LABELS + ["tier"], [([model, str(replica), name], tier) for replica, stats in sorted(replicas.items())
                                       for name, tier in sorted(stats.kv_tiers.items())])

@@ -48,8 +48,8 @@ async def read_body(request: Request, limit: int) -> bytes:
     if declared.isdigit() and int(declared) > limit:
         raise too_large
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
+    async for piece in request.stream():
+        body += piece
         if len(body) > limit:
             raise too_large
     return bytes(body)
@@ -120,12 +120,12 @@ def _ref(model: type[pydantic.BaseModel]) -> dict[str, str]:
     return {"$ref": f"#/components/schemas/{model.__name__}"}
 
 
-def _sse_event(chunk: type[pydantic.BaseModel], error: type[pydantic.BaseModel], named: bool) -> dict[str, Any]:
-    """One server-sent event (OpenAPI 3.1 describes each event): its data is a JSON chunk or an error object
+def _sse_event(event: type[pydantic.BaseModel], error: type[pydantic.BaseModel], named: bool) -> dict[str, Any]:
+    """One server-sent event (OpenAPI 3.1 describes each event): its data is the event as JSON or an error object
     (a failure after the headers went out); OpenAI's chat and completion streams end with [DONE], Anthropic's
     and the Responses API's name each event instead."""
     json_data = {"type": "string", "contentMediaType": "application/json",
-                 "contentSchema": {"anyOf": [_ref(chunk), _ref(error)]}}
+                 "contentSchema": {"anyOf": [_ref(event), _ref(error)]}}
     if not named:
         return {"type": "object", "required": ["data"],
                 "properties": {"data": {"anyOf": [{"const": "[DONE]"}, json_data]}}}
@@ -135,16 +135,16 @@ def _sse_event(chunk: type[pydantic.BaseModel], error: type[pydantic.BaseModel],
 
 def documented(body: type[pydantic.BaseModel] | None, answer: type[pydantic.BaseModel] | None,
                statuses: tuple[int, ...], error: type[pydantic.BaseModel],
-               chunk: type[pydantic.BaseModel] | None = None, named: bool = False) -> dict[str, Any]:
+               event: type[pydantic.BaseModel] | None = None, named: bool = False) -> dict[str, Any]:
     """A route's OpenAPI description: its JSON body (which the route parses itself), its answer (and the
-    chunks of its SSE stream, named events or not), its API's error object."""
+    events of its SSE stream, named or not), its API's error object."""
     responses: dict[int | str, dict[str, Any]] = {
         status: {"model": error, "description": ERROR_DESCRIPTIONS[status]} for status in statuses}
     if answer is not None:
         ok: dict[str, Any] = {"model": answer, "description": "Success"}
-        if chunk is not None:
-            ok["content"] = {"text/event-stream": {"schema": _sse_event(chunk, error, named)}}
-            ok["description"] = "Success: the whole answer, or its chunks as server-sent events with stream true"
+        if event is not None:
+            ok["content"] = {"text/event-stream": {"schema": _sse_event(event, error, named)}}
+            ok["description"] = "Success: the whole answer, or with stream true its server-sent events"
         responses[200] = ok
     extra = {"requestBody": {"required": True, "content": {"application/json": {"schema": _ref(body)}}}} \
         if body is not None else None

@@ -81,7 +81,7 @@ class RenderedChat:
     args: dict[str, Any]
 
 
-# Running requests' last chunks after a shutdown ended them: they need a step or two.
+# Running requests' last events after a shutdown ended them: they need a step or two.
 ABORT_GRACE_S = 5.0
 # Threads that render and tokenize prompts: a few long prompts must not queue everyone else's behind them.
 TOKENIZER_THREADS = 8
@@ -137,9 +137,9 @@ class Server:
         self.gateway.capacity = engine.config.max_num_seqs + self.config.max_waiting
         self.engine = engine
         stats = engine.stats()
-        log.info("model %s loaded: dtype %s, KV cache %d tokens (%d blocks of %d), context %d tokens%s",
-                 self.model_name, engine.config.precision, stats.num_blocks * engine.config.block_size,
-                 stats.num_blocks, engine.config.block_size, engine.max_model_len,
+        log.info("model %s loaded: dtype %s, KV cache %d tokens (%d pages of %d), context %d tokens%s",
+                 self.model_name, engine.config.precision, stats.num_pages * engine.config.page_size,
+                 stats.num_pages, engine.config.page_size, engine.max_model_len,
                  ", reasoning parser on" if self.reasoning else "")
         log.info("serving at http://%s:%d/v1", self.config.host, self.config.port)
 
@@ -280,8 +280,8 @@ class Server:
     async def generate(self, request: Request, key: str, prompts: list[list[int]], params: SamplingParams,
                        fmt: Format, new_parser: Callable[[], OutputParser], stream: bool,
                        on_answer: Callable[[pydantic.BaseModel], Awaitable[None]] | None = None) -> Response:
-        """Run the prompts; answer with fmt's whole answer, or stream its chunks. on_answer sees the whole
-        answer before the client does (a stream's last chunks wait for it): what must outlive the answer
+        """Run the prompts; answer with fmt's whole answer, or stream its events. on_answer sees the whole
+        answer before the client does (a stream's last events wait for it): what must outlive the answer
         (a stored response) is kept by then."""
         engine = self.ready()
         self.quotas.check(key)
@@ -330,20 +330,20 @@ class Server:
         try:
             async for index, out in call.merged:
                 if (progress := call.response.progress(index, out)) is not None:
-                    for chunk in fmt.progress(progress):
-                        yield chunk
+                    for event in fmt.progress(progress):
+                        yield event
                 for choice, delta, piece in call.response.update(index, out):
-                    for chunk in fmt.chunks(call.response, choice, delta, piece, index):
-                        yield chunk
+                    for event in fmt.events(call.response, choice, delta, piece, index):
+                        yield event
             if on_answer is not None:
                 await on_answer(fmt.response(call.response))
-            for chunk in fmt.end(call.response):
-                yield chunk
+            for event in fmt.end(call.response):
+                yield event
         except Exception as exc:  # the headers are out: report in-band, as OpenAI's streams do
             if not isinstance(exc, (RequestError, EngineDead)):  # the engine logged those
                 log.exception("stream %s failed", fmt.request_id)
-            for chunk in fmt.failure(call.response, failure(exc)):
-                yield chunk
+            for event in fmt.failure(call.response, failure(exc)):
+                yield event
 
     async def close(self, call: ActiveRequest, ran: bool = True) -> None:
         """End a request however it ended: abort what still runs, free its place, count it if it ran."""

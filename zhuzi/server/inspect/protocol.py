@@ -84,7 +84,7 @@ class LensCandidate(InspectToken):
 
 
 class LensRow(Response):
-    layer: int  # 0: after the first block; the last row is the model's output
+    layer: int  # 0: after the first layer; the last row is the model's output
     top: list[LensCandidate]
 
 
@@ -152,10 +152,12 @@ class EngineModel(Response):
 
 
 class EngineKV(Response):
+    """The KV pool; its JSON names say "blocks" (vLLM's word) for KV pages, as the inspector's script reads them."""
+
     block_size: int
     num_blocks: int
     used_blocks: int
-    free_blocks: int  # a free block may still hold a cached prefix: it is reusable
+    free_blocks: int  # a free page may still hold a cached prefix: it is reusable
     cached_blocks: int
     capacity_tokens: int
     pool_bytes: int
@@ -205,20 +207,20 @@ class EngineKVTier(Response):
     blocks: int
     bytes: int
     hit_tokens: int  # prompt tokens loaded from it instead of computed
-    stored: int  # blocks put into it
-    evicted: int  # blocks it let go to make room
+    stored: int  # pages put into it
+    evicted: int  # pages it let go to make room
     refused: int  # files skipped: corrupt or foreign
 
 
 class EnginePins(Response):
-    blocks: int  # of the pool, held by pins
+    blocks: int  # KV pages of the pool, held by pins
     bytes: int
     limit_bytes: int  # --kv-pinned-memory
     pins: list[CachePin]
 
 
 class EngineTransfers(Response):
-    """Prefill/decode hand-offs (--kv-role): requests whose KV blocks this replica sent or received."""
+    """Prefill/decode hand-offs (--kv-role): requests whose KV pages this replica sent or received."""
 
     sent: int
     received: int

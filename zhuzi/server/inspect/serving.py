@@ -103,9 +103,9 @@ class Inspector:
             hidden_size=m.hidden_size, vocab_size=m.vocab_size, max_model_len=s.max_model_len,
             kv_bytes_per_token=plan.bytes_per_token, weight_bytes_per_decode_step=s.weight_bytes_per_decode_step,
             eos_token_ids=m.eos_token_ids, special_token_ids=sorted(engine.tokenizer.all_special_ids))
-        kv = ip.EngineKV(block_size=plan.block_size, num_blocks=stats.num_blocks,
-                        used_blocks=stats.num_blocks - stats.num_free_blocks, free_blocks=stats.num_free_blocks,
-                        cached_blocks=s.cached_blocks, capacity_tokens=plan.capacity_tokens,
+        kv = ip.EngineKV(block_size=plan.page_size, num_blocks=stats.num_pages,
+                        used_blocks=stats.num_pages - stats.num_free_pages, free_blocks=stats.num_free_pages,
+                        cached_blocks=s.cached_pages, capacity_tokens=plan.capacity_tokens,
                         pool_bytes=plan.capacity_tokens * plan.bytes_per_token)
         queries, hits = stats.prefix_cache_queries, stats.prefix_cache_hits
         spec = engine.config.speculative
@@ -115,14 +115,14 @@ class Inspector:
                 tenants=[ip.EngineTenant(key=t.tenant or None, running=t.running, waiting=t.waiting)
                          for t in stats.tenants]),
             prefix_cache=ip.EnginePrefixCache(queries=queries, hits=hits, hit_rate=hits / queries if queries else None),
-            kv_tiers=[ip.EngineKVTier(tier=name, blocks=t.blocks, bytes=t.bytes, hit_tokens=t.hit_tokens,
+            kv_tiers=[ip.EngineKVTier(tier=name, blocks=t.pages, bytes=t.bytes, hit_tokens=t.hit_tokens,
                                       stored=t.stored, evicted=t.evicted, refused=t.refused)
                       for name, t in stats.kv_tiers.items()],
-            pins=ip.EnginePins(blocks=stats.pinned_blocks, bytes=stats.pinned_bytes, limit_bytes=s.pinned_limit_bytes,
+            pins=ip.EnginePins(blocks=stats.pinned_pages, bytes=stats.pinned_bytes, limit_bytes=s.pinned_limit_bytes,
                                pins=[cache_pin(info) for info in s.pins]),
             kv_transfers=ip.EngineTransfers(
                 sent=stats.kv_transfers_sent, received=stats.kv_transfers_received, failed=stats.kv_transfers_failed,
-                blocks_sent=stats.kv_transfer_blocks_sent, blocks_received=stats.kv_transfer_blocks_received),
+                blocks_sent=stats.kv_transfer_pages_sent, blocks_received=stats.kv_transfer_pages_received),
             steps=[ip.EngineStep(index=r.index, age_s=s.time - r.end_time, duration_s=r.duration,
                                  prefill_tokens=r.prefill_tokens, decode_tokens=r.decode_tokens,
                                  verify_tokens=r.verify_tokens, kv_tokens_read=r.kv_tokens_read) for r in s.steps],

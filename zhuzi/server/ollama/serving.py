@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, Response
 
 from zhuzi.outputs import CompletionOutput, Logprob, PromptProgress
 from zhuzi.server.common.chat import ChatPath, sampling_params
-from zhuzi.server.common.content_blocks import new_item_id
+from zhuzi.server.common.content_parts import new_item_id
 from zhuzi.server.common.errors import ApiError
 from zhuzi.server.common.formats import Choice, ResponseState
 from zhuzi.server.common.parsers import OutputParser, ParsedText
@@ -169,10 +169,10 @@ class OllamaFormat:
     def progress(self, progress: PromptProgress) -> list[str]:
         return []  # the API has no progress lines
 
-    def chunks(self, gen: ResponseState, choice: Choice, delta: CompletionOutput, piece: ParsedText,
+    def events(self, gen: ResponseState, choice: Choice, delta: CompletionOutput, piece: ParsedText,
                prompt_index: int) -> list[str]:
-        calls = [self._call(e.block.call_id or "", e.block.name or "", e.block.text) for e in choice.events
-                 if e.kind == "stop" and e.block.kind == "tool_use"]
+        calls = [self._call(e.part.call_id or "", e.part.name or "", e.part.text) for e in choice.events
+                 if e.kind == "stop" and e.part.kind == "tool_use"]
         logprobs = self._logprobs(delta.token_ids, delta.logprobs)
         if not (piece.content or piece.reasoning_content or calls or logprobs):
             return []

@@ -38,7 +38,7 @@ class Embeddings:
                 raise ApiError(400, f"{where} must not be empty", param=where)
         ids = await self.server.in_worker(lambda: [engine.tokenizer.encode_prompt(x) for x in inputs])
         if truncate:  # to what fits the context window and the KV pool, less the probe's one position beyond
-            room = min(engine.max_model_len, engine.stats().num_blocks * engine.config.block_size) - 1
+            room = min(engine.max_model_len, engine.stats().num_pages * engine.config.page_size) - 1
             ids = [x[:room] for x in ids]
         outs = await self.server.probe(request, key, ids, Probe(embed=True), param)
         return [out.inspection.embedding for out in outs], sum(len(x) for x in ids)

@@ -98,7 +98,7 @@ class ChatFormat(OpenAIStream):
             return {}
         return {"draft_accepted": tokens.draft_accepted, "drafts_rejected": tokens.drafts_rejected}
 
-    def chunks(self, gen: ResponseState, choice: Choice, delta: CompletionOutput, piece: ParsedText,
+    def events(self, gen: ResponseState, choice: Choice, delta: CompletionOutput, piece: ParsedText,
                prompt_index: int) -> list[str]:
         out = []
         with_ids = self.body.return_token_ids
@@ -181,7 +181,7 @@ class CompletionFormat(OpenAIStream):
             for i, lp in entry.items() if i == token_id or lp.rank <= top_n}
             for token_id, entry in zip(self.prompt_ids[prompt_index], entries)]
 
-    def chunks(self, gen: ResponseState, choice: Choice, delta: CompletionOutput, piece: ParsedText,
+    def events(self, gen: ResponseState, choice: Choice, delta: CompletionOutput, piece: ParsedText,
                prompt_index: int) -> list[str]:
         first, choice.started = not choice.started, True
         item = self._piece(gen, choice, prompt_index, piece.content, delta.token_ids, delta.logprobs or [], first)

@@ -14,7 +14,7 @@ PinName = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0
 
 class PinRequest(ChatTemplateRequest):
     """A prefix to keep: token ids, or chat messages rendered by the chat template (without the generation
-    prompt, so that the chats that begin with them share its blocks). Its full KV blocks are pinned."""
+    prompt, so that the chats that begin with them share its pages). Its full KV pages are pinned."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
@@ -35,9 +35,9 @@ class PinRequest(ChatTemplateRequest):
 class CachePin(Response):
     object: Literal["cache.pin"] = "cache.pin"
     name: str
-    num_tokens: int  # pinned: the tokens of its full KV blocks
-    num_blocks: int
-    bytes: int  # of KV cache its blocks hold (per replica)
+    num_tokens: int  # pinned: the tokens of its full KV pages
+    num_blocks: int  # KV pages (the JSON name keeps vLLM's word)
+    bytes: int  # of KV cache its pages hold (per replica)
     created_at: int  # Unix seconds
     expires_at: int | None  # none: until deleted
     cached_tokens: int  # of the prefix, found cached when it was pinned

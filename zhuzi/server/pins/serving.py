@@ -19,7 +19,7 @@ from zhuzi.server.pins import protocol as cp
 
 
 def cache_pin(info: PinInfo) -> cp.CachePin:
-    return cp.CachePin(name=info.name, num_tokens=info.num_tokens, num_blocks=info.num_blocks, bytes=info.bytes,
+    return cp.CachePin(name=info.name, num_tokens=info.num_tokens, num_blocks=info.num_pages, bytes=info.bytes,
                        created_at=int(info.created_at),
                        expires_at=None if info.expires_at is None else int(info.expires_at),
                        cached_tokens=info.cached_tokens)
@@ -44,7 +44,7 @@ class CachePins:
         admission = self.server.gateway.admit(1)
         try:
             info = await until_disconnect(request, engine.pin(ids, PinSpec(body.name, body.ttl), new_id("pin")))
-        except InvalidRequest as exc:  # too long, over the pinned-memory bound, shorter than a block
+        except InvalidRequest as exc:  # too long, over the pinned-memory bound, shorter than a page
             raise ApiError(400, str(exc), param=param if exc.param == "token_ids" else exc.param,
                            code=exc.code) from exc
         finally:

@@ -306,7 +306,7 @@ OutputItem = Annotated[OutputMessage | ReasoningOutput | FunctionCallOutput, Fie
 
 class InputTokensDetails(Response):
     cached_tokens: int  # of the input, found in the prefix cache
-    cache_write_tokens: int  # of the input, newly kept in the prefix cache (its whole blocks)
+    cache_write_tokens: int  # of the input, newly kept in the prefix cache (its whole KV pages)
 
 
 class ReasoningTokensDetails(Response):
@@ -405,7 +405,7 @@ class ContentEvent(ItemEventBase):
     content_index: int = 0  # zhuzi's items hold one part
 
 
-class PartEvent(ContentEvent):
+class ContentPartEvent(ContentEvent):
     type: Literal["response.content_part.added", "response.content_part.done"]
     part: OutputText | ReasoningContent
 
@@ -443,6 +443,6 @@ class ArgumentsDoneEvent(ItemEventBase):
     arguments: str  # the call's name is on its item (output_item.added and .done)
 
 
-class ResponseStreamEvent(RootModel[ResponseEvent | ItemEvent | PartEvent | TextDeltaEvent | TextDoneEvent
+class ResponseStreamEvent(RootModel[ResponseEvent | ItemEvent | ContentPartEvent | TextDeltaEvent | TextDoneEvent
                             | ArgumentsDeltaEvent | ArgumentsDoneEvent]):
     """Any event of a stream: its SSE name is its type."""

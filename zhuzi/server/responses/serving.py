@@ -1,6 +1,6 @@
 """OpenAI's Responses API (/v1/responses and its GET, DELETE and input_items), between the routes and the chat
 path: a request's input items, after the stored items of every earlier turn (previous_response_id), become the
-server's chat request; ResponsesFormat writes the reply's blocks as output items, whole or as OpenAI's numbered
+server's chat request; ResponsesFormat writes the reply's parts as output items, whole or as OpenAI's numbered
 events. With store (the default) the Response and its input items are kept, under the caller's key, before the
 client sees the answer.
 """
@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse, Response
 
 from zhuzi.outputs import CompletionOutput, PromptProgress
 from zhuzi.server.common.chat import ChatPath
-from zhuzi.server.common.content_blocks import Block, BlockEvent, new_item_id
+from zhuzi.server.common.content_parts import Part, PartEvent, new_item_id
 from zhuzi.server.common.errors import ApiError
 from zhuzi.server.common.formats import Choice, ResponseState, sse_event
 from zhuzi.server.common.parsers import ParsedText
@@ -135,38 +135,38 @@ class ResponsesFormat:
     added / deltas / done events, then response.completed (or .incomplete, or .failed); every event numbered."""
 
     def __init__(self, body: rp.ResponsesRequest, request_id: str, model: str,
-                 token_bytes: Callable[[int], bytes], cache_block: int) -> None:
+                 token_bytes: Callable[[int], bytes], cache_page: int) -> None:
         self.body, self.request_id, self.model, self.token_bytes = body, request_id, model, token_bytes
-        self.cache_block = cache_block  # the prefix cache's unit (0: no prefix cache)
+        self.cache_page = cache_page  # the prefix cache's unit (0: no prefix cache)
         self.created = int(time.time())
         self.sequence = 0
-        self.logprobs_sent: dict[int, int] = {}  # per text block, how many of its tokens' logprobs went out
+        self.logprobs_sent: dict[int, int] = {}  # per text part, how many of its tokens' logprobs went out
 
     def _logprobs(self, choice: Choice | None, index: int, since: int = 0) -> list[r.TokenLogprob] | None:
-        """A text block's tokens' logprobs (from the since-th), if the request included them."""
+        """A text part's tokens' logprobs (from the since-th), if the request included them."""
         if not self.body.logprobs:
             return None
         if choice is None:
             return []
-        token_ids, entries = choice.block_tokens(index)
+        token_ids, entries = choice.part_tokens(index)
         return chat_logprobs(token_ids[since:], entries[since:], self.body.top_logprobs or 0,
                              self.token_bytes).content or []
 
-    def _item(self, gen: ResponseState, index: int, block: Block, status: rp.ItemStatus,
+    def _item(self, gen: ResponseState, index: int, part: Part, status: rp.ItemStatus,
               text: str | None = None) -> rp.OutputItem:
-        """A block as its output item; text: instead of the block's (an item just added is empty)."""
-        text = block.text if text is None else text
-        if block.kind == "thinking":
+        """A part as its output item; text: instead of the part's (an item just added is empty)."""
+        text = part.text if text is None else text
+        if part.kind == "thinking":
             secret = text if self.body.encrypted_reasoning and text else None
-            return rp.ReasoningOutput(id=block.id, status=status, content=[rp.ReasoningContent(text=text)],
+            return rp.ReasoningOutput(id=part.id, status=status, content=[rp.ReasoningContent(text=text)],
                                       encrypted_content=secret)
-        if block.kind == "text":
-            return rp.OutputMessage(id=block.id, status=status, content=[self._part(gen, index, block, text)])
-        return rp.FunctionCallOutput(id=block.id, status=status, call_id=block.call_id or "",
-                                     name=block.name or "", arguments=text)
+        if part.kind == "text":
+            return rp.OutputMessage(id=part.id, status=status, content=[self._content(gen, index, part, text)])
+        return rp.FunctionCallOutput(id=part.id, status=status, call_id=part.call_id or "",
+                                     name=part.name or "", arguments=text)
 
-    def _part(self, gen: ResponseState, index: int, block: Block, text: str) -> rp.OutputText | rp.ReasoningContent:
-        if block.kind == "thinking":
+    def _content(self, gen: ResponseState, index: int, part: Part, text: str) -> rp.OutputText | rp.ReasoningContent:
+        if part.kind == "thinking":
             return rp.ReasoningContent(text=text)
         return rp.OutputText(text=text, logprobs=self._logprobs(gen.choices.get(0) if text else None, index))
 
@@ -178,7 +178,7 @@ class ResponsesFormat:
 
     def _item_status(self, gen: ResponseState, index: int) -> rp.ItemStatus:
         choice = gen.choices.get(0)
-        last = choice is not None and index == len(choice.blocks.blocks) - 1
+        last = choice is not None and index == len(choice.parts.parts) - 1
         if last and choice.finish_reason is None:
             return "in_progress"
         return "incomplete" if last and choice.finish_reason != "stop" else "completed"
@@ -186,7 +186,7 @@ class ResponsesFormat:
     def _response(self, gen: ResponseState, status: rp.ResponseStatus, error: rp.ResponseError | None = None
                   ) -> rp.ResponseObject:
         body, choice = self.body, gen.choices.get(0)
-        blocks = choice.blocks.blocks if choice and status != "in_progress" else []
+        parts = choice.parts.parts if choice and status != "in_progress" else []
         incomplete = None
         if status == "incomplete":
             reason = "max_output_tokens" if choice and choice.finish_reason == "length" else None
@@ -200,7 +200,7 @@ class ResponsesFormat:
         return rp.ResponseObject(
             id=self.request_id, created_at=self.created, status=status, error=error, incomplete_details=incomplete,
             instructions=body.instructions, max_output_tokens=body.max_output_tokens, metadata=body.metadata or {},
-            model=self.model, output=[self._item(gen, i, b, self._item_status(gen, i)) for i, b in enumerate(blocks)],
+            model=self.model, output=[self._item(gen, i, p, self._item_status(gen, i)) for i, p in enumerate(parts)],
             parallel_tool_calls=body.parallel_tool_calls, previous_response_id=body.previous_response_id,
             reasoning=body.reasoning, store=body.store, temperature=body.temperature, text=body.text,
             tool_choice=body.tool_choice or "auto", tools=body.tools or [], top_p=body.top_p, usage=usage,
@@ -209,40 +209,40 @@ class ResponsesFormat:
             safety_identifier=body.safety_identifier)
 
     def _cache_writes(self, gen: ResponseState) -> int:
-        """The prompt's whole blocks that were not cached yet: the prefix cache keeps them now."""
-        if not self.cache_block:
+        """The prompt's whole KV pages that were not cached yet: the prefix cache keeps them now."""
+        if not self.cache_page:
             return 0
-        return max(0, gen.prompt_tokens // self.cache_block * self.cache_block - gen.cached_tokens)
+        return max(0, gen.prompt_tokens // self.cache_page * self.cache_page - gen.cached_tokens)
 
     def _event(self, event: rp.Event) -> str:
         event.sequence_number, self.sequence = self.sequence, self.sequence + 1
         return sse_event(event.type, event)  # type: ignore[attr-defined]
 
-    def _block_events(self, gen: ResponseState, e: BlockEvent) -> list[rp.Event]:
-        block, index = e.block, e.index
-        where = {"item_id": block.id, "output_index": index}
+    def _part_events(self, gen: ResponseState, e: PartEvent) -> list[rp.Event]:
+        part, index = e.part, e.index
+        where = {"item_id": part.id, "output_index": index}
         if e.kind == "start":
             events: list[rp.Event] = [rp.ItemEvent(type="response.output_item.added", output_index=index,
-                                                   item=self._item(gen, index, block, "in_progress", ""))]
-            if block.kind != "tool_use":
-                events.append(rp.PartEvent(type="response.content_part.added",
-                                           part=self._part(gen, index, block, ""), **where))
+                                                   item=self._item(gen, index, part, "in_progress", ""))]
+            if part.kind != "tool_use":
+                events.append(rp.ContentPartEvent(type="response.content_part.added",
+                                                  part=self._content(gen, index, part, ""), **where))
             return events
-        if block.kind == "tool_use":
+        if part.kind == "tool_use":
             if e.kind == "delta":
                 return [rp.ArgumentsDeltaEvent(delta=e.text, **where)]
-            done: list[rp.Event] = [rp.ArgumentsDoneEvent(arguments=block.text, **where)]
+            done: list[rp.Event] = [rp.ArgumentsDoneEvent(arguments=part.text, **where)]
         else:
-            kind = "reasoning_text" if block.kind == "thinking" else "output_text"
+            kind = "reasoning_text" if part.kind == "thinking" else "output_text"
             if e.kind == "delta":
                 return [rp.TextDeltaEvent(type=f"response.{kind}.delta", delta=e.text,
                                           logprobs=self._delta_logprobs(gen, index, kind), **where)]
-            part = self._part(gen, index, block, block.text)
-            logprobs = _in_stream(part.logprobs or []) if isinstance(part, rp.OutputText) else None
-            done = [rp.TextDoneEvent(type=f"response.{kind}.done", text=block.text, logprobs=logprobs, **where),
-                    rp.PartEvent(type="response.content_part.done", part=part, **where)]
+            content = self._content(gen, index, part, part.text)
+            logprobs = _in_stream(content.logprobs or []) if isinstance(content, rp.OutputText) else None
+            done = [rp.TextDoneEvent(type=f"response.{kind}.done", text=part.text, logprobs=logprobs, **where),
+                    rp.ContentPartEvent(type="response.content_part.done", part=content, **where)]
         return done + [rp.ItemEvent(type="response.output_item.done", output_index=index,
-                                    item=self._item(gen, index, block, self._item_status(gen, index)))]
+                                    item=self._item(gen, index, part, self._item_status(gen, index)))]
 
     def _delta_logprobs(self, gen: ResponseState, index: int, kind: str) -> list[rp.StreamLogprob] | None:
         """An output_text delta's: [] (OpenAI's field is required), or its new tokens' logprobs if included."""
@@ -256,11 +256,11 @@ class ResponsesFormat:
     def progress(self, progress: PromptProgress) -> list[str]:
         return []  # the API has no progress events
 
-    def chunks(self, gen: ResponseState, choice: Choice, delta: CompletionOutput, piece: ParsedText,
+    def events(self, gen: ResponseState, choice: Choice, delta: CompletionOutput, piece: ParsedText,
                prompt_index: int) -> list[str]:
         out = self._start(gen)
         for e in choice.events:
-            out += [self._event(event) for event in self._block_events(gen, e)]
+            out += [self._event(event) for event in self._part_events(gen, e)]
         return out
 
     def _start(self, gen: ResponseState) -> list[str]:
@@ -305,7 +305,7 @@ class Responses:
         plan = await self.chats.plan(chat)
         engine = self.server.ready()
         fmt = ResponsesFormat(body, new_item_id("resp"), self.server.model_name, engine.tokenizer.bytes_of,
-                              engine.config.block_size if engine.config.enable_prefix_caching else 0)
+                              engine.config.page_size if engine.config.enable_prefix_caching else 0)
         if body.safety_identifier is not None:  # OpenAI's end-user id, logged as user is
             log.info("%s for safety_identifier %r", fmt.request_id, body.safety_identifier)
 

@@ -1,14 +1,14 @@
-"""The KV connector with a real model (tiny, float32): blocks that left the pool come back from the host and
-disk tiers instead of being computed, give the tokens computing gives (q8_0 blocks too), survive a restart,
+"""The KV connector with a real model (tiny, float32): pages that left the pool come back from the host and
+disk tiers instead of being computed, give the tokens computing gives (q8_0 pages too), survive a restart,
 and are never loaded into another model or dtype; a corrupt file is recomputed."""
 import logging
 import shutil
 
 import pytest
 import tiny
-from kv_load import BLOCK, GREEDY, ids, llm, push_out
+from kv_load import GREEDY, PAGE, ids, llm, push_out
 
-from zhuzi.engine.core.kv.block_manager import block_hash
+from zhuzi.engine.core.kv.page_manager import page_hash
 
 
 @pytest.fixture(scope="module")
@@ -26,14 +26,14 @@ def other_model(tmp_path_factory) -> str:
     return str(directory)
 
 
-A = ids(0)  # 4 full blocks; the 3 before its last token can be found
+A = ids(0)  # 4 full pages; the 3 before its last token can be found
 
 
 def computed(model: str, prompt: list[int]) -> list[int]:
     return llm(model, enable_prefix_caching=False).generate([prompt], GREEDY)[0].outputs[0].token_ids
 
 
-def test_blocks_evicted_to_host_memory_come_back_with_the_tokens_computing_gives(model):
+def test_pages_evicted_to_host_memory_come_back_with_the_tokens_computing_gives(model):
     engine = llm(model, kv_offload_memory="1MiB")
     first = engine.generate([A], GREEDY)[0]
     push_out(engine)
@@ -45,9 +45,9 @@ def test_blocks_evicted_to_host_memory_come_back_with_the_tokens_computing_gives
     assert again.outputs[0].token_ids == first.outputs[0].token_ids == computed(model, A)
 
 
-def test_q8_0_blocks_evicted_to_host_memory_come_back_with_the_tokens_computing_gives(tmp_path):
+def test_q8_0_pages_evicted_to_host_memory_come_back_with_the_tokens_computing_gives(tmp_path):
     tiny.build("llama", tmp_path, num_attention_heads=2, num_key_value_heads=1)  # head_dim 32: one q8_0 block
-    q8 = {"kv_cache_dtype": "q8_0", "kv_cache_memory": 12 * BLOCK * 2 * 2 * 34}  # 12 blocks of 2 layers' K and V
+    q8 = {"kv_cache_dtype": "q8_0", "kv_cache_memory": 12 * PAGE * 2 * 2 * 34}  # 12 pages of 2 layers' K and V
     engine = llm(str(tmp_path), kv_offload_memory="1MiB", **q8)
     first = engine.generate([A], GREEDY)[0]
     push_out(engine)
@@ -71,7 +71,7 @@ def test_the_disk_tier_serves_after_a_restart_only_the_same_model_and_dtype(mode
     assert len(list(tmp_path.iterdir())) == 3  # a folder per model and dtype
 
 
-def test_a_foreign_or_corrupt_block_file_is_never_loaded_and_the_prompt_is_computed(model, other_model, tmp_path,
+def test_a_foreign_or_corrupt_page_file_is_never_loaded_and_the_prompt_is_computed(model, other_model, tmp_path,
                                                                                    caplog):
     writer = llm(model, kv_offload_dir=str(tmp_path / "ours"))
     expected = writer.generate([A], GREEDY)[0].outputs[0].token_ids
@@ -79,14 +79,14 @@ def test_a_foreign_or_corrupt_block_file_is_never_loaded_and_the_prompt_is_compu
     (folder,) = (tmp_path / "ours").iterdir()
     reader = llm(other_model, kv_offload_dir=str(tmp_path / "theirs"))
     (theirs,) = (tmp_path / "theirs").iterdir()
-    for file in folder.iterdir():  # our blocks, under the names the other model would look for
+    for file in folder.iterdir():  # our pages, under the names the other model would look for
         shutil.copy(file, theirs / file.name)
     with caplog.at_level(logging.WARNING, "zhuzi"):
         out = reader.generate([A], GREEDY)[0]
     assert out.num_cached_tokens == 0 and "written for another model" in caplog.text
     assert out.outputs[0].token_ids == computed(other_model, A)
 
-    second = folder / (block_hash(block_hash(None, A[:BLOCK]), A[BLOCK:2 * BLOCK]).hex() + ".kv")
+    second = folder / (page_hash(page_hash(None, A[:PAGE]), A[PAGE:2 * PAGE]).hex() + ".kv")
     raw = bytearray(second.read_bytes())
     raw[-1] ^= 0x01
     second.write_bytes(raw)
@@ -94,4 +94,4 @@ def test_a_foreign_or_corrupt_block_file_is_never_loaded_and_the_prompt_is_compu
     with caplog.at_level(logging.WARNING, "zhuzi"):
         out = llm(model, kv_offload_dir=str(tmp_path / "ours")).generate([A], GREEDY)[0]
     assert "checksum mismatch" in caplog.text
-    assert out.num_cached_tokens == 16 and out.outputs[0].token_ids == expected  # block 1 loaded, the rest computed
+    assert out.num_cached_tokens == 16 and out.outputs[0].token_ids == expected  # page 1 loaded, the rest computed

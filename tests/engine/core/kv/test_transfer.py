@@ -1,6 +1,6 @@
 """Prefill/decode hand-offs between two real engines (tiny model, float32) in one process, the shipments passed
 by hand as the engine cores' sockets would pass them: the decode engine streams the tokens one engine alone
-gives, whether every block came, some did, or none (foreign ones are refused)."""
+gives, whether every page came, some did, or none (foreign ones are refused)."""
 import dataclasses
 
 import msgspec
@@ -16,7 +16,7 @@ from zhuzi.engine.core.kv import transfer
 from zhuzi.engine.core.kv.transfer import Shipment
 from zhuzi.engine.messages import Handoff, ShipmentHeader
 
-PROMPT = ids(7, 120)  # 7 full blocks before its last token
+PROMPT = ids(7, 120)  # 7 full pages before its last token
 
 
 @pytest.fixture(scope="module")
@@ -43,13 +43,13 @@ def run(engine: EngineCore) -> dict[str, list[int]]:
 
 @pytest.fixture(scope="module")
 def shipments(config) -> list[Shipment]:
-    """A prefill engine's shipments for PROMPT, 3 blocks each."""
+    """A prefill engine's shipments for PROMPT, 3 pages each."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(transfer, "CHUNK_BLOCKS", 3)
+        patch.setattr(transfer, "PAGES_PER_SHIPMENT", 3)
         engine = EngineCore(config, kv_transfers=True)
         engine.add_request("r#prefill", PROMPT, GREEDY, handoff=Handoff("r", "ipc://decode"))
         run(engine)
-    assert engine.stats().kv_transfers_sent == 1 and engine.stats().kv_transfer_blocks_sent == 7
+    assert engine.stats().kv_transfers_sent == 1 and engine.stats().kv_transfer_pages_sent == 7
     return engine.kv.handoffs.take_outbox()
 
 
@@ -62,11 +62,11 @@ def deliver(engine: EngineCore, shipment: Shipment) -> None:
 def decode_engine(config: EngineConfig) -> EngineCore:
     engine = EngineCore(config, kv_transfers=True)
     engine.add_request("r", PROMPT, GREEDY, handoff=Handoff("r"))
-    assert engine.has_unfinished() and not engine.has_work() and engine.step() == []  # it waits for the blocks
+    assert engine.has_unfinished() and not engine.has_work() and engine.step() == []  # it waits for the pages
     return engine
 
 
-def test_a_hand_off_gives_the_tokens_one_engine_gives_and_computes_only_the_last_block(config, alone, shipments):
+def test_a_hand_off_gives_the_tokens_one_engine_gives_and_computes_only_the_last_page(config, alone, shipments):
     assert [len(s.header.hashes) for s in shipments] == [3, 3, 1] and [s.header.last for s in shipments] == [
         False, False, True]
     engine = decode_engine(config)
@@ -76,8 +76,8 @@ def test_a_hand_off_gives_the_tokens_one_engine_gives_and_computes_only_the_last
     deliver(engine, shipments[-1])
     assert run(engine)["r"] == alone
     stats = engine.stats()
-    assert (stats.kv_transfers_received, stats.kv_transfer_blocks_received, stats.kv_transfers_failed) == (1, 7, 0)
-    assert stats.prefix_cache_hits == 7 * 16  # the shipped blocks, found in its prefix cache
+    assert (stats.kv_transfers_received, stats.kv_transfer_pages_received, stats.kv_transfers_failed) == (1, 7, 0)
+    assert stats.prefix_cache_hits == 7 * 16  # the shipped pages, found in its prefix cache
 
 
 def test_a_hand_off_given_up_midway_computes_the_rest_with_the_same_tokens(config, alone, shipments):
@@ -89,7 +89,7 @@ def test_a_hand_off_given_up_midway_computes_the_rest_with_the_same_tokens(confi
     assert stats.kv_transfers_failed == 1 and stats.prefix_cache_hits == 3 * 16
 
 
-def test_a_hand_off_whose_blocks_never_come_is_given_up_after_wait_s(config, alone, monkeypatch):
+def test_a_hand_off_whose_pages_never_come_is_given_up_after_wait_s(config, alone, monkeypatch):
     clock = Clock()
     engine = EngineCore(config, kv_transfers=True)
     monkeypatch.setattr(engine.kv.handoffs, "clock", clock)
@@ -103,7 +103,7 @@ def test_a_hand_off_whose_blocks_never_come_is_given_up_after_wait_s(config, alo
     assert (stats.kv_transfers_failed, stats.prefix_cache_hits) == (1, 0)
 
 
-def test_blocks_of_another_model_are_refused_and_the_prompt_computed(config, alone, shipments, caplog):
+def test_pages_of_another_model_are_refused_and_the_prompt_computed(config, alone, shipments, caplog):
     foreign = dataclasses.replace(shipments[0], header=msgspec.structs.replace(shipments[0].header, layout=b"x" * 16))
     engine = decode_engine(config)
     deliver(engine, foreign)
@@ -116,4 +116,4 @@ def test_a_request_aborted_while_it_waits_ends_and_frees_everything(config):
     out = engine.abort("r")
     assert out.finished and out.outputs[0].finish_reason == "abort" and not engine.has_unfinished()
     engine.step()
-    assert engine.kv.handoffs.awaited == {} and engine.blocks.num_free_blocks == engine.blocks.num_blocks
+    assert engine.kv.handoffs.awaited == {} and engine.pages.num_free_pages == engine.pages.num_pages

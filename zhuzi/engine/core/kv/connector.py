@@ -1,4 +1,4 @@
-"""The KV connector, as vLLM's: K/V blocks beyond the engine's own pool (tiers.py), each known by its
+"""The KV connector, as vLLM's: K/V pages beyond the engine's own pool (tiers.py), each known by its
 prefix hash within a KVLayout, in the step loop's own thread (steps are synchronous, so a load is done before
 the prefill that needs it)."""
 from __future__ import annotations
@@ -18,13 +18,13 @@ from zhuzi.model.model_config import ModelConfig
 from zhuzi.outputs import KVTierStats
 
 log = logging.getLogger("zhuzi")
-FORMAT = 1  # bump when the bytes of a block change meaning
+FORMAT = 1  # bump when the bytes of a page change meaning
 
 
 @dataclass(frozen=True)
 class KVLayout:
-    """What a block's bytes mean: K and V of which weights, computed in which dtype, stored in which dtype and
-    shape. Its digest is written into every block file and every transfer, so a block is never loaded into
+    """What a page's bytes mean: K and V of which weights, computed in which dtype, stored in which dtype and
+    shape. Its digest is written into every page file and every transfer, so a page is never loaded into
     another model, another dtype or another layout."""
 
     model: str  # content_digest of the weights as stored
@@ -34,42 +34,42 @@ class KVLayout:
     num_layers: int
     num_kv_heads: int
     head_dim: int
-    block_size: int
+    page_size: int
 
     @classmethod
     def of(cls, config: EngineConfig, model: ModelConfig, path: Path, pool: torch.Tensor) -> KVLayout:
         """head_dim: the pool's last dimension (a q8_0 head's values and scales: kv_format.py)."""
         pool_dtype, compute = (str(d).removeprefix("torch.") for d in (pool.dtype, config.precision.compute))
         return cls(content_digest(path), pool_dtype, compute, config.quantization, model.num_layers,
-                   model.num_kv_heads, pool.shape[-1], config.block_size)
+                   model.num_kv_heads, pool.shape[-1], config.page_size)
 
     @property
     def digest(self) -> bytes:
         return hashlib.blake2b(repr((FORMAT, *astuple(self))).encode(), digest_size=16).digest()
 
     @property
-    def block_shape(self) -> tuple[int, int, int, int, int]:
-        """A block as the pool holds it: [layers, K/V, block_size, kv_heads, head_dim]."""
-        return self.num_layers, 2, self.block_size, self.num_kv_heads, self.head_dim
+    def page_shape(self) -> tuple[int, int, int, int, int]:
+        """A page as the pool holds it: [layers, K/V, page_size, kv_heads, head_dim]."""
+        return self.num_layers, 2, self.page_size, self.num_kv_heads, self.head_dim
 
     @property
     def torch_dtype(self) -> torch.dtype:
         return getattr(torch, self.dtype)
 
     @property
-    def block_bytes(self) -> int:
-        return self.torch_dtype.itemsize * self.num_layers * 2 * self.block_size * self.num_kv_heads * self.head_dim
+    def page_bytes(self) -> int:
+        return self.torch_dtype.itemsize * self.num_layers * 2 * self.page_size * self.num_kv_heads * self.head_dim
 
 
 class KVConnector:
-    """The pool's blocks in and out: the tiers, pins' protection there, and block copies for transfers. The
-    block manager calls it at three moments:
+    """The pool's pages in and out: the tiers, pins' protection there, and page copies for transfers. The
+    page manager calls it at three moments:
 
-      evicted(h, b)   the pool is about to reuse block b, which held h: it goes to the host-memory tier;
-      computed(h, b)  block b was just computed: with a disk tier it is also written there (in the
+      evicted(h, b)   the pool is about to reuse page b, which held h: it goes to the host-memory tier;
+      computed(h, b)  page b was just computed: with a disk tier it is also written there (in the
                       background), so a restart, even after kill -9, finds it;
-      lookup / load   at admission: how many leading blocks of a prompt the tiers hold beyond the pool's own
-                      prefix cache, then each one copied into a free pool block (a refused one ends the run).
+      lookup / load   at admission: how many leading pages of a prompt the tiers hold beyond the pool's own
+                      prefix cache, then each one copied into a free pool page (a refused one ends the run).
 
     Pinned hashes (pins.py) are never evicted from a tier."""
 
@@ -77,12 +77,12 @@ class KVConnector:
                  disk_folder: Path | None = None, disk_bytes: int = 0):
         self.layout, self.kv_cache = layout, kv_cache
         self.pinned: Counter[bytes] = Counter()  # hash -> pins holding it
-        self.host = HostTier(host_bytes, layout.block_bytes, self.pinned) if host_bytes else None
+        self.host = HostTier(host_bytes, layout.page_bytes, self.pinned) if host_bytes else None
         self.disk = None
         if disk_folder is not None:
             folder = disk_folder / f"{layout.model[:16]}-{layout.digest.hex()[:16]}"
-            self.disk = DiskTier(folder, disk_bytes, layout.digest, layout.block_shape, layout.torch_dtype, self.pinned)
-            log.info("KV disk tier %s: %d blocks found", folder, len(self.disk.index))
+            self.disk = DiskTier(folder, disk_bytes, layout.digest, layout.page_shape, layout.torch_dtype, self.pinned)
+            log.info("KV disk tier %s: %d pages found", folder, len(self.disk.index))
 
     @classmethod
     def of(cls, config: EngineConfig, model: ModelConfig, path: Path, kv_cache: torch.Tensor) -> KVConnector:
@@ -95,31 +95,31 @@ class KVConnector:
     def has_tiers(self) -> bool:
         return self.host is not None or self.disk is not None
 
-    # -- the pool's blocks as tensors
+    # -- the pool's pages as tensors
 
-    def _slots(self, block_id: int) -> slice:
-        size = self.layout.block_size
-        return slice(block_id * size, (block_id + 1) * size)
+    def _slots(self, page_id: int) -> slice:
+        size = self.layout.page_size
+        return slice(page_id * size, (page_id + 1) * size)
 
-    def read(self, block_id: int) -> torch.Tensor:
-        """A copy of the block in host memory, [layers, 2, block_size, kv_heads, head_dim]."""
-        out = torch.empty(self.layout.block_shape, dtype=self.kv_cache.dtype)
-        return out.copy_(self.kv_cache[:, :, self._slots(block_id)])
+    def read(self, page_id: int) -> torch.Tensor:
+        """A copy of the page in host memory, [layers, 2, page_size, kv_heads, head_dim]."""
+        out = torch.empty(self.layout.page_shape, dtype=self.kv_cache.dtype)
+        return out.copy_(self.kv_cache[:, :, self._slots(page_id)])
 
-    def write(self, block_id: int, data: torch.Tensor) -> None:
-        self.kv_cache[:, :, self._slots(block_id)].copy_(data)
+    def write(self, page_id: int, data: torch.Tensor) -> None:
+        self.kv_cache[:, :, self._slots(page_id)].copy_(data)
 
-    # -- what the block manager calls
+    # -- what the page manager calls
 
-    def evicted(self, h: bytes, block_id: int) -> None:
-        """The pool is about to overwrite block_id, which held h."""
+    def evicted(self, h: bytes, page_id: int) -> None:
+        """The pool is about to overwrite page_id, which held h."""
         if self.host is not None:  # the disk tier has it already: it was written when computed
-            self.host.put(h, self.read(block_id))
+            self.host.put(h, self.read(page_id))
 
-    def computed(self, h: bytes, block_id: int) -> None:
-        """Block_id now holds h: the disk tier keeps a copy that outlives the process."""
+    def computed(self, h: bytes, page_id: int) -> None:
+        """Page_id now holds h: the disk tier keeps a copy that outlives the process."""
         if self.disk is not None:
-            self.disk.put(h, self.read(block_id))
+            self.disk.put(h, self.read(page_id))
 
     def lookup(self, hashes: list[bytes]) -> int:
         """How many of the leading hashes the tiers hold."""
@@ -128,12 +128,12 @@ class KVConnector:
                 return n
         return len(hashes)
 
-    def load(self, h: bytes, block_id: int) -> bool:
-        """Copy the block known by h into block_id; False if no tier can give it (missing or refused)."""
+    def load(self, h: bytes, page_id: int) -> bool:
+        """Copy the page known by h into page_id; False if no tier can give it (missing or refused)."""
         for tier in (self.host, self.disk):
             if tier is not None and (data := tier.get(h)) is not None:
-                self.write(block_id, data)
-                tier.counts.hit_tokens += self.layout.block_size
+                self.write(page_id, data)
+                tier.counts.hit_tokens += self.layout.page_size
                 return True
         return False
 
@@ -152,7 +152,7 @@ class KVConnector:
 
     @property
     def writing(self) -> bool:
-        """The disk tier's writer has blocks to write: its counts move without a step."""
+        """The disk tier's writer has pages to write: its counts move without a step."""
         return self.disk is not None and self.disk.writing
 
     def flush(self) -> None:

@@ -1,4 +1,4 @@
-"""Pinned prefixes: named runs of full KV blocks that the pool keeps, and the KV tiers never evict, until the
+"""Pinned prefixes: named runs of full KV pages that the pool keeps, and the KV tiers never evict, until the
 pin is deleted or its time to live ends."""
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from zhuzi.engine.core.kv.block_manager import BlockManager, hash_chain
 from zhuzi.engine.core.kv.connector import KVConnector
+from zhuzi.engine.core.kv.page_manager import PageManager, hash_chain
 from zhuzi.engine.sequence import PinSpec, Sequence
 from zhuzi.outputs import PinInfo
 from zhuzi.sampling_params import InvalidRequest
@@ -18,80 +18,80 @@ from zhuzi.sampling_params import InvalidRequest
 class Pin:
     info: PinInfo
     hashes: list[bytes]
-    block_ids: list[int]
+    page_ids: list[int]
 
 
 class PinTable:
     """The pins. A pin is computed as an inspection of its token ids is (a probe through the step loop, so the
     prefix cache and the tiers give whatever they hold); when the probe has run, the pin takes one more
-    reference on each of its full blocks. Blocks shared by several pins are held once per pin but counted once
+    reference on each of its full pages. Pages shared by several pins are held once per pin but counted once
     against the bound (EngineConfig.kv_pinned_memory, at most half the pool), checked when a pin is asked for
     and when it completes. An expired pin is released at the next step or listing. A new pin under a name
     replaces the old one."""
 
-    def __init__(self, blocks: BlockManager, connector: KVConnector | None, block_bytes: int, limit_bytes: int,
+    def __init__(self, pages: PageManager, connector: KVConnector | None, page_bytes: int, limit_bytes: int,
                  clock: Callable[[], float] = time.time):
-        self.blocks, self.connector, self.clock = blocks, connector, clock
+        self.pages, self.connector, self.clock = pages, connector, clock
         # Pins may never take more than half the pool: the rest is for the requests that use them.
-        self.block_bytes, self.limit_blocks = block_bytes, min(limit_bytes // block_bytes, blocks.num_blocks // 2)
-        self.limit_bytes = self.limit_blocks * block_bytes
+        self.page_bytes, self.limit_pages = page_bytes, min(limit_bytes // page_bytes, pages.num_pages // 2)
+        self.limit_bytes = self.limit_pages * page_bytes
         self.pins: dict[str, Pin] = {}
-        self.holders: Counter[int] = Counter()  # block id -> pins holding it
+        self.holders: Counter[int] = Counter()  # page id -> pins holding it
 
     @property
-    def num_blocks(self) -> int:
-        """Pool blocks held by pins."""
+    def num_pages(self) -> int:
+        """Pool pages held by pins."""
         return len(self.holders)
 
     def check(self, spec: PinSpec, token_ids: list[int], param: str) -> None:
-        """InvalidRequest unless a pin of token_ids fits: at least one full block, within the bound."""
-        size = self.blocks.block_size
-        if not self.blocks.enable_prefix_caching:
-            raise InvalidRequest(None, "pins keep blocks of the prefix cache, which this engine runs without")
+        """InvalidRequest unless a pin of token_ids fits: at least one full page, within the bound."""
+        size = self.pages.page_size
+        if not self.pages.enable_prefix_caching:
+            raise InvalidRequest(None, "pins keep pages of the prefix cache, which this engine runs without")
         if len(token_ids) < size:
-            raise InvalidRequest(param, f"a pin holds whole KV blocks of {size} tokens; got {len(token_ids)} tokens")
+            raise InvalidRequest(param, f"a pin holds whole KV pages of {size} tokens; got {len(token_ids)} tokens")
         if spec.ttl is not None and not spec.ttl > 0:
             raise InvalidRequest("ttl", f"ttl must be a positive number of seconds, got {spec.ttl}")
         self._check_room(list(hash_chain(token_ids, size)), spec.name, param)
 
     def _check_room(self, hashes: list[bytes], name: str, param: str) -> None:
         old = self.pins.get(name)
-        held = self.holders - Counter(old.block_ids if old else [])
-        new = {self.blocks.cached.get(h, h) for h in hashes} - set(held)  # uncached ones count as new blocks
-        if (need := len(held) + len(new)) > self.limit_blocks:
+        held = self.holders - Counter(old.page_ids if old else [])
+        new = {self.pages.cached.get(h, h) for h in hashes} - set(held)  # uncached ones count as new pages
+        if (need := len(held) + len(new)) > self.limit_pages:
             raise InvalidRequest(param, (
-                f"pinned prefixes would hold {need * self.block_bytes} bytes of KV cache, over the "
+                f"pinned prefixes would hold {need * self.page_bytes} bytes of KV cache, over the "
                 f"{self.limit_bytes} that kv_pinned_memory allows; delete a pin or raise it"),
                 "pinned_memory_exceeded")
 
     def complete(self, seq: Sequence) -> PinInfo:
-        """The probe seq has run its token ids and published their full blocks (it may have ended since: nothing
+        """The probe seq has run its token ids and published their full pages (it may have ended since: nothing
         was allocated in between): pin them (InvalidRequest if they no longer fit)."""
         spec = seq.probe.pin if seq.probe is not None else None
         assert spec is not None
-        hashes = seq.block_hashes[:seq.num_tokens // self.blocks.block_size]
-        if missing := sum(h not in self.blocks.cached for h in hashes):
-            raise InvalidRequest("token_ids", f"{missing} of the pin's {len(hashes)} blocks left the prefix cache")
+        hashes = seq.page_hashes[:seq.num_tokens // self.pages.page_size]
+        if missing := sum(h not in self.pages.cached for h in hashes):
+            raise InvalidRequest("token_ids", f"{missing} of the pin's {len(hashes)} pages left the prefix cache")
         self._check_room(hashes, spec.name, "token_ids")
         self.remove(spec.name)
-        block_ids = [self.blocks.cached[h] for h in hashes]
-        self.blocks.hold(block_ids)
-        self.holders.update(block_ids)
+        page_ids = [self.pages.cached[h] for h in hashes]
+        self.pages.hold(page_ids)
+        self.holders.update(page_ids)
         if self.connector is not None:
             self.connector.pin(hashes)
         now = self.clock()
-        info = PinInfo(spec.name, len(hashes) * self.blocks.block_size, len(hashes), len(hashes) * self.block_bytes,
+        info = PinInfo(spec.name, len(hashes) * self.pages.page_size, len(hashes), len(hashes) * self.page_bytes,
                        now, None if spec.ttl is None else now + spec.ttl, seq.num_cached_tokens)
-        self.pins[spec.name] = Pin(info, hashes, block_ids)
+        self.pins[spec.name] = Pin(info, hashes, page_ids)
         return info
 
     def remove(self, name: str) -> bool:
         pin = self.pins.pop(name, None)
         if pin is None:
             return False
-        self.blocks.release(pin.block_ids)
-        self.holders.subtract(pin.block_ids)
-        self.holders = +self.holders  # drop the blocks no pin holds any more
+        self.pages.release(pin.page_ids)
+        self.holders.subtract(pin.page_ids)
+        self.holders = +self.holders  # drop the pages no pin holds any more
         if self.connector is not None:
             self.connector.unpin(pin.hashes)
         return True

@@ -1,6 +1,6 @@
 """What the engine keeps of KV beyond its pool's own prefix cache, in one place: the KV connector and its
 tiers (connector.py), pinned prefixes (pins.py) and prefill/decode hand-offs (transfer.py); built
-with the block manager they plug into, ticked before each step, counted in EngineStats, closed at the end.
+with the page manager they plug into, ticked before each step, counted in EngineStats, closed at the end.
 """
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from typing import Any
 import torch
 
 from zhuzi.config import EngineConfig, KVPlan, parse_bytes
-from zhuzi.engine.core.kv.block_manager import BlockManager, KVEvents
 from zhuzi.engine.core.kv.connector import KVConnector
+from zhuzi.engine.core.kv.page_manager import KVEvents, PageManager
 from zhuzi.engine.core.kv.pins import PinTable
 from zhuzi.engine.core.kv.transfer import Handoffs
 from zhuzi.engine.messages import Handoff
@@ -28,13 +28,13 @@ class KVServices:
 
     @classmethod
     def build(cls, config: EngineConfig, model: ModelConfig, path: Path, plan: KVPlan, kv_cache: torch.Tensor,
-              num_blocks: int, kv_events: bool, handoffs: bool) -> tuple[BlockManager, KVServices]:
+              num_pages: int, kv_events: bool, handoffs: bool) -> tuple[PageManager, KVServices]:
         connector = KVConnector.of(config, model, path, kv_cache) if config.kv_tiers or handoffs else None
-        blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching,
+        pages = PageManager(num_pages, config.page_size, config.enable_prefix_caching,
                               events=KVEvents() if kv_events else None, connector=connector, window=model.kv_window)
-        pins = PinTable(blocks, connector, plan.bytes_per_token * plan.block_size,
+        pins = PinTable(pages, connector, plan.bytes_per_token * plan.page_size,
                         parse_bytes(config.kv_pinned_memory))
-        return blocks, cls(connector, pins, Handoffs(blocks, connector) if handoffs and connector else None)
+        return pages, cls(connector, pins, Handoffs(pages, connector) if handoffs and connector else None)
 
     def start_handoff(self, handoff: Handoff, seqs: list[Sequence]) -> None:
         if self.handoffs is None:
@@ -56,12 +56,12 @@ class KVServices:
         """EngineStats' fields of what this holds."""
         pins, handoffs = self.pins, self.handoffs
         counts = {"kv_tiers": self.connector.stats() if self.connector is not None else {},
-                  "num_pins": len(pins.pins), "pinned_blocks": pins.num_blocks,
-                  "pinned_bytes": pins.num_blocks * pins.block_bytes}
+                  "num_pins": len(pins.pins), "pinned_pages": pins.num_pages,
+                  "pinned_bytes": pins.num_pages * pins.page_bytes}
         if handoffs is not None:
             counts.update(kv_transfers_sent=handoffs.sent, kv_transfers_received=handoffs.received,
-                          kv_transfers_failed=handoffs.failed, kv_transfer_blocks_sent=handoffs.blocks_sent,
-                          kv_transfer_blocks_received=handoffs.blocks_received)
+                          kv_transfers_failed=handoffs.failed, kv_transfer_pages_sent=handoffs.pages_sent,
+                          kv_transfer_pages_received=handoffs.pages_received)
         return counts
 
     def close(self) -> None:

@@ -1,5 +1,5 @@
 """The KV tiers below the pool: a bounded host-memory tier and a disk tier, each an LRU cache of whole
-blocks known by their prefix hash (connector.py decides what goes where). A pinned block (its hash in the
+pages known by their prefix hash (connector.py decides what goes where). A pinned page (its hash in the
 shared `pinned` set) is never evicted from a tier."""
 from __future__ import annotations
 
@@ -25,46 +25,46 @@ from zhuzi.outputs import KVTierStats
 
 log = logging.getLogger("zhuzi")
 
-HEADER = struct.Struct("<8s16s16sQI4x")  # magic, identity digest, block hash, payload bytes, CRC-32
+HEADER = struct.Struct("<8s16s16sQI4x")  # magic, identity digest, page hash, payload bytes, CRC-32
 MAGIC = b"ZHUZIKV1"
 SUFFIX = ".kv"
-WRITE_QUEUE_BLOCKS = 512  # blocks waiting for the writer; beyond it a save is dropped (and counted)
+WRITE_QUEUE_PAGES = 512  # pages waiting for the writer; beyond it a save is dropped (and counted)
 STALE_TMP_S = 600.0  # a temporary file this old was left by a writer that died mid-write
 
 
 class HostTier:
-    """Blocks in this process's memory, at most capacity bytes, least recently used evicted first."""
+    """Pages in this process's memory, at most capacity bytes, least recently used evicted first."""
 
-    def __init__(self, capacity: int, block_bytes: int, pinned: Container[bytes]):
-        self.capacity, self.block_bytes, self.pinned = capacity, block_bytes, pinned
-        self.blocks: OrderedDict[bytes, torch.Tensor] = OrderedDict()
+    def __init__(self, capacity: int, page_bytes: int, pinned: Container[bytes]):
+        self.capacity, self.page_bytes, self.pinned = capacity, page_bytes, pinned
+        self.pages: OrderedDict[bytes, torch.Tensor] = OrderedDict()
         self.counts = KVTierStats()
 
     def __contains__(self, h: bytes) -> bool:
-        return h in self.blocks
+        return h in self.pages
 
     def put(self, h: bytes, data: torch.Tensor) -> None:
-        if h in self.blocks:
-            self.blocks.move_to_end(h)
+        if h in self.pages:
+            self.pages.move_to_end(h)
             return
-        if not _make_room(self.blocks, self.pinned, self.capacity // self.block_bytes - 1, self._evict):
+        if not _make_room(self.pages, self.pinned, self.capacity // self.page_bytes - 1, self._evict):
             self.counts.dropped += 1
             return
-        self.blocks[h] = data
+        self.pages[h] = data
         self.counts.stored += 1
 
     def get(self, h: bytes) -> torch.Tensor | None:
-        data = self.blocks.get(h)
+        data = self.pages.get(h)
         if data is not None:
-            self.blocks.move_to_end(h)
+            self.pages.move_to_end(h)
         return data
 
     def _evict(self, h: bytes) -> None:
-        del self.blocks[h]
+        del self.pages[h]
         self.counts.evicted += 1
 
     def snapshot(self) -> KVTierStats:
-        return replace(self.counts, blocks=len(self.blocks), bytes=len(self.blocks) * self.block_bytes)
+        return replace(self.counts, pages=len(self.pages), bytes=len(self.pages) * self.page_bytes)
 
 
 def _make_room(entries: OrderedDict[bytes, Any], pinned: Container[bytes], keep: int,
@@ -79,12 +79,12 @@ def _make_room(entries: OrderedDict[bytes, Any], pinned: Container[bytes], keep:
 
 
 class DiskTier:
-    """Blocks as files in folder (one folder per block identity, connector.KVLayout), at most capacity bytes
-    of them. A file is a 56-byte header (magic, identity digest, block hash, payload length, CRC-32 of the
+    """Pages as files in folder (one folder per page identity, connector.KVLayout), at most capacity bytes
+    of them. A file is a 56-byte header (magic, identity digest, page hash, payload length, CRC-32 of the
     payload) and the payload, written under a temporary name and renamed into place, so neither a reader nor
-    a kill -9 ever leaves half a block behind; a file whose header or checksum does not match is skipped with
+    a kill -9 ever leaves half a page behind; a file whose header or checksum does not match is skipped with
     a warning, never loaded. Writes run on a thread of their own, so the step loop never waits for the disk.
-    Files and their modification times outlive the process: a restarted engine finds its blocks, least
+    Files and their modification times outlive the process: a restarted engine finds its pages, least
     recently used first."""
 
     def __init__(self, folder: Path, capacity: int, identity: bytes, shape: tuple[int, ...], dtype: torch.dtype,
@@ -97,12 +97,12 @@ class DiskTier:
         self._lock = threading.Lock()  # the index: the step loop reads it, the writer adds to it
         self.index: OrderedDict[bytes, None] = OrderedDict()  # least recently used first
         self._pending: set[bytes] = set()  # queued for the writer
-        self._queue: queue.Queue[tuple[bytes, torch.Tensor] | None] = queue.Queue(WRITE_QUEUE_BLOCKS)
+        self._queue: queue.Queue[tuple[bytes, torch.Tensor] | None] = queue.Queue(WRITE_QUEUE_PAGES)
         folder.mkdir(parents=True, exist_ok=True)
         self._scan()
         self._writer = threading.Thread(target=self._write_loop, name="zhuzi-kv-disk", daemon=True)
         self._writer.start()
-        atexit.register(self.close)  # an offline LLM's queued blocks are written before the interpreter ends
+        atexit.register(self.close)  # an offline LLM's queued pages are written before the interpreter ends
 
     def path(self, h: bytes) -> Path:
         return self.folder / (h.hex() + SUFFIX)
@@ -133,7 +133,7 @@ class DiskTier:
         return False
 
     def put(self, h: bytes, data: torch.Tensor) -> None:
-        """Queue a block for writing (a copy: the pool may reuse its slots at once)."""
+        """Queue a page for writing (a copy: the pool may reuse its slots at once)."""
         with self._lock:
             if h in self.index or h in self._pending:
                 return
@@ -145,7 +145,7 @@ class DiskTier:
             self._pending.add(h)
 
     def get(self, h: bytes) -> torch.Tensor | None:
-        """The block's K/V, or None: missing, or refused (corrupt or foreign) with a warning."""
+        """The page's K/V, or None: missing, or refused (corrupt or foreign) with a warning."""
         path = self.path(h)
         try:
             raw = path.read_bytes()
@@ -171,10 +171,10 @@ class DiskTier:
     def _check(self, h: bytes, raw: bytes) -> str | None:
         if len(raw) < HEADER.size:
             return f"corrupt: {len(raw)} bytes, shorter than its header"
-        magic, identity, block_hash, length, crc = HEADER.unpack_from(raw)
+        magic, identity, page_hash, length, crc = HEADER.unpack_from(raw)
         if magic != MAGIC:
-            return "foreign: not a zhuzi KV block file"
-        if identity != self.identity or block_hash != h:
+            return "foreign: not a zhuzi KV page file"
+        if identity != self.identity or page_hash != h:
             return "foreign: written for another model, dtype or layout"
         if length != self.payload_bytes or len(raw) != self.file_bytes:
             return f"corrupt: {len(raw) - HEADER.size} payload bytes, expected {self.payload_bytes}"
@@ -192,7 +192,7 @@ class DiskTier:
             try:
                 self._write(h, data)
             except OSError as exc:
-                log.warning("KV disk tier: cannot write a block to %s: %s", self.folder, exc)
+                log.warning("KV disk tier: cannot write a page to %s: %s", self.folder, exc)
                 self.counts.dropped += 1
             finally:
                 with self._lock:
@@ -209,7 +209,7 @@ class DiskTier:
             with open(tmp, "wb") as f:
                 f.write(header)
                 f.write(payload)
-            os.replace(tmp, target)  # atomic: the name shows a whole block or nothing
+            os.replace(tmp, target)  # atomic: the name shows a whole page or nothing
         finally:
             tmp.unlink(missing_ok=True)
         with self._lock:
@@ -221,7 +221,7 @@ class DiskTier:
         """Under the lock: delete least recently used unpinned files until incoming more fit."""
         keep = self.capacity // self.file_bytes - incoming
         if not _make_room(self.index, self.pinned, keep, self._evict) and incoming:
-            log.warning("KV disk tier: full of pinned blocks; %d over its bound", len(self.index) + incoming - keep)
+            log.warning("KV disk tier: full of pinned pages; %d over its bound", len(self.index) + incoming - keep)
 
     def _evict(self, h: bytes) -> None:
         del self.index[h]
@@ -229,7 +229,7 @@ class DiskTier:
         self.counts.evicted += 1
 
     def flush(self) -> None:
-        """Wait until every block queued so far is written (or given up)."""
+        """Wait until every page queued so far is written (or given up)."""
         self._queue.join()
 
     def close(self) -> None:
@@ -241,14 +241,14 @@ class DiskTier:
 
     @property
     def writing(self) -> bool:
-        """Blocks are queued for the writer or being written."""
+        """Pages are queued for the writer or being written."""
         with self._lock:
             return bool(self._pending)
 
     def snapshot(self) -> KVTierStats:
         with self._lock:
-            blocks = len(self.index)
-        return replace(self.counts, blocks=blocks, bytes=blocks * self.file_bytes)
+            pages = len(self.index)
+        return replace(self.counts, pages=pages, bytes=pages * self.file_bytes)
 
 
 def _hash_of(name: str) -> bytes | None:

@@ -1,5 +1,5 @@
 """Prefill/decode hand-offs (vLLM's disaggregated prefill, pushed rather than pulled): a prefill replica
-computes a prompt and ships its KV blocks, known by their prefix hashes, to the decode replica that streams
+computes a prompt and ships its KV pages, known by their prefix hashes, to the decode replica that streams
 the reply. Handoffs is an engine's side of it; ShipmentSockets carry the shipments between engine cores over
 ZeroMQ, ipc:// on one host, tcp:// across hosts."""
 from __future__ import annotations
@@ -14,13 +14,13 @@ import msgspec
 import torch
 import zmq
 
-from zhuzi.engine.core.kv.block_manager import BlockManager
 from zhuzi.engine.core.kv.connector import KVConnector
+from zhuzi.engine.core.kv.page_manager import PageManager
 from zhuzi.engine.messages import Handoff, ShipmentHeader
 from zhuzi.engine.sequence import Sequence
 
 log = logging.getLogger("zhuzi")
-CHUNK_BLOCKS = 32  # blocks per shipment: a prefill replica that dies mid-transfer leaves the first chunks usable
+PAGES_PER_SHIPMENT = 32  # a prefill replica that dies mid-transfer leaves the shipments sent so far usable
 WAIT_S = 600.0  # a decode replica computes the prompt itself when nothing has come for this long (the front
 # says so at once when the prefill replica dies or refuses; this is for what nobody saw: a busy prefill
 # replica may take minutes to reach a long prompt)
@@ -29,22 +29,22 @@ SEND_QUEUE = 8  # shipments queued for one decode replica before more are droppe
 
 @dataclass
 class Shipment:
-    """Blocks on their way from this (prefill) replica to a decode replica's address."""
+    """Pages on their way from this (prefill) replica to a decode replica's address."""
 
     address: str
     header: ShipmentHeader
-    blocks: list[torch.Tensor]
+    pages: list[torch.Tensor]
 
     def frames(self) -> list[bytes | memoryview]:
         return [msgspec.msgpack.encode(self.header),
-                *(memoryview(b.contiguous().view(torch.uint8).reshape(-1).numpy()) for b in self.blocks)]
+                *(memoryview(b.contiguous().view(torch.uint8).reshape(-1).numpy()) for b in self.pages)]
 
 
 @dataclass
 class Awaited:
     seqs: list[Sequence]
     deadline: float
-    blocks: int = 0  # adopted so far
+    pages: int = 0  # adopted so far
 
 
 @dataclass
@@ -52,25 +52,25 @@ class Handoffs:
     """Both ends of the hand-offs one engine takes part in, and their counts.
 
     The front sends the request to both replicas at once. The decode replica holds it back
-    (Sequence.awaiting_kv) until the blocks have come or the hand-off is given up; the prefill replica runs
-    the prompt as a request of one greedy token, then its full blocks before the last prompt token leave as
-    shipments of at most CHUNK_BLOCKS blocks. The decode replica adopts each block into its prefix cache as it
+    (Sequence.awaiting_kv) until the pages have come or the hand-off is given up; the prefill replica runs
+    the prompt as a request of one greedy token, then its full pages before the last prompt token leave as
+    shipments of at most PAGES_PER_SHIPMENT pages. The decode replica adopts each page into its prefix cache as it
     arrives, so when the request is let go its prompt is found there and only the last few tokens are
-    computed. A hand-off given up (the prefill replica died or refused, its blocks were for another model, or
-    nothing came within WAIT_S) lets the request go as it is: whatever blocks arrived are used, the rest is
+    computed. A hand-off given up (the prefill replica died or refused, its pages were for another model, or
+    nothing came within WAIT_S) lets the request go as it is: whatever pages arrived are used, the rest is
     computed there. Either way the decode replica alone emits the reply: nothing is lost or sent twice."""
 
-    blocks: BlockManager
+    pages: PageManager
     connector: KVConnector
     outbox: list[Shipment] = field(default_factory=list)  # for engine_core_proc.py to send
     awaited: dict[str, Awaited] = field(default_factory=dict)  # transfer id -> held-back sequences
     sent: int = 0
     received: int = 0
     failed: int = 0
-    blocks_sent: int = 0
-    blocks_received: int = 0
+    pages_sent: int = 0
+    pages_received: int = 0
 
-    sending: dict[int, Handoff] = field(default_factory=dict)  # seq id -> where its prompt's blocks go
+    sending: dict[int, Handoff] = field(default_factory=dict)  # seq id -> where its prompt's pages go
     clock: Callable[[], float] = time.monotonic  # what WAIT_S is measured by
 
     def start(self, handoff: Handoff, seqs: list[Sequence]) -> None:
@@ -82,25 +82,25 @@ class Handoffs:
     # -- the prefill side
 
     def prompt_computed(self, seq: Sequence) -> None:
-        """seq has its first token: if its prompt's blocks are to go elsewhere, they go now (once)."""
+        """seq has its first token: if its prompt's pages are to go elsewhere, they go now (once)."""
         if (handoff := self.sending.pop(seq.seq_id, None)) is not None:
             assert handoff.send_to is not None
             self.ship(handoff.send_to, handoff.transfer_id, seq)
 
     def ship(self, address: str, transfer_id: str, seq: Sequence) -> None:
-        """seq's prompt is in the prefix cache (seq itself may have ended): its full blocks before the last prompt
+        """seq's prompt is in the prefix cache (seq itself may have ended): its full pages before the last prompt
         token go to address."""
-        cached = self.blocks.cached
-        hashes = list(itertools.takewhile(cached.__contains__, seq.block_hashes[:(seq.num_prompt_tokens - 1) //
-                                                                               self.blocks.block_size]))
+        cached = self.pages.cached
+        hashes = list(itertools.takewhile(cached.__contains__, seq.page_hashes[:(seq.num_prompt_tokens - 1) //
+                                                                               self.pages.page_size]))
         count, ids = len(hashes), [cached[h] for h in hashes]
         digest = self.connector.layout.digest
-        for start in range(0, max(count, 1), CHUNK_BLOCKS):
-            chunk = slice(start, start + CHUNK_BLOCKS)
-            header = ShipmentHeader(transfer_id, digest, hashes[chunk], start + CHUNK_BLOCKS >= count)
-            self.outbox.append(Shipment(address, header, [self.connector.read(b) for b in ids[chunk]]))
+        for start in range(0, max(count, 1), PAGES_PER_SHIPMENT):
+            batch = slice(start, start + PAGES_PER_SHIPMENT)
+            header = ShipmentHeader(transfer_id, digest, hashes[batch], start + PAGES_PER_SHIPMENT >= count)
+            self.outbox.append(Shipment(address, header, [self.connector.read(b) for b in ids[batch]]))
         self.sent += 1
-        self.blocks_sent += count
+        self.pages_sent += count
 
     def take_outbox(self) -> list[Shipment]:
         taken, self.outbox = self.outbox, []
@@ -109,39 +109,39 @@ class Handoffs:
     # -- the decode side
 
     def expect(self, transfer_id: str, seqs: list[Sequence]) -> None:
-        """Hold seqs back until transfer_id's blocks have come (or the hand-off is given up)."""
+        """Hold seqs back until transfer_id's pages have come (or the hand-off is given up)."""
         for seq in seqs:
             seq.awaiting_kv = True
         self.awaited[transfer_id] = Awaited(seqs, self.clock() + WAIT_S)
 
     def receive(self, header: ShipmentHeader, frames: list[zmq.Frame]) -> None:
-        """A shipment has come: adopt its blocks into the prefix cache; the last lets the request go."""
+        """A shipment has come: adopt its pages into the prefix cache; the last lets the request go."""
         waiting = self.awaited.get(header.transfer_id)
-        if waiting is None:  # aborted, or given up already: its blocks may still serve a later prompt
+        if waiting is None:  # aborted, or given up already: its pages may still serve a later prompt
             return
         layout = self.connector.layout
         if header.layout != layout.digest or len(frames) != len(header.hashes) or \
-                any(len(frame.buffer) != layout.block_bytes for frame in frames):
-            log.warning("hand-off %s: blocks for another model, dtype or layout; computing the prompt here",
+                any(len(frame.buffer) != layout.page_bytes for frame in frames):
+            log.warning("hand-off %s: pages for another model, dtype or layout; computing the prompt here",
                         header.transfer_id)
             self.give_up(header.transfer_id)
             return
         for h, frame in zip(header.hashes, frames):
-            data = torch.frombuffer(bytearray(frame.buffer), dtype=layout.torch_dtype).view(layout.block_shape)
-            if not self.blocks.adopt(h, lambda block_id, data=data: self.connector.write(block_id, data)):
+            data = torch.frombuffer(bytearray(frame.buffer), dtype=layout.torch_dtype).view(layout.page_shape)
+            if not self.pages.adopt(h, lambda page_id, data=data: self.connector.write(page_id, data)):
                 break  # the pool is full: the rest is computed here
-            waiting.blocks += 1
-        self.blocks_received += len(header.hashes)
+            waiting.pages += 1
+        self.pages_received += len(header.hashes)
         if header.last:
             self.received += 1
             self._release(header.transfer_id)
 
     def give_up(self, transfer_id: str) -> None:
-        """The blocks will not come (all of them): the request goes on here with what it has."""
+        """The pages will not come (all of them): the request goes on here with what it has."""
         if transfer_id in self.awaited:
             self.failed += 1
-            log.warning("hand-off %s given up after %d blocks; the rest of the prompt is computed here",
-                        transfer_id, self.awaited[transfer_id].blocks)
+            log.warning("hand-off %s given up after %d pages; the rest of the prompt is computed here",
+                        transfer_id, self.awaited[transfer_id].pages)
             self._release(transfer_id)
 
     def expire(self) -> None:

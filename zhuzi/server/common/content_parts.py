@@ -1,6 +1,6 @@
-"""A reply as content blocks (a thought, text, a tool call), the shape of Anthropic's messages and the Responses
-API's output items: Blocks lays out the parser's pieces and says which block each opened, grew or closed, so a
-streamed answer and a whole one agree by construction.
+"""A reply as content parts (a thought, text, a tool call), the shape of Anthropic's messages (its content
+blocks) and the Responses API's output items: Parts lays out the parser's pieces and says which part each
+opened, grew or closed, so a streamed answer and a whole one agree by construction.
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Literal
 
 from zhuzi.server.common.parsers import ParsedText
 
-BlockKind = Literal["thinking", "text", "tool_use"]
+PartKind = Literal["thinking", "text", "tool_use"]
 _ITEM_PREFIXES = {"thinking": "rs", "text": "msg", "tool_use": "fc"}  # OpenAI's ids for these items
 
 
@@ -19,8 +19,8 @@ def new_item_id(prefix: str) -> str:
 
 
 @dataclass
-class Block:
-    kind: BlockKind
+class Part:
+    kind: PartKind
     text: str = ""  # the thought or the text, or a call's arguments (JSON text)
     call_id: str | None = None  # a tool call's
     name: str | None = None  # the function a tool call calls
@@ -31,53 +31,53 @@ class Block:
 
 
 @dataclass
-class BlockEvent:
-    """What happened to the block at index: it started, grew by text, or stopped."""
+class PartEvent:
+    """What happened to the part at index: it started, grew by text, or stopped."""
 
     kind: Literal["start", "delta", "stop"]
     index: int
-    block: Block
+    part: Part
     text: str = ""
 
 
-class Blocks:
+class Parts:
     def __init__(self) -> None:
-        self.blocks: list[Block] = []
+        self.parts: list[Part] = []
         self.open = False
 
-    def feed(self, piece: ParsedText) -> list[BlockEvent]:
+    def feed(self, piece: ParsedText) -> list[PartEvent]:
         """The events one parsed piece causes: its reasoning, then its content, then its tool calls."""
-        events: list[BlockEvent] = []
+        events: list[PartEvent] = []
         if piece.reasoning_content:
             events += self._write("thinking", piece.reasoning_content)
         if piece.content:
             events += self._write("text", piece.content)
         for call in piece.tool_calls:
             if call.id is not None:  # a new call (a forced one streams its arguments in later pieces)
-                events += self._start(Block("tool_use", call_id=call.id, name=call.name))
+                events += self._start(Part("tool_use", call_id=call.id, name=call.name))
             if call.arguments:
                 events += self._grow(call.arguments)
         return events
 
-    def close(self) -> list[BlockEvent]:
-        """The reply has ended: its last block stops."""
+    def close(self) -> list[PartEvent]:
+        """The reply has ended: its last part stops."""
         if not self.open:
             return []
         self.open = False
-        return [BlockEvent("stop", len(self.blocks) - 1, self.blocks[-1])]
+        return [PartEvent("stop", len(self.parts) - 1, self.parts[-1])]
 
-    def _write(self, kind: BlockKind, text: str) -> list[BlockEvent]:
-        if self.open and self.blocks[-1].kind == kind:
+    def _write(self, kind: PartKind, text: str) -> list[PartEvent]:
+        if self.open and self.parts[-1].kind == kind:
             return self._grow(text)
-        return self._start(Block(kind)) + self._grow(text)
+        return self._start(Part(kind)) + self._grow(text)
 
-    def _start(self, block: Block) -> list[BlockEvent]:
+    def _start(self, part: Part) -> list[PartEvent]:
         events = self.close()
-        self.blocks.append(block)
+        self.parts.append(part)
         self.open = True
-        return events + [BlockEvent("start", len(self.blocks) - 1, block)]
+        return events + [PartEvent("start", len(self.parts) - 1, part)]
 
-    def _grow(self, text: str) -> list[BlockEvent]:
-        block = self.blocks[-1]
-        block.text += text
-        return [BlockEvent("delta", len(self.blocks) - 1, block, text)]
+    def _grow(self, text: str) -> list[PartEvent]:
+        part = self.parts[-1]
+        part.text += text
+        return [PartEvent("delta", len(self.parts) - 1, part, text)]
