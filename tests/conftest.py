@@ -1,8 +1,13 @@
-"""Shared fixtures: the embedded SmolLM2 checkpoint and its transformers reference model; the order files run in."""
+"""Shared fixtures: the embedded SmolLM2 checkpoint and its transformers reference model; the order files run in,
+and which files run in one xdist worker."""
+import json
+import os
+from functools import cached_property
 from pathlib import Path
 
 import pytest
 import torch
+from xdist.scheduler import LoadScopeScheduling
 
 from zhuzi.model.loader import default_model_path
 
@@ -11,11 +16,59 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "long: a file that runs for a minute or more, started before the others")
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+# tests/server/conftest.py's servers, each started once per xdist worker that uses it: the files that use one run
+# in one worker (FilesAndGroups). A file that uses several goes with the first, and the others may start a second
+# time there (one group of every file that shares any of them would leave one worker most of the server tests).
+SHARED_SERVERS = ("inspect_server", "det_server", "keyed_server", "server")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The files marked long first, the rest after (each file's tests stay together, in their order): xdist
     hands whole files out in this order (make test: --no-loadscope-reorder), so the last ones to run are short
-    and no core waits idle while a long file ends the run."""
+    and no core waits idle while a long file ends the run. An xdist worker writes down which files use a shared
+    server, for the scheduler (FilesAndGroups)."""
     items.sort(key=lambda item: item.get_closest_marker("long") is None)
+    if hasattr(config, "workerinput"):  # every worker collects the same, so writes the same
+        groups = groups_file(Path(config.option.basetemp).parent)
+        tmp = groups.with_suffix(f".{os.getpid()}")
+        tmp.write_text(json.dumps(server_groups(items, config.rootpath)))
+        tmp.replace(groups)
+
+
+def server_groups(items: list[pytest.Item], root: Path) -> dict[str, str]:
+    """file -> the first of SHARED_SERVERS its tests use (a module's own fixture of the same name aside)."""
+    uses: dict[str, set[str]] = {}
+    for item in items:
+        defs = item._fixtureinfo.name2fixturedefs
+        uses.setdefault(item.path.relative_to(root).as_posix(), set()).update(
+            name for name in SHARED_SERVERS if name in defs and defs[name][-1].scope == "session")
+    return {path: next(name for name in SHARED_SERVERS if name in servers) for path, servers in uses.items()
+            if servers}
+
+
+def groups_file(basetemp: Path) -> Path:
+    return basetemp / "server-groups.json"
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log) -> LoadScopeScheduling | None:
+    return FilesAndGroups(config, log) if config.getvalue("dist") == "loadgroup" else None
+
+
+class FilesAndGroups(LoadScopeScheduling):
+    """--dist loadgroup here: the files that use a shared server go to one worker together, which starts it once;
+    every other file goes whole, as with loadfile. (xdist's own groups, xdist_group marks, do not reach the
+    scheduler under pytest 9.2: the group it appends to a test's id is lost.)"""
+
+    @cached_property
+    def groups(self) -> dict[str, str]:
+        """What the workers wrote while collecting: the scheduler first asks once every one has collected."""
+        path = groups_file(self.config._tmp_path_factory.getbasetemp())
+        return json.loads(path.read_text()) if path.exists() else {}
+
+    def _split_scope(self, nodeid: str) -> str:
+        file = nodeid.split("::", 1)[0]
+        return self.groups.get(file, file)
 
 
 @pytest.fixture(scope="session")

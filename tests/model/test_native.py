@@ -3,32 +3,18 @@ kernel that does not compile fails loudly; and the kernels' own C++ unit tests (
 float64 references) pass for every x86 variant this CPU runs and for generic, natively; for the x86 variants
 it lacks, their intrinsics emulated (tests/kernels/emulate.h); and for both aarch64 variants, cross-compiled
 and run under qemu-aarch64 (the neon one on a CPU model without i8mm)."""
-import os
 import platform
 import shutil
-import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import kernel_builds
 import pytest
+from kernel_builds import ARM, LACKED, NATIVE, X86
 
 from zhuzi.model import native
 
 pytestmark = pytest.mark.long  # a minute or more: handed out first (tests/conftest.py)
-
-TESTS = Path(__file__).parent.parent / "kernels"
-X86 = [v.name for v in native.runnable() if v.arch == "x86_64"]
-NATIVE = [*X86, "generic"]  # generic runs on every CPU
-ARM = {"neon-i8mm": "max", "neon": "neoverse-n1"}  # qemu CPU models: with and without i8mm
-CROSS = native.CROSS_COMPILERS["aarch64"]
-# x86 variants this CPU may lack, emulated in an x86-64-v3 build: the variant and the macros
-# tests/kernels/emulate.h reads. avx512 with and without AMX: AMX takes its prefill rows past 8.
-EMULATED = {"avx512": ("avx512", ["-DZHUZI_EMULATE_AVX512"]),
-            "avx512-amx": ("avx512", ["-DZHUZI_EMULATE_AVX512", "-DZHUZI_EMULATE_AMX"]),
-            "avx2-vnni": ("avx2-vnni", ["-DZHUZI_EMULATE_AVXVNNI"])}
-LACKED = [name for name, (variant, _) in EMULATED.items()
-          if variant not in X86 or (name.endswith("amx") and "amx_int8" not in native.cpu_features())]
-SIMDE = Path("/usr/include/simde/x86/avx512.h")
 
 
 def test_auto_picks_the_first_variant_this_cpu_runs():
@@ -144,49 +130,28 @@ def test_without_a_compiler_the_torch_path_runs(monkeypatch):
     assert native._open("small_m_linear", "avx2") is None
 
 
-def kernel_tests(variant: str, cxx: str, out: Path, build_as: str | None = None, extra: tuple[str, ...] = ()) -> Path:
-    """The C++ tests of tests/kernels, linked against the variant's kernel libraries as native builds and
-    caches them: with build_as's flags where the variant is emulated, and `extra` arguments after them."""
-    build_as = build_as or variant
-    libs = native.build_all(build_as, cxx, extra).values()
-    binary = out / f"kernel-tests-{variant}"
-    done = subprocess.run([cxx, "-O1", *native.VARIANTS[build_as].flags, *extra, "-fopenmp", f"-I{native.KERNELS}",
-                           *map(str, sorted(TESTS.glob("*.cpp"))), "-o", str(binary), *map(str, libs), "-lm"],
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr
-    return binary
-
-
-def expect_pass(command: list[str], variant: str) -> None:
-    # Threads that spin at barriers crawl on a shared machine; the tests count checks, not time.
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600,
-                          env=os.environ | {"OMP_WAIT_POLICY": "passive"})
+def expect_pass(tests: kernel_builds.KernelTests) -> None:
+    done = kernel_builds.run(tests)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.splitlines()[-1].startswith(f"{variant}: ")  # the build is the variant it claims
+    assert done.stdout.splitlines()[-1].startswith(f"{tests.variant}: ")  # the build is the variant it claims
 
 
 @pytest.mark.skipif(native.compiler() is None, reason="no C++ compiler")
 @pytest.mark.parametrize("variant", NATIVE)
-def test_kernel_unit_tests_pass_natively(variant, tmp_path):
-    expect_pass([str(kernel_tests(variant, native.compiler(), tmp_path))], variant)
+def test_kernel_unit_tests_pass_natively(variant):
+    expect_pass(kernel_builds.natively(variant))
 
 
-@pytest.mark.skipif(platform.machine() != "x86_64" or "avx2" not in X86 or not SIMDE.exists(),
+@pytest.mark.skipif(not kernel_builds.CAN_EMULATE,
                     reason="emulates on an AVX2 CPU, with SIMDe's headers (libsimde-dev; make test installs them)")
 @pytest.mark.parametrize("name", LACKED)
-def test_kernel_unit_tests_pass_with_the_variant_emulated(name, tmp_path):
-    # Kernels edited on a CPU without AVX-512 would otherwise first run on a user's. -O0: SIMDe's emulation
-    # takes GCC three times as long at -O1, and these tests run natively in seconds either way.
-    variant, macros = EMULATED[name]
-    emulate = ("-O0", "-include", str(TESTS / "emulate.h"), *macros)
-    expect_pass([str(kernel_tests(variant, native.compiler(), tmp_path, "avx2", emulate))], variant)
+def test_kernel_unit_tests_pass_with_the_variant_emulated(name):
+    # Kernels edited on a CPU without AVX-512 would otherwise first run on a user's.
+    expect_pass(kernel_builds.emulated(name))
 
 
-@pytest.mark.skipif(not (shutil.which(CROSS) and shutil.which("qemu-aarch64")),
-                    reason=f"no aarch64 cross toolchain ({CROSS}, qemu-aarch64; make test installs them)")
+@pytest.mark.skipif(not kernel_builds.CAN_CROSS, reason=f"no aarch64 cross toolchain ({kernel_builds.CROSS}, "
+                                                        "qemu-aarch64; make test installs them)")
 @pytest.mark.parametrize("variant", ARM)
-def test_kernel_unit_tests_pass_on_aarch64_under_qemu(variant, tmp_path):
-    sysroot = Path(subprocess.run([CROSS, "-print-file-name=libc.so.6"], capture_output=True, text=True,
-                                  check=True).stdout.strip()).resolve().parent.parent
-    binary = kernel_tests(variant, CROSS, tmp_path, extra=("-O1",))  # -O3's minute of compiling buys nothing here
-    expect_pass(["qemu-aarch64", "-L", str(sysroot), "-cpu", ARM[variant], str(binary)], variant)
+def test_kernel_unit_tests_pass_on_aarch64_under_qemu(variant):
+    expect_pass(kernel_builds.under_qemu(variant))

@@ -276,8 +276,9 @@ def test_token_logprobs_give_the_chosen_token_and_the_top_k_with_ranks():
         assert set(entry) == set(top3) | {chosen[j]}
 
 
+@pytest.mark.bench
 def test_timing_mixed_batch_vs_greedy():
-    """Prints what the sampler costs per step on the real vocabulary size (timings are not asserted)."""
+    """Prints what the sampler costs per step on the real vocabulary size (timings are not asserted: make bench)."""
     # Twenty favourite tokens per row, favoured from barely to strongly: nuclei
     # from thousands of tokens down to one, as a real model's rows vary.
     varied = torch.randn(64, VOCAB) * 2

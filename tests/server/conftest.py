@@ -1,10 +1,11 @@
-"""Shared server fixtures, each a `zhuzi serve` started once per session (a start costs seconds) and shared by
-the modules that need no flags of their own: the default server (dense weights) and an `openai` client for it (a
-module may define its own `server`); a server with two API keys (KEYS), shared by the Anthropic and Responses
-API tests; the inspector's server (float32, so that an inspection re-run reproduces a step's probabilities to
-~1e-6; bf16: ~1e-3), shared by the /inspect API and page tests; a speculating server with --deterministic,
-shared by the speculation tests and the inspector's speculation and divergence views; and the page tests'
-browser. Tests on a shared server compare its counters before and after, never their absolute values."""
+"""Shared server fixtures, each a `zhuzi serve` started once per session (a start costs seconds; under xdist, the
+modules that use one run in one worker: tests/conftest.py) and shared by the modules that need no flags of their
+own: the default server (dense weights) and an `openai` client for it (a module may define its own `server`); a
+server with two API keys (KEYS), shared by the Anthropic and Responses API tests; the inspector's server (float32,
+so that an inspection re-run reproduces a step's probabilities to ~1e-6; bf16: ~1e-3), shared by the /inspect API
+and page tests; a speculating server with --deterministic, shared by the speculation tests and the inspector's
+speculation and divergence views; and the page tests' browser. Tests on a shared server compare its counters before
+and after, never their absolute values."""
 from __future__ import annotations
 
 from collections.abc import Iterator
