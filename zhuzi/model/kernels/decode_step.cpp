@@ -211,10 +211,10 @@ static void embedding(const Args& a, int64_t id, float* h) {
 template <typename TKV>
 static void attend_group(int64_t D, const Act* q, const void* kc, const void* vc, const int64_t* slots,
                          int64_t len, Act* out, int kh, int H, int KV, int64_t nslots, float scale, int* bad) {
-  const int G = H / KV;
+  const int QPK = H / KV;
   const auto* k = static_cast<const TKV*>(kc);
   const auto* v = static_cast<const TKV*>(vc);
-  auto go = [&](auto fn) { fn(q, k, v, slots, len, out, kh * G, (kh + 1) * G, H, KV, nslots, scale, bad); };
+  auto go = [&](auto fn) { fn(q, k, v, slots, len, out, kh * QPK, (kh + 1) * QPK, H, KV, nslots, scale, bad); };
   switch (D) {
     case 32: go(attend<Act, TKV, 32>); break;
     case 64: go(attend<Act, TKV, 64>); break;
@@ -257,10 +257,10 @@ static int run(const Args& a) {
       // then its attention (which reads that K/V), with no barrier between them.
 #pragma omp for schedule(static) nowait
       for (int64_t i = 0; i < M * KV; ++i) {
-        const int64_t m = i / KV, kh = i % KV, G = H / KV;
+        const int64_t m = i / KV, kh = i % KV, QPK = H / KV;
         const float* cos = a.cos + a.positions[m] * (D / 2);
         const float* sin = a.sin + a.positions[m] * (D / 2);
-        for (int64_t j = kh * G; j < (kh + 1) * G; ++j) {
+        for (int64_t j = kh * QPK; j < (kh + 1) * QPK; ++j) {
           float* x = &qkv[m * QKV + j * D];
           if (L.q_norm) head_norm(x, L.q_norm, D, a.eps);
           rope(x, cos, sin, D, a.rope_interleaved);

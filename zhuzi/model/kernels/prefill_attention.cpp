@@ -1,12 +1,12 @@
-// Prefill attention over the paged KV pool in tiles; see cpu_attention.py for the design.
+// Prefill attention over the paged KV pool in slabs; see cpu_attention.py for the design.
 //
 // A work item is a few consecutive query positions of one query head, held one per vector lane. It walks
-// the keys from position 0 in tiles of 32 (only as far as its last query may look), so every K/V row a tile
+// the keys from position 0 in slabs of 32 (only as far as its last query may look), so every K/V row a slab
 // reads serves all of the item's queries at once, with an online softmax per lane in float32. Two items:
 // bf16 throughout with vdpbf16ps (arch/x86/avx512/prefill_attention.h), and float32 math over float32 or bf16
 // queries and bf16 or q8_0 pools on every variant (prefill_attention_f32.h). With a sliding window (window > 0)
 // an item starts at its first query's oldest visible key and each lane masks the keys older than its own
-// window: the slots before that are never read (their blocks may be back in the pool).
+// window: the slots before that are never read (their pages may be back in the pool).
 #include "api.h"
 #include "prefill_attention_f32.h"
 #if ZHUZI_AVX512
@@ -16,7 +16,7 @@
 #include <tuple>
 
 // Every item of the chunk, the last blocks (longest histories) first. Item(q, kc, vc, slots, first, q0, n,
-// h, H, G, row, scale, window, out) serves queries q0 .. q0 + n - 1 (n <= Q) of head h.
+// h, H, QPK, row, scale, window, out) serves queries q0 .. q0 + n - 1 (n <= Q) of head h.
 template <int Q, typename TQ, typename TKV, typename Item>
 static int run(Item item, const void* q, const void* kc, const void* vc, const int64_t* slots, int64_t L,
                int64_t context, int H, int KV, int D, int64_t nslots, float scale, int64_t window, void* out,
