@@ -1,5 +1,5 @@
 // GGUF block matrices (blocks.h) against a few q8 activation rows (decode): the same 16-row groups and results
-// as block_prefill.h, without its decoded chunk. block_prefill.h pays a chunk's decode and interleave once for
+// as block_prefill.h, without its decoded inputs. block_prefill.h pays a decode and interleave once for
 // all its input rows, which at one to a few rows costs more than reading the weights; here each row's
 // blocks are unpacked in registers, in input order, and meet the inputs in int8 dot products lane by lane.
 // A reduction over 4 rows at a time (then a transpose of 128-bit blocks) turns every row's lanes into its

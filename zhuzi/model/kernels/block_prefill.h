@@ -2,12 +2,12 @@
 // rows (prefill; block_decode.h takes a few on x86): the inner loops of the block linear kernel and of the fused
 // decode step.
 //
-// A row group's chunk of up to 256 inputs is decoded once into a small buffer: the 16 rows' codes interleaved
-// 4 bytes at a time (codes[quad][row]: one vector holds the same 4 inputs of every row, a lane per row), and
-// each group's scale a and offset b as vectors over the rows. An input row meets the chunk with one int8
-// dot product per 4 inputs, its 4 codes broadcast to every lane (vpdpbusd, maddubs + madd, sdot): no
-// horizontal sums, and every input row of the call reuses the decoded chunk, so decoding is paid once
-// per row group and chunk, not once per row.
+// A row group's inputs are decoded DECODE_K (256) at a time into a small buffer (Decoded): the 16 rows' codes
+// interleaved 4 bytes at a time (codes[quad][row]: one vector holds the same 4 inputs of every row, a lane per row),
+// and each group's scale a and offset b as vectors over the rows. An input row meets the decoded inputs with one int8
+// dot product per 4 inputs, its 4 codes broadcast to every lane (vpdpbusd, maddubs + madd, sdot): no horizontal sums,
+// and every input row of the call reuses the decoded inputs, so decoding is paid once per row group and DECODE_K
+// inputs, not once per row.
 //
 // Per group of G inputs and input row m, with s the group's exact int32 sum of code products:
 //   acc += s (a d) + b (d sum)     d: the activation block's scale, sum: its codes' sum (its half for G = 16)
@@ -25,7 +25,7 @@
 
 namespace block_prefill {
 
-constexpr int ROWS = 16, CHUNK = 256, QUADS = CHUNK / 4;
+constexpr int ROWS = 16, DECODE_K = 256, QUADS = DECODE_K / 4;
 constexpr int V = ROWS / i8::LANES;  // vectors a row group's quad spans
 #if ZHUZI_AVX512
 constexpr int MB = 8;  // input rows a pass: their int32 sums stay in registers
@@ -57,11 +57,11 @@ constexpr int i16_run() {
   return 32767 / (2 * CMAX * 127);
 }
 
-struct Chunk {
+struct Decoded {
   alignas(64) uint8_t codes[QUADS][ROWS][4];
-  alignas(64) float a[CHUNK / 16][ROWS];  // 32-blocks' scales and offsets
-  alignas(64) float b[CHUNK / 16][ROWS];
-  KScales k;  // a K-quant's (a chunk is one super-block)
+  alignas(64) float a[DECODE_K / 16][ROWS];  // 32-blocks' scales and offsets
+  alignas(64) float b[DECODE_K / 16][ROWS];
+  KScales k;  // a K-quant's (DECODE_K inputs are one super-block)
 };
 
 static inline vi load_vi(const int32_t* p) { vi v; std::memcpy(&v, p, sizeof v); return v; }
@@ -80,12 +80,12 @@ static inline i8::B8 broadcast4(const int8_t* p) {
 #endif
 }
 
-// 16 rows' 16 quads (at rows[r * CHUNK + 4 j]) -> out[j][r]: a 16 x 16 transpose of 4-byte words, in four
+// 16 rows' 16 quads (at rows[r * DECODE_K + 4 j]) -> out[j][r]: a 16 x 16 transpose of 4-byte words, in four
 // rounds that swap ever smaller blocks across the diagonal (GCC vectors: a two-source permute a row each).
 typedef uint32_t v16w __attribute__((vector_size(64)));
 static inline void interleave(const uint8_t* rows, uint8_t* out) {
   v16w r[ROWS];
-  for (int i = 0; i < ROWS; ++i) std::memcpy(&r[i], rows + i * CHUNK, 64);
+  for (int i = 0; i < ROWS; ++i) std::memcpy(&r[i], rows + i * DECODE_K, 64);
   auto round = [&](int b, const v16w& keep, const v16w& swap) {
     for (int i = 0; i < ROWS; ++i)
       if (!(i & b)) {
@@ -106,12 +106,12 @@ static inline void interleave(const uint8_t* rows, uint8_t* out) {
   for (int j = 0; j < ROWS; ++j) std::memcpy(out + j * ROWS * 4, &r[j], 64);
 }
 
-// The float part of group g (of a chunk or a step aligned to 256 inputs) for one input row, from its q8 block's
-// scale d and q8::scaled_sum(): sums[v] += s (a d) + b (d sum), vectors over the row group's rows. Every
-// path (here, block_decode.h, arch/x86/amx/block_prefill.h) calls it with the exact int32 group sums s, so an
-// output's bits do not depend on the path. Formats without an offset (Q8_0) have no b term; for those whose
-// offset is b = -OFF a (OFF a power of two), b (d sum) is computed as a (-OFF d sum), the same number: scaling
-// by a power of two commutes with rounding. So their b is never stored.
+// The float part of group g (of the decoded inputs or a step aligned to 256 inputs) for one input row, from its q8
+// block's scale d and q8::scaled_sum(): sums[v] += s (a d) + b (d sum), vectors over the row group's rows. Every path
+// (here, block_decode.h, arch/x86/amx/block_prefill.h) calls it with the exact int32 group sums s, so an output's
+// bits do not depend on the path. Formats without an offset (Q8_0) have no b term; for those whose offset is b = -OFF
+// a (OFF a power of two), b (d sum) is computed as a (-OFF d sum), the same number: scaling by a power of two
+// commutes with rounding. So their b is never stored.
 template <class F>
 static inline void accumulate(vf* sums, const i8::I32* s, const float* a, const float* b, float d, float dsum) {
   static_assert((F::OFF & (F::OFF - 1)) == 0, "an offset that is not a power of two would round differently");
@@ -200,12 +200,12 @@ static inline void close(i8::I32& is, i8::I32& im, __m256i term) {
 // apply() for a K-quant super-block: a half of the row group's rows (one vector) at a time, so that a pass's runs
 // and sums fit the 16 registers.
 template <class F, int P>
-static void apply_runs(const Chunk& t, const q8::Block* const* x, float (*acc)[ROWS]) {
+static void apply_runs(const Decoded& t, const q8::Block* const* x, float (*acc)[ROWS]) {
   constexpr int QG = F::G / 4, RUN = i16_run<F>();
   for (int v = 0; v < V; ++v) {
     __m256i is[P], run[P];
     for (int m = 0; m < P; ++m) is[m] = i8::zero();
-    for (int g = 0; g < CHUNK / F::G; ++g) {
+    for (int g = 0; g < DECODE_K / F::G; ++g) {
       const __m256i sc16 = runs::both_words(load_vi(t.k.sc[g] + v * VL));
 #pragma GCC unroll 8
       for (int j = 0; j < QG; ++j) {
@@ -219,7 +219,7 @@ static void apply_runs(const Chunk& t, const q8::Block* const* x, float (*acc)[R
     const vf d = load_vf(t.k.d + v * VL), dmin = load_vf(t.k.dmin + v * VL);
     for (int m = 0; m < P; ++m) {
       __m256i term = i8::zero();
-      for (int b = 0; b < CHUNK / 32; ++b) term = runs::block_term<F>(term, scale, minimum, b, x[m][b]);
+      for (int b = 0; b < DECODE_K / 32; ++b) term = runs::block_term<F>(term, scale, minimum, b, x[m][b]);
       i8::I32 im = i8::zero();
       runs::close<F>(is[m], im, term);
       const vf dx = splat(x[m][0].d);
@@ -230,15 +230,15 @@ static void apply_runs(const Chunk& t, const q8::Block* const* x, float (*acc)[R
 #endif
 
 // Rows [0, rows) (the rest zeros) of a row group whose first row's blocks start at w, inputs [k0, k0 + n): n a
-// multiple of F::QK, at most CHUNK.
+// multiple of F::QK, at most DECODE_K.
 template <class F>
-static void decode(const uint8_t* w, int64_t row_bytes, int rows, int64_t k0, int n, Chunk& t) {
+static void decode(const uint8_t* w, int64_t row_bytes, int rows, int64_t k0, int n, Decoded& t) {
   constexpr int GROUPS = F::QK / F::G;
-  alignas(64) uint8_t q[ROWS][CHUNK];
+  alignas(64) uint8_t q[ROWS][DECODE_K];
   for (int r = 0; r < ROWS; ++r) {
     if (r >= rows) {
       std::memset(q[r], 0, n);
-      for (int g = 0; g < CHUNK / 16; ++g) t.a[g][r] = t.b[g][r] = 0.f, t.k.sc[g][r] = 0;
+      for (int g = 0; g < DECODE_K / 16; ++g) t.a[g][r] = t.b[g][r] = 0.f, t.k.sc[g][r] = 0;
       for (int j = 0; j < 8; ++j) t.k.mn[j][r] = 0;
       t.k.d[r] = t.k.dmin[r] = 0.f;
       continue;
@@ -247,7 +247,7 @@ static void decode(const uint8_t* w, int64_t row_bytes, int rows, int64_t k0, in
     for (int blk = 0; blk < n / F::QK; ++blk) {
       float a[GROUPS], b[GROUPS];
       F::decode(src + blk * F::BYTES, q[r] + blk * F::QK, a, b);
-      if constexpr (F::QK == CHUNK) {
+      if constexpr (F::QK == DECODE_K) {
         int32_t sc[16], mn[8];
         F::ints(src, sc, mn, t.k.d[r], t.k.dmin[r]);
         for (int g = 0; g < GROUPS; ++g) t.k.sc[g][r] = sc[g];
@@ -263,12 +263,12 @@ static void decode(const uint8_t* w, int64_t row_bytes, int rows, int64_t k0, in
   for (int quad = 0; quad < n / 4; quad += 16) interleave(&q[0][4 * quad], &t.codes[quad][0][0]);
 }
 
-// acc[m][r] += the chunk's products for P <= MB input rows; x[m]: row m's q8 blocks from the chunk's first,
+// acc[m][r] += the decoded inputs' products for P <= MB input rows; x[m]: row m's q8 blocks from their first,
 // ds[m] their scaled sums.
 template <class F, int P>
-static void apply(const Chunk& t, int n, const q8::Block* const* x, const q8::Sums* const* ds, float (*acc)[ROWS]) {
+static void apply(const Decoded& t, int n, const q8::Block* const* x, const q8::Sums* const* ds, float (*acc)[ROWS]) {
   constexpr int QG = F::G / 4;  // quads a group
-  constexpr bool KQ = F::QK == CHUNK;  // the chunk is one K-quant super-block
+  constexpr bool KQ = F::QK == DECODE_K;  // the decoded inputs are one K-quant super-block
 #if ZHUZI_AVX2 && !ZHUZI_AVXVNNI
   if constexpr (KQ) return apply_runs<F, P>(t, x, acc);
 #endif
@@ -309,10 +309,10 @@ static void apply(const Chunk& t, int n, const q8::Block* const* x, const q8::Su
 // [k0, k0 + n): decoder() from the file's blocks, or from packed ones (packed_blocks.h).
 template <class F, typename Decode>
 static void row_group(Decode decode, int64_t K, const q8::Rows& x, int64_t m0, int64_t m1, float (*acc)[ROWS]) {
-  Chunk t;
+  Decoded t;
   std::memset(acc, 0, sizeof(float) * ROWS * (m1 - m0));
-  for (int64_t k0 = 0; k0 < K; k0 += CHUNK) {
-    const int n = int(std::min<int64_t>(CHUNK, K - k0));
+  for (int64_t k0 = 0; k0 < K; k0 += DECODE_K) {
+    const int n = int(std::min<int64_t>(DECODE_K, K - k0));
     decode(k0, n, t);
     for (int64_t m = m0; m < m1; m += MB) {
       const int count = int(std::min<int64_t>(MB, m1 - m));
@@ -327,7 +327,7 @@ static void row_group(Decode decode, int64_t K, const q8::Rows& x, int64_t m0, i
 // row_group()'s decode for rows [0, rows) of the file's blocks from w.
 template <class F>
 static auto decoder(const uint8_t* w, int64_t row_bytes, int rows) {
-  return [=](int64_t k0, int n, Chunk& t) { decode<F>(w, row_bytes, rows, k0, n, t); };
+  return [=](int64_t k0, int n, Decoded& t) { decode<F>(w, row_bytes, rows, k0, n, t); };
 }
 
 // The inputs that share an activation scale (q8::Rows' span) for weights of `type`: their block's length,

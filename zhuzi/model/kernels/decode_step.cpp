@@ -86,7 +86,7 @@ struct Inputs {
   void use(const float* rows, int count, int64_t width) { set(rows, count, width); }
 #endif
   const q8::Rows& blocks(int span) {  // span: the weights' block length, the inputs an activation scale covers
-    const int s = span == block_prefill::CHUNK;
+    const int s = span == block_prefill::DECODE_K;
     if (!q8_ready[s]) {
       if (bf16) q8[s].set(bf16, M, K, K, 1, span);
       else q8[s].set(f.data(), M, K, K, 1, span);

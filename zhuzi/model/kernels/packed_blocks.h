@@ -1,7 +1,7 @@
 // The block kernels on packed GGUF matrices (packed_layout.h): decode rows, and the decode of a unit into
-// block_prefill.h's chunks for many input rows. The sums are block_dot.h's, bit for bit: exact int32 per group, then
-// the float steps of block_prefill.h's accumulate() (32-blocks) or of block_dot::super() (K-quants, their scales
-// as integers) in input order; an output is the same bits as on the file's layout, on every path.
+// block_prefill.h's decoded inputs for many input rows. The sums are block_dot.h's, bit for bit: exact int32 per
+// group, then the float steps of block_prefill.h's accumulate() (32-blocks) or of block_dot::super() (K-quants, their
+// scales as integers) in input order; an output is the same bits as on the file's layout, on every path.
 #pragma once
 #include "block_prefill.h"
 #include "packed_layout.h"
@@ -268,12 +268,12 @@ static void row_group(const uint8_t* w, int64_t K, const q8::Rows& x, int64_t m0
   }
 }
 
-// block_prefill::row_group()'s decode of a packed group at w (many input rows): a unit's codes are the Chunk's
+// block_prefill::row_group()'s decode of a packed group at w (many input rows): a unit's codes are Decoded's codes
 // as they lie, two nibbles a byte (with Q6_K's top or Q5's fifth bits), its scales widened; no transposes,
 // unlike the file's blocks.
 template <class F>
 static auto decoder(const uint8_t* w) {
-  return [=](int64_t k0, int n, block_prefill::Chunk& t) {
+  return [=](int64_t k0, int n, block_prefill::Decoded& t) {
     using L = Layout<F>;
     constexpr int GROUPS = F::QK / F::G;
     for (int u = 0; u < n / F::QK; ++u) {

@@ -1,5 +1,5 @@
 // block_prefill.h's batched rows through AMX (Sapphire Rapids and later Xeons), the same bits: a row group's
-// decoded chunk is already AMX's B layout (codes[quad][row][4]: 4 inputs of each of 16 rows a 64-byte row), and q8
+// decoded inputs are already AMX's B layout (codes[quad][row][4]: 4 inputs of each of 16 rows a 64-byte row), and q8
 // activation rows are A rows as they lie (32 codes a block). One tdpbsud (tdpbssd for Q8_0) gives every group's
 // exact int32 sums for 16 input rows x 16 output rows at once, where VNNI takes 8 dot products per input row;
 // block_prefill.h's accumulate() (or k_group() and k_super()) then does the rest as on every other path. Only
@@ -43,9 +43,9 @@ __attribute__((target("amx-tile"))) static inline void configure() {
   _tile_loadconfig(&c);
 }
 
-// Groups g .. g + 3 of the chunk: sums[i][m][r] for input rows at x (A rows `stride` bytes apart).
+// Groups g .. g + 3 of the decoded inputs: sums[i][m][r] for input rows at x (A rows `stride` bytes apart).
 template <class F>
-__attribute__((target("amx-tile,amx-int8"))) static inline void four_groups(const Chunk& t, const int8_t* x,
+__attribute__((target("amx-tile,amx-int8"))) static inline void four_groups(const Decoded& t, const int8_t* x,
                                                                               int64_t stride, int g,
                                                                               int32_t (*sums)[16][ROWS]) {
   constexpr int QG = F::G / 4;
@@ -74,20 +74,20 @@ template <class F, typename Decode>
 __attribute__((target("amx-tile,amx-int8"))) static void row_group(Decode decode, int64_t K, const q8::Rows& x,
                                                                     int64_t m0, int64_t m1, float (*acc)[ROWS]) {
   static_assert(V == 1, "a row group's 16 rows are one vector");
-  Chunk t;
+  Decoded t;
   alignas(64) int32_t s[4][16][ROWS];
   const int64_t stride = x.n * int64_t(sizeof(q8::Block));
   configure<F>();
   std::memset(acc, 0, sizeof(float) * ROWS * (m1 - m0));
-  for (int64_t k0 = 0; k0 < K; k0 += CHUNK) {
-    const int n = int(std::min<int64_t>(CHUNK, K - k0)), groups = n / F::G;
+  for (int64_t k0 = 0; k0 < K; k0 += DECODE_K) {
+    const int n = int(std::min<int64_t>(DECODE_K, K - k0)), groups = n / F::G;
     decode(k0, n, t);
     for (int64_t m = m0; m < m1; m += 16) {
       const int count = int(std::min<int64_t>(16, m1 - m));
       const q8::Block* xb[16];
-      const q8::Sums* ds[16];  // the rows' scaled sums from the chunk's first block
+      const q8::Sums* ds[16];  // the rows' scaled sums from the decoded inputs' first block
       vf sums[16];
-      i8::I32 is[16];  // K-quants: each input row's integer sums over the super-block (the chunk)
+      i8::I32 is[16];  // K-quants: each input row's integer sums over the super-block (the decoded inputs)
       for (int i = 0; i < 16; ++i) {
         is[i] = i8::zero();
         const int64_t row = m + std::min(i, count - 1);
@@ -101,12 +101,12 @@ __attribute__((target("amx-tile,amx-int8"))) static void row_group(Decode decode
           const int blk = (g + i) * F::G / 32;
           for (int r = 0; r < 16; ++r) {
             const i8::I32 gs = _mm512_load_si512(s[i][r]);
-            if constexpr (F::QK == CHUNK) k_group<F>(&is[r], &gs, t.k, g + i, xb[r]);
+            if constexpr (F::QK == DECODE_K) k_group<F>(&is[r], &gs, t.k, g + i, xb[r]);
             else accumulate<F>(&sums[r], &gs, t.a[g + i], t.b[g + i], xb[r][blk], ds[r][blk], g + i);
           }
         }
       }
-      if constexpr (F::QK == CHUNK)
+      if constexpr (F::QK == DECODE_K)
         for (int r = 0; r < 16; ++r) k_super<F>(&sums[r], &is[r], t.k, xb[r]);
       for (int i = 0; i < count; ++i) store_vf(sums[i], acc[m - m0 + i]);
     }
