@@ -141,7 +141,7 @@ class Decoder:
     def _make_deterministic(self, device: str) -> None:
         """Every linear through the fixed-order kernel and attention through the CPU decode kernel, whose
         per-row arithmetic never depends on the rows around it (batch, chunk, cached prefix); no fused step.
-        Prompt chunks too take the decode kernel (prefill_kernel off): a prompt whose blocks are cached but
+        Prompt chunks too take the decode kernel (prefill_kernel off): a prompt whose pages are cached but
         its last token is computed as a decode row, and the prefill kernel's bits differ from the decode's."""
         if torch.device(device).type != "cpu" or self.dtype not in (torch.float32, torch.bfloat16):
             raise ValueError(f"deterministic mode runs on CPU in bfloat16 or float32, not {self.dtype} on {device}")
