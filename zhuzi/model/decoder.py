@@ -21,7 +21,7 @@ from zhuzi.model.layers import Rotary, offset_rms_norm, rms_norm
 from zhuzi.model.linear import QUANTIZATIONS, BlockLinear, Linear, blocks_serve
 from zhuzi.model.model_config import LayerSpec, Mlp, ModelConfig, Rope
 from zhuzi.model.moe import Expert, MoE, gated_mlp
-from zhuzi.model.parallel import Shard, TPGroup, head_rows
+from zhuzi.model.parallel import Shard, TPRank, head_rows
 from zhuzi.model.quant import FORMATS, Q, quantize
 from zhuzi.model.smooth import smooth
 
@@ -90,7 +90,7 @@ class Layer:
 
 class Decoder:
     def __init__(self, config: ModelConfig, tensors: dict[str, torch.Tensor], device: str = "cpu",
-                 quantization: str | None = None, max_positions: int | None = None, tp: TPGroup | None = None,
+                 quantization: str | None = None, max_positions: int | None = None, tp: TPRank | None = None,
                  fused_decode: bool = True, calibration: list[int] | None = None, deterministic: bool = False,
                  dtype: torch.dtype | None = None):
         """The tensors' dtype is the weights' and the KV cache's; dtype, the activations' (default the same:
