@@ -1,7 +1,7 @@
 """The forward pass: embedding -> N x (norm, mixer, norm, MLP) -> norm -> LM head. Each layer is built from
 its LayerSpec (model_config.py): attention over paged KV (its whole context or a window), a dense or
-Mixture-of-Experts MLP, its norms, biases and RoPE. Q/K/V and gate/up are merged into one matmul each. With a
-tensor-parallel group, the decoder holds this rank's slice of each layer (parallel.py)."""
+Mixture-of-Experts MLP, its norms, biases and RoPE. Q/K/V and gate/up are merged into one matmul each. Under
+tensor parallelism (a TPRank), the decoder holds this rank's slice of each layer (parallel.py)."""
 from __future__ import annotations
 
 import logging
