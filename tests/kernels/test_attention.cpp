@@ -27,19 +27,19 @@ struct Pool {
 // out[h][d] for query q [H][D] over the pool rows `rows`.
 std::vector<double> reference(const float* q, const Pool& p, const std::vector<int64_t>& rows, int64_t H,
                               float scale) {
-  const int64_t D = p.D, G = H / p.KV;
+  const int64_t D = p.D, QPK = H / p.KV;
   std::vector<double> out(H * D);
   for (int64_t h = 0; h < H; ++h) {
     std::vector<double> s;
     double top = -INFINITY, sum = 0;
     for (int64_t r : rows) {
       double dot = 0;
-      for (int64_t d = 0; d < D; ++d) dot += double(q[h * D + d]) * p.k[(r * p.KV + h / G) * D + d];
+      for (int64_t d = 0; d < D; ++d) dot += double(q[h * D + d]) * p.k[(r * p.KV + h / QPK) * D + d];
       s.push_back(dot * scale), top = std::fmax(top, s.back());
     }
     for (double& x : s) x = std::exp(x - top), sum += x;
     for (size_t t = 0; t < rows.size(); ++t)
-      for (int64_t d = 0; d < D; ++d) out[h * D + d] += s[t] / sum * p.v[(rows[t] * p.KV + h / G) * D + d];
+      for (int64_t d = 0; d < D; ++d) out[h * D + d] += s[t] / sum * p.v[(rows[t] * p.KV + h / QPK) * D + d];
   }
   return out;
 }

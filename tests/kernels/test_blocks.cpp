@@ -28,7 +28,7 @@ std::vector<uint8_t> random_rows(int64_t rows, int64_t K, check::Rng& g) {
 template <int T>
 void check_format(const char* name) {
   using F = blocks::Format<T>;
-  constexpr int64_t N = 40, K = F::QK == 256 ? 512 : 288;  // a partial row group; 32-blocks: a chunk and a tail
+  constexpr int64_t N = 40, K = F::QK == 256 ? 512 : 288;  // a partial row group; 32-blocks: DECODE_K inputs and a tail
   constexpr int64_t row_bytes = K / F::QK * F::BYTES;
   check::Rng g(F::BYTES);
   const std::vector<uint8_t> w = random_rows<F>(N, K, g);

@@ -32,7 +32,7 @@ def weight(qtype, rows: int, cols: int, seed: int) -> BlockWeight:
 @pytest.mark.parametrize("m", [1, 3, 8, 70, 270])  # decode rows, rows over several passes, two work items
 def test_block_linear_equals_gguf_values(qtype, m):
     cols = 512 if qtype in (gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q5_K,
-                            gguf.GGMLQuantizationType.Q6_K) else 288  # 288: a chunk of 256 and a tail of 32
+                            gguf.GGMLQuantizationType.Q6_K) else 288  # 288: 256 inputs decoded at once and a tail of 32
     parts = [weight(qtype, 40, cols, 1), weight(qtype, 16, cols, 2)]  # a partial row group, then a second part
     x = torch.randn(m, cols, generator=torch.Generator().manual_seed(m))
     y = cpu_blocks.block_linear(x, cpu_blocks.part_table(parts), 56)

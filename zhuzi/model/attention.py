@@ -2,7 +2,7 @@
 
 Every token of a step lives in one flat batch: the first `num_decode_tokens` are decodes (one token per
 sequence), attended in one batch; the rest are prefill chunks, one sequence at a time. The pool stores keys and
-values per slot (block * block_size + offset), reached through each sequence's slot list. Which path serves
+values per slot (page * page_size + offset), reached through each sequence's slot list. Which path serves
 decodes and prompt chunks is chosen once per model and pool (select()). A sliding-window layer
 (ModelConfig.window) attends each token's last `window` positions; slots before a row's window are never read.
 """
@@ -138,8 +138,8 @@ def _compute_dtype(x: torch.Tensor) -> torch.Tensor:
 
 
 def _gather(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-    # index_select is a plain memcpy per row; advanced indexing is many times slower on CPU. Slots of blocks a
-    # sliding window gave back are negative: zeros stand in for them (the mask hides them; what their block
+    # index_select is a plain memcpy per row; advanced indexing is many times slower on CPU. Slots of pages a
+    # sliding window gave back are negative: zeros stand in for them (the mask hides them; what their page
     # holds now might be anything).
     rows = _compute_dtype(from_pool(cache.index_select(0, slots.clamp(min=0))))
     return rows.masked_fill_((slots < 0)[:, None, None], 0)

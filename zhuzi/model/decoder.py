@@ -1,7 +1,7 @@
 """The forward pass: embedding -> N x (norm, mixer, norm, MLP) -> norm -> LM head. Each layer is built from
 its LayerSpec (model_config.py): attention over paged KV (its whole context or a window), a dense or
-Mixture-of-Experts MLP, its norms, biases and RoPE. Q/K/V and gate/up are merged into one matmul each. With a
-tensor-parallel group, the decoder holds this rank's slice of each layer (parallel.py)."""
+Mixture-of-Experts MLP, its norms, biases and RoPE. Q/K/V and gate/up are merged into one matmul each. Under
+tensor parallelism (a TPRank), the decoder holds this rank's slice of each layer (parallel.py)."""
 from __future__ import annotations
 
 import logging
@@ -21,7 +21,7 @@ from zhuzi.model.layers import Rotary, offset_rms_norm, rms_norm
 from zhuzi.model.linear import QUANTIZATIONS, BlockLinear, Linear, blocks_serve
 from zhuzi.model.model_config import LayerSpec, Mlp, ModelConfig, Rope
 from zhuzi.model.moe import Expert, MoE, gated_mlp
-from zhuzi.model.parallel import Shard, TPGroup, head_rows
+from zhuzi.model.parallel import Shard, TPRank, head_rows
 from zhuzi.model.quant import FORMATS, Q, quantize
 from zhuzi.model.smooth import smooth
 
@@ -90,7 +90,7 @@ class Layer:
 
 class Decoder:
     def __init__(self, config: ModelConfig, tensors: dict[str, torch.Tensor], device: str = "cpu",
-                 quantization: str | None = None, max_positions: int | None = None, tp: TPGroup | None = None,
+                 quantization: str | None = None, max_positions: int | None = None, tp: TPRank | None = None,
                  fused_decode: bool = True, calibration: list[int] | None = None, deterministic: bool = False,
                  dtype: torch.dtype | None = None):
         """The tensors' dtype is the weights' and the KV cache's; dtype, the activations' (default the same:
@@ -141,7 +141,7 @@ class Decoder:
     def _make_deterministic(self, device: str) -> None:
         """Every linear through the fixed-order kernel and attention through the CPU decode kernel, whose
         per-row arithmetic never depends on the rows around it (batch, chunk, cached prefix); no fused step.
-        Prompt chunks too take the decode kernel (prefill_kernel off): a prompt whose blocks are cached but
+        Prompt chunks too take the decode kernel (prefill_kernel off): a prompt whose pages are cached but
         its last token is computed as a decode row, and the prefill kernel's bits differ from the decode's."""
         if torch.device(device).type != "cpu" or self.dtype not in (torch.float32, torch.bfloat16):
             raise ValueError(f"deterministic mode runs on CPU in bfloat16 or float32, not {self.dtype} on {device}")

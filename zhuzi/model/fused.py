@@ -58,7 +58,7 @@ def _mat(layer: Linear, keep: list[torch.Tensor]) -> _Mat:
     if layer.bias is not None:
         keep.append(layer.bias.float().contiguous())
         bias = keep[-1].data_ptr()
-    if isinstance(layer, BlockLinear):  # a 16-row chunk must not straddle two parts
+    if isinstance(layer, BlockLinear):  # a row group must not straddle two parts
         if any(p.shape[0] % 16 for p in layer.parts[:-1]):
             raise ValueError("the fused decode step takes GGUF parts of whole 16-row groups (bar the last)")
         return _Mat(_BLOCKS, ctypes.addressof(layer.table), bias, layer.out_features, layer.parts[0].shape[1])

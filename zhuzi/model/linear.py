@@ -60,7 +60,7 @@ class Linear:
 
 
 def _whole_groups(w: BlockWeight) -> list[BlockWeight]:
-    """w as its whole 16-row groups, then the rows past them: the groups pack, and a 16-row chunk of the fused
+    """w as its whole 16-row groups, then the rows past them: the groups pack, and a row group of the fused
     step never straddles two parts."""
     whole = w.shape[0] // 16 * 16
     return [w] if whole in (0, w.shape[0]) else [w[:whole], w[whole:]]

@@ -58,14 +58,14 @@ class MoE:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.route(x)
         out = torch.zeros_like(x)
-        # One stable sort groups the (row, slot) pairs by expert, rows ascending within each group.
+        # One stable sort groups the (row, slot) pairs by expert, rows ascending within each expert's picks.
         order = ids.flatten().argsort(stable=True)
         counts = torch.bincount(ids.flatten(), minlength=len(self.experts)).tolist()
         self.bytes_read = self.router.nbytes
-        for expert, group in zip(self.experts, order.split(counts)):
-            if len(group):
-                rows = group // self.top_k
-                out.index_add_(0, rows, expert(x[rows]) * weights.flatten()[group, None])
+        for expert, picks in zip(self.experts, order.split(counts)):
+            if len(picks):
+                rows = picks // self.top_k
+                out.index_add_(0, rows, expert(x[rows]) * weights.flatten()[picks, None])
                 self.bytes_read += expert.nbytes
         if self.shared is not None:
             out += torch.sigmoid(self.shared_gate(x)) * self.shared(x)

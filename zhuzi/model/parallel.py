@@ -1,7 +1,8 @@
 """Tensor parallelism over torch.distributed (gloo on CPU, NCCL on CUDA): each rank holds a slice of every
 layer: QKV and gate/up by output rows, O and down by input columns (then an all-reduce), the LM head by
-vocabulary (then a gather). Heads split in whole GQA groups, contiguous ranges, the first ranks taking the
-remainder. Rank 0 is the engine; it posts each pass to the group's store and the other ranks follow."""
+vocabulary (then a gather). Heads split by KV head (each with its query heads), contiguous ranges, the first
+ranks taking the remainder. Rank 0 is the engine; it posts each pass to the ranks' store and the other ranks
+follow."""
 from __future__ import annotations
 
 import datetime
@@ -39,8 +40,8 @@ class Shard:
         if c.num_kv_heads < world_size:
             raise ValueError(f"tensor_parallel_size {world_size} is more than the model's {c.num_kv_heads} KV heads")
         kv = split(c.num_kv_heads, world_size, rank)
-        group = c.num_heads // c.num_kv_heads
-        return cls(range(kv.start * group, kv.stop * group), kv, split(c.intermediate_size, world_size, rank),
+        q_per_kv = c.num_heads // c.num_kv_heads
+        return cls(range(kv.start * q_per_kv, kv.stop * q_per_kv), kv, split(c.intermediate_size, world_size, rank),
                    split(c.vocab_size, world_size, rank), split(c.moe_intermediate_size, world_size, rank),
                    split(c.shared_expert_intermediate_size, world_size, rank))
 
@@ -51,17 +52,17 @@ def head_rows(w: torch.Tensor, heads: range, head_dim: int) -> torch.Tensor:
 
 
 @dataclass
-class TPGroup:
-    """This process's place in the tensor-parallel group."""
+class TPRank:
+    """This process as one rank of tensor parallelism."""
 
     rank: int
     world_size: int
-    store: dist.Store  # the group's key-value store (the control plane posts each step there)
+    store: dist.Store  # the ranks' key-value store (the control plane posts each step there)
     device: torch.device
 
     @classmethod
     def join(cls, rank: int, world_size: int, master_addr: str, master_port: int, device: str,
-             store_running: bool = False) -> TPGroup:
+             store_running: bool = False) -> TPRank:
         """Meet the other ranks at master_addr:master_port, where rank 0 listens (or, with store_running, a
         store already listens: torchrun's agent hosts one there)."""
         store = dist.TCPStore(master_addr, master_port, world_size, is_master=rank == 0 and not store_running,

@@ -2,7 +2,7 @@
 which then run as a GGUF file's do (blocks.py, cpu_blocks.py: the same packing, kernels and fused step).
 
 int4: Q4_1 (per 32 inputs of a row, codes 0..15 with an fp16 scale d and minimum m, w = q d + m). d and m
-    come from the group's range, which reproduces a Q4_1 file's blocks exactly: int4 of a Q4_1 GGUF is its
+    come from the block's range, which reproduces a Q4_1 file's blocks exactly: int4 of a Q4_1 GGUF is its
     own weights. Its LM head is Q8_0 (4 bits cost too much top-1 agreement there).
 int8: Q8_0 (per 32 inputs of a row, int8 codes and an fp16 scale d, w = q d), the LM head too.
 """
@@ -14,28 +14,28 @@ import torch
 from zhuzi.model.blocks import BlockWeight
 
 Q = gguf.GGMLQuantizationType
-GROUP = 32
+BLOCK = 32  # inputs a block
 # Block type of the layers and of the LM head for each quantization made at load.
 FORMATS = {"int4": (Q.Q4_1, Q.Q8_0), "int8": (Q.Q8_0, Q.Q8_0)}
 
 
-def _groups(weight: torch.Tensor) -> torch.Tensor:
+def _blocks(weight: torch.Tensor) -> torch.Tensor:
     """[N, K] -> float32 [N, K / 32, 32]."""
     n, k = weight.shape
-    if k % GROUP:
-        raise ValueError(f"in_features {k} is not a multiple of {GROUP}: no GGUF blocks for this matrix")
-    return weight.float().reshape(n, k // GROUP, GROUP)
+    if k % BLOCK:
+        raise ValueError(f"in_features {k} is not a multiple of {BLOCK}: no GGUF blocks for this matrix")
+    return weight.float().reshape(n, k // BLOCK, BLOCK)
 
 
 def _half_bytes(values: torch.Tensor) -> torch.Tensor:
-    """fp16 [N, groups] -> their bytes, uint8 [N, groups, 2]."""
+    """fp16 [N, blocks] -> their bytes, uint8 [N, blocks, 2]."""
     return values.contiguous().view(torch.uint8).view(*values.shape, 2)
 
 
 def quantize_q4_1(weight: torch.Tensor) -> torch.Tensor:
     """[N, K] -> Q4_1 rows, uint8 [N, K / 32 * 20]: per block d, m, then byte j holds code j (low nibble)
     and code j + 16 (high)."""
-    w = _groups(weight)
+    w = _blocks(weight)
     lo, hi = w.amin(-1), w.amax(-1)
     d, m = ((hi - lo) / 15).half(), lo.half()  # rounded first: the codes are chosen against the stored values
     step = d.float()[..., None]
@@ -47,7 +47,7 @@ def quantize_q4_1(weight: torch.Tensor) -> torch.Tensor:
 
 def quantize_q8_0(weight: torch.Tensor) -> torch.Tensor:
     """[N, K] -> Q8_0 rows, uint8 [N, K / 32 * 34]: per block d, then 32 int8 codes."""
-    w = _groups(weight)
+    w = _blocks(weight)
     d = (w.abs().amax(-1) / 127).half()
     q = torch.round(w / d.float().clamp(min=1e-30)[..., None]).clamp(-127, 127).to(torch.int8)
     return torch.cat([_half_bytes(d), q.view(torch.uint8)], -1).view(w.shape[0], -1)

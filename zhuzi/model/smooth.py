@@ -66,15 +66,15 @@ def smooth(decoder, ids: list[int]) -> None:
     tensors; float32 weights, to be quantized next)."""
     c = decoder.config
     maxima, head_amax = input_maxima(decoder, ids)
-    group, d = c.num_heads // c.num_kv_heads, c.head_dim
+    q_per_kv, d = c.num_heads // c.num_kv_heads, c.head_dim
     for layer, amax in zip(decoder.layers, maxima):
         s_qkv, s_gu = _factors(amax["qkv"], layer.qkv.weight), _factors(amax["gate_up"], layer.gate_up.weight)
         s_down = _factors(amax["down"], layer.down.weight)
-        # O's inputs come from V rows: a kv head's channel serves `group` query heads, so they share a factor.
-        o_amax = amax["o"].view(c.num_kv_heads, group, d).amax(1)
-        o_wmax = _column_maxima(layer.o.weight).view(c.num_kv_heads, group, d).amax(1)
+        # O's inputs come from V rows: a kv head's channel serves `q_per_kv` query heads, so they share a factor.
+        o_amax = amax["o"].view(c.num_kv_heads, q_per_kv, d).amax(1)
+        o_wmax = _column_maxima(layer.o.weight).view(c.num_kv_heads, q_per_kv, d).amax(1)
         s_v = (o_amax.clamp(min=1e-5) ** ALPHA / o_wmax.clamp(min=1e-5) ** (1 - ALPHA)).reshape(-1)
-        s_o = s_v.view(c.num_kv_heads, 1, d).expand(-1, group, -1).reshape(-1)
+        s_o = s_v.view(c.num_kv_heads, 1, d).expand(-1, q_per_kv, -1).reshape(-1)
 
         qkv = layer.qkv.weight.float() * s_qkv
         qkv_bias = layer.qkv.bias.float().clone() if layer.qkv.bias is not None else None

@@ -8,11 +8,11 @@ from pathlib import Path
 from zhuzi.config import EngineConfig
 from zhuzi.model.decoder import Decoder, layer_format
 from zhuzi.model.loader import Checkpoint, load_checkpoint
-from zhuzi.model.parallel import TPGroup
+from zhuzi.model.parallel import TPRank
 from zhuzi.tokenizer import Tokenizer
 
 
-def build_model(config: EngineConfig, model: str | None, tp: TPGroup | None = None,
+def build_model(config: EngineConfig, model: str | None, tp: TPRank | None = None,
                 min_positions: int = 0) -> tuple[Checkpoint, Decoder]:
     """The checkpoint at model (None: the default one) and its Decoder (this rank's slice of it), with positions
     for max_model_len, min_positions and the checkpoint's own context, whichever is longest."""

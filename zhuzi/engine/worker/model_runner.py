@@ -21,7 +21,7 @@ from zhuzi.model import kv_format, native
 from zhuzi.model.attention import AttentionMetadata, PrefillChunk
 from zhuzi.model.decoder import Decoder, LayerTap
 from zhuzi.model.loader import Checkpoint
-from zhuzi.model.parallel import TPGroup
+from zhuzi.model.parallel import TPRank
 from zhuzi.outputs import Inspection, LensLayer, Logprob
 from zhuzi.sample.rejection import Draft, verify
 from zhuzi.sample.sampler import Sampler, SamplingRow, Verdict, token_logprobs
@@ -68,7 +68,7 @@ def torch_sum_bandwidth(buffer: torch.Tensor, repeats: int) -> float:
     return buffer.nbytes / best
 
 
-def load_runner(config: EngineConfig, tp: TPGroup | None = None) -> tuple[Checkpoint, ModelRunner]:
+def load_runner(config: EngineConfig, tp: TPRank | None = None) -> tuple[Checkpoint, ModelRunner]:
     """The checkpoint, and a runner around its model (this rank's slice of it) with the KV pool the plan allows."""
     native.select(config.cpu_kernels)
     ckpt, model = build_model(config, config.model, tp)

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from zhuzi.model.attention import AttentionMetadata, PrefillChunk
-from zhuzi.model.parallel import TPGroup
+from zhuzi.model.parallel import TPRank
 
 # The followers wait for their next step as long as the server idles, in turns of IDLE_WAIT.
 IDLE_WAIT = datetime.timedelta(hours=1)
@@ -25,7 +25,7 @@ FORWARD, LOGITS, STOP = "forward", "logits", "stop"
 class StepChannel:
     """The ops of one group, numbered in order: posted by rank 0, taken by the others."""
 
-    tp: TPGroup
+    tp: TPRank
     _step: int = 0  # the ops posted (rank 0) or taken (the others)
 
     def post(self, op: str, payload: torch.Tensor | None = None) -> None:

@@ -15,7 +15,7 @@ from zhuzi.config import EngineConfig
 from zhuzi.engine.worker.model_runner import load_runner
 from zhuzi.engine.worker.tp_control import FORWARD, STOP, StepChannel, unpack_step
 from zhuzi.model.decoder import Decoder
-from zhuzi.model.parallel import TPGroup
+from zhuzi.model.parallel import TPRank
 
 log = logging.getLogger("zhuzi")
 LOCALHOST = "127.0.0.1"
@@ -48,7 +48,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(config: EngineConfig) -> tuple[TPGroup | None, list[BaseProcess]]:
+def start(config: EngineConfig) -> tuple[TPRank | None, list[BaseProcess]]:
     """Join the group as rank 0: with the ranks started elsewhere torchrun-style, or with ranks spawned here.
     Returns the group and the local processes (none without tensor parallelism).
 
@@ -65,7 +65,7 @@ def start(config: EngineConfig) -> tuple[TPGroup | None, list[BaseProcess]]:
         if rank != 0:
             raise ValueError(f"RANK {rank} follows rank 0 and runs no engine of its own")
         log.info("tensor parallel: rank 0 of %d, waiting for the others at %s:%d", world, addr, port)
-        return TPGroup.join(0, world, addr, port, config.device, _torchrun_store()), []
+        return TPRank.join(0, world, addr, port, config.device, _torchrun_store()), []
     port = _free_port()
     context = multiprocessing.get_context("spawn")
     workers = [context.Process(target=_spawned, args=(config, rank, world, LOCALHOST, port), daemon=True,
@@ -73,13 +73,13 @@ def start(config: EngineConfig) -> tuple[TPGroup | None, list[BaseProcess]]:
     for worker in workers:
         worker.start()
     try:
-        return TPGroup.join(0, world, LOCALHOST, port, config.device), workers
+        return TPRank.join(0, world, LOCALHOST, port, config.device), workers
     except BaseException:
         _end(workers)
         raise
 
 
-def stop(tp: TPGroup, channel: StepChannel, workers: list[BaseProcess]) -> None:
+def stop(tp: TPRank, channel: StepChannel, workers: list[BaseProcess]) -> None:
     """Tell the followers to stop (rank 0, through its runner's channel) and wait for the local ones."""
     channel.post(STOP)
     tp.close()
@@ -107,7 +107,7 @@ def run(config: EngineConfig, rank: int, world: int, addr: str, port: int) -> No
         torch.set_num_threads(config.num_threads)
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     device = f"cuda:{local_rank}" if config.device == "cuda" else config.device
-    tp = TPGroup.join(rank, world, addr, port, device, _torchrun_store())
+    tp = TPRank.join(rank, world, addr, port, device, _torchrun_store())
     _, runner = load_runner(replace(config, device=device), tp)
     log.info("rank %d of %d: %d of %d query heads, %d KV heads", rank, world, runner.model.num_heads,
              runner.model.config.num_heads, runner.model.num_kv_heads)
@@ -122,7 +122,7 @@ def run_torchrun_rank(config: EngineConfig) -> None:
 
 
 @torch.inference_mode()
-def follow(model: Decoder, kv_cache: torch.Tensor, tp: TPGroup) -> None:
+def follow(model: Decoder, kv_cache: torch.Tensor, tp: TPRank) -> None:
     """A follower's loop: with its slice of the model and of the KV pool, it runs each forward pass and LM-head
     call that rank 0's model runner posts (tp_control.py), until the stop; it schedules and samples nothing."""
     channel = StepChannel(tp)

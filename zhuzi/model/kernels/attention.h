@@ -1,4 +1,4 @@
-// Paged attention of one query token over its history, online softmax over tiles of positions: the
+// Paged attention of one query token over its history, online softmax over slabs of positions: the
 // inner loop of the decode attention kernel and of the fused decode step (see cpu_attention.py).
 #pragma once
 #include "kv_rows.h"
@@ -7,7 +7,7 @@
 #include <cmath>
 #include <type_traits>
 
-constexpr int TILE = 32;           // positions scored before their values are summed
+constexpr int SLAB = 32;           // positions scored before their values are summed
 constexpr int AHEAD_BYTES = 3072;  // K+V bytes prefetched ahead: slot rows are scattered, so
                                    // the hardware prefetcher cannot see the next one coming
 constexpr int MAXH = 128;          // heads per row
@@ -51,10 +51,10 @@ constexpr int largest_divisor(int n, int most) {
 // contiguous when the range is all heads. A head's arithmetic does not depend on the range.
 // Queries and outputs are TQ (float or bf16), keys and values TKV (float, bf16 or q8_0).
 //
-// A tile's K and V rows of a kv head are widened to float once for all of its query heads. A head scores
+// A slab's K and V rows of a kv head are widened to float once for all of its query heads. A head scores
 // KEYS keys at a time, each key's dot product its own chain of FMAs: one chain at a time waited out an FMA's
 // latency per vector, where KEYS chains keep both FMA ports busy. Each key's sum is the same chain as alone,
-// so the bits do not depend on how many keys a tile holds.
+// so the bits do not depend on how many keys a slab holds.
 template <typename TQ, typename TKV, int D>
 static void attend(const TQ* q, const TKV* kc, const TKV* vc, const int64_t* slots, int64_t len, TQ* out,
                    int h0, int h1, int H, int KV, int64_t nslots, float scale, int* bad) {
@@ -62,23 +62,23 @@ static void attend(const TQ* q, const TKV* kc, const TKV* vc, const int64_t* slo
   // two spilled sums' store and reload went into every key's chain.
   constexpr int NV = D / VL, KEYS = 8, SUMS = largest_divisor(NV, VREGS / 2);
   static_assert(D % (2 * VL) == 0, "bf16 rows are read 2 VL values at a time");
-  static_assert(TILE % KEYS == 0, "a tile's keys are scored KEYS at a time");
-  const int G = H / KV, kv0 = h0 / G, kv1 = (h1 - 1) / G + 1;
+  static_assert(SLAB % KEYS == 0, "a slab's keys are scored KEYS at a time");
+  const int QPK = H / KV, kv0 = h0 / QPK, kv1 = (h1 - 1) / QPK + 1;
   constexpr int64_t W = head_width<TKV>(D);
   const int64_t row = int64_t(KV) * W, span = int64_t(kv1 - kv0) * W * sizeof(TKV);
-  const int ahead = std::clamp(AHEAD_BYTES / int(2 * span), 1, TILE);
+  const int ahead = std::clamp(AHEAD_BYTES / int(2 * span), 1, SLAB);
   vf qv[MAXHD / VL], acc[MAXHD / VL];
-  alignas(64) float s[MAXH][TILE];
-  alignas(64) vf kw[TILE][NV], vw[TILE][NV];  // a tile's rows of one kv head, widened
+  alignas(64) float s[MAXH][SLAB];
+  alignas(64) vf kw[SLAB][NV], vw[SLAB][NV];  // a slab's rows of one kv head, widened
   float m[MAXH], l[MAXH], alpha[MAXH];
   for (int h = h0; h < h1; ++h) {
     load_row_as<TKV>(q + h * D, qv + h * NV, NV);
     for (int j = 0; j < NV; ++j) { qv[h * NV + j] *= scale; acc[h * NV + j] = vf{}; }
     m[h] = -INFINITY; l[h] = 0.f;
   }
-  for (int64_t t0 = 0; t0 < len; t0 += TILE) {
-    const int n = int(std::min<int64_t>(TILE, len - t0)), keys = (n + KEYS - 1) / KEYS * KEYS;
-    int64_t off[TILE];
+  for (int64_t t0 = 0; t0 < len; t0 += SLAB) {
+    const int n = int(std::min<int64_t>(SLAB, len - t0)), keys = (n + KEYS - 1) / KEYS * KEYS;
+    int64_t off[SLAB];
     for (int t = 0; t < n; ++t) {
       const int64_t sl = slots[t0 + t];
       if (sl < 0 || sl >= nslots) { *bad = 1; off[t] = 0; } else off[t] = sl * row;
@@ -99,7 +99,7 @@ static void attend(const TQ* q, const TKV* kc, const TKV* vc, const int64_t* slo
       }
       for (int t = n; t < keys; ++t)  // scored with the others, never read
         for (int j = 0; j < NV; ++j) kw[t][j] = vf{};
-      for (int h = std::max(kh * G, h0); h < std::min((kh + 1) * G, h1); ++h) {
+      for (int h = std::max(kh * QPK, h0); h < std::min((kh + 1) * QPK, h1); ++h) {
         for (int t = 0; t < keys; t += KEYS) {
           vf d[KEYS];
           for (int i = 0; i < KEYS; ++i) d[i] = qv[h * NV] * kw[t + i][0];

@@ -1,10 +1,10 @@
 // GGUF block matrices (blocks.h) against a few q8 activation rows (decode): the same 16-row groups and results
-// as block_prefill.h, without its decoded chunk. block_prefill.h pays a chunk's decode and interleave once for
+// as block_prefill.h, without its decoded inputs. block_prefill.h pays a decode and interleave once for
 // all its input rows, which at one to a few rows costs more than reading the weights; here each row's
 // blocks are unpacked in registers, in input order, and meet the inputs in int8 dot products lane by lane.
 // A reduction over 4 rows at a time (then a transpose of 128-bit blocks) turns every row's lanes into its
 // exact int32 sum per 16 inputs, a vector over the row group's rows: block_prefill.h's accumulate() (32-blocks) or
-// k_group() and k_super() (K-quants) then do the rest exactly as there (block_dot.h), so an output is the same
+// k_sub_block() and k_super() (K-quants) then do the rest exactly as there (block_dot.h), so an output is the same
 // bits on either path (batch invariance). On AVX2 the K-quants take k_pass(): their scales applied in the lanes,
 // one reduction per 256 inputs. On NEON and generic block_prefill.h serves every row count.
 #pragma once
@@ -158,12 +158,12 @@ static inline void read(const uint8_t* w, int64_t blk, int u, bool tail, i8::B8*
 template <class F, int P>
 static void pass(const uint8_t* w, int64_t row_bytes, int rows, int64_t K, const q8::Block* const* x,
                  const q8::Sums* const* ds, float (*acc)[ROWS]) {
-  constexpr int GROUPS = F::QK / F::G, PER_BLOCK = F::QK / 32;
+  constexpr int SUBS = F::QK / F::SUB, PER_BLOCK = F::QK / 32;
   constexpr bool KQ = F::QK == 256;  // a step is one K-quant super-block
   constexpr int STEP = PER_BLOCK >= UNITS ? 1 : UNITS;  // blocks a step: a whole vector of units
-  constexpr int NU = STEP * PER_BLOCK, NG = STEP * GROUPS;
+  constexpr int NU = STEP * PER_BLOCK, NS = STEP * SUBS;
   // Signed codes (Q8_0) go in as unsigned ones biased by 128 where the int8 dot product keeps every sum
-  // exact: s = sum (c + 128) x - 128 sum x, one subtraction per group for all the rows in place of a sign
+  // exact: s = sum (c + 128) x - 128 sum x, one subtraction per sub-block for all the rows in place of a sign
   // transfer per row; the same exact int32 sums.
   constexpr bool BIASED = F::SIGNED && i8::EXACT_U8;
 #if ZHUZI_AVX512
@@ -180,7 +180,7 @@ static void pass(const uint8_t* w, int64_t row_bytes, int rows, int64_t K, const
   for (int64_t blk = 0; blk < nb; blk += STEP) {
     const int nblk = int(std::min<int64_t>(STEP, nb - blk));
     prefetch_next<F>(w, row_bytes, blk, nblk);
-    alignas(64) float a[NG][ROWS], b[NG][ROWS];
+    alignas(64) float a[NS][ROWS], b[NS][ROWS];
     KScales k;
     if constexpr (KQ) row_ints<F>(row, blk * F::BYTES, off, k);
     else
@@ -188,7 +188,7 @@ static void pass(const uint8_t* w, int64_t row_bytes, int rows, int64_t K, const
     const q8::Block* xb[P];
     for (int p = 0; p < P; ++p) xb[p] = x[p] + blk * PER_BLOCK;
     i8::I32 s[P][2 * NU][V];  // per input row, per 16 inputs of the step: sums over the rows
-    // Unrolled, every unit index is a constant in codes() and the groups' offsets, which the AVX2 rows need most.
+    // Unrolled, every unit index is a constant in codes() and the sub-blocks' offsets, which the AVX2 rows need most.
 #pragma GCC unroll 8
     for (int u = 0; u < NU; u += READS * UNITS) {
       const bool tail = u + UNITS > nblk * PER_BLOCK;  // AVX-512, an odd count of 32-blocks: half a vector
@@ -227,13 +227,14 @@ static void pass(const uint8_t* w, int64_t row_bytes, int rows, int64_t K, const
         }
     }
     i8::I32 is[P][V] = {};
-    for (int g = 0; g < nblk * GROUPS; ++g)
+    for (int g = 0; g < nblk * SUBS; ++g)
       for (int p = 0; p < P; ++p) {
         i8::I32 gs[V];
         for (int v = 0; v < V; ++v)
-          gs[v] = F::G == 16 ? s[p][g][v] : i8::I32((vi)s[p][2 * g][v] + (vi)s[p][2 * g + 1][v]);
-        if constexpr (KQ) k_group<F>(is[p], gs, k, g, xb[p]);
-        else accumulate<F>(sums[p], gs, a[g], b[g], xb[p][g * F::G / 32], ds[p][blk * PER_BLOCK + g * F::G / 32], g);
+          gs[v] = F::SUB == 16 ? s[p][g][v] : i8::I32((vi)s[p][2 * g][v] + (vi)s[p][2 * g + 1][v]);
+        if constexpr (KQ) k_sub_block<F>(is[p], gs, k, g, xb[p]);
+        else accumulate<F>(sums[p], gs, a[g], b[g], xb[p][g * F::SUB / 32],
+                           ds[p][blk * PER_BLOCK + g * F::SUB / 32], g);
       }
     if constexpr (KQ)
       for (int p = 0; p < P; ++p) k_super<F>(sums[p], is[p], k, xb[p]);
@@ -271,7 +272,7 @@ static void k_pass(const uint8_t* w, int64_t row_bytes, int rows, int64_t K, con
 #pragma GCC unroll 8
         for (int u = 0; u < 8; ++u) {
           const __m256i c = unit<F>(b, u);
-          // The unit's scales as int16 words: Q6_K's groups 2u and 2u + 1 in its two 128-bit halves.
+          // The unit's scales as int16 words: Q6_K's sub-blocks 2u and 2u + 1 in its two 128-bit halves.
           const __m256i sc = Q6K ? _mm256_set_m128i(_mm_set1_epi16(int16_t(k.sc[2 * u + 1][at])),
                                                     _mm_set1_epi16(int16_t(k.sc[2 * u][at])))
                                  : _mm256_set1_epi16(int16_t(k.sc[u][at]));
@@ -287,7 +288,7 @@ static void k_pass(const uint8_t* w, int64_t row_bytes, int rows, int64_t K, con
       for (int v = 0; v < V; ++v) {
         vi offset = {};  // Q6_K: sum_g sc_g sum_g, which times -32 takes its codes' offset off
         if constexpr (Q6K)
-          for (int g = 0; g < 16; ++g) offset += load_vi(k.sc[g] + v * VL) * block_dot::group_sum<F>(xb[p], g);
+          for (int g = 0; g < 16; ++g) offset += load_vi(k.sc[g] + v * VL) * block_dot::sub_block_sum<F>(xb[p], g);
         is[v] = (i8::I32)((vi)t[0][v] + (vi)t[1][v] - F::OFF * offset);
       }
       k_super<F>(sums[p], is, k, xb[p]);

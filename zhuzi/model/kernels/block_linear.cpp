@@ -9,9 +9,9 @@
 
 using namespace block_prefill;
 
-// Input rows a work item takes: a row group's chunk is decoded once per work item, and at 64 rows decoding took
-// a third of a Q6_K prefill; a chunk's q8 blocks of 256 rows (80 KiB) still stay in L2.
-constexpr int64_t CHUNK_ROWS = 256;
+// Input rows a work item takes: a row group's inputs are decoded once per work item, and at 64 rows decoding took
+// a third of a Q6_K prefill; an item's q8 blocks of 256 rows (80 KiB) still stay in L2.
+constexpr int64_t ITEM_ROWS = 256;
 // Up to this many input rows, unpacking a row group's blocks per pass (block_decode.h) costs less than
 // decoding it once (block_prefill.h); both give the same bits.
 constexpr int64_t FEW_ROWS = 8;
@@ -20,29 +20,29 @@ template <typename T, typename Y>
 static void linear(const Part* parts, int nparts, const T* x, Y* y, int64_t M, int64_t N, int64_t K, int threads) {
   q8::Rows xq[2];  // the activations per 32 inputs and per 256 (K-quants), as the parts need them
   bool need[2] = {};
-  for (int p = 0; p < nparts; ++p) need[span(parts[p].type & ~packed::FLAG) == CHUNK] = true;
+  for (int p = 0; p < nparts; ++p) need[span(parts[p].type & ~packed::FLAG) == DECODE_K] = true;
   for (int s = 0; s < 2; ++s)
-    if (need[s]) xq[s].set(x, M, K, K, threads, s ? CHUNK : q8::BLOCK);
+    if (need[s]) xq[s].set(x, M, K, K, threads, s ? DECODE_K : q8::BLOCK);
   struct Ref { const Part* part; int64_t row, n0; };  // a row group: its part, its first row there, and in y
   std::vector<Ref> groups;
   for (int64_t p = 0, n0 = 0; p < nparts; n0 += parts[p].rows, ++p)
     for (int64_t r = 0; r < parts[p].rows; r += ROWS) groups.push_back({&parts[p], r, n0 + r});
-  const int64_t chunks = (M + CHUNK_ROWS - 1) / CHUNK_ROWS, count = int64_t(groups.size());
+  const int64_t sets = (M + ITEM_ROWS - 1) / ITEM_ROWS, count = int64_t(groups.size());
 #if ZHUZI_AVX512
   const bool amx = M > FEW_ROWS && amx_prefill::ready();
 #endif
 #pragma omp parallel for collapse(2) schedule(static) num_threads(threads)
-  for (int64_t c = 0; c < chunks; ++c)
+  for (int64_t s = 0; s < sets; ++s)
     for (int64_t i = 0; i < count; ++i) {
       const Ref& t = groups[i];
-      const int64_t m0 = c * CHUNK_ROWS, m1 = std::min(M, m0 + CHUNK_ROWS);
+      const int64_t m0 = s * ITEM_ROWS, m1 = std::min(M, m0 + ITEM_ROWS);
       const int rows = int(std::min<int64_t>(ROWS, t.part->rows - t.row));
-      alignas(64) float acc[CHUNK_ROWS][ROWS];
+      alignas(64) float acc[ITEM_ROWS][ROWS];
       const uint8_t* w = t.part->w + t.row * t.part->row_bytes;
       const bool is_packed = t.part->type & packed::FLAG;
       blocks::with_format(t.part->type & ~packed::FLAG, [&](auto f) {
         using F = decltype(f);
-        const q8::Rows& x8 = xq[F::QK == CHUNK];
+        const q8::Rows& x8 = xq[F::QK == DECODE_K];
         auto batched = [&](auto decode) {
 #if ZHUZI_AVX512
           if (amx) return amx_prefill::row_group<F>(decode, K, x8, m0, m1, acc);

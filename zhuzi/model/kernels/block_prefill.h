@@ -2,15 +2,15 @@
 // rows (prefill; block_decode.h takes a few on x86): the inner loops of the block linear kernel and of the fused
 // decode step.
 //
-// A row group's chunk of up to 256 inputs is decoded once into a small buffer: the 16 rows' codes interleaved
-// 4 bytes at a time (codes[quad][row]: one vector holds the same 4 inputs of every row, a lane per row), and
-// each group's scale a and offset b as vectors over the rows. An input row meets the chunk with one int8
-// dot product per 4 inputs, its 4 codes broadcast to every lane (vpdpbusd, maddubs + madd, sdot): no
-// horizontal sums, and every input row of the call reuses the decoded chunk, so decoding is paid once
-// per row group and chunk, not once per row.
+// A row group's inputs are decoded DECODE_K (256) at a time into a small buffer (Decoded): the 16 rows' codes
+// interleaved 4 bytes at a time (codes[quad][row]: one vector holds the same 4 inputs of every row, a lane per row),
+// and each sub-block's scale a and offset b as vectors over the rows. An input row meets the decoded inputs with one
+// int8 dot product per 4 inputs, its 4 codes broadcast to every lane (vpdpbusd, maddubs + madd, sdot): no horizontal
+// sums, and every input row of the call reuses the decoded inputs, so decoding is paid once per row group and
+// DECODE_K inputs, not once per row.
 //
-// Per group of G inputs and input row m, with s the group's exact int32 sum of code products:
-//   acc += s (a d) + b (d sum)     d: the activation block's scale, sum: its codes' sum (its half for G = 16)
+// Per sub-block of SUB inputs and input row m, with s the sub-block's exact int32 sum of code products:
+//   acc += s (a d) + b (d sum)     d: the activation block's scale, sum: its codes' sum (its half for SUB = 16)
 // which is sum_i (a q_i + b) x_i, since x_i = d c_i; the K-quants apply their scales to s as integers and
 // meet d once per 256 inputs (block_dot.h). An output's operations depend only on its own input row and
 // come in a fixed order: results are batch-invariant.
@@ -25,7 +25,7 @@
 
 namespace block_prefill {
 
-constexpr int ROWS = 16, CHUNK = 256, QUADS = CHUNK / 4;
+constexpr int ROWS = 16, DECODE_K = 256, QUADS = DECODE_K / 4;
 constexpr int V = ROWS / i8::LANES;  // vectors a row group's quad spans
 #if ZHUZI_AVX512
 constexpr int MB = 8;  // input rows a pass: their int32 sums stay in registers
@@ -57,11 +57,11 @@ constexpr int i16_run() {
   return 32767 / (2 * CMAX * 127);
 }
 
-struct Chunk {
+struct Decoded {
   alignas(64) uint8_t codes[QUADS][ROWS][4];
-  alignas(64) float a[CHUNK / 16][ROWS];  // 32-blocks' scales and offsets
-  alignas(64) float b[CHUNK / 16][ROWS];
-  KScales k;  // a K-quant's (a chunk is one super-block)
+  alignas(64) float a[DECODE_K / 16][ROWS];  // 32-blocks' scales and offsets
+  alignas(64) float b[DECODE_K / 16][ROWS];
+  KScales k;  // a K-quant's (DECODE_K inputs are one super-block)
 };
 
 static inline vi load_vi(const int32_t* p) { vi v; std::memcpy(&v, p, sizeof v); return v; }
@@ -80,12 +80,12 @@ static inline i8::B8 broadcast4(const int8_t* p) {
 #endif
 }
 
-// 16 rows' 16 quads (at rows[r * CHUNK + 4 j]) -> out[j][r]: a 16 x 16 transpose of 4-byte words, in four
+// 16 rows' 16 quads (at rows[r * DECODE_K + 4 j]) -> out[j][r]: a 16 x 16 transpose of 4-byte words, in four
 // rounds that swap ever smaller blocks across the diagonal (GCC vectors: a two-source permute a row each).
 typedef uint32_t v16w __attribute__((vector_size(64)));
 static inline void interleave(const uint8_t* rows, uint8_t* out) {
   v16w r[ROWS];
-  for (int i = 0; i < ROWS; ++i) std::memcpy(&r[i], rows + i * CHUNK, 64);
+  for (int i = 0; i < ROWS; ++i) std::memcpy(&r[i], rows + i * DECODE_K, 64);
   auto round = [&](int b, const v16w& keep, const v16w& swap) {
     for (int i = 0; i < ROWS; ++i)
       if (!(i & b)) {
@@ -106,12 +106,12 @@ static inline void interleave(const uint8_t* rows, uint8_t* out) {
   for (int j = 0; j < ROWS; ++j) std::memcpy(out + j * ROWS * 4, &r[j], 64);
 }
 
-// The float part of group g (of a chunk or a step aligned to 256 inputs) for one input row, from its q8 block's
-// scale d and q8::scaled_sum(): sums[v] += s (a d) + b (d sum), vectors over the row group's rows. Every
-// path (here, block_decode.h, arch/x86/amx/block_prefill.h) calls it with the exact int32 group sums s, so an
-// output's bits do not depend on the path. Formats without an offset (Q8_0) have no b term; for those whose
-// offset is b = -OFF a (OFF a power of two), b (d sum) is computed as a (-OFF d sum), the same number: scaling
-// by a power of two commutes with rounding. So their b is never stored.
+// The float part of sub-block g (of the decoded inputs or a step aligned to 256 inputs) for one input row, from its q8
+// block's scale d and q8::scaled_sum(): sums[v] += s (a d) + b (d sum), vectors over the row group's rows. Every path
+// (here, block_decode.h, arch/x86/amx/block_prefill.h) calls it with the exact int32 sub-block sums s, so an output's
+// bits do not depend on the path. Formats without an offset (Q8_0) have no b term; for those whose offset is b = -OFF
+// a (OFF a power of two), b (d sum) is computed as a (-OFF d sum), the same number: scaling by a power of two
+// commutes with rounding. So their b is never stored.
 template <class F>
 static inline void accumulate(vf* sums, const i8::I32* s, const float* a, const float* b, float d, float dsum) {
   static_assert((F::OFF & (F::OFF - 1)) == 0, "an offset that is not a power of two would round differently");
@@ -123,19 +123,19 @@ static inline void accumulate(vf* sums, const i8::I32* s, const float* a, const 
     else sums[v] = fmadd(i8::to_float(s[v]), av * scale, sums[v]);
   }
 }
-// The same, for group g of the q8 block xb and its scaled sums ds (q8::Rows::sums()).
+// The same, for sub-block g of the q8 block xb and its scaled sums ds (q8::Rows::sums()).
 template <class F>
 static inline void accumulate(vf* sums, const i8::I32* s, const float* a, const float* b, const q8::Block& xb,
                               const q8::Sums& ds, int g) {
-  accumulate<F>(sums, s, a, b, xb.d, F::MIN || F::OFF ? ds[F::G == 16 ? g % 2 : 2] : 0.f);
+  accumulate<F>(sums, s, a, b, xb.d, F::MIN || F::OFF ? ds[F::SUB == 16 ? g % 2 : 2] : 0.f);
 }
 
-// block_dot::group() for a K-quant's group g, vectors over a row group's rows: is[v] += sc s.
+// block_dot::sub_block() for a K-quant's sub-block g, vectors over a row group's rows: is[v] += sc s.
 template <class F>
-static inline void k_group(i8::I32* is, const i8::I32* s, const KScales& k, int g, const q8::Block* xb) {
-  const int32_t xsum = block_dot::group_sum<F>(xb, g);
+static inline void k_sub_block(i8::I32* is, const i8::I32* s, const KScales& k, int g, const q8::Block* xb) {
+  const int32_t xsum = block_dot::sub_block_sum<F>(xb, g);
   for (int v = 0; v < V; ++v)
-    is[v] = (i8::I32)block_dot::group<F>((vi)is[v], (vi)s[v], load_vi(k.sc[g] + v * VL), xsum);
+    is[v] = (i8::I32)block_dot::sub_block<F>((vi)is[v], (vi)s[v], load_vi(k.sc[g] + v * VL), xsum);
 }
 
 // block_dot::super() for a super-block of the row group's rows whose integer sums are is, one input row (q8 blocks
@@ -146,7 +146,7 @@ static inline void k_super(vf* sums, const i8::I32* is, const KScales& k, const 
   for (int v = 0; v < V; ++v) {
     vi im = {};
     if constexpr (F::MIN)
-      for (int j = 0; j < 8; ++j) im += load_vi(k.mn[j] + v * VL) * block_dot::group_sum<F>(xb, j);
+      for (int j = 0; j < 8; ++j) im += load_vi(k.mn[j] + v * VL) * block_dot::sub_block_sum<F>(xb, j);
     sums[v] = block_dot::super<F>(sums[v], (vi)is[v], im, load_vf(k.d + v * VL) * dx, -(load_vf(k.dmin + v * VL) * dx));
   }
 }
@@ -154,10 +154,10 @@ static inline void k_super(vf* sums, const i8::I32* is, const KScales& k, const 
 #if ZHUZI_AVX2 && !ZHUZI_AVXVNNI
 // A K-quant's sums on AVX2 without VNNI, the same integers as block_dot.h in 16-bit steps, where the multiplier
 // (one port on Zen 2) is what a step waits on. Runs of maddubs pair sums add up in int16 (i16_run()) and meet
-// the rows' group scales in one madd. The per-32 terms, the minimums' im = sum_j mn_j sum_j and Q6_K's
+// the rows' sub-block scales in one madd. The per-32 terms, the minimums' im = sum_j mn_j sum_j and Q6_K's
 // offset sum_g sc_g sum_g (its -32 taken off once per super-block, as llama.cpp does), are int16 pair dots
 // too: a block's coefficient pair meets its two 16-input code sums (q8::Block::sum, one word each) in one
-// madd, in place of a 32-bit multiply (two uops) per group or minimum.
+// madd, in place of a 32-bit multiply (two uops) per sub-block or minimum.
 namespace runs {
 
 // Each lane's int32 value (within int16) in both of its words, or lo's in the low word and hi's in the high.
@@ -166,13 +166,13 @@ static inline __m256i pair_words(vi lo, vi hi) {
   return _mm256_blend_epi16((__m256i)lo, _mm256_slli_epi32((__m256i)hi, 16), 0xAA);
 }
 
-// The maddubs pair sums of quad j (codes against 4 broadcast activation codes) into a group's run, which
+// The maddubs pair sums of quad j (codes against 4 broadcast activation codes) into a sub-block's run, which
 // meets the scales sc16 (both_words()) in is every RUN quads.
 template <int RUN>
 static inline void quad(__m256i& run, __m256i& is, __m256i codes, __m256i x4, __m256i sc16, int j) {
   const __m256i pairs = _mm256_maddubs_epi16(codes, x4);
   run = j % RUN ? _mm256_add_epi16(run, pairs) : pairs;
-  // Opaque to GCC, which otherwise reassociates a run's chain of adds into a tree: every product of a group
+  // Opaque to GCC, which otherwise reassociates a run's chain of adds into a tree: every product of a sub-block
   // live at once, spilled to the stack, twice the instructions.
   __asm__("" : "+x"(run));
   if ((j + 1) % RUN == 0) is = _mm256_add_epi32(is, _mm256_madd_epi16(run, sc16));
@@ -200,18 +200,18 @@ static inline void close(i8::I32& is, i8::I32& im, __m256i term) {
 // apply() for a K-quant super-block: a half of the row group's rows (one vector) at a time, so that a pass's runs
 // and sums fit the 16 registers.
 template <class F, int P>
-static void apply_runs(const Chunk& t, const q8::Block* const* x, float (*acc)[ROWS]) {
-  constexpr int QG = F::G / 4, RUN = i16_run<F>();
+static void apply_runs(const Decoded& t, const q8::Block* const* x, float (*acc)[ROWS]) {
+  constexpr int QSUB = F::SUB / 4, RUN = i16_run<F>();
   for (int v = 0; v < V; ++v) {
     __m256i is[P], run[P];
     for (int m = 0; m < P; ++m) is[m] = i8::zero();
-    for (int g = 0; g < CHUNK / F::G; ++g) {
+    for (int g = 0; g < DECODE_K / F::SUB; ++g) {
       const __m256i sc16 = runs::both_words(load_vi(t.k.sc[g] + v * VL));
 #pragma GCC unroll 8
-      for (int j = 0; j < QG; ++j) {
-        const __m256i codes = i8::load_b8(t.codes[g * QG + j][v * i8::LANES]);
+      for (int j = 0; j < QSUB; ++j) {
+        const __m256i codes = i8::load_b8(t.codes[g * QSUB + j][v * i8::LANES]);
         for (int m = 0; m < P; ++m)
-          runs::quad<RUN>(run[m], is[m], codes, broadcast4(x[m][g * F::G / 32].q + g * F::G % 32 + 4 * j), sc16, j);
+          runs::quad<RUN>(run[m], is[m], codes, broadcast4(x[m][g * F::SUB / 32].q + g * F::SUB % 32 + 4 * j), sc16, j);
       }
     }
     const auto scale = [&](int g) { return load_vi(t.k.sc[g] + v * VL); };
@@ -219,7 +219,7 @@ static void apply_runs(const Chunk& t, const q8::Block* const* x, float (*acc)[R
     const vf d = load_vf(t.k.d + v * VL), dmin = load_vf(t.k.dmin + v * VL);
     for (int m = 0; m < P; ++m) {
       __m256i term = i8::zero();
-      for (int b = 0; b < CHUNK / 32; ++b) term = runs::block_term<F>(term, scale, minimum, b, x[m][b]);
+      for (int b = 0; b < DECODE_K / 32; ++b) term = runs::block_term<F>(term, scale, minimum, b, x[m][b]);
       i8::I32 im = i8::zero();
       runs::close<F>(is[m], im, term);
       const vf dx = splat(x[m][0].d);
@@ -230,45 +230,45 @@ static void apply_runs(const Chunk& t, const q8::Block* const* x, float (*acc)[R
 #endif
 
 // Rows [0, rows) (the rest zeros) of a row group whose first row's blocks start at w, inputs [k0, k0 + n): n a
-// multiple of F::QK, at most CHUNK.
+// multiple of F::QK, at most DECODE_K.
 template <class F>
-static void decode(const uint8_t* w, int64_t row_bytes, int rows, int64_t k0, int n, Chunk& t) {
-  constexpr int GROUPS = F::QK / F::G;
-  alignas(64) uint8_t q[ROWS][CHUNK];
+static void decode(const uint8_t* w, int64_t row_bytes, int rows, int64_t k0, int n, Decoded& t) {
+  constexpr int SUBS = F::QK / F::SUB;
+  alignas(64) uint8_t q[ROWS][DECODE_K];
   for (int r = 0; r < ROWS; ++r) {
     if (r >= rows) {
       std::memset(q[r], 0, n);
-      for (int g = 0; g < CHUNK / 16; ++g) t.a[g][r] = t.b[g][r] = 0.f, t.k.sc[g][r] = 0;
+      for (int g = 0; g < DECODE_K / 16; ++g) t.a[g][r] = t.b[g][r] = 0.f, t.k.sc[g][r] = 0;
       for (int j = 0; j < 8; ++j) t.k.mn[j][r] = 0;
       t.k.d[r] = t.k.dmin[r] = 0.f;
       continue;
     }
     const uint8_t* src = w + r * row_bytes + k0 / F::QK * F::BYTES;
     for (int blk = 0; blk < n / F::QK; ++blk) {
-      float a[GROUPS], b[GROUPS];
+      float a[SUBS], b[SUBS];
       F::decode(src + blk * F::BYTES, q[r] + blk * F::QK, a, b);
-      if constexpr (F::QK == CHUNK) {
+      if constexpr (F::QK == DECODE_K) {
         int32_t sc[16], mn[8];
         F::ints(src, sc, mn, t.k.d[r], t.k.dmin[r]);
-        for (int g = 0; g < GROUPS; ++g) t.k.sc[g][r] = sc[g];
+        for (int g = 0; g < SUBS; ++g) t.k.sc[g][r] = sc[g];
         if constexpr (F::MIN)
           for (int j = 0; j < 8; ++j) t.k.mn[j][r] = mn[j];
         continue;
       }
-      for (int g = 0; g < GROUPS; ++g) t.a[blk * GROUPS + g][r] = a[g];
+      for (int g = 0; g < SUBS; ++g) t.a[blk * SUBS + g][r] = a[g];
       if constexpr (F::MIN)
-        for (int g = 0; g < GROUPS; ++g) t.b[blk * GROUPS + g][r] = b[g];
+        for (int g = 0; g < SUBS; ++g) t.b[blk * SUBS + g][r] = b[g];
     }
   }
   for (int quad = 0; quad < n / 4; quad += 16) interleave(&q[0][4 * quad], &t.codes[quad][0][0]);
 }
 
-// acc[m][r] += the chunk's products for P <= MB input rows; x[m]: row m's q8 blocks from the chunk's first,
+// acc[m][r] += the decoded inputs' products for P <= MB input rows; x[m]: row m's q8 blocks from their first,
 // ds[m] their scaled sums.
 template <class F, int P>
-static void apply(const Chunk& t, int n, const q8::Block* const* x, const q8::Sums* const* ds, float (*acc)[ROWS]) {
-  constexpr int QG = F::G / 4;  // quads a group
-  constexpr bool KQ = F::QK == CHUNK;  // the chunk is one K-quant super-block
+static void apply(const Decoded& t, int n, const q8::Block* const* x, const q8::Sums* const* ds, float (*acc)[ROWS]) {
+  constexpr int QSUB = F::SUB / 4;  // quads a sub-block
+  constexpr bool KQ = F::QK == DECODE_K;  // the decoded inputs are one K-quant super-block
 #if ZHUZI_AVX2 && !ZHUZI_AVXVNNI
   if constexpr (KQ) return apply_runs<F, P>(t, x, acc);
 #endif
@@ -276,26 +276,26 @@ static void apply(const Chunk& t, int n, const q8::Block* const* x, const q8::Su
   i8::I32 is[P][V];
   for (int m = 0; m < P; ++m)
     for (int v = 0; v < V; ++v) sums[m][v] = load_vf(acc[m] + v * VL), is[m][v] = i8::zero();
-  for (int g = 0; g < n / F::G; ++g) {
-    // The group's codes in each input row: the quads below sit at fixed offsets from them, so that every
+  for (int g = 0; g < n / F::SUB; ++g) {
+    // The sub-block's codes in each input row: the quads below sit at fixed offsets from them, so that every
     // dot product takes its broadcast operand straight from memory (one instruction, no address arithmetic).
     const int8_t* xg[P];
-    for (int m = 0; m < P; ++m) xg[m] = x[m][g * F::G / 32].q + g * F::G % 32;
+    for (int m = 0; m < P; ++m) xg[m] = x[m][g * F::SUB / 32].q + g * F::SUB % 32;
     i8::I32 s[P][V];
     for (int m = 0; m < P; ++m)
       for (int v = 0; v < V; ++v) s[m][v] = i8::zero();
 #pragma GCC unroll 8
-    for (int j = 0; j < QG; ++j) {
+    for (int j = 0; j < QSUB; ++j) {
       i8::B8 w[V];
-      for (int v = 0; v < V; ++v) w[v] = i8::load_b8(t.codes[g * QG + j][v * i8::LANES]);
+      for (int v = 0; v < V; ++v) w[v] = i8::load_b8(t.codes[g * QSUB + j][v * i8::LANES]);
       for (int m = 0; m < P; ++m)
         for (int v = 0; v < V; ++v)
           s[m][v] = F::SIGNED ? i8::dot_s8s8(s[m][v], w[v], broadcast4(xg[m] + 4 * j))
                               : i8::dot_u8s8_at(s[m][v], w[v], xg[m] + 4 * j);
     }
-    const int blk = g * F::G / 32;
+    const int blk = g * F::SUB / 32;
     for (int m = 0; m < P; ++m)
-      if constexpr (KQ) k_group<F>(is[m], s[m], t.k, g, x[m]);
+      if constexpr (KQ) k_sub_block<F>(is[m], s[m], t.k, g, x[m]);
       else accumulate<F>(sums[m], s[m], t.a[g], t.b[g], x[m][blk], ds[m][blk], g);
   }
   if constexpr (KQ)
@@ -309,10 +309,10 @@ static void apply(const Chunk& t, int n, const q8::Block* const* x, const q8::Su
 // [k0, k0 + n): decoder() from the file's blocks, or from packed ones (packed_blocks.h).
 template <class F, typename Decode>
 static void row_group(Decode decode, int64_t K, const q8::Rows& x, int64_t m0, int64_t m1, float (*acc)[ROWS]) {
-  Chunk t;
+  Decoded t;
   std::memset(acc, 0, sizeof(float) * ROWS * (m1 - m0));
-  for (int64_t k0 = 0; k0 < K; k0 += CHUNK) {
-    const int n = int(std::min<int64_t>(CHUNK, K - k0));
+  for (int64_t k0 = 0; k0 < K; k0 += DECODE_K) {
+    const int n = int(std::min<int64_t>(DECODE_K, K - k0));
     decode(k0, n, t);
     for (int64_t m = m0; m < m1; m += MB) {
       const int count = int(std::min<int64_t>(MB, m1 - m));
@@ -327,7 +327,7 @@ static void row_group(Decode decode, int64_t K, const q8::Rows& x, int64_t m0, i
 // row_group()'s decode for rows [0, rows) of the file's blocks from w.
 template <class F>
 static auto decoder(const uint8_t* w, int64_t row_bytes, int rows) {
-  return [=](int64_t k0, int n, Chunk& t) { decode<F>(w, row_bytes, rows, k0, n, t); };
+  return [=](int64_t k0, int n, Decoded& t) { decode<F>(w, row_bytes, rows, k0, n, t); };
 }
 
 // The inputs that share an activation scale (q8::Rows' span) for weights of `type`: their block's length,

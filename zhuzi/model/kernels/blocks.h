@@ -22,11 +22,11 @@
 // nibble, t = 2: high) or ql[64h + 32 + l] (t = 1: low, t = 3: high), and its top 2 bits from
 // (qh[32h + l] >> 2t) & 3.
 //
-// K-quants (QK = 256) also give their sub-block scales as integers (ints(): sc per group, mn per 32, the fp16
+// K-quants (QK = 256) also give their sub-block scales as integers (ints(): sc per sub-block, mn per 32, the fp16
 // d and dmin), which the dot products apply in the integer domain (block_dot.h).
 //
-// Each Format decodes a block into its codes q (one byte a weight; Q8_0's are signed), and per group of
-// G weights a scale a and, for the formats with a minimum, an offset b (scales(): these alone):
+// Each Format decodes a block into its codes q (one byte a weight; Q8_0's are signed), and per sub-block of
+// SUB weights a scale a and, for the formats with a minimum, an offset b (scales(): these alone):
 // weight = a q + b ("MIN" formats), or a (q - OFF) (the others). values() computes the weights as gguf's
 // reference does, bit for bit (a q is rounded before b is added: no FMA); the kernels use the codes and scales.
 #pragma once
@@ -73,7 +73,7 @@ static inline void k_ints(const uint8_t* s, int32_t* sc, int32_t* mn) {
     mn[j] = j < 4 ? s[j + 4] & 63 : (s[j + 4] >> 4) | (s[j] >> 6) << 4;
   }
 }
-// The same, as each group's scale (times d) and offset (-dmin mn).
+// The same, as each sub-block's scale (times d) and offset (-dmin mn).
 static inline void k_scales(uint16_t d16, uint16_t dmin16, const uint8_t* s, float* a, float* b) {
   const float d = half_to_float(d16), dmin = half_to_float(dmin16);
   int32_t sc[8], mn[8];
@@ -87,7 +87,7 @@ static inline void k_nibbles(const uint8_t* qs, uint8_t* q) {
 
 template <int T> struct Format;
 template <> struct Format<Q4_0> {
-  static constexpr int QK = 32, BYTES = 18, G = 32, OFF = 8;
+  static constexpr int QK = 32, BYTES = 18, SUB = 32, OFF = 8;
   static constexpr bool MIN = false, SIGNED = false;
   static void decode(const void* p, uint8_t* q, float* a, float*) {
     nibbles(static_cast<const BQ4_0*>(p)->qs, q);
@@ -96,7 +96,7 @@ template <> struct Format<Q4_0> {
   static void scales(const void* p, float* a, float*) { a[0] = half_to_float(static_cast<const BQ4_0*>(p)->d); }
 };
 template <> struct Format<Q4_1> {
-  static constexpr int QK = 32, BYTES = 20, G = 32, OFF = 0;
+  static constexpr int QK = 32, BYTES = 20, SUB = 32, OFF = 0;
   static constexpr bool MIN = true, SIGNED = false;
   static void decode(const void* p, uint8_t* q, float* a, float* off) {
     nibbles(static_cast<const BQ4_1*>(p)->qs, q);
@@ -108,7 +108,7 @@ template <> struct Format<Q4_1> {
   }
 };
 template <> struct Format<Q5_0> {
-  static constexpr int QK = 32, BYTES = 22, G = 32, OFF = 16;
+  static constexpr int QK = 32, BYTES = 22, SUB = 32, OFF = 16;
   static constexpr bool MIN = false, SIGNED = false;
   static void decode(const void* p, uint8_t* q, float* a, float*) {
     const auto* b = static_cast<const BQ5_0*>(p);
@@ -119,7 +119,7 @@ template <> struct Format<Q5_0> {
   static void scales(const void* p, float* a, float*) { a[0] = half_to_float(static_cast<const BQ5_0*>(p)->d); }
 };
 template <> struct Format<Q5_1> {
-  static constexpr int QK = 32, BYTES = 24, G = 32, OFF = 0;
+  static constexpr int QK = 32, BYTES = 24, SUB = 32, OFF = 0;
   static constexpr bool MIN = true, SIGNED = false;
   static void decode(const void* p, uint8_t* q, float* a, float* off) {
     const auto* b = static_cast<const BQ5_1*>(p);
@@ -133,7 +133,7 @@ template <> struct Format<Q5_1> {
   }
 };
 template <> struct Format<Q8_0> {
-  static constexpr int QK = 32, BYTES = 34, G = 32, OFF = 0;
+  static constexpr int QK = 32, BYTES = 34, SUB = 32, OFF = 0;
   static constexpr bool MIN = false, SIGNED = true;
   static void decode(const void* p, uint8_t* q, float* a, float*) {
     std::memcpy(q, static_cast<const BQ8_0*>(p)->qs, 32);
@@ -142,7 +142,7 @@ template <> struct Format<Q8_0> {
   static void scales(const void* p, float* a, float*) { a[0] = half_to_float(static_cast<const BQ8_0*>(p)->d); }
 };
 template <> struct Format<Q4_K> {
-  static constexpr int QK = 256, BYTES = 144, G = 32, OFF = 0;
+  static constexpr int QK = 256, BYTES = 144, SUB = 32, OFF = 0;
   static constexpr bool MIN = true, SIGNED = false;
   static void decode(const void* p, uint8_t* q, float* a, float* off) {
     k_nibbles(static_cast<const BQ4_K*>(p)->qs, q);
@@ -158,7 +158,7 @@ template <> struct Format<Q4_K> {
   }
 };
 template <> struct Format<Q5_K> {
-  static constexpr int QK = 256, BYTES = 176, G = 32, OFF = 0;
+  static constexpr int QK = 256, BYTES = 176, SUB = 32, OFF = 0;
   static constexpr bool MIN = true, SIGNED = false;
   static void decode(const void* p, uint8_t* q, float* a, float* off) {
     const auto* b = static_cast<const BQ5_K*>(p);
@@ -177,7 +177,7 @@ template <> struct Format<Q5_K> {
   }
 };
 template <> struct Format<Q6_K> {
-  static constexpr int QK = 256, BYTES = 210, G = 16, OFF = 32;
+  static constexpr int QK = 256, BYTES = 210, SUB = 16, OFF = 32;
   static constexpr bool MIN = false, SIGNED = false;
   static void decode(const void* p, uint8_t* q, float* a, float*) {
     const auto* b = static_cast<const BQ6_K*>(p);
@@ -206,10 +206,10 @@ template <> struct Format<Q6_K> {
 template <class F, typename Decode>
 static inline void values(float* y, Decode decode) {
   uint8_t q[F::QK];
-  float a[F::QK / F::G], b[F::QK / F::G];
+  float a[F::QK / F::SUB], b[F::QK / F::SUB];
   decode(q, a, b);
   for (int i = 0; i < F::QK; ++i) {
-    const int g = i / F::G;
+    const int g = i / F::SUB;
     if constexpr (F::MIN) y[i] = a[g] * float(q[i]) + b[g];  // not fmadd(): gguf rounds the product
     else y[i] = a[g] * float((F::SIGNED ? int(int8_t(q[i])) : int(q[i])) - F::OFF);
   }

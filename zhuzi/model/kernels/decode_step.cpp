@@ -29,7 +29,7 @@ struct Barrier {
   }
 };
 
-constexpr int CHUNK = 16;  // output rows per work item: one packed row group of blocks
+constexpr int GROUP = 16;  // output rows per work item: a row group
 
 #if ZHUZI_AVX512
 using Act = uint16_t;  // queries and attention outputs: bf16, as the matrices take them
@@ -86,7 +86,7 @@ struct Inputs {
   void use(const float* rows, int count, int64_t width) { set(rows, count, width); }
 #endif
   const q8::Rows& blocks(int span) {  // span: the weights' block length, the inputs an activation scale covers
-    const int s = span == block_prefill::CHUNK;
+    const int s = span == block_prefill::DECODE_K;
     if (!q8_ready[s]) {
       if (bf16) q8[s].set(bf16, M, K, K, 1, span);
       else q8[s].set(f.data(), M, K, K, 1, span);
@@ -107,14 +107,14 @@ struct Inputs {
 };
 
 // Rows [n0, n0 + count) of a row-major matrix against M inputs: out[m][r].
-// Weight rows per stripe that divide a chunk: a remainder would stream its rows one at a time, with a single
+// Weight rows per stripe that divide a row group: a remainder would stream its rows one at a time, with a single
 // accumulator chain each, below memory speed.
-constexpr int chunk_rows(int r) { return r >= 8 ? 8 : r >= 4 ? 4 : r >= 2 ? 2 : 1; }
+constexpr int stripe_rows(int r) { return r >= 8 ? 8 : r >= 4 ? 4 : r >= 2 ? 2 : 1; }
 
 template <class F, int M>
 static void dense_rows(const typename F::W* w, int64_t K, const typename F::X* x, int64_t kp, int64_t n0, int count,
-                       float out[M][CHUNK]) {
-  constexpr int R = chunk_rows(ROWS[M]);
+                       float out[M][GROUP]) {
+  constexpr int R = stripe_rows(ROWS[M]);
   int r = 0;
   for (; r + R <= count; r += R) {
     float o[R][M];
@@ -131,7 +131,7 @@ static void dense_rows(const typename F::W* w, int64_t K, const typename F::X* x
 
 // Output rows [n0, n0 + count) of matrix a (count <= 16, n0 a multiple of 16): out[m][r].
 template <int M>
-static void chunk(const Mat& a, Inputs& in, int64_t n0, int count, float out[M][CHUNK]) {
+static void group_outputs(const Mat& a, Inputs& in, int64_t n0, int count, float out[M][GROUP]) {
   const int64_t K = a.k;
   switch (a.kind) {
     case DENSE:
@@ -163,16 +163,16 @@ static void chunk(const Mat& a, Inputs& in, int64_t n0, int count, float out[M][
 // which the packed kernels' prefetch follows. Results do not depend on the split: a row is one thread's.
 static inline int64_t turn(int64_t items) { return std::max<int64_t>(1, items / (4 * omp_get_num_threads())); }
 
-// Every chunk of 16 output rows of a, split over the team; emit(n0, count, out) takes each chunk's results.
+// Every row group (16 output rows) of a, split over the team; emit(n0, count, out) takes each group's results.
 template <int M, typename Emit>
 static void matmul(const Mat& a, Inputs& in, const Barrier& sync, Emit emit) {
-  const int64_t chunks = (a.n + CHUNK - 1) / CHUNK;
-#pragma omp for schedule(dynamic, turn(chunks)) nowait
-  for (int64_t c = 0; c < chunks; ++c) {
-    float out[M][CHUNK];
-    const int count = int(std::min<int64_t>(CHUNK, a.n - c * CHUNK));
-    chunk<M>(a, in, c * CHUNK, count, out);
-    emit(c * CHUNK, count, out);
+  const int64_t groups = (a.n + GROUP - 1) / GROUP;
+#pragma omp for schedule(dynamic, turn(groups)) nowait
+  for (int64_t c = 0; c < groups; ++c) {
+    float out[M][GROUP];
+    const int count = int(std::min<int64_t>(GROUP, a.n - c * GROUP));
+    group_outputs<M>(a, in, c * GROUP, count, out);
+    emit(c * GROUP, count, out);
   }
   sync();
 }
@@ -211,10 +211,10 @@ static void embedding(const Args& a, int64_t id, float* h) {
 template <typename TKV>
 static void attend_group(int64_t D, const Act* q, const void* kc, const void* vc, const int64_t* slots,
                          int64_t len, Act* out, int kh, int H, int KV, int64_t nslots, float scale, int* bad) {
-  const int G = H / KV;
+  const int QPK = H / KV;
   const auto* k = static_cast<const TKV*>(kc);
   const auto* v = static_cast<const TKV*>(vc);
-  auto go = [&](auto fn) { fn(q, k, v, slots, len, out, kh * G, (kh + 1) * G, H, KV, nslots, scale, bad); };
+  auto go = [&](auto fn) { fn(q, k, v, slots, len, out, kh * QPK, (kh + 1) * QPK, H, KV, nslots, scale, bad); };
   switch (D) {
     case 32: go(attend<Act, TKV, 32>); break;
     case 64: go(attend<Act, TKV, 64>); break;
@@ -250,17 +250,17 @@ static int run(const Args& a) {
       char* kc = static_cast<char*>(a.kv) + 2 * l * pool;
       char* vc = kc + pool;
       in.set(h.data(), M, E, L.input_norm, a.eps);
-      matmul<M>(L.qkv, in, sync, [&](int64_t n0, int count, float out[M][CHUNK]) {
+      matmul<M>(L.qkv, in, sync, [&](int64_t n0, int count, float out[M][GROUP]) {
         for (int m = 0; m < M; ++m) std::memcpy(&qkv[m * QKV + n0], out[m], count * 4);
       });
       // A work item is a row's kv head: its query heads' and its key's norms and RoPE, its K/V into the pool,
       // then its attention (which reads that K/V), with no barrier between them.
 #pragma omp for schedule(static) nowait
       for (int64_t i = 0; i < M * KV; ++i) {
-        const int64_t m = i / KV, kh = i % KV, G = H / KV;
+        const int64_t m = i / KV, kh = i % KV, QPK = H / KV;
         const float* cos = a.cos + a.positions[m] * (D / 2);
         const float* sin = a.sin + a.positions[m] * (D / 2);
-        for (int64_t j = kh * G; j < (kh + 1) * G; ++j) {
+        for (int64_t j = kh * QPK; j < (kh + 1) * QPK; ++j) {
           float* x = &qkv[m * QKV + j * D];
           if (L.q_norm) head_norm(x, L.q_norm, D, a.eps);
           rope(x, cos, sin, D, a.rope_interleaved);
@@ -279,7 +279,7 @@ static int run(const Args& a) {
       }
       sync();
       in.use(attn.data(), M, H * D);
-      matmul<M>(L.o, in, sync, [&](int64_t n0, int count, float out[M][CHUNK]) {
+      matmul<M>(L.o, in, sync, [&](int64_t n0, int count, float out[M][GROUP]) {
         for (int m = 0; m < M; ++m)
           for (int r = 0; r < count; ++r) h[m * E + n0 + r] += out[m][r];
       });
@@ -289,23 +289,23 @@ static int run(const Args& a) {
       Mat up = gate;
       if (gate.kind == DENSE) up.w = static_cast<const uint16_t*>(gate.w) + F * E;
       else up.w = static_cast<const block_prefill::Part*>(gate.w) + 1;
-#pragma omp for schedule(dynamic, turn(F / CHUNK)) nowait
-      for (int64_t c = 0; c < F / CHUNK; ++c) {
-        float g[M][CHUNK], u[M][CHUNK];
-        chunk<M>(gate, in, c * CHUNK, CHUNK, g);
-        chunk<M>(up, in, c * CHUNK, CHUNK, u);
+#pragma omp for schedule(dynamic, turn(F / GROUP)) nowait
+      for (int64_t c = 0; c < F / GROUP; ++c) {
+        float g[M][GROUP], u[M][GROUP];
+        group_outputs<M>(gate, in, c * GROUP, GROUP, g);
+        group_outputs<M>(up, in, c * GROUP, GROUP, u);
         for (int m = 0; m < M; ++m)
-          for (int r = 0; r < CHUNK; ++r) act[m * F + c * CHUNK + r] = g[m][r] / (1.f + expf(-g[m][r])) * u[m][r];
+          for (int r = 0; r < GROUP; ++r) act[m * F + c * GROUP + r] = g[m][r] / (1.f + expf(-g[m][r])) * u[m][r];
       }
       sync();
       in.set(act.data(), M, F);
-      matmul<M>(L.down, in, sync, [&](int64_t n0, int count, float out[M][CHUNK]) {
+      matmul<M>(L.down, in, sync, [&](int64_t n0, int count, float out[M][GROUP]) {
         for (int m = 0; m < M; ++m)
           for (int r = 0; r < count; ++r) h[m * E + n0 + r] += out[m][r];
       });
     }
     in.set(h.data(), M, E, a.norm, a.eps);
-    matmul<M>(a.lm_head, in, sync, [&](int64_t n0, int count, float out[M][CHUNK]) {
+    matmul<M>(a.lm_head, in, sync, [&](int64_t n0, int count, float out[M][GROUP]) {
       for (int m = 0; m < M; ++m) std::memcpy(a.logits + m * V + n0, out[m], count * 4);
     });
   }

@@ -1,7 +1,7 @@
 // The block kernels on packed GGUF matrices (packed_layout.h): decode rows, and the decode of a unit into
-// block_prefill.h's chunks for many input rows. The sums are block_dot.h's, bit for bit: exact int32 per group, then
-// the float steps of block_prefill.h's accumulate() (32-blocks) or of block_dot::super() (K-quants, their scales
-// as integers) in input order; an output is the same bits as on the file's layout, on every path.
+// block_prefill.h's decoded inputs for many input rows. The sums are block_dot.h's, bit for bit: exact int32 per
+// sub-block, then the float steps of block_prefill.h's accumulate() (32-blocks) or of block_dot::super() (K-quants,
+// their scales as integers) in input order; an output is the same bits as on the file's layout, on every path.
 #pragma once
 #include "block_prefill.h"
 #include "packed_layout.h"
@@ -51,17 +51,17 @@ static inline vf halves(const uint8_t* p) {  // VL IEEE halves -> floats, exactl
 #endif
 }
 
-// A group's codes, 8 inputs of every row a pair: pair j's first and second 4 inputs (nibbles, with Q5's fifth
+// A sub-block's codes, 8 inputs of every row a pair: pair j's first and second 4 inputs (nibbles, with Q5's fifth
 // bits; Q6_K's whole codes; Q8_0's bytes as stored).
 template <class F>
 struct Codes {
-  static constexpr int PAIRS = F::G / 8;
+  static constexpr int PAIRS = F::SUB / 8;
   static constexpr int STRIDE = (BYTE_CODES<F> ? 2 : 1) * ROWS * 4;  // bytes from a pair to the next
-  static constexpr int GROUP = Q6K<F> ? 3 * ROWS * 4 : PAIRS * STRIDE;  // bytes of a group's codes
-  const uint8_t* lanes;  // the group's first pair, at a vector's first row
+  static constexpr int SUB_BYTES = Q6K<F> ? 3 * ROWS * 4 : PAIRS * STRIDE;  // bytes of a sub-block's codes
+  const uint8_t* lanes;  // the sub-block's first pair, at a vector's first row
   vb top;
-  vb q6[4];  // Q6_K: the group's 4 quads
-  Codes(const uint8_t* p, int g, int v) : lanes(p + Layout<F>::CODES + g * GROUP + v * i8::LANES * 4) {
+  vb q6[4];  // Q6_K: the sub-block's 4 quads
+  Codes(const uint8_t* p, int g, int v) : lanes(p + Layout<F>::CODES + g * SUB_BYTES + v * i8::LANES * 4) {
     top = FIFTH<F> ? load_vb(p + Layout<F>::TOP + (g * ROWS + v * i8::LANES) * 4) : vb{};
     if constexpr (Q6K<F>) {
       // Three vectors hold quads 0-2 in their low 6 bits and quad 3's code, 2 bits each, in their top 2: eleven
@@ -108,13 +108,13 @@ static inline void dot_pair(i8::I32* s, i8::B8 lo, i8::B8 hi, const q8::Block* c
 // never faults.
 constexpr int AHEAD = 48 << 10;
 
-// Fetches slice g of GROUPS of the unit AHEAD bytes past p: a K-quant unit's lines spread over its groups, as
-// they are read (one burst of prefetches a unit stalls a small core at each unit's first load). On AVX2, Q6_K's
-// rows read faster with only a slice's first line fetched (its 256 bytes a group; the L2's own prefetcher
-// follows the rest), Q4_K's with every line.
+// Fetches slice g of the SUBS slices of the unit AHEAD bytes past p: a K-quant unit's lines spread over its
+// sub-blocks, as they are read (one burst of prefetches a unit stalls a small core at each unit's first load). On
+// AVX2, Q6_K's rows read faster with only a slice's first line fetched (its 256 bytes a sub-block; the L2's own
+// prefetcher follows the rest), Q4_K's with every line.
 template <class F>
 static inline void fetch_ahead(const uint8_t* p, int g) {
-  constexpr int UNIT = ROWS * Layout<F>::BYTES, GROUPS = F::QK / F::G, SLICE = (UNIT / GROUPS + 63) / 64 * 64;
+  constexpr int UNIT = ROWS * Layout<F>::BYTES, SUBS = F::QK / F::SUB, SLICE = (UNIT / SUBS + 63) / 64 * 64;
 #if ZHUZI_AVX2
   constexpr int STEP = Q6K<F> ? SLICE : 64;
 #else
@@ -133,7 +133,7 @@ static inline void integer_sums(const uint8_t* p, const q8::Block* const* x, i8:
   if constexpr (P <= 2) {
     constexpr int RUN = block_prefill::i16_run<F>();
 #pragma GCC unroll 16
-    for (int g = 0; g < 256 / F::G; ++g) {
+    for (int g = 0; g < 256 / F::SUB; ++g) {
       fetch_ahead<F>(p, g);
       for (int v = 0; v < V; ++v) {
         const Codes<F> codes(p, g, v);
@@ -142,7 +142,7 @@ static inline void integer_sums(const uint8_t* p, const q8::Block* const* x, i8:
         for (int j = 0; j < Codes<F>::PAIRS; ++j) {
           i8::B8 lo, hi;
           codes.pair(j, lo, hi);
-          const int at = g * F::G + 8 * j;
+          const int at = g * F::SUB + 8 * j;
           for (int m = 0; m < P; ++m) {
             const int8_t* xq = x[m][at / 32].q + at % 32;
             block_prefill::runs::quad<RUN>(run[m], is[m][v], lo, block_prefill::broadcast4(xq), sc16, 2 * j);
@@ -164,7 +164,7 @@ static inline void integer_sums(const uint8_t* p, const q8::Block* const* x, i8:
   }
 #endif
 #pragma GCC unroll 16
-  for (int g = 0; g < 256 / F::G; ++g) {
+  for (int g = 0; g < 256 / F::SUB; ++g) {
     fetch_ahead<F>(p, g);
     for (int v = 0; v < V; ++v) {
       const Codes<F> codes(p, g, v);
@@ -173,11 +173,11 @@ static inline void integer_sums(const uint8_t* p, const q8::Block* const* x, i8:
       for (int j = 0; j < Codes<F>::PAIRS; ++j) {
         i8::B8 lo, hi;
         codes.pair(j, lo, hi);
-        dot_pair<F, P>(s, lo, hi, x, g * F::G + 8 * j);
+        dot_pair<F, P>(s, lo, hi, x, g * F::SUB + 8 * j);
       }
       const vi sc = widen_lanes<Q6K<F>>(p + L::SC + g * ROWS + v * VL);
       for (int m = 0; m < P; ++m)
-        is[m][v] = (i8::I32)block_dot::group<F>((vi)is[m][v], (vi)s[m], sc, block_dot::group_sum<F>(x[m], g));
+        is[m][v] = (i8::I32)block_dot::sub_block<F>((vi)is[m][v], (vi)s[m], sc, block_dot::sub_block_sum<F>(x[m], g));
     }
   }
   if constexpr (F::MIN)
@@ -186,7 +186,7 @@ static inline void integer_sums(const uint8_t* p, const q8::Block* const* x, i8:
       for (int j = 0; j < 8; ++j) mn[j] = widen_lanes<false>(p + L::MN + j * ROWS + v * VL);
       for (int m = 0; m < P; ++m) {
         vi t = {};
-        for (int j = 0; j < 8; ++j) t += mn[j] * block_dot::group_sum<F>(x[m], j);
+        for (int j = 0; j < 8; ++j) t += mn[j] * block_dot::sub_block_sum<F>(x[m], j);
         im[m][v] = (i8::I32)t;
       }
     }
@@ -241,7 +241,7 @@ static void rows(const uint8_t* w, int64_t K, const q8::Block* const* x, const q
   vf sums[P][V] = {};
   for (int64_t u = 0; u < K / F::QK; ++u) {
     const uint8_t* p = w + u * UNIT;
-    if constexpr (F::QK == 32)  // a K-quant's integer_sums() fetches its unit's lines group by group
+    if constexpr (F::QK == 32)  // a K-quant's integer_sums() fetches its unit's lines sub-block by sub-block
       for (int o = 0; o < UNIT; o += 64) __builtin_prefetch(p + AHEAD + o, 0, 2);
     const q8::Block* xu[P];
     const q8::Sums* du[P];
@@ -268,17 +268,17 @@ static void row_group(const uint8_t* w, int64_t K, const q8::Rows& x, int64_t m0
   }
 }
 
-// block_prefill::row_group()'s decode of a packed group at w (many input rows): a unit's codes are the Chunk's
+// block_prefill::row_group()'s decode of a packed group at w (many input rows): a unit's codes are Decoded's codes
 // as they lie, two nibbles a byte (with Q6_K's top or Q5's fifth bits), its scales widened; no transposes,
 // unlike the file's blocks.
 template <class F>
 static auto decoder(const uint8_t* w) {
-  return [=](int64_t k0, int n, block_prefill::Chunk& t) {
+  return [=](int64_t k0, int n, block_prefill::Decoded& t) {
     using L = Layout<F>;
-    constexpr int GROUPS = F::QK / F::G;
+    constexpr int SUBS = F::QK / F::SUB;
     for (int u = 0; u < n / F::QK; ++u) {
       const uint8_t* p = w + (k0 / F::QK + u) * ROWS * L::BYTES;
-      for (int g = 0; g < GROUPS; ++g)
+      for (int g = 0; g < SUBS; ++g)
         for (int v = 0; v < V; ++v) {
           const Codes<F> codes(p, g, v);
           for (int j = 0; j < Codes<F>::PAIRS; ++j) {

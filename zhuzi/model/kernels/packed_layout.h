@@ -12,8 +12,8 @@
 // has each type's bytes a row and block, packed or not):
 //   4- and 5-bit codes  codes[pairs][16][4]  pair p: low nibble = code of input 8p + b, high = input 8p + 4 + b
 //   Q8_0                codes[8][16][4]      quad q: input 4q + b, as stored (signed)
-//   Q5_0, Q5_1, Q5_K    top[groups][16][4]   per 32 inputs: bits 2p, 2p + 1 = the fifth bits of pair p's codes
-//   Q6_K                codes[16][3][16][4]  group g (16 inputs), vector k < 3: bits 0-5 = code of 16g + 4k + b,
+//   Q5_0, Q5_1, Q5_K    top[subs][16][4]     per 32 inputs: bits 2p, 2p + 1 = the fifth bits of pair p's codes
+//   Q6_K                codes[16][3][16][4]  sub-block g (16 inputs), vector k < 3: bits 0-5 = code of 16g + 4k + b,
 //                                            bits 6, 7 = bits 2k, 2k + 1 of the code of 16g + 12 + b
 //   Q4_K  sc[8][16], mn[8][16] (uint8), d[16], dmin[16] (fp16), then the codes            2,368 bytes
 //   Q5_K  as Q4_K, then the top bits, then the codes                                       2,880 bytes
@@ -93,7 +93,7 @@ static void pack(const uint8_t* src, int64_t row_bytes, uint8_t* out) {
   for (int r = 0; r < ROWS; ++r) {
     const uint8_t* b = src + r * row_bytes;
     uint8_t q[F::QK];
-    float a[F::QK / F::G], off[F::QK / F::G];
+    float a[F::QK / F::SUB], off[F::QK / F::SUB];
     F::decode(b, q, a, off);
     if constexpr (FIFTH<F>)
       for (int g = 0; g < F::QK / 32; ++g) std::memset(out + L::TOP + (g * ROWS + r) * 4, 0, 4);
@@ -107,14 +107,14 @@ static void pack(const uint8_t* src, int64_t row_bytes, uint8_t* out) {
         const uint8_t lo = q[8 * p + i], hi = q[8 * p + 4 + i];
         if constexpr (BYTE_CODES<F>) codes[(2 * p * ROWS + r) * 4 + i] = lo, codes[((2 * p + 1) * ROWS + r) * 4 + i] = hi;
         else codes[(p * ROWS + r) * 4 + i] = uint8_t((lo & 15) | (hi & 15) << 4);
-        if constexpr (FIFTH<F>)  // pair p is pair p % 4 of group p / 4 (32 inputs)
+        if constexpr (FIFTH<F>)  // pair p is pair p % 4 of sub-block p / 4 (32 inputs)
           out[L::TOP + (p / 4 * ROWS + r) * 4 + i] |= uint8_t((lo >> 4) << (2 * (p % 4)) | (hi >> 4) << (2 * (p % 4) + 1));
       }
     if constexpr (F::QK == 256) {
       int32_t sc[16], mn[8];
       float d, dmin;
       F::ints(b, sc, mn, d, dmin);
-      for (int g = 0; g < 256 / F::G; ++g) out[L::SC + g * ROWS + r] = uint8_t(sc[g]);
+      for (int g = 0; g < 256 / F::SUB; ++g) out[L::SC + g * ROWS + r] = uint8_t(sc[g]);
       if constexpr (Q6K<F>) {
         std::memcpy(out + L::D + 2 * r, b + 208, 2);
         continue;

@@ -1,12 +1,12 @@
-// Prefill attention over the paged KV pool in tiles; see cpu_attention.py for the design.
+// Prefill attention over the paged KV pool in slabs; see cpu_attention.py for the design.
 //
 // A work item is a few consecutive query positions of one query head, held one per vector lane. It walks
-// the keys from position 0 in tiles of 32 (only as far as its last query may look), so every K/V row a tile
+// the keys from position 0 in slabs of 32 (only as far as its last query may look), so every K/V row a slab
 // reads serves all of the item's queries at once, with an online softmax per lane in float32. Two items:
 // bf16 throughout with vdpbf16ps (arch/x86/avx512/prefill_attention.h), and float32 math over float32 or bf16
 // queries and bf16 or q8_0 pools on every variant (prefill_attention_f32.h). With a sliding window (window > 0)
 // an item starts at its first query's oldest visible key and each lane masks the keys older than its own
-// window: the slots before that are never read (their blocks may be back in the pool).
+// window: the slots before that are never read (their pages may be back in the pool).
 #include "api.h"
 #include "prefill_attention_f32.h"
 #if ZHUZI_AVX512
@@ -15,20 +15,20 @@
 
 #include <tuple>
 
-// Every item of the chunk, the last blocks (longest histories) first. Item(q, kc, vc, slots, first, q0, n,
-// h, H, G, row, scale, window, out) serves queries q0 .. q0 + n - 1 (n <= Q) of head h.
+// Every item of the chunk, the last spans of Q queries (longest histories) first. Item(q, kc, vc, slots, first, q0,
+// n, h, H, QPK, row, scale, window, out) serves queries q0 .. q0 + n - 1 (n <= Q) of head h.
 template <int Q, typename TQ, typename TKV, typename Item>
 static int run(Item item, const void* q, const void* kc, const void* vc, const int64_t* slots, int64_t L,
                int64_t context, int H, int KV, int D, int64_t nslots, float scale, int64_t window, void* out,
                int threads) {
   for (int64_t t = window > 0 ? std::max<int64_t>(0, context - L - window + 1) : 0; t < context; ++t)
     if (slots[t] < 0 || slots[t] >= nslots) return 1;
-  const int64_t blocks = (L + Q - 1) / Q, items = blocks * H, first = context - L;
+  const int64_t spans = (L + Q - 1) / Q, items = spans * H, first = context - L;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
   for (int64_t i = 0; i < items; ++i) {
-    const int64_t b = blocks - 1 - i / H;
-    item(static_cast<const TQ*>(q), static_cast<const TKV*>(kc), static_cast<const TKV*>(vc), slots, first, b * Q,
-         int(std::min<int64_t>(Q, L - b * Q)), int(i % H), H, H / KV, KV * head_width<TKV>(D), scale, window,
+    const int64_t s = spans - 1 - i / H;
+    item(static_cast<const TQ*>(q), static_cast<const TKV*>(kc), static_cast<const TKV*>(vc), slots, first, s * Q,
+         int(std::min<int64_t>(Q, L - s * Q)), int(i % H), H, H / KV, KV * head_width<TKV>(D), scale, window,
          static_cast<TQ*>(out));
   }
   return 0;

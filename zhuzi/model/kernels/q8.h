@@ -75,10 +75,10 @@ static inline float scaled_sum(const Block& b, int h) {
 
 using Sums = std::array<float, 3>;  // a block's scaled_sum()s, h = 0, 1, 2
 
-// M rows of K values; row m's blocks at row(m), and their scaled_sum()s at sums(m), made once here because
-// every 16-row group of a matrix meets every block. The storage runs on to the next multiple of
-// 16 rows and a chunk of 256 inputs past it (never written): AMX's tile loads (arch/x86/amx/block_prefill.h)
-// read 16 rows, 256 inputs.
+// M rows of K values; row m's blocks at row(m), and their scaled_sum()s at sums(m), made once here because every
+// 16-row group of a matrix meets every block. The storage runs on to the next multiple of 16 rows and 256 inputs
+// (block_prefill.h's DECODE_K) past it (never written): AMX's tile loads (arch/x86/amx/block_prefill.h) read 16 rows,
+// 256 inputs.
 struct Rows {
   int64_t n = 0;  // blocks a row
   int span = BLOCK;  // inputs that share a d

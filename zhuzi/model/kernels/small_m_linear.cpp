@@ -71,7 +71,7 @@ static int dispatch(int64_t M, const void* x, const void* w, void* y, int64_t N,
 // --deterministic: any number of rows, each output value computed by the very operations the M <= 8 path
 // uses (rows<> gives every (row, input) pair its own accumulator and sequence), so a token gets the same
 // bits in a decode of one row, a batch of 30 or a prefill chunk of 512. Inputs go in sets of up to 8
-// rows; a set meets a group of weight stripes (~24 KiB) while both sit in L1, and the MB input rows of
+// rows; a set meets a band of weight stripes (~24 KiB) while both sit in L1, and the MB input rows of
 // one pass over the weights stay in L2.
 template <class F, typename T>
 static void fixed_order(const T* x, const typename F::W* w, T* y, int64_t M, int64_t N, int64_t K, int64_t MB,
@@ -80,16 +80,16 @@ static void fixed_order(const T* x, const typename F::W* w, T* y, int64_t M, int
   const int64_t kp = stride<F>(K);
   const std::vector<typename F::X> xp = prepared<F>(x, M, K, kp, threads);
   const int64_t stripes = (N + R - 1) / R;
-  const int64_t group = std::max<int64_t>(1, (24 << 10) / (int64_t(R) * K * int64_t(sizeof(typename F::W))));
-  const int64_t groups = (stripes + group - 1) / group;
+  const int64_t band = std::max<int64_t>(1, (24 << 10) / (int64_t(R) * K * int64_t(sizeof(typename F::W))));
+  const int64_t bands = (stripes + band - 1) / band;
   for (int64_t m0 = 0; m0 < M; m0 += MB) {
     const int64_t m1 = std::min(M, m0 + MB);
 #pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t g = 0; g < groups; ++g)
+    for (int64_t i = 0; i < bands; ++i)
       for (int64_t m = m0; m < m1; m += 8) {
         const typename F::X* xt = xp.data() + m * kp;
         T* yt = y + m * N;
-        for (int64_t b = g * group; b < std::min(stripes, (g + 1) * group); ++b) {
+        for (int64_t b = i * band; b < std::min(stripes, (i + 1) * band); ++b) {
           const int64_t n0 = b * R, n1 = std::min(N, n0 + R);
           switch (std::min<int64_t>(8, m1 - m)) {
             case 1: stripe<F, 1, R>(w, n0, n1, K, xt, kp, yt, N); break;

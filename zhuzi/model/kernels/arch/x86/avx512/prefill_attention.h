@@ -10,16 +10,16 @@
 namespace bf16 {
 
 constexpr int Q = 16;          // query positions per item (vector lanes)
-constexpr int T = 32;          // keys per tile
+constexpr int T = 32;          // keys per slab
 
 // Queries q0 .. q0 + n - 1 (n <= 16) of head h, at positions first + q0 .. ; keys at pool rows slots[0 ..].
 template <int D>
 static void item(const uint16_t* q, const uint16_t* kc, const uint16_t* vc, const int64_t* slots, int64_t first,
-                 int64_t q0, int n, int h, int H, int G, int64_t row, float scale, int64_t window,
+                 int64_t q0, int n, int h, int H, int QPK, int64_t row, float scale, int64_t window,
                  uint16_t* out) {
   constexpr int P = D / 2;  // bf16 pairs a row
   alignas(64) int32_t qt[P][Q];          // qt[p][lane]: query lane's pair p
-  alignas(64) float s[T][Q];             // scores, then probabilities, of a tile: key-major
+  alignas(64) float s[T][Q];             // scores, then probabilities, of a slab: key-major
   alignas(64) int32_t vt[T / 2][D];      // vt[t / 2][d]: (V[t][d], V[t + 1][d]) as a bf16 pair
   alignas(64) int32_t pt[T / 2][Q];      // pt[t / 2][lane]: (p[t][lane], p[t + 1][lane])
   __m512 o[D];                           // o[d]: output d of every lane
@@ -33,9 +33,9 @@ static void item(const uint16_t* q, const uint16_t* kc, const uint16_t* vc, cons
   for (int i = 0; i < Q; ++i) lane_pos[i] = float(first + q0 + std::min(i, n - 1));
   const __m512 qpos = _mm512_load_ps(lane_pos);  // a lane sees keys qlow .. qpos
   const __m512 qlow = _mm512_sub_ps(qpos, _mm512_set1_ps(window > 0 ? float(window - 1) : INFINITY));
-  // keys [begin, end) are visible to some lane; each lane sees one in the first tile (Q <= T), so no max is -inf
+  // keys [begin, end) are visible to some lane; each lane sees one in the first slab (Q <= T), so no max is -inf
   const int64_t end = first + q0 + n, begin = window > 0 ? std::max<int64_t>(0, first + q0 - window + 1) : 0;
-  const int64_t kv_off = int64_t(h / G) * D;
+  const int64_t kv_off = int64_t(h / QPK) * D;
   for (int64_t t0 = begin; t0 < end; t0 += T) {
     const int nt = int(std::min<int64_t>(T, end - t0));
     const uint16_t* krow[T];
@@ -57,7 +57,7 @@ static void item(const uint16_t* q, const uint16_t* kc, const uint16_t* vc, cons
         const __m512i qv = _mm512_load_si512(qt[p]);
         for (int j = 0; j < 8; ++j) acc[j] = dot_bf16_pair(acc[j], qv, krow[t + j] + 2 * p);
       }
-      for (int j = 0; j < 8; ++j) {  // keys past a lane's own position or window, or past the tile, get -inf
+      for (int j = 0; j < 8; ++j) {  // keys past a lane's own position or window, or past the slab, get -inf
         const float pos = t + j < nt ? float(t0 + t + j) : INFINITY;
         const __mmask16 late = _mm512_cmp_ps_mask(_mm512_set1_ps(pos), qpos, _CMP_GT_OQ)
                                | _mm512_cmp_ps_mask(_mm512_set1_ps(pos), qlow, _CMP_LT_OQ);
