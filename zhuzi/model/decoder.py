@@ -117,7 +117,7 @@ class Decoder:
         # Logits in float32 where the kernel makes them (as the fused step's): bf16 ties near-equal candidates.
         self.lm_head = self._linear([head_rows(t.get("lm_head.weight", t["model.embed_tokens.weight"]), vocab, 1)],
                                     out_dtype=torch.float32)
-        specs = config.layers
+        specs = family(config.architecture).layers(config)
         ropes = _distinct(spec.rope for spec in specs)  # tables computed once a step for the layers sharing one
         self.layers = [self._layer(t, f"model.layers.{i}", spec, ropes.index(spec.rope))
                        for i, spec in enumerate(specs)]

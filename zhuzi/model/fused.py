@@ -11,6 +11,7 @@ import torch
 
 from zhuzi.model import native
 from zhuzi.model.blocks import BlockWeight
+from zhuzi.model.families import family
 from zhuzi.model.kv_format import Q8_0
 from zhuzi.model.linear import BlockLinear, Linear
 from zhuzi.model.model_config import Mixer, Mlp, ModelConfig
@@ -99,7 +100,7 @@ class FusedDecode:
     def refusal(config: ModelConfig) -> str | None:
         """The first feature of the model the kernel lacks, or None: it computes full attention with an optional
         QKV bias and q/k norms, one RoPE over whole heads, RMSNorm before attention and a dense SiLU MLP."""
-        specs, d = config.layers, config.head_dim
+        specs, d = family(config.architecture).layers(config), config.head_dim
         lacks = {
             "sliding-window attention": any(s.mixer is not Mixer.ATTENTION for s in specs),
             "experts": any(s.mlp is not Mlp.DENSE for s in specs),

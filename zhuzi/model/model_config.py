@@ -47,7 +47,7 @@ class LayerSpec:
 @dataclass
 class ModelConfig:
     """A decoder-only checkpoint, independent of its file format: its shape and the features its layers have
-    (the family's config mapping sets them; layer(i) is layer i's LayerSpec)."""
+    (the family's config mapping sets them; its layers() makes each layer's LayerSpec of them)."""
 
     architecture: str  # the family's name (families/)
     vocab_size: int
@@ -86,19 +86,6 @@ class ModelConfig:
     expert_gating: str = "softmax"  # router logits -> gate weights: "softmax" or "sigmoid"
     moe_layers: list[int] | None = None  # the sparse layers (others run a dense MLP); None: every layer
     pooling: str | None = None  # an embedding checkpoint's own pooling, "mean" or "last" (None: it names none)
-
-    @property
-    def layers(self) -> list[LayerSpec]:
-        return [self.layer(i) for i in range(self.num_layers)]
-
-    def layer(self, i: int) -> LayerSpec:
-        mixer = Mixer.SLIDING_ATTENTION if self.window(i) is not None else Mixer.ATTENTION
-        rope = Rope(self.rope_local_theta, None, self.rotary_dim, self.rope_interleaved) if self.is_local(i) \
-            else Rope(self.rope_theta, self.rope_scaling, self.rotary_dim, self.rope_interleaved)
-        mlp = Mlp.DENSE if not self.is_moe_layer(i) else Mlp.MOE_SHARED if self.shared_expert_intermediate_size \
-            else Mlp.MOE
-        return LayerSpec(mixer, self.window(i), rope, mlp, self.attention_bias, self.qk_norm, self.sandwich_norms,
-                         self.norm_weight_offset, self.hidden_act, self.query_pre_attn_scalar or float(self.head_dim))
 
     def window(self, layer: int) -> int | None:
         """The tokens layer `layer` attends (its own included), or None for the whole context."""

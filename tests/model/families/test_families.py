@@ -49,13 +49,14 @@ def test_merged_tensors_are_named_as_stored_and_read_as_row_views_of_their_parts
 def test_layer_specs_follow_the_config():
     config = ModelConfig("gemma3", *SHAPE[:3], 6, *SHAPE[4:], sliding_window=512, rope_local_theta=10000.0,
                          rope_theta=1e6, layer_types=["sliding_attention"] * 5 + ["full_attention"])
-    specs = config.layers
+    gemma3 = family("gemma3")
+    specs = gemma3.layers(config)
     assert [s.mixer for s in specs] == [Mixer.SLIDING_ATTENTION] * 5 + [Mixer.ATTENTION]
     assert [s.window for s in specs] == [512] * 5 + [None]
     assert [s.rope.theta for s in specs] == [10000.0] * 5 + [1e6]
     sparse = dataclasses.replace(config, num_experts=4, moe_layers=[0, 2], shared_expert_intermediate_size=8)
-    assert [s.mlp for s in sparse.layers[:3]] == [Mlp.MOE_SHARED, Mlp.DENSE, Mlp.MOE_SHARED]
-    assert dataclasses.replace(sparse, shared_expert_intermediate_size=0).layer(0).mlp is Mlp.MOE
+    assert [s.mlp for s in gemma3.layers(sparse)[:3]] == [Mlp.MOE_SHARED, Mlp.DENSE, Mlp.MOE_SHARED]
+    assert gemma3.layer(dataclasses.replace(sparse, shared_expert_intermediate_size=0), 0).mlp is Mlp.MOE
 
 
 @pytest.mark.parametrize(("layers", "hidden", "heads", "head_dim", "scalar"),
@@ -68,4 +69,5 @@ def test_gemma3_gguf_scales_attention_by_llama_cpps_rule_per_shape(layers, hidde
             "gemma3.attention.sliding_window": 1024}
     config = family("gemma3").gguf_config(GGUFHeader(Path("gemma3.gguf"), meta, []))
     assert config.query_pre_attn_scalar == scalar
-    assert [config.layer(i).mixer for i in (4, 5)] == [Mixer.SLIDING_ATTENTION, Mixer.ATTENTION]  # every 6th global
+    # every sixth layer is global
+    assert [family("gemma3").layer(config, i).mixer for i in (4, 5)] == [Mixer.SLIDING_ATTENTION, Mixer.ATTENTION]

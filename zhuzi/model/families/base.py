@@ -12,7 +12,7 @@ import torch
 
 from zhuzi.model.blocks import BlockWeight
 from zhuzi.model.gguf_header import GGUFHeader
-from zhuzi.model.model_config import Mlp, ModelConfig
+from zhuzi.model.model_config import LayerSpec, Mixer, Mlp, ModelConfig, Rope
 
 Weight = torch.Tensor | BlockWeight
 EXPERT_PARTS = ("gate", "up", "down")
@@ -128,6 +128,24 @@ class Family:
         """The family's own ModelConfig fields from GGUF metadata, over the common mapping's."""
         return {}
 
+    # ------------------------------------------------------------ layers
+
+    def layers(self, config: ModelConfig) -> list[LayerSpec]:
+        """Each layer as the decoder builds it."""
+        return [self.layer(config, i) for i in range(config.num_layers)]
+
+    def layer(self, config: ModelConfig, i: int) -> LayerSpec:
+        """Layer i of the config's features: a family whose layers differ in kind (another mixer, another MLP)
+        overrides it."""
+        c = config
+        mixer = Mixer.SLIDING_ATTENTION if c.window(i) is not None else Mixer.ATTENTION
+        rope = Rope(c.rope_local_theta, None, c.rotary_dim, c.rope_interleaved) if c.is_local(i) \
+            else Rope(c.rope_theta, c.rope_scaling, c.rotary_dim, c.rope_interleaved)
+        mlp = Mlp.DENSE if not c.is_moe_layer(i) else Mlp.MOE_SHARED if c.shared_expert_intermediate_size \
+            else Mlp.MOE
+        return LayerSpec(mixer, c.window(i), rope, mlp, c.attention_bias, c.qk_norm, c.sandwich_norms,
+                         c.norm_weight_offset, c.hidden_act, c.query_pre_attn_scalar or float(c.head_dim))
+
     # ------------------------------------------------------------ tensors
 
     def tensor_names(self, config: ModelConfig, per_expert: bool = False) -> list[str]:
@@ -137,7 +155,7 @@ class Family:
         names = ["model.embed_tokens.weight", "model.norm.weight"]
         if not config.tie_word_embeddings:
             names.append("lm_head.weight")
-        for i, spec in enumerate(config.layers):
+        for i, spec in enumerate(self.layers(config)):
             layer = f"model.layers.{i}."
             names += [layer + "input_layernorm.weight", layer + "post_attention_layernorm.weight"]
             names += [f"{layer}self_attn.{p}_proj.weight" for p in "qkvo"]
