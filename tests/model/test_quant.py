@@ -1,6 +1,8 @@
 """Quantization at load into GGUF blocks: int4 of a Q4_1 GGUF is its own weights, bit for bit (and the LM head's
 Q8_0 likewise); elsewhere each weight moves by at most half a quantization step; the blocks are the gguf
-package's format (its reference dequantizer reads them)."""
+package's format (its reference dequantizer reads them); a matrix is quantized once, then mapped from the cache."""
+from pathlib import Path
+
 import gguf
 import numpy as np
 import pytest
@@ -58,3 +60,21 @@ def test_shapes_the_blocks_cannot_hold_are_refused():
         quantize_q4_1(torch.randn(16, 40))
     with pytest.raises(ValueError, match="multiple of 32"):
         quantize_q8_0(torch.randn(16, 33))
+
+
+def test_a_matrix_is_quantized_once_then_mapped_from_the_disk_cache(tmp_path, monkeypatch):
+    """A second load of the same weights maps the first's blocks (and, through them, their packed copy) instead
+    of quantizing again; other values are other blocks."""
+    monkeypatch.setenv("ZHUZI_CACHE", str(tmp_path))
+    w = torch.randn(48, 64, dtype=torch.bfloat16)
+    first = quantize(w, Q.Q4_1)
+    entry = Path(first.origin.file[0])
+    assert entry.is_relative_to(tmp_path) and torch.equal(first.data, quantize_q4_1(w))
+    made = entry.stat().st_mtime_ns
+    again = quantize(w.clone(), Q.Q4_1)
+    assert again.origin == first.origin and entry.stat().st_mtime_ns == made
+    assert torch.equal(again.data, first.data)
+    assert torch.equal(again.pack().data, first.pack().data) and any((tmp_path / "packed").iterdir())
+    assert quantize(w * 2, Q.Q4_1).origin.file[0] != str(entry)
+    assert quantize(w, Q.Q8_0).origin.file[0] != str(entry)
+    assert quantize(w.float(), Q.Q4_1).origin.file[0] != str(entry)  # other bytes, though the same values

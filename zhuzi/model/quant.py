@@ -5,13 +5,23 @@ int4: Q4_1 (per 32 inputs of a row, codes 0..15 with an fp16 scale d and minimum
     come from the block's range, which reproduces a Q4_1 file's blocks exactly: int4 of a Q4_1 GGUF is its
     own weights. Its LM head is Q8_0 (4 bits cost too much top-1 agreement there).
 int8: Q8_0 (per 32 inputs of a row, int8 codes and an fp16 scale d, w = q d), the LM head too.
+A matrix's blocks are kept in the disk cache by the values they were made from: the next load maps them and,
+as a GGUF file's matrices, their packed copy (blocks.py).
 """
 from __future__ import annotations
 
+import hashlib
+import logging
+from pathlib import Path
+
 import gguf
+import numpy as np
 import torch
 
-from zhuzi.model.blocks import BlockWeight
+from zhuzi.disk_cache import atomic_write, cache_path, file_identity
+from zhuzi.model.blocks import BlockWeight, Origin
+
+log = logging.getLogger(__name__)
 
 Q = gguf.GGMLQuantizationType
 BLOCK = 32  # inputs a block
@@ -56,6 +66,29 @@ def quantize_q8_0(weight: torch.Tensor) -> torch.Tensor:
 _QUANTIZERS = {Q.Q4_1: quantize_q4_1, Q.Q8_0: quantize_q8_0}
 
 
+# The quantizers' own code: an entry made by other code is made anew.
+VERSION = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
+
+
 def quantize(weight: torch.Tensor, qtype: Q) -> BlockWeight:
-    """weight [N, K] as a matrix of qtype's blocks (Q4_1 or Q8_0)."""
-    return BlockWeight(qtype, _QUANTIZERS[qtype](weight.cpu()), weight.shape[1])
+    """weight [N, K] as a matrix of qtype's blocks (Q4_1 or Q8_0): a mapping of its disk cache entry, made on a
+    miss; in memory where the cache cannot be written."""
+    entry = cache_path("quantized", qtype.name, _digest(weight), VERSION)
+    if not entry.exists():
+        rows = _QUANTIZERS[qtype](weight.cpu())
+        try:
+            with atomic_write(entry) as tmp:  # two loads at once each write the same bytes; the last rename wins
+                rows.numpy().tofile(tmp)
+        except OSError as e:
+            log.warning("quantized weights cannot be cached in %s (%s): every load quantizes them", entry.parent, e)
+            return BlockWeight(qtype, rows, weight.shape[1])
+    data = torch.from_numpy(np.memmap(entry, dtype=np.uint8, mode="c")).view(weight.shape[0], -1)
+    return BlockWeight(qtype, data, weight.shape[1], origin=Origin(file_identity(entry), 0))
+
+
+def _digest(weight: torch.Tensor) -> str:
+    """The matrix's values (after smoothing, in the dtype they were loaded in), its shape and dtype."""
+    w = weight.detach().cpu().contiguous()
+    digest = hashlib.blake2b(f"{tuple(w.shape)} {w.dtype}".encode(), digest_size=16)
+    digest.update(w.view(torch.uint8).numpy())
+    return digest.hexdigest()
