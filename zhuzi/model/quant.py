@@ -1,13 +1,7 @@
 """Quantization at load (`--quantization int4|int8`, decoder -> linear.py): dense weights into GGUF blocks,
-which then run as a GGUF file's do (blocks.py, cpu_blocks.py: the same packing, kernels and fused step).
-
-int4: Q4_1 (per 32 inputs of a row, codes 0..15 with an fp16 scale d and minimum m, w = q d + m). d and m
-    come from the block's range, which reproduces a Q4_1 file's blocks exactly: int4 of a Q4_1 GGUF is its
-    own weights. Its LM head is Q8_0 (4 bits cost too much top-1 agreement there).
-int8: Q8_0 (per 32 inputs of a row, int8 codes and an fp16 scale d, w = q d), the LM head too.
-A matrix's blocks are kept in the disk cache by the values they were made from: the next load maps them and,
-as a GGUF file's matrices, their packed copy (blocks.py).
-"""
+cached by the values they were made from, which then run as a GGUF file's do (blocks.py: the same packing,
+packed cache, kernels and fused step). int4 is Q4_1 with a Q8_0 LM head (4 bits cost too much top-1 agreement
+there); int8 is Q8_0 throughout (docs/cpu.md)."""
 from __future__ import annotations
 
 import hashlib
@@ -44,7 +38,8 @@ def _half_bytes(values: torch.Tensor) -> torch.Tensor:
 
 def quantize_q4_1(weight: torch.Tensor) -> torch.Tensor:
     """[N, K] -> Q4_1 rows, uint8 [N, K / 32 * 20]: per block d, m, then byte j holds code j (low nibble)
-    and code j + 16 (high)."""
+    and code j + 16 (high). d and m come from the block's range, which reproduces a Q4_1 file's blocks exactly:
+    int4 of a Q4_1 GGUF is its own weights."""
     w = _blocks(weight)
     lo, hi = w.amin(-1), w.amax(-1)
     d, m = ((hi - lo) / 15).half(), lo.half()  # rounded first: the codes are chosen against the stored values
