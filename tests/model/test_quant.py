@@ -66,8 +66,12 @@ def test_a_matrix_is_quantized_once_then_mapped_from_the_disk_cache(tmp_path, mo
     """A second load of the same weights maps the first's blocks (and, through them, their packed copy) instead
     of quantizing again; other values are other blocks."""
     monkeypatch.setenv("ZHUZI_CACHE", str(tmp_path))
+    stale = tmp_path / "quantized" / "an-earlier-quant.py" / "Q4_1-0123"
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"blocks of other code")
     w = torch.randn(48, 64, dtype=torch.bfloat16)
     first = quantize(w, Q.Q4_1)
+    assert not stale.parent.exists()  # an earlier version's entries go: the cache does not grow with each change
     entry = Path(first.origin.file[0])
     assert entry.is_relative_to(tmp_path) and torch.equal(first.data, quantize_q4_1(w))
     made = entry.stat().st_mtime_ns

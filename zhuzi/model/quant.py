@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import shutil
 from pathlib import Path
 
 import gguf
 import numpy as np
 import torch
 
-from zhuzi.disk_cache import atomic_write, cache_path, file_identity
+from zhuzi.disk_cache import atomic_write, cache_root, file_identity
 from zhuzi.model.blocks import BlockWeight, Origin
 
 log = logging.getLogger(__name__)
@@ -61,14 +62,15 @@ def quantize_q8_0(weight: torch.Tensor) -> torch.Tensor:
 _QUANTIZERS = {Q.Q4_1: quantize_q4_1, Q.Q8_0: quantize_q8_0}
 
 
-# The quantizers' own code: an entry made by other code is made anew.
+# The quantizers' own code: entries are kept in a folder per version, and an entry made by other code is made anew.
 VERSION = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
+_current: set[Path] = set()  # version folders this process has cleared the others beside
 
 
 def quantize(weight: torch.Tensor, qtype: Q) -> BlockWeight:
     """weight [N, K] as a matrix of qtype's blocks (Q4_1 or Q8_0): a mapping of its disk cache entry, made on a
     miss; in memory where the cache cannot be written."""
-    entry = cache_path("quantized", qtype.name, _digest(weight), VERSION)
+    entry = _folder() / f"{qtype.name}-{_digest(weight)}"
     if not entry.exists():
         rows = _QUANTIZERS[qtype](weight.cpu())
         try:
@@ -79,6 +81,20 @@ def quantize(weight: torch.Tensor, qtype: Q) -> BlockWeight:
             return BlockWeight(qtype, rows, weight.shape[1])
     data = torch.from_numpy(np.memmap(entry, dtype=np.uint8, mode="c")).view(weight.shape[0], -1)
     return BlockWeight(qtype, data, weight.shape[1], origin=Origin(file_identity(entry), 0))
+
+
+def _folder() -> Path:
+    """This version's folder; once a process, the folders of other versions go (their packed copies follow: a
+    packed folder whose source file is gone is stale, blocks.py), so the cache does not grow with each change."""
+    folder = cache_root() / "quantized" / VERSION
+    if folder not in _current:
+        for other in folder.parent.glob("*"):
+            if other.is_dir() and other != folder:
+                shutil.rmtree(other, ignore_errors=True)
+            elif other.is_file():
+                other.unlink(missing_ok=True)
+        _current.add(folder)
+    return folder
 
 
 def _digest(weight: torch.Tensor) -> str:
