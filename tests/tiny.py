@@ -26,7 +26,15 @@ MOE = {"mixtral": dict(num_local_experts=4, num_experts_per_tok=2, intermediate_
        "qwen2_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                          shared_expert_intermediate_size=48),
        "qwen3_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True)}
-GGUF_ARCH = {"mixtral": "llama", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe"}  # llama.cpp's names
+# Hybrids: gated DeltaNet layers (two key heads, four value heads: each key head serves two) and a full
+# attention layer every fourth, as Qwen3.5's
+CLASSES |= {"qwen3_5": transformers.Qwen3_5ForCausalLM, "qwen3_5_moe": transformers.Qwen3_5MoeForCausalLM}
+HYBRID = dict(head_dim=32, linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2,
+              linear_num_value_heads=4, num_hidden_layers=4)
+MOE |= {"qwen3_5_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                            shared_expert_intermediate_size=48)}
+GGUF_ARCH = {"mixtral": "llama", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe", "qwen3_5": "qwen35",
+             "qwen3_5_moe": "qwen35moe"}  # llama.cpp's names
 VOCAB = 1000
 # Gemma 3 as llama.cpp's converter can write it (query_pre_attn_scalar = head_dim, no soft-capping) and as
 # write_gguf's metadata says (its RoPE base and epsilon); 6 layers: five local, one global, llama.cpp's pattern.
@@ -42,7 +50,7 @@ def build(arch: str, directory: Path, layers: int = 2, vocab_size: int = VOCAB,
                  max_position_embeddings=4096, rope_theta=10000.0)
     if arch == "phi3":  # Phi3Config's default pad id (32000) is outside a tiny vocabulary
         shape |= {"pad_token_id": None}
-    family = GEMMA3 if arch == "gemma3" else MOE.get(arch, {})
+    family = GEMMA3 if arch == "gemma3" else MOE.get(arch, {}) | (HYBRID if arch.startswith("qwen3_5") else {})
     config = cls.config_class(**(shape | family | copy.deepcopy(overrides)))  # transformers edits rope dicts in place
     torch.manual_seed(0)
     model = cls(config).eval()

@@ -12,6 +12,12 @@ class Mixer(Enum):
 
     ATTENTION = "full_attention"
     SLIDING_ATTENTION = "sliding_attention"  # each token attends its last `window` tokens
+    LINEAR_ATTENTION = "linear_attention"  # gated DeltaNet: a state matrix per head instead of KV (recurrent.py)
+
+    @property
+    def keeps_kv(self) -> bool:
+        """Its tokens' keys and values go to the KV pool (a recurrent mixer keeps a state slot instead)."""
+        return self in (Mixer.ATTENTION, Mixer.SLIDING_ATTENTION)
 
 
 class Mlp(Enum):
@@ -42,6 +48,24 @@ class LayerSpec:
     norm_offset: float  # RMSNorm scales by (offset + w)
     activation: str  # the MLP's gate: silu or gelu_pytorch_tanh
     query_scalar: float  # attention scores scale by its -1/2 power
+    output_gate: bool = False  # attention's output times sigmoid of a gate q_proj also makes (Qwen3.5)
+
+
+@dataclass(frozen=True)
+class LinearAttentionShape:
+    """A gated DeltaNet layer's heads: q and k heads (key_heads, key_dim each), v heads (value_heads,
+    value_dim), and the width of the causal convolution over q, k and v."""
+
+    key_heads: int
+    value_heads: int
+    key_dim: int
+    value_dim: int
+    conv_kernel: int
+    tiled: bool  # value heads in a GGUF's order, by key head tiled (k0, k1, ..., k0, k1), not grouped
+
+    @property
+    def conv_channels(self) -> int:
+        return 2 * self.key_heads * self.key_dim + self.value_heads * self.value_dim
 
 
 @dataclass
@@ -86,6 +110,9 @@ class ModelConfig:
     expert_gating: str = "softmax"  # router logits -> gate weights: "softmax" or "sigmoid"
     moe_layers: list[int] | None = None  # the sparse layers (others run a dense MLP); None: every layer
     pooling: str | None = None  # an embedding checkpoint's own pooling, "mean" or "last" (None: it names none)
+    # Linear attention (gated DeltaNet) layers: layer_types names them "linear_attention"
+    linear: LinearAttentionShape | None = None
+    attention_output_gate: bool = False  # full attention's output gated (Qwen3.5's q_proj makes the gate too)
 
     def window(self, layer: int) -> int | None:
         """The tokens layer `layer` attends (its own included), or None for the whole context."""

@@ -1,0 +1,121 @@
+"""Mixers that keep a recurrent state instead of KV (decoder -> a hybrid model's linear-attention layers): each
+running sequence owns a slot of every such layer's state tensors (the state pool), read and updated in place as
+its tokens go through. A step's sequences are runs of rows in the flat batch; a run may also leave its state
+after some of its rows in a second slot (a snapshot at a page boundary, which the prefix cache keeps)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from zhuzi.model.linear import Linear
+from zhuzi.model.model_config import LinearAttentionShape
+
+L2_EPS = 1e-6  # q and k are L2-normalised as the reference kernels (fla) do
+
+
+@dataclass(frozen=True)
+class StateRun:
+    """One sequence's rows of a step."""
+
+    start: int  # its first row in the flat batch
+    length: int  # its new tokens this step
+    slot: int  # its slot in every state tensor
+    snapshot: tuple[int, int] | None = None  # (rows, slot): its state after that many rows, copied to that slot
+
+
+@dataclass
+class StateMetadata:
+    runs: list[StateRun] = field(default_factory=list)  # in batch order
+
+
+def causal_conv(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """A depthwise causal convolution over one sequence's rows x [tokens, channels], state [channels, kernel - 1]
+    holding the inputs before them (updated in place to hold the last ones); returns [tokens, channels]."""
+    kernel = weight.shape[1]
+    history = torch.cat([state, x.t().to(state.dtype)], dim=1)  # [channels, kernel - 1 + tokens]
+    out = F.conv1d(history[None], weight[:, None], groups=weight.shape[0])[0]
+    state.copy_(history[:, history.shape[1] - (kernel - 1):])
+    return out.t()
+
+
+def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                     state: torch.Tensor) -> torch.Tensor:
+    """One sequence's tokens through the gated delta rule, in float32: q, k [tokens, heads, key_dim] (normalised,
+    q scaled), v [tokens, heads, value_dim], g (log decay) and beta [tokens, heads]; state [heads, key_dim,
+    value_dim] updated in place. Per token: S = S * exp(g); S += k (beta (v - S^T k))^T; out = S^T q."""
+    out = torch.empty_like(v)
+    s = state
+    for t in range(q.shape[0]):
+        s = s * g[t].exp()[:, None, None]
+        delta = (v[t] - torch.einsum("hkv,hk->hv", s, k[t])) * beta[t][:, None]
+        s = s + k[t][:, :, None] * delta[:, None, :]
+        out[t] = torch.einsum("hkv,hk->hv", s, q[t])
+    state.copy_(s)
+    return out
+
+
+@dataclass
+class GatedDeltaNet:
+    """Qwen3.5's linear attention: q, k, v through a short causal convolution and SiLU, then the gated delta
+    rule (a key_dim x value_dim state per value head), normed per head and gated by SiLU(z), projected out.
+    States: the convolution's last inputs [slots, channels, kernel - 1] and the rule's [slots, heads, key_dim,
+    value_dim], float32."""
+
+    shape: LinearAttentionShape
+    in_proj: Linear  # rows: q, k, v (the convolution's channels), z, b, a
+    conv: torch.Tensor  # [channels, kernel]
+    dt_bias: torch.Tensor  # [value_heads]
+    decay_rate: torch.Tensor  # -exp(A_log) [value_heads]: g = decay_rate * softplus(a + dt_bias)
+    norm: torch.Tensor  # [value_dim]: the gated RMSNorm's weight
+    out_proj: Linear
+    eps: float
+
+    def state_shapes(self) -> list[tuple[int, ...]]:
+        s = self.shape
+        return [(s.conv_channels, s.conv_kernel - 1), (s.value_heads, s.key_dim, s.value_dim)]
+
+    @property
+    def matrices(self) -> list[tuple[object, str]]:
+        return [(self, "in_proj"), (self, "out_proj")]
+
+    def __call__(self, x: torch.Tensor, states: list[torch.Tensor], runs: list[StateRun]) -> torch.Tensor:
+        s = self.shape
+        key_width, value_width = s.key_heads * s.key_dim, s.value_heads * s.value_dim
+        mixed, z, b, a = self.in_proj(x).split([s.conv_channels, value_width, s.value_heads, s.value_heads], -1)
+        beta = b.float().sigmoid()
+        g = self.decay_rate * F.softplus(a.float() + self.dt_bias)
+        core = torch.empty(x.shape[0], s.value_heads, s.value_dim, dtype=torch.float32, device=x.device)
+        conv_state, rule_state = states
+        for run in runs:
+            for rows, snapshot in _pieces(run):
+                mixed_rows = F.silu(causal_conv(mixed[rows], conv_state[run.slot], self.conv))
+                q, k, v = mixed_rows.split([key_width, key_width, value_width], -1)
+                q, k = (self._heads(t.reshape(-1, s.key_heads, s.key_dim)) for t in (q, k))
+                q = F.normalize(q, dim=-1, eps=L2_EPS) * s.key_dim ** -0.5
+                k = F.normalize(k, dim=-1, eps=L2_EPS)
+                core[rows] = gated_delta_rule(q, k, v.reshape(-1, s.value_heads, s.value_dim), g[rows], beta[rows],
+                                              rule_state[run.slot])
+                if snapshot is not None:
+                    conv_state[snapshot].copy_(conv_state[run.slot])
+                    rule_state[snapshot].copy_(rule_state[run.slot])
+        core = core.to(x.dtype).float()  # rounded to the activations' dtype first, as the reference does
+        normed = core * torch.rsqrt(core.pow(2).mean(-1, keepdim=True) + self.eps)
+        gated = (self.norm * normed.to(x.dtype)) * F.silu(z.float().view(-1, s.value_heads, s.value_dim))
+        return self.out_proj(gated.to(x.dtype).view(-1, value_width))
+
+    def _heads(self, t: torch.Tensor) -> torch.Tensor:
+        """q or k heads, one per value head (each serves value_heads / key_heads of them)."""
+        r = self.shape.value_heads // self.shape.key_heads
+        return t if r == 1 else t.repeat(1, r, 1) if self.shape.tiled else t.repeat_interleave(r, dim=1)
+
+
+def _pieces(run: StateRun) -> list[tuple[slice, int | None]]:
+    """A run's rows cut where its snapshot is taken: (rows, the snapshot slot after them or None)."""
+    end = run.start + run.length
+    if run.snapshot is None:
+        return [(slice(run.start, end), None)]
+    rows, slot = run.snapshot
+    cut = run.start + rows
+    return [(slice(run.start, cut), slot)] + ([(slice(cut, end), None)] if cut < end else [])
