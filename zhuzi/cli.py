@@ -148,7 +148,7 @@ def cmd_plan(args: argparse.Namespace) -> None:
                                                           if c.num_experts else "") + f", weights {fmt or 'dense'}")
     print(f"dtype {config.dtype}: {precision}; {precision.reason}; CPU kernels {native.resolve(config.cpu_kernels)}")
     print(f"weights: {resident:,} bytes ({resident / 2**20:.0f} MiB) in memory: {parts}")
-    print(f"KV bytes per token: 2 x {c.num_layers} layers x {c.num_kv_heads} kv_heads x {c.head_dim} head_dim "
+    print(f"KV bytes per token: 2 x {c.kv_layers} layers x {c.num_kv_heads} kv_heads x {c.head_dim} head_dim "
           f"x {value_bytes:g} bytes{q8} = {plan.bytes_per_token:,}")
     print(f"{args.sequences} x {args.context:,}-token sequences: KV {kv:,} bytes ({kv / 2**20:.0f} MiB), "
           f"with the weights {resident + kv:,} bytes ({(resident + kv) / 2**20:.0f} MiB)")

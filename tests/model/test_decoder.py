@@ -7,6 +7,7 @@ from zhuzi import LLM, SamplingParams
 from zhuzi.model.attention import AttentionMetadata, PrefillChunk
 from zhuzi.model.decoder import Decoder, LayerTap
 from zhuzi.model.loader import load_checkpoint
+from zhuzi.model.recurrent import StateRun
 
 EMPTY = torch.empty(0)
 
@@ -14,10 +15,12 @@ EMPTY = torch.empty(0)
 def full_logits(model: Decoder, ids: list[int], tap: LayerTap | None = None) -> torch.Tensor:
     """Logits of every position from one prefill with no cached prefix."""
     c, n = model.config, len(ids)
-    kv = torch.zeros(c.num_layers, 2, n, c.num_kv_heads, c.head_dim, dtype=model.dtype)
-    meta = AttentionMetadata(torch.arange(n), 0, EMPTY, EMPTY, [PrefillChunk(0, n, n, torch.arange(n))])
+    kv = torch.zeros(c.kv_layers, 2, n, c.num_kv_heads, c.head_dim, dtype=model.dtype)
+    states = [[torch.zeros(1, *shape) for shape in shapes] for shapes in model.state_shapes()]
+    meta = AttentionMetadata(torch.arange(n), 0, EMPTY, EMPTY, [PrefillChunk(0, n, n, torch.arange(n))],
+                             [StateRun(0, n, 0)])
     with torch.inference_mode():
-        return model.logits(model.forward(torch.tensor(ids), torch.arange(n), meta, kv, tap))
+        return model.logits(model.forward(torch.tensor(ids), torch.arange(n), meta, kv, tap, states))
 
 
 def greedy_without_cache(model: Decoder, ids: list[int], steps: int) -> list[int]:
@@ -45,7 +48,7 @@ GEMMA3_HF = dict(final_logit_softcapping=3.0, query_pre_attn_scalar=24, num_hidd
 EXTRA = {"llama": {"rope_scaling": LLAMA3}, "phi3": PHI3, "gemma3": GEMMA3_HF}
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3", "phi3", "gemma3"])
+@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3", "phi3", "gemma3", "qwen3_5", "qwen3_5_moe"])
 def tiny_pair(request, tmp_path_factory):
     directory = tmp_path_factory.mktemp(request.param)
     hf = tiny.build(request.param, directory, **EXTRA.get(request.param, {}))

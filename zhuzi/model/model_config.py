@@ -122,6 +122,26 @@ class ModelConfig:
             else None
 
     @property
+    def kv_layers(self) -> int:
+        """The layers whose tokens' keys and values the KV pool keeps (a linear-attention layer keeps a state)."""
+        return self.num_layers - self.state_layers
+
+    @property
+    def state_layers(self) -> int:
+        """The layers that keep a recurrent state per sequence instead of KV."""
+        return (self.layer_types or []).count("linear_attention")
+
+    @property
+    def state_bytes(self) -> int:
+        """Bytes of recurrent state one sequence holds (float32): every linear-attention layer's convolution
+        tail and its state matrices."""
+        if self.linear is None:
+            return 0
+        s = self.linear
+        per_layer = s.conv_channels * (s.conv_kernel - 1) + s.value_heads * s.key_dim * s.value_dim
+        return 4 * per_layer * self.state_layers
+
+    @property
     def kv_window(self) -> int | None:
         """The window of every layer when all of them slide: a sequence's KV older than it can be freed."""
         windows = {self.window(i) for i in range(self.num_layers)}

@@ -79,6 +79,9 @@ class EngineCore:
                 tp_worker.stop(self.tp, StepChannel(self.tp), self.workers)
             raise
         self.model_config = ckpt.config
+        if config.speculative is not None and ckpt.config.state_layers:
+            raise ValueError(f"speculative decoding does not run {ckpt.config.architecture} yet: its linear-attention "
+                             "layers' states cannot take back rejected drafts")
         self.model_path = ckpt.path
         self.tokenizer = Tokenizer.load(ckpt.path)
         self.max_model_len = config.max_model_len or ckpt.config.max_position_embeddings

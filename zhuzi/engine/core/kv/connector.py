@@ -40,7 +40,7 @@ class KVLayout:
     def of(cls, config: EngineConfig, model: ModelConfig, path: Path, pool: torch.Tensor) -> KVLayout:
         """head_dim: the pool's last dimension (a q8_0 head's values and scales: kv_format.py)."""
         pool_dtype, compute = (str(d).removeprefix("torch.") for d in (pool.dtype, config.precision.compute))
-        return cls(content_digest(path), pool_dtype, compute, config.quantization, model.num_layers,
+        return cls(content_digest(path), pool_dtype, compute, config.quantization, model.kv_layers,
                    model.num_kv_heads, pool.shape[-1], config.page_size)
 
     @property
