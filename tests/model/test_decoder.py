@@ -176,3 +176,35 @@ def test_gemma3_gguf_as_llama_cpp_writes_it_gives_transformers_logits(tmp_path):
         with torch.no_grad():
             expected = hf(torch.tensor([ids])).logits[0]
         assert (full_logits(ours, ids) - expected).abs().max() < 1e-3
+
+
+def qwen3_5_gguf(arch: str, directory):
+    """A tiny Qwen3.5 and the GGUF llama.cpp's converter writes of it."""
+    hf = tiny.build(arch, directory, rope_theta=50000.0, rms_norm_eps=1e-5)
+    return hf, tiny.write_gguf(directory / "tiny.gguf", hf, arch)
+
+
+@pytest.mark.parametrize("arch", ["qwen3_5", "qwen3_5_moe"])
+def test_qwen3_5_gguf_as_llama_cpp_writes_it_gives_transformers_logits(arch, tmp_path):
+    """llama.cpp's converter stores (1 + w) norms as such, A_log as -exp(A_log), the DeltaNet's value heads
+    tiled by key head (its four value heads over two key heads are reordered): the file's model is the
+    directory's."""
+    hf, path = qwen3_5_gguf(arch, tmp_path)
+    ckpt = load_checkpoint(path, torch.float32)
+    assert ckpt.config.linear is not None and ckpt.config.linear.tiled
+    ours = Decoder(ckpt.config, ckpt.tensors)
+    for ids in PROMPTS:
+        with torch.no_grad():
+            expected = hf(torch.tensor([ids])).logits[0]
+        assert (full_logits(ours, ids) - expected).abs().max() < 1e-3
+
+
+def test_qwen3_5_gguf_greedy_through_the_engine_is_transformers(tmp_path):
+    """The file prefilled in 32-token chunks beside other prompts, then decoded: transformers' tokens."""
+    hf, path = qwen3_5_gguf("qwen3_5", tmp_path)
+    llm = LLM(str(path), dtype="float32", page_size=16, max_num_batched_tokens=32)
+    outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=16, min_tokens=16))
+    for ids, out in zip(PROMPTS, outs):
+        with torch.no_grad():
+            expected = hf.generate(torch.tensor([ids]), max_new_tokens=16, min_new_tokens=16, do_sample=False)
+        assert out.outputs[0].token_ids == expected[0, len(ids):].tolist()

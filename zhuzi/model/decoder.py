@@ -21,9 +21,9 @@ from zhuzi.model.layers import Rotary, offset_rms_norm, rms_norm
 from zhuzi.model.linear import QUANTIZATIONS, BlockLinear, Linear, blocks_serve
 from zhuzi.model.model_config import LayerSpec, Mlp, ModelConfig, Rope
 from zhuzi.model.moe import Expert, MoE, gated_mlp
-from zhuzi.model.recurrent import GatedDeltaNet
 from zhuzi.model.parallel import Shard, TPRank, head_rows
 from zhuzi.model.quant import FORMATS, Q, quantize
+from zhuzi.model.recurrent import GatedDeltaNet
 from zhuzi.model.smooth import smooth
 
 log = logging.getLogger(__name__)

@@ -84,6 +84,8 @@ class Qwen3_5(SparseFamily):
         return tensor
 
 
-FAMILY = Qwen3_5("qwen3_5", "Qwen3_5ForCausalLM", "qwen35", hf_multimodal_class="Qwen3_5ForConditionalGeneration")
+GGUF_NAMES = {"post_attention_norm": "post_attention_layernorm"}  # the norm before the MLP
+FAMILY = Qwen3_5("qwen3_5", "Qwen3_5ForCausalLM", "qwen35", hf_multimodal_class="Qwen3_5ForConditionalGeneration",
+                 gguf_names=GGUF_NAMES)
 MOE_FAMILY = Qwen3_5("qwen3_5_moe", "Qwen3_5MoeForCausalLM", "qwen35moe", sparse=True, normalizes_top_k=True,
-                     hf_multimodal_class="Qwen3_5MoeForConditionalGeneration")
+                     hf_multimodal_class="Qwen3_5MoeForConditionalGeneration", gguf_names=GGUF_NAMES)
