@@ -23,7 +23,7 @@ from zhuzi.model.model_config import LayerSpec, Mlp, ModelConfig, Rope
 from zhuzi.model.moe import Expert, MoE, gated_mlp
 from zhuzi.model.parallel import Shard, TPRank, head_rows
 from zhuzi.model.quant import FORMATS, Q, quantize
-from zhuzi.model.recurrent import GatedDeltaNet
+from zhuzi.model.recurrent import MIXERS, RecurrentMixer
 from zhuzi.model.smooth import smooth
 
 log = logging.getLogger(__name__)
@@ -81,7 +81,7 @@ class Layer:
     attn_out_norm: torch.Tensor | None = None  # sandwich norms: on attention's and the MLP's outputs
     mlp_out_norm: torch.Tensor | None = None
     moe: MoE | None = None
-    recurrent: GatedDeltaNet | None = None  # a mixer that keeps a state instead of KV
+    recurrent: RecurrentMixer | None = None  # a mixer that keeps a state instead of KV
     kv: int | None = None  # its entry in the KV pool (attention layers), or in the state pool (recurrent ones)
 
     @property
@@ -189,7 +189,7 @@ class Decoder:
         sparse = spec.mlp is not Mlp.DENSE
         gate_up = [] if sparse else [head_rows(t[f"{mlp}.{n}_proj.weight"], s.mlp, 1) for n in ("gate", "up")]
         down = t.get(f"{mlp}.down_proj.weight")
-        mixer: dict = dict(recurrent=self._recurrent(t, f"{p}.linear_attn")) if not spec.mixer.keeps_kv else {}
+        mixer: dict = dict(recurrent=self._recurrent(t, p, spec)) if not spec.mixer.keeps_kv else {}
         if spec.mixer.keeps_kv:
             q_rows = 2 * d if spec.output_gate else d  # each head's query, then its gate
             rows = {"q": q_rows, "k": d, "v": d}
@@ -216,16 +216,12 @@ class Decoder:
             mlp_out_norm=t.get(f"{p}.post_feedforward_layernorm.weight") if spec.sandwich_norms else None,
         )
 
-    def _recurrent(self, t: dict[str, Weight], p: str) -> GatedDeltaNet:
-        """A gated DeltaNet layer: its four input projections as one matmul, its parameters in float32."""
+    def _recurrent(self, t: dict[str, Weight], p: str, spec: LayerSpec) -> RecurrentMixer:
+        """Layer p's mixer that keeps a state, from its tensors."""
         if self.tp is not None:
-            raise ValueError("linear attention layers do not split across tensor-parallel ranks yet")
-        c = self.config
-        assert c.linear is not None
-        projections = [t[f"{p}.in_proj_{n}.weight"] for n in ("qkv", "z", "b", "a")]
-        return GatedDeltaNet(c.linear, self._linear(projections), t[f"{p}.conv1d.weight"].float()[:, 0],
-                             t[f"{p}.dt_bias"].float(), -t[f"{p}.A_log"].float().exp(), t[f"{p}.norm.weight"],
-                             self._linear([t[f"{p}.out_proj.weight"]]), c.rms_norm_eps)
+            raise ValueError(f"{spec.mixer.value} layers do not split across tensor-parallel ranks yet")
+        mixer = MIXERS[spec.mixer]
+        return mixer.build(t, f"{p}.{mixer.prefix}", self.config, self._linear)
 
     def state_shapes(self) -> list[list[tuple[int, ...]]]:
         """Per recurrent layer (in state pool order), the shape of each of its states for one sequence."""

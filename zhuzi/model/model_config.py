@@ -7,8 +7,9 @@ from enum import Enum
 
 
 class Mixer(Enum):
-    """What mixes a layer's tokens. A mixer that keeps a recurrent state instead of KV (linear attention, a
-    state-space layer) is one more kind here, with the decoder's builder for it."""
+    """What mixes a layer's tokens (its value is the layer's ModelConfig.layer_types entry). A mixer that keeps
+    a recurrent state instead of KV (linear attention, a short convolution, a state-space layer) is one more
+    kind here, its state's size in ModelConfig.state_floats and its class in recurrent.MIXERS."""
 
     ATTENTION = "full_attention"
     SLIDING_ATTENTION = "sliding_attention"  # each token attends its last `window` tokens
@@ -123,23 +124,26 @@ class ModelConfig:
 
     @property
     def kv_layers(self) -> int:
-        """The layers whose tokens' keys and values the KV pool keeps (a linear-attention layer keeps a state)."""
+        """The layers whose tokens' keys and values the KV pool keeps (a recurrent layer keeps a state)."""
         return self.num_layers - self.state_layers
 
     @property
     def state_layers(self) -> int:
         """The layers that keep a recurrent state per sequence instead of KV."""
-        return (self.layer_types or []).count("linear_attention")
+        return sum(1 for kind in self.layer_types or [] if not Mixer(kind).keeps_kv)
+
+    def state_floats(self, mixer: Mixer) -> int:
+        """The float32 values of state one sequence holds in a layer of this kind."""
+        if mixer is Mixer.LINEAR_ATTENTION:
+            assert self.linear is not None
+            s = self.linear  # the convolution's last inputs, and a state matrix per value head
+            return s.conv_channels * (s.conv_kernel - 1) + s.value_heads * s.key_dim * s.value_dim
+        return 0
 
     @property
     def state_bytes(self) -> int:
-        """Bytes of recurrent state one sequence holds (float32): every linear-attention layer's convolution
-        tail and its state matrices."""
-        if self.linear is None:
-            return 0
-        s = self.linear
-        per_layer = s.conv_channels * (s.conv_kernel - 1) + s.value_heads * s.key_dim * s.value_dim
-        return 4 * per_layer * self.state_layers
+        """Bytes of recurrent state one sequence holds (float32), over every layer that keeps one."""
+        return 4 * sum(self.state_floats(Mixer(kind)) for kind in self.layer_types or [])
 
     @property
     def kv_window(self) -> int | None:

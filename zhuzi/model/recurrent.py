@@ -4,13 +4,19 @@ its tokens go through. A step's sequences are runs of rows in the flat batch; a 
 after some of its rows in a second slot (a snapshot at a page boundary, which the prefix cache keeps)."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 
+from zhuzi.model.blocks import BlockWeight
 from zhuzi.model.linear import Linear
-from zhuzi.model.model_config import LinearAttentionShape
+from zhuzi.model.model_config import LinearAttentionShape, Mixer, ModelConfig
+
+Weight = torch.Tensor | BlockWeight
+MakeLinear = Callable[[list[Weight]], Linear]  # the decoder's: parts' rows one after another, blocks kept
 
 L2_EPS = 1e-6  # q and k are L2-normalised as the reference kernels (fla) do
 
@@ -56,6 +62,20 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     return out
 
 
+class RecurrentMixer(Protocol):
+    """What the decoder needs of a mixer that keeps a state: its tensors' home in the checkpoint (prefix, under
+    the layer), the shapes of its states for one sequence, its matrices (for quantization) and its pass."""
+
+    prefix: str
+
+    def state_shapes(self) -> list[tuple[int, ...]]: ...
+
+    @property
+    def matrices(self) -> list[tuple[object, str]]: ...
+
+    def __call__(self, x: torch.Tensor, states: list[torch.Tensor], runs: list[StateRun]) -> torch.Tensor: ...
+
+
 @dataclass
 class GatedDeltaNet:
     """Qwen3.5's linear attention: q, k, v through a short causal convolution and SiLU, then the gated delta
@@ -71,6 +91,17 @@ class GatedDeltaNet:
     norm: torch.Tensor  # [value_dim]: the gated RMSNorm's weight
     out_proj: Linear
     eps: float
+    prefix = "linear_attn"
+
+    @classmethod
+    def build(cls, t: dict[str, Weight], p: str, config: ModelConfig, linear: MakeLinear) -> GatedDeltaNet:
+        """From its tensors under p (transformers' names): its four input projections as one matmul, its
+        parameters in float32."""
+        assert config.linear is not None
+        projections = [t[f"{p}.in_proj_{n}.weight"] for n in ("qkv", "z", "b", "a")]
+        return cls(config.linear, linear(projections), t[f"{p}.conv1d.weight"].float()[:, 0],
+                   t[f"{p}.dt_bias"].float(), -t[f"{p}.A_log"].float().exp(), t[f"{p}.norm.weight"],
+                   linear([t[f"{p}.out_proj.weight"]]), config.rms_norm_eps)
 
     def state_shapes(self) -> list[tuple[int, ...]]:
         s = self.shape
@@ -119,3 +150,6 @@ def _pieces(run: StateRun) -> list[tuple[slice, int | None]]:
     rows, slot = run.snapshot
     cut = run.start + rows
     return [(slice(run.start, cut), slot)] + ([(slice(cut, end), None)] if cut < end else [])
+
+
+MIXERS: dict[Mixer, type] = {Mixer.LINEAR_ATTENTION: GatedDeltaNet}  # each recurrent kind's class
