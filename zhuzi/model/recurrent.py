@@ -37,27 +37,29 @@ class StateMetadata:
 
 
 def causal_conv(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """A depthwise causal convolution over one sequence's rows x [tokens, channels], state [channels, kernel - 1]
-    holding the inputs before them (updated in place to hold the last ones); returns [tokens, channels]."""
+    """A depthwise causal convolution over sequences' rows x [sequences, tokens, channels], state [sequences,
+    channels, kernel - 1] holding the inputs before them (updated in place to hold the last ones); returns
+    [sequences, tokens, channels]."""
     kernel = weight.shape[1]
-    history = torch.cat([state, x.t().to(state.dtype)], dim=1)  # [channels, kernel - 1 + tokens]
-    out = F.conv1d(history[None], weight[:, None], groups=weight.shape[0])[0]
-    state.copy_(history[:, history.shape[1] - (kernel - 1):])
-    return out.t()
+    history = torch.cat([state, x.transpose(1, 2).to(state.dtype)], dim=2)  # [sequences, channels, k - 1 + tokens]
+    out = F.conv1d(history, weight[:, None], groups=weight.shape[0])
+    state.copy_(history[:, :, history.shape[2] - (kernel - 1):])
+    return out.transpose(1, 2)
 
 
 def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                      state: torch.Tensor) -> torch.Tensor:
-    """One sequence's tokens through the gated delta rule, in float32: q, k [tokens, heads, key_dim] (normalised,
-    q scaled), v [tokens, heads, value_dim], g (log decay) and beta [tokens, heads]; state [heads, key_dim,
-    value_dim] updated in place. Per token: S = S * exp(g); S += k (beta (v - S^T k))^T; out = S^T q."""
+    """Sequences' tokens through the gated delta rule, in float32: q, k [sequences, tokens, heads, key_dim]
+    (normalised, q scaled), v [..., value_dim], g (log decay) and beta [sequences, tokens, heads]; state
+    [sequences, heads, key_dim, value_dim] updated in place. Per token: S = S exp(g); S += k (beta (v - S^T k))^T;
+    out = S^T q."""
     out = torch.empty_like(v)
     s = state
-    for t in range(q.shape[0]):
-        s = s * g[t].exp()[:, None, None]
-        delta = (v[t] - torch.einsum("hkv,hk->hv", s, k[t])) * beta[t][:, None]
-        s = s + k[t][:, :, None] * delta[:, None, :]
-        out[t] = torch.einsum("hkv,hk->hv", s, q[t])
+    for t in range(q.shape[1]):
+        s = s * g[:, t].exp()[..., None, None]
+        delta = (v[:, t] - (s * k[:, t, ..., None]).sum(-2)) * beta[:, t, :, None]
+        s = s + k[:, t, ..., None] * delta[..., None, :]
+        out[:, t] = (s * q[:, t, ..., None]).sum(-2)
     state.copy_(s)
     return out
 
@@ -119,18 +121,29 @@ class GatedDeltaNet:
         g = self.decay_rate * F.softplus(a.float() + self.dt_bias)
         core = torch.empty(x.shape[0], s.value_heads, s.value_dim, dtype=torch.float32, device=x.device)
         conv_state, rule_state = states
-        for run in runs:
-            for rows, snapshot in _pieces(run):
-                mixed_rows = F.silu(causal_conv(mixed[rows], conv_state[run.slot], self.conv))
-                q, k, v = mixed_rows.split([key_width, key_width, value_width], -1)
-                q, k = (self._heads(t.reshape(-1, s.key_heads, s.key_dim)) for t in (q, k))
-                q = F.normalize(q, dim=-1, eps=L2_EPS) * s.key_dim ** -0.5
-                k = F.normalize(k, dim=-1, eps=L2_EPS)
-                core[rows] = gated_delta_rule(q, k, v.reshape(-1, s.value_heads, s.value_dim), g[rows], beta[rows],
-                                              rule_state[run.slot])
+        decodes = [run for run in runs if run.length == 1]  # one token each: one batch
+        pieces = [([run.start for run in decodes], [run.slot for run in decodes],
+                   [run.snapshot[1] if run.snapshot else None for run in decodes])] if decodes else []
+        pieces += [([*range(rows.start, rows.stop)], [run.slot], [snapshot])
+                   for run in runs if run.length > 1 for rows, snapshot in _pieces(run)]
+        for rows, slots, snapshots in pieces:
+            # a decode batch: [sequences, 1 token]; a prompt's piece: [1 sequence, tokens]
+            shape = (len(slots), len(rows) // len(slots))
+            index, at = torch.tensor(rows, device=x.device), torch.tensor(slots, device=x.device)
+            conv, rule = conv_state[at], rule_state[at]
+            mixed_rows = F.silu(causal_conv(mixed[index].view(*shape, -1), conv, self.conv))
+            q, k, v = mixed_rows.split([key_width, key_width, value_width], -1)
+            q, k = (self._heads(t.reshape(*shape, s.key_heads, s.key_dim)) for t in (q, k))
+            q = F.normalize(q, dim=-1, eps=L2_EPS) * s.key_dim ** -0.5
+            k = F.normalize(k, dim=-1, eps=L2_EPS)
+            out = gated_delta_rule(q, k, v.reshape(*shape, s.value_heads, s.value_dim), g[index].view(*shape, -1),
+                                   beta[index].view(*shape, -1), rule)
+            core[index] = out.reshape(len(rows), s.value_heads, s.value_dim)
+            conv_state[at], rule_state[at] = conv, rule
+            for slot, snapshot in zip(slots, snapshots):
                 if snapshot is not None:
-                    conv_state[snapshot].copy_(conv_state[run.slot])
-                    rule_state[snapshot].copy_(rule_state[run.slot])
+                    conv_state[snapshot].copy_(conv_state[slot])
+                    rule_state[snapshot].copy_(rule_state[slot])
         core = core.to(x.dtype).float()  # rounded to the activations' dtype first, as the reference does
         normed = core * torch.rsqrt(core.pow(2).mean(-1, keepdim=True) + self.eps)
         gated = (self.norm * normed.to(x.dtype)) * F.silu(z.float().view(-1, s.value_heads, s.value_dim))
@@ -139,7 +152,7 @@ class GatedDeltaNet:
     def _heads(self, t: torch.Tensor) -> torch.Tensor:
         """q or k heads, one per value head (each serves value_heads / key_heads of them)."""
         r = self.shape.value_heads // self.shape.key_heads
-        return t if r == 1 else t.repeat(1, r, 1) if self.shape.tiled else t.repeat_interleave(r, dim=1)
+        return t if r == 1 else t.repeat(1, 1, r, 1) if self.shape.tiled else t.repeat_interleave(r, dim=2)
 
 
 def _pieces(run: StateRun) -> list[tuple[slice, int | None]]:
