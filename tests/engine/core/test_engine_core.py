@@ -496,3 +496,23 @@ def test_a_hybrid_chat_computes_only_its_new_tokens_on_turn_two(qwen3_5):
     assert out.outputs[0].token_ids == transformers_greedy(hf, second, 20)
     assert_all_pages_free(llm.engine)
     assert_all_state_slots_free(llm.engine)
+
+
+def test_a_hybrid_chat_resumes_turn_two_from_the_host_tier_after_the_pool_forgot_turn_one(qwen3_5):
+    """Other prompts fill a pool of 10 pages and 4 state slots between the turns: turn 1's pages and its state
+    went to the host tier, and come back from there."""
+    hf, path = qwen3_5
+    budget = 9 * load_model_config(path).state_bytes
+    llm = LLM(str(path), dtype="float32", page_size=16, kv_cache_memory=budget, kv_offload_memory="8MiB")
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    first = list(range(301, 345))
+    reply = llm.generate([first], params)[0].outputs[0].token_ids
+    llm.generate([list(range(400 + 50 * i, 444 + 50 * i)) for i in range(4)], params)
+    connector = llm.engine.kv.connector
+    second = first + reply + [7, 8, 9, 10, 11]
+    out = llm.generate([second], params)[0]
+    assert out.num_cached_tokens == (len(first) + len(reply) - 1) // 16 * 16
+    assert connector.state_host.counts.hit_tokens == 16  # turn 1's last state came from the host tier
+    assert out.outputs[0].token_ids == transformers_greedy(hf, second, 20)
+    assert_all_pages_free(llm.engine)
+    assert_all_state_slots_free(llm.engine)

@@ -91,7 +91,8 @@ class EngineCore:
         self.kv_plan = plan = config.kv_plan(ckpt.config)
         self.grammars = shared_compiler(self.tokenizer.hf, ckpt.config.vocab_size, self.eos_ids)
         self.pages, self.kv = KVServices.build(config, ckpt.config, ckpt.path, plan, self.runner.kv_cache,
-                                                self.runner.num_pages, kv_events, kv_transfers)
+                                                self.runner.num_pages, kv_events, kv_transfers,
+                                                [t for layer in self.runner.states for t in layer])
         self.scheduler = Scheduler(self.pages, config.max_num_seqs, config.max_num_batched_tokens,
                                    config.long_prefill_token_threshold, spec.max_step_tokens if spec else 0,
                                    make_policy(config.scheduling_policy))

@@ -149,12 +149,25 @@ class PageManager:
     def _cut_to_a_state(self, seq: Sequence) -> None:
         """A hybrid model resumes from a cached state: the prefix shrinks to its last page whose state is kept,
         held for the step that copies it."""
-        assert self.states is not None
-        while seq.page_table and seq.page_hashes[len(seq.page_table) - 1] not in self.states.cached:
+        while seq.page_table:
+            if (slot := self._hold_state(seq.page_hashes[len(seq.page_table) - 1])) is not None:
+                seq.restore_slot = slot
+                return
             self._drop(seq.page_table.pop())
             self.prefix_hits -= self.page_size
-        if seq.page_table:
-            seq.restore_slot = self.states.hold(seq.page_hashes[len(seq.page_table) - 1])
+
+    def _hold_state(self, h: bytes) -> int | None:
+        """The cached state after page h, held: in the pool, or copied there from the connector's tier."""
+        assert self.states is not None
+        slot = self.states.hold(h)
+        if slot is None and self.connector is not None and self.connector.has_state(h) \
+                and (slot := self.states.take()) is not None:
+            if not self.connector.load_state(h, slot):
+                self.states.release(slot)
+                return None
+            self.states.publish(slot, h)
+            slot = self.states.hold(h)
+        return slot
 
     def _window_start(self, position: int) -> int:
         """The first page the window of the token at `position` reaches."""

@@ -6,10 +6,13 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from zhuzi.engine.core.kv.connector import KVConnector
+
 
 @dataclass
 class StateSlots:
     num_slots: int
+    connector: KVConnector | None = None  # where a cached state goes when its slot is reused
     free: OrderedDict[int, None] = field(init=False)  # LRU order; cached states among them until taken
     cached: dict[bytes, int] = field(init=False)  # page hash -> the slot holding the state after that page
     hashes: dict[int, bytes] = field(init=False)  # slot -> its hash, while cached
@@ -30,6 +33,8 @@ class StateSlots:
         slot, _ = self.free.popitem(last=False)
         if (h := self.hashes.pop(slot, None)) is not None:
             del self.cached[h]
+            if self.connector is not None:
+                self.connector.state_evicted(h, slot)
         self.holders[slot] = 1
         return slot
 
