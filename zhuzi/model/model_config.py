@@ -167,13 +167,23 @@ class ModelConfig:
         shared = 3 * h * self.shared_expert_intermediate_size + h if self.shared_expert_intermediate_size else 0
         return self.num_experts * h + experts * 3 * h * self.moe_intermediate_size + shared
 
+    def _mixer_parameters(self, layer: int) -> int:
+        """A layer's attention (or recurrent mixer) parameters, and its two norms."""
+        h, q, kv = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        if self.layer_types and self.layer_types[layer] == Mixer.LINEAR_ATTENTION.value:
+            assert self.linear is not None
+            s, values = self.linear, self.linear.value_heads * self.linear.value_dim
+            projections = h * (s.conv_channels + values + 2 * s.value_heads) + values * h
+            return projections + s.conv_channels * s.conv_kernel + 2 * s.value_heads + s.value_dim + 2 * h
+        norms = 2 * h + (2 * self.head_dim if self.qk_norm else 0)
+        return h * (q * (2 if self.attention_output_gate else 1) + 2 * kv) + q * h + norms
+
     @property
     def num_parameters(self) -> int:
         h, n = self.hidden_size, self.num_layers
-        q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        per_layer = h * (q + 2 * kv) + q * h + 2 * h
         embed = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
-        return n * per_layer + embed + h + sum(self._mlp_parameters(layer, self.num_experts) for layer in range(n))
+        return embed + h + sum(self._mixer_parameters(layer) + self._mlp_parameters(layer, self.num_experts)
+                               for layer in range(n))
 
     @property
     def active_parameters(self) -> int:
