@@ -23,7 +23,7 @@ from zhuzi.model.model_config import LayerSpec, Mlp, ModelConfig, Rope
 from zhuzi.model.moe import Expert, MoE, gated_mlp
 from zhuzi.model.parallel import Shard, TPRank, head_rows
 from zhuzi.model.quant import FORMATS, Q, quantize
-from zhuzi.model.recurrent import MIXERS, RecurrentMixer
+from zhuzi.model.recurrent import MIXERS, RecurrentMixer, ready
 from zhuzi.model.smooth import smooth
 
 log = logging.getLogger(__name__)
@@ -217,11 +217,9 @@ class Decoder:
         )
 
     def _recurrent(self, t: dict[str, Weight], p: str, spec: LayerSpec) -> RecurrentMixer:
-        """Layer p's mixer that keeps a state, from its tensors."""
-        if self.tp is not None:
-            raise ValueError(f"{spec.mixer.value} layers do not split across tensor-parallel ranks yet")
+        """Layer p's mixer that keeps a state, from its tensors (this rank's heads of it)."""
         mixer = MIXERS[spec.mixer]
-        return mixer.build(t, f"{p}.{mixer.prefix}", self.config, self._linear)
+        return mixer.build(t, f"{p}.{mixer.prefix}", self.config, self._linear, self.shard)
 
     def state_shapes(self) -> list[list[tuple[int, ...]]]:
         """Per recurrent layer (in state pool order), the shape of each of its states for one sequence."""
@@ -325,6 +323,7 @@ class Decoder:
             x = self._norm(h, layer.input_norm, spec.norm_offset)
             if layer.recurrent is not None:
                 assert states is not None and layer.kv is not None
+                ready(states[layer.kv], meta.state_runs)
                 mixed = layer.recurrent(x, states[layer.kv], meta.state_runs)
             else:
                 mixed = self._attention(layer, x, tables[layer.rope], meta, kv_cache[layer.kv])

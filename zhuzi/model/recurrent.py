@@ -5,7 +5,7 @@ after some of its rows in a second slot (a snapshot at a page boundary, which th
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import torch
@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from zhuzi.model.blocks import BlockWeight
 from zhuzi.model.linear import Linear
 from zhuzi.model.model_config import LinearAttentionShape, Mixer, ModelConfig
+from zhuzi.model.parallel import Shard
 
 Weight = torch.Tensor | BlockWeight
 MakeLinear = Callable[[list[Weight]], Linear]  # the decoder's: parts' rows one after another, blocks kept
@@ -29,6 +30,18 @@ class StateRun:
     length: int  # its new tokens this step
     slot: int  # its slot in every state tensor
     snapshot: tuple[int, int] | None = None  # (rows, slot): its state after that many rows, copied to that slot
+    restore: int | None = None  # a slot whose state it starts from (a cached prefix's)
+    fresh: bool = False  # it starts from zeros (its first tokens)
+
+
+def ready(states: list[torch.Tensor], runs: list[StateRun]) -> None:
+    """Before a step: each run's slot of a layer's states holds what it starts from."""
+    for run in runs:
+        for state in states:
+            if run.restore is not None:
+                state[run.slot].copy_(state[run.restore])
+            elif run.fresh:
+                state[run.slot].zero_()
 
 
 @dataclass
@@ -96,14 +109,33 @@ class GatedDeltaNet:
     prefix = "linear_attn"
 
     @classmethod
-    def build(cls, t: dict[str, Weight], p: str, config: ModelConfig, linear: MakeLinear) -> GatedDeltaNet:
-        """From its tensors under p (transformers' names): its four input projections as one matmul, its
-        parameters in float32."""
-        assert config.linear is not None
-        projections = [t[f"{p}.in_proj_{n}.weight"] for n in ("qkv", "z", "b", "a")]
-        return cls(config.linear, linear(projections), t[f"{p}.conv1d.weight"].float()[:, 0],
-                   t[f"{p}.dt_bias"].float(), -t[f"{p}.A_log"].float().exp(), t[f"{p}.norm.weight"],
-                   linear([t[f"{p}.out_proj.weight"]]), config.rms_norm_eps)
+    def build(cls, t: dict[str, Weight], p: str, config: ModelConfig, linear: MakeLinear,
+              shard: Shard) -> GatedDeltaNet:
+        """From its tensors under p (transformers' names): its input projections as one matmul, its parameters
+        in float32. Under tensor parallelism, this rank's key heads and their value heads (rows of the input
+        projections and of the convolution, columns of out_proj, whose partial sums the decoder adds up)."""
+        s = config.linear
+        assert s is not None
+        keys, values, width = shard.key_heads, shard.value_heads, s.key_heads * s.key_dim
+        if (keys.start, keys.stop) != (0, s.key_heads) and s.tiled:
+            raise ValueError("a GGUF's linear-attention value heads (tiled by key head) do not split across "
+                             "tensor-parallel ranks")
+        qkv_rows = [range(keys.start * s.key_dim, keys.stop * s.key_dim),
+                    range(width + keys.start * s.key_dim, width + keys.stop * s.key_dim),
+                    range(2 * width + values.start * s.value_dim, 2 * width + values.stop * s.value_dim)]
+        value_rows = range(values.start * s.value_dim, values.stop * s.value_dim)
+        qkv, conv = t[f"{p}.in_proj_qkv.weight"], t[f"{p}.conv1d.weight"].float()[:, 0]
+        projections = [qkv[r.start:r.stop] for r in qkv_rows] + [t[f"{p}.in_proj_z.weight"][value_rows.start:
+                                                                                             value_rows.stop]]
+        projections += [t[f"{p}.in_proj_{n}.weight"][values.start:values.stop] for n in ("b", "a")]
+        out = t[f"{p}.out_proj.weight"]
+        if len(value_rows) != out.shape[1]:
+            out = out[:, value_rows.start:value_rows.stop]
+        local = replace(s, key_heads=len(keys), value_heads=len(values))
+        return cls(local, linear(projections), torch.cat([conv[r.start:r.stop] for r in qkv_rows]),
+                   t[f"{p}.dt_bias"].float()[values.start:values.stop],
+                   -t[f"{p}.A_log"].float()[values.start:values.stop].exp(), t[f"{p}.norm.weight"],
+                   linear([out]), config.rms_norm_eps)
 
     def state_shapes(self) -> list[tuple[int, ...]]:
         s = self.shape

@@ -170,24 +170,19 @@ class ModelRunner:
                                  prefills, self._state_runs(batch))
 
     def _state_runs(self, batch: list[ScheduledSeq]) -> list[StateRun]:
-        """A hybrid model's sequences in the state pool, their live slots made ready first: a new sequence's
-        zeroed, a resumed one's copied from its cached state. A run that crosses a page boundary leaves its state
-        at the last one in its boundary slot."""
+        """A hybrid model's sequences in the state pool: a new sequence starts from zeros, a resumed one from its
+        cached state; a run that crosses a page boundary leaves its state at the last one in its boundary slot."""
         if not self.states:
             return []
         runs, start = [], 0
         for s in batch:
             seq, done, n = s.seq, s.seq.num_computed_tokens, s.num_new_tokens
             assert seq.state_slot is not None
-            for state in (t for layer in self.states for t in layer):
-                if seq.restore_slot is not None:
-                    state[seq.state_slot].copy_(state[seq.restore_slot])
-                elif done == 0:
-                    state[seq.state_slot].zero_()
             boundary = (done + n) // self.page_size * self.page_size
             snapshot = (boundary - done, seq.boundary_slot) \
                 if seq.boundary_slot is not None and boundary > done else None
-            runs.append(StateRun(start, n, seq.state_slot, snapshot))
+            runs.append(StateRun(start, n, seq.state_slot, snapshot, seq.restore_slot,
+                                 fresh=done == 0 and seq.restore_slot is None))
             start += n
         return runs
 
