@@ -54,15 +54,21 @@ def build(arch: str, directory: Path, layers: int = 2, vocab_size: int = VOCAB,
     config = cls.config_class(**(shape | family | copy.deepcopy(overrides)))  # transformers edits rope dicts in place
     torch.manual_seed(0)
     model = cls(config).eval()
-    with torch.no_grad():  # larger than HF's init so that tokens are not near-ties everywhere
+    randomize(model)
+    model.save_pretrained(directory)
+    Tokenizer.load(default_model_path()).hf.save_pretrained(directory)
+    return model
+
+
+def randomize(model: transformers.PreTrainedModel) -> None:
+    """Weights larger than HF's init, so that tokens are not near-ties everywhere (and a linear-attention
+    layer's decay stays where transformers' chunked reference keeps float32 precision)."""
+    with torch.no_grad():
         for p in model.parameters():
             p.normal_(0, 0.1)
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.add_(1.0)
-    model.save_pretrained(directory)
-    Tokenizer.load(default_model_path()).hf.save_pretrained(directory)
-    return model
 
 
 def reference_tensors(model: transformers.PreTrainedModel) -> dict[str, torch.Tensor]:

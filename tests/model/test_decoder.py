@@ -2,6 +2,7 @@
 import pytest
 import tiny
 import torch
+import transformers
 
 from zhuzi import LLM, SamplingParams
 from zhuzi.model.attention import AttentionMetadata, PrefillChunk
@@ -208,3 +209,25 @@ def test_qwen3_5_gguf_greedy_through_the_engine_is_transformers(tmp_path):
         with torch.no_grad():
             expected = hf.generate(torch.tensor([ids]), max_new_tokens=16, min_new_tokens=16, do_sample=False)
         assert out.outputs[0].token_ids == expected[0, len(ids):].tolist()
+
+
+def test_a_qwen3_5_checkpoint_with_a_vision_tower_loads_its_text_model(tmp_path, caplog):
+    """Qwen3.5's released checkpoints are Qwen3_5ForConditionalGeneration: the text model under
+    model.language_model, a vision tower beside it. Its text part is the model, with one log line."""
+    text = dict(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=32, **{k: v for k, v in tiny.HYBRID.items() if k.startswith("linear")})
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64)
+    torch.manual_seed(0)
+    hf = transformers.Qwen3_5ForConditionalGeneration(
+        transformers.Qwen3_5Config(text_config=text, vision_config=vision)).eval()
+    tiny.randomize(hf)
+    hf.save_pretrained(tmp_path)
+    with caplog.at_level("INFO"):
+        ckpt = load_checkpoint(tmp_path, torch.float32)
+    assert "Qwen3_5ForConditionalGeneration carries a vision tower too: loading its text model only" in caplog.text
+    assert ckpt.config.architecture == "qwen3_5" and not any("visual" in name for name in ckpt.tensors)
+    ours = Decoder(ckpt.config, ckpt.tensors)
+    ids = PROMPTS[1]
+    with torch.no_grad():
+        expected = hf(torch.tensor([ids])).logits[0]
+    assert (full_logits(ours, ids) - expected).abs().max() < 1e-3

@@ -63,7 +63,8 @@ class Family:
         for what the family does not run. A multimodal checkpoint's text_config is the decoder's."""
         if "text_config" in raw:
             log.info("%s carries a vision tower too: loading its text model only", self.hf_multimodal_class)
-            raw = raw["text_config"] | {k: v for k, v in raw.items() if k.endswith("token_id")}
+            raw = raw["text_config"] | {k: v for k, v in raw.items() if k.endswith("token_id")
+                                        or k == "tie_word_embeddings"}
         if raw.get("attention_bias") and not self.qkv_bias:
             raise ValueError(f"attention_bias is not supported for {self.name}")
         rope_theta, rope_scaling = hf_rope(raw)
