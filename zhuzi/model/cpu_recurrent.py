@@ -231,9 +231,11 @@ class RecurrentOps:
     gated_delta_prefill: Callable[..., torch.Tensor]
 
 
+KERNELS = RecurrentOps(short_conv_decode, short_conv_prefill, gated_delta_decode, gated_delta_prefill)
+TORCH = RecurrentOps(torch_short_conv_decode, torch_short_conv_prefill, torch_gated_delta_decode,
+                     torch_gated_delta_prefill)
+
+
 def ops(device: torch.device) -> RecurrentOps:
     """The kernels on a CPU this process has them for, torch's operations elsewhere."""
-    if device.type == "cpu" and serves():
-        return RecurrentOps(short_conv_decode, short_conv_prefill, gated_delta_decode, gated_delta_prefill)
-    return RecurrentOps(torch_short_conv_decode, torch_short_conv_prefill, torch_gated_delta_decode,
-                        torch_gated_delta_prefill)
+    return KERNELS if device.type == "cpu" and serves() else TORCH
