@@ -35,6 +35,14 @@ def ops(request):
         native.select(before)
 
 
+@pytest.fixture
+def kernels(variant) -> RecurrentOps:
+    """The kernels of each variant this CPU runs."""
+    if not cpu_recurrent.serves():
+        pytest.skip(f"no recurrent kernels in the {variant} build")
+    return KERNELS
+
+
 def assert_close(got: torch.Tensor, want: torch.Tensor, tolerance: float) -> None:
     error = (got.double() - want).abs().max().item()
     assert error <= tolerance * want.abs().max().item(), error
@@ -104,14 +112,14 @@ def test_short_conv_prefill_split_in_two_is_one_prefill(ops: RecurrentOps):
         assert torch.equal(parts, whole) and torch.equal(split, state)
 
 
-def test_short_conv_kernels_decode_a_token_as_prefill_does(variant):
+def test_short_conv_kernels_decode_a_token_as_prefill_does(kernels: RecurrentOps):
     C, K, L = 45, 4, 6
     weight, b, state = conv_problem(C, K, 2, seed=5)
     decoded = state.clone()
     x = torch.randn(L, C, generator=torch.Generator().manual_seed(6))
-    prefilled = KERNELS.short_conv_prefill(x, state, 1, weight, b, True)
+    prefilled = kernels.short_conv_prefill(x, state, 1, weight, b, True)
     slot = torch.tensor([1])
-    steps = torch.cat([KERNELS.short_conv_decode(x[t:t + 1], decoded, slot, weight, b, True) for t in range(L)])
+    steps = torch.cat([kernels.short_conv_decode(x[t:t + 1], decoded, slot, weight, b, True) for t in range(L)])
     assert torch.equal(steps, prefilled) and torch.equal(decoded, state)
 
 
@@ -191,14 +199,14 @@ def test_gated_delta_prefill_split_in_two_is_one_prefill(ops: RecurrentOps):
         assert torch.equal(parts, whole) and torch.equal(split, state)
 
 
-def test_gated_delta_kernels_decode_a_token_as_prefill_does(variant):
+def test_gated_delta_kernels_decode_a_token_as_prefill_does(kernels: RecurrentOps):
     HK, HV, DK, DV, L = 1, 2, 64, 48, 5
     state = delta_states(2, HV, DK, DV, seed=5)
     decoded = state.clone()
     inputs = delta_inputs(L, HK, HV, DK, DV, seed=6)
-    prefilled = KERNELS.gated_delta_prefill(*inputs, state, 0)
+    prefilled = kernels.gated_delta_prefill(*inputs, state, 0)
     slot = torch.tensor([0])
-    steps = torch.cat([KERNELS.gated_delta_decode(*(x[t:t + 1] for x in inputs), decoded, slot) for t in range(L)])
+    steps = torch.cat([kernels.gated_delta_decode(*(x[t:t + 1] for x in inputs), decoded, slot) for t in range(L)])
     assert torch.equal(steps, prefilled) and torch.equal(decoded, state)
 
 
@@ -225,7 +233,7 @@ def test_gated_delta_rule_is_transformers_qwen3_next(ops: RecurrentOps):
 # ---- what the kernels serve
 
 
-def test_kernels_refuse_what_they_do_not_serve(variant):
+def test_kernels_refuse_what_they_do_not_serve(kernels: RecurrentOps):
     weight, b, state = conv_problem(8, 4, 2, seed=9)
     x = torch.randn(2, 8)
     slots = torch.tensor([0, 1])
@@ -234,21 +242,32 @@ def test_kernels_refuse_what_they_do_not_serve(variant):
                  (x, state, slots.int(), weight),
                  (x, state, slots, weight[:, :3])]:  # a width the state does not hold
         with pytest.raises(ValueError, match="recurrent kernel"):
-            KERNELS.short_conv_decode(*args)
+            kernels.short_conv_decode(*args)
     with pytest.raises(ValueError, match="slot out of range"):
-        KERNELS.short_conv_prefill(x, state, 2, weight)
+        kernels.short_conv_prefill(x, state, 2, weight)
     q, k, v, g, beta = delta_inputs(2, 2, 4, 16, 8, seed=10)
     S = delta_states(2, 4, 16, 8, seed=11)
     with pytest.raises(ValueError, match="slot out of range"):
-        KERNELS.gated_delta_decode(q, k, v, g, beta, S, torch.tensor([0, 2]))
+        kernels.gated_delta_decode(q, k, v, g, beta, S, torch.tensor([0, 2]))
     for args in [(q, k, v[:, :3], g[:, :3], beta[:, :3], S[:, :3]),  # value heads not a multiple of key heads
                  (q, k, v, g, beta, S.double()),
                  (q, k[:, :, :8], v, g, beta, S)]:
         with pytest.raises(ValueError, match="recurrent kernel"):
-            KERNELS.gated_delta_prefill(*args, 0)
+            kernels.gated_delta_prefill(*args, 0)
 
 
 def test_a_decode_step_reads_and_writes_each_state_once():
     conv, delta = torch.empty(3, 96, 3), torch.empty(3, 4, 32, 16)
     assert cpu_recurrent.decode_state_bytes(96, 4, 4, 32, 16) == 2 * (conv[0].nbytes + delta[0].nbytes)
     assert cpu_recurrent.decode_state_bytes(96, 4) == 2 * conv[0].nbytes  # a convolution layer (LFM2)
+
+
+def test_the_kernels_run_where_they_serve_and_torch_elsewhere(kernels: RecurrentOps):
+    assert cpu_recurrent.ops(torch.device("cpu")) is kernels
+    assert cpu_recurrent.ops(torch.device("cuda")) is TORCH
+    before = native.current()
+    native.select("torch")  # --cpu-kernels torch: no kernels in the process
+    try:
+        assert cpu_recurrent.ops(torch.device("cpu")) is TORCH
+    finally:
+        native.select(before)

@@ -7,7 +7,8 @@ the design.
 Everything is float32. Short convolution: x [B, C] (decode) or [L, C] (prefill), weight [C, K] (conv1d's [C, 1, K]
 squeezed), bias [C] or None, states [slots, C, K - 1] (each channel's last K - 1 inputs, oldest first). Gated delta
 rule: q, k [T, HK, DK] (q L2-normalised and scaled by DK^-1/2, k L2-normalised: the caller's), v [T, HV, DV], g (log
-decay, <= 0) and beta [T, HV], states [slots, HV, DK, DV]; value head h reads key head h // (HV // HK).
+decay, <= 0) and beta [T, HV], states [slots, HV, DK, DV]; value head h reads key head h // (HV // HK). A decode
+batch's slots are distinct (each row updates its own).
 """
 from __future__ import annotations
 
