@@ -207,3 +207,39 @@ TEST(recurrent_kernels_refuse_slots_out_of_range_and_odd_heads) {
   CHECK(zhuzi_delta_prefill(d.q.data(), d.k.data(), d.v.data(), d.g.data(), d.beta.data(), d.state.data(), 2,
                             out.data(), 2, 1, 2, 4, 4, 2, 1) == 1, "delta prefill");
 }
+
+// The scalar code (a channel or value column past the last whole vector) is the reference the vectors are held
+// to bit for bit: one channel or column alone, all scalar, gets the bits it gets among others, in vectors.
+TEST(recurrent_vectors_give_the_scalar_codes_bits) {
+  const int64_t C = 37, L = 9;
+  const int K = 4;
+  Conv all(C, K, 1, 7);
+  check::Rng g(8);
+  const std::vector<float> x = randoms(g, L * C);
+  std::vector<float> y(L * C);
+  zhuzi_conv_prefill(x.data(), all.state.data(), 0, all.w.data(), all.bias.data(), y.data(), L, C, K, 1, 1, 2);
+  for (int64_t c : {0, 16, 36}) {
+    Conv one(1, K, 1, 7);
+    one.w.assign(&all.w[c * K], &all.w[c * K + K]), one.bias = {all.bias[c]};
+    one.state.assign(&all.want_state[c * (K - 1)], &all.want_state[c * (K - 1) + K - 1]);
+    std::vector<float> xc(L), yc(L);
+    for (int64_t t = 0; t < L; ++t) xc[t] = x[t * C + c];
+    zhuzi_conv_prefill(xc.data(), one.state.data(), 0, one.w.data(), one.bias.data(), yc.data(), L, 1, K, 1, 1, 1);
+    for (int64_t t = 0; t < L; ++t) CHECK(yc[t] == y[t * C + c], "channel %ld token %ld", (long)c, (long)t);
+    CHECK(!std::memcmp(one.state.data(), &all.state[c * (K - 1)], (K - 1) * 4), "channel %ld: its history", (long)c);
+  }
+  const int64_t HV = 2, DK = 20, DV = 40;
+  Delta d(L, 1, HV, DK, DV, 1, 9);
+  std::vector<float> out(L * HV * DV);
+  zhuzi_delta_prefill(d.q.data(), d.k.data(), d.v.data(), d.g.data(), d.beta.data(), d.state.data(), 0, out.data(), L,
+                      1, HV, DK, DV, 1, 2);
+  for (int64_t j : {0, 17, 39}) {
+    std::vector<float> v(L * HV), S(HV * DK), o(L * HV);
+    for (int64_t i = 0; i < L * HV; ++i) v[i] = d.v[i * DV + j];
+    for (int64_t i = 0; i < HV * DK; ++i) S[i] = float(d.want_state[i * DV + j]);
+    zhuzi_delta_prefill(d.q.data(), d.k.data(), v.data(), d.g.data(), d.beta.data(), S.data(), 0, o.data(), L, 1, HV,
+                        DK, 1, 1, 1);
+    for (int64_t i = 0; i < L * HV; ++i) CHECK(o[i] == out[i * DV + j], "column %ld output %ld", (long)j, (long)i);
+    for (int64_t i = 0; i < HV * DK; ++i) CHECK(S[i] == d.state[i * DV + j], "column %ld state %ld", (long)j, (long)i);
+  }
+}
