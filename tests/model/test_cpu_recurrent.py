@@ -230,6 +230,26 @@ def test_gated_delta_rule_is_transformers_qwen3_next(ops: RecurrentOps):
         assert_close(ours, left.double(), DELTA_TOLERANCE)
 
 
+@pytest.mark.skipif(native.compiler() is None, reason="no C++ compiler")
+def test_every_variant_gives_the_same_bits():
+    # The same operations in every build (fused multiply-adds, prelude.h's exp): the generic build, the plain
+    # reference, included.
+    HK, HV, DK, DV, C, K, L = 1, 2, 24, 40, 37, 4, 9
+    conv, delta = conv_problem(C, K, 1, seed=12), delta_inputs(L, HK, HV, DK, DV, seed=13)
+    x = torch.randn(L, C, generator=torch.Generator().manual_seed(14))
+    results = []
+    before = native.current()
+    try:
+        for variant in native.runnable():
+            native.select(variant.name)
+            conv_state, delta_state = conv[2].clone(), delta_states(1, HV, DK, DV, seed=15)
+            results.append([KERNELS.short_conv_prefill(x, conv_state, 0, *conv[:2], True), conv_state,
+                            KERNELS.gated_delta_prefill(*delta, delta_state, 0), delta_state])
+    finally:
+        native.select(before)
+    assert all(torch.equal(a, b) for result in results[1:] for a, b in zip(result, results[0], strict=True))
+
+
 # ---- what the kernels serve
 
 
