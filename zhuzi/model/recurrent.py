@@ -11,6 +11,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+from zhuzi.model import cpu_recurrent
 from zhuzi.model.blocks import BlockWeight
 from zhuzi.model.linear import Linear
 from zhuzi.model.model_config import LinearAttentionShape, Mixer, ModelConfig
@@ -47,34 +48,6 @@ def ready(states: list[torch.Tensor], runs: list[StateRun]) -> None:
 @dataclass
 class StateMetadata:
     runs: list[StateRun] = field(default_factory=list)  # in batch order
-
-
-def causal_conv(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """A depthwise causal convolution over sequences' rows x [sequences, tokens, channels], state [sequences,
-    channels, kernel - 1] holding the inputs before them (updated in place to hold the last ones); returns
-    [sequences, tokens, channels]."""
-    kernel = weight.shape[1]
-    history = torch.cat([state, x.transpose(1, 2).to(state.dtype)], dim=2)  # [sequences, channels, k - 1 + tokens]
-    out = F.conv1d(history, weight[:, None], groups=weight.shape[0])
-    state.copy_(history[:, :, history.shape[2] - (kernel - 1):])
-    return out.transpose(1, 2)
-
-
-def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                     state: torch.Tensor) -> torch.Tensor:
-    """Sequences' tokens through the gated delta rule, in float32: q, k [sequences, tokens, heads, key_dim]
-    (normalised, q scaled), v [..., value_dim], g (log decay) and beta [sequences, tokens, heads]; state
-    [sequences, heads, key_dim, value_dim] updated in place. Per token: S = S exp(g); S += k (beta (v - S^T k))^T;
-    out = S^T q."""
-    out = torch.empty_like(v)
-    s = state
-    for t in range(q.shape[1]):
-        s = s * g[:, t].exp()[..., None, None]
-        delta = (v[:, t] - (s * k[:, t, ..., None]).sum(-2)) * beta[:, t, :, None]
-        s = s + k[:, t, ..., None] * delta[..., None, :]
-        out[:, t] = (s * q[:, t, ..., None]).sum(-2)
-    state.copy_(s)
-    return out
 
 
 class RecurrentMixer(Protocol):
@@ -147,44 +120,51 @@ class GatedDeltaNet:
 
     def __call__(self, x: torch.Tensor, states: list[torch.Tensor], runs: list[StateRun]) -> torch.Tensor:
         s = self.shape
-        key_width, value_width = s.key_heads * s.key_dim, s.value_heads * s.value_dim
+        value_width = s.value_heads * s.value_dim
         mixed, z, b, a = self.in_proj(x).split([s.conv_channels, value_width, s.value_heads, s.value_heads], -1)
         beta = b.float().sigmoid()
         g = self.decay_rate * F.softplus(a.float() + self.dt_bias)
         core = torch.empty(x.shape[0], s.value_heads, s.value_dim, dtype=torch.float32, device=x.device)
         conv_state, rule_state = states
+        ops = cpu_recurrent.ops(x.device)
         decodes = [run for run in runs if run.length == 1]  # one token each: one batch
-        pieces = [([run.start for run in decodes], [run.slot for run in decodes],
-                   [run.snapshot[1] if run.snapshot else None for run in decodes])] if decodes else []
-        pieces += [([*range(rows.start, rows.stop)], [run.slot], [snapshot])
-                   for run in runs if run.length > 1 for rows, snapshot in _pieces(run)]
-        for rows, slots, snapshots in pieces:
-            # a decode batch: [sequences, 1 token]; a prompt's piece: [1 sequence, tokens]
-            shape = (len(slots), len(rows) // len(slots))
-            index, at = torch.tensor(rows, device=x.device), torch.tensor(slots, device=x.device)
-            conv, rule = conv_state[at], rule_state[at]
-            mixed_rows = F.silu(causal_conv(mixed[index].view(*shape, -1), conv, self.conv))
-            q, k, v = mixed_rows.split([key_width, key_width, value_width], -1)
-            q, k = (self._heads(t.reshape(*shape, s.key_heads, s.key_dim)) for t in (q, k))
-            q = F.normalize(q, dim=-1, eps=L2_EPS) * s.key_dim ** -0.5
-            k = F.normalize(k, dim=-1, eps=L2_EPS)
-            out = gated_delta_rule(q, k, v.reshape(*shape, s.value_heads, s.value_dim), g[index].view(*shape, -1),
-                                   beta[index].view(*shape, -1), rule)
-            core[index] = out.reshape(len(rows), s.value_heads, s.value_dim)
-            conv_state[at], rule_state[at] = conv, rule
-            for slot, snapshot in zip(slots, snapshots):
+        if decodes:
+            rows = torch.tensor([run.start for run in decodes], device=x.device)
+            slots = torch.tensor([run.slot for run in decodes], device=x.device)
+            qkv = ops.short_conv_decode(mixed[rows].float(), conv_state, slots, self.conv, silu=True)
+            core[rows] = ops.gated_delta_decode(*self._qkv(qkv), g[rows], beta[rows], rule_state, slots)
+            _copy(states, [(run.slot, run.snapshot[1]) for run in decodes if run.snapshot is not None])
+        for run in (run for run in runs if run.length > 1):
+            for rows, snapshot in _pieces(run):
+                qkv = ops.short_conv_prefill(mixed[rows].float(), conv_state, run.slot, self.conv, silu=True)
+                core[rows] = ops.gated_delta_prefill(*self._qkv(qkv), g[rows], beta[rows], rule_state, run.slot)
                 if snapshot is not None:
-                    conv_state[snapshot].copy_(conv_state[slot])
-                    rule_state[snapshot].copy_(rule_state[slot])
+                    _copy(states, [(run.slot, snapshot)])
         core = core.to(x.dtype).float()  # rounded to the activations' dtype first, as the reference does
         normed = core * torch.rsqrt(core.pow(2).mean(-1, keepdim=True) + self.eps)
         gated = (self.norm * normed.to(x.dtype)) * F.silu(z.float().view(-1, s.value_heads, s.value_dim))
         return self.out_proj(gated.to(x.dtype).view(-1, value_width))
 
-    def _heads(self, t: torch.Tensor) -> torch.Tensor:
-        """q or k heads, one per value head (each serves value_heads / key_heads of them)."""
-        r = self.shape.value_heads // self.shape.key_heads
-        return t if r == 1 else t.repeat(1, 1, r, 1) if self.shape.tiled else t.repeat_interleave(r, dim=2)
+    def _qkv(self, mixed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The convolution's output rows as the delta rule takes them: q and k per head, L2-normalised (q scaled
+        by key_dim^-1/2), and v per head. A GGUF's value heads are tiled by key head: q and k are repeated to one
+        per value head, the kernels' layout for them (value head h reads key head h // (value / key heads))."""
+        s = self.shape
+        key_width = s.key_heads * s.key_dim
+        q, k, v = mixed.split([key_width, key_width, s.value_heads * s.value_dim], -1)
+        q, k = (t.reshape(len(t), s.key_heads, s.key_dim) for t in (q, k))
+        if s.tiled and s.value_heads != s.key_heads:
+            q, k = (t.repeat(1, s.value_heads // s.key_heads, 1) for t in (q, k))
+        q = F.normalize(q, dim=-1, eps=L2_EPS) * s.key_dim ** -0.5
+        return q, F.normalize(k, dim=-1, eps=L2_EPS), v.reshape(len(v), s.value_heads, s.value_dim)
+
+
+
+def _copy(states: list[torch.Tensor], pairs: list[tuple[int, int]]) -> None:
+    """For each (slot, snapshot): the slot's state, as the rows so far leave it, copied to the snapshot slot."""
+    for slot, snapshot in pairs:
+        for state in states:
+            state[snapshot].copy_(state[slot])
 
 
 def _pieces(run: StateRun) -> list[tuple[slice, int | None]]:
