@@ -10,6 +10,7 @@ import tiny
 
 from zhuzi.model import native
 from zhuzi.model.families import FAMILIES
+from zhuzi.model.loader import load_model_config
 
 
 def zhuzi(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
@@ -125,3 +126,18 @@ def test_an_architecture_zhuzi_does_not_run_is_a_one_line_error_listing_those_it
     assert out.returncode != 0 and out.stderr.strip().count("\n") == 0, out.stderr
     assert f"unknown architecture {name}" in out.stderr
     assert all(f.hf_class in out.stderr and f"GGUF {f.gguf_arch}" in out.stderr for f in FAMILIES.values())
+
+
+def test_plan_of_a_hybrid_counts_attention_layers_kv_and_each_sequences_states(tmp_path):
+    """Qwen3.5's shape: one attention layer of four keeps KV; three keep a state per sequence, held twice while
+    it runs, and the state slots bound the requests that fit."""
+    hf = tiny.build("qwen3_5", tmp_path)
+    config = load_model_config(tmp_path)
+    assert config.num_parameters == sum(p.numel() for p in hf.parameters())
+    run = zhuzi("plan", "--model", str(tmp_path), "--dtype", "float32", "--kv-cache-memory",
+                str(9 * config.state_bytes), "--context", "40", "--sequences", "2")
+    assert run.returncode == 0, run.stderr
+    out = run.stdout
+    assert "KV bytes per token: 2 x 1 layers x 2 kv_heads x 32 head_dim x 4 bytes = 512" in out
+    assert f"recurrent state per sequence: 3 layers' states = {config.state_bytes:,} bytes" in out
+    assert "and 4 state slots" in out and "requests of 40 tokens that fit at once: 2\n" in out  # pages: 3

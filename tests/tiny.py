@@ -26,7 +26,15 @@ MOE = {"mixtral": dict(num_local_experts=4, num_experts_per_tok=2, intermediate_
        "qwen2_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                          shared_expert_intermediate_size=48),
        "qwen3_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True)}
-GGUF_ARCH = {"mixtral": "llama", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe"}  # llama.cpp's names
+# Hybrids: gated DeltaNet layers (two key heads, four value heads: each key head serves two) and a full
+# attention layer every fourth, as Qwen3.5's
+CLASSES |= {"qwen3_5": transformers.Qwen3_5ForCausalLM, "qwen3_5_moe": transformers.Qwen3_5MoeForCausalLM}
+HYBRID = dict(head_dim=32, linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2,
+              linear_num_value_heads=4, num_hidden_layers=4)
+MOE |= {"qwen3_5_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                            shared_expert_intermediate_size=48)}
+GGUF_ARCH = {"mixtral": "llama", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe", "qwen3_5": "qwen35",
+             "qwen3_5_moe": "qwen35moe"}  # llama.cpp's names
 VOCAB = 1000
 # Gemma 3 as llama.cpp's converter can write it (query_pre_attn_scalar = head_dim, no soft-capping) and as
 # write_gguf's metadata says (its RoPE base and epsilon); 6 layers: five local, one global, llama.cpp's pattern.
@@ -42,19 +50,25 @@ def build(arch: str, directory: Path, layers: int = 2, vocab_size: int = VOCAB,
                  max_position_embeddings=4096, rope_theta=10000.0)
     if arch == "phi3":  # Phi3Config's default pad id (32000) is outside a tiny vocabulary
         shape |= {"pad_token_id": None}
-    family = GEMMA3 if arch == "gemma3" else MOE.get(arch, {})
+    family = GEMMA3 if arch == "gemma3" else MOE.get(arch, {}) | (HYBRID if arch.startswith("qwen3_5") else {})
     config = cls.config_class(**(shape | family | copy.deepcopy(overrides)))  # transformers edits rope dicts in place
     torch.manual_seed(0)
     model = cls(config).eval()
-    with torch.no_grad():  # larger than HF's init so that tokens are not near-ties everywhere
+    randomize(model)
+    model.save_pretrained(directory)
+    Tokenizer.load(default_model_path()).hf.save_pretrained(directory)
+    return model
+
+
+def randomize(model: transformers.PreTrainedModel) -> None:
+    """Weights larger than HF's init, so that tokens are not near-ties everywhere (and a linear-attention
+    layer's decay stays where transformers' chunked reference keeps float32 precision)."""
+    with torch.no_grad():
         for p in model.parameters():
             p.normal_(0, 0.1)
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.add_(1.0)
-    model.save_pretrained(directory)
-    Tokenizer.load(default_model_path()).hf.save_pretrained(directory)
-    return model
 
 
 def reference_tensors(model: transformers.PreTrainedModel) -> dict[str, torch.Tensor]:
@@ -114,8 +128,10 @@ def write_gguf(path: Path, model, arch: str, raw: RawTensors | None = None, drop
         writer.add_sliding_window(sliding_window)
     if sliding_window_pattern is not None:
         writer.add_sliding_window_pattern(sliding_window_pattern)
-    if arch in ("qwen3", "qwen3moe"):
+    if arch in ("qwen3", "qwen3moe", "qwen35", "qwen35moe"):
         writer.add_key_length(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+    if arch in ("qwen35", "qwen35moe"):
+        _qwen35_metadata(writer, cfg)
     if arch == "phi3":
         _phi3_metadata(writer, cfg)
     if experts := getattr(cfg, "num_local_experts", None) or getattr(cfg, "num_experts", None):
@@ -135,12 +151,15 @@ def write_gguf(path: Path, model, arch: str, raw: RawTensors | None = None, drop
     names = gguf.get_tensor_name_map(arch_id, cfg.num_hidden_layers)
     heads = {"q_proj": cfg.num_attention_heads, "k_proj": cfg.num_key_value_heads}
     for hf_name, tensor in converter_tensors(model).items():
-        name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        # the converter's names: Qwen3.5's dt_bias is its dt_proj's bias
+        name = names.get_name(hf_name.replace(".dt_bias", ".dt_proj.bias"), try_suffixes=(".weight", ".bias"))
         array = tensor.numpy()
         if arch == "llama" and hf_name.split(".")[-2] in heads:
             array = llama_cpp_permute(array, heads[hf_name.split(".")[-2]])
         if arch == "gemma3" and hf_name.endswith("norm.weight"):  # the converter stores Gemma's (1 + w)
             array = array + 1
+        if arch in ("qwen35", "qwen35moe"):
+            array = _qwen35_tensor(hf_name, array, cfg)
         if hf_name in (types or {}):
             raw = (raw or {}) | {hf_name: (quantized(array, types[hf_name]), types[hf_name])}
         if hf_name in (raw or {}):
@@ -153,6 +172,48 @@ def write_gguf(path: Path, model, arch: str, raw: RawTensors | None = None, drop
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def _qwen35_metadata(writer: gguf.GGUFWriter, cfg) -> None:
+    """What llama.cpp's converter writes of Qwen3.5's DeltaNet layers, and its partial RoPE."""
+    arch = writer.arch
+    writer.add_uint32(f"{arch}.ssm.conv_kernel", cfg.linear_conv_kernel_dim)
+    writer.add_uint32(f"{arch}.ssm.state_size", cfg.linear_key_head_dim)
+    writer.add_uint32(f"{arch}.ssm.group_count", cfg.linear_num_key_heads)
+    writer.add_uint32(f"{arch}.ssm.time_step_rank", cfg.linear_num_value_heads)
+    writer.add_uint32(f"{arch}.ssm.inner_size", cfg.linear_value_head_dim * cfg.linear_num_value_heads)
+    writer.add_uint32(f"{arch}.full_attention_interval", 4)
+    writer.add_rope_dimension_count(int(cfg.head_dim * cfg.rope_parameters["partial_rotary_factor"]))
+    writer.add_array(f"{arch}.rope.dimension_sections", [11, 11, 10, 0])  # MRoPE's: text positions fill all
+
+
+def _qwen35_tensor(name: str, array: np.ndarray, cfg) -> np.ndarray:
+    """A Qwen3.5 tensor as llama.cpp's converter stores it: (1 + w) norms as such, A_log as -exp(A_log), the
+    convolution squeezed, and the value heads reordered from grouped by key head to tiled."""
+    if name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
+        return array + 1
+    if name.endswith("A_log"):
+        array = -np.exp(array)
+    if "linear_attn." not in name:
+        return array
+    k_heads, v_heads = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+    value_dim, qk_rows = cfg.linear_value_head_dim, 2 * cfg.linear_num_key_heads * cfg.linear_key_head_dim
+
+    def tiled(x: np.ndarray, width: int, axis: int = 0) -> np.ndarray:
+        x = np.moveaxis(x, axis, 0)
+        x = x.reshape(k_heads, v_heads // k_heads, width, *x.shape[1:]).swapaxes(0, 1).reshape(x.shape)
+        return np.moveaxis(x, 0, axis)
+
+    if name.endswith(("in_proj_qkv.weight", "conv1d.weight")):
+        array = array.squeeze() if name.endswith("conv1d.weight") else array
+        return np.concatenate([array[:qk_rows], tiled(array[qk_rows:], value_dim)])
+    if name.endswith("in_proj_z.weight"):
+        return tiled(array, value_dim)
+    if name.endswith(("in_proj_a.weight", "in_proj_b.weight", "A_log", "dt_bias")):
+        return tiled(array, 1)
+    if name.endswith("out_proj.weight"):
+        return tiled(array, value_dim, axis=1)
+    return array
 
 
 def _phi3_metadata(writer: gguf.GGUFWriter, cfg) -> None:

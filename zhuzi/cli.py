@@ -140,7 +140,7 @@ def cmd_plan(args: argparse.Namespace) -> None:
     fmt = layer_format(config.quantization, tensors is not None, config.tensor_parallel_size > 1,
                        precision.weights)
     resident, step, parts = _weight_plan(c, fmt, precision.weights.itemsize, tensors)
-    per_seq = plan.sequence_tokens(args.context) * plan.bytes_per_token
+    per_seq = plan.sequence_tokens(args.context) * plan.bytes_per_token + 2 * plan.state_bytes  # live, boundary
     kv = per_seq * args.sequences
     print(f"model: {c.architecture}, {c.num_layers} layers, {c.num_kv_heads} KV heads x {c.head_dim} dims, "
           f"{c.num_parameters / 1e6:.1f} M parameters" + (f" ({c.active_parameters / 1e6:.1f} M active: top-"
@@ -148,17 +148,23 @@ def cmd_plan(args: argparse.Namespace) -> None:
                                                           if c.num_experts else "") + f", weights {fmt or 'dense'}")
     print(f"dtype {config.dtype}: {precision}; {precision.reason}; CPU kernels {native.resolve(config.cpu_kernels)}")
     print(f"weights: {resident:,} bytes ({resident / 2**20:.0f} MiB) in memory: {parts}")
-    print(f"KV bytes per token: 2 x {c.num_layers} layers x {c.num_kv_heads} kv_heads x {c.head_dim} head_dim "
+    print(f"KV bytes per token: 2 x {c.kv_layers} layers x {c.num_kv_heads} kv_heads x {c.head_dim} head_dim "
           f"x {value_bytes:g} bytes{q8} = {plan.bytes_per_token:,}")
+    if plan.state_bytes:
+        print(f"recurrent state per sequence: {c.state_layers} layers' states = {plan.state_bytes:,} bytes, "
+              "held twice while it runs (live, and at its last page boundary)")
     print(f"{args.sequences} x {args.context:,}-token sequences: KV {kv:,} bytes ({kv / 2**20:.0f} MiB), "
           f"with the weights {resident + kv:,} bytes ({(resident + kv) / 2**20:.0f} MiB)")
     print(f"KV pool: {config.kv_cache_bytes:,} bytes = {plan.num_pages:,} pages of {plan.page_size} tokens "
-          f"= {plan.capacity_tokens:,} tokens")
+          f"= {plan.capacity_tokens:,} tokens" + (f", and {plan.state_slots} state slots of {plan.state_bytes:,} "
+                                                  f"bytes ({c.state_layers} recurrent layers; two per running "
+                                                  "sequence)" if plan.state_slots else ""))
     if plan.window is not None:
         print(f"sliding window of {plan.window:,} tokens in every layer: a sequence holds at most "
               f"{plan.sequence_tokens(args.context):,} tokens of KV (older pages go back to the pool)")
+    fit = plan.capacity_tokens // plan.sequence_tokens(args.context)
     print(f"requests of {args.context:,} tokens that fit at once: "
-          f"{plan.capacity_tokens // plan.sequence_tokens(args.context):,}")
+          f"{min(fit, plan.state_slots // 2) if plan.state_slots else fit:,}")
     print(f"weight bytes one decode step reads: {step:,} ({step / 2**20:.0f} MiB)")
 
 

@@ -19,17 +19,28 @@ from zhuzi.settings import Settings, setting
 
 @dataclass(frozen=True)
 class KVPlan:
-    """The KV pool: K and V for every layer and KV head, per token, in pages of page_size tokens."""
+    """The KV pool: K and V for every attention layer and KV head, per token, in pages of page_size tokens; and
+    for a hybrid model the state pool beside it, in slots of state_bytes: a running sequence holds two (its live
+    state and its state at the last page boundary it crossed), the prefix cache keeps some of the latter."""
 
     bytes_per_token: int
     page_size: int
     num_pages: int
     window: int | None = None  # every layer's sliding window: a sequence holds the pages it reaches
+    state_bytes: int = 0  # a hybrid model's recurrent state of one sequence
+    state_slots: int = 0
+
+    SLOTS_PER_SEQUENCE = 3  # live, boundary, and one cached boundary state per sequence the engine runs
 
     @classmethod
-    def of(cls, model: ModelConfig, dtype: torch.dtype, budget_bytes: int, page_size: int) -> KVPlan:
-        per_token = 2 * model.num_layers * model.num_kv_heads * kv_format.head_bytes(model.head_dim, dtype)
-        return cls(per_token, page_size, budget_bytes // (per_token * page_size), model.kv_window)
+    def of(cls, model: ModelConfig, dtype: torch.dtype, budget_bytes: int, page_size: int,
+           max_num_seqs: int = 1) -> KVPlan:
+        """States take what max_num_seqs sequences would hold, at most half of the budget; pages the rest."""
+        per_token = 2 * model.kv_layers * model.num_kv_heads * kv_format.head_bytes(model.head_dim, dtype)
+        slots = min(cls.SLOTS_PER_SEQUENCE * max_num_seqs, budget_bytes // 2 // model.state_bytes) \
+            if model.state_bytes else 0
+        pages = (budget_bytes - slots * model.state_bytes) // (per_token * page_size)
+        return cls(per_token, page_size, pages, model.kv_window, model.state_bytes, slots)
 
     def sequence_tokens(self, context: int) -> int:
         """The KV slots a sequence of `context` tokens holds while it decodes: all its pages, or with a sliding
@@ -297,7 +308,7 @@ class EngineConfig(Settings):
         return bool(self.kv_offload_dir or parse_bytes(self.kv_offload_memory))
 
     def kv_plan(self, model: ModelConfig) -> KVPlan:
-        return KVPlan.of(model, self.precision.kv, self.kv_cache_bytes, self.page_size)
+        return KVPlan.of(model, self.precision.kv, self.kv_cache_bytes, self.page_size, self.max_num_seqs)
 
 
 @dataclass

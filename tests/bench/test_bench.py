@@ -149,6 +149,20 @@ def test_decode_of_a_mixture_of_experts_has_its_roofline_on_the_active_parameter
     assert "top-2 of 4 experts a sparse layer" in capsys.readouterr().out
 
 
+def test_decode_of_a_hybrid_counts_the_states_a_step_reads_and_writes_in_its_roofline(tmp_path, capsys,
+                                                                                       monkeypatch):
+    """Qwen3.5's shape: a decode step moves its weights and each DeltaNet layer's state, read and written."""
+    tiny.build("qwen3_5", tmp_path)
+    monkeypatch.setattr(decode, "BANDWIDTH_BUFFER_BYTES", 64 << 20)
+    report = run_tool(["bench", "decode", "--model", str(tmp_path), "--dtype", "float32", "--prompt-len", "8",
+                       "--max-tokens", "4", "--runs", "1", "--bandwidth-repeats", "1"])
+    config = load_model_config(tmp_path)
+    assert report.state_bytes_per_step == 2 * config.state_bytes > 0
+    assert report.roofline_tokens_per_s == pytest.approx(
+        report.bandwidth_bytes_per_s / (report.weight_bytes_per_step + report.state_bytes_per_step))
+    assert "the recurrent layers' states, read and written" in capsys.readouterr().out
+
+
 def test_decode_compares_speculation_with_none_on_grounded_prompts(tmp_path, capsys):
     out = tmp_path / "spec.json"
     ngram = '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}'

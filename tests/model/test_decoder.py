@@ -2,11 +2,13 @@
 import pytest
 import tiny
 import torch
+import transformers
 
 from zhuzi import LLM, SamplingParams
 from zhuzi.model.attention import AttentionMetadata, PrefillChunk
 from zhuzi.model.decoder import Decoder, LayerTap
 from zhuzi.model.loader import load_checkpoint
+from zhuzi.model.recurrent import StateRun
 
 EMPTY = torch.empty(0)
 
@@ -14,10 +16,12 @@ EMPTY = torch.empty(0)
 def full_logits(model: Decoder, ids: list[int], tap: LayerTap | None = None) -> torch.Tensor:
     """Logits of every position from one prefill with no cached prefix."""
     c, n = model.config, len(ids)
-    kv = torch.zeros(c.num_layers, 2, n, c.num_kv_heads, c.head_dim, dtype=model.dtype)
-    meta = AttentionMetadata(torch.arange(n), 0, EMPTY, EMPTY, [PrefillChunk(0, n, n, torch.arange(n))])
+    kv = torch.zeros(c.kv_layers, 2, n, c.num_kv_heads, c.head_dim, dtype=model.dtype)
+    states = [[torch.zeros(1, *shape) for shape in shapes] for shapes in model.state_shapes()]
+    meta = AttentionMetadata(torch.arange(n), 0, EMPTY, EMPTY, [PrefillChunk(0, n, n, torch.arange(n))],
+                             [StateRun(0, n, 0)])
     with torch.inference_mode():
-        return model.logits(model.forward(torch.tensor(ids), torch.arange(n), meta, kv, tap))
+        return model.logits(model.forward(torch.tensor(ids), torch.arange(n), meta, kv, tap, states))
 
 
 def greedy_without_cache(model: Decoder, ids: list[int], steps: int) -> list[int]:
@@ -45,7 +49,7 @@ GEMMA3_HF = dict(final_logit_softcapping=3.0, query_pre_attn_scalar=24, num_hidd
 EXTRA = {"llama": {"rope_scaling": LLAMA3}, "phi3": PHI3, "gemma3": GEMMA3_HF}
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3", "phi3", "gemma3"])
+@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3", "phi3", "gemma3", "qwen3_5", "qwen3_5_moe"])
 def tiny_pair(request, tmp_path_factory):
     directory = tmp_path_factory.mktemp(request.param)
     hf = tiny.build(request.param, directory, **EXTRA.get(request.param, {}))
@@ -173,3 +177,57 @@ def test_gemma3_gguf_as_llama_cpp_writes_it_gives_transformers_logits(tmp_path):
         with torch.no_grad():
             expected = hf(torch.tensor([ids])).logits[0]
         assert (full_logits(ours, ids) - expected).abs().max() < 1e-3
+
+
+def qwen3_5_gguf(arch: str, directory):
+    """A tiny Qwen3.5 and the GGUF llama.cpp's converter writes of it."""
+    hf = tiny.build(arch, directory, rope_theta=50000.0, rms_norm_eps=1e-5)
+    return hf, tiny.write_gguf(directory / "tiny.gguf", hf, arch)
+
+
+@pytest.mark.parametrize("arch", ["qwen3_5", "qwen3_5_moe"])
+def test_qwen3_5_gguf_as_llama_cpp_writes_it_gives_transformers_logits(arch, tmp_path):
+    """llama.cpp's converter stores (1 + w) norms as such, A_log as -exp(A_log), the DeltaNet's value heads
+    tiled by key head (its four value heads over two key heads are reordered): the file's model is the
+    directory's."""
+    hf, path = qwen3_5_gguf(arch, tmp_path)
+    ckpt = load_checkpoint(path, torch.float32)
+    assert ckpt.config.linear is not None and ckpt.config.linear.tiled
+    ours = Decoder(ckpt.config, ckpt.tensors)
+    for ids in PROMPTS:
+        with torch.no_grad():
+            expected = hf(torch.tensor([ids])).logits[0]
+        assert (full_logits(ours, ids) - expected).abs().max() < 1e-3
+
+
+def test_qwen3_5_gguf_greedy_through_the_engine_is_transformers(tmp_path):
+    """The file prefilled in 32-token chunks beside other prompts, then decoded: transformers' tokens."""
+    hf, path = qwen3_5_gguf("qwen3_5", tmp_path)
+    llm = LLM(str(path), dtype="float32", page_size=16, max_num_batched_tokens=32)
+    outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=16, min_tokens=16))
+    for ids, out in zip(PROMPTS, outs):
+        with torch.no_grad():
+            expected = hf.generate(torch.tensor([ids]), max_new_tokens=16, min_new_tokens=16, do_sample=False)
+        assert out.outputs[0].token_ids == expected[0, len(ids):].tolist()
+
+
+def test_a_qwen3_5_checkpoint_with_a_vision_tower_loads_its_text_model(tmp_path, caplog):
+    """Qwen3.5's released checkpoints are Qwen3_5ForConditionalGeneration: the text model under
+    model.language_model, a vision tower beside it. Its text part is the model, with one log line."""
+    text = dict(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=32, **{k: v for k, v in tiny.HYBRID.items() if k.startswith("linear")})
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64)
+    torch.manual_seed(0)
+    hf = transformers.Qwen3_5ForConditionalGeneration(
+        transformers.Qwen3_5Config(text_config=text, vision_config=vision)).eval()
+    tiny.randomize(hf)
+    hf.save_pretrained(tmp_path)
+    with caplog.at_level("INFO"):
+        ckpt = load_checkpoint(tmp_path, torch.float32)
+    assert "Qwen3_5ForConditionalGeneration carries a vision tower too: loading its text model only" in caplog.text
+    assert ckpt.config.architecture == "qwen3_5" and not any("visual" in name for name in ckpt.tensors)
+    ours = Decoder(ckpt.config, ckpt.tensors)
+    ids = PROMPTS[1]
+    with torch.no_grad():
+        expected = hf(torch.tensor([ids])).logits[0]
+    assert (full_logits(ours, ids) - expected).abs().max() < 1e-3

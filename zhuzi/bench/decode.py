@@ -89,6 +89,12 @@ class DecodeReport:
     llama_cpp: LlamaCppDecode | None = None
     parameters: tuple[int, int] = (0, 0)  # (active, total): a Mixture-of-Experts step runs the top-k experts only
     experts: tuple[int, int] | None = None  # (top-k, experts) of a sparse model
+    state_bytes_per_step: int = 0  # a hybrid model's recurrent state, read and written once a decode step
+
+    @property
+    def bytes_per_step(self) -> int:
+        """What a decode step of one stream must move: its weights, and a hybrid model's states."""
+        return self.weight_bytes_per_step + self.state_bytes_per_step
 
     @property
     def prefill_tokens_per_s(self) -> float:
@@ -100,7 +106,7 @@ class DecodeReport:
 
     @property
     def roofline_tokens_per_s(self) -> float:
-        return self.bandwidth_bytes_per_s / self.weight_bytes_per_step
+        return self.bandwidth_bytes_per_s / self.bytes_per_step
 
     @property
     def roofline_fraction(self) -> float:
@@ -113,8 +119,8 @@ class DecodeReport:
 
     @property
     def step_overhead_s(self) -> float:
-        """A decode step's time beyond reading its weights at the measured bandwidth (norms, attention, Python...)."""
-        return self.decode_step_s - self.weight_bytes_per_step / self.bandwidth_bytes_per_s
+        """A decode step's time beyond moving its bytes at the measured bandwidth (norms, attention, Python...)."""
+        return self.decode_step_s - self.bytes_per_step / self.bandwidth_bytes_per_s
 
     @property
     def ratios(self) -> tuple[float, float] | None:
@@ -187,7 +193,8 @@ def run(args: argparse.Namespace) -> DecodeReport | SpecDecodeReport:
         barrier_wait_s=barrier_rounds[rounds.index(max(rounds))],
         llama_cpp=LlamaCppDecode(command, peer_rounds) if tool else None,
         parameters=(c.active_parameters, c.num_parameters),
-        experts=(c.num_experts_per_tok, c.num_experts) if c.num_experts else None)
+        experts=(c.num_experts_per_tok, c.num_experts) if c.num_experts else None,
+        state_bytes_per_step=2 * c.state_bytes)
     report.load = (load_at_start, load_average())
     print(format_report(report, args))
     return save_report(report, args.json_out)
@@ -211,6 +218,8 @@ def format_report(r: DecodeReport, args: argparse.Namespace) -> str:
         f"weights:    {r.weight_bytes_per_step / 1e6:10.1f} MB a decode step" + (
             f" (the active parameters, {r.parameters[0] / 1e6:.1f} M of {r.parameters[1] / 1e6:.1f} M: "
             f"top-{r.experts[0]} of {r.experts[1]} experts a sparse layer)" if r.experts else ""),
+        *([f"states:     {r.state_bytes_per_step / 1e6:10.1f} MB a decode step (the recurrent layers' states, "
+           "read and written: in the roofline)"] if r.state_bytes_per_step else []),
         f"roofline:   {r.roofline_tokens_per_s:10.1f} tokens/s  -> decode at "
         f"{100 * r.roofline_fraction:.1f} % of roofline",
         f"overhead:   {r.step_overhead_s * 1e3:10.2f} ms a step beside reading the weights at that bandwidth",

@@ -70,6 +70,12 @@ class Sequence:
     page_table: list[int] = field(default_factory=list)
     page_hashes: list[bytes] = field(default_factory=list)  # of the full pages so far
     num_computed_tokens: int = 0  # tokens whose K/V sit in the cache
+    # A hybrid model's state slots, the page manager's too: its live state; its state after boundary_tokens
+    # tokens (the last page boundary it crossed), for the prefix cache; a cached state to start from
+    state_slot: int | None = None
+    boundary_slot: int | None = None
+    boundary_tokens: int = 0
+    restore_slot: int | None = None
     num_cached_tokens: int = 0  # of the prompt, found in the prefix cache at first admission
     num_preemptions: int = 0
     status: Status = Status.WAITING

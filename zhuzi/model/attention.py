@@ -8,7 +8,7 @@ decodes and prompt chunks is chosen once per model and pool (select()). A slidin
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache, cached_property
 
 import torch
@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from zhuzi.model import cpu_attention, native
 from zhuzi.model.kv_format import Q8_0, from_pool, to_pool
+from zhuzi.model.recurrent import StateRun
 
 
 @dataclass
@@ -42,6 +43,7 @@ class AttentionMetadata:
     decode_slots: torch.Tensor  # [decodes, longest context] pool slots, padded
     decode_lengths: torch.Tensor  # [decodes] context length of each decode
     prefills: list[PrefillChunk]
+    state_runs: list[StateRun] = field(default_factory=list)  # a hybrid model's sequences in the state pool
 
 
 def prefix_causal_mask(length: int, context: int, window: int | None = None) -> torch.Tensor:

@@ -23,6 +23,7 @@ from zhuzi.model.model_config import LayerSpec, Mlp, ModelConfig, Rope
 from zhuzi.model.moe import Expert, MoE, gated_mlp
 from zhuzi.model.parallel import Shard, TPRank, head_rows
 from zhuzi.model.quant import FORMATS, Q, quantize
+from zhuzi.model.recurrent import MIXERS, RecurrentMixer, ready
 from zhuzi.model.smooth import smooth
 
 log = logging.getLogger(__name__)
@@ -70,22 +71,25 @@ class Layer:
     spec: LayerSpec
     rope: int  # its RoPE's index in Decoder.rotaries
     input_norm: torch.Tensor
-    qkv: Linear
+    qkv: Linear | None  # attention's (None where the mixer is recurrent)
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
-    o: Linear
+    o: Linear | None
     post_norm: torch.Tensor
     gate_up: Linear | None  # None in a sparse layer, whose MLP is moe
     down: Linear | None
     attn_out_norm: torch.Tensor | None = None  # sandwich norms: on attention's and the MLP's outputs
     mlp_out_norm: torch.Tensor | None = None
     moe: MoE | None = None
+    recurrent: RecurrentMixer | None = None  # a mixer that keeps a state instead of KV
+    kv: int | None = None  # its entry in the KV pool (attention layers), or in the state pool (recurrent ones)
 
     @property
     def matrices(self) -> list[tuple[object, str]]:
-        """(holder, attribute) of each of the layer's matrices: attention's, then its MLP's or every expert's."""
+        """(holder, attribute) of each of the layer's matrices: its mixer's, then its MLP's or every expert's."""
         mlps = [self] if self.moe is None else self.moe.mlps
-        return [(self, "qkv"), (self, "o")] + [(mlp, part) for mlp in mlps for part in ("gate_up", "down")]
+        mixer = self.recurrent.matrices if self.recurrent else [(self, "qkv"), (self, "o")]
+        return mixer + [(mlp, part) for mlp in mlps for part in ("gate_up", "down")]
 
 
 class Decoder:
@@ -121,6 +125,9 @@ class Decoder:
         ropes = _distinct(spec.rope for spec in specs)  # tables computed once a step for the layers sharing one
         self.layers = [self._layer(t, f"model.layers.{i}", spec, ropes.index(spec.rope))
                        for i, spec in enumerate(specs)]
+        for kind in (True, False):  # KV pool entries, then state pool entries, each in layer order
+            for n, layer in enumerate(x for x in self.layers if x.spec.mixer.keeps_kv is kind):
+                layer.kv = n
         for name, count in self.dequantized.items():
             log.warning("GGUF type %s has no kernel here: %d matrices run dense in %s (dequantized at load)",
                         name, count, str(self.dtype).removeprefix("torch."))
@@ -130,7 +137,7 @@ class Decoder:
         self.num_heads, self.num_kv_heads = len(self.shard.q_heads), len(self.shard.kv_heads)
         self.q_size = self.num_heads * config.head_dim
         self.kv_size = self.num_kv_heads * config.head_dim
-        if quantization == "int8" and calibration and not tp and not config.num_experts:
+        if quantization == "int8" and calibration and not tp and not config.num_experts and not config.linear:
             smooth(self, calibration)
         if quantization in FORMATS:
             self._quantize(*FORMATS[quantization])
@@ -179,20 +186,27 @@ class Decoder:
     def _layer(self, t: dict[str, Weight], p: str, spec: LayerSpec, rope: int) -> Layer:
         t = family(self.config.architecture).split_merged(t, self.config, p)
         attn, mlp, s, d = f"{p}.self_attn", f"{p}.mlp", self.shard, self.config.head_dim
-        heads = {"q": s.q_heads, "k": s.kv_heads, "v": s.kv_heads}
-        qkv = [head_rows(t[f"{attn}.{n}_proj.weight"], heads[n], d) for n in "qkv"]
-        bias = [head_rows(t[f"{attn}.{n}_proj.bias"], heads[n], d) for n in "qkv" if f"{attn}.{n}_proj.bias" in t]
         sparse = spec.mlp is not Mlp.DENSE
         gate_up = [] if sparse else [head_rows(t[f"{mlp}.{n}_proj.weight"], s.mlp, 1) for n in ("gate", "up")]
-        o, down = t[f"{attn}.o_proj.weight"], t.get(f"{mlp}.down_proj.weight")
+        down = t.get(f"{mlp}.down_proj.weight")
+        mixer: dict = dict(recurrent=self._recurrent(t, p, spec)) if not spec.mixer.keeps_kv else {}
+        if spec.mixer.keeps_kv:
+            q_rows = 2 * d if spec.output_gate else d  # each head's query, then its gate
+            rows = {"q": q_rows, "k": d, "v": d}
+            heads = {"q": s.q_heads, "k": s.kv_heads, "v": s.kv_heads}
+            qkv = [head_rows(t[f"{attn}.{n}_proj.weight"], heads[n], rows[n]) for n in "qkv"]
+            bias = [head_rows(t[f"{attn}.{n}_proj.bias"], heads[n], rows[n]) for n in "qkv"
+                    if f"{attn}.{n}_proj.bias" in t]
+            o = t[f"{attn}.o_proj.weight"]
+            mixer = dict(qkv=self._linear(qkv, torch.cat(bias) if bias else None),
+                         q_norm=t.get(f"{attn}.q_norm.weight") if spec.qk_norm else None,
+                         k_norm=t.get(f"{attn}.k_norm.weight") if spec.qk_norm else None,
+                         o=self._linear([_columns(o, range(s.q_heads.start * d, s.q_heads.stop * d))]))
         return Layer(
             spec=spec,
             rope=rope,
             input_norm=t[f"{p}.input_layernorm.weight"],
-            qkv=self._linear(qkv, torch.cat(bias) if bias else None),
-            q_norm=t.get(f"{attn}.q_norm.weight") if spec.qk_norm else None,
-            k_norm=t.get(f"{attn}.k_norm.weight") if spec.qk_norm else None,
-            o=self._linear([_columns(o, range(s.q_heads.start * d, s.q_heads.stop * d))]),
+            **{"qkv": None, "q_norm": None, "k_norm": None, "o": None} | mixer,
             post_norm=t[f"{p}.pre_feedforward_layernorm.weight" if spec.sandwich_norms
                         else f"{p}.post_attention_layernorm.weight"],
             gate_up=None if sparse else self._linear(gate_up),
@@ -201,6 +215,15 @@ class Decoder:
             attn_out_norm=t[f"{p}.post_attention_layernorm.weight"] if spec.sandwich_norms else None,
             mlp_out_norm=t.get(f"{p}.post_feedforward_layernorm.weight") if spec.sandwich_norms else None,
         )
+
+    def _recurrent(self, t: dict[str, Weight], p: str, spec: LayerSpec) -> RecurrentMixer:
+        """Layer p's mixer that keeps a state, from its tensors (this rank's heads of it)."""
+        mixer = MIXERS[spec.mixer]
+        return mixer.build(t, f"{p}.{mixer.prefix}", self.config, self._linear, self.shard)
+
+    def state_shapes(self) -> list[list[tuple[int, ...]]]:
+        """Per recurrent layer (in state pool order), the shape of each of its states for one sequence."""
+        return [layer.recurrent.state_shapes() for layer in self.layers if layer.recurrent is not None]
 
     def _moe(self, t: dict[str, Weight], mlp: str, with_shared: bool) -> MoE:
         """A sparse layer's router and experts. An expert is its rows of the stacked matrices (a view, of a GGUF
@@ -246,7 +269,7 @@ class Decoder:
         if self.norm.device.type != "cpu" or v == "torch":
             return {"variant": v}
         c = self.config
-        layer = getattr(*self.layers[0].matrices[2])  # the first MLP's (or expert's) gate/up
+        layer = getattr(*self.layers[0].matrices[-2])  # the first layer's last MLP's (or expert's) gate/up
         attention = select("cpu", self.dtype, self.kv_dtype, self.num_heads, self.num_kv_heads, c.head_dim,
                            self.prefill_kernel, v)
         on = {"kernel": v, "decode kernel": f"{v} (as decode rows)", "torch": "torch"}
@@ -278,35 +301,33 @@ class Decoder:
         norms = self.norm.nbytes + sum(n.nbytes for layer in self.layers for n in (
             layer.input_norm, layer.post_norm, layer.q_norm, layer.k_norm, layer.attn_out_norm, layer.mlp_out_norm)
             if n is not None)
-        mats = sum(m.nbytes for layer in self.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down) if m)
+        mats = sum(getattr(holder, part).nbytes for layer in self.layers for holder, part in layer.matrices
+                   if not isinstance(holder, Expert))
         return row + norms + mats + self.lm_head.nbytes
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                kv_cache: torch.Tensor, tap: LayerTap | None = None) -> torch.Tensor:
-        """input_ids, positions: [tokens]; kv_cache: [layers, 2, slots, kv_heads, head_dim]. Returns hidden states.
+                kv_cache: torch.Tensor, tap: LayerTap | None = None,
+                states: list[list[torch.Tensor]] | None = None) -> torch.Tensor:
+        """input_ids, positions: [tokens]; kv_cache: [attention layers, 2, slots, kv_heads, head_dim]; states: per
+        recurrent layer its state tensors, [slots, ...] each (meta.state_runs says whose rows use which slot).
+        Returns hidden states.
 
         With a tap, the residual stream of its rows after each layer is appended to tap.residuals."""
-        c = self.config
         tables = [rotary.tables(positions, self.dtype) for rotary in self.rotaries]
         h = self.embed.take(input_ids, self.dtype) if isinstance(self.embed, BlockWeight) \
             else self.embed[input_ids].to(self.dtype)
-        if c.embedding_scale != 1.0:  # the scale rounded to the activations' dtype, as transformers does
-            h = h * torch.tensor(c.embedding_scale, dtype=self.dtype)
-        for layer, cache in zip(self.layers, kv_cache):
+        if self.config.embedding_scale != 1.0:  # the scale rounded to the activations' dtype, as transformers does
+            h = h * torch.tensor(self.config.embedding_scale, dtype=self.dtype)
+        for layer in self.layers:
             spec = layer.spec
             x = self._norm(h, layer.input_norm, spec.norm_offset)
-            q, k, v = layer.qkv(x).split([self.q_size, self.kv_size, self.kv_size], -1)
-            q = q.view(-1, self.num_heads, c.head_dim)
-            k = k.view(-1, self.num_kv_heads, c.head_dim)
-            v = v.view(-1, self.num_kv_heads, c.head_dim)
-            if layer.q_norm is not None:
-                q, k = self._norm(q, layer.q_norm, spec.norm_offset), self._norm(k, layer.k_norm, spec.norm_offset)
-            rotary, (cos, sin) = self.rotaries[layer.rope], tables[layer.rope]
-            q, k = rotary.apply(q, cos, sin), rotary.apply(k, cos, sin)
-            if spec.query_scalar != c.head_dim:
-                q = q * (c.head_dim / spec.query_scalar) ** 0.5  # attention scales by head_dim ** -0.5
-            attn = paged_attention(q, k, v, cache[0], cache[1], meta, self.prefill_kernel, spec.window)
-            h = h + self._out_norm(self._sum(layer.o(attn.view(-1, self.q_size))), layer.attn_out_norm, spec)
+            if layer.recurrent is not None:
+                assert states is not None and layer.kv is not None
+                ready(states[layer.kv], meta.state_runs)
+                mixed = layer.recurrent(x, states[layer.kv], meta.state_runs)
+            else:
+                mixed = self._attention(layer, x, tables[layer.rope], meta, kv_cache[layer.kv])
+            h = h + self._out_norm(self._sum(mixed), layer.attn_out_norm, spec)
             x = self._norm(h, layer.post_norm, spec.norm_offset)
             mlp = layer.moe(x) if layer.moe is not None else \
                 gated_mlp(layer.gate_up, layer.down, x, ACTIVATIONS[spec.activation])
@@ -314,6 +335,29 @@ class Decoder:
             if tap is not None:
                 tap.residuals.append(h[tap.rows])
         return self.final_norm(h)
+
+    def _attention(self, layer: Layer, x: torch.Tensor, table: tuple[torch.Tensor, torch.Tensor],
+                   meta: AttentionMetadata, cache: torch.Tensor) -> torch.Tensor:
+        """A layer's attention over the paged KV, before O's all-reduce."""
+        spec, d = layer.spec, self.config.head_dim
+        q_size = 2 * self.q_size if spec.output_gate else self.q_size
+        q, k, v = layer.qkv(x).split([q_size, self.kv_size, self.kv_size], -1)
+        q = q.view(-1, self.num_heads, q_size // self.num_heads)
+        gate = None
+        if spec.output_gate:  # each head's query, then its gate
+            q, gate = q.split(d, -1)
+        k = k.view(-1, self.num_kv_heads, d)
+        v = v.view(-1, self.num_kv_heads, d)
+        if layer.q_norm is not None:
+            q, k = self._norm(q, layer.q_norm, spec.norm_offset), self._norm(k, layer.k_norm, spec.norm_offset)
+        rotary, (cos, sin) = self.rotaries[layer.rope], table
+        q, k = rotary.apply(q, cos, sin), rotary.apply(k, cos, sin)
+        if spec.query_scalar != d:
+            q = q * (d / spec.query_scalar) ** 0.5  # attention scales by head_dim ** -0.5
+        attn = paged_attention(q, k, v, cache[0], cache[1], meta, self.prefill_kernel, spec.window)
+        if gate is not None:
+            attn = attn * torch.sigmoid(gate)
+        return layer.o(attn.reshape(-1, self.q_size))
 
     def final_norm(self, h: torch.Tensor) -> torch.Tensor:
         """The norm before the LM head (the logit lens reads any layer's residual stream through it)."""

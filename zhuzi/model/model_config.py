@@ -7,11 +7,18 @@ from enum import Enum
 
 
 class Mixer(Enum):
-    """What mixes a layer's tokens. A mixer that keeps a recurrent state instead of KV (linear attention, a
-    state-space layer) is one more kind here, with the decoder's builder for it."""
+    """What mixes a layer's tokens (its value is the layer's ModelConfig.layer_types entry). A mixer that keeps
+    a recurrent state instead of KV (linear attention, a short convolution, a state-space layer) is one more
+    kind here, its state's size in ModelConfig.state_floats and its class in recurrent.MIXERS."""
 
     ATTENTION = "full_attention"
     SLIDING_ATTENTION = "sliding_attention"  # each token attends its last `window` tokens
+    LINEAR_ATTENTION = "linear_attention"  # gated DeltaNet: a state matrix per head instead of KV (recurrent.py)
+
+    @property
+    def keeps_kv(self) -> bool:
+        """Its tokens' keys and values go to the KV pool (a recurrent mixer keeps a state slot instead)."""
+        return self in (Mixer.ATTENTION, Mixer.SLIDING_ATTENTION)
 
 
 class Mlp(Enum):
@@ -42,6 +49,24 @@ class LayerSpec:
     norm_offset: float  # RMSNorm scales by (offset + w)
     activation: str  # the MLP's gate: silu or gelu_pytorch_tanh
     query_scalar: float  # attention scores scale by its -1/2 power
+    output_gate: bool = False  # attention's output times sigmoid of a gate q_proj also makes (Qwen3.5)
+
+
+@dataclass(frozen=True)
+class LinearAttentionShape:
+    """A gated DeltaNet layer's heads: q and k heads (key_heads, key_dim each), v heads (value_heads,
+    value_dim), and the width of the causal convolution over q, k and v."""
+
+    key_heads: int
+    value_heads: int
+    key_dim: int
+    value_dim: int
+    conv_kernel: int
+    tiled: bool  # value heads in a GGUF's order, by key head tiled (k0, k1, ..., k0, k1), not grouped
+
+    @property
+    def conv_channels(self) -> int:
+        return 2 * self.key_heads * self.key_dim + self.value_heads * self.value_dim
 
 
 @dataclass
@@ -86,6 +111,9 @@ class ModelConfig:
     expert_gating: str = "softmax"  # router logits -> gate weights: "softmax" or "sigmoid"
     moe_layers: list[int] | None = None  # the sparse layers (others run a dense MLP); None: every layer
     pooling: str | None = None  # an embedding checkpoint's own pooling, "mean" or "last" (None: it names none)
+    # Linear attention (gated DeltaNet) layers: layer_types names them "linear_attention"
+    linear: LinearAttentionShape | None = None
+    attention_output_gate: bool = False  # full attention's output gated (Qwen3.5's q_proj makes the gate too)
 
     def window(self, layer: int) -> int | None:
         """The tokens layer `layer` attends (its own included), or None for the whole context."""
@@ -93,6 +121,29 @@ class ModelConfig:
             return None
         return self.sliding_window if self.layer_types is None or self.layer_types[layer] == "sliding_attention" \
             else None
+
+    @property
+    def kv_layers(self) -> int:
+        """The layers whose tokens' keys and values the KV pool keeps (a recurrent layer keeps a state)."""
+        return self.num_layers - self.state_layers
+
+    @property
+    def state_layers(self) -> int:
+        """The layers that keep a recurrent state per sequence instead of KV."""
+        return sum(1 for kind in self.layer_types or [] if not Mixer(kind).keeps_kv)
+
+    def state_floats(self, mixer: Mixer) -> int:
+        """The float32 values of state one sequence holds in a layer of this kind."""
+        if mixer is Mixer.LINEAR_ATTENTION:
+            assert self.linear is not None
+            s = self.linear  # the convolution's last inputs, and a state matrix per value head
+            return s.conv_channels * (s.conv_kernel - 1) + s.value_heads * s.key_dim * s.value_dim
+        return 0
+
+    @property
+    def state_bytes(self) -> int:
+        """Bytes of recurrent state one sequence holds (float32), over every layer that keeps one."""
+        return 4 * sum(self.state_floats(Mixer(kind)) for kind in self.layer_types or [])
 
     @property
     def kv_window(self) -> int | None:
@@ -116,13 +167,23 @@ class ModelConfig:
         shared = 3 * h * self.shared_expert_intermediate_size + h if self.shared_expert_intermediate_size else 0
         return self.num_experts * h + experts * 3 * h * self.moe_intermediate_size + shared
 
+    def _mixer_parameters(self, layer: int) -> int:
+        """A layer's attention (or recurrent mixer) parameters, and its two norms."""
+        h, q, kv = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        if self.layer_types and self.layer_types[layer] == Mixer.LINEAR_ATTENTION.value:
+            assert self.linear is not None
+            s, values = self.linear, self.linear.value_heads * self.linear.value_dim
+            projections = h * (s.conv_channels + values + 2 * s.value_heads) + values * h
+            return projections + s.conv_channels * s.conv_kernel + 2 * s.value_heads + s.value_dim + 2 * h
+        norms = 2 * h + (2 * self.head_dim if self.qk_norm else 0)
+        return h * (q * (2 if self.attention_output_gate else 1) + 2 * kv) + q * h + norms
+
     @property
     def num_parameters(self) -> int:
         h, n = self.hidden_size, self.num_layers
-        q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        per_layer = h * (q + 2 * kv) + q * h + 2 * h
         embed = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
-        return n * per_layer + embed + h + sum(self._mlp_parameters(layer, self.num_experts) for layer in range(n))
+        return embed + h + sum(self._mixer_parameters(layer) + self._mlp_parameters(layer, self.num_experts)
+                               for layer in range(n))
 
     @property
     def active_parameters(self) -> int:

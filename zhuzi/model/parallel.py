@@ -34,6 +34,8 @@ class Shard:
     vocab: range
     expert: range = range(0)  # of each routed expert's width (every rank a slice of every expert)
     shared_expert: range = range(0)
+    key_heads: range = range(0)  # a linear-attention layer's, each with its value heads
+    value_heads: range = range(0)
 
     @classmethod
     def of(cls, c: ModelConfig, rank: int = 0, world_size: int = 1) -> Shard:
@@ -41,9 +43,16 @@ class Shard:
             raise ValueError(f"tensor_parallel_size {world_size} is more than the model's {c.num_kv_heads} KV heads")
         kv = split(c.num_kv_heads, world_size, rank)
         q_per_kv = c.num_heads // c.num_kv_heads
+        keys = values = range(0)
+        if c.linear is not None:
+            if c.linear.key_heads < world_size:
+                raise ValueError(f"tensor_parallel_size {world_size} is more than the model's "
+                                 f"{c.linear.key_heads} linear-attention key heads")
+            keys, per_key = split(c.linear.key_heads, world_size, rank), c.linear.value_heads // c.linear.key_heads
+            values = range(keys.start * per_key, keys.stop * per_key)
         return cls(range(kv.start * q_per_kv, kv.stop * q_per_kv), kv, split(c.intermediate_size, world_size, rank),
                    split(c.vocab_size, world_size, rank), split(c.moe_intermediate_size, world_size, rank),
-                   split(c.shared_expert_intermediate_size, world_size, rank))
+                   split(c.shared_expert_intermediate_size, world_size, rank), keys, values)
 
 
 def head_rows(w: torch.Tensor, heads: range, head_dim: int) -> torch.Tensor:

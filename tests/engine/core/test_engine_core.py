@@ -12,7 +12,7 @@ from zhuzi import LLM, SamplingParams
 from zhuzi.config import EngineConfig
 from zhuzi.engine.core.engine_core import EngineCore
 from zhuzi.engine.core.kv.page_manager import FREED
-from zhuzi.model.loader import default_model_path
+from zhuzi.model.loader import default_model_path, load_model_config
 from zhuzi.sampling_params import InvalidRequest
 from zhuzi.tokenizer import Tokenizer
 
@@ -447,3 +447,72 @@ def test_gemma3_greedy_is_transformers_with_batching_chunked_prefill_and_prefix_
         with torch.no_grad():
             expected = hf.generate(torch.tensor([ids]), max_new_tokens=16, min_new_tokens=16, do_sample=False)
         assert out.outputs[0].token_ids == expected[0, len(ids):].tolist()
+
+
+# -- hybrid models: linear-attention layers with a state per sequence -------------------------
+
+@pytest.fixture(scope="module")
+def qwen3_5(tmp_path_factory):
+    path = tmp_path_factory.mktemp("qwen3_5")
+    return tiny.build("qwen3_5", path), path
+
+
+def assert_all_state_slots_free(engine: EngineCore):
+    states = engine.pages.states
+    assert states.num_free == states.num_slots and not states.holders
+
+
+def test_a_hybrid_model_under_preemption_gives_transformers_tokens_and_returns_every_slot(qwen3_5):
+    """Qwen3.5's shape (three DeltaNet layers, one attention layer) in a pool of 10 pages and 4 state slots (two
+    running sequences): five prompts in 32-token chunks preempt each other, resume from their cached states
+    or from scratch, and every greedy token is transformers'; every page and slot comes back."""
+    hf, path = qwen3_5
+    budget = 9 * load_model_config(path).state_bytes  # half of it holds 4 states, the rest 10 pages
+    llm = LLM(str(path), dtype="float32", page_size=16, max_num_batched_tokens=32, kv_cache_memory=budget)
+    plan, engine = llm.engine.kv_plan, llm.engine
+    assert (plan.num_pages, plan.state_slots) == (10, 4)
+    prompts = [list(range(3, 90, 2)), [5, 17, 300, 42, 9], list(range(200, 240)), list(range(3, 90, 2)) + [7],
+               [999] * 3 + [4, 400, 40]]
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    outs = llm.generate(prompts, params)
+    assert engine.scheduler.num_preemptions >= 1
+    for ids, out in zip(prompts, outs):
+        assert out.outputs[0].token_ids == transformers_greedy(hf, ids, 40)
+    assert_all_pages_free(engine)
+    assert_all_state_slots_free(engine)
+
+
+def test_a_hybrid_chat_computes_only_its_new_tokens_on_turn_two(qwen3_5):
+    """Turn 1's state at the last page boundary of its prompt and reply is kept beside its pages: turn 2
+    resumes there, computing only its new tokens, and its tokens equal transformers' from scratch."""
+    hf, path = qwen3_5
+    llm = LLM(str(path), dtype="float32", page_size=16)
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    first = list(range(301, 345))
+    reply = llm.generate([first], params)[0].outputs[0].token_ids
+    second = first + reply + [7, 8, 9, 10, 11]
+    out = llm.generate([second], params)[0]
+    assert out.num_cached_tokens == (len(first) + len(reply) - 1) // 16 * 16 > len(first)
+    assert out.outputs[0].token_ids == transformers_greedy(hf, second, 20)
+    assert_all_pages_free(llm.engine)
+    assert_all_state_slots_free(llm.engine)
+
+
+def test_a_hybrid_chat_resumes_turn_two_from_the_host_tier_after_the_pool_forgot_turn_one(qwen3_5):
+    """Other prompts fill a pool of 10 pages and 4 state slots between the turns: turn 1's pages and its state
+    went to the host tier, and come back from there."""
+    hf, path = qwen3_5
+    budget = 9 * load_model_config(path).state_bytes
+    llm = LLM(str(path), dtype="float32", page_size=16, kv_cache_memory=budget, kv_offload_memory="8MiB")
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    first = list(range(301, 345))
+    reply = llm.generate([first], params)[0].outputs[0].token_ids
+    llm.generate([list(range(400 + 50 * i, 444 + 50 * i)) for i in range(4)], params)
+    connector = llm.engine.kv.connector
+    second = first + reply + [7, 8, 9, 10, 11]
+    out = llm.generate([second], params)[0]
+    assert out.num_cached_tokens == (len(first) + len(reply) - 1) // 16 * 16
+    assert connector.state_host.counts.hit_tokens == 16  # turn 1's last state came from the host tier
+    assert out.outputs[0].token_ids == transformers_greedy(hf, second, 20)
+    assert_all_pages_free(llm.engine)
+    assert_all_state_slots_free(llm.engine)

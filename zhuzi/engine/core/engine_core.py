@@ -79,6 +79,9 @@ class EngineCore:
                 tp_worker.stop(self.tp, StepChannel(self.tp), self.workers)
             raise
         self.model_config = ckpt.config
+        if config.speculative is not None and ckpt.config.state_layers:
+            raise ValueError(f"speculative decoding does not run {ckpt.config.architecture} yet: its linear-attention "
+                             "layers' states cannot take back rejected drafts")
         self.model_path = ckpt.path
         self.tokenizer = Tokenizer.load(ckpt.path)
         self.max_model_len = config.max_model_len or ckpt.config.max_position_embeddings
@@ -88,7 +91,8 @@ class EngineCore:
         self.kv_plan = plan = config.kv_plan(ckpt.config)
         self.grammars = shared_compiler(self.tokenizer.hf, ckpt.config.vocab_size, self.eos_ids)
         self.pages, self.kv = KVServices.build(config, ckpt.config, ckpt.path, plan, self.runner.kv_cache,
-                                                self.runner.num_pages, kv_events, kv_transfers)
+                                                self.runner.num_pages, kv_events, kv_transfers,
+                                                [t for layer in self.runner.states for t in layer])
         self.scheduler = Scheduler(self.pages, config.max_num_seqs, config.max_num_batched_tokens,
                                    config.long_prefill_token_threshold, spec.max_step_tokens if spec else 0,
                                    make_policy(config.scheduling_policy))
@@ -108,6 +112,9 @@ class EngineCore:
         log.info("model %s (%s, %s), KV %d bytes/token, %d pages of %d = %d tokens%s", ckpt.path.name,
                  ckpt.config.architecture, config.precision, plan.bytes_per_token, plan.num_pages, plan.page_size,
                  plan.capacity_tokens, f", tensor parallel over {self.tp.world_size} ranks" if self.tp else "")
+        if plan.state_slots:
+            log.info("recurrent state: %d slots of %d bytes (%d layers keep a state instead of KV)",
+                     plan.state_slots, plan.state_bytes, ckpt.config.state_layers)
         log.info("CPU kernels: %s", ", ".join(f"{op} {path}" for op, path in self.kernel_paths.items()))
 
     def shutdown(self) -> None:

@@ -22,6 +22,7 @@ from zhuzi.model.attention import AttentionMetadata, PrefillChunk
 from zhuzi.model.decoder import Decoder, LayerTap
 from zhuzi.model.loader import Checkpoint
 from zhuzi.model.parallel import TPRank
+from zhuzi.model.recurrent import StateRun
 from zhuzi.outputs import Inspection, LensLayer, Logprob
 from zhuzi.sample.rejection import Draft, verify
 from zhuzi.sample.sampler import Sampler, SamplingRow, Verdict, token_logprobs
@@ -75,8 +76,12 @@ def load_runner(config: EngineConfig, tp: TPRank | None = None) -> tuple[Checkpo
     plan = config.kv_plan(ckpt.config)
     if plan.num_pages < 1:
         raise ValueError(f"kv_cache_memory {config.kv_cache_memory} holds no KV page")
+    if plan.state_bytes and plan.state_slots < 2:
+        raise ValueError(f"kv_cache_memory {config.kv_cache_memory} holds no recurrent state of a sequence "
+                         f"({plan.state_bytes:,} bytes, two per running sequence, in at most half of it)")
     pooling = config.pooling or ckpt.config.pooling or "mean"
-    return ckpt, ModelRunner(model, config, plan.num_pages, list(ckpt.config.eos_token_ids), pooling)
+    return ckpt, ModelRunner(model, config, plan.num_pages, list(ckpt.config.eos_token_ids), pooling,
+                             plan.state_slots)
 
 
 def zeroed_pool(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -103,7 +108,7 @@ class ModelRunner:
     the verifier."""
 
     def __init__(self, model: Decoder, config: EngineConfig, num_pages: int, eos_ids: list[int],
-                 pooling: str = "mean"):
+                 pooling: str = "mean", state_slots: int = 0):
         c = model.config
         self.model, self.page_size, self.eos_ids, self.pooling = model, config.page_size, eos_ids, pooling
         self.num_pages = num_pages
@@ -113,8 +118,11 @@ class ModelRunner:
         # wider: their scales follow their values (kv_format.py).
         kv = config.precision.kv
         kv_format.check(c.head_dim, kv)
-        self.kv_cache = zeroed_pool((c.num_layers, 2, num_pages * config.page_size, model.num_kv_heads,
+        self.kv_cache = zeroed_pool((c.kv_layers, 2, num_pages * config.page_size, model.num_kv_heads,
                                      kv_format.head_width(c.head_dim, kv)), kv, self.device)
+        # A hybrid model's state pool: per recurrent layer its states, [slots, ...] each, float32
+        self.states = [[zeroed_pool((state_slots, *shape), torch.float32, self.device) for shape in shapes]
+                       for shapes in model.state_shapes()]
         self.sampler = Sampler()
         # With tensor parallelism this is rank 0's runner: it posts each forward pass and LM-head call, which the
         # other ranks' follow loops (tp_worker.py) run over their slices.
@@ -127,7 +135,7 @@ class ModelRunner:
     def _forward(self, ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                  tap: LayerTap | None = None) -> torch.Tensor:
         with self._posted(FORWARD, lambda: pack_step(ids, positions, meta)):
-            return self.model.forward(ids, positions, meta, self.kv_cache, tap)
+            return self.model.forward(ids, positions, meta, self.kv_cache, tap, self.states)
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         with self._posted(LOGITS, lambda: hidden):
@@ -159,7 +167,24 @@ class ModelRunner:
             prefills.append(PrefillChunk(start, n, done + n, self._tensor(self._slots(s.seq.page_table, 0, done + n))))
             start += n
         return AttentionMetadata(self._tensor(slot_mapping), len(decodes), decode_slots, contexts,
-                                 prefills)
+                                 prefills, self._state_runs(batch))
+
+    def _state_runs(self, batch: list[ScheduledSeq]) -> list[StateRun]:
+        """A hybrid model's sequences in the state pool: a new sequence starts from zeros, a resumed one from its
+        cached state; a run that crosses a page boundary leaves its state at the last one in its boundary slot."""
+        if not self.states:
+            return []
+        runs, start = [], 0
+        for s in batch:
+            seq, done, n = s.seq, s.seq.num_computed_tokens, s.num_new_tokens
+            assert seq.state_slot is not None
+            boundary = (done + n) // self.page_size * self.page_size
+            snapshot = (boundary - done, seq.boundary_slot) \
+                if seq.boundary_slot is not None and boundary > done else None
+            runs.append(StateRun(start, n, seq.state_slot, snapshot, seq.restore_slot,
+                                 fresh=done == 0 and seq.restore_slot is None))
+            start += n
+        return runs
 
     def _inputs(self, batch: list[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
         """A step's token ids, positions and attention metadata (one-token rows first), and each item's first row."""

@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from zhuzi.model.attention import AttentionMetadata, PrefillChunk
 from zhuzi.model.parallel import TPRank
+from zhuzi.model.recurrent import StateRun
 
 # The followers wait for their next step as long as the server idles, in turns of IDLE_WAIT.
 IDLE_WAIT = datetime.timedelta(hours=1)
@@ -72,8 +73,9 @@ def pack_step(input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionM
     """Everything a follower needs to run the same forward pass, as one int64 tensor."""
     num_decodes = meta.num_decode_tokens
     width = meta.decode_slots.shape[1] if num_decodes else 0
-    header = [len(input_ids), num_decodes, width, len(meta.prefills)]
+    header = [len(input_ids), num_decodes, width, len(meta.prefills), len(meta.state_runs)]
     header += [x for c in meta.prefills for x in (c.start, c.length, c.context)]
+    header += [x for run in meta.state_runs for x in _packed_run(run)]
     parts = [torch.tensor(header), input_ids, positions, meta.slot_mapping]
     if num_decodes:
         parts += [meta.decode_slots.reshape(-1), meta.decode_lengths]
@@ -81,10 +83,23 @@ def pack_step(input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionM
     return torch.cat([p.to("cpu", torch.long) for p in parts])
 
 
+def _packed_run(run: StateRun) -> tuple[int, ...]:
+    """A hybrid model's run as seven ints (-1: none)."""
+    rows, snapshot = run.snapshot or (-1, -1)
+    return run.start, run.length, run.slot, rows, snapshot, -1 if run.restore is None else run.restore, run.fresh
+
+
+def _unpacked_run(start: int, length: int, slot: int, rows: int, snapshot: int, restore: int, fresh: int) -> StateRun:
+    return StateRun(start, length, slot, None if rows < 0 else (rows, snapshot), None if restore < 0 else restore,
+                    bool(fresh))
+
+
 def unpack_step(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-    tokens, num_decodes, width, num_prefills = flat[:4].tolist()
-    chunks = flat[4:4 + 3 * num_prefills].view(-1, 3).tolist()
-    at = 4 + 3 * num_prefills
+    tokens, num_decodes, width, num_prefills, num_runs = flat[:5].tolist()
+    chunks = flat[5:5 + 3 * num_prefills].view(-1, 3).tolist()
+    at = 5 + 3 * num_prefills
+    runs = [_unpacked_run(*run) for run in flat[at:at + 7 * num_runs].view(-1, 7).tolist()]
+    at += 7 * num_runs
 
     def take(n: int) -> torch.Tensor:
         nonlocal at
@@ -95,4 +110,5 @@ def unpack_step(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Attenti
     decode_slots = take(num_decodes * width).view(num_decodes, width)
     decode_lengths = take(num_decodes)
     prefills = [PrefillChunk(start, length, context, take(context)) for start, length, context in chunks]
-    return input_ids, positions, AttentionMetadata(slot_mapping, num_decodes, decode_slots, decode_lengths, prefills)
+    return input_ids, positions, AttentionMetadata(slot_mapping, num_decodes, decode_slots, decode_lengths, prefills,
+                                                   runs)

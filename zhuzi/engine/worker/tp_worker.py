@@ -111,7 +111,7 @@ def run(config: EngineConfig, rank: int, world: int, addr: str, port: int) -> No
     _, runner = load_runner(replace(config, device=device), tp)
     log.info("rank %d of %d: %d of %d query heads, %d KV heads", rank, world, runner.model.num_heads,
              runner.model.config.num_heads, runner.model.num_kv_heads)
-    follow(runner.model, runner.kv_cache, tp)
+    follow(runner.model, runner.kv_cache, tp, runner.states)
     tp.close()
 
 
@@ -122,15 +122,16 @@ def run_torchrun_rank(config: EngineConfig) -> None:
 
 
 @torch.inference_mode()
-def follow(model: Decoder, kv_cache: torch.Tensor, tp: TPRank) -> None:
-    """A follower's loop: with its slice of the model and of the KV pool, it runs each forward pass and LM-head
-    call that rank 0's model runner posts (tp_control.py), until the stop; it schedules and samples nothing."""
+def follow(model: Decoder, kv_cache: torch.Tensor, tp: TPRank, states: list[list[torch.Tensor]] | None = None) -> None:
+    """A follower's loop: with its slice of the model and of the KV pool (and of a hybrid model's state pool), it
+    runs each forward pass and LM-head call that rank 0's model runner posts (tp_control.py), until the stop; it
+    schedules and samples nothing."""
     channel = StepChannel(tp)
     while True:
         op, payload = channel.next_op()
         if op == STOP:
             return
         if op == FORWARD:
-            model.forward(*unpack_step(payload), kv_cache)
+            model.forward(*unpack_step(payload), kv_cache, None, states)
         else:
             model.logits(payload)

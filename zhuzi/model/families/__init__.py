@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from zhuzi.model.families import gemma3, llama, mistral, mixtral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe
+from zhuzi.model.families import gemma3, llama, mistral, mixtral, phi3, qwen2, qwen2_moe, qwen3, qwen3_5, qwen3_moe
 from zhuzi.model.families.base import Family
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
@@ -17,6 +17,8 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     mixtral.FAMILY,
     qwen2_moe.FAMILY,
     qwen3_moe.FAMILY,
+    qwen3_5.FAMILY,
+    qwen3_5.MOE_FAMILY,
 )}
 
 
@@ -28,7 +30,8 @@ def family(name: str) -> Family:
 def hf_family(raw: dict[str, Any]) -> Family | None:
     """The family config.json names: by a class of its architectures, else (none named) by its model_type."""
     named = raw.get("architectures") or []
-    by_class = {f.hf_class: f for f in FAMILIES.values()}
+    by_class = {f.hf_class: f for f in FAMILIES.values()} | \
+        {f.hf_multimodal_class: f for f in FAMILIES.values() if f.hf_multimodal_class}
     found = next((by_class[name] for name in named if name in by_class), None)
     return found or (FAMILIES.get(raw.get("model_type")) if not named else None)
 

@@ -3,6 +3,7 @@ config.json and from GGUF metadata, and its checkpoint tensors. Family holds wha
 (Llama's layer); a family file makes one, or a subclass where its mapping differs."""
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -14,6 +15,7 @@ from zhuzi.model.blocks import BlockWeight
 from zhuzi.model.gguf_header import GGUFHeader
 from zhuzi.model.model_config import LayerSpec, Mixer, Mlp, ModelConfig, Rope
 
+log = logging.getLogger(__name__)
 Weight = torch.Tensor | BlockWeight
 EXPERT_PARTS = ("gate", "up", "down")
 # llama.cpp's tensor names -> Hugging Face's (a family overrides those it names otherwise: Family.gguf_names)
@@ -52,12 +54,17 @@ class Family:
     merged: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     gguf_names: Mapping[str, str] = field(default_factory=dict)  # where llama.cpp's layer names map otherwise
     sparse: bool = False  # its layers have experts (a GGUF with expert_count)
+    hf_multimodal_class: str | None = None  # the class of its checkpoints that carry a vision tower too
 
     # ------------------------------------------------------------ config
 
     def hf_config(self, raw: dict[str, Any], generation: dict[str, Any]) -> ModelConfig:
         """config.json (and generation_config.json) -> ModelConfig; KeyError for a missing key, ValueError
-        for what the family does not run."""
+        for what the family does not run. A multimodal checkpoint's text_config is the decoder's."""
+        if "text_config" in raw:
+            log.info("%s carries a vision tower too: loading its text model only", self.hf_multimodal_class)
+            raw = raw["text_config"] | {k: v for k, v in raw.items() if k.endswith("token_id")
+                                        or k == "tie_word_embeddings"}
         if raw.get("attention_bias") and not self.qkv_bias:
             raise ValueError(f"attention_bias is not supported for {self.name}")
         rope_theta, rope_scaling = hf_rope(raw)
@@ -158,7 +165,8 @@ class Family:
         for i, spec in enumerate(self.layers(config)):
             layer = f"model.layers.{i}."
             names += [layer + "input_layernorm.weight", layer + "post_attention_layernorm.weight"]
-            names += [f"{layer}self_attn.{p}_proj.weight" for p in "qkvo"]
+            names += [f"{layer}self_attn.{p}_proj.weight" for p in "qkvo"] if spec.mixer.keeps_kv \
+                else self.recurrent_tensor_names(layer, spec)
             names += _mlp_names(config, spec.mlp, f"{layer}mlp.", per_expert)
             if spec.qkv_bias:
                 names += [f"{layer}self_attn.{p}_proj.bias" for p in "qkv"]
@@ -167,6 +175,10 @@ class Family:
             if spec.sandwich_norms:
                 names += [layer + "pre_feedforward_layernorm.weight", layer + "post_feedforward_layernorm.weight"]
         return self._merged_names(names)
+
+    def recurrent_tensor_names(self, layer: str, spec: LayerSpec) -> list[str]:
+        """A layer's mixer tensors where the mixer keeps a state instead of KV (the family's own names)."""
+        raise ValueError(f"{self.name} has no {spec.mixer.value} layers")
 
     def _merged_names(self, names: list[str]) -> list[str]:
         """Each merged tensor where its first part's name was; its other parts' names go."""
@@ -192,8 +204,9 @@ class Family:
         return tensors | parts if parts else tensors
 
     def hf_tensor_name(self, stored: str) -> str:
-        """A safetensors name under the decoder's name for it (the same but where a family differs)."""
-        return stored
+        """A safetensors name under the decoder's name for it (the same but where a family differs; a
+        multimodal checkpoint's text model under the text checkpoint's names)."""
+        return stored.replace("model.language_model.", "model.", 1)
 
     def gguf_tensor_name(self, gguf_name: str) -> str | None:
         """llama.cpp tensor name -> Hugging Face name; None for tensors the decoder does not use."""

@@ -38,6 +38,23 @@ int zhuzi_block_linear(const void* parts, int nparts, const void* x, int x_bf16,
 // stream.cpp: the fastest of `passes` reads of x[n] (float32), every thread its own slice: seconds, and the
 // sum read (0 on success).
 int zhuzi_stream_read(const float* x, int64_t n, int passes, int threads, double* seconds, float* sum);
+// recurrent.cpp, float32 throughout (cpu_recurrent.py has the layouts). A causal depthwise convolution of width K
+// over each of C channels, its state the last K - 1 inputs of every channel [nslots, C, K - 1]; weight [C, K],
+// bias [C] or null; silu: SiLU on the outputs. Decode: a token x[B, C] per sequence, row b's state slots[b];
+// prefill: x[L, C] of one sequence after its state slot's history, which it leaves holding the last inputs.
+int zhuzi_conv_decode(const float* x, float* state, const int64_t* slots, const float* weight, const float* bias,
+                      float* out, int64_t B, int64_t C, int K, int64_t nslots, int silu, int threads);
+int zhuzi_conv_prefill(const float* x, float* state, int64_t slot, const float* weight, const float* bias, float* out,
+                       int64_t L, int64_t C, int K, int64_t nslots, int silu, int threads);
+// The gated delta rule over states [nslots, HV, DK, DV]: q, k [T, HK, DK] (value head h reads key head
+// h / (HV / HK)), v and out [T, HV, DV], g (log decay) and beta [T, HV]; T = B decode rows (slots[b]) or the L
+// tokens of one sequence (slot).
+int zhuzi_delta_decode(const float* q, const float* k, const float* v, const float* g, const float* beta,
+                       float* state, const int64_t* slots, float* out, int64_t B, int64_t HK, int64_t HV, int64_t DK,
+                       int64_t DV, int64_t nslots, int threads);
+int zhuzi_delta_prefill(const float* q, const float* k, const float* v, const float* g, const float* beta,
+                        float* state, int64_t slot, float* out, int64_t L, int64_t HK, int64_t HV, int64_t DK,
+                        int64_t DV, int64_t nslots, int threads);
 // decode_step.cpp: a whole decode step of M <= 8 rows (args: step::Args, see fused.py).
 int zhuzi_decode_step(const void* args, int64_t M);
 }

@@ -60,7 +60,8 @@ class EngineCollector(Collector):
                                [([model, str(replica)], stats) for replica, stats in sorted(replicas.items())])
         yield from self._tenants(model, replicas)
         yield from self._spec_decoding(model, replicas)
-        # Each KV tier (host, disk) of each replica, labelled tier="host" or "disk".
+        # Each KV tier (host, disk) of each replica, labelled tier="host" or "disk" (and "host_states": a hybrid
+        # model's cached states in host memory).
         yield from families_of([
             (CounterMetricFamily, "kv_offload_hits", "Prompt tokens loaded from a KV tier instead of computed.",
              "hit_tokens"),

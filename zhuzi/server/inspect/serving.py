@@ -98,7 +98,7 @@ class Inspector:
         m, plan, stats = s.model, s.kv_plan, s.stats
         model = ip.EngineModel(
             name=self.server.model_name, architecture=m.architecture, dtype=s.dtype, cpu_kernels=s.cpu_kernels,
-            bytes_per_value=plan.bytes_per_token // (2 * m.num_layers * m.num_kv_heads * m.head_dim),
+            bytes_per_value=plan.bytes_per_token // (2 * m.kv_layers * m.num_kv_heads * m.head_dim),
             num_layers=m.num_layers, num_heads=m.num_heads, num_kv_heads=m.num_kv_heads, head_dim=m.head_dim,
             hidden_size=m.hidden_size, vocab_size=m.vocab_size, max_model_len=s.max_model_len,
             kv_bytes_per_token=plan.bytes_per_token, weight_bytes_per_decode_step=s.weight_bytes_per_decode_step,

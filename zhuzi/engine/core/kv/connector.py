@@ -40,7 +40,7 @@ class KVLayout:
     def of(cls, config: EngineConfig, model: ModelConfig, path: Path, pool: torch.Tensor) -> KVLayout:
         """head_dim: the pool's last dimension (a q8_0 head's values and scales: kv_format.py)."""
         pool_dtype, compute = (str(d).removeprefix("torch.") for d in (pool.dtype, config.precision.compute))
-        return cls(content_digest(path), pool_dtype, compute, config.quantization, model.num_layers,
+        return cls(content_digest(path), pool_dtype, compute, config.quantization, model.kv_layers,
                    model.num_kv_heads, pool.shape[-1], config.page_size)
 
     @property
@@ -71,13 +71,21 @@ class KVConnector:
       lookup / load   at admission: how many leading pages of a prompt the tiers hold beyond the pool's own
                       prefix cache, then each one copied into a free pool page (a refused one ends the run).
 
-    Pinned hashes (pins.py) are never evicted from a tier."""
+    Pinned hashes (pins.py) are never evicted from a tier. A hybrid model's cached states (state_slots.py) go to
+    the host tier too when the state pool reuses their slot, and come back at admission (state_evicted,
+    has_state, load_state): states take half of the host tier's memory, pages the other half. The disk tier
+    keeps pages only."""
 
     def __init__(self, layout: KVLayout, kv_cache: torch.Tensor, host_bytes: int = 0,
-                 disk_folder: Path | None = None, disk_bytes: int = 0):
+                 disk_folder: Path | None = None, disk_bytes: int = 0, states: list[torch.Tensor] | None = None):
         self.layout, self.kv_cache = layout, kv_cache
         self.pinned: Counter[bytes] = Counter()  # hash -> pins holding it
+        self.states = states or []  # a hybrid model's state tensors, [slots, ...] each
+        state_bytes = sum(t[0].nbytes for t in self.states)
+        if self.states and host_bytes:
+            host_bytes //= 2
         self.host = HostTier(host_bytes, layout.page_bytes, self.pinned) if host_bytes else None
+        self.state_host = HostTier(host_bytes, state_bytes, self.pinned) if host_bytes and self.states else None
         self.disk = None
         if disk_folder is not None:
             folder = disk_folder / f"{layout.model[:16]}-{layout.digest.hex()[:16]}"
@@ -85,11 +93,12 @@ class KVConnector:
             log.info("KV disk tier %s: %d pages found", folder, len(self.disk.index))
 
     @classmethod
-    def of(cls, config: EngineConfig, model: ModelConfig, path: Path, kv_cache: torch.Tensor) -> KVConnector:
+    def of(cls, config: EngineConfig, model: ModelConfig, path: Path, kv_cache: torch.Tensor,
+           states: list[torch.Tensor] | None = None) -> KVConnector:
         host = parse_bytes(config.kv_offload_memory)
         folder = Path(config.kv_offload_dir) if config.kv_offload_dir else None
         return cls(KVLayout.of(config, model, path, kv_cache), kv_cache, host, folder,
-                   parse_bytes(config.kv_offload_disk))
+                   parse_bytes(config.kv_offload_disk), states)
 
     @property
     def has_tiers(self) -> bool:
@@ -137,6 +146,24 @@ class KVConnector:
                 return True
         return False
 
+    def state_evicted(self, h: bytes, slot: int) -> None:
+        """The state pool is about to reuse slot, which held the state after page h."""
+        if self.state_host is not None:
+            self.state_host.put(h, torch.cat([t[slot].flatten() for t in self.states]))
+
+    def has_state(self, h: bytes) -> bool:
+        return self.state_host is not None and h in self.state_host
+
+    def load_state(self, h: bytes, slot: int) -> bool:
+        """Copy the state after page h into slot; False if the tier lost it."""
+        data = self.state_host.get(h) if self.state_host is not None else None
+        if data is None:
+            return False
+        for t, part in zip(self.states, data.split([t[0].numel() for t in self.states])):
+            t[slot].copy_(part.view(t[slot].shape))
+        self.state_host.counts.hit_tokens += self.layout.page_size
+        return True
+
     def pin(self, hashes: list[bytes]) -> None:
         self.pinned.update(hashes)
 
@@ -147,8 +174,8 @@ class KVConnector:
                 self.pinned.pop(h, None)
 
     def stats(self) -> dict[str, KVTierStats]:
-        return {name: tier.snapshot() for name, tier in (("host", self.host), ("disk", self.disk))
-                if tier is not None}
+        return {name: tier.snapshot() for name, tier in (("host", self.host), ("disk", self.disk),
+                                                         ("host_states", self.state_host)) if tier is not None}
 
     @property
     def writing(self) -> bool:

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from zhuzi.engine.core.kv.connector import KVConnector
+from zhuzi.engine.core.kv.state_slots import StateSlots
 from zhuzi.engine.sequence import Sequence
 
 FREED = -1  # a page table entry whose page went back to the pool, out of every layer's window
@@ -60,7 +61,12 @@ class PageManager:
     until the pool needs it; a prompt then reuses the longest prefix whose last pages (all its next token's
     window reaches) are still in the pool, whatever became of the pages before: a page's hash stands for
     every token before it. With mixed layers (Gemma 3's full ones among sliding ones) every page stays in
-    some layer's window: nothing is given back."""
+    some layer's window: nothing is given back.
+
+    A hybrid model's sequences hold state slots too (states): a live one, and one where the model leaves the state
+    at each page boundary it crosses. When the sequence ends (or is preempted) that boundary state joins the
+    prefix cache under its page's hash; a prompt reuses the longest cached prefix whose last page has its state
+    kept, which the model copies to the live slot before its first step."""
 
     num_pages: int
     page_size: int
@@ -73,6 +79,7 @@ class PageManager:
     events: KVEvents | None = None  # recorded only when someone takes them
     connector: KVConnector | None = None  # the tiers beyond the pool
     window: int | None = None  # every layer's sliding window, in tokens (None: a layer attends everything)
+    states: StateSlots | None = None  # a hybrid model's state slots
 
     def __post_init__(self) -> None:
         self.pages = [Page(i) for i in range(self.num_pages)]
@@ -134,8 +141,33 @@ class PageManager:
                 seq.page_table.append(page_id)
             else:
                 break
+        if self.states is not None:
+            self._cut_to_a_state(seq)
         seq.num_computed_tokens = len(seq.page_table) * self.page_size
         return seq.num_computed_tokens
+
+    def _cut_to_a_state(self, seq: Sequence) -> None:
+        """A hybrid model resumes from a cached state: the prefix shrinks to its last page whose state is kept,
+        held for the step that copies it."""
+        while seq.page_table:
+            if (slot := self._hold_state(seq.page_hashes[len(seq.page_table) - 1])) is not None:
+                seq.restore_slot = slot
+                return
+            self._drop(seq.page_table.pop())
+            self.prefix_hits -= self.page_size
+
+    def _hold_state(self, h: bytes) -> int | None:
+        """The cached state after page h, held: in the pool, or copied there from the connector's tier."""
+        assert self.states is not None
+        slot = self.states.hold(h)
+        if slot is None and self.connector is not None and self.connector.has_state(h) \
+                and (slot := self.states.take()) is not None:
+            if not self.connector.load_state(h, slot):
+                self.states.release(slot)
+                return None
+            self.states.publish(slot, h)
+            slot = self.states.hold(h)
+        return slot
 
     def _window_start(self, position: int) -> int:
         """The first page the window of the token at `position` reaches."""
@@ -231,16 +263,49 @@ class PageManager:
             self.free[page_id] = None
 
     def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
-        """Make room for num_new_tokens more K/V entries; False (and no change) if the pool is short."""
+        """Make room for num_new_tokens more K/V entries (and a hybrid model's state slots); False if the pool is
+        short (and no change but state slots taken, which free_sequence gives back)."""
+        if self.states is not None and seq.state_slot is None and not self._take_states(seq):
+            return False
         need = self.pages_needed(seq.num_computed_tokens + num_new_tokens) - len(seq.page_table)
         if need > self.num_free_pages:
             return False
         seq.page_table.extend(self._take_free() for _ in range(need))
         return True
 
+    def _take_states(self, seq: Sequence) -> bool:
+        """A live slot, and with prefix caching a boundary slot."""
+        assert self.states is not None
+        if self.states.num_free < (2 if self.enable_prefix_caching else 1):
+            return False
+        seq.state_slot = self.states.take()
+        seq.boundary_slot = self.states.take() if self.enable_prefix_caching else None
+        seq.boundary_tokens = 0
+        return True
+
     def computed(self, seq: Sequence, num_tokens: int) -> None:
-        """num_tokens more of seq's tokens have their K/V in its pages."""
+        """num_tokens more of seq's tokens have their K/V in its pages (a hybrid model's state moved on: its cached
+        state was copied, and where they crossed a page boundary, the state there is in the boundary slot)."""
+        before, size = seq.num_computed_tokens, self.page_size
         seq.num_computed_tokens += num_tokens
+        if self.states is None:
+            return
+        if seq.restore_slot is not None:
+            self.states.release(seq.restore_slot)
+            seq.restore_slot = None
+        if seq.boundary_slot is not None and seq.num_computed_tokens // size > before // size:
+            seq.boundary_tokens = seq.num_computed_tokens // size * size
+            if before < seq.num_prompt_tokens <= seq.num_computed_tokens:
+                self._publish_prompt_state(seq)
+
+    def _publish_prompt_state(self, seq: Sequence) -> None:
+        """The prompt is computed: its state at its last page boundary joins the prefix cache now (for the
+        prompts that share it while this one decodes), and the sequence goes on in a fresh boundary slot."""
+        assert self.states is not None and seq.boundary_slot is not None
+        fresh = self.states.take()
+        if fresh is not None:  # else every slot is held: this one stays its boundary slot
+            self.states.publish(seq.boundary_slot, self._full_page_hashes(seq, seq.boundary_tokens)[-1])
+            seq.boundary_slot, seq.boundary_tokens = fresh, 0
 
     def keep_computed(self, seq: Sequence, num_tokens: int) -> None:
         """Only seq's first num_tokens tokens keep their K/V (the rest are computed again into the same slots)."""
@@ -260,6 +325,22 @@ class PageManager:
     def free_sequence(self, seq: Sequence) -> None:
         """Return a sequence's pages; cached ones stay findable until the pool needs them."""
         # the tail is least likely to be shared: evict it first
+        if self.states is not None:
+            self._free_states(seq)
         self.release([page_id for page_id in seq.page_table[::-1] if page_id != FREED])
         seq.page_table = []
         seq.num_computed_tokens = 0
+
+    def _free_states(self, seq: Sequence) -> None:
+        """Return a sequence's state slots; its state at the last page boundary joins the prefix cache."""
+        assert self.states is not None
+        if seq.boundary_slot is not None:
+            if seq.boundary_tokens and self.enable_prefix_caching:
+                self.states.publish(seq.boundary_slot, self._full_page_hashes(seq, seq.boundary_tokens)[-1])
+            else:
+                self.states.release(seq.boundary_slot)
+        for slot in (seq.state_slot, seq.restore_slot):
+            if slot is not None:
+                self.states.release(slot)
+        seq.state_slot = seq.boundary_slot = seq.restore_slot = None
+        seq.boundary_tokens = 0

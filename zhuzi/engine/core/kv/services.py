@@ -14,6 +14,7 @@ from zhuzi.config import EngineConfig, KVPlan, parse_bytes
 from zhuzi.engine.core.kv.connector import KVConnector
 from zhuzi.engine.core.kv.page_manager import KVEvents, PageManager
 from zhuzi.engine.core.kv.pins import PinTable
+from zhuzi.engine.core.kv.state_slots import StateSlots
 from zhuzi.engine.core.kv.transfer import Handoffs
 from zhuzi.engine.messages import Handoff
 from zhuzi.engine.sequence import Sequence
@@ -28,10 +29,13 @@ class KVServices:
 
     @classmethod
     def build(cls, config: EngineConfig, model: ModelConfig, path: Path, plan: KVPlan, kv_cache: torch.Tensor,
-              num_pages: int, kv_events: bool, handoffs: bool) -> tuple[PageManager, KVServices]:
-        connector = KVConnector.of(config, model, path, kv_cache) if config.kv_tiers or handoffs else None
+              num_pages: int, kv_events: bool, handoffs: bool,
+              states: list[torch.Tensor] | None = None) -> tuple[PageManager, KVServices]:
+        """states: a hybrid model's state tensors (the model runner's), which the host tier keeps too."""
+        connector = KVConnector.of(config, model, path, kv_cache, states) if config.kv_tiers or handoffs else None
         pages = PageManager(num_pages, config.page_size, config.enable_prefix_caching,
-                              events=KVEvents() if kv_events else None, connector=connector, window=model.kv_window)
+                              events=KVEvents() if kv_events else None, connector=connector, window=model.kv_window,
+                              states=StateSlots(plan.state_slots, connector) if plan.state_slots else None)
         pins = PinTable(pages, connector, plan.bytes_per_token * plan.page_size,
                         parse_bytes(config.kv_pinned_memory))
         return pages, cls(connector, pins, Handoffs(pages, connector) if handoffs and connector else None)

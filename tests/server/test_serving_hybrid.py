@@ -1,0 +1,64 @@
+"""A hybrid model (Qwen3.5's shape: DeltaNet layers with a state per sequence beside an attention layer) served
+through the real openai client: a chat's second turn reuses the first turn's pages and state, also after other
+chats pushed them out of the pool into the host tier, and its reply is the one computed from scratch."""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import tiny
+from prometheus_client.parser import text_string_to_metric_families
+from server_process import ServerProcess, running_server
+
+from zhuzi import LLM, SamplingParams
+from zhuzi.model.loader import load_model_config
+
+TURN_1 = [{"role": "user", "content": "Name three rivers in Europe and say one thing about each of them."}]
+FOLLOW_UP = {"role": "user", "content": "Which of them is the longest?"}
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("qwen3_5")
+    tiny.build("qwen3_5", directory, vocab_size=49152)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def server(model: Path) -> Iterator[ServerProcess]:
+    budget = 9 * load_model_config(model).state_bytes  # 4 state slots, the rest pages: other chats evict turn 1
+    with running_server(model / "server.log", str(model), "--dtype", "float32", "--num-threads", "1",
+                        "--served-model-name", "hybrid", "--kv-cache-memory", str(budget),
+                        "--kv-offload-memory", "64MiB") as running:
+        yield running
+
+
+def state_tier_hits(server: ServerProcess) -> float:
+    """Prompt tokens whose state came back from the host tier."""
+    text = httpx.get(server.url + "/metrics", timeout=60).text
+    return sum(s.value for family in text_string_to_metric_families(text) for s in family.samples
+               if s.name == "zhuzi:kv_offload_hits_total" and s.labels.get("tier") == "host_states")
+
+
+def chat(client: openai.OpenAI, messages: list[dict]):
+    return client.chat.completions.create(model="hybrid", messages=messages, temperature=0, max_tokens=16)
+
+
+def test_turn_two_computes_only_its_new_tokens_from_the_pool_and_from_the_host_tier(server, model):
+    client = openai.OpenAI(base_url=server.api, api_key="none", max_retries=0, timeout=300)
+    first = chat(client, TURN_1)
+    turn_2 = TURN_1 + [{"role": "assistant", "content": first.choices[0].message.content}, FOLLOW_UP]
+    warm = chat(client, turn_2)
+    cached = warm.usage.prompt_tokens_details.cached_tokens
+    assert cached >= first.usage.prompt_tokens // 16 * 16 > 0
+    for i in range(4):  # other chats take every page and state slot of the pool
+        chat(client, [{"role": "user", "content": f"Tell me about the number {i} in a few words."}])
+    evicted = chat(client, turn_2)
+    assert evicted.usage.prompt_tokens_details.cached_tokens == cached
+    assert state_tier_hits(server) == 16  # the state after the last cached page came back from host memory
+    cold = LLM(str(model), dtype="float32", enable_prefix_caching=False).chat(
+        turn_2, SamplingParams(temperature=0, max_tokens=16))[0].outputs[0].text
+    assert warm.choices[0].message.content == evicted.choices[0].message.content == cold
