@@ -57,7 +57,8 @@ template <class F>
 struct Codes {
   static constexpr int PAIRS = F::SUB / 8;
   static constexpr int STRIDE = (BYTE_CODES<F> ? 2 : 1) * ROWS * 4;  // bytes from a pair to the next
-  static constexpr int SUB_BYTES = Q6K<F> ? 3 * ROWS * 4 : TWO_BIT<F> ? ROWS * 4 : PAIRS * STRIDE;  // a sub-block's
+  // bytes of a sub-block's codes
+  static constexpr int SUB_BYTES = Q6K<F> ? 3 * ROWS * 4 : TWO_BIT<F> ? ROWS * 4 : PAIRS * STRIDE;
   const uint8_t* lanes;  // the sub-block's first pair, at a vector's first row
   vb top;
   vb q6[4];  // Q6_K: the sub-block's 4 quads
