@@ -6,10 +6,12 @@ import gguf
 import numpy as np
 
 Q = gguf.GGMLQuantizationType
-KERNEL_TYPES = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K]
+KERNEL_TYPES = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K,
+                Q.Q3_K, Q.Q2_K]
 # Byte offsets of each block's fp16 fields: (scales, mins-or-offsets).
 HALVES = {Q.Q4_0: ([0], []), Q.Q4_1: ([0], [2]), Q.Q5_0: ([0], []), Q.Q5_1: ([0], [2]), Q.Q8_0: ([0], []),
-          Q.Q4_K: ([0], [2]), Q.Q5_K: ([0], [2]), Q.Q6_K: ([208], [])}
+          Q.Q4_K: ([0], [2]), Q.Q5_K: ([0], [2]), Q.Q6_K: ([208], []),
+          Q.Q3_K: ([108], []), Q.Q2_K: ([80], [82])}
 
 
 def random_blocks(qtype: gguf.GGMLQuantizationType, rows: int, cols: int, seed: int = 0) -> np.ndarray:
@@ -17,7 +19,7 @@ def random_blocks(qtype: gguf.GGMLQuantizationType, rows: int, cols: int, seed: 
     block, size = gguf.GGML_QUANT_SIZES[qtype]
     rng = np.random.default_rng(seed)
     data = rng.integers(0, 256, size=(rows, cols // block, size), dtype=np.uint8)
-    scale = 0.02 / (block // 32) / (4 if qtype in (Q.Q4_K, Q.Q5_K, Q.Q6_K) else 1)  # K-quants: sub-scales ~32
+    scale = 0.02 / (block // 32) / (4 if block == 256 else 1)  # K-quants: sub-scales ~32
     scales, offsets = HALVES[qtype]
     shape = (rows, cols // block, 1)
     for at in scales:

@@ -14,7 +14,10 @@ template <class F>
 std::vector<uint8_t> random_rows(int64_t rows, int64_t K, check::Rng& g) {
   std::vector<uint8_t> w(rows * K / F::QK * F::BYTES);
   for (auto& b : w) b = uint8_t(g.below(256));
-  const int at = std::is_same_v<F, blocks::Format<blocks::Q6_K>> ? 208 : 0;
+  using blocks::Format;
+  const int at = std::is_same_v<F, Format<blocks::Q6_K>>   ? 208
+                 : std::is_same_v<F, Format<blocks::Q3_K>> ? 108
+                 : std::is_same_v<F, Format<blocks::Q2_K>> ? 80 : 0;
   const double scale = 0.02 / (F::QK / 32) / (F::QK == 256 ? 4 : 1);  // K-quants: sub-block scales ~32
   for (size_t b = 0; b < w.size(); b += F::BYTES) {
     const uint16_t d = check::half(float((0.2 + 0.8 * g.uniform()) * scale));
@@ -105,6 +108,8 @@ TEST(packed_blocks_give_the_file_values_and_the_reference_bits) {
   check_packed<Q4_K>("Q4_K");
   check_packed<Q5_K>("Q5_K");
   check_packed<Q6_K>("Q6_K");
+  check_packed<Q3_K>("Q3_K");
+  check_packed<Q2_K>("Q2_K");
 }
 
 TEST(block_kernels_give_the_reference_bits_for_every_block_type) {
@@ -117,4 +122,6 @@ TEST(block_kernels_give_the_reference_bits_for_every_block_type) {
   check_format<Q4_K>("Q4_K");
   check_format<Q5_K>("Q5_K");
   check_format<Q6_K>("Q6_K");
+  check_format<Q3_K>("Q3_K");
+  check_format<Q2_K>("Q2_K");
 }

@@ -48,8 +48,8 @@ def test_an_id_outside_the_matrix_is_an_error():
 
 
 def test_a_type_without_a_kernel_gets_gguf_values():
-    qtype = gguf.GGMLQuantizationType.Q2_K  # no kernel: the gguf package dequantizes it
-    data = random_blocks(gguf.GGMLQuantizationType.Q6_K, 4, 256)[:, :84]  # any bytes make Q2_K values
+    qtype = gguf.GGMLQuantizationType.TQ2_0  # no kernel: the gguf package dequantizes it
+    data = random_blocks(gguf.GGMLQuantizationType.Q6_K, 4, 256)[:, :66]  # any bytes make TQ2_0 values
     w = BlockWeight(qtype, torch.from_numpy(np.ascontiguousarray(data)), 256)
     assert not cpu_blocks.dequantize_serves(qtype)
     assert np.array_equal(w.dequantize().numpy(), gguf.quants.dequantize(data, qtype), equal_nan=True)

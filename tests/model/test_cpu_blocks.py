@@ -31,8 +31,7 @@ def weight(qtype, rows: int, cols: int, seed: int) -> BlockWeight:
 @pytest.mark.parametrize("qtype", KERNEL_TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("m", [1, 3, 8, 70, 270])  # decode rows, rows over several passes, two work items
 def test_block_linear_equals_gguf_values(qtype, m):
-    cols = 512 if qtype in (gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q5_K,
-                            gguf.GGMLQuantizationType.Q6_K) else 288  # 288: 256 inputs decoded at once and a tail of 32
+    cols = 512 if gguf.GGML_QUANT_SIZES[qtype][0] == 256 else 288  # 288: 256 inputs decoded at once and a tail of 32
     parts = [weight(qtype, 40, cols, 1), weight(qtype, 16, cols, 2)]  # a partial row group, then a second part
     x = torch.randn(m, cols, generator=torch.Generator().manual_seed(m))
     y = cpu_blocks.block_linear(x, cpu_blocks.part_table(parts), 56)
@@ -90,8 +89,7 @@ def test_a_row_is_the_same_bits_alone_or_in_a_batch(qtype):
     """Up to 8 rows take the decode loops (block_decode.h: scales over a row group's rows, Q8_0's codes biased where
     the dot product allows), more the batched ones (block_prefill.h): a row's outputs are the same bits either
     way, in a partial row group too, and for 32-blocks over an odd count of them."""
-    k_quant = qtype in (gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q5_K, gguf.GGMLQuantizationType.Q6_K)
-    cols = 512 if k_quant else 288
+    cols = 512 if gguf.GGML_QUANT_SIZES[qtype][0] == 256 else 288
     parts = [weight(qtype, 40, cols, 8)]  # alive while the table points at its blocks
     table = cpu_blocks.part_table(parts)
     x = torch.randn(270, cols, generator=torch.Generator().manual_seed(8))  # two work items: 256 rows, 14

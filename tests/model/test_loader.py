@@ -243,6 +243,10 @@ def k_quant_rows(type_name: str, rows: int) -> tuple[np.ndarray, np.ndarray]:
             q = np.where(np.arange(256) % 128 < 64, 1, 2)
             expected.append(np.float32(d) * np.repeat(scales, 16) * (q - 32))
             continue
+        if type_name in ("Q3_K", "Q2_K"):
+            blocks.append(two_bit_block(type_name, d, dmin))
+            expected.append(two_bit_values(type_name, d, dmin))
+            continue
         high = [np.full(32, 0xFF, np.uint8)] if type_name == "Q5_K" else []  # Q5_K: qh adds 16 to every q
         blocks.append(np.concatenate([np.array([d, dmin]).view(np.uint8), packed, *high, np.full(128, 0x21, np.uint8)]))
         q = np.where(sub % 2 == 0, 1, 2) + (16 if high else 0)
@@ -250,7 +254,34 @@ def k_quant_rows(type_name: str, rows: int) -> tuple[np.ndarray, np.ndarray]:
     return np.stack(blocks), np.stack(expected).astype(np.float32)
 
 
-@pytest.mark.parametrize("type_name", ["Q4_K", "Q5_K", "Q6_K"])
+def two_bit_block(type_name: str, d: np.float16, dmin: np.float16) -> np.ndarray:
+    """A Q3_K (hmask[32] qs[64] scales[12] d) or Q2_K (scales[16] qs[64] d dmin) block: qs bytes 0x21 give
+    2-bit codes 1, 0, 2, 0 to the four 32-weight quarters of each half; Q3_K's hmask 0x55 sets the third bit of
+    every other 32 weights, and its sub-block g's 6-bit scale is 4g + 1 (stored plus 32); Q2_K's sub-block g
+    has scale g % 15 + 1 and minimum 15 - g."""
+    qs = np.full(64, 0x21, np.uint8)
+    g = np.arange(16)
+    if type_name == "Q2_K":
+        return np.concatenate([((g % 15 + 1) | (15 - g) << 4).astype(np.uint8), qs, np.array([d, dmin]).view(np.uint8)])
+    six = 4 * g + 1
+    scales = np.zeros(12, np.uint8)
+    for j in range(16):  # low nibbles in bytes 0-7 (j < 8 low, else high), top 2 bits in bytes 8-11
+        scales[j % 8] |= (six[j] & 15) << (4 * (j // 8))
+        scales[8 + j % 4] |= (six[j] >> 4) << (2 * (j // 4))
+    return np.concatenate([np.full(32, 0x55, np.uint8), qs, scales, np.array([d]).view(np.uint8)])
+
+
+def two_bit_values(type_name: str, d: np.float16, dmin: np.float16) -> np.ndarray:
+    """The 256 values of two_bit_block()'s block, as llama.cpp's layout reads them."""
+    i = np.arange(256)
+    q, g = np.array([1, 0, 2, 0])[i % 128 // 32], i // 16
+    if type_name == "Q2_K":
+        return np.float32(d) * (g % 15 + 1) * q - np.float32(dmin) * (15 - g)
+    third = i // 32 % 2 == 0  # hmask 0x55: bit k of every byte set for even k
+    return np.float32(d) * (4 * g + 1 - 32) * (q + 4 * third - 4)
+
+
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q5_K", "Q6_K", "Q3_K", "Q2_K"])
 def test_gguf_k_quants_dequantize_to_their_encoded_values(tmp_path, type_name):
     qtype = gguf.GGMLQuantizationType[type_name]
     raw, expected = k_quant_rows(type_name, rows=64)

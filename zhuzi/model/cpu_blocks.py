@@ -36,7 +36,8 @@ class BlockType:
 TYPES = {t.qtype: t for t in (
     BlockType(Q.Q4_0, 32, 18, 18), BlockType(Q.Q4_1, 32, 20, 20, "int4"), BlockType(Q.Q5_0, 32, 22, 22),
     BlockType(Q.Q5_1, 32, 24, 24), BlockType(Q.Q8_0, 32, 34, 34, "int8"), BlockType(Q.Q4_K, 256, 144, 148),
-    BlockType(Q.Q5_K, 256, 176, 180), BlockType(Q.Q6_K, 256, 210, 210))}
+    BlockType(Q.Q5_K, 256, 176, 180), BlockType(Q.Q6_K, 256, 210, 210),
+    BlockType(Q.Q3_K, 256, 110, 110), BlockType(Q.Q2_K, 256, 84, 84))}
 PACKED_FLAG = 0x100  # kernels/packed_layout.h's FLAG: a packed matrix's type id is FLAG | its ggml type
 _OUT = {torch.float32: 0, torch.bfloat16: 1}
 

@@ -54,6 +54,12 @@ static inline __m256i unit(const uint8_t* p, int u) {
     const __m256i ql = load32(b->ql + 64 * h + 32 * (t % 2)), qh = load32(b->qh + 32 * h);
     const __m256i lo = low4(t < 2 ? ql : _mm256_srli_epi16(ql, 4));
     return _mm256_or_si256(lo, _mm256_and_si256(shift(qh, 4 - 2 * t), _mm256_set1_epi8(0x30)));
+  } else if constexpr (std::is_same_v<F, Format<Q3_K>> || std::is_same_v<F, Format<Q2_K>>) {
+    constexpr bool Q3K = std::is_same_v<F, Format<Q3_K>>;
+    const uint8_t* qs = p + (Q3K ? 32 : 16);  // after Q3_K's hmask, Q2_K's scales
+    const __m256i q = _mm256_and_si256(shift(load32(qs + 32 * (u / 4)), -2 * (u % 4)), _mm256_set1_epi8(3));
+    if constexpr (Q3K) return _mm256_or_si256(q, _mm256_and_si256(shift(load32(p), 2 - u), _mm256_set1_epi8(4)));
+    return q;
   } else {  // Q4_K, Q5_K: qs and (Q5_K) qh end the block
     const uint8_t* qs = p + F::BYTES - 128;
     const __m256i v = load32(qs + 32 * (u / 2)), q = low4(u % 2 ? _mm256_srli_epi16(v, 4) : v);
@@ -90,11 +96,39 @@ static inline void row_scales(const uint8_t* const* row, int64_t at, const vi* o
   }
 }
 
+// row_ints() (below) for Q3_K and Q2_K.
+template <class F>
+static inline void two_bit_ints(const uint8_t* const* row, int64_t at, const vi* off, KScales& k) {
+  constexpr bool Q3K = std::is_same_v<F, blocks::Format<blocks::Q3_K>>;
+  for (int v = 0; v < V; ++v) {
+    // Q3_K: the 16 bytes ending at its fp16 d, scales[12] in words 1-3; Q2_K: its scales[16], a word each 4.
+    vu head[4];
+    words16(row + v * VL, at + (Q3K ? 92 : 0), head);
+    const auto byte = [&](int i) { return (head[i / 4 + Q3K] >> (8 * (i % 4))) & 255; };
+    if constexpr (Q3K) {
+      store_vf(halves((vu)gather(row[0] + at + 106, off[v]) >> 16), k.d + v * VL);
+      for (int g = 0; g < 16; ++g) {
+        const vi sc = (vi)(((byte(g % 8) >> (4 * (g / 8))) & 15) | ((byte(8 + g % 4) >> (2 * (g / 4))) & 3) << 4) - 32;
+        std::memcpy(k.sc[g] + v * VL, &sc, sizeof sc);
+      }
+    } else {
+      const vu w = (vu)gather(row[0] + at + 80, off[v]);  // fp16 d, dmin
+      store_vf(halves(w), k.d + v * VL), store_vf(halves(w >> 16), k.dmin + v * VL);
+      for (int g = 0; g < 16; ++g) {
+        const vu sc = byte(g) & 15, mn = byte(g) >> 4;
+        std::memcpy(k.sc[g] + v * VL, &sc, sizeof sc), std::memcpy(k.mn[g] + v * VL, &mn, sizeof mn);
+      }
+    }
+  }
+}
+
 // The integer scales of the K-quant block at byte `at` of every row of a row group: blocks.h's ints(), vectors over
 // the rows.
 template <class F>
 static inline void row_ints(const uint8_t* const* row, int64_t at, const vi* off, KScales& k) {
   constexpr bool Q6K = std::is_same_v<F, blocks::Format<blocks::Q6_K>>;
+  if constexpr (std::is_same_v<F, blocks::Format<blocks::Q3_K>> || std::is_same_v<F, blocks::Format<blocks::Q2_K>>)
+    return two_bit_ints<F>(row, at, off, k);
   for (int v = 0; v < V; ++v) {
     // The 16 bytes of scales (Q4_K, Q5_K: after fp16 d and dmin; Q6_K: its 16 int8 scales), a word of each row
     // per vector.
@@ -251,7 +285,7 @@ static void pass(const uint8_t* w, int64_t row_bytes, int rows, int64_t K, const
 template <class F, int P>
 static void k_pass(const uint8_t* w, int64_t row_bytes, int rows, int64_t K, const q8::Block* const* x,
                    float (*acc)[ROWS]) {
-  constexpr bool Q6K = std::is_same_v<F, blocks::Format<blocks::Q6_K>>;
+  constexpr bool SUB16 = F::SUB == 16;  // Q6_K, Q3_K, Q2_K: two sub-blocks a unit
   const uint8_t* row[ROWS];
   vi off[V];
   rows_of(w, row_bytes, rows, row, off);
@@ -272,8 +306,8 @@ static void k_pass(const uint8_t* w, int64_t row_bytes, int rows, int64_t K, con
 #pragma GCC unroll 8
         for (int u = 0; u < 8; ++u) {
           const __m256i c = unit<F>(b, u);
-          // The unit's scales as int16 words: Q6_K's sub-blocks 2u and 2u + 1 in its two 128-bit halves.
-          const __m256i sc = Q6K ? _mm256_set_m128i(_mm_set1_epi16(int16_t(k.sc[2 * u + 1][at])),
+          // The unit's scales as int16 words: sub-blocks 2u and 2u + 1 of 16 inputs in its two 128-bit halves.
+          const __m256i sc = SUB16 ? _mm256_set_m128i(_mm_set1_epi16(int16_t(k.sc[2 * u + 1][at])),
                                                     _mm_set1_epi16(int16_t(k.sc[2 * u][at])))
                                  : _mm256_set1_epi16(int16_t(k.sc[u][at]));
           for (int p = 0; p < P; ++p)
@@ -286,8 +320,8 @@ static void k_pass(const uint8_t* w, int64_t row_bytes, int rows, int64_t K, con
       i8::I32 t[2][V], is[V];
       transpose(f[p], t);
       for (int v = 0; v < V; ++v) {
-        vi offset = {};  // Q6_K: sum_g sc_g sum_g, which times -32 takes its codes' offset off
-        if constexpr (Q6K)
+        vi offset = {};  // Q6_K, Q3_K: sum_g sc_g sum_g, which times -OFF takes their codes' offset off
+        if constexpr (F::OFF != 0)
           for (int g = 0; g < 16; ++g) offset += load_vi(k.sc[g] + v * VL) * block_dot::sub_block_sum<F>(xb[p], g);
         is[v] = (i8::I32)((vi)t[0][v] + (vi)t[1][v] - F::OFF * offset);
       }

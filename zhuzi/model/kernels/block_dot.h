@@ -8,7 +8,8 @@
 // - 32-blocks (activations quantized per 32): per sub-block, acc += s (a d) + b (d sum), block_prefill::accumulate().
 // - K-quants (activations quantized per 256, q8.h's span, as llama.cpp's q8_K): the sub-block scales are
 //   applied as integers, is = sum_g sc_g s_g, Q6_K taking its -32 off through the activations' code sums
-//   (s_g - 32 sum_g), and the minimums meet those sums too, im = sum_j mn_j sum_j. A super-block of 256 inputs
+//   (s_g - 32 sum_g; Q3_K its -4 alike), and the minimums meet those sums too, im = sum_j mn_j sum_j (per 32
+//   inputs for Q4_K / Q5_K, per 16 for Q2_K). A super-block of 256 inputs
 //   then costs one float multiply-add, two with minimums: super(). |is| < 2^29 for any codes: no overflow.
 #pragma once
 #include "blocks.h"
@@ -59,12 +60,12 @@ static float row(const uint8_t* w, const q8::Block* x, const q8::Sums* ds, int64
     for (int i = 0; i < F::QK; ++i)
       s[i / F::SUB] += (F::SIGNED ? int32_t(int8_t(q[i])) : int32_t(q[i])) * xb[i / 32].q[i % 32];
     if constexpr (F::QK == 256) {
-      int32_t sc[16], mn[8], is = 0, im = 0;
+      int32_t sc[16], mn[16], is = 0, im = 0;
       float d, dmin;
       F::ints(p, sc, mn, d, dmin);
       for (int g = 0; g < SUBS; ++g) is = sub_block<F>(is, s[g], sc[g], sub_block_sum<F>(xb, g));
       if constexpr (F::MIN)
-        for (int j = 0; j < 8; ++j) im += mn[j] * sub_block_sum<F>(xb, j);
+        for (int j = 0; j < SUBS; ++j) im += mn[j] * sub_block_sum<F>(xb, j);
       acc = super<F>(acc, is, im, d * xb[0].d, -(dmin * xb[0].d));
     } else {  // block_prefill::accumulate(), one lane
       const float d = xb[0].d, dsum = ds[blk][2];

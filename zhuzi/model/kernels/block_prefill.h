@@ -43,18 +43,22 @@ struct Part {
 // A K-quant super-block's integer scales (blocks.h's ints()) for each of a row group's rows.
 struct KScales {
   alignas(64) int32_t sc[16][ROWS];
-  alignas(64) int32_t mn[8][ROWS];
+  alignas(64) int32_t mn[16][ROWS];  // per sub-block: 8 of Q4_K / Q5_K, 16 of Q2_K
   alignas(64) float d[ROWS];
   alignas(64) float dmin[ROWS];
 };
 
 // How many quads of int8 products (4 inputs each) can add up their maddubs pair sums in int16 (AVX2 without
-// VNNI) before one could overflow: a word is at most 2 * CMAX * 127 for a K-quant's codes up to CMAX.
+// VNNI) before one could overflow: a word is at most 2 * CMAX * 127 for a K-quant's codes up to CMAX. A run ends
+// with its sub-block at the latest (SUB / 4 quads).
 template <class F>
 constexpr int i16_run() {
-  constexpr int CMAX = std::is_same_v<F, blocks::Format<blocks::Q6_K>> ? 63
-                       : std::is_same_v<F, blocks::Format<blocks::Q5_K>> ? 31 : 15;
-  return 32767 / (2 * CMAX * 127);
+  using namespace blocks;
+  constexpr int CMAX = std::is_same_v<F, Format<Q6_K>> ? 63 : std::is_same_v<F, Format<Q5_K>> ? 31
+                       : std::is_same_v<F, Format<Q3_K>> ? 7 : std::is_same_v<F, Format<Q2_K>> ? 3 : 15;
+  constexpr int RUN = std::min(32767 / (2 * CMAX * 127), F::SUB / 4);
+  static_assert(F::SUB / 4 % RUN == 0, "a sub-block is whole runs");
+  return RUN;
 }
 
 struct Decoded {
@@ -146,7 +150,7 @@ static inline void k_super(vf* sums, const i8::I32* is, const KScales& k, const 
   for (int v = 0; v < V; ++v) {
     vi im = {};
     if constexpr (F::MIN)
-      for (int j = 0; j < 8; ++j) im += load_vi(k.mn[j] + v * VL) * block_dot::sub_block_sum<F>(xb, j);
+      for (int j = 0; j < DECODE_K / F::SUB; ++j) im += load_vi(k.mn[j] + v * VL) * block_dot::sub_block_sum<F>(xb, j);
     sums[v] = block_dot::super<F>(sums[v], (vi)is[v], im, load_vf(k.d + v * VL) * dx, -(load_vf(k.dmin + v * VL) * dx));
   }
 }
@@ -157,7 +161,8 @@ static inline void k_super(vf* sums, const i8::I32* is, const KScales& k, const 
 // the rows' sub-block scales in one madd. The per-32 terms, the minimums' im = sum_j mn_j sum_j and Q6_K's
 // offset sum_g sc_g sum_g (its -32 taken off once per super-block, as llama.cpp does), are int16 pair dots
 // too: a block's coefficient pair meets its two 16-input code sums (q8::Block::sum, one word each) in one
-// madd, in place of a 32-bit multiply (two uops) per sub-block or minimum.
+// madd, in place of a 32-bit multiply (two uops) per sub-block or minimum. Q3_K's -4 goes as Q6_K's -32, Q2_K's
+// minimums per 16 inputs as a pair of coefficients.
 namespace runs {
 
 // Each lane's int32 value (within int16) in both of its words, or lo's in the low word and hi's in the high.
@@ -178,13 +183,14 @@ static inline void quad(__m256i& run, __m256i& is, __m256i codes, __m256i x4, __
   if ((j + 1) % RUN == 0) is = _mm256_add_epi32(is, _mm256_madd_epi16(run, sc16));
 }
 
-// term += block b's coefficient pair (scale(g), minimum(j): int32 lanes over the rows) times the activation
-// block's two code sums.
+// term += block b's coefficient pair (scale(g), minimum(j): int32 lanes over the rows, of the sub-blocks in the
+// block) times the activation block's two code sums.
 template <class F, class Scale, class Minimum>
 static inline __m256i block_term(__m256i term, Scale scale, Minimum minimum, int b, const q8::Block& xb) {
   int32_t sums;
   std::memcpy(&sums, xb.sum, 4);
-  const __m256i c = F::MIN ? both_words(minimum(b)) : pair_words(scale(2 * b), scale(2 * b + 1));
+  const auto coefficient = [&](int g) { return F::MIN ? minimum(g) : scale(g); };
+  const __m256i c = F::SUB == 32 ? both_words(coefficient(b)) : pair_words(coefficient(2 * b), coefficient(2 * b + 1));
   return _mm256_add_epi32(term, _mm256_madd_epi16(c, _mm256_set1_epi32(sums)));
 }
 
@@ -239,7 +245,7 @@ static void decode(const uint8_t* w, int64_t row_bytes, int rows, int64_t k0, in
     if (r >= rows) {
       std::memset(q[r], 0, n);
       for (int g = 0; g < DECODE_K / 16; ++g) t.a[g][r] = t.b[g][r] = 0.f, t.k.sc[g][r] = 0;
-      for (int j = 0; j < 8; ++j) t.k.mn[j][r] = 0;
+      for (int j = 0; j < 16; ++j) t.k.mn[j][r] = 0;
       t.k.d[r] = t.k.dmin[r] = 0.f;
       continue;
     }
@@ -248,11 +254,11 @@ static void decode(const uint8_t* w, int64_t row_bytes, int rows, int64_t k0, in
       float a[SUBS], b[SUBS];
       F::decode(src + blk * F::BYTES, q[r] + blk * F::QK, a, b);
       if constexpr (F::QK == DECODE_K) {
-        int32_t sc[16], mn[8];
+        int32_t sc[16], mn[16];
         F::ints(src, sc, mn, t.k.d[r], t.k.dmin[r]);
         for (int g = 0; g < SUBS; ++g) t.k.sc[g][r] = sc[g];
         if constexpr (F::MIN)
-          for (int j = 0; j < 8; ++j) t.k.mn[j][r] = mn[j];
+          for (int j = 0; j < SUBS; ++j) t.k.mn[j][r] = mn[j];
         continue;
       }
       for (int g = 0; g < SUBS; ++g) t.a[blk * SUBS + g][r] = a[g];

@@ -10,6 +10,8 @@
 //   Q4_K 256  144    fp16 d, fp16 dmin, scales[12], qs[128]           (d sc_j) q_i - dmin mn_j    (j = i / 32)
 //   Q5_K 256  176    fp16 d, fp16 dmin, scales[12], qh[32], qs[128]   as Q4_K, q_i of 5 bits
 //   Q6_K 256  210    ql[128], qh[64], int8 scales[16], fp16 d         (d scales[i / 16]) (q_i - 32)
+//   Q3_K 256  110    hmask[32], qs[64], scales[12], fp16 d            (d (sc_g - 32)) (q_i - 4)   (g = i / 16)
+//   Q2_K 256   84    scales[16], qs[64], fp16 d, fp16 dmin            (d sc_g) q_i - dmin mn_g
 //
 // 32-blocks: q_i's low 4 bits are the low nibble of qs[i] for i < 16, the high nibble of qs[i - 16]
 // otherwise; Q5's fifth bit is bit i of qh (little-endian 32 bits).
@@ -21,8 +23,12 @@
 // Q6_K: two halves of 128; in half h, weight 128h + 32t + l takes its low 4 bits from ql[64h + l] (t = 0: low
 // nibble, t = 2: high) or ql[64h + 32 + l] (t = 1: low, t = 3: high), and its top 2 bits from
 // (qh[32h + l] >> 2t) & 3.
+// Q3_K, Q2_K: 2-bit codes, 128 weights sharing 32 bytes of qs: weight 128h + 32t + l takes (qs[32h + l] >> 2t) & 3.
+// Q3_K's third bit of weight 32k + l is bit k of hmask[l]. Its 16 scales are 6 bits, stored plus 32: the low 4
+// bits of sc_g are the low nibble of scales[g] for g < 8, the high one of scales[g - 8] otherwise, its top 2
+// bits are (scales[8 + g % 4] >> 2 (g / 4)) & 3. Q2_K's scales[g] holds sc_g in its low nibble, mn_g in its high.
 //
-// K-quants (QK = 256) also give their sub-block scales as integers (ints(): sc per sub-block, mn per 32, the fp16
+// K-quants (QK = 256) also give their sub-block scales as integers (ints(): sc and mn per sub-block, the fp16
 // d and dmin), which the dot products apply in the integer domain (block_dot.h).
 //
 // Each Format decodes a block into its codes q (one byte a weight; Q8_0's are signed), and per sub-block of
@@ -34,7 +40,10 @@
 
 namespace blocks {
 
-enum Type : int32_t { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
+enum Type : int32_t {
+  Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14,
+  Q2_K = 10, Q3_K = 11,
+};
 
 struct BQ4_0 { uint16_t d; uint8_t qs[16]; };
 struct BQ4_1 { uint16_t d, m; uint8_t qs[16]; };
@@ -46,6 +55,9 @@ struct BQ5_K { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[32]; uint8_t qs[
 struct BQ6_K { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; uint16_t d; };
 static_assert(sizeof(BQ4_0) == 18 && sizeof(BQ4_1) == 20 && sizeof(BQ5_0) == 22 && sizeof(BQ5_1) == 24, "");
 static_assert(sizeof(BQ8_0) == 34 && sizeof(BQ4_K) == 144 && sizeof(BQ5_K) == 176 && sizeof(BQ6_K) == 210, "");
+struct BQ3_K { uint8_t hmask[32]; uint8_t qs[64]; uint8_t scales[12]; uint16_t d; };
+struct BQ2_K { uint8_t scales[16]; uint8_t qs[64]; uint16_t d, dmin; };
+static_assert(sizeof(BQ3_K) == 110 && sizeof(BQ2_K) == 84, "");
 
 // A 32-block's 4-bit codes (and Q5's fifth bits), in vector registers of any width (GCC vectors).
 typedef uint8_t v16b __attribute__((vector_size(16)));
@@ -202,6 +214,55 @@ template <> struct Format<Q6_K> {
   }
 };
 
+// Q3_K and Q2_K: 2-bit codes, and Q3_K's third bits and 6-bit scales (sub-blocks of 16 weights).
+static inline void two_bit_codes(const uint8_t* qs, uint8_t* q) {
+  for (int h = 0; h < 2; ++h)
+    for (int t = 0; t < 4; ++t)
+      for (int l = 0; l < 32; ++l) q[128 * h + 32 * t + l] = (qs[32 * h + l] >> (2 * t)) & 3;
+}
+static inline int32_t q3k_scale(const uint8_t* s, int g) {
+  return int32_t(((s[g % 8] >> (4 * (g / 8))) & 15) | ((s[8 + g % 4] >> (2 * (g / 4))) & 3) << 4) - 32;
+}
+template <> struct Format<Q3_K> {
+  static constexpr int QK = 256, BYTES = 110, SUB = 16, OFF = 4;
+  static constexpr bool MIN = false, SIGNED = false;
+  static void decode(const void* p, uint8_t* q, float* a, float*) {
+    const auto* b = static_cast<const BQ3_K*>(p);
+    two_bit_codes(b->qs, q);
+    for (int k = 0; k < 8; ++k)
+      for (int l = 0; l < 32; ++l) q[32 * k + l] |= ((b->hmask[l] >> k) & 1) << 2;
+    scales(p, a, nullptr);
+  }
+  static void scales(const void* p, float* a, float*) {
+    const auto* b = static_cast<const BQ3_K*>(p);
+    const float d = half_to_float(b->d);
+    for (int g = 0; g < 16; ++g) a[g] = d * float(q3k_scale(b->scales, g));
+  }
+  static void ints(const void* p, int32_t* sc, int32_t*, float& d, float& dmin) {
+    const auto* b = static_cast<const BQ3_K*>(p);
+    for (int g = 0; g < 16; ++g) sc[g] = q3k_scale(b->scales, g);
+    d = half_to_float(b->d), dmin = 0.f;
+  }
+};
+template <> struct Format<Q2_K> {
+  static constexpr int QK = 256, BYTES = 84, SUB = 16, OFF = 0;
+  static constexpr bool MIN = true, SIGNED = false;
+  static void decode(const void* p, uint8_t* q, float* a, float* off) {
+    two_bit_codes(static_cast<const BQ2_K*>(p)->qs, q);
+    scales(p, a, off);
+  }
+  static void scales(const void* p, float* a, float* off) {
+    const auto* b = static_cast<const BQ2_K*>(p);
+    const float d = half_to_float(b->d), dmin = half_to_float(b->dmin);
+    for (int g = 0; g < 16; ++g) a[g] = d * float(b->scales[g] & 15), off[g] = -(dmin * float(b->scales[g] >> 4));
+  }
+  static void ints(const void* p, int32_t* sc, int32_t* mn, float& d, float& dmin) {
+    const auto* b = static_cast<const BQ2_K*>(p);
+    for (int g = 0; g < 16; ++g) sc[g] = b->scales[g] & 15, mn[g] = b->scales[g] >> 4;
+    d = half_to_float(b->d), dmin = half_to_float(b->dmin);
+  }
+};
+
 // The QK weights of one block, as gguf computes them, from what decode(q, a, b) gives (F::decode()'s outputs).
 template <class F, typename Decode>
 static inline void values(float* y, Decode decode) {
@@ -231,6 +292,8 @@ static bool with_format(int type, Fn fn) {
     case Q4_K: fn(Format<Q4_K>{}); return true;
     case Q5_K: fn(Format<Q5_K>{}); return true;
     case Q6_K: fn(Format<Q6_K>{}); return true;
+    case Q3_K: fn(Format<Q3_K>{}); return true;
+    case Q2_K: fn(Format<Q2_K>{}); return true;
     default: return false;
   }
 }

@@ -52,17 +52,20 @@ static inline vf halves(const uint8_t* p) {  // VL IEEE halves -> floats, exactl
 }
 
 // A sub-block's codes, 8 inputs of every row a pair: pair j's first and second 4 inputs (nibbles, with Q5's fifth
-// bits; Q6_K's whole codes; Q8_0's bytes as stored).
+// bits; Q6_K's whole codes; Q8_0's bytes as stored; Q3_K's and Q2_K's 2 bits, with Q3_K's third).
 template <class F>
 struct Codes {
   static constexpr int PAIRS = F::SUB / 8;
   static constexpr int STRIDE = (BYTE_CODES<F> ? 2 : 1) * ROWS * 4;  // bytes from a pair to the next
-  static constexpr int SUB_BYTES = Q6K<F> ? 3 * ROWS * 4 : PAIRS * STRIDE;  // bytes of a sub-block's codes
+  // bytes of a sub-block's codes
+  static constexpr int SUB_BYTES = Q6K<F> ? 3 * ROWS * 4 : TWO_BIT<F> ? ROWS * 4 : PAIRS * STRIDE;
   const uint8_t* lanes;  // the sub-block's first pair, at a vector's first row
   vb top;
   vb q6[4];  // Q6_K: the sub-block's 4 quads
+  int first = 0;  // Q3_K: the sub-block's first quad in its 32 inputs' top bits
   Codes(const uint8_t* p, int g, int v) : lanes(p + Layout<F>::CODES + g * SUB_BYTES + v * i8::LANES * 4) {
     top = FIFTH<F> ? load_vb(p + Layout<F>::TOP + (g * ROWS + v * i8::LANES) * 4) : vb{};
+    if constexpr (Q3K<F>) top = load_vb(p + Layout<F>::TOP + (g / 2 * ROWS + v * i8::LANES) * 4), first = 4 * (g % 2);
     if constexpr (Q6K<F>) {
       // Three vectors hold quads 0-2 in their low 6 bits and quad 3's code, 2 bits each, in their top 2: eleven
       // operations for 4 quads, where nibbles and a vector of top bits took seventeen.
@@ -74,6 +77,13 @@ struct Codes {
   void pair(int j, i8::B8& lo, i8::B8& hi) const {
     if constexpr (Q6K<F>) {
       lo = (i8::B8)q6[2 * j], hi = (i8::B8)q6[2 * j + 1];
+      return;
+    }
+    if constexpr (TWO_BIT<F>) {  // quads 2j and 2j + 1 at bits 4j and 4j + 2; Q3_K's third bits to bit 2
+      const vb raw = load_vb(lanes);
+      vb l = shift(raw, -4 * j) & 3, h = shift(raw, -4 * j - 2) & 3;
+      if constexpr (Q3K<F>) l |= shift(top, 2 - first - 2 * j) & 4, h |= shift(top, 1 - first - 2 * j) & 4;
+      lo = (i8::B8)l, hi = (i8::B8)h;
       return;
     }
     const vb raw = load_vb(lanes + j * STRIDE);
@@ -103,6 +113,23 @@ static inline void dot_pair(i8::I32* s, i8::B8 lo, i8::B8 hi, const q8::Block* c
   }
 }
 
+// A K-quant sub-block g's scales (Q3_K: less 32) and minimums j for the rows of vector v of packed unit p, as int32
+// lanes: blocks.h's ints() over the rows.
+template <class F>
+static inline vi scale_lanes(const uint8_t* p, int g, int v) {
+  const uint8_t* s = p + Layout<F>::SC + v * VL;  // byte i of each row's scales at s + i * ROWS
+  if constexpr (Q2K<F>) return widen_lanes<false>(s + g * ROWS) & 15;
+  if constexpr (Q3K<F>)
+    return (((widen_lanes<false>(s + g % 8 * ROWS) >> (4 * (g / 8))) & 15)
+            | ((widen_lanes<false>(s + (8 + g % 4) * ROWS) >> (2 * (g / 4))) & 3) << 4) - 32;
+  return widen_lanes<Q6K<F>>(s + g * ROWS);
+}
+template <class F>
+static inline vi minimum_lanes(const uint8_t* p, int j, int v) {
+  if constexpr (Q2K<F>) return widen_lanes<false>(p + Layout<F>::SC + j * ROWS + v * VL) >> 4;
+  return widen_lanes<false>(p + Layout<F>::MN + j * ROWS + v * VL);
+}
+
 // How far ahead of the unit in use a row group's stream is fetched into L2: the hardware prefetchers alone
 // leave a decode step well below the read bandwidth (docs/benchmarks.md). A prefetch past the matrix's end
 // never faults.
@@ -128,7 +155,6 @@ static inline void fetch_ahead(const uint8_t* p, int g) {
 // the path.
 template <class F, int P>
 static inline void integer_sums(const uint8_t* p, const q8::Block* const* x, i8::I32 (*is)[V], i8::I32 (*im)[V]) {
-  using L = Layout<F>;
 #if ZHUZI_AVX2 && !ZHUZI_AVXVNNI
   if constexpr (P <= 2) {
     constexpr int RUN = block_prefill::i16_run<F>();
@@ -137,7 +163,7 @@ static inline void integer_sums(const uint8_t* p, const q8::Block* const* x, i8:
       fetch_ahead<F>(p, g);
       for (int v = 0; v < V; ++v) {
         const Codes<F> codes(p, g, v);
-        const __m256i sc16 = block_prefill::runs::both_words(widen_lanes<Q6K<F>>(p + L::SC + g * ROWS + v * VL));
+        const __m256i sc16 = block_prefill::runs::both_words(scale_lanes<F>(p, g, v));
         __m256i run[P];
         for (int j = 0; j < Codes<F>::PAIRS; ++j) {
           i8::B8 lo, hi;
@@ -152,8 +178,8 @@ static inline void integer_sums(const uint8_t* p, const q8::Block* const* x, i8:
       }
     }
     for (int v = 0; v < V; ++v) {
-      const auto scale = [&](int g) { return widen_lanes<true>(p + L::SC + g * ROWS + v * VL); };
-      const auto minimum = [&](int j) { return widen_lanes<false>(p + L::MN + j * ROWS + v * VL); };
+      const auto scale = [&](int g) { return scale_lanes<F>(p, g, v); };
+      const auto minimum = [&](int j) { return minimum_lanes<F>(p, j, v); };
       for (int m = 0; m < P; ++m) {
         __m256i term = i8::zero();
         for (int b = 0; b < 8; ++b) term = block_prefill::runs::block_term<F>(term, scale, minimum, b, x[m][b]);
@@ -175,18 +201,19 @@ static inline void integer_sums(const uint8_t* p, const q8::Block* const* x, i8:
         codes.pair(j, lo, hi);
         dot_pair<F, P>(s, lo, hi, x, g * F::SUB + 8 * j);
       }
-      const vi sc = widen_lanes<Q6K<F>>(p + L::SC + g * ROWS + v * VL);
+      const vi sc = scale_lanes<F>(p, g, v);
       for (int m = 0; m < P; ++m)
         is[m][v] = (i8::I32)block_dot::sub_block<F>((vi)is[m][v], (vi)s[m], sc, block_dot::sub_block_sum<F>(x[m], g));
     }
   }
   if constexpr (F::MIN)
     for (int v = 0; v < V; ++v) {
-      vi mn[8];
-      for (int j = 0; j < 8; ++j) mn[j] = widen_lanes<false>(p + L::MN + j * ROWS + v * VL);
+      constexpr int SUBS = 256 / F::SUB;
+      vi mn[SUBS];
+      for (int j = 0; j < SUBS; ++j) mn[j] = minimum_lanes<F>(p, j, v);
       for (int m = 0; m < P; ++m) {
         vi t = {};
-        for (int j = 0; j < 8; ++j) t += mn[j] * block_dot::sub_block_sum<F>(x[m], j);
+        for (int j = 0; j < SUBS; ++j) t += mn[j] * block_dot::sub_block_sum<F>(x[m], j);
         im[m][v] = (i8::I32)t;
       }
     }
@@ -288,7 +315,7 @@ static auto decoder(const uint8_t* w) {
             std::memcpy(t.codes[quad][v * i8::LANES], &lo, sizeof lo);
             std::memcpy(t.codes[quad + 1][v * i8::LANES], &hi, sizeof hi);
           }
-          if constexpr (F::QK == 256) store_vi(widen_lanes<Q6K<F>>(p + L::SC + g * ROWS + v * VL), t.k.sc[g] + v * VL);
+          if constexpr (F::QK == 256) store_vi(scale_lanes<F>(p, g, v), t.k.sc[g] + v * VL);
         }
       for (int v = 0; v < V; ++v) {
         const vf d = halves(p + L::D + 2 * v * VL), m = F::MIN ? halves(p + L::DMIN + 2 * v * VL) : vf{};
@@ -300,7 +327,7 @@ static auto decoder(const uint8_t* w) {
         store_vf(d, t.k.d + v * VL);
         if constexpr (F::MIN) {
           store_vf(m, t.k.dmin + v * VL);
-          for (int j = 0; j < 8; ++j) store_vi(widen_lanes<false>(p + L::MN + j * ROWS + v * VL), t.k.mn[j] + v * VL);
+          for (int j = 0; j < SUBS; ++j) store_vi(minimum_lanes<F>(p, j, v), t.k.mn[j] + v * VL);
         }
       }
     }

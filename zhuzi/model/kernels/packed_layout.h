@@ -6,18 +6,24 @@
 // no horizontal sum (llama.cpp's "x8" repacked layouts are the same idea over 8 rows). A group is one
 // contiguous stream, every group after the last. The layout is the same for every variant (only the vector
 // width differs), and a group holds 16 rows of exactly the bytes of the file, bar Q4_K's and Q5_K's scales,
-// unpacked from 6 to 8 bits (148 and 180 bytes a row and super-block in place of 144 and 176).
+// unpacked from 6 to 8 bits (148 and 180 bytes a row and super-block in place of 144 and 176). Q3_K's and Q2_K's
+// scale bytes stay as the file packs them, decoded as the codes are read: widened, they would cost a 3-bit row
+// 4 % more bytes, a 2-bit one 19 %.
 //
 // A packed unit of 16 rows (r: row, b < 4: byte of a lane), codes as blocks.h decodes them (cpu_blocks.TYPES
 // has each type's bytes a row and block, packed or not):
 //   4- and 5-bit codes  codes[pairs][16][4]  pair p: low nibble = code of input 8p + b, high = input 8p + 4 + b
 //   Q8_0                codes[8][16][4]      quad q: input 4q + b, as stored (signed)
 //   Q5_0, Q5_1, Q5_K    top[subs][16][4]     per 32 inputs: bits 2p, 2p + 1 = the fifth bits of pair p's codes
+//   Q3_K, Q2_K          codes[16][16][4]     sub-block g (16 inputs): bits 2k, 2k + 1 = code of 16g + 4k + b
+//   Q3_K                top[8][16][4]        per 32 inputs (c): bit k = the third bit of the code of 32c + 4k + b
 //   Q6_K                codes[16][3][16][4]  sub-block g (16 inputs), vector k < 3: bits 0-5 = code of 16g + 4k + b,
 //                                            bits 6, 7 = bits 2k, 2k + 1 of the code of 16g + 12 + b
 //   Q4_K  sc[8][16], mn[8][16] (uint8), d[16], dmin[16] (fp16), then the codes            2,368 bytes
 //   Q5_K  as Q4_K, then the top bits, then the codes                                       2,880 bytes
 //   Q6_K  sc[16][16] (int8), d[16] (fp16), then the codes                                  3,360 bytes
+//   Q3_K  scales[12][16] (the file's bytes), d[16] (fp16), then the top bits, the codes    1,760 bytes
+//   Q2_K  scales[16][16] (the file's bytes), d[16], dmin[16] (fp16), then the codes        1,344 bytes
 //   32-blocks  the codes (and top bits), then d[16] (fp16), and for Q4_1, Q5_1 m[16]   16 times the file's block
 //
 // A K-quant unit's scales come before its codes, so that a row group's reads go one way through memory (with
@@ -45,6 +51,8 @@ template <> struct Layout<Format<blocks::Q4_1>> { static constexpr int BYTES = 2
 template <> struct Layout<Format<blocks::Q5_0>> { static constexpr int BYTES = 22, CODES = 0, TOP = 256, SC = 0, MN = 0, D = 320, DMIN = 0; };
 template <> struct Layout<Format<blocks::Q5_1>> { static constexpr int BYTES = 24, CODES = 0, TOP = 256, SC = 0, MN = 0, D = 320, DMIN = 352; };
 template <> struct Layout<Format<blocks::Q8_0>> { static constexpr int BYTES = 34, CODES = 0, TOP = 0, SC = 0, MN = 0, D = 512, DMIN = 0; };
+template <> struct Layout<Format<blocks::Q3_K>> { static constexpr int BYTES = 110, CODES = 736, TOP = 224, SC = 0, MN = 0, D = 192, DMIN = 0; };
+template <> struct Layout<Format<blocks::Q2_K>> { static constexpr int BYTES = 84, CODES = 320, TOP = 0, SC = 0, MN = 0, D = 256, DMIN = 288; };
 
 // Calls fn(Format<T>{}) for a packed type (FLAG | T); false for any other.
 template <typename Fn>
@@ -59,6 +67,8 @@ static bool with_format(int type, Fn fn) {
     case FLAG | Q4_K: fn(Format<Q4_K>{}); return true;
     case FLAG | Q5_K: fn(Format<Q5_K>{}); return true;
     case FLAG | Q6_K: fn(Format<Q6_K>{}); return true;
+    case FLAG | Q3_K: fn(Format<Q3_K>{}); return true;
+    case FLAG | Q2_K: fn(Format<Q2_K>{}); return true;
     default: return false;
   }
 }
@@ -84,10 +94,63 @@ template <class F> constexpr bool Q6K = std::is_same_v<F, Format<blocks::Q6_K>>;
 template <class F>
 constexpr bool FIFTH = std::is_same_v<F, Format<blocks::Q5_0>> || std::is_same_v<F, Format<blocks::Q5_1>>
                        || std::is_same_v<F, Format<blocks::Q5_K>>;
+template <class F> constexpr bool Q3K = std::is_same_v<F, Format<blocks::Q3_K>>;
+template <class F> constexpr bool Q2K = std::is_same_v<F, Format<blocks::Q2_K>>;
+template <class F> constexpr bool TWO_BIT = Q3K<F> || Q2K<F>;
+
+// Where Q3_K's and Q2_K's scale bytes and fp16 d lie in the file's block.
+template <class F> constexpr int SCALES = Q3K<F> ? 12 : 16;
+template <class F> constexpr int SCALES_AT = Q3K<F> ? 96 : 0;
+template <class F> constexpr int D_AT = Q3K<F> ? 108 : 80;
+
+// pack() for Q3_K and Q2_K.
+template <class F>
+static void pack_two_bit(const uint8_t* src, int64_t row_bytes, uint8_t* out) {
+  using L = Layout<F>;
+  for (int r = 0; r < ROWS; ++r) {
+    const uint8_t* b = src + r * row_bytes;
+    uint8_t q[256];
+    float a[16], off[16];
+    F::decode(b, q, a, off);
+    for (int g = 0; g < 16; ++g)
+      for (int i = 0; i < 4; ++i) {
+        uint8_t c = 0;
+        for (int k = 0; k < 4; ++k) c |= uint8_t((q[16 * g + 4 * k + i] & 3) << (2 * k));
+        out[L::CODES + (g * ROWS + r) * 4 + i] = c;
+      }
+    for (int c = 0; c < 8 && Q3K<F>; ++c)
+      for (int i = 0; i < 4; ++i) {
+        uint8_t t = 0;
+        for (int k = 0; k < 8; ++k) t |= uint8_t((q[32 * c + 4 * k + i] >> 2) << k);
+        out[L::TOP + (c * ROWS + r) * 4 + i] = t;
+      }
+    for (int i = 0; i < SCALES<F>; ++i) out[L::SC + i * ROWS + r] = b[SCALES_AT<F> + i];
+    std::memcpy(out + L::D + 2 * r, b + D_AT<F>, 2);
+    if constexpr (F::MIN) std::memcpy(out + L::DMIN + 2 * r, b + D_AT<F> + 2, 2);
+  }
+}
+
+// decode() for Q3_K and Q2_K: the codes, and the scales from the file's fields of the row, put back in a block.
+template <class F>
+static void decode_two_bit(const uint8_t* p, int r, uint8_t* q, float* a, float* b) {
+  using L = Layout<F>;
+  for (int g = 0; g < 16; ++g)
+    for (int i = 0; i < 4; ++i)
+      for (int k = 0; k < 4; ++k) q[16 * g + 4 * k + i] = (p[L::CODES + (g * ROWS + r) * 4 + i] >> (2 * k)) & 3;
+  for (int c = 0; c < 8 && Q3K<F>; ++c)
+    for (int i = 0; i < 4; ++i)
+      for (int k = 0; k < 8; ++k) q[32 * c + 4 * k + i] |= ((p[L::TOP + (c * ROWS + r) * 4 + i] >> k) & 1) << 2;
+  uint8_t block[F::BYTES] = {};
+  for (int i = 0; i < SCALES<F>; ++i) block[SCALES_AT<F> + i] = p[L::SC + i * ROWS + r];
+  std::memcpy(block + D_AT<F>, p + L::D + 2 * r, 2);
+  if constexpr (F::MIN) std::memcpy(block + D_AT<F> + 2, p + L::DMIN + 2 * r, 2);
+  F::scales(block, a, b);
+}
 
 // 16 rows of unit blocks (row r's at src + r * row_bytes) -> one packed unit at out.
 template <class F>
 static void pack(const uint8_t* src, int64_t row_bytes, uint8_t* out) {
+  if constexpr (TWO_BIT<F>) return pack_two_bit<F>(src, row_bytes, out);
   using L = Layout<F>;
   uint8_t* codes = out + L::CODES;
   for (int r = 0; r < ROWS; ++r) {
@@ -111,7 +174,7 @@ static void pack(const uint8_t* src, int64_t row_bytes, uint8_t* out) {
           out[L::TOP + (p / 4 * ROWS + r) * 4 + i] |= uint8_t((lo >> 4) << (2 * (p % 4)) | (hi >> 4) << (2 * (p % 4) + 1));
       }
     if constexpr (F::QK == 256) {
-      int32_t sc[16], mn[8];
+      int32_t sc[16], mn[16];
       float d, dmin;
       F::ints(b, sc, mn, d, dmin);
       for (int g = 0; g < 256 / F::SUB; ++g) out[L::SC + g * ROWS + r] = uint8_t(sc[g]);
@@ -129,6 +192,7 @@ static void pack(const uint8_t* src, int64_t row_bytes, uint8_t* out) {
 // Row r of a packed unit p, as F::decode() gives it from the file's block: codes q, scales a, offsets b.
 template <class F>
 static void decode(const uint8_t* p, int r, uint8_t* q, float* a, float* b) {
+  if constexpr (TWO_BIT<F>) return decode_two_bit<F>(p, r, q, a, b);
   using L = Layout<F>;
   const uint8_t* codes = p + L::CODES;
   if constexpr (Q6K<F>)

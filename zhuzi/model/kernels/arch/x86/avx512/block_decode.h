@@ -64,6 +64,17 @@ static inline __m512i pair(const uint8_t* p, int u) {
     __m512i c[2];
     four_q6k(p, u / 4, c);
     return u % 4 ? c[1] : c[0];
+  } else if constexpr (std::is_same_v<F, Format<Q3_K>> || std::is_same_v<F, Format<Q2_K>>) {
+    // 2-bit codes u and u + 1 of qs[32 (u / 4) ..+ 32]; Q3_K's third bits u and u + 1 of hmask[l], moved to bit 2
+    constexpr bool Q3K = std::is_same_v<F, Format<Q3_K>>;
+    const __m512i v = twice(p + (Q3K ? 32 : 16) + 32 * (u / 4)), up = _mm512_mask_srli_epi16(v, HIGH, v, 2);
+    const __m512i q = _mm512_and_si512(_mm512_srli_epi16(up, 2 * (u % 4)), _mm512_set1_epi8(3));
+    if constexpr (Q3K) {
+      const __m512i hm = twice(p);
+      const __m512i at2 = _mm512_mask_slli_epi16(shift512(hm, 2 - u), HIGH, shift512(hm, 1 - u), 0);
+      return _mm512_or_si512(q, _mm512_and_si512(at2, _mm512_set1_epi8(4)));
+    }
+    return q;
   } else {  // Q4_K, Q5_K: the low, then the high nibbles of qs[32 (u / 2) ..+ 32]
     const uint8_t* qs = p + F::BYTES - 128;
     const __m512i v = twice(qs + 32 * (u / 2)), q = _mm512_and_si512(_mm512_mask_srli_epi16(v, HIGH, v, 4), low4);
