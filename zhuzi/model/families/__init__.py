@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from zhuzi.model.families import gemma3, llama, mistral, mixtral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe
+from zhuzi.model.families import gemma3, gpt_oss, llama, mistral, mixtral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe
 from zhuzi.model.families.base import Family
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
@@ -17,6 +17,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     mixtral.FAMILY,
     qwen2_moe.FAMILY,
     qwen3_moe.FAMILY,
+    gpt_oss.FAMILY,
 )}
 
 
