@@ -61,7 +61,7 @@ def build(arch: str, directory: Path, layers: int = 2, vocab_size: int = VOCAB,
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.add_(1.0)
-            if name.endswith("experts.gate_up_proj"):
+            if arch == "gpt_oss" and name.endswith("experts.gate_up_proj"):
                 p.mul_(GPT_OSS_GATE_UP_STD / 0.1)
     model.save_pretrained(directory)
     Tokenizer.load(default_model_path()).hf.save_pretrained(directory)
