@@ -10,6 +10,7 @@ import torch
 
 BLOCKS, SCALES = "_blocks", "_scales"
 E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+BYTE_VALUES = torch.tensor([[E2M1[b & 0x0F], E2M1[b >> 4]] for b in range(256)])  # a byte's even, odd value
 
 
 def stored_names(names: Iterable[str]) -> dict[str, str | tuple[str, str]]:
@@ -27,7 +28,7 @@ def unpack(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     values in the unquantized parameter's layout (transformers' gpt-oss experts multiply x @ W)."""
     if blocks.shape[:-1] != scales.shape or blocks.shape[-1] != 16:
         raise ValueError(f"MXFP4 blocks {tuple(blocks.shape)} do not fit scales {tuple(scales.shape)}")
-    codes = torch.stack([blocks & 0x0F, blocks >> 4], -1).long()  # [..., rows, K / 32, 16, 2]: even, odd
-    values = torch.tensor(E2M1)[codes].flatten(-3, -1).unflatten(-1, (-1, 32))  # [..., rows, K / 32, 32]
-    exponents = scales.to(torch.int32) - 127
-    return torch.ldexp(values, exponents[..., None].float()).flatten(-2, -1).transpose(-1, -2)
+    # a byte's pair of values looked up at once, by 32-bit indexes: a real checkpoint's matrix has billions
+    values = BYTE_VALUES.index_select(0, blocks.flatten().int()).view(*scales.shape, 32)
+    values *= torch.exp2(scales.float() - 127)[..., None]  # exact: a power of two
+    return values.flatten(-2, -1).transpose(-1, -2)
