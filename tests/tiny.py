@@ -33,8 +33,17 @@ HYBRID = dict(head_dim=32, linear_key_head_dim=16, linear_value_head_dim=16, lin
               linear_num_value_heads=4, num_hidden_layers=4)
 MOE |= {"qwen3_5_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                             shared_expert_intermediate_size=48)}
+# gpt-oss: 4 experts of width 32, top-2; a window of 8 (prompts reach past it), YaRN with its released factor;
+# tiny.write_gguf's RoPE base and epsilon. Its gate/up weights are drawn larger (GPT_OSS_GATE_UP_STD), so that
+# some gates pass the SwiGLU limit (7, which a GGUF file cannot change) and the clamps act.
+CLASSES |= {"gpt_oss": transformers.GptOssForCausalLM}
+GPT_OSS_GATE_UP_STD = 0.5
+GPT_OSS = dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=32, head_dim=16, sliding_window=8,
+               rms_norm_eps=1e-5,
+               rope_parameters={"rope_type": "yarn", "rope_theta": 50000.0, "factor": 32.0, "beta_fast": 32.0,
+                                "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 4096})
 GGUF_ARCH = {"mixtral": "llama", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe", "qwen3_5": "qwen35",
-             "qwen3_5_moe": "qwen35moe"}  # llama.cpp's names
+             "qwen3_5_moe": "qwen35moe", "gpt_oss": "gpt-oss"}  # llama.cpp's names
 VOCAB = 1000
 # Gemma 3 as llama.cpp's converter can write it (query_pre_attn_scalar = head_dim, no soft-capping) and as
 # write_gguf's metadata says (its RoPE base and epsilon); 6 layers: five local, one global, llama.cpp's pattern.
@@ -50,7 +59,8 @@ def build(arch: str, directory: Path, layers: int = 2, vocab_size: int = VOCAB,
                  max_position_embeddings=4096, rope_theta=10000.0)
     if arch == "phi3":  # Phi3Config's default pad id (32000) is outside a tiny vocabulary
         shape |= {"pad_token_id": None}
-    family = GEMMA3 if arch == "gemma3" else MOE.get(arch, {}) | (HYBRID if arch.startswith("qwen3_5") else {})
+    family = GEMMA3 if arch == "gemma3" else GPT_OSS if arch == "gpt_oss" else \
+        MOE.get(arch, {}) | (HYBRID if arch.startswith("qwen3_5") else {})
     config = cls.config_class(**(shape | family | copy.deepcopy(overrides)))  # transformers edits rope dicts in place
     torch.manual_seed(0)
     model = cls(config).eval()
@@ -69,6 +79,8 @@ def randomize(model: transformers.PreTrainedModel) -> None:
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.add_(1.0)
+            if name.endswith("experts.gate_up_proj") and isinstance(model, transformers.GptOssForCausalLM):
+                p.mul_(GPT_OSS_GATE_UP_STD / 0.1)
 
 
 def reference_tensors(model: transformers.PreTrainedModel) -> dict[str, torch.Tensor]:
@@ -81,6 +93,8 @@ def reference_tensors(model: transformers.PreTrainedModel) -> dict[str, torch.Te
 def converter_tensors(model: transformers.PreTrainedModel) -> dict[str, torch.Tensor]:
     """What llama.cpp's converter maps to GGUF names: each sparse layer's experts stacked per matrix
     ([experts, rows, columns], under the names gguf maps to ffn_*_exps); transformers holds gate and up as one."""
+    if model.config.model_type == "gpt_oss":
+        return _gpt_oss_converter_tensors(model)
     tensors = {}
     for name, tensor in reference_tensors(model).items():
         if name.endswith("experts.gate_up_proj"):
@@ -91,6 +105,27 @@ def converter_tensors(model: transformers.PreTrainedModel) -> dict[str, torch.Te
             tensors[name + ".weight"] = tensor
         else:
             tensors[name] = tensor
+    return tensors
+
+
+def _gpt_oss_converter_tensors(model: transformers.PreTrainedModel) -> dict[str, torch.Tensor]:
+    """What llama.cpp's converter makes of gpt-oss's experts: gate_up [experts, hidden, 2 * width] (gate and up
+    columns interleaved) split into gate and up [experts, width, hidden], down transposed, their biases split;
+    a sink logit named as a weight."""
+    tensors = {}
+    for name, tensor in reference_tensors(model).items():
+        if name.endswith("experts.gate_up_proj"):
+            tensors |= {name.replace("gate_up_proj", "gate_proj.weight"): tensor[..., ::2].transpose(1, 2),
+                        name.replace("gate_up_proj", "up_proj.weight"): tensor[..., 1::2].transpose(1, 2)}
+        elif name.endswith("experts.gate_up_proj_bias"):
+            tensors |= {name.replace("gate_up_proj_bias", "gate_proj.bias"): tensor[..., ::2],
+                        name.replace("gate_up_proj_bias", "up_proj.bias"): tensor[..., 1::2]}
+        elif name.endswith("experts.down_proj"):
+            tensors[name + ".weight"] = tensor.transpose(1, 2)
+        elif name.endswith("experts.down_proj_bias"):
+            tensors[name.replace("down_proj_bias", "down_proj.bias")] = tensor
+        else:
+            tensors[name + ".weight" if name.endswith(".sinks") else name] = tensor
     return tensors
 
 
@@ -134,10 +169,18 @@ def write_gguf(path: Path, model, arch: str, raw: RawTensors | None = None, drop
         _qwen35_metadata(writer, cfg)
     if arch == "phi3":
         _phi3_metadata(writer, cfg)
+    if arch == "gpt-oss":  # what llama.cpp's converter adds: the head size, the window, YaRN
+        writer.add_key_length(cfg.head_dim)
+        writer.add_value_length(cfg.head_dim)
+        writer.add_sliding_window(cfg.sliding_window)
+        writer.add_expert_feed_forward_length(cfg.intermediate_size)
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(cfg.rope_parameters["factor"])
+        writer.add_rope_scaling_orig_ctx_len(cfg.rope_parameters["original_max_position_embeddings"])
     if experts := getattr(cfg, "num_local_experts", None) or getattr(cfg, "num_experts", None):
         writer.add_expert_count(experts)
         writer.add_expert_used_count(cfg.num_experts_per_tok)
-        if arch != "llama":  # Qwen's converter: the experts' width, and the shared expert's where there is one
+        if arch not in ("llama", "gpt-oss"):  # Qwen's converter: the experts' width, and the shared expert's
             writer.add_expert_feed_forward_length(cfg.moe_intermediate_size)
         if getattr(cfg, "shared_expert_intermediate_size", None):
             writer.add_expert_shared_feed_forward_length(cfg.shared_expert_intermediate_size)

@@ -1,7 +1,7 @@
 """Paged attention's own paths against a dense float64 softmax: with a sliding window, decode rows and prompt
 chunks read only their window, through the kernels and through torch (the path of CUDA, or of a CPU without
-a compiler), with the slots of blocks already given back (-1) before each window. And the backend each model
-gets, chosen once from what the kernels serve."""
+a compiler), with the slots of blocks already given back (-1) before each window, with and without attention
+sinks. And the backend each model gets, chosen once from what the kernels serve."""
 import pytest
 import torch
 
@@ -12,18 +12,24 @@ from zhuzi.model.kv_format import Q8_0
 CONTEXT, WINDOW, HEADS, KV_HEADS, DIM = 30, 7, 4, 2, 32
 
 
-def dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: range, window: int) -> torch.Tensor:
-    """Query i at positions[i] over keys positions[i] - window + 1 .. positions[i] of the whole sequence."""
+def dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: range, window: int,
+          sinks: torch.Tensor | None) -> torch.Tensor:
+    """Query i at positions[i] over keys positions[i] - window + 1 .. positions[i] of the whole sequence; a sink
+    is one more logit per head in the softmax, whose probability is dropped (transformers' gpt-oss)."""
     k, v = (x.double().repeat_interleave(HEADS // KV_HEADS, dim=1) for x in (k, v))
     keys = torch.arange(k.shape[0])[None, :]
     rows = torch.tensor(positions)[:, None]
     scores = torch.einsum("lhd,chd->hlc", q.double(), k) * DIM ** -0.5
     scores = scores.masked_fill((keys > rows) | (keys <= rows - window), float("-inf"))
-    return torch.einsum("hlc,chd->lhd", torch.softmax(scores, dim=-1), v)
+    if sinks is None:
+        return torch.einsum("hlc,chd->lhd", torch.softmax(scores, dim=-1), v)
+    with_sinks = torch.cat([scores, sinks.double()[:, None, None].expand(-1, len(positions), 1)], -1)
+    return torch.einsum("hlc,chd->lhd", torch.softmax(with_sinks, dim=-1)[..., :-1], v)
 
 
+@pytest.mark.parametrize("sinks", [None, torch.tensor([2.0, -1.0, 0.5, 4.0])], ids=["", "sinks"])
 @pytest.mark.parametrize("path", ["kernels", "torch"])
-def test_a_sliding_window_reads_only_its_positions_in_decode_rows_and_prompt_chunks(path):
+def test_a_sliding_window_reads_only_its_positions_in_decode_rows_and_prompt_chunks(path, sinks):
     g = torch.Generator().manual_seed(0)
     k, v = torch.randn(CONTEXT, KV_HEADS, DIM, generator=g), torch.randn(CONTEXT, KV_HEADS, DIM, generator=g)
     q = 3 * torch.randn(CONTEXT, HEADS, DIM, generator=g)
@@ -41,10 +47,10 @@ def test_a_sliding_window_reads_only_its_positions_in_decode_rows_and_prompt_chu
     before = native.current()
     native.select("torch" if path == "torch" else before)
     try:
-        out = paged_attention(q[rows], k[rows], v[rows], cache[0], cache[1], meta, window=WINDOW)
+        out = paged_attention(q[rows], k[rows], v[rows], cache[0], cache[1], meta, window=WINDOW, sinks=sinks)
     finally:
         native.select(before)
-    expected = dense(q[rows], k, v, rows, WINDOW)
+    expected = dense(q[rows], k, v, rows, WINDOW, sinks)
     torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
 
 

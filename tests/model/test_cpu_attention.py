@@ -1,6 +1,6 @@
 """The CPU attention kernels against a float64 softmax over the gathered rows, under every CPU variant this
 machine runs: decode rows, and the prefill kernel for prompt chunks; float32 queries over bf16 pools too (dtype
-auto without native bf16)."""
+auto without native bf16); attention sinks (gpt-oss) in both."""
 import pytest
 import torch
 
@@ -21,7 +21,15 @@ TOLERANCE = {torch.float32: dict(rtol=1e-5, atol=1e-5),
 DTYPES = [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16), (torch.float32, torch.bfloat16)]
 
 
-def reference(q, k_cache, v_cache, slots, lengths, scale, window=None):
+def with_sinks(scores: torch.Tensor, sinks: torch.Tensor | None) -> torch.Tensor:
+    """[heads, ..., keys] probabilities of a softmax whose denominator has each head's sink logit too."""
+    if sinks is None:
+        return torch.softmax(scores, dim=-1)
+    sink = sinks.double().view(-1, *[1] * (scores.dim() - 1)).expand(*scores.shape[:-1], 1)
+    return torch.softmax(torch.cat([scores, sink], -1), dim=-1)[..., :-1]
+
+
+def reference(q, k_cache, v_cache, slots, lengths, scale, window=None, sinks=None):
     group = q.shape[1] // k_cache.shape[1]
     valid = torch.arange(slots.shape[1])[None, :] < lengths[:, None]  # [B, W]
     if window:
@@ -29,9 +37,9 @@ def reference(q, k_cache, v_cache, slots, lengths, scale, window=None):
     rows = valid[:, :, None, None]
     k = torch.where(rows, k_cache[slots].double(), 0).repeat_interleave(group, dim=2)  # [B, W, heads, dim]
     v = torch.where(rows, v_cache[slots].double(), 0).repeat_interleave(group, dim=2)
-    scores = torch.einsum("bhd,bwhd->bhw", q.double(), k) * scale
-    p = torch.softmax(scores.masked_fill(~valid[:, None, :], float("-inf")), dim=-1)
-    return torch.einsum("bhw,bwhd->bhd", p, v)
+    scores = torch.einsum("bhd,bwhd->hbw", q.double(), k) * scale
+    p = with_sinks(scores.masked_fill(~valid[None], float("-inf")), sinks)
+    return torch.einsum("hbw,bwhd->bhd", p, v)
 
 
 def make_batch(batch, width, heads, kv_heads, dim, dtype, seed=0, kv_dtype=None):
@@ -100,7 +108,7 @@ def test_rejects_slots_outside_the_pool():
         paged_decode_attention(q, k_cache, v_cache, slots, lengths, 0.125)
 
 
-def causal_reference(q, k_cache, v_cache, slots, scale, window=None):
+def causal_reference(q, k_cache, v_cache, slots, scale, window=None, sinks=None):
     """q: [L, heads, dim] at positions context - L ..; slots: [context]."""
     length, context, group = q.shape[0], slots.shape[0], q.shape[1] // k_cache.shape[1]
     k = k_cache[slots].double().repeat_interleave(group, dim=1)  # [context, heads, dim]
@@ -109,7 +117,7 @@ def causal_reference(q, k_cache, v_cache, slots, scale, window=None):
     late = torch.arange(context)[None, :] > torch.arange(context - length, context)[:, None]
     if window:
         late |= torch.arange(context)[None, :] <= torch.arange(context - length, context)[:, None] - window
-    return torch.einsum("hlc,chd->lhd", torch.softmax(scores.masked_fill(late, float("-inf")), dim=-1), v)
+    return torch.einsum("hlc,chd->lhd", with_sinks(scores.masked_fill(late, float("-inf")), sinks), v)
 
 
 def make_chunk(length, context, heads, kv_heads, dim, seed=0, dtype=torch.bfloat16):
@@ -171,6 +179,29 @@ def test_prefill_reads_only_the_sliding_window(length, context, window, dtype):
     bound = 2 ** -9 * v_cache[slots].double().abs().max() + 2 ** -8 * expected.abs() + 1e-5
     slots[:max(0, context - length - window + 1)] = -1  # before the first query's window: given back
     out = paged_prefill_attention(q, k_cache, v_cache, slots, 0.125, window)
+    if dtype == torch.float32:
+        bound = 1e-5 * (1 + expected.abs())
+    assert ((out.double() - expected).abs() <= bound).all()
+
+
+@pytest.mark.parametrize("dtype,kv_dtype", DTYPES)
+@pytest.mark.parametrize("window", [None, 8])
+def test_decode_sinks_join_each_heads_softmax_denominator(dtype, kv_dtype, window):
+    q, k_cache, v_cache, slots, lengths = make_batch(20, 75, 9, 3, 64, dtype, kv_dtype=kv_dtype)
+    sinks = 2 * torch.randn(9, generator=torch.Generator().manual_seed(1))
+    out = paged_decode_attention(q, k_cache, v_cache, slots, lengths, 0.125, window, sinks)
+    expected = reference(q, k_cache, v_cache, slots, lengths, 0.125, window, sinks)
+    torch.testing.assert_close(out.double(), expected, **TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("length,context,window", [(17, 50, None), (45, 300, 33)])
+def test_prefill_sinks_join_each_heads_softmax_denominator(length, context, window, dtype):
+    q, k_cache, v_cache, slots = make_chunk(length, context, 9, 3, 64, dtype=dtype)
+    sinks = 2 * torch.randn(9, generator=torch.Generator().manual_seed(1))
+    out = paged_prefill_attention(q, k_cache, v_cache, slots, 0.125, window, sinks)
+    expected = causal_reference(q, k_cache, v_cache, slots, 0.125, window, sinks)
+    bound = 2 ** -9 * v_cache[slots].double().abs().max() + 2 ** -8 * expected.abs() + 1e-5
     if dtype == torch.float32:
         bound = 1e-5 * (1 + expected.abs())
     assert ((out.double() - expected).abs() <= bound).all()

@@ -49,7 +49,8 @@ GEMMA3_HF = dict(final_logit_softcapping=3.0, query_pre_attn_scalar=24, num_hidd
 EXTRA = {"llama": {"rope_scaling": LLAMA3}, "phi3": PHI3, "gemma3": GEMMA3_HF}
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3", "phi3", "gemma3", "qwen3_5", "qwen3_5_moe"])
+@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3", "phi3", "gemma3", "qwen3_5", "qwen3_5_moe",
+                                              "gpt_oss"])
 def tiny_pair(request, tmp_path_factory):
     directory = tmp_path_factory.mktemp(request.param)
     hf = tiny.build(request.param, directory, **EXTRA.get(request.param, {}))

@@ -1,8 +1,9 @@
 """RoPE's tables (layers.Rotary) against transformers' rotary embeddings."""
+import pytest
 import torch
 import transformers
 
-from zhuzi.model.layers import Rotary
+from zhuzi.model.layers import Rotary, rope_attention_factor
 
 LONGROPE = {"rope_type": "longrope", "short_factor": [1.0, 1.2, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0],
             "long_factor": [1.0, 1.5, 3.0, 5.0, 8.0, 12.0, 16.0, 24.0]}  # head_dim 16: 8 frequencies
@@ -25,6 +26,25 @@ def test_longrope_turns_the_original_context_short_and_beyond_it_long():
         tail = slice(128 if len(positions) > 128 else 0, None)  # transformers turns a longer sequence all long
         assert torch.allclose(ours_cos[tail, 0], cos[0, tail], atol=1e-5)
         assert torch.allclose(ours_sin[tail, 0], sin[0, tail], atol=1e-5)
+
+
+@pytest.mark.parametrize("truncate", [False, True])
+@pytest.mark.parametrize("extra", [{}, {"mscale": 1.0, "mscale_all_dim": 0.5}, {"attention_factor": 1.3}])
+def test_yarn_equals_transformers(truncate, extra):
+    """gpt-oss's YaRN (truncate false), the default form (truncate true), DeepSeek's mscale keys and a given
+    attention factor: the same frequencies and cos/sin scale as transformers' _compute_yarn_parameters."""
+    yarn = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": truncate,
+            "original_max_position_embeddings": 4096} | extra
+    config = transformers.GptOssConfig(hidden_size=64, num_attention_heads=4, head_dim=16, num_hidden_layers=2,
+                                       rope_parameters=yarn | {"rope_theta": 150000.0})
+    reference = transformers.models.gpt_oss.modeling_gpt_oss.GptOssRotaryEmbedding(config)
+    rotary = Rotary(16, 150000.0, yarn, 300)
+    positions = torch.arange(300)
+    cos, sin = reference(torch.zeros(1), positions[None])
+    ours_cos, ours_sin = rotary.tables(positions, torch.float32)
+    assert torch.allclose(ours_cos[:, 0, :8], cos[0], atol=1e-5)
+    assert torch.allclose(ours_sin[:, 0, :8], sin[0], atol=1e-5)
+    assert rope_attention_factor(yarn) == pytest.approx(reference.attention_scaling)
 
 
 def test_a_partial_rotary_turns_only_the_first_dims():

@@ -4,13 +4,14 @@ import gguf
 import pytest
 import tiny
 import torch
+import transformers
 from test_decoder import full_logits
 
 from zhuzi import LLM, SamplingParams
 from zhuzi.model.decoder import Decoder
 from zhuzi.model.linear import BlockLinear, Linear
 from zhuzi.model.loader import CheckpointError, gguf_weights, load_checkpoint, load_model_config
-from zhuzi.model.moe import MoE
+from zhuzi.model.moe import ClampedSwiGLU, MoE
 
 # The GGUF files written here are packed into the module's own cache, not the user's.
 pytestmark = pytest.mark.usefixtures("own_cache")
@@ -175,3 +176,23 @@ def test_a_sigmoid_router_scores_each_expert_on_its_own():
         expected = top.values / top.values.sum(-1, keepdim=True) if normalize else top.values
         assert torch.allclose(weights, expected)
         assert not torch.allclose(weights.sum(-1), torch.ones(5)) or normalize
+
+
+def test_gpt_oss_routing_and_clamped_swiglu_equal_transformers():
+    """A softmax over the top-k router logits (biased), and the clamped SwiGLU over interleaved gate and up, as
+    transformers' GptOssTopKRouter and GptOssExperts compute them."""
+    config = transformers.GptOssConfig(hidden_size=64, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
+                                       num_hidden_layers=1, num_attention_heads=4, head_dim=16)
+    router = transformers.models.gpt_oss.modeling_gpt_oss.GptOssTopKRouter(config)
+    experts = transformers.models.gpt_oss.modeling_gpt_oss.GptOssExperts(config)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        router.weight.normal_(generator=g), router.bias.normal_(generator=g)
+    x = torch.randn(20, 64, generator=g)
+    gate_up = 6 * torch.randn(20, 64, generator=g)  # past the limit (7) both ways
+    ours = MoE(Linear(router.weight.detach(), router.bias.detach()), [], 2, False, "top_k_softmax")
+    weights, ids = ours.route(x)
+    _, expected_weights, expected_ids = router(x)
+    assert torch.equal(ids, expected_ids) and torch.allclose(weights, expected_weights, atol=1e-6)
+    glu = ClampedSwiGLU(config.swiglu_alpha, config.swiglu_limit)
+    assert torch.allclose(glu(gate_up[:, ::2], gate_up[:, 1::2]), experts._apply_gate(gate_up), atol=1e-6)

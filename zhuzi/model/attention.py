@@ -5,6 +5,8 @@ sequence), attended in one batch; the rest are prefill chunks, one sequence at a
 values per slot (page * page_size + offset), reached through each sequence's slot list. Which path serves
 decodes and prompt chunks is chosen once per model and pool (select()). A sliding-window layer
 (ModelConfig.window) attends each token's last `window` positions; slots before a row's window are never read.
+A layer with attention sinks (gpt-oss) has a learned logit per head that joins each softmax denominator and adds
+no value, in every path.
 """
 from __future__ import annotations
 
@@ -80,10 +82,11 @@ def select(device: str, q_dtype: torch.dtype, kv_dtype: torch.dtype, heads: int,
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    meta: AttentionMetadata, prefill_kernel: bool = True, window: int | None = None) -> torch.Tensor:
+                    meta: AttentionMetadata, prefill_kernel: bool = True, window: int | None = None,
+                    sinks: torch.Tensor | None = None) -> torch.Tensor:
     """q: [tokens, heads, dim]; k, v: [tokens, kv_heads, dim]; caches: [slots, kv_heads, dim]. Without
     prefill_kernel, prompt chunks get a decode row's arithmetic (--deterministic); window: the layer's
-    sliding window (None: the whole context)."""
+    sliding window (None: the whole context); sinks: [heads] float32 sink logits (None: no sinks)."""
     backend = select(q.device.type, q.dtype, k_cache.dtype, q.shape[1], k_cache.shape[1], q.shape[2],
                      prefill_kernel, native.current())
     k_cache.index_copy_(0, meta.slot_mapping, to_pool(k, k_cache.dtype))
@@ -91,38 +94,38 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     out = torch.empty_like(q)
     n = meta.num_decode_tokens
     if n:
-        out[:n] = _decode_attention(q[:n], k_cache, v_cache, meta, window, backend)
+        out[:n] = _decode_attention(q[:n], k_cache, v_cache, meta, window, sinks, backend)
     for chunk in meta.prefills:
         rows = slice(chunk.start, chunk.start + chunk.length)
-        out[rows] = _prefill_attention(q[rows], k[rows], v[rows], k_cache, v_cache, chunk, window, backend)
+        out[rows] = _prefill_attention(q[rows], k[rows], v[rows], k_cache, v_cache, chunk, window, sinks, backend)
     return out
 
 
 def _prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                       v_cache: torch.Tensor, chunk: PrefillChunk, window: int | None,
+                       v_cache: torch.Tensor, chunk: PrefillChunk, window: int | None, sinks: torch.Tensor | None,
                        backend: AttentionBackend) -> torch.Tensor:
     """A prompt chunk is a batch of queries that each read the history up to their own position. The prefill
     kernel reads each K/V row once for many queries; the decode kernel serves each query with a decode step's
     own arithmetic (the reference: a token's K/V are the same bits whether it was prefilled or decoded)."""
     scale = q.shape[-1] ** -0.5
     if backend.prefill == "kernel":
-        return cpu_attention.paged_prefill_attention(q, k_cache, v_cache, chunk.slots, scale, window)
+        return cpu_attention.paged_prefill_attention(q, k_cache, v_cache, chunk.slots, scale, window, sinks)
     if backend.prefill == "decode kernel":
         return cpu_attention.paged_decode_attention(q, k_cache, v_cache, chunk.query_slots, chunk.query_lengths,
-                                                    scale, window)
+                                                    scale, window, sinks)
     if chunk.context == chunk.length and not window and k_cache.dtype != Q8_0:  # the chunk's K/V is the context
         keys, values, mask = _compute_dtype(k), _compute_dtype(v), None
     else:
         keys, values = _gather(k_cache, chunk.slots), _gather(v_cache, chunk.slots)
         mask = prefix_causal_mask(chunk.length, chunk.context, window).to(q.device)
-    return _sdpa(q.transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1), mask).transpose(0, 1)
+    return _sdpa(q.transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1), mask, sinks).transpose(0, 1)
 
 
-def _decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                      meta: AttentionMetadata, window: int | None, backend: AttentionBackend) -> torch.Tensor:
+def _decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
+                      window: int | None, sinks: torch.Tensor | None, backend: AttentionBackend) -> torch.Tensor:
     if backend.decode == "kernel":
         return cpu_attention.paged_decode_attention(q, k_cache, v_cache, meta.decode_slots, meta.decode_lengths,
-                                                    q.shape[-1] ** -0.5, window)
+                                                    q.shape[-1] ** -0.5, window, sinks)
     # The portable path (CUDA, or no compiler): gather each history, then torch's attention.
     b, width = meta.decode_slots.shape
     keys = _gather(k_cache, meta.decode_slots.reshape(-1)).view(b, width, -1, q.shape[-1]).transpose(1, 2)
@@ -130,7 +133,7 @@ def _decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     positions, lengths = torch.arange(width, device=q.device), meta.decode_lengths[:, None]
     mask = (positions < lengths) & (positions >= lengths - window) if window else positions < lengths
     mask = mask[:, None, None]
-    return _sdpa(q[:, :, None], keys, values, mask)[:, :, 0]
+    return _sdpa(q[:, :, None], keys, values, mask, sinks)[:, :, 0]
 
 
 def _compute_dtype(x: torch.Tensor) -> torch.Tensor:
@@ -147,8 +150,25 @@ def _gather(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     return rows.masked_fill_((slots < 0)[:, None, None], 0)
 
 
-def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """Causal when mask is None."""
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+          sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """q: [..., heads, queries, dim], k and v: [..., kv_heads, keys, dim]; causal when mask is None."""
+    if sinks is not None:
+        k, v, mask = _sink_key(q, k, v, mask, sinks)
     out = F.scaled_dot_product_attention(q.to(k.dtype), k, v, attn_mask=mask, is_causal=mask is None,
                                          enable_gqa=True)
     return out.to(q.dtype)
+
+
+def _sink_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+              sinks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Attention sinks as one more key: a zero key and value whose score the mask sets to each head's sink
+    logit, so it joins the softmax denominator and adds nothing to the output."""
+    queries, keys = q.shape[-2], k.shape[-2]
+    if mask is None:
+        mask = torch.ones(queries, keys, dtype=torch.bool, device=q.device).tril(keys - queries)
+    zero = k.new_zeros(*k.shape[:-2], 1, k.shape[-1])
+    bias = torch.zeros(mask.shape, dtype=k.dtype, device=q.device).masked_fill_(~mask, float("-inf"))
+    bias = bias.expand(*bias.shape[:-3], q.shape[-3], queries, keys)
+    sink = sinks.to(k.dtype)[:, None, None].expand(*bias.shape[:-1], 1)
+    return torch.cat([k, zero], -2), torch.cat([v, zero], -2), torch.cat([bias, sink], -1)

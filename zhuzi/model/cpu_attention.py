@@ -24,13 +24,13 @@ def _kernel():
     """The compiled entry point, or None when it cannot be built or loaded."""
     return native.entry("decode_attention", "zhuzi_decode_attention",
                         [ctypes.c_int] * 2 + [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 2 + [ctypes.c_int] * 3
-                        + [ctypes.c_int64, ctypes.c_float, ctypes.c_int64, ctypes.c_int])
+                        + [ctypes.c_int64, ctypes.c_float, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int])
 
 
 def _prefill_kernel():
     return native.entry("prefill_attention", "zhuzi_prefill_attention",
                         [ctypes.c_int] * 2 + [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 2 + [ctypes.c_int] * 3
-                        + [ctypes.c_int64, ctypes.c_float, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int])
+                        + [ctypes.c_int64, ctypes.c_float, ctypes.c_int64] + [ctypes.c_void_p] * 2 + [ctypes.c_int])
 
 
 def decode_serves(q_dtype: torch.dtype, kv_dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int) -> bool:
@@ -60,11 +60,21 @@ def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> Non
                          f"{tuple(q.shape)} {q.dtype} on {q.device}")
 
 
+def _sink_pointer(sinks: torch.Tensor | None, heads: int) -> int | None:
+    """The kernels' sinks argument: [heads] float32 logits, or None (null) for attention without sinks."""
+    if sinks is None:
+        return None
+    if sinks.shape != (heads,) or sinks.dtype != torch.float32 or not sinks.is_contiguous():
+        raise ValueError(f"attention: sinks {tuple(sinks.shape)} {sinks.dtype} are not {heads} float32 logits")
+    return sinks.data_ptr()
+
+
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            slots: torch.Tensor, lengths: torch.Tensor, scale: float,
-                           window: int | None = None) -> torch.Tensor:
+                           window: int | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """One decode token per row attends over its first lengths[b] slots of the pool (with a sliding window,
-    over the last `window` of them: the slots before are never read).
+    over the last `window` of them: the slots before are never read). sinks: [heads] float32 logits that join
+    each head's softmax denominator (attention sinks), or None.
 
     q: [B, heads, dim]; k_cache, v_cache: [slots, kv_heads, dim] contiguous, of dtypes decode_serves(); slots:
     [B, W] int64 (entries past a row's length are ignored); lengths: [B] int64 in 1..W. Query head h reads kv
@@ -79,7 +89,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     out = torch.empty_like(q)
     status = _kernel()(_DTYPES[q.dtype], _DTYPES[k_cache.dtype], q.data_ptr(), k_cache.data_ptr(),
                        v_cache.data_ptr(), slots.data_ptr(), lengths.data_ptr(), out.data_ptr(), b, slots.shape[1],
-                       heads, k_cache.shape[1], dim, k_cache.shape[0], scale, window or 0, torch.get_num_threads())
+                       heads, k_cache.shape[1], dim, k_cache.shape[0], scale, window or 0, _sink_pointer(sinks, heads),
+                       torch.get_num_threads())
     if status == 1:
         raise IndexError("decode attention: a length is outside 1..W or a slot is outside the pool")
     if status:
@@ -89,21 +100,22 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 
 
 def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
-                            scale: float, window: int | None = None) -> torch.Tensor:
+                            scale: float, window: int | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """A prompt chunk's causal attention over its whole history, in slabs.
 
     q: [L, heads, dim], the queries of positions context - L .. context - 1; caches: [slots, kv_heads, dim] of
     dtypes prefill_serves(), with the chunk's own K/V already written; slots: [context] int64, the pool slots of
     positions 0 .. context - 1 (with a sliding window, a query reads only its last `window` positions: the slots
-    before the first query's window are never read). Returns [L, heads, dim] in q's dtype."""
+    before the first query's window are never read); sinks as paged_decode_attention's. Returns [L, heads, dim]
+    in q's dtype."""
     length, heads, dim = q.shape
     _check(q, k_cache, v_cache)
     q, slots = q.contiguous(), slots.contiguous().long()
     out = torch.empty_like(q)
     status = _prefill_kernel()(_DTYPES[q.dtype], _DTYPES[k_cache.dtype], q.data_ptr(), k_cache.data_ptr(),
                                v_cache.data_ptr(), slots.data_ptr(), length, slots.shape[0], heads,
-                               k_cache.shape[1], dim, k_cache.shape[0], scale, window or 0, out.data_ptr(),
-                               torch.get_num_threads())
+                               k_cache.shape[1], dim, k_cache.shape[0], scale, window or 0,
+                               _sink_pointer(sinks, heads), out.data_ptr(), torch.get_num_threads())
     if status == 1:
         raise IndexError("prefill attention: a slot is outside the pool")
     if status:

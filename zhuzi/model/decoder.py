@@ -10,7 +10,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 
 from zhuzi.model import cpu_attention, cpu_blocks, cpu_linear, native
 from zhuzi.model.attention import AttentionMetadata, paged_attention, select
@@ -20,7 +19,7 @@ from zhuzi.model.fused import FusedDecode
 from zhuzi.model.layers import Rotary, offset_rms_norm, rms_norm
 from zhuzi.model.linear import QUANTIZATIONS, BlockLinear, Linear, blocks_serve
 from zhuzi.model.model_config import LayerSpec, Mlp, ModelConfig, Rope
-from zhuzi.model.moe import Expert, MoE, gated_mlp
+from zhuzi.model.moe import GLUS, ClampedSwiGLU, Expert, Glu, MoE, gated_mlp
 from zhuzi.model.parallel import Shard, TPRank, head_rows
 from zhuzi.model.quant import FORMATS, Q, quantize
 from zhuzi.model.recurrent import MIXERS, RecurrentMixer, ready
@@ -28,7 +27,6 @@ from zhuzi.model.smooth import smooth
 
 log = logging.getLogger(__name__)
 Weight = torch.Tensor | BlockWeight
-ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh")}  # an MLP's gate
 
 
 def layer_format(requested: str | None, gguf: bool, tensor_parallel: bool, weights: torch.dtype) -> str | None:
@@ -83,6 +81,7 @@ class Layer:
     moe: MoE | None = None
     recurrent: RecurrentMixer | None = None  # a mixer that keeps a state instead of KV
     kv: int | None = None  # its entry in the KV pool (attention layers), or in the state pool (recurrent ones)
+    sinks: torch.Tensor | None = None  # [this rank's heads] float32 sink logits (attention sinks)
 
     @property
     def matrices(self) -> list[tuple[object, str]]:
@@ -201,7 +200,10 @@ class Decoder:
             mixer = dict(qkv=self._linear(qkv, torch.cat(bias) if bias else None),
                          q_norm=t.get(f"{attn}.q_norm.weight") if spec.qk_norm else None,
                          k_norm=t.get(f"{attn}.k_norm.weight") if spec.qk_norm else None,
-                         o=self._linear([_columns(o, range(s.q_heads.start * d, s.q_heads.stop * d))]))
+                         o=self._linear([_columns(o, range(s.q_heads.start * d, s.q_heads.stop * d))],
+                                        self._row_parallel_bias(t.get(f"{attn}.o_proj.bias"))),
+                         sinks=t[f"{attn}.sinks.weight"].float()[s.q_heads.start:s.q_heads.stop].contiguous()
+                         if spec.sinks else None)
         return Layer(
             spec=spec,
             rope=rope,
@@ -211,7 +213,7 @@ class Decoder:
                         else f"{p}.post_attention_layernorm.weight"],
             gate_up=None if sparse else self._linear(gate_up),
             down=None if sparse else self._linear([_columns(down, s.mlp)]),
-            moe=self._moe(t, mlp, spec.mlp is Mlp.MOE_SHARED) if sparse else None,
+            moe=self._moe(t, mlp, spec.mlp is Mlp.MOE_SHARED, self._glu(spec.activation)) if sparse else None,
             attn_out_norm=t[f"{p}.post_attention_layernorm.weight"] if spec.sandwich_norms else None,
             mlp_out_norm=t.get(f"{p}.post_feedforward_layernorm.weight") if spec.sandwich_norms else None,
         )
@@ -225,27 +227,42 @@ class Decoder:
         """Per recurrent layer (in state pool order), the shape of each of its states for one sequence."""
         return [layer.recurrent.state_shapes() for layer in self.layers if layer.recurrent is not None]
 
-    def _moe(self, t: dict[str, Weight], mlp: str, with_shared: bool) -> MoE:
+    def _glu(self, activation: str) -> Glu:
+        c = self.config
+        return ClampedSwiGLU(c.swiglu_alpha, c.swiglu_limit) if activation == "swiglu_clamped" else GLUS[activation]
+
+    def _row_parallel_bias(self, bias: torch.Tensor | None) -> torch.Tensor | None:
+        """A row-parallel layer's bias (O, down) on one rank only: the ranks' partial sums are added up."""
+        return bias if self.tp is None or self.tp.leads else None
+
+    def _moe(self, t: dict[str, Weight], mlp: str, with_shared: bool, glu: Glu) -> MoE:
         """A sparse layer's router and experts. An expert is its rows of the stacked matrices (a view, of a GGUF
-        file's blocks too); with tensor parallelism, this rank's slice of each expert's width."""
+        file's blocks too), with its rows of the stacked biases where the layer has them; with tensor
+        parallelism, this rank's slice of each expert's width."""
         c, s = self.config, self.shard
 
-        def mlp_of(gate: Weight, up: Weight, down: Weight, width: range) -> Expert:
-            return Expert(self._linear([head_rows(gate, width, 1), head_rows(up, width, 1)]),
-                          self._linear([_columns(down, width)]))
+        def mlp_of(gate: Weight, up: Weight, down: Weight, width: range,
+                   biases: tuple[torch.Tensor, ...] | None = None) -> Expert:
+            gate_up_bias = torch.cat([head_rows(b, width, 1) for b in biases[:2]]) if biases else None
+            return Expert(self._linear([head_rows(gate, width, 1), head_rows(up, width, 1)], gate_up_bias),
+                          self._linear([_columns(down, width)], self._row_parallel_bias(biases and biases[2])), glu)
 
         def expert(name: str, e: int, rows: int) -> Weight:
             return t[f"{mlp}.experts.{name}_proj.weight"][e * rows:(e + 1) * rows]
 
+        def biases(e: int) -> tuple[torch.Tensor, ...] | None:
+            return tuple(t[f"{mlp}.experts.{n}_proj.bias"][e] for n in ("gate", "up", "down")) if c.expert_bias \
+                else None
+
         m, h = c.moe_intermediate_size, c.hidden_size
-        experts = [mlp_of(expert("gate", e, m), expert("up", e, m), expert("down", e, h), s.expert)
+        experts = [mlp_of(expert("gate", e, m), expert("up", e, m), expert("down", e, h), s.expert, biases(e))
                    for e in range(c.num_experts)]
         shared: tuple[Expert | None, Linear | None] = (None, None)
         if with_shared:
             parts = (t[f"{mlp}.shared_expert.{n}_proj.weight"] for n in ("gate", "up", "down"))
             shared = mlp_of(*parts, s.shared_expert), self._linear([t[f"{mlp}.shared_expert_gate.weight"]])
-        return MoE(self._linear([t[f"{mlp}.gate.weight"]]), experts, c.num_experts_per_tok, c.norm_topk_prob,
-                   c.expert_gating, *shared)
+        return MoE(self._linear([t[f"{mlp}.gate.weight"]], t.get(f"{mlp}.gate.bias")), experts,
+                   c.num_experts_per_tok, c.norm_topk_prob, c.expert_gating, *shared)
 
     def _quantize(self, layer_type: Q, head_type: Q) -> None:
         """Every matrix into GGUF blocks (quant.py), from there run as a GGUF file's are; in float32 (the
@@ -330,7 +347,7 @@ class Decoder:
             h = h + self._out_norm(self._sum(mixed), layer.attn_out_norm, spec)
             x = self._norm(h, layer.post_norm, spec.norm_offset)
             mlp = layer.moe(x) if layer.moe is not None else \
-                gated_mlp(layer.gate_up, layer.down, x, ACTIVATIONS[spec.activation])
+                gated_mlp(layer.gate_up, layer.down, x, self._glu(spec.activation))
             h = h + self._out_norm(self._sum(mlp), layer.mlp_out_norm, spec)
             if tap is not None:
                 tap.residuals.append(h[tap.rows])
@@ -354,7 +371,7 @@ class Decoder:
         q, k = rotary.apply(q, cos, sin), rotary.apply(k, cos, sin)
         if spec.query_scalar != d:
             q = q * (d / spec.query_scalar) ** 0.5  # attention scales by head_dim ** -0.5
-        attn = paged_attention(q, k, v, cache[0], cache[1], meta, self.prefill_kernel, spec.window)
+        attn = paged_attention(q, k, v, cache[0], cache[1], meta, self.prefill_kernel, spec.window, layer.sinks)
         if gate is not None:
             attn = attn * torch.sigmoid(gate)
         return layer.o(attn.reshape(-1, self.q_size))

@@ -109,6 +109,8 @@ class FusedDecode:
             "sandwich norms": any(s.sandwich_norms for s in specs),
             "offset norms": config.norm_weight_offset != 0 or any(s.norm_offset != 0 for s in specs),
             "a GELU MLP": any(s.activation != "silu" for s in specs),
+            "attention sinks": any(s.sinks for s in specs),
+            "an output-projection bias": any(s.o_bias for s in specs),
             "a query scale of its own": any(s.query_scalar != d for s in specs),
             "RoPE bases per layer": any(s.rope != specs[0].rope for s in specs),
             "RoPE over part of each head": any(s.rope.rotary_dim not in (None, d) for s in specs),

@@ -1,5 +1,5 @@
 """Model building blocks: RMSNorm (plain and Gemma's offset form) and rotary position embedding (RoPE) with
-its scalings."""
+its scalings (linear, Llama-3, LongRoPE, YaRN)."""
 from __future__ import annotations
 
 import math
@@ -23,7 +23,7 @@ def rope_kind(scaling: dict | None) -> str:
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None, long: bool = False) -> torch.Tensor:
-    """Inverse frequencies, with Llama-3 / linear / LongRoPE scaling when the checkpoint asks for it (long:
+    """Inverse frequencies, with Llama-3 / linear / LongRoPE / YaRN scaling when the checkpoint asks for it (long:
     LongRoPE's factors for positions past the original context)."""
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
     kind = rope_kind(scaling)
@@ -43,16 +43,46 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None, long: bool 
         blended = (1 - smooth) * scaled / factor + smooth * scaled
         medium = (wavelen <= old_len / low) & (wavelen >= old_len / high)
         return torch.where(medium, blended, scaled).float()
-    raise ValueError(f"unsupported rope_scaling type {kind!r} (supported: default, linear, llama3, longrope)")
+    if kind == "yarn":
+        return _yarn_inv_freq(inv_freq, head_dim, theta, scaling).float()
+    raise ValueError(f"unsupported rope_scaling type {kind!r} (supported: default, linear, llama3, longrope, yarn)")
+
+
+def _yarn_inv_freq(inv_freq: torch.Tensor, dim: int, theta: float, scaling: dict) -> torch.Tensor:
+    """YaRN (gpt-oss): frequencies that turn more than beta_fast times over the original context keep their
+    value, those under beta_slow times are divided by the factor, and a linear ramp over the dims between
+    blends the two (transformers' _compute_yarn_parameters; truncate rounds the ramp's ends outward)."""
+    original = scaling["original_max_position_embeddings"]
+
+    def dim_of(rotations: float) -> float:  # the dim whose frequency turns `rotations` times over the context
+        return dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = dim_of(scaling.get("beta_fast") or 32), dim_of(scaling.get("beta_slow") or 1)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / max(high - low, 0.001)).clamp(0, 1)
+    return inv_freq / scaling["factor"] * ramp + inv_freq * (1 - ramp)
+
+
+def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    return 0.1 * mscale * math.log(factor) + 1.0 if factor > 1 else 1.0
 
 
 def rope_attention_factor(scaling: dict | None) -> float:
-    """What LongRoPE scales cos and sin by, as transformers computes it: the config's attention_factor, else
-    sqrt(1 + ln(factor) / ln(original context)) for a context stretched factor times; 1 for the other kinds."""
-    if rope_kind(scaling) != "longrope":
+    """What LongRoPE and YaRN scale cos and sin by, as transformers computes it: the config's attention_factor,
+    else LongRoPE's sqrt(1 + ln(factor) / ln(original context)) for a context stretched factor times, YaRN's
+    0.1 ln(factor) + 1 (or the ratio of two such with DeepSeek's mscale keys); 1 for the other kinds."""
+    kind = rope_kind(scaling)
+    if kind not in ("longrope", "yarn"):
         return 1.0
     if scaling.get("attention_factor") is not None:
         return scaling["attention_factor"]
+    if kind == "yarn":
+        mscale, all_dims = scaling.get("mscale"), scaling.get("mscale_all_dim")
+        if mscale and all_dims:
+            return _yarn_mscale(scaling["factor"], mscale) / _yarn_mscale(scaling["factor"], all_dims)
+        return _yarn_mscale(scaling["factor"])
     factor, original = scaling["factor"], scaling["original_max_position_embeddings"]
     return math.sqrt(1 + math.log(factor) / math.log(original)) if factor > 1 else 1.0
 

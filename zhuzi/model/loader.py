@@ -20,9 +20,10 @@ from safetensors import SafetensorError, safe_open
 from tqdm import tqdm
 
 from zhuzi.disk_cache import file_identity
+from zhuzi.model import mxfp4
 from zhuzi.model.blocks import DENSE_TYPES, BlockWeight, Origin
 from zhuzi.model.families import Family, family, gguf_family, hf_family, supported_families
-from zhuzi.model.families.base import EXPERT_PARTS, Weight
+from zhuzi.model.families.base import Weight
 from zhuzi.model.gguf_header import GGUFHeader, read_gguf_header
 from zhuzi.model.model_config import ModelConfig
 
@@ -146,15 +147,6 @@ def _hf_config(directory: Path) -> ModelConfig:
     return replace(config, pooling=_sentence_transformers_pooling(directory))
 
 
-def _stack_experts(tensors: dict[str, torch.Tensor], config: ModelConfig) -> None:
-    """Each sparse layer's per-expert matrices -> one stacked [experts * rows, columns] matrix per part."""
-    for i in filter(config.is_moe_layer, range(config.num_layers)):
-        for p in EXPERT_PARTS:
-            mlp = f"model.layers.{i}.mlp.experts"
-            tensors[f"{mlp}.{p}_proj.weight"] = torch.cat(
-                [tensors.pop(f"{mlp}.{e}.{p}_proj.weight") for e in range(config.num_experts)])
-
-
 def _safetensors_files(directory: Path) -> list[Path]:
     index = directory / "model.safetensors.index.json"
     if index.is_file():
@@ -169,25 +161,32 @@ def _load_safetensors_dir(directory: Path, config: ModelConfig, dtype: torch.dty
     fam = family(config.architecture)
     wanted = set(fam.tensor_names(config, per_expert=True))
     with ExitStack() as stack:
-        sources = {}  # tensor name (canonical) -> (file, open handle, name in the file)
+        located = {}  # a stored tensor's name -> (file, open handle)
         for file in _safetensors_files(directory):
             try:
                 handle = stack.enter_context(safe_open(file, "pt"))
             except (SafetensorError, FileNotFoundError) as e:
                 raise CheckpointError(file, f"truncated, corrupt or missing safetensors file ({e})") from None
-            sources.update((key, (file, handle, name)) for name in handle.keys()
-                           if (key := fam.hf_tensor_name(name)) in wanted)
+            located.update((name, (file, handle)) for name in handle.keys())
+        # tensor name (canonical) -> its stored name, or an MXFP4 matrix's blocks and scales (maybe in two files)
+        sources = {key: stored for name, stored in mxfp4.stored_names(located).items()
+                   if (key := fam.hf_tensor_name(name)) in wanted}
         _check_complete(directory, config, sources, per_expert=True)
         tensors = {}
         for name in tqdm(sorted(sources), desc=f"loading {directory.name}", unit="tensor",
                          delay=PROGRESS_DELAY_S, leave=False):
-            file, handle, stored = sources[name]
-            try:
-                tensors[name] = handle.get_tensor(stored).to(dtype)
-            except SafetensorError as e:
-                raise CheckpointError(file, f"cannot read tensor {stored} ({e})") from None
-        _stack_experts(tensors, config)
+            parts = [sources[name]] if isinstance(sources[name], str) else list(sources[name])
+            values = [_read_tensor(*located[part], part) for part in parts]
+            tensors[name] = (values[0] if len(values) == 1 else mxfp4.unpack(*values)).to(dtype)
+        fam.stack_experts(tensors, config)
         return tensors
+
+
+def _read_tensor(file: Path, handle: Any, name: str) -> torch.Tensor:
+    try:
+        return handle.get_tensor(name)
+    except SafetensorError as e:
+        raise CheckpointError(file, f"cannot read tensor {name} ({e})") from None
 
 
 # ---------------------------------------------------------------- GGUF file

@@ -47,9 +47,11 @@ class LayerSpec:
     qk_norm: bool  # RMSNorm of each head's q and k
     sandwich_norms: bool  # norms on attention's and the MLP's outputs too
     norm_offset: float  # RMSNorm scales by (offset + w)
-    activation: str  # the MLP's gate: silu or gelu_pytorch_tanh
+    activation: str  # the MLP's gate: silu, gelu_pytorch_tanh, or swiglu_clamped (gpt-oss's experts)
     query_scalar: float  # attention scores scale by its -1/2 power
     output_gate: bool = False  # attention's output times sigmoid of a gate q_proj also makes (Qwen3.5)
+    o_bias: bool = False  # a bias on attention's output projection too
+    sinks: bool = False  # attention sinks: a learned logit per head in each softmax denominator
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,8 @@ class ModelConfig:
     max_position_embeddings: int = 2048
     tie_word_embeddings: bool = False
     attention_bias: bool = False  # bias on the q/k/v projections
+    attention_out_bias: bool = False  # bias on the output projection too (gpt-oss)
+    attention_sinks: bool = False  # a learned logit per head joins each softmax denominator (gpt-oss)
     qk_norm: bool = False  # RMSNorm on q and k per head
     rope_interleaved: bool = False  # RoPE rotates pairs (0, 1), (2, 3), ...: a llama GGUF's Q/K row order
     rotary_dim: int | None = None  # the first dims of a head that RoPE turns (Phi-3's partial_rotary_factor); None: all
@@ -98,7 +102,9 @@ class ModelConfig:
     embedding_scale: float = 1.0  # the token embedding is multiplied by it (Gemma: sqrt(hidden))
     norm_weight_offset: float = 0.0  # RMSNorm scales by (offset + w) in float32 (Gemma: 1)
     sandwich_norms: bool = False  # a norm on attention's and the MLP's outputs too (Gemma 2/3)
-    hidden_act: str = "silu"  # the MLP's gate activation: silu or gelu_pytorch_tanh (Gemma)
+    hidden_act: str = "silu"  # the MLP's gate activation: silu, gelu_pytorch_tanh or swiglu_clamped (gpt-oss)
+    swiglu_alpha: float = 1.702  # swiglu_clamped: up and gate -> (up + 1) * gate * sigmoid(alpha * gate), ...
+    swiglu_limit: float = 7.0  # ... the gate clamped from above, up on both sides, at the limit (Gemma)
     query_pre_attn_scalar: float | None = None  # attention scores scale by its -1/2 power; None: head_dim's
     final_logit_softcapping: float | None = None  # logits -> cap * tanh(logits / cap)
     rope_local_theta: float | None = None  # the RoPE base of sliding layers, where theirs is not rope_theta
@@ -108,7 +114,8 @@ class ModelConfig:
     moe_intermediate_size: int = 0  # an expert's SwiGLU width
     shared_expert_intermediate_size: int = 0  # a shared expert every token runs (0: none)
     norm_topk_prob: bool = False  # the top-k gate weights renormalized to sum to 1
-    expert_gating: str = "softmax"  # router logits -> gate weights: "softmax" or "sigmoid"
+    expert_gating: str = "softmax"  # router logits -> gate weights: "softmax", "sigmoid" or "top_k_softmax"
+    expert_bias: bool = False  # a bias on the router and on each expert's matrices (gpt-oss)
     moe_layers: list[int] | None = None  # the sparse layers (others run a dense MLP); None: every layer
     pooling: str | None = None  # an embedding checkpoint's own pooling, "mean" or "last" (None: it names none)
     # Linear attention (gated DeltaNet) layers: layer_types names them "linear_attention"
@@ -175,8 +182,7 @@ class ModelConfig:
             s, values = self.linear, self.linear.value_heads * self.linear.value_dim
             projections = h * (s.conv_channels + values + 2 * s.value_heads) + values * h
             return projections + s.conv_channels * s.conv_kernel + 2 * s.value_heads + s.value_dim + 2 * h
-        norms = 2 * h + (2 * self.head_dim if self.qk_norm else 0)
-        return h * (q * (2 if self.attention_output_gate else 1) + 2 * kv) + q * h + norms
+        return h * (q * (2 if self.attention_output_gate else 1) + 2 * kv) + q * h + 2 * h  # q/k norms apart
 
     @property
     def num_parameters(self) -> int:

@@ -12,22 +12,48 @@ import torch.nn.functional as F
 
 from zhuzi.model.linear import Linear
 
+Glu = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (gate, up) -> what the down projection takes
 
-def gated_mlp(gate_up: Linear, down: Linear, x: torch.Tensor,
-              act: Callable[[torch.Tensor], torch.Tensor] = F.silu) -> torch.Tensor:
-    """down(act(gate x) * up x), gate and up in one matmul: a dense layer's MLP (SwiGLU, or Gemma's GELU-tanh)
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return F.silu(gate) * up
+
+
+def gelu_tanh_glu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return F.gelu(gate, approximate="tanh") * up
+
+
+GLUS: dict[str, Glu] = {"silu": swiglu, "gelu_pytorch_tanh": gelu_tanh_glu}  # by the config's activation
+
+
+@dataclass(frozen=True)
+class ClampedSwiGLU:
+    """gpt-oss's experts: the gate clamped from above and up on both sides at limit, then
+    (up + 1) * gate * sigmoid(alpha * gate)."""
+
+    alpha: float
+    limit: float
+
+    def __call__(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate.clamp(max=self.limit), up.clamp(-self.limit, self.limit)
+        return (up + 1) * (gate * torch.sigmoid(gate * self.alpha))
+
+
+def gated_mlp(gate_up: Linear, down: Linear, x: torch.Tensor, glu: Glu = swiglu) -> torch.Tensor:
+    """down(glu(gate x, up x)), gate and up in one matmul: a dense layer's MLP (SwiGLU, or Gemma's GELU-tanh)
     and each expert."""
     gate, up = gate_up(x).chunk(2, -1)
-    return down(act(gate) * up)
+    return down(glu(gate, up))
 
 
 @dataclass
 class Expert:
     gate_up: Linear
     down: Linear
+    glu: Glu = swiglu
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return gated_mlp(self.gate_up, self.down, x)
+        return gated_mlp(self.gate_up, self.down, x, self.glu)
 
     @property
     def nbytes(self) -> int:
@@ -40,7 +66,9 @@ class MoE:
     experts: list[Expert]
     top_k: int
     normalize: bool  # the top-k gate weights renormalized to sum to 1 (Mixtral, Qwen3-MoE; not Qwen2-MoE)
-    gating: str = "softmax"  # router logits -> scores: "softmax" over the experts, or each one's "sigmoid"
+    # router logits -> scores: "softmax" over the experts, each one's "sigmoid", or "top_k_softmax": a softmax
+    # over the top-k logits only (gpt-oss)
+    gating: str = "softmax"
     shared: Expert | None = None
     shared_gate: Linear | None = None  # [1, hidden]: sigmoid(x . w) scales the shared expert's output
     bytes_read: int = 0  # weight bytes of the last call: the router, the experts it ran, the shared expert
@@ -49,6 +77,9 @@ class MoE:
         """([rows, k] gate weights in x's dtype, [rows, k] expert ids) of each row's top-k experts. Scores and
         their renormalization in float32, as transformers computes them."""
         logits = self.router(x).float()
+        if self.gating == "top_k_softmax":
+            top, ids = logits.topk(self.top_k, -1)
+            return top.softmax(-1).to(x.dtype), ids
         scores = logits.softmax(-1) if self.gating == "softmax" else logits.sigmoid()
         weights, ids = scores.topk(self.top_k, -1)
         if self.normalize:

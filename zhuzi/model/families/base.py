@@ -151,7 +151,8 @@ class Family:
         mlp = Mlp.DENSE if not c.is_moe_layer(i) else Mlp.MOE_SHARED if c.shared_expert_intermediate_size \
             else Mlp.MOE
         return LayerSpec(mixer, c.window(i), rope, mlp, c.attention_bias, c.qk_norm, c.sandwich_norms,
-                         c.norm_weight_offset, c.hidden_act, c.query_pre_attn_scalar or float(c.head_dim))
+                         c.norm_weight_offset, c.hidden_act, c.query_pre_attn_scalar or float(c.head_dim),
+                         o_bias=c.attention_out_bias, sinks=c.attention_sinks)
 
     # ------------------------------------------------------------ tensors
 
@@ -170,6 +171,10 @@ class Family:
             names += _mlp_names(config, spec.mlp, f"{layer}mlp.", per_expert)
             if spec.qkv_bias:
                 names += [f"{layer}self_attn.{p}_proj.bias" for p in "qkv"]
+            if spec.o_bias:
+                names.append(f"{layer}self_attn.o_proj.bias")
+            if spec.sinks:
+                names.append(f"{layer}self_attn.sinks.weight")
             if spec.qk_norm:
                 names += [f"{layer}self_attn.{p}_norm.weight" for p in "qk"]
             if spec.sandwich_norms:
@@ -208,6 +213,15 @@ class Family:
         multimodal checkpoint's text model under the text checkpoint's names)."""
         return stored.replace("model.language_model.", "model.", 1)
 
+    def stack_experts(self, tensors: dict[str, torch.Tensor], config: ModelConfig) -> None:
+        """A directory's experts as the decoder takes them, in place: each sparse layer's per-expert matrices ->
+        one stacked [experts * rows, columns] matrix per part (as a GGUF file stores them)."""
+        for i in filter(config.is_moe_layer, range(config.num_layers)):
+            for p in EXPERT_PARTS:
+                mlp = f"model.layers.{i}.mlp.experts"
+                tensors[f"{mlp}.{p}_proj.weight"] = torch.cat(
+                    [tensors.pop(f"{mlp}.{e}.{p}_proj.weight") for e in range(config.num_experts)])
+
     def gguf_tensor_name(self, gguf_name: str) -> str | None:
         """llama.cpp tensor name -> Hugging Face name; None for tensors the decoder does not use."""
         base, _, kind = gguf_name.rpartition(".")
@@ -229,7 +243,8 @@ def _mlp_names(config: ModelConfig, mlp_kind: Mlp, mlp: str, per_expert: bool) -
     experts = [f"{mlp}experts.{e}.{p}_proj.weight" for e in range(config.num_experts) for p in EXPERT_PARTS] \
         if per_expert else [f"{mlp}experts.{p}_proj.weight" for p in EXPERT_PARTS]
     shared = [f"{mlp}shared_expert.{p}_proj.weight" for p in EXPERT_PARTS] + [f"{mlp}shared_expert_gate.weight"]
-    return [f"{mlp}gate.weight"] + experts + (shared if mlp_kind is Mlp.MOE_SHARED else [])
+    biases = [f"{mlp}gate.bias"] + [f"{mlp}experts.{p}_proj.bias" for p in EXPERT_PARTS] if config.expert_bias else []
+    return [f"{mlp}gate.weight"] + experts + biases + (shared if mlp_kind is Mlp.MOE_SHARED else [])
 
 
 def _unique(ids: Iterable[int | None]) -> list[int]:

@@ -10,7 +10,7 @@ from zhuzi.model.families.base import Family
 from zhuzi.model.gguf_header import GGUFHeader
 from zhuzi.model.model_config import ModelConfig
 
-GGUF_GATING = {1: "softmax", 2: "sigmoid"}  # llama.cpp's expert_gating_func
+GGUF_GATING = {1: "softmax", 2: "sigmoid", 3: "top_k_softmax"}  # llama.cpp's expert_gating_func
 
 
 @dataclass(frozen=True)

@@ -15,15 +15,16 @@ int zhuzi_small_m_linear(int weight, int x_bf16, const void* x, const void* w, v
 int zhuzi_fixed_order_linear(int weight, int x_bf16, const void* x, const void* w, void* y, int64_t M, int64_t N,
                              int64_t K, int64_t MB, int threads);
 // decode_attention.cpp: one query token per row over its paged history; q and out float32 or bf16 (q_bf16),
-// the pools a KVType (bf16 queries take bf16 or q8_0 pools); window > 0: a sliding window's tokens.
+// the pools a KVType (bf16 queries take bf16 or q8_0 pools); window > 0: a sliding window's tokens; sinks: H
+// float32 logits in each head's softmax denominator (attention sinks), or null.
 int zhuzi_decode_attention(int q_bf16, int kv_type, const void* q, const void* kc, const void* vc,
                            const int64_t* slots, const int64_t* lens, void* out, int64_t B, int64_t W, int H, int KV,
-                           int D, int64_t nslots, float scale, int64_t window, int threads);
+                           int D, int64_t nslots, float scale, int64_t window, const float* sinks, int threads);
 // prefill_attention.cpp: a prompt chunk's causal attention over its paged history; q and out float32 or
-// bf16, pools bf16 or q8_0 (float32 pools are the reference: not served); window > 0: a sliding window's tokens.
+// bf16, pools bf16 or q8_0 (float32 pools are the reference: not served); window and sinks as decode's.
 int zhuzi_prefill_attention(int q_bf16, int kv_type, const void* q, const void* kc, const void* vc,
                             const int64_t* slots, int64_t L, int64_t context, int H, int KV, int D, int64_t nslots,
-                            float scale, int64_t window, void* out, int threads);
+                            float scale, int64_t window, const float* sinks, void* out, int threads);
 // dequantize_blocks.cpp: rows ids[i] (all n rows when ids is null) of a GGUF block matrix (type: a GGUF type,
 // or packed_layout.h's FLAG | type) -> their exact values, float32 or bf16 [n, K].
 int zhuzi_dequantize_rows(int type, const void* src, int64_t rows, int64_t row_bytes, const int64_t* ids, int64_t n,

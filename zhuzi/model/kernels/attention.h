@@ -55,9 +55,12 @@ constexpr int largest_divisor(int n, int most) {
 // KEYS keys at a time, each key's dot product its own chain of FMAs: one chain at a time waited out an FMA's
 // latency per vector, where KEYS chains keep both FMA ports busy. Each key's sum is the same chain as alone,
 // so the bits do not depend on how many keys a slab holds.
+//
+// sinks (null for none): a learned logit per query head (gpt-oss's attention sinks) that joins each head's
+// softmax denominator and adds no value: the head may give its keys less than all of its attention.
 template <typename TQ, typename TKV, int D>
 static void attend(const TQ* q, const TKV* kc, const TKV* vc, const int64_t* slots, int64_t len, TQ* out,
-                   int h0, int h1, int H, int KV, int64_t nslots, float scale, int* bad) {
+                   int h0, int h1, int H, int KV, int64_t nslots, float scale, const float* sinks, int* bad) {
   // SUMS: output vectors summed in registers at once; 16 of them and a broadcast overflowed AVX2's 16, and the
   // two spilled sums' store and reload went into every key's chain.
   constexpr int NV = D / VL, KEYS = 8, SUMS = largest_divisor(NV, VREGS / 2);
@@ -133,9 +136,11 @@ static void attend(const TQ* q, const TKV* kc, const TKV* vc, const int64_t* slo
       }
     }
   }
-  for (int h = h0; h < h1; ++h)
+  for (int h = h0; h < h1; ++h) {
+    const float denominator = sinks ? l[h] + scalar_exp(sinks[h] - m[h]) : l[h];
     for (int j = 0; j < NV; ++j) {
-      const vf o = acc[h * NV + j] / l[h];
+      const vf o = acc[h * NV + j] / denominator;
       for (int i = 0; i < VL; ++i) store(o[i], out + h * D + element(kc, j, i));
     }
+  }
 }

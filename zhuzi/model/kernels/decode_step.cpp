@@ -214,7 +214,7 @@ static void attend_group(int64_t D, const Act* q, const void* kc, const void* vc
   const int QPK = H / KV;
   const auto* k = static_cast<const TKV*>(kc);
   const auto* v = static_cast<const TKV*>(vc);
-  auto go = [&](auto fn) { fn(q, k, v, slots, len, out, kh * QPK, (kh + 1) * QPK, H, KV, nslots, scale, bad); };
+  auto go = [&](auto fn) { fn(q, k, v, slots, len, out, kh * QPK, (kh + 1) * QPK, H, KV, nslots, scale, nullptr, bad); };
   switch (D) {
     case 32: go(attend<Act, TKV, 32>); break;
     case 64: go(attend<Act, TKV, 64>); break;

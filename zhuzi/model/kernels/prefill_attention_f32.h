@@ -15,10 +15,11 @@ namespace f32 {
 constexpr int QV = 3, Q = QV * VL;  // query vectors, queries per item
 constexpr int T = std::max(32, Q);  // keys per slab: each lane sees one of the first (below)
 
-// Queries q0 .. q0 + n - 1 (n <= Q) of head h, at positions first + q0 .. ; keys at pool rows slots[0 ..].
+// Queries q0 .. q0 + n - 1 (n <= Q) of head h, at positions first + q0 .. ; keys at pool rows slots[0 ..]; sink:
+// the head's logit in the softmax denominator, or null.
 template <typename TQ, typename TKV, int D>
 static void item(const TQ* q, const TKV* kc, const TKV* vc, const int64_t* slots, int64_t first, int64_t q0, int n,
-                 int h, int H, int QPK, int64_t row, float scale, int64_t window, TQ* out) {
+                 int h, int H, int QPK, int64_t row, float scale, int64_t window, const float* sink, TQ* out) {
   alignas(64) float qt[D][Q], o[D][Q];  // queries (scaled) and outputs, transposed: [d][lane]
   alignas(64) float kt[T][D], vt[T][D], s[T][Q];
   alignas(64) float lane_pos[Q];
@@ -96,7 +97,7 @@ static void item(const TQ* q, const TKV* kc, const TKV* vc, const int64_t* slots
     }
   }
   alignas(64) float inv[Q];
-  for (int v = 0; v < QV; ++v) store_vf(1.f / l[v], inv + v * VL);
+  for (int v = 0; v < QV; ++v) store_vf(1.f / (sink ? l[v] + vexp(splat(*sink) - m[v]) : l[v]), inv + v * VL);
   for (int i = 0; i < n; ++i)
     for (int d = 0; d < D; ++d) store(o[d][i] * inv[i], out + ((q0 + i) * H + h) * D + d);
 }

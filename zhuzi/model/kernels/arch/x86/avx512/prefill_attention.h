@@ -12,11 +12,12 @@ namespace bf16 {
 constexpr int Q = 16;          // query positions per item (vector lanes)
 constexpr int T = 32;          // keys per slab
 
-// Queries q0 .. q0 + n - 1 (n <= 16) of head h, at positions first + q0 .. ; keys at pool rows slots[0 ..].
+// Queries q0 .. q0 + n - 1 (n <= 16) of head h, at positions first + q0 .. ; keys at pool rows slots[0 ..]; sink:
+// the head's logit in the softmax denominator, or null.
 template <int D>
 static void item(const uint16_t* q, const uint16_t* kc, const uint16_t* vc, const int64_t* slots, int64_t first,
                  int64_t q0, int n, int h, int H, int QPK, int64_t row, float scale, int64_t window,
-                 uint16_t* out) {
+                 const float* sink, uint16_t* out) {
   constexpr int P = D / 2;  // bf16 pairs a row
   alignas(64) int32_t qt[P][Q];          // qt[p][lane]: query lane's pair p
   alignas(64) float s[T][Q];             // scores, then probabilities, of a slab: key-major
@@ -99,6 +100,7 @@ static void item(const uint16_t* q, const uint16_t* kc, const uint16_t* vc, cons
       for (int j = 0; j < 16; ++j) o[d0 + j] = acc[j];
     }
   }
+  if (sink) l = _mm512_add_ps(l, (__m512)vexp((vf)_mm512_sub_ps(_mm512_set1_ps(*sink), m)));
   alignas(64) float inv[Q], col[Q];
   _mm512_store_ps(inv, _mm512_div_ps(_mm512_set1_ps(1.f), l));
   for (int d = 0; d < D; ++d) {
