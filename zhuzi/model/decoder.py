@@ -244,8 +244,9 @@ class Decoder:
         if with_shared:
             parts = (t[f"{mlp}.shared_expert.{n}_proj.weight"] for n in ("gate", "up", "down"))
             shared = mlp_of(*parts, s.shared_expert), self._linear([t[f"{mlp}.shared_expert_gate.weight"]])
+        bias = t[f"{mlp}.expert_bias"].float() if c.expert_bias else None
         return MoE(self._linear([t[f"{mlp}.gate.weight"]]), experts, c.num_experts_per_tok, c.norm_topk_prob,
-                   c.expert_gating, *shared)
+                   c.expert_gating, *shared, bias=bias)
 
     def _quantize(self, layer_type: Q, head_type: Q) -> None:
         """Every matrix into GGUF blocks (quant.py), from there run as a GGUF file's are; in float32 (the

@@ -111,6 +111,7 @@ class ModelConfig:
     norm_topk_prob: bool = False  # the top-k gate weights renormalized to sum to 1
     expert_gating: str = "softmax"  # router logits -> gate weights: "softmax" or "sigmoid"
     moe_layers: list[int] | None = None  # the sparse layers (others run a dense MLP); None: every layer
+    expert_bias: bool = False  # a bias per expert on the scores that pick the top-k, not on their weights (LFM2)
     pooling: str | None = None  # an embedding checkpoint's own pooling, "mean" or "last" (None: it names none)
     # Linear attention (gated DeltaNet) layers: layer_types names them "linear_attention"
     linear: LinearAttentionShape | None = None

@@ -229,7 +229,8 @@ def _mlp_names(config: ModelConfig, mlp_kind: Mlp, mlp: str, per_expert: bool) -
     experts = [f"{mlp}experts.{e}.{p}_proj.weight" for e in range(config.num_experts) for p in EXPERT_PARTS] \
         if per_expert else [f"{mlp}experts.{p}_proj.weight" for p in EXPERT_PARTS]
     shared = [f"{mlp}shared_expert.{p}_proj.weight" for p in EXPERT_PARTS] + [f"{mlp}shared_expert_gate.weight"]
-    return [f"{mlp}gate.weight"] + experts + (shared if mlp_kind is Mlp.MOE_SHARED else [])
+    bias = [f"{mlp}expert_bias"] if config.expert_bias else []
+    return [f"{mlp}gate.weight"] + bias + experts + (shared if mlp_kind is Mlp.MOE_SHARED else [])
 
 
 def _unique(ids: Iterable[int | None]) -> list[int]:
