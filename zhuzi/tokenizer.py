@@ -21,7 +21,7 @@ import jinja2.ext
 import jinja2.meta
 from tokenizers import Tokenizer as RustTokenizer
 from tokenizers.decoders import ByteLevel
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from zhuzi.disk_cache import atomic_write, cache_path, file_identity
 from zhuzi.encoder_process import LONG_TEXT, EncoderProcess, in_slices
@@ -49,7 +49,10 @@ def _load_gguf(gguf: Path) -> PreTrainedTokenizerBase:
     cached = cache_path("tokenizers", gguf.stem, *file_identity(gguf))
     if (cached / "tokenizer.json").exists():
         return AutoTokenizer.from_pretrained(cached, local_files_only=True)
-    hf = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
+    try:
+        hf = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
+    except ValueError:  # an architecture whose config transformers does not read (lfm2moe): the vocabulary will do
+        hf = PreTrainedTokenizerFast.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
     try:
         with atomic_write(cached) as tmp:
             hf.save_pretrained(tmp)
