@@ -6,6 +6,7 @@ import json
 import time
 from pathlib import Path
 
+import gguf
 import pytest
 
 from zhuzi.tokenizer import Tokenizer
@@ -101,6 +102,24 @@ def naive_ids(tok: Tokenizer, messages: list[dict], **kwargs) -> list[int]:
 
 def control_ids(tok: Tokenizer, ids: list[int]) -> list[int]:
     return [i for i in ids if i in tok.all_special_ids]
+
+
+def test_a_gguf_of_an_architecture_transformers_does_not_read_has_its_vocabulary_read(tok: Tokenizer,
+                                                                                    tmp_path: Path) -> None:
+    """transformers 5.25 reads no lfm2moe config from GGUF; the file's own vocabulary is its tokenizer."""
+    reader = gguf.GGUFReader(smollm2_gguf())
+    writer = gguf.GGUFWriter(tmp_path / "lfm2moe.gguf", "lfm2moe")
+    for key, field in reader.fields.items():
+        if key.startswith("tokenizer."):
+            writer.add_key_value(key, field.contents(), field.types[0], field.types[-1] if len(field.types) > 1
+                                 else None)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+    copy = Tokenizer.load(tmp_path / "lfm2moe.gguf")
+    chat = BENIGN_CONVERSATIONS[2]
+    assert copy.encode("The capital of France is") == tok.encode("The capital of France is")
+    assert copy.encode_chat(chat) == tok.encode_chat(chat) and copy.eos_token_id == tok.eos_token_id
 
 
 def test_plain_text_encodes_to_known_ids_without_bos(tok: Tokenizer) -> None:

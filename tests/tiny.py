@@ -42,8 +42,15 @@ GPT_OSS = dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=32,
                rms_norm_eps=1e-5,
                rope_parameters={"rope_type": "yarn", "rope_theta": 50000.0, "factor": 32.0, "beta_fast": 32.0,
                                 "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 4096})
+# LFM2: short-convolution layers, attention on layers 1 and 3; its MLP's width made of intermediate_size (128 ->
+# 96 in multiples of 32); LFM2-MoE's first layer dense, the others' experts picked with a bias. No pad id (its
+# default, 0, is a token here: transformers' generate would mask it out of a prompt)
+CLASSES |= {"lfm2": transformers.Lfm2ForCausalLM, "lfm2_moe": transformers.Lfm2MoeForCausalLM}
+LFM2 = dict(num_hidden_layers=4, layer_types=["conv", "full_attention", "conv", "full_attention"], block_multiple_of=32,
+            pad_token_id=None)
+MOE |= {"lfm2_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, num_dense_layers=1)}
 GGUF_ARCH = {"mixtral": "llama", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe", "qwen3_5": "qwen35",
-             "qwen3_5_moe": "qwen35moe", "gpt_oss": "gpt-oss"}  # llama.cpp's names
+             "qwen3_5_moe": "qwen35moe", "gpt_oss": "gpt-oss", "lfm2_moe": "lfm2moe"}  # llama.cpp's names
 VOCAB = 1000
 # Gemma 3 as llama.cpp's converter can write it (query_pre_attn_scalar = head_dim, no soft-capping) and as
 # write_gguf's metadata says (its RoPE base and epsilon); 6 layers: five local, one global, llama.cpp's pattern.
@@ -59,8 +66,8 @@ def build(arch: str, directory: Path, layers: int = 2, vocab_size: int = VOCAB,
                  max_position_embeddings=4096, rope_theta=10000.0)
     if arch == "phi3":  # Phi3Config's default pad id (32000) is outside a tiny vocabulary
         shape |= {"pad_token_id": None}
-    family = GEMMA3 if arch == "gemma3" else GPT_OSS if arch == "gpt_oss" else \
-        MOE.get(arch, {}) | (HYBRID if arch.startswith("qwen3_5") else {})
+    hybrid = HYBRID if arch.startswith("qwen3_5") else LFM2 if arch.startswith("lfm2") else {}
+    family = GEMMA3 if arch == "gemma3" else GPT_OSS if arch == "gpt_oss" else MOE.get(arch, {}) | hybrid
     config = cls.config_class(**(shape | family | copy.deepcopy(overrides)))  # transformers edits rope dicts in place
     torch.manual_seed(0)
     model = cls(config).eval()
@@ -81,6 +88,9 @@ def randomize(model: transformers.PreTrainedModel) -> None:
                 p.add_(1.0)
             if name.endswith("experts.gate_up_proj") and isinstance(model, transformers.GptOssForCausalLM):
                 p.mul_(GPT_OSS_GATE_UP_STD / 0.1)
+        for name, b in model.named_buffers():  # LFM2-MoE's: large enough to change which experts run
+            if name.endswith("expert_bias"):
+                b.normal_(0, 0.5)
 
 
 def reference_tensors(model: transformers.PreTrainedModel) -> dict[str, torch.Tensor]:
@@ -152,11 +162,13 @@ def write_gguf(path: Path, model, arch: str, raw: RawTensors | None = None, drop
         writer.add_key_length(cfg.head_dim)
         writer.add_value_length(cfg.head_dim)
         writer.add_sliding_window(cfg.sliding_window)
-    for key, value in {"block_count": cfg.num_hidden_layers, "context_length": cfg.max_position_embeddings,
-                       "embedding_length": cfg.hidden_size, "feed_forward_length": cfg.intermediate_size,
-                       "attention.head_count": cfg.num_attention_heads,
-                       "attention.head_count_kv": cfg.num_key_value_heads}.items():
-        writer.add_uint32(f"{arch}.{key}", value)
+    shape = {"block_count": cfg.num_hidden_layers, "context_length": cfg.max_position_embeddings,
+             "embedding_length": cfg.hidden_size, "feed_forward_length": cfg.intermediate_size,
+             "attention.head_count": cfg.num_attention_heads, "attention.head_count_kv": cfg.num_key_value_heads}
+    if arch in ("lfm2", "lfm2moe"):
+        shape |= _lfm2_metadata(writer, model)
+    for key, value in shape.items():
+        (writer.add_array if isinstance(value, list) else writer.add_uint32)(f"{arch}.{key}", value)
     writer.add_float32(f"{arch}.rope.freq_base", 50000.0)
     writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)
     if sliding_window is not None:
@@ -194,9 +206,12 @@ def write_gguf(path: Path, model, arch: str, raw: RawTensors | None = None, drop
     names = gguf.get_tensor_name_map(arch_id, cfg.num_hidden_layers)
     heads = {"q_proj": cfg.num_attention_heads, "k_proj": cfg.num_key_value_heads}
     for hf_name, tensor in converter_tensors(model).items():
-        # the converter's names: Qwen3.5's dt_bias is its dt_proj's bias
-        name = names.get_name(hf_name.replace(".dt_bias", ".dt_proj.bias"), try_suffixes=(".weight", ".bias"))
+        # the converter's names: Qwen3.5's dt_bias is its dt_proj's bias, LFM2-MoE's expert_bias a bias
+        hf_as = hf_name.replace(".dt_bias", ".dt_proj.bias").replace(".expert_bias", ".expert_bias.bias")
+        name = names.get_name(hf_as, try_suffixes=(".weight", ".bias"))
         array = tensor.numpy()
+        if arch in ("lfm2", "lfm2moe") and hf_name.endswith("conv.conv.weight"):
+            array = array.squeeze(1)  # the converter's: the convolution 2-D
         if arch == "llama" and hf_name.split(".")[-2] in heads:
             array = llama_cpp_permute(array, heads[hf_name.split(".")[-2]])
         if arch == "gemma3" and hf_name.endswith("norm.weight"):  # the converter stores Gemma's (1 + w)
@@ -215,6 +230,21 @@ def write_gguf(path: Path, model, arch: str, raw: RawTensors | None = None, drop
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def _lfm2_metadata(writer: gguf.GGUFWriter, model) -> dict[str, int | list[int]]:
+    """What llama.cpp's converter writes of LFM2: the convolution's width, the vocabulary size, and for LFM2-MoE
+    its dense layers and sigmoid router; returns the shape keys it writes otherwise: the KV heads per layer (0
+    where a layer is a convolution) and the dense MLP's width as the model made it."""
+    cfg = model.config
+    writer.add_shortconv_l_cache(cfg.conv_L_cache)
+    writer.add_vocab_size(cfg.vocab_size)
+    if getattr(cfg, "num_experts", None):
+        writer.add_leading_dense_block_count(cfg.num_dense_layers)
+        writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+    return {"attention.head_count_kv": [cfg.num_key_value_heads if kind == "full_attention" else 0
+                                        for kind in cfg.layer_types],
+            "feed_forward_length": model.model.layers[0].feed_forward.w1.out_features}
 
 
 def _qwen35_metadata(writer: gguf.GGUFWriter, cfg) -> None:

@@ -50,7 +50,7 @@ EXTRA = {"llama": {"rope_scaling": LLAMA3}, "phi3": PHI3, "gemma3": GEMMA3_HF}
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3", "phi3", "gemma3", "qwen3_5", "qwen3_5_moe",
-                                              "gpt_oss"])
+                                        "gpt_oss", "lfm2", "lfm2_moe"])
 def tiny_pair(request, tmp_path_factory):
     directory = tmp_path_factory.mktemp(request.param)
     hf = tiny.build(request.param, directory, **EXTRA.get(request.param, {}))
@@ -232,3 +232,31 @@ def test_a_qwen3_5_checkpoint_with_a_vision_tower_loads_its_text_model(tmp_path,
     with torch.no_grad():
         expected = hf(torch.tensor([ids])).logits[0]
     assert (full_logits(ours, ids) - expected).abs().max() < 1e-3
+
+
+@pytest.mark.parametrize("arch", ["lfm2", "lfm2_moe"])
+def test_lfm2_gguf_as_llama_cpp_writes_it_gives_transformers_logits(arch, tmp_path):
+    """llama.cpp's converter names the final norm token_embd_norm, squeezes the convolution, writes the KV heads
+    per layer (0 where a layer is a convolution), the MLP's width as LFM2 makes it and LFM2-MoE's expert bias as
+    exp_probs_b: the file's model is the directory's."""
+    hf = tiny.build(arch, tmp_path, rope_theta=50000.0)
+    ckpt = load_checkpoint(tiny.write_gguf(tmp_path / "tiny.gguf", hf, arch), torch.float32)
+    assert ckpt.config.layer_types == hf.config.layer_types and ckpt.config.num_kv_heads == 2
+    ours = Decoder(ckpt.config, ckpt.tensors)
+    for ids in PROMPTS:
+        with torch.no_grad():
+            expected = hf(torch.tensor([ids])).logits[0]
+        assert (full_logits(ours, ids) - expected).abs().max() < 1e-3
+
+
+def test_lfm2_gguf_greedy_through_the_engine_is_transformers(tmp_path):
+    """The file prefilled in 32-token chunks beside other prompts, then decoded: transformers' tokens."""
+    hf = tiny.build("lfm2", tmp_path, rope_theta=50000.0)
+    llm = LLM(str(tiny.write_gguf(tmp_path / "tiny.gguf", hf, "lfm2")), dtype="float32", page_size=16,
+              max_num_batched_tokens=32)
+    outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=16, min_tokens=16))
+    for ids, out in zip(PROMPTS, outs):
+        with torch.no_grad():  # both of the file's end tokens (eos and eot) held back
+            expected = hf.generate(torch.tensor([ids]), max_new_tokens=16, min_new_tokens=16, do_sample=False,
+                                   eos_token_id=[2, 7])
+        assert out.outputs[0].token_ids == expected[0, len(ids):].tolist()

@@ -136,7 +136,7 @@ class Decoder:
         self.num_heads, self.num_kv_heads = len(self.shard.q_heads), len(self.shard.kv_heads)
         self.q_size = self.num_heads * config.head_dim
         self.kv_size = self.num_kv_heads * config.head_dim
-        if quantization == "int8" and calibration and not tp and not config.num_experts and not config.linear:
+        if quantization == "int8" and calibration and not tp and not config.num_experts and not config.state_layers:
             smooth(self, calibration)
         if quantization in FORMATS:
             self._quantize(*FORMATS[quantization])
@@ -261,8 +261,9 @@ class Decoder:
         if with_shared:
             parts = (t[f"{mlp}.shared_expert.{n}_proj.weight"] for n in ("gate", "up", "down"))
             shared = mlp_of(*parts, s.shared_expert), self._linear([t[f"{mlp}.shared_expert_gate.weight"]])
+        selection = t[f"{mlp}.expert_bias"].float() if c.selection_bias else None
         return MoE(self._linear([t[f"{mlp}.gate.weight"]], t.get(f"{mlp}.gate.bias")), experts,
-                   c.num_experts_per_tok, c.norm_topk_prob, c.expert_gating, *shared)
+                   c.num_experts_per_tok, c.norm_topk_prob, c.expert_gating, *shared, selection_bias=selection)
 
     def _quantize(self, layer_type: Q, head_type: Q) -> None:
         """Every matrix into GGUF blocks (quant.py), from there run as a GGUF file's are; in float32 (the

@@ -14,6 +14,7 @@ class Mixer(Enum):
     ATTENTION = "full_attention"
     SLIDING_ATTENTION = "sliding_attention"  # each token attends its last `window` tokens
     LINEAR_ATTENTION = "linear_attention"  # gated DeltaNet: a state matrix per head instead of KV (recurrent.py)
+    SHORT_CONV = "conv"  # LFM2's gated short convolution: its last inputs instead of KV (recurrent.py)
 
     @property
     def keeps_kv(self) -> bool:
@@ -117,10 +118,12 @@ class ModelConfig:
     expert_gating: str = "softmax"  # router logits -> gate weights: "softmax", "sigmoid" or "top_k_softmax"
     expert_bias: bool = False  # a bias on the router and on each expert's matrices (gpt-oss)
     moe_layers: list[int] | None = None  # the sparse layers (others run a dense MLP); None: every layer
+    selection_bias: bool = False  # a bias per expert on the scores that pick the top-k, not on their weights (LFM2)
     pooling: str | None = None  # an embedding checkpoint's own pooling, "mean" or "last" (None: it names none)
     # Linear attention (gated DeltaNet) layers: layer_types names them "linear_attention"
     linear: LinearAttentionShape | None = None
     attention_output_gate: bool = False  # full attention's output gated (Qwen3.5's q_proj makes the gate too)
+    short_conv_kernel: int = 0  # a short-convolution layer's width (LFM2's L_cache): layer_types names them "conv"
 
     def window(self, layer: int) -> int | None:
         """The tokens layer `layer` attends (its own included), or None for the whole context."""
@@ -145,6 +148,8 @@ class ModelConfig:
             assert self.linear is not None
             s = self.linear  # the convolution's last inputs, and a state matrix per value head
             return s.conv_channels * (s.conv_kernel - 1) + s.value_heads * s.key_dim * s.value_dim
+        if mixer is Mixer.SHORT_CONV:  # the convolution's last inputs
+            return self.hidden_size * (self.short_conv_kernel - 1)
         return 0
 
     @property
@@ -182,6 +187,8 @@ class ModelConfig:
             s, values = self.linear, self.linear.value_heads * self.linear.value_dim
             projections = h * (s.conv_channels + values + 2 * s.value_heads) + values * h
             return projections + s.conv_channels * s.conv_kernel + 2 * s.value_heads + s.value_dim + 2 * h
+        if self.layer_types and self.layer_types[layer] == Mixer.SHORT_CONV.value:  # in_proj (B, C, x), out_proj
+            return 4 * h * h + h * self.short_conv_kernel + 2 * h
         return h * (q * (2 if self.attention_output_gate else 1) + 2 * kv) + q * h + 2 * h  # q/k norms apart
 
     @property

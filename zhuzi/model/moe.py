@@ -71,17 +71,20 @@ class MoE:
     gating: str = "softmax"
     shared: Expert | None = None
     shared_gate: Linear | None = None  # [1, hidden]: sigmoid(x . w) scales the shared expert's output
+    selection_bias: torch.Tensor | None = None  # [experts] float32, added to the scores that pick the top-k only
+    # (LFM2-MoE)
     bytes_read: int = 0  # weight bytes of the last call: the router, the experts it ran, the shared expert
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """([rows, k] gate weights in x's dtype, [rows, k] expert ids) of each row's top-k experts. Scores and
-        their renormalization in float32, as transformers computes them."""
+        """([rows, k] gate weights in x's dtype, [rows, k] expert ids) of each row's top-k experts (by score plus
+        bias, weighted by score). Scores and their renormalization in float32, as transformers computes them."""
         logits = self.router(x).float()
         if self.gating == "top_k_softmax":
             top, ids = logits.topk(self.top_k, -1)
             return top.softmax(-1).to(x.dtype), ids
         scores = logits.softmax(-1) if self.gating == "softmax" else logits.sigmoid()
-        weights, ids = scores.topk(self.top_k, -1)
+        ids = (scores if self.selection_bias is None else scores + self.selection_bias).topk(self.top_k, -1).indices
+        weights = scores.gather(-1, ids)
         if self.normalize:
             weights = weights / weights.sum(-1, keepdim=True)
         return weights.to(x.dtype), ids

@@ -36,6 +36,7 @@ class Shard:
     shared_expert: range = range(0)
     key_heads: range = range(0)  # a linear-attention layer's, each with its value heads
     value_heads: range = range(0)
+    channels: range = range(0)  # a short-convolution layer's (LFM2): rows of B, C, x and the convolution
 
     @classmethod
     def of(cls, c: ModelConfig, rank: int = 0, world_size: int = 1) -> Shard:
@@ -52,7 +53,8 @@ class Shard:
             values = range(keys.start * per_key, keys.stop * per_key)
         return cls(range(kv.start * q_per_kv, kv.stop * q_per_kv), kv, split(c.intermediate_size, world_size, rank),
                    split(c.vocab_size, world_size, rank), split(c.moe_intermediate_size, world_size, rank),
-                   split(c.shared_expert_intermediate_size, world_size, rank), keys, values)
+                   split(c.shared_expert_intermediate_size, world_size, rank), keys, values,
+                   split(c.hidden_size, world_size, rank))
 
 
 def head_rows(w: torch.Tensor, heads: range, head_dim: int) -> torch.Tensor:

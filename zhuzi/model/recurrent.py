@@ -127,19 +127,16 @@ class GatedDeltaNet:
         core = torch.empty(x.shape[0], s.value_heads, s.value_dim, dtype=torch.float32, device=x.device)
         conv_state, rule_state = states
         ops = cpu_recurrent.ops(x.device)
-        decodes = [run for run in runs if run.length == 1]  # one token each: one batch
-        if decodes:
-            rows = torch.tensor([run.start for run in decodes], device=x.device)
-            slots = torch.tensor([run.slot for run in decodes], device=x.device)
+
+        def decode(rows: torch.Tensor, slots: torch.Tensor) -> None:
             qkv = ops.short_conv_decode(mixed[rows].float(), conv_state, slots, self.conv, silu=True)
             core[rows] = ops.gated_delta_decode(*self._qkv(qkv), g[rows], beta[rows], rule_state, slots)
-            _copy(states, [(run.slot, run.snapshot[1]) for run in decodes if run.snapshot is not None])
-        for run in (run for run in runs if run.length > 1):
-            for rows, snapshot in _pieces(run):
-                qkv = ops.short_conv_prefill(mixed[rows].float(), conv_state, run.slot, self.conv, silu=True)
-                core[rows] = ops.gated_delta_prefill(*self._qkv(qkv), g[rows], beta[rows], rule_state, run.slot)
-                if snapshot is not None:
-                    _copy(states, [(run.slot, snapshot)])
+
+        def prefill(rows: slice, slot: int) -> None:
+            qkv = ops.short_conv_prefill(mixed[rows].float(), conv_state, slot, self.conv, silu=True)
+            core[rows] = ops.gated_delta_prefill(*self._qkv(qkv), g[rows], beta[rows], rule_state, slot)
+
+        walk(runs, states, x.device, decode, prefill)
         core = core.to(x.dtype).float()  # rounded to the activations' dtype first, as the reference does
         normed = core * torch.rsqrt(core.pow(2).mean(-1, keepdim=True) + self.eps)
         gated = (self.norm * normed.to(x.dtype)) * F.silu(z.float().view(-1, s.value_heads, s.value_dim))
@@ -158,6 +155,67 @@ class GatedDeltaNet:
         q = F.normalize(q, dim=-1, eps=L2_EPS) * s.key_dim ** -0.5
         return q, F.normalize(k, dim=-1, eps=L2_EPS), v.reshape(len(v), s.value_heads, s.value_dim)
 
+@dataclass
+class ShortConv:
+    """LFM2's short convolution: in_proj makes B, C and x; B * x runs through a causal depthwise convolution of
+    width L_cache, its output times C goes through out_proj. State: the convolution's last inputs [slots,
+    channels, kernel - 1], float32."""
+
+    in_proj: Linear  # rows: B, C, x (this rank's channels of each)
+    conv: torch.Tensor  # [channels, kernel]
+    out_proj: Linear
+    prefix = "conv"
+
+    @classmethod
+    def build(cls, t: dict[str, Weight], p: str, config: ModelConfig, linear: MakeLinear,
+              shard: Shard) -> ShortConv:
+        """From its tensors under p (transformers' names), the convolution in float32. Under tensor parallelism,
+        this rank's channels (rows of B, C and x and of the convolution, columns of out_proj, whose partial sums
+        the decoder adds up)."""
+        h, ch = config.hidden_size, shard.channels
+        in_proj, out = t[f"{p}.in_proj.weight"], t[f"{p}.out_proj.weight"]
+        if len(ch) != h:
+            out = out[:, ch.start:ch.stop]
+        return cls(linear([in_proj[part * h + ch.start:part * h + ch.stop] for part in range(3)]),
+                   t[f"{p}.conv.weight"].float()[ch.start:ch.stop, 0], linear([out]))
+
+    def state_shapes(self) -> list[tuple[int, ...]]:
+        return [(self.conv.shape[0], self.conv.shape[1] - 1)]
+
+    @property
+    def matrices(self) -> list[tuple[object, str]]:
+        return [(self, "in_proj"), (self, "out_proj")]
+
+    def __call__(self, x: torch.Tensor, states: list[torch.Tensor], runs: list[StateRun]) -> torch.Tensor:
+        b, c, v = self.in_proj(x).chunk(3, -1)
+        bx, (state,) = (b * v).float(), states
+        conv = torch.empty_like(bx)
+        ops = cpu_recurrent.ops(x.device)
+
+        def decode(rows: torch.Tensor, slots: torch.Tensor) -> None:
+            conv[rows] = ops.short_conv_decode(bx[rows], state, slots, self.conv)
+
+        def prefill(rows: slice, slot: int) -> None:
+            conv[rows] = ops.short_conv_prefill(bx[rows], state, slot, self.conv)
+
+        walk(runs, states, x.device, decode, prefill)
+        return self.out_proj(c * conv.to(x.dtype))
+
+
+def walk(runs: list[StateRun], states: list[torch.Tensor], device: torch.device,
+         decode: Callable[[torch.Tensor, torch.Tensor], None], prefill: Callable[[slice, int], None]) -> None:
+    """A step's runs through a mixer: the one-token runs as one batch, decode(rows, slots), then each longer run
+    piece by piece, prefill(rows, slot); a run's states are copied to its snapshot slot where its pieces are cut."""
+    decodes = [run for run in runs if run.length == 1]
+    if decodes:
+        decode(torch.tensor([run.start for run in decodes], device=device),
+               torch.tensor([run.slot for run in decodes], device=device))
+        _copy(states, [(run.slot, run.snapshot[1]) for run in decodes if run.snapshot is not None])
+    for run in (run for run in runs if run.length > 1):
+        for rows, snapshot in _pieces(run):
+            prefill(rows, run.slot)
+            if snapshot is not None:
+                _copy(states, [(run.slot, snapshot)])
 
 
 def _copy(states: list[torch.Tensor], pairs: list[tuple[int, int]]) -> None:
@@ -177,4 +235,5 @@ def _pieces(run: StateRun) -> list[tuple[slice, int | None]]:
     return [(slice(run.start, cut), slot)] + ([(slice(cut, end), None)] if cut < end else [])
 
 
-MIXERS: dict[Mixer, type] = {Mixer.LINEAR_ATTENTION: GatedDeltaNet}  # each recurrent kind's class
+# each recurrent kind's class
+MIXERS: dict[Mixer, type] = {Mixer.LINEAR_ATTENTION: GatedDeltaNet, Mixer.SHORT_CONV: ShortConv}

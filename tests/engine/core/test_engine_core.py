@@ -516,3 +516,38 @@ def test_a_hybrid_chat_resumes_turn_two_from_the_host_tier_after_the_pool_forgot
     assert out.outputs[0].token_ids == transformers_greedy(hf, second, 20)
     assert_all_pages_free(llm.engine)
     assert_all_state_slots_free(llm.engine)
+
+
+@pytest.fixture(scope="module", params=["lfm2", "lfm2_moe"])
+def lfm2(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp(request.param)
+    return tiny.build(request.param, path), path
+
+
+def test_lfm2_under_preemption_and_prefix_caching_gives_transformers_tokens(lfm2):
+    """LFM2's shape (two short-convolution layers, two attention layers), two sequences at a time in a pool of
+    10 pages: five prompts in 32-token chunks preempt each other and every greedy token is transformers'; then
+    a second turn resumes from turn 1's convolution state at its last page boundary, computing only its new
+    tokens. Every page and slot comes back."""
+    hf, path = lfm2
+    config = load_model_config(path)
+    page = 2 * config.kv_layers * config.num_kv_heads * config.head_dim * 4 * 16  # float32 K and V, 16 tokens
+    llm = LLM(str(path), dtype="float32", page_size=16, max_num_batched_tokens=32, max_num_seqs=2,
+              kv_cache_memory=6 * config.state_bytes + 10 * page)
+    plan, engine = llm.engine.kv_plan, llm.engine
+    assert (plan.num_pages, plan.state_slots) == (10, 6)
+    prompts = [list(range(3, 90, 2)), [5, 17, 300, 42, 9], list(range(200, 240)), list(range(3, 90, 2)) + [7],
+               [999] * 3 + [4, 400, 40]]
+    params = SamplingParams(temperature=0, max_tokens=40, min_tokens=40)  # EOS held back, as transformers_greedy
+    outs = llm.generate(prompts, params)
+    assert engine.scheduler.num_preemptions >= 1
+    for ids, out in zip(prompts, outs):
+        assert out.outputs[0].token_ids == transformers_greedy(hf, ids, 40)
+    first = list(range(301, 345))
+    reply = llm.generate([first], params)[0].outputs[0].token_ids
+    second = first + reply + [7, 8, 9, 10, 11]
+    out = llm.generate([second], params)[0]
+    assert out.num_cached_tokens == (len(first) + len(reply) - 1) // 16 * 16 > len(first)
+    assert out.outputs[0].token_ids == transformers_greedy(hf, second, 40)
+    assert_all_pages_free(engine)
+    assert_all_state_slots_free(engine)

@@ -1,7 +1,8 @@
 """Tensor parallelism: two local processes (gloo) produce the greedy tokens one process does, in fp32, on the
 default model (9 query / 3 KV heads: an uneven split, 2 KV heads and 1), on a tiny Qwen3-MoE (q/k norms; each
 rank a slice of every expert), on a tiny Qwen3.5 (each rank one DeltaNet key head, its value heads and their
-states) and on a tiny gpt-oss (each rank its heads' sinks; the O and down biases added once)."""
+states), on a tiny gpt-oss (each rank its heads' sinks; the O and down biases added once) and on a tiny
+LFM2-MoE (each rank half of each short convolution's channels and of its state)."""
 from __future__ import annotations
 
 import pytest
@@ -23,10 +24,10 @@ def greedy(model: str | None, tp: int) -> list[list[int]]:
         llm.engine.shutdown()
 
 
-LAYERS = {"qwen3_moe": 3, "qwen3_5": 4, "gpt_oss": 3}  # Qwen3.5: three DeltaNet layers and an attention layer
+LAYERS = {"qwen3_moe": 3, "qwen3_5": 4, "gpt_oss": 3, "lfm2_moe": 4}  # Qwen3.5: three DeltaNet layers, one attention
 
 
-@pytest.mark.parametrize("arch", ["smollm2", "qwen3_moe", "qwen3_5", "gpt_oss"])
+@pytest.mark.parametrize("arch", ["smollm2", "qwen3_moe", "qwen3_5", "gpt_oss", "lfm2_moe"])
 def test_tp2_greedy_equals_tp1_in_fp32(arch, tmp_path):
     model = None if arch == "smollm2" else str(tmp_path)
     if arch != "smollm2":

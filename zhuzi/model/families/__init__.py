@@ -7,6 +7,7 @@ from typing import Any
 from zhuzi.model.families import (
     gemma3,
     gpt_oss,
+    lfm2,
     llama,
     mistral,
     mixtral,
@@ -32,6 +33,8 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     qwen3_5.FAMILY,
     qwen3_5.MOE_FAMILY,
     gpt_oss.FAMILY,
+    lfm2.FAMILY,
+    lfm2.MOE_FAMILY,
 )}
 
 

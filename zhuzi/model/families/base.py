@@ -244,7 +244,8 @@ def _mlp_names(config: ModelConfig, mlp_kind: Mlp, mlp: str, per_expert: bool) -
         if per_expert else [f"{mlp}experts.{p}_proj.weight" for p in EXPERT_PARTS]
     shared = [f"{mlp}shared_expert.{p}_proj.weight" for p in EXPERT_PARTS] + [f"{mlp}shared_expert_gate.weight"]
     biases = [f"{mlp}gate.bias"] + [f"{mlp}experts.{p}_proj.bias" for p in EXPERT_PARTS] if config.expert_bias else []
-    return [f"{mlp}gate.weight"] + experts + biases + (shared if mlp_kind is Mlp.MOE_SHARED else [])
+    selection = [f"{mlp}expert_bias"] if config.selection_bias else []
+    return [f"{mlp}gate.weight"] + selection + experts + biases + (shared if mlp_kind is Mlp.MOE_SHARED else [])
 
 
 def _unique(ids: Iterable[int | None]) -> list[int]:
