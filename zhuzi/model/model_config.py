@@ -25,6 +25,7 @@ class Mlp(Enum):
     DENSE = "dense"  # gated: down(act(gate x) * up x)
     MOE = "moe"  # routed experts, top-k per token
     MOE_SHARED = "moe_shared"  # routed experts plus a gated shared expert every token runs
+    MOE_SHARED_UNGATED = "moe_shared_ungated"  # routed experts plus a shared expert added as it is (Granite)
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ class LayerSpec:
 
     mixer: Mixer
     window: int | None  # tokens a sliding layer sees, its own included
-    rope: Rope
+    rope: Rope | None  # None: attention without position embeddings (NoPE)
     mlp: Mlp
     qkv_bias: bool
     qk_norm: bool  # RMSNorm of each head's q and k
@@ -107,6 +108,7 @@ class ModelConfig:
     num_experts_per_tok: int = 0  # top-k: the experts each token runs
     moe_intermediate_size: int = 0  # an expert's SwiGLU width
     shared_expert_intermediate_size: int = 0  # a shared expert every token runs (0: none)
+    shared_expert_gate: bool = True  # a sigmoid gate scales the shared expert's output (Granite's has none)
     norm_topk_prob: bool = False  # the top-k gate weights renormalized to sum to 1
     expert_gating: str = "softmax"  # router logits -> gate weights: "softmax" or "sigmoid"
     moe_layers: list[int] | None = None  # the sparse layers (others run a dense MLP); None: every layer
@@ -114,6 +116,9 @@ class ModelConfig:
     # Linear attention (gated DeltaNet) layers: layer_types names them "linear_attention"
     linear: LinearAttentionShape | None = None
     attention_output_gate: bool = False  # full attention's output gated (Qwen3.5's q_proj makes the gate too)
+    use_rope: bool = True  # attention turns q and k by RoPE (False: no position embeddings, Granite 4's hybrids)
+    residual_scale: float = 1.0  # each sublayer's output is multiplied by it before the residual add (Granite)
+    logit_scale: float = 1.0  # the logits are divided by it (Granite's logits_scaling)
 
     def window(self, layer: int) -> int | None:
         """The tokens layer `layer` attends (its own included), or None for the whole context."""
@@ -164,7 +169,8 @@ class ModelConfig:
         h = self.hidden_size
         if not self.is_moe_layer(layer):
             return 3 * h * self.intermediate_size
-        shared = 3 * h * self.shared_expert_intermediate_size + h if self.shared_expert_intermediate_size else 0
+        width, gate = self.shared_expert_intermediate_size, h if self.shared_expert_gate else 0
+        shared = 3 * h * width + gate if width else 0
         return self.num_experts * h + experts * 3 * h * self.moe_intermediate_size + shared
 
     def _mixer_parameters(self, layer: int) -> int:

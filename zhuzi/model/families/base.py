@@ -148,10 +148,11 @@ class Family:
         mixer = Mixer.SLIDING_ATTENTION if c.window(i) is not None else Mixer.ATTENTION
         rope = Rope(c.rope_local_theta, None, c.rotary_dim, c.rope_interleaved) if c.is_local(i) \
             else Rope(c.rope_theta, c.rope_scaling, c.rotary_dim, c.rope_interleaved)
-        mlp = Mlp.DENSE if not c.is_moe_layer(i) else Mlp.MOE_SHARED if c.shared_expert_intermediate_size \
-            else Mlp.MOE
-        return LayerSpec(mixer, c.window(i), rope, mlp, c.attention_bias, c.qk_norm, c.sandwich_norms,
-                         c.norm_weight_offset, c.hidden_act, c.query_pre_attn_scalar or float(c.head_dim))
+        shared = Mlp.MOE_SHARED if c.shared_expert_gate else Mlp.MOE_SHARED_UNGATED
+        mlp = Mlp.DENSE if not c.is_moe_layer(i) else shared if c.shared_expert_intermediate_size else Mlp.MOE
+        return LayerSpec(mixer, c.window(i), rope if c.use_rope else None, mlp, c.attention_bias, c.qk_norm,
+                         c.sandwich_norms, c.norm_weight_offset, c.hidden_act,
+                         c.query_pre_attn_scalar or float(c.head_dim))
 
     # ------------------------------------------------------------ tensors
 
@@ -228,8 +229,9 @@ def _mlp_names(config: ModelConfig, mlp_kind: Mlp, mlp: str, per_expert: bool) -
         return [f"{mlp}{p}_proj.weight" for p in EXPERT_PARTS]
     experts = [f"{mlp}experts.{e}.{p}_proj.weight" for e in range(config.num_experts) for p in EXPERT_PARTS] \
         if per_expert else [f"{mlp}experts.{p}_proj.weight" for p in EXPERT_PARTS]
-    shared = [f"{mlp}shared_expert.{p}_proj.weight" for p in EXPERT_PARTS] + [f"{mlp}shared_expert_gate.weight"]
-    return [f"{mlp}gate.weight"] + experts + (shared if mlp_kind is Mlp.MOE_SHARED else [])
+    shared = [f"{mlp}shared_expert.{p}_proj.weight" for p in EXPERT_PARTS] if mlp_kind is not Mlp.MOE else []
+    gate = [f"{mlp}shared_expert_gate.weight"] if mlp_kind is Mlp.MOE_SHARED else []
+    return [f"{mlp}gate.weight"] + experts + shared + gate
 
 
 def _unique(ids: Iterable[int | None]) -> list[int]:
