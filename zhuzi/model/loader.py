@@ -22,7 +22,7 @@ from tqdm import tqdm
 from zhuzi.disk_cache import file_identity
 from zhuzi.model.blocks import DENSE_TYPES, BlockWeight, Origin
 from zhuzi.model.families import Family, family, gguf_family, hf_family, supported_families
-from zhuzi.model.families.base import EXPERT_PARTS, Weight
+from zhuzi.model.families.base import Weight
 from zhuzi.model.gguf_header import GGUFHeader, read_gguf_header
 from zhuzi.model.model_config import ModelConfig
 
@@ -146,15 +146,6 @@ def _hf_config(directory: Path) -> ModelConfig:
     return replace(config, pooling=_sentence_transformers_pooling(directory))
 
 
-def _stack_experts(tensors: dict[str, torch.Tensor], config: ModelConfig) -> None:
-    """Each sparse layer's per-expert matrices -> one stacked [experts * rows, columns] matrix per part."""
-    for i in filter(config.is_moe_layer, range(config.num_layers)):
-        for p in EXPERT_PARTS:
-            mlp = f"model.layers.{i}.mlp.experts"
-            tensors[f"{mlp}.{p}_proj.weight"] = torch.cat(
-                [tensors.pop(f"{mlp}.{e}.{p}_proj.weight") for e in range(config.num_experts)])
-
-
 def _safetensors_files(directory: Path) -> list[Path]:
     index = directory / "model.safetensors.index.json"
     if index.is_file():
@@ -186,8 +177,7 @@ def _load_safetensors_dir(directory: Path, config: ModelConfig, dtype: torch.dty
                 tensors[name] = handle.get_tensor(stored).to(dtype)
             except SafetensorError as e:
                 raise CheckpointError(file, f"cannot read tensor {stored} ({e})") from None
-        _stack_experts(tensors, config)
-        return tensors
+        return fam.from_hf(tensors, config)
 
 
 # ---------------------------------------------------------------- GGUF file

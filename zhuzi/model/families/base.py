@@ -219,6 +219,16 @@ class Family:
         part = GGUF_TOP_NAMES.get(base)
         return part and f"{part}.{kind}"
 
+    def from_hf(self, tensors: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
+        """A Hugging Face directory's tensors (tensor_names(per_expert=True)) in the decoder's form: each sparse
+        layer's per-expert matrices stacked, one [experts * rows, columns] matrix per part."""
+        for i in filter(config.is_moe_layer, range(config.num_layers)):
+            mlp = f"model.layers.{i}.mlp.experts"
+            for p in EXPERT_PARTS:
+                tensors[f"{mlp}.{p}_proj.weight"] = torch.cat(
+                    [tensors.pop(f"{mlp}.{e}.{p}_proj.weight") for e in range(config.num_experts)])
+        return tensors
+
     def from_gguf(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
         """A float tensor of a GGUF file in Hugging Face's form (the same but where the converter changed it)."""
         return tensor
