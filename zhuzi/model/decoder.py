@@ -138,7 +138,7 @@ class Decoder:
         self.num_heads, self.num_kv_heads = len(self.shard.q_heads), len(self.shard.kv_heads)
         self.q_size = self.num_heads * config.head_dim
         self.kv_size = self.num_kv_heads * config.head_dim
-        if quantization == "int8" and calibration and not tp and not config.num_experts and not config.linear:
+        if quantization == "int8" and calibration and not tp and not config.num_experts and not config.state_layers:
             smooth(self, calibration)
         if quantization in FORMATS:
             self._quantize(*FORMATS[quantization])

@@ -102,7 +102,7 @@ class FusedDecode:
         QKV bias and q/k norms, one RoPE over whole heads, RMSNorm before attention and a dense SiLU MLP."""
         specs, d = family(config.architecture).layers(config), config.head_dim
         lacks = {
-            "linear attention": any(s.mixer is Mixer.LINEAR_ATTENTION for s in specs),
+            "recurrent layers": any(not s.mixer.keeps_kv for s in specs),
             "sliding-window attention": any(s.mixer is Mixer.SLIDING_ATTENTION for s in specs),
             "a gated attention output": any(s.output_gate for s in specs),
             "experts": any(s.mlp is not Mlp.DENSE for s in specs),

@@ -14,6 +14,7 @@ class Mixer(Enum):
     ATTENTION = "full_attention"
     SLIDING_ATTENTION = "sliding_attention"  # each token attends its last `window` tokens
     LINEAR_ATTENTION = "linear_attention"  # gated DeltaNet: a state matrix per head instead of KV (recurrent.py)
+    MAMBA2 = "mamba2"  # a Mamba2 state-space layer: a convolution tail and an SSM state per head (recurrent.py)
 
     @property
     def keeps_kv(self) -> bool:
@@ -70,6 +71,26 @@ class LinearAttentionShape:
         return 2 * self.key_heads * self.key_dim + self.value_heads * self.value_dim
 
 
+@dataclass(frozen=True)
+class Mamba2Shape:
+    """A Mamba2 layer's heads: `heads` of head_dim channels each, whose B and C come from `groups` groups of
+    state_size (each group serves heads / groups heads), and the width of the causal convolution over x, B, C."""
+
+    heads: int
+    head_dim: int
+    groups: int
+    state_size: int
+    conv_kernel: int
+
+    @property
+    def inner(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def conv_channels(self) -> int:
+        return self.inner + 2 * self.groups * self.state_size
+
+
 @dataclass
 class ModelConfig:
     """A decoder-only checkpoint, independent of its file format: its shape and the features its layers have
@@ -116,6 +137,8 @@ class ModelConfig:
     # Linear attention (gated DeltaNet) layers: layer_types names them "linear_attention"
     linear: LinearAttentionShape | None = None
     attention_output_gate: bool = False  # full attention's output gated (Qwen3.5's q_proj makes the gate too)
+    # Mamba2 layers: layer_types names them "mamba2"
+    mamba: Mamba2Shape | None = None
     use_rope: bool = True  # attention turns q and k by RoPE (False: no position embeddings, Granite 4's hybrids)
     residual_scale: float = 1.0  # each sublayer's output is multiplied by it before the residual add (Granite)
     logit_scale: float = 1.0  # the logits are divided by it (Granite's logits_scaling)
@@ -143,6 +166,10 @@ class ModelConfig:
             assert self.linear is not None
             s = self.linear  # the convolution's last inputs, and a state matrix per value head
             return s.conv_channels * (s.conv_kernel - 1) + s.value_heads * s.key_dim * s.value_dim
+        if mixer is Mixer.MAMBA2:
+            assert self.mamba is not None
+            m = self.mamba  # the convolution's last inputs, and a head_dim x state_size state per head
+            return m.conv_channels * (m.conv_kernel - 1) + m.heads * m.head_dim * m.state_size
         return 0
 
     @property
@@ -181,6 +208,11 @@ class ModelConfig:
             s, values = self.linear, self.linear.value_heads * self.linear.value_dim
             projections = h * (s.conv_channels + values + 2 * s.value_heads) + values * h
             return projections + s.conv_channels * s.conv_kernel + 2 * s.value_heads + s.value_dim + 2 * h
+        if self.layer_types and self.layer_types[layer] == Mixer.MAMBA2.value:
+            assert self.mamba is not None
+            m = self.mamba  # in_proj, out_proj, the convolution and its bias, dt_bias, A_log, D, the gated norm
+            projections = h * (m.inner + m.conv_channels + m.heads) + m.inner * h
+            return projections + m.conv_channels * (m.conv_kernel + 1) + 3 * m.heads + m.inner + 2 * h
         norms = 2 * h + (2 * self.head_dim if self.qk_norm else 0)
         return h * (q * (2 if self.attention_output_gate else 1) + 2 * kv) + q * h + norms
 
