@@ -49,7 +49,8 @@ GEMMA3_HF = dict(final_logit_softcapping=3.0, query_pre_attn_scalar=24, num_hidd
 EXTRA = {"llama": {"rope_scaling": LLAMA3}, "phi3": PHI3, "gemma3": GEMMA3_HF}
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3", "phi3", "gemma3", "qwen3_5", "qwen3_5_moe"])
+@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3", "phi3", "gemma3", "qwen3_5", "qwen3_5_moe",
+                                        "granitemoehybrid"])
 def tiny_pair(request, tmp_path_factory):
     directory = tmp_path_factory.mktemp(request.param)
     hf = tiny.build(request.param, directory, **EXTRA.get(request.param, {}))
@@ -231,3 +232,37 @@ def test_a_qwen3_5_checkpoint_with_a_vision_tower_loads_its_text_model(tmp_path,
     with torch.no_grad():
         expected = hf(torch.tensor([ids])).logits[0]
     assert (full_logits(ours, ids) - expected).abs().max() < 1e-3
+
+
+def test_granite_gguf_as_llama_cpp_writes_it_gives_transformers_logits(tmp_path):
+    """llama.cpp's converter splits Granite's gate and up, stores A_log as -exp(A_log), A, D and the gated norm
+    reshaped, a KV head count per layer, the multipliers as scales: the file's model is the directory's."""
+    hf = tiny.build("granitemoehybrid", tmp_path, rms_norm_eps=1e-5)
+    ckpt = load_checkpoint(tiny.write_gguf(tmp_path / "tiny.gguf", hf, "granitemoehybrid"), torch.float32)
+    assert ckpt.config.layer_types == ["mamba2", "full_attention", "mamba2", "mamba2"] and not ckpt.config.use_rope
+    ours = Decoder(ckpt.config, ckpt.tensors)
+    for ids in PROMPTS:
+        with torch.no_grad():
+            expected = hf(torch.tensor([ids])).logits[0]
+        assert (full_logits(ours, ids) - expected).abs().max() < 1e-3
+
+
+@pytest.mark.parametrize("experts", [4, 0])
+def test_granite_counts_every_parameter_per_layer_kind(experts, tmp_path):
+    """ModelConfig.num_parameters (zhuzi plan's) of Mamba2 and attention layers, experts and the ungated shared MLP
+    or the shared MLP alone: transformers' count."""
+    hf = tiny.build("granitemoehybrid", tmp_path, num_local_experts=experts)
+    assert load_checkpoint(tmp_path, torch.float32).config.num_parameters == sum(p.numel() for p in hf.parameters())
+
+
+def test_granite_without_experts_and_with_rope_matches_transformers(tmp_path):
+    """Granite 4's other shape: the shared MLP alone, and RoPE where position_embedding_type says so."""
+    hf = tiny.build("granitemoehybrid", tmp_path, num_local_experts=0, shared_intermediate_size=40,
+                    position_embedding_type="rope")
+    ckpt = load_checkpoint(tmp_path, torch.float32)
+    ours = Decoder(ckpt.config, ckpt.tensors)
+    assert ckpt.config.use_rope and all(layer.moe is None for layer in ours.layers)
+    for ids in PROMPTS:
+        with torch.no_grad():
+            expected = hf(torch.tensor([ids])).logits[0]
+        assert (full_logits(ours, ids) - expected).abs().max() < 1e-3

@@ -4,7 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from zhuzi.model.families import gemma3, llama, mistral, mixtral, phi3, qwen2, qwen2_moe, qwen3, qwen3_5, qwen3_moe
+from zhuzi.model.families import (
+    gemma3,
+    granite_hybrid,
+    llama,
+    mistral,
+    mixtral,
+    phi3,
+    qwen2,
+    qwen2_moe,
+    qwen3,
+    qwen3_5,
+    qwen3_moe,
+)
 from zhuzi.model.families.base import Family
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
@@ -19,6 +31,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     qwen3_moe.FAMILY,
     qwen3_5.FAMILY,
     qwen3_5.MOE_FAMILY,
+    granite_hybrid.FAMILY,
 )}
 
 
