@@ -1,4 +1,6 @@
 """Our forward pass against transformers' on the same weights, and paged KV against no cache."""
+import math
+
 import pytest
 import tiny
 import torch
@@ -84,6 +86,12 @@ def test_the_tap_reads_each_layers_residual_stream(tiny_pair):
         assert (residual - hidden[i + 1][0, rows]).abs().max() < 1e-4
     with torch.inference_mode():
         assert (ours.logits(ours.final_norm(tap.residuals[-1])) - logits[rows]).abs().max() < 1e-5
+
+
+def test_the_state_pool_sizes_a_sequence_as_the_layers_hold_its_states(tiny_pair):
+    """ModelConfig.state_bytes (the KV budget's arithmetic) is the bytes of the states the layers use."""
+    _, ours, _ = tiny_pair
+    assert ours.config.state_bytes == 4 * sum(math.prod(shape) for shapes in ours.state_shapes() for shape in shapes)
 
 
 def test_greedy_generation_matches_transformers(tiny_pair):
