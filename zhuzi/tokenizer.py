@@ -21,10 +21,11 @@ import jinja2.ext
 import jinja2.meta
 from tokenizers import Tokenizer as RustTokenizer
 from tokenizers.decoders import ByteLevel
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from zhuzi.disk_cache import atomic_write, cache_path, file_identity
 from zhuzi.encoder_process import LONG_TEXT, EncoderProcess, in_slices
+from zhuzi.model.gguf_header import read_gguf_header
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"  # a thinking model's tags, each one token of its vocabulary
 # Injection safety: rendering the template and tokenizing it with special-token parsing on would let a user who
@@ -44,12 +45,20 @@ _RESERVED_KWARGS = frozenset(inspect.signature(PreTrainedTokenizerBase.apply_cha
     "self", "kwargs"} | {"messages"}
 
 
+# AutoTokenizer picks a GGUF's tokenizer class by the file's config, and transformers 5.25 cannot read a gpt-oss
+# file's config (its reader fails on the rope.scaling keys llama.cpp's converter writes); gpt-oss's class is the
+# generic fast tokenizer, which reads only the vocabulary.
+GENERIC_TOKENIZER_ARCHS = ("gpt-oss",)
+
+
 def _load_gguf(gguf: Path) -> PreTrainedTokenizerBase:
     """Converting a GGUF vocabulary takes seconds, so the converted tokenizer is cached on disk."""
     cached = cache_path("tokenizers", gguf.stem, *file_identity(gguf))
     if (cached / "tokenizer.json").exists():
         return AutoTokenizer.from_pretrained(cached, local_files_only=True)
-    hf = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
+    generic = read_gguf_header(gguf).metadata.get("general.architecture") in GENERIC_TOKENIZER_ARCHS
+    hf = (PreTrainedTokenizerFast if generic else AutoTokenizer).from_pretrained(
+        gguf.parent, gguf_file=gguf.name, local_files_only=True)
     try:
         with atomic_write(cached) as tmp:
             hf.save_pretrained(tmp)
