@@ -47,8 +47,9 @@ _RESERVED_KWARGS = frozenset(inspect.signature(PreTrainedTokenizerBase.apply_cha
 
 # AutoTokenizer picks a GGUF's tokenizer class by the file's config, and transformers 5.25 cannot read a gpt-oss
 # file's config (its reader fails on the rope.scaling keys llama.cpp's converter writes); gpt-oss's class is the
-# generic fast tokenizer, which reads only the vocabulary.
-GENERIC_TOKENIZER_ARCHS = ("gpt-oss",)
+# generic fast tokenizer, which reads only the vocabulary. Nor does it read a granitehybrid file's config at all;
+# Granite 4's byte-level BPE is the generic fast tokenizer's too.
+GENERIC_TOKENIZER_ARCHS = ("gpt-oss", "granitehybrid")
 
 
 def _load_gguf(gguf: Path) -> PreTrainedTokenizerBase:

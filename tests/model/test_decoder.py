@@ -255,6 +255,19 @@ def test_granite_gguf_as_llama_cpp_writes_it_gives_transformers_logits(tmp_path)
         assert (full_logits(ours, ids) - expected).abs().max() < 1e-3
 
 
+def test_granite_gguf_greedy_through_the_engine_is_transformers(tmp_path):
+    """The file (its tokenizer too) prefilled in 32-token chunks beside other prompts, then decoded:
+    transformers' tokens."""
+    hf = tiny.build("granitemoehybrid", tmp_path, rms_norm_eps=1e-5)
+    llm = LLM(str(tiny.write_gguf(tmp_path / "tiny.gguf", hf, "granitemoehybrid")), dtype="float32", page_size=16,
+              max_num_batched_tokens=32)
+    outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=16, min_tokens=16))
+    for ids, out in zip(PROMPTS, outs):
+        with torch.no_grad():
+            expected = hf.generate(torch.tensor([ids]), max_new_tokens=16, min_new_tokens=16, do_sample=False)
+        assert out.outputs[0].token_ids == expected[0, len(ids):].tolist()
+
+
 @pytest.mark.parametrize("experts", [4, 0])
 def test_granite_counts_every_parameter_per_layer_kind(experts, tmp_path):
     """ModelConfig.num_parameters (zhuzi plan's) of Mamba2 and attention layers, experts and the ungated shared MLP
