@@ -49,8 +49,16 @@ CLASSES |= {"lfm2": transformers.Lfm2ForCausalLM, "lfm2_moe": transformers.Lfm2M
 LFM2 = dict(num_hidden_layers=4, layer_types=["conv", "full_attention", "conv", "full_attention"], block_multiple_of=32,
             pad_token_id=None)
 MOE |= {"lfm2_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, num_dense_layers=1)}
+# Granite 4: Mamba2 layers (four heads over two groups of B and C) around an attention layer without position
+# embeddings, 4 experts top-2 plus the shared MLP, and every multiplier away from 1
+CLASSES |= {"granitemoehybrid": transformers.GraniteMoeHybridForCausalLM}
+GRANITE = dict(layer_types=["mamba", "attention", "mamba", "mamba"], num_hidden_layers=4, mamba_n_heads=4,
+               mamba_n_groups=2, mamba_d_state=16, mamba_d_conv=4, num_local_experts=4, num_experts_per_tok=2,
+               intermediate_size=32, shared_intermediate_size=48, position_embedding_type=None,
+               embedding_multiplier=1.5, attention_multiplier=0.125, residual_multiplier=0.5, logits_scaling=2.0)
 GGUF_ARCH = {"mixtral": "llama", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe", "qwen3_5": "qwen35",
-             "qwen3_5_moe": "qwen35moe", "gpt_oss": "gpt-oss", "lfm2_moe": "lfm2moe"}  # llama.cpp's names
+             "qwen3_5_moe": "qwen35moe", "gpt_oss": "gpt-oss", "lfm2_moe": "lfm2moe",
+             "granitemoehybrid": "granitehybrid"}  # llama.cpp's names
 VOCAB = 1000
 # Gemma 3 as llama.cpp's converter can write it (query_pre_attn_scalar = head_dim, no soft-capping) and as
 # write_gguf's metadata says (its RoPE base and epsilon); 6 layers: five local, one global, llama.cpp's pattern.
@@ -67,7 +75,8 @@ def build(arch: str, directory: Path, layers: int = 2, vocab_size: int = VOCAB,
     if arch == "phi3":  # Phi3Config's default pad id (32000) is outside a tiny vocabulary
         shape |= {"pad_token_id": None}
     hybrid = HYBRID if arch.startswith("qwen3_5") else LFM2 if arch.startswith("lfm2") else {}
-    family = GEMMA3 if arch == "gemma3" else GPT_OSS if arch == "gpt_oss" else MOE.get(arch, {}) | hybrid
+    own = {"gemma3": GEMMA3, "gpt_oss": GPT_OSS, "granitemoehybrid": GRANITE}
+    family = own[arch] if arch in own else MOE.get(arch, {}) | hybrid
     config = cls.config_class(**(shape | family | copy.deepcopy(overrides)))  # transformers edits rope dicts in place
     torch.manual_seed(0)
     model = cls(config).eval()
@@ -189,10 +198,12 @@ def write_gguf(path: Path, model, arch: str, raw: RawTensors | None = None, drop
         writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         writer.add_rope_scaling_factor(cfg.rope_parameters["factor"])
         writer.add_rope_scaling_orig_ctx_len(cfg.rope_parameters["original_max_position_embeddings"])
+    if arch == "granitehybrid":
+        _granite_metadata(writer, cfg)
     if experts := getattr(cfg, "num_local_experts", None) or getattr(cfg, "num_experts", None):
         writer.add_expert_count(experts)
         writer.add_expert_used_count(cfg.num_experts_per_tok)
-        if arch not in ("llama", "gpt-oss"):  # Qwen's converter: the experts' width, and the shared expert's
+        if arch not in ("llama", "gpt-oss", "granitehybrid"):  # Qwen's: the experts' width, the shared expert's
             writer.add_expert_feed_forward_length(cfg.moe_intermediate_size)
         if getattr(cfg, "shared_expert_intermediate_size", None):
             writer.add_expert_shared_feed_forward_length(cfg.shared_expert_intermediate_size)
@@ -205,14 +216,17 @@ def write_gguf(path: Path, model, arch: str, raw: RawTensors | None = None, drop
     arch_id = next(key for key, name in gguf.MODEL_ARCH_NAMES.items() if name == arch)
     names = gguf.get_tensor_name_map(arch_id, cfg.num_hidden_layers)
     heads = {"q_proj": cfg.num_attention_heads, "k_proj": cfg.num_key_value_heads}
-    for hf_name, tensor in converter_tensors(model).items():
+    tensors = converter_tensors(model)
+    if arch == "granitehybrid":
+        tensors = _granite_tensors(tensors, cfg)
+    for hf_name, tensor in tensors.items():
         # the converter's names: Qwen3.5's dt_bias is its dt_proj's bias, LFM2-MoE's expert_bias a bias
         hf_as = hf_name.replace(".dt_bias", ".dt_proj.bias").replace(".expert_bias", ".expert_bias.bias")
         name = names.get_name(hf_as, try_suffixes=(".weight", ".bias"))
         array = tensor.numpy()
         if arch in ("lfm2", "lfm2moe") and hf_name.endswith("conv.conv.weight"):
             array = array.squeeze(1)  # the converter's: the convolution 2-D
-        if arch == "llama" and hf_name.split(".")[-2] in heads:
+        if arch in ("llama", "granitehybrid") and hf_name.split(".")[-2] in heads:
             array = llama_cpp_permute(array, heads[hf_name.split(".")[-2]])
         if arch == "gemma3" and hf_name.endswith("norm.weight"):  # the converter stores Gemma's (1 + w)
             array = array + 1
@@ -287,6 +301,53 @@ def _qwen35_tensor(name: str, array: np.ndarray, cfg) -> np.ndarray:
     if name.endswith("out_proj.weight"):
         return tiled(array, value_dim, axis=1)
     return array
+
+
+def _granite_metadata(writer: gguf.GGUFWriter, cfg) -> None:
+    """What llama.cpp's converter writes of Granite 4: the Mamba2 layers as ssm.* keys, a KV head count per layer
+    (0: a Mamba2 layer), the multipliers as scales, no RoPE in a hybrid, the shared MLP's width."""
+    arch = writer.arch
+    writer.add_uint32(f"{arch}.ssm.conv_kernel", cfg.mamba_d_conv)
+    writer.add_uint32(f"{arch}.ssm.state_size", cfg.mamba_d_state)
+    writer.add_uint32(f"{arch}.ssm.group_count", cfg.mamba_n_groups)
+    writer.add_uint32(f"{arch}.ssm.inner_size", cfg.mamba_expand * cfg.hidden_size)
+    writer.add_uint32(f"{arch}.ssm.time_step_rank", cfg.mamba_n_heads)
+    writer.add_head_count_kv([cfg.num_key_value_heads if kind == "full_attention" else 0 for kind in cfg.layer_types])
+    writer.add_attention_scale(cfg.attention_multiplier)
+    writer.add_embedding_scale(cfg.embedding_multiplier)
+    writer.add_residual_scale(cfg.residual_multiplier)
+    writer.add_logit_scale(cfg.logits_scaling)
+    writer.add_rope_scaling_finetuned(False)
+    writer.add_expert_shared_feed_forward_length(cfg.shared_intermediate_size)
+
+
+def _granite_tensors(tensors: dict[str, torch.Tensor], cfg) -> dict[str, torch.Tensor]:
+    """Granite 4's tensors as llama.cpp's converter maps them: the shared MLP's input_linear split into gate and
+    up (of the shared expert, or of the dense MLP without experts), the router and experts under the names gguf
+    maps, A_log as -exp(A_log), A and D as columns, the gated norm's weight a row per group, the convolution
+    squeezed."""
+    experts = bool(cfg.num_local_experts)
+    mlp = "mlp.shared_expert." if experts else "mlp."
+    out = {}
+    for name, t in tensors.items():
+        if name.endswith("shared_mlp.input_linear.weight"):
+            gate, up = t.chunk(2, 0)
+            layer = name.removesuffix("shared_mlp.input_linear.weight")
+            out |= {f"{layer}{mlp}gate_proj.weight": gate, f"{layer}{mlp}up_proj.weight": up}
+            continue
+        if name.endswith("shared_mlp.output_linear.weight") and not experts:
+            name = name.replace("shared_mlp.output_linear", "mlp.down_proj")
+        name = name.replace("block_sparse_moe.experts.", "mlp.experts.").replace("router.weight", "router.layer.weight")
+        if name.endswith("A_log"):
+            t = -t.exp()
+        if name.endswith(("A_log", ".D")):
+            t = t[:, None]
+        if name.endswith("mamba.norm.weight"):
+            t = t.reshape(cfg.mamba_n_groups, -1)
+        if name.endswith("conv1d.weight"):
+            t = t.squeeze(1)
+        out[name] = t
+    return out
 
 
 def _phi3_metadata(writer: gguf.GGUFWriter, cfg) -> None:

@@ -1,4 +1,6 @@
 """Our forward pass against transformers' on the same weights, and paged KV against no cache."""
+import math
+
 import pytest
 import tiny
 import torch
@@ -50,7 +52,7 @@ EXTRA = {"llama": {"rope_scaling": LLAMA3}, "phi3": PHI3, "gemma3": GEMMA3_HF}
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3", "phi3", "gemma3", "qwen3_5", "qwen3_5_moe",
-                                        "gpt_oss", "lfm2", "lfm2_moe"])
+                                        "gpt_oss", "lfm2", "lfm2_moe", "granitemoehybrid"])
 def tiny_pair(request, tmp_path_factory):
     directory = tmp_path_factory.mktemp(request.param)
     hf = tiny.build(request.param, directory, **EXTRA.get(request.param, {}))
@@ -84,6 +86,12 @@ def test_the_tap_reads_each_layers_residual_stream(tiny_pair):
         assert (residual - hidden[i + 1][0, rows]).abs().max() < 1e-4
     with torch.inference_mode():
         assert (ours.logits(ours.final_norm(tap.residuals[-1])) - logits[rows]).abs().max() < 1e-5
+
+
+def test_the_state_pool_sizes_a_sequence_as_the_layers_hold_its_states(tiny_pair):
+    """ModelConfig.state_bytes (the KV budget's arithmetic) is the bytes of the states the layers use."""
+    _, ours, _ = tiny_pair
+    assert ours.config.state_bytes == 4 * sum(math.prod(shape) for shapes in ours.state_shapes() for shape in shapes)
 
 
 def test_greedy_generation_matches_transformers(tiny_pair):
@@ -249,6 +257,19 @@ def test_lfm2_gguf_as_llama_cpp_writes_it_gives_transformers_logits(arch, tmp_pa
         assert (full_logits(ours, ids) - expected).abs().max() < 1e-3
 
 
+def test_granite_gguf_as_llama_cpp_writes_it_gives_transformers_logits(tmp_path):
+    """llama.cpp's converter splits Granite's gate and up, stores A_log as -exp(A_log), A, D and the gated norm
+    reshaped, a KV head count per layer, the multipliers as scales: the file's model is the directory's."""
+    hf = tiny.build("granitemoehybrid", tmp_path, rms_norm_eps=1e-5)
+    ckpt = load_checkpoint(tiny.write_gguf(tmp_path / "tiny.gguf", hf, "granitemoehybrid"), torch.float32)
+    assert ckpt.config.layer_types == ["mamba2", "full_attention", "mamba2", "mamba2"] and not ckpt.config.use_rope
+    ours = Decoder(ckpt.config, ckpt.tensors)
+    for ids in PROMPTS:
+        with torch.no_grad():
+            expected = hf(torch.tensor([ids])).logits[0]
+        assert (full_logits(ours, ids) - expected).abs().max() < 1e-3
+
+
 def test_lfm2_gguf_greedy_through_the_engine_is_transformers(tmp_path):
     """The file prefilled in 32-token chunks beside other prompts, then decoded: transformers' tokens."""
     hf = tiny.build("lfm2", tmp_path, rope_theta=50000.0)
@@ -260,3 +281,37 @@ def test_lfm2_gguf_greedy_through_the_engine_is_transformers(tmp_path):
             expected = hf.generate(torch.tensor([ids]), max_new_tokens=16, min_new_tokens=16, do_sample=False,
                                    eos_token_id=[2, 7])
         assert out.outputs[0].token_ids == expected[0, len(ids):].tolist()
+
+
+def test_granite_gguf_greedy_through_the_engine_is_transformers(tmp_path):
+    """The file (its tokenizer too) prefilled in 32-token chunks beside other prompts, then decoded:
+    transformers' tokens."""
+    hf = tiny.build("granitemoehybrid", tmp_path, rms_norm_eps=1e-5)
+    llm = LLM(str(tiny.write_gguf(tmp_path / "tiny.gguf", hf, "granitemoehybrid")), dtype="float32", page_size=16,
+              max_num_batched_tokens=32)
+    outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=16, min_tokens=16))
+    for ids, out in zip(PROMPTS, outs):
+        with torch.no_grad():
+            expected = hf.generate(torch.tensor([ids]), max_new_tokens=16, min_new_tokens=16, do_sample=False)
+        assert out.outputs[0].token_ids == expected[0, len(ids):].tolist()
+
+
+@pytest.mark.parametrize("experts", [4, 0])
+def test_granite_counts_every_parameter_per_layer_kind(experts, tmp_path):
+    """ModelConfig.num_parameters (zhuzi plan's) of Mamba2 and attention layers, experts and the ungated shared MLP
+    or the shared MLP alone: transformers' count."""
+    hf = tiny.build("granitemoehybrid", tmp_path, num_local_experts=experts)
+    assert load_checkpoint(tmp_path, torch.float32).config.num_parameters == sum(p.numel() for p in hf.parameters())
+
+
+def test_granite_without_experts_and_with_rope_matches_transformers(tmp_path):
+    """Granite 4's other shape: the shared MLP alone, and RoPE where position_embedding_type says so."""
+    hf = tiny.build("granitemoehybrid", tmp_path, num_local_experts=0, shared_intermediate_size=40,
+                    position_embedding_type="rope")
+    ckpt = load_checkpoint(tmp_path, torch.float32)
+    ours = Decoder(ckpt.config, ckpt.tensors)
+    assert ckpt.config.use_rope and all(layer.moe is None for layer in ours.layers)
+    for ids in PROMPTS:
+        with torch.no_grad():
+            expected = hf(torch.tensor([ids])).logits[0]
+        assert (full_logits(ours, ids) - expected).abs().max() < 1e-3

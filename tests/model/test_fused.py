@@ -214,7 +214,8 @@ LACKS = {"sliding-window attention": dict(sliding_window=8), "experts": dict(num
          "sandwich norms": dict(sandwich_norms=True), "offset norms": dict(norm_weight_offset=1.0),
          "a GELU MLP": dict(hidden_act="gelu_pytorch_tanh"), "a query scale of its own": dict(query_pre_attn_scalar=8),
          "RoPE over part of each head": dict(rotary_dim=8), "scaled embeddings": dict(embedding_scale=8.0),
-         "soft-capped logits": dict(final_logit_softcapping=30.0),
+         "soft-capped logits": dict(final_logit_softcapping=30.0), "attention without RoPE": dict(use_rope=False),
+         "scaled residuals or logits": dict(logit_scale=2.0),
          "a recurrent mixer": dict(architecture="lfm2", layer_types=["conv", "full_attention"], short_conv_kernel=3)}
 
 

@@ -67,7 +67,7 @@ class LayerTap:
 @dataclass
 class Layer:
     spec: LayerSpec
-    rope: int  # its RoPE's index in Decoder.rotaries
+    rope: int | None  # its RoPE's index in Decoder.rotaries (None: its attention has no position embeddings)
     input_norm: torch.Tensor
     qkv: Linear | None  # attention's (None where the mixer is recurrent)
     q_norm: torch.Tensor | None
@@ -121,8 +121,9 @@ class Decoder:
         self.lm_head = self._linear([head_rows(t.get("lm_head.weight", t["model.embed_tokens.weight"]), vocab, 1)],
                                     out_dtype=torch.float32)
         specs = family(config.architecture).layers(config)
-        ropes = _distinct(spec.rope for spec in specs)  # tables computed once a step for the layers sharing one
-        self.layers = [self._layer(t, f"model.layers.{i}", spec, ropes.index(spec.rope))
+        # RoPE tables computed once a step for the layers sharing one (a layer without RoPE has none)
+        ropes = _distinct(spec.rope for spec in specs if spec.rope)
+        self.layers = [self._layer(t, f"model.layers.{i}", spec, ropes.index(spec.rope) if spec.rope else None)
                        for i, spec in enumerate(specs)]
         for kind in (True, False):  # KV pool entries, then state pool entries, each in layer order
             for n, layer in enumerate(x for x in self.layers if x.spec.mixer.keeps_kv is kind):
@@ -182,7 +183,7 @@ class Decoder:
             self.dequantized.update(w.qtype.name for w in blocks)
         return Linear(torch.cat([self._dense(w) for w in parts], 0), self._bias(bias))
 
-    def _layer(self, t: dict[str, Weight], p: str, spec: LayerSpec, rope: int) -> Layer:
+    def _layer(self, t: dict[str, Weight], p: str, spec: LayerSpec, rope: int | None) -> Layer:
         t = family(self.config.architecture).split_merged(t, self.config, p)
         attn, mlp, s, d = f"{p}.self_attn", f"{p}.mlp", self.shard, self.config.head_dim
         sparse = spec.mlp is not Mlp.DENSE
@@ -213,7 +214,7 @@ class Decoder:
                         else f"{p}.post_attention_layernorm.weight"],
             gate_up=None if sparse else self._linear(gate_up),
             down=None if sparse else self._linear([_columns(down, s.mlp)]),
-            moe=self._moe(t, mlp, spec.mlp is Mlp.MOE_SHARED, self._glu(spec.activation)) if sparse else None,
+            moe=self._moe(t, mlp, spec.mlp, self._glu(spec.activation)) if sparse else None,
             attn_out_norm=t[f"{p}.post_attention_layernorm.weight"] if spec.sandwich_norms else None,
             mlp_out_norm=t.get(f"{p}.post_feedforward_layernorm.weight") if spec.sandwich_norms else None,
         )
@@ -235,7 +236,7 @@ class Decoder:
         """A row-parallel layer's bias (O, down) on one rank only: the ranks' partial sums are added up."""
         return bias if self.tp is None or self.tp.leads else None
 
-    def _moe(self, t: dict[str, Weight], mlp: str, with_shared: bool, glu: Glu) -> MoE:
+    def _moe(self, t: dict[str, Weight], mlp: str, kind: Mlp, glu: Glu) -> MoE:
         """A sparse layer's router and experts. An expert is its rows of the stacked matrices (a view, of a GGUF
         file's blocks too), with its rows of the stacked biases where the layer has them; with tensor
         parallelism, this rank's slice of each expert's width."""
@@ -258,9 +259,10 @@ class Decoder:
         experts = [mlp_of(expert("gate", e, m), expert("up", e, m), expert("down", e, h), s.expert, biases(e))
                    for e in range(c.num_experts)]
         shared: tuple[Expert | None, Linear | None] = (None, None)
-        if with_shared:
+        if kind is not Mlp.MOE:
             parts = (t[f"{mlp}.shared_expert.{n}_proj.weight"] for n in ("gate", "up", "down"))
-            shared = mlp_of(*parts, s.shared_expert), self._linear([t[f"{mlp}.shared_expert_gate.weight"]])
+            gate = self._linear([t[f"{mlp}.shared_expert_gate.weight"]]) if kind is Mlp.MOE_SHARED else None
+            shared = mlp_of(*parts, s.shared_expert), gate
         selection = t[f"{mlp}.expert_bias"].float() if c.selection_bias else None
         return MoE(self._linear([t[f"{mlp}.gate.weight"]], t.get(f"{mlp}.gate.bias")), experts,
                    c.num_experts_per_tok, c.norm_topk_prob, c.expert_gating, *shared, selection_bias=selection)
@@ -344,19 +346,21 @@ class Decoder:
                 ready(states[layer.kv], meta.state_runs)
                 mixed = layer.recurrent(x, states[layer.kv], meta.state_runs)
             else:
-                mixed = self._attention(layer, x, tables[layer.rope], meta, kv_cache[layer.kv])
-            h = h + self._out_norm(self._sum(mixed), layer.attn_out_norm, spec)
+                table = tables[layer.rope] if layer.rope is not None else None
+                mixed = self._attention(layer, x, table, meta, kv_cache[layer.kv])
+            h = h + self._residual(self._out_norm(self._sum(mixed), layer.attn_out_norm, spec))
             x = self._norm(h, layer.post_norm, spec.norm_offset)
             mlp = layer.moe(x) if layer.moe is not None else \
                 gated_mlp(layer.gate_up, layer.down, x, self._glu(spec.activation))
-            h = h + self._out_norm(self._sum(mlp), layer.mlp_out_norm, spec)
+            h = h + self._residual(self._out_norm(self._sum(mlp), layer.mlp_out_norm, spec))
             if tap is not None:
                 tap.residuals.append(h[tap.rows])
         return self.final_norm(h)
 
-    def _attention(self, layer: Layer, x: torch.Tensor, table: tuple[torch.Tensor, torch.Tensor],
+    def _attention(self, layer: Layer, x: torch.Tensor, table: tuple[torch.Tensor, torch.Tensor] | None,
                    meta: AttentionMetadata, cache: torch.Tensor) -> torch.Tensor:
-        """A layer's attention over the paged KV, before O's all-reduce."""
+        """A layer's attention over the paged KV, before O's all-reduce (q and k turned by the RoPE table, where
+        the layer has one)."""
         spec, d = layer.spec, self.config.head_dim
         q_size = 2 * self.q_size if spec.output_gate else self.q_size
         q, k, v = layer.qkv(x).split([q_size, self.kv_size, self.kv_size], -1)
@@ -368,8 +372,9 @@ class Decoder:
         v = v.view(-1, self.num_kv_heads, d)
         if layer.q_norm is not None:
             q, k = self._norm(q, layer.q_norm, spec.norm_offset), self._norm(k, layer.k_norm, spec.norm_offset)
-        rotary, (cos, sin) = self.rotaries[layer.rope], table
-        q, k = rotary.apply(q, cos, sin), rotary.apply(k, cos, sin)
+        if table is not None:
+            rotary, (cos, sin) = self.rotaries[layer.rope], table
+            q, k = rotary.apply(q, cos, sin), rotary.apply(k, cos, sin)
         if spec.query_scalar != d:
             q = q * (d / spec.query_scalar) ** 0.5  # attention scales by head_dim ** -0.5
         attn = paged_attention(q, k, v, cache[0], cache[1], meta, self.prefill_kernel, spec.window, layer.sinks)
@@ -389,6 +394,11 @@ class Decoder:
         """A sublayer's output, normed where the layer has a norm there (sandwich norms), before the residual add."""
         return x if weight is None else self._norm(x, weight, spec.norm_offset)
 
+    def _residual(self, x: torch.Tensor) -> torch.Tensor:
+        """A sublayer's output as it joins the residual stream: scaled where the model scales it (Granite)."""
+        scale = self.config.residual_scale
+        return x if scale == 1.0 else x * scale
+
     def _sum(self, partial: torch.Tensor) -> torch.Tensor:
         """A row-parallel layer's output: every rank's partial sum added up."""
         return self.tp.all_reduce(partial) if self.tp else partial
@@ -407,4 +417,6 @@ class Decoder:
         logits = self.tp.gather_vocab(logits, self.config.vocab_size) if self.tp else logits
         if cap := self.config.final_logit_softcapping:
             logits = torch.tanh(logits / cap) * cap
+        if self.config.logit_scale != 1.0:
+            logits = logits / self.config.logit_scale
         return logits

@@ -113,9 +113,11 @@ class FusedDecode:
             "an output-projection bias": any(s.o_bias for s in specs),
             "a query scale of its own": any(s.query_scalar != d for s in specs),
             "RoPE bases per layer": any(s.rope != specs[0].rope for s in specs),
-            "RoPE over part of each head": any(s.rope.rotary_dim not in (None, d) for s in specs),
+            "RoPE over part of each head": any(s.rope and s.rope.rotary_dim not in (None, d) for s in specs),
+            "attention without RoPE": any(s.rope is None for s in specs),
             "scaled embeddings": config.embedding_scale != 1.0,
             "soft-capped logits": config.final_logit_softcapping is not None,
+            "scaled residuals or logits": config.residual_scale != 1.0 or config.logit_scale != 1.0,
         }
         return next((feature for feature, present in lacks.items() if present), None)
 

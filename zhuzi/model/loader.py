@@ -178,8 +178,7 @@ def _load_safetensors_dir(directory: Path, config: ModelConfig, dtype: torch.dty
             parts = [sources[name]] if isinstance(sources[name], str) else list(sources[name])
             values = [_read_tensor(*located[part], part) for part in parts]
             tensors[name] = (values[0] if len(values) == 1 else mxfp4.unpack(*values)).to(dtype)
-        fam.stack_experts(tensors, config)
-        return tensors
+        return fam.from_hf(tensors, config)
 
 
 def _read_tensor(file: Path, handle: Any, name: str) -> torch.Tensor:

@@ -15,6 +15,7 @@ class Mixer(Enum):
     SLIDING_ATTENTION = "sliding_attention"  # each token attends its last `window` tokens
     LINEAR_ATTENTION = "linear_attention"  # gated DeltaNet: a state matrix per head instead of KV (recurrent.py)
     SHORT_CONV = "conv"  # LFM2's gated short convolution: its last inputs instead of KV (recurrent.py)
+    MAMBA2 = "mamba2"  # a Mamba2 state-space layer: a convolution tail and an SSM state per head (recurrent.py)
 
     @property
     def keeps_kv(self) -> bool:
@@ -26,6 +27,7 @@ class Mlp(Enum):
     DENSE = "dense"  # gated: down(act(gate x) * up x)
     MOE = "moe"  # routed experts, top-k per token
     MOE_SHARED = "moe_shared"  # routed experts plus a gated shared expert every token runs
+    MOE_SHARED_UNGATED = "moe_shared_ungated"  # routed experts plus a shared expert added as it is (Granite)
 
 
 @dataclass(frozen=True)
@@ -42,7 +44,7 @@ class LayerSpec:
 
     mixer: Mixer
     window: int | None  # tokens a sliding layer sees, its own included
-    rope: Rope
+    rope: Rope | None  # None: attention without position embeddings (NoPE)
     mlp: Mlp
     qkv_bias: bool
     qk_norm: bool  # RMSNorm of each head's q and k
@@ -70,6 +72,26 @@ class LinearAttentionShape:
     @property
     def conv_channels(self) -> int:
         return 2 * self.key_heads * self.key_dim + self.value_heads * self.value_dim
+
+
+@dataclass(frozen=True)
+class Mamba2Shape:
+    """A Mamba2 layer's heads: `heads` of head_dim channels each, whose B and C come from `groups` groups of
+    state_size (each group serves heads / groups heads), and the width of the causal convolution over x, B, C."""
+
+    heads: int
+    head_dim: int
+    groups: int
+    state_size: int
+    conv_kernel: int
+
+    @property
+    def inner(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def conv_channels(self) -> int:
+        return self.inner + 2 * self.groups * self.state_size
 
 
 @dataclass
@@ -114,6 +136,7 @@ class ModelConfig:
     num_experts_per_tok: int = 0  # top-k: the experts each token runs
     moe_intermediate_size: int = 0  # an expert's SwiGLU width
     shared_expert_intermediate_size: int = 0  # a shared expert every token runs (0: none)
+    shared_expert_gate: bool = True  # a sigmoid gate scales the shared expert's output (Granite's has none)
     norm_topk_prob: bool = False  # the top-k gate weights renormalized to sum to 1
     expert_gating: str = "softmax"  # router logits -> gate weights: "softmax", "sigmoid" or "top_k_softmax"
     expert_bias: bool = False  # a bias on the router and on each expert's matrices (gpt-oss)
@@ -124,6 +147,11 @@ class ModelConfig:
     linear: LinearAttentionShape | None = None
     attention_output_gate: bool = False  # full attention's output gated (Qwen3.5's q_proj makes the gate too)
     short_conv_kernel: int = 0  # a short-convolution layer's width (LFM2's L_cache): layer_types names them "conv"
+    # Mamba2 layers: layer_types names them "mamba2"
+    mamba: Mamba2Shape | None = None
+    use_rope: bool = True  # attention turns q and k by RoPE (False: no position embeddings, Granite 4's hybrids)
+    residual_scale: float = 1.0  # each sublayer's output is multiplied by it before the residual add (Granite)
+    logit_scale: float = 1.0  # the logits are divided by it (Granite's logits_scaling)
 
     def window(self, layer: int) -> int | None:
         """The tokens layer `layer` attends (its own included), or None for the whole context."""
@@ -150,6 +178,10 @@ class ModelConfig:
             return s.conv_channels * (s.conv_kernel - 1) + s.value_heads * s.key_dim * s.value_dim
         if mixer is Mixer.SHORT_CONV:  # the convolution's last inputs
             return self.hidden_size * (self.short_conv_kernel - 1)
+        if mixer is Mixer.MAMBA2:
+            assert self.mamba is not None
+            m = self.mamba  # the convolution's last inputs, and a head_dim x state_size state per head
+            return m.conv_channels * (m.conv_kernel - 1) + m.heads * m.head_dim * m.state_size
         return 0
 
     @property
@@ -176,7 +208,8 @@ class ModelConfig:
         h = self.hidden_size
         if not self.is_moe_layer(layer):
             return 3 * h * self.intermediate_size
-        shared = 3 * h * self.shared_expert_intermediate_size + h if self.shared_expert_intermediate_size else 0
+        width, gate = self.shared_expert_intermediate_size, h if self.shared_expert_gate else 0
+        shared = 3 * h * width + gate if width else 0
         return self.num_experts * h + experts * 3 * h * self.moe_intermediate_size + shared
 
     def _mixer_parameters(self, layer: int) -> int:
@@ -189,6 +222,11 @@ class ModelConfig:
             return projections + s.conv_channels * s.conv_kernel + 2 * s.value_heads + s.value_dim + 2 * h
         if self.layer_types and self.layer_types[layer] == Mixer.SHORT_CONV.value:  # in_proj (B, C, x), out_proj
             return 4 * h * h + h * self.short_conv_kernel + 2 * h
+        if self.layer_types and self.layer_types[layer] == Mixer.MAMBA2.value:
+            assert self.mamba is not None
+            m = self.mamba  # in_proj, out_proj, the convolution and its bias, dt_bias, A_log, D, the gated norm
+            projections = h * (m.inner + m.conv_channels + m.heads) + m.inner * h
+            return projections + m.conv_channels * (m.conv_kernel + 1) + 3 * m.heads + m.inner + 2 * h
         return h * (q * (2 if self.attention_output_gate else 1) + 2 * kv) + q * h + 2 * h  # q/k norms apart
 
     @property

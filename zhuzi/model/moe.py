@@ -70,7 +70,7 @@ class MoE:
     # over the top-k logits only (gpt-oss)
     gating: str = "softmax"
     shared: Expert | None = None
-    shared_gate: Linear | None = None  # [1, hidden]: sigmoid(x . w) scales the shared expert's output
+    shared_gate: Linear | None = None  # [1, hidden]: sigmoid(x . w) scales the shared expert's output (None: 1)
     selection_bias: torch.Tensor | None = None  # [experts] float32, added to the scores that pick the top-k only
     # (LFM2-MoE)
     bytes_read: int = 0  # weight bytes of the last call: the router, the experts it ran, the shared expert
@@ -102,16 +102,21 @@ class MoE:
                 out.index_add_(0, rows, expert(x[rows]) * weights.flatten()[picks, None])
                 self.bytes_read += expert.nbytes
         if self.shared is not None:
-            out += torch.sigmoid(self.shared_gate(x)) * self.shared(x)
-            self.bytes_read += self.shared.nbytes + self.shared_gate.nbytes
+            shared = self.shared(x)
+            out += shared if self.shared_gate is None else torch.sigmoid(self.shared_gate(x)) * shared
+            self.bytes_read += self._shared_bytes
         return out
 
     @property
     def active_bytes(self) -> int:
         """Weight bytes one token reads: the router, its top-k experts (all experts are the same size), the
         shared expert."""
-        shared = self.shared.nbytes + self.shared_gate.nbytes if self.shared is not None else 0
-        return self.router.nbytes + self.top_k * self.experts[0].nbytes + shared
+        return self.router.nbytes + self.top_k * self.experts[0].nbytes + self._shared_bytes
+
+    @property
+    def _shared_bytes(self) -> int:
+        """Weight bytes of the shared expert and its gate (0 without one)."""
+        return sum(m.nbytes for m in (self.shared, self.shared_gate) if m is not None)
 
     @property
     def mlps(self) -> list[Expert]:

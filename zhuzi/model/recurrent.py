@@ -1,6 +1,6 @@
-"""Mixers that keep a recurrent state instead of KV (decoder -> a hybrid model's linear-attention layers): each
-running sequence owns a slot of every such layer's state tensors (the state pool), read and updated in place as
-its tokens go through. A step's sequences are runs of rows in the flat batch; a run may also leave its state
+"""Mixers that keep a recurrent state instead of KV (decoder -> a hybrid model's linear-attention and state-space
+layers): each running sequence owns a slot of every such layer's state tensors (the state pool), read and updated
+in place as its tokens go through. A step's sequences are runs of rows in the flat batch; a run may also leave its state
 after some of its rows in a second slot (a snapshot at a page boundary, which the prefix cache keeps)."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from zhuzi.model import cpu_recurrent
 from zhuzi.model.blocks import BlockWeight
 from zhuzi.model.linear import Linear
-from zhuzi.model.model_config import LinearAttentionShape, Mixer, ModelConfig
+from zhuzi.model.model_config import LinearAttentionShape, Mamba2Shape, Mixer, ModelConfig
 from zhuzi.model.parallel import Shard
 
 Weight = torch.Tensor | BlockWeight
@@ -48,6 +48,27 @@ def ready(states: list[torch.Tensor], runs: list[StateRun]) -> None:
 @dataclass
 class StateMetadata:
     runs: list[StateRun] = field(default_factory=list)  # in batch order
+
+
+def ssm_step(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+             c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token of Mamba2's selective scan, in float32, for any leading dims (a decode batch's sequences):
+    state [..., heads, head_dim, state_size], x [..., heads, head_dim], dt [..., heads] (after its softplus), a
+    [heads] (negative), b and c [..., heads, state_size]. Returns (S exp(dt a) + dt x b^T, that state times c)."""
+    state = state * (dt * a).exp()[..., None, None] + (dt[..., None] * x)[..., None] * b[..., None, :]
+    return state, (state * c[..., None, :]).sum(-1)
+
+
+def selective_scan(x: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor,
+                   state: torch.Tensor) -> torch.Tensor:
+    """One sequence's tokens (x [tokens, heads, head_dim], dt [tokens, heads], b and c [tokens, heads, state_size])
+    through the scan, token by token (a kernel of the chunked SSD form would serve prompts), after its state
+    [heads, head_dim, state_size], updated in place."""
+    out, s = torch.empty_like(x), state
+    for t in range(len(x)):
+        s, out[t] = ssm_step(s, x[t], dt[t], a, b[t], c[t])
+    state.copy_(s)
+    return out
 
 
 class RecurrentMixer(Protocol):
@@ -218,6 +239,83 @@ def walk(runs: list[StateRun], states: list[torch.Tensor], device: torch.device,
                 _copy(states, [(run.slot, snapshot)])
 
 
+@dataclass
+class Mamba2:
+    """Granite 4's state-space layer (Mamba2): in_proj makes a gate z, the convolution's channels (x, B, C) and
+    dt; x, B and C go through a short causal convolution (with its bias) and SiLU, then the selective scan (a
+    head_dim x state_size state per head) plus D x; the result times SiLU(z) is RMS-normed per group and projected
+    out. States: the convolution's last inputs [slots, channels, kernel - 1] and the scan's [slots, heads,
+    head_dim, state_size], float32. The convolution runs on the recurrent kernels, the scan in torch."""
+
+    shape: Mamba2Shape
+    in_proj: Linear  # rows: z, x B C (the convolution's channels), dt
+    conv: torch.Tensor  # [channels, kernel]
+    conv_bias: torch.Tensor  # [channels]
+    dt_bias: torch.Tensor  # [heads]
+    decay_rate: torch.Tensor  # A = -exp(A_log) [heads]
+    skip: torch.Tensor  # D [heads]
+    norm: torch.Tensor  # [heads * head_dim]: the gated RMSNorm's weight
+    out_proj: Linear
+    eps: float
+    prefix = "mamba"
+
+    @classmethod
+    def build(cls, t: dict[str, Weight], p: str, config: ModelConfig, linear: MakeLinear, shard: Shard) -> Mamba2:
+        """From its tensors under p (transformers' names), its parameters in float32."""
+        assert config.mamba is not None
+        if shard != Shard.of(config):
+            raise ValueError("Mamba2 layers do not split across tensor-parallel ranks yet")
+        return cls(config.mamba, linear([t[f"{p}.in_proj.weight"]]), t[f"{p}.conv1d.weight"].float()[:, 0],
+                   t[f"{p}.conv1d.bias"].float(), t[f"{p}.dt_bias"].float(), -t[f"{p}.A_log"].float().exp(),
+                   t[f"{p}.D"].float(), t[f"{p}.norm.weight"], linear([t[f"{p}.out_proj.weight"]]), config.rms_norm_eps)
+
+    def state_shapes(self) -> list[tuple[int, ...]]:
+        s = self.shape
+        return [(s.conv_channels, s.conv_kernel - 1), (s.heads, s.head_dim, s.state_size)]
+
+    @property
+    def matrices(self) -> list[tuple[object, str]]:
+        return [(self, "in_proj"), (self, "out_proj")]
+
+    def __call__(self, x: torch.Tensor, states: list[torch.Tensor], runs: list[StateRun]) -> torch.Tensor:
+        s = self.shape
+        z, mixed, dt = self.in_proj(x).split([s.inner, s.conv_channels, s.heads], -1)
+        dt = F.softplus(dt.float() + self.dt_bias)
+        y = torch.empty(x.shape[0], s.heads, s.head_dim, dtype=torch.float32, device=x.device)
+        conv_state, scan_state = states
+        ops = cpu_recurrent.ops(x.device)
+        decodes = [run for run in runs if run.length == 1]  # one token each: one batch
+        if decodes:
+            rows = torch.tensor([run.start for run in decodes], device=x.device)
+            slots = torch.tensor([run.slot for run in decodes], device=x.device)
+            xs, b, c = self._xbc(ops.short_conv_decode(mixed[rows].float(), conv_state, slots, self.conv,
+                                                       self.conv_bias, silu=True))
+            scan_state[slots], out = ssm_step(scan_state[slots], xs, dt[rows], self.decay_rate, b, c)
+            y[rows] = out + self.skip[:, None] * xs
+            _copy(states, [(run.slot, run.snapshot[1]) for run in decodes if run.snapshot is not None])
+        for run in (run for run in runs if run.length > 1):
+            for rows, snapshot in _pieces(run):
+                xs, b, c = self._xbc(ops.short_conv_prefill(mixed[rows].float(), conv_state, run.slot, self.conv,
+                                                            self.conv_bias, silu=True))
+                y[rows] = selective_scan(xs, dt[rows], self.decay_rate, b, c, scan_state[run.slot]) + \
+                    self.skip[:, None] * xs
+                if snapshot is not None:
+                    _copy(states, [(run.slot, snapshot)])
+        width = s.inner // s.groups
+        gated = y.view(-1, s.groups, width) * F.silu(z.float().view(-1, s.groups, width))
+        normed = gated * torch.rsqrt(gated.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.out_proj(self.norm * normed.view(-1, s.inner).to(x.dtype))
+
+    def _xbc(self, mixed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The convolution's output rows as the scan takes them: x per head, and B and C repeated from their group
+        to each of its heads (a group serves heads / groups consecutive heads)."""
+        s = self.shape
+        xs, b, c = mixed.split([s.inner, s.groups * s.state_size, s.groups * s.state_size], -1)
+        b, c = (t.reshape(len(t), s.groups, s.state_size).repeat_interleave(s.heads // s.groups, dim=1)
+                for t in (b, c))
+        return xs.reshape(len(xs), s.heads, s.head_dim), b, c
+
+
 def _copy(states: list[torch.Tensor], pairs: list[tuple[int, int]]) -> None:
     """For each (slot, snapshot): the slot's state, as the rows so far leave it, copied to the snapshot slot."""
     for slot, snapshot in pairs:
@@ -236,4 +334,4 @@ def _pieces(run: StateRun) -> list[tuple[slice, int | None]]:
 
 
 # each recurrent kind's class
-MIXERS: dict[Mixer, type] = {Mixer.LINEAR_ATTENTION: GatedDeltaNet, Mixer.SHORT_CONV: ShortConv}
+MIXERS: dict[Mixer, type] = {Mixer.LINEAR_ATTENTION: GatedDeltaNet, Mixer.SHORT_CONV: ShortConv, Mixer.MAMBA2: Mamba2}

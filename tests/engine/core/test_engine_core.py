@@ -482,10 +482,38 @@ def test_a_hybrid_model_under_preemption_gives_transformers_tokens_and_returns_e
     assert_all_state_slots_free(engine)
 
 
-def test_a_hybrid_chat_computes_only_its_new_tokens_on_turn_two(qwen3_5):
+@pytest.fixture(scope="module")
+def granite(tmp_path_factory):
+    """Granite 4's shape (three Mamba2 layers, one attention layer without RoPE, experts and the shared MLP), its
+    states small enough (a state size of 2) that half of a pool of 9 states holds 4 of them."""
+    path = tmp_path_factory.mktemp("granite")
+    return tiny.build("granitemoehybrid", path, mamba_d_state=2), path
+
+
+def test_granite_under_preemption_gives_transformers_tokens_and_returns_every_slot(granite):
+    """As Qwen3.5's above: five prompts in 32-token chunks in a pool of 9 pages and 4 state slots preempt each
+    other, and every greedy token is transformers'; every page and slot comes back."""
+    hf, path = granite
+    budget = 9 * load_model_config(path).state_bytes  # half of it holds 4 states, the rest 9 pages
+    llm = LLM(str(path), dtype="float32", page_size=16, max_num_batched_tokens=32, kv_cache_memory=budget)
+    plan, engine = llm.engine.kv_plan, llm.engine
+    assert (plan.num_pages, plan.state_slots) == (9, 4)
+    prompts = [list(range(3, 90, 2)), [5, 17, 300, 42, 9], list(range(200, 240)), list(range(3, 90, 2)) + [7],
+               [999] * 3 + [4, 400, 40]]
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    outs = llm.generate(prompts, params)
+    assert engine.scheduler.num_preemptions >= 1
+    for ids, out in zip(prompts, outs):
+        assert out.outputs[0].token_ids == transformers_greedy(hf, ids, 40)
+    assert_all_pages_free(engine)
+    assert_all_state_slots_free(engine)
+
+
+@pytest.mark.parametrize("model", ["qwen3_5", "granite"])
+def test_a_hybrid_chat_computes_only_its_new_tokens_on_turn_two(model, request):
     """Turn 1's state at the last page boundary of its prompt and reply is kept beside its pages: turn 2
     resumes there, computing only its new tokens, and its tokens equal transformers' from scratch."""
-    hf, path = qwen3_5
+    hf, path = request.getfixturevalue(model)
     llm = LLM(str(path), dtype="float32", page_size=16)
     params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
     first = list(range(301, 345))

@@ -7,6 +7,7 @@ from typing import Any
 from zhuzi.model.families import (
     gemma3,
     gpt_oss,
+    granite_hybrid,
     lfm2,
     llama,
     mistral,
@@ -35,6 +36,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     gpt_oss.FAMILY,
     lfm2.FAMILY,
     lfm2.MOE_FAMILY,
+    granite_hybrid.FAMILY,
 )}
 
 

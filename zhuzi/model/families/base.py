@@ -148,11 +148,12 @@ class Family:
         mixer = Mixer.SLIDING_ATTENTION if c.window(i) is not None else Mixer.ATTENTION
         rope = Rope(c.rope_local_theta, None, c.rotary_dim, c.rope_interleaved) if c.is_local(i) \
             else Rope(c.rope_theta, c.rope_scaling, c.rotary_dim, c.rope_interleaved)
-        mlp = Mlp.DENSE if not c.is_moe_layer(i) else Mlp.MOE_SHARED if c.shared_expert_intermediate_size \
-            else Mlp.MOE
-        return LayerSpec(mixer, c.window(i), rope, mlp, c.attention_bias, c.qk_norm, c.sandwich_norms,
-                         c.norm_weight_offset, c.hidden_act, c.query_pre_attn_scalar or float(c.head_dim),
-                         o_bias=c.attention_out_bias, sinks=c.attention_sinks)
+        shared = Mlp.MOE_SHARED if c.shared_expert_gate else Mlp.MOE_SHARED_UNGATED
+        mlp = Mlp.DENSE if not c.is_moe_layer(i) else shared if c.shared_expert_intermediate_size else Mlp.MOE
+        return LayerSpec(mixer, c.window(i), rope if c.use_rope else None, mlp, c.attention_bias, c.qk_norm,
+                         c.sandwich_norms, c.norm_weight_offset, c.hidden_act,
+                         c.query_pre_attn_scalar or float(c.head_dim), o_bias=c.attention_out_bias,
+                         sinks=c.attention_sinks)
 
     # ------------------------------------------------------------ tensors
 
@@ -213,15 +214,6 @@ class Family:
         multimodal checkpoint's text model under the text checkpoint's names)."""
         return stored.replace("model.language_model.", "model.", 1)
 
-    def stack_experts(self, tensors: dict[str, torch.Tensor], config: ModelConfig) -> None:
-        """A directory's experts as the decoder takes them, in place: each sparse layer's per-expert matrices ->
-        one stacked [experts * rows, columns] matrix per part (as a GGUF file stores them)."""
-        for i in filter(config.is_moe_layer, range(config.num_layers)):
-            for p in EXPERT_PARTS:
-                mlp = f"model.layers.{i}.mlp.experts"
-                tensors[f"{mlp}.{p}_proj.weight"] = torch.cat(
-                    [tensors.pop(f"{mlp}.{e}.{p}_proj.weight") for e in range(config.num_experts)])
-
     def gguf_tensor_name(self, gguf_name: str) -> str | None:
         """llama.cpp tensor name -> Hugging Face name; None for tensors the decoder does not use."""
         base, _, kind = gguf_name.rpartition(".")
@@ -231,6 +223,16 @@ class Family:
             return part and f"model.layers.{layer[1]}.{part}.{kind}"
         part = GGUF_TOP_NAMES.get(base)
         return part and f"{part}.{kind}"
+
+    def from_hf(self, tensors: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
+        """A Hugging Face directory's tensors (tensor_names(per_expert=True)) in the decoder's form: each sparse
+        layer's per-expert matrices stacked, one [experts * rows, columns] matrix per part."""
+        for i in filter(config.is_moe_layer, range(config.num_layers)):
+            mlp = f"model.layers.{i}.mlp.experts"
+            for p in EXPERT_PARTS:
+                tensors[f"{mlp}.{p}_proj.weight"] = torch.cat(
+                    [tensors.pop(f"{mlp}.{e}.{p}_proj.weight") for e in range(config.num_experts)])
+        return tensors
 
     def from_gguf(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
         """A float tensor of a GGUF file in Hugging Face's form (the same but where the converter changed it)."""
@@ -242,10 +244,11 @@ def _mlp_names(config: ModelConfig, mlp_kind: Mlp, mlp: str, per_expert: bool) -
         return [f"{mlp}{p}_proj.weight" for p in EXPERT_PARTS]
     experts = [f"{mlp}experts.{e}.{p}_proj.weight" for e in range(config.num_experts) for p in EXPERT_PARTS] \
         if per_expert else [f"{mlp}experts.{p}_proj.weight" for p in EXPERT_PARTS]
-    shared = [f"{mlp}shared_expert.{p}_proj.weight" for p in EXPERT_PARTS] + [f"{mlp}shared_expert_gate.weight"]
+    shared = [f"{mlp}shared_expert.{p}_proj.weight" for p in EXPERT_PARTS] if mlp_kind is not Mlp.MOE else []
+    gate = [f"{mlp}shared_expert_gate.weight"] if mlp_kind is Mlp.MOE_SHARED else []
     biases = [f"{mlp}gate.bias"] + [f"{mlp}experts.{p}_proj.bias" for p in EXPERT_PARTS] if config.expert_bias else []
     selection = [f"{mlp}expert_bias"] if config.selection_bias else []
-    return [f"{mlp}gate.weight"] + selection + experts + biases + (shared if mlp_kind is Mlp.MOE_SHARED else [])
+    return [f"{mlp}gate.weight"] + selection + experts + biases + shared + gate
 
 
 def _unique(ids: Iterable[int | None]) -> list[int]:

@@ -71,7 +71,7 @@ class GptOss(SparseFamily):
             return stored + ".weight"
         return stored.replace(".mlp.router.", ".mlp.gate.")
 
-    def stack_experts(self, tensors: dict[str, torch.Tensor], config: ModelConfig) -> None:
+    def from_hf(self, tensors: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
         """transformers' [experts, hidden, 2 * width] gate_up (gate and up columns interleaved) and [experts, width,
         hidden] down, multiplied from the left -> the decoder's rows: gate, up and down [experts * rows, columns],
         the biases [experts, rows]."""
@@ -84,6 +84,7 @@ class GptOss(SparseFamily):
                 tensors[f"{mlp}.{part}_proj.bias"] = gate_up_bias[..., columns].contiguous()
             tensors[f"{mlp}.down_proj.weight"] = down.transpose(1, 2).flatten(0, 1)
             tensors[f"{mlp}.down_proj.bias"] = tensors.pop(f"{mlp}.down_proj_bias")
+        return tensors
 
 
 FAMILY = GptOss("gpt_oss", "GptOssForCausalLM", "gpt-oss", qkv_bias=True, expert_width_key="intermediate_size",
