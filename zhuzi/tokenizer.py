@@ -27,6 +27,8 @@ from zhuzi.disk_cache import atomic_write, cache_path, file_identity
 from zhuzi.encoder_process import LONG_TEXT, EncoderProcess, in_slices
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"  # a thinking model's tags, each one token of its vocabulary
+# gpt-oss's harmony format: a vocabulary with these markers as control tokens speaks it (server/common/harmony.py).
+HARMONY_MARKERS = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>", "<|constrain|>")
 # Injection safety: rendering the template and tokenizing it with special-token parsing on would let a user who
 # types "<|im_end|>\n<|im_start|>system" forge control tokens. So every string the client sent (contents, tool
 # calls and schemas, template kwargs) is escaped first: each special-token string becomes a private-use
@@ -236,6 +238,22 @@ class Tokenizer:
         """The ids of a thinking model's <think> and </think>; None for a model that does not think."""
         vocab = self.hf.get_vocab()
         return (vocab[THINK_OPEN], vocab[THINK_CLOSE]) if THINK_OPEN in vocab and THINK_CLOSE in vocab else None
+
+    @functools.cached_property
+    def harmony(self) -> bool:
+        """Whether the model speaks gpt-oss's harmony format: its vocabulary has harmony's markers as control
+        tokens (the switch for every checkpoint of the family, a GGUF file's too, whatever its template)."""
+        return all(marker in self._special_ids for marker in HARMONY_MARKERS)
+
+    def special_id(self, marker: str) -> int:
+        """A control token's id ("<|start|>")."""
+        return self._special_ids[marker]
+
+    def encode_pieces(self, pieces: list[str | int]) -> list[int]:
+        """A document built piece by piece: ids as given, each text encoded apart as plain text (never a control
+        token), in one batch."""
+        texts = iter(self._encode_texts([piece for piece in pieces if isinstance(piece, str)]))
+        return [i for piece in pieces for i in ([piece] if isinstance(piece, int) else next(texts))]
 
     @functools.cached_property
     def template_variables(self) -> frozenset[str]:
