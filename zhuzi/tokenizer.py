@@ -313,12 +313,12 @@ class Tokenizer:
                                chat_template_kwargs=chat_template_kwargs)
         roles = [m.get("role", "template") for m in messages]
         pieces = self._pieces(self._render_escaped(messages, *args, mark_authors=True), roles)
-        tokens = self._author_tokens(pieces) if pieces is not None else []
+        tokens = self.author_tokens(pieces) if pieces is not None else []
         if [t.id for t in tokens] != ids:
             pieces = self._pieces(self._render_escaped(messages, *args), [])  # no roles: nothing reads as a mark
             assert pieces is not None
             self._search_authors(pieces, messages)
-            tokens = self._author_tokens(pieces)
+            tokens = self.author_tokens(pieces)
         return tokens
 
     def _pieces(self, escaped: str, roles: list[str]) -> list[tuple[str, list[str]] | int] | None:
@@ -370,7 +370,7 @@ class Tokenizer:
                         k, at = j, found + len(part)
                         break
 
-    def _author_tokens(self, pieces: list[tuple[str, list[str]] | int]) -> list[DocToken]:
+    def author_tokens(self, pieces: list[tuple[str, list[str]] | int]) -> list[DocToken]:
         """Tokens of the pieces; a token's author is the one who wrote most of its characters."""
         texts = [piece for piece in pieces if not isinstance(piece, int)]
         encodings = iter(self._text.encode_batch([text for text, _ in texts], add_special_tokens=False))

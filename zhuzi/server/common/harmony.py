@@ -11,7 +11,7 @@ from typing import Any
 
 from zhuzi.server.common.errors import ApiError
 from zhuzi.server.common.request import ChatRequest, Message
-from zhuzi.tokenizer import Tokenizer
+from zhuzi.tokenizer import DocToken, Tokenizer
 
 IDENTITY = "You are ChatGPT, a large language model trained by OpenAI."  # the system message gpt-oss was tuned on
 KNOWLEDGE_CUTOFF = "2024-06"
@@ -22,13 +22,18 @@ EFFORTS = {"none": "low", "minimal": "low", "low": "low", "medium": "medium", "h
 FUNCTIONS = "functions"  # the namespace of the request's tools: a call goes to functions.NAME
 
 
+# A text and who wrote it: a role of the request, or "template" for zhuzi's own words (the inspector shows it).
+Segment = tuple[str, str]
+Piece = int | list[Segment]  # a control token, or one text as it is encoded, cut where its writer changes
+
+
 @dataclass
 class HarmonyMessage:
-    """One message of the document: who wrote it (a role, or the tool that answers: functions.NAME), where it went
+    """One message of the document: who sent it (a role, or the tool that answers: functions.NAME), where it went
     (its channel, and the recipient of a call) and its text."""
 
     author: str
-    text: str
+    text: list[Segment]
     channel: str | None = None
     recipient: str | None = None
     content_type: str | None = None  # a call's arguments: json
@@ -41,28 +46,44 @@ def effort(request: ChatRequest) -> str:
 
 def render(tokenizer: Tokenizer, request: ChatRequest, today: str) -> list[int]:
     """The prompt's ids; today (YYYY-MM-DD) is the conversation's date, as the system message says it."""
-    pieces: list[str | int] = []
+    return tokenizer.encode_pieces([p if isinstance(p, int) else "".join(t for t, _ in p)
+                                    for p in pieces(tokenizer, request, today)])
+
+
+def document(tokenizer: Tokenizer, request: ChatRequest, today: str) -> list[DocToken]:
+    """render's tokens, each with who wrote it."""
+    return tokenizer.author_tokens([p if isinstance(p, int) else ("".join(t for t, _ in p),
+                                                                  [who for t, who in p for _ in t])
+                                    for p in pieces(tokenizer, request, today)])
+
+
+def pieces(tokenizer: Tokenizer, request: ChatRequest, today: str) -> list[Piece]:
+    out: list[Piece] = []
     for message in harmony_messages(request, today):
-        pieces += _pieces(tokenizer, message)
+        out += _message_pieces(tokenizer, message)
     if request.add_generation_prompt:
-        pieces += [tokenizer.special_id("<|start|>"), "assistant"]
-    return tokenizer.encode_pieces(pieces)
+        out += [tokenizer.special_id("<|start|>"), _ours("assistant")]
+    return out
 
 
-def _pieces(tokenizer: Tokenizer, message: HarmonyMessage) -> list[str | int]:
+def _message_pieces(tokenizer: Tokenizer, message: HarmonyMessage) -> list[Piece]:
     """A message as OpenAI's renderer writes it: header texts apart, markers as control tokens."""
-    out: list[str | int] = [tokenizer.special_id("<|start|>"), message.author]
+    out: list[Piece] = [tokenizer.special_id("<|start|>"), _ours(message.author)]
     if message.recipient is not None:
-        out.append(f" to={message.recipient}")
+        out.append(_ours(f" to={message.recipient}"))
     if message.channel is not None:
-        out += [tokenizer.special_id("<|channel|>"), message.channel]
+        out += [tokenizer.special_id("<|channel|>"), _ours(message.channel)]
     if message.content_type is not None:
-        out.append(f" {message.content_type}")
+        out.append(_ours(f" {message.content_type}"))
     out += [tokenizer.special_id("<|message|>"), message.text]
     if message.closed:
         call = message.author == "assistant" and message.recipient is not None
         out.append(tokenizer.special_id("<|call|>" if call else "<|end|>"))
     return out
+
+
+def _ours(text: str) -> list[Segment]:
+    return [(text, "template")]
 
 
 def harmony_messages(request: ChatRequest, today: str) -> list[HarmonyMessage]:
@@ -71,8 +92,11 @@ def harmony_messages(request: ChatRequest, today: str) -> list[HarmonyMessage]:
     leading = 0
     while leading < len(request.messages) and request.messages[leading].role in ("system", "developer"):
         leading += 1
-    instructions = "\n\n".join(_text(m) for m in request.messages[:leading])
-    out = [HarmonyMessage("system", system_text(effort(request), today, bool(tools)))]
+    instructions: list[Segment] = []
+    for message in request.messages[:leading]:
+        if text := _text(message):
+            instructions += [("\n\n", "template")] * bool(instructions) + [(text, message.role)]
+    out = [HarmonyMessage("system", _ours(system_text(effort(request), today, bool(tools))))]
     if instructions or tools:
         out.append(HarmonyMessage("developer", developer_text(instructions, [t.function() for t in tools])))
     names: dict[str, str] = {}  # call id -> the function it called, for the tool messages that answer
@@ -86,7 +110,8 @@ def harmony_messages(request: ChatRequest, today: str) -> list[HarmonyMessage]:
 def _turn(message: Message, names: dict[str, str], continued: bool) -> list[HarmonyMessage]:
     """One message of the request: an assistant's is its thought, its text (an answer, or the preamble to its
     calls) and its calls; a tool's answers a call by the call's id."""
-    text = _text(message)
+    body = _text(message)
+    text = [(body, message.role)]
     if message.role in ("system", "developer"):
         return [HarmonyMessage("developer", developer_text(text, []))]
     if message.role == "user":
@@ -97,15 +122,16 @@ def _turn(message: Message, names: dict[str, str], continued: bool) -> list[Harm
             raise ApiError(400, "a tool message needs the tool_call_id of an earlier call (or the function's "
                            "name)", param="messages")
         return [HarmonyMessage(f"{FUNCTIONS}.{name}", text, "commentary", "assistant")]
-    out = [HarmonyMessage("assistant", message.reasoning, "analysis")] if message.reasoning else []
+    out = [HarmonyMessage("assistant", [(message.reasoning, "assistant")], "analysis")] if message.reasoning else []
     calls = message.tool_calls or []
-    if text or continued:
+    if body or continued:
         channel = "commentary" if calls else "final"
         out.append(HarmonyMessage("assistant", text, channel, closed=not continued))
     for call in calls:
         if call.id is not None:
             names[call.id] = call.name
-        out.append(HarmonyMessage("assistant", call.arguments, "commentary", f"{FUNCTIONS}.{call.name}", "json"))
+        out.append(HarmonyMessage("assistant", [(call.arguments, "assistant")], "commentary",
+                                  f"{FUNCTIONS}.{call.name}", "json"))
     return out
 
 
@@ -132,11 +158,12 @@ def system_text(reasoning: str, today: str, functions: bool) -> str:
                         f"Reasoning: {reasoning}", channels])
 
 
-def developer_text(instructions: str, functions: list[dict[str, Any]]) -> str:
-    sections = ["# Instructions", instructions] if instructions else []
+def developer_text(instructions: list[Segment], functions: list[dict[str, Any]]) -> list[Segment]:
+    """The instructions (the system messages' texts, by their writers), then the tools."""
+    text = [("# Instructions\n\n", "template"), *instructions] if instructions else []
     if functions:
-        sections.append("# Tools\n\n" + tools_namespace(functions))
-    return "\n\n".join(sections)
+        text.append(("\n\n" * bool(text) + "# Tools\n\n" + tools_namespace(functions), "template"))
+    return text
 
 
 def tools_namespace(functions: list[dict[str, Any]]) -> str:

@@ -27,10 +27,10 @@ from zhuzi.engine.front.client import EngineClient, EngineDead
 from zhuzi.engine.sequence import Probe
 from zhuzi.outputs import EngineStats, RequestError, RequestOutput
 from zhuzi.sampling_params import InvalidRequest, SamplingParams
+from zhuzi.server.common import harmony
 from zhuzi.server.common.errors import ApiError, failure
 from zhuzi.server.common.formats import Format, PromptStats, ResponseState
 from zhuzi.server.common.gateway import Admission, Gateway
-from zhuzi.server.common.harmony import render as render_harmony
 from zhuzi.server.common.harmony_parser import HarmonyParser
 from zhuzi.server.common.metrics import ServerMetrics
 from zhuzi.server.common.parsers import OutputParser, opened_thought
@@ -394,8 +394,7 @@ class Server:
         under a constraint a thinking model is asked for no thought)."""
         tokenizer, messages, args = self.ready().tokenizer, chat.template_messages(), chat.template_args()
         if self.harmony:  # the format is zhuzi's to write, whatever the checkpoint's template
-            ids = render_harmony(tokenizer, chat, datetime.date.today().isoformat())
-            return RenderedChat(ids, "", messages, args)
+            return RenderedChat(harmony.render(tokenizer, chat, self.today()), "", messages, args)
         if self.tool_prompt(chat) == "generic":
             messages = with_generic_tools(messages, args["tools"])
         if constraint is not None and self.reasoning:
@@ -412,6 +411,11 @@ class Server:
             raise ApiError(400, f"{constraint.source} cannot hold here: this model's template opens a thought, "
                            "and a constrained reply cannot think", param=constraint.source)
         return RenderedChat(ids, prefill, messages, args)
+
+    @staticmethod
+    def today() -> str:
+        """The date a harmony system message gives the conversation."""
+        return datetime.date.today().isoformat()
 
     @staticmethod
     def without_thought(kwargs: dict | None) -> dict:
