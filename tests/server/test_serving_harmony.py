@@ -66,6 +66,9 @@ def test_the_render_endpoint_shows_harmony_and_a_constrained_reply_is_refused(
     rendered = gptoss[0].post("/v1/chat/completions/render", {"messages": QUESTION, "reasoning_effort": "low"})
     assert rendered["prompt"] == gptoss[1].decode(rendered["token_ids"], skip_special_tokens=False)
     assert "\nReasoning: low\n" in rendered["prompt"]
+    shown = gptoss[0].post("/inspect/document", {"messages": QUESTION})
+    assert shown["text"] == gptoss[1].decode(shown["token_ids"], skip_special_tokens=False)
+    assert "".join(t["token"] for t in shown["tokens"] if t["author"] == "user") == "Weather in Paris?"
     with pytest.raises(openai.BadRequestError, match="harmony"):
         client.chat.completions.create(model="gptoss", messages=QUESTION, response_format={"type": "json_object"})
 

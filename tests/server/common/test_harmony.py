@@ -9,7 +9,7 @@ import pytest
 from harmony_vocab import openai_harmony, ranks, reference_encoding, save_tokenizer
 
 from zhuzi.server.common.errors import ApiError
-from zhuzi.server.common.harmony import render
+from zhuzi.server.common.harmony import document, render
 from zhuzi.server.common.request import ChatRequest, Message, Tool, ToolCall
 from zhuzi.tokenizer import Tokenizer
 
@@ -185,3 +185,20 @@ def test_a_tool_message_needs_its_call(harmony: Harmony) -> None:
     named = ChatRequest([Message("user", "Hi"), Message("tool", "21 C", name="get_weather")])
     assert render(harmony.tokenizer, named, TODAY) == harmony.reference([
         system("medium"), user("Hi"), result("get_weather", "21 C")])
+
+
+def test_the_document_says_who_wrote_each_token(harmony: Harmony) -> None:
+    request = ChatRequest([
+        Message("system", "Answer in French"), Message("user", "Weather in Paris?"),
+        Message("assistant", None, tool_calls=[ToolCall("get_weather", '{"city": "Paris"}', "call_1")]),
+        Message("tool", "21 C", tool_call_id="call_1"),
+    ], tools=[Tool("get_weather", "Gets the weather.", WEATHER)])
+    tokens = document(harmony.tokenizer, request, TODAY)
+    assert [t.id for t in tokens] == render(harmony.tokenizer, request, TODAY)
+
+    def written_by(author: str) -> str:
+        return harmony.tokenizer.decode([t.id for t in tokens if t.author == author])
+
+    assert (written_by("system"), written_by("user"), written_by("assistant"), written_by("tool")) == (
+        "Answer in French", "Weather in Paris?", '{"city": "Paris"}', "21 C")
+    assert all(t.author == "template" for t in tokens if t.special)
