@@ -200,15 +200,16 @@ def build_harmony(directory: Path, reply: list[str]) -> list[int]:
     """A tiny Llama that speaks harmony by rote: SmolLM2's tokenizer with harmony's markers as control tokens,
     and weights that make it write reply (texts and markers) after any prompt that ends with "assistant", as a
     harmony prompt does. Every layer's output is zero, so each next token depends on the last one alone: a token
-    of the script has a unit vector of its own as embedding, which the head maps to the token after it. Returns
-    the reply's ids."""
+    of the script has a unit vector of its own as embedding, which the head maps to the token after it; a reply
+    that ends with "assistant" goes round again. Returns the reply's ids."""
     hf = Tokenizer.load(default_model_path()).hf
     hf.add_special_tokens({"additional_special_tokens": list(HARMONY_MARKERS)})
     model = build("llama", directory, vocab_size=len(hf))
     tokenizer = Tokenizer(hf)
     pieces = [tokenizer.special_id(piece) if piece in HARMONY_MARKERS else piece for piece in reply]
     script = tokenizer.encode("assistant", add_special_tokens=False)[-1:] + tokenizer.encode_pieces(pieces)
-    assert len(set(script)) == len(script) <= model.config.hidden_size, "each token of the script follows one"
+    sources = script[:-1]
+    assert len(set(sources)) == len(sources) <= model.config.hidden_size, "a token of the script has one successor"
     with torch.no_grad():
         for layer in model.model.layers:
             layer.self_attn.o_proj.weight.zero_()

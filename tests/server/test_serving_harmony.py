@@ -17,6 +17,7 @@ from server_process import ServerProcess, running_server
 from zhuzi.tokenizer import Tokenizer
 
 REPLY = ["<|channel|>", "commentary to=functions.get_weather json", "<|message|>", '{"city": "Paris"}', "<|call|>"]
+THOUGHT = ["<|channel|>", "analysis", "<|message|>", "Paris is warm", "<|end|>", "<|start|>", "assistant"]
 QUESTION = [{"role": "user", "content": "Weather in Paris?"}]
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Gets the weather.",
@@ -30,6 +31,16 @@ def gptoss(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerPro
     with running_server(directory / "server.log", str(directory), "--dtype", "float32", "--num-threads", "1",
                         "--served-model-name", "gptoss") as server:
         yield server, Tokenizer.load(directory)
+
+
+@pytest.fixture(scope="module")
+def thinker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """The stand-in scripted to think on the analysis channel, message after message, until max_tokens."""
+    directory = tmp_path_factory.mktemp("harmony-thinker")
+    tiny.build_harmony(directory, THOUGHT)
+    with running_server(directory / "server.log", str(directory), "--dtype", "float32", "--num-threads", "1",
+                        "--served-model-name", "gptoss") as server:
+        yield server
 
 
 @pytest.fixture
@@ -89,3 +100,24 @@ def test_messages_responses_and_ollama_return_the_call(client: openai.OpenAI,
                                                                think="high")
     [call] = chat.message.tool_calls
     assert (call.function.name, call.function.arguments) == ("get_weather", {"city": "Paris"})
+
+
+def test_the_analysis_channel_is_reasoning_in_every_api(thinker: ServerProcess) -> None:
+    client = openai.OpenAI(base_url=thinker.api, api_key="none", max_retries=0, timeout=120)
+    reply = client.chat.completions.create(model="gptoss", messages=QUESTION, temperature=0, max_tokens=16)
+    message, usage = reply.choices[0].message, reply.usage
+    assert message.model_extra["reasoning_content"] == "Paris is warmParis is warm" and not message.content
+    assert usage.completion_tokens_details.reasoning_tokens == 7  # the first message, to its <|end|>
+    chunks = list(client.chat.completions.create(model="gptoss", messages=QUESTION, temperature=0, max_tokens=16,
+                                                 stream=True))
+    pieces = [c.choices[0].delta.model_extra.get("reasoning_content") for c in chunks if c.choices]
+    assert len([p for p in pieces if p]) > 1 and "".join(p for p in pieces if p) == "Paris is warmParis is warm"
+    claude = anthropic.Anthropic(base_url=thinker.url, api_key="none", max_retries=0, timeout=120)
+    blocks = claude.messages.create(model="gptoss", max_tokens=7, messages=QUESTION).content
+    assert [(b.type, b.thinking) for b in blocks] == [("thinking", "Paris is warm")]
+    response = client.responses.create(model="gptoss", input="Weather in Paris?", max_output_tokens=7)
+    assert [item.type for item in response.output] == ["reasoning"]
+    assert response.output[0].content[0].text == "Paris is warm"
+    chat = ollama.Client(host=thinker.url, timeout=120).chat(model="gptoss", messages=QUESTION, think="low",
+                                                             options={"num_predict": 7})
+    assert chat.message.thinking == "Paris is warm" and not chat.message.content
