@@ -1,7 +1,8 @@
 """The chat path's render step for a model that speaks gpt-oss's harmony format: a chat request becomes harmony
 messages (a system message with the reasoning effort, a developer message with the instructions and the tools as
 a TypeScript namespace, the turns, earlier thoughts dropped once an answer followed them), then ids, each text
-encoded apart as plain text, as OpenAI's renderer (openai-harmony) encodes it.
+encoded apart as plain text, as OpenAI's renderer (openai-harmony) encodes it; for the inspector, with who wrote
+each token.
 """
 from __future__ import annotations
 
