@@ -5,7 +5,6 @@ has them."""
 from __future__ import annotations
 
 import base64
-import os
 import struct
 from pathlib import Path
 
@@ -45,8 +44,9 @@ def reference_encoding(directory: Path, vocab: dict[bytes, int]) -> openai_harmo
     """openai-harmony's gpt-oss encoding, reading the vocabulary from directory instead of downloading it."""
     lines = [f"{base64.b64encode(token).decode()} {rank}\n" for token, rank in vocab.items()]
     (directory / "o200k_base.tiktoken").write_text("".join(lines))
-    os.environ["TIKTOKEN_ENCODINGS_BASE"] = str(directory)
-    return openai_harmony.load_harmony_encoding(openai_harmony.HarmonyEncodingName.HARMONY_GPT_OSS)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TIKTOKEN_ENCODINGS_BASE", str(directory))
+        return openai_harmony.load_harmony_encoding(openai_harmony.HarmonyEncodingName.HARMONY_GPT_OSS)
 
 
 def _merges(vocab: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
