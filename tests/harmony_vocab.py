@@ -8,13 +8,11 @@ import base64
 import struct
 from pathlib import Path
 
+import openai_harmony
 import pytest
-
-quicktok = pytest.importorskip("quicktok")
-openai_harmony = pytest.importorskip("openai_harmony")
-
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers  # noqa: E402
-from transformers import PreTrainedTokenizerFast  # noqa: E402
+import quicktok
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
 
 # o200k's pre-tokenizer (tiktoken's pattern)
 PATTERN = "|".join([
