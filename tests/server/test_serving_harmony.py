@@ -16,6 +16,8 @@ from server_process import ServerProcess, running_server
 
 from zhuzi.tokenizer import Tokenizer
 
+pytestmark = pytest.mark.long  # a minute or more: handed out first (tests/conftest.py)
+
 REPLY = ["<|channel|>", "commentary to=functions.get_weather json", "<|message|>", '{"city": "Paris"}', "<|call|>"]
 THOUGHT = ["<|channel|>", "analysis", "<|message|>", "Paris is warm", "<|end|>", "<|start|>", "assistant"]
 QUESTION = [{"role": "user", "content": "Weather in Paris?"}]
