@@ -108,7 +108,7 @@ class ResponseState:
     n: int
     new_parser: Callable[[], OutputParser | HarmonyParser]
     prompts: list[PromptStats]
-    think_close: int | None = None  # a thinking model's </think> id: usage counts the thoughts' tokens
+    think_close: int | None = None  # </think> (harmony's <|end|>): usage counts the thought's tokens up to it
     choices: dict[int, Choice] = field(default_factory=dict)
 
     def progress(self, prompt_index: int, out: RequestOutput) -> PromptProgress | None:
