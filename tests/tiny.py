@@ -14,7 +14,7 @@ import transformers
 from gguf_blocks import random_blocks
 
 from zhuzi.model.loader import default_model_path
-from zhuzi.tokenizer import Tokenizer
+from zhuzi.tokenizer import HARMONY_MARKERS, Tokenizer
 
 CLASSES = {"llama": transformers.LlamaForCausalLM, "qwen2": transformers.Qwen2ForCausalLM,
            "qwen3": transformers.Qwen3ForCausalLM, "mistral": transformers.MistralForCausalLM,
@@ -389,3 +389,31 @@ def build_thinking(directory: Path) -> tuple[int, int]:
     hf.chat_template = THINKING_TEMPLATE
     hf.save_pretrained(directory)
     return tuple(hf.convert_tokens_to_ids(["<think>", "</think>"]))
+
+
+def build_harmony(directory: Path, reply: list[str]) -> list[int]:
+    """A tiny Llama that speaks harmony by rote: SmolLM2's tokenizer with harmony's markers as control tokens,
+    and weights that make it write reply (texts and markers) after any prompt that ends with "assistant", as a
+    harmony prompt does. Every layer's output is zero, so each next token depends on the last one alone: a token
+    of the script has a unit vector of its own as embedding, which the head maps to the token after it; a reply
+    that ends with "assistant" goes round again. Returns the reply's ids."""
+    hf = Tokenizer.load(default_model_path()).hf
+    hf.add_special_tokens({"additional_special_tokens": list(HARMONY_MARKERS)})
+    model = build("llama", directory, vocab_size=len(hf))
+    tokenizer = Tokenizer(hf)
+    pieces = [tokenizer.special_id(piece) if piece in HARMONY_MARKERS else piece for piece in reply]
+    script = tokenizer.encode("assistant", add_special_tokens=False)[-1:] + tokenizer.encode_pieces(pieces)
+    sources = script[:-1]
+    assert len(set(sources)) == len(sources) <= model.config.hidden_size, "a token of the script has one successor"
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        model.lm_head.weight.zero_()
+        for i, (token, successor) in enumerate(zip(script, script[1:])):
+            model.model.embed_tokens.weight[token] = torch.nn.functional.one_hot(torch.tensor(i),
+                                                                                 model.config.hidden_size)
+            model.lm_head.weight[successor, i] = 10.0
+    model.save_pretrained(directory)
+    hf.save_pretrained(directory)
+    return script[1:]

@@ -28,6 +28,8 @@ from zhuzi.encoder_process import LONG_TEXT, EncoderProcess, in_slices
 from zhuzi.model.gguf_header import read_gguf_header
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"  # a thinking model's tags, each one token of its vocabulary
+# gpt-oss's harmony format: a vocabulary with these markers as control tokens speaks it (server/common/harmony.py).
+HARMONY_MARKERS = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>", "<|constrain|>")
 # Injection safety: rendering the template and tokenizing it with special-token parsing on would let a user who
 # types "<|im_end|>\n<|im_start|>system" forge control tokens. So every string the client sent (contents, tool
 # calls and schemas, template kwargs) is escaped first: each special-token string becomes a private-use
@@ -247,6 +249,22 @@ class Tokenizer:
         return (vocab[THINK_OPEN], vocab[THINK_CLOSE]) if THINK_OPEN in vocab and THINK_CLOSE in vocab else None
 
     @functools.cached_property
+    def harmony(self) -> bool:
+        """Whether the model speaks gpt-oss's harmony format: its vocabulary has harmony's markers as control
+        tokens (the switch for every checkpoint of the family, a GGUF file's too, whatever its template)."""
+        return all(marker in self._special_ids for marker in HARMONY_MARKERS)
+
+    def special_id(self, marker: str) -> int:
+        """A control token's id ("<|start|>")."""
+        return self._special_ids[marker]
+
+    def encode_pieces(self, pieces: list[str | int]) -> list[int]:
+        """A document built piece by piece: ids as given, each text encoded apart as plain text (never a control
+        token), in one batch."""
+        texts = iter(self._encode_texts([piece for piece in pieces if isinstance(piece, str)]))
+        return [i for piece in pieces for i in ([piece] if isinstance(piece, int) else next(texts))]
+
+    @functools.cached_property
     def template_variables(self) -> frozenset[str]:
         """The names the chat template reads (tools, enable_thinking, ...), so callers know what it renders."""
         template = self.hf.chat_template
@@ -304,12 +322,12 @@ class Tokenizer:
                                chat_template_kwargs=chat_template_kwargs)
         roles = [m.get("role", "template") for m in messages]
         pieces = self._pieces(self._render_escaped(messages, *args, mark_authors=True), roles)
-        tokens = self._author_tokens(pieces) if pieces is not None else []
+        tokens = self.author_tokens(pieces) if pieces is not None else []
         if [t.id for t in tokens] != ids:
             pieces = self._pieces(self._render_escaped(messages, *args), [])  # no roles: nothing reads as a mark
             assert pieces is not None
             self._search_authors(pieces, messages)
-            tokens = self._author_tokens(pieces)
+            tokens = self.author_tokens(pieces)
         return tokens
 
     def _pieces(self, escaped: str, roles: list[str]) -> list[tuple[str, list[str]] | int] | None:
@@ -361,7 +379,7 @@ class Tokenizer:
                         k, at = j, found + len(part)
                         break
 
-    def _author_tokens(self, pieces: list[tuple[str, list[str]] | int]) -> list[DocToken]:
+    def author_tokens(self, pieces: list[tuple[str, list[str]] | int]) -> list[DocToken]:
         """Tokens of the pieces; a token's author is the one who wrote most of its characters."""
         texts = [piece for piece in pieces if not isinstance(piece, int)]
         encodings = iter(self._text.encode_batch([text for text, _ in texts], add_special_tokens=False))

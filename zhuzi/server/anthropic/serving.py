@@ -109,7 +109,7 @@ def chat_request(body: a.MessagesPrompt) -> ChatRequest:
     sampling: dict[str, Any] = {}
     if isinstance(body.thinking, a.ThinkingEnabled):
         sampling["thinking_token_budget"] = body.thinking.budget_tokens
-    constraint, user = None, None
+    constraint, user, effort = None, None, None
     if isinstance(body, a.MessagesRequest):
         sampling.update(max_tokens=body.max_tokens, stop=body.stop_sequences, temperature=body.temperature,
                         top_p=body.top_p, top_k=body.top_k, priority=body.priority)
@@ -123,7 +123,7 @@ def chat_request(body: a.MessagesPrompt) -> ChatRequest:
         messages, model=body.model, tools=tools, tool_choice=None if choice is None else _tool_choice(choice),
         parallel_tool_calls=parallel, constraint=constraint,
         sampling={name: value for name, value in sampling.items() if value is not None},
-        chat_template_kwargs=None if body.thinking is None else {"enable_thinking": thinks},
+        chat_template_kwargs=None if body.thinking is None else {"enable_thinking": thinks}, reasoning_effort=effort,
         add_generation_prompt=not continued, continue_final_message=continued,
         stream=isinstance(body, a.MessagesRequest) and body.stream, user=user, names=NAMES)
 

@@ -16,6 +16,7 @@ from fastapi.responses import Response
 from zhuzi.sampling_params import InvalidRequest, SamplingParams
 from zhuzi.server.common.errors import ApiError
 from zhuzi.server.common.formats import Format
+from zhuzi.server.common.harmony_parser import HarmonyParser
 from zhuzi.server.common.parsers import OutputParser
 from zhuzi.server.common.request import ChatRequest, Constraint
 from zhuzi.server.common.serving import RenderedChat, Server
@@ -36,7 +37,7 @@ class ChatPlan:
 
     chat: RenderedChat
     params: SamplingParams
-    new_parser: Callable[[], OutputParser]
+    new_parser: Callable[[], OutputParser | HarmonyParser]
 
 
 class ChatPath:
@@ -52,6 +53,8 @@ class ChatPath:
 
     async def _plan(self, request: ChatRequest) -> ChatPlan:
         self.server.check_model(request.model)
+        if self.server.harmony:
+            return await self._plan_harmony(request)
         try:
             constraints, forced = chat_constraints(request, self.server.added_tokens)
         except InvalidRequest as exc:
@@ -66,6 +69,28 @@ class ChatPath:
         def new_parser() -> OutputParser:
             return OutputParser(reasoning=self.server.reasoning, tools=tools, prefill=chat.prefill, forced=forced,
                                 max_calls=max_calls)
+
+        return ChatPlan(chat, params, new_parser)
+
+    async def _plan_harmony(self, request: ChatRequest) -> ChatPlan:
+        """A harmony model's chat: its markers stay in the text for the parser, and the reply stops at <|return|>
+        or <|call|>. A grammar would have to hold the final channel alone, which zhuzi's does not: a constrained
+        reply is refused, and a strict tool's calls are parsed but not held to its schema."""
+        if request.constraint is not None or request.forces_tool_call:
+            param = request.constraint.source if request.constraint is not None else "tool_choice"
+            raise ApiError(400, f"{param}: this model writes gpt-oss's harmony format, whose output zhuzi does "
+                           "not constrain yet", param=param)
+        tokenizer = self.server.ready().tokenizer
+        stops = [tokenizer.special_id("<|return|>"), tokenizer.special_id("<|call|>")]
+        fields = {"max_tokens": None, **request.sampling}
+        fields |= {"skip_special_tokens": False, "stop_token_ids": [*(fields.get("stop_token_ids") or []), *stops]}
+        params = sampling_params(fields)
+        chat = await self.server.in_worker(self.server.render_chat, request)
+        tools, max_calls = request.parse_tool_calls, None if request.parallel_tool_calls else 1
+        channel = "final" if request.continue_final_message else None
+
+        def new_parser() -> HarmonyParser:
+            return HarmonyParser(tools, channel, max_calls)
 
         return ChatPlan(chat, params, new_parser)
 

@@ -14,6 +14,7 @@ import pydantic
 from zhuzi.outputs import CompletionOutput, Logprob, PromptProgress, RequestMetrics, RequestOutput
 from zhuzi.server.common.content_parts import PartEvent, Parts
 from zhuzi.server.common.errors import ApiError
+from zhuzi.server.common.harmony_parser import HarmonyParser
 from zhuzi.server.common.parsers import OutputParser, ParsedText
 
 
@@ -32,7 +33,7 @@ class Choice:
     """One of the n completions of one prompt, as its deltas accumulate."""
 
     index: int
-    parser: OutputParser
+    parser: OutputParser | HarmonyParser
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[dict[int, Logprob]] = field(default_factory=list)
     draft_accepted: list[bool] | None = None  # speculative decoding's marks, one per token (CompletionOutput)
@@ -105,9 +106,9 @@ class ResponseState:
     """Everything one API request produced so far, across its prompts and choices."""
 
     n: int
-    new_parser: Callable[[], OutputParser]
+    new_parser: Callable[[], OutputParser | HarmonyParser]
     prompts: list[PromptStats]
-    think_close: int | None = None  # a thinking model's </think> id: usage counts the thoughts' tokens
+    think_close: int | None = None  # </think> (harmony's <|end|>): usage counts the thought's tokens up to it
     choices: dict[int, Choice] = field(default_factory=dict)
 
     def progress(self, prompt_index: int, out: RequestOutput) -> PromptProgress | None:

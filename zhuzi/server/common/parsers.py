@@ -115,7 +115,7 @@ def opened_thought(prompt: str) -> str:
     return THINK_OPEN if prompt.rstrip().endswith(THINK_OPEN) else ""
 
 
-def _partial_tag_len(text: str, tags: list[str]) -> int:
+def partial_tag_len(text: str, tags: list[str]) -> int:
     """Length of the longest suffix of text that is a proper prefix of one of the tags."""
     for length in range(min(len(text), max((len(t) for t in tags), default=0) - 1), 0, -1):
         if any(tag.startswith(text[-length:]) for tag in tags):
@@ -289,7 +289,7 @@ class OutputParser:
 
     def _take_decided(self, tags: list[str], hold_whitespace: bool) -> str:
         """Remove and return the buffer's head that can no longer start one of the tags."""
-        end = len(self.buffer) - _partial_tag_len(self.buffer, tags)
+        end = len(self.buffer) - partial_tag_len(self.buffer, tags)
         decided = self.buffer[:end]
         if hold_whitespace:
             decided = decided.rstrip()

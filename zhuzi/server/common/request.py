@@ -117,6 +117,7 @@ class ChatRequest:
     constraint: Constraint | None = None  # the reply's format (when it calls no tool)
     sampling: dict[str, Any] = field(default_factory=dict)  # SamplingParams' fields the request sets
     chat_template_kwargs: dict[str, Any] | None = None
+    reasoning_effort: str | None = None  # a harmony model's (gpt-oss): low, medium or high (OpenAI's other words too)
     add_generation_prompt: bool = True
     continue_final_message: bool = False  # the reply continues the last (assistant) message
     stream: bool = False

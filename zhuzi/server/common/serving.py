@@ -6,6 +6,7 @@ on shutdown, a watch on the engine that stops the server once the engine fails).
 from __future__ import annotations
 
 import asyncio
+import datetime
 import functools
 import gc
 import logging
@@ -26,9 +27,11 @@ from zhuzi.engine.front.client import EngineClient, EngineDead
 from zhuzi.engine.sequence import Probe
 from zhuzi.outputs import EngineStats, RequestError, RequestOutput
 from zhuzi.sampling_params import InvalidRequest, SamplingParams
+from zhuzi.server.common import harmony
 from zhuzi.server.common.errors import ApiError, failure
 from zhuzi.server.common.formats import Format, PromptStats, ResponseState
 from zhuzi.server.common.gateway import Admission, Gateway
+from zhuzi.server.common.harmony_parser import HarmonyParser
 from zhuzi.server.common.metrics import ServerMetrics
 from zhuzi.server.common.parsers import OutputParser, opened_thought
 from zhuzi.server.common.quota import Quotas
@@ -109,7 +112,8 @@ class Server:
         self.metrics = ServerMetrics(self.engine_state, self.quotas.usage)
         self.model_name = ""
         self.reasoning = False
-        self.think_close: int | None = None  # a thinking model's </think> id
+        self.harmony = False  # the model speaks gpt-oss's harmony format (harmony.py renders, harmony_parser.py parses)
+        self.think_close: int | None = None  # the id that ends a thought: </think>, harmony's <|end|>
         self.added_tokens: set[str] = set()  # the tokenizer's added tokens (a forced call's markers may be)
         self.created = int(time.time())
         if not callable(engine):
@@ -127,8 +131,10 @@ class Server:
 
     def attach(self, engine: EngineClient) -> None:
         self.model_name = self.config.served_model_name or engine.model_name
-        tags = engine.tokenizer.think_ids
-        self.reasoning, self.think_close = tags is not None, tags[1] if tags else None
+        tokenizer, tags = engine.tokenizer, engine.tokenizer.think_ids
+        self.harmony = tokenizer.harmony
+        self.reasoning = tags is not None or self.harmony
+        self.think_close = tokenizer.special_id("<|end|>") if self.harmony else tags[1] if tags else None
         self.added_tokens = set(engine.tokenizer.hf.get_added_vocab())
         # What loading left is here to stay: frozen, it is no longer walked by every oldest-generation
         # collection, a pause of 0.1 s or more on the event loop.
@@ -140,7 +146,7 @@ class Server:
         log.info("model %s loaded: dtype %s, KV cache %d tokens (%d pages of %d), context %d tokens%s",
                  self.model_name, engine.config.precision, stats.num_pages * engine.config.page_size,
                  stats.num_pages, engine.config.page_size, engine.max_model_len,
-                 ", reasoning parser on" if self.reasoning else "")
+                 ", harmony format" if self.harmony else ", reasoning parser on" if self.reasoning else "")
         log.info("serving at http://%s:%d/v1", self.config.host, self.config.port)
 
     def start_loading(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -278,7 +284,7 @@ class Server:
     # -- generation
 
     async def generate(self, request: Request, key: str, prompts: list[list[int]], params: SamplingParams,
-                       fmt: Format, new_parser: Callable[[], OutputParser], stream: bool,
+                       fmt: Format, new_parser: Callable[[], OutputParser | HarmonyParser], stream: bool,
                        on_answer: Callable[[pydantic.BaseModel], Awaitable[None]] | None = None) -> Response:
         """Run the prompts; answer with fmt's whole answer, or stream its events. on_answer sees the whole
         answer before the client does (a stream's last events wait for it): what must outlive the answer
@@ -387,6 +393,8 @@ class Server:
         """The prompt a chat request makes (the generic tool format written in where the template has none;
         under a constraint a thinking model is asked for no thought)."""
         tokenizer, messages, args = self.ready().tokenizer, chat.template_messages(), chat.template_args()
+        if self.harmony:  # the format is zhuzi's to write, whatever the checkpoint's template
+            return RenderedChat(harmony.render(tokenizer, chat, self.today()), "", messages, args)
         if self.tool_prompt(chat) == "generic":
             messages = with_generic_tools(messages, args["tools"])
         if constraint is not None and self.reasoning:
@@ -403,6 +411,11 @@ class Server:
             raise ApiError(400, f"{constraint.source} cannot hold here: this model's template opens a thought, "
                            "and a constrained reply cannot think", param=constraint.source)
         return RenderedChat(ids, prefill, messages, args)
+
+    @staticmethod
+    def today() -> str:
+        """The date a harmony system message gives the conversation."""
+        return datetime.date.today().isoformat()
 
     @staticmethod
     def without_thought(kwargs: dict | None) -> dict:

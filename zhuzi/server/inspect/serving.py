@@ -12,6 +12,7 @@ from fastapi.responses import Response
 from zhuzi.bpe_replay import replay
 from zhuzi.engine.sequence import Probe
 from zhuzi.outputs import StepRow
+from zhuzi.server.common import harmony
 from zhuzi.server.common.errors import ApiError
 from zhuzi.server.common.serving import Server, json_response
 from zhuzi.server.inspect import protocol as ip
@@ -62,9 +63,14 @@ class Inspector:
         def document() -> tuple[int, Response]:
             request = body.chat()
             chat = self.server.render_chat(request)  # the checks and errors of a chat request
-            tokens = tokenizer.chat_document(chat.messages, **chat.args)
+            if self.server.harmony:  # zhuzi's own render, not the template's
+                tokens = harmony.document(tokenizer, request, self.server.today())
+                text = tokenizer.decode(chat.ids, skip_special_tokens=False)
+            else:
+                tokens = tokenizer.chat_document(chat.messages, **chat.args)
+                text = tokenizer.render_chat(chat.messages, **chat.args)
             return len(chat.ids), json_response(ip.DocumentResponse(
-                text=tokenizer.render_chat(chat.messages, **chat.args), token_ids=chat.ids,
+                text=text, token_ids=chat.ids,
                 tool_prompt=self.server.tool_prompt(request),
                 tokens=[ip.DocumentToken(**self._token(t.id), author=t.author, special=t.special) for t in tokens]))
 

@@ -206,10 +206,12 @@ class Ollama:
         return name
 
     def _think(self, think: o.Think | None) -> dict[str, Any] | None:
-        """The chat template's switch for a thought."""
+        """The chat template's switch for a thought (a level is the reasoning effort of a harmony model)."""
         if isinstance(think, str):
-            raise ApiError(400, f"think: levels ({think!r}) are gpt-oss's; zhuzi's models take true or false",
-                           param="think")
+            if not self.server.harmony:
+                raise ApiError(400, f"think: levels ({think!r}) are gpt-oss's; {self.server.model_name!r} takes "
+                               "true or false", param="think")
+            return None
         if think and not self.server.reasoning:
             raise ApiError(400, f"think: {self.server.model_name!r} does not support thinking", param="think")
         return None if think is None else {"enable_thinking": think}
@@ -222,6 +224,7 @@ class Ollama:
                  **fields: Any) -> ChatRequest:
         return ChatRequest(messages, model=self._model(body.model), constraint=_format(body.format),
                            sampling=self._sampling(body), chat_template_kwargs=self._think(body.think),
+                           reasoning_effort=body.think if isinstance(body.think, str) else None,
                            stream=body.stream, names=names, **fields)
 
     def _fmt(self, body: o.GenerationRequest, chat: bool) -> OllamaFormat:

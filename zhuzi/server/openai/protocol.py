@@ -21,7 +21,6 @@ UNSUPPORTED = {
     "prediction": "(predicted outputs) is not supported",
     "store": "is not supported: zhuzi stores no completions",
     "metadata": "is not supported: zhuzi stores no completions",
-    "reasoning_effort": "is not supported: use thinking_token_budget (and chat_template_kwargs' enable_thinking)",
     "web_search_options": "is not supported: zhuzi has no web search",
     "suffix": "is not supported: zhuzi does not fill in the middle",
     "best_of": "is not supported: use n",
@@ -333,6 +332,8 @@ class ChatCompletionRequest(ChatTemplateRequest, SamplingRequest):
     return_token_ids: bool = False
     return_tokens_as_token_ids: bool = False
     thinking_token_budget: int | None = None  # a thinking model's thought ends after this many tokens
+    # gpt-oss's (a harmony model's) reasoning level; another model refuses it (Completions.chat_request)
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
 
     @model_validator(mode="after")
     def _top_logprobs_need_logprobs(self) -> ChatCompletionRequest:
@@ -347,7 +348,8 @@ class ChatCompletionRequest(ChatTemplateRequest, SamplingRequest):
         sampling = self.sampling_fields(max_tokens, logprobs, thinking_budget=self.thinking_token_budget)
         return super().chat(model=self.model, parallel_tool_calls=self.parallel_tool_calls,
                             constraint=self.constraint(), sampling=sampling, stream=self.stream,
-                            user=self.user or self.safety_identifier, **fields)
+                            user=self.user or self.safety_identifier, reasoning_effort=self.reasoning_effort,
+                            **fields)
 
 
 Prompt = Text | list[Text] | list[int] | list[list[int]]

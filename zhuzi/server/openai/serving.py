@@ -12,6 +12,7 @@ from zhuzi.sampling_params import InvalidRequest
 from zhuzi.server.common.chat import ChatPath, sampling_params
 from zhuzi.server.common.errors import ApiError
 from zhuzi.server.common.parsers import OutputParser
+from zhuzi.server.common.request import ChatRequest
 from zhuzi.server.common.serving import Server, json_response, new_id
 from zhuzi.server.openai import answers as r
 from zhuzi.server.openai import protocol as p
@@ -35,8 +36,17 @@ class Completions:
         texts = [x if isinstance(x, str) else tokenizer.decode(x, skip_special_tokens=False) for x in prompts]
         return texts, [tokenizer.encode_prompt(x) for x in prompts]
 
+    def chat_request(self, body: p.ChatCompletionRequest) -> ChatRequest:
+        """The chat request a body means. reasoning_effort sets a harmony model's level; for another model it would
+        be a word-to-tokens guess of zhuzi's, not the model's: a 400 naming zhuzi's bound on a thought."""
+        if body.reasoning_effort is not None and not self.server.harmony:
+            raise ApiError(400, "reasoning_effort is served for models in gpt-oss's harmony format; for this one "
+                           "use thinking_token_budget (and chat_template_kwargs' enable_thinking)",
+                           param="reasoning_effort")
+        return body.chat()
+
     async def chat(self, request: Request, key: str, body: p.ChatCompletionRequest) -> Response:
-        chat = body.chat()
+        chat = self.chat_request(body)
         plan = await self.chats.plan(chat)
         fmt = ChatFormat(new_id("chatcmpl"), self.server.model_name, body, plan.chat.ids,
                          self.server.ready().tokenizer.bytes_of)
@@ -44,9 +54,12 @@ class Completions:
 
     async def render(self, key: str, body: p.ChatCompletionRequest) -> Response:
         """vLLM's /v1/chat/completions/render: the prompt a chat request makes, as text and token ids."""
-        plan = await self.chats.plan(body.chat())
+        plan = await self.chats.plan(self.chat_request(body))
         tokenizer = self.server.ready().tokenizer
-        text = await self.server.in_worker(lambda: tokenizer.render_chat(plan.chat.messages, **plan.chat.args))
+        if self.server.harmony:  # the document is zhuzi's own render, not the template's
+            text = await self.server.in_worker(tokenizer.decode, plan.chat.ids, False)
+        else:
+            text = await self.server.in_worker(lambda: tokenizer.render_chat(plan.chat.messages, **plan.chat.args))
         self.server.gateway.charge_tokens(key, len(plan.chat.ids))
         return json_response(r.RenderResponse(model=self.server.model_name, prompt=text, token_ids=plan.chat.ids))
 

@@ -116,7 +116,8 @@ def chat_request(body: rp.ResponsesRequest, history: list[dict[str, Any]],
         tool_choice=NamedTool(choice.name) if isinstance(choice, rp.NamedFunctionTool) else choice,
         parallel_tool_calls=body.parallel_tool_calls, constraint=_constraint(body.text.format if body.text else None),
         sampling={name: value for name, value in sampling.items() if value is not None},
-        chat_template_kwargs=template_kwargs, stream=body.stream, user=body.user, names=NAMES)
+        chat_template_kwargs=template_kwargs, reasoning_effort=body.reasoning.effort if body.reasoning else None,
+        stream=body.stream, user=body.user, names=NAMES)
 
 
 # ---------------------------------------------------------------- the answer
