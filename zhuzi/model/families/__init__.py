@@ -4,7 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from zhuzi.model.families import gemma3, llama, mistral, mixtral, phi3, qwen2, qwen2_moe, qwen3, qwen3_5, qwen3_moe
+from zhuzi.model.families import (
+    gemma3,
+    gemma4,
+    llama,
+    mistral,
+    mixtral,
+    phi3,
+    qwen2,
+    qwen2_moe,
+    qwen3,
+    qwen3_5,
+    qwen3_moe,
+)
 from zhuzi.model.families.base import Family
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
@@ -14,6 +26,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     mistral.FAMILY,
     phi3.FAMILY,
     gemma3.FAMILY,
+    gemma4.FAMILY,
     mixtral.FAMILY,
     qwen2_moe.FAMILY,
     qwen3_moe.FAMILY,
