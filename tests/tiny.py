@@ -18,7 +18,8 @@ from zhuzi.tokenizer import HARMONY_MARKERS, Tokenizer
 
 CLASSES = {"llama": transformers.LlamaForCausalLM, "qwen2": transformers.Qwen2ForCausalLM,
            "qwen3": transformers.Qwen3ForCausalLM, "mistral": transformers.MistralForCausalLM,
-           "phi3": transformers.Phi3ForCausalLM, "gemma3": transformers.Gemma3ForCausalLM}
+           "phi3": transformers.Phi3ForCausalLM, "gemma3": transformers.Gemma3ForCausalLM,
+           "gemma4": transformers.Gemma4ForCausalLM}
 # Mixture-of-Experts: 4 experts, top-2 (Qwen3-MoE renormalizes its top-k as the released models do)
 CLASSES |= {"mixtral": transformers.MixtralForCausalLM, "qwen2_moe": transformers.Qwen2MoeForCausalLM,
             "qwen3_moe": transformers.Qwen3MoeForCausalLM}
@@ -64,22 +65,54 @@ VOCAB = 1000
 # write_gguf's metadata says (its RoPE base and epsilon); 6 layers: five local, one global, llama.cpp's pattern.
 GEMMA3 = dict(head_dim=16, query_pre_attn_scalar=16, rope_theta=50000.0, rms_norm_eps=1e-5, sliding_window=512,
               num_hidden_layers=6)
+# Gemma 4 of the small shapes (E2B, E4B): per-layer embeddings, the last two layers attending earlier layers' K/V
+# (one sliding, one global) with MLPs twice as wide, global layers with heads of their own size and a proportional
+# RoPE over a quarter of them, a window far shorter than the prompts, soft-capped logits.
+GEMMA4 = dict(head_dim=16, global_head_dim=32, num_hidden_layers=6, sliding_window=5, final_logit_softcapping=30.0,
+              layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2,
+              rope_parameters={"full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                                  "rope_theta": 1e6},
+                               "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}},
+              hidden_size_per_layer_input=8, vocab_size_per_layer_input=VOCAB, num_kv_shared_layers=2,
+              use_double_wide_mlp=True, pad_token_id=0)
+# Gemma 4 of the large shapes (31B): no per-layer embeddings nor shared K/V; the global layers' V is K's
+# projection, with KV heads of their own
+GEMMA4_PLAIN = dict(hidden_size_per_layer_input=0, num_kv_shared_layers=0, use_double_wide_mlp=False,
+                    attention_k_eq_v=True, num_global_key_value_heads=1)
+FAMILY = {"gemma3": GEMMA3, "gemma4": GEMMA4, "gpt_oss": GPT_OSS, "granitemoehybrid": GRANITE}
 
 
-def build(arch: str, directory: Path, layers: int = 2, vocab_size: int = VOCAB,
-          **overrides) -> transformers.PreTrainedModel:
-    cls = CLASSES[arch]
+def config(arch: str, layers: int = 2, vocab_size: int = VOCAB, **overrides) -> transformers.PretrainedConfig:
     shape = dict(hidden_size=64, num_hidden_layers=layers, vocab_size=vocab_size, num_attention_heads=4,
                  num_key_value_heads=2, intermediate_size=128, bos_token_id=1, eos_token_id=2,
                  max_position_embeddings=4096, rope_theta=10000.0)
     if arch == "phi3":  # Phi3Config's default pad id (32000) is outside a tiny vocabulary
         shape |= {"pad_token_id": None}
     hybrid = HYBRID if arch.startswith("qwen3_5") else LFM2 if arch.startswith("lfm2") else {}
-    own = {"gemma3": GEMMA3, "gpt_oss": GPT_OSS, "granitemoehybrid": GRANITE}
-    family = own[arch] if arch in own else MOE.get(arch, {}) | hybrid
-    config = cls.config_class(**(shape | family | copy.deepcopy(overrides)))  # transformers edits rope dicts in place
+    family = FAMILY.get(arch) or MOE.get(arch, {}) | hybrid
+    # transformers edits rope dicts in place
+    return CLASSES[arch].config_class(**(shape | family | copy.deepcopy(overrides)))
+
+
+def build(arch: str, directory: Path, layers: int = 2, vocab_size: int = VOCAB,
+          **overrides) -> transformers.PreTrainedModel:
+    return save(CLASSES[arch], config(arch, layers, vocab_size, **overrides), directory)
+
+
+def build_gemma4_multimodal(directory: Path) -> transformers.PreTrainedModel:
+    """Gemma 4 as the Hub holds it: the text model (E2B's shape) inside Gemma4ForConditionalGeneration, beside a
+    vision tower."""
+    vision = transformers.Gemma4VisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                             num_attention_heads=2, num_key_value_heads=2, head_dim=16)
+    return save(transformers.Gemma4ForConditionalGeneration,
+                transformers.Gemma4Config(text_config=config("gemma4"), vision_config=vision, audio_config=None),
+                directory)
+
+
+def save(cls: type[transformers.PreTrainedModel], cfg: transformers.PretrainedConfig,
+         directory: Path) -> transformers.PreTrainedModel:
     torch.manual_seed(0)
-    model = cls(config).eval()
+    model = cls(cfg).eval()
     randomize(model)
     model.save_pretrained(directory)
     Tokenizer.load(default_model_path()).hf.save_pretrained(directory)
@@ -100,6 +133,9 @@ def randomize(model: transformers.PreTrainedModel) -> None:
         for name, b in model.named_buffers():  # LFM2-MoE's: large enough to change which experts run
             if name.endswith("expert_bias"):
                 b.normal_(0, 0.5)
+        for name, b in model.named_buffers():
+            if name.endswith("layer_scalar"):  # Gemma 4's, a learned scale in the released models
+                b.uniform_(0.5, 1.5)
 
 
 def reference_tensors(model: transformers.PreTrainedModel) -> dict[str, torch.Tensor]:
@@ -171,15 +207,17 @@ def write_gguf(path: Path, model, arch: str, raw: RawTensors | None = None, drop
         writer.add_key_length(cfg.head_dim)
         writer.add_value_length(cfg.head_dim)
         writer.add_sliding_window(cfg.sliding_window)
+    ffn, kv_heads, rope_base, eps = _gemma4_metadata(writer, model) if arch == "gemma4" else \
+        (cfg.intermediate_size, cfg.num_key_value_heads, 50000.0, 1e-5)
     shape = {"block_count": cfg.num_hidden_layers, "context_length": cfg.max_position_embeddings,
-             "embedding_length": cfg.hidden_size, "feed_forward_length": cfg.intermediate_size,
-             "attention.head_count": cfg.num_attention_heads, "attention.head_count_kv": cfg.num_key_value_heads}
+             "embedding_length": cfg.hidden_size, "feed_forward_length": ffn,
+             "attention.head_count": cfg.num_attention_heads, "attention.head_count_kv": kv_heads}
     if arch in ("lfm2", "lfm2moe"):
         shape |= _lfm2_metadata(writer, model)
     for key, value in shape.items():
         (writer.add_array if isinstance(value, list) else writer.add_uint32)(f"{arch}.{key}", value)
-    writer.add_float32(f"{arch}.rope.freq_base", 50000.0)
-    writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)
+    writer.add_float32(f"{arch}.rope.freq_base", rope_base)
+    writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", eps)
     if sliding_window is not None:
         writer.add_sliding_window(sliding_window)
     if sliding_window_pattern is not None:
@@ -215,7 +253,8 @@ def write_gguf(path: Path, model, arch: str, raw: RawTensors | None = None, drop
     writer.add_uint32("tokenizer.ggml.eot_token_id", 7)
     arch_id = next(key for key, name in gguf.MODEL_ARCH_NAMES.items() if name == arch)
     names = gguf.get_tensor_name_map(arch_id, cfg.num_hidden_layers)
-    heads = {"q_proj": cfg.num_attention_heads, "k_proj": cfg.num_key_value_heads}
+    heads = {"q_proj": cfg.num_attention_heads, "k_proj": cfg.num_key_value_heads} \
+        if arch in ("llama", "granitehybrid") else {}  # the rows the converter permutes
     tensors = converter_tensors(model)
     if arch == "granitehybrid":
         tensors = _granite_tensors(tensors, cfg)
@@ -223,10 +262,12 @@ def write_gguf(path: Path, model, arch: str, raw: RawTensors | None = None, drop
         # the converter's names: Qwen3.5's dt_bias is its dt_proj's bias, LFM2-MoE's expert_bias a bias
         hf_as = hf_name.replace(".dt_bias", ".dt_proj.bias").replace(".expert_bias", ".expert_bias.bias")
         name = names.get_name(hf_as, try_suffixes=(".weight", ".bias"))
+        if hf_name.endswith("layer_scalar"):  # Gemma 4's converter names the buffer as a weight
+            name += ".weight"
         array = tensor.numpy()
         if arch in ("lfm2", "lfm2moe") and hf_name.endswith("conv.conv.weight"):
             array = array.squeeze(1)  # the converter's: the convolution 2-D
-        if arch in ("llama", "granitehybrid") and hf_name.split(".")[-2] in heads:
+        if hf_name.split(".")[-2] in heads:
             array = llama_cpp_permute(array, heads[hf_name.split(".")[-2]])
         if arch == "gemma3" and hf_name.endswith("norm.weight"):  # the converter stores Gemma's (1 + w)
             array = array + 1
@@ -350,6 +391,38 @@ def _granite_tensors(tensors: dict[str, torch.Tensor], cfg) -> dict[str, torch.T
     return out
 
 
+def _gemma4_metadata(writer: gguf.GGUFWriter, model) -> tuple[int | list[int], int | list[int], float, float]:
+    """What llama.cpp's converter writes for Gemma 4: both head sizes, the layer pattern, the shared layers, the
+    per-layer input's width, the sliding layers' RoPE base, and the global layers' proportional RoPE as frequency
+    factors (rope_freqs: 1 for the dims that turn, 1e30 for the others). Returns the MLP widths and KV heads
+    (one per layer where they differ), the global RoPE base and the epsilon."""
+    cfg, layers = model.config, model.model.layers
+    slides = [t == "sliding_attention" for t in cfg.layer_types]
+    head_full, head_swa = (next(layer.self_attn.head_dim for layer, s in zip(layers, slides) if s == sliding)
+                           for sliding in (False, True))
+    writer.add_key_length(head_full)
+    writer.add_value_length(head_full)
+    writer.add_key_length_swa(head_swa)
+    writer.add_value_length_swa(head_swa)
+    writer.add_rope_dimension_count(head_full)
+    writer.add_rope_dimension_count_swa(head_swa)
+    writer.add_sliding_window(cfg.sliding_window)
+    writer.add_shared_kv_layers(cfg.num_kv_shared_layers)
+    writer.add_embedding_length_per_layer_input(cfg.hidden_size_per_layer_input or 0)
+    writer.add_sliding_window_pattern(slides)
+    rope = cfg.rope_parameters
+    writer.add_rope_freq_base_swa(rope["sliding_attention"]["rope_theta"])
+    if cfg.final_logit_softcapping:
+        writer.add_final_logit_softcapping(cfg.final_logit_softcapping)
+    turning = int(head_full * rope["full_attention"]["partial_rotary_factor"] / 2)
+    writer.add_tensor("rope_freqs.weight", np.array([1.0] * turning + [1e30] * (head_full // 2 - turning),
+                                                    dtype=np.float32))
+    widths = [layer.mlp.intermediate_size for layer in layers]
+    kv_heads = [cfg.num_attention_heads // layer.self_attn.num_key_value_groups for layer in layers]
+    return (widths if len(set(widths)) > 1 else widths[0], kv_heads if len(set(kv_heads)) > 1 else kv_heads[0],
+            rope["full_attention"]["rope_theta"], cfg.rms_norm_eps)
+
+
 def _phi3_metadata(writer: gguf.GGUFWriter, cfg) -> None:
     """What llama.cpp's converter adds for Phi-3: the rotary dims, the original context, the sliding window
     (0: none), and LongRoPE's factors as tensors with its attention factor computed from the context's stretch."""
@@ -417,3 +490,30 @@ def build_harmony(directory: Path, reply: list[str]) -> list[int]:
     model.save_pretrained(directory)
     hf.save_pretrained(directory)
     return script[1:]
+
+
+# Gemma 4's chat format, written here after its documented form: turns <|turn>role ... <turn|>, the assistant's
+# role named model; thinking switched on by <|think|> in a system turn, the thought a channel,
+# <|channel>thought\n ... <channel|>. With thinking on, the generation prompt opens the thought (as Gemma 4's
+# template does after a tool's response); off, it writes an empty closed one (as its larger shapes' do).
+GEMMA4_TEMPLATE = (
+    "{{- bos_token -}}{%- set thinking = enable_thinking | default(false) -%}"
+    "{%- if thinking -%}{{- '<|turn>system\\n<|think|><turn|>\\n' -}}{%- endif -%}"
+    "{%- for message in messages -%}{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}"
+    "{{- '<|turn>' + role + '\\n' + message['content'] | trim + '<turn|>\\n' -}}{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|turn>model\\n' -}}"
+    "{{- '<|channel>thought\\n' if thinking else '<|channel>thought\\n<channel|>' -}}{%- endif -%}")
+GEMMA4_SPECIAL = ["<|turn>", "<turn|>", "<|think|>", "<|channel>", "<channel|>"]
+
+
+def build_gemma4_thinking(directory: Path) -> tuple[int, int]:
+    """A tiny random Gemma 4 (E2B's shape) that thinks: SmolLM2's tokenizer plus Gemma 4's turn, think and
+    channel markers as special tokens (as Gemma 4's are), and a template of its chat format. Returns the
+    thought channel's tags' ids."""
+    vocab = 49152 + len(GEMMA4_SPECIAL)
+    build("gemma4", directory, vocab_size=vocab, vocab_size_per_layer_input=vocab)
+    hf = Tokenizer.load(directory).hf
+    hf.add_special_tokens({"additional_special_tokens": GEMMA4_SPECIAL})
+    hf.chat_template = GEMMA4_TEMPLATE
+    hf.save_pretrained(directory)
+    return tuple(hf.convert_tokens_to_ids(["<|channel>", "<channel|>"]))

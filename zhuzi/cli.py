@@ -130,11 +130,14 @@ def cmd_plan(args: argparse.Namespace) -> None:
     """Weight and KV memory of a model for a context and a number of sequences, without loading its weights."""
     from zhuzi.model import kv_format, native
     from zhuzi.model.decoder import layer_format
+    from zhuzi.model.kv_pool import KVShape
     from zhuzi.model.loader import gguf_weights, load_model_config
     config = EngineConfig.from_cli_args(args)
     c = load_model_config(config.model)
     plan, precision = config.kv_plan(c), config.precision
-    value_bytes = kv_format.head_bytes(c.head_dim, precision.kv) / c.head_dim  # q8_0: with its scales
+    kv_terms = " + ".join(f"2 x {len(g.layers)} layers x {g.kv_heads} kv_heads x {g.head_dim} head_dim x "
+                          f"{kv_format.head_bytes(g.head_dim, precision.kv) / g.head_dim:g} bytes"  # q8_0: its scales
+                          for g in KVShape.of_model(c).groups)
     q8 = " (q8_0: 8-bit values and an fp16 scale per 32)" if precision.kv == kv_format.Q8_0 else ""
     tensors = gguf_weights(config.model)
     fmt = layer_format(config.quantization, tensors is not None, config.tensor_parallel_size > 1,
@@ -148,8 +151,7 @@ def cmd_plan(args: argparse.Namespace) -> None:
                                                           if c.num_experts else "") + f", weights {fmt or 'dense'}")
     print(f"dtype {config.dtype}: {precision}; {precision.reason}; CPU kernels {native.resolve(config.cpu_kernels)}")
     print(f"weights: {resident:,} bytes ({resident / 2**20:.0f} MiB) in memory: {parts}")
-    print(f"KV bytes per token: 2 x {c.kv_layers} layers x {c.num_kv_heads} kv_heads x {c.head_dim} head_dim "
-          f"x {value_bytes:g} bytes{q8} = {plan.bytes_per_token:,}")
+    print(f"KV bytes per token: {kv_terms}{q8} = {plan.bytes_per_token:,}")
     if plan.state_bytes:
         print(f"recurrent state per sequence: {c.state_layers} layers' states = {plan.state_bytes:,} bytes, "
               "held twice while it runs (live, and at its last page boundary)")

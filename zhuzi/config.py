@@ -13,15 +13,16 @@ from typing import Any
 import torch
 
 from zhuzi.model import kv_format, native
+from zhuzi.model.kv_pool import KVShape
 from zhuzi.model.model_config import ModelConfig
 from zhuzi.settings import Settings, setting
 
 
 @dataclass(frozen=True)
 class KVPlan:
-    """The KV pool: K and V for every attention layer and KV head, per token, in pages of page_size tokens; and
-    for a hybrid model the state pool beside it, in slots of state_bytes: a running sequence holds two (its live
-    state and its state at the last page boundary it crossed), the prefix cache keeps some of the latter."""
+    """The KV pool: K and V of every layer that writes them (kv_pool.py), per token, in pages of page_size tokens;
+    and for a hybrid model the state pool beside it, in slots of state_bytes: a running sequence holds two (its
+    live state and its state at the last page boundary it crossed), the prefix cache keeps some of the latter."""
 
     bytes_per_token: int
     page_size: int
@@ -36,7 +37,7 @@ class KVPlan:
     def of(cls, model: ModelConfig, dtype: torch.dtype, budget_bytes: int, page_size: int,
            max_num_seqs: int = 1) -> KVPlan:
         """States take what max_num_seqs sequences would hold, at most half of the budget; pages the rest."""
-        per_token = 2 * model.kv_layers * model.num_kv_heads * kv_format.head_bytes(model.head_dim, dtype)
+        per_token = KVShape.of_model(model).bytes_per_token(dtype)
         slots = min(cls.SLOTS_PER_SEQUENCE * max_num_seqs, budget_bytes // 2 // model.state_bytes) \
             if model.state_bytes else 0
         pages = (budget_bytes - slots * model.state_bytes) // (per_token * page_size)

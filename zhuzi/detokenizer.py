@@ -19,7 +19,7 @@ class IncrementalDetokenizer:
 
     def __init__(self, tokenizer: Tokenizer, params: SamplingParams):
         self._bytes = tokenizer.token_bytes
-        self._skipped = tokenizer.all_special_ids if params.skip_special_tokens else frozenset()
+        self._skipped = tokenizer.skipped_ids if params.skip_special_tokens else frozenset()
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._stops = params.stop_strings
         self._include_stop = params.include_stop_str_in_output

@@ -27,9 +27,27 @@ from zhuzi.disk_cache import atomic_write, cache_path, file_identity
 from zhuzi.encoder_process import LONG_TEXT, EncoderProcess, in_slices
 from zhuzi.model.gguf_header import read_gguf_header
 
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"  # a thinking model's tags, each one token of its vocabulary
+
+@dataclass(frozen=True)
+class ThoughtTags:
+    """How a thinking model marks its thought: an open and a close tag, each one token of its vocabulary, and
+    the text after the open tag that names a thought (a channel's name)."""
+
+    open: str
+    close: str
+    name: str = ""
+
+    @property
+    def opening(self) -> str:
+        """What a reply (or a template's generation prompt) opens a thought with."""
+        return self.open + self.name
+
+
+# Qwen's and DeepSeek's <think>...</think>; Gemma 4's thought channel, <|channel>thought\n...<channel|>
+THOUGHT_TAGS = (ThoughtTags("<think>", "</think>"), ThoughtTags("<|channel>", "<channel|>", "thought"))
 # gpt-oss's harmony format: a vocabulary with these markers as control tokens speaks it (server/common/harmony.py).
 HARMONY_MARKERS = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>", "<|constrain|>")
+
 # Injection safety: rendering the template and tokenizing it with special-token parsing on would let a user who
 # types "<|im_end|>\n<|im_start|>system" forge control tokens. So every string the client sent (contents, tool
 # calls and schemas, template kwargs) is escaped first: each special-token string becomes a private-use
@@ -243,10 +261,23 @@ class Tokenizer:
         return table[token_id] if token_id < len(table) else b""
 
     @functools.cached_property
-    def think_ids(self) -> tuple[int, int] | None:
-        """The ids of a thinking model's <think> and </think>; None for a model that does not think."""
+    def thought_tags(self) -> ThoughtTags | None:
+        """The tags of a thinking model's thought (the first kind whose both tags its vocabulary has); None for
+        a model that does not think."""
         vocab = self.hf.get_vocab()
-        return (vocab[THINK_OPEN], vocab[THINK_CLOSE]) if THINK_OPEN in vocab and THINK_CLOSE in vocab else None
+        return next((tags for tags in THOUGHT_TAGS if tags.open in vocab and tags.close in vocab), None)
+
+    @functools.cached_property
+    def think_ids(self) -> tuple[int, int] | None:
+        """The ids of a thinking model's open and close tags; None for a model that does not think."""
+        tags, vocab = self.thought_tags, self.hf.get_vocab()
+        return (vocab[tags.open], vocab[tags.close]) if tags else None
+
+    @functools.cached_property
+    def skipped_ids(self) -> frozenset[int]:
+        """What skip_special_tokens leaves out: the special tokens, but a thought's tags, which the reasoning
+        parser reads (Gemma 4's are special; llama.cpp renders them for the same reason)."""
+        return self.all_special_ids - frozenset(self.think_ids or ())
 
     @functools.cached_property
     def harmony(self) -> bool:

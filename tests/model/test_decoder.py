@@ -9,6 +9,7 @@ import transformers
 from zhuzi import LLM, SamplingParams
 from zhuzi.model.attention import AttentionMetadata, PrefillChunk
 from zhuzi.model.decoder import Decoder, LayerTap
+from zhuzi.model.kv_pool import KVPool
 from zhuzi.model.loader import load_checkpoint
 from zhuzi.model.recurrent import StateRun
 
@@ -17,8 +18,8 @@ EMPTY = torch.empty(0)
 
 def full_logits(model: Decoder, ids: list[int], tap: LayerTap | None = None) -> torch.Tensor:
     """Logits of every position from one prefill with no cached prefix."""
-    c, n = model.config, len(ids)
-    kv = torch.zeros(c.kv_layers, 2, n, c.num_kv_heads, c.head_dim, dtype=model.dtype)
+    n = len(ids)
+    kv = KVPool.zeros(model.kv_shape, n, model.dtype)
     states = [[torch.zeros(1, *shape) for shape in shapes] for shapes in model.state_shapes()]
     meta = AttentionMetadata(torch.arange(n), 0, EMPTY, EMPTY, [PrefillChunk(0, n, n, torch.arange(n))],
                              [StateRun(0, n, 0)])
@@ -48,14 +49,14 @@ GEMMA3_HF = dict(final_logit_softcapping=3.0, query_pre_attn_scalar=24, num_hidd
                  layer_types=["sliding_attention", "full_attention"],
                  rope_parameters={"full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
                                   "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})
-EXTRA = {"llama": {"rope_scaling": LLAMA3}, "phi3": PHI3, "gemma3": GEMMA3_HF}
+EXTRA = {"llama": {"rope_scaling": LLAMA3}, "phi3": PHI3, "gemma3": GEMMA3_HF, "gemma4-plain": tiny.GEMMA4_PLAIN}
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3", "phi3", "gemma3", "qwen3_5", "qwen3_5_moe",
-                                        "gpt_oss", "lfm2", "lfm2_moe", "granitemoehybrid"])
+                                        "gpt_oss", "lfm2", "lfm2_moe", "granitemoehybrid", "gemma4", "gemma4-plain"])
 def tiny_pair(request, tmp_path_factory):
     directory = tmp_path_factory.mktemp(request.param)
-    hf = tiny.build(request.param, directory, **EXTRA.get(request.param, {}))
+    hf = tiny.build(request.param.split("-")[0], directory, **EXTRA.get(request.param, {}))
     ckpt = load_checkpoint(directory, torch.float32)
     return hf, Decoder(ckpt.config, ckpt.tensors), directory
 
@@ -235,11 +236,21 @@ def test_a_qwen3_5_checkpoint_with_a_vision_tower_loads_its_text_model(tmp_path,
         ckpt = load_checkpoint(tmp_path, torch.float32)
     assert "Qwen3_5ForConditionalGeneration carries a vision tower too: loading its text model only" in caplog.text
     assert ckpt.config.architecture == "qwen3_5" and not any("visual" in name for name in ckpt.tensors)
+
+
+@pytest.mark.parametrize("shape", [{}, tiny.GEMMA4_PLAIN], ids=["e2b", "plain"])
+def test_gemma4_gguf_as_llama_cpp_writes_it_gives_transformers_logits_and_tokens(shape, tmp_path):
+    """llama.cpp's converter writes both head sizes, KV heads and MLP widths per layer, and proportional RoPE as
+    frequency factors: the file's model is the directory's, per-layer embeddings and shared K/V included."""
+    hf = tiny.build("gemma4", tmp_path, **shape)
+    ckpt = load_checkpoint(tiny.write_gguf(tmp_path / "tiny.gguf", hf, "gemma4"), torch.float32)
     ours = Decoder(ckpt.config, ckpt.tensors)
     ids = PROMPTS[1]
     with torch.no_grad():
         expected = hf(torch.tensor([ids])).logits[0]
+        tokens = hf.generate(torch.tensor([ids]), max_new_tokens=16, min_new_tokens=16, do_sample=False)
     assert (full_logits(ours, ids) - expected).abs().max() < 1e-3
+    assert greedy_without_cache(ours, ids, 16) == tokens[0, len(ids):].tolist()
 
 
 @pytest.mark.parametrize("arch", ["lfm2", "lfm2_moe"])

@@ -14,7 +14,8 @@ from zhuzi.model import native
 from zhuzi.model.attention import AttentionMetadata, PrefillChunk
 from zhuzi.model.decoder import Decoder
 from zhuzi.model.fused import FusedDecode
-from zhuzi.model.kv_format import Q8_0, dequantize_q8_0, head_width
+from zhuzi.model.kv_format import Q8_0, dequantize_q8_0
+from zhuzi.model.kv_pool import KVPool
 from zhuzi.model.loader import load_checkpoint
 from zhuzi.model.model_config import ModelConfig
 
@@ -61,14 +62,14 @@ def decoder(directory, dtype="auto", quantization=None, fused=True) -> Decoder:
     return Decoder(ckpt.config, ckpt.tensors, quantization=quantization, fused_decode=fused, dtype=precision.compute)
 
 
-def prefill(model: Decoder, ids: list[int], pool: int = 256, kv: torch.Tensor | None = None,
-            first_slot: int = 0, kv_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def prefill(model: Decoder, ids: list[int], pool: int = 256, kv: KVPool | None = None,
+            first_slot: int = 0, kv_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, KVPool]:
     """(logits of every position, the KV pool: kv, or a new one of kv_dtype) of one prompt at slots first_slot +
     position."""
-    c, n = model.config, len(ids)
+    n = len(ids)
     if kv is None:
         dtype = kv_dtype or model.kv_dtype
-        kv = torch.zeros(c.num_layers, 2, pool, c.num_kv_heads, head_width(c.head_dim, dtype), dtype=dtype)
+        kv = KVPool.zeros(model.kv_shape, pool, dtype)
     slots = torch.arange(n) + first_slot
     meta = AttentionMetadata(slots, 0, torch.empty(0), torch.empty(0), [PrefillChunk(0, n, n, slots)])
     with torch.inference_mode():
@@ -87,7 +88,8 @@ IDS = [5, 17, 300, 42, 9, 801, 77, 3, 250, 18] * 4
 
 
 def fused_and_per_layer(model: Decoder, ids: list[int], kv_dtype: torch.dtype | None = None):
-    """The last token's logits as a fused decode step and through the per-layer path, from the same pool."""
+    """The last token's logits as a fused decode step and through the per-layer path, from the same pool; and
+    the pool (its one tensor) after each."""
     _, kv = prefill(model, ids[:-1], kv_dtype=kv_dtype)
     meta = decode_meta([list(range(len(ids)))])
     args = torch.tensor(ids[-1:]), torch.tensor([len(ids) - 1])
@@ -95,7 +97,7 @@ def fused_and_per_layer(model: Decoder, ids: list[int], kv_dtype: torch.dtype | 
         fused_kv, per_layer_kv = kv.clone(), kv.clone()
         fused = model.decode_step(*args, meta, fused_kv)
         per_layer = model.logits(model.forward(*args, meta, per_layer_kv))
-    return fused, per_layer, fused_kv, per_layer_kv
+    return fused, per_layer, fused_kv.tensors[0], per_layer_kv.tensors[0]
 
 
 @pytest.mark.parametrize("quantization", [None, "int8", "int4"])
@@ -216,7 +218,11 @@ LACKS = {"sliding-window attention": dict(sliding_window=8), "experts": dict(num
          "RoPE over part of each head": dict(rotary_dim=8), "scaled embeddings": dict(embedding_scale=8.0),
          "soft-capped logits": dict(final_logit_softcapping=30.0), "attention without RoPE": dict(use_rope=False),
          "scaled residuals or logits": dict(logit_scale=2.0),
-         "a recurrent mixer": dict(architecture="lfm2", layer_types=["conv", "full_attention"], short_conv_kernel=3)}
+         "a recurrent mixer": dict(architecture="lfm2", layer_types=["conv", "full_attention"], short_conv_kernel=3),
+         "layers of several KV shapes": dict(layer_types=["sliding_attention", "full_attention"], global_head_dim=32),
+         "layers without K/V of their own": dict(layer_types=["full_attention"] * 2, num_kv_shared_layers=1),
+         "V normed or shared with K": dict(value_norm=True), "per-layer embeddings": dict(per_layer_input_size=8),
+         "scaled layer outputs": dict(layer_scalar=True)}
 
 
 @pytest.mark.parametrize("feature", LACKS)
@@ -224,4 +230,5 @@ def test_the_step_refuses_a_model_by_the_feature_it_lacks_not_by_its_family(feat
     llama = ModelConfig("llama", 100, 64, 128, 2, 4, 2, 16)
     assert FusedDecode.refusal(llama) is None
     assert FusedDecode.refusal(dataclasses.replace(llama, architecture="gemma3")) is None
+    assert FusedDecode.refusal(dataclasses.replace(llama, architecture="gemma4")) is None
     assert FusedDecode.refusal(dataclasses.replace(llama, **LACKS[feature])) == feature

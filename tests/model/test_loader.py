@@ -511,3 +511,56 @@ def test_error_gemma2_style_attention_softcapping(tmp_path):
     tiny_model("gemma3", **GEMMA3, attn_logit_softcapping=50.0).save_pretrained(tmp_path)
     message = error_message(tmp_path)
     assert "config.json" in message and "gemma3 with attn_logit_softcapping=50.0 is not supported" in message
+
+
+# ---------------------------------------------------------------- Gemma 4
+
+GEMMA4_FIELDS = GEMMA3_FIELDS + ("num_kv_heads", "global_head_dim", "num_global_kv_heads", "global_values_are_keys",
+                                 "num_kv_shared_layers", "per_layer_input_size", "per_layer_vocab_size",
+                                 "value_norm", "layer_scalar", "rope_scaling", "rotary_dim", "max_position_embeddings")
+
+
+@pytest.mark.parametrize("shape", [{}, tiny.GEMMA4_PLAIN], ids=["e2b", "plain"])
+def test_gemma4_gguf_gives_the_directorys_config_and_tensors(shape, tmp_path):
+    """llama.cpp's file says both head sizes, KV heads per layer where they differ, the shared layers and the
+    per-layer input's width, and proportional RoPE as frequency factors; its norms are stored as they are."""
+    model = tiny.build("gemma4", tmp_path, **shape)
+    directory = load_checkpoint(tmp_path, torch.float32)
+    from_file = load_checkpoint(write_gguf(tmp_path / "tiny.gguf", model, "gemma4"), torch.float32)
+    assert_same_tensors(directory.tensors, reference_tensors(model))
+    assert_same_tensors(from_file.tensors, reference_tensors(model))
+    assert {f: getattr(from_file.config, f) for f in GEMMA4_FIELDS} == \
+        {f: getattr(directory.config, f) for f in GEMMA4_FIELDS}
+    assert from_file.config.eos_token_ids == [2, 7, 1, 106, 50]  # the file's, and the ends of a Gemma 4 reply
+    c = directory.config
+    assert (c.head_dim, c.global_head_dim, c.rope_scaling["partial_rotary_factor"]) == (16, 32, 0.25)
+    assert (c.num_kv_shared_layers, c.per_layer_input_size) == ((2, 8) if not shape else (0, 0))
+
+
+def test_gemma4_hub_config_keys(tmp_path):
+    """The Hub's config.json names the global layers' head size and KV heads (global_head_dim,
+    num_global_key_value_heads) where transformers 5 saves them per layer (per_layer_config)."""
+    tiny.build("gemma4", tmp_path, **tiny.GEMMA4_PLAIN)
+    saved = load_model_config(tmp_path)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    raw.pop("per_layer_config")
+    (tmp_path / "config.json").write_text(json.dumps(raw | {"global_head_dim": 32, "num_global_key_value_heads": 1}))
+    assert load_model_config(tmp_path) == saved
+    assert (saved.global_head_dim, saved.num_global_kv_heads, saved.global_values_are_keys) == (32, 1, True)
+
+
+def test_gemma4_text_model_of_a_multimodal_checkpoint_loads_with_one_log_line(tmp_path, caplog):
+    model = tiny.build_gemma4_multimodal(tmp_path)
+    with caplog.at_level("INFO"):
+        ckpt = load_checkpoint(tmp_path, torch.float32)
+    assert [r.getMessage() for r in caplog.records if "Gemma4" in r.getMessage()] == \
+        ["Gemma4ForConditionalGeneration carries a vision tower too: loading its text model only"]
+    text = {"model." + name: t for name, t in model.model.language_model.state_dict().items()}
+    assert_same_tensors(ckpt.tensors, text)  # the vision tower's are left out
+
+
+def test_error_gemma4_with_experts(tmp_path):
+    tiny.build("gemma4", tmp_path)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(raw | {"enable_moe_block": True}))
+    assert "gemma4 with enable_moe_block=True is not supported" in error_message(tmp_path)

@@ -2,6 +2,7 @@
 import dataclasses
 
 from zhuzi.model.loader import gguf_weights, load_model_config
+from zhuzi.model.model_config import ModelConfig
 
 
 def test_the_parameter_count_is_the_checkpoints():
@@ -17,3 +18,16 @@ def test_a_decode_step_reads_one_embedding_row_and_the_rest_once():
     assert untied.decode_weight_bytes(1) == untied.num_parameters - unread
     head = untied.vocab_size * untied.hidden_size
     assert untied.decode_weight_bytes(1, 0.5) == untied.num_parameters - unread - head // 2
+
+
+def test_gemma4_counts_each_layers_shape_and_a_step_reads_one_row_of_the_per_layer_table():
+    """Heads of 16 (sliding) and 32 (global); layers 4 and 5 attend layers 3's and 2's K/V (Q and O only); a
+    per-layer embedding of 8 a layer over a vocabulary of 100; tied embeddings."""
+    config = ModelConfig("gemma4", 100, 64, 128, 6, 4, 2, 16, tie_word_embeddings=True,
+                         layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2,
+                         global_head_dim=32, num_kv_shared_layers=2, per_layer_input_size=8, per_layer_vocab_size=100)
+    attention = 3 * (64 * (64 + 2 * 32) + 64 * 64) + (64 * (128 + 2 * 64) + 128 * 64) + 2 * 64 * 64 + 2 * 64 * 128
+    per_layer_inputs = 100 * 6 * 8 + 64 * 6 * 8 + 8 + 6 * (2 * 64 * 8 + 64)
+    norms, embedding, mlps = 6 * 2 * 64 + 64, 100 * 64, 6 * 3 * 64 * 128
+    assert config.num_parameters == attention + per_layer_inputs + norms + embedding + mlps
+    assert config.decode_weight_bytes(1) == config.num_parameters - 99 * 6 * 8

@@ -65,3 +65,28 @@ def test_responses_reasoning_effort_bounds_the_reasoning_item(thinker: ServerPro
     thought = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
     assert thought == response.output[0].content[0].text
     assert events[-1].response.output_text == response.output_text
+
+
+@pytest.fixture(scope="module")
+def gemma4(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """A tiny random Gemma 4 whose thought is a channel of special tokens (tiny.build_gemma4_thinking)."""
+    directory = tmp_path_factory.mktemp("gemma4")
+    tiny.build_gemma4_thinking(directory)
+    with running_server(directory / "server.log", str(directory), "--dtype", "float32", "--num-threads", "1",
+                        "--served-model-name", "gemma4") as server:
+        yield server
+
+
+def test_gemma4_thought_channel_comes_back_as_reasoning_within_the_budget(gemma4: ServerProcess) -> None:
+    """enable_thinking opens the thought channel; the budget closes it with <channel|>, and the answer follows.
+    Without it the template writes an empty thought: all content."""
+    client = openai.OpenAI(base_url=gemma4.api, api_key="none", max_retries=0)
+    reply = client.chat.completions.create(model="gemma4", messages=QUESTION, temperature=0, max_tokens=12,
+                                           extra_body={"thinking_token_budget": 5,
+                                                       "chat_template_kwargs": {"enable_thinking": True}})
+    message = reply.choices[0].message
+    assert message.model_extra["reasoning_content"] and message.content
+    assert "<" not in message.model_extra["reasoning_content"] + message.content  # no tag shown
+    assert reply.usage.completion_tokens_details.reasoning_tokens == 6  # five tokens of thought and <channel|>
+    plain = client.chat.completions.create(model="gemma4", messages=QUESTION, temperature=0, max_tokens=12)
+    assert plain.choices[0].message.content and not plain.choices[0].message.model_extra.get("reasoning_content")

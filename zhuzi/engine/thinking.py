@@ -1,6 +1,6 @@
 """The thinking budget, a step of output processing: a reasoning model's thought (between its own <think>
-and </think> tokens) holds at most SamplingParams.thinking_token_budget tokens; then the engine writes
-</think> in place of the next sampled token, and the answer follows."""
+and </think> tokens, or Gemma 4's <|channel> and <channel|>) holds at most SamplingParams.thinking_token_budget
+tokens; then the engine writes the close tag in place of the next sampled token, and the answer follows."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -80,28 +80,30 @@ def select(device: str, q_dtype: torch.dtype, kv_dtype: torch.dtype, heads: int,
     return AttentionBackend(decode, "decode kernel" if decode == "kernel" else "torch")
 
 
-def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+def paged_attention(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
                     k_cache: torch.Tensor, v_cache: torch.Tensor,
                     meta: AttentionMetadata, prefill_kernel: bool = True, window: int | None = None,
                     sinks: torch.Tensor | None = None) -> torch.Tensor:
-    """q: [tokens, heads, dim]; k, v: [tokens, kv_heads, dim]; caches: [slots, kv_heads, dim]. Without
+    """q: [tokens, heads, dim]; k, v: [tokens, kv_heads, dim], written to the caches first (None: a layer that
+    attends an earlier layer's K/V, written this step already); caches: [slots, kv_heads, dim]. Without
     prefill_kernel, prompt chunks get a decode row's arithmetic (--deterministic); window: the layer's
     sliding window (None: the whole context); sinks: [heads] float32 sink logits (None: no sinks)."""
     backend = select(q.device.type, q.dtype, k_cache.dtype, q.shape[1], k_cache.shape[1], q.shape[2],
                      prefill_kernel, native.current())
-    k_cache.index_copy_(0, meta.slot_mapping, to_pool(k, k_cache.dtype))
-    v_cache.index_copy_(0, meta.slot_mapping, to_pool(v, v_cache.dtype))
+    if k is not None:
+        k_cache.index_copy_(0, meta.slot_mapping, to_pool(k, k_cache.dtype))
+        v_cache.index_copy_(0, meta.slot_mapping, to_pool(v, v_cache.dtype))
     out = torch.empty_like(q)
     n = meta.num_decode_tokens
     if n:
         out[:n] = _decode_attention(q[:n], k_cache, v_cache, meta, window, sinks, backend)
     for chunk in meta.prefills:
         rows = slice(chunk.start, chunk.start + chunk.length)
-        out[rows] = _prefill_attention(q[rows], k[rows], v[rows], k_cache, v_cache, chunk, window, sinks, backend)
+        out[rows] = _prefill_attention(q[rows], k, v, k_cache, v_cache, chunk, window, sinks, backend)
     return out
 
 
-def _prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+def _prefill_attention(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, k_cache: torch.Tensor,
                        v_cache: torch.Tensor, chunk: PrefillChunk, window: int | None, sinks: torch.Tensor | None,
                        backend: AttentionBackend) -> torch.Tensor:
     """A prompt chunk is a batch of queries that each read the history up to their own position. The prefill
@@ -113,8 +115,9 @@ def _prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cach
     if backend.prefill == "decode kernel":
         return cpu_attention.paged_decode_attention(q, k_cache, v_cache, chunk.query_slots, chunk.query_lengths,
                                                     scale, window, sinks)
-    if chunk.context == chunk.length and not window and k_cache.dtype != Q8_0:  # the chunk's K/V is the context
-        keys, values, mask = _compute_dtype(k), _compute_dtype(v), None
+    if chunk.context == chunk.length and not window and k_cache.dtype != Q8_0 and k is not None:
+        rows = slice(chunk.start, chunk.start + chunk.length)  # the chunk's K/V is the context
+        keys, values, mask = _compute_dtype(k[rows]), _compute_dtype(v[rows]), None
     else:
         keys, values = _gather(k_cache, chunk.slots), _gather(v_cache, chunk.slots)
         mask = prefix_causal_mask(chunk.length, chunk.context, window).to(q.device)

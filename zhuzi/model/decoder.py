@@ -16,11 +16,12 @@ from zhuzi.model.attention import AttentionMetadata, paged_attention, select
 from zhuzi.model.blocks import BlockWeight
 from zhuzi.model.families import family
 from zhuzi.model.fused import FusedDecode
-from zhuzi.model.layers import Rotary, offset_rms_norm, rms_norm
+from zhuzi.model.kv_pool import KVPool, KVShape
+from zhuzi.model.layers import Rotary, offset_rms_norm, rms_norm, rms_norm_unscaled
 from zhuzi.model.linear import QUANTIZATIONS, BlockLinear, Linear, blocks_serve
 from zhuzi.model.model_config import LayerSpec, Mlp, ModelConfig, Rope
 from zhuzi.model.moe import GLUS, ClampedSwiGLU, Expert, Glu, MoE, gated_mlp
-from zhuzi.model.parallel import Shard, TPRank, head_rows
+from zhuzi.model.parallel import Shard, TPRank, head_rows, split
 from zhuzi.model.quant import FORMATS, Q, quantize
 from zhuzi.model.recurrent import MIXERS, RecurrentMixer, ready
 from zhuzi.model.smooth import smooth
@@ -79,16 +80,33 @@ class Layer:
     attn_out_norm: torch.Tensor | None = None  # sandwich norms: on attention's and the MLP's outputs
     mlp_out_norm: torch.Tensor | None = None
     moe: MoE | None = None
+    # Gemma 4's per-layer input: out + norm(proj(act(gate out) * input)); then the output scaled by scalar
+    input_gate: Linear | None = None
+    input_proj: Linear | None = None
+    input_norm_after: torch.Tensor | None = None
+    scalar: torch.Tensor | None = None
     recurrent: RecurrentMixer | None = None  # a mixer that keeps a state instead of KV
-    kv: int | None = None  # its entry in the KV pool (attention layers), or in the state pool (recurrent ones)
+    state: int | None = None  # a recurrent layer's entry in the state pool
     sinks: torch.Tensor | None = None  # [this rank's heads] float32 sink logits (attention sinks)
 
     @property
     def matrices(self) -> list[tuple[object, str]]:
-        """(holder, attribute) of each of the layer's matrices: its mixer's, then its MLP's or every expert's."""
+        """(holder, attribute) of each of the layer's matrices: its mixer's, then its MLP's or every expert's,
+        then its per-layer input's."""
         mlps = [self] if self.moe is None else self.moe.mlps
         mixer = self.recurrent.matrices if self.recurrent else [(self, "qkv"), (self, "o")]
-        return mixer + [(mlp, part) for mlp in mlps for part in ("gate_up", "down")]
+        per_layer = [(self, "input_gate"), (self, "input_proj")] if self.input_gate is not None else []
+        return mixer + [(mlp, part) for mlp in mlps for part in ("gate_up", "down")] + per_layer
+
+
+@dataclass
+class PerLayerInputs:
+    """Gemma 4's per-layer embeddings: each token a vector per layer, of its own embedding table and a
+    projection of its embedding, which the layer's gate mixes into its output."""
+
+    embed: Weight  # [per-layer vocabulary, layers * width]
+    projection: Linear  # hidden -> layers * width
+    norm: torch.Tensor  # [width]
 
 
 class Decoder:
@@ -121,23 +139,31 @@ class Decoder:
         self.lm_head = self._linear([head_rows(t.get("lm_head.weight", t["model.embed_tokens.weight"]), vocab, 1)],
                                     out_dtype=torch.float32)
         specs = family(config.architecture).layers(config)
+        if tp and len({spec.kv_heads for spec in specs}) > 1:
+            raise ValueError("tensor parallelism splits KV heads alike in every layer: this model's layers differ "
+                             "in KV heads")
         # RoPE tables computed once a step for the layers sharing one (a layer without RoPE has none)
         ropes = _distinct(spec.rope for spec in specs if spec.rope)
         self.layers = [self._layer(t, f"model.layers.{i}", spec, ropes.index(spec.rope) if spec.rope else None)
                        for i, spec in enumerate(specs)]
-        for kind in (True, False):  # KV pool entries, then state pool entries, each in layer order
-            for n, layer in enumerate(x for x in self.layers if x.spec.mixer.keeps_kv is kind):
-                layer.kv = n
+        for n, layer in enumerate(x for x in self.layers if not x.spec.mixer.keeps_kv):  # in layer order
+            layer.state = n
+        self.per_layer_inputs = PerLayerInputs(
+            self._embedding(t["model.embed_tokens_per_layer.weight"]),
+            self._linear([t["model.per_layer_model_projection.weight"]]),
+            t["model.per_layer_projection_norm.weight"]) if config.per_layer_input_size else None
         for name, count in self.dequantized.items():
             log.warning("GGUF type %s has no kernel here: %d matrices run dense in %s (dequantized at load)",
                         name, count, str(self.dtype).removeprefix("torch."))
         positions = max_positions or config.max_position_embeddings
-        self.rotaries = [Rotary(config.head_dim, r.theta, r.scaling, positions, r.interleaved, r.rotary_dim)
+        self.rotaries = [Rotary(r.head_dim, r.theta, r.scaling, positions, r.interleaved, r.rotary_dim)
                          for r in ropes]
         self.num_heads, self.num_kv_heads = len(self.shard.q_heads), len(self.shard.kv_heads)
-        self.q_size = self.num_heads * config.head_dim
-        self.kv_size = self.num_kv_heads * config.head_dim
-        if quantization == "int8" and calibration and not tp and not config.num_experts and not config.state_layers:
+        self.kv_shape = KVShape.of(specs).with_kv_heads(self.num_kv_heads) if tp else KVShape.of(specs)
+        # Smoothing folds V's factors into O: not where V is normed, K's, or an earlier layer's.
+        v_apart = any(s.value_norm or s.values_are_keys or s.kv_source is not None for s in specs)
+        if quantization == "int8" and calibration and not tp and not config.num_experts and not config.state_layers \
+                and not v_apart:
             smooth(self, calibration)
         if quantization in FORMATS:
             self._quantize(*FORMATS[quantization])
@@ -159,7 +185,9 @@ class Decoder:
             raise ValueError("deterministic mode needs zhuzi's CPU kernels, which could not be built here "
                              "(is a C++ compiler installed? see the log)")
         routers = [m for layer in self.layers if layer.moe for m in (layer.moe.router, layer.moe.shared_gate) if m]
-        for linear in [self.lm_head] + routers + [getattr(h, p) for layer in self.layers for h, p in layer.matrices]:
+        per_layer = [self.per_layer_inputs.projection] if self.per_layer_inputs else []
+        for linear in [self.lm_head] + routers + per_layer + \
+                [getattr(h, p) for layer in self.layers for h, p in layer.matrices]:
             linear.fixed_order = True  # block layers are fixed-order by design
 
     def _dense(self, w: Weight) -> torch.Tensor:
@@ -185,17 +213,22 @@ class Decoder:
 
     def _layer(self, t: dict[str, Weight], p: str, spec: LayerSpec, rope: int | None) -> Layer:
         t = family(self.config.architecture).split_merged(t, self.config, p)
-        attn, mlp, s, d = f"{p}.self_attn", f"{p}.mlp", self.shard, self.config.head_dim
+        attn, mlp, s, d = f"{p}.self_attn", f"{p}.mlp", self.shard, spec.head_dim
         sparse = spec.mlp is not Mlp.DENSE
-        gate_up = [] if sparse else [head_rows(t[f"{mlp}.{n}_proj.weight"], s.mlp, 1) for n in ("gate", "up")]
+        width = self._width(t[f"{mlp}.gate_proj.weight"].shape[0]) if not sparse else s.mlp
+        gate_up = [] if sparse else [head_rows(t[f"{mlp}.{n}_proj.weight"], width, 1) for n in ("gate", "up")]
         down = t.get(f"{mlp}.down_proj.weight")
+        per_layer = self.config.per_layer_input_size
         mixer: dict = dict(recurrent=self._recurrent(t, p, spec)) if not spec.mixer.keeps_kv else {}
         if spec.mixer.keeps_kv:
             q_rows = 2 * d if spec.output_gate else d  # each head's query, then its gate
             rows = {"q": q_rows, "k": d, "v": d}
-            heads = {"q": s.q_heads, "k": s.kv_heads, "v": s.kv_heads}
-            qkv = [head_rows(t[f"{attn}.{n}_proj.weight"], heads[n], rows[n]) for n in "qkv"]
-            bias = [head_rows(t[f"{attn}.{n}_proj.bias"], heads[n], rows[n]) for n in "qkv"
+            kv_heads = s.kv_heads if self.tp else range(spec.kv_heads)  # (tensor parallelism: alike in every layer)
+            heads = {"q": s.q_heads, "k": kv_heads, "v": kv_heads}
+            # A layer attending an earlier layer's K/V projects only q; one whose V is K's, q and k.
+            projections = "q" if spec.kv_source is not None else "qk" if spec.values_are_keys else "qkv"
+            qkv = [head_rows(t[f"{attn}.{n}_proj.weight"], heads[n], rows[n]) for n in projections]
+            bias = [head_rows(t[f"{attn}.{n}_proj.bias"], heads[n], rows[n]) for n in projections
                     if f"{attn}.{n}_proj.bias" in t]
             o = t[f"{attn}.o_proj.weight"]
             mixer = dict(qkv=self._linear(qkv, torch.cat(bias) if bias else None),
@@ -213,10 +246,14 @@ class Decoder:
             post_norm=t[f"{p}.pre_feedforward_layernorm.weight" if spec.sandwich_norms
                         else f"{p}.post_attention_layernorm.weight"],
             gate_up=None if sparse else self._linear(gate_up),
-            down=None if sparse else self._linear([_columns(down, s.mlp)]),
+            down=None if sparse else self._linear([_columns(down, width)]),
             moe=self._moe(t, mlp, spec.mlp, self._glu(spec.activation)) if sparse else None,
             attn_out_norm=t[f"{p}.post_attention_layernorm.weight"] if spec.sandwich_norms else None,
             mlp_out_norm=t.get(f"{p}.post_feedforward_layernorm.weight") if spec.sandwich_norms else None,
+            input_gate=self._linear([t[f"{p}.per_layer_input_gate.weight"]]) if per_layer else None,
+            input_proj=self._linear([t[f"{p}.per_layer_projection.weight"]]) if per_layer else None,
+            input_norm_after=t[f"{p}.post_per_layer_input_norm.weight"] if per_layer else None,
+            scalar=t[f"{p}.layer_scalar"].to(self.dtype) if self.config.layer_scalar else None,
         )
 
     def _recurrent(self, t: dict[str, Weight], p: str, spec: LayerSpec) -> RecurrentMixer:
@@ -235,6 +272,10 @@ class Decoder:
     def _row_parallel_bias(self, bias: torch.Tensor | None) -> torch.Tensor | None:
         """A row-parallel layer's bias (O, down) on one rank only: the ranks' partial sums are added up."""
         return bias if self.tp is None or self.tp.leads else None
+
+    def _width(self, rows: int) -> range:
+        """This rank's slice of an MLP of `rows` (Gemma 4's shared-KV layers may be twice as wide as the rest)."""
+        return split(rows, self.tp.world_size, self.tp.rank) if self.tp else range(rows)
 
     def _moe(self, t: dict[str, Weight], mlp: str, kind: Mlp, glu: Glu) -> MoE:
         """A sparse layer's router and experts. An expert is its rows of the stacked matrices (a view, of a GGUF
@@ -326,69 +367,93 @@ class Decoder:
         return row + norms + mats + self.lm_head.nbytes
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                kv_cache: torch.Tensor, tap: LayerTap | None = None,
+                kv: KVPool, tap: LayerTap | None = None,
                 states: list[list[torch.Tensor]] | None = None) -> torch.Tensor:
-        """input_ids, positions: [tokens]; kv_cache: [attention layers, 2, slots, kv_heads, head_dim]; states: per
-        recurrent layer its state tensors, [slots, ...] each (meta.state_runs says whose rows use which slot).
-        Returns hidden states.
+        """input_ids, positions: [tokens]; kv: the KV pool (kv_pool.py); states: per recurrent layer its state
+        tensors, [slots, ...] each (meta.state_runs says whose rows use which slot). Returns hidden states.
 
         With a tap, the residual stream of its rows after each layer is appended to tap.residuals."""
         tables = [rotary.tables(positions, self.dtype) for rotary in self.rotaries]
-        h = self.embed.take(input_ids, self.dtype) if isinstance(self.embed, BlockWeight) \
-            else self.embed[input_ids].to(self.dtype)
-        if self.config.embedding_scale != 1.0:  # the scale rounded to the activations' dtype, as transformers does
-            h = h * torch.tensor(self.config.embedding_scale, dtype=self.dtype)
-        for layer in self.layers:
+        h = self._embed(self.embed, input_ids, self.config.embedding_scale)
+        per_layer = self._per_layer_inputs(input_ids, h) if self.per_layer_inputs else None
+        for i, layer in enumerate(self.layers):
             spec = layer.spec
             x = self._norm(h, layer.input_norm, spec.norm_offset)
             if layer.recurrent is not None:
-                assert states is not None and layer.kv is not None
-                ready(states[layer.kv], meta.state_runs)
-                mixed = layer.recurrent(x, states[layer.kv], meta.state_runs)
+                assert states is not None and layer.state is not None
+                ready(states[layer.state], meta.state_runs)
+                mixed = layer.recurrent(x, states[layer.state], meta.state_runs)
             else:
                 table = tables[layer.rope] if layer.rope is not None else None
-                mixed = self._attention(layer, x, table, meta, kv_cache[layer.kv])
+                mixed = self._attention(layer, x, table, meta, kv.layer(i))
             h = h + self._residual(self._out_norm(self._sum(mixed), layer.attn_out_norm, spec))
             x = self._norm(h, layer.post_norm, spec.norm_offset)
             mlp = layer.moe(x) if layer.moe is not None else \
                 gated_mlp(layer.gate_up, layer.down, x, self._glu(spec.activation))
             h = h + self._residual(self._out_norm(self._sum(mlp), layer.mlp_out_norm, spec))
+            if per_layer is not None:
+                gated = self._glu(spec.activation)(layer.input_gate(h), per_layer[:, i])
+                h = h + self._norm(layer.input_proj(gated), layer.input_norm_after, spec.norm_offset)
+            if layer.scalar is not None:
+                h = h * layer.scalar
             if tap is not None:
                 tap.residuals.append(h[tap.rows])
         return self.final_norm(h)
 
+    def _embed(self, table: Weight, ids: torch.Tensor, scale: float) -> torch.Tensor:
+        h = table.take(ids, self.dtype) if isinstance(table, BlockWeight) else table[ids].to(self.dtype)
+        # the scale rounded to the activations' dtype, as transformers does
+        return h * torch.tensor(scale, dtype=self.dtype) if scale != 1.0 else h
+
+    def _per_layer_inputs(self, ids: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """[tokens, layers, width]: each layer's input of Gemma 4's per-layer embeddings, as transformers
+        computes it: (norm(projection(h) / sqrt(hidden)) + embedding * sqrt(width)) / sqrt(2)."""
+        c, p = self.config, self.per_layer_inputs
+        width = c.per_layer_input_size
+        embedded = self._embed(p.embed, ids, width ** 0.5).view(-1, c.num_layers, width)
+        projected = (p.projection(h) * c.hidden_size ** -0.5).view(-1, c.num_layers, width)
+        return (self._norm(projected, p.norm, c.norm_weight_offset) + embedded) * 2 ** -0.5
+
     def _attention(self, layer: Layer, x: torch.Tensor, table: tuple[torch.Tensor, torch.Tensor] | None,
                    meta: AttentionMetadata, cache: torch.Tensor) -> torch.Tensor:
-        """A layer's attention over the paged KV, before O's all-reduce (q and k turned by the RoPE table, where
-        the layer has one)."""
-        spec, d = layer.spec, self.config.head_dim
-        q_size = 2 * self.q_size if spec.output_gate else self.q_size
-        q, k, v = layer.qkv(x).split([q_size, self.kv_size, self.kv_size], -1)
-        q = q.view(-1, self.num_heads, q_size // self.num_heads)
+        """A layer's attention over its K/V in the pool (which it writes first unless it attends an earlier
+        layer's), before O's all-reduce; q and k turned by the RoPE table, where the layer has one."""
+        spec, d = layer.spec, layer.spec.head_dim
+        kv_heads = self.num_kv_heads if self.tp else spec.kv_heads
+        q_rows = 2 * d if spec.output_gate else d  # each head's query, then its gate
+        q_size, kv_size = self.num_heads * q_rows, kv_heads * d
+        projected = layer.qkv(x)
+        q = projected[:, :q_size].view(-1, self.num_heads, q_rows)
         gate = None
-        if spec.output_gate:  # each head's query, then its gate
+        if spec.output_gate:
             q, gate = q.split(d, -1)
-        k = k.view(-1, self.num_kv_heads, d)
-        v = v.view(-1, self.num_kv_heads, d)
+        k = v = None
+        if spec.kv_source is None:
+            k = projected[:, q_size:q_size + kv_size].view(-1, kv_heads, d)
+            v = k if spec.values_are_keys else projected[:, q_size + kv_size:].view(-1, kv_heads, d)
         if layer.q_norm is not None:
-            q, k = self._norm(q, layer.q_norm, spec.norm_offset), self._norm(k, layer.k_norm, spec.norm_offset)
+            q = self._norm(q, layer.q_norm, spec.norm_offset)
+        if k is not None:
+            k = self._norm(k, layer.k_norm, spec.norm_offset) if layer.k_norm is not None else k
+            v = rms_norm_unscaled(v, self.config.rms_norm_eps) if spec.value_norm else v
         if table is not None:
             rotary, (cos, sin) = self.rotaries[layer.rope], table
-            q, k = rotary.apply(q, cos, sin), rotary.apply(k, cos, sin)
+            q = rotary.apply(q, cos, sin)
+            k = rotary.apply(k, cos, sin) if k is not None else None
         if spec.query_scalar != d:
             q = q * (d / spec.query_scalar) ** 0.5  # attention scales by head_dim ** -0.5
         attn = paged_attention(q, k, v, cache[0], cache[1], meta, self.prefill_kernel, spec.window, layer.sinks)
         if gate is not None:
             attn = attn * torch.sigmoid(gate)
-        return layer.o(attn.reshape(-1, self.q_size))
+        return layer.o(attn.reshape(-1, self.num_heads * d))
 
     def final_norm(self, h: torch.Tensor) -> torch.Tensor:
         """The norm before the LM head (the logit lens reads any layer's residual stream through it)."""
         return self._norm(h, self.norm, self.config.norm_weight_offset)
 
-    def _norm(self, x: torch.Tensor, weight: torch.Tensor, offset: float) -> torch.Tensor:
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor, offset: float | None) -> torch.Tensor:
         eps = self.config.rms_norm_eps
-        return offset_rms_norm(x, weight, eps, offset) if offset else rms_norm(x, weight, eps)
+        return offset_rms_norm(x, weight, eps, offset) if offset is not None else rms_norm(x, weight, eps)
 
     def _out_norm(self, x: torch.Tensor, weight: torch.Tensor | None, spec: LayerSpec) -> torch.Tensor:
         """A sublayer's output, normed where the layer has a norm there (sandwich norms), before the residual add."""
@@ -404,12 +469,12 @@ class Decoder:
         return self.tp.all_reduce(partial) if self.tp else partial
 
     def decode_step(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                    kv_cache: torch.Tensor) -> torch.Tensor | None:
+                    kv: KVPool) -> torch.Tensor | None:
         """The logits of a step of decodes only, in one fused call (fused.py); None where that path does
         not serve the step (then forward + logits run)."""
         if self.fused is None or meta.prefills or meta.num_decode_tokens != len(input_ids):
             return None
-        return self.fused(input_ids, positions, meta.decode_slots, meta.decode_lengths, kv_cache)
+        return self.fused(input_ids, positions, meta.decode_slots, meta.decode_lengths, kv.tensors[0])
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[rows, vocab] float32 (with tensor parallelism every rank's vocabulary slice, gathered)."""

@@ -99,25 +99,31 @@ class FusedDecode:
     @staticmethod
     def refusal(config: ModelConfig) -> str | None:
         """The first feature of the model the kernel lacks, or None: it computes full attention with an optional
-        QKV bias and q/k norms, one RoPE over whole heads, RMSNorm before attention and a dense SiLU MLP."""
+        QKV bias and q/k norms, one RoPE over whole heads, RMSNorm before attention and a dense SiLU MLP, every
+        layer writing K/V of one shape."""
         specs, d = family(config.architecture).layers(config), config.head_dim
         lacks = {
             "a recurrent mixer": any(not s.mixer.keeps_kv for s in specs),
             "sliding-window attention": any(s.mixer is Mixer.SLIDING_ATTENTION for s in specs),
             "a gated attention output": any(s.output_gate for s in specs),
             "experts": any(s.mlp is not Mlp.DENSE for s in specs),
+            "layers of several KV shapes": len({(s.kv_heads, s.head_dim) for s in specs}) > 1,
             "sandwich norms": any(s.sandwich_norms for s in specs),
-            "offset norms": config.norm_weight_offset != 0 or any(s.norm_offset != 0 for s in specs),
+            "offset norms": config.norm_weight_offset is not None or any(s.norm_offset is not None for s in specs),
             "a GELU MLP": any(s.activation != "silu" for s in specs),
             "attention sinks": any(s.sinks for s in specs),
             "an output-projection bias": any(s.o_bias for s in specs),
-            "a query scale of its own": any(s.query_scalar != d for s in specs),
+            "a query scale of its own": any(s.query_scalar != s.head_dim for s in specs),
             "RoPE bases per layer": any(s.rope != specs[0].rope for s in specs),
             "RoPE over part of each head": any(s.rope and s.rope.rotary_dim not in (None, d) for s in specs),
             "attention without RoPE": any(s.rope is None for s in specs),
             "scaled embeddings": config.embedding_scale != 1.0,
             "soft-capped logits": config.final_logit_softcapping is not None,
             "scaled residuals or logits": config.residual_scale != 1.0 or config.logit_scale != 1.0,
+            "layers without K/V of their own": any(s.kv_source is not None or not s.mixer.keeps_kv for s in specs),
+            "V normed or shared with K": any(s.value_norm or s.values_are_keys for s in specs),
+            "per-layer embeddings": config.per_layer_input_size > 0,
+            "scaled layer outputs": config.layer_scalar,
         }
         return next((feature for feature, present in lacks.items() if present), None)
 

@@ -20,6 +20,8 @@ GGUF_SCALARS = {
     gguf.GGUFValueType.FLOAT32: "f", gguf.GGUFValueType.BOOL: "?", gguf.GGUFValueType.UINT64: "Q",
     gguf.GGUFValueType.INT64: "q", gguf.GGUFValueType.FLOAT64: "d",
 }
+INTEGERS = {kind for kind, fmt in GGUF_SCALARS.items() if fmt in "BbHhIiQq"}
+PER_LAYER_VALUES = 1024  # an integer array this short is read (a value per layer); a longer one is a vocabulary's
 
 
 @dataclass
@@ -34,7 +36,9 @@ class GGUFTensorInfo:
 @dataclass
 class GGUFHeader:
     path: Path
-    metadata: dict[str, Any]  # scalar values; arrays appear as their length, but bool arrays (per-layer flags) as lists
+    # scalar values; arrays appear as their length, but bool arrays (per-layer flags) and short integer ones (a
+    # value per layer: KV heads, MLP widths) as lists
+    metadata: dict[str, Any]
     tensors: list[GGUFTensorInfo]
 
     def has(self, name: str) -> bool:
@@ -81,6 +85,8 @@ class _Cursor:
         if kind == gguf.GGUFValueType.BOOL:  # a flag per layer (sliding_window_pattern): small, and its values count
             self.pos += count
             return [bool(b) for b in self.buffer[self.pos - count:self.pos]]
+        if kind in INTEGERS and count <= PER_LAYER_VALUES:
+            return [self.read(GGUF_SCALARS[kind]) for _ in range(count)]
         if kind in GGUF_SCALARS:
             self.pos += count * struct.calcsize(GGUF_SCALARS[kind])
         elif kind == gguf.GGUFValueType.STRING:  # a vocabulary: ~100,000 lengths to step over, none decoded

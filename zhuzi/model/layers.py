@@ -18,6 +18,11 @@ def offset_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: f
     return (F.rms_norm(x.float(), weight.shape, eps=eps) * (offset + weight.float())).to(x.dtype)
 
 
+def rms_norm_unscaled(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm without a weight (Gemma 4's norm of V), in float32."""
+    return F.rms_norm(x.float(), x.shape[-1:], eps=eps).to(x.dtype)
+
+
 def rope_kind(scaling: dict | None) -> str:
     return (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
 
@@ -31,6 +36,10 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None, long: bool 
         return inv_freq.float()
     if kind == "linear":
         return (inv_freq / scaling["factor"]).float()
+    if kind == "proportional":  # Gemma 4's: the first frequencies of the whole head turn, the others are 0
+        turning = int(scaling.get("partial_rotary_factor", 1.0) * head_dim // 2)
+        inv_freq[turning:] = 0.0
+        return (inv_freq / scaling.get("factor", 1.0)).float()
     if kind == "longrope":
         factors = torch.tensor(scaling["long_factor" if long else "short_factor"], dtype=torch.float64)
         return (inv_freq / factors).float()
@@ -45,7 +54,8 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None, long: bool 
         return torch.where(medium, blended, scaled).float()
     if kind == "yarn":
         return _yarn_inv_freq(inv_freq, head_dim, theta, scaling).float()
-    raise ValueError(f"unsupported rope_scaling type {kind!r} (supported: default, linear, llama3, longrope, yarn)")
+    raise ValueError(f"unsupported rope_scaling type {kind!r} (supported: default, linear, llama3, longrope, "
+                     "proportional, yarn)")
 
 
 def _yarn_inv_freq(inv_freq: torch.Tensor, dim: int, theta: float, scaling: dict) -> torch.Tensor:

@@ -36,6 +36,7 @@ class Rope:
     scaling: dict | None  # HF's rope_scaling dict (llama3, linear, longrope)
     rotary_dim: int | None  # the first dims of a head that turn; None: all
     interleaved: bool  # pairs (0, 1), (2, 3), ...: a llama GGUF's Q/K row order
+    head_dim: int  # the head size it turns
 
 
 @dataclass(frozen=True)
@@ -49,12 +50,17 @@ class LayerSpec:
     qkv_bias: bool
     qk_norm: bool  # RMSNorm of each head's q and k
     sandwich_norms: bool  # norms on attention's and the MLP's outputs too
-    norm_offset: float  # RMSNorm scales by (offset + w)
+    norm_offset: float | None  # RMSNorm scales by (offset + w) in float32; None: by w, in the activations' dtype
     activation: str  # the MLP's gate: silu, gelu_pytorch_tanh, or swiglu_clamped (gpt-oss's experts)
     query_scalar: float  # attention scores scale by its -1/2 power
+    head_dim: int
+    kv_heads: int
     output_gate: bool = False  # attention's output times sigmoid of a gate q_proj also makes (Qwen3.5)
     o_bias: bool = False  # a bias on attention's output projection too
     sinks: bool = False  # attention sinks: a learned logit per head in each softmax denominator
+    kv_source: int | None = None  # the earlier layer whose K/V it attends, writing none (Gemma 4); None: its own
+    values_are_keys: bool = False  # V is K's projection (Gemma 4's attention_k_eq_v): no V weights
+    value_norm: bool = False  # RMSNorm without a scale of each head's v (Gemma 4)
 
 
 @dataclass(frozen=True)
@@ -123,7 +129,8 @@ class ModelConfig:
     sliding_window: int | None = None  # tokens a sliding layer sees, the current one included (transformers')
     layer_types: list[str] | None = None  # per layer "sliding_attention" / "full_attention"; None: all slide
     embedding_scale: float = 1.0  # the token embedding is multiplied by it (Gemma: sqrt(hidden))
-    norm_weight_offset: float = 0.0  # RMSNorm scales by (offset + w) in float32 (Gemma: 1)
+    # RMSNorm scales by (offset + w) in float32 (Gemma 3: 1, Gemma 4: 0); None: by w in the activations' dtype
+    norm_weight_offset: float | None = None
     sandwich_norms: bool = False  # a norm on attention's and the MLP's outputs too (Gemma 2/3)
     hidden_act: str = "silu"  # the MLP's gate activation: silu, gelu_pytorch_tanh or swiglu_clamped (gpt-oss)
     swiglu_alpha: float = 1.702  # swiglu_clamped: up and gate -> (up + 1) * gate * sigmoid(alpha * gate), ...
@@ -131,6 +138,16 @@ class ModelConfig:
     query_pre_attn_scalar: float | None = None  # attention scores scale by its -1/2 power; None: head_dim's
     final_logit_softcapping: float | None = None  # logits -> cap * tanh(logits / cap)
     rope_local_theta: float | None = None  # the RoPE base of sliding layers, where theirs is not rope_theta
+    # Gemma 4: full-attention layers' own head size and KV heads; the last layers attend earlier layers' K/V; a
+    # per-layer embedding added to each layer's output through a gate; K/V normed (V without a scale)
+    global_head_dim: int | None = None
+    num_global_kv_heads: int | None = None
+    global_values_are_keys: bool = False  # full-attention layers' V is K's projection
+    num_kv_shared_layers: int = 0
+    per_layer_input_size: int = 0  # the per-layer embedding's width per layer (0: none)
+    per_layer_vocab_size: int = 0
+    value_norm: bool = False
+    layer_scalar: bool = False  # each layer's output is scaled by a weight of its own
     # Mixture-of-Experts; num_experts 0 is a dense model
     num_experts: int = 0  # routed experts of a sparse layer
     num_experts_per_tok: int = 0  # top-k: the experts each token runs
@@ -200,6 +217,25 @@ class ModelConfig:
         local = self.layer_types is not None and self.layer_types[layer] == "sliding_attention"
         return local and self.rope_local_theta is not None
 
+    def is_global(self, layer: int) -> bool:
+        return self.layer_types is not None and self.layer_types[layer] == "full_attention"
+
+    def layer_head_dim(self, layer: int) -> int:
+        return self.global_head_dim if self.global_head_dim and self.is_global(layer) else self.head_dim
+
+    def layer_kv_heads(self, layer: int) -> int:
+        return self.num_global_kv_heads if self.num_global_kv_heads and self.is_global(layer) else self.num_kv_heads
+
+    def kv_source(self, layer: int) -> int | None:
+        """The layer whose K/V layer `layer` attends, where it shares an earlier one's (the last of its own kind
+        before the shared layers, as transformers' Gemma 4); None: its own."""
+        first_shared = self.num_layers - self.num_kv_shared_layers
+        if layer < first_shared:
+            return None
+        kind = self.layer_types[layer] if self.layer_types else None
+        return next(i for i in reversed(range(first_shared))
+                    if (self.layer_types[i] if self.layer_types else None) == kind)
+
     def is_moe_layer(self, layer: int) -> bool:
         return self.num_experts > 0 and (self.moe_layers is None or layer in self.moe_layers)
 
@@ -213,8 +249,9 @@ class ModelConfig:
         return self.num_experts * h + experts * 3 * h * self.moe_intermediate_size + shared
 
     def _mixer_parameters(self, layer: int) -> int:
-        """A layer's attention (or recurrent mixer) parameters, and its two norms."""
-        h, q, kv = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        """A layer's attention (or recurrent mixer) parameters, and its two norms: its own head size and KV
+        heads, no K and V where it attends another layer's, no V where V is K's."""
+        h = self.hidden_size
         if self.layer_types and self.layer_types[layer] == Mixer.LINEAR_ATTENTION.value:
             assert self.linear is not None
             s, values = self.linear, self.linear.value_heads * self.linear.value_dim
@@ -227,14 +264,28 @@ class ModelConfig:
             m = self.mamba  # in_proj, out_proj, the convolution and its bias, dt_bias, A_log, D, the gated norm
             projections = h * (m.inner + m.conv_channels + m.heads) + m.inner * h
             return projections + m.conv_channels * (m.conv_kernel + 1) + 3 * m.heads + m.inner + 2 * h
-        return h * (q * (2 if self.attention_output_gate else 1) + 2 * kv) + q * h + 2 * h  # q/k norms apart
+        d = self.layer_head_dim(layer)
+        q, kv = self.num_heads * d, self.layer_kv_heads(layer) * d
+        kv_projections = 0 if self.kv_source(layer) is not None else \
+            1 if self.global_values_are_keys and self.is_global(layer) else 2
+        attention = h * (q * (2 if self.attention_output_gate else 1) + kv_projections * kv) + q * h
+        return attention + 2 * h  # the layer's two norms; q/k norms apart
+
+    @property
+    def _per_layer_input_parameters(self) -> tuple[int, int]:
+        """(the table, the rest) of Gemma 4's per-layer embeddings: its table, the projection of the embedding
+        and its norm, each layer's gate, projection and norm."""
+        h, n, width = self.hidden_size, self.num_layers, self.per_layer_input_size
+        if not width:
+            return 0, 0
+        return self.per_layer_vocab_size * n * width, h * n * width + width + n * (2 * h * width + h)
 
     @property
     def num_parameters(self) -> int:
         h, n = self.hidden_size, self.num_layers
         embed = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
-        return embed + h + sum(self._mixer_parameters(layer) + self._mlp_parameters(layer, self.num_experts)
-                               for layer in range(n))
+        return embed + h + sum(self._per_layer_input_parameters) + sum(
+            self._mixer_parameters(layer) + self._mlp_parameters(layer, self.num_experts) for layer in range(n))
 
     @property
     def active_parameters(self) -> int:
@@ -245,8 +296,10 @@ class ModelConfig:
 
     def decode_weight_bytes(self, bytes_per_weight: float, head_bytes_per_weight: float | None = None) -> int:
         """Weight bytes one decode step of one sequence reads: every matrix once (of a sparse layer's experts, the
-        top-k), but only one embedding row."""
+        top-k), but only one embedding row (and one of a per-layer embedding's table)."""
         head = self.vocab_size * self.hidden_size
         unread_embedding = (self.vocab_size - 1) * self.hidden_size if not self.tie_word_embeddings else 0
+        table = self._per_layer_input_parameters[0]
+        unread_embedding += table - table // max(self.per_layer_vocab_size, 1)
         body = self.active_parameters - unread_embedding - head
         return int(body * bytes_per_weight + head * (head_bytes_per_weight or bytes_per_weight))

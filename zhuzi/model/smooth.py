@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from zhuzi.model.attention import AttentionMetadata, PrefillChunk
+from zhuzi.model.kv_pool import KVPool
 from zhuzi.model.linear import Linear
 
 ALPHA = 0.5  # how much of an input channel's range moves into the weights
@@ -29,13 +30,12 @@ PARTS = ("qkv", "o", "gate_up", "down")
 
 def input_maxima(decoder, ids: list[int]) -> tuple[list[dict[str, torch.Tensor]], torch.Tensor]:
     """Per layer and matrix, max |x_j| of each input channel over one prefill of ids; and the LM head's."""
-    c, n = decoder.config, len(ids)
+    n = len(ids)
     recorders = [{part: _Recorder(getattr(layer, part)) for part in PARTS} for layer in decoder.layers]
     for layer, parts in zip(decoder.layers, recorders):
         for part, recorder in parts.items():
             setattr(layer, part, recorder)
-    kv = torch.zeros(c.num_layers, 2, n, c.num_kv_heads, c.head_dim, dtype=decoder.kv_dtype,
-                     device=decoder.embed.device)
+    kv = KVPool.zeros(decoder.kv_shape, n, decoder.kv_dtype, decoder.embed.device)
     slots = torch.arange(n, device=decoder.embed.device)
     meta = AttentionMetadata(slots, 0, slots[:0], slots[:0], [PrefillChunk(0, n, n, slots)])
     try:
@@ -56,8 +56,9 @@ def _factors(amax: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return amax.clamp(min=1e-5) ** ALPHA / _column_maxima(weight).clamp(min=1e-5) ** (1 - ALPHA)
 
 
-def _divided(norm: torch.Tensor, s: torch.Tensor, offset: float) -> torch.Tensor:
+def _divided(norm: torch.Tensor, s: torch.Tensor, offset: float | None) -> torch.Tensor:
     """A norm weight whose outputs come out divided by s: Gemma's norm scales by (offset + w), not by w."""
+    offset = offset or 0.0
     return ((offset + norm.float()) / s - offset).to(norm.dtype)
 
 

@@ -12,6 +12,7 @@ from zhuzi import LLM, SamplingParams
 from zhuzi.config import EngineConfig
 from zhuzi.engine.core.engine_core import EngineCore
 from zhuzi.engine.core.kv.page_manager import FREED
+from zhuzi.model.kv_pool import KVShape
 from zhuzi.model.loader import default_model_path, load_model_config
 from zhuzi.sampling_params import InvalidRequest
 from zhuzi.tokenizer import Tokenizer
@@ -579,3 +580,32 @@ def test_lfm2_under_preemption_and_prefix_caching_gives_transformers_tokens(lfm2
     assert out.outputs[0].token_ids == transformers_greedy(hf, second, 40)
     assert_all_pages_free(engine)
     assert_all_state_slots_free(engine)
+
+
+# -- Gemma 4 --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("shape", [{}, tiny.GEMMA4_PLAIN], ids=["e2b", "plain"])
+def test_gemma4_greedy_is_transformers_with_batching_chunked_prefill_preemption_prefix_cache_and_tiers(shape,
+                                                                                                       tmp_path):
+    """Gemma 4 (KV pools of two head sizes; on the E2B shape, layers attending earlier layers' K/V and
+    per-layer embeddings) through the whole engine over a pool of 8 pages: five prompts batched, prefills cut
+    into 32-token chunks, four sharing a 40-token prefix the cache holds from a first run, requests preempted
+    for want of pages; then again, their pages back from the host-memory tier (every group's slots of a
+    page). Every greedy token is transformers'."""
+    hf = tiny.build("gemma4", tmp_path, **shape)
+    per_token = KVShape.of_model(load_model_config(tmp_path)).bytes_per_token(torch.float32)
+    shared = list(range(10, 50))
+    prompts = [shared + [600 + i] * (i + 1) for i in range(4)] + [list(range(100, 137))]
+    llm = LLM(str(tmp_path), dtype="float32", page_size=16, max_num_batched_tokens=32, enable_prefix_caching=True,
+              kv_cache_memory=8 * 16 * per_token, kv_offload_memory="4MiB")
+    params = SamplingParams(temperature=0, max_tokens=16, min_tokens=16)  # as transformers' min_new_tokens
+    llm.generate([shared + [7]], params)
+    outs = llm.generate(prompts, params)
+    assert outs[0].num_cached_tokens == 32 and llm.engine.scheduler.num_preemptions > 0
+    again = llm.generate(prompts, params)
+    assert llm.engine.kv.connector.stats()["host"].hit_tokens > 0
+    for ids, out, out_again in zip(prompts, outs, again):
+        with torch.no_grad():
+            expected = hf.generate(torch.tensor([ids]), max_new_tokens=16, min_new_tokens=16, do_sample=False)
+        assert out.outputs[0].token_ids == out_again.outputs[0].token_ids == expected[0, len(ids):].tolist()
+    assert llm.engine.pages.num_free_pages == llm.engine.pages.num_pages

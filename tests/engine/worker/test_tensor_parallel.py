@@ -1,8 +1,9 @@
 """Tensor parallelism: two local processes (gloo) produce the greedy tokens one process does, in fp32, on the
 default model (9 query / 3 KV heads: an uneven split, 2 KV heads and 1), on a tiny Qwen3-MoE (q/k norms; each
 rank a slice of every expert), on a tiny Qwen3.5 (each rank one DeltaNet key head, its value heads and their
-states), on a tiny gpt-oss (each rank its heads' sinks; the O and down biases added once) and on a tiny
-LFM2-MoE (each rank half of each short convolution's channels and of its state)."""
+states), on a tiny gpt-oss (each rank its heads' sinks; the O and down biases added once), on a tiny
+LFM2-MoE (each rank half of each short convolution's channels and of its state) and on a tiny Gemma 4
+(per-layer embeddings whole on every rank, shared K/V, MLPs of two widths split)."""
 from __future__ import annotations
 
 import pytest
@@ -24,14 +25,15 @@ def greedy(model: str | None, tp: int) -> list[list[int]]:
         llm.engine.shutdown()
 
 
-LAYERS = {"qwen3_moe": 3, "qwen3_5": 4, "gpt_oss": 3, "lfm2_moe": 4}  # Qwen3.5: three DeltaNet layers, one attention
+LAYERS = {"qwen3_moe": 3, "qwen3_5": 4, "gpt_oss": 3, "lfm2_moe": 4, "gemma4": 3}  # Qwen3.5: 3 DeltaNet, 1 attention
+EXTRA = {"gemma4": dict(vocab_size_per_layer_input=1001)}
 
 
-@pytest.mark.parametrize("arch", ["smollm2", "qwen3_moe", "qwen3_5", "gpt_oss", "lfm2_moe"])
+@pytest.mark.parametrize("arch", ["smollm2", "qwen3_moe", "qwen3_5", "gpt_oss", "lfm2_moe", "gemma4"])
 def test_tp2_greedy_equals_tp1_in_fp32(arch, tmp_path):
     model = None if arch == "smollm2" else str(tmp_path)
-    if arch != "smollm2":
-        tiny.build(arch, tmp_path, layers=LAYERS[arch], vocab_size=1001)  # an odd vocabulary: unequal LM-head slices
+    if arch != "smollm2":  # an odd vocabulary: unequal LM-head slices
+        tiny.build(arch, tmp_path, layers=LAYERS[arch], vocab_size=1001, **EXTRA.get(arch, {}))
     assert greedy(model, 2) == greedy(model, 1)
 
 

@@ -71,3 +71,17 @@ def test_gemma3_gguf_scales_attention_by_llama_cpps_rule_per_shape(layers, hidde
     assert config.query_pre_attn_scalar == scalar
     # every sixth layer is global
     assert [family("gemma3").layer(config, i).mixer for i in (4, 5)] == [Mixer.SLIDING_ATTENTION, Mixer.ATTENTION]
+
+
+def test_gemma4_layers_have_their_kinds_shapes_and_shared_layers_attend_the_last_writer_of_their_kind():
+    types = ["sliding_attention", "sliding_attention", "full_attention"] * 2
+    config = ModelConfig("gemma4", *SHAPE[:3], 6, *SHAPE[4:], sliding_window=5, layer_types=types,
+                         global_head_dim=32, num_global_kv_heads=1, num_kv_shared_layers=2, rope_local_theta=1e4,
+                         qk_norm=True)
+    specs = family("gemma4").layers(config)
+    assert [(s.head_dim, s.kv_heads) for s in specs] == [(16, 2), (16, 2), (32, 1)] * 2
+    assert [s.kv_source for s in specs] == [None] * 4 + [3, 2]
+    assert [s.rope.head_dim for s in specs] == [16, 16, 32] * 2
+    names = family("gemma4").tensor_names(config)
+    assert "model.layers.3.self_attn.k_proj.weight" in names and "model.layers.4.self_attn.q_norm.weight" in names
+    assert not [n for n in names if n.startswith("model.layers.4.self_attn.") and n.split(".")[4][0] in "kv"]

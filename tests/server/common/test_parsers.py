@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import tiny
 
 from zhuzi.detokenizer import IncrementalDetokenizer
 from zhuzi.model.loader import default_model_path
@@ -80,6 +81,15 @@ def qwen3() -> Tokenizer:
 @pytest.fixture(scope="module")
 def r1() -> Tokenizer:
     return _with_template(R1_LIKE)
+
+
+@pytest.fixture(scope="module")
+def gemma4() -> Tokenizer:
+    """Gemma 4's markers are special tokens; its thought is a channel (tiny.GEMMA4_TEMPLATE)."""
+    hf = Tokenizer.load(default_model_path()).hf
+    hf.add_special_tokens({"additional_special_tokens": tiny.GEMMA4_SPECIAL})
+    hf.chat_template = tiny.GEMMA4_TEMPLATE
+    return Tokenizer(hf)
 
 
 def model_reply(tok: Tokenizer, question: list[dict], answer: dict, **kwargs) -> tuple[str, list[str]]:
@@ -159,6 +169,26 @@ def test_thinking_switched_off_gives_plain_content(qwen3: Tokenizer) -> None:
     assert prompt.endswith("<think>\n\n</think>\n\n") and opened_thought(prompt) == ""
     total = merged(stream(OutputParser(reasoning=True, tools=False, prefill=opened_thought(prompt)), pieces))
     assert (total.reasoning_content, total.content) == ("", "Paris: 18 °C.")
+
+
+def test_gemma4_thought_channel_splits_into_reasoning_then_content(gemma4: Tokenizer) -> None:
+    """Its channel tags are special tokens, shown all the same (skip_special_tokens keeps a thought's tags), and
+    the channel's name is no part of the reasoning."""
+    tags = gemma4.thought_tags
+    reply = f"<|channel>thought\n{REASONING}<channel|>Paris: 18 °C.<turn|>"
+    detok = IncrementalDetokenizer(gemma4, SamplingParams())
+    pieces = [detok.step(i)[0] for i in gemma4.encode(reply, parse_special=True)] + [detok.flush()]
+    assert "".join(pieces) == reply.removesuffix("<turn|>")  # the turn's end is not shown
+    deltas = stream(OutputParser(reasoning=True, tools=False, tags=tags), pieces)
+    assert (merged(deltas).reasoning_content, merged(deltas).content) == (REASONING, "Paris: 18 °C.")
+    assert not any("<" in d.content + d.reasoning_content for d in deltas), "a tag leaked out in pieces"
+    thinking = gemma4.render_chat(QUESTION, add_generation_prompt=True, chat_template_kwargs={"enable_thinking": True})
+    assert opened_thought(thinking, tags) == "<|channel>thought"  # the template opened it: the reply only closes it
+    total = merged(stream(OutputParser(reasoning=True, tools=False, prefill=opened_thought(thinking, tags), tags=tags),
+                          pieces[2:]))
+    assert (total.reasoning_content, total.content) == (REASONING, "Paris: 18 °C.")
+    plain = gemma4.render_chat(QUESTION, add_generation_prompt=True)
+    assert plain.endswith("<|channel>thought\n<channel|>") and opened_thought(plain, tags) == ""
 
 
 def test_malformed_tool_call_stays_in_content_as_written(qwen3: Tokenizer) -> None:

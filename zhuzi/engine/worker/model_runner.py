@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import math
-import mmap
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,9 +15,10 @@ from zhuzi.config import EngineConfig
 from zhuzi.engine.sequence import ScheduledSeq
 from zhuzi.engine.worker.model_builder import build_model
 from zhuzi.engine.worker.tp_control import FORWARD, LOGITS, StepChannel, pack_step
-from zhuzi.model import kv_format, native
+from zhuzi.model import native
 from zhuzi.model.attention import AttentionMetadata, PrefillChunk
 from zhuzi.model.decoder import Decoder, LayerTap
+from zhuzi.model.kv_pool import KVPool, zeroed
 from zhuzi.model.loader import Checkpoint
 from zhuzi.model.parallel import TPRank
 from zhuzi.model.recurrent import StateRun
@@ -84,17 +83,6 @@ def load_runner(config: EngineConfig, tp: TPRank | None = None) -> tuple[Checkpo
                              plan.state_slots)
 
 
-def zeroed_pool(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A tensor of zeros for the KV pool. On the CPU an anonymous mapping, which the OS zeroes a page at a time
-    as it is first written: the pool costs memory and time as its pages are used, not all of it at start
-    (torch.zeros writes every memory page at once). Zeros, not garbage: attention reads the padding slots of a page
-    and masks them, and garbage may hold NaN."""
-    if device.type != "cpu":
-        return torch.zeros(shape, dtype=dtype, device=device)
-    pages = mmap.mmap(-1, math.prod(shape) * dtype.itemsize)
-    return torch.frombuffer(pages, dtype=dtype).view(shape)
-
-
 def _one_token_rows_first(batch: list[ScheduledSeq]) -> list[int]:
     """The order of the batch's rows with its one-token rows first, order kept: the attention takes them as
     one batch of single queries, whatever their kind (a prompt's last token alone is one)."""
@@ -109,19 +97,14 @@ class ModelRunner:
 
     def __init__(self, model: Decoder, config: EngineConfig, num_pages: int, eos_ids: list[int],
                  pooling: str = "mean", state_slots: int = 0):
-        c = model.config
         self.model, self.page_size, self.eos_ids, self.pooling = model, config.page_size, eos_ids, pooling
         self.num_pages = num_pages
         self.device = torch.device(config.device)
-        # One preallocated pool: [layers, K/V, slots, kv_heads, head_dim], of this rank's KV heads (all of them
-        # without tensor parallelism): every rank has the same pages, each for its own heads. q8_0 heads are
-        # wider: their scales follow their values (kv_format.py).
-        kv = config.precision.kv
-        kv_format.check(c.head_dim, kv)
-        self.kv_cache = zeroed_pool((c.kv_layers, 2, num_pages * config.page_size, model.num_kv_heads,
-                                     kv_format.head_width(c.head_dim, kv)), kv, self.device)
+        # One preallocated pool (kv_pool.py), of this rank's KV heads (all of them without tensor parallelism):
+        # every rank has the same pages, each for its own heads.
+        self.kv_cache = KVPool.zeros(model.kv_shape, num_pages * config.page_size, config.precision.kv, self.device)
         # A hybrid model's state pool: per recurrent layer its states, [slots, ...] each, float32
-        self.states = [[zeroed_pool((state_slots, *shape), torch.float32, self.device) for shape in shapes]
+        self.states = [[zeroed((state_slots, *shape), torch.float32, self.device) for shape in shapes]
                        for shapes in model.state_shapes()]
         self.sampler = Sampler()
         # With tensor parallelism this is rank 0's runner: it posts each forward pass and LM-head call, which the

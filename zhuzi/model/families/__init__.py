@@ -6,6 +6,7 @@ from typing import Any
 
 from zhuzi.model.families import (
     gemma3,
+    gemma4,
     gpt_oss,
     granite_hybrid,
     lfm2,
@@ -28,6 +29,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     mistral.FAMILY,
     phi3.FAMILY,
     gemma3.FAMILY,
+    gemma4.FAMILY,
     mixtral.FAMILY,
     qwen2_moe.FAMILY,
     qwen3_moe.FAMILY,

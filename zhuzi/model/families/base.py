@@ -53,6 +53,8 @@ class Family:
     # nano-vllm's packed_modules_mapping: a merged checkpoint tensor -> the module weights it holds, rows in order
     merged: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     gguf_names: Mapping[str, str] = field(default_factory=dict)  # where llama.cpp's layer names map otherwise
+    gguf_top_names: Mapping[str, str] = field(default_factory=dict)  # its tensors outside the layers, beside these
+    gguf_rope_freqs: bool = False  # the family's mapping reads a GGUF's RoPE frequency factors (rope_freqs)
     sparse: bool = False  # its layers have experts (a GGUF with expert_count)
     hf_multimodal_class: str | None = None  # the class of its checkpoints that carry a vision tower too
 
@@ -104,7 +106,8 @@ class Family:
         the family does not run."""
         meta, arch = header.metadata, self.gguf_arch
         scaling = meta.get(f"{arch}.rope.scaling.type", "none")
-        if (scaling != "none" and scaling not in self.gguf_rope_scalings) or header.has("rope_freqs.weight"):
+        if (scaling != "none" and scaling not in self.gguf_rope_scalings) or \
+                (header.has("rope_freqs.weight") and not self.gguf_rope_freqs):
             raise ValueError("RoPE scaling in GGUF files is not supported; use the Hugging Face checkpoint")
         hidden, heads = meta[f"{arch}.embedding_length"], meta[f"{arch}.attention.head_count"]
         config = ModelConfig(
@@ -144,16 +147,17 @@ class Family:
     def layer(self, config: ModelConfig, i: int) -> LayerSpec:
         """Layer i of the config's features: a family whose layers differ in kind (another mixer, another MLP)
         overrides it."""
-        c = config
+        c, head_dim = config, config.layer_head_dim(i)
         mixer = Mixer.SLIDING_ATTENTION if c.window(i) is not None else Mixer.ATTENTION
-        rope = Rope(c.rope_local_theta, None, c.rotary_dim, c.rope_interleaved) if c.is_local(i) \
-            else Rope(c.rope_theta, c.rope_scaling, c.rotary_dim, c.rope_interleaved)
+        rope = Rope(c.rope_local_theta, None, c.rotary_dim, c.rope_interleaved, head_dim) if c.is_local(i) \
+            else Rope(c.rope_theta, c.rope_scaling, c.rotary_dim, c.rope_interleaved, head_dim)
         shared = Mlp.MOE_SHARED if c.shared_expert_gate else Mlp.MOE_SHARED_UNGATED
         mlp = Mlp.DENSE if not c.is_moe_layer(i) else shared if c.shared_expert_intermediate_size else Mlp.MOE
         return LayerSpec(mixer, c.window(i), rope if c.use_rope else None, mlp, c.attention_bias, c.qk_norm,
                          c.sandwich_norms, c.norm_weight_offset, c.hidden_act,
-                         c.query_pre_attn_scalar or float(c.head_dim), o_bias=c.attention_out_bias,
-                         sinks=c.attention_sinks)
+                         c.query_pre_attn_scalar or float(head_dim), head_dim, c.layer_kv_heads(i),
+                         o_bias=c.attention_out_bias, sinks=c.attention_sinks, kv_source=c.kv_source(i),
+                         values_are_keys=c.global_values_are_keys and c.is_global(i), value_norm=c.value_norm)
 
     # ------------------------------------------------------------ tensors
 
@@ -167,17 +171,18 @@ class Family:
         for i, spec in enumerate(self.layers(config)):
             layer = f"model.layers.{i}."
             names += [layer + "input_layernorm.weight", layer + "post_attention_layernorm.weight"]
-            names += [f"{layer}self_attn.{p}_proj.weight" for p in "qkvo"] if spec.mixer.keeps_kv \
+            projections = "q" if spec.kv_source is not None else "qk" if spec.values_are_keys else "qkv"
+            names += [f"{layer}self_attn.{p}_proj.weight" for p in projections + "o"] if spec.mixer.keeps_kv \
                 else self.recurrent_tensor_names(layer, spec)
             names += _mlp_names(config, spec.mlp, f"{layer}mlp.", per_expert)
             if spec.qkv_bias:
-                names += [f"{layer}self_attn.{p}_proj.bias" for p in "qkv"]
+                names += [f"{layer}self_attn.{p}_proj.bias" for p in projections]
             if spec.o_bias:
                 names.append(f"{layer}self_attn.o_proj.bias")
             if spec.sinks:
                 names.append(f"{layer}self_attn.sinks.weight")
             if spec.qk_norm:
-                names += [f"{layer}self_attn.{p}_norm.weight" for p in "qk"]
+                names += [f"{layer}self_attn.{p}_norm.weight" for p in projections[:2]]
             if spec.sandwich_norms:
                 names += [layer + "pre_feedforward_layernorm.weight", layer + "post_feedforward_layernorm.weight"]
         return self._merged_names(names)
@@ -221,7 +226,7 @@ class Family:
         if layer:
             part = self.gguf_names.get(layer[2]) or GGUF_LAYER_NAMES.get(layer[2])
             return part and f"model.layers.{layer[1]}.{part}.{kind}"
-        part = GGUF_TOP_NAMES.get(base)
+        part = self.gguf_top_names.get(base) or GGUF_TOP_NAMES.get(base)
         return part and f"{part}.{kind}"
 
     def from_hf(self, tensors: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:

@@ -68,7 +68,7 @@ class ChatPath:
 
         def new_parser() -> OutputParser:
             return OutputParser(reasoning=self.server.reasoning, tools=tools, prefill=chat.prefill, forced=forced,
-                                max_calls=max_calls)
+                                max_calls=max_calls, tags=self.server.thought_tags)
 
         return ChatPlan(chat, params, new_parser)
 

@@ -1,4 +1,5 @@
-"""The step after detokenizing: a model's text split into reasoning (<think>), content and tool calls
+"""The step after detokenizing: a model's text split into reasoning (its thought tags: <think>, or Gemma 4's
+thought channel), content and tool calls
 (<tool_call>, or a bare {"name": ..., "arguments": ...} object) by one incremental state machine, so a
 streamed and a whole reply agree however the text was chunked. Text that may still become a tag is held back;
 a free call is emitted whole once it closes, a forced one streams as OpenAI's do (id and name, then arguments).
@@ -11,7 +12,7 @@ import uuid
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
-from zhuzi.tokenizer import THINK_CLOSE, THINK_OPEN
+from zhuzi.tokenizer import THOUGHT_TAGS, ThoughtTags
 
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
 
@@ -109,10 +110,10 @@ def parse_tool_call(text: str, index: int = 0, bare: bool = False) -> ToolCall |
     return ToolCall(index, new_call_id(), call["name"], json.dumps(arguments, ensure_ascii=False))
 
 
-def opened_thought(prompt: str) -> str:
-    """"<think>" when the template already opened the model's thought (DeepSeek-R1 style
-    templates end the prompt with it), else "": the parser's prefill for a fresh reply."""
-    return THINK_OPEN if prompt.rstrip().endswith(THINK_OPEN) else ""
+def opened_thought(prompt: str, tags: ThoughtTags = THOUGHT_TAGS[0]) -> str:
+    """The thought's opening ("<think>") when the template already opened the model's thought (DeepSeek-R1
+    style templates end the prompt with it), else "": the parser's prefill for a fresh reply."""
+    return tags.opening if prompt.rstrip().endswith(tags.opening) else ""
 
 
 def partial_tag_len(text: str, tags: list[str]) -> int:
@@ -126,7 +127,7 @@ def partial_tag_len(text: str, tags: list[str]) -> int:
 class OutputParser:
     """Incremental parser for one completion's text.
 
-    reasoning: recognise a leading <think>...</think> block (thinking models).
+    reasoning: recognise a leading <think>...</think> block (thinking models; tags: a model's own).
     tools: recognise <tool_call> blocks (only when the request offered tools).
     prefill: text the prompt already holds of this reply (a template's trailing
     "<think>", or the assistant message a client asks to continue): it sets
@@ -136,13 +137,13 @@ class OutputParser:
     """
 
     def __init__(self, reasoning: bool, tools: bool, prefill: str = "", forced: bool = False,
-                 max_calls: int | None = None) -> None:
-        self.tools, self.forced, self.max_calls = tools, forced, max_calls
+                 max_calls: int | None = None, tags: ThoughtTags = THOUGHT_TAGS[0]) -> None:
+        self.tools, self.forced, self.max_calls, self.tags = tools, forced, max_calls, tags
         self.calls = 0  # calls emitted so far
         self.arguments: _Arguments | None = None  # the streaming call's, once its header went out
         self.mode = Mode.CONTENT
         self.thought = False  # whether the reply opened a thought (or the prompt opened it)
-        self.think_may_open = reasoning  # a <think> counts only before any content
+        self.think_may_open = reasoning  # a thought opens only before any content
         self.bare_may_open = tools  # so does a call without tags (a reply opening with "{")
         self.bare: _Arguments | None = None  # the open untagged call's scan for its end
         self.strip_leading = False  # drop whitespace right after a closing tag
@@ -203,12 +204,12 @@ class OutputParser:
 
     def _step_content(self, out: ParsedText) -> bool:
         if self.think_may_open:
-            stripped = self.buffer.lstrip()
-            if stripped.startswith(THINK_OPEN):
-                self._switch(Mode.REASONING, stripped[len(THINK_OPEN):])
+            stripped, opening = self.buffer.lstrip(), self.tags.opening
+            if stripped.startswith(opening):
+                self._switch(Mode.REASONING, stripped[len(opening):])
                 self.think_may_open, self.strip_leading, self.thought = False, True, True
                 return True
-            if THINK_OPEN.startswith(stripped):
+            if opening.startswith(stripped):
                 return False  # only whitespace or the start of "<think>" so far
             self.think_may_open = False
         if self.bare_may_open:
@@ -232,12 +233,13 @@ class OutputParser:
         return False
 
     def _step_reasoning(self, out: ParsedText) -> bool:
-        if (at := self.buffer.find(THINK_CLOSE)) >= 0:
+        close = self.tags.close
+        if (at := self.buffer.find(close)) >= 0:
             out.reasoning_content += self.buffer[:at].rstrip()
-            self._switch(Mode.CONTENT, self.buffer[at + len(THINK_CLOSE):])
+            self._switch(Mode.CONTENT, self.buffer[at + len(close):])
             self.strip_leading = True
             return True
-        out.reasoning_content += self._take_decided([THINK_CLOSE], hold_whitespace=True)
+        out.reasoning_content += self._take_decided([close], hold_whitespace=True)
         return False
 
     def _step_tool_call(self, out: ParsedText) -> bool:

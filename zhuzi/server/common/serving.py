@@ -45,7 +45,7 @@ from zhuzi.server.common.streams import (
     until_disconnect,
 )
 from zhuzi.server.common.tools import template_renders_tools, with_generic_tools
-from zhuzi.tokenizer import message_text
+from zhuzi.tokenizer import THOUGHT_TAGS, message_text
 
 T = TypeVar("T")
 log = logging.getLogger("zhuzi.server")
@@ -113,7 +113,8 @@ class Server:
         self.model_name = ""
         self.reasoning = False
         self.harmony = False  # the model speaks gpt-oss's harmony format (harmony.py renders, harmony_parser.py parses)
-        self.think_close: int | None = None  # the id that ends a thought: </think>, harmony's <|end|>
+        self.think_close: int | None = None  # the id that ends a thought: its close tag, harmony's <|end|>
+        self.thought_tags = THOUGHT_TAGS[0]  # its tags (<think>, or its own)
         self.added_tokens: set[str] = set()  # the tokenizer's added tokens (a forced call's markers may be)
         self.created = int(time.time())
         if not callable(engine):
@@ -131,10 +132,12 @@ class Server:
 
     def attach(self, engine: EngineClient) -> None:
         self.model_name = self.config.served_model_name or engine.model_name
-        tokenizer, tags = engine.tokenizer, engine.tokenizer.think_ids
+        tokenizer = engine.tokenizer
+        tags, ids = tokenizer.thought_tags, tokenizer.think_ids
         self.harmony = tokenizer.harmony
         self.reasoning = tags is not None or self.harmony
-        self.think_close = tokenizer.special_id("<|end|>") if self.harmony else tags[1] if tags else None
+        self.think_close = tokenizer.special_id("<|end|>") if self.harmony else ids[1] if ids else None
+        self.thought_tags = tags or THOUGHT_TAGS[0]
         self.added_tokens = set(engine.tokenizer.hf.get_added_vocab())
         # What loading left is here to stay: frozen, it is no longer walked by every oldest-generation
         # collection, a pause of 0.1 s or more on the event loop.
@@ -404,7 +407,8 @@ class Server:
             if chat.continue_final_message:
                 return RenderedChat(ids, message_text(messages[-1].get("content")), messages, args)
             # Only a thinking model's template can open a thought; skip the second render otherwise.
-            prefill = opened_thought(tokenizer.render_chat(messages, **args)) if self.reasoning else ""
+            prefill = opened_thought(tokenizer.render_chat(messages, **args), self.thought_tags) \
+                if self.reasoning else ""
         except (ValueError, TypeError) as exc:  # template errors, and templates fed unexpected types
             raise ApiError(400, f"Cannot render the chat template: {exc}", param="messages") from exc
         if constraint is not None and prefill:

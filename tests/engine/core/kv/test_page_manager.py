@@ -8,13 +8,15 @@ from fake_sequences import seq
 
 from zhuzi.engine.core.kv.connector import KVConnector, KVLayout
 from zhuzi.engine.core.kv.page_manager import FREED, PageManager, hash_chain, page_hash
+from zhuzi.model.kv_pool import KVGroup, KVPool, KVShape
 
-LAYOUT = KVLayout("model", "float32", "float32", None, num_layers=1, num_kv_heads=1, head_dim=2, page_size=4)
+LAYOUT = KVLayout("model", "float32", "float32", None, groups=((1, 1, 2),), page_size=4)
+SHAPE = KVShape((KVGroup((0,), kv_heads=1, head_dim=2),), entries=((0, 0),))
 
 
 def connector(num_pages: int, host_pages: int) -> KVConnector:
     """A connector over a pool of num_pages pages (no model), with a host tier of host_pages."""
-    pool = torch.zeros(1, 2, num_pages * 4, 1, 2)
+    pool = KVPool.zeros(SHAPE, num_pages * 4, torch.float32)
     return KVConnector(LAYOUT, pool, host_bytes=host_pages * LAYOUT.page_bytes)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 from collections import Counter
 from dataclasses import astuple, dataclass
 from pathlib import Path
@@ -14,7 +15,7 @@ import torch
 from zhuzi.config import EngineConfig, parse_bytes
 from zhuzi.disk_cache import content_digest
 from zhuzi.engine.core.kv.tiers import DiskTier, HostTier
-from zhuzi.model.model_config import ModelConfig
+from zhuzi.model.kv_pool import KVPool
 from zhuzi.outputs import KVTierStats
 
 log = logging.getLogger("zhuzi")
@@ -31,26 +32,24 @@ class KVLayout:
     dtype: str  # the pool's
     compute: str  # the activations' (float32 math over a bf16 pool rounds K/V apart from bf16 math)
     quantization: str | None
-    num_layers: int
-    num_kv_heads: int
-    head_dim: int
+    groups: tuple[tuple[int, int, int], ...]  # per tensor of the pool (kv_pool.py): layers, KV heads, head width
     page_size: int
 
     @classmethod
-    def of(cls, config: EngineConfig, model: ModelConfig, path: Path, pool: torch.Tensor) -> KVLayout:
-        """head_dim: the pool's last dimension (a q8_0 head's values and scales: kv_format.py)."""
+    def of(cls, config: EngineConfig, pool: KVPool, path: Path) -> KVLayout:
+        """A group's head width: the pool's last dimension (a q8_0 head's values and scales: kv_format.py)."""
         pool_dtype, compute = (str(d).removeprefix("torch.") for d in (pool.dtype, config.precision.compute))
-        return cls(content_digest(path), pool_dtype, compute, config.quantization, model.kv_layers,
-                   model.num_kv_heads, pool.shape[-1], config.page_size)
+        groups = tuple((t.shape[0], t.shape[3], t.shape[4]) for t in pool.tensors)
+        return cls(content_digest(path), pool_dtype, compute, config.quantization, groups, config.page_size)
 
     @property
     def digest(self) -> bytes:
         return hashlib.blake2b(repr((FORMAT, *astuple(self))).encode(), digest_size=16).digest()
 
     @property
-    def page_shape(self) -> tuple[int, int, int, int, int]:
-        """A page as the pool holds it: [layers, K/V, page_size, kv_heads, head_dim]."""
-        return self.num_layers, 2, self.page_size, self.num_kv_heads, self.head_dim
+    def page_shape(self) -> tuple[int]:
+        """A page as KVPool.read gives it: one row of each group's [layers, K/V, page_size, kv_heads, head width]."""
+        return (sum(2 * self.page_size * math.prod(group) for group in self.groups),)
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -58,7 +57,7 @@ class KVLayout:
 
     @property
     def page_bytes(self) -> int:
-        return self.torch_dtype.itemsize * self.num_layers * 2 * self.page_size * self.num_kv_heads * self.head_dim
+        return self.torch_dtype.itemsize * self.page_shape[0]
 
 
 class KVConnector:
@@ -76,7 +75,7 @@ class KVConnector:
     has_state, load_state): states take half of the host tier's memory, pages the other half. The disk tier
     keeps pages only."""
 
-    def __init__(self, layout: KVLayout, kv_cache: torch.Tensor, host_bytes: int = 0,
+    def __init__(self, layout: KVLayout, kv_cache: KVPool, host_bytes: int = 0,
                  disk_folder: Path | None = None, disk_bytes: int = 0, states: list[torch.Tensor] | None = None):
         self.layout, self.kv_cache = layout, kv_cache
         self.pinned: Counter[bytes] = Counter()  # hash -> pins holding it
@@ -93,11 +92,11 @@ class KVConnector:
             log.info("KV disk tier %s: %d pages found", folder, len(self.disk.index))
 
     @classmethod
-    def of(cls, config: EngineConfig, model: ModelConfig, path: Path, kv_cache: torch.Tensor,
+    def of(cls, config: EngineConfig, path: Path, kv_cache: KVPool,
            states: list[torch.Tensor] | None = None) -> KVConnector:
         host = parse_bytes(config.kv_offload_memory)
         folder = Path(config.kv_offload_dir) if config.kv_offload_dir else None
-        return cls(KVLayout.of(config, model, path, kv_cache), kv_cache, host, folder,
+        return cls(KVLayout.of(config, kv_cache, path), kv_cache, host, folder,
                    parse_bytes(config.kv_offload_disk), states)
 
     @property
@@ -111,12 +110,11 @@ class KVConnector:
         return slice(page_id * size, (page_id + 1) * size)
 
     def read(self, page_id: int) -> torch.Tensor:
-        """A copy of the page in host memory, [layers, 2, page_size, kv_heads, head_dim]."""
-        out = torch.empty(self.layout.page_shape, dtype=self.kv_cache.dtype)
-        return out.copy_(self.kv_cache[:, :, self._slots(page_id)])
+        """A copy of the page in host memory (KVLayout.page_shape)."""
+        return self.kv_cache.read(self._slots(page_id))
 
     def write(self, page_id: int, data: torch.Tensor) -> None:
-        self.kv_cache[:, :, self._slots(page_id)].copy_(data)
+        self.kv_cache.write(self._slots(page_id), data)
 
     # -- what the page manager calls
 

@@ -18,6 +18,7 @@ from zhuzi.engine.core.kv.state_slots import StateSlots
 from zhuzi.engine.core.kv.transfer import Handoffs
 from zhuzi.engine.messages import Handoff
 from zhuzi.engine.sequence import Sequence
+from zhuzi.model.kv_pool import KVPool
 from zhuzi.model.model_config import ModelConfig
 
 
@@ -28,11 +29,11 @@ class KVServices:
     handoffs: Handoffs | None  # on the replicas of a prefill/decode pair
 
     @classmethod
-    def build(cls, config: EngineConfig, model: ModelConfig, path: Path, plan: KVPlan, kv_cache: torch.Tensor,
+    def build(cls, config: EngineConfig, model: ModelConfig, path: Path, plan: KVPlan, kv_cache: KVPool,
               num_pages: int, kv_events: bool, handoffs: bool,
               states: list[torch.Tensor] | None = None) -> tuple[PageManager, KVServices]:
         """states: a hybrid model's state tensors (the model runner's), which the host tier keeps too."""
-        connector = KVConnector.of(config, model, path, kv_cache, states) if config.kv_tiers or handoffs else None
+        connector = KVConnector.of(config, path, kv_cache, states) if config.kv_tiers or handoffs else None
         pages = PageManager(num_pages, config.page_size, config.enable_prefix_caching,
                               events=KVEvents() if kv_events else None, connector=connector, window=model.kv_window,
                               states=StateSlots(plan.state_slots, connector) if plan.state_slots else None)
