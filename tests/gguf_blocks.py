@@ -20,12 +20,14 @@ def random_blocks(qtype: gguf.GGMLQuantizationType, rows: int, cols: int, seed: 
     rng = np.random.default_rng(seed)
     data = rng.integers(0, 256, size=(rows, cols // block, size), dtype=np.uint8)
     scale = 0.02 / (block // 32) / (4 if block == 256 else 1)  # K-quants: sub-scales ~32
+    if qtype in (Q.IQ4_NL, Q.IQ4_XS):  # codes up to 127, not 15: a 4-bit block's weights want d / 16
+        scale /= 16
     scales, offsets = HALVES[qtype]
     shape = (rows, cols // block, 1)
     for at in scales:
         data[..., at:at + 2] = (rng.uniform(0.2, 1.0, shape) * scale).astype(np.float16).view(np.uint8)
     for at in offsets:
         data[..., at:at + 2] = (rng.uniform(-1, 1, shape) * scale * 8).astype(np.float16).view(np.uint8)
-    if qtype == Q.MXFP4:  # 2^(e - 128) times codes up to 12
-        data[..., 0] = rng.integers(118, 125, shape[:2], dtype=np.uint8)
+    if qtype == Q.MXFP4:  # 2^(e - 128) times codes up to 12: weights up to 0.1, as the others'
+        data[..., 0] = rng.integers(115, 122, shape[:2], dtype=np.uint8)
     return data.reshape(rows, -1)

@@ -19,13 +19,14 @@ std::vector<uint8_t> random_rows(int64_t rows, int64_t K, check::Rng& g) {
   const int at = std::is_same_v<F, Format<blocks::Q6_K>>   ? 208
                  : std::is_same_v<F, Format<blocks::Q3_K>> ? 108
                  : std::is_same_v<F, Format<blocks::Q2_K>> ? 80 : 0;
-  const double scale = 0.02 / (F::QK / 32) / (F::QK == 256 ? 4 : 1);  // K-quants: sub-block scales ~32
+  double scale = 0.02 / (F::QK / 32) / (F::QK == 256 ? 4 : 1);  // K-quants: sub-block scales ~32
+  if (blocks::LUT<F> && !std::is_same_v<F, Format<blocks::MXFP4>>) scale /= 16;  // IQ4 codes up to 127
   for (size_t b = 0; b < w.size(); b += F::BYTES) {
     const uint16_t d = check::half(float((0.2 + 0.8 * g.uniform()) * scale));
     const uint16_t m = check::half(float((2 * g.uniform() - 1) * scale * 8));
     std::memcpy(&w[b + at], &d, 2);
     if (F::MIN) std::memcpy(&w[b + at + 2], &m, 2);
-    if (std::is_same_v<F, blocks::Format<blocks::MXFP4>>) w[b] = uint8_t(118 + g.below(7));  // 2^(e - 128) d
+    if (std::is_same_v<F, blocks::Format<blocks::MXFP4>>) w[b] = uint8_t(115 + g.below(7));  // 2^(e - 128) d
   }
   return w;
 }
