@@ -23,10 +23,6 @@
 // scales sc_j and mins mn_j are 6 bits, packed in 12 bytes: for j < 4, sc_j = scales[j] & 63 and mn_j =
 // scales[j + 4] & 63; for j >= 4, sc_j = (scales[j + 4] & 15) | (scales[j - 4] >> 6) << 4 and
 // mn_j = (scales[j + 4] >> 4) | (scales[j] >> 6) << 4.
-// IQ4_NL, IQ4_XS, MXFP4 (the lookup-table formats, LUT): q_i is a 4-bit index into a table of 16 int8 values
-// (VALUES: llama.cpp's kvalues_iq4nl, or MXFP4's E2M1 values doubled, its scale halved to match), laid out as in
-// a 32-block (IQ4_XS: sub-block j's 32 at qs[16j]); IQ4_XS's 6-bit sc_j is nibble j % 2 of scales_l[j / 2] with
-// bits 2j, 2j + 1 of scales_h (16 bits) on top.
 // Q6_K: two halves of 128; in half h, weight 128h + 32t + l takes its low 4 bits from ql[64h + l] (t = 0: low
 // nibble, t = 2: high) or ql[64h + 32 + l] (t = 1: low, t = 3: high), and its top 2 bits from
 // (qh[32h + l] >> 2t) & 3.
@@ -34,16 +30,19 @@
 // Q3_K's third bit of weight 32k + l is bit k of hmask[l]. Its 16 scales are 6 bits, stored plus 32: the low 4
 // bits of sc_g are the low nibble of scales[g] for g < 8, the high one of scales[g - 8] otherwise, its top 2
 // bits are (scales[8 + g % 4] >> 2 (g / 4)) & 3. Q2_K's scales[g] holds sc_g in its low nibble, mn_g in its high.
+// IQ4_NL, IQ4_XS, MXFP4 (the lookup-table formats, LUT): q_i is a 4-bit index into a table of 16 int8 values
+// (VALUES: llama.cpp's kvalues_iq4nl, or MXFP4's E2M1 values doubled, its scale halved to match), laid out as in
+// a 32-block (IQ4_XS: sub-block j's 32 at qs[16j]); IQ4_XS's 6-bit sc_j is nibble j % 2 of scales_l[j / 2] with
+// bits 2j, 2j + 1 of scales_h (16 bits) on top.
 //
 // K-quants (QK = 256) also give their sub-block scales as integers (ints(): sc and mn per sub-block, the fp16
 // d and dmin), which the dot products apply in the integer domain (block_dot.h).
 //
 // Each Format decodes a block into its codes q (one byte a weight; Q8_0's and the LUT formats' table values are
-// signed), and per sub-block of
-// SUB weights a scale a and, for the formats with a minimum, an offset b (scales(): these alone):
-// weight = a q + b ("MIN" formats), or a (q - OFF) (the others); the LUT formats' indexes() gives their stored
-// indexes, which the packed layout keeps. values() computes the weights as gguf's
-// reference does, bit for bit (a q is rounded before b is added: no FMA); the kernels use the codes and scales.
+// signed), and per sub-block of SUB weights a scale a and, for the formats with a minimum, an offset b (scales():
+// these alone): weight = a q + b ("MIN" formats), or a (q - OFF) (the others). The LUT formats' indexes() gives
+// their indexes as stored, which the packed layout keeps. values() computes the weights as gguf's reference does,
+// bit for bit (a q is rounded before b is added: no FMA); the kernels use the codes and scales.
 #pragma once
 #include "prelude.h"
 
