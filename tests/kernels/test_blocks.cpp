@@ -9,7 +9,8 @@
 namespace {
 
 // Rows of random blocks: random bytes, with the fp16 scales finite and of a realistic size (as
-// tests/gguf_blocks.py makes them): d at `at`, and for the formats with a minimum, dmin or m right after it.
+// tests/gguf_blocks.py makes them): d at `at`, and for the formats with a minimum, dmin or m right after it;
+// MXFP4's E8M0 exponent in place of d.
 template <class F>
 std::vector<uint8_t> random_rows(int64_t rows, int64_t K, check::Rng& g) {
   std::vector<uint8_t> w(rows * K / F::QK * F::BYTES);
@@ -18,12 +19,14 @@ std::vector<uint8_t> random_rows(int64_t rows, int64_t K, check::Rng& g) {
   const int at = std::is_same_v<F, Format<blocks::Q6_K>>   ? 208
                  : std::is_same_v<F, Format<blocks::Q3_K>> ? 108
                  : std::is_same_v<F, Format<blocks::Q2_K>> ? 80 : 0;
-  const double scale = 0.02 / (F::QK / 32) / (F::QK == 256 ? 4 : 1);  // K-quants: sub-block scales ~32
+  double scale = 0.02 / (F::QK / 32) / (F::QK == 256 ? 4 : 1);  // K-quants: sub-block scales ~32
+  if (blocks::LUT<F> && !std::is_same_v<F, Format<blocks::MXFP4>>) scale /= 16;  // IQ4 codes up to 127
   for (size_t b = 0; b < w.size(); b += F::BYTES) {
     const uint16_t d = check::half(float((0.2 + 0.8 * g.uniform()) * scale));
     const uint16_t m = check::half(float((2 * g.uniform() - 1) * scale * 8));
     std::memcpy(&w[b + at], &d, 2);
     if (F::MIN) std::memcpy(&w[b + at + 2], &m, 2);
+    if (std::is_same_v<F, blocks::Format<blocks::MXFP4>>) w[b] = uint8_t(115 + g.below(7));  // 2^(e - 128) d
   }
   return w;
 }
@@ -110,6 +113,9 @@ TEST(packed_blocks_give_the_file_values_and_the_reference_bits) {
   check_packed<Q6_K>("Q6_K");
   check_packed<Q3_K>("Q3_K");
   check_packed<Q2_K>("Q2_K");
+  check_packed<IQ4_NL>("IQ4_NL");
+  check_packed<IQ4_XS>("IQ4_XS");
+  check_packed<MXFP4>("MXFP4");
 }
 
 TEST(block_kernels_give_the_reference_bits_for_every_block_type) {
@@ -124,4 +130,7 @@ TEST(block_kernels_give_the_reference_bits_for_every_block_type) {
   check_format<Q6_K>("Q6_K");
   check_format<Q3_K>("Q3_K");
   check_format<Q2_K>("Q2_K");
+  check_format<IQ4_NL>("IQ4_NL");
+  check_format<IQ4_XS>("IQ4_XS");
+  check_format<MXFP4>("MXFP4");
 }

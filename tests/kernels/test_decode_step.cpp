@@ -1,6 +1,7 @@
 // decode_step.cpp, the whole fused decode step of a tiny random model (2 layers, grouped heads, QKV bias and
 // q/k norms, an LM head that ends in a partial row group), against a float64 forward of the same weights:
-// dense bf16, Q8_0 blocks, and Q4_1 blocks with a Q8_0 head (--quantization int8 and int4). The kernel rounds
+// dense bf16, Q8_0 blocks, and Q4_1 blocks with a Q8_0 head (--quantization int8 and int4), and MXFP4 blocks
+// with a Q8_0 head (gpt-oss's experts: a lookup-table type). The kernel rounds
 // matrix inputs (bf16 with AVX-512, q8 blocks for GGUF blocks) and the new K/V: its logits stay within 3 % of
 // the largest (float32 math over bf16 weights, off AVX-512: 0.1 %). Each row's logits are the same bits alone
 // or in a batch, and the step writes only the new tokens' K/V.
@@ -24,7 +25,7 @@ struct Matrix {
   std::vector<block_prefill::Part> parts;  // gate and up (parts > 1): a part each, as a GGUF's
   step::Mat mat{};
 
-  // kind: DENSE, or a GGUF block type (Q4_1, Q8_0) for BLOCKS in `count` parts of equal rows.
+  // kind: DENSE, or a GGUF block type (Q4_1, Q8_0, MXFP4) for BLOCKS in `count` parts of equal rows.
   Matrix(int64_t rows, int64_t cols, int kind, bool with_bias, check::Rng& g, int count = 1)
       : n(rows), k(cols), w(rows * cols) {
     std::vector<float> f(n * k);
@@ -165,7 +166,7 @@ int run(const Model& m, const Step& s, int64_t first, int64_t M, std::vector<uin
 
 TEST(decode_step_matches_a_float64_forward) {
   for (auto [layer_kind, head_kind] : {std::pair<int, int>{step::DENSE, step::DENSE}, {blocks::Q8_0, blocks::Q8_0},
-                                       {blocks::Q4_1, blocks::Q8_0}}) {
+                                       {blocks::Q4_1, blocks::Q8_0}, {blocks::MXFP4, blocks::Q8_0}}) {
     check::Rng g(layer_kind + 1);
     const Model model(layer_kind, head_kind, g);
     std::vector<uint16_t> kv = bf16_vector(L * 2 * SLOTS * KV * D, 0, g);

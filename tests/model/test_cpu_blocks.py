@@ -106,12 +106,13 @@ def test_rows_of_another_length_are_refused():
 
 def test_the_type_table_is_gguf_s():
     """Each block type the kernels serve has the inputs and bytes a GGUF file gives it (its packed bytes are the
-    file's, bar the 6-bit scales of Q4_K and Q5_K, unpacked to a byte each), and the types are the tests' own."""
+    file's, bar the 6-bit scales of Q4_K, Q5_K and IQ4_XS, unpacked to a byte each), and the types are the tests'
+    own."""
+    Q = gguf.GGMLQuantizationType
     assert sorted(cpu_blocks.TYPES) == sorted(KERNEL_TYPES)
     for qtype, t in cpu_blocks.TYPES.items():
         assert (t.inputs, t.nbytes) == gguf.GGML_QUANT_SIZES[qtype]
-        assert t.packed_bytes == t.nbytes + (4 if qtype in (gguf.GGMLQuantizationType.Q4_K,
-                                                             gguf.GGMLQuantizationType.Q5_K) else 0)
+        assert t.packed_bytes == t.nbytes + {Q.Q4_K: 4, Q.Q5_K: 4, Q.IQ4_XS: 2}.get(qtype, 0)
 
 
 @pytest.mark.parametrize("qtype", KERNEL_TYPES, ids=lambda t: t.name)

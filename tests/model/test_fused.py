@@ -38,11 +38,15 @@ BLOCK_TYPES = {"q_proj": Q.Q4_0, "k_proj": Q.Q5_1, "v_proj": Q.Q8_0, "o_proj": Q
                "up_proj": Q.Q4_1, "down_proj": Q.Q6_K, "embed_tokens": Q.Q5_0, "lm_head": Q.Q6_K}
 # The second layer's attention as a Q3_K_M or Q2_K file stores it.
 SECOND_LAYER = {"q_proj": Q.Q2_K, "k_proj": Q.Q2_K, "v_proj": Q.Q3_K, "o_proj": Q.Q3_K}
+# The qwen2 file mixes in the lookup-table types, as the IQ4_NL / IQ4_XS files of MoE models and gpt-oss's MXFP4 do.
+LUT_TYPES = {"q_proj": Q.IQ4_NL, "k_proj": Q.MXFP4, "up_proj": Q.MXFP4, "down_proj": Q.IQ4_XS}
 
 
-def block_type(name: str) -> gguf.GGMLQuantizationType:
+def block_type(name: str, arch: str) -> gguf.GGMLQuantizationType:
     kind = name.split(".")[-2]
-    return SECOND_LAYER.get(kind, BLOCK_TYPES[kind]) if ".layers.1." in name else BLOCK_TYPES[kind]
+    if ".layers.1." in name and kind in SECOND_LAYER:
+        return SECOND_LAYER[kind]
+    return LUT_TYPES.get(kind, BLOCK_TYPES[kind]) if arch == "qwen2" else BLOCK_TYPES[kind]
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2"])
@@ -51,7 +55,7 @@ def gguf_file(request, tmp_path_factory):
     directory = tmp_path_factory.mktemp(f"{request.param}-gguf")
     model = tiny.build(request.param, directory, hidden_size=256, intermediate_size=512, num_attention_heads=4,
                        num_key_value_heads=2, vocab_size=1024)  # K-quant rows of 256; whole 16-row groups
-    types = {name: block_type(name) for name in model.state_dict()
+    types = {name: block_type(name, request.param) for name in model.state_dict()
              if name.endswith(".weight") and name.split(".")[-2] in BLOCK_TYPES}
     return tiny.write_gguf(directory / "tiny.gguf", model, request.param, types=types)
 

@@ -2,6 +2,7 @@
 import copy
 import json
 import math
+import struct
 from pathlib import Path
 
 import gguf
@@ -401,6 +402,27 @@ def test_error_a_download_cut_off_in_its_vocabulary(tmp_path, smollm2_path, keep
     path.write_bytes(smollm2_path.read_bytes()[:keep])
     message = error_message(path)
     assert "truncated" in message and str(path) in message
+
+
+def test_error_gguf_tensor_of_a_type_zhuzi_neither_computes_nor_dequantizes(tmp_path):
+    qtype = gguf.GGMLQuantizationType.Q8_1  # llama.cpp's activation type: no kernel, no gguf dequantizer
+    rows, cols = tiny_model("llama").state_dict()[DOWN_PROJ].shape
+    raw = np.zeros((rows, cols // 32 * gguf.GGML_QUANT_SIZES[qtype][1]), np.uint8)
+    path = write_gguf(tmp_path / "model.gguf", tiny_model("llama"), "llama", raw={DOWN_PROJ: (raw, qtype)})
+    message = error_message(path)
+    assert "tensor blk.0.ffn_down.weight is Q8_1" in message and str(path) in message
+
+
+def test_error_gguf_tensor_of_a_type_id_gguf_does_not_know(tmp_path):
+    path = write_gguf(tmp_path / "model.gguf", tiny_model("llama"), "llama")
+    data = bytearray(path.read_bytes())
+    name = b"blk.0.ffn_down.weight"
+    at = data.index(struct.pack("<Q", len(name)) + name) + 8 + len(name)  # then n_dims, the dims, the type id
+    at += 4 + 8 * struct.unpack_from("<I", data, at)[0]
+    data[at:at + 4] = struct.pack("<I", 99)
+    path.write_bytes(data)
+    message = error_message(path)
+    assert "tensor blk.0.ffn_down.weight is of ggml type 99" in message and "corrupt" not in message
 
 
 def test_error_gguf_unknown_architecture(tmp_path):

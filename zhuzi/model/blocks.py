@@ -91,6 +91,18 @@ class BlockWeight:
         return torch.from_numpy(np.ascontiguousarray(flat)).to(dtype)
 
 
+def runs(qtype: gguf.GGMLQuantizationType) -> bool:
+    """Whether zhuzi runs a matrix of this block type: the kernels compute it, or the gguf package dequantizes
+    it (tried on one block of zeros)."""
+    if qtype in cpu_blocks.TYPES:
+        return True
+    try:
+        gguf.quants.dequantize(np.zeros(gguf.GGML_QUANT_SIZES[qtype][1], np.uint8), qtype)
+    except NotImplementedError:
+        return False
+    return True
+
+
 def _entry(w: BlockWeight) -> Path:
     """Where the disk cache keeps a file's matrix packed: a folder per version of the file and of the packed
     layout, a file per matrix named by its first byte in the file, its shape and type."""

@@ -29,11 +29,12 @@ class BlockType:
     qtype: Q
     inputs: int  # weights a block holds
     nbytes: int  # a block's bytes in the file
-    packed_bytes: int  # a block's bytes in a packed row: the file's, bar the 6-bit scales of Q4_K and Q5_K
+    packed_bytes: int  # a block's bytes in a packed row: the file's, bar the 6-bit scales of Q4_K, Q5_K, IQ4_XS
     made_by: str | None = None  # the --quantization that makes it at load from dense weights (quant.py)
 
 
 TYPES = {t.qtype: t for t in (
+    BlockType(Q.IQ4_NL, 32, 18, 18), BlockType(Q.IQ4_XS, 256, 136, 138), BlockType(Q.MXFP4, 32, 17, 17),
     BlockType(Q.Q4_0, 32, 18, 18), BlockType(Q.Q4_1, 32, 20, 20, "int4"), BlockType(Q.Q5_0, 32, 22, 22),
     BlockType(Q.Q5_1, 32, 24, 24), BlockType(Q.Q8_0, 32, 34, 34, "int8"), BlockType(Q.Q4_K, 256, 144, 148),
     BlockType(Q.Q5_K, 256, 176, 180), BlockType(Q.Q6_K, 256, 210, 210),

@@ -102,6 +102,10 @@ class _Cursor:
         return count
 
 
+class UnknownTensorType(ValueError):
+    """A tensor of a ggml type id the gguf package does not know (a newer file's type): no corrupt header."""
+
+
 def read_gguf_header(path: Path) -> GGUFHeader:
     """Metadata and tensor directory of a GGUF file, read directly: gguf.GGUFReader builds numpy views of
     every vocabulary array, which costs a large vocabulary far more than skipping them (docs/benchmarks.md).
@@ -112,6 +116,8 @@ def read_gguf_header(path: Path) -> GGUFHeader:
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buffer:
             try:
                 return _parse(path, _Cursor(buffer))
+            except UnknownTensorType:
+                raise
             except (struct.error, ValueError, KeyError) as e:
                 raise ValueError(f"truncated or corrupt GGUF header ({e})") from None
 
@@ -130,7 +136,10 @@ def _parse(path: Path, cursor: _Cursor) -> GGUFHeader:
     for _ in range(tensor_count):
         name = cursor.string()
         dims = [cursor.read("Q") for _ in range(cursor.read("I"))]
-        qtype, offset = gguf.GGMLQuantizationType(cursor.read("I")), cursor.read("Q")
+        type_id, offset = cursor.read("I"), cursor.read("Q")
+        if type_id not in gguf.GGML_QUANT_SIZES:
+            raise UnknownTensorType(f"tensor {name} is of ggml type {type_id}, which zhuzi does not know")
+        qtype = gguf.GGMLQuantizationType(type_id)
         block_size, type_size = gguf.GGML_QUANT_SIZES[qtype]
         infos.append(GGUFTensorInfo(name, tuple(reversed(dims)), qtype, offset,
                                     math.prod(dims) // block_size * type_size))

@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from zhuzi.disk_cache import file_identity
 from zhuzi.model import mxfp4
-from zhuzi.model.blocks import DENSE_TYPES, BlockWeight, Origin
+from zhuzi.model.blocks import DENSE_TYPES, BlockWeight, Origin, runs
 from zhuzi.model.families import Family, family, gguf_family, hf_family, supported_families
 from zhuzi.model.families.base import Weight
 from zhuzi.model.gguf_header import GGUFHeader, read_gguf_header
@@ -230,6 +230,9 @@ def _gguf_tensors(path: Path, header: GGUFHeader, config: ModelConfig, dtype: to
         shape = info.shape if len(info.shape) < 3 else (math.prod(info.shape[:-1]), info.shape[-1])  # experts
         if info.qtype in DENSE_TYPES:
             tensors[name] = fam.from_gguf(name, raw.view(DENSE_TYPES[info.qtype]).view(shape)).to(dtype)
+        elif not runs(info.qtype):
+            raise CheckpointError(path, f"tensor {info.name} is {info.qtype.name}, a type zhuzi neither computes "
+                                        "nor dequantizes")
         elif len(shape) == 2:
             tensors[name] = BlockWeight(info.qtype, raw.view(shape[0], -1), shape[1],
                                         origin=Origin(identity, info.offset))

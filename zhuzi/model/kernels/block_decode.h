@@ -39,7 +39,12 @@ static inline __m256i shift(__m256i v, int s) { return s >= 0 ? _mm256_slli_epi1
 template <class F>
 static inline __m256i unit(const uint8_t* p, int u) {
   using namespace blocks;
-  if constexpr (F::QK == 32) {
+  if constexpr (LUT<F>) {  // 16 bytes of indexes (IQ4_XS: sub-block u's, after its 8 bytes of scales), looked up
+    const uint8_t* qs = p + (F::QK == 256 ? 8 + 16 * u : F::BYTES - 16);
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(F::VALUES)));
+    return _mm256_shuffle_epi8(table, low4(_mm256_set_m128i(_mm_srli_epi16(v, 4), v)));
+  } else if constexpr (F::QK == 32) {
     if constexpr (std::is_same_v<F, Format<Q8_0>>) return load32(reinterpret_cast<const BQ8_0*>(p)->qs);
     const int qs = std::is_same_v<F, Format<Q4_0>> ? 2 : std::is_same_v<F, Format<Q4_1>> ? 4
                    : std::is_same_v<F, Format<Q5_0>> ? 6 : 8;  // offset of qs in the block
@@ -74,7 +79,8 @@ template <class F>
 static inline i8::B8 codes(const uint8_t* w, int64_t blk, int u, bool tail) {
   constexpr int PER_BLOCK = F::QK / 32;
 #if ZHUZI_AVX512
-  if constexpr (PER_BLOCK == 8) return pair<F>(w + blk * F::BYTES, u);  // K-quants: u even, in one block
+  // K-quants but IQ4_XS (its units as the 32-blocks'): u even, in one block
+  if constexpr (PER_BLOCK == 8 && !blocks::LUT<F>) return pair<F>(w + blk * F::BYTES, u);
 #endif
   __m256i units[UNITS];
   for (int j = 0; j < UNITS; ++j) {
@@ -90,8 +96,8 @@ static inline i8::B8 codes(const uint8_t* w, int64_t blk, int u, bool tail) {
 template <class F>
 static inline void row_scales(const uint8_t* const* row, int64_t at, const vi* off, float (*a)[ROWS], float (*b)[ROWS]) {
   for (int v = 0; v < V; ++v) {
-    const vu w = (vu)gather(row[0] + at, off[v]);  // fp16 d, then (MIN formats) fp16 m
-    store_vf(halves(w), a[0] + v * VL);
+    const vu w = (vu)gather(row[0] + at, off[v]);  // fp16 d, then (MIN formats) fp16 m; MXFP4: E8M0 e
+    store_vf(std::is_same_v<F, blocks::Format<blocks::MXFP4>> ? blocks::e8m0_half(w & 255) : halves(w), a[0] + v * VL);
     if constexpr (F::MIN) store_vf(halves(w >> 16), b[0] + v * VL);
   }
 }
@@ -134,7 +140,14 @@ static inline void row_ints(const uint8_t* const* row, int64_t at, const vi* off
     // per vector.
     vu head[4];
     words16(row + v * VL, at + (Q6K ? 192 : 0), head);
-    if constexpr (Q6K) {  // int8 scales[16] at 192, fp16 d at 208
+    if constexpr (std::is_same_v<F, blocks::Format<blocks::IQ4_XS>>) {  // fp16 d, scales_h, then scales_l[4]
+      const vu w = head[0], low = head[1];
+      store_vf(halves(w), k.d + v * VL);
+      for (int j = 0; j < 8; ++j) {
+        const vi sc = (vi)(((low >> 4 * j) & 15) | ((w >> (16 + 2 * j)) & 3) << 4) - 32;
+        std::memcpy(k.sc[j] + v * VL, &sc, sizeof sc);
+      }
+    } else if constexpr (Q6K) {  // int8 scales[16] at 192, fp16 d at 208
       store_vf(halves((vu)gather(row[0] + at + 206, off[v]) >> 16), k.d + v * VL);
       for (int q = 0; q < 4; ++q)
         for (int i = 0; i < 4; ++i) {
@@ -346,7 +359,7 @@ static void row_group(const uint8_t* w, int64_t row_bytes, int rows, int64_t K, 
     with_rows<PASS>(count, [&](auto p) {
       constexpr int P = decltype(p)::value;
 #if ZHUZI_AVX2
-      if constexpr (F::QK == 256) return k_pass<F, P>(w, row_bytes, rows, K, xs, out);
+      if constexpr (F::QK == 256 && !F::SIGNED) return k_pass<F, P>(w, row_bytes, rows, K, xs, out);
 #endif
       pass<F, P>(w, row_bytes, rows, K, xs, ds, out);
     });

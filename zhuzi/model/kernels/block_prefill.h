@@ -276,7 +276,7 @@ static void apply(const Decoded& t, int n, const q8::Block* const* x, const q8::
   constexpr int QSUB = F::SUB / 4;  // quads a sub-block
   constexpr bool KQ = F::QK == DECODE_K;  // the decoded inputs are one K-quant super-block
 #if ZHUZI_AVX2 && !ZHUZI_AVXVNNI
-  if constexpr (KQ) return apply_runs<F, P>(t, x, acc);
+  if constexpr (KQ && !F::SIGNED) return apply_runs<F, P>(t, x, acc);  // signed codes (IQ4_XS): dot_s8s8()
 #endif
   vf sums[P][V];
   i8::I32 is[P][V];

@@ -12,6 +12,9 @@
 //   Q6_K 256  210    ql[128], qh[64], int8 scales[16], fp16 d         (d scales[i / 16]) (q_i - 32)
 //   Q3_K 256  110    hmask[32], qs[64], scales[12], fp16 d            (d (sc_g - 32)) (q_i - 4)   (g = i / 16)
 //   Q2_K 256   84    scales[16], qs[64], fp16 d, fp16 dmin            (d sc_g) q_i - dmin mn_g
+//   IQ4_NL  32  18   fp16 d, qs[16]                                   d IQ4[q_i]
+//   IQ4_XS 256 136   fp16 d, scales_h, scales_l[4], qs[128]           (d (sc_j - 32)) IQ4[q_i]    (j = i / 32)
+//   MXFP4   32  17   E8M0 e, qs[16]                                   2^(e - 128) E2M1x2[q_i]
 //
 // 32-blocks: q_i's low 4 bits are the low nibble of qs[i] for i < 16, the high nibble of qs[i - 16]
 // otherwise; Q5's fifth bit is bit i of qh (little-endian 32 bits).
@@ -27,14 +30,19 @@
 // Q3_K's third bit of weight 32k + l is bit k of hmask[l]. Its 16 scales are 6 bits, stored plus 32: the low 4
 // bits of sc_g are the low nibble of scales[g] for g < 8, the high one of scales[g - 8] otherwise, its top 2
 // bits are (scales[8 + g % 4] >> 2 (g / 4)) & 3. Q2_K's scales[g] holds sc_g in its low nibble, mn_g in its high.
+// IQ4_NL, IQ4_XS, MXFP4 (the lookup-table formats, LUT): q_i is a 4-bit index into a table of 16 int8 values
+// (VALUES: llama.cpp's kvalues_iq4nl, or MXFP4's E2M1 values doubled, its scale halved to match), laid out as in
+// a 32-block (IQ4_XS: sub-block j's 32 at qs[16j]); IQ4_XS's 6-bit sc_j is nibble j % 2 of scales_l[j / 2] with
+// bits 2j, 2j + 1 of scales_h (16 bits) on top.
 //
 // K-quants (QK = 256) also give their sub-block scales as integers (ints(): sc and mn per sub-block, the fp16
 // d and dmin), which the dot products apply in the integer domain (block_dot.h).
 //
-// Each Format decodes a block into its codes q (one byte a weight; Q8_0's are signed), and per sub-block of
-// SUB weights a scale a and, for the formats with a minimum, an offset b (scales(): these alone):
-// weight = a q + b ("MIN" formats), or a (q - OFF) (the others). values() computes the weights as gguf's
-// reference does, bit for bit (a q is rounded before b is added: no FMA); the kernels use the codes and scales.
+// Each Format decodes a block into its codes q (one byte a weight; Q8_0's and the LUT formats' table values are
+// signed), and per sub-block of SUB weights a scale a and, for the formats with a minimum, an offset b (scales():
+// these alone): weight = a q + b ("MIN" formats), or a (q - OFF) (the others). The LUT formats' indexes() gives
+// their indexes as stored, which the packed layout keeps. values() computes the weights as gguf's reference does,
+// bit for bit (a q is rounded before b is added: no FMA); the kernels use the codes and scales.
 #pragma once
 #include "prelude.h"
 
@@ -263,6 +271,96 @@ template <> struct Format<Q2_K> {
   }
 };
 
+// ---- The lookup-table formats: IQ4_NL, IQ4_XS, MXFP4
+
+enum LutType : int32_t { IQ4_NL = 20, IQ4_XS = 23, MXFP4 = 39 };
+
+struct BIQ4_NL { uint16_t d; uint8_t qs[16]; };
+struct BIQ4_XS { uint16_t d, scales_h; uint8_t scales_l[4]; uint8_t qs[128]; };
+struct BMXFP4 { uint8_t e; uint8_t qs[16]; };
+static_assert(sizeof(BIQ4_NL) == 18 && sizeof(BIQ4_XS) == 136 && sizeof(BMXFP4) == 17, "");
+
+constexpr int8_t IQ4_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+// E2M1's values (0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives) doubled into integers, so that the int8 dot
+// products take them as they take IQ4_VALUES; the block's scale is halved in their place.
+constexpr int8_t MXFP4_VALUES[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+// ggml's E8M0 scale halved, 2^(e - 128), as its bits (exact for every byte: e < 2 gives a subnormal).
+static inline float e8m0_half(uint8_t e) {
+  const uint32_t bits = e < 2 ? 0x00200000u << e : uint32_t(e - 1) << 23;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// The same for a vector of exponents, one a lane.
+static inline vf e8m0_half(vu e) {
+  const vu subnormal = vu{} + 0x00200000u;
+  return (vf)(e < 2 ? subnormal << e : (e - 1) << 23);
+}
+
+// Indexes -> the table's values, as the signed codes the kernels take.
+static inline void look_up(const int8_t* values, uint8_t* q, int n) {
+  for (int i = 0; i < n; ++i) q[i] = uint8_t(values[q[i]]);
+}
+
+// IQ4_XS's sub-block scales sc_j - 32 (-32..31).
+static inline void iq4_xs_ints(const BIQ4_XS* b, int32_t* sc) {
+  for (int j = 0; j < 8; ++j)
+    sc[j] = (((b->scales_l[j / 2] >> 4 * (j % 2)) & 15) | ((b->scales_h >> 2 * j) & 3) << 4) - 32;
+}
+
+template <> struct Format<IQ4_NL> {
+  static constexpr int QK = 32, BYTES = 18, SUB = 32, OFF = 0;
+  static constexpr bool MIN = false, SIGNED = true;
+  static constexpr const int8_t* VALUES = IQ4_VALUES;
+  static void indexes(const void* p, uint8_t* q) { nibbles(static_cast<const BIQ4_NL*>(p)->qs, q); }
+  static void decode(const void* p, uint8_t* q, float* a, float*) {
+    indexes(p, q), look_up(VALUES, q, QK);
+    scales(p, a, nullptr);
+  }
+  static void scales(const void* p, float* a, float*) { a[0] = half_to_float(static_cast<const BIQ4_NL*>(p)->d); }
+};
+template <> struct Format<IQ4_XS> {
+  static constexpr int QK = 256, BYTES = 136, SUB = 32, OFF = 0;
+  static constexpr bool MIN = false, SIGNED = true;
+  static constexpr const int8_t* VALUES = IQ4_VALUES;
+  static void indexes(const void* p, uint8_t* q) {
+    for (int j = 0; j < 8; ++j) nibbles(static_cast<const BIQ4_XS*>(p)->qs + 16 * j, q + 32 * j);
+  }
+  static void decode(const void* p, uint8_t* q, float* a, float*) {
+    indexes(p, q), look_up(VALUES, q, QK);
+    scales(p, a, nullptr);
+  }
+  static void scales(const void* p, float* a, float*) {
+    const auto* b = static_cast<const BIQ4_XS*>(p);
+    const float d = half_to_float(b->d);
+    int32_t sc[8];
+    iq4_xs_ints(b, sc);
+    for (int j = 0; j < 8; ++j) a[j] = d * float(sc[j]);
+  }
+  static void ints(const void* p, int32_t* sc, int32_t*, float& d, float& dmin) {
+    const auto* b = static_cast<const BIQ4_XS*>(p);
+    iq4_xs_ints(b, sc), d = half_to_float(b->d), dmin = 0.f;
+  }
+};
+template <> struct Format<MXFP4> {
+  static constexpr int QK = 32, BYTES = 17, SUB = 32, OFF = 0;
+  static constexpr bool MIN = false, SIGNED = true;
+  static constexpr const int8_t* VALUES = MXFP4_VALUES;
+  static void indexes(const void* p, uint8_t* q) { nibbles(static_cast<const BMXFP4*>(p)->qs, q); }
+  static void decode(const void* p, uint8_t* q, float* a, float*) {
+    indexes(p, q), look_up(VALUES, q, QK);
+    scales(p, a, nullptr);
+  }
+  static void scales(const void* p, float* a, float*) { a[0] = e8m0_half(static_cast<const BMXFP4*>(p)->e); }
+};
+
+template <class F> constexpr bool LUT = false;  // whether F's codes are table values (indexes() gives the indexes)
+template <> constexpr bool LUT<Format<IQ4_NL>> = true;
+template <> constexpr bool LUT<Format<IQ4_XS>> = true;
+template <> constexpr bool LUT<Format<MXFP4>> = true;
+
 // The QK weights of one block, as gguf computes them, from what decode(q, a, b) gives (F::decode()'s outputs).
 template <class F, typename Decode>
 static inline void values(float* y, Decode decode) {
@@ -284,6 +382,9 @@ static inline void values(const void* p, float* y) {
 template <typename Fn>
 static bool with_format(int type, Fn fn) {
   switch (type) {
+    case IQ4_NL: fn(Format<IQ4_NL>{}); return true;
+    case IQ4_XS: fn(Format<IQ4_XS>{}); return true;
+    case MXFP4: fn(Format<MXFP4>{}); return true;
     case Q4_0: fn(Format<Q4_0>{}); return true;
     case Q4_1: fn(Format<Q4_1>{}); return true;
     case Q5_0: fn(Format<Q5_0>{}); return true;

@@ -9,6 +9,8 @@
 //   dot_u8s8_at(acc, u, p)  dot_u8s8 with s the 4 signed bytes at p in every lane
 //   to_float(I32)           the lanes as floats
 //   EXACT_U8                whether dot_u8s8 is exact for any u8 operand (up to 255), not only <= 127
+//   table16(t)              B8 holding the 16 bytes at t in every 16 (a lookup table)
+//   look_up(table, idx)     byte i: table's byte idx_i (idx_i < 16), the 4-bit lookup-table formats' values
 //
 // Preconditions (what keeps AVX2's 16-bit maddubs exact): u <= 127 (4-bit codes, 8-bit codes' magnitudes),
 // and no signed byte is -128 (quant.py's and q8.h's codes stay in -127..127).

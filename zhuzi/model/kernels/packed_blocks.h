@@ -51,8 +51,16 @@ static inline vf halves(const uint8_t* p) {  // VL IEEE halves -> floats, exactl
 #endif
 }
 
+// The scales d of a packed unit p's rows of vector v: fp16, or MXFP4's E8M0 bytes.
+template <class F>
+static inline vf scale(const uint8_t* p, int v) {
+  if constexpr (E8M0<F>) return blocks::e8m0_half((vu)widen_lanes<false>(p + Layout<F>::D + v * VL));
+  return halves(p + Layout<F>::D + 2 * v * VL);
+}
+
 // A sub-block's codes, 8 inputs of every row a pair: pair j's first and second 4 inputs (nibbles, with Q5's fifth
-// bits; Q6_K's whole codes; Q8_0's bytes as stored; Q3_K's and Q2_K's 2 bits, with Q3_K's third).
+// bits; Q6_K's whole codes; Q8_0's bytes as stored; Q3_K's and Q2_K's 2 bits, with Q3_K's third; the LUT formats'
+// table values, looked up from the nibbles).
 template <class F>
 struct Codes {
   static constexpr int PAIRS = F::SUB / 8;
@@ -92,6 +100,11 @@ struct Codes {
       return;
     }
     vb l = raw & 15, h = shift(raw, -4) & 15;
+    if constexpr (blocks::LUT<F>) {  // indexes -> the table's values
+      const i8::B8 table = i8::table16(F::VALUES);
+      lo = i8::look_up(table, (i8::B8)l), hi = i8::look_up(table, (i8::B8)h);
+      return;
+    }
     // Q5: a code's fifth bit sits at bit c of its byte of top (c: 0, 1 the low and high nibbles of pair 0,
     // then pair 1's...) and goes to bit 4: one shift, one mask each.
     if constexpr (FIFTH<F>) l |= shift(top, 4 - 2 * j) & 0x10, h |= shift(top, 3 - 2 * j) & 0x10;
@@ -122,7 +135,7 @@ static inline vi scale_lanes(const uint8_t* p, int g, int v) {
   if constexpr (Q3K<F>)
     return (((widen_lanes<false>(s + g % 8 * ROWS) >> (4 * (g / 8))) & 15)
             | ((widen_lanes<false>(s + (8 + g % 4) * ROWS) >> (2 * (g / 4))) & 3) << 4) - 32;
-  return widen_lanes<Q6K<F>>(s + g * ROWS);
+  return widen_lanes<SIGNED_SCALES<F>>(s + g * ROWS);
 }
 template <class F>
 static inline vi minimum_lanes(const uint8_t* p, int j, int v) {
@@ -156,7 +169,7 @@ static inline void fetch_ahead(const uint8_t* p, int g) {
 template <class F, int P>
 static inline void integer_sums(const uint8_t* p, const q8::Block* const* x, i8::I32 (*is)[V], i8::I32 (*im)[V]) {
 #if ZHUZI_AVX2 && !ZHUZI_AVXVNNI
-  if constexpr (P <= 2) {
+  if constexpr (P <= 2 && !F::SIGNED) {  // signed codes (IQ4_XS) go through dot_pair()'s sign transfer
     constexpr int RUN = block_prefill::i16_run<F>();
 #pragma GCC unroll 16
     for (int g = 0; g < 256 / F::SUB; ++g) {
@@ -202,8 +215,11 @@ static inline void integer_sums(const uint8_t* p, const q8::Block* const* x, i8:
         dot_pair<F, P>(s, lo, hi, x, g * F::SUB + 8 * j);
       }
       const vi sc = scale_lanes<F>(p, g, v);
-      for (int m = 0; m < P; ++m)
-        is[m][v] = (i8::I32)block_dot::sub_block<F>((vi)is[m][v], (vi)s[m], sc, block_dot::sub_block_sum<F>(x[m], g));
+      for (int m = 0; m < P; ++m) {
+        const int32_t xsum = block_dot::sub_block_sum<F>(x[m], g);
+        const vi sv = F::SIGNED && i8::EXACT_U8 ? (vi)s[m] - 128 * xsum : (vi)s[m];  // dot_pair()'s bias taken off
+        is[m][v] = (i8::I32)block_dot::sub_block<F>((vi)is[m][v], sv, sc, xsum);
+      }
     }
   }
   if constexpr (F::MIN)
@@ -240,7 +256,7 @@ static inline void apply(const uint8_t* p, const q8::Block* const* x, const q8::
     }
     alignas(64) float a[ROWS], b[ROWS];
     for (int v = 0; v < V; ++v) {
-      store_vf(halves(p + L::D + 2 * v * VL), a + v * VL);
+      store_vf(scale<F>(p, v), a + v * VL);
       if constexpr (F::MIN) store_vf(halves(p + L::DMIN + 2 * v * VL), b + v * VL);
     }
     for (int m = 0; m < P; ++m) block_prefill::accumulate<F>(sums[m], s[m], a, b, *x[m], *ds[m], 0);
@@ -318,7 +334,7 @@ static auto decoder(const uint8_t* w) {
           if constexpr (F::QK == 256) store_vi(scale_lanes<F>(p, g, v), t.k.sc[g] + v * VL);
         }
       for (int v = 0; v < V; ++v) {
-        const vf d = halves(p + L::D + 2 * v * VL), m = F::MIN ? halves(p + L::DMIN + 2 * v * VL) : vf{};
+        const vf d = scale<F>(p, v), m = F::MIN ? halves(p + L::DMIN + 2 * v * VL) : vf{};
         if constexpr (F::QK == 32) {
           store_vf(d, t.a[u] + v * VL);
           if constexpr (F::MIN) store_vf(m, t.b[u] + v * VL);

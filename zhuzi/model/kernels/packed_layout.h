@@ -6,9 +6,11 @@
 // no horizontal sum (llama.cpp's "x8" repacked layouts are the same idea over 8 rows). A group is one
 // contiguous stream, every group after the last. The layout is the same for every variant (only the vector
 // width differs), and a group holds 16 rows of exactly the bytes of the file, bar Q4_K's and Q5_K's scales,
-// unpacked from 6 to 8 bits (148 and 180 bytes a row and super-block in place of 144 and 176). Q3_K's and Q2_K's
-// scale bytes stay as the file packs them, decoded as the codes are read: widened, they would cost a 3-bit row
-// 4 % more bytes, a 2-bit one 19 %.
+// unpacked from 6 to 8 bits (148 and 180 bytes a row and super-block in place of 144 and 176), and IQ4_XS's, from
+// 6 bits to a signed byte (138 in place of 136). Q3_K's and Q2_K's scale bytes stay as the file packs them, decoded
+// as the codes are read: widened, they would cost a 3-bit row 4 % more bytes, a 2-bit one 19 %. The lookup-table
+// formats (blocks.h's LUT) keep their 4-bit indexes, which the kernels look up (Codes in packed_blocks.h), as the
+// 4-bit codes of the others.
 //
 // A packed unit of 16 rows (r: row, b < 4: byte of a lane), codes as blocks.h decodes them (cpu_blocks.TYPES
 // has each type's bytes a row and block, packed or not):
@@ -25,6 +27,8 @@
 //   Q3_K  scales[12][16] (the file's bytes), d[16] (fp16), then the top bits, the codes    1,760 bytes
 //   Q2_K  scales[16][16] (the file's bytes), d[16], dmin[16] (fp16), then the codes        1,344 bytes
 //   32-blocks  the codes (and top bits), then d[16] (fp16), and for Q4_1, Q5_1 m[16]   16 times the file's block
+//   MXFP4      the codes, then e[16] (E8M0 bytes)                                     16 times the file's block
+//   IQ4_XS     sc[8][16] (int8, less 32), d[16] (fp16), then the codes                  2,208 bytes
 //
 // A K-quant unit's scales come before its codes, so that a row group's reads go one way through memory (with
 // the scales after the codes, every group's first read jumped to the unit's end and back: slower rows).
@@ -43,6 +47,9 @@ constexpr int32_t FLAG = 0x100;  // a Part's type: FLAG | the GGUF type its bloc
 
 // Byte offsets in a packed unit (0 also where the format has no such field); BYTES: a row's share of a unit.
 template <class F> struct Layout;
+template <> struct Layout<Format<blocks::IQ4_NL>> { static constexpr int BYTES = 18, CODES = 0, TOP = 0, SC = 0, MN = 0, D = 256, DMIN = 0; };
+template <> struct Layout<Format<blocks::IQ4_XS>> { static constexpr int BYTES = 138, CODES = 160, TOP = 0, SC = 0, MN = 0, D = 128, DMIN = 0; };
+template <> struct Layout<Format<blocks::MXFP4>> { static constexpr int BYTES = 17, CODES = 0, TOP = 0, SC = 0, MN = 0, D = 256, DMIN = 0; };
 template <> struct Layout<Format<blocks::Q4_K>> { static constexpr int BYTES = 148, CODES = 320, TOP = 0, SC = 0, MN = 128, D = 256, DMIN = 288; };
 template <> struct Layout<Format<blocks::Q5_K>> { static constexpr int BYTES = 180, CODES = 832, TOP = 320, SC = 0, MN = 128, D = 256, DMIN = 288; };
 template <> struct Layout<Format<blocks::Q6_K>> { static constexpr int BYTES = 210, CODES = 288, TOP = 0, SC = 0, MN = 0, D = 256, DMIN = 0; };
@@ -59,6 +66,9 @@ template <typename Fn>
 static bool with_format(int type, Fn fn) {
   using namespace blocks;
   switch (type) {
+    case FLAG | IQ4_NL: fn(Format<IQ4_NL>{}); return true;
+    case FLAG | IQ4_XS: fn(Format<IQ4_XS>{}); return true;
+    case FLAG | MXFP4: fn(Format<MXFP4>{}); return true;
     case FLAG | Q4_0: fn(Format<Q4_0>{}); return true;
     case FLAG | Q4_1: fn(Format<Q4_1>{}); return true;
     case FLAG | Q5_0: fn(Format<Q5_0>{}); return true;
@@ -146,6 +156,8 @@ static void decode_two_bit(const uint8_t* p, int r, uint8_t* q, float* a, float*
   if constexpr (F::MIN) std::memcpy(block + D_AT<F> + 2, p + L::DMIN + 2 * r, 2);
   F::scales(block, a, b);
 }
+template <class F> constexpr bool SIGNED_SCALES = Q6K<F> || std::is_same_v<F, Format<blocks::IQ4_XS>>;
+template <class F> constexpr bool E8M0 = std::is_same_v<F, Format<blocks::MXFP4>>;  // d: one E8M0 byte a row
 
 // 16 rows of unit blocks (row r's at src + r * row_bytes) -> one packed unit at out.
 template <class F>
@@ -157,7 +169,8 @@ static void pack(const uint8_t* src, int64_t row_bytes, uint8_t* out) {
     const uint8_t* b = src + r * row_bytes;
     uint8_t q[F::QK];
     float a[F::QK / F::SUB], off[F::QK / F::SUB];
-    F::decode(b, q, a, off);
+    if constexpr (blocks::LUT<F>) F::indexes(b, q);  // Codes looks them up
+    else F::decode(b, q, a, off);
     if constexpr (FIFTH<F>)
       for (int g = 0; g < F::QK / 32; ++g) std::memset(out + L::TOP + (g * ROWS + r) * 4, 0, 4);
     if constexpr (Q6K<F>)
@@ -182,7 +195,12 @@ static void pack(const uint8_t* src, int64_t row_bytes, uint8_t* out) {
         std::memcpy(out + L::D + 2 * r, b + 208, 2);
         continue;
       }
-      for (int j = 0; j < 8; ++j) out[L::MN + j * ROWS + r] = uint8_t(mn[j]);
+      if constexpr (F::MIN)
+        for (int j = 0; j < 8; ++j) out[L::MN + j * ROWS + r] = uint8_t(mn[j]);
+    }
+    if constexpr (E8M0<F>) {
+      out[L::D + r] = b[0];
+      continue;
     }
     std::memcpy(out + L::D + 2 * r, b, 2);  // d, then dmin (K-quants) or m (Q4_1, Q5_1)
     if constexpr (F::MIN) std::memcpy(out + L::DMIN + 2 * r, b + 2, 2);
@@ -217,15 +235,16 @@ static void decode(const uint8_t* p, int r, uint8_t* q, float* a, float* b) {
         q[8 * j + i] |= ((top >> (2 * (j % 4))) & 1) << 4, q[8 * j + 4 + i] |= ((top >> (2 * (j % 4) + 1)) & 1) << 4;
       }
     }
-  uint16_t h[2];
-  std::memcpy(h, p + L::D + 2 * r, 2);
-  const float d = half_to_float(h[0]);
+  if constexpr (blocks::LUT<F>) blocks::look_up(F::VALUES, q, F::QK);
+  uint16_t h[2] = {};
+  if constexpr (!E8M0<F>) std::memcpy(h, p + L::D + 2 * r, 2);
+  const float d = E8M0<F> ? blocks::e8m0_half(p[L::D + r]) : half_to_float(h[0]);
   float dmin = 0.f;
   if constexpr (F::MIN) std::memcpy(h + 1, p + L::DMIN + 2 * r, 2), dmin = half_to_float(h[1]);
   if constexpr (F::QK == 32) {
     a[0] = d, b[0] = dmin;
-  } else if constexpr (Q6K<F>) {
-    for (int g = 0; g < 16; ++g) a[g] = d * float(int8_t(p[L::SC + g * ROWS + r]));
+  } else if constexpr (SIGNED_SCALES<F>) {
+    for (int g = 0; g < F::QK / F::SUB; ++g) a[g] = d * float(int8_t(p[L::SC + g * ROWS + r]));
   } else {
     for (int j = 0; j < 8; ++j) a[j] = d * float(p[L::SC + j * ROWS + r]), b[j] = -(dmin * float(p[L::MN + j * ROWS + r]));
   }

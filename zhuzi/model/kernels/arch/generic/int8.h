@@ -23,6 +23,12 @@ __attribute__((noinline)) static I32 dot(I32 acc, B8 a, B8 b) {
 }
 static inline I32 dot_u8s8(I32 acc, B8 u, B8 s) { return dot<true>(acc, u, s); }
 static inline I32 dot_s8s8(I32 acc, B8 a, B8 b) { return dot<false>(acc, a, b); }
+static inline B8 table16(const int8_t* t) { return load_b8(t); }
+static inline B8 look_up(B8 table, B8 idx) {
+  B8 v;
+  for (int i = 0; i < 4 * LANES; ++i) v[i] = table[idx[i] & 15];
+  return v;
+}
 static inline I32 dot_u8s8_at(I32 acc, B8 u, const void* p) {
   int32_t s;
   std::memcpy(&s, p, 4);

@@ -20,4 +20,7 @@ static inline I32 dot_u8s8_at(I32 acc, B8 u, const void* p) {
   return vdotq_s32(acc, u, vreinterpretq_s8_s32(vdupq_n_s32(s)));
 }
 
+static inline B8 table16(const int8_t* t) { return vld1q_s8(t); }
+static inline B8 look_up(B8 table, B8 idx) { return vqtbl1q_s8(table, vreinterpretq_u8_s8(idx)); }
+
 }  // namespace i8

@@ -31,6 +31,11 @@ static inline I32 dot_u8s8_at(I32 acc, B8 u, const void* p) {
   return dot_u8s8(acc, u, _mm256_set1_epi32(s));
 }
 
+static inline B8 table16(const int8_t* t) {
+  return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t)));
+}
+static inline B8 look_up(B8 table, B8 idx) { return _mm256_shuffle_epi8(table, idx); }
+
 // a b = |a| (sign(a) b): the unsigned operand maddubs needs.
 static inline I32 dot_s8s8(I32 acc, B8 a, B8 b) { return dot_u8s8(acc, _mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a)); }
 

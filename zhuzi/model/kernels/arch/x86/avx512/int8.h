@@ -25,6 +25,11 @@ static inline I32 dot_u8s8_at(I32 acc, B8 u, const void* p) {
 #endif
 }
 
+static inline B8 table16(const int8_t* t) {
+  return _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t)));
+}
+static inline B8 look_up(B8 table, B8 idx) { return _mm512_shuffle_epi8(table, idx); }
+
 // a b = |a| (sign(a) b); AVX-512 has no vpsignb, so the sign moves through a mask.
 static inline I32 dot_s8s8(I32 acc, B8 a, B8 b) {
   const __mmask64 negative = _mm512_movepi8_mask(a);
