@@ -64,12 +64,17 @@ def tiny_pair(request, tmp_path_factory):
 PROMPTS = [[5, 17, 300, 42, 9, 801, 77], list(range(3, 90, 2)), [999] * 3 + [4, 400, 40]]
 
 
-def test_logits_match_transformers(tiny_pair):
-    hf, ours, _ = tiny_pair
+def assert_logits_match(hf, ours: Decoder) -> None:
+    """Every prompt's logits within today's tolerance of transformers' on the same weights."""
     for ids in PROMPTS:
         with torch.no_grad():
             expected = hf(torch.tensor([ids])).logits[0]
         assert (full_logits(ours, ids) - expected).abs().max() < 1e-3
+
+
+def test_logits_match_transformers(tiny_pair):
+    hf, ours, _ = tiny_pair
+    assert_logits_match(hf, ours)
 
 
 def test_the_tap_reads_each_layers_residual_stream(tiny_pair):
@@ -183,10 +188,7 @@ def test_gemma3_gguf_as_llama_cpp_writes_it_gives_transformers_logits(tmp_path):
     path = tiny.write_gguf(tmp_path / "tiny.gguf", hf, "gemma3")
     ckpt = load_checkpoint(path, torch.float32)
     ours = Decoder(ckpt.config, ckpt.tensors)
-    for ids in PROMPTS:
-        with torch.no_grad():
-            expected = hf(torch.tensor([ids])).logits[0]
-        assert (full_logits(ours, ids) - expected).abs().max() < 1e-3
+    assert_logits_match(hf, ours)
 
 
 def qwen3_5_gguf(arch: str, directory):
@@ -204,10 +206,7 @@ def test_qwen3_5_gguf_as_llama_cpp_writes_it_gives_transformers_logits(arch, tmp
     ckpt = load_checkpoint(path, torch.float32)
     assert ckpt.config.linear is not None and ckpt.config.linear.tiled
     ours = Decoder(ckpt.config, ckpt.tensors)
-    for ids in PROMPTS:
-        with torch.no_grad():
-            expected = hf(torch.tensor([ids])).logits[0]
-        assert (full_logits(ours, ids) - expected).abs().max() < 1e-3
+    assert_logits_match(hf, ours)
 
 
 def test_qwen3_5_gguf_greedy_through_the_engine_is_transformers(tmp_path):
@@ -262,10 +261,7 @@ def test_lfm2_gguf_as_llama_cpp_writes_it_gives_transformers_logits(arch, tmp_pa
     ckpt = load_checkpoint(tiny.write_gguf(tmp_path / "tiny.gguf", hf, arch), torch.float32)
     assert ckpt.config.layer_types == hf.config.layer_types and ckpt.config.num_kv_heads == 2
     ours = Decoder(ckpt.config, ckpt.tensors)
-    for ids in PROMPTS:
-        with torch.no_grad():
-            expected = hf(torch.tensor([ids])).logits[0]
-        assert (full_logits(ours, ids) - expected).abs().max() < 1e-3
+    assert_logits_match(hf, ours)
 
 
 def test_granite_gguf_as_llama_cpp_writes_it_gives_transformers_logits(tmp_path):
@@ -275,10 +271,7 @@ def test_granite_gguf_as_llama_cpp_writes_it_gives_transformers_logits(tmp_path)
     ckpt = load_checkpoint(tiny.write_gguf(tmp_path / "tiny.gguf", hf, "granitemoehybrid"), torch.float32)
     assert ckpt.config.layer_types == ["mamba2", "full_attention", "mamba2", "mamba2"] and not ckpt.config.use_rope
     ours = Decoder(ckpt.config, ckpt.tensors)
-    for ids in PROMPTS:
-        with torch.no_grad():
-            expected = hf(torch.tensor([ids])).logits[0]
-        assert (full_logits(ours, ids) - expected).abs().max() < 1e-3
+    assert_logits_match(hf, ours)
 
 
 def test_lfm2_gguf_greedy_through_the_engine_is_transformers(tmp_path):
@@ -322,7 +315,4 @@ def test_granite_without_experts_and_with_rope_matches_transformers(tmp_path):
     ckpt = load_checkpoint(tmp_path, torch.float32)
     ours = Decoder(ckpt.config, ckpt.tensors)
     assert ckpt.config.use_rope and all(layer.moe is None for layer in ours.layers)
-    for ids in PROMPTS:
-        with torch.no_grad():
-            expected = hf(torch.tensor([ids])).logits[0]
-        assert (full_logits(ours, ids) - expected).abs().max() < 1e-3
+    assert_logits_match(hf, ours)

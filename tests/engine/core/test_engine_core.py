@@ -463,26 +463,6 @@ def assert_all_state_slots_free(engine: EngineCore):
     assert states.num_free == states.num_slots and not states.holders
 
 
-def test_a_hybrid_model_under_preemption_gives_transformers_tokens_and_returns_every_slot(qwen3_5):
-    """Qwen3.5's shape (three DeltaNet layers, one attention layer) in a pool of 10 pages and 4 state slots (two
-    running sequences): five prompts in 32-token chunks preempt each other, resume from their cached states
-    or from scratch, and every greedy token is transformers'; every page and slot comes back."""
-    hf, path = qwen3_5
-    budget = 9 * load_model_config(path).state_bytes  # half of it holds 4 states, the rest 10 pages
-    llm = LLM(str(path), dtype="float32", page_size=16, max_num_batched_tokens=32, kv_cache_memory=budget)
-    plan, engine = llm.engine.kv_plan, llm.engine
-    assert (plan.num_pages, plan.state_slots) == (10, 4)
-    prompts = [list(range(3, 90, 2)), [5, 17, 300, 42, 9], list(range(200, 240)), list(range(3, 90, 2)) + [7],
-               [999] * 3 + [4, 400, 40]]
-    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
-    outs = llm.generate(prompts, params)
-    assert engine.scheduler.num_preemptions >= 1
-    for ids, out in zip(prompts, outs):
-        assert out.outputs[0].token_ids == transformers_greedy(hf, ids, 40)
-    assert_all_pages_free(engine)
-    assert_all_state_slots_free(engine)
-
-
 @pytest.fixture(scope="module")
 def granite(tmp_path_factory):
     """Granite 4's shape (three Mamba2 layers, one attention layer without RoPE, experts and the shared MLP), its
@@ -491,14 +471,17 @@ def granite(tmp_path_factory):
     return tiny.build("granitemoehybrid", path, mamba_d_state=2), path
 
 
-def test_granite_under_preemption_gives_transformers_tokens_and_returns_every_slot(granite):
-    """As Qwen3.5's above: five prompts in 32-token chunks in a pool of 9 pages and 4 state slots preempt each
-    other, and every greedy token is transformers'; every page and slot comes back."""
-    hf, path = granite
-    budget = 9 * load_model_config(path).state_bytes  # half of it holds 4 states, the rest 9 pages
+@pytest.mark.parametrize("model,pages", [("qwen3_5", 10), ("granite", 9)])
+def test_a_hybrid_model_under_preemption_gives_transformers_tokens_and_returns_every_slot(model, pages, request):
+    """Qwen3.5's shape (three DeltaNet layers, one attention layer) and Granite 4's (three Mamba2 layers, one
+    attention layer) in a pool of 4 state slots (two running sequences) and 10 or 9 pages: five prompts in
+    32-token chunks preempt each other, resume from their cached states or from scratch, and every greedy token
+    is transformers'; every page and slot comes back."""
+    hf, path = request.getfixturevalue(model)
+    budget = 9 * load_model_config(path).state_bytes  # half of it holds 4 states, the rest the pages
     llm = LLM(str(path), dtype="float32", page_size=16, max_num_batched_tokens=32, kv_cache_memory=budget)
     plan, engine = llm.engine.kv_plan, llm.engine
-    assert (plan.num_pages, plan.state_slots) == (9, 4)
+    assert (plan.num_pages, plan.state_slots) == (pages, 4)
     prompts = [list(range(3, 90, 2)), [5, 17, 300, 42, 9], list(range(200, 240)), list(range(3, 90, 2)) + [7],
                [999] * 3 + [4, 400, 40]]
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
