@@ -276,12 +276,6 @@ def test_kernels_refuse_what_they_do_not_serve(kernels: RecurrentOps):
             kernels.gated_delta_prefill(*args, 0)
 
 
-def test_a_decode_step_reads_and_writes_each_state_once():
-    conv, delta = torch.empty(3, 96, 3), torch.empty(3, 4, 32, 16)
-    assert cpu_recurrent.decode_state_bytes(96, 4, 4, 32, 16) == 2 * (conv[0].nbytes + delta[0].nbytes)
-    assert cpu_recurrent.decode_state_bytes(96, 4) == 2 * conv[0].nbytes  # a convolution layer (LFM2)
-
-
 def test_the_kernels_run_where_they_serve_and_torch_elsewhere(kernels: RecurrentOps):
     assert cpu_recurrent.ops(torch.device("cpu")) is kernels
     assert cpu_recurrent.ops(torch.device("cuda")) is TORCH

@@ -41,13 +41,6 @@ def serves() -> bool:
     return all(_entry(symbol) is not None for symbol in _SIGNATURES)
 
 
-def decode_state_bytes(conv_channels: int, conv_width: int, v_heads: int = 0, key_dim: int = 0,
-                       value_dim: int = 0) -> int:
-    """The bytes of one layer's state a decode step reads and writes per sequence: its convolution's history and
-    (a gated DeltaNet layer) its delta rule's state, each read once and written once."""
-    return 2 * 4 * (conv_channels * (conv_width - 1) + v_heads * key_dim * value_dim)
-
-
 def _refuse(what: str, *tensors: torch.Tensor | None) -> None:
     shapes = ", ".join(f"{tuple(t.shape)} {t.dtype}" for t in tensors if t is not None)
     raise ValueError(f"the recurrent kernel does not take {what}: {shapes}")
