@@ -72,6 +72,16 @@ def assert_logits_match(hf, ours: Decoder) -> None:
         assert (full_logits(ours, ids) - expected).abs().max() < 1e-3
 
 
+def assert_logits_and_greedy_match(hf, ours: Decoder) -> None:
+    """A prompt's logits within today's tolerance of transformers', and 16 greedy tokens equal to its."""
+    ids = PROMPTS[1]
+    with torch.no_grad():
+        expected = hf(torch.tensor([ids])).logits[0]
+        tokens = hf.generate(torch.tensor([ids]), max_new_tokens=16, min_new_tokens=16, do_sample=False)
+    assert (full_logits(ours, ids) - expected).abs().max() < 1e-3
+    assert greedy_without_cache(ours, ids, 16) == tokens[0, len(ids):].tolist()
+
+
 def test_logits_match_transformers(tiny_pair):
     hf, ours, _ = tiny_pair
     assert_logits_match(hf, ours)
@@ -173,12 +183,7 @@ def test_phi3_gguf_gives_transformers_logits_and_tokens(phi3_pair, tmp_path):
     hf, _, _ = phi3_pair
     ckpt = load_checkpoint(tiny.write_gguf(tmp_path / "phi3.gguf", hf, "phi3"), torch.float32)
     ours = Decoder(ckpt.config, ckpt.tensors)
-    ids = PROMPTS[1]
-    with torch.no_grad():
-        expected = hf(torch.tensor([ids])).logits[0]
-        tokens = hf.generate(torch.tensor([ids]), max_new_tokens=16, min_new_tokens=16, do_sample=False)
-    assert (full_logits(ours, ids) - expected).abs().max() < 1e-3
-    assert greedy_without_cache(ours, ids, 16) == tokens[0, len(ids):].tolist()
+    assert_logits_and_greedy_match(hf, ours)
 
 
 def test_gemma3_gguf_as_llama_cpp_writes_it_gives_transformers_logits(tmp_path):
@@ -244,12 +249,7 @@ def test_gemma4_gguf_as_llama_cpp_writes_it_gives_transformers_logits_and_tokens
     hf = tiny.build("gemma4", tmp_path, **shape)
     ckpt = load_checkpoint(tiny.write_gguf(tmp_path / "tiny.gguf", hf, "gemma4"), torch.float32)
     ours = Decoder(ckpt.config, ckpt.tensors)
-    ids = PROMPTS[1]
-    with torch.no_grad():
-        expected = hf(torch.tensor([ids])).logits[0]
-        tokens = hf.generate(torch.tensor([ids]), max_new_tokens=16, min_new_tokens=16, do_sample=False)
-    assert (full_logits(ours, ids) - expected).abs().max() < 1e-3
-    assert greedy_without_cache(ours, ids, 16) == tokens[0, len(ids):].tolist()
+    assert_logits_and_greedy_match(hf, ours)
 
 
 @pytest.mark.parametrize("arch", ["lfm2", "lfm2_moe"])
