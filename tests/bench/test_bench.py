@@ -46,7 +46,8 @@ def test_cli_lists_every_tool(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["bench", "--help"])
     help_text = capsys.readouterr().out
-    assert all(tool in help_text for tool in ("offline", "decode", "structured", "serve", "polling", "scaling", "kv"))
+    assert all(tool in help_text for tool in ("offline", "decode", "structured", "serve", "polling", "scaling", "tools",
+                                              "kv"))
 
 
 def test_random_prompts_are_seeded_in_range_and_free_of_control_tokens(tokenizer):

@@ -1,4 +1,4 @@
-"""Benchmark tools, `zhuzi bench offline | decode | structured | serve | polling | scaling | accuracy | kv`:
+"""Benchmark tools, `zhuzi bench offline | decode | structured | serve | polling | scaling | accuracy | tools | kv`:
 each times the whole request path and starts its report with the machine line (docs/benchmarks.md).
 """
 from __future__ import annotations
@@ -18,6 +18,7 @@ TOOLS = {
     "polling": "what the inspector's polling costs: serve's load quiet vs polled, alternating on one server",
     "scaling": "zhuzi serve's process layouts (engine process, data and tensor parallel) under one load",
     "accuracy": "greedy agreement, logprob differences and perplexity of each quantization against bf16",
+    "tools": "tool calling scored by the Berkeley Function Calling Leaderboard, beside llama-server",
     "kv": "prefill/decode replicas against colocated ones under long prompts, and TTFT after a restart (disk tier)",
 }
 

@@ -18,7 +18,8 @@ from zhuzi.bench import machine_line
 from zhuzi.bench import serve as serve_bench
 from zhuzi.bench.client import chunk_content
 from zhuzi.bench.datasets import load_tokenizer, random_text_conversations
-from zhuzi.bench.scaling import load_args, serving
+from zhuzi.bench.launch import zhuzi_serve
+from zhuzi.bench.scaling import load_args
 
 PD_SETUPS = {"colocated": ["--data-parallel-size", "2"],
              "disaggregated": ["--data-parallel-size", "2", "--kv-role", "prefill,decode"]}
@@ -76,7 +77,7 @@ def serve_args(url: str, args: argparse.Namespace, num_prompts: int, long_len: i
 def run_mix(name: str, args: argparse.Namespace) -> MixResult:
     flags = [*args.serve_args.split(), *PD_SETUPS[name]]
     load_before = os.getloadavg()[0]
-    with serving(flags) as url:
+    with zhuzi_serve(flags) as url:
         serve_bench.run(serve_args(url, args, 4, 0))  # warm-up: kernels, allocator, both replicas
         r = serve_bench.run(serve_args(url, args, args.num_prompts, args.long_prompt_len))
     long = r.long_ttft_ms
@@ -121,14 +122,14 @@ def run_restarts(args: argparse.Namespace) -> list[RestartResult]:
     with tempfile.TemporaryDirectory(prefix="zhuzi-kv-") as folder:
         flags = [*args.serve_args.split(), "--kv-offload-dir", folder]
         for n, system in enumerate(systems):
-            with serving(flags, crash=True) as url:
+            with zhuzi_serve(flags, crash=True) as url:
                 first_token(url, "You are brief.", "Hello!")  # warm-up
                 cold, _ = first_token(url, system, "Summarize the text above.")
                 warm, _ = first_token(url, system, "Summarize the text above.")
                 deadline = time.monotonic() + 120
                 while disk_blocks_written(url) < args.system_prompt_len // 16 and time.monotonic() < deadline:
                     time.sleep(0.2)
-            with serving(flags) as url:  # the one before ended with a kill -9
+            with zhuzi_serve(flags) as url:  # the one before ended with a kill -9
                 first_token(url, "You are brief.", "Hello!")
                 restarted, cached = first_token(url, system, "Summarize the text above.")
             rows.append(RestartResult(n, len(tokenizer.encode(system)), cold, warm, restarted, cached))

@@ -10,19 +10,13 @@ import argparse
 import json
 import multiprocessing
 import os
-import signal
-import socket
-import subprocess
-import sys
-import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
 from zhuzi.bench import machine_line
 from zhuzi.bench import serve as serve_bench
+from zhuzi.bench.launch import zhuzi_serve
 from zhuzi.model import native
 
 SETUPS = {
@@ -37,7 +31,6 @@ SETUPS = {
     "tp2": ["--tensor-parallel-size", "2"],
 }
 PROBE_PERIOD_S = 0.010
-START_TIMEOUT_S = 300.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -69,25 +62,6 @@ class SetupResult:
     models_p50_ms: float
     models_p99_ms: float
     probes: int
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_healthy(url: str, server: subprocess.Popen) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=1):
-                return
-        except OSError:
-            if server.poll() is not None:
-                raise SystemExit(f"zhuzi serve exited with code {server.returncode} before it was healthy") from None
-            time.sleep(0.2)
-    raise SystemExit(f"zhuzi serve was not healthy within {START_TIMEOUT_S:.0f} s")
 
 
 def probe(url: str, started, stop, results) -> None:
@@ -124,34 +98,10 @@ def load_args(url: str, args: argparse.Namespace, num_prompts: int, output_len: 
                               "--random-output-len", str(output_len), "--ignore-eos", "--disable-tqdm", *extra])
 
 
-@contextmanager
-def serving(flags: list[str], crash: bool = False) -> Iterator[str]:
-    """A `zhuzi serve` with these flags, in a process group of its own; its URL once healthy. At the end it is
-    asked to stop, or with crash killed (SIGKILL to the group: its engine cores too). Its log is shown if the
-    block fails."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    with tempfile.TemporaryFile() as log:
-        server = subprocess.Popen([sys.executable, "-m", "zhuzi.cli", "serve", "--port", str(port), *flags],
-                                  stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            wait_healthy(url, server)
-            yield url
-        except BaseException:
-            log.seek(0)
-            sys.stderr.write(log.read().decode(errors="replace")[-4000:])
-            raise
-        finally:
-            if crash and server.poll() is None:
-                os.killpg(server.pid, signal.SIGKILL)
-            server.terminate()
-            server.wait()
-
-
 def run_setup(name: str, args: argparse.Namespace) -> SetupResult:
     flags = [*args.serve_args.split(), *SETUPS[name]]
     load_before = os.getloadavg()[0]
-    with serving(flags) as url:
+    with zhuzi_serve(flags) as url:
         serve_bench.run(load_args(url, args, 2, 8))  # warm-up: kernels, allocator, Ray's first calls
         context = multiprocessing.get_context("spawn")
         started, stop, results = context.Event(), context.Event(), context.Queue()
