@@ -150,14 +150,14 @@ class PageManager:
         """A hybrid model resumes from a cached state: the prefix shrinks to its last page whose state is kept,
         held for the step that copies it."""
         while seq.page_table:
-            if (slot := self._hold_state(seq.page_hashes[len(seq.page_table) - 1])) is not None:
+            if (slot := self.hold_state(seq.page_hashes[len(seq.page_table) - 1])) is not None:
                 seq.restore_slot = slot
                 return
             self._drop(seq.page_table.pop())
             self.prefix_hits -= self.page_size
 
-    def _hold_state(self, h: bytes) -> int | None:
-        """The cached state after page h, held: in the pool, or copied there from the connector's tier."""
+    def hold_state(self, h: bytes) -> int | None:
+        """The cached state after page h, held (until released): in the pool, or copied there from a tier."""
         assert self.states is not None
         slot = self.states.hold(h)
         if slot is None and self.connector is not None and self.connector.has_state(h) \
