@@ -181,9 +181,11 @@ decode_message = msgspec.msgpack.Decoder(Message, dec_hook=_decode_tensor).decod
 # ---------------------------------------------------------------- engine core -> engine core
 
 class ShipmentHeader(msgspec.Struct):
-    """The first frame of a shipment; one frame of raw K/V bytes per page follows."""
+    """The first frame of a shipment; one frame of raw K/V bytes per page follows (and for a hybrid model, in
+    the last shipment, one of the states after the last page)."""
 
     transfer_id: str
     layout: bytes  # KVLayout.digest of the sender: a page is never adopted by another model or layout
     hashes: list[bytes]
     last: bool
+    state: bytes | None = None  # the hash of the page that the states frame follows

@@ -71,11 +71,12 @@ class Sequence:
     page_hashes: list[bytes] = field(default_factory=list)  # of the full pages so far
     num_computed_tokens: int = 0  # tokens whose K/V sit in the cache
     # A hybrid model's state slots, the page manager's too: its live state; its state after boundary_tokens
-    # tokens (the last page boundary it crossed), for the prefix cache; a cached state to start from
+    # tokens (the last page boundary it crossed, state_boundary), for the prefix cache; a cached state to start from
     state_slot: int | None = None
     boundary_slot: int | None = None
     boundary_tokens: int = 0
     restore_slot: int | None = None
+    ships_prompt: bool = False  # a prefill replica's job: its prompt's pages and state go to a decode replica
     num_cached_tokens: int = 0  # of the prompt, found in the prefix cache at first admission
     num_preemptions: int = 0
     status: Status = Status.WAITING
@@ -117,6 +118,14 @@ class Sequence:
     @property
     def prompt_done(self) -> bool:
         return self.num_computed_tokens >= self.num_prompt_tokens
+
+    def state_boundary(self, end: int, page_size: int) -> int:
+        """The page boundary whose state a hybrid model keeps when a step's tokens end at `end`: the last at or
+        before it; for a prompt that ships, the last before its last token (where the decode replica, which
+        computes that token, resumes)."""
+        if self.ships_prompt and end == self.num_prompt_tokens:
+            end -= 1
+        return end // page_size * page_size
 
     @property
     def embeds(self) -> bool:

@@ -161,7 +161,7 @@ class ModelRunner:
         for s in batch:
             seq, done, n = s.seq, s.seq.num_computed_tokens, s.num_new_tokens
             assert seq.state_slot is not None
-            boundary = (done + n) // self.page_size * self.page_size
+            boundary = seq.state_boundary(done + n, self.page_size)
             snapshot = (boundary - done, seq.boundary_slot) \
                 if seq.boundary_slot is not None and boundary > done else None
             runs.append(StateRun(start, n, seq.state_slot, snapshot, seq.restore_slot,

@@ -1,14 +1,16 @@
 """Pinned prefixes with a real model (tiny, float32): a pin keeps its pages in the pool under pressure
-that evicts everything else, within its bound, until it is deleted or expires."""
+that evicts everything else (a hybrid model's pin its state too), within its bound, until it is deleted or
+expires."""
 import pytest
 import tiny
 from clock import Clock
-from kv_load import GREEDY, PAGE_BYTES, ids, llm, push_out
+from kv_load import GREEDY, PAGE_BYTES, POOL, ids, llm, push_out
 
 from zhuzi import LLM
 from zhuzi.engine.core.kv.page_manager import PageManager
 from zhuzi.engine.core.kv.pins import PinTable
 from zhuzi.engine.sequence import PinSpec
+from zhuzi.model.loader import load_model_config
 from zhuzi.sampling_params import InvalidRequest
 
 PROMPT = ids(0) + ids(5, 5)  # 4 full pages of a system prompt, then a question
@@ -94,3 +96,23 @@ def test_an_engine_without_a_prefix_cache_refuses_pins():
                     limit_bytes=2**30)
     with pytest.raises(InvalidRequest, match="without"):
         pins.check(PinSpec("system"), ids(4, 32), "token_ids")
+
+
+def test_a_hybrid_models_pin_keeps_the_state_after_its_last_page(tmp_path):
+    tiny.build("qwen3_5", tmp_path)
+    state_bytes = load_model_config(tmp_path).state_bytes
+    # 4 state slots and 12 pages: the K/V of its one attention layer take PAGE_BYTES a page, as the llama's do
+    hybrid = llm(str(tmp_path), kv_cache_memory=4 * state_bytes + POOL)
+    assert (cached(hybrid), cached(hybrid)) == (0, 64)
+    push_out(hybrid)  # unpinned, the prefix's pages and state are gone
+    assert cached(hybrid) == 0
+    pin = hybrid.pin("system", PROMPT[:64])
+    assert pin.bytes == 4 * PAGE_BYTES + state_bytes
+    push_out(hybrid)
+    push_out(hybrid)
+    again = hybrid.generate([PROMPT], GREEDY)[0]
+    computed = llm(str(tmp_path), enable_prefix_caching=False).generate([PROMPT], GREEDY)[0]
+    assert again.num_cached_tokens == 64 and again.outputs[0].token_ids == computed.outputs[0].token_ids
+    hybrid.unpin("system")
+    states = hybrid.engine.pages.states
+    assert states.num_free == states.num_slots and hybrid.engine.stats().pinned_bytes == 0

@@ -1,6 +1,7 @@
 """A hybrid model's state slots on fake sequences (no model): a running sequence holds a live and a boundary
-slot, its boundary state joins the prefix cache at the prompt's end and when it ends, a prompt resumes only where
-a state is kept, cached states are evicted least recently used first, and every slot comes back."""
+slot, its boundary state joins the prefix cache at the prompt's end (before its last token, for a prompt that ships)
+and when it ends, a prompt resumes only where a state is kept, cached states are evicted least recently used
+first, and every slot comes back."""
 from fake_sequences import seq
 
 from zhuzi.engine.core.kv.page_manager import PageManager
@@ -63,6 +64,20 @@ def test_a_cached_prefix_without_a_state_at_its_end_is_cut_to_the_last_one_kept(
     again = seq(first.token_ids[:13] + [9])
     assert pages.reuse_cached_prefix(again) == 12
     for s in (resumed, again):
+        pages.free_sequence(s)
+    assert_all_free(pages)
+
+
+def test_a_prompt_that_ships_keeps_its_state_before_its_last_token_where_the_same_prompt_resumes():
+    pages = pool()
+    shipped = seq(list(range(8)))  # two whole pages, in two chunks: the first crosses the boundary at 4
+    shipped.ships_prompt = True
+    step(pages, shipped, 5)
+    step(pages, shipped, 3)  # the prompt is done: its state after 4 tokens, not 8, is cached
+    assert shipped.boundary_tokens == 0 and len(pages.states.cached) == 1
+    again = seq(list(range(8)))
+    assert pages.reuse_cached_prefix(again) == 4
+    for s in (shipped, again):
         pages.free_sequence(s)
     assert_all_free(pages)
 

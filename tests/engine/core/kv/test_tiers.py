@@ -1,4 +1,5 @@
-"""The KV tiers on their own (no model): LRU order, bounds, pins, checksums, foreign files, kill -9."""
+"""The KV tiers on their own (no model): LRU order, bounds, pins, checksums, foreign files, kill -9, a hybrid
+model's state files beside their pages."""
 import logging
 import multiprocessing
 import os
@@ -119,6 +120,29 @@ def test_a_foreign_file_is_skipped_with_a_warning_never_loaded(tmp_path, caplog)
     assert "written for another model" in caplog.text and "not a zhuzi KV page file" in caplog.text
     assert tier.snapshot().refused == 2
     tier.close()
+
+
+def test_a_state_file_goes_with_its_page_and_one_of_another_shape_is_never_loaded(tmp_path, caplog):
+    state_shape = (5,)
+    states = DiskTier(tmp_path, 10 * (20 + HEADER.size), IDENTITY, state_shape, torch.float32, Counter(),
+                      suffix=".state")
+    pages = DiskTier(tmp_path, 2 * (PAGE_BYTES + HEADER.size), IDENTITY, SHAPE, torch.float32, Counter(),
+                     on_evict=states.discard)
+    for n in range(3):
+        states.put(h(n), torch.full(state_shape, float(n)))
+        states.flush()
+        pages.put(h(n), page(n))
+        pages.flush()
+    assert h(0) not in pages and h(0) not in states and not states.path(h(0)).exists()  # page 0 went: its state too
+    assert torch.equal(states.get(h(2)), torch.full(state_shape, 2.0)) and states.snapshot().evicted == 1
+    wider = DiskTier(tmp_path / "wider", 10 * (24 + HEADER.size), IDENTITY, (6,), torch.float32, Counter(),
+                     suffix=".state")
+    wider.path(h(1)).write_bytes(states.path(h(1)).read_bytes())  # a state of 5 floats where 6 are expected
+    with caplog.at_level(logging.WARNING, "zhuzi"):
+        assert h(1) in wider and wider.get(h(1)) is None
+    assert "payload bytes" in caplog.text
+    for tier in (states, pages, wider):
+        tier.close()
 
 
 def _write_until_killed(folder) -> None:

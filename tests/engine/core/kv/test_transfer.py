@@ -1,6 +1,7 @@
 """Prefill/decode hand-offs between two real engines (tiny model, float32) in one process, the shipments passed
 by hand as the engine cores' sockets would pass them: the decode engine streams the tokens one engine alone
-gives, whether every page came, some did, or none (foreign ones are refused)."""
+gives, whether every page came, some did, or none (foreign ones are refused); a hybrid model's state comes with
+its pages."""
 import dataclasses
 
 import msgspec
@@ -15,6 +16,7 @@ from zhuzi.engine.core.engine_core import EngineCore
 from zhuzi.engine.core.kv import transfer
 from zhuzi.engine.core.kv.transfer import Shipment
 from zhuzi.engine.messages import Handoff, ShipmentHeader
+from zhuzi.model.loader import load_model_config
 
 PROMPT = ids(7, 120)  # 7 full pages before its last token
 
@@ -117,3 +119,22 @@ def test_a_request_aborted_while_it_waits_ends_and_frees_everything(config):
     assert out.finished and out.outputs[0].finish_reason == "abort" and not engine.has_unfinished()
     engine.step()
     assert engine.kv.handoffs.awaited == {} and engine.pages.num_free_pages == engine.pages.num_pages
+
+
+def test_a_hybrid_models_state_comes_with_its_pages_and_the_decode_engine_computes_only_the_last_page(tmp_path):
+    tiny.build("qwen3_5", tmp_path)
+    budget = 6 * load_model_config(tmp_path).state_bytes + 64 * 16 * 512  # 6 state slots, 64 pages
+    config = EngineConfig(model=str(tmp_path), dtype="float32", kv_cache_memory=budget)
+    prompt = PROMPT[:64]  # whole pages: the decode engine resumes after 3, so the prefill job keeps the state there
+    alone = EngineCore(config)
+    alone.add_request("r", prompt, GREEDY)
+    prefill = EngineCore(config, kv_transfers=True)
+    prefill.add_request("r#prefill", prompt, GREEDY, handoff=Handoff("r", "ipc://decode"))
+    run(prefill)
+    (shipment,) = prefill.kv.handoffs.take_outbox()
+    assert shipment.header.state == shipment.header.hashes[-1] and len(shipment.pages) == 4
+    engine = EngineCore(config, kv_transfers=True)
+    engine.add_request("r", prompt, GREEDY, handoff=Handoff("r"))
+    deliver(engine, shipment)
+    assert run(engine)["r"] == run(alone)["r"]
+    assert engine.stats().prefix_cache_hits == 3 * 16  # the shipped pages, resumed from the shipped state

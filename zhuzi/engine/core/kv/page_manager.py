@@ -150,14 +150,14 @@ class PageManager:
         """A hybrid model resumes from a cached state: the prefix shrinks to its last page whose state is kept,
         held for the step that copies it."""
         while seq.page_table:
-            if (slot := self._hold_state(seq.page_hashes[len(seq.page_table) - 1])) is not None:
+            if (slot := self.hold_state(seq.page_hashes[len(seq.page_table) - 1])) is not None:
                 seq.restore_slot = slot
                 return
             self._drop(seq.page_table.pop())
             self.prefix_hits -= self.page_size
 
-    def _hold_state(self, h: bytes) -> int | None:
-        """The cached state after page h, held: in the pool, or copied there from the connector's tier."""
+    def hold_state(self, h: bytes) -> int | None:
+        """The cached state after page h, held (until released): in the pool, or copied there from a tier."""
         assert self.states is not None
         slot = self.states.hold(h)
         if slot is None and self.connector is not None and self.connector.has_state(h) \
@@ -229,6 +229,18 @@ class PageManager:
         self._drop(page_id)
         return True
 
+    def adopt_state(self, h: bytes, write: Callable[[int], None]) -> bool:
+        """A hybrid model's state after page h, computed elsewhere (sent with the pages), joins the prefix cache;
+        False when every state slot is held."""
+        assert self.states is not None
+        if h in self.states.cached:
+            return True
+        if (slot := self.states.take()) is None:
+            return False
+        write(slot)
+        self.states.publish(slot, h)
+        return True
+
     def _fill(self, h: bytes, fill: Callable[[int], bool]) -> int | None:
         """Take a free page, fill it (False: it could not be), and publish it as h; the page, still taken."""
         if not self.free:
@@ -293,10 +305,12 @@ class PageManager:
         if seq.restore_slot is not None:
             self.states.release(seq.restore_slot)
             seq.restore_slot = None
-        if seq.boundary_slot is not None and seq.num_computed_tokens // size > before // size:
-            seq.boundary_tokens = seq.num_computed_tokens // size * size
-            if before < seq.num_prompt_tokens <= seq.num_computed_tokens:
-                self._publish_prompt_state(seq)
+        if seq.boundary_slot is None:
+            return
+        if (boundary := seq.state_boundary(seq.num_computed_tokens, size)) > before:
+            seq.boundary_tokens = boundary
+        if seq.boundary_tokens and before < seq.num_prompt_tokens <= seq.num_computed_tokens:
+            self._publish_prompt_state(seq)
 
     def _publish_prompt_state(self, seq: Sequence) -> None:
         """The prompt is computed: its state at its last page boundary joins the prefix cache now (for the

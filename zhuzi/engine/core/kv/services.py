@@ -38,7 +38,7 @@ class KVServices:
                               events=KVEvents() if kv_events else None, connector=connector, window=model.kv_window,
                               states=StateSlots(plan.state_slots, connector) if plan.state_slots else None)
         pins = PinTable(pages, connector, plan.bytes_per_token * plan.page_size,
-                        parse_bytes(config.kv_pinned_memory))
+                        parse_bytes(config.kv_pinned_memory), plan.state_bytes)
         return pages, cls(connector, pins, Handoffs(pages, connector) if handoffs and connector else None)
 
     def start_handoff(self, handoff: Handoff, seqs: list[Sequence]) -> None:
@@ -62,7 +62,7 @@ class KVServices:
         pins, handoffs = self.pins, self.handoffs
         counts = {"kv_tiers": self.connector.stats() if self.connector is not None else {},
                   "num_pins": len(pins.pins), "pinned_pages": pins.num_pages,
-                  "pinned_bytes": pins.num_pages * pins.page_bytes}
+                  "pinned_bytes": pins.bytes}
         if handoffs is not None:
             counts.update(kv_transfers_sent=handoffs.sent, kv_transfers_received=handoffs.received,
                           kv_transfers_failed=handoffs.failed, kv_transfer_pages_sent=handoffs.pages_sent,

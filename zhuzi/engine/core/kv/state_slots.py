@@ -12,7 +12,7 @@ from zhuzi.engine.core.kv.connector import KVConnector
 @dataclass
 class StateSlots:
     num_slots: int
-    connector: KVConnector | None = None  # where a cached state goes when its slot is reused
+    connector: KVConnector | None = None  # its tiers keep cached states: the disk as cached, host memory when evicted
     free: OrderedDict[int, None] = field(init=False)  # LRU order; cached states among them until taken
     cached: dict[bytes, int] = field(init=False)  # page hash -> the slot holding the state after that page
     hashes: dict[int, bytes] = field(init=False)  # slot -> its hash, while cached
@@ -59,4 +59,6 @@ class StateSlots:
             self.free.move_to_end(slot, last=False)  # nothing worth keeping: the first to reuse
             return
         self.cached[h], self.hashes[slot] = slot, h
+        if self.connector is not None:
+            self.connector.state_computed(h, slot)
         self.release(slot)

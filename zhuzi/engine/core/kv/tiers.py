@@ -1,6 +1,6 @@
 """The KV tiers below the pool: a bounded host-memory tier and a disk tier, each an LRU cache of whole
-pages known by their prefix hash (connector.py decides what goes where). A pinned page (its hash in the
-shared `pinned` set) is never evicted from a tier."""
+pages (or a hybrid model's states after pages) known by their prefix hash (connector.py decides what goes
+where). A pinned page (its hash in the shared `pinned` set) is never evicted from a tier."""
 from __future__ import annotations
 
 import atexit
@@ -27,7 +27,6 @@ log = logging.getLogger("zhuzi")
 
 HEADER = struct.Struct("<8s16s16sQI4x")  # magic, identity digest, page hash, payload bytes, CRC-32
 MAGIC = b"ZHUZIKV1"
-SUFFIX = ".kv"
 WRITE_QUEUE_PAGES = 512  # pages waiting for the writer; beyond it a save is dropped (and counted)
 STALE_TMP_S = 600.0  # a temporary file this old was left by a writer that died mid-write
 
@@ -85,11 +84,13 @@ class DiskTier:
     a kill -9 ever leaves half a page behind; a file whose header or checksum does not match is skipped with
     a warning, never loaded. Writes run on a thread of their own, so the step loop never waits for the disk.
     Files and their modification times outlive the process: a restarted engine finds its pages, least
-    recently used first."""
+    recently used first. A hybrid model's states are a second such tier in the same folder, files of another
+    suffix; on_evict lets the states after a page go with it."""
 
     def __init__(self, folder: Path, capacity: int, identity: bytes, shape: tuple[int, ...], dtype: torch.dtype,
-                 pinned: Container[bytes]):
+                 pinned: Container[bytes], suffix: str = ".kv", on_evict: Callable[[bytes], None] | None = None):
         self.folder, self.identity, self.shape, self.dtype, self.pinned = folder, identity, shape, dtype, pinned
+        self.suffix, self.on_evict = suffix, on_evict
         self.payload_bytes = dtype.itemsize * math.prod(shape)
         self.file_bytes = HEADER.size + self.payload_bytes
         self.capacity = capacity
@@ -105,7 +106,7 @@ class DiskTier:
         atexit.register(self.close)  # an offline LLM's queued pages are written before the interpreter ends
 
     def path(self, h: bytes) -> Path:
-        return self.folder / (h.hex() + SUFFIX)
+        return self.folder / (h.hex() + self.suffix)
 
     def _scan(self) -> None:
         """Index the files a previous run (or another replica sharing the folder) left, oldest first."""
@@ -115,7 +116,7 @@ class DiskTier:
             name, stat = entry.name, entry.stat()
             if name.startswith(".") and name.endswith(".tmp") and now - stat.st_mtime > STALE_TMP_S:
                 Path(entry.path).unlink(missing_ok=True)
-            elif (h := _hash_of(name)) is not None and stat.st_size == self.file_bytes:
+            elif (h := _hash_of(name, self.suffix)) is not None and stat.st_size == self.file_bytes:
                 found.append((stat.st_mtime, h))
         with self._lock:
             for _, h in sorted(found):
@@ -227,6 +228,14 @@ class DiskTier:
         del self.index[h]
         self.path(h).unlink(missing_ok=True)
         self.counts.evicted += 1
+        if self.on_evict is not None:
+            self.on_evict(h)
+
+    def discard(self, h: bytes) -> None:
+        """Delete h's file (its page went: nothing can resume from it); one still queued is written after."""
+        with self._lock:
+            if h in self.index:
+                self._evict(h)
 
     def flush(self) -> None:
         """Wait until every page queued so far is written (or given up)."""
@@ -251,8 +260,8 @@ class DiskTier:
         return replace(self.counts, pages=pages, bytes=pages * self.file_bytes)
 
 
-def _hash_of(name: str) -> bytes | None:
-    if not name.endswith(SUFFIX) or len(name) != 32 + len(SUFFIX):
+def _hash_of(name: str, suffix: str) -> bytes | None:
+    if not name.endswith(suffix) or len(name) != 32 + len(suffix):
         return None
     try:
         return bytes.fromhex(name[:32])

@@ -1,7 +1,7 @@
 """Prefill/decode hand-offs (vLLM's disaggregated prefill, pushed rather than pulled): a prefill replica
-computes a prompt and ships its KV pages, known by their prefix hashes, to the decode replica that streams
-the reply. Handoffs is an engine's side of it; ShipmentSockets carry the shipments between engine cores over
-ZeroMQ, ipc:// on one host, tcp:// across hosts."""
+computes a prompt and ships its KV pages, known by their prefix hashes (and a hybrid model's state after the
+last of them), to the decode replica that streams the reply. Handoffs is an engine's side of it;
+ShipmentSockets carry the shipments between engine cores over ZeroMQ, ipc:// on one host, tcp:// across hosts."""
 from __future__ import annotations
 
 import itertools
@@ -14,7 +14,7 @@ import msgspec
 import torch
 import zmq
 
-from zhuzi.engine.core.kv.connector import KVConnector
+from zhuzi.engine.core.kv.connector import STATE_DTYPE, KVConnector
 from zhuzi.engine.core.kv.page_manager import PageManager
 from zhuzi.engine.messages import Handoff, ShipmentHeader
 from zhuzi.engine.sequence import Sequence
@@ -29,7 +29,8 @@ SEND_QUEUE = 8  # shipments queued for one decode replica before more are droppe
 
 @dataclass
 class Shipment:
-    """Pages on their way from this (prefill) replica to a decode replica's address."""
+    """Pages (and with the last of them, the states after it: header.state) on their way from this (prefill)
+    replica to a decode replica's address."""
 
     address: str
     header: ShipmentHeader
@@ -54,11 +55,13 @@ class Handoffs:
     The front sends the request to both replicas at once. The decode replica holds it back
     (Sequence.awaiting_kv) until the pages have come or the hand-off is given up; the prefill replica runs
     the prompt as a request of one greedy token, then its full pages before the last prompt token leave as
-    shipments of at most PAGES_PER_SHIPMENT pages. The decode replica adopts each page into its prefix cache as it
-    arrives, so when the request is let go its prompt is found there and only the last few tokens are
-    computed. A hand-off given up (the prefill replica died or refused, its pages were for another model, or
-    nothing came within WAIT_S) lets the request go as it is: whatever pages arrived are used, the rest is
-    computed there. Either way the decode replica alone emits the reply: nothing is lost or sent twice."""
+    shipments of at most PAGES_PER_SHIPMENT pages. A hybrid model's last shipment carries the state after its
+    last page too (the prefill job keeps that state: Sequence.state_boundary). The decode replica adopts each
+    page (and state) into its prefix cache as it arrives, so when the request is let go its prompt is found
+    there and only the last few tokens are computed. A hand-off given up (the prefill replica died or refused,
+    its pages were for another model, or nothing came within WAIT_S) lets the request go as it is: whatever
+    pages arrived are used, the rest is computed there. Either way the decode replica alone emits the reply:
+    nothing is lost or sent twice."""
 
     pages: PageManager
     connector: KVConnector
@@ -78,6 +81,7 @@ class Handoffs:
             self.expect(handoff.transfer_id, seqs)
         else:
             self.sending[seqs[0].seq_id] = handoff
+            seqs[0].ships_prompt = True
 
     # -- the prefill side
 
@@ -99,6 +103,10 @@ class Handoffs:
             batch = slice(start, start + PAGES_PER_SHIPMENT)
             header = ShipmentHeader(transfer_id, digest, hashes[batch], start + PAGES_PER_SHIPMENT >= count)
             self.outbox.append(Shipment(address, header, [self.connector.read(b) for b in ids[batch]]))
+        states = self.pages.states
+        if states is not None and hashes and (slot := states.cached.get(hashes[-1])) is not None:
+            self.outbox[-1].header.state = hashes[-1]
+            self.outbox[-1].pages.append(self.connector.read_state(slot))
         self.sent += 1
         self.pages_sent += count
 
@@ -120,8 +128,8 @@ class Handoffs:
         if waiting is None:  # aborted, or given up already: its pages may still serve a later prompt
             return
         layout = self.connector.layout
-        if header.layout != layout.digest or len(frames) != len(header.hashes) or \
-                any(len(frame.buffer) != layout.page_bytes for frame in frames):
+        sizes = [layout.page_bytes] * len(header.hashes) + [layout.state_bytes] * (header.state is not None)
+        if header.layout != layout.digest or [len(frame.buffer) for frame in frames] != sizes:
             log.warning("hand-off %s: pages for another model, dtype or layout; computing the prompt here",
                         header.transfer_id)
             self.give_up(header.transfer_id)
@@ -131,10 +139,17 @@ class Handoffs:
             if not self.pages.adopt(h, lambda page_id, data=data: self.connector.write(page_id, data)):
                 break  # the pool is full: the rest is computed here
             waiting.pages += 1
+        if header.state is not None and header.state in self.pages.cached:  # without its page it resumes nothing
+            self._adopt_state(header.state, frames[-1])
         self.pages_received += len(header.hashes)
         if header.last:
             self.received += 1
             self._release(header.transfer_id)
+
+    def _adopt_state(self, h: bytes, frame: zmq.Frame) -> None:
+        layout = self.connector.layout
+        data = torch.frombuffer(bytearray(frame.buffer), dtype=STATE_DTYPE).view(layout.state_shape)
+        self.pages.adopt_state(h, lambda slot: self.connector.write_state(slot, data))
 
     def give_up(self, transfer_id: str) -> None:
         """The pages will not come (all of them): the request goes on here with what it has."""
