@@ -586,3 +586,23 @@ def test_error_gemma4_with_experts(tmp_path):
     raw = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps(raw | {"enable_moe_block": True}))
     assert "gemma4 with enable_moe_block=True is not supported" in error_message(tmp_path)
+
+
+def set_bidirectional_attention(directory: Path, mode: str) -> None:
+    raw = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps(raw | {"use_bidirectional_attention": mode}))
+
+
+def test_gemma4_bidirectional_attention_over_image_tokens_leaves_text_causal(tmp_path):
+    """"vision" (26B-A4B's config): image tokens attend each other both ways; text, as here, is causal."""
+    tiny.build("gemma4", tmp_path)
+    causal = load_model_config(tmp_path)
+    set_bidirectional_attention(tmp_path, "vision")
+    assert load_model_config(tmp_path) == causal
+
+
+def test_error_gemma4_bidirectional_attention_over_all_tokens(tmp_path):
+    """"all": every token attends the whole prompt, both ways: no model that generates text."""
+    tiny.build("gemma4", tmp_path)
+    set_bidirectional_attention(tmp_path, "all")
+    assert "gemma4 with use_bidirectional_attention=all is not supported" in error_message(tmp_path)

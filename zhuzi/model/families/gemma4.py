@@ -57,7 +57,9 @@ class Gemma4(Family):
     def hf_fields(self, raw: dict[str, Any], config: ModelConfig) -> dict[str, Any]:
         """From transformers' Gemma4TextConfig (its defaults where the file leaves a key out)."""
         activation = raw.get("hidden_activation") or "gelu_pytorch_tanh"
-        refused = {"use_bidirectional_attention": raw.get("use_bidirectional_attention"),
+        # "vision": image tokens attend each other both ways; text alone is causal, as here
+        bidirectional = raw.get("use_bidirectional_attention")
+        refused = {"use_bidirectional_attention": None if bidirectional in (None, "vision") else bidirectional,
                    "enable_moe_block": raw.get("enable_moe_block"),
                    "hidden_activation": None if activation == "gelu_pytorch_tanh" else activation}
         if clash := [f"{key}={value}" for key, value in refused.items() if value]:
