@@ -79,6 +79,12 @@ GEMMA4 = dict(head_dim=16, global_head_dim=32, num_hidden_layers=6, sliding_wind
 # projection, with KV heads of their own
 GEMMA4_PLAIN = dict(hidden_size_per_layer_input=0, num_kv_shared_layers=0, use_double_wide_mlp=False,
                     attention_k_eq_v=True, num_global_key_value_heads=1)
+# Gemma 4 26B-A4B: the large shape with 4 experts of width 32, top-2, beside each layer's MLP; its router's input
+# scale drawn large (GEMMA4_ROUTER_SCALE), so that its logits stand well apart (no near-ties at the top-k's edge).
+# Image tokens attend each other both ways, as in 26B-A4B's config: text alone stays causal.
+GEMMA4_EXPERTS = dict(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32)
+GEMMA4_MOE = GEMMA4_PLAIN | GEMMA4_EXPERTS | dict(use_bidirectional_attention="vision")
+GEMMA4_ROUTER_SCALE = 10.0
 FAMILY = {"gemma3": GEMMA3, "gemma4": GEMMA4, "gpt_oss": GPT_OSS, "granitemoehybrid": GRANITE}
 
 
@@ -130,6 +136,10 @@ def randomize(model: transformers.PreTrainedModel) -> None:
                 p.add_(1.0)
             if name.endswith("experts.gate_up_proj") and isinstance(model, transformers.GptOssForCausalLM):
                 p.mul_(GPT_OSS_GATE_UP_STD / 0.1)
+            if name.endswith("router.scale"):  # Gemma 4's
+                p.add_(GEMMA4_ROUTER_SCALE)
+            if name.endswith("router.per_expert_scale"):  # Gemma 4's: a factor per expert, near 1
+                p.uniform_(0.5, 1.5)
         for name, b in model.named_buffers():  # LFM2-MoE's: large enough to change which experts run
             if name.endswith("expert_bias"):
                 b.normal_(0, 0.5)
@@ -147,16 +157,18 @@ def reference_tensors(model: transformers.PreTrainedModel) -> dict[str, torch.Te
 
 def converter_tensors(model: transformers.PreTrainedModel) -> dict[str, torch.Tensor]:
     """What llama.cpp's converter maps to GGUF names: each sparse layer's experts stacked per matrix
-    ([experts, rows, columns], under the names gguf maps to ffn_*_exps); transformers holds gate and up as one."""
+    ([experts, rows, columns], under the names gguf maps to ffn_*_exps); transformers holds gate and up as one,
+    which the converter splits but for Gemma 4 (ffn_gate_up_exps)."""
     if model.config.model_type == "gpt_oss":
         return _gpt_oss_converter_tensors(model)
+    split = model.config.model_type != "gemma4_text"
     tensors = {}
     for name, tensor in reference_tensors(model).items():
-        if name.endswith("experts.gate_up_proj"):
+        if name.endswith("experts.gate_up_proj") and split:
             gate, up = tensor.chunk(2, 1)
             tensors |= {name.replace("gate_up_proj", "gate_proj.weight"): gate,
                         name.replace("gate_up_proj", "up_proj.weight"): up}
-        elif name.endswith("experts.down_proj"):
+        elif name.endswith(("experts.down_proj", "experts.gate_up_proj")):
             tensors[name + ".weight"] = tensor
         else:
             tensors[name] = tensor
@@ -240,7 +252,7 @@ def write_gguf(path: Path, model, arch: str, raw: RawTensors | None = None, drop
         _granite_metadata(writer, cfg)
     if experts := getattr(cfg, "num_local_experts", None) or getattr(cfg, "num_experts", None):
         writer.add_expert_count(experts)
-        writer.add_expert_used_count(cfg.num_experts_per_tok)
+        writer.add_expert_used_count(getattr(cfg, "num_experts_per_tok", None) or cfg.top_k_experts)
         if arch not in ("llama", "gpt-oss", "granitehybrid"):  # Qwen's: the experts' width, the shared expert's
             writer.add_expert_feed_forward_length(cfg.moe_intermediate_size)
         if getattr(cfg, "shared_expert_intermediate_size", None):
@@ -264,6 +276,10 @@ def write_gguf(path: Path, model, arch: str, raw: RawTensors | None = None, drop
         name = names.get_name(hf_as, try_suffixes=(".weight", ".bias"))
         if hf_name.endswith("layer_scalar"):  # Gemma 4's converter names the buffer as a weight
             name += ".weight"
+        if hf_name.endswith(("router.scale", "router.per_expert_scale")):  # Gemma 4's converter: the router's
+            # input scale beside the router's matrix, each expert's factor beside the experts' down matrices
+            matrix = "router.proj" if hf_name.endswith("router.scale") else "experts.down_proj"
+            name = names.get_name(hf_name.rsplit(".", 2)[0] + "." + matrix) + ".scale"
         array = tensor.numpy()
         if arch in ("lfm2", "lfm2moe") and hf_name.endswith("conv.conv.weight"):
             array = array.squeeze(1)  # the converter's: the convolution 2-D

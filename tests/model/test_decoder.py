@@ -49,11 +49,13 @@ GEMMA3_HF = dict(final_logit_softcapping=3.0, query_pre_attn_scalar=24, num_hidd
                  layer_types=["sliding_attention", "full_attention"],
                  rope_parameters={"full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
                                   "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})
-EXTRA = {"llama": {"rope_scaling": LLAMA3}, "phi3": PHI3, "gemma3": GEMMA3_HF, "gemma4-plain": tiny.GEMMA4_PLAIN}
+EXTRA = {"llama": {"rope_scaling": LLAMA3}, "phi3": PHI3, "gemma3": GEMMA3_HF, "gemma4-plain": tiny.GEMMA4_PLAIN,
+         "gemma4-moe": tiny.GEMMA4_MOE}
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3", "phi3", "gemma3", "qwen3_5", "qwen3_5_moe",
-                                        "gpt_oss", "lfm2", "lfm2_moe", "granitemoehybrid", "gemma4", "gemma4-plain"])
+                                        "gpt_oss", "lfm2", "lfm2_moe", "granitemoehybrid", "gemma4", "gemma4-plain",
+                                        "gemma4-moe"])
 def tiny_pair(request, tmp_path_factory):
     directory = tmp_path_factory.mktemp(request.param)
     hf = tiny.build(request.param.split("-")[0], directory, **EXTRA.get(request.param, {}))
@@ -242,10 +244,11 @@ def test_a_qwen3_5_checkpoint_with_a_vision_tower_loads_its_text_model(tmp_path,
     assert ckpt.config.architecture == "qwen3_5" and not any("visual" in name for name in ckpt.tensors)
 
 
-@pytest.mark.parametrize("shape", [{}, tiny.GEMMA4_PLAIN], ids=["e2b", "plain"])
+@pytest.mark.parametrize("shape", [{}, tiny.GEMMA4_PLAIN, tiny.GEMMA4_MOE], ids=["e2b", "plain", "moe"])
 def test_gemma4_gguf_as_llama_cpp_writes_it_gives_transformers_logits_and_tokens(shape, tmp_path):
-    """llama.cpp's converter writes both head sizes, KV heads and MLP widths per layer, and proportional RoPE as
-    frequency factors: the file's model is the directory's, per-layer embeddings and shared K/V included."""
+    """llama.cpp's converter writes both head sizes, KV heads and MLP widths per layer, proportional RoPE as
+    frequency factors, each expert's gate and up as one matrix and the router's scales beside its matrices: the
+    file's model is the directory's, per-layer embeddings, shared K/V and experts included."""
     hf = tiny.build("gemma4", tmp_path, **shape)
     ckpt = load_checkpoint(tiny.write_gguf(tmp_path / "tiny.gguf", hf, "gemma4"), torch.float32)
     ours = Decoder(ckpt.config, ckpt.tensors)

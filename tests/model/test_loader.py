@@ -581,8 +581,46 @@ def test_gemma4_text_model_of_a_multimodal_checkpoint_loads_with_one_log_line(tm
     assert_same_tensors(ckpt.tensors, text)  # the vision tower's are left out
 
 
-def test_error_gemma4_with_experts(tmp_path):
+GEMMA4_EXPERT_FIELDS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
+                        "expert_gating", "moe_layers", "dense_beside_experts", "router_input_norm", "expert_scale",
+                        "experts_gate_up", "intermediate_size")
+
+
+def test_gemma4_experts_in_the_gguf_are_the_directorys(tmp_path):
+    """llama.cpp's converter keeps each expert's gate and up as one stacked matrix (ffn_gate_up_exps), and
+    writes the router's input scale and its factor per expert beside the router's and the experts' down
+    matrices: the file gives the directory's config and tensors, the experts [experts * rows, columns]."""
+    model = tiny.build("gemma4", tmp_path, **tiny.GEMMA4_MOE)
+    directory = load_checkpoint(tmp_path, torch.float32)
+    from_file = load_checkpoint(write_gguf(tmp_path / "tiny.gguf", model, "gemma4"), torch.float32)
+    assert_same_tensors(from_file.tensors, directory.tensors)
+    fields = GEMMA4_FIELDS + GEMMA4_EXPERT_FIELDS
+    assert {f: getattr(from_file.config, f) for f in fields} == {f: getattr(directory.config, f) for f in fields}
+    layer = model.model.layers[5]
+    experts = {"gate_up_proj": layer.experts.gate_up_proj, "down_proj": layer.experts.down_proj}
+    for part, stacked in experts.items():
+        assert torch.equal(directory.tensors[f"model.layers.5.mlp.experts.{part}.weight"], stacked.flatten(0, 1))
+    router = {"gate.weight": layer.router.proj.weight, "gate.scale": layer.router.scale,
+              "expert_scale": layer.router.per_expert_scale}
+    for part, tensor in router.items():
+        assert torch.equal(directory.tensors[f"model.layers.5.mlp.{part}"], tensor)
+
+
+def set_bidirectional_attention(directory: Path, mode: str) -> None:
+    raw = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps(raw | {"use_bidirectional_attention": mode}))
+
+
+def test_gemma4_bidirectional_attention_over_image_tokens_leaves_text_causal(tmp_path):
+    """"vision" (26B-A4B's config): image tokens attend each other both ways; text, as here, is causal."""
     tiny.build("gemma4", tmp_path)
-    raw = json.loads((tmp_path / "config.json").read_text())
-    (tmp_path / "config.json").write_text(json.dumps(raw | {"enable_moe_block": True}))
-    assert "gemma4 with enable_moe_block=True is not supported" in error_message(tmp_path)
+    causal = load_model_config(tmp_path)
+    set_bidirectional_attention(tmp_path, "vision")
+    assert load_model_config(tmp_path) == causal
+
+
+def test_error_gemma4_bidirectional_attention_over_all_tokens(tmp_path):
+    """"all": every token attends the whole prompt, both ways: no model that generates text."""
+    tiny.build("gemma4", tmp_path)
+    set_bidirectional_attention(tmp_path, "all")
+    assert "gemma4 with use_bidirectional_attention=all is not supported" in error_message(tmp_path)

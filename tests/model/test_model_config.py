@@ -31,3 +31,14 @@ def test_gemma4_counts_each_layers_shape_and_a_step_reads_one_row_of_the_per_lay
     norms, embedding, mlps = 6 * 2 * 64 + 64, 100 * 64, 6 * 3 * 64 * 128
     assert config.num_parameters == attention + per_layer_inputs + norms + embedding + mlps
     assert config.decode_weight_bytes(1) == config.num_parameters - 99 * 6 * 8
+
+
+def test_gemma4_counts_the_dense_mlp_beside_the_experts_and_a_step_reads_the_top_k():
+    """A sparse layer of 26B-A4B's kind: its dense MLP (width 128), the router with its input scale and a factor
+    per expert, 4 experts of width 32 of which a token runs 2."""
+    dense = ModelConfig("gemma4", 100, 64, 128, 2, 4, 2, 16, tie_word_embeddings=True)
+    sparse = dataclasses.replace(dense, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                                 dense_beside_experts=True, router_input_norm=True, expert_scale=True)
+    router, expert = 4 * 64 + 64 + 4, 3 * 64 * 32
+    assert sparse.num_parameters == dense.num_parameters + 2 * (router + 4 * expert)
+    assert sparse.active_parameters == dense.num_parameters + 2 * (router + 2 * expert)

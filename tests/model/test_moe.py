@@ -196,3 +196,22 @@ def test_gpt_oss_routing_and_clamped_swiglu_equal_transformers():
     assert torch.equal(ids, expected_ids) and torch.allclose(weights, expected_weights, atol=1e-6)
     glu = ClampedSwiGLU(config.swiglu_alpha, config.swiglu_limit)
     assert torch.allclose(glu(gate_up[:, ::2], gate_up[:, 1::2]), experts._apply_gate(gate_up), atol=1e-6)
+
+
+def test_gemma4_routing_equals_transformers():
+    """Gemma 4's router: a softmax over the logits of its input RMS-normed without a weight, times its scale and
+    hidden ** -1/2; the top-k renormalized, then each times its expert's factor, as transformers'
+    Gemma4TextRouter computes them."""
+    config = transformers.Gemma4TextConfig(hidden_size=64, num_experts=8, top_k_experts=3, enable_moe_block=True,
+                                           moe_intermediate_size=16, num_hidden_layers=1)
+    router = transformers.models.gemma4.modeling_gemma4.Gemma4TextRouter(config)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in (router.proj.weight, router.scale, router.per_expert_scale):
+            p.normal_(generator=g)
+    x = 3 * torch.randn(20, 64, generator=g)
+    ours = MoE(Linear(router.proj.weight.detach()), [], 3, True, router_scale=router.scale.detach(),
+               expert_scale=router.per_expert_scale.detach(), eps=config.rms_norm_eps)
+    weights, ids = ours.route(x)
+    _, expected_weights, expected_ids = router(x)
+    assert torch.equal(ids, expected_ids) and torch.allclose(weights, expected_weights, atol=1e-6)

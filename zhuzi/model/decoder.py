@@ -66,6 +66,16 @@ class LayerTap:
 
 
 @dataclass
+class ExpertNorms:
+    """A layer's norms where it runs routed experts beside its dense MLP (Gemma 4): of the experts' input, and of
+    the dense MLP's and the experts' outputs before they are added."""
+
+    experts_in: torch.Tensor
+    dense_out: torch.Tensor
+    experts_out: torch.Tensor
+
+
+@dataclass
 class Layer:
     spec: LayerSpec
     rope: int | None  # its RoPE's index in Decoder.rotaries (None: its attention has no position embeddings)
@@ -75,11 +85,12 @@ class Layer:
     k_norm: torch.Tensor | None
     o: Linear | None
     post_norm: torch.Tensor
-    gate_up: Linear | None  # None in a sparse layer, whose MLP is moe
+    gate_up: Linear | None  # None in a sparse layer whose MLP is moe alone
     down: Linear | None
     attn_out_norm: torch.Tensor | None = None  # sandwich norms: on attention's and the MLP's outputs
     mlp_out_norm: torch.Tensor | None = None
     moe: MoE | None = None
+    expert_norms: ExpertNorms | None = None  # where moe runs beside the dense MLP
     # Gemma 4's per-layer input: out + norm(proj(act(gate out) * input)); then the output scaled by scalar
     input_gate: Linear | None = None
     input_proj: Linear | None = None
@@ -91,9 +102,9 @@ class Layer:
 
     @property
     def matrices(self) -> list[tuple[object, str]]:
-        """(holder, attribute) of each of the layer's matrices: its mixer's, then its MLP's or every expert's,
+        """(holder, attribute) of each of the layer's matrices: its mixer's, then its MLP's and every expert's,
         then its per-layer input's."""
-        mlps = [self] if self.moe is None else self.moe.mlps
+        mlps = ([self] if self.gate_up is not None else []) + (self.moe.mlps if self.moe is not None else [])
         mixer = self.recurrent.matrices if self.recurrent else [(self, "qkv"), (self, "o")]
         per_layer = [(self, "input_gate"), (self, "input_proj")] if self.input_gate is not None else []
         return mixer + [(mlp, part) for mlp in mlps for part in ("gate_up", "down")] + per_layer
@@ -214,9 +225,9 @@ class Decoder:
     def _layer(self, t: dict[str, Weight], p: str, spec: LayerSpec, rope: int | None) -> Layer:
         t = family(self.config.architecture).split_merged(t, self.config, p)
         attn, mlp, s, d = f"{p}.self_attn", f"{p}.mlp", self.shard, spec.head_dim
-        sparse = spec.mlp is not Mlp.DENSE
-        width = self._width(t[f"{mlp}.gate_proj.weight"].shape[0]) if not sparse else s.mlp
-        gate_up = [] if sparse else [head_rows(t[f"{mlp}.{n}_proj.weight"], width, 1) for n in ("gate", "up")]
+        sparse, dense = spec.mlp is not Mlp.DENSE, spec.mlp in (Mlp.DENSE, Mlp.DENSE_AND_MOE)
+        width = self._width(t[f"{mlp}.gate_proj.weight"].shape[0]) if dense else s.mlp
+        gate_up = [head_rows(t[f"{mlp}.{n}_proj.weight"], width, 1) for n in ("gate", "up")] if dense else []
         down = t.get(f"{mlp}.down_proj.weight")
         per_layer = self.config.per_layer_input_size
         mixer: dict = dict(recurrent=self._recurrent(t, p, spec)) if not spec.mixer.keeps_kv else {}
@@ -245,9 +256,13 @@ class Decoder:
             **{"qkv": None, "q_norm": None, "k_norm": None, "o": None} | mixer,
             post_norm=t[f"{p}.pre_feedforward_layernorm.weight" if spec.sandwich_norms
                         else f"{p}.post_attention_layernorm.weight"],
-            gate_up=None if sparse else self._linear(gate_up),
-            down=None if sparse else self._linear([_columns(down, width)]),
+            gate_up=self._linear(gate_up) if dense else None,
+            down=self._linear([_columns(down, width)]) if dense else None,
             moe=self._moe(t, mlp, spec.mlp, self._glu(spec.activation)) if sparse else None,
+            expert_norms=ExpertNorms(*(t[f"{p}.{n}.weight"] for n in ("pre_feedforward_layernorm_2",
+                                                                       "post_feedforward_layernorm_1",
+                                                                       "post_feedforward_layernorm_2")))
+            if spec.mlp is Mlp.DENSE_AND_MOE else None,
             attn_out_norm=t[f"{p}.post_attention_layernorm.weight"] if spec.sandwich_norms else None,
             mlp_out_norm=t.get(f"{p}.post_feedforward_layernorm.weight") if spec.sandwich_norms else None,
             input_gate=self._linear([t[f"{p}.per_layer_input_gate.weight"]]) if per_layer else None,
@@ -279,8 +294,9 @@ class Decoder:
 
     def _moe(self, t: dict[str, Weight], mlp: str, kind: Mlp, glu: Glu) -> MoE:
         """A sparse layer's router and experts. An expert is its rows of the stacked matrices (a view, of a GGUF
-        file's blocks too), with its rows of the stacked biases where the layer has them; with tensor
-        parallelism, this rank's slice of each expert's width."""
+        file's blocks too; its gate and up the halves of its gate_up rows where they are stored so), with its rows
+        of the stacked biases where the layer has them; with tensor parallelism, this rank's slice of each
+        expert's width."""
         c, s = self.config, self.shard
 
         def mlp_of(gate: Weight, up: Weight, down: Weight, width: range,
@@ -292,21 +308,28 @@ class Decoder:
         def expert(name: str, e: int, rows: int) -> Weight:
             return t[f"{mlp}.experts.{name}_proj.weight"][e * rows:(e + 1) * rows]
 
+        def gate_up(e: int) -> tuple[Weight, Weight]:
+            if not c.experts_gate_up:
+                return expert("gate", e, m), expert("up", e, m)
+            both = expert("gate_up", e, 2 * m)
+            return both[:m], both[m:]
+
         def biases(e: int) -> tuple[torch.Tensor, ...] | None:
             return tuple(t[f"{mlp}.experts.{n}_proj.bias"][e] for n in ("gate", "up", "down")) if c.expert_bias \
                 else None
 
         m, h = c.moe_intermediate_size, c.hidden_size
-        experts = [mlp_of(expert("gate", e, m), expert("up", e, m), expert("down", e, h), s.expert, biases(e))
-                   for e in range(c.num_experts)]
+        experts = [mlp_of(*gate_up(e), expert("down", e, h), s.expert, biases(e)) for e in range(c.num_experts)]
         shared: tuple[Expert | None, Linear | None] = (None, None)
-        if kind is not Mlp.MOE:
+        if kind in (Mlp.MOE_SHARED, Mlp.MOE_SHARED_UNGATED):
             parts = (t[f"{mlp}.shared_expert.{n}_proj.weight"] for n in ("gate", "up", "down"))
             gate = self._linear([t[f"{mlp}.shared_expert_gate.weight"]]) if kind is Mlp.MOE_SHARED else None
             shared = mlp_of(*parts, s.shared_expert), gate
         selection = t[f"{mlp}.expert_bias"].float() if c.selection_bias else None
         return MoE(self._linear([t[f"{mlp}.gate.weight"]], t.get(f"{mlp}.gate.bias")), experts,
-                   c.num_experts_per_tok, c.norm_topk_prob, c.expert_gating, *shared, selection_bias=selection)
+                   c.num_experts_per_tok, c.norm_topk_prob, c.expert_gating, *shared, selection_bias=selection,
+                   router_scale=t[f"{mlp}.gate.scale"].to(self.dtype) if c.router_input_norm else None,
+                   expert_scale=t[f"{mlp}.expert_scale"].float() if c.expert_scale else None, eps=c.rms_norm_eps)
 
     def _quantize(self, layer_type: Q, head_type: Q) -> None:
         """Every matrix into GGUF blocks (quant.py), from there run as a GGUF file's are; in float32 (the
@@ -388,9 +411,7 @@ class Decoder:
                 mixed = self._attention(layer, x, table, meta, kv.layer(i))
             h = h + self._residual(self._out_norm(self._sum(mixed), layer.attn_out_norm, spec))
             x = self._norm(h, layer.post_norm, spec.norm_offset)
-            mlp = layer.moe(x) if layer.moe is not None else \
-                gated_mlp(layer.gate_up, layer.down, x, self._glu(spec.activation))
-            h = h + self._residual(self._out_norm(self._sum(mlp), layer.mlp_out_norm, spec))
+            h = h + self._residual(self._out_norm(self._mlp(layer, x, h), layer.mlp_out_norm, spec))
             if per_layer is not None:
                 gated = self._glu(spec.activation)(layer.input_gate(h), per_layer[:, i])
                 h = h + self._norm(layer.input_proj(gated), layer.input_norm_after, spec.norm_offset)
@@ -399,6 +420,22 @@ class Decoder:
             if tap is not None:
                 tap.residuals.append(h[tap.rows])
         return self.final_norm(h)
+
+    def _mlp(self, layer: Layer, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """A layer's MLP of its normed input x, every rank's partial sums added up: the dense MLP, the routed
+        experts, or both side by side, each normed before they are added (the experts' router reads the residual
+        stream h, the experts a norm of their own of it; one all-reduce sums both)."""
+        spec, norms, glu = layer.spec, layer.expert_norms, self._glu(layer.spec.activation)
+        if layer.moe is None:
+            return self._sum(gated_mlp(layer.gate_up, layer.down, x, glu))
+        if norms is None:
+            return self._sum(layer.moe(x))
+        dense = gated_mlp(layer.gate_up, layer.down, x, glu)
+        experts = layer.moe(self._norm(h, norms.experts_in, spec.norm_offset), h)
+        if self.tp:
+            dense, experts = self._sum(torch.cat([dense, experts], -1)).chunk(2, -1)
+        return self._norm(dense, norms.dense_out, spec.norm_offset) + \
+            self._norm(experts, norms.experts_out, spec.norm_offset)
 
     def _embed(self, table: Weight, ids: torch.Tensor, scale: float) -> torch.Tensor:
         h = table.take(ids, self.dtype) if isinstance(table, BlockWeight) else table[ids].to(self.dtype)

@@ -28,6 +28,7 @@ class Mlp(Enum):
     MOE = "moe"  # routed experts, top-k per token
     MOE_SHARED = "moe_shared"  # routed experts plus a gated shared expert every token runs
     MOE_SHARED_UNGATED = "moe_shared_ungated"  # routed experts plus a shared expert added as it is (Granite)
+    DENSE_AND_MOE = "dense_and_moe"  # the dense MLP and routed experts side by side, each normed (Gemma 4)
 
 
 @dataclass(frozen=True)
@@ -159,6 +160,11 @@ class ModelConfig:
     expert_bias: bool = False  # a bias on the router and on each expert's matrices (gpt-oss)
     moe_layers: list[int] | None = None  # the sparse layers (others run a dense MLP); None: every layer
     selection_bias: bool = False  # a bias per expert on the scores that pick the top-k, not on their weights (LFM2)
+    # Gemma 4: a sparse layer runs its dense MLP too, the experts beside it
+    dense_beside_experts: bool = False
+    router_input_norm: bool = False  # the router reads its input RMS-normed, times a scale, hidden ** -1/2 (Gemma 4)
+    expert_scale: bool = False  # each expert's gate weight times a factor of its own (Gemma 4)
+    experts_gate_up: bool = False  # experts stored as gate_up (each one's gate rows, then its up rows) and down
     pooling: str | None = None  # an embedding checkpoint's own pooling, "mean" or "last" (None: it names none)
     # Linear attention (gated DeltaNet) layers: layer_types names them "linear_attention"
     linear: LinearAttentionShape | None = None
@@ -241,12 +247,15 @@ class ModelConfig:
 
     def _mlp_parameters(self, layer: int, experts: int) -> int:
         """A layer's MLP parameters, counting `experts` of its routed experts (and the router, shared expert)."""
-        h = self.hidden_size
+        h, dense = self.hidden_size, 3 * self.hidden_size * self.intermediate_size
         if not self.is_moe_layer(layer):
-            return 3 * h * self.intermediate_size
+            return dense
         width, gate = self.shared_expert_intermediate_size, h if self.shared_expert_gate else 0
         shared = 3 * h * width + gate if width else 0
-        return self.num_experts * h + experts * 3 * h * self.moe_intermediate_size + shared
+        router = self.num_experts * h + (h if self.router_input_norm else 0) + \
+            (self.num_experts if self.expert_scale else 0)
+        beside = dense if self.dense_beside_experts else 0
+        return router + experts * 3 * h * self.moe_intermediate_size + shared + beside
 
     def _mixer_parameters(self, layer: int) -> int:
         """A layer's attention (or recurrent mixer) parameters, and its two norms: its own head size and KV

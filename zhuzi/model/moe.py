@@ -1,7 +1,8 @@
 """A sparse layer's MLP (decoder -> Mixture-of-Experts): a router scores the experts for each token, the token
 runs its top-k gated experts and sums their outputs weighted by the gate, plus a gated shared expert where
-the layer has one. Rows are grouped by expert (each chosen expert runs one matmul, the others are not read),
-and a row's experts are added in expert order, so batching changes a row's result no more than a matmul does."""
+the layer has one (Gemma 4's run beside the layer's dense MLP: the decoder adds the two). Rows are grouped by
+expert (each chosen expert runs one matmul, the others are not read), and a row's experts are added in expert
+order, so batching changes a row's result no more than a matmul does."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -10,6 +11,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from zhuzi.model.layers import rms_norm_unscaled
 from zhuzi.model.linear import Linear
 
 Glu = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (gate, up) -> what the down projection takes
@@ -73,11 +75,17 @@ class MoE:
     shared_gate: Linear | None = None  # [1, hidden]: sigmoid(x . w) scales the shared expert's output (None: 1)
     selection_bias: torch.Tensor | None = None  # [experts] float32, added to the scores that pick the top-k only
     # (LFM2-MoE)
+    # [hidden]: the router reads its input RMS-normed without a weight, times this and hidden ** -1/2 (Gemma 4)
+    router_scale: torch.Tensor | None = None
+    expert_scale: torch.Tensor | None = None  # [experts]: each expert's gate weight times its factor (Gemma 4)
+    eps: float = 1e-6  # the router's RMSNorm's
     bytes_read: int = 0  # weight bytes of the last call: the router, the experts it ran, the shared expert
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """([rows, k] gate weights in x's dtype, [rows, k] expert ids) of each row's top-k experts (by score plus
         bias, weighted by score). Scores and their renormalization in float32, as transformers computes them."""
+        if self.router_scale is not None:
+            x = rms_norm_unscaled(x, self.eps) * self.router_scale * x.shape[-1] ** -0.5
         logits = self.router(x).float()
         if self.gating == "top_k_softmax":
             top, ids = logits.topk(self.top_k, -1)
@@ -87,10 +95,14 @@ class MoE:
         weights = scores.gather(-1, ids)
         if self.normalize:
             weights = weights / weights.sum(-1, keepdim=True)
+        if self.expert_scale is not None:
+            weights = weights * self.expert_scale[ids]
         return weights.to(x.dtype), ids
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        weights, ids = self.route(x)
+    def __call__(self, x: torch.Tensor, routed: torch.Tensor | None = None) -> torch.Tensor:
+        """The layer's output for rows x; routed: the rows the router reads where they are not x (Gemma 4's
+        router reads the residual stream, its experts a norm of it)."""
+        weights, ids = self.route(x if routed is None else routed)
         out = torch.zeros_like(x)
         # One stable sort groups the (row, slot) pairs by expert, rows ascending within each expert's picks.
         order = ids.flatten().argsort(stable=True)

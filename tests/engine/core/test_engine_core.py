@@ -567,14 +567,14 @@ def test_lfm2_under_preemption_and_prefix_caching_gives_transformers_tokens(lfm2
 
 # -- Gemma 4 --------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("shape", [{}, tiny.GEMMA4_PLAIN], ids=["e2b", "plain"])
+@pytest.mark.parametrize("shape", [{}, tiny.GEMMA4_PLAIN, tiny.GEMMA4_MOE], ids=["e2b", "plain", "moe"])
 def test_gemma4_greedy_is_transformers_with_batching_chunked_prefill_preemption_prefix_cache_and_tiers(shape,
                                                                                                        tmp_path):
     """Gemma 4 (KV pools of two head sizes; on the E2B shape, layers attending earlier layers' K/V and
-    per-layer embeddings) through the whole engine over a pool of 8 pages: five prompts batched, prefills cut
-    into 32-token chunks, four sharing a 40-token prefix the cache holds from a first run, requests preempted
-    for want of pages; then again, their pages back from the host-memory tier (every group's slots of a
-    page). Every greedy token is transformers'."""
+    per-layer embeddings; on 26B-A4B's, experts beside each MLP) through the whole engine over a pool of 8
+    pages: five prompts batched, prefills cut into 32-token chunks, four sharing a 40-token prefix the cache
+    holds from a first run, requests preempted for want of pages; then again, their pages back from the
+    host-memory tier (every group's slots of a page). Every greedy token is transformers'."""
     hf = tiny.build("gemma4", tmp_path, **shape)
     per_token = KVShape.of_model(load_model_config(tmp_path)).bytes_per_token(torch.float32)
     shared = list(range(10, 50))

@@ -3,7 +3,8 @@ default model (9 query / 3 KV heads: an uneven split, 2 KV heads and 1), on a ti
 rank a slice of every expert), on a tiny Qwen3.5 (each rank one DeltaNet key head, its value heads and their
 states), on a tiny gpt-oss (each rank its heads' sinks; the O and down biases added once), on a tiny
 LFM2-MoE (each rank half of each short convolution's channels and of its state) and on a tiny Gemma 4
-(per-layer embeddings whole on every rank, shared K/V, MLPs of two widths split)."""
+(per-layer embeddings whole on every rank, shared K/V, MLPs of two widths split, and experts beside them, each
+rank a slice of both, summed in one all-reduce)."""
 from __future__ import annotations
 
 import pytest
@@ -26,7 +27,7 @@ def greedy(model: str | None, tp: int) -> list[list[int]]:
 
 
 LAYERS = {"qwen3_moe": 3, "qwen3_5": 4, "gpt_oss": 3, "lfm2_moe": 4, "gemma4": 3}  # Qwen3.5: 3 DeltaNet, 1 attention
-EXTRA = {"gemma4": dict(vocab_size_per_layer_input=1001)}
+EXTRA = {"gemma4": dict(vocab_size_per_layer_input=1001, **tiny.GEMMA4_EXPERTS)}
 
 
 @pytest.mark.parametrize("arch", ["smollm2", "qwen3_moe", "qwen3_5", "gpt_oss", "lfm2_moe", "gemma4"])

@@ -85,3 +85,16 @@ def test_gemma4_layers_have_their_kinds_shapes_and_shared_layers_attend_the_last
     names = family("gemma4").tensor_names(config)
     assert "model.layers.3.self_attn.k_proj.weight" in names and "model.layers.4.self_attn.q_norm.weight" in names
     assert not [n for n in names if n.startswith("model.layers.4.self_attn.") and n.split(".")[4][0] in "kv"]
+
+
+def test_gemma4_sparse_layers_run_their_dense_mlp_and_the_experts_each_with_norms_of_its_own():
+    config = ModelConfig("gemma4", *SHAPE, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                         dense_beside_experts=True, router_input_norm=True, expert_scale=True, experts_gate_up=True)
+    assert [s.mlp for s in family("gemma4").layers(config)] == [Mlp.DENSE_AND_MOE] * 2
+    names = family("gemma4").tensor_names(config, per_expert=True)  # a directory's experts are stacked too
+    layer = "model.layers.1."
+    assert {layer + n for n in ("mlp.gate_proj.weight", "mlp.gate.weight", "mlp.gate.scale", "mlp.expert_scale",
+                                "mlp.experts.gate_up_proj.weight", "mlp.experts.down_proj.weight",
+                                "pre_feedforward_layernorm_2.weight", "post_feedforward_layernorm_1.weight",
+                                "post_feedforward_layernorm_2.weight")} <= set(names)
+    assert not [n for n in names if ".experts.gate_proj." in n or ".experts.0." in n]

@@ -30,7 +30,7 @@ GGUF_LAYER_NAMES = {
     "ffn_gate_inp": "mlp.gate", "ffn_gate_exps": "mlp.experts.gate_proj", "ffn_up_exps": "mlp.experts.up_proj",
     "ffn_down_exps": "mlp.experts.down_proj", "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
     "ffn_up_shexp": "mlp.shared_expert.up_proj", "ffn_down_shexp": "mlp.shared_expert.down_proj",
-    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate", "ffn_gate_up_exps": "mlp.experts.gate_up_proj",
 }
 # The rows of each module weight a merged checkpoint tensor holds (Family.merged)
 PART_ROWS = {"q_proj": lambda c: c.num_heads * c.head_dim, "k_proj": lambda c: c.num_kv_heads * c.head_dim,
@@ -152,7 +152,9 @@ class Family:
         rope = Rope(c.rope_local_theta, None, c.rotary_dim, c.rope_interleaved, head_dim) if c.is_local(i) \
             else Rope(c.rope_theta, c.rope_scaling, c.rotary_dim, c.rope_interleaved, head_dim)
         shared = Mlp.MOE_SHARED if c.shared_expert_gate else Mlp.MOE_SHARED_UNGATED
-        mlp = Mlp.DENSE if not c.is_moe_layer(i) else shared if c.shared_expert_intermediate_size else Mlp.MOE
+        sparse = Mlp.DENSE_AND_MOE if c.dense_beside_experts else shared if c.shared_expert_intermediate_size \
+            else Mlp.MOE
+        mlp = sparse if c.is_moe_layer(i) else Mlp.DENSE
         return LayerSpec(mixer, c.window(i), rope if c.use_rope else None, mlp, c.attention_bias, c.qk_norm,
                          c.sandwich_norms, c.norm_weight_offset, c.hidden_act,
                          c.query_pre_attn_scalar or float(head_dim), head_dim, c.layer_kv_heads(i),
@@ -234,7 +236,7 @@ class Family:
         layer's per-expert matrices stacked, one [experts * rows, columns] matrix per part."""
         for i in filter(config.is_moe_layer, range(config.num_layers)):
             mlp = f"model.layers.{i}.mlp.experts"
-            for p in EXPERT_PARTS:
+            for p in expert_parts(config):
                 tensors[f"{mlp}.{p}_proj.weight"] = torch.cat(
                     [tensors.pop(f"{mlp}.{e}.{p}_proj.weight") for e in range(config.num_experts)])
         return tensors
@@ -244,16 +246,26 @@ class Family:
         return tensor
 
 
+def expert_parts(config: ModelConfig) -> tuple[str, ...]:
+    """The matrices each expert is stored as."""
+    return ("gate_up", "down") if config.experts_gate_up else EXPERT_PARTS
+
+
 def _mlp_names(config: ModelConfig, mlp_kind: Mlp, mlp: str, per_expert: bool) -> list[str]:
+    dense = [f"{mlp}{p}_proj.weight" for p in EXPERT_PARTS]
     if mlp_kind is Mlp.DENSE:
-        return [f"{mlp}{p}_proj.weight" for p in EXPERT_PARTS]
-    experts = [f"{mlp}experts.{e}.{p}_proj.weight" for e in range(config.num_experts) for p in EXPERT_PARTS] \
-        if per_expert else [f"{mlp}experts.{p}_proj.weight" for p in EXPERT_PARTS]
-    shared = [f"{mlp}shared_expert.{p}_proj.weight" for p in EXPERT_PARTS] if mlp_kind is not Mlp.MOE else []
+        return dense
+    parts = expert_parts(config)
+    experts = [f"{mlp}experts.{e}.{p}_proj.weight" for e in range(config.num_experts) for p in parts] \
+        if per_expert else [f"{mlp}experts.{p}_proj.weight" for p in parts]
+    shared = [f"{mlp}shared_expert.{p}_proj.weight" for p in EXPERT_PARTS] \
+        if mlp_kind in (Mlp.MOE_SHARED, Mlp.MOE_SHARED_UNGATED) else []
     gate = [f"{mlp}shared_expert_gate.weight"] if mlp_kind is Mlp.MOE_SHARED else []
     biases = [f"{mlp}gate.bias"] + [f"{mlp}experts.{p}_proj.bias" for p in EXPERT_PARTS] if config.expert_bias else []
-    selection = [f"{mlp}expert_bias"] if config.selection_bias else []
-    return [f"{mlp}gate.weight"] + selection + experts + biases + shared + gate
+    router = [mlp + name for name, has in (("gate.weight", True), ("gate.scale", config.router_input_norm),
+                                           ("expert_scale", config.expert_scale),
+                                           ("expert_bias", config.selection_bias)) if has]
+    return router + experts + biases + shared + gate + (dense if mlp_kind is Mlp.DENSE_AND_MOE else [])
 
 
 def _unique(ids: Iterable[int | None]) -> list[int]:

@@ -2,12 +2,15 @@
 layers between global ones) with plain-weight norms, V normed without a scale, attention unscaled, each layer's
 output scaled by a weight of its own; global layers with their own head size (and KV heads where V is K's
 projection) and a proportional RoPE over part of each head; on the small shapes (E2B, E4B), per-layer
-embeddings and last layers that attend earlier layers' K/V. A multimodal checkpoint's text part loads alone."""
+embeddings and last layers that attend earlier layers' K/V; on 26B-A4B, routed experts beside each layer's
+MLP. A multimodal checkpoint's text part loads alone."""
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
 from typing import Any
+
+import torch
 
 from zhuzi.model.families.base import Family, hf_rope
 from zhuzi.model.gguf_header import GGUFHeader
@@ -31,6 +34,22 @@ def _shape(hidden: int) -> dict[str, Any]:
     """What every Gemma 4 has, whatever the file says."""
     return dict(embedding_scale=hidden ** 0.5, norm_weight_offset=0.0, sandwich_norms=True,
                 hidden_act="gelu_pytorch_tanh", query_pre_attn_scalar=1.0, value_norm=True, layer_scalar=True)
+
+
+# A sparse layer's tensors as transformers names them -> as the decoder does: the router, its input scale and its
+# factor per expert, the experts (stacked, [experts, rows, columns]) under the layer, not its MLP
+HF_EXPERTS = {"router.proj.weight": "mlp.gate.weight", "router.scale": "mlp.gate.scale",
+              "router.per_expert_scale": "mlp.expert_scale", "experts.gate_up_proj": "mlp.experts.gate_up_proj.weight",
+              "experts.down_proj": "mlp.experts.down_proj.weight"}
+EXPERT_NORMS = ("pre_feedforward_layernorm_2", "post_feedforward_layernorm_1", "post_feedforward_layernorm_2")
+
+
+def _experts(experts: int, per_token: int, width: int) -> dict[str, Any]:
+    """Gemma 4's experts in every layer, beside its MLP: a softmax router over the input normed, its top-k
+    renormalized, then scaled per expert."""
+    return dict(num_experts=experts, num_experts_per_tok=per_token, moe_intermediate_size=width,
+                norm_topk_prob=True, dense_beside_experts=True, router_input_norm=True, expert_scale=True,
+                experts_gate_up=True)
 
 
 def _check_sharing(types: list[str], shared: int) -> None:
@@ -57,8 +76,9 @@ class Gemma4(Family):
     def hf_fields(self, raw: dict[str, Any], config: ModelConfig) -> dict[str, Any]:
         """From transformers' Gemma4TextConfig (its defaults where the file leaves a key out)."""
         activation = raw.get("hidden_activation") or "gelu_pytorch_tanh"
-        refused = {"use_bidirectional_attention": raw.get("use_bidirectional_attention"),
-                   "enable_moe_block": raw.get("enable_moe_block"),
+        # "vision": image tokens attend each other both ways; text alone is causal, as here
+        bidirectional = raw.get("use_bidirectional_attention")
+        refused = {"use_bidirectional_attention": None if bidirectional in (None, "vision") else bidirectional,
                    "hidden_activation": None if activation == "gelu_pytorch_tanh" else activation}
         if clash := [f"{key}={value}" for key, value in refused.items() if value]:
             raise ValueError(f"gemma4 with {', '.join(clash)} is not supported")
@@ -76,6 +96,8 @@ class Gemma4(Family):
         global_head_dim, global_kv_heads = _hf_global_shape(raw, types, k_eq_v)
         per_layer = raw.get("hidden_size_per_layer_input", PER_LAYER_INPUT_SIZE) or 0
         per_layer_vocab = raw.get("vocab_size_per_layer_input", PER_LAYER_VOCAB_SIZE) if per_layer else 0
+        experts = _experts(raw["num_experts"], raw["top_k_experts"], raw["moe_intermediate_size"]) \
+            if raw.get("enable_moe_block") else {}
         return dict(rope_theta=theta, rope_scaling=scaling, rope_local_theta=local_theta,
                     sliding_window=raw.get("sliding_window", SLIDING_WINDOW), layer_types=types,
                     tie_word_embeddings=raw.get("tie_word_embeddings", True),
@@ -84,7 +106,7 @@ class Gemma4(Family):
                     global_head_dim=global_head_dim, num_global_kv_heads=global_kv_heads,
                     global_values_are_keys=k_eq_v, num_kv_shared_layers=shared,
                     per_layer_input_size=per_layer, per_layer_vocab_size=per_layer_vocab,
-                    **_shape(raw["hidden_size"]))
+                    **_shape(raw["hidden_size"]), **experts)
 
     def gguf_fields(self, header: GGUFHeader, config: ModelConfig) -> dict[str, Any]:
         """As llama.cpp's converter writes them: the global layers' head size as key_length (the sliding
@@ -105,6 +127,8 @@ class Gemma4(Family):
         k_eq_v = bool(writing) and not any(header.has(f"blk.{i}.attn_v.weight") for i in writing)
         per_layer = meta.get(f"{arch}.embedding_length_per_layer_input", 0)
         embed = next((t for t in header.tensors if t.name == "per_layer_token_embd.weight"), None)
+        experts = _experts(meta[f"{arch}.expert_count"], meta[f"{arch}.expert_used_count"],
+                           meta[f"{arch}.expert_feed_forward_length"]) if meta.get(f"{arch}.expert_count") else {}
         return dict(head_dim=head_dim, global_head_dim=global_head_dim, rotary_dim=None,
                     num_kv_heads=per_type.get("sliding_attention", kv_heads),
                     num_global_kv_heads=per_type.get("full_attention") if k_eq_v else None,
@@ -116,21 +140,38 @@ class Gemma4(Family):
                     num_kv_shared_layers=shared, per_layer_input_size=per_layer,
                     per_layer_vocab_size=embed.shape[0] if embed and per_layer else 0,
                     final_logit_softcapping=meta.get(f"{arch}.final_logit_softcapping"),
-                    eos_token_ids=list(dict.fromkeys(config.eos_token_ids + END_IDS)), **_shape(config.hidden_size))
+                    eos_token_ids=list(dict.fromkeys(config.eos_token_ids + END_IDS)), **_shape(config.hidden_size),
+                    **experts)
 
     def tensor_names(self, config: ModelConfig, per_expert: bool = False) -> list[str]:
-        names = super().tensor_names(config, per_expert)
+        """A directory's experts are stacked, as a GGUF file's."""
+        names = super().tensor_names(config)
         if config.per_layer_input_size:
             names += ["model.embed_tokens_per_layer.weight", "model.per_layer_model_projection.weight",
                       "model.per_layer_projection_norm.weight"]
             names += [f"model.layers.{i}.{part}.weight" for i in range(config.num_layers)
                       for part in ("per_layer_input_gate", "per_layer_projection", "post_per_layer_input_norm")]
+        names += [f"model.layers.{i}.{norm}.weight" for i in filter(config.is_moe_layer, range(config.num_layers))
+                  for norm in EXPERT_NORMS]
         return names + [f"model.layers.{i}.layer_scalar" for i in range(config.num_layers)]
 
+    def hf_tensor_name(self, stored: str) -> str:
+        """A sparse layer's router and experts under its MLP's names (HF_EXPERTS)."""
+        name = super().hf_tensor_name(stored)
+        m = re.fullmatch(r"(model\.layers\.\d+)\.(.+)", name)
+        return f"{m[1]}.{HF_EXPERTS[m[2]]}" if m and m[2] in HF_EXPERTS else name
+
+    def from_hf(self, tensors: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
+        """Each sparse layer's experts stacked as one [experts * rows, columns] matrix per part."""
+        return {name: t.flatten(0, 1) if ".mlp.experts." in name else t for name, t in tensors.items()}
+
     def gguf_tensor_name(self, gguf_name: str) -> str | None:
-        """The layer's output scale is a buffer in transformers, without '.weight'."""
+        """The layer's output scale is a buffer in transformers, without '.weight'; the router's factor per expert
+        is the experts' down scale there (llama.cpp scales each expert's output by it: the same)."""
         if m := re.fullmatch(r"blk\.(\d+)\.layer_output_scale\.weight", gguf_name):
             return f"model.layers.{m[1]}.layer_scalar"
+        if m := re.fullmatch(r"blk\.(\d+)\.ffn_down_exps\.scale", gguf_name):
+            return f"model.layers.{m[1]}.mlp.expert_scale"
         return super().gguf_tensor_name(gguf_name)
 
 
@@ -145,7 +186,9 @@ def _proportional(factors: list[float]) -> dict[str, Any]:
 FAMILY = Gemma4("gemma4", "Gemma4ForCausalLM", "gemma4", qk_norm=True, gguf_rope_freqs=True,
                 hf_multimodal_class="Gemma4ForConditionalGeneration",
                 gguf_names={"ffn_norm": "pre_feedforward_layernorm", "post_attention_norm": "post_attention_layernorm",
-                            "post_ffw_norm": "post_feedforward_layernorm", "inp_gate": "per_layer_input_gate",
+                            "post_ffw_norm": "post_feedforward_layernorm", "pre_ffw_norm_2": EXPERT_NORMS[0],
+                            "post_ffw_norm_1": EXPERT_NORMS[1], "post_ffw_norm_2": EXPERT_NORMS[2],
+                            "inp_gate": "per_layer_input_gate",
                             "proj": "per_layer_projection", "post_norm": "post_per_layer_input_norm"},
                 gguf_top_names={"per_layer_token_embd": "model.embed_tokens_per_layer",
                                 "per_layer_model_proj": "model.per_layer_model_projection",
