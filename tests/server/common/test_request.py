@@ -25,7 +25,7 @@ TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "
 @pytest.mark.parametrize("message", MESSAGES)
 def test_a_message_renders_as_openais_wire_model_dumps_it(message: dict) -> None:
     wire = ChatMessage.model_validate(message)
-    assert wire.chat().template() == wire.model_dump(exclude_none=True)
+    assert wire.chat("messages.0").template() == wire.model_dump(exclude_none=True)
 
 
 @pytest.mark.parametrize("tool", TOOLS)
