@@ -7,6 +7,7 @@ says who wrote each token (the inspector's document view).
 from __future__ import annotations
 
 import functools
+import hashlib
 import inspect
 import json
 import re
@@ -138,7 +139,18 @@ def message_text(content: str | list[dict] | None) -> str:
     return "\n".join(texts)
 
 
-def _tool_call(call: dict) -> dict:
+# Mistral's templates refuse a call id that is not nine characters (its models write nine letters and digits).
+_NINE_CHAR_IDS = re.compile(r"id['\"\]]*\s*\|\s*length\s*!=\s*9")  # tool_call.id|length, ['tool_call_id']|length
+_MISTRAL_ID = re.compile(r"[A-Za-z0-9]{9}")
+
+
+def _mistral_call_id(call_id: str) -> str:
+    """A call id as Mistral's models write one: an id of another form becomes nine hex digits of its hash, the
+    same for the call and the result that answers it."""
+    return call_id if _MISTRAL_ID.fullmatch(call_id) else hashlib.sha256(call_id.encode()).hexdigest()[:9]
+
+
+def _tool_call(call: dict, call_id: Callable[[str], str]) -> dict:
     """Templates (Qwen's, Llama's) index into the arguments, so a JSON object string becomes a dict."""
     function = dict(call.get("function") or {})
     args = function.get("arguments")
@@ -149,14 +161,19 @@ def _tool_call(call: dict) -> dict:
             parsed = None
         if isinstance(parsed, dict):
             function["arguments"] = parsed
-    return {**call, "function": function}
+    out = {**call, "function": function}
+    if call.get("id") is not None:
+        out["id"] = call_id(call["id"])
+    return out
 
 
-def _message(message: dict) -> dict:
+def _message(message: dict, call_id: Callable[[str], str]) -> dict:
     msg = dict(message)
     msg["content"] = message_text(msg.get("content"))  # None: an assistant turn that only calls tools
     if msg.get("tool_calls"):
-        msg["tool_calls"] = [_tool_call(c) for c in msg["tool_calls"]]
+        msg["tool_calls"] = [_tool_call(c, call_id) for c in msg["tool_calls"]]
+    if msg.get("tool_call_id") is not None:
+        msg["tool_call_id"] = call_id(msg["tool_call_id"])
     return msg
 
 
@@ -308,6 +325,12 @@ class Tokenizer:
         return frozenset(jinja2.meta.find_undeclared_variables(parsed))
 
     @functools.cached_property
+    def _call_id(self) -> Callable[[str], str]:
+        """A call id as the template takes it: Mistral's nine characters, or as the client sent it."""
+        template = self.hf.chat_template
+        return _mistral_call_id if isinstance(template, str) and _NINE_CHAR_IDS.search(template) else str
+
+    @functools.cached_property
     def bpe_model(self) -> dict[str, Any]:
         """The BPE model as tokenizer.json stores it: vocab, merges in rank order, options."""
         model = json.loads(self._text.to_str())["model"]
@@ -397,7 +420,7 @@ class Tokenizer:
         """Marks each message's text found, in order, in the pieces: its stripped content, else its lines."""
         k, at = 0, 0  # where the search goes on: piece index, offset in it
         for message in messages:
-            content = _message(message)["content"].strip()
+            content = message_text(message.get("content")).strip()
             parts = [content] if content else []
             if parts and not any(content in p[0] for p in pieces[k:] if not isinstance(p, int)):
                 parts = [line.strip() for line in content.splitlines() if line.strip()]
@@ -435,7 +458,7 @@ class Tokenizer:
         kwargs = dict(chat_template_kwargs or {})
         if clash := sorted(kwargs.keys() & _RESERVED_KWARGS):
             raise ValueError(f"chat_template_kwargs may not set {', '.join(clash)}")
-        escaped = self._escape([_message(m) for m in messages])
+        escaped = self._escape([_message(m, self._call_id) for m in messages])
         if mark_authors:
             escaped = [{**m, "content": f"{chr(_AUTHOR_BASE + i)}{m['content']}{_AUTHOR_END}"} if m["content"] else m
                        for i, m in enumerate(escaped)]

@@ -63,22 +63,26 @@ def _texts(blocks: list[a.TextBlock]) -> list[str]:
     return [block.text for block in blocks]
 
 
-def _tool_result(block: a.ToolResultBlock) -> Message:
+def _tool_result(block: a.ToolResultBlock, source: str) -> Message:
     content = block.content if isinstance(block.content, str) else "\n".join(b.text for b in block.content
                                                                              if isinstance(b, a.TextBlock))
-    return Message("tool", f"Error: {content}" if block.is_error else content, tool_call_id=block.tool_use_id)
+    return Message("tool", f"Error: {content}" if block.is_error else content, tool_call_id=block.tool_use_id,
+                   source=f"{source}.tool_use_id")
 
 
-def _message(message: a.MessageParam) -> list[Message]:
-    """One Anthropic message as chat messages: a user's tool results become tool messages (first, as
-    Anthropic orders them), an assistant's tool_use blocks its tool calls and its thoughts its reasoning."""
+def _message(message: a.MessageParam, source: str) -> list[Message]:
+    """One Anthropic message (at source, messages.N) as chat messages: a user's tool results become tool
+    messages (first, as Anthropic orders them), an assistant's tool_use blocks its tool calls and its thoughts
+    its reasoning."""
     if isinstance(message.content, str):
         return [Message(message.role, message.content)]
     texts = [b for b in message.content if isinstance(b, a.TextBlock)]
+    blocks = list(enumerate(message.content))
     if message.role == "user":
-        results = [_tool_result(b) for b in message.content if isinstance(b, a.ToolResultBlock)]
+        results = [_tool_result(b, f"{source}.content.{k}") for k, b in blocks if isinstance(b, a.ToolResultBlock)]
         return results + ([Message("user", _texts(texts))] if texts or not results else [])
-    calls = [ToolCall(b.name, json.dumps(b.input), b.id) for b in message.content if isinstance(b, a.ToolUseBlock)]
+    calls = [ToolCall(b.name, json.dumps(b.input), b.id, f"{source}.content.{k}") for k, b in blocks
+             if isinstance(b, a.ToolUseBlock)]
     thoughts = "\n".join(b.thinking for b in message.content if isinstance(b, a.ThinkingBlock))
     return [Message("assistant", _texts(texts) if texts or not calls else None, tool_calls=calls or None,
                     reasoning=thoughts or None)]
@@ -100,7 +104,8 @@ def chat_request(body: a.MessagesPrompt) -> ChatRequest:
                        param="thinking")
     system = [Message("system", body.system if isinstance(body.system, str) else _texts(body.system))
               ] if body.system else []
-    messages = system + [chat for message in body.messages for chat in _message(message)]
+    messages = system + [chat for n, message in enumerate(body.messages)
+                         for chat in _message(message, f"messages.{n}")]
     continued = body.messages[-1].role == "assistant"  # Anthropic's prefill: the reply continues it
     tools = [Tool(t.name, t.description, t.input_schema, t.strict) for t in body.tools or []]
     choice = body.tool_choice

@@ -1,9 +1,12 @@
 """The chat request inside the server: what every API's body becomes (OpenAI's chat, the Responses API,
 Anthropic's Messages, Ollama's chat and generate) before the chat path renders, constrains and runs it.
-Its messages and tools are in the chat template's words; names turns its fields' names into the API's.
+Its messages and tools are in the chat template's words; names turns its fields' names into the API's. Its history
+is checked as it is built: a call the template cannot render, or a tool result that answers no call, is a 400
+naming the API's own field (each message and call carries where the request held it).
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -20,6 +23,7 @@ class ToolCall:
     name: str
     arguments: str
     id: str | None = None
+    source: str | None = None  # the API's path to it (its name and arguments are fields there); None: stored
 
     def template(self) -> dict[str, Any]:
         return {**({"id": self.id} if self.id is not None else {}), "type": "function",
@@ -34,6 +38,7 @@ class Message:
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None  # a tool message: the call it answers
     reasoning: str | None = None  # an assistant's thought, sent back
+    source: str | None = None  # a tool message: the API's field that names the call it answers; None: stored
 
     def template(self) -> dict[str, Any]:
         """The message as chat templates read it."""
@@ -132,6 +137,7 @@ class ChatRequest:
         if isinstance(self.tool_choice, NamedTool) and self.tool_choice.name not in names:
             raise ApiError(400, f"tool_choice names {self.tool_choice.name!r}, which is not among the tools "
                            f"{sorted(names)}", param="tool_choice").renamed(self.names)
+        check_history(self.messages)
 
     @property
     def parse_tool_calls(self) -> bool:
@@ -156,3 +162,50 @@ class ChatRequest:
             "continue_final_message": self.continue_final_message,
             "chat_template_kwargs": kwargs or None,
         }
+
+
+def check_history(messages: list[Message]) -> None:
+    """The conversation as templates read it, or a 400 naming the request's field: every call names its function
+    and has a JSON object as arguments, every tool message answers an earlier call by its id (and takes the
+    call's function as its name, which some templates print). Stored turns (no source) were checked when sent."""
+    calls: dict[str, ToolCall] = {}
+    seen_call = False
+    for message in messages:
+        for call in message.tool_calls or []:
+            _check_call(call)
+            seen_call = True
+            if call.id is not None:
+                calls[call.id] = call
+        if message.role != "tool":
+            continue
+        answered = calls.get(message.tool_call_id) if message.tool_call_id is not None else None
+        if answered is None:
+            if message.source is None:
+                continue
+            why = ("a tool result must answer a call, and no assistant message before it calls a tool"
+                   if not seen_call else f"{message.tool_call_id!r} is the id of no earlier tool call"
+                   if message.tool_call_id is not None else f"no earlier tool call is of {message.name!r}")
+            raise ApiError(400, f"{message.source}: {why}", param=message.source)
+        message.name = message.name or answered.name
+
+
+def _check_call(call: ToolCall) -> None:
+    if call.source is None:
+        return
+    if not call.name:
+        raise ApiError(400, f"{call.source}.name: a tool call needs the name of its function",
+                       param=f"{call.source}.name")
+    # Empty arguments are a call without any: models write "" for a function without parameters and clients
+    # send it back so (vLLM's chat_utils reads it as {} too); the template is given {}.
+    if not call.arguments.strip():
+        call.arguments = "{}"
+        return
+    param = f"{call.source}.arguments"
+    try:
+        arguments = json.loads(call.arguments)
+    except ValueError as exc:
+        raise ApiError(400, f"{param}: a tool call's arguments must be JSON text, not {call.arguments[:80]!r} "
+                       f"({exc})", param=param) from exc
+    if not isinstance(arguments, dict):
+        raise ApiError(400, f"{param}: a tool call's arguments must be a JSON object, not {call.arguments[:80]}",
+                       param=param)

@@ -2,7 +2,7 @@
 routes and the chat path: a chat or generate request becomes the server's chat request (generate's prompt one
 user turn; with raw true the prompt runs as it is, untemplated), and OllamaFormat writes one JSON object or NDJSON
 lines. A last assistant message is continued. Ollama's tool calls carry no ids: a tool message answers the call
-its tool_call_id names, or else the first unanswered call of its tool_name in the last assistant turn.
+its tool_call_id names, or else the first unanswered call of its tool_name (Ollama's clients send no id).
 """
 from __future__ import annotations
 
@@ -66,28 +66,30 @@ def model_names(served: str) -> tuple[str, ...]:
 
 # ---------------------------------------------------------------- the request, as a chat request
 
-def _answered(open_calls: list[tuple[str, str]], name: str | None) -> str:
-    """The id of the call a tool message answers: the first open one of its tool's name (or the first)."""
-    for i, (call_id, call_name) in enumerate(open_calls):
-        if name is None or call_name == name:
-            del open_calls[i]
-            return call_id
-    return f"call_{name or 'tool'}"  # no call to answer: the template sees the result all the same
+def _answered(calls: list[ToolCall], answered: set[str | None], name: str | None) -> str | None:
+    """The id of the call a tool message without one answers: the first unanswered call of its function (of any,
+    if it names none), else the last call of it (a result sent again); None if no earlier call is of it."""
+    candidates = [call.id for call in calls if name is None or call.name == name]
+    return next((call_id for call_id in candidates if call_id not in answered), candidates[-1] if candidates else None)
 
 
 def chat_messages(messages: list[o.Message]) -> list[Message]:
     out: list[Message] = []
-    open_calls: list[tuple[str, str]] = []
+    calls: list[ToolCall] = []
+    answered: set[str | None] = set()
     for n, message in enumerate(messages):
         chat = Message(message.role, message.content or "", reasoning=message.thinking or None)
         if message.role == "assistant" and message.tool_calls:
             chat.content = message.content or None
-            chat.tool_calls = [ToolCall(c.function.name, json.dumps(c.function.arguments), c.id or f"call_{n}_{i}")
+            chat.tool_calls = [ToolCall(c.function.name, json.dumps(c.function.arguments), c.id or f"call_{n}_{i}",
+                                        f"messages.{n}.tool_calls.{i}.function")
                                for i, c in enumerate(message.tool_calls)]
-            open_calls = [(call.id or "", call.name) for call in chat.tool_calls]
+            calls += chat.tool_calls
         if message.role == "tool":
-            chat.tool_call_id = message.tool_call_id or _answered(open_calls, message.tool_name)
-            chat.name = message.tool_name
+            field = "tool_call_id" if message.tool_call_id else "tool_name" if message.tool_name else None
+            chat.tool_call_id = message.tool_call_id or _answered(calls, answered, message.tool_name)
+            chat.name, chat.source = message.tool_name, f"messages.{n}" + (f".{field}" if field else "")
+            answered.add(chat.tool_call_id)
         out.append(chat)
     return out
 

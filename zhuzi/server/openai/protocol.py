@@ -63,8 +63,8 @@ class ToolCallIn(Request):
     type: Literal["function"] = "function"
     function: FunctionCall
 
-    def chat(self) -> ToolCall:
-        return ToolCall(self.function.name, self.function.arguments, self.id)
+    def chat(self, source: str) -> ToolCall:
+        return ToolCall(self.function.name, self.function.arguments, self.id, f"{source}.function")
 
 
 class ChatMessage(Request):
@@ -99,10 +99,13 @@ class ChatMessage(Request):
             raise ValueError("an assistant message needs content or tool_calls")
         return self
 
-    def chat(self) -> Message:
+    def chat(self, source: str) -> Message:
+        """The message as the chat request's; source: its path in the request (messages.N)."""
         content = self.content if not isinstance(self.content, list) else [part.text for part in self.content]
-        calls = None if self.tool_calls is None else [call.chat() for call in self.tool_calls]
-        return Message(self.role, content, self.name, calls, self.tool_call_id, self.reasoning_content)
+        calls = None if self.tool_calls is None else [
+            call.chat(f"{source}.tool_calls.{i}") for i, call in enumerate(self.tool_calls)]
+        return Message(self.role, content, self.name, calls, self.tool_call_id, self.reasoning_content,
+                       f"{source}.tool_call_id" if self.role == "tool" else None)
 
 
 class FunctionDef(Request):
@@ -316,7 +319,8 @@ class ChatTemplateRequest(Request):
         """The chat request these messages, tools and template options mean; fields: the rest of it."""
         choice = self.tool_choice
         return ChatRequest(
-            [message.chat() for message in self.messages], tools=[tool.function.chat() for tool in self.tools or []],
+            [message.chat(f"messages.{i}") for i, message in enumerate(self.messages)],
+            tools=[tool.function.chat() for tool in self.tools or []],
             tool_choice=NamedTool(choice.function.name) if isinstance(choice, NamedToolChoice) else choice,
             chat_template_kwargs=self.chat_template_kwargs, add_generation_prompt=self.add_generation_prompt,
             continue_final_message=self.continue_final_message, names=NAMES, **fields)

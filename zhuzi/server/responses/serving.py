@@ -61,20 +61,23 @@ def input_items(body: rp.ResponsesRequest) -> list[dict[str, Any]]:
     return out
 
 
-def chat_messages(items: list[dict[str, Any]]) -> list[Message]:
+def chat_messages(items: list[dict[str, Any]], first_input: int) -> list[Message]:
     """Input and output items (stored form) as chat messages: function calls join the assistant turn they
-    follow, a reasoning item goes with the assistant turn after it."""
+    follow, a reasoning item goes with the assistant turn after it. Items from first_input on are this request's
+    input (input.0, ...), the earlier ones stored turns."""
     out: list[Message] = []
     thought = ""
-    for item in items:
+    for k, item in enumerate(items):
         kind = item["type"]
+        source = f"input.{k - first_input}" if k >= first_input else None
         if kind == "reasoning":
             parts = item.get("content") or item.get("summary") or [{"text": item.get("encrypted_content", "")}]
             thought += "\n".join(part["text"] for part in parts)
         elif kind == "function_call_output":
-            out.append(Message("tool", item["output"], tool_call_id=item["call_id"]))
+            out.append(Message("tool", item["output"], tool_call_id=item["call_id"],
+                               source=source and f"{source}.call_id"))
         elif kind == "function_call":
-            call = ToolCall(item["name"], item["arguments"], item["call_id"])
+            call = ToolCall(item["name"], item["arguments"], item["call_id"], source)
             if out and out[-1].role == "assistant" and out[-1].tool_call_id is None:
                 out[-1].tool_calls = (out[-1].tool_calls or []) + [call]
                 continue
@@ -111,7 +114,7 @@ def chat_request(body: rp.ResponsesRequest, history: list[dict[str, Any]],
         sampling["thinking_token_budget"] = rp.EFFORT_BUDGETS.get(body.reasoning.effort)
     choice = body.tool_choice
     return ChatRequest(
-        system + chat_messages(history + items), model=body.model,
+        system + chat_messages(history + items, len(history)), model=body.model,
         tools=[Tool(t.name, t.description, t.parameters, t.strict) for t in body.tools or []],
         tool_choice=NamedTool(choice.name) if isinstance(choice, rp.NamedFunctionTool) else choice,
         parallel_tool_calls=body.parallel_tool_calls, constraint=_constraint(body.text.format if body.text else None),
