@@ -47,6 +47,23 @@ def test_a_plain_answer(client: openai.OpenAI, capital_answer: str) -> None:
     assert (instructed.status, instructed.incomplete_details.reason) == ("incomplete", "max_output_tokens")
 
 
+def test_the_response_reports_the_sampling_the_engine_used(client: openai.OpenAI) -> None:
+    """The Open Responses specification's fields, each as the response was run: the engine's sampling values
+    after its defaults (a temperature under its minimum is that minimum), plain text as the format."""
+    plain = client.responses.create(input="What is the capital of France?", **GREEDY)
+    assert (plain.temperature, plain.top_p, plain.top_logprobs, plain.background, plain.max_tool_calls) == (
+        0, 1, 0, False, None)
+    assert plain.model_extra["presence_penalty"] == plain.model_extra["frequency_penalty"] == 0
+    assert plain.text.format.type == "text" and plain.created_at <= plain.completed_at
+    assert (plain.safety_identifier, plain.prompt_cache_key) == (None, None)
+    tuned = client.responses.create(input="What is the capital of France?", **GREEDY | {
+        "temperature": 0.001, "top_p": 0.5}, extra_body={"presence_penalty": 0.5, "frequency_penalty": -0.5})
+    assert (tuned.temperature, tuned.top_p) == (0.01, 0.5)
+    assert (tuned.model_extra["presence_penalty"], tuned.model_extra["frequency_penalty"]) == (0.5, -0.5)
+    cut = client.responses.create(input="What is the capital of France?", **GREEDY | {"max_output_tokens": 1})
+    assert (cut.status, cut.completed_at, cut.incomplete_details.reason) == ("incomplete", None, "max_output_tokens")
+
+
 def test_a_stream_is_numbered_events_that_add_up_to_the_whole_answer(client: openai.OpenAI) -> None:
     args = {"input": "What is the capital of France?", **GREEDY}
     whole = client.responses.create(**args)
@@ -196,8 +213,9 @@ def sdk_fields(model: pydantic.BaseModel, sent: Any, where: str) -> None:
             sdk_fields(m, v, f"{where}.{i}")
 
 
-# Fields that OpenAI's own Responses carry (its API reference's examples) though the SDK's models lack them.
-OPENAI_EXTRAS = {"store"}
+# Fields that OpenAI's own Responses carry (its API reference's examples), or that the Open Responses
+# specification requires, though the SDK's models lack them: the penalties used.
+OPENAI_EXTRAS = {"store", "presence_penalty", "frequency_penalty"}
 # The SDK's event models by their type (its ResponseStreamEvent union is discriminated by type).
 EVENT_MODELS = {get_args(model.model_fields["type"].annotation)[0]: model
                 for model in get_args(get_args(ResponseStreamEvent)[0])}

@@ -1,5 +1,6 @@
 """The words of OpenAI's Responses API (/v1/responses) in pydantic: the request and its input items, the
-Response object and its output items, the stream's events.
+Response object and its output items, the stream's events; the answer's are those of the Open Responses
+specification (openresponses.org), which writes every field a Response carries.
 
 As everywhere, types are strict and every declared field does something; UNSUPPORTED says why some of
 OpenAI's other fields are refused. These models are also the OpenAPI spec's schemas for those routes.
@@ -198,6 +199,8 @@ class ResponsesRequest(Request):
     max_output_tokens: int | None = None
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
+    presence_penalty: float | None = None  # checked by the engine's sampling, as chat's
+    frequency_penalty: float | None = None
     metadata: dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]] | None = Field(
         None, max_length=MAX_METADATA)  # OpenAI's limits: 16 pairs, keys of 64 characters, values of 512
     store: bool = True  # kept for GET, input_items and a later previous_response_id
@@ -327,21 +330,47 @@ class ResponseError(Response):
 
 
 class IncompleteDetails(Response):
-    reason: Literal["max_output_tokens"] | None = None  # None: the server ended it (timeout, shutdown)
+    reason: str  # max_output_tokens, or the engine's finish reason (abort: the server ended it, as on a timeout)
+
+
+class PlainFormat(Response):
+    type: Literal["text", "json_object"]
+
+
+class SchemaFormat(Response):
+    model_config = ConfigDict(serialize_by_alias=True)
+
+    type: Literal["json_schema"] = "json_schema"
+    name: str
+    description: str | None
+    schema_: dict[str, Any] = Field(alias="schema")
+    strict: bool  # whether the schema's objects were closed (additionalProperties false)
+
+
+class TextUsed(Response):
+    """text as a Response reports it: the format the reply was held to (plain text unless one was asked)."""
+
+    format: PlainFormat | SchemaFormat
+    verbosity: Literal["medium"] = "medium"  # the only one zhuzi's models have
 
 
 ResponseStatus = Literal["in_progress", "completed", "incomplete", "failed"]
 
 
 class ResponseObject(Response):
+    """Every field the Open Responses specification requires, each as this response was run: the sampling
+    values are the engine's, after its defaults."""
+
     id: str
     object: Literal["response"] = "response"
     created_at: int
+    completed_at: int | None = None  # only a completed response has it
     status: ResponseStatus
     error: ResponseError | None = None
     incomplete_details: IncompleteDetails | None = None
     instructions: str | None = None
-    max_output_tokens: int | None = None
+    max_output_tokens: int | None = None  # None: up to the context window
+    max_tool_calls: None = None  # no limit (the request's field is refused)
     metadata: dict[str, str] = Field(default_factory=dict)
     model: str
     output: list[OutputItem]
@@ -349,17 +378,20 @@ class ResponseObject(Response):
     previous_response_id: str | None = None
     reasoning: ReasoningConfig | None = None
     store: bool
-    temperature: float | None = None
-    text: TextConfig | None = None
+    background: Literal[False] = False  # a response runs while its request waits
+    temperature: float
+    top_p: float
+    presence_penalty: float
+    frequency_penalty: float
+    top_logprobs: int  # the alternatives given per token (0 unless include asks for logprobs)
+    text: TextUsed
     tool_choice: Literal["none", "auto", "required"] | NamedFunctionTool
     tools: list[FunctionTool]
-    top_p: float | None = None
-    top_logprobs: int | None = Field(None, exclude_if=_is_none)
     truncation: Literal["disabled"] = "disabled"
     service_tier: Literal["default", "flex", "priority"] = "default"
-    prompt_cache_key: str | None = Field(None, exclude_if=_is_none)
+    prompt_cache_key: str | None = None
     prompt_cache_retention: str | None = Field(None, exclude_if=_is_none)
-    safety_identifier: str | None = Field(None, exclude_if=_is_none)
+    safety_identifier: str | None = None
     usage: ResponseUsage | None = None
     user: str | None = Field(None, exclude_if=_is_none)
 

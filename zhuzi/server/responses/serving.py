@@ -16,6 +16,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from zhuzi.outputs import CompletionOutput, PromptProgress
+from zhuzi.sampling_params import SamplingParams
 from zhuzi.server.common.chat import ChatPath
 from zhuzi.server.common.content_parts import Part, PartEvent, new_item_id
 from zhuzi.server.common.errors import ApiError
@@ -102,7 +103,8 @@ def chat_request(body: rp.ResponsesRequest, history: list[dict[str, Any]],
     system = [Message("system", body.instructions)] if body.instructions else []
     priority = body.priority + p.TIER_PRIORITY[body.service_tier or "auto"]
     sampling: dict[str, Any] = {"max_tokens": body.max_output_tokens, "temperature": body.temperature,
-                                "top_p": body.top_p, "priority": priority}
+                                "top_p": body.top_p, "presence_penalty": body.presence_penalty,
+                                "frequency_penalty": body.frequency_penalty, "priority": priority}
     if body.logprobs:
         sampling["logprobs"] = body.top_logprobs or 0
     template_kwargs = None
@@ -131,13 +133,23 @@ def _tier(tier: str | None) -> str:
     return "default" if tier in (None, "auto") else tier
 
 
+def text_used(text: rp.TextConfig | None) -> rp.TextUsed:
+    """The text format a reply was held to: a json_schema's strict says whether its objects were closed."""
+    fmt = text.format if text else None
+    if fmt is None or fmt.type != "json_schema":
+        return rp.TextUsed(format=rp.PlainFormat(type=fmt.type if fmt else "text"))
+    return rp.TextUsed(format=rp.SchemaFormat(name=fmt.name, description=fmt.description,
+                                              schema=fmt.schema_, strict=bool(fmt.strict)))
+
+
 class ResponsesFormat:
     """A Response, whole or as OpenAI's stream: response.created and .in_progress, each output item's
     added / deltas / done events, then response.completed (or .incomplete, or .failed); every event numbered."""
 
-    def __init__(self, body: rp.ResponsesRequest, request_id: str, model: str,
+    def __init__(self, body: rp.ResponsesRequest, request_id: str, model: str, params: SamplingParams,
                  token_bytes: Callable[[int], bytes], cache_page: int) -> None:
         self.body, self.request_id, self.model, self.token_bytes = body, request_id, model, token_bytes
+        self.params = params  # the engine's sampling, which the Response reports
         self.cache_page = cache_page  # the prefix cache's unit (0: no prefix cache)
         self.created = int(time.time())
         self.sequence = 0
@@ -190,22 +202,25 @@ class ResponsesFormat:
         parts = choice.parts.parts if choice and status != "in_progress" else []
         incomplete = None
         if status == "incomplete":
-            reason = "max_output_tokens" if choice and choice.finish_reason == "length" else None
-            incomplete = rp.IncompleteDetails(reason=reason)
+            reason = choice.finish_reason if choice and choice.finish_reason else "abort"
+            incomplete = rp.IncompleteDetails(reason="max_output_tokens" if reason == "length" else reason)
         usage = None if status == "in_progress" else rp.ResponseUsage(
             input_tokens=gen.prompt_tokens, input_tokens_details=rp.InputTokensDetails(
                 cached_tokens=gen.cached_tokens, cache_write_tokens=self._cache_writes(gen)),
             output_tokens=gen.completion_tokens,
             output_tokens_details=rp.ReasoningTokensDetails(reasoning_tokens=gen.reasoning_tokens or 0),
             total_tokens=gen.prompt_tokens + gen.completion_tokens)
+        params = self.params
         return rp.ResponseObject(
-            id=self.request_id, created_at=self.created, status=status, error=error, incomplete_details=incomplete,
-            instructions=body.instructions, max_output_tokens=body.max_output_tokens, metadata=body.metadata or {},
-            model=self.model, output=[self._item(gen, i, p, self._item_status(gen, i)) for i, p in enumerate(parts)],
+            id=self.request_id, created_at=self.created, completed_at=int(time.time()) if status == "completed"
+            else None, status=status, error=error, incomplete_details=incomplete, instructions=body.instructions,
+            max_output_tokens=body.max_output_tokens, metadata=body.metadata or {}, model=self.model,
+            output=[self._item(gen, i, p, self._item_status(gen, i)) for i, p in enumerate(parts)],
             parallel_tool_calls=body.parallel_tool_calls, previous_response_id=body.previous_response_id,
-            reasoning=body.reasoning, store=body.store, temperature=body.temperature, text=body.text,
-            tool_choice=body.tool_choice or "auto", tools=body.tools or [], top_p=body.top_p, usage=usage,
-            user=body.user, top_logprobs=body.top_logprobs, service_tier=_tier(body.service_tier),
+            reasoning=body.reasoning, store=body.store, temperature=params.temperature, top_p=params.top_p,
+            presence_penalty=params.presence_penalty, frequency_penalty=params.frequency_penalty,
+            top_logprobs=params.logprobs or 0, text=text_used(body.text), tool_choice=body.tool_choice or "auto",
+            tools=body.tools or [], usage=usage, user=body.user, service_tier=_tier(body.service_tier),
             prompt_cache_key=body.prompt_cache_key, prompt_cache_retention=body.prompt_cache_retention,
             safety_identifier=body.safety_identifier)
 
@@ -305,7 +320,7 @@ class Responses:
         chat = chat_request(body, history, items)
         plan = await self.chats.plan(chat)
         engine = self.server.ready()
-        fmt = ResponsesFormat(body, new_item_id("resp"), self.server.model_name, engine.tokenizer.bytes_of,
+        fmt = ResponsesFormat(body, new_item_id("resp"), self.server.model_name, plan.params, engine.tokenizer.bytes_of,
                               engine.config.page_size if engine.config.enable_prefix_caching else 0)
         if body.safety_identifier is not None:  # OpenAI's end-user id, logged as user is
             log.info("%s for safety_identifier %r", fmt.request_id, body.safety_identifier)
