@@ -62,7 +62,7 @@ def test_responses_reasoning_effort_bounds_the_reasoning_item(thinker: ServerPro
     assert response.output[0].content[0].text and response.output_text
     assert response.usage.output_tokens_details.reasoning_tokens == 257  # 256 and </think>
     events = list(client.responses.create(stream=True, **args))
-    thought = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+    thought = "".join(e.delta for e in events if e.type == "response.reasoning.delta")  # Open Responses' name
     assert thought == response.output[0].content[0].text
     assert events[-1].response.output_text == response.output_text
 

@@ -442,27 +442,16 @@ class ContentPartEvent(ContentEvent):
     part: OutputText | ReasoningContent
 
 
-class StreamTopLogprob(Response):
-    token: str
-    logprob: float
-
-
-class StreamLogprob(StreamTopLogprob):
-    """A token's logprob in a text event: as on output_text, without the bytes (OpenAI's event)."""
-
-    top_logprobs: list[StreamTopLogprob]
-
-
 class TextDeltaEvent(ContentEvent):
-    type: Literal["response.output_text.delta", "response.reasoning_text.delta"]
+    type: Literal["response.output_text.delta", "response.reasoning.delta"]
     delta: str
-    logprobs: list[StreamLogprob] | None = Field(None, exclude_if=_is_none)  # output_text's: [] unless included
+    logprobs: list[TokenLogprob] | None = Field(None, exclude_if=_is_none)  # output_text's: [] unless included
 
 
 class TextDoneEvent(ContentEvent):
-    type: Literal["response.output_text.done", "response.reasoning_text.done"]
+    type: Literal["response.output_text.done", "response.reasoning.done"]
     text: str
-    logprobs: list[StreamLogprob] | None = Field(None, exclude_if=_is_none)
+    logprobs: list[TokenLogprob] | None = Field(None, exclude_if=_is_none)
 
 
 class ArgumentsDeltaEvent(ItemEventBase):

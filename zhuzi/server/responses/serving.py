@@ -27,7 +27,7 @@ from zhuzi.server.common.serving import json_response
 from zhuzi.server.common.store import owner_of
 from zhuzi.server.openai import answers as r
 from zhuzi.server.openai import protocol as p
-from zhuzi.server.openai.formats import chat_logprobs
+from zhuzi.server.openai.formats import DONE, chat_logprobs
 from zhuzi.server.responses import protocol as rp
 from zhuzi.server.responses.store import MissingResponse, ResponseStore, StoredResponse
 
@@ -124,10 +124,6 @@ def chat_request(body: rp.ResponsesRequest, history: list[dict[str, Any]],
 
 # ---------------------------------------------------------------- the answer
 
-def _in_stream(logprobs: list[r.TokenLogprob]) -> list[rp.StreamLogprob]:
-    return [rp.StreamLogprob.model_validate(lp.model_dump()) for lp in logprobs]
-
-
 def _tier(tier: str | None) -> str:
     """The tier a request is served in: auto picks the default."""
     return "default" if tier in (None, "auto") else tier
@@ -143,8 +139,9 @@ def text_used(text: rp.TextConfig | None) -> rp.TextUsed:
 
 
 class ResponsesFormat:
-    """A Response, whole or as OpenAI's stream: response.created and .in_progress, each output item's
-    added / deltas / done events, then response.completed (or .incomplete, or .failed); every event numbered."""
+    """A Response, whole or as a stream: response.created and .in_progress, each output item's added / deltas /
+    done events, then response.completed (or .incomplete, or .failed); every event numbered, and [DONE] last
+    (the Open Responses specification's end of a stream)."""
 
     def __init__(self, body: rp.ResponsesRequest, request_id: str, model: str, params: SamplingParams,
                  token_bytes: Callable[[int], bytes], cache_page: int) -> None:
@@ -249,25 +246,25 @@ class ResponsesFormat:
                 return [rp.ArgumentsDeltaEvent(delta=e.text, **where)]
             done: list[rp.Event] = [rp.ArgumentsDoneEvent(arguments=part.text, **where)]
         else:
-            kind = "reasoning_text" if part.kind == "thinking" else "output_text"
+            kind = "reasoning" if part.kind == "thinking" else "output_text"
             if e.kind == "delta":
                 return [rp.TextDeltaEvent(type=f"response.{kind}.delta", delta=e.text,
                                           logprobs=self._delta_logprobs(gen, index, kind), **where)]
             content = self._content(gen, index, part, part.text)
-            logprobs = _in_stream(content.logprobs or []) if isinstance(content, rp.OutputText) else None
+            logprobs = (content.logprobs or []) if isinstance(content, rp.OutputText) else None
             done = [rp.TextDoneEvent(type=f"response.{kind}.done", text=part.text, logprobs=logprobs, **where),
                     rp.ContentPartEvent(type="response.content_part.done", part=content, **where)]
         return done + [rp.ItemEvent(type="response.output_item.done", output_index=index,
                                     item=self._item(gen, index, part, self._item_status(gen, index)))]
 
-    def _delta_logprobs(self, gen: ResponseState, index: int, kind: str) -> list[rp.StreamLogprob] | None:
+    def _delta_logprobs(self, gen: ResponseState, index: int, kind: str) -> list[r.TokenLogprob] | None:
         """An output_text delta's: [] (OpenAI's field is required), or its new tokens' logprobs if included."""
         if kind != "output_text":
             return None
         sent = self.logprobs_sent.get(index, 0)
         news = self._logprobs(gen.choices.get(0), index, sent) or []
         self.logprobs_sent[index] = sent + len(news)
-        return _in_stream(news)
+        return news
 
     def progress(self, progress: PromptProgress) -> list[str]:
         return []  # the API has no progress events
@@ -289,11 +286,11 @@ class ResponsesFormat:
     def end(self, gen: ResponseState) -> list[str]:
         response = self.response(gen)
         kind = "response.completed" if response.status == "completed" else "response.incomplete"
-        return self._start(gen) + [self._event(rp.ResponseEvent(type=kind, response=response))]
+        return self._start(gen) + [self._event(rp.ResponseEvent(type=kind, response=response)), DONE]
 
     def failure(self, gen: ResponseState, error: ApiError) -> list[str]:
         failed = self._response(gen, "failed", rp.ResponseError(code="server_error", message=error.message))
-        return self._start(gen) + [self._event(rp.ResponseEvent(type="response.failed", response=failed))]
+        return self._start(gen) + [self._event(rp.ResponseEvent(type="response.failed", response=failed)), DONE]
 
     def response(self, gen: ResponseState) -> rp.ResponseObject:
         return self._response(gen, self._status(gen))
