@@ -60,7 +60,8 @@ def test_the_response_reports_the_sampling_the_engine_used(client: openai.OpenAI
     assert plain.text.format.type == "text" and plain.created_at <= plain.completed_at
     assert (plain.safety_identifier, plain.prompt_cache_key) == (None, None)
     tuned = client.responses.create(input="What is the capital of France?", **GREEDY | {
-        "temperature": 0.001, "top_p": 0.5}, extra_body={"presence_penalty": 0.5, "frequency_penalty": -0.5})
+        "temperature": 0.001, "top_p": 0.5}, background=False, max_tool_calls=None,  # what zhuzi does, as sent
+        extra_body={"presence_penalty": 0.5, "frequency_penalty": -0.5})
     assert (tuned.temperature, tuned.top_p) == (0.01, 0.5)
     assert (tuned.model_extra["presence_penalty"], tuned.model_extra["frequency_penalty"]) == (0.5, -0.5)
     cut = client.responses.create(input="What is the capital of France?", **GREEDY | {"max_output_tokens": 1})
@@ -288,7 +289,8 @@ BAD = [
     ({"service_tier": "scale"}, "service_tier: scale is not supported"),
     ({"text": {"verbosity": "low"}}, "text.verbosity: low is not supported"),
     ({"stream_options": {"include_obfuscation": False}}, "stream_options is only allowed when stream is true"),
-    ({"background": True}, "background is not supported"),
+    ({"background": True}, "background: true is not supported"),
+    ({"max_tool_calls": 2}, "max_tool_calls: a limit is not supported"),
     ({"moderation": {}}, "moderation is not supported: zhuzi runs no moderation model"),
     ({"temperature": 3}, "temperature"),
     ({"metadata": {str(i): "x" for i in range(17)}}, "metadata"),

@@ -16,10 +16,8 @@ from zhuzi.server.openai.answers import TokenLogprob
 from zhuzi.server.openai.protocol import CacheRetention, JsonSchemaFormat
 
 UNSUPPORTED = {
-    "background": "is not supported: a response runs while its request waits (or streams)",
     "conversation": "is not supported: continue a conversation with previous_response_id",
     "prompt": "(a stored prompt template) is not supported",
-    "max_tool_calls": "is not supported: tool_choice and parallel_tool_calls say how many calls a reply makes",
     "prompt_cache_options": "is not supported: zhuzi's prefix cache keeps what it can, matched by the tokens",
     "context_management": "is not supported: zhuzi does not compact a conversation",
     "background_options": "is not supported: it goes with background, which zhuzi does not run",
@@ -216,6 +214,8 @@ class ResponsesRequest(Request):
     prompt_cache_retention: CacheRetention = None
     service_tier: Literal["auto", "default", "flex", "priority", "scale"] | None = None
     priority: int = 0  # vLLM's extension, as chat's (extra_body): lower is served first
+    background: bool = False  # false, what zhuzi does, as Open Responses clients may send it
+    max_tool_calls: int | None = None  # null (no limit), likewise
 
     @field_validator("include")
     @classmethod
@@ -226,6 +226,21 @@ class ResponsesRequest(Request):
             if value not in INCLUDES:
                 raise ValueError(f"{value!r} is not a value zhuzi knows (it honours {', '.join(INCLUDES)})")
         return include
+
+    @field_validator("background")
+    @classmethod
+    def _in_the_foreground(cls, background: bool) -> bool:
+        if background:
+            raise ValueError("true is not supported: a response runs while its request waits (or streams)")
+        return background
+
+    @field_validator("max_tool_calls")
+    @classmethod
+    def _no_call_limit(cls, limit: int | None) -> int | None:
+        if limit is not None:
+            raise ValueError("a limit is not supported: tool_choice and parallel_tool_calls say how many calls a "
+                             "reply makes (null: no limit)")
+        return limit
 
     @field_validator("truncation")
     @classmethod
@@ -370,7 +385,7 @@ class ResponseObject(Response):
     incomplete_details: IncompleteDetails | None = None
     instructions: str | None = None
     max_output_tokens: int | None = None  # None: up to the context window
-    max_tool_calls: None = None  # no limit (the request's field is refused)
+    max_tool_calls: None = None  # no limit (a request's limit is refused)
     metadata: dict[str, str] = Field(default_factory=dict)
     model: str
     output: list[OutputItem]
@@ -378,7 +393,7 @@ class ResponseObject(Response):
     previous_response_id: str | None = None
     reasoning: ReasoningConfig | None = None
     store: bool
-    background: Literal[False] = False  # a response runs while its request waits
+    background: Literal[False] = False  # a response runs while its request waits (true is refused)
     temperature: float
     top_p: float
     presence_penalty: float
