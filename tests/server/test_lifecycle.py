@@ -10,6 +10,7 @@ import time
 
 import httpx
 import pytest
+from open_responses import check_event
 from server_process import running_server
 
 pytestmark = pytest.mark.long  # a minute or more: handed out first (tests/conftest.py)
@@ -86,7 +87,7 @@ Scheduler.schedule = failing
 def test_an_engine_that_fails_ends_its_streams_with_an_error_and_the_server_exits_non_zero(tmp_path, transport):
     """/health said 200 whatever the engine's state; now a failed engine stops the server for its supervisor,
     wherever the step loop runs. Each API's stream ends in its own words: chat's error chunk and [DONE],
-    Anthropic's error event, the Responses API's response.failed."""
+    Anthropic's error event, the Responses API's response.failed and [DONE]."""
     story = [{"role": "user", "content": "Write a long story about a dragon."}]
     with running_server(tmp_path / "server.log", *transport, inject=FAILING_ENGINE) as server:
         async def main() -> list[list[str]]:
@@ -105,7 +106,9 @@ def test_an_engine_that_fails_ends_its_streams_with_an_error_and_the_server_exit
         error = json.loads(messages[-1])
         assert error["type"] == "error" and error["error"]["type"] == "overloaded_error"
         assert "injected" in error["error"]["message"]
-        failed = json.loads(responses[-1])
+        assert responses[-1] == "[DONE]"
+        failed = json.loads(responses[-2])
+        check_event(failed)  # the Open Responses specification's event
         assert failed["type"] == "response.failed" and failed["response"]["status"] == "failed"
         assert "injected" in failed["response"]["error"]["message"]
         assert server.proc.wait(timeout=30) == 1

@@ -8,10 +8,12 @@ import json
 from collections.abc import Iterator
 
 import anthropic
+import httpx
 import ollama
 import openai
 import pytest
 import tiny
+from open_responses import SpecTransport
 from server_process import ServerProcess, running_server
 
 from zhuzi.tokenizer import Tokenizer
@@ -47,7 +49,9 @@ def thinker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]
 
 @pytest.fixture
 def client(gptoss: tuple[ServerProcess, Tokenizer]) -> openai.OpenAI:
-    return openai.OpenAI(base_url=gptoss[0].api, api_key="none", max_retries=0, timeout=120)
+    """Its Responses are checked against the Open Responses specification as they pass (open_responses.py)."""
+    return openai.OpenAI(base_url=gptoss[0].api, api_key="none", max_retries=0, timeout=120,
+                         http_client=httpx.Client(transport=SpecTransport()))
 
 
 def test_chat_renders_harmony_with_the_effort_and_returns_the_call(client: openai.OpenAI,
@@ -105,7 +109,8 @@ def test_messages_responses_and_ollama_return_the_call(client: openai.OpenAI,
 
 
 def test_the_analysis_channel_is_reasoning_in_every_api(thinker: ServerProcess) -> None:
-    client = openai.OpenAI(base_url=thinker.api, api_key="none", max_retries=0, timeout=120)
+    client = openai.OpenAI(base_url=thinker.api, api_key="none", max_retries=0, timeout=120,
+                           http_client=httpx.Client(transport=SpecTransport()))
     reply = client.chat.completions.create(model="gptoss", messages=QUESTION, temperature=0, max_tokens=16)
     message, usage = reply.choices[0].message, reply.usage
     assert message.model_extra["reasoning_content"] == "Paris is warmParis is warm" and not message.content

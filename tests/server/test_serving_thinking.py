@@ -7,9 +7,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import anthropic
+import httpx
 import openai
 import pytest
 import tiny
+from open_responses import SpecTransport
 from server_process import ServerProcess, running_server
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
@@ -62,9 +64,23 @@ def test_responses_reasoning_effort_bounds_the_reasoning_item(thinker: ServerPro
     assert response.output[0].content[0].text and response.output_text
     assert response.usage.output_tokens_details.reasoning_tokens == 257  # 256 and </think>
     events = list(client.responses.create(stream=True, **args))
-    thought = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+    thought = "".join(e.delta for e in events if e.type == "response.reasoning.delta")  # Open Responses' name
     assert thought == response.output[0].content[0].text
     assert events[-1].response.output_text == response.output_text
+
+
+def test_a_streamed_thought_is_as_open_responses_writes_it(thinker: ServerProcess) -> None:
+    """The reasoning item's events, response.reasoning.delta and .done, and the Response around them, checked
+    against the Open Responses specification's schema as they pass (open_responses.py)."""
+    client = openai.OpenAI(base_url=thinker.api, api_key="none", max_retries=0, timeout=300,
+                           http_client=httpx.Client(transport=SpecTransport()))
+    events = list(client.responses.create(model="thinker", input="What is the capital of France?", stream=True,
+                                          temperature=0, max_output_tokens=6))
+    thought = "".join(e.delta for e in events if e.type == "response.reasoning.delta")
+    done = [e for e in events if e.type == "response.reasoning.done"]
+    final = events[-1].response
+    assert (final.status, [item.type for item in final.output]) == ("incomplete", ["reasoning"])
+    assert thought and [e.text for e in done] == [thought] == [final.output[0].content[0].text]
 
 
 @pytest.fixture(scope="module")

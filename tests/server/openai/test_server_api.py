@@ -539,3 +539,5 @@ def test_the_openapi_spec_documents_every_body_answer_and_error(server: ServerPr
         assert "404" in spec["paths"][path]["get"]["responses"]
     events = spec["paths"]["/v1/messages"]["post"]["responses"]["200"]["content"]["text/event-stream"]["schema"]
     assert events["required"] == ["event", "data"]  # named events, no [DONE]
+    events = spec["paths"]["/v1/responses"]["post"]["responses"]["200"]["content"]["text/event-stream"]["schema"]
+    assert [each["required"] for each in events["anyOf"]] == [["event", "data"], ["data"]]  # named, then [DONE]

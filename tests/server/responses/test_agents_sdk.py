@@ -1,18 +1,21 @@
 """The OpenAI Agents SDK (openai-agents), unmodified, over /v1/responses of a real `zhuzi serve` (the session's
 server with two API keys, SmolLM2-135M-Instruct at temperature 0): a plain run, a streamed run, and an agent
 whose function tool runs and whose result goes back to the model. Tracing is off, so that nothing is sent to
-OpenAI's host: the only server the SDK reaches is zhuzi."""
+OpenAI's host: the only server the SDK reaches is zhuzi. Every Response and stream is checked against the Open
+Responses specification's schema as it passes (open_responses.py)."""
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
 
 import agents
+import httpx
 import openai
 import pytest
 from agents import Agent, ModelSettings, OpenAIResponsesModel, RunConfig, Runner, function_tool
 from agents.agent import ToolsToFinalOutputResult
 from conftest import KEYS
+from open_responses import AsyncSpecTransport, SpecTransport
 from server_process import ServerProcess
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -31,14 +34,16 @@ def no_tracing() -> Iterator[None]:
 @pytest.fixture
 def model(keyed_server: ServerProcess) -> OpenAIResponsesModel:
     """A client for each test: an async client's connections belong to the event loop of the run that used it."""
-    client = openai.AsyncOpenAI(base_url=keyed_server.api, api_key=KEYS[0], max_retries=0, timeout=120)
+    client = openai.AsyncOpenAI(base_url=keyed_server.api, api_key=KEYS[0], max_retries=0, timeout=120,
+                                http_client=httpx.AsyncClient(transport=AsyncSpecTransport()))
     return OpenAIResponsesModel(MODEL, client)
 
 
 @pytest.fixture(scope="module")
 def answer(keyed_server: ServerProcess) -> str:
     """What zhuzi answers the agent's request itself, through the openai client."""
-    client = openai.OpenAI(base_url=keyed_server.api, api_key=KEYS[0], max_retries=0, timeout=120)
+    client = openai.OpenAI(base_url=keyed_server.api, api_key=KEYS[0], max_retries=0, timeout=120,
+                           http_client=httpx.Client(transport=SpecTransport()))
     return client.responses.create(model=MODEL, instructions="Be brief.", input=QUESTION, temperature=0,
                                    max_output_tokens=64).output_text
 

@@ -1,6 +1,7 @@
 """OpenAI's Responses API end to end: the official `openai` client against a real `zhuzi serve` (the session's
 server with two API keys), SmolLM2-135M-Instruct at temperature 0; stored conversations across turns, keys
-and a killed server."""
+and a killed server. Every Response and stream the client reads is checked against the Open Responses
+specification's schema as it passes (open_responses.py)."""
 from __future__ import annotations
 
 import json
@@ -13,6 +14,7 @@ import openai
 import pydantic
 import pytest
 from conftest import KEYS
+from open_responses import SpecTransport, check_event, check_response, check_stream
 from openai.types.responses import ResponseStreamEvent
 from server_process import ServerProcess, running_server
 
@@ -24,7 +26,8 @@ WEATHER = {"type": "function", "name": "get_weather", "description": "Current we
 
 
 def client_for(server: ServerProcess, key: str = KEYS[0]) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.api, api_key=key, max_retries=0, timeout=120)
+    return openai.OpenAI(base_url=server.api, api_key=key, max_retries=0, timeout=120,
+                         http_client=httpx.Client(transport=SpecTransport()))
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +48,42 @@ def test_a_plain_answer(client: openai.OpenAI, capital_answer: str) -> None:
                                          **GREEDY | {"max_output_tokens": 1})
     assert instructed.instructions == "Be brief." and instructed.usage.input_tokens != usage.input_tokens
     assert (instructed.status, instructed.incomplete_details.reason) == ("incomplete", "max_output_tokens")
+
+
+def test_the_response_reports_the_sampling_the_engine_used(client: openai.OpenAI) -> None:
+    """The Open Responses specification's fields, each as the response was run: the engine's sampling values
+    after its defaults (a temperature under its minimum is that minimum), plain text as the format."""
+    plain = client.responses.create(input="What is the capital of France?", **GREEDY)
+    assert (plain.temperature, plain.top_p, plain.top_logprobs, plain.background, plain.max_tool_calls) == (
+        0, 1, 0, False, None)
+    assert plain.model_extra["presence_penalty"] == plain.model_extra["frequency_penalty"] == 0
+    assert plain.text.format.type == "text" and plain.created_at <= plain.completed_at
+    assert (plain.safety_identifier, plain.prompt_cache_key) == (None, None)
+    tuned = client.responses.create(input="What is the capital of France?", **GREEDY | {
+        "temperature": 0.001, "top_p": 0.5}, background=False, max_tool_calls=None,  # what zhuzi does, as sent
+        extra_body={"presence_penalty": 0.5, "frequency_penalty": -0.5})
+    assert (tuned.temperature, tuned.top_p) == (0.01, 0.5)
+    assert (tuned.model_extra["presence_penalty"], tuned.model_extra["frequency_penalty"]) == (0.5, -0.5)
+    cut = client.responses.create(input="What is the capital of France?", **GREEDY | {"max_output_tokens": 1})
+    assert (cut.status, cut.completed_at, cut.incomplete_details.reason) == ("incomplete", None, "max_output_tokens")
+
+
+def test_the_specification_check_refuses_what_the_specification_does(keyed_server: ServerProcess) -> None:
+    """The check that every answer here passes fails a Response without a field the specification requires,
+    an event it does not name, and a stream that does not end with [DONE]."""
+    body = {"input": "What is the capital of France?", **GREEDY, "max_output_tokens": 2}
+    answer = httpx.post(f"{keyed_server.api}/responses", json=body, timeout=120,
+                        headers={"Authorization": f"Bearer {KEYS[0]}"}).json()
+    check_response(answer)
+    with pytest.raises(jsonschema.ValidationError, match="'completed_at' is a required property"):
+        check_response({name: value for name, value in answer.items() if name != "completed_at"})
+    events = raw_events(keyed_server, body)
+    with pytest.raises(AssertionError, match="response.reasoning_text.delta"):
+        check_event({**events[3][1], "type": "response.reasoning_text.delta"})
+    stream = "".join(f"event: {name}\ndata: {json.dumps(event)}\n\n" for name, event in events)
+    assert check_stream(stream + "data: [DONE]\n\n") == events
+    with pytest.raises(AssertionError, match="does not end with"):
+        check_stream(stream)
 
 
 def test_a_stream_is_numbered_events_that_add_up_to_the_whole_answer(client: openai.OpenAI) -> None:
@@ -196,20 +235,19 @@ def sdk_fields(model: pydantic.BaseModel, sent: Any, where: str) -> None:
             sdk_fields(m, v, f"{where}.{i}")
 
 
-# Fields that OpenAI's own Responses carry (its API reference's examples) though the SDK's models lack them.
-OPENAI_EXTRAS = {"store"}
+# Fields that OpenAI's own Responses carry (its API reference's examples), or that the Open Responses
+# specification requires, though the SDK's models lack them: a streamed logprob's bytes, the penalties used.
+OPENAI_EXTRAS = {"store", "bytes", "presence_penalty", "frequency_penalty"}
 # The SDK's event models by their type (its ResponseStreamEvent union is discriminated by type).
 EVENT_MODELS = {get_args(model.model_fields["type"].annotation)[0]: model
                 for model in get_args(get_args(ResponseStreamEvent)[0])}
 
 
 def raw_events(server: ServerProcess, body: dict) -> list[tuple[str, dict]]:
-    """The stream's events as sent: SSE name and JSON data."""
-    with httpx.stream("POST", f"{server.api}/responses", json={**body, "stream": True}, timeout=120,
-                      headers={"Authorization": f"Bearer {KEYS[0]}"}) as answer:
-        lines = [line for line in answer.iter_lines() if line]
-    return [(name.removeprefix("event: "), json.loads(data.removeprefix("data: ")))
-            for name, data in zip(lines[::2], lines[1::2])]
+    """The stream's events as sent (SSE name and JSON data), each checked against the specification."""
+    answer = httpx.post(f"{server.api}/responses", json={**body, "stream": True}, timeout=120,
+                        headers={"Authorization": f"Bearer {KEYS[0]}"})
+    return check_stream(answer.text)
 
 
 @pytest.mark.parametrize("body", [
@@ -251,7 +289,8 @@ BAD = [
     ({"service_tier": "scale"}, "service_tier: scale is not supported"),
     ({"text": {"verbosity": "low"}}, "text.verbosity: low is not supported"),
     ({"stream_options": {"include_obfuscation": False}}, "stream_options is only allowed when stream is true"),
-    ({"background": True}, "background is not supported"),
+    ({"background": True}, "background: true is not supported"),
+    ({"max_tool_calls": 2}, "max_tool_calls: a limit is not supported"),
     ({"moderation": {}}, "moderation is not supported: zhuzi runs no moderation model"),
     ({"temperature": 3}, "temperature"),
     ({"metadata": {str(i): "x" for i in range(17)}}, "metadata"),

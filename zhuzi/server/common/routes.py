@@ -120,30 +120,35 @@ def _ref(model: type[pydantic.BaseModel]) -> dict[str, str]:
     return {"$ref": f"#/components/schemas/{model.__name__}"}
 
 
-def _sse_event(event: type[pydantic.BaseModel], error: type[pydantic.BaseModel], named: bool) -> dict[str, Any]:
+def _sse_event(event: type[pydantic.BaseModel], error: type[pydantic.BaseModel], named: bool,
+               done: bool) -> dict[str, Any]:
     """One server-sent event (OpenAPI 3.1 describes each event): its data is the event as JSON or an error object
     (a failure after the headers went out); OpenAI's chat and completion streams end with [DONE], Anthropic's
-    and the Responses API's name each event instead."""
+    and the Responses API's name each event instead, and the Responses API's ends with an unnamed [DONE] too
+    (done: the Open Responses specification's end of a stream)."""
     json_data = {"type": "string", "contentMediaType": "application/json",
                  "contentSchema": {"anyOf": [_ref(event), _ref(error)]}}
     if not named:
         return {"type": "object", "required": ["data"],
                 "properties": {"data": {"anyOf": [{"const": "[DONE]"}, json_data]}}}
-    return {"type": "object", "required": ["event", "data"],
+    each = {"type": "object", "required": ["event", "data"],
             "properties": {"event": {"type": "string"}, "data": json_data}}
+    last = {"type": "object", "required": ["data"], "properties": {"data": {"const": "[DONE]"}}}
+    return {"anyOf": [each, last]} if done else each
 
 
 def documented(body: type[pydantic.BaseModel] | None, answer: type[pydantic.BaseModel] | None,
                statuses: tuple[int, ...], error: type[pydantic.BaseModel],
-               event: type[pydantic.BaseModel] | None = None, named: bool = False) -> dict[str, Any]:
+               event: type[pydantic.BaseModel] | None = None, named: bool = False,
+               done: bool = False) -> dict[str, Any]:
     """A route's OpenAPI description: its JSON body (which the route parses itself), its answer (and the
-    events of its SSE stream, named or not), its API's error object."""
+    events of its SSE stream, named or not, a named stream ending with [DONE] or not), its API's error object."""
     responses: dict[int | str, dict[str, Any]] = {
         status: {"model": error, "description": ERROR_DESCRIPTIONS[status]} for status in statuses}
     if answer is not None:
         ok: dict[str, Any] = {"model": answer, "description": "Success"}
         if event is not None:
-            ok["content"] = {"text/event-stream": {"schema": _sse_event(event, error, named)}}
+            ok["content"] = {"text/event-stream": {"schema": _sse_event(event, error, named, done)}}
             ok["description"] = "Success: the whole answer, or with stream true its server-sent events"
         responses[200] = ok
     extra = {"requestBody": {"required": True, "content": {"application/json": {"schema": _ref(body)}}}} \

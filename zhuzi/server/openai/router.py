@@ -23,9 +23,10 @@ OpenAIRoute = answering_errors_with(error_response)
 
 
 def documented(body: type[pydantic.BaseModel] | None, answer: type[pydantic.BaseModel], statuses: tuple[int, ...],
-               event: type[pydantic.BaseModel] | None = None, named: bool = False) -> dict[str, Any]:
+               event: type[pydantic.BaseModel] | None = None, named: bool = False,
+               done: bool = False) -> dict[str, Any]:
     """A route's OpenAPI description, its errors OpenAI's error object."""
-    return described(body, answer, statuses, r.ErrorResponse, event, named)
+    return described(body, answer, statuses, r.ErrorResponse, event, named, done)
 
 
 def router(intake: Intake, generations: Completions, tokenization: Tokenization, embeddings: Embeddings) -> APIRouter:

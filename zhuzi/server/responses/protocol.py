@@ -1,5 +1,6 @@
 """The words of OpenAI's Responses API (/v1/responses) in pydantic: the request and its input items, the
-Response object and its output items, the stream's events.
+Response object and its output items, the stream's events; the answer's are those of the Open Responses
+specification (openresponses.org), which writes every field a Response carries.
 
 As everywhere, types are strict and every declared field does something; UNSUPPORTED says why some of
 OpenAI's other fields are refused. These models are also the OpenAPI spec's schemas for those routes.
@@ -15,10 +16,8 @@ from zhuzi.server.openai.answers import TokenLogprob
 from zhuzi.server.openai.protocol import CacheRetention, JsonSchemaFormat
 
 UNSUPPORTED = {
-    "background": "is not supported: a response runs while its request waits (or streams)",
     "conversation": "is not supported: continue a conversation with previous_response_id",
     "prompt": "(a stored prompt template) is not supported",
-    "max_tool_calls": "is not supported: tool_choice and parallel_tool_calls say how many calls a reply makes",
     "prompt_cache_options": "is not supported: zhuzi's prefix cache keeps what it can, matched by the tokens",
     "context_management": "is not supported: zhuzi does not compact a conversation",
     "background_options": "is not supported: it goes with background, which zhuzi does not run",
@@ -198,6 +197,8 @@ class ResponsesRequest(Request):
     max_output_tokens: int | None = None
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
+    presence_penalty: float | None = None  # checked by the engine's sampling, as chat's
+    frequency_penalty: float | None = None
     metadata: dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]] | None = Field(
         None, max_length=MAX_METADATA)  # OpenAI's limits: 16 pairs, keys of 64 characters, values of 512
     store: bool = True  # kept for GET, input_items and a later previous_response_id
@@ -213,6 +214,8 @@ class ResponsesRequest(Request):
     prompt_cache_retention: CacheRetention = None
     service_tier: Literal["auto", "default", "flex", "priority", "scale"] | None = None
     priority: int = 0  # vLLM's extension, as chat's (extra_body): lower is served first
+    background: bool = False  # false, what zhuzi does, as Open Responses clients may send it
+    max_tool_calls: int | None = None  # null (no limit), likewise
 
     @field_validator("include")
     @classmethod
@@ -223,6 +226,21 @@ class ResponsesRequest(Request):
             if value not in INCLUDES:
                 raise ValueError(f"{value!r} is not a value zhuzi knows (it honours {', '.join(INCLUDES)})")
         return include
+
+    @field_validator("background")
+    @classmethod
+    def _in_the_foreground(cls, background: bool) -> bool:
+        if background:
+            raise ValueError("true is not supported: a response runs while its request waits (or streams)")
+        return background
+
+    @field_validator("max_tool_calls")
+    @classmethod
+    def _no_call_limit(cls, limit: int | None) -> int | None:
+        if limit is not None:
+            raise ValueError("a limit is not supported: tool_choice and parallel_tool_calls say how many calls a "
+                             "reply makes (null: no limit)")
+        return limit
 
     @field_validator("truncation")
     @classmethod
@@ -327,21 +345,47 @@ class ResponseError(Response):
 
 
 class IncompleteDetails(Response):
-    reason: Literal["max_output_tokens"] | None = None  # None: the server ended it (timeout, shutdown)
+    reason: str  # max_output_tokens, or the engine's finish reason (abort: the server ended it, as on a timeout)
+
+
+class PlainFormat(Response):
+    type: Literal["text", "json_object"]
+
+
+class SchemaFormat(Response):
+    model_config = ConfigDict(serialize_by_alias=True)
+
+    type: Literal["json_schema"] = "json_schema"
+    name: str
+    description: str | None
+    schema_: dict[str, Any] = Field(alias="schema")
+    strict: bool  # whether the schema's objects were closed (additionalProperties false)
+
+
+class TextUsed(Response):
+    """text as a Response reports it: the format the reply was held to (plain text unless one was asked)."""
+
+    format: PlainFormat | SchemaFormat
+    verbosity: Literal["medium"] = "medium"  # the only one zhuzi's models have
 
 
 ResponseStatus = Literal["in_progress", "completed", "incomplete", "failed"]
 
 
 class ResponseObject(Response):
+    """Every field the Open Responses specification requires, each as this response was run: the sampling
+    values are the engine's, after its defaults."""
+
     id: str
     object: Literal["response"] = "response"
     created_at: int
+    completed_at: int | None = None  # only a completed response has it
     status: ResponseStatus
     error: ResponseError | None = None
     incomplete_details: IncompleteDetails | None = None
     instructions: str | None = None
-    max_output_tokens: int | None = None
+    max_output_tokens: int | None = None  # None: up to the context window
+    max_tool_calls: None = None  # no limit (a request's limit is refused)
     metadata: dict[str, str] = Field(default_factory=dict)
     model: str
     output: list[OutputItem]
@@ -349,17 +393,20 @@ class ResponseObject(Response):
     previous_response_id: str | None = None
     reasoning: ReasoningConfig | None = None
     store: bool
-    temperature: float | None = None
-    text: TextConfig | None = None
+    background: Literal[False] = False  # a response runs while its request waits (true is refused)
+    temperature: float
+    top_p: float
+    presence_penalty: float
+    frequency_penalty: float
+    top_logprobs: int  # the alternatives given per token (0 unless include asks for logprobs)
+    text: TextUsed
     tool_choice: Literal["none", "auto", "required"] | NamedFunctionTool
     tools: list[FunctionTool]
-    top_p: float | None = None
-    top_logprobs: int | None = Field(None, exclude_if=_is_none)
     truncation: Literal["disabled"] = "disabled"
     service_tier: Literal["default", "flex", "priority"] = "default"
-    prompt_cache_key: str | None = Field(None, exclude_if=_is_none)
+    prompt_cache_key: str | None = None
     prompt_cache_retention: str | None = Field(None, exclude_if=_is_none)
-    safety_identifier: str | None = Field(None, exclude_if=_is_none)
+    safety_identifier: str | None = None
     usage: ResponseUsage | None = None
     user: str | None = Field(None, exclude_if=_is_none)
 
@@ -410,27 +457,16 @@ class ContentPartEvent(ContentEvent):
     part: OutputText | ReasoningContent
 
 
-class StreamTopLogprob(Response):
-    token: str
-    logprob: float
-
-
-class StreamLogprob(StreamTopLogprob):
-    """A token's logprob in a text event: as on output_text, without the bytes (OpenAI's event)."""
-
-    top_logprobs: list[StreamTopLogprob]
-
-
 class TextDeltaEvent(ContentEvent):
-    type: Literal["response.output_text.delta", "response.reasoning_text.delta"]
+    type: Literal["response.output_text.delta", "response.reasoning.delta"]
     delta: str
-    logprobs: list[StreamLogprob] | None = Field(None, exclude_if=_is_none)  # output_text's: [] unless included
+    logprobs: list[TokenLogprob] | None = Field(None, exclude_if=_is_none)  # output_text's: [] unless included
 
 
 class TextDoneEvent(ContentEvent):
-    type: Literal["response.output_text.done", "response.reasoning_text.done"]
+    type: Literal["response.output_text.done", "response.reasoning.done"]
     text: str
-    logprobs: list[StreamLogprob] | None = Field(None, exclude_if=_is_none)
+    logprobs: list[TokenLogprob] | None = Field(None, exclude_if=_is_none)
 
 
 class ArgumentsDeltaEvent(ItemEventBase):

@@ -24,7 +24,7 @@ def router(intake: Intake, responses: Responses) -> APIRouter:
     routes = APIRouter(route_class=OpenAIRoute)
 
     @routes.post("/v1/responses", **documented(rp.ResponsesRequest, rp.ResponseObject, (*BODY_ERRORS, 500),
-                                               rp.ResponseStreamEvent, named=True))
+                                               rp.ResponseStreamEvent, named=True, done=True))
     async def create_response(request: Request) -> Response:
         return await intake.generation(request, rp.ResponsesRequest, responses.create)
 

@@ -16,6 +16,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from zhuzi.outputs import CompletionOutput, PromptProgress
+from zhuzi.sampling_params import SamplingParams
 from zhuzi.server.common.chat import ChatPath
 from zhuzi.server.common.content_parts import Part, PartEvent, new_item_id
 from zhuzi.server.common.errors import ApiError
@@ -26,7 +27,7 @@ from zhuzi.server.common.serving import json_response
 from zhuzi.server.common.store import owner_of
 from zhuzi.server.openai import answers as r
 from zhuzi.server.openai import protocol as p
-from zhuzi.server.openai.formats import chat_logprobs
+from zhuzi.server.openai.formats import DONE, chat_logprobs
 from zhuzi.server.responses import protocol as rp
 from zhuzi.server.responses.store import MissingResponse, ResponseStore, StoredResponse
 
@@ -105,7 +106,8 @@ def chat_request(body: rp.ResponsesRequest, history: list[dict[str, Any]],
     system = [Message("system", body.instructions)] if body.instructions else []
     priority = body.priority + p.TIER_PRIORITY[body.service_tier or "auto"]
     sampling: dict[str, Any] = {"max_tokens": body.max_output_tokens, "temperature": body.temperature,
-                                "top_p": body.top_p, "priority": priority}
+                                "top_p": body.top_p, "presence_penalty": body.presence_penalty,
+                                "frequency_penalty": body.frequency_penalty, "priority": priority}
     if body.logprobs:
         sampling["logprobs"] = body.top_logprobs or 0
     template_kwargs = None
@@ -125,22 +127,29 @@ def chat_request(body: rp.ResponsesRequest, history: list[dict[str, Any]],
 
 # ---------------------------------------------------------------- the answer
 
-def _in_stream(logprobs: list[r.TokenLogprob]) -> list[rp.StreamLogprob]:
-    return [rp.StreamLogprob.model_validate(lp.model_dump()) for lp in logprobs]
-
-
 def _tier(tier: str | None) -> str:
     """The tier a request is served in: auto picks the default."""
     return "default" if tier in (None, "auto") else tier
 
 
-class ResponsesFormat:
-    """A Response, whole or as OpenAI's stream: response.created and .in_progress, each output item's
-    added / deltas / done events, then response.completed (or .incomplete, or .failed); every event numbered."""
+def text_used(text: rp.TextConfig | None) -> rp.TextUsed:
+    """The text format a reply was held to: a json_schema's strict says whether its objects were closed."""
+    fmt = text.format if text else None
+    if fmt is None or fmt.type != "json_schema":
+        return rp.TextUsed(format=rp.PlainFormat(type=fmt.type if fmt else "text"))
+    return rp.TextUsed(format=rp.SchemaFormat(name=fmt.name, description=fmt.description,
+                                              schema=fmt.schema_, strict=bool(fmt.strict)))
 
-    def __init__(self, body: rp.ResponsesRequest, request_id: str, model: str,
+
+class ResponsesFormat:
+    """A Response, whole or as a stream: response.created and .in_progress, each output item's added / deltas /
+    done events, then response.completed (or .incomplete, or .failed); every event numbered, and [DONE] last
+    (the Open Responses specification's end of a stream)."""
+
+    def __init__(self, body: rp.ResponsesRequest, request_id: str, model: str, params: SamplingParams,
                  token_bytes: Callable[[int], bytes], cache_page: int) -> None:
         self.body, self.request_id, self.model, self.token_bytes = body, request_id, model, token_bytes
+        self.params = params  # the engine's sampling, which the Response reports
         self.cache_page = cache_page  # the prefix cache's unit (0: no prefix cache)
         self.created = int(time.time())
         self.sequence = 0
@@ -193,22 +202,25 @@ class ResponsesFormat:
         parts = choice.parts.parts if choice and status != "in_progress" else []
         incomplete = None
         if status == "incomplete":
-            reason = "max_output_tokens" if choice and choice.finish_reason == "length" else None
-            incomplete = rp.IncompleteDetails(reason=reason)
+            reason = choice.finish_reason if choice and choice.finish_reason else "abort"
+            incomplete = rp.IncompleteDetails(reason="max_output_tokens" if reason == "length" else reason)
         usage = None if status == "in_progress" else rp.ResponseUsage(
             input_tokens=gen.prompt_tokens, input_tokens_details=rp.InputTokensDetails(
                 cached_tokens=gen.cached_tokens, cache_write_tokens=self._cache_writes(gen)),
             output_tokens=gen.completion_tokens,
             output_tokens_details=rp.ReasoningTokensDetails(reasoning_tokens=gen.reasoning_tokens or 0),
             total_tokens=gen.prompt_tokens + gen.completion_tokens)
+        params = self.params
         return rp.ResponseObject(
-            id=self.request_id, created_at=self.created, status=status, error=error, incomplete_details=incomplete,
-            instructions=body.instructions, max_output_tokens=body.max_output_tokens, metadata=body.metadata or {},
-            model=self.model, output=[self._item(gen, i, p, self._item_status(gen, i)) for i, p in enumerate(parts)],
+            id=self.request_id, created_at=self.created, completed_at=int(time.time()) if status == "completed"
+            else None, status=status, error=error, incomplete_details=incomplete, instructions=body.instructions,
+            max_output_tokens=body.max_output_tokens, metadata=body.metadata or {}, model=self.model,
+            output=[self._item(gen, i, p, self._item_status(gen, i)) for i, p in enumerate(parts)],
             parallel_tool_calls=body.parallel_tool_calls, previous_response_id=body.previous_response_id,
-            reasoning=body.reasoning, store=body.store, temperature=body.temperature, text=body.text,
-            tool_choice=body.tool_choice or "auto", tools=body.tools or [], top_p=body.top_p, usage=usage,
-            user=body.user, top_logprobs=body.top_logprobs, service_tier=_tier(body.service_tier),
+            reasoning=body.reasoning, store=body.store, temperature=params.temperature, top_p=params.top_p,
+            presence_penalty=params.presence_penalty, frequency_penalty=params.frequency_penalty,
+            top_logprobs=params.logprobs or 0, text=text_used(body.text), tool_choice=body.tool_choice or "auto",
+            tools=body.tools or [], usage=usage, user=body.user, service_tier=_tier(body.service_tier),
             prompt_cache_key=body.prompt_cache_key, prompt_cache_retention=body.prompt_cache_retention,
             safety_identifier=body.safety_identifier)
 
@@ -237,25 +249,25 @@ class ResponsesFormat:
                 return [rp.ArgumentsDeltaEvent(delta=e.text, **where)]
             done: list[rp.Event] = [rp.ArgumentsDoneEvent(arguments=part.text, **where)]
         else:
-            kind = "reasoning_text" if part.kind == "thinking" else "output_text"
+            kind = "reasoning" if part.kind == "thinking" else "output_text"
             if e.kind == "delta":
                 return [rp.TextDeltaEvent(type=f"response.{kind}.delta", delta=e.text,
                                           logprobs=self._delta_logprobs(gen, index, kind), **where)]
             content = self._content(gen, index, part, part.text)
-            logprobs = _in_stream(content.logprobs or []) if isinstance(content, rp.OutputText) else None
+            logprobs = (content.logprobs or []) if isinstance(content, rp.OutputText) else None
             done = [rp.TextDoneEvent(type=f"response.{kind}.done", text=part.text, logprobs=logprobs, **where),
                     rp.ContentPartEvent(type="response.content_part.done", part=content, **where)]
         return done + [rp.ItemEvent(type="response.output_item.done", output_index=index,
                                     item=self._item(gen, index, part, self._item_status(gen, index)))]
 
-    def _delta_logprobs(self, gen: ResponseState, index: int, kind: str) -> list[rp.StreamLogprob] | None:
+    def _delta_logprobs(self, gen: ResponseState, index: int, kind: str) -> list[r.TokenLogprob] | None:
         """An output_text delta's: [] (OpenAI's field is required), or its new tokens' logprobs if included."""
         if kind != "output_text":
             return None
         sent = self.logprobs_sent.get(index, 0)
         news = self._logprobs(gen.choices.get(0), index, sent) or []
         self.logprobs_sent[index] = sent + len(news)
-        return _in_stream(news)
+        return news
 
     def progress(self, progress: PromptProgress) -> list[str]:
         return []  # the API has no progress events
@@ -277,11 +289,11 @@ class ResponsesFormat:
     def end(self, gen: ResponseState) -> list[str]:
         response = self.response(gen)
         kind = "response.completed" if response.status == "completed" else "response.incomplete"
-        return self._start(gen) + [self._event(rp.ResponseEvent(type=kind, response=response))]
+        return self._start(gen) + [self._event(rp.ResponseEvent(type=kind, response=response)), DONE]
 
     def failure(self, gen: ResponseState, error: ApiError) -> list[str]:
         failed = self._response(gen, "failed", rp.ResponseError(code="server_error", message=error.message))
-        return self._start(gen) + [self._event(rp.ResponseEvent(type="response.failed", response=failed))]
+        return self._start(gen) + [self._event(rp.ResponseEvent(type="response.failed", response=failed)), DONE]
 
     def response(self, gen: ResponseState) -> rp.ResponseObject:
         return self._response(gen, self._status(gen))
@@ -308,7 +320,7 @@ class Responses:
         chat = chat_request(body, history, items)
         plan = await self.chats.plan(chat)
         engine = self.server.ready()
-        fmt = ResponsesFormat(body, new_item_id("resp"), self.server.model_name, engine.tokenizer.bytes_of,
+        fmt = ResponsesFormat(body, new_item_id("resp"), self.server.model_name, plan.params, engine.tokenizer.bytes_of,
                               engine.config.page_size if engine.config.enable_prefix_caching else 0)
         if body.safety_identifier is not None:  # OpenAI's end-user id, logged as user is
             log.info("%s for safety_identifier %r", fmt.request_id, body.safety_identifier)
