@@ -208,12 +208,14 @@ RawTensors = dict[str, tuple[np.ndarray, gguf.GGMLQuantizationType]]
 
 def write_gguf(path: Path, model, arch: str, raw: RawTensors | None = None, drop: tuple[str, ...] = (),
                types: dict[str, gguf.GGMLQuantizationType] | None = None, sliding_window: int | None = None,
-               sliding_window_pattern: list[bool] | None = None, pooling_type: int | None = None) -> Path:
+               sliding_window_pattern: list[bool] | None = None, pooling_type: int | None = None,
+               ssm_in: bool = False) -> Path:
     """A GGUF file holding `model` the way llama.cpp writes it: its names, its permutation, its metadata.
     `raw` replaces a tensor's data by pre-quantized bytes; `types` quantizes tensors to GGUF types (the
     K-quants, which the gguf package cannot quantize, as random blocks). A Mistral is written as llama.cpp's
     converter writes it, as "llama" without its window; sliding_window (and which layers slide) adds the keys
-    llama.cpp's converters write for the families whose window they keep."""
+    llama.cpp's converters write for the families whose window they keep. ssm_in writes Qwen3-Next as the older
+    converter did, in_proj_qkvz merged (ssm_in)."""
     cfg = model.config
     arch = GGUF_ARCH.get(arch, arch)
     writer = gguf.GGUFWriter(path, arch)
@@ -272,7 +274,7 @@ def write_gguf(path: Path, model, arch: str, raw: RawTensors | None = None, drop
     tensors = converter_tensors(model)
     if arch == "granitehybrid":
         tensors = _granite_tensors(tensors, cfg)
-    if arch == "qwen3next":
+    if arch == "qwen3next" and not ssm_in:
         tensors = _qwen3next_tensors(tensors, cfg)
     for hf_name, tensor in tensors.items():
         # the converter's names: Qwen3.5's dt_bias is its dt_proj's bias, LFM2-MoE's expert_bias a bias

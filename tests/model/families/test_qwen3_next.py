@@ -1,6 +1,7 @@
 """Qwen3-Next: its config.json read as transformers reads it, and its merged DeltaNet matrices (in_proj_qkvz,
 in_proj_ba / ssm_ba, rows interleaved per key head) split into Qwen3.5's, a GGUF's quantized blocks too."""
 import gguf
+import pytest
 import tiny
 import torch
 import transformers
@@ -33,7 +34,7 @@ def test_qwen3_next_config_reads_as_transformers_reads_it():
     config = hf_family(QWEN3_NEXT_80B).hf_config(QWEN3_NEXT_80B, {})
     reference = transformers.Qwen3NextConfig.from_dict(QWEN3_NEXT_80B)
     assert config.architecture == "qwen3_next" and config.layer_types == reference.layer_types
-    assert config.linear == LinearAttentionShape(16, 32, 128, 128, 4, tiled=False)
+    assert config.linear == LinearAttentionShape(16, 32, 128, 128, 4, tiled=False, merged_qkvz=True)
     assert config.rotary_dim == 64 and config.norm_weight_offset == 1.0 and config.rope_theta == 1e7
     assert (config.num_experts, config.num_experts_per_tok, config.moe_intermediate_size,
             config.shared_expert_intermediate_size) == (512, 10, 512, 512)
@@ -43,33 +44,27 @@ def test_qwen3_next_config_reads_as_transformers_reads_it():
         unsaid).norm_topk_prob is True
 
 
-def test_a_directory_and_a_gguf_name_the_merged_matrices_each_as_it_stores_them():
-    config = hf_family(QWEN3_NEXT_80B).hf_config(QWEN3_NEXT_80B, {})
-    linear = "model.layers.0.linear_attn."
-    names = {fmt: {n.removeprefix(linear) for n in family("qwen3_next").tensor_names(config, per_expert)
-                   if n.startswith(linear) and "in_proj" in n} for fmt, per_expert in (("hf", True), ("gguf", False))}
-    assert names == {"hf": {"in_proj_qkvz.weight", "in_proj_ba.weight"},
-                     "gguf": {"in_proj_qkv.weight", "in_proj_z.weight", "in_proj_ba.weight"}}
-
-
-def test_a_quantized_ssm_ba_splits_into_b_and_a_of_the_files_blocks(tmp_path):
-    """llama.cpp quantizes ssm_ba (Q8_0 here), whose rows are per key head its value heads' b, then their a: b
-    and a are those rows of the file's blocks, and the model computes transformers' logits with in_proj_ba at
-    the blocks' values."""
+@pytest.mark.parametrize("ssm_in", [False, True], ids=["attn_qkv", "ssm_in"])
+def test_quantized_merged_matrices_split_into_their_rows_of_the_files_blocks(ssm_in, tmp_path):
+    """llama.cpp quantizes ssm_ba, and the older converter's ssm_in (in_proj_qkvz), Q8_0 here: per key head, their
+    rows hold its value heads' b then a (its q, k, v and z): the parts are those rows of the file's blocks, and
+    the model computes transformers' logits with the merged matrices at the blocks' values."""
     hf = tiny.build("qwen3_next", tmp_path, rope_theta=50000.0, rms_norm_eps=1e-5)
-    names = [n for n in tiny.converter_tensors(hf) if n.endswith("in_proj_ba.weight")]
+    merged = [n for n in tiny.converter_tensors(hf) if n.endswith(("in_proj_qkvz.weight", "in_proj_ba.weight"))]
     path = tiny.write_gguf(tmp_path / "q8.gguf", hf, "qwen3_next",
-                           types=dict.fromkeys(names, gguf.GGMLQuantizationType.Q8_0))
+                           types=dict.fromkeys(merged, gguf.GGMLQuantizationType.Q8_0), ssm_in=ssm_in)
     ckpt = load_checkpoint(path, torch.float32)
+    assert ckpt.config.linear.merged_qkvz == ssm_in
     layer = "model.layers.0"
     ba = ckpt.tensors[f"{layer}.linear_attn.in_proj_ba.weight"]
     parts = family("qwen3_next").split_merged(ckpt.tensors, ckpt.config, layer)
-    b, a = (parts[f"{layer}.linear_attn.in_proj_{n}.weight"] for n in "ba")
+    qkv, b, a = (parts[f"{layer}.linear_attn.in_proj_{n}.weight"] for n in ("qkv", "b", "a"))
     assert isinstance(ba, BlockWeight) and isinstance(b, BlockWeight) and isinstance(a, BlockWeight)
+    assert isinstance(qkv, BlockWeight) == ssm_in
     # two key heads, two value heads each: rows b0 b1 a0 a1 of key head 0, then of key head 1
     assert torch.equal(b.dequantize(), ba.dequantize()[[0, 1, 4, 5]])
     assert torch.equal(a.dequantize(), ba.dequantize()[[2, 3, 6, 7]])
     with torch.no_grad():
-        for name in names:
+        for name in filter(ckpt.tensors.__contains__, merged):
             hf.get_submodule(name.removesuffix(".weight")).weight.copy_(ckpt.tensors[name].dequantize())
     assert_logits_match(hf, Decoder(ckpt.config, ckpt.tensors))
