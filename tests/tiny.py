@@ -209,13 +209,14 @@ RawTensors = dict[str, tuple[np.ndarray, gguf.GGMLQuantizationType]]
 def write_gguf(path: Path, model, arch: str, raw: RawTensors | None = None, drop: tuple[str, ...] = (),
                types: dict[str, gguf.GGMLQuantizationType] | None = None, sliding_window: int | None = None,
                sliding_window_pattern: list[bool] | None = None, pooling_type: int | None = None,
-               ssm_in: bool = False) -> Path:
+               ssm_in: bool = False, mtp: bool = False) -> Path:
     """A GGUF file holding `model` the way llama.cpp writes it: its names, its permutation, its metadata.
     `raw` replaces a tensor's data by pre-quantized bytes; `types` quantizes tensors to GGUF types (the
     K-quants, which the gguf package cannot quantize, as random blocks). A Mistral is written as llama.cpp's
     converter writes it, as "llama" without its window; sliding_window (and which layers slide) adds the keys
     llama.cpp's converters write for the families whose window they keep. ssm_in writes Qwen3-Next as the older
-    converter did, in_proj_qkvz merged (ssm_in)."""
+    converter did, in_proj_qkvz merged (ssm_in); mtp appends a Qwen3.5 / Qwen3-Next multi-token-prediction block
+    as the converter does where the checkpoint has one."""
     cfg = model.config
     arch = GGUF_ARCH.get(arch, arch)
     writer = gguf.GGUFWriter(path, arch)
@@ -225,7 +226,8 @@ def write_gguf(path: Path, model, arch: str, raw: RawTensors | None = None, drop
         writer.add_sliding_window(cfg.sliding_window)
     ffn, kv_heads, rope_base, eps = _gemma4_metadata(writer, model) if arch == "gemma4" else \
         (cfg.intermediate_size, cfg.num_key_value_heads, 50000.0, 1e-5)
-    shape = {"block_count": cfg.num_hidden_layers, "context_length": cfg.max_position_embeddings,
+    layers = cfg.num_hidden_layers + mtp
+    shape = {"block_count": layers, "context_length": cfg.max_position_embeddings,
              "embedding_length": cfg.hidden_size, "feed_forward_length": ffn,
              "attention.head_count": cfg.num_attention_heads, "attention.head_count_kv": kv_heads}
     if arch in ("lfm2", "lfm2moe"):
@@ -241,7 +243,7 @@ def write_gguf(path: Path, model, arch: str, raw: RawTensors | None = None, drop
     if arch in ("qwen3", "qwen3moe") + DELTANET_GGUF:
         writer.add_key_length(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
     if arch in DELTANET_GGUF:
-        _qwen35_metadata(writer, cfg)
+        _qwen35_metadata(writer, cfg, mtp)
     if arch == "phi3":
         _phi3_metadata(writer, cfg)
     if arch == "gpt-oss":  # what llama.cpp's converter adds: the head size, the window, YaRN
@@ -268,7 +270,7 @@ def write_gguf(path: Path, model, arch: str, raw: RawTensors | None = None, drop
     writer.add_eos_token_id(2)
     writer.add_uint32("tokenizer.ggml.eot_token_id", 7)
     arch_id = next(key for key, name in gguf.MODEL_ARCH_NAMES.items() if name == arch)
-    names = gguf.get_tensor_name_map(arch_id, cfg.num_hidden_layers)
+    names = gguf.get_tensor_name_map(arch_id, layers)
     heads = {"q_proj": cfg.num_attention_heads, "k_proj": cfg.num_key_value_heads} \
         if arch in ("llama", "granitehybrid") else {}  # the rows the converter permutes
     tensors = converter_tensors(model)
@@ -276,6 +278,8 @@ def write_gguf(path: Path, model, arch: str, raw: RawTensors | None = None, drop
         tensors = _granite_tensors(tensors, cfg)
     if arch == "qwen3next" and not ssm_in:
         tensors = _qwen3next_tensors(tensors, cfg)
+    if mtp:
+        tensors |= _mtp_block(writer, tensors, cfg)
     for hf_name, tensor in tensors.items():
         # the converter's names: Qwen3.5's dt_bias is its dt_proj's bias, LFM2-MoE's expert_bias a bias
         hf_as = hf_name.replace(".dt_bias", ".dt_proj.bias").replace(".expert_bias", ".expert_bias.bias")
@@ -324,20 +328,35 @@ def _lfm2_metadata(writer: gguf.GGUFWriter, model) -> dict[str, int | list[int]]
             "feed_forward_length": model.model.layers[0].feed_forward.w1.out_features}
 
 
-def _qwen35_metadata(writer: gguf.GGUFWriter, cfg) -> None:
+def _qwen35_metadata(writer: gguf.GGUFWriter, cfg, mtp: bool) -> None:
     """What llama.cpp's converter writes of Qwen3.5's and Qwen3-Next's DeltaNet layers (which they are: flags
-    from config.json's layer_types, and the interval), and their partial RoPE (Qwen3.5's as MRoPE)."""
+    from config.json's layer_types, the MTP block's false, and the interval), and their partial RoPE (Qwen3.5's
+    as MRoPE)."""
     arch = writer.arch
     writer.add_uint32(f"{arch}.ssm.conv_kernel", cfg.linear_conv_kernel_dim)
     writer.add_uint32(f"{arch}.ssm.state_size", cfg.linear_key_head_dim)
     writer.add_uint32(f"{arch}.ssm.group_count", cfg.linear_num_key_heads)
     writer.add_uint32(f"{arch}.ssm.time_step_rank", cfg.linear_num_value_heads)
     writer.add_uint32(f"{arch}.ssm.inner_size", cfg.linear_value_head_dim * cfg.linear_num_value_heads)
-    writer.add_array(f"{arch}.attention.recurrent_layers", [kind == "linear_attention" for kind in cfg.layer_types])
+    writer.add_array(f"{arch}.attention.recurrent_layers",
+                     [kind == "linear_attention" for kind in cfg.layer_types] + [False] * mtp)
+    if mtp:
+        writer.add_nextn_predict_layers(1)
     writer.add_uint32(f"{arch}.full_attention_interval", 4)
     writer.add_rope_dimension_count(int(cfg.head_dim * cfg.rope_parameters["partial_rotary_factor"]))
     if arch != "qwen3next":
         writer.add_array(f"{arch}.rope.dimension_sections", [11, 11, 10, 0])  # MRoPE's: text positions fill all
+
+
+def _mtp_block(writer: gguf.GGUFWriter, tensors: dict[str, torch.Tensor], cfg) -> dict[str, torch.Tensor]:
+    """The multi-token-prediction block llama.cpp's converter appends as layer num_hidden_layers: a full-attention
+    layer (here the last layer's weights again, returned under its names) and its nextn tensors (written here:
+    the gguf package maps none of their names for these architectures)."""
+    last, block = f"model.layers.{cfg.num_hidden_layers - 1}.", cfg.num_hidden_layers
+    h = cfg.hidden_size
+    for part, shape in (("eh_proj", (h, 2 * h)), ("enorm", (h,)), ("hnorm", (h,)), ("shared_head_norm", (h,))):
+        writer.add_tensor(f"blk.{block}.nextn.{part}.weight", np.ones(shape, np.float32))
+    return {name.replace(last, f"model.layers.{block}."): t for name, t in tensors.items() if name.startswith(last)}
 
 
 def _qwen3next_tensors(tensors: dict[str, torch.Tensor], cfg) -> dict[str, torch.Tensor]:

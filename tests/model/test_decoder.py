@@ -199,20 +199,22 @@ def test_gemma3_gguf_as_llama_cpp_writes_it_gives_transformers_logits(tmp_path):
 
 
 def deltanet_gguf(arch: str, directory):
-    """A tiny Qwen3.5 (or Qwen3-Next) and the GGUF llama.cpp's converter writes of it."""
+    """A tiny Qwen3.5 (or Qwen3-Next) and the GGUF llama.cpp's converter writes of it, with a
+    multi-token-prediction block after its layers as the released checkpoints' files have."""
     hf = tiny.build(arch, directory, rope_theta=50000.0, rms_norm_eps=1e-5)
-    return hf, tiny.write_gguf(directory / "tiny.gguf", hf, arch)
+    return hf, tiny.write_gguf(directory / "tiny.gguf", hf, arch, mtp=True)
 
 
 @pytest.mark.parametrize("arch", ["qwen3_5", "qwen3_5_moe", "qwen3_next"])
 def test_a_deltanet_gguf_as_llama_cpp_writes_it_gives_transformers_logits(arch, tmp_path):
     """llama.cpp's converter stores (1 + w) norms as such, A_log as -exp(A_log), Qwen3.5's DeltaNet value heads
     tiled by key head (its four value heads over two key heads are reordered), Qwen3-Next's in_proj_qkvz split
-    into attn_qkv and attn_gate and its in_proj_ba as it is (ssm_ba), value heads grouped: the file's model is
-    the directory's."""
+    into attn_qkv and attn_gate and its in_proj_ba as it is (ssm_ba), value heads grouped; the MTP block it
+    appends is not one of the model's layers: the file's model is the directory's."""
     hf, path = deltanet_gguf(arch, tmp_path)
     ckpt = load_checkpoint(path, torch.float32)
     assert ckpt.config.linear is not None and ckpt.config.linear.tiled == (arch != "qwen3_next")
+    assert ckpt.config.num_layers == hf.config.num_hidden_layers
     ours = Decoder(ckpt.config, ckpt.tensors)
     assert_logits_match(hf, ours)
 
