@@ -28,12 +28,13 @@ MOE = {"mixtral": dict(num_local_experts=4, num_experts_per_tok=2, intermediate_
                          shared_expert_intermediate_size=48),
        "qwen3_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True)}
 # Hybrids: gated DeltaNet layers (two key heads, four value heads: each key head serves two) and a full
-# attention layer every fourth, as Qwen3.5's
-CLASSES |= {"qwen3_5": transformers.Qwen3_5ForCausalLM, "qwen3_5_moe": transformers.Qwen3_5MoeForCausalLM}
+# attention layer every fourth, as Qwen3.5's and Qwen3-Next's
+CLASSES |= {"qwen3_5": transformers.Qwen3_5ForCausalLM, "qwen3_5_moe": transformers.Qwen3_5MoeForCausalLM,
+            "qwen3_next": transformers.Qwen3NextForCausalLM}
 HYBRID = dict(head_dim=32, linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2,
               linear_num_value_heads=4, num_hidden_layers=4)
-MOE |= {"qwen3_5_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-                            shared_expert_intermediate_size=48)}
+MOE |= {arch: dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48)
+        for arch in ("qwen3_5_moe", "qwen3_next")}
 # gpt-oss: 4 experts of width 32, top-2; a window of 8 (prompts reach past it), YaRN with its released factor;
 # tiny.write_gguf's RoPE base and epsilon. Its gate/up weights are drawn larger (GPT_OSS_GATE_UP_STD), so that
 # some gates pass the SwiGLU limit (7, which a GGUF file cannot change) and the clamps act.
@@ -58,8 +59,9 @@ GRANITE = dict(layer_types=["mamba", "attention", "mamba", "mamba"], num_hidden_
                intermediate_size=32, shared_intermediate_size=48, position_embedding_type=None,
                embedding_multiplier=1.5, attention_multiplier=0.125, residual_multiplier=0.5, logits_scaling=2.0)
 GGUF_ARCH = {"mixtral": "llama", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe", "qwen3_5": "qwen35",
-             "qwen3_5_moe": "qwen35moe", "gpt_oss": "gpt-oss", "lfm2_moe": "lfm2moe",
+             "qwen3_5_moe": "qwen35moe", "qwen3_next": "qwen3next", "gpt_oss": "gpt-oss", "lfm2_moe": "lfm2moe",
              "granitemoehybrid": "granitehybrid"}  # llama.cpp's names
+DELTANET_GGUF = ("qwen35", "qwen35moe", "qwen3next")  # the GGUF architectures with gated DeltaNet layers
 VOCAB = 1000
 # Gemma 3 as llama.cpp's converter can write it (query_pre_attn_scalar = head_dim, no soft-capping) and as
 # write_gguf's metadata says (its RoPE base and epsilon); 6 layers: five local, one global, llama.cpp's pattern.
@@ -94,7 +96,7 @@ def config(arch: str, layers: int = 2, vocab_size: int = VOCAB, **overrides) -> 
                  max_position_embeddings=4096, rope_theta=10000.0)
     if arch == "phi3":  # Phi3Config's default pad id (32000) is outside a tiny vocabulary
         shape |= {"pad_token_id": None}
-    hybrid = HYBRID if arch.startswith("qwen3_5") else LFM2 if arch.startswith("lfm2") else {}
+    hybrid = HYBRID if GGUF_ARCH.get(arch) in DELTANET_GGUF else LFM2 if arch.startswith("lfm2") else {}
     family = FAMILY.get(arch) or MOE.get(arch, {}) | hybrid
     # transformers edits rope dicts in place
     return CLASSES[arch].config_class(**(shape | family | copy.deepcopy(overrides)))
@@ -206,12 +208,15 @@ RawTensors = dict[str, tuple[np.ndarray, gguf.GGMLQuantizationType]]
 
 def write_gguf(path: Path, model, arch: str, raw: RawTensors | None = None, drop: tuple[str, ...] = (),
                types: dict[str, gguf.GGMLQuantizationType] | None = None, sliding_window: int | None = None,
-               sliding_window_pattern: list[bool] | None = None, pooling_type: int | None = None) -> Path:
+               sliding_window_pattern: list[bool] | None = None, pooling_type: int | None = None,
+               ssm_in: bool = False, mtp: bool = False) -> Path:
     """A GGUF file holding `model` the way llama.cpp writes it: its names, its permutation, its metadata.
     `raw` replaces a tensor's data by pre-quantized bytes; `types` quantizes tensors to GGUF types (the
     K-quants, which the gguf package cannot quantize, as random blocks). A Mistral is written as llama.cpp's
     converter writes it, as "llama" without its window; sliding_window (and which layers slide) adds the keys
-    llama.cpp's converters write for the families whose window they keep."""
+    llama.cpp's converters write for the families whose window they keep. ssm_in writes Qwen3-Next as the older
+    converter did, in_proj_qkvz merged (ssm_in); mtp appends a Qwen3.5 / Qwen3-Next multi-token-prediction block
+    as the converter does where the checkpoint has one."""
     cfg = model.config
     arch = GGUF_ARCH.get(arch, arch)
     writer = gguf.GGUFWriter(path, arch)
@@ -221,7 +226,8 @@ def write_gguf(path: Path, model, arch: str, raw: RawTensors | None = None, drop
         writer.add_sliding_window(cfg.sliding_window)
     ffn, kv_heads, rope_base, eps = _gemma4_metadata(writer, model) if arch == "gemma4" else \
         (cfg.intermediate_size, cfg.num_key_value_heads, 50000.0, 1e-5)
-    shape = {"block_count": cfg.num_hidden_layers, "context_length": cfg.max_position_embeddings,
+    layers = cfg.num_hidden_layers + mtp
+    shape = {"block_count": layers, "context_length": cfg.max_position_embeddings,
              "embedding_length": cfg.hidden_size, "feed_forward_length": ffn,
              "attention.head_count": cfg.num_attention_heads, "attention.head_count_kv": kv_heads}
     if arch in ("lfm2", "lfm2moe"):
@@ -234,10 +240,10 @@ def write_gguf(path: Path, model, arch: str, raw: RawTensors | None = None, drop
         writer.add_sliding_window(sliding_window)
     if sliding_window_pattern is not None:
         writer.add_sliding_window_pattern(sliding_window_pattern)
-    if arch in ("qwen3", "qwen3moe", "qwen35", "qwen35moe"):
+    if arch in ("qwen3", "qwen3moe") + DELTANET_GGUF:
         writer.add_key_length(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
-    if arch in ("qwen35", "qwen35moe"):
-        _qwen35_metadata(writer, cfg)
+    if arch in DELTANET_GGUF:
+        _qwen35_metadata(writer, cfg, mtp)
     if arch == "phi3":
         _phi3_metadata(writer, cfg)
     if arch == "gpt-oss":  # what llama.cpp's converter adds: the head size, the window, YaRN
@@ -264,12 +270,16 @@ def write_gguf(path: Path, model, arch: str, raw: RawTensors | None = None, drop
     writer.add_eos_token_id(2)
     writer.add_uint32("tokenizer.ggml.eot_token_id", 7)
     arch_id = next(key for key, name in gguf.MODEL_ARCH_NAMES.items() if name == arch)
-    names = gguf.get_tensor_name_map(arch_id, cfg.num_hidden_layers)
+    names = gguf.get_tensor_name_map(arch_id, layers)
     heads = {"q_proj": cfg.num_attention_heads, "k_proj": cfg.num_key_value_heads} \
         if arch in ("llama", "granitehybrid") else {}  # the rows the converter permutes
     tensors = converter_tensors(model)
     if arch == "granitehybrid":
         tensors = _granite_tensors(tensors, cfg)
+    if arch == "qwen3next" and not ssm_in:
+        tensors = _qwen3next_tensors(tensors, cfg)
+    if mtp:
+        tensors |= _mtp_block(writer, tensors, cfg)
     for hf_name, tensor in tensors.items():
         # the converter's names: Qwen3.5's dt_bias is its dt_proj's bias, LFM2-MoE's expert_bias a bias
         hf_as = hf_name.replace(".dt_bias", ".dt_proj.bias").replace(".expert_bias", ".expert_bias.bias")
@@ -287,8 +297,8 @@ def write_gguf(path: Path, model, arch: str, raw: RawTensors | None = None, drop
             array = llama_cpp_permute(array, heads[hf_name.split(".")[-2]])
         if arch == "gemma3" and hf_name.endswith("norm.weight"):  # the converter stores Gemma's (1 + w)
             array = array + 1
-        if arch in ("qwen35", "qwen35moe"):
-            array = _qwen35_tensor(hf_name, array, cfg)
+        if arch in DELTANET_GGUF:
+            array = _qwen35_tensor(hf_name, array, cfg, tiled=arch != "qwen3next")
         if hf_name in (types or {}):
             raw = (raw or {}) | {hf_name: (quantized(array, types[hf_name]), types[hf_name])}
         if hf_name in (raw or {}):
@@ -318,27 +328,63 @@ def _lfm2_metadata(writer: gguf.GGUFWriter, model) -> dict[str, int | list[int]]
             "feed_forward_length": model.model.layers[0].feed_forward.w1.out_features}
 
 
-def _qwen35_metadata(writer: gguf.GGUFWriter, cfg) -> None:
-    """What llama.cpp's converter writes of Qwen3.5's DeltaNet layers, and its partial RoPE."""
+def _qwen35_metadata(writer: gguf.GGUFWriter, cfg, mtp: bool) -> None:
+    """What llama.cpp's converter writes of Qwen3.5's and Qwen3-Next's DeltaNet layers (which they are: flags
+    from config.json's layer_types, the MTP block's false, and the interval), and their partial RoPE (Qwen3.5's
+    as MRoPE)."""
     arch = writer.arch
     writer.add_uint32(f"{arch}.ssm.conv_kernel", cfg.linear_conv_kernel_dim)
     writer.add_uint32(f"{arch}.ssm.state_size", cfg.linear_key_head_dim)
     writer.add_uint32(f"{arch}.ssm.group_count", cfg.linear_num_key_heads)
     writer.add_uint32(f"{arch}.ssm.time_step_rank", cfg.linear_num_value_heads)
     writer.add_uint32(f"{arch}.ssm.inner_size", cfg.linear_value_head_dim * cfg.linear_num_value_heads)
+    writer.add_array(f"{arch}.attention.recurrent_layers",
+                     [kind == "linear_attention" for kind in cfg.layer_types] + [False] * mtp)
+    if mtp:
+        writer.add_nextn_predict_layers(1)
     writer.add_uint32(f"{arch}.full_attention_interval", 4)
     writer.add_rope_dimension_count(int(cfg.head_dim * cfg.rope_parameters["partial_rotary_factor"]))
-    writer.add_array(f"{arch}.rope.dimension_sections", [11, 11, 10, 0])  # MRoPE's: text positions fill all
+    if arch != "qwen3next":
+        writer.add_array(f"{arch}.rope.dimension_sections", [11, 11, 10, 0])  # MRoPE's: text positions fill all
 
 
-def _qwen35_tensor(name: str, array: np.ndarray, cfg) -> np.ndarray:
-    """A Qwen3.5 tensor as llama.cpp's converter stores it: (1 + w) norms as such, A_log as -exp(A_log), the
-    convolution squeezed, and the value heads reordered from grouped by key head to tiled."""
+def _mtp_block(writer: gguf.GGUFWriter, tensors: dict[str, torch.Tensor], cfg) -> dict[str, torch.Tensor]:
+    """The multi-token-prediction block llama.cpp's converter appends as layer num_hidden_layers: a full-attention
+    layer (here the last layer's weights again, returned under its names) and its nextn tensors (written here:
+    the gguf package maps none of their names for these architectures)."""
+    last, block = f"model.layers.{cfg.num_hidden_layers - 1}.", cfg.num_hidden_layers
+    h = cfg.hidden_size
+    for part, shape in (("eh_proj", (h, 2 * h)), ("enorm", (h,)), ("hnorm", (h,)), ("shared_head_norm", (h,))):
+        writer.add_tensor(f"blk.{block}.nextn.{part}.weight", np.ones(shape, np.float32))
+    return {name.replace(last, f"model.layers.{block}."): t for name, t in tensors.items() if name.startswith(last)}
+
+
+def _qwen3next_tensors(tensors: dict[str, torch.Tensor], cfg) -> dict[str, torch.Tensor]:
+    """What llama.cpp's converter makes of Qwen3-Next's in_proj_qkvz (per key head: its q, k, v and z rows): q, k
+    and v of every head one after another (Qwen3.5's in_proj_qkv), and z (in_proj_z)."""
+    k_heads, v_per_k = cfg.linear_num_key_heads, cfg.linear_num_value_heads // cfg.linear_num_key_heads
+    widths = [cfg.linear_key_head_dim] * 2 + [v_per_k * cfg.linear_value_head_dim] * 2
+    out = {}
+    for name, t in tensors.items():
+        if name.endswith("in_proj_qkvz.weight"):
+            q, k, v, z = (part.reshape(-1, t.shape[1]) for part in t.view(k_heads, -1, t.shape[1]).split(widths, 1))
+            out |= {name.replace("qkvz", "qkv"): torch.cat([q, k, v]), name.replace("qkvz", "z"): z}
+        else:
+            out[name] = t
+    return out
+
+
+def _qwen35_tensor(name: str, array: np.ndarray, cfg, tiled: bool) -> np.ndarray:
+    """A Qwen3.5 or Qwen3-Next tensor as llama.cpp's converter stores it: (1 + w) norms as such, A_log as
+    -exp(A_log), the convolution squeezed, and for Qwen3.5 (tiled) the value heads reordered from grouped by key
+    head to tiled."""
     if name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
         return array + 1
     if name.endswith("A_log"):
         array = -np.exp(array)
-    if "linear_attn." not in name:
+    if name.endswith("conv1d.weight"):
+        array = array.squeeze()
+    if "linear_attn." not in name or not tiled:
         return array
     k_heads, v_heads = cfg.linear_num_key_heads, cfg.linear_num_value_heads
     value_dim, qk_rows = cfg.linear_value_head_dim, 2 * cfg.linear_num_key_heads * cfg.linear_key_head_dim
@@ -349,7 +395,6 @@ def _qwen35_tensor(name: str, array: np.ndarray, cfg) -> np.ndarray:
         return np.moveaxis(x, 0, axis)
 
     if name.endswith(("in_proj_qkv.weight", "conv1d.weight")):
-        array = array.squeeze() if name.endswith("conv1d.weight") else array
         return np.concatenate([array[:qk_rows], tiled(array[qk_rows:], value_dim)])
     if name.endswith("in_proj_z.weight"):
         return tiled(array, value_dim)

@@ -54,8 +54,8 @@ EXTRA = {"llama": {"rope_scaling": LLAMA3}, "phi3": PHI3, "gemma3": GEMMA3_HF, "
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3", "phi3", "gemma3", "qwen3_5", "qwen3_5_moe",
-                                        "gpt_oss", "lfm2", "lfm2_moe", "granitemoehybrid", "gemma4", "gemma4-plain",
-                                        "gemma4-moe"])
+                                        "qwen3_next", "gpt_oss", "lfm2", "lfm2_moe", "granitemoehybrid", "gemma4",
+                                        "gemma4-plain", "gemma4-moe"])
 def tiny_pair(request, tmp_path_factory):
     directory = tmp_path_factory.mktemp(request.param)
     hf = tiny.build(request.param.split("-")[0], directory, **EXTRA.get(request.param, {}))
@@ -198,27 +198,31 @@ def test_gemma3_gguf_as_llama_cpp_writes_it_gives_transformers_logits(tmp_path):
     assert_logits_match(hf, ours)
 
 
-def qwen3_5_gguf(arch: str, directory):
-    """A tiny Qwen3.5 and the GGUF llama.cpp's converter writes of it."""
+def deltanet_gguf(arch: str, directory):
+    """A tiny Qwen3.5 (or Qwen3-Next) and the GGUF llama.cpp's converter writes of it, with a
+    multi-token-prediction block after its layers as the released checkpoints' files have."""
     hf = tiny.build(arch, directory, rope_theta=50000.0, rms_norm_eps=1e-5)
-    return hf, tiny.write_gguf(directory / "tiny.gguf", hf, arch)
+    return hf, tiny.write_gguf(directory / "tiny.gguf", hf, arch, mtp=True)
 
 
-@pytest.mark.parametrize("arch", ["qwen3_5", "qwen3_5_moe"])
-def test_qwen3_5_gguf_as_llama_cpp_writes_it_gives_transformers_logits(arch, tmp_path):
-    """llama.cpp's converter stores (1 + w) norms as such, A_log as -exp(A_log), the DeltaNet's value heads
-    tiled by key head (its four value heads over two key heads are reordered): the file's model is the
-    directory's."""
-    hf, path = qwen3_5_gguf(arch, tmp_path)
+@pytest.mark.parametrize("arch", ["qwen3_5", "qwen3_5_moe", "qwen3_next"])
+def test_a_deltanet_gguf_as_llama_cpp_writes_it_gives_transformers_logits(arch, tmp_path):
+    """llama.cpp's converter stores (1 + w) norms as such, A_log as -exp(A_log), Qwen3.5's DeltaNet value heads
+    tiled by key head (its four value heads over two key heads are reordered), Qwen3-Next's in_proj_qkvz split
+    into attn_qkv and attn_gate and its in_proj_ba as it is (ssm_ba), value heads grouped; the MTP block it
+    appends is not one of the model's layers: the file's model is the directory's."""
+    hf, path = deltanet_gguf(arch, tmp_path)
     ckpt = load_checkpoint(path, torch.float32)
-    assert ckpt.config.linear is not None and ckpt.config.linear.tiled
+    assert ckpt.config.linear is not None and ckpt.config.linear.tiled == (arch != "qwen3_next")
+    assert ckpt.config.num_layers == hf.config.num_hidden_layers
     ours = Decoder(ckpt.config, ckpt.tensors)
     assert_logits_match(hf, ours)
 
 
-def test_qwen3_5_gguf_greedy_through_the_engine_is_transformers(tmp_path):
+@pytest.mark.parametrize("arch", ["qwen3_5", "qwen3_next"])
+def test_a_deltanet_gguf_greedy_through_the_engine_is_transformers(arch, tmp_path):
     """The file prefilled in 32-token chunks beside other prompts, then decoded: transformers' tokens."""
-    hf, path = qwen3_5_gguf("qwen3_5", tmp_path)
+    hf, path = deltanet_gguf(arch, tmp_path)
     llm = LLM(str(path), dtype="float32", page_size=16, max_num_batched_tokens=32)
     outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=16, min_tokens=16))
     for ids, out in zip(PROMPTS, outs):

@@ -75,6 +75,7 @@ class LinearAttentionShape:
     value_dim: int
     conv_kernel: int
     tiled: bool  # value heads in a GGUF's order, by key head tiled (k0, k1, ..., k0, k1), not grouped
+    merged_qkvz: bool = False  # q, k, v and z stored as one matrix, rows interleaved per key head (Qwen3-Next)
 
     @property
     def conv_channels(self) -> int:

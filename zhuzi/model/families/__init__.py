@@ -19,6 +19,7 @@ from zhuzi.model.families import (
     qwen3,
     qwen3_5,
     qwen3_moe,
+    qwen3_next,
 )
 from zhuzi.model.families.base import Family
 
@@ -35,6 +36,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     qwen3_moe.FAMILY,
     qwen3_5.FAMILY,
     qwen3_5.MOE_FAMILY,
+    qwen3_next.FAMILY,
     gpt_oss.FAMILY,
     lfm2.FAMILY,
     lfm2.MOE_FAMILY,

@@ -187,22 +187,11 @@ class Family:
                 names += [f"{layer}self_attn.{p}_norm.weight" for p in projections[:2]]
             if spec.sandwich_norms:
                 names += [layer + "pre_feedforward_layernorm.weight", layer + "post_feedforward_layernorm.weight"]
-        return self._merged_names(names)
+        return merged_names(names, self.merged)
 
     def recurrent_tensor_names(self, layer: str, spec: LayerSpec) -> list[str]:
         """A layer's mixer tensors where the mixer keeps a state instead of KV (the family's own names)."""
         raise ValueError(f"{self.name} has no {spec.mixer.value} layers")
-
-    def _merged_names(self, names: list[str]) -> list[str]:
-        """Each merged tensor where its first part's name was; its other parts' names go."""
-        first = {parts[0]: merged for merged, parts in self.merged.items()}
-        rest = {part for parts in self.merged.values() for part in parts[1:]}
-        kept = []
-        for name in names:
-            m = LAYER_NAME.fullmatch(name)
-            if m is None or m[2] not in rest:
-                kept.append(f"{m[1]}.{first[m[2]]}.{m[3]}" if m and m[2] in first else name)
-        return kept
 
     def split_merged(self, tensors: dict[str, Weight], config: ModelConfig, layer: str) -> dict[str, Weight]:
         """Layer `layer`'s module weights where the checkpoint merges them: row ranges (views) of the merged
@@ -249,6 +238,19 @@ class Family:
 def expert_parts(config: ModelConfig) -> tuple[str, ...]:
     """The matrices each expert is stored as."""
     return ("gate_up", "down") if config.experts_gate_up else EXPERT_PARTS
+
+
+def merged_names(names: list[str], merged: Mapping[str, tuple[str, ...]]) -> list[str]:
+    """Each merged tensor (a stored tensor -> the module weights it holds) where its first part's name was; its
+    other parts' names go."""
+    first = {parts[0]: stored for stored, parts in merged.items()}
+    rest = {part for parts in merged.values() for part in parts[1:]}
+    kept = []
+    for name in names:
+        m = LAYER_NAME.fullmatch(name)
+        if m is None or m[2] not in rest:
+            kept.append(f"{m[1]}.{first[m[2]]}.{m[3]}" if m and m[2] in first else name)
+    return kept
 
 
 def _mlp_names(config: ModelConfig, mlp_kind: Mlp, mlp: str, per_expert: bool) -> list[str]:

@@ -30,6 +30,7 @@ def _layer_types(layers: int, interval: int) -> list[str]:
 @dataclass(frozen=True)
 class Qwen3_5(SparseFamily):
     sparse: bool = False
+    gguf_tiles_values: bool = True  # llama.cpp's converter tiles the DeltaNet's value heads by key head
 
     def hf_fields(self, raw: dict[str, Any], config: ModelConfig) -> dict[str, Any]:
         linear = LinearAttentionShape(raw["linear_num_key_heads"], raw["linear_num_value_heads"],
@@ -40,14 +41,21 @@ class Qwen3_5(SparseFamily):
         return super().hf_fields(raw, config) | self._hybrid(linear, types, rotary)
 
     def gguf_fields(self, header: GGUFHeader, config: ModelConfig) -> dict[str, Any]:
-        """As llama.cpp's converter writes them: the DeltaNet's heads as ssm.* keys, its value heads tiled."""
+        """As llama.cpp's converter writes them: the DeltaNet's heads as ssm.* keys, its value heads tiled (as the
+        family says), which layers are DeltaNet as flags (recurrent_layers) or else as an interval. The converter
+        appends the multi-token-prediction block(s) to the layers (nextn_predict_layers): the model is those
+        before them."""
         meta, arch = header.metadata, self.gguf_arch
         key_heads, value_heads = meta[f"{arch}.ssm.group_count"], meta[f"{arch}.ssm.time_step_rank"]
         linear = LinearAttentionShape(key_heads, value_heads, meta[f"{arch}.ssm.state_size"],
                                       meta[f"{arch}.ssm.inner_size"] // value_heads, meta[f"{arch}.ssm.conv_kernel"],
-                                      tiled=True)
-        types = _layer_types(config.num_layers, meta.get(f"{arch}.full_attention_interval", 4))
-        return super().gguf_fields(header, config) | self._hybrid(linear, types, config.rotary_dim)
+                                      tiled=self.gguf_tiles_values)
+        layers = config.num_layers - meta.get(f"{arch}.nextn_predict_layers", 0)
+        recurrent = meta.get(f"{arch}.attention.recurrent_layers")
+        types = [LINEAR if r else "full_attention" for r in recurrent[:layers]] if isinstance(recurrent, list) else \
+            _layer_types(layers, meta.get(f"{arch}.full_attention_interval", 4))
+        return super().gguf_fields(header, config) | self._hybrid(linear, types, config.rotary_dim) | \
+            dict(num_layers=layers)
 
     @staticmethod
     def _hybrid(linear: LinearAttentionShape, types: list[str], rotary: int | None) -> dict[str, Any]:
