@@ -182,12 +182,15 @@ def test_the_hugging_face_cache_lists_its_repositories_by_name_at_the_revision_m
         **{f"Thing-UD-Q2_K_XL/{part.name}": part for part in split_gguf(quants, "Thing-UD-Q2_K_XL", 2)},
         "mmproj-Thing-F16.gguf": header_only_gguf(quants / "c.gguf", "clip")})
     hf_cache_repo(cache, "Org/tokenizer-only", {"tokenizer.json": tiny_qwen3 / "tokenizer.json"}, main=False)
+    hf_cache_repo(cache, "Org/pickled", {"config.json": tiny_qwen3 / "config.json",
+                                         "pytorch_model.bin": tiny_qwen3 / "tokenizer.json"})
     (cache / "datasets--Org--data").mkdir()
 
     catalog = Catalog.scan(["hf"])
     found = {e.id: e for e in catalog.entries()}
     assert sorted(found) == ["HuggingFaceTB/SmolLM2-135M-Instruct-GGUF", "Org/Thing-GGUF:Q4_K_M",
-                             "Org/Thing-GGUF:Q8_0", "Org/Thing-GGUF:UD-Q2_K_XL", "Org/tiny-qwen3"]
+                             "Org/Thing-GGUF:Q8_0", "Org/Thing-GGUF:UD-Q2_K_XL", "Org/pickled", "Org/tiny-qwen3"]
+    assert found["Org/pickled"].problem == "no *.safetensors weights"
     entry = found["HuggingFaceTB/SmolLM2-135M-Instruct-GGUF"]
     assert entry.paths == (smol / "smollm2-q4_1.gguf",) and entry.size == sizes(smollm2_path) and entry.runs
     assert (found["Org/tiny-qwen3"].paths, found["Org/tiny-qwen3"].family) == ((qwen,), "qwen3")

@@ -239,8 +239,10 @@ def _scan_hf_cache(cache: Path, source: str) -> Iterator[CatalogEntry | Skipped]
             yield Skipped(repo, "no snapshot downloaded")
         elif (snapshot / "config.json").is_file() and any(snapshot.glob("*.safetensors")):
             yield _hf_entry(name, snapshot, source)
-        elif ggufs := sorted(snapshot.rglob("*.gguf")):
+        elif ggufs := sorted(snapshot.rglob("*.gguf")):  # a GGUF repository, whose config.json may be beside them
             yield from _gguf_models(ggufs, name, source)
+        elif (snapshot / "config.json").is_file():  # weights zhuzi does not read (pytorch_model.bin): its reason
+            yield _hf_entry(name, snapshot, source)
         else:
             yield Skipped(snapshot, "no weights (config.json with *.safetensors, or a .gguf file)")
 
