@@ -10,7 +10,7 @@ import tiny
 
 from zhuzi.model import native
 from zhuzi.model.families import FAMILIES
-from zhuzi.model.loader import load_model_config
+from zhuzi.model.loader import default_model_path, load_model_config
 
 
 def zhuzi(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
@@ -142,3 +142,48 @@ def test_plan_of_a_hybrid_counts_attention_layers_kv_and_each_sequences_states(t
     assert "KV bytes per token: 2 x 1 layers x 2 kv_heads x 32 head_dim x 4 bytes = 512" in out
     assert f"recurrent state per sequence: 3 layers' states = {config.state_bytes:,} bytes" in out
     assert "and 4 state slots" in out and "requests of 40 tokens that fit at once: 2\n" in out  # pages: 3
+
+
+def test_models_lists_a_directorys_models_as_a_table_and_the_skipped_files_on_stderr(tmp_path, monkeypatch):
+    (tmp_path / "smol.gguf").symlink_to(default_model_path())
+    gpt2, _ = gpt2_checkpoint(tmp_path, "gguf")
+    (tmp_path / "mmproj-F16.gguf").write_bytes(b"")
+    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "none"))
+    out = zhuzi("models", "--models-dir", str(tmp_path), "--models-dir", "ollama")
+    assert out.returncode != 0 and out.stderr.strip() == \
+        f"zhuzi: error: --models-dir: {tmp_path / 'none' / 'manifests'} is not a directory (Ollama's store, " \
+        "$OLLAMA_MODELS or ~/.ollama/models)"
+    out = zhuzi("models", "--models-dir", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    header, *rows = out.stdout.splitlines()
+    assert header.split() == ["ID", "SIZE", "FAMILY", "RUNS", "PATH"]
+    assert [row.split()[:5] for row in rows] == [["gpt2", str(gpt2.stat().st_size), "B", "gpt2", "no:"],
+                                                 ["smol", "98", "MB", "llama", "yes"]]
+    assert rows[0].endswith(str(gpt2)) and "no: unknown architecture gpt2" in rows[0]
+    assert out.stderr == f"zhuzi: skipped {tmp_path / 'mmproj-F16.gguf'}: a vision projector (mmproj), loaded " \
+                         "with a model, not a model of its own\n"
+
+
+def test_models_without_a_models_dir_reads_the_stores_a_person_has(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "no-hub"))
+    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "ollama"))
+    out = zhuzi("models")
+    assert out.returncode == 0 and out.stdout.split() == ["ID", "SIZE", "FAMILY", "RUNS", "PATH"]
+    assert "no --models-dir given, and no Hugging Face cache or Ollama store here" in out.stderr
+    blob = tmp_path / "ollama" / "blobs" / ("sha256-" + "1" * 64)
+    blob.parent.mkdir(parents=True)
+    blob.symlink_to(default_model_path())
+    manifest = tmp_path / "ollama" / "manifests" / "registry.ollama.ai" / "library" / "smollm2" / "latest"
+    manifest.parent.mkdir(parents=True)
+    manifest.write_text(json.dumps({"layers": [{"mediaType": "application/vnd.ollama.image.model",
+                                                "digest": "sha256:" + "1" * 64}]}))
+    out = zhuzi("models")
+    assert out.returncode == 0 and out.stderr == ""
+    assert out.stdout.splitlines()[1].split()[:5] == ["smollm2:latest", "98", "MB", "llama", "yes"]
+
+
+def test_serve_with_a_models_dir_says_in_one_line_that_it_is_not_built_yet(tmp_path):
+    (tmp_path / "smol.gguf").symlink_to(default_model_path())
+    out = zhuzi("serve", "--models-dir", str(tmp_path), "--port", "1")
+    assert out.returncode != 0 and out.stderr.strip().count("\n") == 0, out.stderr
+    assert "--models-dir: serving the 1 models found there" in out.stderr and "zhuzi models" in out.stderr

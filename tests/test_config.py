@@ -35,6 +35,11 @@ def test_flags_of_each_kind_reach_their_field():
     assert (server.api_keys, server.rate_limit_rpm) == (["a", "b"], 5)
 
 
+def test_models_dir_is_repeatable_and_reaches_the_server_config():
+    server = ServerConfig.from_cli_args(parsed("--models-dir", "/models", "--models-dir", "hf"))
+    assert server.models_dirs == ["/models", "hf"] and ServerConfig().models_dirs == []
+
+
 def test_the_page_size_keeps_vllms_flag():
     assert EngineConfig.from_cli_args(parsed("--block-size", "32")).page_size == 32
 

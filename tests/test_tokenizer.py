@@ -122,6 +122,14 @@ def test_a_gguf_of_an_architecture_transformers_does_not_read_has_its_vocabulary
     assert copy.encode_chat(chat) == tok.encode_chat(chat) and copy.eos_token_id == tok.eos_token_id
 
 
+def test_a_gguf_named_as_ollama_names_its_blobs_is_read_as_a_gguf(tok: Tokenizer, tmp_path: Path) -> None:
+    """Ollama's store keeps a model as blobs/sha256-HEX, no .gguf in the name: the file is what it is."""
+    blob = tmp_path / ("sha256-" + "0" * 64)
+    blob.symlink_to(smollm2_gguf())
+    chat = BENIGN_CONVERSATIONS[2]
+    assert Tokenizer.load(blob).encode_chat(chat) == tok.encode_chat(chat)
+
+
 def test_plain_text_encodes_to_known_ids_without_bos(tok: Tokenizer) -> None:
     ids = tok.encode("The capital of France is")
     assert ids == [504, 3575, 282, 4649, 314]

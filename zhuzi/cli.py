@@ -1,4 +1,4 @@
-"""Command line: zhuzi serve | chat | generate | plan | bench.
+"""Command line: zhuzi serve | chat | generate | plan | models | bench.
 
 Engine and server flags are generated from EngineConfig and ServerConfig (config.py); this module
 only adds what belongs to one command. The server is a library the CLI calls, never the reverse.
@@ -40,6 +40,11 @@ def cmd_serve(args: argparse.Namespace) -> None:
     # Tokenizing runs in the server's low-priority worker threads (see serving.py), not in a pool of its own.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     config, engine_config = ServerConfig.from_cli_args(args), EngineConfig.from_cli_args(args)
+    if config.models_dirs:
+        from zhuzi.catalog import Catalog
+        found = len(Catalog.scan(config.models_dirs).entries())
+        raise ValueError(f"--models-dir: serving the {found} models found there (each loaded on its first request) "
+                         "is not built yet; `zhuzi models` lists them, `zhuzi serve MODEL` serves one")
     load_model_config(engine_config.model)  # a model zhuzi cannot run: one line, before the port opens
     if engine_config.scheduling_policy is None:  # many keys, many tenants: share the engine fairly
         engine_config.scheduling_policy = "fair" if config.api_keys else "fcfs"
@@ -170,6 +175,18 @@ def cmd_plan(args: argparse.Namespace) -> None:
     print(f"weight bytes one decode step reads: {step:,} ({step / 2**20:.0f} MiB)")
 
 
+def cmd_models(args: argparse.Namespace) -> None:
+    """The models a server given these --models-dir values would find, as `ollama list` prints its own."""
+    from zhuzi.catalog import Catalog, stores_on_disk, table
+    sources = args.models_dirs or stores_on_disk()
+    if not sources:
+        print("zhuzi: no --models-dir given, and no Hugging Face cache or Ollama store here", file=sys.stderr)
+    catalog = Catalog.scan(sources)
+    print("\n".join(table(catalog.entries())))
+    for skipped in catalog.skipped:
+        print(f"zhuzi: skipped {skipped.path}: {skipped.reason}", file=sys.stderr)
+
+
 def _weight_plan(c, fmt: str | None, value_bytes: int,
                  tensors: dict[str, tuple[str, int, int]] | None) -> tuple[int, int, str]:
     """(bytes in memory, bytes a decode step reads, what they are) of a model's weights in format fmt."""
@@ -229,6 +246,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sequences", type=int, default=1,
                    help="requests of --context tokens at once, for the memory total (default: %(default)s)")
     p.set_defaults(func=cmd_plan, kv_cache_memory="4GiB")
+
+    p = sub.add_parser("models", help="list the models in --models-dir directories and whether zhuzi runs them")
+    p.add_argument("--models-dir", dest="models_dirs", action="append", default=[], metavar="DIR",
+                   help="a models directory, `hf` (the Hugging Face cache) or `ollama` (Ollama's store), as "
+                        "`zhuzi serve --models-dir` takes it (repeatable; default: hf and ollama, those there)")
+    p.set_defaults(func=cmd_models)
 
     bench.register(sub)
     return parser

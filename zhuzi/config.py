@@ -378,6 +378,10 @@ class ServerConfig(Settings):
     api_keys: list[str] = setting([], "accept this key as 'Authorization: Bearer KEY' (repeatable); "
                                       "none: no authentication", flags=["--api-key"])
     served_model_name: str | None = setting(None, "the model name clients send (default: the file's)")
+    models_dirs: list[str] = setting([], "DIR whose models to serve: its GGUF files (a split's parts as one) and "
+                                         "Hugging Face directories; `hf`: the Hugging Face cache, `ollama`: "
+                                         "Ollama's store (repeatable; `zhuzi models` lists what they hold)",
+                                     flags=["--models-dir"])
     rate_limit_rpm: int | None = setting(None, "requests per minute per key")
     rate_limit_tpm: int | None = setting(None, "prompt + completion tokens per minute per key")
     max_waiting: int = setting(256, "sequences that may queue beyond --max-num-seqs before 429")

@@ -211,13 +211,13 @@ class Tokenizer:
 
     @classmethod
     def load(cls, path: str | Path) -> Tokenizer:
-        """A Hugging Face directory or a .gguf file."""
+        """A Hugging Face directory or a GGUF file (named .gguf, or as Ollama's store names its blobs)."""
         path = Path(path)
-        if path.is_file() and path.suffix == ".gguf":
+        if path.is_file():
             return cls(_load_gguf(path))
         if path.is_dir():
             return cls(AutoTokenizer.from_pretrained(path, local_files_only=True))
-        raise FileNotFoundError(f"no tokenizer at {path} (expected a Hugging Face directory or a .gguf file)")
+        raise FileNotFoundError(f"no tokenizer at {path} (expected a Hugging Face directory or a GGUF file)")
 
     def use_encoder_process(self) -> None:
         """From now on long texts are encoded in a helper process (a server's choice: see encoder_process.py)."""

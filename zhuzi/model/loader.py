@@ -36,6 +36,7 @@ class CheckpointError(ValueError):
 
     def __init__(self, path: str | Path, problem: str):
         super().__init__(f"{path}: {problem}".replace("\n", " "))
+        self.problem = problem.replace("\n", " ")  # without the path, for a list of models (catalog.py)
 
 
 
