@@ -59,7 +59,9 @@ class EngineCore:
     With speculative decoding (EngineConfig.speculative_config) a proposer guesses each decoding sequence's
     next tokens after a step; the next step verifies them in the same forward pass as the rest of the batch,
     and the accepted ones plus one token of the target's own go through the stop checks one at a time.
-    KV entries of rejected drafts sit beyond num_computed_tokens, where the next step overwrites them.
+    KV entries of rejected drafts sit beyond num_computed_tokens, where the next step overwrites them; a hybrid
+    model's recurrent layers leave their state after each draft in a slot of its own, and the page manager keeps
+    the one after the tokens that stand.
     Inspections (probes) are scheduled, prefix-cached and batched like any sequence, but at their last token
     the model is read out instead of sampled."""
 
@@ -79,9 +81,6 @@ class EngineCore:
                 tp_worker.stop(self.tp, StepChannel(self.tp), self.workers)
             raise
         self.model_config = ckpt.config
-        if config.speculative is not None and ckpt.config.state_layers:
-            raise ValueError(f"speculative decoding does not run {ckpt.config.architecture} yet: its linear-attention "
-                             "layers' states cannot take back rejected drafts")
         self.model_path = ckpt.path
         self.tokenizer = Tokenizer.load(ckpt.path)
         self.max_model_len = config.max_model_len or ckpt.config.max_position_embeddings

@@ -88,6 +88,9 @@ class DraftModelProposer:
     def __init__(self, spec: SpeculativeConfig, config: EngineConfig, tokenizer: Tokenizer, eos_ids: list[int],
                  vocab_size: int, num_pages: int, max_positions: int):
         ckpt, model = build_model(config, spec.model, min_positions=max_positions)
+        if ckpt.config.state_layers:
+            raise ValueError(f"speculative_config: the draft model {spec.model} ({ckpt.config.architecture}) has "
+                             "recurrent layers, which do not run as a draft model yet")
         vocab = Tokenizer.load(ckpt.path).hf.get_vocab()
         if ckpt.config.vocab_size != vocab_size or vocab != tokenizer.hf.get_vocab():
             raise ValueError(f"speculative_config: the draft model {spec.model} does not share the target's "

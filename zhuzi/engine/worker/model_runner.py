@@ -75,9 +75,10 @@ def load_runner(config: EngineConfig, tp: TPRank | None = None) -> tuple[Checkpo
     plan = config.kv_plan(ckpt.config)
     if plan.num_pages < 1:
         raise ValueError(f"kv_cache_memory {config.kv_cache_memory} holds no KV page")
-    if plan.state_bytes and plan.state_slots < 2:
+    if plan.state_bytes and plan.state_slots < plan.sequence_slots:
         raise ValueError(f"kv_cache_memory {config.kv_cache_memory} holds no recurrent state of a sequence "
-                         f"({plan.state_bytes:,} bytes, two per running sequence, in at most half of it)")
+                         f"({plan.state_bytes:,} bytes, {plan.sequence_slots} per running sequence, in at most "
+                         "half of it)")
     pooling = config.pooling or ckpt.config.pooling or "mean"
     return ckpt, ModelRunner(model, config, plan.num_pages, list(ckpt.config.eos_token_ids), pooling,
                              plan.state_slots)
@@ -154,17 +155,20 @@ class ModelRunner:
 
     def _state_runs(self, batch: list[ScheduledSeq]) -> list[StateRun]:
         """A hybrid model's sequences in the state pool: a new sequence starts from zeros, a resumed one from its
-        cached state; a run that crosses a page boundary leaves its state at the last one in its boundary slot."""
+        cached state; a run that crosses a page boundary leaves its state at the last one in its boundary slot. A
+        verify leaves its state after each draft in a draft slot, and at a page boundary in the last draft slot
+        (the page manager's _keep_verified_states gives them their roles once the verdict is known)."""
         if not self.states:
             return []
         runs, start = [], 0
         for s in batch:
-            seq, done, n = s.seq, s.seq.num_computed_tokens, s.num_new_tokens
+            seq, done, n, k = s.seq, s.seq.num_computed_tokens, s.num_new_tokens, len(s.spec_token_ids)
             assert seq.state_slot is not None
             boundary = seq.state_boundary(done + n, self.page_size)
-            snapshot = (boundary - done, seq.boundary_slot) \
-                if seq.boundary_slot is not None and boundary > done else None
-            runs.append(StateRun(start, n, seq.state_slot, snapshot, seq.restore_slot,
+            snapshots = [(j + 1, seq.draft_slots[j]) for j in range(k)]
+            if seq.boundary_slot is not None and boundary > done:
+                snapshots.append((boundary - done, seq.draft_slots[-1] if k else seq.boundary_slot))
+            runs.append(StateRun(start, n, seq.state_slot, tuple(snapshots), seq.restore_slot,
                                  fresh=done == 0 and seq.restore_slot is None))
             start += n
         return runs
