@@ -141,6 +141,7 @@ class SpeculativeConfig:
     ngram: prompt lookup, the tokens that followed the latest earlier occurrence of the longest suffix of
     prompt + output of prompt_lookup_min..prompt_lookup_max tokens (both default to the other, or to 5).
     draft_model: a small model sharing the target's tokenizer proposes, with a KV cache of its own.
+    mtp: the checkpoint's multi-token-prediction layer (Qwen3.5 / 3.6) proposes from the target's hidden states.
     max_step_tokens (zhuzi's): drafts join a step only while it computes at most this many tokens; on
     CPU a step of up to 8 rows costs about one row's (the weights are read once), beyond it costs more.
     """
@@ -152,7 +153,7 @@ class SpeculativeConfig:
     model: str | None = None
     max_step_tokens: int = 8
 
-    METHODS = ("ngram", "draft_model")
+    METHODS = ("ngram", "draft_model", "mtp")
 
     @classmethod
     def parse(cls, value: str | dict | SpeculativeConfig | None) -> SpeculativeConfig | None:
@@ -196,8 +197,9 @@ class SpeculativeConfig:
             if self.prompt_lookup_min > self.prompt_lookup_max:
                 raise ValueError(f"speculative_config: prompt_lookup_min ({self.prompt_lookup_min}) exceeds "
                                  f"prompt_lookup_max ({self.prompt_lookup_max})")
+        if self.method in ("ngram", "mtp"):
             if self.model is not None:
-                raise ValueError("speculative_config: ngram takes no model")
+                raise ValueError(f"speculative_config: {self.method} takes no model")
         elif not isinstance(self.model, str) or not self.model:
             raise ValueError("speculative_config: draft_model needs a model (an HF directory or a .gguf file)")
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from zhuzi.config import EngineConfig
-from zhuzi.engine.sequence import ScheduledSeq
+from zhuzi.engine.sequence import ScheduledSeq, Sequence
 from zhuzi.engine.worker.model_builder import build_model
 from zhuzi.engine.worker.tp_control import FORWARD, LOGITS, StepChannel, pack_step
 from zhuzi.model import native
@@ -40,6 +40,8 @@ class StepResult:
     prompt_logprobs: dict[int, PromptLogprobs] = field(default_factory=dict)
     failed: list[tuple[ScheduledSeq, Exception]] = field(default_factory=list)  # rows that failed alone
     inspections: list[tuple[ScheduledSeq, Inspection]] = field(default_factory=list)  # probes that reached their end
+    # With keep_hidden: each sequence's final hidden states of its rows, from the first row's position on
+    hidden: list[tuple[Sequence, int, torch.Tensor]] = field(default_factory=list)
 
 
 def measure_read_bandwidth(device: str | torch.device = "cpu", nbytes: int = 256 << 20, repeats: int = 5) -> float:
@@ -111,6 +113,7 @@ class ModelRunner:
         # With tensor parallelism this is rank 0's runner: it posts each forward pass and LM-head call, which the
         # other ranks' follow loops (tp_worker.py) run over their slices.
         self.channel = StepChannel(model.tp) if model.tp else None
+        self.keep_hidden = False  # hand each step's final hidden states out (StepResult.hidden), for an MTP proposer
 
     def _posted(self, op: str, payload: Callable[[], torch.Tensor]) -> contextlib.AbstractContextManager:
         """Rank 0 runs its share of op inside this (the followers are told first); without ranks, nothing."""
@@ -194,7 +197,7 @@ class ModelRunner:
         # A step whose rows each sample from one new token can run as one fused call (the model takes it when
         # no row is wider: a verify is not), whose logits row i is item i's. A step with a probe takes the
         # per-layer path, where the logit lens taps: with the lens or without, a probe reads the same bits.
-        fusable = not prompt_rows and all(s.samples and s.seq.probe is None for s in batch)
+        fusable = not prompt_rows and not self.keep_hidden and all(s.samples and s.seq.probe is None for s in batch)
         fused = self.model.decode_step(ids, positions, meta, self.kv_cache) if fusable else None
         result = StepResult()
         if fused is not None:
@@ -216,6 +219,8 @@ class ModelRunner:
             for s, row in zip(batch, starts):
                 if s.seq.embeds:
                     self._pool(result, s, hidden[row:row + s.num_new_tokens])
+                elif self.keep_hidden and s.seq.probe is None:
+                    result.hidden.append((s.seq, s.seq.num_computed_tokens, hidden[row:row + s.num_new_tokens]))
         sampling = [(s, row) for s, row in zip(batch, starts) if s.samples and not s.seq.embeds]
         probes = [(s, row) for s, row in sampling if s.seq.probe is not None]
         if probes:
@@ -239,13 +244,23 @@ class ModelRunner:
     @torch.inference_mode()
     def last_logits(self, batch: list[ScheduledSeq]) -> torch.Tensor:
         """[len(batch), V]: the logits after each item's last new token (a draft model's forward pass)."""
+        return self._logits(self.last_hidden(batch))
+
+    @torch.inference_mode()
+    def last_hidden(self, batch: list[ScheduledSeq], inputs: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """[len(batch), hidden]: the final hidden state at each item's last new token; inputs: each item's rows of
+        what the model takes beside the tokens (an MTP layer's hidden states)."""
         order = _one_token_rows_first(batch)
         ids, positions, meta, starts = self._inputs([batch[i] for i in order])
-        hidden = self._forward(ids, positions, meta)
+        if inputs is None:
+            hidden = self._forward(ids, positions, meta)
+        else:
+            beside = torch.cat([inputs[i] for i in order])
+            hidden = self.model.forward(ids, positions, meta, self.kv_cache, hidden=beside)
         rows = [0] * len(batch)
         for i, start in zip(order, starts):
             rows[i] = start + batch[i].num_new_tokens - 1
-        return self._logits(hidden[self._tensor(rows)])
+        return hidden[self._tensor(rows)]
 
     def _draft(self, item: ScheduledSeq) -> Draft:
         seq, k = item.seq, len(item.spec_token_ids)
