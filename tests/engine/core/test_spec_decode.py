@@ -459,20 +459,6 @@ def test_a_hybrid_model_with_prompt_lookup_gives_the_tokens_it_gives_without(rep
 
 # ------------------------------------------------------------------ Qwen3.5's multi-token-prediction layer
 
-def add_mtp(path, weights: dict[str, torch.Tensor], fc_scale: float) -> None:
-    """mtp.* tensors as Qwen's checkpoints name them, beside the model's (and mtp_num_hidden_layers in its config):
-    its layer a copy of the model's full-attention layer; fc passes the normed embedding on, times fc_scale, and the
-    normed hidden state at a tenth of that; (1 + w) norms of weight 0 (the identity)."""
-    hidden = weights["model.norm.weight"].shape[0]
-    mtp = {"mtp.layers.0." + name.removeprefix("model.layers.3."): w.clone() for name, w in weights.items()
-           if name.startswith("model.layers.3.")}  # tiny.HYBRID's fourth layer attends
-    mtp["mtp.fc.weight"] = fc_scale * torch.cat([torch.eye(hidden), 0.1 * torch.eye(hidden)], 1)
-    mtp |= {f"mtp.{n}.weight": torch.zeros(hidden) for n in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm")}
-    save_file(weights | mtp, path / "model.safetensors", metadata={"format": "pt"})
-    config = json.loads((path / "config.json").read_text())
-    (path / "config.json").write_text(json.dumps(config | {"mtp_num_hidden_layers": 1}))
-
-
 def mtp(k: int) -> dict:
     return {"method": "mtp", "num_speculative_tokens": k, "max_step_tokens": 512}
 
@@ -481,7 +467,7 @@ def test_the_mtp_layer_proposes_and_changes_no_greedy_token(tmp_path):
     """A looping Qwen3.5 whose MTP layer mostly passes the next token's embedding on: its guess at the token after
     next is then the loop's, and drafts are accepted (and some rejected); greedy tokens equal those without it,
     alone and batched, in chunks. Every page of the layer's pool comes back."""
-    add_mtp(tmp_path, build_repetitive("qwen3_5", tmp_path), fc_scale=20.0)
+    tiny.add_mtp(tmp_path, build_repetitive("qwen3_5", tmp_path), fc_scale=20.0)
     prompts = [[5, 17, 300, 42, 9] * 3, list(range(200, 230)), [7, 8, 9, 10, 11, 7, 8, 12, 13] * 2]
     params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
     base = LLM(str(tmp_path), dtype="float32", page_size=8, max_num_batched_tokens=16, enable_prefix_caching=False)
