@@ -4,11 +4,13 @@ writes them (names, Q/K permutation, metadata, quantized types)."""
 from __future__ import annotations
 
 import copy
+import json
 import math
 from pathlib import Path
 
 import gguf
 import numpy as np
+import safetensors.torch
 import torch
 import transformers
 from gguf_blocks import random_blocks
@@ -125,6 +127,23 @@ def save(cls: type[transformers.PreTrainedModel], cfg: transformers.PretrainedCo
     model.save_pretrained(directory)
     Tokenizer.load(default_model_path()).hf.save_pretrained(directory)
     return model
+
+
+def add_mtp(path: Path, weights: dict[str, torch.Tensor], fc_scale: float, noise: float = 0.0) -> None:
+    """A tiny Qwen3.5 (tensors weights, saved in path) given a multi-token-prediction layer as Qwen's checkpoints
+    store it (mtp.* tensors, mtp_num_hidden_layers in its config): the layer a copy of its full-attention one, fc
+    passing the normed embedding on times fc_scale and the normed hidden state at a tenth of that, (1 + w) norms of
+    weight 0; then noise (a standard deviation) added to every one of them."""
+    hidden = weights["model.norm.weight"].shape[0]
+    mtp = {"mtp.layers.0." + name.removeprefix("model.layers.3."): w.clone() for name, w in weights.items()
+           if name.startswith("model.layers.3.")}  # HYBRID's fourth layer attends
+    mtp["mtp.fc.weight"] = fc_scale * torch.cat([torch.eye(hidden), 0.1 * torch.eye(hidden)], 1)
+    mtp |= {f"mtp.{n}.weight": torch.zeros(hidden) for n in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm")}
+    gen = torch.Generator().manual_seed(0)
+    mtp = {name: w + noise * torch.randn(w.shape, generator=gen) for name, w in mtp.items()}
+    safetensors.torch.save_file(weights | mtp, path / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps(config | {"mtp_num_hidden_layers": 1}))
 
 
 def randomize(model: transformers.PreTrainedModel) -> None:

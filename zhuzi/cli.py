@@ -148,7 +148,7 @@ def cmd_plan(args: argparse.Namespace) -> None:
     fmt = layer_format(config.quantization, tensors is not None, config.tensor_parallel_size > 1,
                        precision.weights)
     resident, step, parts = _weight_plan(c, fmt, precision.weights.itemsize, tensors)
-    per_seq = plan.sequence_tokens(args.context) * plan.bytes_per_token + 2 * plan.state_bytes  # live, boundary
+    per_seq = plan.sequence_tokens(args.context) * plan.bytes_per_token + plan.sequence_slots * plan.state_bytes
     kv = per_seq * args.sequences
     print(f"model: {c.architecture}, {c.num_layers} layers, {c.num_kv_heads} KV heads x {c.head_dim} dims, "
           f"{c.num_parameters / 1e6:.1f} M parameters" + (f" ({c.active_parameters / 1e6:.1f} M active: top-"
@@ -158,20 +158,21 @@ def cmd_plan(args: argparse.Namespace) -> None:
     print(f"weights: {resident:,} bytes ({resident / 2**20:.0f} MiB) in memory: {parts}")
     print(f"KV bytes per token: {kv_terms}{q8} = {plan.bytes_per_token:,}")
     if plan.state_bytes:
+        drafts = f", {plan.draft_slots} for speculative drafts" if plan.draft_slots else ""
         print(f"recurrent state per sequence: {c.state_layers} layers' states = {plan.state_bytes:,} bytes, "
-              "held twice while it runs (live, and at its last page boundary)")
+              f"held {plan.sequence_slots} times while it runs (live, at its last page boundary{drafts})")
     print(f"{args.sequences} x {args.context:,}-token sequences: KV {kv:,} bytes ({kv / 2**20:.0f} MiB), "
           f"with the weights {resident + kv:,} bytes ({(resident + kv) / 2**20:.0f} MiB)")
     print(f"KV pool: {config.kv_cache_bytes:,} bytes = {plan.num_pages:,} pages of {plan.page_size} tokens "
           f"= {plan.capacity_tokens:,} tokens" + (f", and {plan.state_slots} state slots of {plan.state_bytes:,} "
-                                                  f"bytes ({c.state_layers} recurrent layers; two per running "
-                                                  "sequence)" if plan.state_slots else ""))
+                                                  f"bytes ({c.state_layers} recurrent layers; {plan.sequence_slots} "
+                                                  "per running sequence)" if plan.state_slots else ""))
     if plan.window is not None:
         print(f"sliding window of {plan.window:,} tokens in every layer: a sequence holds at most "
               f"{plan.sequence_tokens(args.context):,} tokens of KV (older pages go back to the pool)")
     fit = plan.capacity_tokens // plan.sequence_tokens(args.context)
     print(f"requests of {args.context:,} tokens that fit at once: "
-          f"{min(fit, plan.state_slots // 2) if plan.state_slots else fit:,}")
+          f"{min(fit, plan.state_slots // plan.sequence_slots) if plan.state_slots else fit:,}")
     print(f"weight bytes one decode step reads: {step:,} ({step / 2**20:.0f} MiB)")
 
 

@@ -22,7 +22,8 @@ from zhuzi.settings import Settings, setting
 class KVPlan:
     """The KV pool: K and V of every layer that writes them (kv_pool.py), per token, in pages of page_size tokens;
     and for a hybrid model the state pool beside it, in slots of state_bytes: a running sequence holds two (its
-    live state and its state at the last page boundary it crossed), the prefix cache keeps some of the latter."""
+    live state and its state at the last page boundary it crossed) and with speculative decoding draft_slots more
+    (its state after each draft), the prefix cache keeps some of the boundary states."""
 
     bytes_per_token: int
     page_size: int
@@ -30,18 +31,25 @@ class KVPlan:
     window: int | None = None  # every layer's sliding window: a sequence holds the pages it reaches
     state_bytes: int = 0  # a hybrid model's recurrent state of one sequence
     state_slots: int = 0
+    draft_slots: int = 0  # of a running sequence's slots, those for speculative drafts
 
     SLOTS_PER_SEQUENCE = 3  # live, boundary, and one cached boundary state per sequence the engine runs
 
     @classmethod
     def of(cls, model: ModelConfig, dtype: torch.dtype, budget_bytes: int, page_size: int,
-           max_num_seqs: int = 1) -> KVPlan:
+           max_num_seqs: int = 1, draft_slots: int = 0) -> KVPlan:
         """States take what max_num_seqs sequences would hold, at most half of the budget; pages the rest."""
         per_token = KVShape.of_model(model).bytes_per_token(dtype)
-        slots = min(cls.SLOTS_PER_SEQUENCE * max_num_seqs, budget_bytes // 2 // model.state_bytes) \
+        slots = min((cls.SLOTS_PER_SEQUENCE + draft_slots) * max_num_seqs, budget_bytes // 2 // model.state_bytes) \
             if model.state_bytes else 0
         pages = (budget_bytes - slots * model.state_bytes) // (per_token * page_size)
-        return cls(per_token, page_size, pages, model.kv_window, model.state_bytes, slots)
+        return cls(per_token, page_size, pages, model.kv_window, model.state_bytes, slots,
+                   draft_slots if model.state_bytes else 0)
+
+    @property
+    def sequence_slots(self) -> int:
+        """The state slots a running sequence holds (at most)."""
+        return 2 + self.draft_slots
 
     def sequence_tokens(self, context: int) -> int:
         """The KV slots a sequence of `context` tokens holds while it decodes: all its pages, or with a sliding
@@ -133,6 +141,7 @@ class SpeculativeConfig:
     ngram: prompt lookup, the tokens that followed the latest earlier occurrence of the longest suffix of
     prompt + output of prompt_lookup_min..prompt_lookup_max tokens (both default to the other, or to 5).
     draft_model: a small model sharing the target's tokenizer proposes, with a KV cache of its own.
+    mtp: the checkpoint's multi-token-prediction layer (Qwen3.5 / 3.6) proposes from the target's hidden states.
     max_step_tokens (zhuzi's): drafts join a step only while it computes at most this many tokens; on
     CPU a step of up to 8 rows costs about one row's (the weights are read once), beyond it costs more.
     """
@@ -144,7 +153,7 @@ class SpeculativeConfig:
     model: str | None = None
     max_step_tokens: int = 8
 
-    METHODS = ("ngram", "draft_model")
+    METHODS = ("ngram", "draft_model", "mtp")
 
     @classmethod
     def parse(cls, value: str | dict | SpeculativeConfig | None) -> SpeculativeConfig | None:
@@ -188,8 +197,9 @@ class SpeculativeConfig:
             if self.prompt_lookup_min > self.prompt_lookup_max:
                 raise ValueError(f"speculative_config: prompt_lookup_min ({self.prompt_lookup_min}) exceeds "
                                  f"prompt_lookup_max ({self.prompt_lookup_max})")
+        if self.method in ("ngram", "mtp"):
             if self.model is not None:
-                raise ValueError("speculative_config: ngram takes no model")
+                raise ValueError(f"speculative_config: {self.method} takes no model")
         elif not isinstance(self.model, str) or not self.model:
             raise ValueError("speculative_config: draft_model needs a model (an HF directory or a .gguf file)")
 
@@ -308,8 +318,16 @@ class EngineConfig(Settings):
         """Whether a host-memory or disk tier keeps KV pages beyond the pool."""
         return bool(self.kv_offload_dir or parse_bytes(self.kv_offload_memory))
 
+    @property
+    def draft_state_slots(self) -> int:
+        """A hybrid model's state slots for a speculating sequence's drafts: its state after each, and with prefix
+        caching one more for its state at a page boundary among them (kept only once the drafts before it stand)."""
+        spec = self.speculative
+        return 0 if spec is None else spec.num_speculative_tokens + self.enable_prefix_caching
+
     def kv_plan(self, model: ModelConfig) -> KVPlan:
-        return KVPlan.of(model, self.precision.kv, self.kv_cache_bytes, self.page_size, self.max_num_seqs)
+        return KVPlan.of(model, self.precision.kv, self.kv_cache_bytes, self.page_size, self.max_num_seqs,
+                         self.draft_state_slots)
 
 
 @dataclass

@@ -71,12 +71,14 @@ class Sequence:
     page_hashes: list[bytes] = field(default_factory=list)  # of the full pages so far
     num_computed_tokens: int = 0  # tokens whose K/V sit in the cache
     # A hybrid model's state slots, the page manager's too: its live state; its state after boundary_tokens
-    # tokens (the last page boundary it crossed, state_boundary), for the prefix cache; a cached state to start from
+    # tokens (the last page boundary it crossed, state_boundary), for the prefix cache; a cached state to start from;
+    # with speculative decoding, where a verify leaves its state after each draft (and at a page boundary among them)
     state_slot: int | None = None
     boundary_slot: int | None = None
     boundary_tokens: int = 0
     restore_slot: int | None = None
     ships_prompt: bool = False  # a prefill replica's job: its prompt's pages and state go to a decode replica
+    draft_slots: list[int] = field(default_factory=list)
     num_cached_tokens: int = 0  # of the prompt, found in the prefix cache at first admission
     num_preemptions: int = 0
     status: Status = Status.WAITING

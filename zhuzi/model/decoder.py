@@ -390,14 +390,15 @@ class Decoder:
         return row + norms + mats + self.lm_head.nbytes
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                kv: KVPool, tap: LayerTap | None = None,
-                states: list[list[torch.Tensor]] | None = None) -> torch.Tensor:
+                kv: KVPool, tap: LayerTap | None = None, states: list[list[torch.Tensor]] | None = None,
+                embedded: torch.Tensor | None = None) -> torch.Tensor:
         """input_ids, positions: [tokens]; kv: the KV pool (kv_pool.py); states: per recurrent layer its state
-        tensors, [slots, ...] each (meta.state_runs says whose rows use which slot). Returns hidden states.
+        tensors, [slots, ...] each (meta.state_runs says whose rows use which slot); embedded: the first layer's
+        input where the caller makes it (the multi-token-prediction layer's, mtp.py). Returns hidden states.
 
         With a tap, the residual stream of its rows after each layer is appended to tap.residuals."""
         tables = [rotary.tables(positions, self.dtype) for rotary in self.rotaries]
-        h = self._embed(self.embed, input_ids, self.config.embedding_scale)
+        h = self._embed(self.embed, input_ids, self.config.embedding_scale) if embedded is None else embedded
         per_layer = self._per_layer_inputs(input_ids, h) if self.per_layer_inputs else None
         for i, layer in enumerate(self.layers):
             spec = layer.spec

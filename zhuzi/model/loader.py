@@ -182,6 +182,41 @@ def _load_safetensors_dir(directory: Path, config: ModelConfig, dtype: torch.dty
         return fam.from_hf(tensors, config)
 
 
+def load_mtp(path: Path, config: ModelConfig, dtype: torch.dtype) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """A Qwen3.5 / 3.6 directory's multi-token-prediction layers (mtp.*, which transformers leaves out): their config
+    (the target's, its layers replaced by mtp_num_hidden_layers full-attention ones) and their tensors under the
+    decoder's names (mtp.layers.i. -> model.layers.i., mtp.norm -> model.norm; fc and the pre-fc norms as stored,
+    under mtp.). The embedding and LM head are the target's. A checkpoint without them: a one-line error."""
+    if not path.is_dir():
+        raise CheckpointError(path, "the multi-token-prediction layer is read from a Hugging Face directory only")
+    raw = _read_json(path / "config.json")
+    layers = raw.get("text_config", raw).get("mtp_num_hidden_layers", 0)
+    mtp = replace(config, num_layers=layers, layer_types=["full_attention"] * layers)
+    wanted = set(family(config.architecture).tensor_names(mtp, per_expert=True)) - {
+        "model.embed_tokens.weight", "lm_head.weight"}
+    wanted |= {f"mtp.{n}.weight" for n in ("fc", "pre_fc_norm_embedding", "pre_fc_norm_hidden")}
+    with ExitStack() as stack:
+        stored = {}
+        for file in _safetensors_files(path):
+            handle = stack.enter_context(safe_open(file, "pt"))
+            stored |= {_mtp_name(name): (handle, name) for name in handle.keys() if name.startswith("mtp.")}
+        missing = sorted(wanted - set(stored))
+        if not layers or missing:
+            first = missing[0].replace("model.", "mtp.", 1) if missing else ""  # as stored
+            why = f"tensor {first} is missing" if layers else "mtp_num_hidden_layers is 0 or absent"
+            raise CheckpointError(path, f"no multi-token-prediction layer for speculative_config method mtp ({why})")
+        tensors = {name: handle.get_tensor(stored_name).to(dtype) for name, (handle, stored_name) in stored.items()
+                   if name in wanted}
+    return mtp, family(config.architecture).from_hf(tensors, mtp)
+
+
+def _mtp_name(name: str) -> str:
+    """An mtp.* tensor's name as the decoder knows it (its layers' and final norm's) or as stored."""
+    if name.startswith("mtp.layers.") or name == "mtp.norm.weight":
+        return "model." + name.removeprefix("mtp.")
+    return name
+
+
 def _read_tensor(file: Path, handle: Any, name: str) -> torch.Tensor:
     try:
         return handle.get_tensor(name)

@@ -1,7 +1,8 @@
 """Mixers that keep a recurrent state instead of KV (decoder -> a hybrid model's linear-attention and state-space
 layers): each running sequence owns a slot of every such layer's state tensors (the state pool), read and updated
 in place as its tokens go through. A step's sequences are runs of rows in the flat batch; a run may also leave its state
-after some of its rows in a second slot (a snapshot at a page boundary, which the prefix cache keeps)."""
+after some of its rows in other slots (snapshots: at a page boundary, which the prefix cache keeps; after each
+speculative draft, of which the verdict keeps one)."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -30,7 +31,7 @@ class StateRun:
     start: int  # its first row in the flat batch
     length: int  # its new tokens this step
     slot: int  # its slot in every state tensor
-    snapshot: tuple[int, int] | None = None  # (rows, slot): its state after that many rows, copied to that slot
+    snapshots: tuple[tuple[int, int], ...] = ()  # (rows, slot): its state after that many rows, copied to that slot
     restore: int | None = None  # a slot whose state it starts from (a cached prefix's)
     fresh: bool = False  # it starts from zeros (its first tokens)
 
@@ -226,17 +227,16 @@ class ShortConv:
 def walk(runs: list[StateRun], states: list[torch.Tensor], device: torch.device,
          decode: Callable[[torch.Tensor, torch.Tensor], None], prefill: Callable[[slice, int], None]) -> None:
     """A step's runs through a mixer: the one-token runs as one batch, decode(rows, slots), then each longer run
-    piece by piece, prefill(rows, slot); a run's states are copied to its snapshot slot where its pieces are cut."""
+    piece by piece, prefill(rows, slot); a run's states are copied to its snapshot slots where its pieces are cut."""
     decodes = [run for run in runs if run.length == 1]
     if decodes:
         decode(torch.tensor([run.start for run in decodes], device=device),
                torch.tensor([run.slot for run in decodes], device=device))
-        _copy(states, [(run.slot, run.snapshot[1]) for run in decodes if run.snapshot is not None])
+        _copy(states, [(run.slot, slot) for run in decodes for _, slot in run.snapshots])
     for run in (run for run in runs if run.length > 1):
-        for rows, snapshot in _pieces(run):
+        for rows, snapshots in _pieces(run):
             prefill(rows, run.slot)
-            if snapshot is not None:
-                _copy(states, [(run.slot, snapshot)])
+            _copy(states, [(run.slot, slot) for slot in snapshots])
 
 
 @dataclass
@@ -292,15 +292,14 @@ class Mamba2:
                                                        self.conv_bias, silu=True))
             scan_state[slots], out = ssm_step(scan_state[slots], xs, dt[rows], self.decay_rate, b, c)
             y[rows] = out + self.skip[:, None] * xs
-            _copy(states, [(run.slot, run.snapshot[1]) for run in decodes if run.snapshot is not None])
+            _copy(states, [(run.slot, slot) for run in decodes for _, slot in run.snapshots])
         for run in (run for run in runs if run.length > 1):
-            for rows, snapshot in _pieces(run):
+            for rows, snapshots in _pieces(run):
                 xs, b, c = self._xbc(ops.short_conv_prefill(mixed[rows].float(), conv_state, run.slot, self.conv,
                                                             self.conv_bias, silu=True))
                 y[rows] = selective_scan(xs, dt[rows], self.decay_rate, b, c, scan_state[run.slot]) + \
                     self.skip[:, None] * xs
-                if snapshot is not None:
-                    _copy(states, [(run.slot, snapshot)])
+                _copy(states, [(run.slot, slot) for slot in snapshots])
         width = s.inner // s.groups
         gated = y.view(-1, s.groups, width) * F.silu(z.float().view(-1, s.groups, width))
         normed = gated * torch.rsqrt(gated.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -323,14 +322,16 @@ def _copy(states: list[torch.Tensor], pairs: list[tuple[int, int]]) -> None:
             state[snapshot].copy_(state[slot])
 
 
-def _pieces(run: StateRun) -> list[tuple[slice, int | None]]:
-    """A run's rows cut where its snapshot is taken: (rows, the snapshot slot after them or None)."""
-    end = run.start + run.length
-    if run.snapshot is None:
-        return [(slice(run.start, end), None)]
-    rows, slot = run.snapshot
-    cut = run.start + rows
-    return [(slice(run.start, cut), slot)] + ([(slice(cut, end), None)] if cut < end else [])
+def _pieces(run: StateRun) -> list[tuple[slice, list[int]]]:
+    """A run's rows cut where its snapshots are taken: (rows, the snapshot slots after them)."""
+    cuts: dict[int, list[int]] = {}
+    for rows, slot in run.snapshots:
+        cuts.setdefault(rows, []).append(slot)
+    pieces, start = [], 0
+    for rows in sorted(cuts.keys() | {run.length}):
+        pieces.append((slice(run.start + start, run.start + rows), cuts.get(rows, [])))
+        start = rows
+    return pieces
 
 
 # each recurrent kind's class

@@ -396,6 +396,102 @@ def test_every_page_returns_however_a_speculating_request_ends(tiny_models, meth
     assert engine.stats().spec_decoding.num_accepted_tokens > 0
 
 
+# ------------------------------------------------------------------ hybrid models: states after each draft
+
+# Per family, how much its embeddings are scaled up: enough that the next token is mostly the cycle's next one (below),
+# so that prompt lookup's drafts are often accepted, and not so much that they always are.
+EMBEDDING_SCALE = {"qwen3_5": 20.0, "lfm2": 2.0, "granitemoehybrid": 5.0}
+
+
+def build_repetitive(arch: str, path) -> dict[str, torch.Tensor]:
+    """A tiny hybrid (gated DeltaNet, short convolution or Mamba2 layers beside attention) that tends to loop: its
+    LM head reads the embeddings (untied: row t of each five is embedding t + 1's, so the loop has period five), and
+    the embeddings are scaled up to outweigh what the layers add. Returns its tensors."""
+    tiny.build(arch, path, **({"mamba_d_state": 2} if arch == "granitemoehybrid" else {}))
+    weights = load_file(path / "model.safetensors")
+    embeddings = weights["model.embed_tokens.weight"]
+    if "lm_head.weight" in weights:
+        weights["lm_head.weight"] = embeddings.view(-1, 5, embeddings.shape[1]).roll(-1, 1).flatten(0, 1).clone()
+    weights["model.embed_tokens.weight"] = embeddings * EMBEDDING_SCALE[arch]
+    save_file(weights, path / "model.safetensors", metadata={"format": "pt"})
+    return weights
+
+
+@pytest.fixture(scope="module", params=list(EMBEDDING_SCALE))
+def repetitive_hybrid(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp(request.param)
+    build_repetitive(request.param, path)
+    return path
+
+
+def test_a_hybrid_model_with_prompt_lookup_gives_the_tokens_it_gives_without(repetitive_hybrid):
+    """A verify runs the last token and k drafts through the recurrent layers, which leave their state after each
+    draft in a slot of its own; the state after the tokens that stand goes on. Greedy tokens (fp32) equal those of
+    a run without speculation, alone and batched, in chunks of a prompt, with drafts both accepted and rejected and
+    pages of 8 tokens (verifies cross page boundaries); a second turn resumes from the state a verify left at a
+    boundary. Every slot comes back."""
+    path = str(repetitive_hybrid)
+    prompts = [[5, 17, 300, 42, 9] * 3, list(range(200, 230)), [7, 8, 9, 10, 11, 7, 8, 12, 13] * 2]
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, logprobs=1)
+    base = LLM(path, dtype="float32", page_size=8, max_num_batched_tokens=16, enable_prefix_caching=False)
+    spec = LLM(path, dtype="float32", page_size=8, max_num_batched_tokens=16,
+               speculative_config=ngram(3, prompt_lookup_min=1, prompt_lookup_max=3))
+
+    def assert_same(want, got):  # the tokens, and their logprobs but for the rounding of 1 row vs k + 1
+        a, b = want.outputs[0], got.outputs[0]
+        assert b.token_ids == a.token_ids
+        assert all(abs(x[t].logprob - y[t].logprob) < NEAR_TIE for x, y, t in zip(a.logprobs, b.logprobs, a.token_ids))
+
+    expected = base.generate(prompts, params)
+    for want, alone, batched in zip(expected, [spec.generate([p], params)[0] for p in prompts],
+                                    spec.generate(prompts, params)):
+        assert_same(want, alone)
+        assert_same(want, batched)
+    stats = spec.engine.stats().spec_decoding
+    assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens
+    second = prompts[0] + expected[0].outputs[0].token_ids + [7, 8, 9]
+    out = spec.generate([second], params)[0]
+    assert out.num_cached_tokens == (len(prompts[0]) + 40 - 1) // 8 * 8
+    assert_same(base.generate([second], params)[0], out)
+    states = spec.engine.pages.states
+    assert states.num_free == states.num_slots and not states.holders
+
+
+# ------------------------------------------------------------------ Qwen3.5's multi-token-prediction layer
+
+def mtp(k: int) -> dict:
+    return {"method": "mtp", "num_speculative_tokens": k, "max_step_tokens": 512}
+
+
+def test_the_mtp_layer_proposes_and_changes_no_greedy_token(tmp_path):
+    """A looping Qwen3.5 whose MTP layer mostly passes the next token's embedding on: its guess at the token after
+    next is then the loop's, and drafts are accepted (and some rejected); greedy tokens equal those without it,
+    alone and batched, in chunks. Every page of the layer's pool comes back."""
+    tiny.add_mtp(tmp_path, build_repetitive("qwen3_5", tmp_path), fc_scale=20.0)
+    prompts = [[5, 17, 300, 42, 9] * 3, list(range(200, 230)), [7, 8, 9, 10, 11, 7, 8, 12, 13] * 2]
+    params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    base = LLM(str(tmp_path), dtype="float32", page_size=8, max_num_batched_tokens=16, enable_prefix_caching=False)
+    spec = LLM(str(tmp_path), dtype="float32", page_size=8, max_num_batched_tokens=16, speculative_config=mtp(2))
+    expected = [o.outputs[0].token_ids for o in base.generate(prompts, params)]
+    assert [spec.generate([p], params)[0].outputs[0].token_ids for p in prompts] == expected
+    assert [o.outputs[0].token_ids for o in spec.generate(prompts, params)] == expected
+    stats = spec.engine.stats().spec_decoding  # a guess from the wrong position's token is accepted 1 time in 50
+    assert stats.num_draft_tokens / 4 < stats.num_accepted_tokens < stats.num_draft_tokens
+    assert all(stats.num_accepted_tokens_per_pos)  # the second guess too, from the layer's own output
+    proposer = spec.engine.proposer
+    assert not proposer.shadows and proposer.pages.num_free_pages == proposer.pages.num_pages
+
+
+def test_a_checkpoint_without_the_mtp_layer_is_refused_in_one_line(tmp_path):
+    tiny.build("qwen3_5", tmp_path)
+    with pytest.raises(ValueError, match=r"no multi-token-prediction layer .*mtp_num_hidden_layers is 0 or absent"):
+        LLM(str(tmp_path), dtype="float32", speculative_config=mtp(2))
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(config | {"mtp_num_hidden_layers": 1}))
+    with pytest.raises(ValueError, match=r"no multi-token-prediction layer .*tensor mtp\.\S+ is missing"):
+        LLM(str(tmp_path), dtype="float32", speculative_config=mtp(2))
+
+
 def test_unknown_or_bad_speculative_settings_are_refused_in_one_line():
     for bad, words in [({"method": "eagle", "num_speculative_tokens": 2}, "method must be one of"),
                        ({"method": "ngram"}, "num_speculative_tokens is required"),

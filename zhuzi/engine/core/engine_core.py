@@ -12,19 +12,20 @@ from collections import deque
 
 import torch
 
-from zhuzi.config import EngineConfig
+from zhuzi.config import EngineConfig, SpeculativeConfig
 from zhuzi.detokenizer import IncrementalDetokenizer
 from zhuzi.engine.core.kv.services import KVServices
 from zhuzi.engine.core.output_processor import OutputProcessor, RequestState
 from zhuzi.engine.core.policies import make_policy
 from zhuzi.engine.core.scheduler import Scheduler
-from zhuzi.engine.core.spec_decode import DraftModelProposer, NgramProposer, Proposer
+from zhuzi.engine.core.spec_decode import DraftModelProposer, MTPProposer, NgramProposer, Proposer
 from zhuzi.engine.messages import Handoff
 from zhuzi.engine.sequence import Probe, ScheduledSeq, Sequence, StepOutcome, Tenant
 from zhuzi.engine.thinking import ThoughtBudget
 from zhuzi.engine.worker import tp_worker
 from zhuzi.engine.worker.model_runner import StepResult, load_runner, measure_read_bandwidth
 from zhuzi.engine.worker.tp_control import StepChannel
+from zhuzi.model.loader import Checkpoint
 from zhuzi.outputs import (
     EngineSnapshot,
     EngineStats,
@@ -59,7 +60,9 @@ class EngineCore:
     With speculative decoding (EngineConfig.speculative_config) a proposer guesses each decoding sequence's
     next tokens after a step; the next step verifies them in the same forward pass as the rest of the batch,
     and the accepted ones plus one token of the target's own go through the stop checks one at a time.
-    KV entries of rejected drafts sit beyond num_computed_tokens, where the next step overwrites them.
+    KV entries of rejected drafts sit beyond num_computed_tokens, where the next step overwrites them; a hybrid
+    model's recurrent layers leave their state after each draft in a slot of its own, and the page manager keeps
+    the one after the tokens that stand.
     Inspections (probes) are scheduled, prefix-cached and batched like any sequence, but at their last token
     the model is read out instead of sampled."""
 
@@ -79,9 +82,6 @@ class EngineCore:
                 tp_worker.stop(self.tp, StepChannel(self.tp), self.workers)
             raise
         self.model_config = ckpt.config
-        if config.speculative is not None and ckpt.config.state_layers:
-            raise ValueError(f"speculative decoding does not run {ckpt.config.architecture} yet: its linear-attention "
-                             "layers' states cannot take back rejected drafts")
         self.model_path = ckpt.path
         self.tokenizer = Tokenizer.load(ckpt.path)
         self.max_model_len = config.max_model_len or ckpt.config.max_position_embeddings
@@ -100,9 +100,7 @@ class EngineCore:
         self.proposer: Proposer | None = None
         self.spec_stats: SpecDecodingStats | None = None
         if spec is not None:
-            self.proposer = NgramProposer(spec) if spec.method == "ngram" else DraftModelProposer(
-                spec, config, self.tokenizer, self.eos_ids, ckpt.config.vocab_size, self.runner.num_pages,
-                max_positions)
+            self.proposer = self._proposer(spec, ckpt, max_positions)
             self.spec_stats = SpecDecodingStats(num_accepted_tokens_per_pos=[0] * spec.num_speculative_tokens)
         self.output = OutputProcessor(self.tokenizer, self.eos_ids, self.max_model_len)
         self.requests: dict[str, RequestState] = {}
@@ -116,6 +114,18 @@ class EngineCore:
             log.info("recurrent state: %d slots of %d bytes (%d layers keep a state instead of KV)",
                      plan.state_slots, plan.state_bytes, ckpt.config.state_layers)
         log.info("CPU kernels: %s", ", ".join(f"{op} {path}" for op, path in self.kernel_paths.items()))
+
+    def _proposer(self, spec: SpeculativeConfig, ckpt: Checkpoint, max_positions: int) -> Proposer:
+        if spec.method == "ngram":
+            return NgramProposer(spec)
+        if spec.method == "mtp":
+            if self.tp is not None:
+                raise ValueError("speculative_config: mtp runs without tensor parallelism yet")
+            self.runner.keep_hidden = True
+            return MTPProposer(self.config, self.runner.model, ckpt.path, self.eos_ids, self.runner.num_pages,
+                               max_positions)
+        return DraftModelProposer(spec, self.config, self.tokenizer, self.eos_ids, ckpt.config.vocab_size,
+                                  self.runner.num_pages, max_positions)
 
     def shutdown(self) -> None:
         """Write what the disk tier has queued; release the other tensor-parallel ranks."""
@@ -294,6 +304,8 @@ class EngineCore:
                 self.spec_stats.observe(len(item.spec_token_ids), verdict.num_accepted)
         self.scheduler.update_from_output(batch, outcome)
         self._after_kv(result, touched)
+        if isinstance(self.proposer, MTPProposer):
+            self.proposer.observe(result.hidden)
         if self.proposer is not None:
             self._propose()
         return [self._output(req) for req in touched.values()]

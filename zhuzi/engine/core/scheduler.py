@@ -218,7 +218,8 @@ class Scheduler:
         sequences that ended finished and their pages freed."""
         for item in batch:
             seq, accepted = item.seq, outcome.emitted.get(item.seq.seq_id)
-            self.pages.computed(seq, item.num_new_tokens - len(item.spec_token_ids) + (accepted or 0))
+            drafts = len(item.spec_token_ids)
+            self.pages.computed(seq, item.num_new_tokens - drafts + (accepted or 0), drafts)
             if not item.samples or accepted is not None:
                 self.pages.register_computed(seq)  # before finishing, so the last pages reach the prefix cache
             self.pages.slide(seq)  # after publishing: a page given back stays findable

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from zhuzi.config import EngineConfig
-from zhuzi.engine.sequence import ScheduledSeq
+from zhuzi.engine.sequence import ScheduledSeq, Sequence
 from zhuzi.engine.worker.model_builder import build_model
 from zhuzi.engine.worker.tp_control import FORWARD, LOGITS, StepChannel, pack_step
 from zhuzi.model import native
@@ -40,6 +40,8 @@ class StepResult:
     prompt_logprobs: dict[int, PromptLogprobs] = field(default_factory=dict)
     failed: list[tuple[ScheduledSeq, Exception]] = field(default_factory=list)  # rows that failed alone
     inspections: list[tuple[ScheduledSeq, Inspection]] = field(default_factory=list)  # probes that reached their end
+    # With keep_hidden: each sequence's final hidden states of its rows, from the first row's position on
+    hidden: list[tuple[Sequence, int, torch.Tensor]] = field(default_factory=list)
 
 
 def measure_read_bandwidth(device: str | torch.device = "cpu", nbytes: int = 256 << 20, repeats: int = 5) -> float:
@@ -75,9 +77,10 @@ def load_runner(config: EngineConfig, tp: TPRank | None = None) -> tuple[Checkpo
     plan = config.kv_plan(ckpt.config)
     if plan.num_pages < 1:
         raise ValueError(f"kv_cache_memory {config.kv_cache_memory} holds no KV page")
-    if plan.state_bytes and plan.state_slots < 2:
+    if plan.state_bytes and plan.state_slots < plan.sequence_slots:
         raise ValueError(f"kv_cache_memory {config.kv_cache_memory} holds no recurrent state of a sequence "
-                         f"({plan.state_bytes:,} bytes, two per running sequence, in at most half of it)")
+                         f"({plan.state_bytes:,} bytes, {plan.sequence_slots} per running sequence, in at most "
+                         "half of it)")
     pooling = config.pooling or ckpt.config.pooling or "mean"
     return ckpt, ModelRunner(model, config, plan.num_pages, list(ckpt.config.eos_token_ids), pooling,
                              plan.state_slots)
@@ -110,6 +113,7 @@ class ModelRunner:
         # With tensor parallelism this is rank 0's runner: it posts each forward pass and LM-head call, which the
         # other ranks' follow loops (tp_worker.py) run over their slices.
         self.channel = StepChannel(model.tp) if model.tp else None
+        self.keep_hidden = False  # hand each step's final hidden states out (StepResult.hidden), for an MTP proposer
 
     def _posted(self, op: str, payload: Callable[[], torch.Tensor]) -> contextlib.AbstractContextManager:
         """Rank 0 runs its share of op inside this (the followers are told first); without ranks, nothing."""
@@ -154,17 +158,20 @@ class ModelRunner:
 
     def _state_runs(self, batch: list[ScheduledSeq]) -> list[StateRun]:
         """A hybrid model's sequences in the state pool: a new sequence starts from zeros, a resumed one from its
-        cached state; a run that crosses a page boundary leaves its state at the last one in its boundary slot."""
+        cached state; a run that crosses a page boundary leaves its state at the last one in its boundary slot. A
+        verify leaves its state after each draft in a draft slot, and at a page boundary in the last draft slot
+        (the page manager's _keep_verified_states gives them their roles once the verdict is known)."""
         if not self.states:
             return []
         runs, start = [], 0
         for s in batch:
-            seq, done, n = s.seq, s.seq.num_computed_tokens, s.num_new_tokens
+            seq, done, n, k = s.seq, s.seq.num_computed_tokens, s.num_new_tokens, len(s.spec_token_ids)
             assert seq.state_slot is not None
             boundary = seq.state_boundary(done + n, self.page_size)
-            snapshot = (boundary - done, seq.boundary_slot) \
-                if seq.boundary_slot is not None and boundary > done else None
-            runs.append(StateRun(start, n, seq.state_slot, snapshot, seq.restore_slot,
+            snapshots = [(j + 1, seq.draft_slots[j]) for j in range(k)]
+            if seq.boundary_slot is not None and boundary > done:
+                snapshots.append((boundary - done, seq.draft_slots[-1] if k else seq.boundary_slot))
+            runs.append(StateRun(start, n, seq.state_slot, tuple(snapshots), seq.restore_slot,
                                  fresh=done == 0 and seq.restore_slot is None))
             start += n
         return runs
@@ -190,7 +197,7 @@ class ModelRunner:
         # A step whose rows each sample from one new token can run as one fused call (the model takes it when
         # no row is wider: a verify is not), whose logits row i is item i's. A step with a probe takes the
         # per-layer path, where the logit lens taps: with the lens or without, a probe reads the same bits.
-        fusable = not prompt_rows and all(s.samples and s.seq.probe is None for s in batch)
+        fusable = not prompt_rows and not self.keep_hidden and all(s.samples and s.seq.probe is None for s in batch)
         fused = self.model.decode_step(ids, positions, meta, self.kv_cache) if fusable else None
         result = StepResult()
         if fused is not None:
@@ -212,6 +219,8 @@ class ModelRunner:
             for s, row in zip(batch, starts):
                 if s.seq.embeds:
                     self._pool(result, s, hidden[row:row + s.num_new_tokens])
+                elif self.keep_hidden and s.seq.probe is None:
+                    result.hidden.append((s.seq, s.seq.num_computed_tokens, hidden[row:row + s.num_new_tokens]))
         sampling = [(s, row) for s, row in zip(batch, starts) if s.samples and not s.seq.embeds]
         probes = [(s, row) for s, row in sampling if s.seq.probe is not None]
         if probes:
@@ -235,13 +244,23 @@ class ModelRunner:
     @torch.inference_mode()
     def last_logits(self, batch: list[ScheduledSeq]) -> torch.Tensor:
         """[len(batch), V]: the logits after each item's last new token (a draft model's forward pass)."""
+        return self._logits(self.last_hidden(batch))
+
+    @torch.inference_mode()
+    def last_hidden(self, batch: list[ScheduledSeq], inputs: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """[len(batch), hidden]: the final hidden state at each item's last new token; inputs: each item's rows of
+        what the model takes beside the tokens (an MTP layer's hidden states)."""
         order = _one_token_rows_first(batch)
         ids, positions, meta, starts = self._inputs([batch[i] for i in order])
-        hidden = self._forward(ids, positions, meta)
+        if inputs is None:
+            hidden = self._forward(ids, positions, meta)
+        else:
+            beside = torch.cat([inputs[i] for i in order])
+            hidden = self.model.forward(ids, positions, meta, self.kv_cache, hidden=beside)
         rows = [0] * len(batch)
         for i, start in zip(order, starts):
             rows[i] = start + batch[i].num_new_tokens - 1
-        return self._logits(hidden[self._tensor(rows)])
+        return hidden[self._tensor(rows)]
 
     def _draft(self, item: ScheduledSeq) -> Draft:
         seq, k = item.seq, len(item.spec_token_ids)

@@ -73,9 +73,9 @@ def pack_step(input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionM
     """Everything a follower needs to run the same forward pass, as one int64 tensor."""
     num_decodes = meta.num_decode_tokens
     width = meta.decode_slots.shape[1] if num_decodes else 0
-    header = [len(input_ids), num_decodes, width, len(meta.prefills), len(meta.state_runs)]
-    header += [x for c in meta.prefills for x in (c.start, c.length, c.context)]
-    header += [x for run in meta.state_runs for x in _packed_run(run)]
+    runs = [x for run in meta.state_runs for x in _packed_run(run)]
+    header = [len(input_ids), num_decodes, width, len(meta.prefills), len(runs)]
+    header += [x for c in meta.prefills for x in (c.start, c.length, c.context)] + runs
     parts = [torch.tensor(header), input_ids, positions, meta.slot_mapping]
     if num_decodes:
         parts += [meta.decode_slots.reshape(-1), meta.decode_lengths]
@@ -83,23 +83,28 @@ def pack_step(input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionM
     return torch.cat([p.to("cpu", torch.long) for p in parts])
 
 
-def _packed_run(run: StateRun) -> tuple[int, ...]:
-    """A hybrid model's run as seven ints (-1: none)."""
-    rows, snapshot = run.snapshot or (-1, -1)
-    return run.start, run.length, run.slot, rows, snapshot, -1 if run.restore is None else run.restore, run.fresh
+def _packed_run(run: StateRun) -> list[int]:
+    """A hybrid model's run as ints (-1: none): six, then its snapshots' (rows, slot) pairs."""
+    return [run.start, run.length, run.slot, -1 if run.restore is None else run.restore, int(run.fresh),
+            len(run.snapshots)] + [x for pair in run.snapshots for x in pair]
 
 
-def _unpacked_run(start: int, length: int, slot: int, rows: int, snapshot: int, restore: int, fresh: int) -> StateRun:
-    return StateRun(start, length, slot, None if rows < 0 else (rows, snapshot), None if restore < 0 else restore,
-                    bool(fresh))
+def _unpacked_runs(flat: list[int]) -> list[StateRun]:
+    runs, at = [], 0
+    while at < len(flat):
+        start, length, slot, restore, fresh, n = flat[at:at + 6]
+        pairs = flat[at + 6:at + 6 + 2 * n]
+        runs.append(StateRun(start, length, slot, tuple(zip(pairs[::2], pairs[1::2])),
+                             None if restore < 0 else restore, bool(fresh)))
+        at += 6 + 2 * n
+    return runs
 
 
 def unpack_step(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-    tokens, num_decodes, width, num_prefills, num_runs = flat[:5].tolist()
+    tokens, num_decodes, width, num_prefills, run_ints = flat[:5].tolist()
     chunks = flat[5:5 + 3 * num_prefills].view(-1, 3).tolist()
-    at = 5 + 3 * num_prefills
-    runs = [_unpacked_run(*run) for run in flat[at:at + 7 * num_runs].view(-1, 7).tolist()]
-    at += 7 * num_runs
+    at = 5 + 3 * num_prefills + run_ints
+    runs = _unpacked_runs(flat[at - run_ints:at].tolist())
 
     def take(n: int) -> torch.Tensor:
         nonlocal at

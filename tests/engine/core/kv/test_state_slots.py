@@ -1,7 +1,8 @@
 """A hybrid model's state slots on fake sequences (no model): a running sequence holds a live and a boundary
 slot, its boundary state joins the prefix cache at the prompt's end (before its last token, for a prompt that ships)
 and when it ends, a prompt resumes only where a state is kept, cached states are evicted least recently used
-first, and every slot comes back."""
+first, after a speculative verify the slots of the states after the tokens that stand take the live and boundary
+roles, and every slot comes back."""
 from fake_sequences import seq
 
 from zhuzi.engine.core.kv.page_manager import PageManager
@@ -107,3 +108,28 @@ def test_without_a_free_pair_of_slots_a_sequence_waits():
     assert pages.allocate_slots(waiting, 4)
     pages.free_sequence(waiting)
     assert_all_free(pages)
+
+
+def test_after_a_verify_the_slots_holding_the_states_after_the_tokens_that_stand_take_their_roles():
+    """A verify of 3 drafts leaves its state after draft j in draft slot j - 1, after its last token in the live
+    slot, at a page boundary among them in the last draft slot (the model runner's state runs). Pages of 4 tokens,
+    6 computed: the verify's tokens are at positions 6..9, its boundary after 8 tokens (its second)."""
+    def verify(stand: int) -> tuple:
+        pages = PageManager(num_pages=32, page_size=4, states=StateSlots(12), draft_slots=4)
+        s = seq(list(range(7)))
+        step(pages, s, 6)
+        live, boundary, drafts = s.state_slot, s.boundary_slot, list(s.draft_slots)
+        s.token_ids += [7, 8, 9]  # as the drafts that stand join
+        assert pages.allocate_slots(s, 4)
+        pages.computed(s, stand, drafts=3)
+        roles = (s.state_slot, s.boundary_slot, s.boundary_tokens)
+        pages.free_sequence(s)
+        assert_all_free(pages)
+        return roles, live, boundary, drafts
+
+    roles, live, boundary, drafts = verify(4)  # every draft stands
+    assert roles == (live, drafts[-1], 8)
+    roles, live, boundary, drafts = verify(2)  # the boundary's token stands, the drafts after it not
+    assert roles == (drafts[1], drafts[-1], 8)
+    roles, live, boundary, drafts = verify(1)  # the boundary's token is rejected: the old boundary stays
+    assert roles == (drafts[0], boundary, 4)

@@ -66,7 +66,9 @@ class PageManager:
     A hybrid model's sequences hold state slots too (states): a live one, and one where the model leaves the state
     at each page boundary it crosses. When the sequence ends (or is preempted) that boundary state joins the
     prefix cache under its page's hash; a prompt reuses the longest cached prefix whose last page has its state
-    kept, which the model copies to the live slot before its first step."""
+    kept, which the model copies to the live slot before its first step. With speculative decoding a sequence
+    holds draft_slots more: a verify leaves its state after each draft in one, and the slots of the state after
+    the tokens that stand become its live (and boundary) ones."""
 
     num_pages: int
     page_size: int
@@ -80,6 +82,7 @@ class PageManager:
     connector: KVConnector | None = None  # the tiers beyond the pool
     window: int | None = None  # every layer's sliding window, in tokens (None: a layer attends everything)
     states: StateSlots | None = None  # a hybrid model's state slots
+    draft_slots: int = 0  # the state slots a sequence holds for speculative drafts
 
     def __post_init__(self) -> None:
         self.pages = [Page(i) for i in range(self.num_pages)]
@@ -286,18 +289,20 @@ class PageManager:
         return True
 
     def _take_states(self, seq: Sequence) -> bool:
-        """A live slot, and with prefix caching a boundary slot."""
+        """A live slot, with prefix caching a boundary slot, and the draft slots."""
         assert self.states is not None
-        if self.states.num_free < (2 if self.enable_prefix_caching else 1):
+        if self.states.num_free < 1 + self.enable_prefix_caching + self.draft_slots:
             return False
         seq.state_slot = self.states.take()
         seq.boundary_slot = self.states.take() if self.enable_prefix_caching else None
+        seq.draft_slots = [self.states.take() for _ in range(self.draft_slots)]
         seq.boundary_tokens = 0
         return True
 
-    def computed(self, seq: Sequence, num_tokens: int) -> None:
+    def computed(self, seq: Sequence, num_tokens: int, drafts: int = 0) -> None:
         """num_tokens more of seq's tokens have their K/V in its pages (a hybrid model's state moved on: its cached
-        state was copied, and where they crossed a page boundary, the state there is in the boundary slot)."""
+        state was copied, and where they crossed a page boundary, the state there is in the boundary slot). drafts:
+        the step verified that many drafts, of which num_tokens - 1 stand."""
         before, size = seq.num_computed_tokens, self.page_size
         seq.num_computed_tokens += num_tokens
         if self.states is None:
@@ -305,12 +310,28 @@ class PageManager:
         if seq.restore_slot is not None:
             self.states.release(seq.restore_slot)
             seq.restore_slot = None
+        if drafts:
+            self._keep_verified_states(seq, before, num_tokens, drafts)
+            return
         if seq.boundary_slot is None:
             return
         if (boundary := seq.state_boundary(seq.num_computed_tokens, size)) > before:
             seq.boundary_tokens = boundary
         if seq.boundary_tokens and before < seq.num_prompt_tokens <= seq.num_computed_tokens:
             self._publish_prompt_state(seq)
+
+    def _keep_verified_states(self, seq: Sequence, before: int, rows: int, drafts: int) -> None:
+        """A verify ran 1 + drafts rows from `before` tokens (the model runner's state_runs): it left its state after
+        row j in draft slot j - 1, after its last row in the live slot, and at the last page boundary its rows
+        crossed in the last draft slot. The slots of the state after the rows that stand take those roles (an
+        earlier boundary, crossed only where the page size is at most a verify's rows, is not kept)."""
+        if rows <= drafts:
+            i = rows - 1
+            seq.state_slot, seq.draft_slots[i] = seq.draft_slots[i], seq.state_slot
+        boundary = seq.state_boundary(before + 1 + drafts, self.page_size)
+        if seq.boundary_slot is not None and before < boundary <= before + rows:
+            seq.boundary_slot, seq.draft_slots[-1] = seq.draft_slots[-1], seq.boundary_slot
+            seq.boundary_tokens = boundary
 
     def _publish_prompt_state(self, seq: Sequence) -> None:
         """The prompt is computed: its state at its last page boundary joins the prefix cache now (for the
@@ -353,8 +374,9 @@ class PageManager:
                 self.states.publish(seq.boundary_slot, self._full_page_hashes(seq, seq.boundary_tokens)[-1])
             else:
                 self.states.release(seq.boundary_slot)
-        for slot in (seq.state_slot, seq.restore_slot):
+        for slot in (seq.state_slot, seq.restore_slot, *seq.draft_slots):
             if slot is not None:
                 self.states.release(slot)
         seq.state_slot = seq.boundary_slot = seq.restore_slot = None
+        seq.draft_slots = []
         seq.boundary_tokens = 0

@@ -36,7 +36,8 @@ class KVServices:
         connector = KVConnector.of(config, path, kv_cache, states) if config.kv_tiers or handoffs else None
         pages = PageManager(num_pages, config.page_size, config.enable_prefix_caching,
                               events=KVEvents() if kv_events else None, connector=connector, window=model.kv_window,
-                              states=StateSlots(plan.state_slots, connector) if plan.state_slots else None)
+                              states=StateSlots(plan.state_slots, connector) if plan.state_slots else None,
+                              draft_slots=plan.draft_slots)
         pins = PinTable(pages, connector, plan.bytes_per_token * plan.page_size,
                         parse_bytes(config.kv_pinned_memory), plan.state_bytes)
         return pages, cls(connector, pins, Handoffs(pages, connector) if handoffs and connector else None)
