@@ -10,6 +10,7 @@ from zhuzi.cli import build_parser
 from zhuzi.config import EngineConfig, KVPlan, ParallelConfig, ServerConfig, parse_bytes
 from zhuzi.model import native
 from zhuzi.model.model_config import ModelConfig
+from zhuzi.settings import given
 
 
 def parsed(*argv: str) -> argparse.Namespace:
@@ -38,6 +39,12 @@ def test_flags_of_each_kind_reach_their_field():
 def test_models_dir_is_repeatable_and_reaches_the_server_config():
     server = ServerConfig.from_cli_args(parsed("--models-dir", "/models", "--models-dir", "hf"))
     assert server.models_dirs == ["/models", "hf"] and ServerConfig().models_dirs == []
+
+
+def test_given_names_the_settings_the_command_line_sets_even_to_their_defaults():
+    argv = ["serve", "/m.gguf", "--max-num-seqs", "64", "--no-enable-prefix-caching", "--block-size", "8"]
+    assert given(build_parser(), argv) == {"command", "model", "max_num_seqs", "enable_prefix_caching", "page_size"}
+    assert build_parser().parse_args(argv).max_model_len is None  # the parser itself keeps its defaults
 
 
 def test_the_page_size_keeps_vllms_flag():
