@@ -52,7 +52,7 @@ def test_plan_reads_a_models_preset_beneath_the_flags_given(tmp_path):
                       "kv-cache-dtype = 'q8_0'\nblock-size = 32\n")
     out = zhuzi("plan", "--models-preset", str(preset), "smol", "--block-size", "64")
     assert out.returncode == 0, out.stderr
-    assert out.stdout.startswith(f"preset [smol] of {preset}: kv-cache-memory = '1GiB', model = '")
+    assert out.stdout.startswith(f'preset [smol] of {preset}: kv-cache-memory = "1GiB", model = "')
     assert "x 1.0625 bytes (q8_0: 8-bit values and an fp16 scale per 32) = 12,240" in out.stdout
     assert "KV pool: 1,073,741,824 bytes = 1,370 pages of 64 tokens" in out.stdout  # 2**30 // (12,240 x 64)
     out = zhuzi("plan", "--models-preset", str(preset), str(default_model_path()))  # no table: [default]'s

@@ -6,6 +6,7 @@ only adds what belongs to one command. The server is a library the CLI calls, ne
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -202,7 +203,7 @@ def with_preset(file: str, config: EngineConfig, given: set[str],
     model_id = name or (config.model if config.model in presets.tables else model_name(config.model_path))
     if config.model == model_id:
         given = given - {"model"}
-    keys = ", ".join(f"{key} = {value!r}" for key, value in presets.settings(model_id, given).items())
+    keys = ", ".join(f"{key} = {json.dumps(value)}" for key, value in presets.settings(model_id, given).items())
     said = f"preset [{model_id}] of {file}: {keys or 'nothing, the flags are as given'}"
     return model_id, presets.engine_config(model_id, config, given), said
 
