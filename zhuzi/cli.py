@@ -13,9 +13,8 @@ import sys
 import threading
 from concurrent.futures import Future
 
-from zhuzi import bench
+from zhuzi import bench, settings
 from zhuzi.config import EngineConfig, ParallelConfig, ServerConfig
-from zhuzi.settings import given
 
 log = logging.getLogger("zhuzi")
 
@@ -299,7 +298,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line; args.given: the settings it sets itself, which win over a preset's."""
     parser, argv = build_parser(), sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
-    args.given = given(parser, argv)
+    args.given = settings.given(parser, argv)
     return args
 
 
