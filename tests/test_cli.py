@@ -45,6 +45,24 @@ def test_plan_prints_the_weight_and_kv_arithmetic():
     assert "weight bytes one decode step reads: 96,506,496" in out.stdout
 
 
+def test_plan_reads_a_models_preset_beneath_the_flags_given(tmp_path):
+    """MODEL names its table, whose `model` is the file; [default] under it, the flags given over both."""
+    preset = tmp_path / "models.toml"
+    preset.write_text(f"[default]\nkv-cache-memory = '1GiB'\n[smol]\nmodel = '{default_model_path()}'\n"
+                      "kv-cache-dtype = 'q8_0'\nblock-size = 32\n")
+    out = zhuzi("plan", "--models-preset", str(preset), "smol", "--block-size", "64")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(f'preset [smol] of {preset}: kv-cache-memory = "1GiB", model = "')
+    assert "x 1.0625 bytes (q8_0: 8-bit values and an fp16 scale per 32) = 12,240" in out.stdout
+    assert "KV pool: 1,073,741,824 bytes = 1,370 pages of 64 tokens" in out.stdout  # 2**30 // (12,240 x 64)
+    out = zhuzi("plan", "--models-preset", str(preset), str(default_model_path()))  # no table: [default]'s
+    assert "x 2 bytes = 23,040" in out.stdout and "KV pool: 1,073,741,824 bytes = 2,912 pages of 16" in out.stdout
+    preset.write_text("[smol]\nblock_size = 32\n")
+    out = zhuzi("plan", "--models-preset", str(preset), "smol")
+    assert out.returncode != 0 and out.stderr.strip().count("\n") == 0
+    assert f"{preset} [smol] block_size: unknown key (did you mean block-size?)" in out.stderr
+
+
 def test_plan_of_a_mixture_of_experts_counts_the_experts_a_step_reads(tmp_path):
     """A GGUF file of 4 experts, top-2: a step reads every weight but the unread embedding rows and two experts of
     each layer (float32 values held as bf16)."""

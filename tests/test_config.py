@@ -6,10 +6,11 @@ import dataclasses
 import pytest
 import torch
 
-from zhuzi.cli import build_parser
+from zhuzi.cli import build_parser, parse_args, serve_configs
 from zhuzi.config import EngineConfig, KVPlan, ParallelConfig, ServerConfig, parse_bytes
 from zhuzi.model import native
 from zhuzi.model.model_config import ModelConfig
+from zhuzi.settings import given
 
 
 def parsed(*argv: str) -> argparse.Namespace:
@@ -38,6 +39,32 @@ def test_flags_of_each_kind_reach_their_field():
 def test_models_dir_is_repeatable_and_reaches_the_server_config():
     server = ServerConfig.from_cli_args(parsed("--models-dir", "/models", "--models-dir", "hf"))
     assert server.models_dirs == ["/models", "hf"] and ServerConfig().models_dirs == []
+
+
+def test_given_names_the_settings_the_command_line_sets_even_to_their_defaults():
+    argv = ["serve", "/m.gguf", "--max-num-seqs", "64", "--no-enable-prefix-caching", "--block-size", "8"]
+    assert given(build_parser(), argv) == {"command", "model", "max_num_seqs", "enable_prefix_caching", "page_size"}
+    assert build_parser().parse_args(argv).max_model_len is None  # the parser itself keeps its defaults
+
+
+def test_serve_applies_the_served_models_preset_beneath_the_flags_given(tmp_path):
+    """The table of the model as clients name it (--served-model-name, else the file's name) over [default]."""
+    preset = tmp_path / "models.toml"
+    preset.write_text("[default]\nmax-model-len = 2048\nmax-num-seqs = 8\n"
+                      "[m]\nmax-model-len = 8192\nkv-cache-memory = '256MiB'\n"
+                      "[coder]\nmodel = '/models/coder.gguf'\nblock-size = 32\n")
+    (model := tmp_path / "m.Q4_K_M.gguf").touch()
+    m, flags = str(model), ["--models-preset", str(preset)]
+    server, engine = serve_configs(parse_args(["serve", m, *flags, "--max-num-seqs", "2"]))
+    assert server.models_preset == str(preset)
+    assert (engine.max_model_len, engine.kv_cache_bytes, engine.max_num_seqs) == (8192, 2**28, 2)
+    _, engine = serve_configs(parse_args(["serve", m, *flags, "--max-model-len", "512"]))
+    assert (engine.max_model_len, engine.max_num_seqs) == (512, 8)
+    _, engine = serve_configs(parse_args(["serve", m, *flags, "--served-model-name", "other"]))
+    assert (engine.max_model_len, engine.kv_cache_memory) == (2048, "1GiB")  # [default]'s only
+    server, engine = serve_configs(parse_args(["serve", "coder", *flags]))  # MODEL names a table naming its file
+    assert (engine.model, engine.page_size, server.served_model_name) == ("/models/coder.gguf", 32, "coder")
+    assert serve_configs(parse_args(["serve", m]))[1].max_model_len is None  # no preset, no change
 
 
 def test_the_page_size_keeps_vllms_flag():

@@ -6,13 +6,14 @@ only adds what belongs to one command. The server is a library the CLI calls, ne
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
 import threading
 from concurrent.futures import Future
 
-from zhuzi import bench
+from zhuzi import bench, settings
 from zhuzi.config import EngineConfig, ParallelConfig, ServerConfig
 
 log = logging.getLogger("zhuzi")
@@ -39,7 +40,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
 
     # Tokenizing runs in the server's low-priority worker threads (see serving.py), not in a pool of its own.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    config, engine_config = ServerConfig.from_cli_args(args), EngineConfig.from_cli_args(args)
+    config, engine_config = serve_configs(args)
     if config.models_dirs:
         from zhuzi.catalog import Catalog
         found = len(Catalog.scan(config.models_dirs).entries())
@@ -96,6 +97,18 @@ def cmd_serve(args: argparse.Namespace) -> None:
         raise SystemExit(f"zhuzi: {failure}")  # exit status 1: a supervisor restarts the server
 
 
+def serve_configs(args: argparse.Namespace) -> tuple[ServerConfig, EngineConfig]:
+    """The server's settings and its model's: the flags', under --models-preset the model's preset beneath them."""
+    config, engine_config = ServerConfig.from_cli_args(args), EngineConfig.from_cli_args(args)
+    if config.models_preset and not config.models_dirs:
+        model_id, engine_config, said = with_preset(config.models_preset, engine_config, args.given,
+                                                    config.served_model_name)
+        log.info("%s", said)
+        if args.model == model_id:  # MODEL named its table, not a file: clients name it so too
+            config.served_model_name = model_id
+    return config, engine_config
+
+
 def cmd_generate(args: argparse.Namespace) -> None:
     from zhuzi.llm import LLM
     llm = LLM(**vars(EngineConfig.from_cli_args(args)))
@@ -138,6 +151,9 @@ def cmd_plan(args: argparse.Namespace) -> None:
     from zhuzi.model.kv_pool import KVShape
     from zhuzi.model.loader import gguf_weights, load_model_config
     config = EngineConfig.from_cli_args(args)
+    if args.models_preset:
+        _, config, said = with_preset(args.models_preset, config, args.given)
+        print(said)
     c = load_model_config(config.model)
     plan, precision = config.kv_plan(c), config.precision
     kv_terms = " + ".join(f"2 x {len(g.layers)} layers x {g.kv_heads} kv_heads x {g.head_dim} head_dim x "
@@ -174,6 +190,22 @@ def cmd_plan(args: argparse.Namespace) -> None:
     print(f"requests of {args.context:,} tokens that fit at once: "
           f"{min(fit, plan.state_slots // plan.sequence_slots) if plan.state_slots else fit:,}")
     print(f"weight bytes one decode step reads: {step:,} ({step / 2**20:.0f} MiB)")
+
+
+def with_preset(file: str, config: EngineConfig, given: set[str],
+                name: str | None = None) -> tuple[str, EngineConfig, str]:
+    """(the model's id, its settings, what the file gave it) under a presets file: the table of `name`, else of
+    MODEL as typed where a table has that name (its `model` key says where the checkpoint is), else of the
+    checkpoint's name."""
+    from zhuzi.model.loader import model_name
+    from zhuzi.presets import Presets
+    presets = Presets.read(file)
+    model_id = name or (config.model if config.model in presets.tables else model_name(config.model_path))
+    if config.model == model_id:
+        given = given - {"model"}
+    keys = ", ".join(f"{key} = {json.dumps(value)}" for key, value in presets.settings(model_id, given).items())
+    said = f"preset [{model_id}] of {file}: {keys or 'nothing, the flags are as given'}"
+    return model_id, presets.engine_config(model_id, config, given), said
 
 
 def cmd_models(args: argparse.Namespace) -> None:
@@ -243,6 +275,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("plan", help="KV-cache arithmetic for a model")
     EngineConfig.add_cli_args(p)
+    p.add_argument("model", nargs="?", default=argparse.SUPPRESS, metavar="MODEL",
+                   help="the model, as --model takes it, or the id of a --models-preset table")
+    p.add_argument("--models-preset", default=None, metavar="FILE",
+                   help="a TOML file of engine settings per model, as `zhuzi serve --models-preset` reads it: "
+                        "MODEL's table and [default] under the flags given here")
     p.add_argument("--context", type=int, default=4096, help="tokens per request (default: %(default)s)")
     p.add_argument("--sequences", type=int, default=1,
                    help="requests of --context tokens at once, for the memory total (default: %(default)s)")
@@ -258,8 +295,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line; args.given: the settings it sets itself, which win over a preset's."""
+    parser, argv = build_parser(), sys.argv[1:] if argv is None else argv
+    args = parser.parse_args(argv)
+    args.given = settings.given(parser, argv)
+    return args
+
+
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         args.func(args)

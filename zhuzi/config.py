@@ -400,6 +400,9 @@ class ServerConfig(Settings):
                                          "Hugging Face directories; `hf`: the Hugging Face cache, `ollama`: "
                                          "Ollama's store (repeatable; `zhuzi models` lists what they hold)",
                                      flags=["--models-dir"])
+    models_preset: str | None = setting(None, "a TOML file of engine settings per model: a [default] table and one "
+                                              "per model id, each key a flag without its dashes, e.g. "
+                                              "max-model-len = 8192 (the flags given here win)")
     rate_limit_rpm: int | None = setting(None, "requests per minute per key")
     rate_limit_tpm: int | None = setting(None, "prompt + completion tokens per minute per key")
     max_waiting: int = setting(256, "sequences that may queue beyond --max-num-seqs before 429")

@@ -4,6 +4,7 @@ setting is one edit there."""
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import types
 import typing
@@ -37,7 +38,7 @@ class Settings:
 
 def _add_flag(parser: argparse.ArgumentParser, f: dataclasses.Field, hint: Any, serving: bool) -> None:
     options = dict(f.metadata)
-    flags = options.pop("flags", ["--" + f.name.replace("_", "-")])
+    options.pop("flags", None)
     default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
     serve_default = options.pop("serve", dataclasses.MISSING)
     if serving and serve_default is not dataclasses.MISSING:
@@ -53,4 +54,26 @@ def _add_flag(parser: argparse.ArgumentParser, f: dataclasses.Field, hint: Any, 
         options["type"] = str if str in kinds else kind
     if default is not None and "action" not in options:  # BooleanOptionalAction adds its own
         options["help"] += " (default: %(default)s)"
-    parser.add_argument(*flags, dest=f.name, default=default, **options)
+    parser.add_argument(*flags(f), dest=f.name, default=default, **options)
+
+
+def flags(f: dataclasses.Field) -> list[str]:
+    """A setting's flags: --max-num-seqs for max_num_seqs, unless the field names its own."""
+    return f.metadata.get("flags", ["--" + f.name.replace("_", "-")])
+
+
+def given(parser: argparse.ArgumentParser, argv: list[str]) -> set[str]:
+    """The settings argv sets itself, rather than leaving them at their defaults: argv parsed again by a copy of
+    the parser whose every default is suppressed, so only what argv names lands in the namespace."""
+    quiet = copy.deepcopy(parser)
+    _suppress_defaults(quiet)
+    return set(vars(quiet.parse_args(argv)))
+
+
+def _suppress_defaults(parser: argparse.ArgumentParser) -> None:
+    parser._defaults.clear()  # set_defaults(), e.g. a command's function
+    for action in parser._actions:
+        action.default = argparse.SUPPRESS
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                _suppress_defaults(sub)

