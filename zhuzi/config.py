@@ -378,6 +378,9 @@ class ServerConfig(Settings):
     api_keys: list[str] = setting([], "accept this key as 'Authorization: Bearer KEY' (repeatable); "
                                       "none: no authentication", flags=["--api-key"])
     served_model_name: str | None = setting(None, "the model name clients send (default: the file's)")
+    tool_call_parser: str | None = setting(None, "read tool calls in this format (hermes, qwen3_coder, mistral, "
+                                                 "llama3_json, pythonic, gemma4, openai; default: the one the "
+                                                 "chat template writes)")
     rate_limit_rpm: int | None = setting(None, "requests per minute per key")
     rate_limit_tpm: int | None = setting(None, "prompt + completion tokens per minute per key")
     max_waiting: int = setting(256, "sequences that may queue beyond --max-num-seqs before 429")

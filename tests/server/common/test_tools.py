@@ -16,6 +16,7 @@ from zhuzi.sample.sampler import SamplingRow, apply_grammar_masks
 from zhuzi.sampling_params import SamplingParams, StructuredOutputsParams
 from zhuzi.server.common.parsers import OutputParser, ParsedText
 from zhuzi.server.common.request import NamedTool
+from zhuzi.server.common.tool_formats import Hermes
 from zhuzi.server.common.tools import template_renders_tools, tool_grammar, with_generic_tools
 from zhuzi.tokenizer import Tokenizer
 
@@ -34,6 +35,7 @@ FUNCTIONS = [
 ]
 SCHEMAS = {f["name"]: f.get("parameters") or {"type": "object"} for f in FUNCTIONS}
 NAMED = NamedTool("get_weather")
+HERMES = Hermes(FUNCTIONS)
 
 
 @pytest.fixture(scope="module", params=["text markers", "added-token markers"])
@@ -93,7 +95,7 @@ def added_tokens(tokenizer: Tokenizer) -> set[str]:
 
 def calls(setup, tool_choice, parallel: bool, seed: int) -> list[tuple[str, dict]]:
     tokenizer = setup[0]
-    grammar = tool_grammar(FUNCTIONS, tool_choice, parallel, added_tokens(tokenizer))
+    grammar = tool_grammar(HERMES, FUNCTIONS, tool_choice, parallel, added_tokens(tokenizer))
     assert grammar is not None and grammar.forced
     parsed = parse_streamed_and_whole(tokenizer, sample(setup, grammar.grammar, seed), forced=True)
     assert parsed.content == ""
@@ -121,7 +123,7 @@ def test_required_calls_listed_functions_one_or_more_as_parallel_tool_calls_allo
 
 def test_strict_functions_hold_auto_calls_to_their_schema_and_leave_text_free(setup):
     tokenizer = setup[0]
-    grammar = tool_grammar(FUNCTIONS, None, True, added_tokens(tokenizer))
+    grammar = tool_grammar(HERMES, FUNCTIONS, None, True, added_tokens(tokenizer))
     assert grammar is not None and not grammar.forced
     matcher = setup[1].matcher(StructuredOutputsParams(grammar=grammar.grammar))
     good = 'Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\nDone.'
@@ -129,14 +131,14 @@ def test_strict_functions_hold_auto_calls_to_their_schema_and_leave_text_free(se
     for text, accepted in ((good, True), ("Just text, no call.", True), (bad, False)):
         ids = tokenizer.encode(text, parse_special=True) + [EOS]
         assert (matcher.validate(ids) == len(ids)) == accepted, text
-    assert tool_grammar([{"name": "add"}], None, True, set()) is None  # nothing strict: "auto" stays free
+    assert tool_grammar(HERMES, [{"name": "add"}], None, True, set()) is None  # nothing strict: "auto" stays free
 
 
 def test_auto_with_a_json_answer_gives_calls_or_the_answer(setup):
     tokenizer = setup[0]
     answer = StructuredOutputsParams(json={"type": "object", "properties": {"x": {"type": "integer"}},
                                            "required": ["x"], "additionalProperties": False})
-    grammar = tool_grammar(FUNCTIONS, None, True, added_tokens(tokenizer), answer)
+    grammar = tool_grammar(HERMES, FUNCTIONS, None, True, added_tokens(tokenizer), answer)
     seen = set()
     for seed in range(12):
         tokens = sample(setup, grammar.grammar, seed)

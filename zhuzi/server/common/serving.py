@@ -44,6 +44,7 @@ from zhuzi.server.common.streams import (
     merge_streams,
     until_disconnect,
 )
+from zhuzi.server.common.tool_formats import Hermes, ToolFormat, tool_format
 from zhuzi.server.common.tools import template_renders_tools, with_generic_tools
 from zhuzi.tokenizer import THOUGHT_TAGS, message_text
 
@@ -116,6 +117,8 @@ class Server:
         self.think_close: int | None = None  # the id that ends a thought: its close tag, harmony's <|end|>
         self.thought_tags = THOUGHT_TAGS[0]  # its tags (<think>, or its own)
         self.added_tokens: set[str] = set()  # the tokenizer's added tokens (a forced call's markers may be)
+        self.tool_format: type[ToolFormat] = Hermes  # how the model writes calls (a harmony model: harmony_parser)
+        self.template = ""  # the chat template's text
         self.created = int(time.time())
         if not callable(engine):
             self.prepare(engine)
@@ -123,12 +126,16 @@ class Server:
 
     # -- loading
 
-    @staticmethod
-    def prepare(engine: EngineClient) -> None:
+    def prepare(self, engine: EngineClient) -> None:
         """The tokenizer's share of loading, done in the loading thread so that the event loop answers /health
-        meanwhile: its table of token strings, and its helper process for long texts."""
-        engine.tokenizer.warm()
-        engine.tokenizer.use_encoder_process()
+        meanwhile: its table of token strings, its helper process for long texts, and its tool-call format
+        (ValueError where --tool-call-parser does not fit the model)."""
+        tokenizer = engine.tokenizer
+        template = tokenizer.hf.chat_template
+        self.template = template if isinstance(template, str) else ""
+        self.tool_format = tool_format(self.config.tool_call_parser, self.template, tokenizer.harmony) or Hermes
+        tokenizer.warm()
+        tokenizer.use_encoder_process()
 
     def attach(self, engine: EngineClient) -> None:
         self.model_name = self.config.served_model_name or engine.model_name
@@ -391,6 +398,14 @@ class Server:
         if not chat.parse_tool_calls:
             return None
         return "template" if template_renders_tools(self.ready().tokenizer.template_variables) else "generic"
+
+    def calls_format(self, chat: ChatRequest) -> ToolFormat:
+        """The format a chat's reply writes its calls in: the model's, or Hermes' where zhuzi's generic prompt
+        teaches it."""
+        functions = [tool.function() for tool in chat.tools]
+        if self.tool_prompt(chat) == "generic":
+            return Hermes(functions)
+        return self.tool_format(functions, self.template)
 
     def render_chat(self, chat: ChatRequest, constraint: Constraint | None = None) -> RenderedChat:
         """The prompt a chat request makes (the generic tool format written in where the template has none;
