@@ -116,7 +116,7 @@ class Server:
         self.harmony = False  # the model speaks gpt-oss's harmony format (harmony.py renders, harmony_parser.py parses)
         self.think_close: int | None = None  # the id that ends a thought: its close tag, harmony's <|end|>
         self.thought_tags = THOUGHT_TAGS[0]  # its tags (<think>, or its own)
-        self.added_tokens: set[str] = set()  # the tokenizer's added tokens (a forced call's markers may be)
+        self.added_tokens: dict[str, int] = {}  # the tokenizer's added tokens (a forced call's markers may be)
         self.tool_format: type[ToolFormat] = Hermes  # how the model writes calls (a harmony model: harmony_parser)
         self.template = ""  # the chat template's text
         self.created = int(time.time())
@@ -145,7 +145,7 @@ class Server:
         self.reasoning = tags is not None or self.harmony
         self.think_close = tokenizer.special_id("<|end|>") if self.harmony else ids[1] if ids else None
         self.thought_tags = tags or THOUGHT_TAGS[0]
-        self.added_tokens = set(engine.tokenizer.hf.get_added_vocab())
+        self.added_tokens = dict(engine.tokenizer.hf.get_added_vocab())
         # What loading left is here to stay: frozen, it is no longer walked by every oldest-generation
         # collection, a pause of 0.1 s or more on the event loop.
         gc.collect()

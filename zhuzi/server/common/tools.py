@@ -30,20 +30,21 @@ class ToolGrammar:
     forced: bool  # only calls: the parser streams their arguments
 
 
-def _marker(text: str, added_tokens: set[str]) -> str:
-    """A marker in Lark: an added token (Qwen's <tool_call>) must be named as a token, or llguidance would
-    spell its text with ordinary tokens and never allow the single id the model writes."""
-    return text if text in added_tokens else json.dumps(text)
+def _marker(text: str, added_tokens: dict[str, int]) -> str:
+    """A marker in Lark: an added token (Qwen's <tool_call>, Mistral's [TOOL_CALLS]) must be named as a token
+    (by its id), or llguidance would spell its text with ordinary tokens and never allow the single id the model
+    writes."""
+    return f"<[{added_tokens[text]}]>" if text in added_tokens else json.dumps(text)
 
 
 def tool_grammar(fmt: ToolFormat, functions: list[dict[str, Any]], tool_choice: ToolChoice | None,
-                 parallel_tool_calls: bool, added_tokens: set[str],
+                 parallel_tool_calls: bool, added_tokens: dict[str, int],
                  answer: StructuredOutputsParams | None = None) -> ToolGrammar | None:
     """The reply's grammar (Lark), calls written in fmt, or None when the reply is free.
 
     functions: the tools' "function" objects; tool_choice: "required", "auto" (None) or a NamedTool; answer:
     the JSON (json or json_object) the reply must be when it calls nothing ("auto" with a JSON format);
-    added_tokens: the tokenizer's.
+    added_tokens: the tokenizer's, text to id.
     """
     forced = tool_choice == "required" or isinstance(tool_choice, NamedTool)
     strict = any(f.get("strict") for f in functions)
@@ -75,7 +76,8 @@ def tool_grammar(fmt: ToolFormat, functions: list[dict[str, Any]], tool_choice: 
     return ToolGrammar("\n".join(lines), forced)
 
 
-def chat_constraints(request: ChatRequest, fmt: ToolFormat, added_tokens: set[str]) -> tuple[list[Constraint], bool]:
+def chat_constraints(request: ChatRequest, fmt: ToolFormat,
+                     added_tokens: dict[str, int]) -> tuple[list[Constraint], bool]:
     """A chat request's constraints to compile, in order, the last being the reply's (the earlier ones
     check a part alone, so that an error names that part), and whether the reply is only tool calls."""
     answer = request.constraint

@@ -122,3 +122,12 @@ def listed(required: list[str], optional: list[str], comma: str) -> str:
     if not optional:
         return ""
     return "(" + " | ".join(f"{o}{tail(optional[k + 1:])}" for k, o in enumerate(optional)) + ")?"
+
+
+def text_rule(schema: dict[str, Any]) -> str:
+    """Lark for a string written raw (no quotes, no escapes), as its schema allows: one of its enum, or text of
+    its length."""
+    if isinstance(schema.get("enum"), list):
+        return "(" + " | ".join(json.dumps(str(value)) for value in schema["enum"]) + ")"
+    low, high = schema.get("minLength", 0), schema.get("maxLength")
+    return f"/(.|\\n){{{low},{high}}}/" if high is not None else f"/(.|\\n){{{low},}}/"

@@ -15,6 +15,7 @@ from zhuzi.server.common.tool_formats.format import (
     json_rule,
     listed,
     properties,
+    text_rule,
 )
 
 QUOTE = '<|"|>'
@@ -43,18 +44,16 @@ class Gemma4(ToolFormat):
         close, quote = marker(self.close), marker(QUOTE)
         lines = [f"call: {' | '.join(f'c{i}' for i in range(len(functions)))}",
                  f"calls_rest: call {close}" + ("" if single else f" ({marker(self.open)} call {close})*")]
-        if quote == QUOTE:  # one token: text between two of them never holds it
-            lines.append(f"gtext: {quote} /(.|\\n)*/ {quote}")
         for i, function in enumerate(functions):
             required, optional = [], []
             for j, (key, schema, needed) in enumerate(properties(arguments_schema(function))):
                 head = json.dumps(key + ":")
                 if not is_text(schema):
                     lines.append(f"c{i}k{j}: {head} {json_rule(schema)}")
-                elif quote == QUOTE:
-                    lines.append(f"c{i}k{j}: {head} gtext")
+                elif quote != json.dumps(QUOTE):  # one token, which the text between two of them never holds
+                    lines += [f"c{i}k{j}: {head} {quote} c{i}t{j} {quote}", f"c{i}t{j}: {text_rule(schema)}"]
                 else:  # a string: text up to the first closing marker
-                    lines.append(f"c{i}k{j}[lazy]: {head} {quote} /(.|\\n)*/ {quote}")
+                    lines.append(f"c{i}k{j}[lazy]: {head} {quote} {text_rule(schema)} {quote}")
                 (required if needed else optional).append(f"c{i}k{j}")
             opening = json.dumps(f"call:{function['name']}{{")
             lines.append(f'c{i}: {opening} {listed(required, optional, chr(34) + "," + chr(34))} "}}"')

@@ -23,6 +23,7 @@ from zhuzi.server.common.tool_formats.format import (
     is_text,
     json_rule,
     properties,
+    text_rule,
 )
 
 _FUNCTION = re.compile(r"\s*<function=([^>\n]+)>\n?(.*?)</function>\s*", re.DOTALL)
@@ -60,7 +61,7 @@ class Qwen3Coder(ToolFormat):
             for j, (key, schema, required) in enumerate(properties(arguments_schema(function))):
                 head = json.dumps(f"<parameter={key}>\n")
                 if is_text(schema):  # raw text up to the parameter's end
-                    lines.append(f'f{i}p{j}[lazy]: {head} /(.|\\n)*/ "\\n</parameter>\\n"')
+                    lines.append(f'f{i}p{j}[lazy]: {head} {text_rule(schema)} "\\n</parameter>\\n"')
                 else:
                     lines += [f"f{i}p{j}: {head} f{i}v{j} " '"\\n</parameter>\\n"', f"f{i}v{j}: {json_rule(schema)}"]
                 parameters.append(f"f{i}p{j}" if required else f"f{i}p{j}?")
