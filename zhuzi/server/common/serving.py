@@ -153,10 +153,11 @@ class Server:
         self.gateway.capacity = engine.config.max_num_seqs + self.config.max_waiting
         self.engine = engine
         stats = engine.stats()
-        log.info("model %s loaded: dtype %s, KV cache %d tokens (%d pages of %d), context %d tokens%s",
+        formats = "harmony format" if self.harmony else f"tool calls in {self.tool_format.name}'s format" + (
+            ", reasoning parser on" if self.reasoning else "")
+        log.info("model %s loaded: dtype %s, KV cache %d tokens (%d pages of %d), context %d tokens, %s",
                  self.model_name, engine.config.precision, stats.num_pages * engine.config.page_size,
-                 stats.num_pages, engine.config.page_size, engine.max_model_len,
-                 ", harmony format" if self.harmony else ", reasoning parser on" if self.reasoning else "")
+                 stats.num_pages, engine.config.page_size, engine.max_model_len, formats)
         log.info("serving at http://%s:%d/v1", self.config.host, self.config.port)
 
     def start_loading(self, loop: asyncio.AbstractEventLoop) -> None:
