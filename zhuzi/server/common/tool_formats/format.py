@@ -116,7 +116,9 @@ def is_text(schema: dict[str, Any]) -> bool:
 
 def listed(required: list[str], optional: list[str], comma: str) -> str:
     """Lark: the required rules in order, then any of the optional ones in order, comma between them."""
-    tail = lambda rest: "".join(f" ({comma} {o})?" for o in rest)  # noqa: E731
+    def tail(rest: list[str]) -> str:
+        return "".join(f" ({comma} {o})?" for o in rest)
+
     if required:
         return f" {comma} ".join(required) + tail(optional)
     if not optional:

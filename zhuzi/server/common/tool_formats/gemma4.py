@@ -19,6 +19,7 @@ from zhuzi.server.common.tool_formats.format import (
 )
 
 QUOTE = '<|"|>'
+COMMA = '","'  # in Lark
 _CALL = re.compile(r"\s*call:([^{\s]+)(\{.*\})\s*", re.DOTALL)
 _KEY = re.compile(r"\s*([A-Za-z_][\w.-]*)\s*:")
 
@@ -56,7 +57,7 @@ class Gemma4(ToolFormat):
                     lines.append(f"c{i}k{j}[lazy]: {head} {quote} {text_rule(schema)} {quote}")
                 (required if needed else optional).append(f"c{i}k{j}")
             opening = json.dumps(f"call:{function['name']}{{")
-            lines.append(f'c{i}: {opening} {listed(required, optional, chr(34) + "," + chr(34))} "}}"')
+            lines.append(f'c{i}: {opening} {listed(required, optional, COMMA)} "}}"')
         return lines
 
 

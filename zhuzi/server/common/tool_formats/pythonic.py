@@ -18,6 +18,7 @@ from zhuzi.server.common.tool_formats.format import (
 )
 
 _JSON_NAMES = {"true": True, "false": False, "null": None}
+COMMA = '", "'  # in Lark
 
 
 class Pythonic(ToolFormat):
@@ -40,13 +41,13 @@ class Pythonic(ToolFormat):
 
     def grammar(self, functions: list[dict[str, Any]], single: bool, marker: Marker) -> list[str]:
         lines = [f"call: {' | '.join(f'c{i}' for i in range(len(functions)))}",
-                 f'calls_rest: "[" {repeated("call", chr(34) + ", " + chr(34), single)} "]" {marker(self.close)}']
+                 f'calls_rest: "[" {repeated("call", COMMA, single)} "]" {marker(self.close)}']
         for i, function in enumerate(functions):
             required, optional = [], []
             for j, (key, schema, needed) in enumerate(properties(arguments_schema(function))):
                 lines.append(f"c{i}k{j}: {json.dumps(key + '=')} {json_rule(schema)}")
                 (required if needed else optional).append(f"c{i}k{j}")
-            arguments = listed(required, optional, '", "')
+            arguments = listed(required, optional, COMMA)
             lines.append(f'c{i}: {json.dumps(function["name"] + "(")} {arguments} ")"')
         return lines
 
