@@ -35,6 +35,7 @@ from zhuzi.server.common.harmony_parser import HarmonyParser
 from zhuzi.server.common.metrics import ServerMetrics
 from zhuzi.server.common.parsers import OutputParser, opened_thought
 from zhuzi.server.common.quota import Quotas
+from zhuzi.server.common.reasoning import thought_tags
 from zhuzi.server.common.request import ChatRequest, Constraint
 from zhuzi.server.common.store import Database
 from zhuzi.server.common.streams import (
@@ -128,23 +129,23 @@ class Server:
 
     def prepare(self, engine: EngineClient) -> None:
         """The tokenizer's share of loading, done in the loading thread so that the event loop answers /health
-        meanwhile: its table of token strings, its helper process for long texts, and its tool-call format
-        (ValueError where --tool-call-parser does not fit the model)."""
+        meanwhile: its table of token strings, its helper process for long texts, and its tool-call format and
+        reasoning parser (ValueError where --tool-call-parser or --reasoning-parser does not fit the model)."""
         tokenizer = engine.tokenizer
         template = tokenizer.hf.chat_template
         self.template = template if isinstance(template, str) else ""
         self.tool_format = tool_format(self.config.tool_call_parser, self.template, tokenizer.harmony) or Hermes
+        tags = thought_tags(self.config.reasoning_parser, tokenizer)
+        self.harmony = tokenizer.harmony
+        self.reasoning = tags is not None or self.harmony
+        self.thought_tags = tags or THOUGHT_TAGS[0]
+        ids = tokenizer.think_ids
+        self.think_close = tokenizer.special_id("<|end|>") if self.harmony else ids[1] if tags and ids else None
         tokenizer.warm()
         tokenizer.use_encoder_process()
 
     def attach(self, engine: EngineClient) -> None:
         self.model_name = self.config.served_model_name or engine.model_name
-        tokenizer = engine.tokenizer
-        tags, ids = tokenizer.thought_tags, tokenizer.think_ids
-        self.harmony = tokenizer.harmony
-        self.reasoning = tags is not None or self.harmony
-        self.think_close = tokenizer.special_id("<|end|>") if self.harmony else ids[1] if ids else None
-        self.thought_tags = tags or THOUGHT_TAGS[0]
         self.added_tokens = dict(engine.tokenizer.hf.get_added_vocab())
         # What loading left is here to stay: frozen, it is no longer walked by every oldest-generation
         # collection, a pause of 0.1 s or more on the event loop.
