@@ -13,11 +13,16 @@ THOUGHTS = {"deepseek_r1": THOUGHT_TAGS[0], "qwen3": THOUGHT_TAGS[0], "gemma4": 
 REASONING_PARSERS = (*THOUGHTS, HARMONY, NONE)
 
 
+def check_reasoning_parser(name: str | None) -> None:
+    """ValueError for a --reasoning-parser that is none of the parsers (checked before the model loads)."""
+    if name is not None and name not in REASONING_PARSERS:
+        raise ValueError(f"--reasoning-parser: no parser {name!r}; choose from {', '.join(REASONING_PARSERS)}")
+
+
 def thought_tags(name: str | None, tokenizer: Tokenizer) -> ThoughtTags | None:
     """The tags the reply's thought is read by (None: no thought to read, or harmony's channel); ValueError for
     a name that is none of the parsers, or whose tags the vocabulary does not hold."""
-    if name is not None and name not in REASONING_PARSERS:
-        raise ValueError(f"--reasoning-parser: no parser {name!r}; choose from {', '.join(REASONING_PARSERS)}")
+    check_reasoning_parser(name)
     if tokenizer.harmony:
         if name not in (None, HARMONY):
             raise ValueError(f"--reasoning-parser {name}: this model speaks gpt-oss's harmony format ({HARMONY!r})")

@@ -19,12 +19,17 @@ HARMONY = "openai"  # gpt-oss's harmony format
 PARSER_NAMES = (HARMONY, *(f.name for f in FORMATS))
 
 
+def check_tool_parser(name: str | None) -> None:
+    """ValueError for a --tool-call-parser that is none of the formats (checked before the model loads)."""
+    if name is not None and name not in PARSER_NAMES:
+        raise ValueError(f"--tool-call-parser: no parser {name!r}; choose from {', '.join(PARSER_NAMES)}")
+
+
 def tool_format(name: str | None, template: str, harmony: bool) -> type[ToolFormat] | None:
     """The format a model's calls are read in: the one named, else the one its template writes (Hermes' when it
     writes none: zhuzi's generic tool prompt teaches it); None for a harmony model. ValueError for a name that
     is none of them, or that does not fit the model."""
-    if name is not None and name not in PARSER_NAMES:
-        raise ValueError(f"--tool-call-parser: no parser {name!r}; choose from {', '.join(PARSER_NAMES)}")
+    check_tool_parser(name)
     if harmony:
         if name not in (None, HARMONY):
             raise ValueError(f"--tool-call-parser {name}: this model speaks gpt-oss's harmony format ({HARMONY!r})")
@@ -36,4 +41,4 @@ def tool_format(name: str | None, template: str, harmony: bool) -> type[ToolForm
     return next((f for f in FORMATS if f.detect(template)), Hermes)
 
 
-__all__ = ["FORMATS", "HARMONY", "PARSER_NAMES", "Call", "Hermes", "ToolFormat", "tool_format"]
+__all__ = ["FORMATS", "HARMONY", "PARSER_NAMES", "Call", "Hermes", "ToolFormat", "check_tool_parser", "tool_format"]
