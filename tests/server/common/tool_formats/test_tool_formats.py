@@ -2,7 +2,8 @@
 template that write a call), or the one --tool-call-parser names."""
 import pytest
 
-from zhuzi.server.common.tool_formats import HARMONY, PARSER_NAMES, Hermes, tool_format
+from zhuzi.server.common.tool_formats import FORMATS, HARMONY, PARSER_NAMES, Hermes, tool_format
+from zhuzi.tokenizer import TOOL_MARKERS
 
 # Each family's template, the lines that write an assistant's call.
 TEMPLATES = {
@@ -39,3 +40,10 @@ def test_a_parser_that_does_not_fit_is_an_error(name: str, harmony: bool, error:
     with pytest.raises(ValueError, match=error):
         tool_format(name, "", harmony)
     assert tool_format(None, "", harmony=True) is None and tool_format(HARMONY, "", harmony=True) is None
+
+
+def test_every_special_marker_of_a_format_is_shown_to_the_parser() -> None:
+    """The detokenizer keeps the special tokens of TOOL_MARKERS in the text: each format's must be among them."""
+    for fmt in FORMATS:
+        assert set(fmt.markers) <= TOOL_MARKERS, fmt.name
+    assert set().union(*(f.markers for f in FORMATS)) == TOOL_MARKERS

@@ -1,7 +1,7 @@
-"""Tool-call formats, one module each: how a family writes its calls, reads back and forced by grammar. A model's
-format is the one its chat template writes (or the one --tool-call-parser names, vLLM's names); gpt-oss's
-harmony ("openai") has a parser of its own (harmony_parser.py). A new format is one ToolFormat class, added to
-FORMATS.
+"""Tool-call formats, one module each: how a family writes its calls, how they read back, the grammar that forces
+them. A model's format is the one its chat template writes (or the one --tool-call-parser names, vLLM's names);
+gpt-oss's harmony ("openai") has a parser of its own (harmony_parser.py). A new format is one ToolFormat class,
+added to FORMATS (and its special-token markers to the tokenizer's TOOL_MARKERS).
 """
 from __future__ import annotations
 

@@ -38,7 +38,7 @@ class ToolFormat:
     leads: ClassVar[tuple[tuple[str, str], ...]] = ()
     separator: ClassVar[str] = ""  # what may come between two bare calls
     streams_arguments: ClassVar[bool] = False  # a forced call's arguments stream as they come (OpenAI's pieces)
-    markers: ClassVar[tuple[str, ...]] = ()  # its markers that a vocabulary may hold as special tokens
+    markers: ClassVar[tuple[str, ...]] = ()  # its markers that vocabularies hold as special tokens (TOOL_MARKERS)
     grammar_open: ClassVar[str | None] = None  # what forced calls open with ("": nothing), when not `open`
 
     def __init__(self, functions: list[dict[str, Any]], template: str = "") -> None:
