@@ -123,6 +123,14 @@ def test_a_bad_speculative_config_is_a_one_line_error():
     assert "num_speculative_tokens must be an integer in [1, 64], got 0" in out.stderr
 
 
+@pytest.mark.parametrize("flag, error", [("--tool-call-parser", "no parser 'hermes2'; choose from openai,"),
+                                         ("--reasoning-parser", "no parser 'hermes2'; choose from deepseek_r1,")])
+def test_a_parser_that_does_not_exist_is_a_one_line_error_before_the_model_loads(flag: str, error: str):
+    out = zhuzi("serve", "--port", "1", flag, "hermes2")
+    assert out.returncode != 0 and out.stderr.strip().count("\n") == 0
+    assert error in out.stderr
+
+
 
 def gpt2_checkpoint(tmp_path, form: str):
     """A GPT-2, which zhuzi does not run: a Hugging Face directory or a GGUF file (header only suffices)."""

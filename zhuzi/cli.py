@@ -37,6 +37,8 @@ def cmd_serve(args: argparse.Namespace) -> None:
     from zhuzi.engine.front.placement import init_ray
     from zhuzi.engine.worker import tp_worker
     from zhuzi.model.loader import load_model_config
+    from zhuzi.server.common.reasoning import check_reasoning_parser
+    from zhuzi.server.common.tool_formats import check_tool_parser
 
     # Tokenizing runs in the server's low-priority worker threads (see serving.py), not in a pool of its own.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -47,6 +49,8 @@ def cmd_serve(args: argparse.Namespace) -> None:
         raise ValueError(f"--models-dir: serving the {found} models found there (each loaded on its first request) "
                          "is not built yet; `zhuzi models` lists them, `zhuzi serve MODEL` serves one")
     load_model_config(engine_config.model)  # a model zhuzi cannot run: one line, before the port opens
+    check_tool_parser(config.tool_call_parser)  # a parser that does not exist: the same
+    check_reasoning_parser(config.reasoning_parser)
     if engine_config.scheduling_policy is None:  # many keys, many tenants: share the engine fairly
         engine_config.scheduling_policy = "fair" if config.api_keys else "fcfs"
     parallel = ParallelConfig.from_cli_args(args)

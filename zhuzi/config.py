@@ -403,6 +403,12 @@ class ServerConfig(Settings):
     models_preset: str | None = setting(None, "a TOML file of engine settings per model: a [default] table and one "
                                               "per model id, each key a flag without its dashes, e.g. "
                                               "max-model-len = 8192 (the flags given here win)")
+    tool_call_parser: str | None = setting(None, "read tool calls in this format (hermes, qwen3_coder, mistral, "
+                                                 "llama3_json, pythonic, gemma4, openai; default: the one the "
+                                                 "chat template writes)")
+    reasoning_parser: str | None = setting(None, "read the reply's thought with this parser (deepseek_r1, qwen3, "
+                                                 "gemma4, openai: the vocabulary's own; none: read no thought; "
+                                                 "default: the one the vocabulary's tags make)")
     rate_limit_rpm: int | None = setting(None, "requests per minute per key")
     rate_limit_tpm: int | None = setting(None, "prompt + completion tokens per minute per key")
     max_waiting: int = setting(256, "sequences that may queue beyond --max-num-seqs before 429")

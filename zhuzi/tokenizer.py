@@ -46,6 +46,10 @@ class ThoughtTags:
 
 # Qwen's and DeepSeek's <think>...</think>; Gemma 4's thought channel, <|channel>thought\n...<channel|>
 THOUGHT_TAGS = (ThoughtTags("<think>", "</think>"), ThoughtTags("<|channel>", "<channel|>", "thought"))
+# Tool-call markers that vocabularies hold as special tokens (Llama 3's, Mistral's, Gemma 4's, LFM2's): shown in a
+# reply as a thought's tags are, for the tool-call parser reads them (server/common/tool_formats/).
+TOOL_MARKERS = frozenset({"<|python_tag|>", "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]", "<|tool_call>", "<tool_call|>",
+                          '<|"|>', "<|tool_call_start|>", "<|tool_call_end|>"})
 # gpt-oss's harmony format: a vocabulary with these markers as control tokens speaks it (server/common/harmony.py).
 HARMONY_MARKERS = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>", "<|constrain|>")
 
@@ -293,9 +297,10 @@ class Tokenizer:
 
     @functools.cached_property
     def skipped_ids(self) -> frozenset[int]:
-        """What skip_special_tokens leaves out: the special tokens, but a thought's tags, which the reasoning
-        parser reads (Gemma 4's are special; llama.cpp renders them for the same reason)."""
-        return self.all_special_ids - frozenset(self.think_ids or ())
+        """What skip_special_tokens leaves out: the special tokens, but a thought's tags and tool-call markers,
+        which the parsers read (Gemma 4's are special; llama.cpp renders them for the same reason)."""
+        markers = frozenset(i for text, i in self._special_ids.items() if text in TOOL_MARKERS)
+        return self.all_special_ids - frozenset(self.think_ids or ()) - markers
 
     @functools.cached_property
     def harmony(self) -> bool:

@@ -55,8 +55,9 @@ class ChatPath:
         self.server.check_model(request.model)
         if self.server.harmony:
             return await self._plan_harmony(request)
+        fmt = self.server.calls_format(request)
         try:
-            constraints, forced = chat_constraints(request, self.server.added_tokens)
+            constraints, forced = chat_constraints(request, fmt, self.server.added_tokens)
         except InvalidRequest as exc:
             raise ApiError.of(exc) from exc
         constraint = constraints[-1] if constraints else None
@@ -68,7 +69,7 @@ class ChatPath:
 
         def new_parser() -> OutputParser:
             return OutputParser(reasoning=self.server.reasoning, tools=tools, prefill=chat.prefill, forced=forced,
-                                max_calls=max_calls, tags=self.server.thought_tags)
+                                max_calls=max_calls, tags=self.server.thought_tags, fmt=fmt)
 
         return ChatPlan(chat, params, new_parser)
 

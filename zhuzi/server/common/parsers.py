@@ -1,8 +1,8 @@
 """The step after detokenizing: a model's text split into reasoning (its thought tags: <think>, or Gemma 4's
-thought channel), content and tool calls
-(<tool_call>, or a bare {"name": ..., "arguments": ...} object) by one incremental state machine, so a
-streamed and a whole reply agree however the text was chunked. Text that may still become a tag is held back;
-a free call is emitted whole once it closes, a forced one streams as OpenAI's do (id and name, then arguments).
+thought channel), content and tool calls (the sections its tool format marks, tool_formats/) by one incremental
+state machine, so a streamed and a whole reply agree however the text was chunked. Text that may still become a
+marker is held back; a call is emitted whole once its section closes (a forced Hermes call streams as OpenAI's
+do: id and name, then arguments), and a section that does not read back as calls is the model's text.
 """
 from __future__ import annotations
 
@@ -12,10 +12,9 @@ import uuid
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
+from zhuzi.server.common.tool_formats import ToolFormat
+from zhuzi.server.common.tool_formats.hermes import Hermes
 from zhuzi.tokenizer import THOUGHT_TAGS, ThoughtTags
-
-TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
-
 
 # A forced call's start, up to the first character of its arguments' value.
 _CALL_HEADER = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*(?=\S)')
@@ -93,23 +92,6 @@ def new_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
-def parse_tool_call(text: str, index: int = 0, bare: bool = False) -> ToolCall | None:
-    """The JSON inside <tool_call>...</tool_call> (bare: a reply's whole JSON, which must have exactly a name
-    and arguments), or None when it is not a well-formed call."""
-    try:
-        call = json.loads(text)
-    except json.JSONDecodeError:
-        return None
-    if not isinstance(call, dict) or not isinstance(call.get("name"), str) or not call["name"]:
-        return None
-    if bare and set(call) != {"name", "arguments"}:
-        return None
-    arguments = call.get("arguments", call.get("parameters", {}))
-    if not isinstance(arguments, dict):
-        return None
-    return ToolCall(index, new_call_id(), call["name"], json.dumps(arguments, ensure_ascii=False))
-
-
 def opened_thought(prompt: str, tags: ThoughtTags = THOUGHT_TAGS[0]) -> str:
     """The thought's opening ("<think>") when the template already opened the model's thought (DeepSeek-R1
     style templates end the prompt with it), else "": the parser's prefill for a fresh reply."""
@@ -128,33 +110,38 @@ class OutputParser:
     """Incremental parser for one completion's text.
 
     reasoning: recognise a leading <think>...</think> block (thinking models; tags: a model's own).
-    tools: recognise <tool_call> blocks (only when the request offered tools).
+    tools: recognise tool-call sections (only when the request offered tools), as fmt writes them (Hermes'
+    by default).
     prefill: text the prompt already holds of this reply (a template's trailing
     "<think>", or the assistant message a client asks to continue): it sets
     the starting state without being emitted again.
-    forced: a grammar writes the calls (never after a prefill): stream their arguments.
+    forced: a grammar writes the calls (never after a prefill): stream their arguments (Hermes' only).
     max_calls: calls after this many are dropped (parallel_tool_calls=false).
     """
 
     def __init__(self, reasoning: bool, tools: bool, prefill: str = "", forced: bool = False,
-                 max_calls: int | None = None, tags: ThoughtTags = THOUGHT_TAGS[0]) -> None:
-        self.tools, self.forced, self.max_calls, self.tags = tools, forced, max_calls, tags
+                 max_calls: int | None = None, tags: ThoughtTags = THOUGHT_TAGS[0],
+                 fmt: ToolFormat | None = None) -> None:
+        self.fmt = fmt or Hermes([])
+        self.tools, self.max_calls, self.tags = tools, max_calls, tags
+        self.forced = forced and self.fmt.streams_arguments
         self.calls = 0  # calls emitted so far
         self.arguments: _Arguments | None = None  # the streaming call's, once its header went out
         self.mode = Mode.CONTENT
         self.thought = False  # whether the reply opened a thought (or the prompt opened it)
         self.think_may_open = reasoning  # a thought opens only before any content
-        self.bare_may_open = tools  # so does a call without tags (a reply opening with "{")
-        self.bare: _Arguments | None = None  # the open untagged call's scan for its end
+        self.bare_may_open = tools  # so does an unmarked call (a bare JSON object, a fenced one)
+        self.bare: _Arguments | None = None  # the open bare call's scan for its end
+        self.section = (self.fmt.open, self.fmt.close)  # the open section's markers
         self.strip_leading = False  # drop whitespace right after a closing tag
         self.buffer = ""  # text not yet classified
-        self.tool_text = ""  # the body of the open <tool_call> so far
-        self.tool_lead = ""  # whitespace before it, given back if the call is malformed
+        self.tool_text = ""  # the body of the open section so far
+        self.tool_lead = ""  # what came before its opening marker and is given back if it is no call
         self.hidden = 0  # characters of an open call that the prefill wrote: the client has them
         if prefill:
             self.feed(prefill)
             if self.mode is Mode.TOOL_CALL:
-                self.hidden = len(self.tool_lead + TOOL_OPEN + self.tool_text + self.buffer)
+                self.hidden = len(self.tool_lead + self.section[0] + self.tool_text + self.buffer)
             else:
                 self.buffer = ""  # the client already has the prefill: never emit it
 
@@ -166,8 +153,8 @@ class OutputParser:
         return out
 
     def finish(self) -> ParsedText:
-        """Flush at the end of the reply: a thought cut off stays reasoning; an unclosed call
-        whose JSON is complete is still a call (models often stop right after it)."""
+        """Flush at the end of the reply: a thought cut off stays reasoning; an unclosed section whose calls are
+        complete is still calls (models often stop right after them, and some formats' calls run to the end)."""
         out = ParsedText()
         rest = self.buffer.lstrip() if self.strip_leading else self.buffer
         self.buffer = ""
@@ -212,25 +199,43 @@ class OutputParser:
             if opening.startswith(stripped):
                 return False  # only whitespace or the start of "<think>" so far
             self.think_may_open = False
-        if self.bare_may_open:
-            stripped = self.buffer.lstrip()
-            if not stripped:
-                return False
-            self.bare_may_open = False
-            if stripped.startswith("{"):
-                self.tool_lead = self.buffer[:len(self.buffer) - len(stripped)]
-                self._switch(Mode.TOOL_CALL, stripped)
-                self.bare = _Arguments(0)
-                return True
-        if self.tools and (at := self.buffer.find(TOOL_OPEN)) >= 0:
+        if self.bare_may_open and (opened := self._open_bare()) is not None:
+            return opened
+        open_ = self.fmt.open
+        if self.tools and (at := self.buffer.find(open_)) >= 0:
             before = self.buffer[:at]
             out.content += before.rstrip()
-            self._switch(Mode.TOOL_CALL, self.buffer[at + len(TOOL_OPEN):])
+            self.section = (open_, self.fmt.close)
+            self._switch(Mode.TOOL_CALL, self.buffer[at + len(open_):])
             self.tool_lead = before[len(before.rstrip()):]
             return True
-        tags = [TOOL_OPEN] if self.tools else []
+        tags = [open_] if self.tools else []
         out.content += self._take_decided(tags, hold_whitespace=self.tools)
         return False
+
+    def _open_bare(self) -> bool | None:
+        """At the reply's start, or after an unmarked call: True when an unmarked call opened (a bare JSON object,
+        or one of the format's leads), False while the text may still open one, None when it does not."""
+        stripped = self.buffer.lstrip()
+        if self.calls and self.fmt.separator and stripped.startswith(self.fmt.separator):
+            stripped = stripped[len(self.fmt.separator):].lstrip()
+        openings = (["{"] if self.fmt.bare else []) + [opening for opening, _ in self.fmt.leads]
+        if not stripped or any(len(stripped) < len(o) and o.startswith(stripped) for o in openings):
+            return False
+        self.bare_may_open = False
+        lead = self.buffer[:len(self.buffer) - len(stripped)]
+        if self.fmt.bare and stripped.startswith("{"):
+            self.bare = _Arguments(0)
+            self._switch(Mode.TOOL_CALL, stripped)
+            self.tool_lead = lead
+            return True
+        for opening, closing in self.fmt.leads:
+            if stripped.startswith(opening):
+                self.section = (opening, closing)
+                self._switch(Mode.TOOL_CALL, stripped[len(opening):])
+                self.tool_lead = lead
+                return True
+        return None
 
     def _step_reasoning(self, out: ParsedText) -> bool:
         close = self.tags.close
@@ -243,7 +248,7 @@ class OutputParser:
         return False
 
     def _step_tool_call(self, out: ParsedText) -> bool:
-        if self.bare is not None:  # an untagged call ends where its JSON object closes
+        if self.bare is not None:  # an unmarked call ends where its JSON object closes
             self.tool_text, self.buffer = self.tool_text + self.buffer, ""
             self.bare.scan(self.tool_text)
             if not self.bare.done:
@@ -254,14 +259,18 @@ class OutputParser:
             return True
         if self.forced and not (self.arguments and self.arguments.done):
             return self._step_forced_arguments(out)
-        if (at := self.buffer.find(TOOL_CLOSE)) >= 0:
+        close = self.section[1]
+        if close is None:  # the section runs to the reply's end
+            self.tool_text, self.buffer = self.tool_text + self.buffer, ""
+            return False
+        if (at := self.buffer.find(close)) >= 0:
             self.tool_text += self.buffer[:at]
             self._stream_call(out)
-            body, rest = self.tool_text, self.buffer[at + len(TOOL_CLOSE):]
+            body, rest = self.tool_text, self.buffer[at + len(close):]
             self._switch(Mode.CONTENT, rest)
             self._close_tool_call(body, out, closed=True)
             return True
-        self.tool_text += self._take_decided([TOOL_CLOSE], hold_whitespace=False)
+        self.tool_text += self._take_decided([close], hold_whitespace=False)
         self._stream_call(out)
         return False
 
@@ -307,13 +316,16 @@ class OutputParser:
         if self.arguments is not None:  # streamed already (only max_tokens can have cut it short)
             self.arguments, self.calls, self.strip_leading = None, self.calls + 1, True
             return
-        call = parse_tool_call(body, self.calls, bare)
-        if call is not None:
-            if self.max_calls is None or self.calls < self.max_calls:
-                out.add_call(call)
-            self.calls += 1
-            self.strip_leading = True
+        calls = self.fmt.parse_bare(body) if bare else self.fmt.parse(body)
+        if calls is not None:
+            for call in calls:
+                if self.max_calls is None or self.calls < self.max_calls:
+                    arguments = json.dumps(call.arguments, ensure_ascii=False)
+                    out.add_call(ToolCall(self.calls, new_call_id(), call.name, arguments))
+                self.calls += 1
+            self.strip_leading, self.bare_may_open = True, bare
         elif bare:  # not a call after all: the user sees the text as the model wrote it
             out.content += (self.tool_lead + body)[hidden:]
         else:  # malformed: the user sees the text as the model wrote it
-            out.content += (self.tool_lead + TOOL_OPEN + body + (TOOL_CLOSE if closed else ""))[hidden:]
+            opening, closing = self.section
+            out.content += (self.tool_lead + opening + body + ((closing or "") if closed else ""))[hidden:]

@@ -35,6 +35,7 @@ from zhuzi.server.common.harmony_parser import HarmonyParser
 from zhuzi.server.common.metrics import ServerMetrics
 from zhuzi.server.common.parsers import OutputParser, opened_thought
 from zhuzi.server.common.quota import Quotas
+from zhuzi.server.common.reasoning import thought_tags
 from zhuzi.server.common.request import ChatRequest, Constraint
 from zhuzi.server.common.store import Database
 from zhuzi.server.common.streams import (
@@ -44,6 +45,7 @@ from zhuzi.server.common.streams import (
     merge_streams,
     until_disconnect,
 )
+from zhuzi.server.common.tool_formats import Hermes, ToolFormat, tool_format
 from zhuzi.server.common.tools import template_renders_tools, with_generic_tools
 from zhuzi.tokenizer import THOUGHT_TAGS, message_text
 
@@ -115,7 +117,9 @@ class Server:
         self.harmony = False  # the model speaks gpt-oss's harmony format (harmony.py renders, harmony_parser.py parses)
         self.think_close: int | None = None  # the id that ends a thought: its close tag, harmony's <|end|>
         self.thought_tags = THOUGHT_TAGS[0]  # its tags (<think>, or its own)
-        self.added_tokens: set[str] = set()  # the tokenizer's added tokens (a forced call's markers may be)
+        self.added_tokens: dict[str, int] = {}  # the tokenizer's added tokens (a forced call's markers may be)
+        self.tool_format: type[ToolFormat] = Hermes  # how the model writes calls (a harmony model: harmony_parser)
+        self.template = ""  # the chat template's text
         self.created = int(time.time())
         if not callable(engine):
             self.prepare(engine)
@@ -123,22 +127,26 @@ class Server:
 
     # -- loading
 
-    @staticmethod
-    def prepare(engine: EngineClient) -> None:
+    def prepare(self, engine: EngineClient) -> None:
         """The tokenizer's share of loading, done in the loading thread so that the event loop answers /health
-        meanwhile: its table of token strings, and its helper process for long texts."""
-        engine.tokenizer.warm()
-        engine.tokenizer.use_encoder_process()
+        meanwhile: its table of token strings, its helper process for long texts, and its tool-call format and
+        reasoning parser (ValueError where --tool-call-parser or --reasoning-parser does not fit the model)."""
+        tokenizer = engine.tokenizer
+        template = tokenizer.hf.chat_template
+        self.template = template if isinstance(template, str) else ""
+        self.tool_format = tool_format(self.config.tool_call_parser, self.template, tokenizer.harmony) or Hermes
+        tags = thought_tags(self.config.reasoning_parser, tokenizer)
+        self.harmony = tokenizer.harmony
+        self.reasoning = tags is not None or self.harmony
+        self.thought_tags = tags or THOUGHT_TAGS[0]
+        ids = tokenizer.think_ids
+        self.think_close = tokenizer.special_id("<|end|>") if self.harmony else ids[1] if tags and ids else None
+        tokenizer.warm()
+        tokenizer.use_encoder_process()
 
     def attach(self, engine: EngineClient) -> None:
         self.model_name = self.config.served_model_name or engine.model_name
-        tokenizer = engine.tokenizer
-        tags, ids = tokenizer.thought_tags, tokenizer.think_ids
-        self.harmony = tokenizer.harmony
-        self.reasoning = tags is not None or self.harmony
-        self.think_close = tokenizer.special_id("<|end|>") if self.harmony else ids[1] if ids else None
-        self.thought_tags = tags or THOUGHT_TAGS[0]
-        self.added_tokens = set(engine.tokenizer.hf.get_added_vocab())
+        self.added_tokens = dict(engine.tokenizer.hf.get_added_vocab())
         # What loading left is here to stay: frozen, it is no longer walked by every oldest-generation
         # collection, a pause of 0.1 s or more on the event loop.
         gc.collect()
@@ -146,10 +154,11 @@ class Server:
         self.gateway.capacity = engine.config.max_num_seqs + self.config.max_waiting
         self.engine = engine
         stats = engine.stats()
-        log.info("model %s loaded: dtype %s, KV cache %d tokens (%d pages of %d), context %d tokens%s",
+        formats = "harmony format" if self.harmony else f"tool calls in {self.tool_format.name}'s format" + (
+            ", reasoning parser on" if self.reasoning else "")
+        log.info("model %s loaded: dtype %s, KV cache %d tokens (%d pages of %d), context %d tokens, %s",
                  self.model_name, engine.config.precision, stats.num_pages * engine.config.page_size,
-                 stats.num_pages, engine.config.page_size, engine.max_model_len,
-                 ", harmony format" if self.harmony else ", reasoning parser on" if self.reasoning else "")
+                 stats.num_pages, engine.config.page_size, engine.max_model_len, formats)
         log.info("serving at http://%s:%d/v1", self.config.host, self.config.port)
 
     def start_loading(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -391,6 +400,14 @@ class Server:
         if not chat.parse_tool_calls:
             return None
         return "template" if template_renders_tools(self.ready().tokenizer.template_variables) else "generic"
+
+    def calls_format(self, chat: ChatRequest) -> ToolFormat:
+        """The format a chat's reply writes its calls in: the model's, or Hermes' where zhuzi's generic prompt
+        teaches it."""
+        functions = [tool.function() for tool in chat.tools]
+        if self.tool_prompt(chat) == "generic":
+            return Hermes(functions)
+        return self.tool_format(functions, self.template)
 
     def render_chat(self, chat: ChatRequest, constraint: Constraint | None = None) -> RenderedChat:
         """The prompt a chat request makes (the generic tool format written in where the template has none;

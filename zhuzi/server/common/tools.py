@@ -1,7 +1,7 @@
 """Tool calls on the way in, the chat path's step before the engine: what the model is told about tools, and the
-grammar its calls must follow. zhuzi reads one call format (parsers.py), the Hermes/Qwen one. Templates that
-ignore tools (SmolLM2) get zhuzi's generic prompt for it; tool_choice required or named makes the reply only
-calls, and auto with a strict function or a JSON format holds every call to its function's schema.
+grammar its calls must follow, in its tool format (tool_formats/). Templates that ignore tools (SmolLM2) get
+zhuzi's generic prompt for it, in Hermes' format; tool_choice required or named makes the reply only calls, and
+auto with a strict function or a JSON format holds every call to its function's schema.
 """
 from __future__ import annotations
 
@@ -9,12 +9,15 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from zhuzi.sample.grammar import close_objects, json_options, json_schema
+from zhuzi.sample.grammar import json_options, json_schema
 from zhuzi.sampling_params import InvalidRequest, StructuredOutputsParams
-from zhuzi.server.common.parsers import TOOL_CLOSE, TOOL_OPEN
 from zhuzi.server.common.request import ChatRequest, Constraint, NamedTool, ToolChoice
+from zhuzi.server.common.tool_formats import ToolFormat
+from zhuzi.server.common.tool_formats.format import arguments_schema
+from zhuzi.server.common.tool_formats.hermes import Hermes
 from zhuzi.tokenizer import message_text
 
+TOOL_OPEN, TOOL_CLOSE = Hermes.open, Hermes.close  # the generic prompt's format
 # Text between tool calls and after the last one, in the grammar for "auto".
 _TEXT = r"/(.|\n)*/"
 
@@ -24,36 +27,24 @@ class ToolGrammar:
     """The grammar a reply with tools must follow: the whole reply (forced), or text and calls (auto)."""
 
     grammar: str
-    forced: bool  # only calls: the parser streams their arguments
+    forced: bool  # only calls (a Hermes parser streams their arguments)
 
 
-def call_schema(function: dict[str, Any]) -> dict[str, Any]:
-    """The JSON of one call to function: its name, then arguments valid under its parameters."""
-    arguments = function.get("parameters") or {"type": "object"}
-    if function.get("strict"):
-        arguments = close_objects(arguments)
-    return {
-        "type": "object",
-        "properties": {"name": {"const": function["name"]}, "arguments": arguments},
-        "required": ["name", "arguments"],
-        "additionalProperties": False,
-    }
+def _marker(text: str, added_tokens: dict[str, int]) -> str:
+    """A marker in Lark: an added token (Qwen's <tool_call>, Mistral's [TOOL_CALLS]) must be named as a token
+    (by its id), or llguidance would spell its text with ordinary tokens and never allow the single id the model
+    writes."""
+    return f"<[{added_tokens[text]}]>" if text in added_tokens else json.dumps(text)
 
 
-def _marker(text: str, added_tokens: set[str]) -> str:
-    """A marker in Lark: an added token (Qwen's <tool_call>) must be named as a token, or llguidance would
-    spell its text with ordinary tokens and never allow the single id the model writes."""
-    return text if text in added_tokens else json.dumps(text)
-
-
-def tool_grammar(functions: list[dict[str, Any]], tool_choice: ToolChoice | None,
-                 parallel_tool_calls: bool, added_tokens: set[str],
+def tool_grammar(fmt: ToolFormat, functions: list[dict[str, Any]], tool_choice: ToolChoice | None,
+                 parallel_tool_calls: bool, added_tokens: dict[str, int],
                  answer: StructuredOutputsParams | None = None) -> ToolGrammar | None:
-    """The reply's grammar (Lark), or None when the reply is free.
+    """The reply's grammar (Lark), calls written in fmt, or None when the reply is free.
 
     functions: the tools' "function" objects; tool_choice: "required", "auto" (None) or a NamedTool; answer:
     the JSON (json or json_object) the reply must be when it calls nothing ("auto" with a JSON format);
-    added_tokens: the tokenizer's.
+    added_tokens: the tokenizer's, text to id.
     """
     forced = tool_choice == "required" or isinstance(tool_choice, NamedTool)
     strict = any(f.get("strict") for f in functions)
@@ -61,29 +52,32 @@ def tool_grammar(functions: list[dict[str, Any]], tool_choice: ToolChoice | None
         return None
     if isinstance(tool_choice, NamedTool):
         functions = [f for f in functions if f["name"] == tool_choice.name]
-    schemas = [call_schema(f) for f in functions]
-    body = {**(schemas[0] if len(schemas) == 1 else {"anyOf": schemas}), "x-guidance": json_options()}
-    open_, close = _marker(TOOL_OPEN, added_tokens), _marker(TOOL_CLOSE, added_tokens)
     single = isinstance(tool_choice, NamedTool) or not parallel_tool_calls
-    lines = [f"body: %json {json.dumps(body)}"]
-    if forced or answer is not None:
-        lines.append(f'call: {open_} "\\n" body "\\n" {close}')
-        calls = "call" if single else 'call ("\\n" call)*'
-        if forced:
-            lines.append(f"start: {calls}")
-        else:
-            answer_schema = {**json_schema(answer), "x-guidance": json_options(answer)}
-            lines += [f"start: {calls} | answer", f"answer: %json {json.dumps(answer_schema)}"]
-    else:  # auto with strict functions: any text, but what starts a call is held to the schemas
-        lines += [f"start: {'call?' if single else 'call*'} text", f"text: TEXT\nTEXT: {_TEXT}"]
-        if TOOL_OPEN in added_tokens:  # the marker is one token, which free text never contains
-            lines.append(f'call: TEXT {open_} "\\n" body "\\n" {close}')
+
+    def marker(text: str) -> str:
+        return _marker(text, added_tokens)
+
+    lines = fmt.grammar(functions, single, marker)
+    opening = fmt.open if fmt.grammar_open is None else fmt.grammar_open
+    lines.append(f"calls: {marker(opening)} calls_rest" if opening else "calls: calls_rest")
+    if forced:
+        lines.append("start: calls")
+    elif answer is not None:
+        answer_schema = {**json_schema(answer), "x-guidance": json_options(answer)}
+        lines += ["start: calls | answer", f"answer: %json {json.dumps(answer_schema)}"]
+    elif not opening:  # auto with strict functions, calls without a marker: a reply of calls, or text
+        lines += ["start: calls | text", f"text: TEXT\nTEXT: {_TEXT}"]
+    else:  # auto with strict functions: any text, but what starts calls is held to the schemas
+        lines += [f"start: {'segment?' if single else 'segment*'} text", f"text: TEXT\nTEXT: {_TEXT}"]
+        if opening in added_tokens:  # the marker is one token, which free text never contains
+            lines.append(f"segment: TEXT {marker(opening)} calls_rest")
         else:  # a string: free text runs lazily, up to the first marker
-            lines += [f"call_start[lazy]: TEXT {open_}", f'call: call_start "\\n" body "\\n" {close}']
+            lines += [f"segment_start[lazy]: TEXT {marker(opening)}", "segment: segment_start calls_rest"]
     return ToolGrammar("\n".join(lines), forced)
 
 
-def chat_constraints(request: ChatRequest, added_tokens: set[str]) -> tuple[list[Constraint], bool]:
+def chat_constraints(request: ChatRequest, fmt: ToolFormat,
+                     added_tokens: dict[str, int]) -> tuple[list[Constraint], bool]:
     """A chat request's constraints to compile, in order, the last being the reply's (the earlier ones
     check a part alone, so that an error names that part), and whether the reply is only tool calls."""
     answer = request.constraint
@@ -101,11 +95,11 @@ def chat_constraints(request: ChatRequest, added_tokens: set[str]) -> tuple[list
     if answer is not None and answer.params.kind not in ("json", "json_object"):
         raise InvalidRequest(answer.source, f"{answer.source} can go with tools only as JSON (a schema or any "
                              "object): set tool_choice to none, or drop the tools")
-    grammar = tool_grammar(functions, request.tool_choice, request.parallel_tool_calls, added_tokens,
+    grammar = tool_grammar(fmt, functions, request.tool_choice, request.parallel_tool_calls, added_tokens,
                            answer.params if answer else None)
     if grammar is None:
         return answers, False
-    arguments = [Constraint(StructuredOutputsParams(json=call_schema(f)["properties"]["arguments"]),
+    arguments = [Constraint(StructuredOutputsParams(json=arguments_schema(f)),
                             f"tools.{i}.parameters", {}) for i, f in enumerate(functions)]
     whole = Constraint(StructuredOutputsParams(grammar=grammar.grammar), "tools", {})
     return answers + arguments + [whole], grammar.forced

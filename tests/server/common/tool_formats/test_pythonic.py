@@ -1,0 +1,26 @@
+"""LFM2's pythonic calls: a Python list of calls between its markers; unfinished and broken calls."""
+import pytest
+from replies import FUNCTIONS, as_text, calls, read
+
+from zhuzi.server.common.tool_formats.pythonic import Pythonic
+
+FMT = Pythonic(FUNCTIONS)
+
+
+def test_a_list_of_calls_with_python_and_json_literals() -> None:
+    text = ('<|tool_call_start|>[get_weather(city="Paris", days=3, metric=True, where={"lat": 48.9}), '
+            "get_weather(city='Rome', metric=false), now()]<|tool_call_end|>Checking the weather.")
+    parsed = read(FMT, text)
+    assert parsed.content == "Checking the weather."
+    assert calls(parsed) == [("get_weather", {"city": "Paris", "days": 3, "metric": True, "where": {"lat": 48.9}}),
+                             ("get_weather", {"city": "Rome", "metric": False}), ("now", {})]
+
+
+@pytest.mark.parametrize("text", [
+    '<|tool_call_start|>[get_weather(city="Par',  # cut off
+    '<|tool_call_start|>[get_weather(city="Paris"]<|tool_call_end|>',  # unbalanced
+    '<|tool_call_start|>[get_weather("Paris")]<|tool_call_end|>',  # a positional argument
+    "<|tool_call_start|>[get_weather(city=os.getcwd())]<|tool_call_end|>",  # no literal
+])
+def test_unfinished_and_broken_calls_are_the_models_text(text: str) -> None:
+    as_text(FMT, text)

@@ -1,0 +1,32 @@
+"""Qwen3-Coder's and Qwen3.5's XML calls, their values typed by the tool's schema; unfinished and broken calls."""
+import pytest
+from replies import FUNCTIONS, as_text, calls, read
+
+from zhuzi.server.common.tool_formats.qwen3_coder import Qwen3Coder
+
+FMT = Qwen3Coder(FUNCTIONS)
+
+
+def test_parameters_are_typed_by_the_schema() -> None:
+    text = ("I'll look it up.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nNew York\nNY\n</parameter>\n"
+            "<parameter=days>\n3\n</parameter>\n<parameter=metric>\ntrue\n</parameter>\n<parameter=where>\n"
+            '{"lat": 40.7}\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=now>\n</function>\n'
+            "</tool_call>")
+    parsed = read(FMT, text)
+    assert parsed.content == "I'll look it up."
+    assert calls(parsed) == [("get_weather", {"city": "New York\nNY", "days": 3, "metric": True,
+                                              "where": {"lat": 40.7}}), ("now", {})]
+
+
+def test_a_string_that_looks_like_json_stays_a_string() -> None:
+    text = "<tool_call>\n<function=get_weather>\n<parameter=city>\n42\n</parameter>\n</function>\n</tool_call>"
+    assert calls(read(FMT, text)) == [("get_weather", {"city": "42"})]
+
+
+@pytest.mark.parametrize("text", [
+    "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n",  # cut off
+    "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</tool_call>",  # no </function>
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',  # another format
+])
+def test_unfinished_and_broken_calls_are_the_models_text(text: str) -> None:
+    as_text(FMT, text)

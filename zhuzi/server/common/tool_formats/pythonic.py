@@ -1,0 +1,77 @@
+"""LFM2's format: a Python list of calls between <|tool_call_start|> and <|tool_call_end|>,
+[get_weather(city="Paris"), add(a=1, b=2)]; values are Python literals (JSON's true, false and null too)."""
+from __future__ import annotations
+
+import ast
+import json
+from typing import Any
+
+from zhuzi.server.common.tool_formats.format import (
+    Call,
+    Marker,
+    ToolFormat,
+    arguments_schema,
+    json_rule,
+    listed,
+    properties,
+    repeated,
+)
+
+_JSON_NAMES = {"true": True, "false": False, "null": None}
+COMMA = '", "'  # in Lark
+
+
+class Pythonic(ToolFormat):
+    name = "pythonic"
+    open, close = "<|tool_call_start|>", "<|tool_call_end|>"
+    markers = (open, close)
+
+    @staticmethod
+    def detect(template: str) -> bool:
+        return "<|tool_call_start|>" in template or "<|tool_list_start|>" in template or "List of tools: [" in template
+
+    def parse(self, body: str) -> list[Call] | None:
+        try:
+            tree = ast.parse(body.strip(), mode="eval").body
+            if not isinstance(tree, ast.List) or not tree.elts:
+                return None
+            return [_call(node) for node in tree.elts]
+        except (SyntaxError, ValueError):
+            return None
+
+    def grammar(self, functions: list[dict[str, Any]], single: bool, marker: Marker) -> list[str]:
+        lines = [f"call: {' | '.join(f'c{i}' for i in range(len(functions)))}",
+                 f'calls_rest: "[" {repeated("call", COMMA, single)} "]" {marker(self.close)}']
+        for i, function in enumerate(functions):
+            required, optional = [], []
+            for j, (key, schema, needed) in enumerate(properties(arguments_schema(function))):
+                lines.append(f"c{i}k{j}: {json.dumps(key + '=')} {json_rule(schema)}")
+                (required if needed else optional).append(f"c{i}k{j}")
+            arguments = listed(required, optional, COMMA)
+            lines.append(f'c{i}: {json.dumps(function["name"] + "(")} {arguments} ")"')
+        return lines
+
+
+def _call(node: ast.expr) -> Call:
+    if not (isinstance(node, ast.Call) and not node.args and (name := _name(node.func))):
+        raise ValueError("not a call with keyword arguments")
+    return Call(name, {keyword.arg: _literal(keyword.value) for keyword in node.keywords if keyword.arg})
+
+
+def _name(node: ast.expr) -> str | None:
+    """A function's name, dotted ones too (module.function)."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute) and (base := _name(node.value)):
+        return f"{base}.{node.attr}"
+    return None
+
+
+def _literal(node: ast.expr) -> Any:
+    if isinstance(node, ast.Name) and node.id in _JSON_NAMES:
+        return _JSON_NAMES[node.id]
+    if isinstance(node, ast.List):
+        return [_literal(item) for item in node.elts]
+    if isinstance(node, ast.Dict):
+        return {_literal(k): _literal(v) for k, v in zip(node.keys, node.values) if k is not None}
+    return ast.literal_eval(node)

@@ -1,0 +1,80 @@
+"""Qwen3-Coder's and Qwen3.5's format: XML in <tool_call> tags, a function and its parameters, each value on lines
+of its own, typed by the function's schema (a string is written raw, anything else as JSON).
+
+    <tool_call>
+    <function=get_weather>
+    <parameter=city>
+    Paris
+    </parameter>
+    </function>
+    </tool_call>
+"""
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from zhuzi.server.common.tool_formats.format import (
+    Call,
+    Marker,
+    ToolFormat,
+    arguments_schema,
+    is_text,
+    json_rule,
+    properties,
+    text_rule,
+)
+
+_FUNCTION = re.compile(r"\s*<function=([^>\n]+)>\n?(.*?)</function>\s*", re.DOTALL)
+_PARAMETER = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.DOTALL)
+
+
+class Qwen3Coder(ToolFormat):
+    name = "qwen3_coder"
+    open, close = "<tool_call>", "</tool_call>"
+
+    @staticmethod
+    def detect(template: str) -> bool:
+        return "<function=" in template and "<parameter=" in template
+
+    def parse(self, body: str) -> list[Call] | None:
+        function = _FUNCTION.fullmatch(body)
+        if function is None:
+            return None
+        name, inner = function[1].strip(), function[2]
+        schema = self.schema(name).get("properties") or {}
+        arguments = {}
+        for parameter in _PARAMETER.finditer(inner):
+            key = parameter[1].strip()
+            arguments[key] = _value(parameter[2], schema.get(key) or {})
+        if _PARAMETER.sub("", inner).strip():  # text outside the parameters: not this format
+            return None
+        return [Call(name, arguments)]
+
+    def grammar(self, functions: list[dict[str, Any]], single: bool, marker: Marker) -> list[str]:
+        lines = [f"function: {' | '.join(f'f{i}' for i in range(len(functions)))}",
+                 f'calls_rest: "\\n" function "\\n" {marker(self.close)}'
+                 + ("" if single else f' ("\\n" {marker(self.open)} "\\n" function "\\n" {marker(self.close)})*')]
+        for i, function in enumerate(functions):
+            parameters = []
+            for j, (key, schema, required) in enumerate(properties(arguments_schema(function))):
+                head = json.dumps(f"<parameter={key}>\n")
+                if is_text(schema):  # raw text up to the parameter's end
+                    lines.append(f'f{i}p{j}[lazy]: {head} {text_rule(schema)} "\\n</parameter>\\n"')
+                else:
+                    lines += [f"f{i}p{j}: {head} f{i}v{j} " '"\\n</parameter>\\n"', f"f{i}v{j}: {json_rule(schema)}"]
+                parameters.append(f"f{i}p{j}" if required else f"f{i}p{j}?")
+            opening = json.dumps("<function=" + function["name"] + ">\n")
+            lines.append(f'f{i}: {opening} {" ".join(parameters)} "</function>"')
+        return lines
+
+
+def _value(text: str, schema: dict[str, Any]) -> Any:
+    """A parameter's value: raw text for a string, else its JSON (raw text when it is none)."""
+    if is_text(schema):
+        return text
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
