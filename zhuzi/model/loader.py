@@ -104,7 +104,9 @@ def _existing_path(path: str | Path | None) -> Path:
     path = default_model_path() if path is None else Path(path).expanduser()
     if not path.exists():
         raise CheckpointError(path, "no such file or directory")
-    return path.resolve()
+    # A file keeps its own name where it is a link (a Hugging Face snapshot's to a blob): a split's parts are
+    # found by it.
+    return path.resolve() if path.is_dir() else path.parent.resolve() / path.name
 
 
 def _check_complete(path: Path, config: ModelConfig, available: Iterable[str], per_expert: bool = False) -> None:
