@@ -100,6 +100,16 @@ def gguf_weights(path: str | Path | None) -> dict[str, tuple[str, int, int]] | N
             if (name := fam.gguf_tensor_name(info.name)) in wanted}
 
 
+def weight_files(path: str | Path | None) -> list[Path]:
+    """The files a checkpoint is stored in: a GGUF file (a split's parts, first to last), or a directory's
+    config.json and safetensors."""
+    path = _existing_path(path)
+    if path.is_dir():
+        return sorted([path / "config.json", *path.glob("*.safetensors")])
+    header = _read_gguf_header(path)
+    return list(dict.fromkeys([header.path, *(info.file for info in header.tensors)]))
+
+
 def _existing_path(path: str | Path | None) -> Path:
     path = default_model_path() if path is None else Path(path).expanduser()
     if not path.exists():
