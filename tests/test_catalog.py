@@ -14,6 +14,7 @@ import tiny
 
 from zhuzi.catalog import Catalog, format_size, table
 from zhuzi.llm import LLM
+from zhuzi.model.gguf_header import read_gguf
 from zhuzi.model.loader import CheckpointError
 from zhuzi.sampling_params import SamplingParams
 
@@ -144,6 +145,16 @@ def test_a_split_gguf_is_one_model_that_answers_as_the_joined_file_does(smollm2_
     assert split.token_ids == joined.token_ids and "Paris" in split.text
     assert [lp[t].logprob for t, lp in zip(split.token_ids, split.logprobs)] == \
         [lp[t].logprob for t, lp in zip(joined.token_ids, joined.logprobs)]
+
+
+def test_a_split_is_read_from_its_first_part_each_tensor_from_the_part_it_lies_in(tmp_path):
+    parts = split_gguf(tmp_path, "Big", 3)
+    header = read_gguf(parts[0])
+    assert [(t.name, t.file) for t in header.tensors] == [(f"blk.{n}.attn_norm.weight", part)
+                                                          for n, part in enumerate(parts)]
+    assert [header.vector(t.name) for t in header.tensors] == [[1.0] * 8] * 3
+    with pytest.raises(ValueError, match="^part 2 of a split GGUF of 3 parts: load the split by its first part$"):
+        read_gguf(parts[1])
 
 
 @pytest.mark.parametrize("second", ["missing", "of another split"])
