@@ -193,9 +193,8 @@ def _split_problem(parts: list[Path]) -> str | None:
         return None
     count = int(split[3])
     have = {int(SPLIT_PART.fullmatch(part.name)[2]) for part in parts}
-    if missing := sorted(set(range(1, count + 1)) - have):
-        return f"split GGUF missing part {', '.join(map(str, missing))} of {count}"
-    return None
+    missing = sorted(set(range(1, count + 1)) - have)
+    return f"split GGUF missing part {', '.join(map(str, missing))} of {count}" if missing else None
 
 
 def _config_problem(path: Path) -> str | None:

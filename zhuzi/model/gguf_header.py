@@ -158,8 +158,8 @@ def _parse(path: Path, cursor: _Cursor) -> GGUFHeader:
     return GGUFHeader(path, metadata, infos)
 
 
-def split_parts(path: Path) -> list[Path]:
-    """The files of a GGUF: itself, or all the parts of a split whose part path is, in order (by their names)."""
+def _split_parts(path: Path) -> list[Path]:
+    """The files of the GGUF path names: itself, or, named as a split's part, every part of that split in order."""
     name = SPLIT_PART.fullmatch(path.name)
     if name is None:
         return [path]
@@ -176,7 +176,7 @@ def read_gguf(path: Path) -> GGUFHeader:
         return first
     if (no := first.metadata.get(SPLIT_NO)) != 0:
         raise ValueError(f"part {no + 1} of a split GGUF of {count} parts: load the split by its first part")
-    parts = split_parts(path)
+    parts = _split_parts(path)
     if len(parts) != count:
         raise ValueError(f"a split GGUF of {count} parts, not named as gguf-split names them (NAME-00001-of-"
                          f"{count:05d}.gguf)")
@@ -188,7 +188,7 @@ def read_gguf(path: Path) -> GGUFHeader:
         try:
             header = read_gguf_header(part)
         except ValueError as e:
-            raise type(e)(f"split GGUF part {part.name}: {e}") from None
+            raise ValueError(f"split GGUF part {part.name}: {e}") from None
         split = (header.metadata.get(SPLIT_TENSORS), header.metadata.get(SPLIT_COUNT), header.metadata.get(SPLIT_NO))
         if split != (*expected, no) or any(t.name in tensors for t in header.tensors):
             raise ValueError(f"split GGUF part {part.name} is part of another split")
