@@ -14,6 +14,8 @@ import tiny
 
 from zhuzi.catalog import Catalog, format_size, table
 from zhuzi.llm import LLM
+from zhuzi.model.gguf_header import read_gguf
+from zhuzi.model.loader import CheckpointError
 from zhuzi.sampling_params import SamplingParams
 
 REV, OLD_REV = "a" * 40, "b" * 40
@@ -44,6 +46,23 @@ def split_gguf(folder: Path, stem: str, count: int, keep: range | None = None) -
         if keep is not None and n not in keep:
             part.unlink()
     return [part for n, part in enumerate(parts) if keep is None or n in keep]
+
+
+def split_copy(source: Path, folder: Path, count: int) -> list[Path]:
+    """source's metadata and tensors in count parts, as gguf-split writes them (gguf's writer, by tensor count)."""
+    reader = gguf.GGUFReader(source)
+    writer = gguf.GGUFWriter(folder / source.name, reader.fields["general.architecture"].contents(),
+                             split_max_tensors=-(-len(reader.tensors) // count))
+    for f in reader.fields.values():
+        if not f.name.startswith("GGUF.") and f.name != "general.architecture":
+            writer.add_key_value(f.name, f.contents(), f.types[0], f.types[-1] if len(f.types) > 1 else None)
+    for tensor in reader.tensors:
+        writer.add_tensor(tensor.name, tensor.data, raw_dtype=tensor.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return [folder / f"{source.stem}-{n:05d}-of-{count:05d}.gguf" for n in range(1, count + 1)]
 
 
 def sizes(*paths: Path) -> int:
@@ -92,7 +111,7 @@ def test_a_models_directory_lists_each_model_with_its_id_size_family_and_whether
     big = found["Big-Model-Q4_K_M"]  # a split's parts are one model, in order
     assert [p.name for p in big.paths] == [f"Big-Model-Q4_K_M-0000{n}-of-00003.gguf" for n in (1, 2, 3)]
     assert big.size == sizes(*big.paths) and big.family == "llama" and not big.runs
-    assert "split GGUF of 3 parts" in big.problem and "llama-gguf-split --merge" in big.problem
+    assert big.problem == "missing GGUF metadata key 'llama.embedding_length'"  # its metadata's, not its parts'
     assert found["Half-Downloaded"].problem == "split GGUF missing part 2 of 2"
 
     gpt2 = found["gpt2-small"]  # listed with its reason, not hidden
@@ -108,6 +127,54 @@ def test_a_models_directory_lists_each_model_with_its_id_size_family_and_whether
     assert (qwen.paths, qwen.family, qwen.architecture, qwen.runs) == \
         ((models_dir / "tiny-qwen3",), "qwen3", "Qwen3ForCausalLM", True)
     assert qwen.size == sizes(*(f for f in tiny_qwen3.rglob("*") if f.is_file()))
+
+
+@pytest.fixture(scope="module")
+def smollm2_split(tmp_path_factory, smollm2_path) -> list[Path]:
+    return split_copy(smollm2_path, tmp_path_factory.mktemp("split"), 3)
+
+
+def test_a_split_gguf_is_one_model_that_answers_as_the_joined_file_does(smollm2_split, smollm2_path):
+    """Named by its first part, as llama-server loads one: the same greedy tokens and log-probabilities."""
+    entry = Catalog.scan([str(smollm2_split[0].parent)]).find(smollm2_path.stem)
+    assert entry.paths == tuple(smollm2_split) and entry.runs and entry.size == sizes(*smollm2_split)
+    llms = [LLM(str(path), kv_cache_memory="64MiB") for path in (entry.path, smollm2_path)]
+    assert [llm.engine.model_name for llm in llms] == ["SmolLM2-135M-Instruct"] * 2  # the name clients send
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=0)
+    split, joined = (llm.generate("The capital of France is", params)[0].outputs[0] for llm in llms)
+    assert split.token_ids == joined.token_ids and "Paris" in split.text
+    assert [lp[t].logprob for t, lp in zip(split.token_ids, split.logprobs)] == \
+        [lp[t].logprob for t, lp in zip(joined.token_ids, joined.logprobs)]
+
+
+def test_a_split_is_read_from_its_first_part_each_tensor_from_the_part_it_lies_in(tmp_path):
+    parts = split_gguf(tmp_path, "Big", 3)
+    header = read_gguf(parts[0])
+    assert [(t.name, t.file) for t in header.tensors] == [(f"blk.{n}.attn_norm.weight", part)
+                                                          for n, part in enumerate(parts)]
+    assert [header.vector(t.name) for t in header.tensors] == [[1.0] * 8] * 3
+    with pytest.raises(ValueError, match="^part 2 of a split GGUF of 3 parts: load the split by its first part$"):
+        read_gguf(parts[1])
+
+
+@pytest.mark.parametrize("second", ["missing", "of another split"])
+def test_a_missing_part_or_one_of_another_split_is_a_one_line_error_naming_it(smollm2_split, tmp_path, second):
+    """Parts 1 and 3 linked (as a Hugging Face snapshot links its blobs); part 2 not there, or another split's."""
+    folder = tmp_path / "models"
+    folder.mkdir()
+    for part in smollm2_split[::2]:
+        (folder / part.name).symlink_to(part)
+    part2 = folder / smollm2_split[1].name
+    if second == "missing":
+        problem = f"split GGUF part {part2.name} is missing"
+    else:
+        split_gguf(tmp_path, "Other", 3)[1].rename(part2)
+        problem = f"split GGUF part {part2.name} is part of another split"
+    with pytest.raises(CheckpointError) as error:
+        LLM(str(folder / smollm2_split[0].name))
+    assert str(error.value) == f"{folder / smollm2_split[0].name}: {problem}"
+    (entry,) = Catalog.scan([str(folder)]).entries()
+    assert entry.problem == ("split GGUF missing part 2 of 3" if second == "missing" else problem)
 
 
 def test_a_file_that_is_no_gguf_is_listed_with_what_is_wrong(tmp_path):

@@ -6,18 +6,16 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from zhuzi.model.families import gguf_family, hf_family
-from zhuzi.model.gguf_header import read_gguf_header
+from zhuzi.model.gguf_header import SPLIT_PART, read_gguf_header
 from zhuzi.model.loader import load_model_config
 
 log = logging.getLogger(__name__)
 HF_CACHE, OLLAMA_STORE = "hf", "ollama"
-SPLIT_PART = re.compile(r"(.+)-(\d{5})-of-(\d{5})\.gguf")  # llama.cpp's gguf-split names its parts so
 OLLAMA_MODEL_LAYER = "application/vnd.ollama.image.model"
 OLLAMA_HOST, OLLAMA_NAMESPACE, OLLAMA_TAG = "registry.ollama.ai", "library", "latest"
 TAG_SEPARATORS = "-._"
@@ -188,14 +186,15 @@ def _gguf_entry(id_: str, parts: list[Path], source: str) -> CatalogEntry | Skip
 
 
 def _split_problem(parts: list[Path]) -> str | None:
-    """Why a split GGUF does not load: zhuzi maps one file (and a part may be missing)."""
+    """Why a split GGUF does not load, by its parts' names: one is missing (a part of another split is the
+    loader's to find, in the headers)."""
     split = SPLIT_PART.fullmatch(parts[0].name)
-    if split is None or (count := int(split[3])) == 1:
+    if split is None:
         return None
+    count = int(split[3])
     have = {int(SPLIT_PART.fullmatch(part.name)[2]) for part in parts}
-    if missing := sorted(set(range(1, count + 1)) - have):
-        return f"split GGUF missing part {', '.join(map(str, missing))} of {count}"
-    return f"split GGUF of {count} parts: zhuzi loads one file (join them: llama-gguf-split --merge)"
+    missing = sorted(set(range(1, count + 1)) - have)
+    return f"split GGUF missing part {', '.join(map(str, missing))} of {count}" if missing else None
 
 
 def _config_problem(path: Path) -> str | None:

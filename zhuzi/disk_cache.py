@@ -66,11 +66,10 @@ def atomic_write(target: Path) -> Iterator[Path]:
             tmp.unlink(missing_ok=True)
 
 
-def content_digest(path: Path) -> str:
-    """A digest of a model's stored weights (a file, or a directory's config.json and *.safetensors), the same
-    wherever those bytes lie; read once, then remembered by the files' identities."""
-    files = [path] if path.is_file() else sorted([path / "config.json", *path.glob("*.safetensors")])
-    entry = cache_path("digests", path.name, *(part for f in files for part in file_identity(f)))
+def content_digest(files: list[Path]) -> str:
+    """A digest of a model's stored weights (its files: loader.weight_files), the same wherever those bytes lie;
+    read once, then remembered by the files' identities."""
+    entry = cache_path("digests", files[0].name, *(part for f in files for part in file_identity(f)))
     try:
         return entry.read_text()
     except OSError:

@@ -1,9 +1,10 @@
 """The GGUF header (model loading): a llama.cpp file's metadata and tensor directory, read in place from a
-memory map without decoding its vocabulary."""
+memory map without decoding its vocabulary; a split GGUF's parts (llama.cpp's gguf-split) read as one."""
 from __future__ import annotations
 
 import math
 import mmap
+import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,9 @@ GGUF_SCALARS = {
 }
 INTEGERS = {kind for kind, fmt in GGUF_SCALARS.items() if fmt in "BbHhIiQq"}
 PER_LAYER_VALUES = 1024  # an integer array this short is read (a value per layer); a longer one is a vocabulary's
+SPLIT_PART = re.compile(r"(.+)-(\d{5})-of-(\d{5})\.gguf")  # llama.cpp's gguf-split names its parts so
+SPLIT_NO, SPLIT_COUNT = gguf.Keys.Split.LLM_KV_SPLIT_NO, gguf.Keys.Split.LLM_KV_SPLIT_COUNT
+SPLIT_TENSORS = gguf.Keys.Split.LLM_KV_SPLIT_TENSORS_COUNT
 
 
 @dataclass
@@ -31,11 +35,12 @@ class GGUFTensorInfo:
     qtype: gguf.GGMLQuantizationType
     offset: int  # absolute, in bytes
     nbytes: int
+    file: Path  # the file it lies in: the GGUF, or the split's part
 
 
 @dataclass
 class GGUFHeader:
-    path: Path
+    path: Path  # the file, or a split's first part (which holds the metadata)
     # scalar values; arrays appear as their length, but bool arrays (per-layer flags) and short integer ones (a
     # value per layer: KV heads, MLP widths) as lists
     metadata: dict[str, Any]
@@ -49,7 +54,7 @@ class GGUFHeader:
         info = next(t for t in self.tensors if t.name == name)
         if info.qtype not in DENSE_TYPES:
             raise ValueError(f"tensor {info.name} is {info.qtype.name}, not a float type")
-        with self.path.open("rb") as f:
+        with info.file.open("rb") as f:
             f.seek(info.offset)
             raw = bytearray(f.read(info.nbytes))
         return torch.frombuffer(raw, dtype=DENSE_TYPES[info.qtype]).float().tolist()
@@ -142,7 +147,7 @@ def _parse(path: Path, cursor: _Cursor) -> GGUFHeader:
         qtype = gguf.GGMLQuantizationType(type_id)
         block_size, type_size = gguf.GGML_QUANT_SIZES[qtype]
         infos.append(GGUFTensorInfo(name, tuple(reversed(dims)), qtype, offset,
-                                    math.prod(dims) // block_size * type_size))
+                                    math.prod(dims) // block_size * type_size, path))
     alignment = metadata.get("general.alignment", gguf.GGUF_DEFAULT_ALIGNMENT)
     data_start = -(-cursor.pos // alignment) * alignment
     for info in infos:
@@ -151,3 +156,44 @@ def _parse(path: Path, cursor: _Cursor) -> GGUFHeader:
             raise ValueError(f"truncated: tensor {info.name} ends at byte {info.offset + info.nbytes} "
                              f"but the file has {len(cursor.buffer)} bytes")
     return GGUFHeader(path, metadata, infos)
+
+
+def _split_parts(path: Path) -> list[Path]:
+    """The files of the GGUF path names: itself, or, named as a split's part, every part of that split in order."""
+    name = SPLIT_PART.fullmatch(path.name)
+    if name is None:
+        return [path]
+    count = int(name[3])
+    return [path.with_name(f"{name[1]}-{n:05d}-of-{count:05d}.gguf") for n in range(1, count + 1)]
+
+
+def read_gguf(path: Path) -> GGUFHeader:
+    """A GGUF model's header: a file's, or a split's (named by its first part, as llama.cpp loads one): the first
+    part's metadata and every part's tensors. ValueError names a part that is missing or of another split."""
+    first = read_gguf_header(path)
+    count = first.metadata.get(SPLIT_COUNT, 1)
+    if count <= 1:
+        return first
+    if (no := first.metadata.get(SPLIT_NO)) != 0:
+        raise ValueError(f"part {no + 1} of a split GGUF of {count} parts: load the split by its first part")
+    parts = _split_parts(path)
+    if len(parts) != count:
+        raise ValueError(f"a split GGUF of {count} parts, not named as gguf-split names them (NAME-00001-of-"
+                         f"{count:05d}.gguf)")
+    expected = (first.metadata.get(SPLIT_TENSORS), count)
+    tensors = {t.name: t for t in first.tensors}
+    for no, part in enumerate(parts[1:], 1):
+        if not part.is_file():
+            raise ValueError(f"split GGUF part {part.name} is missing")
+        try:
+            header = read_gguf_header(part)
+        except ValueError as e:
+            raise ValueError(f"split GGUF part {part.name}: {e}") from None
+        split = (header.metadata.get(SPLIT_TENSORS), header.metadata.get(SPLIT_COUNT), header.metadata.get(SPLIT_NO))
+        if split != (*expected, no) or any(t.name in tensors for t in header.tensors):
+            raise ValueError(f"split GGUF part {part.name} is part of another split")
+        tensors |= {t.name: t for t in header.tensors}
+    if len(tensors) != expected[0]:
+        raise ValueError(f"split GGUF of {count} parts holds {len(tensors)} tensors, its first part lists "
+                         f"{expected[0]}: a part is of another split")
+    return GGUFHeader(path, first.metadata, list(tensors.values()))

