@@ -192,9 +192,9 @@ SPECIAL_IDS = ("bos", "eos", "eot", "padding", "unknown", "sep", "cls", "mask")
 
 def fitted_vocab(tokens: list[str], types: list[int], merges: list[str], ids: dict[str, int],
                  size: int) -> tuple[list[str], list[int], list[str], dict[str, int]]:
-    """A byte-level BPE vocabulary of exactly `size` tokens: the special tokens, the first ordinary ones, and
-    "[PAD<i>]" tokens after them where `size` is larger (as the converter pads Qwen's); the merges whose parts
-    and result are kept, and the special ids (bos, eos, ...) renumbered."""
+    """A byte-level BPE vocabulary of exactly `size` tokens: the first ordinary tokens, then the special ones,
+    then "[PAD<i>]" tokens where `size` is larger (as the converter pads Qwen's); the merges whose parts and
+    result are kept, and the special ids (bos, eos, ...) renumbered."""
     special = [i for i, t in enumerate(types) if t in (CONTROL, USER_DEFINED)]
     ordinary = [i for i, t in enumerate(types) if t == NORMAL][:size - len(special)]
     kept = ordinary + special
