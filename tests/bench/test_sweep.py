@@ -1,7 +1,7 @@
 """zhuzi/bench/sweep.py: the table reads each file's decode report (one recorded from a real
 `zhuzi bench sweep` of SmolLM2 against llama-bench): the machine, llama.cpp's build, and a row a file with
 the best figures, the ratio of each round and the resident memory against the file; unknown stand-ins and a
-sweep of nothing are refused before anything runs."""
+sweep of nothing are refused before anything runs, and a file that fails is named while the others run."""
 import json
 from pathlib import Path
 
@@ -44,3 +44,11 @@ def test_a_sweep_that_cannot_run_says_why_before_anything_runs(argv, message, ca
     args = build_parser().parse_args(["bench", "sweep", *argv])
     with pytest.raises(SystemExit, match=message):
         args.func(args)
+
+
+def test_a_file_that_fails_is_named_and_the_sweep_goes_on(tmp_path, capsys):
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"GGUF, but no more")
+    args = build_parser().parse_args(["bench", "sweep", str(broken), "--runs", "1"])
+    assert args.func(args) == []
+    assert "failed:    broken.gguf" in capsys.readouterr().out

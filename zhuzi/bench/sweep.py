@@ -88,8 +88,9 @@ def standin_file(name: str, source: Path | None) -> Path:
     return path
 
 
-def decode_report(model: Path, args: argparse.Namespace) -> dict:
-    """`zhuzi bench decode --compare llama.cpp` on the file, in a process of its own."""
+def decode_report(model: Path, args: argparse.Namespace) -> dict | None:
+    """`zhuzi bench decode --compare llama.cpp` on the file, in a process of its own; None where it failed (its
+    error above)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "decode.json"
         command = [sys.executable, "-m", "zhuzi.cli", "bench", "decode", "--model", str(model),
@@ -98,8 +99,8 @@ def decode_report(model: Path, args: argparse.Namespace) -> dict:
                    "--json-out", str(out), *shlex.split(args.decode_args)]
         if args.llama_cpp_bin:
             command += ["--llama-cpp-bin", args.llama_cpp_bin]
-        subprocess.run(command, check=True)
-        return json.loads(out.read_text())
+        done = subprocess.run(command)
+        return json.loads(out.read_text()) if done.returncode == 0 else None
 
 
 def run(args: argparse.Namespace) -> list[SweepRow]:
@@ -112,9 +113,14 @@ def run(args: argparse.Namespace) -> list[SweepRow]:
     if not files:
         raise SystemExit("give GGUF files, --standins, or both")
     load_at_start = load_average()
-    rows = [SweepRow(decode_report(path, args) | {"model": label}, path.stat().st_size) for label, path in files]
+    reports = [(label, path, decode_report(path, args)) for label, path in files]
+    rows = [SweepRow(report | {"model": label}, path.stat().st_size) for label, path, report in reports if report]
     print("=============== zhuzi bench sweep ===============")
-    print(format_table(rows))
+    if rows:
+        print(format_table(rows))
+    failed = [label for label, _, report in reports if report is None]
+    if failed:
+        print(f"failed:    {', '.join(failed)} (each one's error above)")
     print(f"load:      1-minute load average {load_at_start:.2f} at the start, {load_average():.2f} at the end")
     if args.json_out:
         Path(args.json_out).write_text(json.dumps([row.report for row in rows], indent=2))
