@@ -1,4 +1,5 @@
-"""Benchmark tools, `zhuzi bench offline | decode | structured | serve | polling | scaling | accuracy | tools | kv`:
+"""Benchmark tools, `zhuzi bench offline | decode | sweep | structured | serve | polling | scaling | accuracy | tools |
+kv`:
 each times the whole request path and starts its report with the machine line (docs/benchmarks.md).
 """
 from __future__ import annotations
@@ -13,6 +14,7 @@ import platform
 TOOLS = {
     "offline": "throughput of many requests through LLM.generate, against transformers",
     "decode": "single-stream prefill and decode speed, and the share of the bandwidth roofline",
+    "sweep": "decode beside llama.cpp on many files and named stand-ins, one table with the ratio of each round",
     "structured": "the cost of structured output: a batch's decode step constrained vs free",
     "serve": "load-test an OpenAI-compatible server (TTFT, TPOT, ITL, end-to-end latency)",
     "polling": "what the inspector's polling costs: serve's load quiet vs polled, alternating on one server",

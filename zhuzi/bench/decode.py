@@ -8,8 +8,9 @@ model calls. With --speculative-config it compares decoding with and without spe
 from __future__ import annotations
 
 import argparse
+import resource
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from zhuzi.bench import (
     add_compare_arguments,
@@ -90,6 +91,14 @@ class DecodeReport:
     parameters: tuple[int, int] = (0, 0)  # (active, total): a Mixture-of-Experts step runs the top-k experts only
     experts: tuple[int, int] | None = None  # (top-k, experts) of a sparse model
     state_bytes_per_step: int = 0  # a hybrid model's recurrent state, read and written once a decode step
+    prefill_rounds: list[float] = field(default_factory=list)  # prefill tokens/s of each measured run
+    peak_rss_bytes: int = 0  # the process's resident memory at its peak, loading and runs (not llama.cpp's)
+    rss_before_load_bytes: int = 0  # the same before the model loads: the runtime (Python, torch)
+
+    @property
+    def loaded_rss_bytes(self) -> int:
+        """What loading and running the model added to the resident memory: its weights, KV cache, buffers."""
+        return self.peak_rss_bytes - self.rss_before_load_bytes
 
     @property
     def bytes_per_step(self) -> int:
@@ -137,15 +146,28 @@ class DecodeReport:
             return None
         return [ours / tg.tokens_per_s for ours, (_, tg) in zip(self.decode_rounds, self.llama_cpp.rounds)]
 
+    @property
+    def prefill_ratios_by_round(self) -> list[float] | None:
+        """zhuzi / llama.cpp prefill tokens/s of each round."""
+        if self.llama_cpp is None:
+            return None
+        return [ours / pp.tokens_per_s for ours, (pp, _) in zip(self.prefill_rounds, self.llama_cpp.rounds)]
+
     def to_dict(self) -> dict:
         return asdict(self) | {name: getattr(self, name) for name in (
             "prefill_tokens_per_s", "decode_tokens_per_s", "roofline_tokens_per_s", "roofline_fraction",
-            "llama_cpp_roofline_fraction", "ratios", "step_overhead_s", "decode_ratios_by_round")}
+            "llama_cpp_roofline_fraction", "ratios", "step_overhead_s", "decode_ratios_by_round",
+            "prefill_ratios_by_round", "loaded_rss_bytes")}
 
 
 def decode_step_seconds(metrics, output_tokens: int) -> float:
     """Mean seconds per generated token after the first: the whole step loop."""
     return (metrics.last_token_time - metrics.first_token_time) / max(1, output_tokens - 1)
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory so far (Linux counts it in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss << 10
 
 
 def run(args: argparse.Namespace) -> DecodeReport | SpecDecodeReport:
@@ -158,6 +180,7 @@ def run(args: argparse.Namespace) -> DecodeReport | SpecDecodeReport:
     load_at_start = load_average()
     # A --compare that cannot run fails before anything else does.
     gguf, tool = (gguf_of(args.model), find_tool("llama-bench", args.llama_cpp_bin)) if args.compare else (None, None)
+    rss_before_load = peak_rss_bytes()
     llm = load_llm(args)
     # A fresh prompt per run: a repeated one would be served from the prefix cache, not prefilled.
     requests = random_token_requests(llm.tokenizer.hf, args.runs + 1, (args.prompt_len, args.prompt_len),
@@ -167,19 +190,21 @@ def run(args: argparse.Namespace) -> DecodeReport | SpecDecodeReport:
     llm.generate([requests[0].prompt_token_ids], params, use_tqdm=False)  # warm-up: first-call costs
     fused = llm.engine.runner.model.fused
     barrier_rounds = []  # each run's mean barrier wait a step
-    prefill_s, model_s, rounds, peer_rounds = float("inf"), float("inf"), [], []
+    prefill_s, model_s, rounds, prefill_rounds, peer_rounds = float("inf"), float("inf"), [], [], []
     for request in requests[1:]:
         if fused is not None:
             fused.time_barriers()
         output = llm.generate([request.prompt_token_ids], params, use_tqdm=False)[0]
         barrier_rounds.append(fused.barrier_wait_per_step if fused is not None and fused.steps else None)
         prefill_s = min(prefill_s, output.metrics.prefill_time)
+        prefill_rounds.append(len(request.prompt_token_ids) / output.metrics.prefill_time)
         rounds.append(1 / decode_step_seconds(output.metrics, len(output.outputs[0].token_ids)))
         model_s = min(model_s, statistics.fmean(output.metrics.decode_step_times or [float("nan")]))
         if tool is not None:
             *tests, command = llama_bench(tool, gguf, torch.get_num_threads(), len(request.prompt_token_ids),
                                           len(output.outputs[0].token_ids), 1)
             peer_rounds.append(tuple(tests))
+    peak_rss = peak_rss_bytes()  # before the bandwidth buffer
     c = llm.model_config
     buffer = torch.ones(BANDWIDTH_BUFFER_BYTES // 4, device=args.device)
     report = DecodeReport(
@@ -194,7 +219,8 @@ def run(args: argparse.Namespace) -> DecodeReport | SpecDecodeReport:
         llama_cpp=LlamaCppDecode(command, peer_rounds) if tool else None,
         parameters=(c.active_parameters, c.num_parameters),
         experts=(c.num_experts_per_tok, c.num_experts) if c.num_experts else None,
-        state_bytes_per_step=2 * c.state_bytes)
+        state_bytes_per_step=2 * c.state_bytes, prefill_rounds=prefill_rounds, peak_rss_bytes=peak_rss,
+        rss_before_load_bytes=rss_before_load)
     report.load = (load_at_start, load_average())
     print(format_report(report, args))
     return save_report(report, args.json_out)
@@ -223,6 +249,8 @@ def format_report(r: DecodeReport, args: argparse.Namespace) -> str:
         f"roofline:   {r.roofline_tokens_per_s:10.1f} tokens/s  -> decode at "
         f"{100 * r.roofline_fraction:.1f} % of roofline",
         f"overhead:   {r.step_overhead_s * 1e3:10.2f} ms a step beside reading the weights at that bandwidth",
+        f"memory:     {r.peak_rss_bytes / 2**20:10.0f} MiB resident at the peak, {r.loaded_rss_bytes / 2**20:.0f} MiB "
+        "of it added by the model's load and runs (weights, KV cache, buffers)",
     ]
     if r.barrier_wait_s is not None:
         lines.append(f"barriers:   {r.barrier_wait_s * 1e3:10.3f} ms a step a thread waits at the fused step's "
