@@ -18,7 +18,7 @@ from zhuzi.server.anthropic import serving as anthropic
 from zhuzi.server.anthropic.serving import NAMES as ANTHROPIC_NAMES
 from zhuzi.server.common.errors import ApiError
 from zhuzi.server.common.request import ChatRequest, Message, NamedTool, Tool
-from zhuzi.server.common.tools import with_generic_tools
+from zhuzi.server.common.tools import with_calls_as_text, with_generic_tools
 from zhuzi.server.ollama import protocol as o
 from zhuzi.server.ollama import serving as ollama
 from zhuzi.server.openai.protocol import ChatCompletionRequest, ChatMessage, ToolDef
@@ -159,7 +159,7 @@ def with_template(name: str) -> Tokenizer:
 def rendered(tokenizer: Tokenizer, chat: ChatRequest) -> str:
     messages, args = chat.template_messages(), chat.template_args()
     if "tools" not in tokenizer.template_variables:  # as the server does for a template that ignores tools
-        messages = with_generic_tools(messages, args["tools"])
+        messages = with_generic_tools(with_calls_as_text(messages), args["tools"])
     return tokenizer.render_chat(messages, **args)
 
 

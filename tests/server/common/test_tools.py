@@ -19,7 +19,7 @@ from zhuzi.server.common.parsers import OutputParser, ParsedText
 from zhuzi.server.common.request import NamedTool
 from zhuzi.server.common.tool_formats import FORMATS, Hermes, ToolFormat
 from zhuzi.server.common.tool_formats.mistral import Mistral
-from zhuzi.server.common.tools import template_renders_tools, tool_grammar, with_generic_tools
+from zhuzi.server.common.tools import template_renders_tools, tool_grammar, with_calls_as_text, with_generic_tools
 from zhuzi.tokenizer import TOOL_MARKERS, Tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -207,9 +207,14 @@ def test_templates_without_tools_get_the_generic_format_in_the_conversation(setu
                 {"role": "assistant", "content": None, "tool_calls": [
                     {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 12, "b": 30}'}}]},
                 {"role": "tool", "tool_call_id": "c1", "content": "42"}]
-    document = tokenizer.render_chat(with_generic_tools(messages, tools))
+    document = tokenizer.render_chat(with_generic_tools(with_calls_as_text(messages), tools))
     assert document.startswith("<|im_start|>system\nBe brief.\n\nYou can call functions.")
     assert json.dumps(tools[0], ensure_ascii=False) in document
     assert '<|im_start|>assistant\n<tool_call>\n{"name": "add", "arguments": {"a": 12, "b": 30}}\n</tool_call>' \
            '<|im_end|>' in document
     assert "<|im_start|>tool\n42<|im_end|>" in document
+    # A later request that offers no tools still shows the model the call its result answers.
+    plain = tokenizer.render_chat(with_calls_as_text(messages))
+    assert "You can call functions." not in plain
+    assert '<|im_start|>assistant\n<tool_call>\n{"name": "add", "arguments": {"a": 12, "b": 30}}\n</tool_call>' \
+           '<|im_end|>' in plain

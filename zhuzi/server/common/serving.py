@@ -46,7 +46,7 @@ from zhuzi.server.common.streams import (
     until_disconnect,
 )
 from zhuzi.server.common.tool_formats import Hermes, ToolFormat, tool_format
-from zhuzi.server.common.tools import template_renders_tools, with_generic_tools
+from zhuzi.server.common.tools import template_renders_tools, with_calls_as_text, with_generic_tools
 from zhuzi.tokenizer import THOUGHT_TAGS, message_text
 
 T = TypeVar("T")
@@ -415,6 +415,8 @@ class Server:
         tokenizer, messages, args = self.ready().tokenizer, chat.template_messages(), chat.template_args()
         if self.harmony:  # the format is zhuzi's to write, whatever the checkpoint's template
             return RenderedChat(harmony.render(tokenizer, chat, self.today()), "", messages, args)
+        if not template_renders_tools(tokenizer.template_variables):
+            messages = with_calls_as_text(messages)
         if self.tool_prompt(chat) == "generic":
             messages = with_generic_tools(messages, args["tools"])
         if constraint is not None and self.reasoning:

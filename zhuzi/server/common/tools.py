@@ -133,12 +133,19 @@ def call_as_text(call: dict[str, Any]) -> str:
 
 def with_generic_tools(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The conversation for a template without tool support: the tools described at the end of the
-    system message (or in one of their own), earlier calls written into their assistant turns."""
+    system message (or in one of their own)."""
     out = [{"role": "system", "content": tools_system_prompt(tools)}]
     if messages and messages[0].get("role") == "system":
         instructions = message_text(messages[0].get("content"))
         out = [{**messages[0], "content": f"{instructions}\n\n{out[0]['content']}"}]
         messages = messages[1:]
+    return out + messages
+
+
+def with_calls_as_text(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Earlier calls written into their assistant turns, for a template that does not render `tool_calls`: without
+    them the turn would render empty, whether or not this request offers tools."""
+    out = []
     for message in messages:
         if message.get("role") == "assistant" and message.get("tool_calls"):
             calls = "\n".join(call_as_text(c) for c in message["tool_calls"])
