@@ -28,7 +28,8 @@ export PYTHONDONTWRITEBYTECODE :=
 # The suite runs in one worker per core (up to 4), a file's tests in one worker (they share its servers), each
 # worker's torch on the cores left to it: two-thread OpenMP regions in two busy processes on two cores spin
 # at each other's barriers and make a step many times slower. The files that use one of the servers
-# tests/server/conftest.py shares run in one worker, which starts it once (--dist loadgroup; tests/conftest.py).
+# tests/server/conftest.py shares run in one worker, which starts it once (--dist loadgroup; tests/conftest.py), as
+# do those that compare with transformers' load of SmolLM2.
 # Files marked long are handed out first, in the order collected (tests/conftest.py), not xdist's (the most
 # tests first). The kernels' C++ unit tests are built first, every variant side by side, the kernel libraries
 # among them (tests/kernel_builds.py): the workers find them in the cache.

@@ -16,17 +16,18 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "long: a file that runs for a minute or more, started before the others")
 
 
-# tests/server/conftest.py's servers, each started once per xdist worker that uses it: the files that use one run
-# in one worker (FilesAndGroups). A file that uses several goes with the first, and the others may start a second
-# time there (one group of every file that shares any of them would leave one worker most of the server tests).
-SHARED_SERVERS = ("inspect_server", "det_server", "keyed_server", "server")
+# tests/server/conftest.py's servers and transformers' load of SmolLM2, each made once per xdist worker that uses
+# it: the files that use one run in one worker (FilesAndGroups). A file that uses several goes with the first, and
+# the others may be made a second time there (one group of every file that shares any of them would leave one
+# worker most of the server tests).
+SHARED = ("inspect_server", "det_server", "keyed_server", "server", "hf_smollm2")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The files marked long first, the rest after (each file's tests stay together, in their order): xdist
     hands whole files out in this order (make test: --no-loadscope-reorder), so the last ones to run are short
     and no core waits idle while a long file ends the run. An xdist worker writes down which files use a shared
-    server, for the scheduler (FilesAndGroups)."""
+    server or fixture, for the scheduler (FilesAndGroups)."""
     items.sort(key=lambda item: item.get_closest_marker("long") is None)
     if hasattr(config, "workerinput"):  # every worker collects the same, so writes the same
         groups = groups_file(Path(config.option.basetemp).parent)
@@ -36,14 +37,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def server_groups(items: list[pytest.Item], root: Path) -> dict[str, str]:
-    """file -> the first of SHARED_SERVERS its tests use (a module's own fixture of the same name aside)."""
+    """file -> the first of SHARED its tests use (a module's own fixture of the same name aside)."""
     uses: dict[str, set[str]] = {}
     for item in items:
         defs = item._fixtureinfo.name2fixturedefs
         uses.setdefault(item.path.relative_to(root).as_posix(), set()).update(
-            name for name in SHARED_SERVERS if name in defs and defs[name][-1].scope == "session")
-    return {path: next(name for name in SHARED_SERVERS if name in servers) for path, servers in uses.items()
-            if servers}
+            name for name in SHARED if name in defs and defs[name][-1].scope == "session")
+    return {path: next(name for name in SHARED if name in shared) for path, shared in uses.items() if shared}
 
 
 def groups_file(basetemp: Path) -> Path:
@@ -56,9 +56,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log) -> LoadScopeScheduli
 
 
 class FilesAndGroups(LoadScopeScheduling):
-    """--dist loadgroup here: the files that use a shared server go to one worker together, which starts it once;
-    every other file goes whole, as with loadfile. (xdist's own groups, xdist_group marks, do not reach the
-    scheduler under pytest 9.2: the group it appends to a test's id is lost.)"""
+    """--dist loadgroup here: the files that use a shared server (or fixture) go to one worker together, which
+    makes it once; every other file goes whole, as with loadfile. (xdist's own groups, xdist_group marks, do not
+    reach the scheduler under pytest 9.2: the group it appends to a test's id is lost.)"""
 
     @cached_property
     def groups(self) -> dict[str, str]:

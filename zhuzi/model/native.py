@@ -37,7 +37,7 @@ _X86_V3 = ("avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "movbe", "abm", "popcnt
 class Variant:
     name: str
     arch: str  # platform.machine() of the CPUs it runs on, ANY for every one
-    flags: tuple[str, ...]  # what the compiler targets
+    flags: tuple[str, ...]  # what the compiler targets (generic: how it optimizes)
     needs: tuple[str, ...]  # CPU features it executes, as /proc/cpuinfo names them
     bf16: bool  # computes in bf16 natively (dtype auto follows it)
 
@@ -56,7 +56,9 @@ VARIANTS = {v.name: v for v in (
     Variant("avx2", "x86_64", ("-march=x86-64-v3",), _X86_V3, bf16=False),
     Variant("neon-i8mm", "aarch64", ("-march=armv8.2-a+dotprod+i8mm",), ("asimd", "asimddp", "i8mm"), bf16=False),
     Variant("neon", "aarch64", ("-march=armv8.2-a+dotprod",), ("asimd", "asimddp"), bf16=False),
-    Variant("generic", ANY, (), (), bf16=False),  # the plain reference: slow, for CPUs none of the above runs on
+    # The plain reference: slow, for CPUs none of the above runs on. -O2 (after COMMON_FLAGS' -O3, so it wins):
+    # -O3 took twice as long to compile it, a minute of a core in every cold `make test`, for code not meant fast.
+    Variant("generic", ANY, ("-O2",), (), bf16=False),
 )}
 CHOICES = ("auto", *VARIANTS, "torch")
 CROSS_COMPILERS = {"aarch64": "aarch64-linux-gnu-g++"}

@@ -12,20 +12,27 @@ from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
+import torch
 from inspector import REPLY_TIMEOUT_MS, Inspector
 from playwright.sync_api import Browser, expect
 from server_process import ServerProcess, running_server
 
+from zhuzi.config import Precision
+from zhuzi.model import native
 from zhuzi.server.inspect.protocol import MAX_STEPS
 
 pytestmark = pytest.mark.long  # a minute or more: handed out first (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")
-def bf16_server(server: ServerProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+def bf16_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """The divergence experiment's server, in bf16 as docs/inspector.md describes it: the session's `server` where dtype
-    auto computes in bf16 (native bf16), else one of its own (dtype auto computes in float32 there)."""
-    if server.get("/inspect/engine?steps=0")["model"]["dtype"] == "bfloat16":
+    auto computes in bf16 (native bf16), else one of its own (dtype auto computes in float32 there). Which one is
+    decided as the server decides dtype auto, not by asking it: on a CPU without native bf16, this file's worker
+    (the inspector's: tests/conftest.py) would start the session's `server` only to hear that."""
+    if Precision.of("auto", native.default_choice()).compute == torch.bfloat16:
+        server = request.getfixturevalue("server")
+        assert server.get("/inspect/engine?steps=0")["model"]["dtype"] == "bfloat16"
         yield server
         return
     with running_server(tmp_path_factory.mktemp("bf16") / "server.log", "--quantization", "none",
