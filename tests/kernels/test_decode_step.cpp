@@ -1,7 +1,9 @@
 // decode_step.cpp, the whole fused decode step of a tiny random model (2 layers, grouped heads, QKV bias and
 // q/k norms, an LM head that ends in a partial row group), against a float64 forward of the same weights:
 // dense bf16, Q8_0 blocks, and Q4_1 blocks with a Q8_0 head (--quantization int8 and int4), and MXFP4 blocks
-// with a Q8_0 head (gpt-oss's experts: a lookup-table type). The kernel rounds
+// with a Q8_0 head (gpt-oss's experts: a lookup-table type); and in dense bf16, Gemma 3's layers (sandwich norms
+// of (1 + w), a GELU MLP, a query scale, a global layer's RoPE base, then a local layer's, whose window is
+// shorter than two rows' histories), scaled embeddings and soft-capped logits. The kernel rounds
 // matrix inputs (bf16 with AVX-512, q8 blocks for GGUF blocks) and the new K/V: its logits stay within 3 % of
 // the largest (float32 math over bf16 weights, off AVX-512: 0.1 %). Each row's logits are the same bits alone
 // or in a batch, and the step writes only the new tokens' K/V.
@@ -15,6 +17,24 @@ namespace {
 
 constexpr int64_t L = 2, E = 64, H = 2, KV = 1, D = 32, F = 96, V = 40, SLOTS = 64, POSITIONS = 64;
 constexpr float EPS = 1e-5f;
+
+// What a layer is: its norms' offset, sandwich norms, MLP activation, window, RoPE base, attention scale.
+struct Shape {
+  float offset;
+  bool sandwich;
+  int32_t activation;
+  int64_t window;
+  double base, scale;
+};
+// A model's layers, and what it does around them.
+struct Family {
+  const char* name;
+  Shape layers[L];
+  float embed_scale, softcap;
+};
+const Shape LLAMA_LAYER = {0, false, step::SILU, 0, 1e4, 1 / std::sqrt(double(D))};
+const Family LLAMA = {"llama", {LLAMA_LAYER, LLAMA_LAYER}, 1, 0};
+const Family GEMMA3 = {"gemma3", {{1, true, step::GELU_TANH, 0, 1e6, 0.1}, {1, true, step::GELU_TANH, 5, 1e4, 0.1}}, 2, 10};
 
 struct Matrix {
   int64_t n, k;
@@ -62,40 +82,46 @@ std::vector<uint16_t> bf16_vector(int64_t n, double mean, check::Rng& g) {
   return v;
 }
 
-void rms_norm(std::vector<double>& x, const uint16_t* w, size_t offset = 0, size_t n = 0) {
+// RMSNorm of x[at, at + n) (n = 0: all of x) with weight (w_offset + w).
+void rms_norm(std::vector<double>& x, const uint16_t* w, double w_offset, size_t at = 0, size_t n = 0) {
   n = n ? n : x.size();
   double ss = 0;
-  for (size_t i = 0; i < n; ++i) ss += x[offset + i] * x[offset + i];
+  for (size_t i = 0; i < n; ++i) ss += x[at + i] * x[at + i];
   const double r = 1 / std::sqrt(ss / double(n) + EPS);
-  for (size_t i = 0; i < n; ++i) x[offset + i] *= r * check::from_bf16(w[i]);
+  for (size_t i = 0; i < n; ++i) x[at + i] *= r * (w_offset + check::from_bf16(w[i]));
 }
 
 struct Model {
   std::vector<Matrix> mats;  // per layer: qkv, o, gate_up, down; then the LM head
-  std::vector<std::vector<uint16_t>> norms;  // per layer: input, post, q, k; then the final norm
+  std::vector<std::vector<uint16_t>> norms;  // per layer: input, post, q, k, attention out, MLP out; then the final
   std::vector<uint16_t> embed;
-  std::vector<float> cos, sin;
+  std::vector<float> cos[L], sin[L];
   std::vector<step::Layer> layers;
 
-  Model(int layer_kind, int head_kind, check::Rng& g) : embed(bf16_vector(V * E, 0, g)) {
+  const Family& family;
+
+  Model(int layer_kind, int head_kind, const Family& f, check::Rng& g) : embed(bf16_vector(V * E, 0, g)), family(f) {
     for (int64_t l = 0; l < L; ++l) {
       mats.emplace_back((H + 2 * KV) * D, E, layer_kind, true, g);
       mats.emplace_back(E, H * D, layer_kind, false, g);
       mats.emplace_back(2 * F, E, layer_kind, false, g, 2);
       mats.emplace_back(E, F, layer_kind, false, g);
-      for (int64_t size : {E, E, D, D}) norms.push_back(bf16_vector(size, 1, g));
+      for (int64_t size : {E, E, D, D, E, E}) norms.push_back(bf16_vector(size, 1 - family.layers[l].offset, g));
+      for (int64_t p = 0; p < POSITIONS; ++p)
+        for (int64_t i = 0; i < D / 2; ++i) {
+          const double angle = p * std::pow(family.layers[l].base, -2.0 * double(i) / double(D));
+          cos[l].push_back(float(std::cos(angle))), sin[l].push_back(float(std::sin(angle)));
+        }
     }
     mats.emplace_back(V, E, head_kind, false, g);
     norms.push_back(bf16_vector(E, 1, g));
-    for (int64_t p = 0; p < POSITIONS; ++p)
-      for (int64_t i = 0; i < D / 2; ++i) {
-        const double angle = p * std::pow(10000.0, -2.0 * double(i) / double(D));
-        cos.push_back(float(std::cos(angle))), sin.push_back(float(std::sin(angle)));
-      }
     for (int64_t l = 0; l < L; ++l) {
-      const auto* n = &norms[4 * l];
-      layers.push_back({n[0].data(), mats[4 * l].mat, n[2].data(), n[3].data(), mats[4 * l + 1].mat, n[1].data(),
-                        mats[4 * l + 2].mat, mats[4 * l + 3].mat});
+      const auto* n = &norms[6 * l];
+      const Shape& shape = family.layers[l];
+      layers.push_back({n[0].data(), mats[4 * l].mat, n[2].data(), n[3].data(), mats[4 * l + 1].mat,
+                        shape.sandwich ? n[4].data() : nullptr, n[1].data(), mats[4 * l + 2].mat, mats[4 * l + 3].mat,
+                        shape.sandwich ? n[5].data() : nullptr, cos[l].data(), sin[l].data(), shape.offset,
+                        float(shape.scale), shape.window, shape.activation});
     }
   }
 
@@ -103,15 +129,18 @@ struct Model {
   std::vector<double> forward(int64_t id, int64_t pos, const std::vector<int64_t>& rows,
                               const std::vector<uint16_t>& kv) const {
     std::vector<double> h(E);
-    for (int64_t i = 0; i < E; ++i) h[i] = check::from_bf16(embed[id * E + i]);
+    for (int64_t i = 0; i < E; ++i) h[i] = family.embed_scale * check::from_bf16(embed[id * E + i]);
     for (int64_t l = 0; l < L; ++l) {
+      const Shape& shape = family.layers[l];
+      const auto* n = &norms[6 * l];
       std::vector<double> x = h;
-      rms_norm(x, norms[4 * l].data());
+      rms_norm(x, n[0].data(), shape.offset);
       std::vector<double> qkv = mats[4 * l].apply(x);
       for (int64_t j = 0; j < H + KV; ++j) {  // q/k norms and RoPE per head; the new K/V rounded as stored
-        rms_norm(qkv, norms[4 * l + (j < H ? 2 : 3)].data(), j * D, D);
+        rms_norm(qkv, n[j < H ? 2 : 3].data(), shape.offset, j * D, D);
         for (int64_t i = 0; i < D / 2; ++i) {
-          const double a = qkv[j * D + i], b = qkv[j * D + i + D / 2], c = cos[pos * D / 2 + i], s = sin[pos * D / 2 + i];
+          const double a = qkv[j * D + i], b = qkv[j * D + i + D / 2], c = cos[l][pos * D / 2 + i],
+                       s = sin[l][pos * D / 2 + i];
           qkv[j * D + i] = a * c - b * s, qkv[j * D + i + D / 2] = b * c + a * s;
         }
       }
@@ -124,27 +153,38 @@ struct Model {
           if (t + 1 == rows.size()) return qkv[(H + which * KV + hh * KV / H) * D + d];
           return double(check::from_bf16(kv[(((l * 2 + which) * SLOTS + rows[t]) * KV + hh * KV / H) * D + d]));
         };
-        for (size_t t = 0; t < rows.size(); ++t) {
+        const size_t first = shape.window ? std::max<int64_t>(0, int64_t(rows.size()) - shape.window) : 0;
+        for (size_t t = first; t < rows.size(); ++t) {
           double dot = 0;
           for (int64_t d = 0; d < D; ++d) dot += qkv[hh * D + d] * key(t, d, 0);
-          s.push_back(dot / std::sqrt(double(D))), top = std::fmax(top, s.back());
+          s.push_back(dot * shape.scale), top = std::fmax(top, s.back());
         }
         for (double& v : s) v = std::exp(v - top), sum += v;
-        for (size_t t = 0; t < rows.size(); ++t)
-          for (int64_t d = 0; d < D; ++d) attn[hh * D + d] += s[t] / sum * key(t, d, 1);
+        for (size_t t = first; t < rows.size(); ++t)
+          for (int64_t d = 0; d < D; ++d) attn[hh * D + d] += s[t - first] / sum * key(t, d, 1);
       }
-      const std::vector<double> o = mats[4 * l + 1].apply(attn);
+      std::vector<double> o = mats[4 * l + 1].apply(attn);
+      if (shape.sandwich) rms_norm(o, n[4].data(), shape.offset);
       for (int64_t i = 0; i < E; ++i) h[i] += o[i];
       x = h;
-      rms_norm(x, norms[4 * l + 1].data());
+      rms_norm(x, n[1].data(), shape.offset);
       const std::vector<double> gu = mats[4 * l + 2].apply(x);
       std::vector<double> act(F);
-      for (int64_t i = 0; i < F; ++i) act[i] = gu[i] / (1 + std::exp(-gu[i])) * gu[F + i];
-      const std::vector<double> down = mats[4 * l + 3].apply(act);
+      for (int64_t i = 0; i < F; ++i) {
+        const double g = gu[i];
+        act[i] = (shape.activation == step::GELU_TANH
+                      ? 0.5 * g * (1 + std::tanh(std::sqrt(2 / M_PI) * (g + 0.044715 * g * g * g)))
+                      : g / (1 + std::exp(-g))) * gu[F + i];
+      }
+      std::vector<double> down = mats[4 * l + 3].apply(act);
+      if (shape.sandwich) rms_norm(down, n[5].data(), shape.offset);
       for (int64_t i = 0; i < E; ++i) h[i] += down[i];
     }
-    rms_norm(h, norms.back().data());
-    return mats.back().apply(h);
+    rms_norm(h, norms.back().data(), 0);
+    std::vector<double> logits = mats.back().apply(h);
+    if (family.softcap)
+      for (double& z : logits) z = std::tanh(z / family.softcap) * family.softcap;
+    return logits;
   }
 };
 
@@ -155,20 +195,24 @@ struct Step {
 
 int run(const Model& m, const Step& s, int64_t first, int64_t M, std::vector<uint16_t>& kv, float* logits,
         int threads) {
-  step::Args a{m.layers.data(), L, m.norms.back().data(), m.mats.back().mat, H, KV, D, E, F, EPS,
-               float(1 / std::sqrt(double(D))), m.embed.data(), s.ids.data() + first, s.positions.data() + first,
-               m.cos.data(), m.sin.data(), kv.data(), SLOTS, s.slots.data() + first * s.width, s.lens.data() + first,
-               s.width, logits, threads};
+  step::Args a{m.layers.data(), L, m.norms.back().data(), m.mats.back().mat, H, KV, D, E, F, EPS, 0.f,
+               m.family.embed_scale, m.family.softcap, m.embed.data(), s.ids.data() + first, s.positions.data() + first, kv.data(),
+               SLOTS, s.slots.data() + first * s.width, s.lens.data() + first, s.width, logits, threads};
   return zhuzi_decode_step(&a, M);
 }
 
 }  // namespace
 
 TEST(decode_step_matches_a_float64_forward) {
-  for (auto [layer_kind, head_kind] : {std::pair<int, int>{step::DENSE, step::DENSE}, {blocks::Q8_0, blocks::Q8_0},
-                                       {blocks::Q4_1, blocks::Q8_0}, {blocks::MXFP4, blocks::Q8_0}}) {
+  struct Case {
+    int layer_kind, head_kind;
+    const Family& family;
+  };
+  for (const auto& [layer_kind, head_kind, family] :
+       {Case{step::DENSE, step::DENSE, LLAMA}, {blocks::Q8_0, blocks::Q8_0, LLAMA}, {blocks::Q4_1, blocks::Q8_0, LLAMA},
+        {blocks::MXFP4, blocks::Q8_0, LLAMA}, {step::DENSE, step::DENSE, GEMMA3}}) {
     check::Rng g(layer_kind + 1);
-    const Model model(layer_kind, head_kind, g);
+    const Model model(layer_kind, head_kind, family, g);
     std::vector<uint16_t> kv = bf16_vector(L * 2 * SLOTS * KV * D, 0, g);
     // three rows: histories of 1, 9 and 21 positions at scattered slots of their own, the new token's last
     Step s{{3, 17, 39}, {0, 8, 20}, {}, {1, 9, 21}, 21};
@@ -188,25 +232,26 @@ TEST(decode_step_matches_a_float64_forward) {
 #else
       const double bound = layer_kind == step::DENSE ? 1e-3 : 0.03;
 #endif
-      CHECK(worst <= bound * top, "kinds %d/%d row %ld: logits off by %g of %g", layer_kind, head_kind, (long)m,
-            worst, top);
+      CHECK(worst <= bound * top, "%s kinds %d/%d row %ld: logits off by %g of %g", family.name, layer_kind,
+            head_kind, (long)m, worst, top);
     }
     int changed = 0;  // only the new tokens' K and V: 2 per layer and row
     for (size_t i = 0; i < kv.size(); i += D) changed += std::memcmp(&kv[i], &before[i], D * 2) != 0;
-    CHECK(changed == 2 * L * 3, "kinds %d/%d: %d pool rows changed", layer_kind, head_kind, changed);
+    CHECK(changed == 2 * L * 3, "%s kinds %d/%d: %d pool rows changed", family.name, layer_kind, head_kind,
+          changed);
     for (int64_t m = 0; m < 3; ++m) {  // each row alone, one thread: the same bits
       std::vector<uint16_t> alone_kv = before;
       float alone[V];
       run(model, s, m, 1, alone_kv, alone, 1);
-      CHECK(!std::memcmp(alone, &logits[m * V], sizeof alone), "kinds %d/%d row %ld alone", layer_kind, head_kind,
-            (long)m);
+      CHECK(!std::memcmp(alone, &logits[m * V], sizeof alone), "%s kinds %d/%d row %ld alone", family.name, layer_kind,
+            head_kind, (long)m);
     }
   }
 }
 
 TEST(decode_step_rejects_a_slot_outside_the_pool) {
   check::Rng g(5);
-  const Model model(step::DENSE, step::DENSE, g);
+  const Model model(step::DENSE, step::DENSE, LLAMA, g);
   std::vector<uint16_t> kv = bf16_vector(L * 2 * SLOTS * KV * D, 0, g);
   const Step s{{1}, {1}, {0, SLOTS}, {2}, 2};
   float logits[V];

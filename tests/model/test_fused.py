@@ -1,7 +1,8 @@
 """The fused decode step (one native call a step) against the per-layer path and a float32 forward, on
-tiny Llama / Qwen2 (QKV bias) / Qwen3 (q/k norms) checkpoints in every weight format, and as GGUF files of
-every block type, under every CPU variant this machine runs, in the precision dtype auto picks there (bf16
-with AVX512-BF16, else float32 activations over bf16 weights and KV cache)."""
+tiny Llama / Qwen2 (QKV bias) / Qwen3 (q/k norms) / Gemma 3 (local and global layers, windows shorter than the
+prompts) checkpoints in every weight format, and as GGUF files of every block type, under every CPU variant this
+machine runs, in the precision dtype auto picks there (bf16 with AVX512-BF16, else float32 activations over bf16
+weights and KV cache)."""
 import dataclasses
 
 import gguf
@@ -23,12 +24,17 @@ from zhuzi.model.model_config import ModelConfig
 pytestmark = pytest.mark.usefixtures("own_cache", "variant")
 
 SHAPE = dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2)  # head_dim 32
+# Gemma 3 of two layers as the others: a local one whose window cuts IDS, then a global one; a query scale and
+# soft-capped logits of its own
+GEMMA3 = dict(head_dim=32, num_hidden_layers=2, layer_types=["sliding_attention", "full_attention"], sliding_window=8,
+              query_pre_attn_scalar=24, final_logit_softcapping=30.0)
+OWN = {"gemma3": GEMMA3}
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3"])
+@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3", "gemma3"])
 def checkpoint(request, tmp_path_factory):
     directory = tmp_path_factory.mktemp(request.param)
-    tiny.build(request.param, directory, **SHAPE)
+    tiny.build(request.param, directory, **SHAPE | OWN.get(request.param, {}))
     return directory
 
 
@@ -49,12 +55,13 @@ def block_type(name: str, arch: str) -> gguf.GGMLQuantizationType:
     return LUT_TYPES.get(kind, BLOCK_TYPES[kind]) if arch == "qwen2" else BLOCK_TYPES[kind]
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2"])
+@pytest.fixture(scope="module", params=["llama", "qwen2", "gemma3"])
 def gguf_file(request, tmp_path_factory):
     """A tiny model as a GGUF file of blocks (llama: Q/K rows in llama.cpp's order, rotated interleaved)."""
     directory = tmp_path_factory.mktemp(f"{request.param}-gguf")
+    own = dict(head_dim=64, sliding_window=8) if request.param == "gemma3" else {}
     model = tiny.build(request.param, directory, hidden_size=256, intermediate_size=512, num_attention_heads=4,
-                       num_key_value_heads=2, vocab_size=1024)  # K-quant rows of 256; whole 16-row groups
+                       num_key_value_heads=2, vocab_size=1024, **own)  # K-quant rows of 256; whole 16-row groups
     types = {name: block_type(name, request.param) for name in model.state_dict()
              if name.endswith(".weight") and name.split(".")[-2] in BLOCK_TYPES}
     return tiny.write_gguf(directory / "tiny.gguf", model, request.param, types=types)
@@ -216,11 +223,9 @@ def test_fused_step_serves_phi3_and_steps_aside_for_a_partial_rotary(phi3):
     assert decoder(phi3 / "partial").fused is None
 
 
-LACKS = {"sliding-window attention": dict(sliding_window=8), "experts": dict(num_experts=4, num_experts_per_tok=2),
-         "sandwich norms": dict(sandwich_norms=True), "offset norms": dict(norm_weight_offset=1.0),
-         "a GELU MLP": dict(hidden_act="gelu_pytorch_tanh"), "a query scale of its own": dict(query_pre_attn_scalar=8),
-         "RoPE over part of each head": dict(rotary_dim=8), "scaled embeddings": dict(embedding_scale=8.0),
-         "soft-capped logits": dict(final_logit_softcapping=30.0), "attention without RoPE": dict(use_rope=False),
+LACKS = {"experts": dict(num_experts=4, num_experts_per_tok=2),
+         "an MLP activation other than SiLU or GELU(tanh)": dict(hidden_act="relu"),
+         "RoPE over part of each head": dict(rotary_dim=8), "attention without RoPE": dict(use_rope=False),
          "scaled residuals or logits": dict(logit_scale=2.0),
          "a recurrent mixer": dict(architecture="lfm2", layer_types=["conv", "full_attention"], short_conv_kernel=3),
          "layers of several KV shapes": dict(layer_types=["sliding_attention", "full_attention"], global_head_dim=32),
@@ -236,3 +241,17 @@ def test_the_step_refuses_a_model_by_the_feature_it_lacks_not_by_its_family(feat
     assert FusedDecode.refusal(dataclasses.replace(llama, architecture="gemma3")) is None
     assert FusedDecode.refusal(dataclasses.replace(llama, architecture="gemma4")) is None
     assert FusedDecode.refusal(dataclasses.replace(llama, **LACKS[feature])) == feature
+
+
+SERVES = {"sliding-window attention": dict(sliding_window=8), "sandwich norms": dict(sandwich_norms=True),
+          "offset norms": dict(norm_weight_offset=1.0), "a GELU MLP": dict(hidden_act="gelu_pytorch_tanh"),
+          "a query scale of its own": dict(query_pre_attn_scalar=8), "scaled embeddings": dict(embedding_scale=8.0),
+          "soft-capped logits": dict(final_logit_softcapping=30.0),
+          "RoPE bases per layer": dict(layer_types=["sliding_attention", "full_attention"], sliding_window=8,
+                                       rope_local_theta=1e4, rope_theta=1e6)}
+
+
+@pytest.mark.parametrize("feature", SERVES)
+def test_the_step_takes_what_gemma3_layers_have(feature):
+    llama = ModelConfig("llama", 100, 64, 128, 2, 4, 2, 16)
+    assert FusedDecode.refusal(dataclasses.replace(llama, **SERVES[feature])) is None

@@ -2,7 +2,8 @@
 and the LM head of up to 8 decode rows in one native call (kernels/decode_step.cpp), which leaves little
 beside the weight reads. Its residual stream stays float32 for the whole step, so in bf16 its tokens can
 differ from the per-layer path's (it is the closer of the two to float32); a row's logits never depend on the
-other rows. It computes one layer shape and refuses a model with a feature it lacks (refusal)."""
+other rows. Its layers may differ from each other as Gemma 3's do (window, RoPE table, norms, activation, attention
+scale: each a field of the layer's struct); it refuses a model with a feature it lacks (refusal)."""
 from __future__ import annotations
 
 import ctypes
@@ -14,10 +15,11 @@ from zhuzi.model.blocks import BlockWeight
 from zhuzi.model.families import family
 from zhuzi.model.kv_format import Q8_0
 from zhuzi.model.linear import BlockLinear, Linear
-from zhuzi.model.model_config import Mixer, Mlp, ModelConfig
+from zhuzi.model.model_config import Mlp, ModelConfig
 
 MAX_ROWS = 8
 _DENSE, _BLOCKS = range(2)  # kernels/decode_step.h's Kind
+_ACTIVATIONS = {"silu": 0, "gelu_pytorch_tanh": 1}  # its Activation
 
 
 class _Mat(ctypes.Structure):
@@ -27,17 +29,19 @@ class _Mat(ctypes.Structure):
 
 class _Layer(ctypes.Structure):
     _fields_ = [("input_norm", ctypes.c_void_p), ("qkv", _Mat), ("q_norm", ctypes.c_void_p),
-                ("k_norm", ctypes.c_void_p), ("o", _Mat), ("post_norm", ctypes.c_void_p), ("gate_up", _Mat),
-                ("down", _Mat)]
+                ("k_norm", ctypes.c_void_p), ("o", _Mat), ("attn_out_norm", ctypes.c_void_p),
+                ("post_norm", ctypes.c_void_p), ("gate_up", _Mat), ("down", _Mat), ("mlp_out_norm", ctypes.c_void_p),
+                ("cos", ctypes.c_void_p), ("sin", ctypes.c_void_p), ("norm_offset", ctypes.c_float),
+                ("scale", ctypes.c_float), ("window", ctypes.c_int64), ("activation", ctypes.c_int32)]
 
 
 class _Args(ctypes.Structure):
     _fields_ = [("layers", ctypes.c_void_p), ("num_layers", ctypes.c_int64), ("norm", ctypes.c_void_p),
                 ("lm_head", _Mat), ("heads", ctypes.c_int64), ("kv_heads", ctypes.c_int64),
                 ("head_dim", ctypes.c_int64), ("hidden", ctypes.c_int64), ("ffn", ctypes.c_int64),
-                ("eps", ctypes.c_float), ("scale", ctypes.c_float), ("embed", ctypes.c_void_p),
-                ("ids", ctypes.c_void_p), ("positions", ctypes.c_void_p), ("cos", ctypes.c_void_p),
-                ("sin", ctypes.c_void_p), ("kv", ctypes.c_void_p), ("num_slots", ctypes.c_int64),
+                ("eps", ctypes.c_float), ("norm_offset", ctypes.c_float), ("embed_scale", ctypes.c_float),
+                ("softcap", ctypes.c_float), ("embed", ctypes.c_void_p), ("ids", ctypes.c_void_p),
+                ("positions", ctypes.c_void_p), ("kv", ctypes.c_void_p), ("num_slots", ctypes.c_int64),
                 ("slots", ctypes.c_void_p), ("lens", ctypes.c_void_p), ("width", ctypes.c_int64),
                 ("logits", ctypes.c_void_p), ("threads", ctypes.c_int32), ("embed_type", ctypes.c_int32),
                 ("embed_row_bytes", ctypes.c_int64), ("rope_interleaved", ctypes.c_int32), ("kv_q8", ctypes.c_int32),
@@ -78,47 +82,49 @@ class FusedDecode:
         c = decoder.config
         self.fn, self.decoder = fn, decoder  # the decoder owns every tensor the structs point at, but the biases
         self.biases: list[torch.Tensor] = []
-        mats = [[_mat(getattr(layer, part), self.biases) for part in ("qkv", "o", "gate_up", "down")]
-                for layer in decoder.layers]
-        self.layers = (_Layer * c.num_layers)(*[
-            _Layer(_ptr(layer.input_norm), qkv, _ptr(layer.q_norm), _ptr(layer.k_norm), o, _ptr(layer.post_norm),
-                   gate_up, down) for layer, (qkv, o, gate_up, down) in zip(decoder.layers, mats)])
-        rotary = decoder.rotaries[0]  # refusal(): every layer's
-        self.cos, self.sin = rotary.cos.contiguous(), rotary.sin.contiguous()
+        self.tables = [(r.cos.contiguous(), r.sin.contiguous()) for r in decoder.rotaries]  # kept alive here
+        self.layers = (_Layer * c.num_layers)(*[self._layer(layer) for layer in decoder.layers])
         embed = decoder.embed
         blocks = isinstance(embed, BlockWeight)
+        # the embedding scale rounded to the activations' dtype, as the per-layer path (and transformers) takes it
+        embed_scale = torch.tensor(c.embedding_scale, dtype=decoder.dtype).item()
         self.args = _Args(ctypes.addressof(self.layers), c.num_layers, _ptr(decoder.norm),
                           _mat(decoder.lm_head, self.biases),
                           c.num_heads, c.num_kv_heads, c.head_dim, c.hidden_size, c.intermediate_size,
-                          c.rms_norm_eps, c.head_dim ** -0.5, _ptr(embed.data if blocks else embed), cos=_ptr(self.cos),
-                          sin=_ptr(self.sin), embed_type=int(embed.qtype) if blocks else 0,
+                          c.rms_norm_eps, c.norm_weight_offset or 0.0, embed_scale, c.final_logit_softcapping or 0.0,
+                          _ptr(embed.data if blocks else embed), embed_type=int(embed.qtype) if blocks else 0,
                           embed_row_bytes=embed.data.stride(0) if blocks else 0, rope_interleaved=c.rope_interleaved)
         self.vocab = decoder.lm_head.out_features if isinstance(decoder.lm_head, BlockLinear) \
             else decoder.lm_head.weight.shape[0]
 
+    def _layer(self, layer) -> _Layer:
+        """The kernel's view of a decoder layer (refusal() has checked that it computes it)."""
+        spec = layer.spec
+        qkv, o, gate_up, down = (_mat(getattr(layer, part), self.biases) for part in ("qkv", "o", "gate_up", "down"))
+        cos, sin = self.tables[layer.rope]
+        return _Layer(_ptr(layer.input_norm), qkv, _ptr(layer.q_norm), _ptr(layer.k_norm), o,
+                      _ptr(layer.attn_out_norm), _ptr(layer.post_norm), gate_up, down, _ptr(layer.mlp_out_norm),
+                      _ptr(cos), _ptr(sin), spec.norm_offset or 0.0, spec.query_scalar ** -0.5, spec.window or 0,
+                      _ACTIVATIONS[spec.activation])
+
     @staticmethod
     def refusal(config: ModelConfig) -> str | None:
-        """The first feature of the model the kernel lacks, or None: it computes full attention with an optional
-        QKV bias and q/k norms, one RoPE over whole heads, RMSNorm before attention and a dense SiLU MLP, every
-        layer writing K/V of one shape."""
+        """The first feature of the model the kernel lacks, or None: it computes attention over the whole context
+        or a sliding window with an optional QKV bias and q/k norms, a RoPE over whole heads (a table per layer),
+        a query scale of its own, RMSNorms of w or (offset + w) before attention and the MLP and optionally on
+        their outputs (sandwich norms), a dense SiLU or GELU(tanh) MLP, scaled embeddings and soft-capped logits,
+        every layer writing K/V of one shape."""
         specs, d = family(config.architecture).layers(config), config.head_dim
         lacks = {
             "a recurrent mixer": any(not s.mixer.keeps_kv for s in specs),
-            "sliding-window attention": any(s.mixer is Mixer.SLIDING_ATTENTION for s in specs),
             "a gated attention output": any(s.output_gate for s in specs),
             "experts": any(s.mlp is not Mlp.DENSE for s in specs),
             "layers of several KV shapes": len({(s.kv_heads, s.head_dim) for s in specs}) > 1,
-            "sandwich norms": any(s.sandwich_norms for s in specs),
-            "offset norms": config.norm_weight_offset is not None or any(s.norm_offset is not None for s in specs),
-            "a GELU MLP": any(s.activation != "silu" for s in specs),
+            "an MLP activation other than SiLU or GELU(tanh)": any(s.activation not in _ACTIVATIONS for s in specs),
             "attention sinks": any(s.sinks for s in specs),
             "an output-projection bias": any(s.o_bias for s in specs),
-            "a query scale of its own": any(s.query_scalar != s.head_dim for s in specs),
-            "RoPE bases per layer": any(s.rope != specs[0].rope for s in specs),
             "RoPE over part of each head": any(s.rope and s.rope.rotary_dim not in (None, d) for s in specs),
             "attention without RoPE": any(s.rope is None for s in specs),
-            "scaled embeddings": config.embedding_scale != 1.0,
-            "soft-capped logits": config.final_logit_softcapping is not None,
             "scaled residuals or logits": config.residual_scale != 1.0 or config.logit_scale != 1.0,
             "layers without K/V of their own": any(s.kv_source is not None or not s.mixer.keeps_kv for s in specs),
             "V normed or shared with K": any(s.value_norm or s.values_are_keys for s in specs),

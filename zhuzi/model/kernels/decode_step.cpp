@@ -39,6 +39,16 @@ using Act = float;
 using Dense = BF16F32;  // bf16 weights widened against float inputs
 #endif
 
+// 1 / RMS(x[0..n)) with RMSNorm's epsilon.
+static inline float inv_rms(const float* x, int64_t n, float eps) {
+  vf ss{};
+  int64_t i = 0;
+  for (; i + VL <= n; i += VL) { const vf v = load_vf(x + i); ss = fmadd(v, v, ss); }
+  float tail = 0.f;
+  for (; i < n; ++i) tail = fmadd(x[i], x[i], tail);
+  return 1.f / std::sqrt((hsum(ss) + tail) / float(n) + eps);
+}
+
 // One matrix's input rows, as each thread prepares them for itself (no barrier needed): float rows (an
 // RMSNorm's output, an activation), then the form each weight kind reads, made on first use: q8 blocks for
 // GGUF blocks, and for bf16 weights the rows in bf16 (AVX-512) or in the weights' even / odd split (elsewhere).
@@ -51,22 +61,15 @@ struct Inputs {
   int64_t K = 0;
   bool dense_ready = false, q8_ready[2] = {};
 
-  // Rows of float32 values, optionally RMS-normalised with weight w.
-  void set(const float* src, int rows, int64_t width, const uint16_t* w = nullptr, float eps = 0.f) {
+  // Rows of float32 values, optionally RMS-normalised with weight (offset + w).
+  void set(const float* src, int rows, int64_t width, const uint16_t* w = nullptr, float eps = 0.f,
+           float offset = 0.f) {
     M = rows, K = width, dense_ready = q8_ready[0] = q8_ready[1] = false, bf16 = nullptr;
     at_least(f, M * K);
     for (int m = 0; m < M; ++m) {
       const float* s = src + m * K;
-      float r = 1.f;
-      if (w) {
-        vf ss{};
-        int64_t i = 0;
-        for (; i + VL <= K; i += VL) { const vf v = load_vf(s + i); ss = fmadd(v, v, ss); }
-        float tail = 0.f;
-        for (; i < K; ++i) tail = fmadd(s[i], s[i], tail);
-        r = 1.f / std::sqrt((hsum(ss) + tail) / float(K) + eps);
-      }
-      for (int64_t i = 0; i < K; ++i) f[m * K + i] = w ? s[i] * r * widen(w[i]) : s[i];
+      const float r = w ? inv_rms(s, K, eps) : 1.f;
+      for (int64_t i = 0; i < K; ++i) f[m * K + i] = w ? s[i] * r * (offset + widen(w[i])) : s[i];
     }
   }
 #if ZHUZI_AVX512
@@ -177,11 +180,10 @@ static void matmul(const Mat& a, Inputs& in, const Barrier& sync, Emit emit) {
   sync();
 }
 
-static void head_norm(float* x, const uint16_t* w, int64_t D, float eps) {
-  float ss = 0.f;
-  for (int64_t i = 0; i < D; ++i) ss = fmadd(x[i], x[i], ss);
-  const float r = 1.f / std::sqrt(ss / float(D) + eps);
-  for (int64_t i = 0; i < D; ++i) x[i] = x[i] * r * widen(w[i]);
+// RMSNorm of n values in place, with weight (offset + w).
+static void norm_in_place(float* x, const uint16_t* w, int64_t n, float eps, float offset) {
+  const float r = inv_rms(x, n, eps);
+  for (int64_t i = 0; i < n; ++i) x[i] = x[i] * r * (offset + widen(w[i]));
 }
 
 // RoPE: frequency i turns dims (i, i + D/2) (the Hugging Face layout), or (2i, 2i + 1) when interleaved.
@@ -194,17 +196,48 @@ static void rope(float* x, const float* cos, const float* sin, int64_t D, bool i
   }
 }
 
-// Row `id` of the embedding, as float.
+// Row `id` of the embedding, as float, times the embedding scale.
 static void embedding(const Args& a, int64_t id, float* h) {
   if (!a.embed_type) {
     for (int64_t i = 0; i < a.hidden; ++i) h[i] = widen(a.embed[id * a.hidden + i]);
-    return;
+  } else {
+    const auto* row = reinterpret_cast<const uint8_t*>(a.embed) + id * a.embed_row_bytes;
+    blocks::with_format(a.embed_type, [&](auto f) {
+      using F = decltype(f);
+      for (int64_t b = 0; b < a.hidden / F::QK; ++b) blocks::values<F>(row + b * F::BYTES, h + b * F::QK);
+    });
   }
-  const auto* row = reinterpret_cast<const uint8_t*>(a.embed) + id * a.embed_row_bytes;
-  blocks::with_format(a.embed_type, [&](auto f) {
-    using F = decltype(f);
-    for (int64_t b = 0; b < a.hidden / F::QK; ++b) blocks::values<F>(row + b * F::BYTES, h + b * F::QK);
+  if (a.embed_scale != 1.f)
+    for (int64_t i = 0; i < a.hidden; ++i) h[i] *= a.embed_scale;
+}
+
+// The MLP's gate applied to its up value.
+static inline float gated(float g, float u, int32_t activation) {
+  if (activation == GELU_TANH)  // 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3)))
+    return 0.5f * g * (1.f + std::tanh(0.7978845608f * fmadd(0.044715f * g * g, g, g))) * u;
+  return g / (1.f + expf(-g)) * u;
+}
+
+// A sublayer's output (attention's O, the MLP's down) into the residual stream h: added as its row groups come,
+// or, where the layer norms it first (sandwich norms), gathered in sub and normed as whole rows once all are in.
+template <int M>
+static void to_residual(const Mat& a, Inputs& in, const Barrier& sync, const uint16_t* norm, const Args& args,
+                        float offset, float* h, float* sub) {
+  const int64_t E = args.hidden;
+  matmul<M>(a, in, sync, [&](int64_t n0, int count, float out[M][GROUP]) {
+    for (int m = 0; m < M; ++m)
+      for (int r = 0; r < count; ++r) {
+        float* x = (norm ? sub : h) + m * E + n0 + r;
+        *x = norm ? out[m][r] : *x + out[m][r];
+      }
   });
+  if (!norm) return;
+#pragma omp for schedule(static) nowait
+  for (int m = 0; m < M; ++m) {
+    norm_in_place(sub + m * E, norm, E, args.eps, offset);
+    for (int64_t i = 0; i < E; ++i) h[m * E + i] += sub[m * E + i];
+  }
+  sync();
 }
 
 // The query heads of kv head kh: each K/V row is read once for all of them.
@@ -235,7 +268,7 @@ static int run(const Args& a) {
   const int64_t H = a.heads, KV = a.kv_heads, D = a.head_dim, E = a.hidden, F = a.ffn, V = a.lm_head.n;
   const int64_t QKV = (H + 2 * KV) * D;
   const int64_t pool = a.num_slots * KV * (a.kv_q8 ? head_width<uint8_t>(D) : 2 * D);  // bytes of a layer's K
-  std::vector<float> h(M * E), qkv(M * QKV), act(M * F);
+  std::vector<float> h(M * E), sub(M * E), qkv(M * QKV), act(M * F);
   std::vector<Act> q(M * H * D), attn(M * H * D);
   for (int m = 0; m < M; ++m) embedding(a, a.ids[m], &h[m * E]);
   int bad = 0;
@@ -249,7 +282,7 @@ static int run(const Args& a) {
       const Layer& L = a.layers[l];
       char* kc = static_cast<char*>(a.kv) + 2 * l * pool;
       char* vc = kc + pool;
-      in.set(h.data(), M, E, L.input_norm, a.eps);
+      in.set(h.data(), M, E, L.input_norm, a.eps, L.norm_offset);
       matmul<M>(L.qkv, in, sync, [&](int64_t n0, int count, float out[M][GROUP]) {
         for (int m = 0; m < M; ++m) std::memcpy(&qkv[m * QKV + n0], out[m], count * 4);
       });
@@ -258,33 +291,31 @@ static int run(const Args& a) {
 #pragma omp for schedule(static) nowait
       for (int64_t i = 0; i < M * KV; ++i) {
         const int64_t m = i / KV, kh = i % KV, QPK = H / KV;
-        const float* cos = a.cos + a.positions[m] * (D / 2);
-        const float* sin = a.sin + a.positions[m] * (D / 2);
+        const float* cos = L.cos + a.positions[m] * (D / 2);
+        const float* sin = L.sin + a.positions[m] * (D / 2);
         for (int64_t j = kh * QPK; j < (kh + 1) * QPK; ++j) {
           float* x = &qkv[m * QKV + j * D];
-          if (L.q_norm) head_norm(x, L.q_norm, D, a.eps);
+          if (L.q_norm) norm_in_place(x, L.q_norm, D, a.eps, L.norm_offset);
           rope(x, cos, sin, D, a.rope_interleaved);
           for (int64_t d = 0; d < D; ++d) store(x[d], &q[(m * H + j) * D + d]);
         }
         const int64_t slot = a.slots[m * a.width + a.lens[m] - 1];
         if (slot < 0 || slot >= a.num_slots) { bad = 1; continue; }
         float* x = &qkv[m * QKV + (H + kh) * D];
-        if (L.k_norm) head_norm(x, L.k_norm, D, a.eps);
+        if (L.k_norm) norm_in_place(x, L.k_norm, D, a.eps, L.norm_offset);
         rope(x, cos, sin, D, a.rope_interleaved);
         write_head(x, kc, slot * KV + kh, D, a.kv_q8);
         write_head(x + KV * D, vc, slot * KV + kh, D, a.kv_q8);
+        const int64_t begin = L.window > 0 ? std::max<int64_t>(0, a.lens[m] - L.window) : 0;  // the window's first
         (a.kv_q8 ? attend_group<uint8_t> : attend_group<uint16_t>)(
-            D, &q[m * H * D], kc, vc, a.slots + m * a.width, a.lens[m], &attn[m * H * D], int(kh), int(H),
-            int(KV), a.num_slots, a.scale, &bad);
+            D, &q[m * H * D], kc, vc, a.slots + m * a.width + begin, a.lens[m] - begin, &attn[m * H * D], int(kh),
+            int(H), int(KV), a.num_slots, L.scale, &bad);
       }
       sync();
       in.use(attn.data(), M, H * D);
-      matmul<M>(L.o, in, sync, [&](int64_t n0, int count, float out[M][GROUP]) {
-        for (int m = 0; m < M; ++m)
-          for (int r = 0; r < count; ++r) h[m * E + n0 + r] += out[m][r];
-      });
-      in.set(h.data(), M, E, L.post_norm, a.eps);
-      // A work item computes 16 gate rows and the 16 matching up rows, and applies SiLU(gate) * up itself.
+      to_residual<M>(L.o, in, sync, L.attn_out_norm, a, L.norm_offset, h.data(), sub.data());
+      in.set(h.data(), M, E, L.post_norm, a.eps, L.norm_offset);
+      // A work item computes 16 gate rows and the 16 matching up rows, and applies the activation itself.
       const Mat gate = {L.gate_up.kind, L.gate_up.w, L.gate_up.bias, F, E};
       Mat up = gate;
       if (gate.kind == DENSE) up.w = static_cast<const uint16_t*>(gate.w) + F * E;
@@ -295,18 +326,17 @@ static int run(const Args& a) {
         group_outputs<M>(gate, in, c * GROUP, GROUP, g);
         group_outputs<M>(up, in, c * GROUP, GROUP, u);
         for (int m = 0; m < M; ++m)
-          for (int r = 0; r < GROUP; ++r) act[m * F + c * GROUP + r] = g[m][r] / (1.f + expf(-g[m][r])) * u[m][r];
+          for (int r = 0; r < GROUP; ++r) act[m * F + c * GROUP + r] = gated(g[m][r], u[m][r], L.activation);
       }
       sync();
       in.set(act.data(), M, F);
-      matmul<M>(L.down, in, sync, [&](int64_t n0, int count, float out[M][GROUP]) {
-        for (int m = 0; m < M; ++m)
-          for (int r = 0; r < count; ++r) h[m * E + n0 + r] += out[m][r];
-      });
+      to_residual<M>(L.down, in, sync, L.mlp_out_norm, a, L.norm_offset, h.data(), sub.data());
     }
-    in.set(h.data(), M, E, a.norm, a.eps);
+    in.set(h.data(), M, E, a.norm, a.eps, a.norm_offset);
     matmul<M>(a.lm_head, in, sync, [&](int64_t n0, int count, float out[M][GROUP]) {
-      for (int m = 0; m < M; ++m) std::memcpy(a.logits + m * V + n0, out[m], count * 4);
+      for (int m = 0; m < M; ++m)
+        for (int r = 0; r < count; ++r)
+          a.logits[m * V + n0 + r] = a.softcap > 0.f ? std::tanh(out[m][r] / a.softcap) * a.softcap : out[m][r];
     });
   }
   return bad;

@@ -7,6 +7,8 @@ namespace step {
 
 // DENSE: bf16 rows; BLOCKS: GGUF block matrices (block_prefill.h's Parts)
 enum Kind : int32_t { DENSE = 0, BLOCKS = 1 };
+// The MLP's gate: SiLU(gate) * up, or GELU(gate) * up with GELU's tanh approximation (Gemma)
+enum Activation : int32_t { SILU = 0, GELU_TANH = 1 };
 
 struct Mat {
   int32_t kind;
@@ -15,15 +17,24 @@ struct Mat {
   int64_t n, k;
 };
 
+// One decoder layer; a layer's fields may differ from the next one's (Gemma 3's local and global layers).
 struct Layer {
   const uint16_t* input_norm;
   Mat qkv;
   const uint16_t* q_norm;  // [head_dim] (Qwen3), or null
   const uint16_t* k_norm;
   Mat o;
+  const uint16_t* attn_out_norm;  // sandwich norms: on attention's output before the residual add, or null
   const uint16_t* post_norm;
   Mat gate_up;  // gate rows, then up rows
   Mat down;
+  const uint16_t* mlp_out_norm;   // sandwich norms: on the MLP's output, or null
+  const float* cos;               // the layer's RoPE table [positions, head_dim / 2]
+  const float* sin;
+  float norm_offset;              // every norm of the layer scales by (norm_offset + w): 0, or 1 (Gemma)
+  float scale;                    // attention scale
+  int64_t window;                 // a sliding window's tokens (its own included), or 0: the whole context
+  int32_t activation;
 };
 
 struct Args {
@@ -32,12 +43,13 @@ struct Args {
   const uint16_t* norm;
   Mat lm_head;
   int64_t heads, kv_heads, head_dim, hidden, ffn;
-  float eps, scale;           // RMSNorm epsilon, attention scale
+  float eps;                  // RMSNorm epsilon
+  float norm_offset;          // the final norm scales by (norm_offset + w)
+  float embed_scale;          // embedding rows are multiplied by it (Gemma: sqrt(hidden))
+  float softcap;              // logits -> tanh(logits / softcap) * softcap, or 0: none
   const uint16_t* embed;      // [vocab, hidden]
   const int64_t* ids;         // [M]
   const int64_t* positions;   // [M]
-  const float* cos;           // [positions, head_dim / 2]
-  const float* sin;
   void* kv;                   // [layers, 2, slots, kv_heads, head_dim] bf16, or of q8_0 heads (kv_q8)
   int64_t num_slots;
   const int64_t* slots;       // [M, width]: the last of row m's lens[m] slots is its new token's
