@@ -217,10 +217,3 @@ def test_models_without_a_models_dir_reads_the_stores_a_person_has(tmp_path, mon
     out = zhuzi("models")
     assert out.returncode == 0 and out.stderr == ""
     assert out.stdout.splitlines()[1].split()[:5] == ["smollm2:latest", "98", "MB", "llama", "yes"]
-
-
-def test_serve_with_a_models_dir_says_in_one_line_that_it_is_not_built_yet(tmp_path):
-    (tmp_path / "smol.gguf").symlink_to(default_model_path())
-    out = zhuzi("serve", "--models-dir", str(tmp_path), "--port", "1")
-    assert out.returncode != 0 and out.stderr.strip().count("\n") == 0, out.stderr
-    assert "--models-dir: serving the 1 models found there" in out.stderr and "zhuzi models" in out.stderr
