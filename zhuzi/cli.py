@@ -96,6 +96,8 @@ def _model_set(config: ServerConfig, engine_config: EngineConfig, parallel: Para
     from zhuzi.presets import Presets
     from zhuzi.server.models import ModelSet, ModelSpec, ServedModel, seconds
 
+    keep_alive = seconds(config.keep_alive)
+    memory = parse_bytes(config.models_memory) if config.models_memory else None
     entries = {entry.id: entry for entry in Catalog.scan(config.models_dirs).entries()}
     if not entries:
         raise ValueError(f"--models-dir: no model in {', '.join(config.models_dirs)}")
@@ -113,8 +115,6 @@ def _model_set(config: ServerConfig, engine_config: EngineConfig, parallel: Para
             engine.close()
             raise
 
-    keep_alive = seconds(config.keep_alive)
-    memory = parse_bytes(config.models_memory) if config.models_memory else None
     # Each replica holds the weights and a KV pool.
     source = {name: ModelSpec(name, entry.path, (entry.size + configs[name].kv_cache_bytes)
                               * parallel.data_parallel_size) for name, entry in entries.items()}
