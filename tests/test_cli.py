@@ -117,6 +117,17 @@ def test_a_bad_model_path_is_a_one_line_error():
     assert "/no/such/model.gguf" in out.stderr and "no such file" in out.stderr
 
 
+@pytest.mark.parametrize(("args", "error"), [
+    (["x.gguf", "--models-dir", "."], "one MODEL or --models-dir, not both"),
+    (["--models-dir", "/no/such/dir"], "/no/such/dir"),
+    (["--models-dir", ".", "--keep-alive", "soon"], "'soon' is not a duration"),
+])
+def test_a_bad_models_dir_or_keep_alive_is_a_one_line_error(args, error):
+    out = zhuzi("serve", *args)
+    assert out.returncode != 0 and out.stderr.strip().count("\n") == 0
+    assert error in out.stderr
+
+
 def test_a_bad_speculative_config_is_a_one_line_error():
     out = zhuzi("generate", "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 0}', "hi")
     assert out.returncode != 0 and out.stderr.strip().count("\n") == 0
@@ -206,10 +217,3 @@ def test_models_without_a_models_dir_reads_the_stores_a_person_has(tmp_path, mon
     out = zhuzi("models")
     assert out.returncode == 0 and out.stderr == ""
     assert out.stdout.splitlines()[1].split()[:5] == ["smollm2:latest", "98", "MB", "llama", "yes"]
-
-
-def test_serve_with_a_models_dir_says_in_one_line_that_it_is_not_built_yet(tmp_path):
-    (tmp_path / "smol.gguf").symlink_to(default_model_path())
-    out = zhuzi("serve", "--models-dir", str(tmp_path), "--port", "1")
-    assert out.returncode != 0 and out.stderr.strip().count("\n") == 0, out.stderr
-    assert "--models-dir: serving the 1 models found there" in out.stderr and "zhuzi models" in out.stderr

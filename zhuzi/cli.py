@@ -12,9 +12,10 @@ import os
 import sys
 import threading
 from concurrent.futures import Future
+from dataclasses import replace
 
 from zhuzi import bench, settings
-from zhuzi.config import EngineConfig, ParallelConfig, ServerConfig
+from zhuzi.config import EngineConfig, ParallelConfig, ServerConfig, parse_bytes
 
 log = logging.getLogger("zhuzi")
 
@@ -43,14 +44,12 @@ def cmd_serve(args: argparse.Namespace) -> None:
     # Tokenizing runs in the server's low-priority worker threads (see serving.py), not in a pool of its own.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     config, engine_config = serve_configs(args)
-    if config.models_dirs:
-        from zhuzi.catalog import Catalog
-        found = len(Catalog.scan(config.models_dirs).entries())
-        raise ValueError(f"--models-dir: serving the {found} models found there (each loaded on its first request) "
-                         "is not built yet; `zhuzi models` lists them, `zhuzi serve MODEL` serves one")
-    load_model_config(engine_config.model)  # a model zhuzi cannot run: one line, before the port opens
-    check_tool_parser(config.tool_call_parser)  # a parser that does not exist: the same
+    check_tool_parser(config.tool_call_parser)  # a parser that does not exist: one line, before the port opens
     check_reasoning_parser(config.reasoning_parser)
+    if config.models_dirs and args.model:
+        raise ValueError("zhuzi serve takes one MODEL or --models-dir, not both")
+    if not config.models_dirs:
+        load_model_config(engine_config.model)  # a model zhuzi cannot run: the same
     if engine_config.scheduling_policy is None:  # many keys, many tenants: share the engine fairly
         engine_config.scheduling_policy = "fair" if config.api_keys else "fcfs"
     parallel = ParallelConfig.from_cli_args(args)
@@ -64,6 +63,12 @@ def cmd_serve(args: argparse.Namespace) -> None:
                          "--data-parallel-size")
     if parallel.engine_process and parallel.data_parallel_backend == "ray":
         init_ray(parallel.ray_address)  # in the main thread, before any other starts
+    if config.models_dirs:
+        models = _model_set(config, engine_config, parallel, args.given)
+        log.info("%d models in %s, each loaded as a request names it: %s", len(models.models),
+                 ", ".join(config.models_dirs), ", ".join(models.models))
+        _run_server(models, config, models.close)
+        return
     log.info("loading %s (%s) in the background; /health answers 503 until it is ready",
              engine_config.model or "the embedded SmolLM2-135M-Instruct", engine_config.precision)
     # Launched before this process starts a thread or runs torch: the engine-core processes are forked and
@@ -80,6 +85,44 @@ def cmd_serve(args: argparse.Namespace) -> None:
 
     # The engine cores load while this process imports the HTTP side and starts listening (seconds on two cores).
     threading.Thread(target=load, name="zhuzi-load-engine", daemon=True).start()
+    _run_server(loading.result, config, client.close)
+
+
+def _model_set(config: ServerConfig, engine_config: EngineConfig, parallel: ParallelConfig, given: set[str]):
+    """The models the catalog finds in --models-dir, each started as a request names it, with the flags given
+    (under --models-preset, its table's beneath them)."""
+    from zhuzi.catalog import Catalog
+    from zhuzi.engine.front.core_client import EngineCoreClient
+    from zhuzi.presets import Presets
+    from zhuzi.server.models import ModelSet, ModelSpec, ServedModel, seconds
+
+    keep_alive = seconds(config.keep_alive)
+    memory = parse_bytes(config.models_memory) if config.models_memory else None
+    entries = {entry.id: entry for entry in Catalog.scan(config.models_dirs).entries()}
+    if not entries:
+        raise ValueError(f"--models-dir: no model in {', '.join(config.models_dirs)}")
+    presets = Presets.read(config.models_preset) if config.models_preset else None
+    configs = {name: replace(presets.engine_config(name, engine_config, given) if presets else engine_config,
+                             model=str(entry.path)) for name, entry in entries.items()}
+
+    def start(spec: ModelSpec) -> ServedModel:
+        if (problem := entries[spec.id].problem) is not None:
+            raise ValueError(problem)
+        engine = EngineCoreClient(configs[spec.id], parallel).start()
+        try:
+            return ServedModel.ready(spec.id, engine, config.tool_call_parser, config.reasoning_parser)
+        except BaseException:
+            engine.close()
+            raise
+
+    # Each replica holds the weights and a KV pool.
+    source = {name: ModelSpec(name, entry.path, (entry.size + configs[name].kv_cache_bytes)
+                              * parallel.data_parallel_size) for name, entry in entries.items()}
+    return ModelSet(source, start, None if keep_alive == "default" else keep_alive, memory)
+
+
+def _run_server(engine, config: ServerConfig, close) -> None:
+    """Serve until a signal (or a failure) ends the server; close() stops the engines after."""
     import uvicorn
 
     from zhuzi.server.app import create_app
@@ -90,13 +133,13 @@ def cmd_serve(args: argparse.Namespace) -> None:
     def stop(reason: str) -> None:
         holder["server"].should_exit = True
 
-    app = create_app(loading.result, config, on_failure=stop)
+    app = create_app(engine, config, on_failure=stop)
     holder["server"] = GracefulServer(uvicorn.Config(app, host=config.host, port=config.port, log_config=None,
                                                      timeout_graceful_shutdown=2))
     try:
         holder["server"].run()
     finally:
-        client.close()
+        close()
     if (failure := app.state.server.failure) is not None:
         raise SystemExit(f"zhuzi: {failure}")  # exit status 1: a supervisor restarts the server
 

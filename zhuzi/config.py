@@ -409,6 +409,11 @@ class ServerConfig(Settings):
     reasoning_parser: str | None = setting(None, "read the reply's thought with this parser (deepseek_r1, qwen3, "
                                                  "gemma4, openai: the vocabulary's own; none: read no thought; "
                                                  "default: the one the vocabulary's tags make)")
+    keep_alive: str = setting("5m", "with --models-dir: how long a model stays loaded after its last request (a "
+                                    "duration as Ollama's keep_alive: 30s, 5m, 1h; negative: for ever)")
+    models_memory: str | None = setting(None, "with --models-dir: the bytes the loaded models may hold together "
+                                              "(weights and KV pools, e.g. 8GiB); the least recently used idle "
+                                              "one unloads to make room (default: no bound)")
     rate_limit_rpm: int | None = setting(None, "requests per minute per key")
     rate_limit_tpm: int | None = setting(None, "prompt + completion tokens per minute per key")
     max_waiting: int = setting(256, "sequences that may queue beyond --max-num-seqs before 429")

@@ -1,8 +1,9 @@
 """The server's assembly: what every API shares (common/serving.py's Server, the chat path), each API's router
 (OpenAI's, Anthropic's Messages, the Responses API, Ollama's, the inspector, the prefix-cache pins, the server's
 own status routes), the error handlers, and the OpenAPI spec. An error takes the shape of the router that
-received the request (OpenAI's error object where no route matched). The model loads in a thread: /health says
-503 until it is ready.
+received the request (OpenAI's error object where no route matched). One model loads in a thread: /health says
+503 until it is ready; a server of many models (models.py) loads each as a request names it, and releases the
+models a request held once its answer has ended (ReleaseModels).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import Response
 from pydantic.json_schema import models_json_schema
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 import zhuzi
 from zhuzi.config import ServerConfig
@@ -31,10 +33,11 @@ from zhuzi.server.common.chat import ChatPath
 from zhuzi.server.common.errors import ApiError, failure
 from zhuzi.server.common.gateway import GatewayError, retry_after_header
 from zhuzi.server.common.routes import ErrorRenderer, Intake
-from zhuzi.server.common.serving import Server
+from zhuzi.server.common.serving import Held, Server, held
 from zhuzi.server.inspect import protocol as ip
 from zhuzi.server.inspect import router as inspect_router
 from zhuzi.server.inspect.serving import Inspector
+from zhuzi.server.models import ModelSet
 from zhuzi.server.ollama import protocol as o
 from zhuzi.server.ollama import router as ollama_router
 from zhuzi.server.ollama.serving import Ollama
@@ -107,10 +110,32 @@ def _openapi(app: FastAPI) -> Callable[[], dict[str, Any]]:
     return openapi
 
 
-def create_app(engine: EngineClient | Callable[[], EngineClient], server_config: ServerConfig | None = None,
+class ReleaseModels:
+    """Around each HTTP request: the model it holds (Server.hold) is released once its answer, a stream's
+    last event included, has gone out."""
+
+    def __init__(self, app: ASGIApp, server: Server) -> None:
+        self.app, self.server = app, server
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or self.server.models is None:
+            await self.app(scope, receive, send)
+            return
+        request = Held()
+        token = held.set(request)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            held.reset(token)
+            if request.model is not None:
+                self.server.models.release(request.model)
+
+
+def create_app(engine: EngineClient | Callable[[], EngineClient] | ModelSet, server_config: ServerConfig | None = None,
                on_failure: Callable[[str], None] | None = None) -> FastAPI:
-    """The FastAPI app around an engine client, or around a callable that starts one (in a thread).
-    on_failure hears why the server cannot go on (the model failed to load, the engine failed)."""
+    """The FastAPI app around an engine client, around a callable that starts one (in a thread), or around a
+    set of models that each load as requests name them. on_failure hears why the server cannot go on (the
+    model failed to load, the engine failed)."""
     server = Server(engine, server_config or ServerConfig(), on_failure)
     intake = Intake(server, _FIELD_NAMES, UNSUPPORTED)
     chats = ChatPath(server)
@@ -122,8 +147,11 @@ def create_app(engine: EngineClient | Callable[[], EngineClient], server_config:
         watcher = asyncio.create_task(server.watch_engine())
         yield
         watcher.cancel()
+        if server.models is not None:
+            server.models.close()
 
     app = FastAPI(title="zhuzi", version=zhuzi.__version__, lifespan=lifespan)
+    app.add_middleware(ReleaseModels, server=server)
     app.state.server = server
     embeddings = Embeddings(server)
     store = ResponseStore(server.store, server.config.responses_ttl)
@@ -133,7 +161,7 @@ def create_app(engine: EngineClient | Callable[[], EngineClient], server_config:
                inspect_router.router(intake, Inspector(server)),
                pins_router.router(intake, CachePins(server)),
                ollama_router.router(intake, Ollama(chats, embeddings)),
-               status.router(server)]
+               status.router(intake)]
     for router in routers:
         app.include_router(router)
     app.state.routes = [route for router in routers for route in router.routes]

@@ -21,7 +21,7 @@ def test_every_dashboard_metric_is_exposed_with_its_value() -> None:
                         prefix_cache_queries=640, prefix_cache_hits=320)
     other = EngineStats(num_running=0, num_waiting=0, num_pages=100, num_free_pages=100,
                         prefix_cache_queries=16, prefix_cache_hits=0)
-    metrics = ServerMetrics(lambda: (MODEL, {0: stats, 1: other}))
+    metrics = ServerMetrics(lambda: {MODEL: {0: stats, 1: other}})
     timings = RequestMetrics(arrival_time=10.0, first_scheduled_time=10.5, first_token_time=11.0,
                              last_token_time=12.0, finished_time=12.0, decode_step_times=[0.5, 0.5])
     metrics.observe_request(MODEL, timings, prompt_tokens=30, generation_tokens=3, finish_reasons=["stop"])
@@ -53,7 +53,7 @@ def test_speculative_decoding_counters_have_vllms_names_and_meanings() -> None:
     spec.observe(3, 2)  # a proposal of 3 tokens, the first 2 accepted
     spec.observe(3, 0)
     stats = EngineStats(1, 0, 10, 10, 0, 0, spec)
-    got = samples(ServerMetrics(lambda: (MODEL, {0: stats})))
+    got = samples(ServerMetrics(lambda: {MODEL: {0: stats}}))
     model = (("model_name", MODEL), ("replica", "0"))
     assert got[("zhuzi:spec_decode_num_drafts_total", model)] == 2
     assert got[("zhuzi:spec_decode_num_draft_tokens_total", model)] == 6
@@ -61,12 +61,12 @@ def test_speculative_decoding_counters_have_vllms_names_and_meanings() -> None:
     per_pos = {dict(labels)["position"]: v for (name, labels), v in got.items()
                if name == "zhuzi:spec_decode_num_accepted_tokens_per_pos_total"}
     assert per_pos == {"0": 1, "1": 1, "2": 0}
-    without = samples(ServerMetrics(lambda: (MODEL, {0: EngineStats(1, 0, 10, 10, 0, 0)})))
+    without = samples(ServerMetrics(lambda: {MODEL: {0: EngineStats(1, 0, 10, 10, 0, 0)}}))
     assert not any(name.startswith("zhuzi:spec_decode") for name, _ in without)
 
 
 def test_engine_gauges_are_absent_while_the_model_loads() -> None:
-    names = {name for name, _ in samples(ServerMetrics(lambda: None))}
+    names = {name for name, _ in samples(ServerMetrics(dict))}
     assert "zhuzi:num_requests_running" not in names
     assert "zhuzi:kv_cache_usage_perc" not in names
 
@@ -74,7 +74,7 @@ def test_engine_gauges_are_absent_while_the_model_loads() -> None:
 def test_each_keys_load_and_usage_are_labelled_by_its_masked_id() -> None:
     stats = EngineStats(3, 1, 10, 5, 0, 0, tenants=[TenantLoad("", 1, 0), TenantLoad("key-3fa9c01b2e4d", 2, 1)])
     usage = [KeyUsage("key-3fa9c01b2e4d", 1200, 5000), KeyUsage("key-77aa00ff11ee", 40, None)]
-    got = samples(ServerMetrics(lambda: (MODEL, {0: stats}), lambda: usage))
+    got = samples(ServerMetrics(lambda: {MODEL: {0: stats}}, lambda: usage))
     labels = (("key", "key-3fa9c01b2e4d"), ("model_name", MODEL), ("replica", "0"))
     assert (got[("zhuzi:tenant_requests_running", labels)], got[("zhuzi:tenant_requests_waiting", labels)]) == (2, 1)
     assert not any(dict(key).get("key") == "" for _, key in got)  # a server without keys: the totals say it all
@@ -91,7 +91,7 @@ def test_kv_tiers_pins_and_transfers_are_counted_per_replica_and_tier() -> None:
         num_pins=1, pinned_pages=4, pinned_bytes=4096, kv_transfers_sent=2, kv_transfer_pages_sent=12)
     decode = EngineStats(0, 0, 10, 10, 0, 0, kv_transfers_received=1, kv_transfers_failed=1,
                          kv_transfer_pages_received=12)
-    got = samples(ServerMetrics(lambda: (MODEL, {0: stats, 1: decode})))
+    got = samples(ServerMetrics(lambda: {MODEL: {0: stats, 1: decode}}))
     replica0, replica1 = (("model_name", MODEL), ("replica", "0")), (("model_name", MODEL), ("replica", "1"))
     host, disk = replica0 + (("tier", "host"),), replica0 + (("tier", "disk"),)
     assert got[("zhuzi:kv_offload_hits_total", host)] == 48 and got[("zhuzi:kv_offload_hits_total", disk)] == 16

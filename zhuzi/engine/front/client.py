@@ -119,6 +119,9 @@ class EngineClient(Protocol):
     def fail(self, reason: str) -> None:
         """Declare the engine unusable: every open stream and every later call gets EngineDead(reason)."""
 
+    def close(self) -> None:
+        """Stop the engine (its cores exit) and release what it holds."""
+
     def stats(self) -> EngineStats:
         ...
 

@@ -26,14 +26,12 @@ disable_created_metrics()  # the *_created series only double the scrape size
 class EngineCollector(Collector):
     """Gauges and cumulative counters that the engine itself keeps."""
 
-    def __init__(self, engine_state: Callable[[], tuple[str, dict[int, EngineStats]] | None]) -> None:
-        self.engine_state = engine_state
+    def __init__(self, engine_state: Callable[[], dict[str, dict[int, EngineStats]]]) -> None:
+        self.engine_state = engine_state  # each loaded model's replicas' stats
 
     def collect(self) -> Iterator[Metric]:
-        state = self.engine_state()
-        if state is None:  # still loading
-            return
-        model, replicas = state
+        replicas = [(model, replica, stats) for model, states in self.engine_state().items()
+                    for replica, stats in sorted(states.items())]
         families = [
             (GaugeMetricFamily, "num_requests_running", "Sequences in the running batch.", "num_running"),
             (GaugeMetricFamily, "num_requests_waiting", "Sequences waiting to be scheduled.", "num_waiting"),
@@ -57,9 +55,9 @@ class EngineCollector(Collector):
              "kv_transfer_pages_received"),
         ]
         yield from families_of(families, ENGINE_LABELS,
-                               [([model, str(replica)], stats) for replica, stats in sorted(replicas.items())])
-        yield from self._tenants(model, replicas)
-        yield from self._spec_decoding(model, replicas)
+                               [([model, str(replica)], stats) for model, replica, stats in replicas])
+        yield from self._tenants(replicas)
+        yield from self._spec_decoding(replicas)
         # Each KV tier (host, disk) of each replica, labelled tier="host" or "disk" (and "host_states": a hybrid
         # model's cached states in host memory).
         yield from families_of([
@@ -73,23 +71,23 @@ class EngineCollector(Collector):
              "refused"),
             (CounterMetricFamily, "kv_offload_dropped", "Pages not stored: no room (all pinned) or the disk "
              "writer behind.", "dropped"),
-        ], ENGINE_LABELS + ["tier"], [([model, str(replica), name], tier) for replica, stats in sorted(replicas.items())
+        ], ENGINE_LABELS + ["tier"], [([model, str(replica), name], tier) for model, replica, stats in replicas
                                       for name, tier in sorted(stats.kv_tiers.items())])
 
     @staticmethod
-    def _tenants(model: str, replicas: dict[int, EngineStats]) -> Iterator[Metric]:
+    def _tenants(replicas: list[tuple[str, int, EngineStats]]) -> Iterator[Metric]:
         """Each API key's sequences (a server without keys has one anonymous tenant: the totals say it all)."""
         yield from families_of([
             (GaugeMetricFamily, "tenant_requests_running", "Sequences running, per API key.", "running"),
             (GaugeMetricFamily, "tenant_requests_waiting", "Sequences waiting, per API key.", "waiting"),
         ], ENGINE_LABELS + ["key"], [([model, str(replica), load.tenant], load)
-                                     for replica, stats in sorted(replicas.items()) for load in stats.tenants
+                                     for model, replica, stats in replicas for load in stats.tenants
                                      if load.tenant])
 
     @staticmethod
-    def _spec_decoding(model: str, replicas: dict[int, EngineStats]) -> Iterator[Metric]:
+    def _spec_decoding(replicas: list[tuple[str, int, EngineStats]]) -> Iterator[Metric]:
         """vLLM's speculative-decoding counters, for the replicas that speculate."""
-        specs = {replica: stats.spec_decoding for replica, stats in sorted(replicas.items())
+        specs = {(model, replica): stats.spec_decoding for model, replica, stats in replicas
                  if stats.spec_decoding is not None}
         yield from families_of([
             (CounterMetricFamily, "spec_decode_num_drafts", "Speculative proposals verified (one per sequence and "
@@ -97,13 +95,13 @@ class EngineCollector(Collector):
             (CounterMetricFamily, "spec_decode_num_draft_tokens", "Tokens proposed.", "num_draft_tokens"),
             (CounterMetricFamily, "spec_decode_num_accepted_tokens", "Proposed tokens the target model accepted.",
              "num_accepted_tokens"),
-        ], ENGINE_LABELS, [([model, str(replica)], spec) for replica, spec in specs.items()])
+        ], ENGINE_LABELS, [([model, str(replica)], spec) for (model, replica), spec in specs.items()])
         if not specs:
             return
         per_pos = CounterMetricFamily(PREFIX + "spec_decode_num_accepted_tokens_per_pos",
                                       "Proposals whose token at this position was accepted.",
                                       labels=ENGINE_LABELS + ["position"])
-        for replica, spec in specs.items():
+        for (model, replica), spec in specs.items():
             for position, value in enumerate(spec.num_accepted_tokens_per_pos):
                 per_pos.add_metric([model, str(replica), str(position)], value)
         yield per_pos
@@ -140,7 +138,7 @@ def families_of(specs: list[tuple[type, str, str, str]], labels: list[str],
 
 
 class ServerMetrics:
-    def __init__(self, engine_state: Callable[[], tuple[str, dict[int, EngineStats]] | None],
+    def __init__(self, engine_state: Callable[[], dict[str, dict[int, EngineStats]]],
                  usage: Callable[[], list[KeyUsage]] = list) -> None:
         self.registry = CollectorRegistry()
 

@@ -68,11 +68,14 @@ class Intake:
                                                 request.headers.get("x-api-key"))
 
     async def admitted(self, request: Request, body_model: type[ModelT]) -> tuple[str, ModelT]:
-        """The caller's key and the parsed body, in the order that spends least on a refusal."""
+        """The caller's key and the parsed body, in the order that spends least on a refusal; the model the body
+        names is loaded and held for the request."""
         key = self.authenticated(request)
-        self.server.ready()
+        self.server.available()
         self.server.gateway.check_rate(key)
-        return key, await self.parse_body(request, body_model)
+        body = await self.parse_body(request, body_model)
+        await self.server.hold(body)
+        return key, body
 
     async def generation(self, request: Request, body_model: type[ModelT],
                          handler: Callable[[Request, str, ModelT], Awaitable[Response]]) -> Response:

@@ -21,6 +21,11 @@ def _utf8_only(text: str) -> str:
 
 Text = Annotated[str, AfterValidator(_utf8_only)]
 
+# How long a request's model stays loaded after it (Ollama's keep_alive, which zhuzi's OpenAI requests take too):
+# a Go duration ("5m", "1h30m", "-1s") or a number of seconds; negative: for ever, 0: unloaded after the request.
+DURATION = r"^-?(\d+(\.\d+)?(ns|us|µs|ms|s|m|h))+$|^-?\d+(\.\d+)?$"
+KeepAlive = Annotated[str, Field(pattern=DURATION)] | int | float
+
 
 def text_or(parts: Any, min_parts: int = 0) -> Any:
     """A string, or a list of parts: an error then names what is wrong in the form the client chose."""

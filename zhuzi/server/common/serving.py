@@ -1,11 +1,14 @@
 """The server's shared machinery, between each API's serving logic and the engine: rendering a chat (in a worker
 thread), generate() (admitted by the gateway, one engine stream per prompt, collected into one answer or streamed
 in the API's Format, and closed however it ends), probes, and the server's own life (loading, health, a drain
-on shutdown, a watch on the engine that stops the server once the engine fails).
+on shutdown, a watch on the engine that stops the server once the engine fails). A server of many models
+(models.py's ModelSet) holds the model each request names for the request's life: what the request reads of
+"the model" (its engine, its name, its formats) is that one's.
 """
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import datetime
 import functools
 import gc
@@ -35,7 +38,6 @@ from zhuzi.server.common.harmony_parser import HarmonyParser
 from zhuzi.server.common.metrics import ServerMetrics
 from zhuzi.server.common.parsers import OutputParser, opened_thought
 from zhuzi.server.common.quota import Quotas
-from zhuzi.server.common.reasoning import thought_tags
 from zhuzi.server.common.request import ChatRequest, Constraint
 from zhuzi.server.common.store import Database
 from zhuzi.server.common.streams import (
@@ -45,8 +47,9 @@ from zhuzi.server.common.streams import (
     merge_streams,
     until_disconnect,
 )
-from zhuzi.server.common.tool_formats import Hermes, ToolFormat, tool_format
+from zhuzi.server.common.tool_formats import Hermes, ToolFormat
 from zhuzi.server.common.tools import template_renders_tools, with_calls_as_text, with_generic_tools
+from zhuzi.server.models import Model, ModelSet, ServedModel, seconds
 from zhuzi.tokenizer import THOUGHT_TAGS, message_text
 
 T = TypeVar("T")
@@ -71,6 +74,7 @@ class ActiveRequest:
     streams: list[AsyncIterator[RequestOutput]]
     response: ResponseState
     prompt_tokens: int  # charged at admission
+    engine: EngineClient  # the model's that runs it
     merged: AsyncIterator[tuple[int, RequestOutput]] | None = None
     timer: asyncio.TimerHandle | None = None  # --request-timeout
     closed: bool = False
@@ -93,12 +97,25 @@ TOKENIZER_THREADS = 8
 WATCH_PERIOD_S = 0.5
 
 
+@dataclass
+class Held:
+    """The model a request holds (a server of many models), and what the request reads of it."""
+
+    model: Model | None = None
+    served: ServedModel | None = None
+
+
+# Each request's Held, set around it by app.py's middleware, which releases the models as the answer ends.
+held: contextvars.ContextVar[Held] = contextvars.ContextVar("held")
+
+
 class Server:
-    def __init__(self, engine: EngineClient | Callable[[], EngineClient], config: ServerConfig,
+    def __init__(self, engine: EngineClient | Callable[[], EngineClient] | ModelSet, config: ServerConfig,
                  on_failure: Callable[[str], None] | None = None) -> None:
         self.config = config
-        self.engine: EngineClient | None = None
-        self.loader = engine if callable(engine) else None
+        self.models = engine if isinstance(engine, ModelSet) else None
+        self.default: ServedModel | None = None  # one model's server: the model, once loaded
+        self.loader = engine if callable(engine) and self.models is None else None
         self.failure: str | None = None  # why the server must stop: the model failed to load, or the engine
         self.on_failure = on_failure
         self.draining = False
@@ -112,47 +129,92 @@ class Server:
         self.store = Database(config.responses_store)
         self.quotas = Quotas.open(config.quotas, self.store)
         self.metrics = ServerMetrics(self.engine_state, self.quotas.usage)
-        self.model_name = ""
-        self.reasoning = False
-        self.harmony = False  # the model speaks gpt-oss's harmony format (harmony.py renders, harmony_parser.py parses)
-        self.think_close: int | None = None  # the id that ends a thought: its close tag, harmony's <|end|>
-        self.thought_tags = THOUGHT_TAGS[0]  # its tags (<think>, or its own)
-        self.added_tokens: dict[str, int] = {}  # the tokenizer's added tokens (a forced call's markers may be)
-        self.tool_format: type[ToolFormat] = Hermes  # how the model writes calls (a harmony model: harmony_parser)
-        self.template = ""  # the chat template's text
         self.created = int(time.time())
-        if not callable(engine):
-            self.prepare(engine)
-            self.attach(engine)
+        if self.models is not None:
+            self.gateway.capacity = config.max_waiting  # grown by each model's batch as it loads
+        elif not callable(engine):
+            self.attach(self.prepare(engine))
+
+    # -- the request's model
+
+    def served(self) -> ServedModel | None:
+        """The model the request holds; a server of one model: that one, once loaded."""
+        request = held.get(None)
+        return request.served if request is not None and request.served is not None else self.default
+
+    @property
+    def engine(self) -> EngineClient | None:
+        return served.engine if (served := self.served()) else None
+
+    @property
+    def model_name(self) -> str:
+        return served.name if (served := self.served()) else ""
+
+    @property
+    def harmony(self) -> bool:
+        """The model speaks gpt-oss's harmony format (harmony.py renders, harmony_parser.py parses)."""
+        return bool(served := self.served()) and served.harmony
+
+    @property
+    def reasoning(self) -> bool:
+        return bool(served := self.served()) and served.reasoning
+
+    @property
+    def think_close(self) -> int | None:
+        return served.think_close if (served := self.served()) else None
+
+    @property
+    def thought_tags(self) -> tuple[str, str]:
+        return served.thought_tags if (served := self.served()) else THOUGHT_TAGS[0]
+
+    @property
+    def added_tokens(self) -> dict[str, int]:
+        return served.added_tokens if (served := self.served()) else {}
+
+    @property
+    def tool_format(self) -> type[ToolFormat]:
+        """How the model writes calls (a harmony model: harmony_parser)."""
+        return served.tool_format if (served := self.served()) else Hermes
+
+    @property
+    def template(self) -> str:
+        """The chat template's text."""
+        return served.template if (served := self.served()) else ""
+
+    async def hold(self, body: object) -> None:
+        """Load (or wait for) the model the request names and hold it for the request's life; Ollama's
+        keep_alive, in any API's request, sets how long it stays loaded after. A server of one model holds
+        nothing (an unknown name is check_model's 404)."""
+        if self.models is None:
+            return
+        name = getattr(body, "model", None) or (next(iter(self.models.models)) if len(self.models.models) == 1
+                                                 else None)
+        if name is None:
+            return  # ready() asks for one
+        model = await self.models.acquire(name, seconds(getattr(body, "keep_alive", None)))
+        request = held.get()
+        request.model, request.served = model, model.served
+        assert model.served is not None
+        self.gateway.capacity = max(self.gateway.capacity, model.served.engine.config.max_num_seqs
+                                    + self.config.max_waiting)
 
     # -- loading
 
     def prepare(self, engine: EngineClient) -> None:
         """The tokenizer's share of loading, done in the loading thread so that the event loop answers /health
-        meanwhile: its table of token strings, its helper process for long texts, and its tool-call format and
-        reasoning parser (ValueError where --tool-call-parser or --reasoning-parser does not fit the model)."""
-        tokenizer = engine.tokenizer
-        template = tokenizer.hf.chat_template
-        self.template = template if isinstance(template, str) else ""
-        self.tool_format = tool_format(self.config.tool_call_parser, self.template, tokenizer.harmony) or Hermes
-        tags = thought_tags(self.config.reasoning_parser, tokenizer)
-        self.harmony = tokenizer.harmony
-        self.reasoning = tags is not None or self.harmony
-        self.thought_tags = tags or THOUGHT_TAGS[0]
-        ids = tokenizer.think_ids
-        self.think_close = tokenizer.special_id("<|end|>") if self.harmony else ids[1] if tags and ids else None
-        tokenizer.warm()
-        tokenizer.use_encoder_process()
+        meanwhile: its table of token strings, its helper process for long texts, and what the server reads of
+        the model (ValueError where --tool-call-parser or --reasoning-parser does not fit it)."""
+        return ServedModel.ready(self.config.served_model_name or engine.model_name, engine,
+                                 self.config.tool_call_parser, self.config.reasoning_parser)
 
-    def attach(self, engine: EngineClient) -> None:
-        self.model_name = self.config.served_model_name or engine.model_name
-        self.added_tokens = dict(engine.tokenizer.hf.get_added_vocab())
+    def attach(self, served: ServedModel) -> None:
+        engine = served.engine
         # What loading left is here to stay: frozen, it is no longer walked by every oldest-generation
         # collection, a pause of 0.1 s or more on the event loop.
         gc.collect()
         gc.freeze()
         self.gateway.capacity = engine.config.max_num_seqs + self.config.max_waiting
-        self.engine = engine
+        self.default = served
         stats = engine.stats()
         formats = "harmony format" if self.harmony else f"tool calls in {self.tool_format.name}'s format" + (
             ", reasoning parser on" if self.reasoning else "")
@@ -167,20 +229,21 @@ class Server:
 
         def load() -> None:
             try:
-                engine = loader()
-                self.prepare(engine)
+                served = self.prepare(loader())
             except BaseException as exc:
                 # A bad path or option is the user's to fix; anything else gets its traceback.
                 if not isinstance(exc, (ValueError, OSError)):
                     log.error("failed to load the model", exc_info=exc)
                 loop.call_soon_threadsafe(self.fail, f"the model failed to load: {exc}")
                 return
-            loop.call_soon_threadsafe(self.attach, engine)
+            loop.call_soon_threadsafe(self.attach, served)
 
         threading.Thread(target=load, name="zhuzi-load", daemon=True).start()
 
-    def engine_state(self) -> tuple[str, dict[int, EngineStats]] | None:
-        return (self.model_name, self.engine.replica_stats()) if self.engine is not None else None
+    def engine_state(self) -> dict[str, dict[int, EngineStats]]:
+        """Each loaded model's replicas' stats."""
+        loaded = self.models.loaded() if self.models is not None else [self.default] if self.default else []
+        return {served.name: served.engine.replica_stats() for served in loaded}
 
     # -- health and the end of the server's life
 
@@ -190,15 +253,22 @@ class Server:
             return self.failure
         if self.draining:
             return "the server is shutting down"
+        if self.models is not None:  # each model's engine answers for itself
+            return None
         if self.engine is None:
             return "the model is loading"
         return self.engine.health(self.config.engine_stall_timeout)
 
-    def ready(self) -> EngineClient:
+    def available(self) -> None:
         if (why := self.unavailable()) is not None:
             raise ApiError(503, f"Service unavailable: {why}.", "service_unavailable")
-        assert self.engine is not None
-        return self.engine
+
+    def ready(self) -> EngineClient:
+        """The request's model's engine."""
+        self.available()
+        if (engine := self.engine) is None:
+            raise ApiError(400, "Name a model: this server has several (GET /v1/models lists them).", param="model")
+        return engine
 
     def fail(self, reason: str) -> None:
         """The server cannot go on: say why, and have the process exit non-zero."""
@@ -213,6 +283,12 @@ class Server:
         """Stops the server once the engine has failed or stalled; its open streams end with the error."""
         while self.failure is None:
             await asyncio.sleep(WATCH_PERIOD_S)
+            if self.models is not None:  # a model whose engine fails fails its own requests, and reloads
+                self.models.expire()
+                for served in self.models.loaded():
+                    if problem := served.engine.health(self.config.engine_stall_timeout):
+                        served.engine.fail(problem)
+                continue
             if self.engine is not None and (problem := self.engine.health(self.config.engine_stall_timeout)):
                 self.engine.fail(problem)
                 self.fail(problem)
@@ -240,18 +316,21 @@ class Server:
 
     def end(self, call: ActiveRequest) -> None:
         """End a running request early; its outputs end with finish_reason "abort" (timeouts, shutdown)."""
-        if self.engine is not None and not call.closed:
+        if not call.closed:
             for request_id in call.request_ids:
-                self.engine.abort(request_id)
+                call.engine.abort(request_id)
 
     async def in_worker(self, fn: Callable[..., T], *args: object) -> T:
         """Run CPU-bound work (templates, tokenizing, big JSON) off the event loop."""
-        return await asyncio.get_running_loop().run_in_executor(self.workers, functools.partial(fn, *args))
+        # In the request's context: the work reads the request's model.
+        context = contextvars.copy_context()
+        return await asyncio.get_running_loop().run_in_executor(self.workers, context.run, functools.partial(fn, *args))
 
     # -- request helpers
 
     def check_model(self, model: str | None) -> None:
-        if model is not None and model != self.model_name:
+        """404 for a model this server does not serve (a server of many found the request's as it held it)."""
+        if model is not None and self.models is None and model != self.model_name:
             raise ApiError(404, f"The model {model!r} does not exist; this server serves {self.model_name!r}.",
                            param="model", code="model_not_found")
 
@@ -311,7 +390,7 @@ class Server:
         streams = [engine.generate(ids, params, rid, tenant) for ids, rid in zip(prompts, request_ids)]
         call = ActiveRequest(key, admission, request_ids, streams,
                              ResponseState(params.n, new_parser, [PromptStats() for _ in prompts], self.think_close),
-                             prompt_tokens)
+                             prompt_tokens, engine)
         self.active.add(call)
         if self.config.request_timeout:
             call.timer = asyncio.get_running_loop().call_later(self.config.request_timeout, self.end, call)

@@ -9,11 +9,8 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, Field
 
 from zhuzi.sampling_params import MAX_REPETITION_PENALTY, MIN_REPETITION_PENALTY
-from zhuzi.server.common.schema import Request, Response, Text, _is_none
+from zhuzi.server.common.schema import KeepAlive, Request, Response, Text, _is_none
 from zhuzi.server.openai.answers import TokenLogprob
-
-# A Go duration ("5m", "1h30m", "-1s") or a number of seconds, as Ollama's keep_alive takes it.
-DURATION = r"^-?(\d+(\.\d+)?(ns|us|µs|ms|s|m|h))+$|^-?\d+(\.\d+)?$"
 
 
 def refused(why: str, *off: Any) -> Any:
@@ -69,7 +66,6 @@ class Options(Request):
 
 
 Format = Literal["", "json"] | dict[str, Any]  # "json": any JSON object; a dict: a JSON schema
-KeepAlive = Annotated[str, Field(pattern=DURATION)] | int | float
 Think = bool | Literal["low", "medium", "high"]
 
 
@@ -113,7 +109,7 @@ class GenerationRequest(Request):
     stream: bool = True
     format: Format | None = None
     options: Options | None = None
-    keep_alive: KeepAlive | None = None  # accepted: the model stays loaded for the server's life anyway
+    keep_alive: KeepAlive | None = None  # how long a server of many models keeps the model loaded after
     think: Think | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
@@ -145,7 +141,7 @@ class EmbedRequest(Request):
     input: Text | list[Text]
     truncate: bool = True  # an input longer than the context window is cut to fit (false: refused)
     dimensions: int | None = Field(None, ge=1)  # served only as the model's own width, as on /v1/embeddings
-    keep_alive: KeepAlive | None = None  # accepted: the model stays loaded for the server's life anyway
+    keep_alive: KeepAlive | None = None  # how long a server of many models keeps the model loaded after
     options: refused(NO_OPTIONS, {}) = None
 
 

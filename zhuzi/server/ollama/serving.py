@@ -25,6 +25,7 @@ from zhuzi.server.common.formats import Choice, ResponseState
 from zhuzi.server.common.parsers import OutputParser, ParsedText
 from zhuzi.server.common.request import ChatRequest, Constraint, Message, Tool, ToolCall
 from zhuzi.server.common.serving import Server, json_response
+from zhuzi.server.models import ServedModel
 from zhuzi.server.ollama import protocol as o
 from zhuzi.server.openai import answers as r
 from zhuzi.server.openai.embeddings import Embeddings
@@ -287,23 +288,19 @@ class Ollama:
         return self.server.ready().config.model_path
 
     async def _entry(self) -> tuple[o.ModelEntry, Any]:
-        """The model as /api/tags lists it, and the engine's snapshot it was read from."""
+        """The request's model as /api/tags lists it, and the engine's snapshot it was read from."""
         engine = self.server.ready()
         snapshot = await engine.snapshot(0)
-        path = self._path()
-        files = [path] if path.is_file() else [f for f in path.iterdir() if f.is_file()]
-        size = sum(f.stat().st_size for f in files)
-        stamp = max(f.stat().st_mtime for f in files)
-        gguf = path.is_file()
-        quantization = engine.config.quantization or ("gguf" if gguf else "none")
-        m = snapshot.model
-        details = o.ModelDetails(format="gguf" if gguf else "safetensors", family=m.architecture,
-                                 families=[m.architecture], parameter_size=f"{m.num_parameters / 1e6:.1f}M",
-                                 quantization_level=snapshot.dtype if quantization == "none" else quantization)
-        name = model_names(self.server.model_name)[-1]
-        digest = hashlib.sha256(f"{path.resolve()}:{size}:{stamp}".encode()).hexdigest()
-        return o.ModelEntry(name=name, model=name, modified_at=rfc3339(stamp), size=size, digest=digest,
-                            details=details), snapshot
+        return model_entry(self.server.model_name, self._path(), engine.config.quantization, snapshot), snapshot
+
+    async def _running(self, served: ServedModel, expires_at: str) -> o.RunningModel:
+        """A loaded model as /api/ps lists it."""
+        snapshot = await served.engine.snapshot(0)
+        config = served.engine.config
+        entry = model_entry(served.name, config.model_path, config.quantization, snapshot)
+        return o.RunningModel(**entry.model_dump(), expires_at=expires_at,
+                              size_vram=entry.size if config.device != "cpu" else 0,
+                              context_length=snapshot.max_model_len)
 
     async def embed(self, request: Request, key: str, body: o.EmbedRequest) -> Response:
         start = time.monotonic()
@@ -320,15 +317,24 @@ class Ollama:
         return json_response(o.EmbeddingsResponse(embedding=vector.tolist()))
 
     async def tags(self) -> Response:
+        if (models := self.server.models) is not None:  # all of them, loaded or not
+            return json_response(o.TagsResponse(models=[
+                model_entry(m.spec.id, m.spec.path, m.served.engine.config.quantization if m.served else None,
+                            await m.served.engine.snapshot(0) if m.served else None)
+                for m in models.models.values()]))
         entry, _ = await self._entry()
         return json_response(o.TagsResponse(models=[entry]))
 
     async def ps(self) -> Response:
-        entry, snapshot = await self._entry()
-        on_accelerator = self.server.ready().config.device != "cpu"
-        return json_response(o.PsResponse(models=[o.RunningModel(
-            **entry.model_dump(), expires_at=NEVER, size_vram=entry.size if on_accelerator else 0,
-            context_length=snapshot.max_model_len)]))
+        if (models := self.server.models) is not None:  # the loaded ones, each until its keep-alive ends
+            now = models.clock()
+            return json_response(o.PsResponse(models=[
+                await self._running(m.served, NEVER if (at := m.expires_at()) is None
+                                    else rfc3339(time.time() + at - now))
+                for m in models.models.values() if m.served is not None]))
+        self.server.ready()
+        assert self.server.default is not None
+        return json_response(o.PsResponse(models=[await self._running(self.server.default, NEVER)]))
 
     async def show(self, body: o.ShowRequest) -> Response:
         if body.model not in model_names(self.server.model_name):
@@ -348,6 +354,26 @@ class Ollama:
             modelfile=f"# zhuzi serves this model as {self.server.model_name!r}\nFROM {self._path()}\n",
             parameters="", template=template if isinstance(template, str) else "", details=entry.details,
             model_info=info, capabilities=capabilities, modified_at=entry.modified_at))
+
+
+def model_entry(name: str, path: Path, quantization: str | None, snapshot: Any) -> o.ModelEntry:
+    """A model as /api/tags lists it: its files, and what its engine's snapshot says of it once loaded."""
+    files = [path] if path.is_file() else [f for f in path.iterdir() if f.is_file()]
+    size = sum(f.stat().st_size for f in files)
+    stamp = max(f.stat().st_mtime for f in files)
+    gguf = path.is_file()
+    quantization = quantization or ("gguf" if gguf else "none")
+    family, parameters, level = "", "", quantization
+    if snapshot is not None:
+        m = snapshot.model
+        family, parameters = m.architecture, f"{m.num_parameters / 1e6:.1f}M"
+        level = snapshot.dtype if quantization == "none" else quantization
+    details = o.ModelDetails(format="gguf" if gguf else "safetensors", family=family,
+                             families=[family] if family else [], parameter_size=parameters, quantization_level=level)
+    tagged = model_names(name)[-1]
+    digest = hashlib.sha256(f"{path.resolve()}:{size}:{stamp}".encode()).hexdigest()
+    return o.ModelEntry(name=tagged, model=tagged, modified_at=rfc3339(stamp), size=size, digest=digest,
+                        details=details)
 
 
 def ndjson(response: Response) -> Response:

@@ -191,7 +191,11 @@ class ModelCard(Response):
     created: int
     owned_by: str = "zhuzi"
     root: str | None = None
-    max_model_len: int
+    max_model_len: int | None = Field(None, exclude_if=_is_none)  # known once loaded
+    # A server of many models: whether it is loaded, the bytes it holds loaded, why its last load failed.
+    state: Literal["loaded", "loading", "unloaded"] | None = Field(None, exclude_if=_is_none)
+    memory: int | None = Field(None, exclude_if=_is_none)
+    error: str | None = Field(None, exclude_if=_is_none)
 
 
 class ModelList(Response):

@@ -11,7 +11,7 @@ from pydantic import AfterValidator, Field, ValidationInfo, field_validator, mod
 
 from zhuzi.sampling_params import MAX_REPETITION_PENALTY, MIN_REPETITION_PENALTY, InvalidRequest
 from zhuzi.server.common.request import ChatRequest, Constraint, Message, NamedTool, Tool, ToolCall
-from zhuzi.server.common.schema import Request, Text
+from zhuzi.server.common.schema import KeepAlive, Request, Text
 
 # Fields of OpenAI's or vLLM's requests that zhuzi refuses, and why (any other unknown field is refused too).
 UNSUPPORTED = {
@@ -182,6 +182,7 @@ class SamplingRequest(Request):
     """Fields that chat and completions share."""
 
     model: str | None = None
+    keep_alive: KeepAlive | None = None  # as Ollama's: how long the model stays loaded after this request
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
@@ -396,6 +397,7 @@ class EmbeddingRequest(Request):
 
     input: Prompt
     model: str | None = None
+    keep_alive: KeepAlive | None = None
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(None, ge=1)  # served only as the model's own width (see embeddings.py)
     user: str | None = None  # logged with the request, as chat's

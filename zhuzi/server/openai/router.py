@@ -54,6 +54,11 @@ def router(intake: Intake, generations: Completions, tokenization: Tokenization,
     @routes.get("/v1/models", **documented(None, r.ModelList, (401, 503)))
     async def models(request: Request) -> Response:
         intake.authenticated(request)
+        if server.models is not None:
+            cards = [r.ModelCard(id=m.spec.id, created=server.created, root=str(m.spec.path), state=m.state,
+                                 max_model_len=m.served.engine.max_model_len if m.served else None,
+                                 memory=m.spec.size, error=m.error) for m in server.models.models.values()]
+            return JSONResponse(r.ModelList(data=cards).model_dump())
         engine = server.ready()
         card = r.ModelCard(id=server.model_name, created=server.created, root=engine.config.model or engine.model_name,
                            max_model_len=engine.max_model_len)
