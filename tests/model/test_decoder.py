@@ -64,6 +64,9 @@ def tiny_pair(request, tmp_path_factory):
 
 
 PROMPTS = [[5, 17, 300, 42, 9, 801, 77], list(range(3, 90, 2)), [999] * 3 + [4, 400, 40]]
+# Room for these prompts many times over: the default budget's page table, hundreds of thousands of tiny pages,
+# takes longer to build than the tokens take to run.
+KV = "4MiB"
 
 
 def assert_logits_match(hf, ours: Decoder) -> None:
@@ -116,7 +119,7 @@ def test_greedy_generation_matches_transformers(tiny_pair):
     """Through the engine: the prompts batched, prefilled in chunks of 32 tokens, then a second round whose
     prompts share a cached prefix with the first's; every sequence's greedy tokens are transformers'."""
     hf, _, directory = tiny_pair
-    llm = LLM(str(directory), dtype="float32", page_size=16, max_num_batched_tokens=32)
+    llm = LLM(str(directory), dtype="float32", page_size=16, max_num_batched_tokens=32, kv_cache_memory=KV)
     params = SamplingParams(temperature=0, max_tokens=32, min_tokens=32)
     again = [PROMPTS[1][:40] + [7, 8], PROMPTS[1] + [500]]
     outs = llm.generate(PROMPTS, params)
@@ -131,7 +134,7 @@ def test_greedy_generation_matches_transformers(tiny_pair):
 def test_paged_kv_equals_recomputing_without_cache(tiny_pair):
     """Block size 16; a 44-token prompt plus 40 decode steps crosses five block boundaries."""
     _, ours, directory = tiny_pair
-    llm = LLM(str(directory), dtype="float32", page_size=16)
+    llm = LLM(str(directory), dtype="float32", page_size=16, kv_cache_memory=KV)
     ids = PROMPTS[1]
     out = llm.generate([ids], SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))[0]
     assert out.outputs[0].token_ids == greedy_without_cache(ours, ids, 40)

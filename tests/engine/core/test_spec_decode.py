@@ -417,6 +417,11 @@ def build_repetitive(arch: str, path) -> dict[str, torch.Tensor]:
     return weights
 
 
+# Pages of 8 tokens, prompts prefilled in chunks; a few MiB of KV, since building a page table of the default's
+# hundreds of thousands of pages costs more than these tests' tokens.
+SMALL = {"dtype": "float32", "page_size": 8, "max_num_batched_tokens": 16, "kv_cache_memory": "4MiB"}
+
+
 @pytest.fixture(scope="module", params=list(EMBEDDING_SCALE))
 def repetitive_hybrid(request, tmp_path_factory):
     path = tmp_path_factory.mktemp(request.param)
@@ -433,9 +438,8 @@ def test_a_hybrid_model_with_prompt_lookup_gives_the_tokens_it_gives_without(rep
     path = str(repetitive_hybrid)
     prompts = [[5, 17, 300, 42, 9] * 3, list(range(200, 230)), [7, 8, 9, 10, 11, 7, 8, 12, 13] * 2]
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, logprobs=1)
-    base = LLM(path, dtype="float32", page_size=8, max_num_batched_tokens=16, enable_prefix_caching=False)
-    spec = LLM(path, dtype="float32", page_size=8, max_num_batched_tokens=16,
-               speculative_config=ngram(3, prompt_lookup_min=1, prompt_lookup_max=3))
+    base = LLM(path, **SMALL, enable_prefix_caching=False)
+    spec = LLM(path, **SMALL, speculative_config=ngram(3, prompt_lookup_min=1, prompt_lookup_max=3))
 
     def assert_same(want, got):  # the tokens, and their logprobs but for the rounding of 1 row vs k + 1
         a, b = want.outputs[0], got.outputs[0]
@@ -470,8 +474,8 @@ def test_the_mtp_layer_proposes_and_changes_no_greedy_token(tmp_path):
     tiny.add_mtp(tmp_path, build_repetitive("qwen3_5", tmp_path), fc_scale=20.0)
     prompts = [[5, 17, 300, 42, 9] * 3, list(range(200, 230)), [7, 8, 9, 10, 11, 7, 8, 12, 13] * 2]
     params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
-    base = LLM(str(tmp_path), dtype="float32", page_size=8, max_num_batched_tokens=16, enable_prefix_caching=False)
-    spec = LLM(str(tmp_path), dtype="float32", page_size=8, max_num_batched_tokens=16, speculative_config=mtp(2))
+    base = LLM(str(tmp_path), **SMALL, enable_prefix_caching=False)
+    spec = LLM(str(tmp_path), **SMALL, speculative_config=mtp(2))
     expected = [o.outputs[0].token_ids for o in base.generate(prompts, params)]
     assert [spec.generate([p], params)[0].outputs[0].token_ids for p in prompts] == expected
     assert [o.outputs[0].token_ids for o in spec.generate(prompts, params)] == expected
@@ -485,11 +489,11 @@ def test_the_mtp_layer_proposes_and_changes_no_greedy_token(tmp_path):
 def test_a_checkpoint_without_the_mtp_layer_is_refused_in_one_line(tmp_path):
     tiny.build("qwen3_5", tmp_path)
     with pytest.raises(ValueError, match=r"no multi-token-prediction layer .*mtp_num_hidden_layers is 0 or absent"):
-        LLM(str(tmp_path), dtype="float32", speculative_config=mtp(2))
+        LLM(str(tmp_path), **SMALL, speculative_config=mtp(2))
     config = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps(config | {"mtp_num_hidden_layers": 1}))
     with pytest.raises(ValueError, match=r"no multi-token-prediction layer .*tensor mtp\.\S+ is missing"):
-        LLM(str(tmp_path), dtype="float32", speculative_config=mtp(2))
+        LLM(str(tmp_path), **SMALL, speculative_config=mtp(2))
 
 
 def test_unknown_or_bad_speculative_settings_are_refused_in_one_line():
