@@ -202,7 +202,7 @@ def test_each_model_answers_through_openai_and_ollama(server: ServerProcess, cli
 
 
 def test_concurrent_first_requests_load_a_model_once(server: ServerProcess, client: openai.OpenAI) -> None:
-    only_loaded(server)
+    server.post("/models/unload", {"model": "c"})  # a and b, loaded or not, stay: c's load makes its own room
     before = loads(server, "c")
     answers: list[str | None] = []
 
@@ -219,13 +219,13 @@ def test_concurrent_first_requests_load_a_model_once(server: ServerProcess, clie
 
 
 def test_eviction_never_cuts_a_stream(server: ServerProcess, client: openai.OpenAI) -> None:
-    only_loaded(server, "a", "b")  # room for two: c's load must evict b (idle), never a (streaming)
-    stream = client.chat.completions.create(model="a", messages=CHAT, max_tokens=64, temperature=0, stream=True,
+    only_loaded(server, "b", "c")  # room for two: a's load must evict c (idle), never b (streaming, used first)
+    stream = client.chat.completions.create(model="b", messages=CHAT, max_tokens=64, temperature=0, stream=True,
                                             extra_body={"ignore_eos": True})
     chunks = iter(stream)
     text = next(chunks).choices[0].delta.content or ""
-    client.completions.create(model="c", prompt="Paris is", max_tokens=2)
-    assert states(server) == {"a": "loaded", "b": "unloaded", "c": "loaded"}
+    client.completions.create(model="a", prompt="Paris is", max_tokens=2)
+    assert states(server) == {"a": "loaded", "b": "loaded", "c": "unloaded"}
     finish = None
     for chunk in chunks:
         if chunk.choices:

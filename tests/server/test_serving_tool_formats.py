@@ -58,8 +58,10 @@ def family(request, checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) 
     hf = Tokenizer.load(directory).hf
     hf.chat_template = TEMPLATE.replace("CALL", CALLS[request.param])
     hf.save_pretrained(directory)
+    # one server per format (each template's choice is under test), each as cheap as a server gets: its engine
+    # in a thread of the server process, a small KV pool
     with running_server(directory / "server.log", str(directory), "--dtype", "float32", "--num-threads", "1",
-                        "--served-model-name", "tiny") as server:
+                        "--served-model-name", "tiny", "--no-engine-process", "--kv-cache-memory", "4MiB") as server:
         assert f"tool calls in {request.param}'s format" in server.log.read_text()
         yield server
 
