@@ -17,13 +17,18 @@ from server_process import ServerProcess, running_server
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
+def serve_tiny(tmp_path_factory: pytest.TempPathFactory, name: str, build) -> Iterator[ServerProcess]:
+    """A server of the tiny checkpoint build() writes, in float32, served as name."""
+    directory = tmp_path_factory.mktemp(name)
+    build(directory)
+    with running_server(directory / "server.log", str(directory), "--dtype", "float32", "--num-threads", "1",
+                        "--served-model-name", name) as server:
+        yield server
+
+
 @pytest.fixture(scope="module")
 def thinker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    directory = tmp_path_factory.mktemp("thinker")
-    tiny.build_thinking(directory)
-    with running_server(directory / "server.log", str(directory), "--dtype", "float32", "--num-threads", "1",
-                        "--served-model-name", "thinker") as server:
-        yield server
+    yield from serve_tiny(tmp_path_factory, "thinker", tiny.build_thinking)
 
 
 def test_chat_reasoning_ends_at_the_thinking_token_budget(thinker: ServerProcess) -> None:
@@ -86,11 +91,7 @@ def test_a_streamed_thought_is_as_open_responses_writes_it(thinker: ServerProces
 @pytest.fixture(scope="module")
 def gemma4(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """A tiny random Gemma 4 whose thought is a channel of special tokens (tiny.build_gemma4_thinking)."""
-    directory = tmp_path_factory.mktemp("gemma4")
-    tiny.build_gemma4_thinking(directory)
-    with running_server(directory / "server.log", str(directory), "--dtype", "float32", "--num-threads", "1",
-                        "--served-model-name", "gemma4") as server:
-        yield server
+    yield from serve_tiny(tmp_path_factory, "gemma4", tiny.build_gemma4_thinking)
 
 
 def test_gemma4_thought_channel_comes_back_as_reasoning_within_the_budget(gemma4: ServerProcess) -> None:
