@@ -122,7 +122,7 @@ def run(engine: EngineCore, until=lambda: False) -> dict:
 def assert_all_pages_free(engine: EngineCore):
     assert not engine.has_unfinished()
     assert engine.pages.num_free_pages == engine.pages.num_pages
-    assert all(b.ref_count == 0 for b in engine.pages.pages)
+    assert not any(engine.pages.ref_counts)
 
 
 def test_abort_in_every_state_returns_every_page(engine):

@@ -36,10 +36,10 @@ def test_a_shared_prefix_is_found_and_its_pages_counted_once_per_user():
     second = seq(list(range(12)) + [99, 98])
     hit = pages.reuse_cached_prefix(second)
     assert hit == second.num_computed_tokens == 12 and second.page_table == first.page_table[:3]
-    assert [pages.pages[b].ref_count for b in second.page_table] == [2, 2, 2]
+    assert [pages.ref_counts[b] for b in second.page_table] == [2, 2, 2]
     assert (pages.prefix_queries, pages.prefix_hits) == (14, 12)
     pages.free_sequence(first)
-    assert [pages.pages[b].ref_count for b in second.page_table] == [1, 1, 1]
+    assert [pages.ref_counts[b] for b in second.page_table] == [1, 1, 1]
     pages.free_sequence(second)
     assert pages.num_free_pages == 16
 
@@ -118,7 +118,7 @@ def test_no_page_leaks_under_random_admissions_and_frees(host_pages):
         assert pages.num_free_pages == 32 - len(in_use)
     for s in live:
         pages.free_sequence(s)
-    assert pages.num_free_pages == 32 and all(b.ref_count == 0 for b in pages.pages)
+    assert pages.num_free_pages == 32 and not any(pages.ref_counts)
 
 
 def test_evicted_pages_go_to_the_host_tier_which_keeps_the_latest_and_gives_them_back_filled():
@@ -161,7 +161,7 @@ def test_a_sliding_window_sequence_holds_only_the_pages_its_window_reaches():
         assert len(held) <= 3 and s.page_table.index(held[0]) == (s.num_computed_tokens - 5) // 4
         assert pages.num_free_pages == 16 - len(held)
     pages.free_sequence(s)
-    assert pages.num_free_pages == 16 and all(b.ref_count == 0 for b in pages.pages)
+    assert pages.num_free_pages == 16 and not any(pages.ref_counts)
 
 
 def test_a_sliding_window_prompt_reuses_a_prefix_whose_window_pages_are_in_the_pool():

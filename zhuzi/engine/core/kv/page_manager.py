@@ -30,13 +30,6 @@ def hash_chain(tokens: list[int], page_size: int) -> Iterator[bytes]:
 
 
 @dataclass
-class Page:
-    page_id: int
-    ref_count: int = 0
-    hash: bytes | None = None  # set once the page is full and its K/V computed
-
-
-@dataclass
 class KVEvents:
     """Prefix-cache pages stored and evicted since they were last taken (for a router in front of replicas)."""
 
@@ -73,7 +66,10 @@ class PageManager:
     num_pages: int
     page_size: int
     enable_prefix_caching: bool = True
-    pages: list[Page] = field(init=False)
+    # Per page, as plain lists: a tiny model's default pool has millions of pages, and an object per page cost a
+    # second at every engine start.
+    ref_counts: list[int] = field(init=False)
+    hashes: list[bytes | None] = field(init=False)  # set once the page is full and its K/V computed
     free: OrderedDict[int, None] = field(init=False)  # LRU order: the first is evicted first
     cached: dict[bytes, int] = field(init=False)  # hash -> page id
     prefix_queries: int = 0  # prompt tokens looked up
@@ -85,7 +81,8 @@ class PageManager:
     draft_slots: int = 0  # the state slots a sequence holds for speculative drafts
 
     def __post_init__(self) -> None:
-        self.pages = [Page(i) for i in range(self.num_pages)]
+        self.ref_counts = [0] * self.num_pages
+        self.hashes = [None] * self.num_pages
         self.free = OrderedDict.fromkeys(range(self.num_pages))
         self.cached = {}
 
@@ -97,22 +94,20 @@ class PageManager:
         return -(-num_tokens // self.page_size)
 
     def _take(self, page_id: int) -> None:
-        page = self.pages[page_id]
-        if page.ref_count == 0:
+        if self.ref_counts[page_id] == 0:
             del self.free[page_id]
-        page.ref_count += 1
+        self.ref_counts[page_id] += 1
 
     def _take_free(self) -> int:
         page_id, _ = self.free.popitem(last=False)
-        page = self.pages[page_id]
-        if page.hash is not None:  # evict: its old contents are about to be overwritten
+        if (h := self.hashes[page_id]) is not None:  # evict: its old contents are about to be overwritten
             if self.connector is not None:
-                self.connector.evicted(page.hash, page_id)
-            del self.cached[page.hash]
+                self.connector.evicted(h, page_id)
+            del self.cached[h]
             if self.events is not None:
-                self.events.removed.append(page.hash)
-            page.hash = None
-        page.ref_count = 1
+                self.events.removed.append(h)
+            self.hashes[page_id] = None
+        self.ref_counts[page_id] = 1
         return page_id
 
     def _full_page_hashes(self, seq: Sequence, num_tokens: int) -> list[bytes]:
@@ -257,7 +252,7 @@ class PageManager:
         return page_id
 
     def _publish(self, page_id: int, h: bytes) -> None:
-        self.pages[page_id].hash = h
+        self.hashes[page_id] = h
         self.cached[h] = page_id
         if self.events is not None:
             self.events.stored.append(h)
@@ -272,9 +267,8 @@ class PageManager:
             self._drop(page_id)
 
     def _drop(self, page_id: int) -> None:
-        page = self.pages[page_id]
-        page.ref_count -= 1
-        if page.ref_count == 0:
+        self.ref_counts[page_id] -= 1
+        if self.ref_counts[page_id] == 0:
             self.free[page_id] = None
 
     def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
@@ -352,7 +346,7 @@ class PageManager:
             return
         hashes = self._full_page_hashes(seq, seq.num_computed_tokens)
         for page_id, h in zip(seq.page_table, hashes):
-            if page_id != FREED and self.pages[page_id].hash is None and h not in self.cached:
+            if page_id != FREED and self.hashes[page_id] is None and h not in self.cached:
                 self._publish(page_id, h)
                 if self.connector is not None:
                     self.connector.computed(h, page_id)
