@@ -88,7 +88,8 @@ class EngineCore:
         self.eos_ids = list(ckpt.config.eos_token_ids)
         spec = config.speculative
         max_positions = max(self.max_model_len, ckpt.config.max_position_embeddings)
-        self.kv_plan = plan = config.kv_plan(ckpt.config)
+        assert self.runner.kv_plan is not None
+        self.kv_plan = plan = self.runner.kv_plan  # on a GPU, sized by its memory
         self.grammars = shared_compiler(self.tokenizer.hf, ckpt.config.vocab_size, self.eos_ids)
         self.pages, self.kv = KVServices.build(config, ckpt.config, ckpt.path, plan, self.runner.kv_cache,
                                                 self.runner.num_pages, kv_events, kv_transfers,
