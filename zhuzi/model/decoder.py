@@ -195,8 +195,8 @@ class Decoder:
             log.warning("GGUF type %s has no kernel here: %d matrices run dense in %s (dequantized at load)",
                         name, count, str(self.dtype).removeprefix("torch."))
         positions = max_positions or config.max_position_embeddings
-        self.rotaries = [Rotary(r.head_dim, r.theta, r.scaling, positions, r.interleaved, r.rotary_dim)
-                         for r in ropes]
+        self.rotaries = [Rotary(r.head_dim, r.theta, r.scaling, positions, r.interleaved, r.rotary_dim,
+                                self.placement.ends) for r in ropes]
         self.num_heads, self.num_kv_heads = len(self.shard.q_heads), len(self.shard.kv_heads)
         self.kv_shape = KVShape.of(specs).with_kv_heads(self.num_kv_heads) if tp else KVShape.of(specs, self.placement)
         # Smoothing folds V's factors into O: not where V is normed, K's, or an earlier layer's.
