@@ -93,7 +93,7 @@ class GPUPlan:
 
     @property
     def tokens(self) -> int:
-        return max(self.kv_bytes, 0) // max(self.kv_bytes_per_token, 1)  # (no KV on the GPU: states only)
+        return max(self.kv_bytes, 0) // self.kv_bytes_per_token
 
     def pool_bytes(self, bytes_per_token: int) -> int:
         """The whole pool's bytes (both sides of a split: a page is the same slots of every layer) for the
@@ -393,14 +393,15 @@ class EngineConfig(Settings):
         return KVPlan.of(model, self.precision.kv, budget, self.page_size, self.max_num_seqs, self.draft_state_slots)
 
     def gpu_plan(self, model: ModelConfig, total: int, weights: int) -> GPUPlan | None:
-        """The GPU's memory (total bytes, weights on it), where some layers are on a GPU; else None."""
+        """The GPU's memory (total bytes, weights on it), where layers that keep KV are on a GPU; else None (the
+        pool is --kv-cache-memory's)."""
         placement = self.placement(model)
         if placement.accelerator.type == "cpu" or not placement.gpu_layers:
             return None
         shape = KVShape.of(family(model.architecture).layers(model), placement)
         per_token = sum(g.bytes_per_token(self.precision.kv) for g in shape.groups
                         if placement.on_accelerator(g.layers[0]))
-        return GPUPlan(total, self.gpu_memory_utilization, weights, per_token)
+        return GPUPlan(total, self.gpu_memory_utilization, weights, per_token) if per_token else None
 
 
 @dataclass

@@ -83,14 +83,14 @@ def out_of_memory(what: str, fix: str) -> Iterator[None]:
 
 
 def _gpu_memory(config: EngineConfig, ckpt: Checkpoint) -> GPUPlan | None:
-    """The GPU's share, measured now that the weights are on it (None: no layer on a CUDA device)."""
+    """The GPU's share, measured now that the weights are on it (None: no layer that keeps KV on a CUDA device)."""
     placement = config.placement(ckpt.config)
     if placement.accelerator.type != "cuda" or not placement.gpu_layers:
         return None
     total = torch.cuda.get_device_properties(placement.accelerator).total_memory
     gpu = config.gpu_plan(ckpt.config, total, torch.cuda.memory_allocated(placement.accelerator))
-    assert gpu is not None
-    gpu.check(config.page_size, placement.gpu_layers)
+    if gpu is not None:
+        gpu.check(config.page_size, placement.gpu_layers)
     return gpu
 
 
