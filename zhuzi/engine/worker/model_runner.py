@@ -98,6 +98,9 @@ def load_runner(config: EngineConfig, tp: TPRank | None = None) -> tuple[Checkpo
     """The checkpoint, and a runner around its model (this rank's slice of it) with the KV pool the plan allows:
     --kv-cache-memory's, or on a GPU the share of its memory --gpu-memory-utilization leaves."""
     native.select(config.cpu_kernels)
+    if torch.device(config.device).type == "cuda" and config.n_gpu_layers and not torch.cuda.is_available():
+        raise ValueError(f"--device {config.device}: torch sees no CUDA device here (torch.cuda.is_available() is "
+                         "false); --device cpu runs on the CPU")
     with out_of_memory("the weights", "lower --n-gpu-layers (the rest of the layers stay on the CPU)"):
         ckpt, model = build_model(config, config.model, tp)
     plan = config.kv_plan(ckpt.config, _gpu_memory(config, ckpt))
