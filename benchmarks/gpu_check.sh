@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check: one call on a lent GPU machine (an H100 or H200, no network) that runs make test-gpu's tests and the
-# benchmarks, in under 10 minutes. Two steps:
+# benchmarks (batch-1 decode and 64 streams offline, each beside transformers on the same GPU and model), in under
+# 10 minutes: the steps' limits add up to 570 s. Two steps:
 #
 #   benchmarks/gpu_check.sh prepare   # here, where pip and zhuzi's venv work: fills .gpu/ (git-ignored, a few MB):
 #                                     # the wheels the GPU machine's image lacks, SmolLM2's tokenizer
@@ -47,15 +48,19 @@ run() {
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
     python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
     git log -1 --format='zhuzi %h %s' 2>/dev/null
-    step "make test-gpu (its pytest, on the image's python)" 240 python3 -m pytest -q -rs -p no:cacheprovider -m gpu tests/gpu
+    step "make test-gpu (its pytest, on the image's python)" 180 python3 -m pytest -q -rs -p no:cacheprovider -m gpu tests/gpu
     local model=${MODEL:-}
     if [ -z "$model" ]; then
         model=/tmp/qwen2.5-coder-1.5b-shape
-        step "random checkpoint of Qwen2.5-Coder-1.5B's shape" 120 python3 benchmarks/random_checkpoint.py "$model" .gpu/tokenizer
+        step "random checkpoint of Qwen2.5-Coder-1.5B's shape" 90 python3 benchmarks/random_checkpoint.py "$model" .gpu/tokenizer
     fi
-    step "zhuzi bench decode --device cuda" 180 python3 -m zhuzi.cli --log-level WARNING bench decode --model "$model" \
+    step "zhuzi bench decode --device cuda" 90 python3 -m zhuzi.cli --log-level WARNING bench decode --model "$model" \
         --device cuda --prompt-len 128 --max-tokens 128 --runs 3 --json-out "$out/decode.json"
-    step "transformers generate, same GPU and model" 120 python3 benchmarks/hf_generate.py "$model" --prompt-len 128 --max-tokens 128
+    step "transformers generate, batch 1, same GPU and model; the copy bandwidth" 60 python3 benchmarks/hf_generate.py \
+        "$model" --prompt-len 128 --max-tokens 128
+    step "zhuzi bench offline --device cuda: 64 streams, transformers in batches of 16" 150 python3 -m zhuzi.cli \
+        --log-level WARNING bench offline --model "$model" --device cuda --num-prompts 64 --hf-batch-size 16 \
+        --max-input 256 --min-output 128 --max-output 256 --json-out "$out/offline.json"
 }
 
 case "${1:-}" in
