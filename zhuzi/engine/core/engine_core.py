@@ -108,9 +108,10 @@ class EngineCore:
         self._seq_ids = itertools.count()
         self.recent_steps: deque[StepRecord] = deque(maxlen=RECENT_STEPS)
         self._step_count = itertools.count()
-        log.info("model %s (%s, %s), KV %d bytes/token, %d pages of %d = %d tokens%s", ckpt.path.name,
-                 ckpt.config.architecture, config.precision, plan.bytes_per_token, plan.num_pages, plan.page_size,
-                 plan.capacity_tokens, f", tensor parallel over {self.tp.world_size} ranks" if self.tp else "")
+        log.info("model %s (%s, %s), %s, KV %d bytes/token, %d pages of %d = %d tokens%s", ckpt.path.name,
+                 ckpt.config.architecture, config.precision, self.runner.model.placement, plan.bytes_per_token,
+                 plan.num_pages, plan.page_size, plan.capacity_tokens,
+                 f", tensor parallel over {self.tp.world_size} ranks" if self.tp else "")
         if plan.state_slots:
             log.info("recurrent state: %d slots of %d bytes (%d layers keep a state instead of KV)",
                      plan.state_slots, plan.state_bytes, ckpt.config.state_layers)
