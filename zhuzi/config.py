@@ -13,8 +13,10 @@ from typing import Any
 import torch
 
 from zhuzi.model import kv_format, native
+from zhuzi.model.families import family
 from zhuzi.model.kv_pool import KVShape
 from zhuzi.model.model_config import ModelConfig
+from zhuzi.model.placement import Placement
 from zhuzi.settings import Settings, setting
 
 
@@ -62,6 +64,49 @@ class KVPlan:
     @property
     def capacity_tokens(self) -> int:
         return self.num_pages * self.page_size
+
+
+GPU_RESERVE = 2**29  # the seed's 0.5 GB beside weights and KV: activations, the CUDA context, the allocator's slack
+
+
+@dataclass(frozen=True)
+class GPUPlan:
+    """A GPU's memory under --gpu-memory-utilization (vLLM's meaning: the fraction of the GPU's total memory the
+    engine may use): the weights of the layers on it, a reserve (GPU_RESERVE), and the rest for the KV of those
+    layers. The tokens that fit are that rest over the bytes a token's KV takes on the GPU: the seed's safe-tokens
+    arithmetic, (free - 0.5 GB) / (2 x layers x kv_heads x head_dim x bytes), with free = total x utilization -
+    weights and the pool's own bytes per token."""
+
+    total: int
+    utilization: float
+    weights: int
+    kv_bytes_per_token: int  # of the layers on the GPU
+    reserve: int = GPU_RESERVE
+
+    @property
+    def budget(self) -> int:
+        return int(self.total * self.utilization)
+
+    @property
+    def kv_bytes(self) -> int:
+        return self.budget - self.weights - self.reserve
+
+    @property
+    def tokens(self) -> int:
+        return max(self.kv_bytes, 0) // self.kv_bytes_per_token
+
+    def pool_bytes(self, bytes_per_token: int) -> int:
+        """The whole pool's bytes (both sides of a split: a page is the same slots of every layer) for the
+        tokens the GPU holds."""
+        return self.tokens * bytes_per_token
+
+    def check(self, page_size: int, layers: int) -> None:
+        """ValueError, in one line, where the GPU's share holds no KV page."""
+        if self.tokens < page_size:
+            raise ValueError(
+                f"the GPU's share ({self.utilization:g} of {self.total / 2**30:.1f} GiB) holds the weights of {layers} "
+                f"layers ({self.weights / 2**30:.2f} GiB) and a {self.reserve / 2**30:g} GiB reserve but no KV page: "
+                "lower --n-gpu-layers or raise --gpu-memory-utilization")
 
 
 def parse_bytes(text: str | int) -> int:
@@ -219,7 +264,14 @@ class EngineConfig(Settings):
                                  "neon-i8mm, neon, generic (portable, any CPU), or torch (none); $ZHUZI_CPU_KERNELS "
                                  "sets the default",
         choices=list(native.CHOICES))
-    device: str = setting("cpu", "torch device to run the model on")
+    device: str = setting("cpu", "torch device to run the model on: cpu, or an accelerator such as cuda")
+    # llama.cpp's name; its -1 (all) is also what vLLM does on a GPU
+    n_gpu_layers: int = setting(
+        -1, "decoder layers on --device, the first ones: the rest, with the embedding and LM head, stay on the CPU "
+            "and its kernels, and a step's hidden state crosses once each way (-1: every layer)")
+    gpu_memory_utilization: float = setting(
+        0.9, "on a GPU, the fraction of its total memory the engine may use (vLLM's meaning): the weights of its "
+             "layers, a 0.5 GiB reserve, and the KV pool the rest (--kv-cache-memory sizes the pool on the CPU)")
     kv_cache_dtype: str = setting(
         "auto", "KV cache format: auto (--dtype's: bf16 under auto), bf16, fp32, or q8_0 (8-bit values, an fp16 "
                 "scale per 32: about half of bf16's bytes to read and hold, as llama.cpp's --cache-type-k/-v q8_0)",
@@ -280,6 +332,10 @@ class EngineConfig(Settings):
     def __post_init__(self) -> None:
         SpeculativeConfig.parse(self.speculative_config)  # a bad value fails here, in one line
         native.resolve(self.cpu_kernels)
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization is a fraction in (0, 1], got {self.gpu_memory_utilization}")
+        if self.n_gpu_layers >= 0 and self.tensor_parallel_size > 1:
+            raise ValueError("--n-gpu-layers splits the layers of one process: use --tensor-parallel-size 1")
         if self.dtype != "auto":
             parse_dtype(self.dtype)
         for name in ("kv_cache_memory", "kv_offload_memory", "kv_offload_disk", "kv_pinned_memory"):
@@ -292,7 +348,12 @@ class EngineConfig(Settings):
 
     @property
     def precision(self) -> Precision:
-        return Precision.of(self.dtype, self.cpu_kernels, self.device, self.kv_cache_dtype)
+        """The device's (the CPU's where --n-gpu-layers 0 leaves every layer there)."""
+        device = self.device if self.n_gpu_layers else "cpu"
+        return Precision.of(self.dtype, self.cpu_kernels, device, self.kv_cache_dtype)
+
+    def placement(self, model: ModelConfig) -> Placement:
+        return Placement.of(self.device, self.n_gpu_layers, model.num_layers)
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -325,9 +386,22 @@ class EngineConfig(Settings):
         spec = self.speculative
         return 0 if spec is None else spec.num_speculative_tokens + self.enable_prefix_caching
 
-    def kv_plan(self, model: ModelConfig) -> KVPlan:
-        return KVPlan.of(model, self.precision.kv, self.kv_cache_bytes, self.page_size, self.max_num_seqs,
-                         self.draft_state_slots)
+    def kv_plan(self, model: ModelConfig, gpu: GPUPlan | None = None) -> KVPlan:
+        """The pool --kv-cache-memory holds, or with layers on a GPU (gpu), the one the GPU's share holds."""
+        budget = gpu.pool_bytes(KVShape.of_model(model).bytes_per_token(self.precision.kv)) if gpu \
+            else self.kv_cache_bytes
+        return KVPlan.of(model, self.precision.kv, budget, self.page_size, self.max_num_seqs, self.draft_state_slots)
+
+    def gpu_plan(self, model: ModelConfig, total: int, weights: int) -> GPUPlan | None:
+        """The GPU's memory (total bytes, weights on it), where layers that keep KV are on a GPU; else None (the
+        pool is --kv-cache-memory's)."""
+        placement = self.placement(model)
+        if placement.accelerator.type == "cpu" or not placement.gpu_layers:
+            return None
+        shape = KVShape.of(family(model.architecture).layers(model), placement)
+        per_token = sum(g.bytes_per_token(self.precision.kv) for g in shape.groups
+                        if placement.on_accelerator(g.layers[0]))
+        return GPUPlan(total, self.gpu_memory_utilization, weights, per_token) if per_token else None
 
 
 @dataclass

@@ -76,3 +76,30 @@ def test_without_kernels_or_off_the_cpu_torch_attends():
     torch_only = AttentionBackend("torch", "torch")
     assert select("cuda", torch.bfloat16, torch.bfloat16, 4, 2, 64, True, native.current()) == torch_only
     assert select("cpu", torch.bfloat16, torch.bfloat16, 4, 2, 64, True, "torch") == torch_only
+
+
+@KERNELS
+@pytest.mark.parametrize("pool", [torch.bfloat16, Q8_0], ids=["bf16", "q8_0"])
+def test_the_gpus_path_attends_as_the_cpu_kernels_do(pool):
+    """The torch path (a GPU's: pages gathered, SDPA with GQA), run on CPU tensors, against the CPU kernels over the
+    same bf16 or q8_0 pool: decode rows and a prompt chunk over a cached prefix, float32 queries."""
+    from zhuzi.model.kv_format import head_width, to_pool
+    g = torch.Generator().manual_seed(1)
+    k, v = torch.randn(CONTEXT, KV_HEADS, DIM, generator=g), torch.randn(CONTEXT, KV_HEADS, DIM, generator=g)
+    q = torch.randn(CONTEXT, HEADS, DIM, generator=g)
+    slots = torch.randperm(64, generator=g)[:CONTEXT]
+    cache = [torch.zeros(64, KV_HEADS, head_width(DIM, pool), dtype=pool) for _ in range(2)]
+    cache[0][slots[:20]], cache[1][slots[:20]] = to_pool(k[:20], pool), to_pool(v[:20], pool)  # a cached prefix
+    rows = [19, 12, *range(20, CONTEXT)]  # two decode rows (contexts of 20 and 13), a chunk at 20 .. 29
+    meta = AttentionMetadata(slots[rows], 2, torch.stack([slots[:20], slots[:20]]), torch.tensor([20, 13]),
+                             [PrefillChunk(2, CONTEXT - 20, CONTEXT, slots)])
+    outs = []
+    for path in ("kernels", "torch"):
+        before = native.current()
+        native.select("torch" if path == "torch" else before)
+        try:
+            pools = [c.clone() for c in cache]
+            outs.append(paged_attention(q[rows], k[rows], v[rows], *pools, meta))
+        finally:
+            native.select(before)
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-4, atol=1e-4)

@@ -147,7 +147,7 @@ def run_transformers(args: argparse.Namespace, requests: list[TokenRequest]) -> 
     dtype = EngineConfig.from_cli_args(args).precision.compute
     model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=gguf_file, dtype=dtype,
                                                  quantization_config=quantization)
-    model.eval()
+    model.to(args.device).eval()  # on zhuzi's device: a GPU's run beside a GPU's
     load_s = time.perf_counter() - start
     pad_id = model.generation_config.pad_token_id or model.generation_config.eos_token_id or 0
     pad_id = pad_id[0] if isinstance(pad_id, list) else pad_id
@@ -175,7 +175,7 @@ def generate_batch(model, batch: list[TokenRequest], pad_id: int, temperature: f
         attention_mask[row, width - len(request.prompt_token_ids):] = 1
     longest = max(r.max_tokens for r in batch)
     # min_new_tokens = max_new_tokens: EOS cannot end the batch early (ignore_eos).
-    model.generate(input_ids=input_ids, attention_mask=attention_mask, do_sample=True,
+    model.generate(input_ids=input_ids.to(model.device), attention_mask=attention_mask.to(model.device), do_sample=True,
                    temperature=temperature, top_k=0, top_p=1.0, max_new_tokens=longest,
                    min_new_tokens=longest, pad_token_id=pad_id)
 

@@ -47,6 +47,12 @@ class AttentionMetadata:
     prefills: list[PrefillChunk]
     state_runs: list[StateRun] = field(default_factory=list)  # a hybrid model's sequences in the state pool
 
+    def to(self, device: torch.device) -> AttentionMetadata:
+        """The same step's metadata on another device (the other side of a layer split)."""
+        chunks = [PrefillChunk(c.start, c.length, c.context, c.slots.to(device)) for c in self.prefills]
+        return AttentionMetadata(self.slot_mapping.to(device), self.num_decode_tokens, self.decode_slots.to(device),
+                                 self.decode_lengths.to(device), chunks, self.state_runs)
+
 
 def prefix_causal_mask(length: int, context: int, window: int | None = None) -> torch.Tensor:
     """Query i (at position context - length + i) sees every key up to its own position (the last `window`

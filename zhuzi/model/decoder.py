@@ -22,6 +22,7 @@ from zhuzi.model.linear import QUANTIZATIONS, BlockLinear, Linear, blocks_serve
 from zhuzi.model.model_config import LayerSpec, Mlp, ModelConfig, Rope
 from zhuzi.model.moe import GLUS, ClampedSwiGLU, Expert, Glu, MoE, gated_mlp
 from zhuzi.model.parallel import Shard, TPRank, head_rows, split
+from zhuzi.model.placement import Placement, same_device
 from zhuzi.model.quant import FORMATS, Q, quantize
 from zhuzi.model.recurrent import MIXERS, RecurrentMixer, ready
 from zhuzi.model.smooth import smooth
@@ -63,6 +64,26 @@ class LayerTap:
 
     rows: torch.Tensor  # [n] row indexes into the batch's tokens
     residuals: list[torch.Tensor] = field(default_factory=list)  # per layer: [n, hidden], filled by forward
+
+
+@dataclass
+class StepInputs:
+    """What every layer of a step reads beside its hidden state: the RoPE tables, the attention metadata, the
+    per-layer inputs (Gemma 4); copied once a step to each other device a layer split puts layers on."""
+
+    tables: list[tuple[torch.Tensor, torch.Tensor]]
+    meta: AttentionMetadata
+    per_layer: torch.Tensor | None
+    copies: dict[torch.device, StepInputs] = field(default_factory=dict)
+
+    def on(self, device: torch.device) -> StepInputs:
+        if same_device(device, self.meta.slot_mapping.device):
+            return self
+        if device not in self.copies:
+            self.copies[device] = StepInputs([(cos.to(device), sin.to(device)) for cos, sin in self.tables],
+                                             self.meta.to(device),
+                                             None if self.per_layer is None else self.per_layer.to(device))
+        return self.copies[device]
 
 
 @dataclass
@@ -124,25 +145,32 @@ class Decoder:
     def __init__(self, config: ModelConfig, tensors: dict[str, torch.Tensor], device: str = "cpu",
                  quantization: str | None = None, max_positions: int | None = None, tp: TPRank | None = None,
                  fused_decode: bool = True, calibration: list[int] | None = None, deterministic: bool = False,
-                 dtype: torch.dtype | None = None):
+                 dtype: torch.dtype | None = None, placement: Placement | None = None):
         """The tensors' dtype is the weights' and the KV cache's; dtype, the activations' (default the same:
         float32 over bf16 tensors is dtype auto without native bf16). calibration: token ids of a short real
         text; with int8, smoothing factors are calibrated on it (smooth.py). tp: this rank holds its slice of
         every layer; the fused step and the smoothing, both whole-model, are then off. deterministic: see
-        _make_deterministic."""
+        _make_deterministic. placement: which layers are on device and which on the CPU (default: all on
+        device); GGUF blocks bound for a device other than the CPU are dequantized there at load (the block
+        kernels are the CPU's)."""
         if quantization is not None and quantization not in QUANTIZATIONS:
             raise ValueError(f"unknown quantization {quantization!r} (supported: {', '.join(QUANTIZATIONS)})")
         if tp and quantization in ("int4", "gguf"):  # 32-wide blocks do not follow a rank's column split
             raise ValueError(f"quantization {quantization} does not split across tensor-parallel ranks: "
                              "use int8 or none")
         self.config, self.quantization, self.tp, self.device = config, quantization, tp, device
+        self.placement = placement or Placement.of(device, -1, config.num_layers)
+        if self.placement.split and tp:
+            raise ValueError("--n-gpu-layers splits the layers of one process: use --tensor-parallel-size 1")
+        if quantization in FORMATS and self.placement.gpu_layers and self.placement.accelerator.type != "cpu":
+            raise ValueError(f"quantization {quantization} runs on the CPU's block kernels: on "
+                             f"{self.placement.accelerator} use --quantization none (or --n-gpu-layers 0)")
         self.prefill_kernel = not deterministic  # calibration (smooth) runs forward before the end of __init__
         self.shard = Shard.of(config, tp.rank, tp.world_size) if tp else Shard.of(config)
         self.kv_dtype = tensors["model.norm.weight"].dtype  # the loader's: weights' (dense ones) and KV cache's
         self.dtype = dtype or self.kv_dtype
         self.dequantized: Counter[str] = Counter()  # GGUF types run dense for want of a kernel: matrices
-        t = {k: v.to(device) if isinstance(v, torch.Tensor) else v if quantization == "gguf" else self._dense(v)
-             for k, v in tensors.items()}
+        t = {k: self._place(k, v) for k, v in tensors.items()}
         self.embed = self._embedding(t["model.embed_tokens.weight"])
         self.norm = t["model.norm.weight"]
         vocab = self.shard.vocab
@@ -167,10 +195,10 @@ class Decoder:
             log.warning("GGUF type %s has no kernel here: %d matrices run dense in %s (dequantized at load)",
                         name, count, str(self.dtype).removeprefix("torch."))
         positions = max_positions or config.max_position_embeddings
-        self.rotaries = [Rotary(r.head_dim, r.theta, r.scaling, positions, r.interleaved, r.rotary_dim)
-                         for r in ropes]
+        self.rotaries = [Rotary(r.head_dim, r.theta, r.scaling, positions, r.interleaved, r.rotary_dim,
+                                self.placement.ends) for r in ropes]
         self.num_heads, self.num_kv_heads = len(self.shard.q_heads), len(self.shard.kv_heads)
-        self.kv_shape = KVShape.of(specs).with_kv_heads(self.num_kv_heads) if tp else KVShape.of(specs)
+        self.kv_shape = KVShape.of(specs).with_kv_heads(self.num_kv_heads) if tp else KVShape.of(specs, self.placement)
         # Smoothing folds V's factors into O: not where V is normed, K's, or an earlier layer's.
         v_apart = any(s.value_norm or s.values_are_keys or s.kv_source is not None for s in specs)
         if quantization == "int8" and calibration and not tp and not config.num_experts and not config.state_layers \
@@ -178,7 +206,8 @@ class Decoder:
             smooth(self, calibration)
         if quantization in FORMATS:
             self._quantize(*FORMATS[quantization])
-        self.fused = FusedDecode.build(self) if fused_decode and not tp and not deterministic else None
+        whole = not tp and not self.placement.split  # the fused step runs the whole model on the CPU
+        self.fused = FusedDecode.build(self) if fused_decode and whole and not deterministic else None
         if deterministic:
             self._make_deterministic(device)
 
@@ -201,8 +230,16 @@ class Decoder:
                 [getattr(h, p) for layer in self.layers for h, p in layer.matrices]:
             linear.fixed_order = True  # block layers are fixed-order by design
 
+    def _place(self, name: str, w: Weight) -> Weight:
+        """A checkpoint tensor on its layer's device; GGUF blocks stay blocks only on the CPU, for its kernels."""
+        device = self.placement.of_tensor(name)
+        if isinstance(w, torch.Tensor):
+            return w.to(device)
+        return w if self.quantization == "gguf" and device.type == "cpu" else w.dequantize(self.kv_dtype).to(device)
+
     def _dense(self, w: Weight) -> torch.Tensor:
-        return w.dequantize(self.kv_dtype).to(self.device) if isinstance(w, BlockWeight) else w
+        """Blocks no kernel serves, dequantized (they are the CPU's: _place dequantized the others')."""
+        return w.dequantize(self.kv_dtype) if isinstance(w, BlockWeight) else w
 
     def _embedding(self, w: Weight) -> Weight:
         """The token embedding: a GGUF's blocks stay blocks (a step's rows dequantized) where a kernel serves."""
@@ -216,9 +253,9 @@ class Decoder:
         """One layer whose output rows are the parts' rows, one after another (q, k, v or gate, up). With
         quantization gguf, blocks stay blocks where a kernel serves every part's type."""
         blocks = [w for w in parts if isinstance(w, BlockWeight)]
-        if blocks and len(blocks) == len(parts) and blocks_serve(blocks, self.device):
+        if blocks and len(blocks) == len(parts) and blocks_serve(blocks, "cpu"):  # blocks are on the CPU (_place)
             return BlockLinear(blocks, self._bias(bias), out_dtype)
-        if blocks and torch.device(self.device).type == "cpu":
+        if blocks:
             self.dequantized.update(w.qtype.name for w in blocks)
         return Linear(torch.cat([self._dense(w) for w in parts], 0), self._bias(bias))
 
@@ -279,6 +316,10 @@ class Decoder:
     def state_shapes(self) -> list[list[tuple[int, ...]]]:
         """Per recurrent layer (in state pool order), the shape of each of its states for one sequence."""
         return [layer.recurrent.state_shapes() for layer in self.layers if layer.recurrent is not None]
+
+    def state_devices(self) -> list[torch.device]:
+        """Per recurrent layer (in state pool order), the device its states live on: its own."""
+        return [self.placement.layer(i) for i, layer in enumerate(self.layers) if layer.recurrent is not None]
 
     def _glu(self, activation: str) -> Glu:
         c = self.config
@@ -397,18 +438,19 @@ class Decoder:
         input where the caller makes it (the multi-token-prediction layer's, mtp.py). Returns hidden states.
 
         With a tap, the residual stream of its rows after each layer is appended to tap.residuals."""
-        tables = [rotary.tables(positions, self.dtype) for rotary in self.rotaries]
         h = self._embed(self.embed, input_ids, self.config.embedding_scale) if embedded is None else embedded
-        per_layer = self._per_layer_inputs(input_ids, h) if self.per_layer_inputs else None
+        step = StepInputs([rotary.tables(positions, self.dtype) for rotary in self.rotaries], meta,
+                          self._per_layer_inputs(input_ids, h) if self.per_layer_inputs else None)
         for i, layer in enumerate(self.layers):
-            spec = layer.spec
+            spec, here = layer.spec, step.on(self.placement.layer(i))
+            h, meta, per_layer = h.to(here.meta.slot_mapping.device), here.meta, here.per_layer  # a split's crossing
             x = self._norm(h, layer.input_norm, spec.norm_offset)
             if layer.recurrent is not None:
                 assert states is not None and layer.state is not None
                 ready(states[layer.state], meta.state_runs)
                 mixed = layer.recurrent(x, states[layer.state], meta.state_runs)
             else:
-                table = tables[layer.rope] if layer.rope is not None else None
+                table = here.tables[layer.rope] if layer.rope is not None else None
                 mixed = self._attention(layer, x, table, meta, kv.layer(i))
             h = h + self._residual(self._out_norm(self._sum(mixed), layer.attn_out_norm, spec))
             x = self._norm(h, layer.post_norm, spec.norm_offset)
@@ -419,8 +461,8 @@ class Decoder:
             if layer.scalar is not None:
                 h = h * layer.scalar
             if tap is not None:
-                tap.residuals.append(h[tap.rows])
-        return self.final_norm(h)
+                tap.residuals.append(h[tap.rows.to(h.device)].to(tap.rows.device))
+        return self.final_norm(h.to(self.placement.ends))
 
     def _mlp(self, layer: Layer, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """A layer's MLP of its normed input x, every rank's partial sums added up: the dense MLP, the routed

@@ -14,6 +14,7 @@ import torch
 from zhuzi.model import kv_format
 from zhuzi.model.families import family
 from zhuzi.model.model_config import LayerSpec, ModelConfig
+from zhuzi.model.placement import Placement
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,7 @@ class KVGroup:
     layers: tuple[int, ...]  # the layers writing their K/V here, in order
     kv_heads: int
     head_dim: int
+    device: str | None = None  # where a layer split (placement.py) puts them; None: the pool's device
 
     def bytes_per_token(self, dtype: torch.dtype) -> int:
         return 2 * len(self.layers) * self.kv_heads * kv_format.head_bytes(self.head_dim, dtype)
@@ -34,15 +36,20 @@ class KVShape:
     entries: tuple[tuple[int, int] | None, ...]  # per layer, (group, index in it) of the K/V it attends; None: no KV
 
     @classmethod
-    def of(cls, specs: Sequence[LayerSpec]) -> KVShape:
-        kinds: dict[tuple[int, int], list[int]] = {}
+    def of(cls, specs: Sequence[LayerSpec], placement: Placement | None = None) -> KVShape:
+        """With a layer split, the accelerator's layers and the CPU's are groups apart, each on its device (by
+        side, not by the device's name: both sides are the CPU in a test of the split)."""
+        split = placement is not None and placement.split
+        kinds: dict[tuple[int, int, bool], list[int]] = {}
         for i, spec in enumerate(specs):
             if spec.mixer.keeps_kv and spec.kv_source is None:
-                kinds.setdefault((spec.kv_heads, spec.head_dim), []).append(i)
+                side = split and placement.on_accelerator(i)
+                kinds.setdefault((spec.kv_heads, spec.head_dim, side), []).append(i)
         own = {layer: (g, j) for g, layers in enumerate(kinds.values()) for j, layer in enumerate(layers)}
         entries = tuple(own[i if spec.kv_source is None else spec.kv_source] if spec.mixer.keeps_kv else None
                         for i, spec in enumerate(specs))
-        return cls(tuple(KVGroup(tuple(layers), *kind) for kind, layers in kinds.items()), entries)
+        return cls(tuple(KVGroup(tuple(layers), heads, dim, str(placement.layer(layers[0])) if split else None)
+                         for (heads, dim, _), layers in kinds.items()), entries)
 
     @classmethod
     def of_model(cls, config: ModelConfig) -> KVShape:
@@ -79,7 +86,7 @@ class KVPool:
         for group in shape.groups:
             kv_format.check(group.head_dim, dtype)
         return cls(shape, [zeroed((len(g.layers), 2, slots, g.kv_heads, kv_format.head_width(g.head_dim, dtype)),
-                                  dtype, device) for g in shape.groups])
+                                  dtype, g.device or device) for g in shape.groups])
 
     def layer(self, i: int) -> torch.Tensor | None:
         """[K/V, slots, kv_heads, head_width] of the K/V layer i attends; None for a layer that keeps no KV."""
@@ -91,15 +98,15 @@ class KVPool:
         return self.tensors[0].dtype
 
     def read(self, slots: slice) -> torch.Tensor:
-        """A copy of these slots of every group, one flat row."""
-        return torch.cat([t[:, :, slots].reshape(-1) for t in self.tensors]).cpu()
+        """A copy of these slots of every group, one flat row (on the CPU)."""
+        return torch.cat([t[:, :, slots].reshape(-1).cpu() for t in self.tensors])
 
     def write(self, slots: slice, data: torch.Tensor) -> None:
         """The inverse of read."""
         start = 0
         for t in self.tensors:
             view = t[:, :, slots]
-            view.copy_(data[start:start + view.numel()].view(view.shape))
+            view.copy_(data[start:start + view.numel()].view(view.shape).to(t.device))
             start += view.numel()
 
     def clone(self) -> KVPool:

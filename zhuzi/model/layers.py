@@ -108,7 +108,7 @@ class Rotary:
     context; past it, transformers recomputes the whole sequence with the long factors (docs/models.md)."""
 
     def __init__(self, head_dim: int, theta: float, scaling: dict | None, max_positions: int,
-                 interleaved: bool = False, rotary_dim: int | None = None):
+                 interleaved: bool = False, rotary_dim: int | None = None, device: torch.device | str = "cpu"):
         self.dim = rotary_dim or head_dim
         positions = torch.arange(max_positions, dtype=torch.float32)
         angles = torch.outer(positions, rope_inv_freq(self.dim, theta, scaling))
@@ -116,7 +116,8 @@ class Rotary:
             start = scaling["original_max_position_embeddings"]
             angles[start:] = torch.outer(positions[start:], rope_inv_freq(self.dim, theta, scaling, long=True))
         scale = rope_attention_factor(scaling)
-        self.cos, self.sin = angles.cos() * scale, angles.sin() * scale  # [positions, rotary_dim / 2]
+        # [positions, rotary_dim / 2], where the step's positions are
+        self.cos, self.sin = (angles.cos() * scale).to(device), (angles.sin() * scale).to(device)
         self.interleaved = interleaved
 
     def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

@@ -294,8 +294,12 @@ class ModelConfig:
     def num_parameters(self) -> int:
         h, n = self.hidden_size, self.num_layers
         embed = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
-        return embed + h + sum(self._per_layer_input_parameters) + sum(
-            self._mixer_parameters(layer) + self._mlp_parameters(layer, self.num_experts) for layer in range(n))
+        layers = sum(self.layer_parameters(layer) for layer in range(n))
+        return embed + h + sum(self._per_layer_input_parameters) + layers
+
+    def layer_parameters(self, layer: int) -> int:
+        """A decoder layer's parameters: its mixer's, its MLP's (every expert's), its norms."""
+        return self._mixer_parameters(layer) + self._mlp_parameters(layer, self.num_experts)
 
     @property
     def active_parameters(self) -> int:

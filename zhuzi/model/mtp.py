@@ -14,6 +14,7 @@ from zhuzi.model.decoder import Decoder, LayerTap
 from zhuzi.model.kv_pool import KVPool, KVShape
 from zhuzi.model.linear import Linear
 from zhuzi.model.loader import load_mtp
+from zhuzi.model.placement import Placement
 
 
 @dataclass
@@ -26,20 +27,28 @@ class MTP:
 
     @classmethod
     def load(cls, path: Path, target: Decoder, max_positions: int) -> MTP:
-        """path's mtp.* tensors (loader.load_mtp), in the target's dtype and device, beside the target."""
+        """path's mtp.* tensors (loader.load_mtp), in the target's dtype, beside the target's embedding and LM
+        head (on the CPU where the target's layers are split)."""
         config, t = load_mtp(path, target.config, target.kv_dtype)
         t |= {"model.embed_tokens.weight": torch.empty(0, config.hidden_size, dtype=target.kv_dtype)}
-        layers = Decoder(config, t, target.device, max_positions=max_positions,
-                         fused_decode=False, dtype=target.dtype)
+        device = target.placement.ends
+        layers = Decoder(config, t, str(device), max_positions=max_positions, fused_decode=False, dtype=target.dtype)
         layers.embed, layers.lm_head = target.embed, target.lm_head  # shared, not copied
-        return cls(layers, Linear(t["mtp.fc.weight"].to(target.device)), t["mtp.pre_fc_norm_embedding.weight"],
-                   t["mtp.pre_fc_norm_hidden.weight"])
+        return cls(layers, Linear(t["mtp.fc.weight"].to(device)), t["mtp.pre_fc_norm_embedding.weight"].to(device),
+                   t["mtp.pre_fc_norm_hidden.weight"].to(device))
 
     @property
     def kv_shape(self) -> KVShape:
         return self.layers.kv_shape
 
+    @property
+    def placement(self) -> Placement:
+        return self.layers.placement
+
     def state_shapes(self) -> list[list[tuple[int, ...]]]:
+        return []
+
+    def state_devices(self) -> list[torch.device]:
         return []
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, kv: KVPool,

@@ -88,7 +88,8 @@ class EngineCore:
         self.eos_ids = list(ckpt.config.eos_token_ids)
         spec = config.speculative
         max_positions = max(self.max_model_len, ckpt.config.max_position_embeddings)
-        self.kv_plan = plan = config.kv_plan(ckpt.config)
+        assert self.runner.kv_plan is not None
+        self.kv_plan = plan = self.runner.kv_plan  # on a GPU, sized by its memory
         self.grammars = shared_compiler(self.tokenizer.hf, ckpt.config.vocab_size, self.eos_ids)
         self.pages, self.kv = KVServices.build(config, ckpt.config, ckpt.path, plan, self.runner.kv_cache,
                                                 self.runner.num_pages, kv_events, kv_transfers,
@@ -107,9 +108,10 @@ class EngineCore:
         self._seq_ids = itertools.count()
         self.recent_steps: deque[StepRecord] = deque(maxlen=RECENT_STEPS)
         self._step_count = itertools.count()
-        log.info("model %s (%s, %s), KV %d bytes/token, %d pages of %d = %d tokens%s", ckpt.path.name,
-                 ckpt.config.architecture, config.precision, plan.bytes_per_token, plan.num_pages, plan.page_size,
-                 plan.capacity_tokens, f", tensor parallel over {self.tp.world_size} ranks" if self.tp else "")
+        log.info("model %s (%s, %s), %s, KV %d bytes/token, %d pages of %d = %d tokens%s", ckpt.path.name,
+                 ckpt.config.architecture, config.precision, self.runner.model.placement, plan.bytes_per_token,
+                 plan.num_pages, plan.page_size, plan.capacity_tokens,
+                 f", tensor parallel over {self.tp.world_size} ranks" if self.tp else "")
         if plan.state_slots:
             log.info("recurrent state: %d slots of %d bytes (%d layers keep a state instead of KV)",
                      plan.state_slots, plan.state_bytes, ckpt.config.state_layers)

@@ -23,7 +23,8 @@ def build_model(config: EngineConfig, model: str | None, tp: TPRank | None = Non
     calibration = calibration_ids(ckpt.path) if quantization == "int8" and tp is None else None
     decoder = Decoder(ckpt.config, ckpt.tensors, config.device, quantization, positions, tp,
                       fused_decode=config.fused_decode, calibration=calibration,
-                      deterministic=config.deterministic, dtype=precision.compute)
+                      deterministic=config.deterministic, dtype=precision.compute,
+                      placement=config.placement(ckpt.config))
     return ckpt, decoder
 
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
 
-from zhuzi.config import EngineConfig
+from zhuzi.config import EngineConfig, GPUPlan, KVPlan
 from zhuzi.engine.sequence import ScheduledSeq, Sequence
 from zhuzi.engine.worker.model_builder import build_model
 from zhuzi.engine.worker.tp_control import FORWARD, LOGITS, StepChannel, pack_step
@@ -70,11 +70,40 @@ def torch_sum_bandwidth(buffer: torch.Tensor, repeats: int) -> float:
     return buffer.nbytes / best
 
 
+@contextlib.contextmanager
+def out_of_memory(what: str, fix: str) -> Iterator[None]:
+    """An accelerator's out-of-memory error inside, as one line naming what did not fit and the flag that fixes
+    it: a ValueError, which a load reports in one line (as a setting that does not fit) and a step as its
+    requests' error."""
+    try:
+        yield
+    except torch.OutOfMemoryError as exc:
+        said = f" ({str(exc).splitlines()[0]})" if str(exc) else ""
+        raise ValueError(f"out of GPU memory: {what} did not fit; {fix}{said}") from None
+
+
+def _gpu_memory(config: EngineConfig, ckpt: Checkpoint) -> GPUPlan | None:
+    """The GPU's share, measured now that the weights are on it (None: no layer that keeps KV on a CUDA device)."""
+    placement = config.placement(ckpt.config)
+    if placement.accelerator.type != "cuda" or not placement.gpu_layers:
+        return None
+    total = torch.cuda.get_device_properties(placement.accelerator).total_memory
+    gpu = config.gpu_plan(ckpt.config, total, torch.cuda.memory_allocated(placement.accelerator))
+    if gpu is not None:
+        gpu.check(config.page_size, placement.gpu_layers)
+    return gpu
+
+
 def load_runner(config: EngineConfig, tp: TPRank | None = None) -> tuple[Checkpoint, ModelRunner]:
-    """The checkpoint, and a runner around its model (this rank's slice of it) with the KV pool the plan allows."""
+    """The checkpoint, and a runner around its model (this rank's slice of it) with the KV pool the plan allows:
+    --kv-cache-memory's, or on a GPU the share of its memory --gpu-memory-utilization leaves."""
     native.select(config.cpu_kernels)
-    ckpt, model = build_model(config, config.model, tp)
-    plan = config.kv_plan(ckpt.config)
+    if torch.device(config.device).type == "cuda" and config.n_gpu_layers and not torch.cuda.is_available():
+        raise ValueError(f"--device {config.device}: torch sees no CUDA device here (torch.cuda.is_available() is "
+                         "false); --device cpu runs on the CPU")
+    with out_of_memory("the weights", "lower --n-gpu-layers (the rest of the layers stay on the CPU)"):
+        ckpt, model = build_model(config, config.model, tp)
+    plan = config.kv_plan(ckpt.config, _gpu_memory(config, ckpt))
     if plan.num_pages < 1:
         raise ValueError(f"kv_cache_memory {config.kv_cache_memory} holds no KV page")
     if plan.state_bytes and plan.state_slots < plan.sequence_slots:
@@ -82,8 +111,10 @@ def load_runner(config: EngineConfig, tp: TPRank | None = None) -> tuple[Checkpo
                          f"({plan.state_bytes:,} bytes, {plan.sequence_slots} per running sequence, in at most "
                          "half of it)")
     pooling = config.pooling or ckpt.config.pooling or "mean"
-    return ckpt, ModelRunner(model, config, plan.num_pages, list(ckpt.config.eos_token_ids), pooling,
-                             plan.state_slots)
+    with out_of_memory(f"the KV pool ({plan.num_pages} pages)", "lower --gpu-memory-utilization"):
+        runner = ModelRunner(model, config, plan.num_pages, list(ckpt.config.eos_token_ids), pooling,
+                             plan.state_slots, plan)
+    return ckpt, runner
 
 
 def _one_token_rows_first(batch: list[ScheduledSeq]) -> list[int]:
@@ -99,16 +130,17 @@ class ModelRunner:
     the verifier."""
 
     def __init__(self, model: Decoder, config: EngineConfig, num_pages: int, eos_ids: list[int],
-                 pooling: str = "mean", state_slots: int = 0):
+                 pooling: str = "mean", state_slots: int = 0, kv_plan: KVPlan | None = None):
         self.model, self.page_size, self.eos_ids, self.pooling = model, config.page_size, eos_ids, pooling
         self.num_pages = num_pages
-        self.device = torch.device(config.device)
+        self.device = model.placement.ends  # a step's inputs and logits (a layer split's other side: decoder.py)
         # One preallocated pool (kv_pool.py), of this rank's KV heads (all of them without tensor parallelism):
-        # every rank has the same pages, each for its own heads.
+        # every rank has the same pages, each for its own heads; each layer's pages on its device.
         self.kv_cache = KVPool.zeros(model.kv_shape, num_pages * config.page_size, config.precision.kv, self.device)
         # A hybrid model's state pool: per recurrent layer its states, [slots, ...] each, float32
-        self.states = [[zeroed((state_slots, *shape), torch.float32, self.device) for shape in shapes]
-                       for shapes in model.state_shapes()]
+        self.states = [[zeroed((state_slots, *shape), torch.float32, device) for shape in shapes]
+                       for shapes, device in zip(model.state_shapes(), model.state_devices())]
+        self.kv_plan = kv_plan  # the pool's arithmetic, where load_runner made it
         self.sampler = Sampler()
         # With tensor parallelism this is rank 0's runner: it posts each forward pass and LM-head call, which the
         # other ranks' follow loops (tp_worker.py) run over their slices.
@@ -189,6 +221,12 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, batch: list[ScheduledSeq]) -> StepResult:
+        tokens = sum(s.num_new_tokens for s in batch)
+        with out_of_memory(f"a step of {tokens} tokens", "lower --max-num-batched-tokens or "
+                                                          "--gpu-memory-utilization"):
+            return self._execute(batch)
+
+    def _execute(self, batch: list[ScheduledSeq]) -> StepResult:
         batch = [batch[i] for i in _one_token_rows_first(batch)]
         lens = [s for s in batch if s.samples and s.seq.probe is not None and s.seq.probe.lens_top]
         ids, positions, meta, starts = self._inputs(batch)
