@@ -103,6 +103,7 @@ class Held:
 
     model: Model | None = None
     served: ServedModel | None = None
+    load_time: float = 0.0  # seconds the request waited for the model to load
 
 
 # Each request's Held, set around it by app.py's middleware, which releases the models as the answer ends.
@@ -141,6 +142,11 @@ class Server:
         """The model the request holds; a server of one model: that one, once loaded."""
         request = held.get(None)
         return request.served if request is not None and request.served is not None else self.default
+
+    def load_time(self) -> float:
+        """Seconds the request waited for its model to load (0 when it was loaded)."""
+        request = held.get(None)
+        return request.load_time if request is not None else 0.0
 
     @property
     def engine(self) -> EngineClient | None:
@@ -184,16 +190,18 @@ class Server:
     async def hold(self, body: object) -> None:
         """Load (or wait for) the model the request names and hold it for the request's life; Ollama's
         keep_alive, in any API's request, sets how long it stays loaded after. A server of one model holds
-        nothing (an unknown name is check_model's 404)."""
-        if self.models is None:
+        nothing (an unknown name is check_model's 404), nor does a request that unloads the model (Ollama's)."""
+        if self.models is None or getattr(body, "unloads", False):
             return
         name = getattr(body, "model", None) or (next(iter(self.models.models)) if len(self.models.models) == 1
                                                  else None)
         if name is None:
             return  # ready() asks for one
+        started = time.monotonic()
         model = await self.models.acquire(name, seconds(getattr(body, "keep_alive", None)))
         request = held.get()
         request.model, request.served = model, model.served
+        request.load_time = time.monotonic() - started
         assert model.served is not None
         self.gateway.capacity = max(self.gateway.capacity, model.served.engine.config.max_num_seqs
                                     + self.config.max_waiting)
