@@ -3,7 +3,8 @@ hand-moved clock (keep-alive, eviction, one load for concurrent requests), and a
 of three names for the embedded SmolLM2 (links, not copies) and a split GGUF, through the openai and ollama
 clients: each model answers, loads on demand (Ollama's timings count the load), unloads as Ollama asks without
 loading first, is evicted while another streams without cutting the stream, and a killed model core fails only
-its own requests and comes back on the next."""
+its own requests and comes back on the next; and one with API keys, whose rate limits and quotas count a key's
+requests to every model."""
 from __future__ import annotations
 
 import asyncio
@@ -272,3 +273,30 @@ def test_a_killed_model_core_fails_only_its_requests(server: ServerProcess, clie
     assert client.completions.create(model="b", prompt="Paris is", max_tokens=2).choices[0].text
     assert client.completions.create(model="a", prompt="Paris is", max_tokens=2).choices[0].text  # restarted
     assert server.get("/health")["models"]
+
+
+# ---------------------------------------------------------------- the gateway across models
+
+QUOTA, RATE = "sk-quota-3e8f1a", "sk-rate-c42d90"
+
+
+@pytest.fixture(scope="module")
+def keyed(models_dir: Path) -> Iterator[ServerProcess]:
+    """Two keys, each allowed 2 requests a minute; QUOTA 4 tokens a day."""
+    with running_server(models_dir.parent / "keyed.log", "--models-dir", str(models_dir), "--api-key", QUOTA,
+                        "--api-key", RATE, "--rate-limit-rpm", "2", "--quota-tokens-per-day", f"{QUOTA}=4") as running:
+        yield running
+
+
+def test_a_keys_rate_limit_and_quota_count_its_requests_to_every_model(keyed: ServerProcess) -> None:
+    def ask(key: str, model: str) -> httpx.Response:
+        return httpx.post(keyed.api + "/completions", json={"model": model, "prompt": "Paris is", "max_tokens": 2},
+                          headers={"Authorization": f"Bearer {key}"}, timeout=120)
+
+    assert ask(QUOTA, "a").status_code == 200  # its prompt and reply spend the quota
+    over = ask(QUOTA, "b")
+    assert over.status_code == 429 and over.json()["error"]["code"] == "insufficient_quota"
+    assert ask(RATE, "a").status_code == ask(RATE, "a").status_code == 200
+    limited = ask(RATE, "b")
+    assert limited.status_code == 429 and limited.json()["error"]["code"] == "rate_limit_exceeded"
+    assert loads(keyed, "a") == 1 and loads(keyed, "b") == 0  # neither refusal loaded b
