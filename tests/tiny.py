@@ -519,6 +519,14 @@ def _phi3_metadata(writer: gguf.GGUFWriter, cfg) -> None:
         writer.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], dtype=np.float32))
 
 
+def linked(directory: Path, target: Path, names: tuple[str, ...]) -> Path:
+    """A models directory holding target under each name, as symbolic links."""
+    directory.mkdir()
+    for name in names:
+        (directory / f"{name}.gguf").symlink_to(target)
+    return directory
+
+
 def split_gguf(folder: Path, stem: str, count: int, keep: range | None = None) -> list[Path]:
     """A GGUF split as llama.cpp's gguf-split writes one (gguf's writer splits the same way): STEM-0000N-of-0000M
     .gguf, split.no and split.count in every part, the model's metadata in the first; keep: the parts left."""

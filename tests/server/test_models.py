@@ -21,7 +21,7 @@ import openai
 import pytest
 from clock import Clock
 from server_process import ServerProcess, running_server
-from tiny import split_gguf
+from tiny import linked
 
 from zhuzi.catalog import Catalog
 from zhuzi.config import EngineConfig, ParallelConfig
@@ -33,14 +33,6 @@ from zhuzi.server.models import ModelSet, ModelSpec, ServedModel, seconds
 KV = "16MiB"
 NS = 1_000_000_000
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]
-
-
-def linked(directory: Path, target: Path, names: tuple[str, ...]) -> Path:
-    """A models directory holding target under each name, as symbolic links."""
-    directory.mkdir()
-    for name in names:
-        (directory / f"{name}.gguf").symlink_to(target)
-    return directory
 
 
 class Started:
@@ -149,20 +141,10 @@ def test_a_model_that_fails_to_load_fails_its_waiting_requests_and_says_why(tmp_
 # ---------------------------------------------------------------- a real server
 
 
-@pytest.fixture(scope="module")
-def models_dir(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> Path:
-    """Three names for SmolLM2, and a split GGUF of two parts (listed, never loaded)."""
-    directory = linked(tmp_path_factory.mktemp("models") / "models", smollm2_path, ("a", "b", "c"))
-    split_gguf(directory, "big", 2)
-    return directory
-
-
-@pytest.fixture(scope="module")
-def server(models_dir: Path, smollm2_path: Path) -> Iterator[ServerProcess]:
-    size = smollm2_path.stat().st_size + 64 * 2**20  # the weights and running_server's KV pool
-    with running_server(models_dir.parent / "server.log", "--models-dir", str(models_dir), "--models-memory",
-                        str(2 * size + size // 2)) as running:
-        yield running
+@pytest.fixture
+def server(models_server: ServerProcess) -> ServerProcess:
+    """conftest.py's server of many models, which the inspector's page tests share."""
+    return models_server
 
 
 @pytest.fixture

@@ -207,6 +207,21 @@ class Server:
         assert model.served is not None
         self.gateway.batches[model.served.name] = model.served.engine.config.max_num_seqs
 
+    def view(self, name: str | None) -> None:
+        """Let the request read the model it names without holding it (a look at a model, such as the inspector's
+        polls, neither loads it nor keeps it loaded): 404 for a model not here, 503 for one not loaded."""
+        if self.models is None:
+            self.ready()  # 503 while it loads
+            self.check_model(name)
+            return
+        if name is None:
+            return  # ready() asks for one
+        model = self.models.find(name)
+        if model.served is None:
+            raise ApiError(503, f"the model {model.spec.id!r} is not loaded: a request naming it loads it",
+                           "service_unavailable", param="model", code="model_not_loaded")
+        held.get().served = model.served
+
     # -- loading
 
     def prepare(self, engine: EngineClient) -> None:
