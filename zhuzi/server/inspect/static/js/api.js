@@ -90,10 +90,11 @@ export const tokenId = (token) => Number(token.slice('token_id:'.length));
 export const inspect = {
   engine: (steps = 0) => getJSON(`/inspect/engine?${query({ steps })}`),
   batch: (steps, requestId) => getJSON(`/inspect/batch?${query({ steps, request_id: requestId || null })}`),
-  document: (messages, tools) => postJSON('/inspect/document', tools ? { messages, tools } : { messages }),
-  nextToken: (contexts, topN = 300, full = true) =>
-    postJSON('/inspect/next-token', { contexts, top_n: topN, full_logits: full }),
-  lens: (tokenIds, topK = 5) => postJSON('/inspect/logit-lens', { token_ids: tokenIds, top_k: topK }),
+  document: (messages, tools, model) => postJSON('/inspect/document', tools ? { messages, tools, model } : { messages, model }),
+  // A look at a reply names the model that answered it (model), else the page's.
+  nextToken: (contexts, topN = 300, full = true, model = undefined) =>
+    postJSON('/inspect/next-token', { contexts, top_n: topN, full_logits: full, model }),
+  lens: (tokenIds, topK = 5, model = undefined) => postJSON('/inspect/logit-lens', { token_ids: tokenIds, top_k: topK, model }),
   bpe: (text, signal) => postJSON('/inspect/bpe', { text }, signal),
 };
 
