@@ -264,9 +264,10 @@ QUOTA, RATE = "sk-quota-3e8f1a", "sk-rate-c42d90"
 
 @pytest.fixture(scope="module")
 def keyed(models_dir: Path) -> Iterator[ServerProcess]:
-    """Two keys, each allowed 2 requests a minute; QUOTA 4 tokens a day."""
+    """Two keys, each allowed 2 requests a minute; QUOTA 4 tokens a day. Its engines run in threads, small."""
     with running_server(models_dir.parent / "keyed.log", "--models-dir", str(models_dir), "--api-key", QUOTA,
-                        "--api-key", RATE, "--rate-limit-rpm", "2", "--quota-tokens-per-day", f"{QUOTA}=4") as running:
+                        "--api-key", RATE, "--rate-limit-rpm", "2", "--quota-tokens-per-day", f"{QUOTA}=4",
+                        "--no-engine-process", "--kv-cache-memory", "4MiB") as running:
         yield running
 
 
