@@ -207,6 +207,17 @@ def test_an_empty_ollama_request_with_keep_alive_0_unloads_and_never_loads(serve
     assert states(server) == {"a": "unloaded", "b": "loaded", "c": "unloaded", "big": "unloaded"}
 
 
+def test_a_look_at_a_model_loads_none(server: ServerProcess) -> None:
+    """The inspector's views read a loaded model's engine; one not loaded is a 503 that loads nothing."""
+    only_loaded(server, "b")
+    before = loads(server, "c")
+    assert server.get("/inspect/engine?steps=0&model=b")["model"]["name"] == "b"
+    looked = httpx.get(server.url + "/inspect/batch?steps=0&model=c")
+    assert looked.status_code == 503 and looked.json()["error"]["code"] == "model_not_loaded"
+    assert httpx.get(server.url + "/inspect/engine?model=d").status_code == 404
+    assert loads(server, "c") == before and states(server)["c"] == "unloaded"
+
+
 def test_concurrent_first_requests_load_a_model_once(server: ServerProcess, client: openai.OpenAI) -> None:
     server.post("/models/unload", {"model": "c"})  # a and b, loaded or not, stay: c's load makes its own room
     before = loads(server, "c")
