@@ -172,6 +172,8 @@ function notLoaded() {
   banner.hidden = false;
   banner.textContent = `${state.model} is not loaded: the next message loads it.`;
   $('#model-name').textContent = state.model;
+  for (const testid of ['running', 'waiting', 'kv-used', 'kv-total', 'prefix-hit-rate']) setStat(testid, '', '–');
+  $('#kv-bar .kvbar-used').style.width = '0%';
 }
 
 async function poll() {
