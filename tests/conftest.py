@@ -20,7 +20,7 @@ def pytest_configure(config: pytest.Config) -> None:
 # it: the files that use one run in one worker (FilesAndGroups). A file that uses several goes with the first, and
 # the others may be made a second time there (one group of every file that shares any of them would leave one
 # worker most of the server tests).
-SHARED = ("inspect_server", "det_server", "keyed_server", "server", "hf_smollm2")
+SHARED = ("inspect_server", "det_server", "keyed_server", "models_server", "server", "hf_smollm2")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

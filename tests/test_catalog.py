@@ -8,9 +8,9 @@ import os
 from pathlib import Path
 
 import gguf
-import numpy as np
 import pytest
 import tiny
+from tiny import split_gguf
 
 from zhuzi.catalog import Catalog, format_size, table
 from zhuzi.llm import LLM
@@ -29,23 +29,6 @@ def header_only_gguf(path: Path, arch: str) -> Path:
     writer.write_kv_data_to_file()
     writer.close()
     return path
-
-
-def split_gguf(folder: Path, stem: str, count: int, keep: range | None = None) -> list[Path]:
-    """A GGUF split as llama.cpp's gguf-split writes one (gguf's writer splits the same way): STEM-0000N-of-0000M
-    .gguf, split.no and split.count in every part, the model's metadata in the first; keep: the parts left."""
-    writer = gguf.GGUFWriter(folder / f"{stem}.gguf", "llama", split_max_tensors=1)
-    for n in range(count):
-        writer.add_tensor(f"blk.{n}.attn_norm.weight", np.ones(8, dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    parts = [folder / f"{stem}-{n:05d}-of-{count:05d}.gguf" for n in range(1, count + 1)]
-    for n, part in enumerate(parts):
-        if keep is not None and n not in keep:
-            part.unlink()
-    return [part for n, part in enumerate(parts) if keep is None or n in keep]
 
 
 def split_copy(source: Path, folder: Path, count: int) -> list[Path]:

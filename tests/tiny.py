@@ -527,6 +527,31 @@ def _phi3_metadata(writer: gguf.GGUFWriter, cfg) -> None:
         writer.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], dtype=np.float32))
 
 
+def linked(directory: Path, target: Path, names: tuple[str, ...]) -> Path:
+    """A models directory holding target under each name, as symbolic links."""
+    directory.mkdir()
+    for name in names:
+        (directory / f"{name}.gguf").symlink_to(target)
+    return directory
+
+
+def split_gguf(folder: Path, stem: str, count: int, keep: range | None = None) -> list[Path]:
+    """A GGUF split as llama.cpp's gguf-split writes one (gguf's writer splits the same way): STEM-0000N-of-0000M
+    .gguf, split.no and split.count in every part, the model's metadata in the first; keep: the parts left."""
+    writer = gguf.GGUFWriter(folder / f"{stem}.gguf", "llama", split_max_tensors=1)
+    for n in range(count):
+        writer.add_tensor(f"blk.{n}.attn_norm.weight", np.ones(8, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    parts = [folder / f"{stem}-{n:05d}-of-{count:05d}.gguf" for n in range(1, count + 1)]
+    for n, part in enumerate(parts):
+        if keep is not None and n not in keep:
+            part.unlink()
+    return [part for n, part in enumerate(parts) if keep is None or n in keep]
+
+
 def quantized(array: np.ndarray, qtype: gguf.GGMLQuantizationType) -> np.ndarray:
     """The matrix's blocks of qtype; random blocks of its shape for the types gguf cannot quantize."""
     try:

@@ -116,7 +116,7 @@ def _model_set(config: ServerConfig, engine_config: EngineConfig, parallel: Para
             raise
 
     # Each replica holds the weights and a KV pool.
-    source = {name: ModelSpec(name, entry.path, (entry.size + configs[name].kv_cache_bytes)
+    source = {name: ModelSpec(name, entry.paths, (entry.size + configs[name].kv_cache_bytes)
                               * parallel.data_parallel_size) for name, entry in entries.items()}
     return ModelSet(source, start, None if keep_alive == "default" else keep_alive, memory)
 

@@ -490,7 +490,8 @@ class ServerConfig(Settings):
                                               "one unloads to make room (default: no bound)")
     rate_limit_rpm: int | None = setting(None, "requests per minute per key")
     rate_limit_tpm: int | None = setting(None, "prompt + completion tokens per minute per key")
-    max_waiting: int = setting(256, "sequences that may queue beyond --max-num-seqs before 429")
+    max_waiting: int = setting(256, "sequences that may queue beyond --max-num-seqs before 429 (with "
+                                    "--models-dir: beyond each model's, one room for all)")
     max_request_body_bytes: int = setting(8 * 2**20, "larger request bodies get 413")
     request_timeout: float | None = setting(None, "seconds after which a request still running ends with "
                                                   "finish_reason 'abort' (default: no limit)")

@@ -4,17 +4,20 @@ own: the default server (dense weights) and an `openai` client for it (a module 
 server with two API keys (KEYS), shared by the Anthropic and Responses API tests; the inspector's server (float32,
 so that an inspection re-run reproduces a step's probabilities to ~1e-6; bf16: ~1e-3), shared by the /inspect API
 and page tests; a speculating server with --deterministic, shared by the speculation tests and the inspector's
-speculation and divergence views; and the page tests' browser. Tests on a shared server compare its counters before
-and after, never their absolute values."""
+speculation and divergence views; a server of many models (three names for SmolLM2 and a split GGUF), shared by
+the many-models tests and the inspector's page of them; and the page tests' browser. Tests on a shared server
+compare its counters before and after, never their absolute values."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import openai
 import pytest
 from inspector import Inspector, launch
 from playwright.sync_api import Browser, expect, sync_playwright
 from server_process import ServerProcess, running_server
+from tiny import linked, split_gguf
 
 
 @pytest.fixture(scope="session")
@@ -69,6 +72,23 @@ def det_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProce
     inspector's divergence experiment compares it with."""
     with running_server(tmp_path_factory.mktemp("det") / "server.log", "--deterministic", "--quantization", "none",
                         "--dtype", "bfloat16", "--speculative-config", NGRAM) as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
+def models_dir(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> Path:
+    """Three names for SmolLM2 (links, not copies), and a split GGUF of two parts (listed, never loaded)."""
+    directory = linked(tmp_path_factory.mktemp("models") / "models", smollm2_path, ("a", "b", "c"))
+    split_gguf(directory, "big", 2)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def models_server(models_dir: Path, smollm2_path: Path) -> Iterator[ServerProcess]:
+    """`zhuzi serve --models-dir` of models_dir, with room for two and a half of its SmolLM2s."""
+    size = smollm2_path.stat().st_size + 64 * 2**20  # the weights and running_server's KV pool
+    with running_server(models_dir.parent / "server.log", "--models-dir", str(models_dir), "--models-memory",
+                        str(2 * size + size // 2)) as running:
         yield running
 
 

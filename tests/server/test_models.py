@@ -1,8 +1,10 @@
 """Many models behind one server (zhuzi/server/models.py): the ModelSet's rules on real engines in threads with a
 hand-moved clock (keep-alive, eviction, one load for concurrent requests), and a real `zhuzi serve --models-dir`
-of three names for the embedded SmolLM2 (links, not copies) through the openai and ollama clients: each model
-answers, loads on demand, is evicted while another streams without cutting the stream, and a killed model core
-fails only its own requests and comes back on the next."""
+of three names for the embedded SmolLM2 (links, not copies) and a split GGUF, through the openai and ollama
+clients: each model answers, loads on demand (Ollama's timings count the load), unloads as Ollama asks without
+loading first, is evicted while another streams without cutting the stream, and a killed model core fails only
+its own requests and comes back on the next; and one with API keys, whose rate limits and quotas count a key's
+requests to every model."""
 from __future__ import annotations
 
 import asyncio
@@ -19,6 +21,7 @@ import openai
 import pytest
 from clock import Clock
 from server_process import ServerProcess, running_server
+from tiny import linked
 
 from zhuzi.catalog import Catalog
 from zhuzi.config import EngineConfig, ParallelConfig
@@ -28,15 +31,8 @@ from zhuzi.server.common.gateway import GatewayError
 from zhuzi.server.models import ModelSet, ModelSpec, ServedModel, seconds
 
 KV = "16MiB"
+NS = 1_000_000_000
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]
-
-
-def linked(directory: Path, target: Path, names: tuple[str, ...]) -> Path:
-    """A models directory holding target under each name, as symbolic links."""
-    directory.mkdir()
-    for name in names:
-        (directory / f"{name}.gguf").symlink_to(target)
-    return directory
 
 
 class Started:
@@ -54,7 +50,7 @@ class Started:
 @pytest.fixture
 def source(tmp_path: Path, smollm2_path: Path) -> dict[str, ModelSpec]:
     catalog = Catalog.scan([str(linked(tmp_path / "models", smollm2_path, ("a", "b", "c")))])
-    return {entry.id: ModelSpec(entry.id, entry.path, entry.size) for entry in catalog.entries()}
+    return {entry.id: ModelSpec(entry.id, entry.paths, entry.size) for entry in catalog.entries()}
 
 
 def test_keep_alive_durations() -> None:
@@ -130,7 +126,7 @@ def test_a_model_that_fails_to_load_fails_its_waiting_requests_and_says_why(tmp_
     broken = tmp_path / "broken.gguf"
     broken.write_bytes(b"not a GGUF file")
     started = Started()
-    models = ModelSet({"broken": ModelSpec("broken", broken, 1)}, started)
+    models = ModelSet({"broken": ModelSpec("broken", (broken,), 1)}, started)
 
     async def run() -> list[object]:
         return await asyncio.gather(models.acquire("broken"), models.acquire("broken"), return_exceptions=True)
@@ -145,14 +141,10 @@ def test_a_model_that_fails_to_load_fails_its_waiting_requests_and_says_why(tmp_
 # ---------------------------------------------------------------- a real server
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> Iterator[ServerProcess]:
-    root = tmp_path_factory.mktemp("models")
-    directory = linked(root / "models", smollm2_path, ("a", "b", "c"))
-    size = smollm2_path.stat().st_size + 64 * 2**20  # the weights and running_server's KV pool
-    with running_server(root / "server.log", "--models-dir", str(directory), "--models-memory",
-                        str(2 * size + size // 2)) as running:
-        yield running
+@pytest.fixture
+def server(models_server: ServerProcess) -> ServerProcess:
+    """conftest.py's server of many models, which the inspector's page tests share."""
+    return models_server
 
 
 @pytest.fixture
@@ -178,18 +170,23 @@ def loads(server: ServerProcess, name: str) -> int:
 
 
 def test_each_model_answers_through_openai_and_ollama(server: ServerProcess, client: openai.OpenAI,
-                                                     smollm2_path: Path) -> None:
+                                                     models_dir: Path, smollm2_path: Path) -> None:
     only_loaded(server)
-    assert states(server) == {"a": "unloaded", "b": "unloaded", "c": "unloaded"}
-    memory = {card["id"]: card["memory"] - smollm2_path.stat().st_size for card in server.get("/v1/models")["data"]}
-    assert memory == {"a": 64 * 2**20, "b": 64 * 2**20, "c": 64 * 2**20}  # each with its KV pool
-    assert {m["name"] for m in server.get("/api/tags")["models"]} == {"a:latest", "b:latest", "c:latest"}
+    assert states(server) == {"a": "unloaded", "b": "unloaded", "c": "unloaded", "big": "unloaded"}
+    disk = {name: smollm2_path.stat().st_size for name in "abc"}
+    disk["big"] = sum(part.stat().st_size for part in models_dir.glob("big-*-of-00002.gguf"))  # both parts
+    memory = {card["id"]: card["memory"] for card in server.get("/v1/models")["data"]}
+    assert memory == {name: size + 64 * 2**20 for name, size in disk.items()}  # each with its KV pool
+    tags = {m["name"]: m["size"] for m in server.get("/api/tags")["models"]}
+    assert tags == {f"{name}:latest": size for name, size in disk.items()}
     answer = client.chat.completions.create(model="a", messages=CHAT, max_tokens=8, temperature=0)
     assert answer.model == "a" and answer.choices[0].message.content
     reply = ollama.Client(host=server.url).chat(model="b", messages=CHAT, options={"num_predict": 8,
                                                                                   "temperature": 0})
     assert reply.message.content == answer.choices[0].message.content  # the same file, greedy
-    assert states(server) == {"a": "loaded", "b": "loaded", "c": "unloaded"}
+    load = float(re.findall(r"model b loaded in ([\d.]+) s", server.log.read_text())[-1])
+    assert reply.load_duration >= (load - 0.001) * NS and reply.total_duration > reply.load_duration  # b's load
+    assert states(server) == {"a": "loaded", "b": "loaded", "c": "unloaded", "big": "unloaded"}
     running = ollama.Client(host=server.url).ps().models
     assert {m.model for m in running} == {"a:latest", "b:latest"} and all(m.expires_at.year < 9999 for m in running)
     assert set(server.get("/health")["models"]) == {"a", "b"}
@@ -199,6 +196,26 @@ def test_each_model_answers_through_openai_and_ollama(server: ServerProcess, cli
     assert missing.value.code == "model_not_found"
     with pytest.raises(ollama.ResponseError, match='model "d" not found'):
         ollama.Client(host=server.url).chat(model="d", messages=CHAT)
+
+
+def test_an_empty_ollama_request_with_keep_alive_0_unloads_and_never_loads(server: ServerProcess) -> None:
+    only_loaded(server, "a", "b")  # as the test before left them
+    before = loads(server, "c")
+    assert ollama.Client(host=server.url).generate(model="c", keep_alive=0).done_reason == "unload"
+    assert states(server)["c"] == "unloaded" and loads(server, "c") == before
+    assert ollama.Client(host=server.url).chat(model="a", messages=[], keep_alive="0s").done_reason == "unload"
+    assert states(server) == {"a": "unloaded", "b": "loaded", "c": "unloaded", "big": "unloaded"}
+
+
+def test_a_look_at_a_model_loads_none(server: ServerProcess) -> None:
+    """The inspector's views read a loaded model's engine; one not loaded is a 503 that loads nothing."""
+    only_loaded(server, "b")
+    before = loads(server, "c")
+    assert server.get("/inspect/engine?steps=0&model=b")["model"]["name"] == "b"
+    looked = httpx.get(server.url + "/inspect/batch?steps=0&model=c")
+    assert looked.status_code == 503 and looked.json()["error"]["code"] == "model_not_loaded"
+    assert httpx.get(server.url + "/inspect/engine?model=d").status_code == 404
+    assert loads(server, "c") == before and states(server)["c"] == "unloaded"
 
 
 def test_concurrent_first_requests_load_a_model_once(server: ServerProcess, client: openai.OpenAI) -> None:
@@ -225,7 +242,7 @@ def test_eviction_never_cuts_a_stream(server: ServerProcess, client: openai.Open
     chunks = iter(stream)
     text = next(chunks).choices[0].delta.content or ""
     client.completions.create(model="a", prompt="Paris is", max_tokens=2)
-    assert states(server) == {"a": "loaded", "b": "loaded", "c": "unloaded"}
+    assert states(server) == {"a": "loaded", "b": "loaded", "c": "unloaded", "big": "unloaded"}
     finish = None
     for chunk in chunks:
         if chunk.choices:
@@ -249,3 +266,31 @@ def test_a_killed_model_core_fails_only_its_requests(server: ServerProcess, clie
     assert client.completions.create(model="b", prompt="Paris is", max_tokens=2).choices[0].text
     assert client.completions.create(model="a", prompt="Paris is", max_tokens=2).choices[0].text  # restarted
     assert server.get("/health")["models"]
+
+
+# ---------------------------------------------------------------- the gateway across models
+
+QUOTA, RATE = "sk-quota-3e8f1a", "sk-rate-c42d90"
+
+
+@pytest.fixture(scope="module")
+def keyed(models_dir: Path) -> Iterator[ServerProcess]:
+    """Two keys, each allowed 2 requests a minute; QUOTA 4 tokens a day. Its engines run in threads, small."""
+    with running_server(models_dir.parent / "keyed.log", "--models-dir", str(models_dir), "--api-key", QUOTA,
+                        "--api-key", RATE, "--rate-limit-rpm", "2", "--quota-tokens-per-day", f"{QUOTA}=4",
+                        "--no-engine-process", "--kv-cache-memory", "4MiB") as running:
+        yield running
+
+
+def test_a_keys_rate_limit_and_quota_count_its_requests_to_every_model(keyed: ServerProcess) -> None:
+    def ask(key: str, model: str) -> httpx.Response:
+        return httpx.post(keyed.api + "/completions", json={"model": model, "prompt": "Paris is", "max_tokens": 2},
+                          headers={"Authorization": f"Bearer {key}"}, timeout=120)
+
+    assert ask(QUOTA, "a").status_code == 200  # its prompt and reply spend the quota
+    over = ask(QUOTA, "b")
+    assert over.status_code == 429 and over.json()["error"]["code"] == "insufficient_quota"
+    assert ask(RATE, "a").status_code == ask(RATE, "a").status_code == 200
+    limited = ask(RATE, "b")
+    assert limited.status_code == 429 and limited.json()["error"]["code"] == "rate_limit_exceeded"
+    assert loads(keyed, "a") == 1 and loads(keyed, "b") == 0  # neither refusal loaded b

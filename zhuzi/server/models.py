@@ -30,12 +30,17 @@ RETRY_AFTER_S = 5.0  # what a request that found no room is told to wait
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """What to load for a model id: its file or directory, and the bytes it holds once loaded (its weights and
-    its KV pool), which --models-memory counts."""
+    """What to load for a model id: its files (a GGUF file, a split GGUF's parts in order, or a Hugging Face
+    directory), and the bytes it holds once loaded (its weights and its KV pool), which --models-memory counts."""
 
     id: str
-    path: Path
+    paths: tuple[Path, ...]
     size: int
+
+    @property
+    def path(self) -> Path:
+        """What the loader opens: the file, a split's first part, or the directory."""
+        return self.paths[0]
 
 
 @dataclass
@@ -179,6 +184,7 @@ class ModelSet:
         log.info("model %s: loading %s", model.spec.id, model.spec.path)
 
         def load() -> None:
+            started = time.monotonic()
             try:
                 served = self.start(model.spec)
             except BaseException as exc:
@@ -186,6 +192,7 @@ class ModelSet:
                           exc_info=None if isinstance(exc, (ValueError, OSError)) else exc)
                 loop.call_soon_threadsafe(self._loaded, model, None, f"{exc}")
                 return
+            log.info("model %s loaded in %.3f s", model.spec.id, time.monotonic() - started)
             loop.call_soon_threadsafe(self._loaded, model, served, None)
 
         threading.Thread(target=load, name=f"zhuzi-load-{model.spec.id}", daemon=True).start()
@@ -199,7 +206,6 @@ class ModelSet:
                                           "server_error", param="model", code="model_load_failed"))
             future.exception()  # the waiters read it; nobody must, when none waits
         else:
-            log.info("model %s loaded", model.spec.id)
             future.set_result(served)
 
     def _make_room(self, model: Model) -> None:

@@ -67,20 +67,35 @@ def test_tokens_per_minute_charge_prompt_and_completion() -> None:
 
 
 def test_bounded_queue_refuses_at_once_and_frees_on_release() -> None:
-    gate = Gateway(capacity=4)
-    first = gate.admit(3)
-    error = refused(gate.admit, 2)
+    gate = Gateway(max_waiting=2)
+    gate.batches["m"] = 2  # 4 places: 2 running, 2 waiting
+    first = gate.admit(3, "m")
+    error = refused(gate.admit, 2, "m")
     assert (error.status, error.code) == (429, "queue_full")
-    second = gate.admit(1)
+    second = gate.admit(1, "m")
     first.release()
     first.release()  # a second release (stream end + cleanup) frees nothing more
-    assert gate.in_flight == 1
-    gate.admit(3)
-    refused(gate.admit, 1)
+    assert gate.in_flight["m"] == 1
+    gate.admit(3, "m")
+    refused(gate.admit, 1, "m")
     second.release()
-    assert gate.in_flight == 3
-    error = refused(gate.admit, 5)  # more than the whole queue: waiting would not help
+    assert gate.in_flight["m"] == 3
+    error = refused(gate.admit, 5, "m")  # more than the whole queue: waiting would not help
     assert (error.status, error.code) == (400, "too_many_sequences")
+
+
+def test_each_model_runs_its_own_batch_and_all_share_one_waiting_room() -> None:
+    gate = Gateway(max_waiting=1)
+    gate.batches.update(a=2, b=1)
+    a = [gate.admit(1, "a") for _ in range(3)]  # a's batch, then the one place to wait
+    assert refused(gate.admit, 1, "a").code == "queue_full"
+    b = gate.admit(1, "b")  # b's engine is idle: a's queue does not hold it back
+    assert refused(gate.admit, 1, "b").code == "queue_full"  # but a took the waiting room
+    a[0].release()
+    gate.admit(1, "b")  # waits in the room a left
+    assert gate.waiting() == 1 and refused(gate.admit, 1, "a").code == "queue_full"
+    b.release()
+    assert gate.waiting() == 0 and refused(gate.admit, 3, "b").code == "too_many_sequences"
 
 
 def test_each_key_is_a_tenant_known_by_a_stable_masked_id() -> None:

@@ -1,6 +1,8 @@
 """The gateway, the request path's second step: who may ask (API keys: Bearer or x-api-key, 401), how often
-(requests and tokens per minute per key, token buckets, 429 with Retry-After), and whether there is room (a
-bounded queue: 429 at once past it). Each key is a tenant for the engine's fair shares, known by a masked id.
+(requests and tokens per minute per key, token buckets, 429 with Retry-After), and whether there is room (each
+model's batch, then one waiting room all models share: 429 at once past it). Each key is a tenant for the
+engines' fair shares, known by a masked id. A server of many models has one gateway: a key's limits count its
+requests to every model.
 """
 from __future__ import annotations
 
@@ -60,13 +62,14 @@ class TokenBucket:
 @dataclass
 class Admission:
     gateway: Gateway
+    model: str
     num_seqs: int
     released: bool = False
 
     def release(self) -> None:
         if not self.released:
             self.released = True
-            self.gateway.in_flight -= self.num_seqs
+            self.gateway.in_flight[self.model] -= self.num_seqs
 
 
 @dataclass
@@ -77,13 +80,14 @@ class KeyLimits:
 
 class Gateway:
     def __init__(self, api_keys: list[str] | None = None, rpm: int | None = None, tpm: int | None = None,
-                 capacity: int = 0, weights: dict[str, float] | None = None,
+                 max_waiting: int = 0, weights: dict[str, float] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.api_keys = [key.encode() for key in api_keys or []]
         self.tenants = {key: Tenant(key_id(key), (weights or {}).get(key, 1.0)) for key in api_keys or []}
         self.rpm, self.tpm = rpm, tpm
-        self.capacity = capacity  # sequences: the engine's max_num_seqs plus the waiting room
-        self.in_flight = 0  # sequences admitted and not yet finished
+        self.max_waiting = max_waiting  # sequences that may wait beyond the batches, all models' together
+        self.batches: dict[str, int] = {}  # model -> sequences its engine runs at once (its max_num_seqs)
+        self.in_flight: dict[str, int] = {}  # model -> sequences admitted and not yet finished
         self.clock = clock  # what the per-minute limits refill by
         self._limits: dict[str, KeyLimits] = {}  # touched only from the event loop: no lock
 
@@ -123,18 +127,27 @@ class Gateway:
         if bucket is not None:
             bucket.take(num_tokens, self.clock())
 
-    def admit(self, num_seqs: int) -> Admission:
-        """Take num_seqs places in the bounded queue; the caller releases them when the request ends."""
-        if num_seqs > self.capacity:  # no wait would help: say so instead of 429
+    def waiting(self) -> int:
+        """Sequences admitted beyond their model's batch."""
+        return sum(max(0, n - self.batches.get(model, 0)) for model, n in self.in_flight.items())
+
+    def admit(self, num_seqs: int, model: str) -> Admission:
+        """Take num_seqs places: in the model's batch while it has room, then in the waiting room; the caller
+        releases them when the request ends."""
+        batch = self.batches.get(model, 0)
+        if num_seqs > batch + self.max_waiting:  # no wait would help: say so instead of 429
             raise GatewayError(400, f"The request asks for {num_seqs} sequences (n times prompts); this server "
-                                    f"holds at most {self.capacity}.", "invalid_request_error", "too_many_sequences")
-        if self.in_flight + num_seqs > self.capacity:
+                                    f"holds at most {batch + self.max_waiting} for {model!r}.",
+                               "invalid_request_error", "too_many_sequences")
+        mine = self.in_flight.get(model, 0)
+        waiting = self.waiting() - max(0, mine - batch) + max(0, mine + num_seqs - batch)
+        if waiting > self.max_waiting:
             raise GatewayError(
-                429, f"Server busy: {self.in_flight} sequences are running or waiting "
-                     f"(limit {self.capacity}). Try again shortly.", "server_busy", "queue_full",
+                429, f"Server busy: {mine} sequences are running or waiting for {model!r}, and {self.waiting()} "
+                     f"wait in all (limit {self.max_waiting}). Try again shortly.", "server_busy", "queue_full",
                 retry_after=1.0)
-        self.in_flight += num_seqs
-        return Admission(self, num_seqs)
+        self.in_flight[model] = mine + num_seqs
+        return Admission(self, model, num_seqs)
 
     def _limits_of(self, key: str) -> KeyLimits:
         if key not in self._limits:

@@ -74,7 +74,7 @@ class Intake:
         self.server.available()
         self.server.gateway.check_rate(key)
         body = await self.parse_body(request, body_model)
-        await self.server.hold(body)
+        await self.server.hold(body, key)
         return key, body
 
     async def generation(self, request: Request, body_model: type[ModelT],

@@ -103,6 +103,7 @@ class Held:
 
     model: Model | None = None
     served: ServedModel | None = None
+    load_time: float = 0.0  # seconds the request waited for the model to load
 
 
 # Each request's Held, set around it by app.py's middleware, which releases the models as the answer ends.
@@ -123,16 +124,15 @@ class Server:
         self.active: set[ActiveRequest] = set()
         # Templates and tokenizing run in workers, long texts' encoding in the tokenizer's helper process.
         self.workers = ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="zhuzi-tokenize")
-        self.gateway = Gateway(config.api_keys, config.rate_limit_rpm, config.rate_limit_tpm, weights=config.weights)
+        self.gateway = Gateway(config.api_keys, config.rate_limit_rpm, config.rate_limit_tpm, config.max_waiting,
+                               config.weights)
         # One file keeps what outlives the process (stored responses, usage); one zhuzi cannot use stops the
         # server here, in one line. What was answered is committed: a killed server loses nothing.
         self.store = Database(config.responses_store)
         self.quotas = Quotas.open(config.quotas, self.store)
         self.metrics = ServerMetrics(self.engine_state, self.quotas.usage)
         self.created = int(time.time())
-        if self.models is not None:
-            self.gateway.capacity = config.max_waiting  # grown by each model's batch as it loads
-        elif not callable(engine):
+        if self.models is None and not callable(engine):
             self.attach(self.prepare(engine))
 
     # -- the request's model
@@ -141,6 +141,11 @@ class Server:
         """The model the request holds; a server of one model: that one, once loaded."""
         request = held.get(None)
         return request.served if request is not None and request.served is not None else self.default
+
+    def load_time(self) -> float:
+        """Seconds the request waited for its model to load (0 when it was loaded)."""
+        request = held.get(None)
+        return request.load_time if request is not None else 0.0
 
     @property
     def engine(self) -> EngineClient | None:
@@ -181,22 +186,41 @@ class Server:
         """The chat template's text."""
         return served.template if (served := self.served()) else ""
 
-    async def hold(self, body: object) -> None:
+    async def hold(self, body: object, key: str) -> None:
         """Load (or wait for) the model the request names and hold it for the request's life; Ollama's
         keep_alive, in any API's request, sets how long it stays loaded after. A server of one model holds
-        nothing (an unknown name is check_model's 404)."""
-        if self.models is None:
+        nothing (an unknown name is check_model's 404), nor does a request that unloads the model (Ollama's);
+        a key past its quota loads none (nor evicts one for nothing)."""
+        if self.models is None or getattr(body, "unloads", False):
             return
         name = getattr(body, "model", None) or (next(iter(self.models.models)) if len(self.models.models) == 1
                                                  else None)
         if name is None:
             return  # ready() asks for one
+        if self.models.find(name).served is None:
+            self.quotas.check(key)
+        started = time.monotonic()
         model = await self.models.acquire(name, seconds(getattr(body, "keep_alive", None)))
         request = held.get()
         request.model, request.served = model, model.served
+        request.load_time = time.monotonic() - started
         assert model.served is not None
-        self.gateway.capacity = max(self.gateway.capacity, model.served.engine.config.max_num_seqs
-                                    + self.config.max_waiting)
+        self.gateway.batches[model.served.name] = model.served.engine.config.max_num_seqs
+
+    def view(self, name: str | None) -> None:
+        """Let the request read the model it names without holding it (a look at a model, such as the inspector's
+        polls, neither loads it nor keeps it loaded): 404 for a model not here, 503 for one not loaded."""
+        if self.models is None:
+            self.ready()  # 503 while it loads
+            self.check_model(name)
+            return
+        if name is None:
+            return  # ready() asks for one
+        model = self.models.find(name)
+        if model.served is None:
+            raise ApiError(503, f"the model {model.spec.id!r} is not loaded: a request naming it loads it",
+                           "service_unavailable", param="model", code="model_not_loaded")
+        held.get().served = model.served
 
     # -- loading
 
@@ -213,7 +237,7 @@ class Server:
         # collection, a pause of 0.1 s or more on the event loop.
         gc.collect()
         gc.freeze()
-        self.gateway.capacity = engine.config.max_num_seqs + self.config.max_waiting
+        self.gateway.batches[served.name] = engine.config.max_num_seqs
         self.default = served
         stats = engine.stats()
         formats = "harmony format" if self.harmony else f"tool calls in {self.tool_format.name}'s format" + (
@@ -360,7 +384,7 @@ class Server:
         except InvalidRequest as exc:
             raise ApiError.of(exc) from exc
         self.quotas.check(key)
-        admission = self.gateway.admit(len(contexts))
+        admission = self.gateway.admit(len(contexts), self.model_name)
         request_id = new_id("probe")
         try:
             outs = await until_disconnect(request, gather_or_cancel(
@@ -382,7 +406,7 @@ class Server:
         (a stored response) is kept by then."""
         engine = self.ready()
         self.quotas.check(key)
-        admission = self.gateway.admit(params.n * len(prompts))
+        admission = self.gateway.admit(params.n * len(prompts), self.model_name)
         prompt_tokens = sum(len(ids) for ids in prompts)
         self.charge(key, prompt_tokens)
         request_ids = [f"{fmt.request_id}-{i}" for i in range(len(prompts))]

@@ -28,8 +28,11 @@ def _steps_parameter(default: int) -> dict[str, Any]:
             "schema": {"type": "integer", "minimum": 0, "maximum": ip.MAX_STEPS, "default": default}}
 
 
-_ENGINE_QUERY = {"parameters": [_steps_parameter(64)]}
-_BATCH_QUERY = {"parameters": [_steps_parameter(48), {
+_MODEL_PARAMETER = {"name": "model", "in": "query", "required": False,
+                    "description": "the model to look at (a server of many models: one loaded; a look loads none)",
+                    "schema": {"type": "string"}}
+_ENGINE_QUERY = {"parameters": [_steps_parameter(64), _MODEL_PARAMETER]}
+_BATCH_QUERY = {"parameters": [_steps_parameter(48), _MODEL_PARAMETER, {
     "name": "request_id", "in": "query", "required": False,
     "description": "the id of the caller's own request (a chat completion's id): its rows are marked as yours",
     "schema": {"type": "string", "maxLength": ip.MAX_REQUEST_ID, "pattern": ip.REQUEST_ID_PATTERN}}]}
@@ -77,19 +80,22 @@ def router(intake: Intake, inspector: Inspector) -> APIRouter:
     async def bpe(request: Request) -> Response:
         return await inspector.bpe(*await intake.admitted(request, ip.BpeRequest))
 
-    @routes.get("/inspect/engine", **{**documented(None, ip.EngineResponse, (400, 401, 503)),
+    @routes.get("/inspect/engine", **{**documented(None, ip.EngineResponse, (400, 401, 404, 503)),
                                      "openapi_extra": _ENGINE_QUERY})
     async def engine_view(request: Request) -> Response:
         intake.authenticated(request)
+        query = _query(request, {"steps": "64", "model": None})
+        server.view(query["model"])
         server.ready()
-        return await inspector.engine(_query(request, {"steps": "64"})["steps"])
+        return await inspector.engine(query["steps"])
 
-    @routes.get("/inspect/batch", **{**documented(None, ip.BatchResponse, (400, 401, 503)),
+    @routes.get("/inspect/batch", **{**documented(None, ip.BatchResponse, (400, 401, 404, 503)),
                                     "openapi_extra": _BATCH_QUERY})
     async def batch_view(request: Request) -> Response:
         intake.authenticated(request)
+        query = _query(request, {"steps": "48", "request_id": None, "model": None})
+        server.view(query["model"])
         server.ready()
-        query = _query(request, {"steps": "48", "request_id": None})
         return await inspector.batch(query["steps"], query["request_id"])
 
     return routes

@@ -10,6 +10,7 @@ from pydantic import AfterValidator, Field
 
 from zhuzi.sampling_params import MAX_REPETITION_PENALTY, MIN_REPETITION_PENALTY
 from zhuzi.server.common.schema import KeepAlive, Request, Response, Text, _is_none
+from zhuzi.server.models import seconds
 from zhuzi.server.openai.answers import TokenLogprob
 
 
@@ -114,14 +115,28 @@ class GenerationRequest(Request):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
 
+    @property
+    def empty(self) -> bool:
+        """Nothing to answer: Ollama's way to load the model (done_reason "load")."""
+        raise NotImplementedError
+
+    @property
+    def unloads(self) -> bool:
+        """Empty, with keep_alive 0: Ollama's way to unload the model (done_reason "unload"), never loading it."""
+        return self.empty and seconds(self.keep_alive) == 0
+
 
 class ChatRequest(GenerationRequest):
-    messages: list[Message] = []  # none: Ollama's way to load the model (answered with done_reason "load")
+    messages: list[Message] = []
     tools: list[Tool] | None = None
+
+    @property
+    def empty(self) -> bool:
+        return not self.messages
 
 
 class GenerateRequest(GenerationRequest):
-    prompt: Text | None = None  # none (and no system): load the model (done_reason "load")
+    prompt: Text | None = None
     system: Text | None = None
     raw: bool = False  # true: the prompt as it is, without the chat template
     suffix: refused("is not supported: zhuzi does not fill in the middle", "") = None
@@ -131,6 +146,10 @@ class GenerateRequest(GenerationRequest):
     width: refused("is for image generation, which zhuzi does not do") = None
     height: refused("is for image generation, which zhuzi does not do") = None
     steps: refused("is for image generation, which zhuzi does not do") = None
+
+    @property
+    def empty(self) -> bool:
+        return not self.prompt and not self.system
 
 
 NO_OPTIONS = "has nothing to set for an embedding: sampling options do not apply, load-time ones are zhuzi serve's"
@@ -186,7 +205,7 @@ class Answer(Response):
     model: str
     created_at: str  # RFC 3339, UTC
     done: bool
-    done_reason: Literal["stop", "length", "load", "abort", "error"] | None = Field(None, exclude_if=_is_none)
+    done_reason: Literal["stop", "length", "load", "unload", "abort", "error"] | None = Field(None, exclude_if=_is_none)
     total_duration: int | None = Field(None, exclude_if=_is_none)
     load_duration: int | None = Field(None, exclude_if=_is_none)
     prompt_eval_count: int | None = Field(None, exclude_if=_is_none)
@@ -251,7 +270,7 @@ class EmbedResponse(Response):
     model: str
     embeddings: list[list[float]]
     total_duration: int  # nanoseconds, as the other answers' durations
-    load_duration: int = 0  # the model is loaded once, at start
+    load_duration: int = 0  # the model's load, when the request waited for it
     prompt_eval_count: int
 
 

@@ -128,10 +128,11 @@ def _logprobs(body: o.GenerationRequest) -> dict[str, Any]:
 class OllamaFormat:
     """Ollama's answer to /api/chat (a message) or /api/generate (a response), whole or as NDJSON lines."""
 
-    def __init__(self, model: str, chat: bool, top_logprobs: int | None, token_bytes: Any) -> None:
+    def __init__(self, model: str, chat: bool, top_logprobs: int | None, token_bytes: Any,
+                 load_time: float = 0.0) -> None:
         self.request_id = new_item_id("ollama")
         self.model, self.chat, self.top_logprobs, self.token_bytes = model, chat, top_logprobs, token_bytes
-        self.started = time.monotonic()
+        self.started = time.monotonic() - load_time  # the model's load, when the request waited for it, counts
         self.calls = 0  # tool calls written so far
 
     def _call(self, call_id: str, name: str, arguments: str) -> o.ToolCallOut:
@@ -157,7 +158,8 @@ class OllamaFormat:
         return o.GenerateResponse(response=text, thinking=thinking or None, **common)
 
     def _timings(self, gen: ResponseState) -> dict[str, Any]:
-        """The last answer's: done_reason, and the counts and durations (nanoseconds) of the engine's timings."""
+        """The last answer's: done_reason, and the counts and durations (nanoseconds) of the engine's timings
+        (load_duration: what is not the prompt's or the reply's, the model's load included)."""
         choice = gen.choices.get(0)
         reason = choice.finish_reason if choice else None
         metrics = gen.prompts[0].metrics
@@ -232,15 +234,21 @@ class Ollama:
 
     def _fmt(self, body: o.GenerationRequest, chat: bool) -> OllamaFormat:
         return OllamaFormat(body.model, chat, body.top_logprobs or 0 if body.logprobs else None,
-                            self.server.ready().tokenizer.bytes_of)
+                            self.server.ready().tokenizer.bytes_of, self.server.load_time())
 
     def _loaded(self, body: o.GenerationRequest, chat: bool) -> Response:
-        """An empty request is Ollama's way to load a model: it is loaded."""
-        self._model(body.model)
-        return json_response(OllamaFormat(body.model, chat, None, None)._answer("", "", [], True, done_reason="load"))
+        """An empty request is Ollama's way to load a model: it is loaded; with keep_alive 0, to unload it: a
+        server of many models unloads it (and never loads it for this)."""
+        if body.unloads and self.server.models is not None:
+            self.server.models.unload(body.model)
+            reason = "unload"
+        else:
+            self._model(body.model)
+            reason = "load"
+        return json_response(OllamaFormat(body.model, chat, None, None)._answer("", "", [], True, done_reason=reason))
 
     async def chat(self, request: Request, key: str, body: o.ChatRequest) -> Response:
-        if not body.messages:
+        if body.empty:
             return self._loaded(body, chat=True)
         continued = body.messages[-1].role == "assistant"  # as Ollama: the reply continues it
         tools = [Tool(t.function.name, t.function.description, t.function.parameters) for t in body.tools or []]
@@ -249,7 +257,7 @@ class Ollama:
         return await self._run_chat(request, key, chat, self._fmt(body, chat=True))
 
     async def generate(self, request: Request, key: str, body: o.GenerateRequest) -> Response:
-        if not body.prompt and not body.system:
+        if body.empty:
             return self._loaded(body, chat=False)
         if body.raw:
             return await self._raw(request, key, body)
@@ -291,25 +299,27 @@ class Ollama:
         """The request's model as /api/tags lists it, and the engine's snapshot it was read from."""
         engine = self.server.ready()
         snapshot = await engine.snapshot(0)
-        return model_entry(self.server.model_name, self._path(), engine.config.quantization, snapshot), snapshot
+        return model_entry(self.server.model_name, (self._path(),), engine.config.quantization, snapshot), snapshot
 
-    async def _running(self, served: ServedModel, expires_at: str) -> o.RunningModel:
+    @staticmethod
+    async def _running(served: ServedModel, paths: tuple[Path, ...], expires_at: str) -> o.RunningModel:
         """A loaded model as /api/ps lists it."""
         snapshot = await served.engine.snapshot(0)
         config = served.engine.config
-        entry = model_entry(served.name, config.model_path, config.quantization, snapshot)
+        entry = model_entry(served.name, paths, config.quantization, snapshot)
         return o.RunningModel(**entry.model_dump(), expires_at=expires_at,
                               size_vram=entry.size if config.device != "cpu" else 0,
                               context_length=snapshot.max_model_len)
 
     async def embed(self, request: Request, key: str, body: o.EmbedRequest) -> Response:
-        start = time.monotonic()
+        load_time = self.server.load_time()
+        start = time.monotonic() - load_time
         model = self._model(body.model)
         inputs: list[str | list[int]] = [body.input] if isinstance(body.input, str) else list(body.input)
         vectors, tokens = await self.embeddings.embed(request, key, inputs, "input", body.dimensions, body.truncate)
         return json_response(o.EmbedResponse(model=model, embeddings=[v.tolist() for v in vectors],
                                              total_duration=int((time.monotonic() - start) * NS),
-                                             prompt_eval_count=tokens))
+                                             load_duration=int(load_time * NS), prompt_eval_count=tokens))
 
     async def embeddings_legacy(self, request: Request, key: str, body: o.EmbeddingsRequest) -> Response:
         self._model(body.model)
@@ -319,7 +329,7 @@ class Ollama:
     async def tags(self) -> Response:
         if (models := self.server.models) is not None:  # all of them, loaded or not
             return json_response(o.TagsResponse(models=[
-                model_entry(m.spec.id, m.spec.path, m.served.engine.config.quantization if m.served else None,
+                model_entry(m.spec.id, m.spec.paths, m.served.engine.config.quantization if m.served else None,
                             await m.served.engine.snapshot(0) if m.served else None)
                 for m in models.models.values()]))
         entry, _ = await self._entry()
@@ -329,12 +339,12 @@ class Ollama:
         if (models := self.server.models) is not None:  # the loaded ones, each until its keep-alive ends
             now = models.clock()
             return json_response(o.PsResponse(models=[
-                await self._running(m.served, NEVER if (at := m.expires_at()) is None
+                await self._running(m.served, m.spec.paths, NEVER if (at := m.expires_at()) is None
                                     else rfc3339(time.time() + at - now))
                 for m in models.models.values() if m.served is not None]))
         self.server.ready()
         assert self.server.default is not None
-        return json_response(o.PsResponse(models=[await self._running(self.server.default, NEVER)]))
+        return json_response(o.PsResponse(models=[await self._running(self.server.default, (self._path(),), NEVER)]))
 
     async def show(self, body: o.ShowRequest) -> Response:
         if body.model not in model_names(self.server.model_name):
@@ -356,11 +366,13 @@ class Ollama:
             model_info=info, capabilities=capabilities, modified_at=entry.modified_at))
 
 
-def model_entry(name: str, path: Path, quantization: str | None, snapshot: Any) -> o.ModelEntry:
-    """A model as /api/tags lists it: its files, and what its engine's snapshot says of it once loaded."""
-    files = [path] if path.is_file() else [f for f in path.iterdir() if f.is_file()]
+def model_entry(name: str, paths: tuple[Path, ...], quantization: str | None, snapshot: Any) -> o.ModelEntry:
+    """A model as /api/tags lists it: its files (a GGUF file, a split's parts, or a directory's files), and what
+    its engine's snapshot says of it once loaded."""
+    files = [f for path in paths for f in ([path] if path.is_file() else path.iterdir()) if f.is_file()]
     size = sum(f.stat().st_size for f in files)
     stamp = max(f.stat().st_mtime for f in files)
+    path = paths[0]
     gguf = path.is_file()
     quantization = quantization or ("gguf" if gguf else "none")
     family, parameters, level = "", "", quantization

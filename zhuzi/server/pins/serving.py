@@ -41,7 +41,7 @@ class CachePins:
             engine.check_token_ids(ids, param)
         except InvalidRequest as exc:
             raise ApiError.of(exc) from exc
-        admission = self.server.gateway.admit(1)
+        admission = self.server.gateway.admit(1, self.server.model_name)
         try:
             info = await until_disconnect(request, engine.pin(ids, PinSpec(body.name, body.ttl), new_id("pin")))
         except InvalidRequest as exc:  # too long, over the pinned-memory bound, shorter than a page

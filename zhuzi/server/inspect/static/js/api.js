@@ -1,4 +1,6 @@
-// The page's only door to the server: the OpenAI chat API and the /inspect endpoints.
+// The page's only door to the server: the OpenAI chat API and the /inspect endpoints. Every request names the
+// model picked in the page (models.js), unless it names its own.
+import { state } from './state.js';
 
 const KEY = 'zhuzi.apiKey';
 
@@ -6,6 +8,8 @@ export const apiKey = {
   get: () => localStorage.getItem(KEY) || '',
   set: (value) => (value ? localStorage.setItem(KEY, value) : localStorage.removeItem(KEY)),
 };
+
+export const KEY_NEEDED = 'This server wants an API key: click "API key" (top right) to enter it.';
 
 export class ApiError extends Error {
   constructor(status, body) {
@@ -32,15 +36,24 @@ export async function getJSON(path, signal) {
   return (await check(await fetch(path, { headers: headers(), signal }))).json();
 }
 
+/** The body, naming the page's model where it names none. */
+const named = (body) => JSON.stringify({ ...body, model: body.model ?? state.model ?? undefined });
+
+/** A view's query: the page's model and the given parameters. */
+function query(params) {
+  const all = { ...params, model: state.model };
+  return new URLSearchParams(Object.entries(all).filter(([, v]) => v !== null && v !== undefined)).toString();
+}
+
 export async function postJSON(path, body, signal) {
-  const response = await fetch(path, { method: 'POST', headers: headers(), body: JSON.stringify(body), signal });
+  const response = await fetch(path, { method: 'POST', headers: headers(), body: named(body), signal });
   return (await check(response)).json();
 }
 
 /** POST that answers with server-sent events; yields each event's parsed data until [DONE]. */
 export async function* postSSE(path, body, signal) {
   const response = await check(await fetch(path, {
-    method: 'POST', headers: headers(), body: JSON.stringify(body), signal,
+    method: 'POST', headers: headers(), body: named(body), signal,
   }));
   yield* readEvents(response.body, signal);
 }
@@ -75,12 +88,13 @@ export async function* readEvents(stream, signal) {
 export const tokenId = (token) => Number(token.slice('token_id:'.length));
 
 export const inspect = {
-  engine: (steps = 0) => getJSON(`/inspect/engine?steps=${steps}`),
-  batch: (steps, requestId) => getJSON(`/inspect/batch?steps=${steps}${requestId ? `&request_id=${encodeURIComponent(requestId)}` : ''}`),
-  document: (messages, tools) => postJSON('/inspect/document', tools ? { messages, tools } : { messages }),
-  nextToken: (contexts, topN = 300, full = true) =>
-    postJSON('/inspect/next-token', { contexts, top_n: topN, full_logits: full }),
-  lens: (tokenIds, topK = 5) => postJSON('/inspect/logit-lens', { token_ids: tokenIds, top_k: topK }),
+  engine: (steps = 0) => getJSON(`/inspect/engine?${query({ steps })}`),
+  batch: (steps, requestId) => getJSON(`/inspect/batch?${query({ steps, request_id: requestId || null })}`),
+  document: (messages, tools, model) => postJSON('/inspect/document', tools ? { messages, tools, model } : { messages, model }),
+  // A look at a reply names the model that answered it (model), else the page's.
+  nextToken: (contexts, topN = 300, full = true, model = undefined) =>
+    postJSON('/inspect/next-token', { contexts, top_n: topN, full_logits: full, model }),
+  lens: (tokenIds, topK = 5, model = undefined) => postJSON('/inspect/logit-lens', { token_ids: tokenIds, top_k: topK, model }),
   bpe: (text, signal) => postJSON('/inspect/bpe', { text }, signal),
 };
 

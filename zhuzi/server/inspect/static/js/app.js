@@ -8,6 +8,7 @@ import { initDocument } from './document.js';
 import { initEngine } from './engine.js';
 import { initLab } from './lab.js';
 import { initLens } from './lens.js';
+import { initModels } from './models.js';
 import { emit, on, state } from './state.js';
 import { initSteps } from './steps.js';
 import { initTools } from './tools.js';
@@ -31,6 +32,7 @@ function init() {
     const key = prompt('API key for this server (stored in this browser only; empty to clear):', apiKey.get());
     if (key !== null) apiKey.set(key.trim());
   });
+  initModels();
   initChat();
   initSteps();
   initDocument();

@@ -70,6 +70,7 @@ export async function send(text) {
     for await (const chunk of postSSE('/v1/chat/completions', request, controller.signal)) {
       absorb(reply, chunk, performance.now());
       if (reply.id) node.dataset.requestId = reply.id;
+      if (reply.model) node.dataset.model = reply.model;
       emit('reply-updated', reply);
       if (!frame) frame = requestAnimationFrame(paint);
     }
@@ -97,12 +98,13 @@ export async function send(text) {
 function summary(reply) {
   const n = reply.tokens.length;
   const reason = { stop: 'finished', length: 'hit max tokens', abort: 'stopped' }[reply.finishReason] || reply.finishReason;
-  return `${n} tokens · ${reason}`;
+  return `${reply.model} · ${n} tokens · ${reason}`;
 }
 
 /** One SSE chunk into the reply: text, reasoning, and each token with its candidates and arrival time. */
 export function absorb(reply, chunk, now) {
   reply.id = chunk.id; // the request's own id: the batch view marks its rows with it
+  reply.model = chunk.model; // the model that answers
   if (chunk.prompt_token_ids) reply.promptIds = chunk.prompt_token_ids;
   if (chunk.usage) reply.usage = chunk.usage;
   if (chunk.prompt_progress) reply.progress.push(chunk.prompt_progress);

@@ -52,7 +52,7 @@ async function load(reply) {
   const box = $('#document');
   if (!reply) { box.replaceChildren(el('p', { class: 'hint', text: 'Send a message: its document appears here.' })); return; }
   loadedFor = reply;
-  const doc = await inspect.document(reply.messages);
+  const doc = await inspect.document(reply.messages, undefined, reply.model);
   if (loadedFor !== reply) return;
   const all = [...doc.tokens, ...asGenerated(reply.tokens)];
   const cached = reply.usage?.prompt_tokens_details?.cached_tokens ?? 0;

@@ -1,9 +1,9 @@
 // View 8, the engine: the step loop live (/inspect/engine): requests (per API key, masked), KV blocks,
 // prefix-cache hits, pinned prefixes, KV tiers and hand-offs, recent steps' tokens/s against the measured
 // bandwidth roofline, and a KV-memory calculator.
-import { ApiError, inspect } from './api.js';
+import { ApiError, inspect, KEY_NEEDED } from './api.js';
 import { isStreaming } from './chat.js';
-import { emit, on, state } from './state.js';
+import { emit, modelLoaded, on, state } from './state.js';
 import { $, bytesSize, el, ms } from './util.js';
 
 const FAST_MS = 250; // while a reply streams: KV usage moves every step
@@ -166,7 +166,22 @@ function schedule(delay) {
   timer = setTimeout(poll, delay);
 }
 
+/** Nothing to look at: the page's model is not loaded (a look would not load it; the next message does). */
+function notLoaded() {
+  const banner = $('#banner');
+  banner.hidden = false;
+  banner.textContent = `${state.model} is not loaded: the next message loads it.`;
+  $('#model-name').textContent = state.model;
+  for (const testid of ['running', 'waiting', 'kv-used', 'kv-total', 'prefix-hit-rate']) setStat(testid, '', '–');
+  $('#kv-bar .kvbar-used').style.width = '0%';
+}
+
 async function poll() {
+  if (!modelLoaded()) {
+    if (state.model !== null) notLoaded(); // else the models are not listed yet (models.js says why)
+    schedule(FAST_MS);
+    return;
+  }
   inFlight = true;
   let delay = SLOW_MS;
   try {
@@ -181,8 +196,7 @@ async function poll() {
   } catch (error) {
     const banner = $('#banner');
     banner.hidden = false;
-    banner.textContent = error instanceof ApiError && error.status === 401
-      ? 'This server wants an API key: click "API key" (top right) to enter it.'
+    banner.textContent = error instanceof ApiError && error.status === 401 ? KEY_NEEDED
       : error instanceof ApiError && error.status === 503 ? 'The model is loading…' : `The server does not answer: ${error.message}`;
   }
   inFlight = false;
@@ -194,5 +208,7 @@ export function initEngine() {
   on('tab-shown', (tab) => { if (tab === 'engine' && state.engine) renderEngine(state.engine); });
   // A reply starts: watch at the fast pace from now, not from the next slow poll (one in flight reschedules itself).
   on('reply-started', () => { if (!inFlight) schedule(FAST_MS); });
+  // Another model: its own engine, and nothing of the last one's snapshot holds for it.
+  on('model-changed', () => { state.engine = null; if (!inFlight) schedule(0); });
   poll();
 }

@@ -15,7 +15,7 @@ let current = null;
 export async function stepLogits(reply, step) {
   const key = `${state.replies.indexOf(reply)}:${step}`;
   if (!cache.has(key)) {
-    const pending = inspect.nextToken([reply.context(step)], TOP_N).then((r) => ({
+    const pending = inspect.nextToken([reply.context(step)], TOP_N, true, reply.model).then((r) => ({
       logits: decodeLogits(r.results[0].logits_b64), top: r.results[0].top, cached: r.results[0].cached_tokens,
     }));
     pending.catch(() => cache.delete(key)); // a failure is not remembered: the next look asks again

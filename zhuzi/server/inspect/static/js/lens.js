@@ -11,14 +11,14 @@ let loaded = null;
 function fromStep(sel) {
   const { reply, step } = sel;
   const ids = reply.context(step);
-  return { ids, next: reply.tokens[step]?.id, label: `the last position before step ${step + 1} (predicting the reply's token ${step + 1})` };
+  return { ids, model: reply.model, next: reply.tokens[step]?.id, label: `the last position before step ${step + 1} (predicting the reply's token ${step + 1})` };
 }
 
 async function load() {
   if (!target || state.tab !== 'lens' || loaded === target) return;
   const wanted = target;
   $('#lens-head').textContent = 'Reading every layer…';
-  const lens = await inspect.lens(wanted.ids, TOP_K);
+  const lens = await inspect.lens(wanted.ids, TOP_K, wanted.model);
   if (wanted !== target) return;
   loaded = wanted;
   const final = lens.layers.at(-1).top[0].id;

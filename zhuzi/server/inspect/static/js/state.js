@@ -11,6 +11,8 @@ export const state = {
   selected: null, // {reply, step}: the step the lab, lens and tree look at
   lab: { temperature: 1, top_k: 0, top_p: 1, min_p: 0 }, // the lab's knobs (the tree shares them)
   engine: null, // the latest /inspect/engine snapshot
+  model: null, // the model the page's requests name (models.js)
+  models: [], // what /v1/models lists: {id, state} (a server of one model gives no state)
   tab: 'steps',
 };
 
@@ -20,6 +22,7 @@ export class Reply {
     this.messages = messages; // exactly what the request carried
     this.params = params;
     this.id = null; // the chat completion's id
+    this.model = null; // the model that answered
     this.promptIds = null;
     this.tokens = []; // {id, bytes, logprob, top: [{id, bytes, logprob}], at, text, partial, special, draft, rejected}
     this.content = '';
@@ -40,4 +43,10 @@ export class Reply {
 
 export function specialIds() {
   return new Set(state.engine?.model?.special_token_ids ?? []);
+}
+
+/** Whether the page's model is loaded, as /v1/models said last (a look at a model loads none). */
+export function modelLoaded() {
+  const model = state.models.find((m) => m.id === state.model);
+  return model !== undefined && (model.state ?? 'loaded') === 'loaded';
 }

@@ -6,7 +6,7 @@
 // (no call, a call cut short, the round limit) says why in one line and ends.
 import { getJSON, inspect, postJSON } from './api.js';
 import { asGenerated, docSpans } from './document.js';
-import { specialIds, state } from './state.js';
+import { on, specialIds, state } from './state.js';
 import { runTool, TOOLS } from './toolbox.js';
 import { $, el } from './util.js';
 
@@ -130,7 +130,7 @@ function settle(r, first) {
 }
 
 async function writeCall() {
-  trip.doc = await inspect.document(trip.messages, TOOLS);
+  trip.doc = await inspect.document(trip.messages, TOOLS, trip.model);
   chooseTool(trip.doc);
   const r = await ask(trip.choice);
   trip.requests.push(r);
@@ -150,7 +150,7 @@ async function appendResult() {
   const before = JSON.parse($('#tool-doc').dataset.ids);
   trip.messages = [...trip.messages, { role: 'assistant', content: null, tool_calls: [trip.call] },
     { role: 'tool', tool_call_id: trip.call.id, content: trip.result.content }];
-  trip.doc = await inspect.document(trip.messages, TOOLS);
+  trip.doc = await inspect.document(trip.messages, TOOLS, trip.model);
   drawDocument(trip.doc.tokens, trip.doc.tokens.length, 0);
   const same = commonPrefix(before, trip.doc.token_ids);
   trip.next = 'answer';
@@ -205,11 +205,12 @@ function reset() {
   $('#tool-next').textContent = `Next: ${ACTIONS.call.toLowerCase()} →`;
 }
 
-/** The served models (a server serves one; the page still lists what /v1/models says). */
+/** The served models (a server of one model still lists what /v1/models says), the page's pick first chosen. */
 async function listModels() {
   const { data } = await getJSON('/v1/models');
   const select = $('#tool-model');
   select.replaceChildren(...data.map((m) => el('option', { value: m.id, text: m.id })));
+  if (state.model) select.value = state.model;
   select.dataset.count = String(data.length);
   $('#tool-model-hint').textContent = data.length > 1 ? ''
     : 'This server serves one model (its /v1/models). SmolLM2, the default, calls a tool only when forced; to watch a model whose template writes the tools and that decides to call on its own, start `zhuzi serve` with Qwen2.5-Coder-0.5B-Instruct\'s GGUF (docs/inspector.md).';
@@ -221,6 +222,7 @@ export function initTools() {
   $('#tool-next').addEventListener('click', next);
   $('#tool-reset').addEventListener('click', reset);
   $('#tool-model').addEventListener('change', reset);
+  on('model-changed', (model) => { $('#tool-model').value = model; reset(); }); // the page's pick, until one here
   reset();
   const retry = () => listModels().catch(() => setTimeout(retry, 2000)); // 503 while the model loads
   retry();

@@ -20,11 +20,11 @@ function load(reply) {
 
 async function fetchTree(reply) {
   const prompt = reply.promptIds;
-  const first = (await inspect.nextToken([prompt], 200)).results[0];
+  const first = (await inspect.nextToken([prompt], 200, true, reply.model)).results[0];
   const expand = first.top.slice(0, EXPANDED).map((t) => t.id);
   const chosen = reply.tokens[0]?.id;
   if (chosen !== undefined && !expand.includes(chosen)) expand.push(chosen);
-  const second = await inspect.nextToken(expand.map((id) => [...prompt, id]), 200);
+  const second = await inspect.nextToken(expand.map((id) => [...prompt, id]), 200, true, reply.model);
   const pack = (r) => ({ logits: decodeLogits(r.logits_b64), top: new Map(r.top.map((t) => [t.id, t])) });
   if (state.selected && state.selected.reply !== reply) return; // another reply was chosen meanwhile
   tree = {
