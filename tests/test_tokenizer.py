@@ -104,11 +104,15 @@ def control_ids(tok: Tokenizer, ids: list[int]) -> list[int]:
     return [i for i in ids if i in tok.all_special_ids]
 
 
-def test_a_gguf_of_an_architecture_transformers_does_not_read_has_its_vocabulary_read(tok: Tokenizer,
+@pytest.mark.parametrize("arch", ["lfm2moe", "gemma4"])
+def test_a_gguf_of_an_architecture_transformers_does_not_read_has_its_vocabulary_read(arch: str, tok: Tokenizer,
                                                                                     tmp_path: Path) -> None:
-    """transformers 5.25 reads no lfm2moe config from GGUF; the file's own vocabulary is its tokenizer."""
+    """transformers 5.25 reads no lfm2moe config from GGUF, nor a Gemma 4 one with a KV head count per layer (as
+    llama.cpp's converter writes 26B-A4B's and 31B's); the file's own vocabulary is its tokenizer."""
     reader = gguf.GGUFReader(smollm2_gguf())
-    writer = gguf.GGUFWriter(tmp_path / "lfm2moe.gguf", "lfm2moe")
+    writer = gguf.GGUFWriter(tmp_path / f"{arch}.gguf", arch)
+    if arch == "gemma4":
+        writer.add_array("gemma4.attention.head_count_kv", [8, 8, 8, 8, 8, 2])
     for key, field in reader.fields.items():
         if key.startswith("tokenizer."):
             writer.add_key_value(key, field.contents(), field.types[0], field.types[-1] if len(field.types) > 1
@@ -116,7 +120,7 @@ def test_a_gguf_of_an_architecture_transformers_does_not_read_has_its_vocabulary
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.close()
-    copy = Tokenizer.load(tmp_path / "lfm2moe.gguf")
+    copy = Tokenizer.load(tmp_path / f"{arch}.gguf")
     chat = BENIGN_CONVERSATIONS[2]
     assert copy.encode("The capital of France is") == tok.encode("The capital of France is")
     assert copy.encode_chat(chat) == tok.encode_chat(chat) and copy.eos_token_id == tok.eos_token_id

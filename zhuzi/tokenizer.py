@@ -72,9 +72,9 @@ _RESERVED_KWARGS = frozenset(inspect.signature(PreTrainedTokenizerBase.apply_cha
 
 # AutoTokenizer picks a GGUF's tokenizer class by the file's config, and transformers 5.25 cannot read the config
 # of these architectures' files (gpt-oss: its reader fails on the rope.scaling keys llama.cpp's converter writes;
-# lfm2moe, granitehybrid, qwen3next: it knows no mapping for them); the generic fast tokenizer reads only the
-# vocabulary.
-GENERIC_TOKENIZER_ARCHS = ("gpt-oss", "lfm2moe", "granitehybrid", "qwen3next")
+# gemma4: on the KV head count per layer of 26B-A4B's and 31B's files; lfm2moe, granitehybrid, qwen3next: it knows
+# no mapping for them); the generic fast tokenizer reads only the vocabulary (Gemma 4's by its "gemma4" model).
+GENERIC_TOKENIZER_ARCHS = ("gpt-oss", "gemma4", "lfm2moe", "granitehybrid", "qwen3next")
 
 
 def _load_gguf(gguf: Path) -> PreTrainedTokenizerBase:
