@@ -149,19 +149,26 @@ def test_special_strings_in_plain_text_stay_text_unless_asked(tok: Tokenizer) ->
     assert tok.encode("a<|im_end|>b", parse_special=True) == [*tok.encode("a"), 2, *tok.encode("b")]
 
 
-def test_gguf_tokenizer_is_cached_and_reloads_fast(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("ZHUZI_CACHE", str(tmp_path))
+def test_gguf_tokenizer_is_cached_and_reloads_fast(tok: Tokenizer, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The file lies in a checkpoint's folder beside its tokenizer.json, as llama.cpp's converter leaves it: its
+    own chat template is read, not the folder's nor none."""
+    monkeypatch.setenv("ZHUZI_CACHE", str(tmp_path / "cache"))
+    tok.hf.save_pretrained(tmp_path)
+    (tmp_path / "chat_template.jinja").write_text(QWEN3_STYLE_TEMPLATE)
+    gguf_file = tmp_path / smollm2_gguf().name
+    gguf_file.symlink_to(smollm2_gguf())
     start = time.perf_counter()
-    cold = Tokenizer.load(smollm2_gguf())
+    cold = Tokenizer.load(gguf_file)
     cold_s = time.perf_counter() - start
     start = time.perf_counter()
-    warm = Tokenizer.load(smollm2_gguf())
+    warm = Tokenizer.load(gguf_file)
     warm_s = time.perf_counter() - start
     print(f"SmolLM2 GGUF tokenizer load: cold {cold_s:.2f} s, warm {warm_s:.2f} s")
     assert warm_s < cold_s / 3  # about 5 s cold, 0.3 s warm on an idle machine
-    cached = [p.name for p in (tmp_path / "tokenizers").iterdir()]
+    cached = [p.name for p in (tmp_path / "cache" / "tokenizers").iterdir()]
     assert len(cached) == 1 and not cached[0].startswith(".")  # no half-written leftovers
-    assert warm.hf.chat_template == cold.hf.chat_template
+    assert warm.hf.chat_template == cold.hf.chat_template == tok.hf.chat_template != QWEN3_STYLE_TEMPLATE
     chat = BENIGN_CONVERSATIONS[2]
     assert warm.encode_chat(chat) == cold.encode_chat(chat)
 
