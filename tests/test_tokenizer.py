@@ -104,11 +104,15 @@ def control_ids(tok: Tokenizer, ids: list[int]) -> list[int]:
     return [i for i in ids if i in tok.all_special_ids]
 
 
-def test_a_gguf_of_an_architecture_transformers_does_not_read_has_its_vocabulary_read(tok: Tokenizer,
+@pytest.mark.parametrize("arch", ["lfm2moe", "gemma4"])
+def test_a_gguf_of_an_architecture_transformers_does_not_read_has_its_vocabulary_read(arch: str, tok: Tokenizer,
                                                                                     tmp_path: Path) -> None:
-    """transformers 5.25 reads no lfm2moe config from GGUF; the file's own vocabulary is its tokenizer."""
+    """transformers 5.25 reads no lfm2moe config from GGUF, nor a Gemma 4 one with a KV head count per layer (as
+    llama.cpp's converter writes 26B-A4B's and 31B's); the file's own vocabulary is its tokenizer."""
     reader = gguf.GGUFReader(smollm2_gguf())
-    writer = gguf.GGUFWriter(tmp_path / "lfm2moe.gguf", "lfm2moe")
+    writer = gguf.GGUFWriter(tmp_path / f"{arch}.gguf", arch)
+    if arch == "gemma4":
+        writer.add_array("gemma4.attention.head_count_kv", [8, 8, 8, 8, 8, 2])
     for key, field in reader.fields.items():
         if key.startswith("tokenizer."):
             writer.add_key_value(key, field.contents(), field.types[0], field.types[-1] if len(field.types) > 1
@@ -116,7 +120,7 @@ def test_a_gguf_of_an_architecture_transformers_does_not_read_has_its_vocabulary
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.close()
-    copy = Tokenizer.load(tmp_path / "lfm2moe.gguf")
+    copy = Tokenizer.load(tmp_path / f"{arch}.gguf")
     chat = BENIGN_CONVERSATIONS[2]
     assert copy.encode("The capital of France is") == tok.encode("The capital of France is")
     assert copy.encode_chat(chat) == tok.encode_chat(chat) and copy.eos_token_id == tok.eos_token_id
@@ -145,19 +149,26 @@ def test_special_strings_in_plain_text_stay_text_unless_asked(tok: Tokenizer) ->
     assert tok.encode("a<|im_end|>b", parse_special=True) == [*tok.encode("a"), 2, *tok.encode("b")]
 
 
-def test_gguf_tokenizer_is_cached_and_reloads_fast(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("ZHUZI_CACHE", str(tmp_path))
+def test_gguf_tokenizer_is_cached_and_reloads_fast(tok: Tokenizer, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The file lies in a checkpoint's folder beside its tokenizer.json, as llama.cpp's converter leaves it: its
+    own chat template is read, not the folder's nor none."""
+    monkeypatch.setenv("ZHUZI_CACHE", str(tmp_path / "cache"))
+    tok.hf.save_pretrained(tmp_path)
+    (tmp_path / "chat_template.jinja").write_text(QWEN3_STYLE_TEMPLATE)
+    gguf_file = tmp_path / smollm2_gguf().name
+    gguf_file.symlink_to(smollm2_gguf())
     start = time.perf_counter()
-    cold = Tokenizer.load(smollm2_gguf())
+    cold = Tokenizer.load(gguf_file)
     cold_s = time.perf_counter() - start
     start = time.perf_counter()
-    warm = Tokenizer.load(smollm2_gguf())
+    warm = Tokenizer.load(gguf_file)
     warm_s = time.perf_counter() - start
     print(f"SmolLM2 GGUF tokenizer load: cold {cold_s:.2f} s, warm {warm_s:.2f} s")
     assert warm_s < cold_s / 3  # about 5 s cold, 0.3 s warm on an idle machine
-    cached = [p.name for p in (tmp_path / "tokenizers").iterdir()]
+    cached = [p.name for p in (tmp_path / "cache" / "tokenizers").iterdir()]
     assert len(cached) == 1 and not cached[0].startswith(".")  # no half-written leftovers
-    assert warm.hf.chat_template == cold.hf.chat_template
+    assert warm.hf.chat_template == cold.hf.chat_template == tok.hf.chat_template != QWEN3_STYLE_TEMPLATE
     chat = BENIGN_CONVERSATIONS[2]
     assert warm.encode_chat(chat) == cold.encode_chat(chat)
 

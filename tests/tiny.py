@@ -184,13 +184,13 @@ def reference_tensors(model: transformers.PreTrainedModel) -> dict[str, torch.Te
     return tensors
 
 
-def converter_tensors(model: transformers.PreTrainedModel) -> dict[str, torch.Tensor]:
+def converter_tensors(model: transformers.PreTrainedModel, gate_up_apart: bool = False) -> dict[str, torch.Tensor]:
     """What llama.cpp's converter maps to GGUF names: each sparse layer's experts stacked per matrix
     ([experts, rows, columns], under the names gguf maps to ffn_*_exps); transformers holds gate and up as one,
-    which the converter splits but for Gemma 4 (ffn_gate_up_exps)."""
+    which the converter splits but for Gemma 4 (ffn_gate_up_exps), and for Gemma 4 too with gate_up_apart."""
     if model.config.model_type == "gpt_oss":
         return _gpt_oss_converter_tensors(model)
-    split = model.config.model_type != "gemma4_text"
+    split = model.config.model_type != "gemma4_text" or gate_up_apart
     tensors = {}
     for name, tensor in reference_tensors(model).items():
         if name.endswith("experts.gate_up_proj") and split:
@@ -236,14 +236,15 @@ RawTensors = dict[str, tuple[np.ndarray, gguf.GGMLQuantizationType]]
 def write_gguf(path: Path, model, arch: str, raw: RawTensors | None = None, drop: tuple[str, ...] = (),
                types: dict[str, gguf.GGMLQuantizationType] | None = None, sliding_window: int | None = None,
                sliding_window_pattern: list[bool] | None = None, pooling_type: int | None = None,
-               ssm_in: bool = False, mtp: bool = False) -> Path:
+               ssm_in: bool = False, mtp: bool = False, gate_up_apart: bool = False) -> Path:
     """A GGUF file holding `model` the way llama.cpp writes it: its names, its permutation, its metadata.
     `raw` replaces a tensor's data by pre-quantized bytes; `types` quantizes tensors to GGUF types (the
     K-quants, which the gguf package cannot quantize, as random blocks). A Mistral is written as llama.cpp's
     converter writes it, as "llama" without its window; sliding_window (and which layers slide) adds the keys
     llama.cpp's converters write for the families whose window they keep. ssm_in writes Qwen3-Next as the older
     converter did, in_proj_qkvz merged (ssm_in); mtp appends a Qwen3.5 / Qwen3-Next multi-token-prediction block
-    as the converter does where the checkpoint has one."""
+    as the converter does where the checkpoint has one. gate_up_apart writes Gemma 4's experts' gate and up as two
+    matrices (ffn_gate_exps, ffn_up_exps), as writers other than today's converter do."""
     cfg = model.config
     arch = GGUF_ARCH.get(arch, arch)
     writer = gguf.GGUFWriter(path, arch)
@@ -300,7 +301,7 @@ def write_gguf(path: Path, model, arch: str, raw: RawTensors | None = None, drop
     names = gguf.get_tensor_name_map(arch_id, layers)
     heads = {"q_proj": cfg.num_attention_heads, "k_proj": cfg.num_key_value_heads} \
         if arch in ("llama", "granitehybrid") else {}  # the rows the converter permutes
-    tensors = converter_tensors(model)
+    tensors = converter_tensors(model, gate_up_apart)
     if arch == "granitehybrid":
         tensors = _granite_tensors(tensors, cfg)
     if arch == "qwen3next" and not ssm_in:
@@ -311,6 +312,10 @@ def write_gguf(path: Path, model, arch: str, raw: RawTensors | None = None, drop
         # the converter's names: Qwen3.5's dt_bias is its dt_proj's bias, LFM2-MoE's expert_bias a bias
         hf_as = hf_name.replace(".dt_bias", ".dt_proj.bias").replace(".expert_bias", ".expert_bias.bias")
         name = names.get_name(hf_as, try_suffixes=(".weight", ".bias"))
+        apart = [p for p in ("gate", "up") if gate_up_apart and hf_name.endswith(f"experts.{p}_proj.weight")]
+        if apart:  # gguf's map has Gemma 4's experts' gate and up as one matrix only
+            merged = hf_name.replace(f"{apart[0]}_proj", "gate_up_proj")
+            name = names.get_name(merged, try_suffixes=(".weight",)).replace("gate_up", apart[0])
         if hf_name.endswith("layer_scalar"):  # Gemma 4's converter names the buffer as a weight
             name += ".weight"
         if hf_name.endswith(("router.scale", "router.per_expert_scale")):  # Gemma 4's converter: the router's

@@ -72,9 +72,9 @@ _RESERVED_KWARGS = frozenset(inspect.signature(PreTrainedTokenizerBase.apply_cha
 
 # AutoTokenizer picks a GGUF's tokenizer class by the file's config, and transformers 5.25 cannot read the config
 # of these architectures' files (gpt-oss: its reader fails on the rope.scaling keys llama.cpp's converter writes;
-# lfm2moe, granitehybrid, qwen3next: it knows no mapping for them); the generic fast tokenizer reads only the
-# vocabulary.
-GENERIC_TOKENIZER_ARCHS = ("gpt-oss", "lfm2moe", "granitehybrid", "qwen3next")
+# gemma4: on the KV head count per layer of 26B-A4B's and 31B's files; lfm2moe, granitehybrid, qwen3next: it knows
+# no mapping for them); the generic fast tokenizer reads only the vocabulary (Gemma 4's by its "gemma4" model).
+GENERIC_TOKENIZER_ARCHS = ("gpt-oss", "gemma4", "lfm2moe", "granitehybrid", "qwen3next")
 
 
 def _load_gguf(gguf: Path) -> PreTrainedTokenizerBase:
@@ -82,9 +82,13 @@ def _load_gguf(gguf: Path) -> PreTrainedTokenizerBase:
     cached = cache_path("tokenizers", gguf.stem, *file_identity(gguf))
     if (cached / "tokenizer.json").exists():
         return AutoTokenizer.from_pretrained(cached, local_files_only=True)
-    generic = read_gguf_header(gguf).metadata.get("general.architecture") in GENERIC_TOKENIZER_ARCHS
+    metadata = read_gguf_header(gguf).metadata
+    generic = metadata.get("general.architecture") in GENERIC_TOKENIZER_ARCHS
     hf = (PreTrainedTokenizerFast if generic else AutoTokenizer).from_pretrained(
         gguf.parent, gguf_file=gguf.name, local_files_only=True)
+    # transformers takes a tokenizer.json beside the file over its vocabulary (llama.cpp's converter writes the file
+    # into the checkpoint's folder, beside the same tokenizer's), and then no chat template: the file's
+    hf.chat_template = hf.chat_template or metadata.get("tokenizer.chat_template")
     try:
         with atomic_write(cached) as tmp:
             hf.save_pretrained(tmp)

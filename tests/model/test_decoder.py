@@ -251,13 +251,15 @@ def test_a_qwen3_5_checkpoint_with_a_vision_tower_loads_its_text_model(tmp_path,
     assert ckpt.config.architecture == "qwen3_5" and not any("visual" in name for name in ckpt.tensors)
 
 
-@pytest.mark.parametrize("shape", [{}, tiny.GEMMA4_PLAIN, tiny.GEMMA4_MOE], ids=["e2b", "plain", "moe"])
-def test_gemma4_gguf_as_llama_cpp_writes_it_gives_transformers_logits_and_tokens(shape, tmp_path):
+@pytest.mark.parametrize("shape, apart", [({}, False), (tiny.GEMMA4_PLAIN, False), (tiny.GEMMA4_MOE, False),
+                                          (tiny.GEMMA4_MOE, True)], ids=["e2b", "plain", "moe", "moe-apart"])
+def test_gemma4_gguf_as_llama_cpp_writes_it_gives_transformers_logits_and_tokens(shape, apart, tmp_path):
     """llama.cpp's converter writes both head sizes, KV heads and MLP widths per layer, proportional RoPE as
-    frequency factors, each expert's gate and up as one matrix and the router's scales beside its matrices: the
-    file's model is the directory's, per-layer embeddings, shared K/V and experts included."""
+    frequency factors, each expert's gate and up as one matrix (other writers: as two, apart) and the router's
+    scales beside its matrices: the file's model is the directory's, per-layer embeddings, shared K/V and experts
+    included."""
     hf = tiny.build("gemma4", tmp_path, **shape)
-    ckpt = load_checkpoint(tiny.write_gguf(tmp_path / "tiny.gguf", hf, "gemma4"), torch.float32)
+    ckpt = load_checkpoint(tiny.write_gguf(tmp_path / "tiny.gguf", hf, "gemma4", gate_up_apart=apart), torch.float32)
     ours = Decoder(ckpt.config, ckpt.tensors)
     assert_logits_and_greedy_match(hf, ours)
 

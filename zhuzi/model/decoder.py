@@ -311,7 +311,7 @@ class Decoder:
     def _recurrent(self, t: dict[str, Weight], p: str, spec: LayerSpec) -> RecurrentMixer:
         """Layer p's mixer that keeps a state, from its tensors (this rank's heads of it)."""
         mixer = MIXERS[spec.mixer]
-        return mixer.build(t, f"{p}.{mixer.prefix}", self.config, self._linear, self.shard)
+        return mixer.build(t, f"{p}.{mixer.prefix}", self.config, self._linear, self.shard, self._sum)
 
     def state_shapes(self) -> list[list[tuple[int, ...]]]:
         """Per recurrent layer (in state pool order), the shape of each of its states for one sequence."""

@@ -37,6 +37,9 @@ class Shard:
     key_heads: range = range(0)  # a linear-attention layer's, each with its value heads
     value_heads: range = range(0)
     channels: range = range(0)  # a short-convolution layer's (LFM2): rows of B, C, x and the convolution
+    mamba_heads: range = range(0)  # a Mamba2 layer's (Granite 4), with the groups of B and C they read
+    mamba_groups: range = range(0)
+    mamba_groups_span_ranks: bool = False  # fewer groups than ranks: a group's gated norm sums across ranks
 
     @classmethod
     def of(cls, c: ModelConfig, rank: int = 0, world_size: int = 1) -> Shard:
@@ -51,10 +54,28 @@ class Shard:
                                  f"{c.linear.key_heads} linear-attention key heads")
             keys, per_key = split(c.linear.key_heads, world_size, rank), c.linear.value_heads // c.linear.key_heads
             values = range(keys.start * per_key, keys.stop * per_key)
+        heads, groups = _mamba(c, rank, world_size) if c.mamba is not None else (range(0), range(0))
+        span = c.mamba is not None and c.mamba.groups < world_size
         return cls(range(kv.start * q_per_kv, kv.stop * q_per_kv), kv, split(c.intermediate_size, world_size, rank),
                    split(c.vocab_size, world_size, rank), split(c.moe_intermediate_size, world_size, rank),
                    split(c.shared_expert_intermediate_size, world_size, rank), keys, values,
-                   split(c.hidden_size, world_size, rank))
+                   split(c.hidden_size, world_size, rank), heads, groups, span)
+
+
+def _mamba(c: ModelConfig, rank: int, world_size: int) -> tuple[range, range]:
+    """A rank's Mamba2 heads and the groups of B and C they read. With at least a group per rank, the groups split
+    and each takes its heads along; with fewer (Granite 4's one), the heads split and the groups they read are
+    held on each rank that reads them (as vLLM holds Mamba2's one group on every rank)."""
+    m = c.mamba
+    assert m is not None
+    per_group = m.heads // m.groups
+    if m.groups >= world_size:
+        groups = split(m.groups, world_size, rank)
+        return range(groups.start * per_group, groups.stop * per_group), groups
+    if m.heads < world_size:
+        raise ValueError(f"tensor_parallel_size {world_size} is more than the model's {m.heads} Mamba2 heads")
+    heads = split(m.heads, world_size, rank)
+    return heads, range(heads.start // per_group, (heads.stop - 1) // per_group + 1)
 
 
 def head_rows(w: torch.Tensor, heads: range, head_dim: int) -> torch.Tensor:

@@ -20,6 +20,7 @@ from zhuzi.model.parallel import Shard
 
 Weight = torch.Tensor | BlockWeight
 MakeLinear = Callable[[list[Weight]], Linear]  # the decoder's: parts' rows one after another, blocks kept
+SumRanks = Callable[[torch.Tensor], torch.Tensor]  # the decoder's: every rank's partial sums added up
 
 L2_EPS = 1e-6  # q and k are L2-normalised as the reference kernels (fla) do
 
@@ -104,8 +105,8 @@ class GatedDeltaNet:
     prefix = "linear_attn"
 
     @classmethod
-    def build(cls, t: dict[str, Weight], p: str, config: ModelConfig, linear: MakeLinear,
-              shard: Shard) -> GatedDeltaNet:
+    def build(cls, t: dict[str, Weight], p: str, config: ModelConfig, linear: MakeLinear, shard: Shard,
+              sum_ranks: SumRanks) -> GatedDeltaNet:
         """From its tensors under p (transformers' names): its input projections as one matmul, its parameters
         in float32. Under tensor parallelism, this rank's key heads and their value heads (rows of the input
         projections and of the convolution, columns of out_proj, whose partial sums the decoder adds up)."""
@@ -189,8 +190,8 @@ class ShortConv:
     prefix = "conv"
 
     @classmethod
-    def build(cls, t: dict[str, Weight], p: str, config: ModelConfig, linear: MakeLinear,
-              shard: Shard) -> ShortConv:
+    def build(cls, t: dict[str, Weight], p: str, config: ModelConfig, linear: MakeLinear, shard: Shard,
+              sum_ranks: SumRanks) -> ShortConv:
         """From its tensors under p (transformers' names), the convolution in float32. Under tensor parallelism,
         this rank's channels (rows of B, C and x and of the convolution, columns of out_proj, whose partial sums
         the decoder adds up)."""
@@ -247,7 +248,7 @@ class Mamba2:
     out. States: the convolution's last inputs [slots, channels, kernel - 1] and the scan's [slots, heads,
     head_dim, state_size], float32. The convolution runs on the recurrent kernels, the scan in torch."""
 
-    shape: Mamba2Shape
+    shape: Mamba2Shape  # this rank's heads and the groups they read
     in_proj: Linear  # rows: z, x B C (the convolution's channels), dt
     conv: torch.Tensor  # [channels, kernel]
     conv_bias: torch.Tensor  # [channels]
@@ -257,17 +258,39 @@ class Mamba2:
     norm: torch.Tensor  # [heads * head_dim]: the gated RMSNorm's weight
     out_proj: Linear
     eps: float
+    whole: Mamba2Shape  # the model's (shape is this rank's)
+    head_groups: torch.Tensor  # [heads]: each head's group among the model's
+    sum_ranks: SumRanks | None  # where a group's heads lie on several ranks: its norm's squares summed across them
     prefix = "mamba"
 
     @classmethod
-    def build(cls, t: dict[str, Weight], p: str, config: ModelConfig, linear: MakeLinear, shard: Shard) -> Mamba2:
-        """From its tensors under p (transformers' names), its parameters in float32."""
-        assert config.mamba is not None
-        if shard != Shard.of(config):
-            raise ValueError("Mamba2 layers do not split across tensor-parallel ranks yet")
-        return cls(config.mamba, linear([t[f"{p}.in_proj.weight"]]), t[f"{p}.conv1d.weight"].float()[:, 0],
-                   t[f"{p}.conv1d.bias"].float(), t[f"{p}.dt_bias"].float(), -t[f"{p}.A_log"].float().exp(),
-                   t[f"{p}.D"].float(), t[f"{p}.norm.weight"], linear([t[f"{p}.out_proj.weight"]]), config.rms_norm_eps)
+    def build(cls, t: dict[str, Weight], p: str, config: ModelConfig, linear: MakeLinear, shard: Shard,
+              sum_ranks: SumRanks) -> Mamba2:
+        """From its tensors under p (transformers' names), its parameters in float32. Under tensor parallelism,
+        this rank's heads (their rows of z, x, dt and the convolution, their per-head parameters and norm weights,
+        their columns of out_proj, whose partial sums the decoder adds up) and the rows of B and C of the groups
+        they read."""
+        m = config.mamba
+        assert m is not None
+        heads, groups = shard.mamba_heads, shard.mamba_groups
+        inner = range(heads.start * m.head_dim, heads.stop * m.head_dim)  # of z, of x, of the norm, out's columns
+        b = range(m.inner + groups.start * m.state_size, m.inner + groups.stop * m.state_size)
+        channels = [inner, b, _shifted(b, m.groups * m.state_size)]  # of the convolution: x, B, C
+        rows = [inner] + [_shifted(r, m.inner) for r in channels] + [_shifted(heads, m.inner + m.conv_channels)]
+        in_proj, conv, bias = t[f"{p}.in_proj.weight"], t[f"{p}.conv1d.weight"].float()[:, 0], t[f"{p}.conv1d.bias"]
+        out = t[f"{p}.out_proj.weight"]
+        out = out if len(inner) == m.inner else out[:, inner.start:inner.stop]
+
+        def per_head(name: str) -> torch.Tensor:
+            return t[f"{p}.{name}"].float()[heads.start:heads.stop]
+
+        return cls(replace(m, heads=len(heads), groups=len(groups)), linear([in_proj[r.start:r.stop] for r in rows]),
+                   torch.cat([conv[r.start:r.stop] for r in channels]),
+                   torch.cat([bias.float()[r.start:r.stop] for r in channels]), per_head("dt_bias"),
+                   -per_head("A_log").exp(), per_head("D"), t[f"{p}.norm.weight"][inner.start:inner.stop],
+                   linear([out]), config.rms_norm_eps, m,
+                   torch.tensor([h // (m.heads // m.groups) for h in heads], device=conv.device),
+                   sum_ranks if shard.mamba_groups_span_ranks else None)
 
     def state_shapes(self) -> list[tuple[int, ...]]:
         s = self.shape
@@ -300,19 +323,30 @@ class Mamba2:
                 y[rows] = selective_scan(xs, dt[rows], self.decay_rate, b, c, scan_state[run.slot]) + \
                     self.skip[:, None] * xs
                 _copy(states, [(run.slot, slot) for slot in snapshots])
-        width = s.inner // s.groups
-        gated = y.view(-1, s.groups, width) * F.silu(z.float().view(-1, s.groups, width))
-        normed = gated * torch.rsqrt(gated.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.out_proj(self.norm * normed.view(-1, s.inner).to(x.dtype))
+        gated = y * F.silu(z.float().view(-1, s.heads, s.head_dim))
+        return self.out_proj(self.norm * self._group_norm(gated).view(-1, s.inner).to(x.dtype))
+
+    def _group_norm(self, gated: torch.Tensor) -> torch.Tensor:
+        """gated [tokens, heads, head_dim] RMS-normed over each group's channels (its heads' on every rank)."""
+        squares = torch.zeros(len(gated), self.whole.groups, dtype=gated.dtype, device=gated.device)
+        squares.index_add_(1, self.head_groups, gated.pow(2).sum(-1))
+        if self.sum_ranks is not None:
+            squares = self.sum_ranks(squares)
+        variance = squares[:, self.head_groups] / (self.whole.inner // self.whole.groups)
+        return gated * torch.rsqrt(variance + self.eps)[..., None]
 
     def _xbc(self, mixed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The convolution's output rows as the scan takes them: x per head, and B and C repeated from their group
         to each of its heads (a group serves heads / groups consecutive heads)."""
         s = self.shape
         xs, b, c = mixed.split([s.inner, s.groups * s.state_size, s.groups * s.state_size], -1)
-        b, c = (t.reshape(len(t), s.groups, s.state_size).repeat_interleave(s.heads // s.groups, dim=1)
-                for t in (b, c))
+        local = self.head_groups - self.head_groups[0]  # this rank's first group is its first head's
+        b, c = (t.reshape(len(t), s.groups, s.state_size)[:, local] for t in (b, c))
         return xs.reshape(len(xs), s.heads, s.head_dim), b, c
+
+
+def _shifted(r: range, by: int) -> range:
+    return range(r.start + by, r.stop + by)
 
 
 def _copy(states: list[torch.Tensor], pairs: list[tuple[int, int]]) -> None:

@@ -44,12 +44,12 @@ HF_EXPERTS = {"router.proj.weight": "mlp.gate.weight", "router.scale": "mlp.gate
 EXPERT_NORMS = ("pre_feedforward_layernorm_2", "post_feedforward_layernorm_1", "post_feedforward_layernorm_2")
 
 
-def _experts(experts: int, per_token: int, width: int) -> dict[str, Any]:
+def _experts(experts: int, per_token: int, width: int, gate_up: bool = True) -> dict[str, Any]:
     """Gemma 4's experts in every layer, beside its MLP: a softmax router over the input normed, its top-k
-    renormalized, then scaled per expert."""
+    renormalized, then scaled per expert. gate_up: each expert's gate and up stored as one matrix."""
     return dict(num_experts=experts, num_experts_per_tok=per_token, moe_intermediate_size=width,
                 norm_topk_prob=True, dense_beside_experts=True, router_input_norm=True, expert_scale=True,
-                experts_gate_up=True)
+                experts_gate_up=gate_up)
 
 
 def _check_sharing(types: list[str], shared: int) -> None:
@@ -111,7 +111,9 @@ class Gemma4(Family):
     def gguf_fields(self, header: GGUFHeader, config: ModelConfig) -> dict[str, Any]:
         """As llama.cpp's converter writes them: the global layers' head size as key_length (the sliding
         layers' as key_length_swa), KV heads and MLP widths per layer where they differ, and proportional RoPE
-        as frequency factors (rope_freqs: 1 for the dims that turn, 1e30 for the others)."""
+        as frequency factors (rope_freqs: 1 for the dims that turn, 1e30 for the others). The experts' gate and
+        up are one matrix (ffn_gate_up_exps) as today's converter writes them, or two (ffn_gate_exps,
+        ffn_up_exps) as other writers do: llama.cpp reads both."""
         meta, arch = header.metadata, self.gguf_arch
         types = config.layer_types or []
         head_dim, global_head_dim = meta[f"{arch}.attention.key_length_swa"], meta[f"{arch}.attention.key_length"]
@@ -127,8 +129,10 @@ class Gemma4(Family):
         k_eq_v = bool(writing) and not any(header.has(f"blk.{i}.attn_v.weight") for i in writing)
         per_layer = meta.get(f"{arch}.embedding_length_per_layer_input", 0)
         embed = next((t for t in header.tensors if t.name == "per_layer_token_embd.weight"), None)
+        gate_up = any(re.fullmatch(r"blk\.\d+\.ffn_gate_up_exps\.weight", t.name) for t in header.tensors)
         experts = _experts(meta[f"{arch}.expert_count"], meta[f"{arch}.expert_used_count"],
-                           meta[f"{arch}.expert_feed_forward_length"]) if meta.get(f"{arch}.expert_count") else {}
+                           meta[f"{arch}.expert_feed_forward_length"], gate_up) \
+            if meta.get(f"{arch}.expert_count") else {}
         return dict(head_dim=head_dim, global_head_dim=global_head_dim, rotary_dim=None,
                     num_kv_heads=per_type.get("sliding_attention", kv_heads),
                     num_global_kv_heads=per_type.get("full_attention") if k_eq_v else None,
