@@ -3,16 +3,22 @@ reply that is a call's JSON alone, fenced as ```json or bare (Qwen2.5-Coder writ
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from zhuzi.server.common.tool_formats.format import (
     Call,
     Marker,
+    Partial,
     ToolFormat,
     arguments_schema,
     json_call,
+    json_calls,
     json_rule,
 )
+
+# A call's start, up to its arguments' object: {"name": "...", "arguments": (in a fence or not).
+_HEADER = re.compile(r'\s*(?:```(?:json)?\s*)?\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*(?=\{)')
 
 
 class Hermes(ToolFormat):
@@ -20,7 +26,6 @@ class Hermes(ToolFormat):
     open, close = "<tool_call>", "</tool_call>"
     bare = True
     leads = (("```json", "```"),)
-    streams_arguments = True
 
     @staticmethod
     def detect(template: str) -> bool:
@@ -32,6 +37,9 @@ class Hermes(ToolFormat):
             text = text.removeprefix("```json").removeprefix("```").removesuffix("```")
         call = json_call(text)
         return [call] if call else None
+
+    def stream(self, body: str) -> list[Partial]:
+        return json_calls(body, _HEADER)[:1]
 
     def parse_bare(self, body: str) -> list[Call] | None:
         try:

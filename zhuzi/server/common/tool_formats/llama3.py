@@ -3,13 +3,26 @@ alone or after <|python_tag|>; calls in one reply are separated by ";". The call
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
-from zhuzi.server.common.tool_formats.format import Call, Marker, ToolFormat, call_of, json_rule, repeated
+from zhuzi.server.common.tool_formats.format import (
+    Call,
+    Marker,
+    Partial,
+    ToolFormat,
+    call_of,
+    json_calls,
+    json_rule,
+    repeated,
+)
 from zhuzi.server.common.tool_formats.hermes import call_schema
 
 PYTHON_TAG = "<|python_tag|>"
 SEPARATOR = '"; "'  # in Lark
+# A call's start up to its arguments' object (after the end of the call before it and ";").
+_HEADER = re.compile(r'(?:\s*\}\s*;)?\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:parameters|arguments)"\s*:\s*'
+                     r'(?=\{)')
 
 
 class Llama3Json(ToolFormat):
@@ -42,6 +55,9 @@ class Llama3Json(ToolFormat):
             if not rest.startswith(self.separator):
                 return None
             at = len(body) - len(rest) + len(self.separator)
+
+    def stream(self, body: str) -> list[Partial]:
+        return json_calls(body, _HEADER)
 
     def parse_bare(self, body: str) -> list[Call] | None:
         try:

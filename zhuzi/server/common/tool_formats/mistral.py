@@ -10,15 +10,20 @@ from typing import Any
 from zhuzi.server.common.tool_formats.format import (
     Call,
     Marker,
+    Partial,
     ToolFormat,
     arguments_schema,
     call_of,
+    json_calls,
     json_rule,
 )
 from zhuzi.server.common.tool_formats.hermes import call_schema
 
 OPEN, ARGS = "[TOOL_CALLS]", "[ARGS]"
 _NAMED = re.compile(r"\s*([^\[\]\s]+)(?:\[CALL_ID\][^\[]*)?\[ARGS\](.*)", re.DOTALL)
+# A call's start up to its arguments: name[ARGS] (after [TOOL_CALLS] from the second call on), or a JSON list's item.
+_NAMED_HEADER = re.compile(r"(?:\[TOOL_CALLS\])?\s*([^\[\]\s]+)(?:\[CALL_ID\][^\[]*)?\[ARGS\]\s*(?=\{)")
+_ITEM_HEADER = re.compile(r'(?:\s*\})?\s*[\[,]\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*(?=\{)')
 
 
 class Mistral(ToolFormat):
@@ -53,6 +58,11 @@ class Mistral(ToolFormat):
                 return None
             read.append(Call(named[1], arguments))
         return read
+
+    def stream(self, body: str) -> list[Partial]:
+        if body.lstrip().startswith("["):
+            return json_calls(body, _ITEM_HEADER)
+        return json_calls(body, _NAMED_HEADER, str)
 
     def grammar(self, functions: list[dict[str, Any]], single: bool, marker: Marker) -> list[str]:
         if not self.named:

@@ -18,16 +18,20 @@ from typing import Any
 from zhuzi.server.common.tool_formats.format import (
     Call,
     Marker,
+    Partial,
     ToolFormat,
     arguments_schema,
     is_text,
     json_rule,
+    keyed_arguments,
     properties,
     text_rule,
 )
 
 _FUNCTION = re.compile(r"\s*<function=([^>\n]+)>\n?(.*?)</function>\s*", re.DOTALL)
 _PARAMETER = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.DOTALL)
+_OPENING = re.compile(r"\s*<function=([^>\n]+)>\n?")
+CLOSING = "</function>"
 
 
 class Qwen3Coder(ToolFormat):
@@ -51,6 +55,16 @@ class Qwen3Coder(ToolFormat):
         if _PARAMETER.sub("", inner).strip():  # text outside the parameters: not this format
             return None
         return [Call(name, arguments)]
+
+    def stream(self, body: str) -> list[Partial]:
+        """The call's JSON, a parameter more as each one closes (as vLLM streams this format)."""
+        if (opening := _OPENING.match(body)) is None:
+            return []
+        name, closing = opening[1].strip(), body.find(CLOSING, opening.end())
+        inner = body[opening.end():closing if closing >= 0 else len(body)]
+        schema = self.schema(name).get("properties") or {}
+        pairs = [(p[1].strip(), _value(p[2], schema.get(p[1].strip()) or {})) for p in _PARAMETER.finditer(inner)]
+        return [Partial(name, keyed_arguments(pairs, closing >= 0), closing + len(CLOSING) if closing >= 0 else None)]
 
     def grammar(self, functions: list[dict[str, Any]], single: bool, marker: Marker) -> list[str]:
         lines = [f"function: {' | '.join(f'f{i}' for i in range(len(functions)))}",
