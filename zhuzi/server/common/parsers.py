@@ -292,8 +292,9 @@ class OutputParser:
         calls = self.fmt.parse_bare(body) if bare else self.fmt.parse(body)
         arguments = self._arguments(body, calls, sent)
         if calls is None or arguments is None:  # the user sees the text as the model wrote it
-            if sent or not (bare or self.section[0] != self.fmt.open):  # it was a call, not JSON or a fence
-                self.failure = "broken" if closed else "open"
+            if (self.section[0] == self.fmt.open and not bare) or any(self.fmt.known(p.name)
+                                                                      for p in self.fmt.stream(body)):
+                self.failure = "broken" if closed else "open"  # it was a call (not JSON, nor a fence, of text)
             out.dropped += range(self.calls, self.calls + len(sent))
             self.calls += len(sent)  # their indexes went out
             opening, closing = ("", None) if bare else self.section

@@ -25,12 +25,13 @@ def test_fenced_and_bare_calls_are_calls(text: str) -> None:
     assert calls(parsed) == [PARIS] and parsed.content == ""
 
 
-@pytest.mark.parametrize("text", [
-    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"\n</tool_call>',  # broken JSON
-    'Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa',  # cut off
-    '```json\n{"name": "get_weather", "arguments": {"city": "Paris"}\n```',  # a fenced call's broken JSON
-    '```json\n{"city": "Paris"}\n```',  # fenced JSON that is no call
-    '```python\nprint(1)\n```',
+@pytest.mark.parametrize("text, failure", [
+    ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"\n</tool_call>', "broken"),  # broken JSON
+    ('Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa', "open"),  # cut off
+    ('```json\n{"name": "get_weather", "arguments": {"city": "Paris"}\n```', "broken"),  # a fenced call's broken JSON
+    ('```json\n{"city": "Paris"}\n```', None),  # fenced JSON that is no call
+    ('```python\nprint(1)\n```', None),
+    ('<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>', "broken"),  # no function of the request
 ])
-def test_unfinished_and_broken_calls_are_the_models_text(text: str) -> None:
-    as_text(FMT, text)
+def test_unfinished_and_broken_calls_are_the_models_text(text: str, failure: str | None) -> None:
+    assert as_text(FMT, text) == failure

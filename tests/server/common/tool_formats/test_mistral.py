@@ -24,10 +24,10 @@ def test_text_before_the_calls_is_content() -> None:
     assert (parsed.content, calls(parsed)) == ("Checking.", TWO[:1])
 
 
-@pytest.mark.parametrize("text", [
-    '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Par',  # cut off
-    '[TOOL_CALLS]get_weather[ARGS]{"city": Paris}',  # broken JSON
-    '[TOOL_CALLS]get_weather{"city": "Paris"}',  # no [ARGS]
+@pytest.mark.parametrize("text, failure", [
+    ('[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Par', "open"),  # cut off
+    ('[TOOL_CALLS]get_weather[ARGS]{"city": Paris}', "open"),  # broken JSON
+    ('[TOOL_CALLS]get_weather{"city": "Paris"}', "open"),  # no [ARGS]
 ])
-def test_unfinished_and_broken_calls_are_the_models_text(text: str) -> None:
-    as_text(FMT, text)
+def test_unfinished_and_broken_calls_are_the_models_text(text: str, failure: str | None) -> None:
+    assert as_text(FMT, text) == failure

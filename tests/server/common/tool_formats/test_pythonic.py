@@ -16,11 +16,11 @@ def test_a_list_of_calls_with_python_and_json_literals() -> None:
                              ("get_weather", {"city": "Rome", "metric": False}), ("now", {})]
 
 
-@pytest.mark.parametrize("text", [
-    '<|tool_call_start|>[get_weather(city="Par',  # cut off
-    '<|tool_call_start|>[get_weather(city="Paris"]<|tool_call_end|>',  # unbalanced
-    '<|tool_call_start|>[get_weather("Paris")]<|tool_call_end|>',  # a positional argument
-    "<|tool_call_start|>[get_weather(city=os.getcwd())]<|tool_call_end|>",  # no literal
+@pytest.mark.parametrize("text, failure", [
+    ('<|tool_call_start|>[get_weather(city="Par', "open"),  # cut off
+    ('<|tool_call_start|>[get_weather(city="Paris"]<|tool_call_end|>', "broken"),  # unbalanced
+    ('<|tool_call_start|>[get_weather("Paris")]<|tool_call_end|>', "broken"),  # a positional argument
+    ("<|tool_call_start|>[get_weather(city=os.getcwd())]<|tool_call_end|>", "broken"),  # no literal
 ])
-def test_unfinished_and_broken_calls_are_the_models_text(text: str) -> None:
-    as_text(FMT, text)
+def test_unfinished_and_broken_calls_are_the_models_text(text: str, failure: str | None) -> None:
+    assert as_text(FMT, text) == failure
