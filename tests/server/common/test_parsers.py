@@ -223,9 +223,12 @@ def test_a_reply_that_is_a_calls_json_alone_is_a_call(pieces: list[str]) -> None
 @pytest.mark.parametrize("text", ['{"name": "Bob", "age": 3}', '{"name": "f", "arguments": {"a": 1}', 'Use {"name": '
                                   '"f", "arguments": {}} here', '{"answer": 42}'])
 def test_json_that_is_no_whole_untagged_call_stays_content(text: str) -> None:
-    """Only a reply that opens with exactly {"name": ..., "arguments": {...}} is a call; other JSON is text."""
+    """Only a reply that opens with exactly {"name": ..., "arguments": {...}} is a call; other JSON is text (a call
+    cut short, whose start went out, dropped)."""
+    dropped = [0] if text.startswith('{"name": "f", "arguments": {') else []
     for pieces in ([text], list(text)):
-        assert merged(stream(OutputParser(reasoning=False, tools=True), pieces)) == ParsedText(content=text)
+        assert merged(stream(OutputParser(reasoning=False, tools=True), pieces)) == ParsedText(content=text,
+                                                                                               dropped=dropped)
     assert OutputParser(reasoning=False, tools=False).parse('{"name": "f", "arguments": {}}').tool_calls == []
 
 
@@ -286,7 +289,7 @@ def test_a_forced_call_cut_short_is_dropped_and_becomes_the_models_text() -> Non
     deltas = stream(parser, list(text))
     assert "".join(call.arguments for delta in deltas for call in delta.tool_calls) == '{"city": "Pa'
     assert deltas[-1].dropped == [0] and parser.failure == "open"
-    assert merged(deltas) == ParsedText(content=text)
+    assert merged(deltas) == ParsedText(content=text, dropped=[0])
 
 
 def test_a_forced_calls_closing_tag_inside_a_string_is_part_of_its_arguments() -> None:
@@ -296,7 +299,7 @@ def test_a_forced_calls_closing_tag_inside_a_string_is_part_of_its_arguments() -
     text = '<tool_call>\n{"name": "calculator", "arguments": {"expression":  "17 * 23}}</tool_call>  # 17 * 23 = 3'
     for read in (lambda p: p.parse(text), lambda p: merged(stream(p, list(text)))):
         parser = OutputParser(reasoning=False, tools=True, forced=True)
-        assert read(parser) == ParsedText(content=text) and parser.failure == "open"
+        assert read(parser) == ParsedText(content=text, dropped=[0]) and parser.failure == "open"
     closed = text.replace("}}</tool_call>  # 17 * 23 = 3", '"}}\n</tool_call>')
     [call] = OutputParser(reasoning=False, tools=True, forced=True).parse(closed).tool_calls
     assert json.loads(call.arguments) == {"expression": "17 * 23"}

@@ -7,6 +7,7 @@ then dropped, and the parser says how the call failed (cut off, or broken).
 """
 from __future__ import annotations
 
+import itertools
 import json
 import uuid
 from dataclasses import dataclass, field, replace
@@ -40,7 +41,7 @@ class ParsedText:
     content: str = ""
     reasoning_content: str = ""
     tool_calls: list[ToolCall] = field(default_factory=list)
-    dropped: list[int] = field(default_factory=list)  # a delta's: calls whose start went out, now the model's text
+    dropped: list[int] = field(default_factory=list)  # calls whose start went out that are the model's text after all
 
     def extend(self, other: ParsedText) -> None:
         self.content += other.content
@@ -49,6 +50,7 @@ class ParsedText:
             self.add_call(call)
         if other.dropped:  # a whole reply keeps no call that failed
             self.tool_calls = [call for call in self.tool_calls if call.index not in other.dropped]
+            self.dropped += other.dropped
 
     def add_call(self, call: ToolCall) -> None:
         if self.tool_calls and self.tool_calls[-1].index == call.index:  # a later piece of the same call
@@ -288,22 +290,33 @@ class OutputParser:
         """A section has ended (closed: by its marker, else with the reply): its calls, or the model's text."""
         self.mode, hidden, self.hidden = Mode.CONTENT, self.hidden, 0
         bare, self.bare = self.bare, False
-        sent, self.sent = self.sent, []
         calls = self.fmt.parse_bare(body) if bare else self.fmt.parse(body)
-        arguments = self._arguments(body, calls, sent)
-        if calls is None or arguments is None:  # the user sees the text as the model wrote it
-            if (self.section[0] == self.fmt.open and not bare) or any(self.fmt.known(p.name)
-                                                                      for p in self.fmt.stream(body)):
-                self.failure = "broken" if closed else "open"  # it was a call (not JSON, nor a fence, of text)
-            out.dropped += range(self.calls, self.calls + len(sent))
-            self.calls += len(sent)  # their indexes went out
-            opening, closing = ("", None) if bare else self.section
-            out.content += (self.tool_lead + opening + body + ((closing or "") if closed else ""))[hidden:]
+        arguments = self._arguments(body, calls, self.sent)
+        if calls is None or arguments is None:
+            self._fail(body, out, closed, bare, hidden)
             return
-        self.sent = sent
         self._stream(out, [Partial(call.name, text, 0) for call, text in zip(calls, arguments)])
         self.sent, self.calls = [], self.calls + len(calls)
         self.strip_leading, self.bare_may_open = True, bare
+
+    def _fail(self, body: str, out: ParsedText, closed: bool, bare: bool, hidden: int) -> None:
+        """A section that does not read back as calls: the calls in it that a later one followed are whole (a
+        section of several, cut short in its last), the text from the first other one on is the model's, and a
+        call whose start went out is dropped."""
+        partials = self.fmt.stream(body)
+        kept = list(itertools.takewhile(lambda p: self.fmt.known(p.name) and isinstance(_json(p.arguments), dict),
+                                        partials[:-1]))
+        if self.forced or (self.section[0] == self.fmt.open and not bare) or any(
+                self.fmt.known(p.name) for p in partials):
+            self.failure = "broken" if closed else "open"  # it was a call (not JSON, nor a fence, of text)
+        self._stream(out, kept)
+        out.dropped += range(self.calls + len(kept), self.calls + len(self.sent))
+        self.calls += max(len(kept), len(self.sent))  # the dropped calls' indexes went out
+        self.sent = []
+        opening, closing = ("", None) if bare else self.section
+        text = self.tool_lead + opening + body + ((closing or "") if closed else "")
+        start = len(self.tool_lead + opening) + partials[len(kept)].start if kept else 0
+        out.content += text[max(hidden, start):]
 
     def _arguments(self, body: str, calls: list[Call] | None, sent: list[str]) -> list[str] | None:
         """The calls' arguments as JSON text: as they streamed (the model's own text, for JSON formats), or, for

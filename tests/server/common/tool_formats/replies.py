@@ -89,7 +89,7 @@ def read_failing(fmt: ToolFormat, text: str, reasoning: bool = False) -> tuple[P
             assert "".join(c.arguments for c in [first, *rest]) == call.arguments
             if len(pieces) == len(text):  # one character at a time, the arguments come in pieces
                 assert len([c for c in [first, *rest] if c.arguments]) > 1
-        if whole.tool_calls:
+        if whole.tool_calls and reader.failure is None:
             assert fmt.open not in "".join(delta.content for delta in deltas)
     assert [c.index for c in whole.tool_calls] == list(range(len(whole.tool_calls)))
     return whole, reader.failure

@@ -1,7 +1,7 @@
 """Llama 3.1 to 3.3's calls: a reply that is a call's JSON, or <|python_tag|> and calls separated by ";";
 unfinished and broken calls."""
 import pytest
-from replies import FUNCTIONS, as_text, calls, read
+from replies import FUNCTIONS, as_text, calls, read, read_failing
 
 from zhuzi.server.common.tool_formats.llama3 import Llama3Json
 
@@ -30,3 +30,9 @@ def test_bare_and_tagged_calls(text: str, expected: list) -> None:
 ])
 def test_unfinished_and_broken_calls_are_the_models_text(text: str, failure: str | None) -> None:
     assert as_text(FMT, text) == failure
+
+
+def test_calls_before_the_one_cut_short_are_whole() -> None:
+    text = '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}; {"name": "now", "parameters": {"'
+    parsed, failure = read_failing(FMT, text)
+    assert (calls(parsed), parsed.content, failure) == ([PARIS], '{"name": "now", "parameters": {"', "open")

@@ -1,7 +1,7 @@
 """Mistral's calls: the JSON list of its v3 to v7 tokenizers, the name[ARGS]{...} of v11 on (with Mistral Small
 3.2's [CALL_ID]); unfinished and broken calls."""
 import pytest
-from replies import FUNCTIONS, as_text, calls, read
+from replies import FUNCTIONS, as_text, calls, read, read_failing
 
 from zhuzi.server.common.tool_formats.mistral import Mistral
 
@@ -31,3 +31,8 @@ def test_text_before_the_calls_is_content() -> None:
 ])
 def test_unfinished_and_broken_calls_are_the_models_text(text: str, failure: str | None) -> None:
     assert as_text(FMT, text) == failure
+
+
+def test_calls_before_the_one_cut_short_are_whole() -> None:
+    parsed, failure = read_failing(FMT, '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]now[ARGS]{"x')
+    assert (calls(parsed), parsed.content, failure) == (TWO[:1], '[TOOL_CALLS]now[ARGS]{"x', "open")

@@ -1,6 +1,6 @@
 """LFM2's pythonic calls: a Python list of calls between its markers; unfinished and broken calls."""
 import pytest
-from replies import FUNCTIONS, as_text, calls, read
+from replies import FUNCTIONS, as_text, calls, read, read_failing
 
 from zhuzi.server.common.tool_formats.pythonic import Pythonic
 
@@ -24,3 +24,8 @@ def test_a_list_of_calls_with_python_and_json_literals() -> None:
 ])
 def test_unfinished_and_broken_calls_are_the_models_text(text: str, failure: str | None) -> None:
     assert as_text(FMT, text) == failure
+
+
+def test_calls_before_the_one_cut_short_are_whole() -> None:
+    parsed, failure = read_failing(FMT, '<|tool_call_start|>[get_weather(city="Paris"), now(x=')
+    assert (calls(parsed), parsed.content, failure) == ([("get_weather", {"city": "Paris"})], "now(x=", "open")

@@ -28,11 +28,13 @@ class Call:
 @dataclass
 class Partial:
     """A call of a section as far as it is written: its name, its arguments as JSON text so far (always the start
-    of what they will be once the call is whole), and where its syntax ends in the section (None while open)."""
+    of what they will be once the call is whole), and where its syntax starts and ends in the section (end: None
+    while open)."""
 
     name: str
     arguments: str
     end: int | None = None
+    start: int = 0
 
 
 class ToolFormat:
@@ -163,14 +165,23 @@ def json_name(text: str) -> str:
         return text
 
 
+def json_header(before: str, arguments: str = "arguments") -> re.Pattern[str]:
+    """A JSON call's start up to its arguments' object, {"name": "...", "arguments": (the key a regex), after
+    before (a regex: what may come first, such as the end of the call before)."""
+    return re.compile(before + r'(?P<call>\{)\s*"name"\s*:\s*"(?P<name>(?:[^"\\]|\\.)*)"\s*,\s*"(?:' + arguments
+                      + r')"\s*:\s*(?=\{)')
+
+
 def json_calls(body: str, header: re.Pattern[str], name: Callable[[str], str] = json_name) -> list[Partial]:
     """Calls whose arguments are a JSON object, streamed as the model writes it: each call opens with header (its
-    group 1 the name, as name() reads it), the arguments follow; a next call's header matches where they end."""
+    group "name" the name, as name() reads it; its group "call", where there is one, the call's own start, after
+    the end of the call before), the arguments follow; a next call's header matches where they end."""
     calls: list[Partial] = []
     at = 0
     while opening := header.match(body, at):
         end = object_end(body, opening.end())
-        calls.append(Partial(name(opening[1]), body[opening.end():end or len(body)], end))
+        start = opening.start("call") if "call" in header.groupindex else opening.start()
+        calls.append(Partial(name(opening["name"]), body[opening.end():end or len(body)], end, start))
         if end is None:
             break
         at = end

@@ -3,7 +3,6 @@ reply that is a call's JSON alone, fenced as ```json or bare (Qwen2.5-Coder writ
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 from zhuzi.server.common.tool_formats.format import (
@@ -14,11 +13,12 @@ from zhuzi.server.common.tool_formats.format import (
     arguments_schema,
     json_call,
     json_calls,
+    json_header,
     json_rule,
 )
 
 # A call's start, up to its arguments' object: {"name": "...", "arguments": (in a fence or not).
-_HEADER = re.compile(r'\s*(?:```(?:json)?\s*)?\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*(?=\{)')
+_HEADER = json_header(r"\s*(?:```(?:json)?\s*)?")
 
 
 class Hermes(ToolFormat):

@@ -3,7 +3,6 @@ alone or after <|python_tag|>; calls in one reply are separated by ";". The call
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 from zhuzi.server.common.tool_formats.format import (
@@ -13,6 +12,7 @@ from zhuzi.server.common.tool_formats.format import (
     ToolFormat,
     call_of,
     json_calls,
+    json_header,
     json_rule,
     repeated,
 )
@@ -21,8 +21,7 @@ from zhuzi.server.common.tool_formats.hermes import call_schema
 PYTHON_TAG = "<|python_tag|>"
 SEPARATOR = '"; "'  # in Lark
 # A call's start up to its arguments' object (after the end of the call before it and ";").
-_HEADER = re.compile(r'(?:\s*\}\s*;)?\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:parameters|arguments)"\s*:\s*'
-                     r'(?=\{)')
+_HEADER = json_header(r"(?:\s*\}\s*;)?\s*", "parameters|arguments")
 
 
 class Llama3Json(ToolFormat):

@@ -15,6 +15,7 @@ from zhuzi.server.common.tool_formats.format import (
     arguments_schema,
     call_of,
     json_calls,
+    json_header,
     json_rule,
 )
 from zhuzi.server.common.tool_formats.hermes import call_schema
@@ -22,8 +23,8 @@ from zhuzi.server.common.tool_formats.hermes import call_schema
 OPEN, ARGS = "[TOOL_CALLS]", "[ARGS]"
 _NAMED = re.compile(r"\s*([^\[\]\s]+)(?:\[CALL_ID\][^\[]*)?\[ARGS\](.*)", re.DOTALL)
 # A call's start up to its arguments: name[ARGS] (after [TOOL_CALLS] from the second call on), or a JSON list's item.
-_NAMED_HEADER = re.compile(r"(?:\[TOOL_CALLS\])?\s*([^\[\]\s]+)(?:\[CALL_ID\][^\[]*)?\[ARGS\]\s*(?=\{)")
-_ITEM_HEADER = re.compile(r'(?:\s*\})?\s*[\[,]\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*(?=\{)')
+_NAMED_HEADER = re.compile(r"(?:\[TOOL_CALLS\])?\s*(?P<name>[^\[\]\s]+)(?:\[CALL_ID\][^\[]*)?\[ARGS\]\s*(?=\{)")
+_ITEM_HEADER = json_header(r"(?:\s*\})?\s*[\[,]\s*")
 
 
 class Mistral(ToolFormat):

@@ -24,7 +24,7 @@ from zhuzi.server.common.tool_formats.format import (
 _JSON_NAMES = {"true": True, "false": False, "null": None}
 COMMA = '", "'  # in Lark
 _LIST = re.compile(r"\s*\[")
-_CALL = re.compile(r"\s*,?\s*([A-Za-z_][\w.]*)\(")  # a call's start (after the call before it)
+_CALL = re.compile(r"\s*,?\s*(?P<call>[A-Za-z_][\w.]*)\(")  # a call's start (after the call before it)
 _KEYWORD = re.compile(r"\s*([A-Za-z_]\w*)\s*=")
 _CLOSING = re.compile(r"\s*\)")
 
@@ -63,10 +63,10 @@ class Pythonic(ToolFormat):
                 except (SyntaxError, ValueError):
                     end = None
                 if keyword is None or end is None:
-                    return calls + [Partial(call[1], keyed_arguments(pairs, False))]
+                    return calls + [Partial(call[1], keyed_arguments(pairs, False), None, call.start("call"))]
                 pairs.append((keyword[1], value))
                 at = end + 1 if body[end] == "," else end
-            calls.append(Partial(call[1], keyed_arguments(pairs, True), closing.end()))
+            calls.append(Partial(call[1], keyed_arguments(pairs, True), closing.end(), call.start("call")))
             at = closing.end()
         return calls
 
