@@ -15,7 +15,7 @@ from enum import Enum
 from typing import Literal
 
 from zhuzi.server.common.tool_formats import ToolFormat
-from zhuzi.server.common.tool_formats.format import Call, Partial, object_end
+from zhuzi.server.common.tool_formats.format import Call, ObjectScan, Partial
 from zhuzi.server.common.tool_formats.hermes import Hermes
 from zhuzi.tokenizer import THOUGHT_TAGS, ThoughtTags
 
@@ -111,7 +111,8 @@ class OutputParser:
         self.thought = False  # whether the reply opened a thought (or the prompt opened it)
         self.think_may_open = reasoning  # a thought opens only before any content
         self.bare_may_open = tools  # so does an unmarked call (a bare JSON object, a fenced one)
-        self.bare = False  # the open section is an unmarked call, which ends where its JSON object closes
+        self.bare: ObjectScan | None = None  # an open unmarked call's: it ends where its JSON object closes
+        self.scans: dict[int, ObjectScan] = {}  # the open section's JSON scans (ToolFormat.stream)
         self.section = (self.fmt.open, self.fmt.close)  # the open section's markers
         self.strip_leading = False  # drop whitespace right after a closing tag
         self.buffer = ""  # text not yet classified
@@ -205,7 +206,7 @@ class OutputParser:
         self.bare_may_open = False
         lead = self.buffer[:len(self.buffer) - len(stripped)]
         if self.fmt.bare and stripped.startswith("{"):
-            self.bare = True
+            self.bare = ObjectScan(0)
             self._switch(Mode.TOOL_CALL, stripped)
             self.tool_lead = lead
             return True
@@ -228,9 +229,9 @@ class OutputParser:
         return False
 
     def _step_tool_call(self, out: ParsedText) -> bool:
-        if self.bare:  # an unmarked call ends where its JSON object closes
+        if self.bare is not None:  # an unmarked call ends where its JSON object closes
             self.tool_text, self.buffer = self.tool_text + self.buffer, ""
-            if (end := object_end(self.tool_text, 0)) is None:
+            if (end := self.bare.scan(self.tool_text)) is None:
                 self._stream(out)
                 return False
             body, rest = self.tool_text[:end], self.tool_text[end:]
@@ -244,7 +245,7 @@ class OutputParser:
             return False
         if self.forced:  # a closing marker inside a call's open arguments is their text (the grammar wrote it)
             text = self.tool_text + self.buffer
-            partials = self.fmt.stream(text)
+            partials = self._partials(text)
             if partials and partials[-1].end is None:
                 self.tool_text, self.buffer = text, ""
                 self._stream(out, partials)
@@ -263,7 +264,7 @@ class OutputParser:
     def _stream(self, out: ParsedText, partials: list[Partial] | None = None) -> None:
         """The open section's news: each call's id and name once its name is whole, then its arguments as they
         grow (not a call past max_calls, nor one to a function the request does not have)."""
-        for j, partial in enumerate(self.fmt.stream(self.tool_text) if partials is None else partials):
+        for j, partial in enumerate(self._partials(self.tool_text) if partials is None else partials):
             index = self.calls + j
             if not self.fmt.known(partial.name) or (self.max_calls is not None and index >= self.max_calls):
                 return
@@ -284,12 +285,16 @@ class OutputParser:
         return decided
 
     def _switch(self, mode: Mode, rest: str) -> None:
-        self.mode, self.buffer, self.tool_text = mode, rest, ""
+        self.mode, self.buffer, self.tool_text, self.scans = mode, rest, "", {}
+
+    def _partials(self, body: str) -> list[Partial]:
+        """The open section's calls so far (body: the section's text, up to some point)."""
+        return self.fmt.stream(body, self.scans)
 
     def _close_tool_call(self, body: str, out: ParsedText, closed: bool) -> None:
         """A section has ended (closed: by its marker, else with the reply): its calls, or the model's text."""
         self.mode, hidden, self.hidden = Mode.CONTENT, self.hidden, 0
-        bare, self.bare = self.bare, False
+        bare, self.bare = self.bare is not None, None
         calls = self.fmt.parse_bare(body) if bare else self.fmt.parse(body)
         arguments = self._arguments(body, calls, self.sent)
         if calls is None or arguments is None:
@@ -303,7 +308,7 @@ class OutputParser:
         """A section that does not read back as calls: the calls in it that a later one followed are whole (a
         section of several, cut short in its last), the text from the first other one on is the model's, and a
         call whose start went out is dropped."""
-        partials = self.fmt.stream(body)
+        partials = self._partials(body)
         kept = list(itertools.takewhile(lambda p: self.fmt.known(p.name) and isinstance(_json(p.arguments), dict),
                                         partials[:-1]))
         if self.forced or (self.section[0] == self.fmt.open and not bare) or any(
@@ -324,7 +329,7 @@ class OutputParser:
         None when the calls are not all whole, or call a function the request does not have."""
         if calls is None or not all(self.fmt.known(call.name) for call in calls):
             return None
-        partials = self.fmt.stream(body)
+        partials = self._partials(body)
         if [p.name for p in partials] == [c.name for c in calls] and all(
                 _json(p.arguments) == c.arguments for p, c in zip(partials, calls)):
             return [p.arguments for p in partials]

@@ -1,4 +1,6 @@
 """Hermes' format as Qwen2.5 and Qwen2.5-Coder write it: tagged, fenced, bare; unfinished and broken calls."""
+import json
+
 import pytest
 from replies import FUNCTIONS, as_text, calls, read
 
@@ -35,3 +37,9 @@ def test_fenced_and_bare_calls_are_calls(text: str) -> None:
 ])
 def test_unfinished_and_broken_calls_are_the_models_text(text: str, failure: str | None) -> None:
     assert as_text(FMT, text) == failure
+
+
+def test_brackets_quotes_and_backslashes_inside_strings_are_text() -> None:
+    arguments = {"city": 'P"}]{\\', "where": {"note": "\\\\\"x"}}
+    text = f'<tool_call>\n{json.dumps({"name": "get_weather", "arguments": arguments})}\n</tool_call>'
+    assert calls(read(FMT, text)) == [("get_weather", arguments)]

@@ -29,3 +29,8 @@ def test_unfinished_and_broken_calls_are_the_models_text(text: str, failure: str
 def test_calls_before_the_one_cut_short_are_whole() -> None:
     parsed, failure = read_failing(FMT, '<|tool_call_start|>[get_weather(city="Paris"), now(x=')
     assert (calls(parsed), parsed.content, failure) == ([("get_weather", {"city": "Paris"})], "now(x=", "open")
+
+
+def test_brackets_quotes_and_backslashes_inside_strings_are_text() -> None:
+    text = '<|tool_call_start|>[get_weather(city="P\\")]\\\\", where={"a": \'(\\\'\'})]<|tool_call_end|>'
+    assert calls(read(FMT, text)) == [("get_weather", {"city": 'P")]\\', "where": {"a": "('"}})]

@@ -66,9 +66,10 @@ class ToolFormat:
         """The calls of one section (the text between its markers), or None when it is not well-formed."""
         raise NotImplementedError
 
-    def stream(self, body: str) -> list[Partial]:
+    def stream(self, body: str, scans: dict[int, ObjectScan]) -> list[Partial]:
         """The calls of a section written so far (body: its start), the last one possibly unfinished; what they
-        hold grows with the body. A section that parses reads here as the same calls, arguments and all."""
+        hold grows with the body. A section that parses reads here as the same calls, arguments and all. scans:
+        the section's, for formats that write JSON (json_calls)."""
         raise NotImplementedError
 
     def known(self, name: str) -> bool:
@@ -172,14 +173,16 @@ def json_header(before: str, arguments: str = "arguments") -> re.Pattern[str]:
                       + r')"\s*:\s*(?=\{)')
 
 
-def json_calls(body: str, header: re.Pattern[str], name: Callable[[str], str] = json_name) -> list[Partial]:
+def json_calls(body: str, header: re.Pattern[str], scans: dict[int, ObjectScan],
+               name: Callable[[str], str] = json_name) -> list[Partial]:
     """Calls whose arguments are a JSON object, streamed as the model writes it: each call opens with header (its
     group "name" the name, as name() reads it; its group "call", where there is one, the call's own start, after
-    the end of the call before), the arguments follow; a next call's header matches where they end."""
+    the end of the call before), the arguments follow; a next call's header matches where they end. scans: the
+    arguments' scans by where they start, kept between calls as the body grows (each character is scanned once)."""
     calls: list[Partial] = []
     at = 0
     while opening := header.match(body, at):
-        end = object_end(body, opening.end())
+        end = scans.setdefault(opening.end(), ObjectScan(opening.end())).scan(body)
         start = opening.start("call") if "call" in header.groupindex else opening.start()
         calls.append(Partial(name(opening["name"]), body[opening.end():end or len(body)], end, start))
         if end is None:
@@ -196,16 +199,15 @@ def keyed_arguments(pairs: list[tuple[str, Any]], closed: bool) -> str:
 
 
 # What a scan stops at: a string's quote (in any of the notations), a bracket, a comma.
+_JSON_STRUCTURE = re.compile(r'["{}\[\]]')
 _STRUCTURE = re.compile(r'<\|"\|>|["\'{}\[\](),]')
-_STRING_ENDS = {'"': re.compile(r'(?:[^"\\]|\\.)*"', re.DOTALL), "'": re.compile(r"(?:[^'\\]|\\.)*'", re.DOTALL)}
 
 
 def _string_end(text: str, at: int, quote: str) -> int | None:
-    """Where a string that opened with quote just before `at` ends (after its closing quote); None while open."""
-    if quote in _STRING_ENDS:
-        closing = _STRING_ENDS[quote].match(text, at)
-        return closing.end() if closing else None
-    end = text.find(quote, at)
+    """Where a string that opened with quote just before `at` ends (after its closing quote); None while open.
+    A one-character quote escaped by a backslash does not close it."""
+    while (end := text.find(quote, at)) >= 0 and len(quote) == 1 and _escaped(text, end):
+        at = end + 1
     return None if end < 0 else end + len(quote)
 
 
@@ -228,21 +230,39 @@ def value_end(text: str, at: int, quotes: tuple[str, ...] = ('"',)) -> int | Non
     return None
 
 
-def object_end(text: str, at: int) -> int | None:
-    """Where the JSON object that opens at `at` ends (after its closing brace); None while it is open."""
-    if not text.startswith("{", at):
-        return None
-    depth = 0
-    while token := _STRUCTURE.search(text, at):
-        at = token.end()
-        if token[0] == '"':
-            if (end := _string_end(text, at, '"')) is None:
+def _escaped(text: str, at: int) -> bool:
+    """Whether the character at `at` is escaped: an odd number of backslashes before it."""
+    start = at
+    while start > 0 and text[start - 1] == "\\":
+        start -= 1
+    return (at - start) % 2 == 1
+
+
+@dataclass
+class ObjectScan:
+    """The scan of a JSON object that opens at `at` for its end, resumed as its text grows."""
+
+    at: int  # the next character to scan
+    depth: int = 0
+    in_string: bool = False
+    end: int | None = None  # after its closing brace, once scanned
+
+    def scan(self, text: str) -> int | None:
+        while self.end is None:
+            if self.in_string:  # to its closing quote: one not escaped by an odd number of backslashes
+                quote = text.find('"', self.at)
+                self.at = len(text) if quote < 0 else quote + 1
+                if quote < 0:
+                    return None
+                self.in_string = _escaped(text, quote)
+            elif token := _JSON_STRUCTURE.search(text, self.at):
+                self.at = token.end()
+                if token[0] == '"':
+                    self.in_string = True
+                else:
+                    self.depth += 1 if token[0] in "{[" else -1
+                    self.end = self.at if self.depth == 0 else None
+            else:
+                self.at = len(text)
                 return None
-            at = end
-        elif token[0] in "{[":
-            depth += 1
-        elif token[0] in "}]":
-            depth -= 1
-            if depth == 0:
-                return at
-    return None
+        return self.end

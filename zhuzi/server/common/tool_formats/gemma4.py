@@ -9,6 +9,7 @@ from typing import Any
 from zhuzi.server.common.tool_formats.format import (
     Call,
     Marker,
+    ObjectScan,
     Partial,
     ToolFormat,
     arguments_schema,
@@ -46,7 +47,7 @@ class Gemma4(ToolFormat):
             return None
         return [Call(call[1], arguments)] if isinstance(arguments, dict) else None
 
-    def stream(self, body: str) -> list[Partial]:
+    def stream(self, body: str, scans: dict[int, ObjectScan]) -> list[Partial]:
         """The call's JSON, a key more as each value is whole."""
         if (opening := _OPENING.match(body)) is None:
             return []

@@ -8,6 +8,7 @@ from typing import Any
 from zhuzi.server.common.tool_formats.format import (
     Call,
     Marker,
+    ObjectScan,
     Partial,
     ToolFormat,
     arguments_schema,
@@ -38,8 +39,8 @@ class Hermes(ToolFormat):
         call = json_call(text)
         return [call] if call else None
 
-    def stream(self, body: str) -> list[Partial]:
-        return json_calls(body, _HEADER)[:1]
+    def stream(self, body: str, scans: dict[int, ObjectScan]) -> list[Partial]:
+        return json_calls(body, _HEADER, scans)[:1]
 
     def parse_bare(self, body: str) -> list[Call] | None:
         try:

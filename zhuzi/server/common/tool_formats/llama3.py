@@ -8,6 +8,7 @@ from typing import Any
 from zhuzi.server.common.tool_formats.format import (
     Call,
     Marker,
+    ObjectScan,
     Partial,
     ToolFormat,
     call_of,
@@ -55,8 +56,8 @@ class Llama3Json(ToolFormat):
                 return None
             at = len(body) - len(rest) + len(self.separator)
 
-    def stream(self, body: str) -> list[Partial]:
-        return json_calls(body, _HEADER)
+    def stream(self, body: str, scans: dict[int, ObjectScan]) -> list[Partial]:
+        return json_calls(body, _HEADER, scans)
 
     def parse_bare(self, body: str) -> list[Call] | None:
         try:

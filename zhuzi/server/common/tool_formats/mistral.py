@@ -10,6 +10,7 @@ from typing import Any
 from zhuzi.server.common.tool_formats.format import (
     Call,
     Marker,
+    ObjectScan,
     Partial,
     ToolFormat,
     arguments_schema,
@@ -60,10 +61,10 @@ class Mistral(ToolFormat):
             read.append(Call(named[1], arguments))
         return read
 
-    def stream(self, body: str) -> list[Partial]:
+    def stream(self, body: str, scans: dict[int, ObjectScan]) -> list[Partial]:
         if body.lstrip().startswith("["):
-            return json_calls(body, _ITEM_HEADER)
-        return json_calls(body, _NAMED_HEADER, str)
+            return json_calls(body, _ITEM_HEADER, scans)
+        return json_calls(body, _NAMED_HEADER, scans, str)
 
     def grammar(self, functions: list[dict[str, Any]], single: bool, marker: Marker) -> list[str]:
         if not self.named:

@@ -10,6 +10,7 @@ from typing import Any
 from zhuzi.server.common.tool_formats.format import (
     Call,
     Marker,
+    ObjectScan,
     Partial,
     ToolFormat,
     arguments_schema,
@@ -47,7 +48,7 @@ class Pythonic(ToolFormat):
         except (SyntaxError, ValueError):
             return None
 
-    def stream(self, body: str) -> list[Partial]:
+    def stream(self, body: str, scans: dict[int, ObjectScan]) -> list[Partial]:
         """The list's calls, each one's JSON a key more as each value is whole."""
         calls: list[Partial] = []
         at = opening.end() if (opening := _LIST.match(body)) else len(body) + 1
