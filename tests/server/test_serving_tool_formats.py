@@ -3,8 +3,8 @@ families' markers (as the tokens they are), greedy, served with a template that 
 that the server reads and forces calls in that format. Named in tool_choice, the call comes back as tool_calls
 (the OpenAI client, whole and streamed) and as a tool_use block (the Anthropic client); cut short by max_tokens,
 it comes back as its text, and stop_reason says so. Ollama's API cannot force a call: the model prefers the
-markers to any other token, so that, held by a JSON format (a grammar) to calls or a bare call's JSON, it calls
-unasked, and the ollama client gets the calls' arguments as objects."""
+markers (and closing braces) to any other token, so that, held by a JSON format (a grammar) to calls or a bare
+call's JSON, it calls unasked, and the ollama client gets the calls' arguments as objects."""
 from __future__ import annotations
 
 import json
@@ -70,7 +70,9 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     hf.add_tokens(["<tool_call>", "</tool_call>"])
     hf.add_special_tokens({"additional_special_tokens": sorted(TOOL_MARKERS)})
     model = tiny.build("llama", directory, vocab_size=len(hf), tie_word_embeddings=False)
-    prefer(model, hf.convert_tokens_to_ids(["<tool_call>", "</tool_call>", *sorted(TOOL_MARKERS)]))
+    # the markers, and "}": the ollama client drops additionalProperties, and a random model would write keys of
+    # its own on and on
+    prefer(model, hf.convert_tokens_to_ids(["<tool_call>", "</tool_call>", *sorted(TOOL_MARKERS), "\"}", "}"]))
     model.save_pretrained(directory)
     hf.save_pretrained(directory)
     return directory
