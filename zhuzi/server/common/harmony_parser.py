@@ -152,7 +152,7 @@ class HarmonyParser:
             return
         self.failure = "broken" if closed else "open"
         if sent is not None:
-            out.dropped.append(self.calls)
+            out.drop([self.calls])
             self.calls += 1  # its index went out
         out.content += arguments
 

@@ -48,9 +48,12 @@ class ParsedText:
         self.reasoning_content += other.reasoning_content
         for call in other.tool_calls:
             self.add_call(call)
-        if other.dropped:  # a whole reply keeps no call that failed
-            self.tool_calls = [call for call in self.tool_calls if call.index not in other.dropped]
-            self.dropped += other.dropped
+        self.drop(other.dropped)
+
+    def drop(self, indexes: list[int]) -> None:
+        """Calls that turned out to be the model's text: no reply keeps them (a delta, pieces of them it holds)."""
+        self.tool_calls = [call for call in self.tool_calls if call.index not in indexes]
+        self.dropped += indexes
 
     def add_call(self, call: ToolCall) -> None:
         if self.tool_calls and self.tool_calls[-1].index == call.index:  # a later piece of the same call
@@ -296,7 +299,7 @@ class OutputParser:
         self.mode, hidden, self.hidden = Mode.CONTENT, self.hidden, 0
         bare, self.bare = self.bare is not None, None
         calls = self.fmt.parse_bare(body) if bare else self.fmt.parse(body)
-        arguments = self._arguments(body, calls, self.sent)
+        arguments = self._arguments(body, calls)
         if calls is None or arguments is None:
             self._fail(body, out, closed, bare, hidden)
             return
@@ -315,7 +318,7 @@ class OutputParser:
                 self.fmt.known(p.name) for p in partials):
             self.failure = "broken" if closed else "open"  # it was a call (not JSON, nor a fence, of text)
         self._stream(out, kept)
-        out.dropped += range(self.calls + len(kept), self.calls + len(self.sent))
+        out.drop(list(range(self.calls + len(kept), self.calls + len(self.sent))))
         self.calls += max(len(kept), len(self.sent))  # the dropped calls' indexes went out
         self.sent = []
         opening, closing = ("", None) if bare else self.section
@@ -323,7 +326,7 @@ class OutputParser:
         start = len(self.tool_lead + opening) + partials[len(kept)].start if kept else 0
         out.content += text[max(hidden, start):]
 
-    def _arguments(self, body: str, calls: list[Call] | None, sent: list[str]) -> list[str] | None:
+    def _arguments(self, body: str, calls: list[Call] | None) -> list[str] | None:
         """The calls' arguments as JSON text: as they streamed (the model's own text, for JSON formats), or, for
         calls written in an order the stream cannot follow (none of which went out), as JSON of their values.
         None when the calls are not all whole, or call a function the request does not have."""
@@ -333,7 +336,7 @@ class OutputParser:
         if [p.name for p in partials] == [c.name for c in calls] and all(
                 _json(p.arguments) == c.arguments for p, c in zip(partials, calls)):
             return [p.arguments for p in partials]
-        return None if sent else [json.dumps(call.arguments, ensure_ascii=False) for call in calls]
+        return None if self.sent else [json.dumps(call.arguments, ensure_ascii=False) for call in calls]
 
 
 def _json(text: str) -> object:
