@@ -71,8 +71,10 @@ def test_chat_renders_harmony_with_the_effort_and_returns_the_call(client: opena
 def test_a_streamed_call_and_a_reply_without_tools(client: openai.OpenAI) -> None:
     chunks = list(client.chat.completions.create(model="gptoss", messages=QUESTION, tools=TOOLS, temperature=0,
                                                  stream=True))
-    calls = [call for chunk in chunks if chunk.choices for call in chunk.choices[0].delta.tool_calls or []]
-    assert [(c.function.name, c.function.arguments) for c in calls] == [("get_weather", '{"city": "Paris"}')]
+    first, *rest = [call for chunk in chunks if chunk.choices for call in chunk.choices[0].delta.tool_calls or []]
+    assert (first.index, first.function.name) == (0, "get_weather") and first.id  # then the arguments in pieces
+    assert all(c.index == 0 and c.id is None and c.function.name is None for c in rest) and len(rest) > 1
+    assert "".join(c.function.arguments for c in [first, *rest]) == '{"city": "Paris"}'
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
     plain = client.chat.completions.create(model="gptoss", messages=QUESTION, temperature=0)
     assert plain.choices[0].message.content == '{"city": "Paris"}'  # no tools offered: the message is text

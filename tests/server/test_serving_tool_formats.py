@@ -1,7 +1,10 @@
-"""Forced calls in each family's format, through the server: a tiny random Llama with SmolLM2's vocabulary plus
-the families' markers (as the tokens they are), greedy, served with a template that writes calls as the family does, so
-that the server reads and forces calls in that format; named in tool_choice, the call comes back as tool_calls
-(the OpenAI client, whole and streamed) and as a tool_use block (the Anthropic client)."""
+"""Calls in each family's format, through the server: a tiny random Llama with SmolLM2's vocabulary plus the
+families' markers (as the tokens they are), greedy, served with a template that writes calls as the family does, so
+that the server reads and forces calls in that format. Named in tool_choice, the call comes back as tool_calls
+(the OpenAI client, whole and streamed) and as a tool_use block (the Anthropic client); cut short by max_tokens,
+it comes back as its text, and stop_reason says so. Ollama's API cannot force a call: the model prefers the
+markers (and closing braces) to any other token, so that, held by a JSON format (a grammar) to calls or a bare
+call's JSON, it calls unasked, and the ollama client gets the calls' arguments as objects."""
 from __future__ import annotations
 
 import json
@@ -10,12 +13,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import anthropic
+import ollama
 import openai
 import pytest
 import tiny
+import torch
 from server_process import ServerProcess, running_server
 
 from zhuzi.model.loader import default_model_path
+from zhuzi.server.common.tool_formats import FORMATS
 from zhuzi.tokenizer import TOOL_MARKERS, Tokenizer
 
 CALLS = {  # how each family's template writes an assistant's call
@@ -38,6 +44,23 @@ TOOL = {"type": "function", "function": {"name": "get_weather", "description": "
         "parameters": {"type": "object", "properties": {"city": CITY}, "required": ["city"],
                        "additionalProperties": False}}}  # a random model would write keys of its own on and on
 QUESTION = [{"role": "user", "content": "Weather in Paris?"}]
+# The JSON format given to Ollama's client: where the model writes no marker, a bare call (Hermes' and Llama 3's
+# parsers read one as a call).
+BARE_CALL = {"type": "object", "properties": {"name": {"const": "get_weather"}, "arguments": TOOL["function"][
+    "parameters"]}, "required": ["name", "arguments"], "additionalProperties": False}
+
+
+def prefer(model: torch.nn.Module, ids: list[int]) -> None:
+    """Make the model write one of ids wherever it may: the residual stream's first dimension is the same large
+    number after every token (no layer writes to it), and only these tokens' rows of the head read it."""
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight[0] = 0
+            layer.mlp.down_proj.weight[0] = 0
+        model.model.embed_tokens.weight[:, 0] = 50.0
+        model.model.norm.weight[0] = 1.0
+        model.lm_head.weight[:, 0] = 0
+        model.lm_head.weight[ids, 0] = 100.0
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +69,11 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     hf = Tokenizer.load(default_model_path()).hf
     hf.add_tokens(["<tool_call>", "</tool_call>"])
     hf.add_special_tokens({"additional_special_tokens": sorted(TOOL_MARKERS)})
-    tiny.build("llama", directory, vocab_size=len(hf))
+    model = tiny.build("llama", directory, vocab_size=len(hf), tie_word_embeddings=False)
+    # the markers, and "}": the ollama client drops additionalProperties, and a random model would write keys of
+    # its own on and on
+    prefer(model, hf.convert_tokens_to_ids(["<tool_call>", "</tool_call>", *sorted(TOOL_MARKERS), "\"}", "}"]))
+    model.save_pretrained(directory)
     hf.save_pretrained(directory)
     return directory
 
@@ -86,3 +113,29 @@ def test_a_named_call_comes_back_as_tool_calls_in_each_format(family: ServerProc
     assert message.stop_reason == "tool_use"
     (block,) = message.content
     assert block.type == "tool_use" and block.name == "get_weather" and block.input["city"] in CITY["enum"]
+
+
+def test_a_call_cut_short_is_its_text_and_stop_reason_says_so(family: ServerProcess,
+                                                              request: pytest.FixtureRequest) -> None:
+    fmt = next(f for f in FORMATS if f.name == request.node.callspec.params["family"])
+    client = openai.OpenAI(base_url=family.api, api_key="none", max_retries=0, timeout=120)
+    args = {"model": "tiny", "messages": QUESTION, "tools": [TOOL], "max_tokens": 4, "temperature": 0,
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}
+    choice = client.chat.completions.create(**args).choices[0]
+    assert (choice.finish_reason, choice.stop_reason, choice.message.tool_calls) == (
+        "length", "unfinished_tool_call", None)
+    assert choice.message.content.startswith((fmt.open if fmt.grammar_open is None else fmt.grammar_open) or "{")
+    chunks = [chunk.choices[0] for chunk in client.chat.completions.create(stream=True, **args) if chunk.choices]
+    assert "".join(c.delta.content or "" for c in chunks) == choice.message.content  # flushed before the end
+    assert (chunks[-1].finish_reason, chunks[-1].stop_reason) == ("length", "unfinished_tool_call")
+
+
+def test_the_ollama_client_gets_calls_with_arguments_as_objects(family: ServerProcess) -> None:
+    client = ollama.Client(host=family.url, timeout=120)
+    args = {"model": "tiny", "messages": QUESTION, "tools": [TOOL], "format": BARE_CALL,
+            "options": {"temperature": 0, "num_predict": 60}}
+    whole = client.chat(**args)
+    assert whole.message.tool_calls and all(call.function.name == "get_weather" and call.function.arguments[
+        "city"] in CITY["enum"] for call in whole.message.tool_calls)
+    streamed = [call for part in client.chat(stream=True, **args) for call in part.message.tool_calls or []]
+    assert [c.function for c in streamed] == [c.function for c in whole.message.tool_calls]

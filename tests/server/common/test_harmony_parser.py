@@ -57,10 +57,23 @@ def test_the_recipient_may_come_before_the_channel_and_a_preamble_is_content() -
     assert [(c.name, c.arguments) for c in out.tool_calls] == [("get_weather", '{"city": "Rome"}')]
 
 
-def test_without_tools_or_when_cut_off_a_call_is_text() -> None:
+@pytest.mark.parametrize("size", [1, 3])
+def test_a_calls_arguments_stream_as_they_come(size: int) -> None:
+    parser = HarmonyParser(tools=True)
+    deltas = [parser.feed(CALL[at:at + size]) for at in range(0, len(CALL), size)] + [parser.finish()]
+    first, *rest = [call for delta in deltas for call in delta.tool_calls]
+    assert (first.index, first.name) == (0, "get_weather") and all(c.id is None and c.name is None for c in rest)
+    assert len(rest) > 1 and "".join(c.arguments for c in [first, *rest]) == '{"city": "Paris"}'
+
+
+def test_without_tools_or_when_cut_off_or_broken_a_call_is_text() -> None:
     assert HarmonyParser(tools=False).parse(CALL).content == '{"city": "Paris"}'
-    cut = HarmonyParser(tools=True).parse(CALL.removesuffix('ris"}'))
-    assert cut.content == '{"city": "Pa' and not cut.tool_calls
+    parser = HarmonyParser(tools=True)
+    cut = parser.parse(CALL.removesuffix('ris"}'))
+    assert (cut.content, cut.tool_calls, cut.dropped, parser.failure) == ('{"city": "Pa', [], [0], "open")
+    parser = HarmonyParser(tools=True)
+    broken = parser.parse(CALL.replace('"Paris"', "Paris") + "<|call|>")
+    assert (broken.content, broken.tool_calls, parser.failure) == ('{"city": Paris}', [], "broken")
 
 
 def test_calls_past_max_calls_are_dropped() -> None:

@@ -131,7 +131,7 @@ def test_thinking_reply_splits_into_reasoning_then_content(qwen3: Tokenizer) -> 
     assert (whole.reasoning_content, whole.content) == (total.reasoning_content, total.content)
 
 
-def test_tool_calls_stream_as_whole_calls_with_json_arguments(qwen3: Tokenizer) -> None:
+def test_tool_calls_stream_as_openai_does_with_json_arguments(qwen3: Tokenizer) -> None:
     answer = {"role": "assistant", "reasoning_content": REASONING, "content": "Let me check.", "tool_calls": [
         {"type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
         {"type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Zürich"}'}}]}
@@ -141,7 +141,8 @@ def test_tool_calls_stream_as_whole_calls_with_json_arguments(qwen3: Tokenizer) 
     assert total.content == "Let me check."
     assert total.reasoning_content == REASONING
     assert tool_calls_of(total) == [("get_weather", {"city": "Paris"}), ("get_weather", {"city": "Zürich"})]
-    assert [len(d.tool_calls) for d in deltas if d.tool_calls] == [1, 1], "each call arrives once, whole"
+    starts = [call for delta in deltas for call in delta.tool_calls if call.id is not None]
+    assert [(call.index, call.name) for call in starts] == [(0, "get_weather"), (1, "get_weather")]
     assert len({call.id for call in total.tool_calls}) == 2
 
 
@@ -222,9 +223,12 @@ def test_a_reply_that_is_a_calls_json_alone_is_a_call(pieces: list[str]) -> None
 @pytest.mark.parametrize("text", ['{"name": "Bob", "age": 3}', '{"name": "f", "arguments": {"a": 1}', 'Use {"name": '
                                   '"f", "arguments": {}} here', '{"answer": 42}'])
 def test_json_that_is_no_whole_untagged_call_stays_content(text: str) -> None:
-    """Only a reply that opens with exactly {"name": ..., "arguments": {...}} is a call; other JSON is text."""
+    """Only a reply that opens with exactly {"name": ..., "arguments": {...}} is a call; other JSON is text (a call
+    cut short, whose start went out, dropped)."""
+    dropped = [0] if text.startswith('{"name": "f", "arguments": {') else []
     for pieces in ([text], list(text)):
-        assert merged(stream(OutputParser(reasoning=False, tools=True), pieces)) == ParsedText(content=text)
+        assert merged(stream(OutputParser(reasoning=False, tools=True), pieces)) == ParsedText(content=text,
+                                                                                               dropped=dropped)
     assert OutputParser(reasoning=False, tools=False).parse('{"name": "f", "arguments": {}}').tool_calls == []
 
 
@@ -277,25 +281,25 @@ def test_a_forced_call_streams_as_openai_does_id_and_name_first_then_its_argumen
     assert tool_calls_of(merged(deltas)) == [("get_weather", {"city": "Paris"})] and merged(deltas).content == ""
 
 
-def test_a_forced_call_cut_short_keeps_what_was_streamed() -> None:
-    """max_tokens ran out inside the arguments: the client has the call's start, and the reply says so."""
+def test_a_forced_call_cut_short_is_dropped_and_becomes_the_models_text() -> None:
+    """max_tokens ran out inside the arguments: the client had the call's start, which the reply drops; the call's
+    text is content, and the parser says the call was left open."""
     text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa'
-    whole = OutputParser(reasoning=False, tools=True, forced=True).parse(text)
-    [call] = whole.tool_calls
-    assert (call.name, call.arguments, whole.content) == ("get_weather", '{"city": "Pa', "")
-    assert merged(stream(OutputParser(reasoning=False, tools=True, forced=True), list(text))).tool_calls[0].arguments \
-        == '{"city": "Pa'
+    parser = OutputParser(reasoning=False, tools=True, forced=True)
+    deltas = stream(parser, list(text))
+    assert "".join(call.arguments for delta in deltas for call in delta.tool_calls) == '{"city": "Pa'
+    assert deltas[-1].dropped == [0] and parser.failure == "open"
+    assert merged(deltas) == ParsedText(content=text, dropped=[0])
 
 
 def test_a_forced_calls_closing_tag_inside_a_string_is_part_of_its_arguments() -> None:
     """SmolLM2 forced to call, on "What is 17 times 23?": it writes the tag inside the string it never closes,
-    then text up to max_tokens. The grammar held the whole reply inside the arguments, and so does the parser."""
+    then text up to max_tokens. The grammar held the whole reply inside the arguments, and so does the parser:
+    the call never closed."""
     text = '<tool_call>\n{"name": "calculator", "arguments": {"expression":  "17 * 23}}</tool_call>  # 17 * 23 = 3'
-    for parsed in (OutputParser(reasoning=False, tools=True, forced=True).parse(text),
-                   merged(stream(OutputParser(reasoning=False, tools=True, forced=True), list(text)))):
-        [call] = parsed.tool_calls
-        assert (call.name, call.arguments, parsed.content) == \
-            ("calculator", '{"expression":  "17 * 23}}</tool_call>  # 17 * 23 = 3', "")
+    for read in (lambda p: p.parse(text), lambda p: merged(stream(p, list(text)))):
+        parser = OutputParser(reasoning=False, tools=True, forced=True)
+        assert read(parser) == ParsedText(content=text, dropped=[0]) and parser.failure == "open"
     closed = text.replace("}}</tool_call>  # 17 * 23 = 3", '"}}\n</tool_call>')
     [call] = OutputParser(reasoning=False, tools=True, forced=True).parse(closed).tool_calls
     assert json.loads(call.arguments) == {"expression": "17 * 23"}

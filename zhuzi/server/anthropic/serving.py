@@ -164,7 +164,7 @@ def _delta(part_event: PartEvent) -> a.ContentBlockDelta:
 
 
 def _input(arguments: str) -> dict[str, Any]:
-    """A call's input; a forced call cut short by max_tokens has unfinished JSON, and no input yet."""
+    """A call's input (a call's arguments are whole JSON once it is kept)."""
     try:
         value = json.loads(arguments or "{}")
     except ValueError:
@@ -227,7 +227,7 @@ class MessagesFormat:
     def response(self, gen: ResponseState) -> a.Message:
         choice = gen.choices.get(0)
         content: list[a.Content] = []
-        for part in choice.parts.parts if choice else []:
+        for _, part in choice.parts.kept() if choice else []:
             if part.kind == "thinking":
                 content.append(a.ThinkingContent(thinking=part.text))
             elif part.kind == "text":

@@ -25,6 +25,8 @@ class Part:
     call_id: str | None = None  # a tool call's
     name: str | None = None  # the function a tool call calls
     id: str = ""  # the Responses API's item id
+    call_index: int | None = None  # a tool call's index in the reply
+    dropped: bool = False  # a tool call that turned out to be the model's text: whole answers leave it out
 
     def __post_init__(self) -> None:
         self.id = self.id or new_item_id(_ITEM_PREFIXES[self.kind])
@@ -46,18 +48,25 @@ class Parts:
         self.open = False
 
     def feed(self, piece: ParsedText) -> list[PartEvent]:
-        """The events one parsed piece causes: its reasoning, then its content, then its tool calls."""
+        """The events one parsed piece causes: its reasoning, then its content, then its tool calls (a call it
+        drops, its start already out, is marked so first)."""
+        for part in self.parts:
+            part.dropped = part.dropped or part.call_index in piece.dropped
         events: list[PartEvent] = []
         if piece.reasoning_content:
             events += self._write("thinking", piece.reasoning_content)
         if piece.content:
             events += self._write("text", piece.content)
         for call in piece.tool_calls:
-            if call.id is not None:  # a new call (a forced one streams its arguments in later pieces)
-                events += self._start(Part("tool_use", call_id=call.id, name=call.name))
+            if call.id is not None:  # a new call (its arguments stream in later pieces)
+                events += self._start(Part("tool_use", call_id=call.id, name=call.name, call_index=call.index))
             if call.arguments:
                 events += self._grow(call.arguments)
         return events
+
+    def kept(self) -> list[tuple[int, Part]]:
+        """The parts a whole answer holds, with their indexes: all but the dropped calls."""
+        return [(index, part) for index, part in enumerate(self.parts) if not part.dropped]
 
     def close(self) -> list[PartEvent]:
         """The reply has ended: its last part stops."""

@@ -77,6 +77,15 @@ class Choice:
         start = held if before == part else len(self.token_parts) - count
         self.token_parts[start:] = [part] * (len(self.token_parts) - start)
 
+    @property
+    def call_failure(self) -> str | None:
+        """Why a call of the reply came back as its text, in vLLM's stop_reason field: max_tokens cut it
+        ("unfinished_tool_call"), or it is broken or the reply ended inside it otherwise ("invalid_tool_call")."""
+        failure = self.parser.failure
+        if failure is None or self.finish_reason not in ("stop", "length"):
+            return None
+        return "unfinished_tool_call" if failure == "open" and self.finish_reason == "length" else "invalid_tool_call"
+
     def part_tokens(self, index: int) -> tuple[list[int], list[dict[int, Logprob]]]:
         """A part's tokens and their logprobs entries (when the request asked for them)."""
         picked = [i for i, part in enumerate(self.token_parts) if part == index]

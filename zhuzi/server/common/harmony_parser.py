@@ -1,8 +1,9 @@
 """The step after detokenizing for a model that speaks gpt-oss's harmony format: its reply (markers kept in the
 text) split by channel, incrementally, so a streamed and a whole reply agree however the text was chunked. The
 analysis channel is reasoning, the final channel (and commentary meant for the user, a preamble) content, and a
-message to functions.NAME a tool call, emitted whole once its message ends (<|call|> stops the reply, so that is
-usually the reply's end).
+message to functions.NAME a tool call, streamed as OpenAI's are (its id and name, then its arguments as they come)
+until its message ends (<|call|> stops the reply, so that is usually the reply's end); a call whose arguments are
+no JSON object then is the model's text, as parsers.py's are.
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import re
 from dataclasses import dataclass
 from enum import Enum
 
-from zhuzi.server.common.parsers import ParsedText, ToolCall, new_call_id, partial_tag_len
+from zhuzi.server.common.parsers import CallFailure, ParsedText, ToolCall, new_call_id, partial_tag_len
 
 START, CHANNEL, MESSAGE = "<|start|>", "<|channel|>", "<|message|>"
 ENDS = ["<|end|>", "<|call|>", "<|return|>"]  # what closes a message
@@ -43,6 +44,7 @@ class HarmonyParser:
     tools: a message to functions.NAME is a call (only when the request offered tools).
     channel: the channel of a message the prompt opened and the reply continues (continue_final_message).
     max_calls: calls after this many are dropped (parallel_tool_calls=false).
+    failure: how the reply's last failed call failed (None: none did).
     """
 
     def __init__(self, tools: bool, channel: str | None = None, max_calls: int | None = None) -> None:
@@ -51,7 +53,9 @@ class HarmonyParser:
         self.header = Header(channel or "final")
         self.buffer = ""  # text not yet classified
         self.arguments = ""  # the open call's
+        self.sent: str | None = None  # the open call's arguments that went out (None: not even its start)
         self.calls = 0
+        self.failure: CallFailure | None = None
         self.thought = False  # whether the reply wrote on the analysis channel
 
     def feed(self, text: str) -> ParsedText:
@@ -70,7 +74,7 @@ class HarmonyParser:
         if self.place is Place.BODY:
             self._write(rest, out)
             if self._calling:
-                self._close_call(out, whole=_is_json(self.arguments))
+                self._close_call(out, closed=False)
         elif "<|" not in rest:
             out.content += rest
         return out
@@ -104,7 +108,7 @@ class HarmonyParser:
             at, end = min(ends)
             self._write(self.buffer[:at], out)
             if self._calling:
-                self._close_call(out, whole=True)
+                self._close_call(out, closed=True)
             self.buffer, self.place = self.buffer[at + len(end):], Place.BETWEEN
             return True
         if (at := self.buffer.find(START)) < 0:  # text outside any message: the user sees it as written
@@ -118,22 +122,39 @@ class HarmonyParser:
         """A message's text, where its channel sends it."""
         if self._calling:
             self.arguments += text
+            self._stream(out)
         elif self.header.channel == "analysis":
             self.thought = True
             out.reasoning_content += text
         else:
             out.content += text
 
-    def _close_call(self, out: ParsedText, whole: bool) -> None:
-        arguments, self.arguments = self.arguments.strip(), ""
-        if not whole:  # cut off: not a call after all
-            out.content += arguments
+    def _stream(self, out: ParsedText) -> None:
+        """The open call's news: its id and name, then its arguments (whitespace that may end them held back)."""
+        if self.max_calls is not None and self.calls >= self.max_calls:
             return
-        assert self.header.recipient is not None
-        if self.max_calls is None or self.calls < self.max_calls:
-            name = self.header.recipient.removeprefix(FUNCTION_PREFIX)
-            out.add_call(ToolCall(self.calls, new_call_id(), name, arguments or "{}"))
-        self.calls += 1
+        if self.sent is None:
+            assert self.header.recipient is not None
+            out.add_call(ToolCall(self.calls, new_call_id(), self.header.recipient.removeprefix(FUNCTION_PREFIX), ""))
+            self.sent = ""
+        if piece := self.arguments.strip()[len(self.sent):]:
+            out.add_call(ToolCall(self.calls, None, None, piece))
+            self.sent += piece
+
+    def _close_call(self, out: ParsedText, closed: bool) -> None:
+        """The call's message ended (closed: by its marker, else with the reply): a call, or the model's text."""
+        arguments, self.arguments = self.arguments.strip(), ""
+        sent, self.sent = self.sent, None
+        if _is_object(arguments or "{}"):
+            if sent is not None and not arguments:  # no arguments: an empty object
+                out.add_call(ToolCall(self.calls, None, None, "{}"))
+            self.calls += 1
+            return
+        self.failure = "broken" if closed else "open"
+        if sent is not None:
+            out.drop([self.calls])
+            self.calls += 1  # its index went out
+        out.content += arguments
 
     def _take_decided(self, markers: list[str]) -> str:
         """Remove and return the buffer's head that can no longer start one of the markers."""
@@ -142,9 +163,8 @@ class HarmonyParser:
         return decided
 
 
-def _is_json(text: str) -> bool:
+def _is_object(text: str) -> bool:
     try:
-        json.loads(text)
+        return isinstance(json.loads(text), dict)
     except ValueError:
         return False
-    return True

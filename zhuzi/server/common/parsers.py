@@ -1,23 +1,26 @@
 """The step after detokenizing: a model's text split into reasoning (its thought tags: <think>, or Gemma 4's
 thought channel), content and tool calls (the sections its tool format marks, tool_formats/) by one incremental
 state machine, so a streamed and a whole reply agree however the text was chunked. Text that may still become a
-marker is held back; a call is emitted whole once its section closes (a forced Hermes call streams as OpenAI's
-do: id and name, then arguments), and a section that does not read back as calls is the model's text.
+marker is held back; a call streams as OpenAI's do (its id and name once the name is whole, then its arguments as
+they come), and a section that does not read back as calls is the model's text: a call whose start went out is
+then dropped, and the parser says how the call failed (cut off, or broken).
 """
 from __future__ import annotations
 
+import itertools
 import json
-import re
 import uuid
 from dataclasses import dataclass, field, replace
 from enum import Enum
+from typing import Literal
 
 from zhuzi.server.common.tool_formats import ToolFormat
+from zhuzi.server.common.tool_formats.format import Call, ObjectScan, Partial
 from zhuzi.server.common.tool_formats.hermes import Hermes
 from zhuzi.tokenizer import THOUGHT_TAGS, ThoughtTags
 
-# A forced call's start, up to the first character of its arguments' value.
-_CALL_HEADER = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*(?=\S)')
+# How a call failed: the reply ended inside it ("open"), or it closed but does not read back as calls ("broken").
+CallFailure = Literal["open", "broken"]
 
 
 @dataclass
@@ -38,48 +41,25 @@ class ParsedText:
     content: str = ""
     reasoning_content: str = ""
     tool_calls: list[ToolCall] = field(default_factory=list)
+    dropped: list[int] = field(default_factory=list)  # calls whose start went out that are the model's text after all
 
     def extend(self, other: ParsedText) -> None:
         self.content += other.content
         self.reasoning_content += other.reasoning_content
         for call in other.tool_calls:
             self.add_call(call)
+        self.drop(other.dropped)
+
+    def drop(self, indexes: list[int]) -> None:
+        """Calls that turned out to be the model's text: no reply keeps them (a delta, pieces of them it holds)."""
+        self.tool_calls = [call for call in self.tool_calls if call.index not in indexes]
+        self.dropped += indexes
 
     def add_call(self, call: ToolCall) -> None:
         if self.tool_calls and self.tool_calls[-1].index == call.index:  # a later piece of the same call
             self.tool_calls[-1].arguments += call.arguments
         else:
             self.tool_calls.append(replace(call))  # a copy: a piece already sent stays as it was
-
-
-@dataclass
-class _Arguments:
-    """Where a streaming call's arguments are: a scan of their JSON value for the point it closes."""
-
-    position: int  # in the call's text: the next character to scan
-    depth: int = 0
-    in_string: bool = False
-    escaped: bool = False
-    done: bool = False
-
-    def scan(self, text: str) -> str:
-        """The arguments' text from position on, up to their closing bracket once it comes."""
-        start = self.position
-        while self.position < len(text) and not self.done:
-            self._advance(text[self.position])
-            self.position += 1
-        return text[start:self.position]
-
-    def _advance(self, char: str) -> None:
-        if self.in_string:
-            self.escaped, self.in_string = (False, True) if self.escaped else (char == "\\", char != '"')
-        elif char == '"':
-            self.in_string = True
-        elif char in "{[":
-            self.depth += 1
-        elif char in "}]":
-            self.depth -= 1
-            self.done = self.depth == 0
 
 
 class Mode(Enum):
@@ -115,8 +95,10 @@ class OutputParser:
     prefill: text the prompt already holds of this reply (a template's trailing
     "<think>", or the assistant message a client asks to continue): it sets
     the starting state without being emitted again.
-    forced: a grammar writes the calls (never after a prefill): stream their arguments (Hermes' only).
+    forced: a grammar writes the calls (never after a prefill): a closing marker inside a call's open arguments
+    is their text.
     max_calls: calls after this many are dropped (parallel_tool_calls=false).
+    failure: how the reply's last failed call failed (None: none did).
     """
 
     def __init__(self, reasoning: bool, tools: bool, prefill: str = "", forced: bool = False,
@@ -124,14 +106,16 @@ class OutputParser:
                  fmt: ToolFormat | None = None) -> None:
         self.fmt = fmt or Hermes([])
         self.tools, self.max_calls, self.tags = tools, max_calls, tags
-        self.forced = forced and self.fmt.streams_arguments
-        self.calls = 0  # calls emitted so far
-        self.arguments: _Arguments | None = None  # the streaming call's, once its header went out
+        self.forced = forced
+        self.calls = 0  # calls read so far (the open section's are numbered from here)
+        self.sent: list[str] = []  # per call of the open section whose start went out: its arguments so far
+        self.failure: CallFailure | None = None
         self.mode = Mode.CONTENT
         self.thought = False  # whether the reply opened a thought (or the prompt opened it)
         self.think_may_open = reasoning  # a thought opens only before any content
         self.bare_may_open = tools  # so does an unmarked call (a bare JSON object, a fenced one)
-        self.bare: _Arguments | None = None  # the open bare call's scan for its end
+        self.bare: ObjectScan | None = None  # an open unmarked call's: it ends where its JSON object closes
+        self.scans: dict[int, ObjectScan] = {}  # the open section's JSON scans (ToolFormat.stream)
         self.section = (self.fmt.open, self.fmt.close)  # the open section's markers
         self.strip_leading = False  # drop whitespace right after a closing tag
         self.buffer = ""  # text not yet classified
@@ -142,6 +126,7 @@ class OutputParser:
             self.feed(prefill)
             if self.mode is Mode.TOOL_CALL:
                 self.hidden = len(self.tool_lead + self.section[0] + self.tool_text + self.buffer)
+                self.sent = []  # the client has the call's text, not the call: it streams from its start
             else:
                 self.buffer = ""  # the client already has the prefill: never emit it
 
@@ -162,7 +147,6 @@ class OutputParser:
             out.reasoning_content += rest
         elif self.mode is Mode.TOOL_CALL:
             self.tool_text += rest
-            self._stream_call(out)
             self._close_tool_call(self.tool_text, out, closed=False)
         else:
             out.content += rest
@@ -225,7 +209,7 @@ class OutputParser:
         self.bare_may_open = False
         lead = self.buffer[:len(self.buffer) - len(stripped)]
         if self.fmt.bare and stripped.startswith("{"):
-            self.bare = _Arguments(0)
+            self.bare = ObjectScan(0)
             self._switch(Mode.TOOL_CALL, stripped)
             self.tool_lead = lead
             return True
@@ -250,53 +234,49 @@ class OutputParser:
     def _step_tool_call(self, out: ParsedText) -> bool:
         if self.bare is not None:  # an unmarked call ends where its JSON object closes
             self.tool_text, self.buffer = self.tool_text + self.buffer, ""
-            self.bare.scan(self.tool_text)
-            if not self.bare.done:
+            if (end := self.bare.scan(self.tool_text)) is None:
+                self._stream(out)
                 return False
-            body, rest = self.tool_text[:self.bare.position], self.tool_text[self.bare.position:]
+            body, rest = self.tool_text[:end], self.tool_text[end:]
             self._switch(Mode.CONTENT, rest)
             self._close_tool_call(body, out, closed=True)
             return True
-        if self.forced and not (self.arguments and self.arguments.done):
-            return self._step_forced_arguments(out)
         close = self.section[1]
         if close is None:  # the section runs to the reply's end
             self.tool_text, self.buffer = self.tool_text + self.buffer, ""
+            self._stream(out)
             return False
+        if self.forced:  # a closing marker inside a call's open arguments is their text (the grammar wrote it)
+            text = self.tool_text + self.buffer
+            partials = self._partials(text)
+            if partials and partials[-1].end is None:
+                self.tool_text, self.buffer = text, ""
+                self._stream(out, partials)
+                return False
+            at = partials[-1].end if partials else len(self.tool_text)
+            self.tool_text, self.buffer = text[:at], text[at:]
         if (at := self.buffer.find(close)) >= 0:
-            self.tool_text += self.buffer[:at]
-            self._stream_call(out)
-            body, rest = self.tool_text, self.buffer[at + len(close):]
+            body, rest = self.tool_text + self.buffer[:at], self.buffer[at + len(close):]
             self._switch(Mode.CONTENT, rest)
             self._close_tool_call(body, out, closed=True)
             return True
         self.tool_text += self._take_decided([close], hold_whitespace=False)
-        self._stream_call(out)
+        self._stream(out)
         return False
 
-    def _step_forced_arguments(self, out: ParsedText) -> bool:
-        """A forced call up to the end of its arguments: a "</tool_call>" before it is inside one of their
-        strings (the grammar closes the tag only after the JSON), so it is text of the arguments."""
-        self.tool_text, self.buffer = self.tool_text + self.buffer, ""
-        self._stream_call(out)
-        if not (self.arguments and self.arguments.done):
-            return False
-        # what follows the arguments goes back to the buffer, where the closing tag is looked for
-        end = self.arguments.position
-        self.tool_text, self.buffer = self.tool_text[:end], self.tool_text[end:]
-        return True
-
-    def _stream_call(self, out: ParsedText) -> None:
-        """A forced call's news: its header once the name is complete, then its arguments as they come."""
-        if not self.forced:
-            return
-        if self.arguments is None:
-            if not (header := _CALL_HEADER.match(self.tool_text)):
+    def _stream(self, out: ParsedText, partials: list[Partial] | None = None) -> None:
+        """The open section's news: each call's id and name once its name is whole, then its arguments as they
+        grow (not a call past max_calls, nor one to a function the request does not have)."""
+        for j, partial in enumerate(self._partials(self.tool_text) if partials is None else partials):
+            index = self.calls + j
+            if not self.fmt.known(partial.name) or (self.max_calls is not None and index >= self.max_calls):
                 return
-            out.add_call(ToolCall(self.calls, new_call_id(), json.loads(f'"{header.group(1)}"'), ""))
-            self.arguments = _Arguments(header.end())
-        if piece := self.arguments.scan(self.tool_text):
-            out.add_call(ToolCall(self.calls, None, None, piece))
+            if j == len(self.sent):
+                out.add_call(ToolCall(index, new_call_id(), partial.name, ""))
+                self.sent.append("")
+            if piece := partial.arguments[len(self.sent[j]):]:
+                out.add_call(ToolCall(index, None, None, piece))
+                self.sent[j] = partial.arguments
 
     def _take_decided(self, tags: list[str], hold_whitespace: bool) -> str:
         """Remove and return the buffer's head that can no longer start one of the tags."""
@@ -308,24 +288,59 @@ class OutputParser:
         return decided
 
     def _switch(self, mode: Mode, rest: str) -> None:
-        self.mode, self.buffer, self.tool_text = mode, rest, ""
+        self.mode, self.buffer, self.tool_text, self.scans = mode, rest, "", {}
+
+    def _partials(self, body: str) -> list[Partial]:
+        """The open section's calls so far (body: the section's text, up to some point)."""
+        return self.fmt.stream(body, self.scans)
 
     def _close_tool_call(self, body: str, out: ParsedText, closed: bool) -> None:
+        """A section has ended (closed: by its marker, else with the reply): its calls, or the model's text."""
         self.mode, hidden, self.hidden = Mode.CONTENT, self.hidden, 0
         bare, self.bare = self.bare is not None, None
-        if self.arguments is not None:  # streamed already (only max_tokens can have cut it short)
-            self.arguments, self.calls, self.strip_leading = None, self.calls + 1, True
-            return
         calls = self.fmt.parse_bare(body) if bare else self.fmt.parse(body)
-        if calls is not None:
-            for call in calls:
-                if self.max_calls is None or self.calls < self.max_calls:
-                    arguments = json.dumps(call.arguments, ensure_ascii=False)
-                    out.add_call(ToolCall(self.calls, new_call_id(), call.name, arguments))
-                self.calls += 1
-            self.strip_leading, self.bare_may_open = True, bare
-        elif bare:  # not a call after all: the user sees the text as the model wrote it
-            out.content += (self.tool_lead + body)[hidden:]
-        else:  # malformed: the user sees the text as the model wrote it
-            opening, closing = self.section
-            out.content += (self.tool_lead + opening + body + ((closing or "") if closed else ""))[hidden:]
+        arguments = self._arguments(body, calls)
+        if calls is None or arguments is None:
+            self._fail(body, out, closed, bare, hidden)
+            return
+        self._stream(out, [Partial(call.name, text, 0) for call, text in zip(calls, arguments)])
+        self.sent, self.calls = [], self.calls + len(calls)
+        self.strip_leading, self.bare_may_open = True, bare
+
+    def _fail(self, body: str, out: ParsedText, closed: bool, bare: bool, hidden: int) -> None:
+        """A section that does not read back as calls: the calls in it that a later one followed are whole (a
+        section of several, cut short in its last), the text from the first other one on is the model's, and a
+        call whose start went out is dropped."""
+        partials = self._partials(body)
+        kept = list(itertools.takewhile(lambda p: self.fmt.known(p.name) and isinstance(_json(p.arguments), dict),
+                                        partials[:-1]))
+        if self.forced or (self.section[0] == self.fmt.open and not bare) or any(
+                self.fmt.known(p.name) for p in partials):
+            self.failure = "broken" if closed else "open"  # it was a call (not JSON, nor a fence, of text)
+        self._stream(out, kept)
+        out.drop(list(range(self.calls + len(kept), self.calls + len(self.sent))))
+        self.calls += max(len(kept), len(self.sent))  # the dropped calls' indexes went out
+        self.sent = []
+        opening, closing = ("", None) if bare else self.section
+        text = self.tool_lead + opening + body + ((closing or "") if closed else "")
+        start = len(self.tool_lead + opening) + partials[len(kept)].start if kept else 0
+        out.content += text[max(hidden, start):]
+
+    def _arguments(self, body: str, calls: list[Call] | None) -> list[str] | None:
+        """The calls' arguments as JSON text: as they streamed (the model's own text, for JSON formats), or, for
+        calls written in an order the stream cannot follow (none of which went out), as JSON of their values.
+        None when the calls are not all whole, or call a function the request does not have."""
+        if calls is None or not all(self.fmt.known(call.name) for call in calls):
+            return None
+        partials = self._partials(body)
+        if [p.name for p in partials] == [c.name for c in calls] and all(
+                _json(p.arguments) == c.arguments for p, c in zip(partials, calls)):
+            return [p.arguments for p in partials]
+        return None if self.sent else [json.dumps(call.arguments, ensure_ascii=False) for call in calls]
+
+
+def _json(text: str) -> object:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None

@@ -27,7 +27,7 @@ class ToolGrammar:
     """The grammar a reply with tools must follow: the whole reply (forced), or text and calls (auto)."""
 
     grammar: str
-    forced: bool  # only calls (a Hermes parser streams their arguments)
+    forced: bool  # only calls (the parser takes a closing marker inside a call's arguments as their text)
 
 
 def _marker(text: str, added_tokens: dict[str, int]) -> str:

@@ -136,10 +136,7 @@ class OllamaFormat:
         self.calls = 0  # tool calls written so far
 
     def _call(self, call_id: str, name: str, arguments: str) -> o.ToolCallOut:
-        try:  # a call max_tokens cut short has unfinished JSON
-            value = json.loads(arguments or "{}")
-        except ValueError:
-            value = {}
+        value = json.loads(arguments or "{}")  # a call is kept only once its arguments are whole JSON
         self.calls += 1
         return o.ToolCallOut(id=call_id, function=o.FunctionOut(
             index=self.calls - 1, name=name, arguments=value if isinstance(value, dict) else {}))
@@ -177,7 +174,7 @@ class OllamaFormat:
     def events(self, gen: ResponseState, choice: Choice, delta: CompletionOutput, piece: ParsedText,
                prompt_index: int) -> list[str]:
         calls = [self._call(e.part.call_id or "", e.part.name or "", e.part.text) for e in choice.events
-                 if e.kind == "stop" and e.part.kind == "tool_use"]
+                 if e.kind == "stop" and e.part.kind == "tool_use" and not e.part.dropped]
         logprobs = self._logprobs(delta.token_ids, delta.logprobs)
         if not (piece.content or piece.reasoning_content or calls or logprobs):
             return []

@@ -32,7 +32,8 @@ def usage_of(gen: ResponseState) -> r.Usage:
 
 
 def finish_reason_of(choice: Choice) -> str | None:
-    """OpenAI's finish_reason: tool_calls for a reply that stopped after calling."""
+    """OpenAI's finish_reason: tool_calls for a reply that stopped after calling (a call that failed is text, and
+    stop_reason says why: OpenAI's set of finish reasons is closed)."""
     if choice.finish_reason == "stop" and choice.parsed.tool_calls:
         return "tool_calls"
     return choice.finish_reason
@@ -121,7 +122,7 @@ class ChatFormat(OpenAIStream):
             out.append(self._chunk(choice.index, r.DeltaMessage(tool_calls=[tool])))
         if choice.finish_reason is not None:
             out.append(self._chunk(choice.index, r.DeltaMessage(), finish_reason=finish_reason_of(choice),
-                                   stop_reason=choice.stop_reason))
+                                   stop_reason=choice.call_failure or choice.stop_reason))
         return out
 
     def response(self, gen: ResponseState) -> r.ChatCompletionResponse:
@@ -133,7 +134,8 @@ class ChatFormat(OpenAIStream):
                                             reasoning_content=c.parsed.reasoning_content or None,
                                             tool_calls=calls or None)
             choices.append(r.ChatChoice(index=c.index, message=message, finish_reason=finish_reason_of(c),
-                                        stop_reason=c.stop_reason, logprobs=self._logprobs(c.token_ids, c.logprobs),
+                                        stop_reason=c.call_failure or c.stop_reason,
+                                        logprobs=self._logprobs(c.token_ids, c.logprobs),
                                         token_ids=c.token_ids if self.body.return_token_ids else None,
                                         **self.draft_marks(c)))
         return r.ChatCompletionResponse(id=self.request_id, created=self.created, model=self.model,

@@ -192,6 +192,8 @@ class ResponsesFormat:
     def _item_status(self, gen: ResponseState, index: int) -> rp.ItemStatus:
         choice = gen.choices.get(0)
         last = choice is not None and index == len(choice.parts.parts) - 1
+        if choice is not None and choice.parts.parts[index].dropped:  # a call that turned out to be text
+            return "incomplete"
         if last and choice.finish_reason is None:
             return "in_progress"
         return "incomplete" if last and choice.finish_reason != "stop" else "completed"
@@ -199,7 +201,7 @@ class ResponsesFormat:
     def _response(self, gen: ResponseState, status: rp.ResponseStatus, error: rp.ResponseError | None = None
                   ) -> rp.ResponseObject:
         body, choice = self.body, gen.choices.get(0)
-        parts = choice.parts.parts if choice and status != "in_progress" else []
+        parts = choice.parts.kept() if choice and status != "in_progress" else []
         incomplete = None
         if status == "incomplete":
             reason = choice.finish_reason if choice and choice.finish_reason else "abort"
@@ -215,7 +217,7 @@ class ResponsesFormat:
             id=self.request_id, created_at=self.created, completed_at=int(time.time()) if status == "completed"
             else None, status=status, error=error, incomplete_details=incomplete, instructions=body.instructions,
             max_output_tokens=body.max_output_tokens, metadata=body.metadata or {}, model=self.model,
-            output=[self._item(gen, i, p, self._item_status(gen, i)) for i, p in enumerate(parts)],
+            output=[self._item(gen, i, p, self._item_status(gen, i)) for i, p in parts],
             parallel_tool_calls=body.parallel_tool_calls, previous_response_id=body.previous_response_id,
             reasoning=body.reasoning, store=body.store, temperature=params.temperature, top_p=params.top_p,
             presence_penalty=params.presence_penalty, frequency_penalty=params.frequency_penalty,

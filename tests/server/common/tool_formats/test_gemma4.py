@@ -16,10 +16,11 @@ def test_calls_after_a_thought_in_gemmas_notation() -> None:
                                               "where": {"lat": 48.9, "name": "Île"}}), ("now", {})]
 
 
-@pytest.mark.parametrize("text", [
-    '<|tool_call>call:get_weather{city:<|"|>Par',  # cut off
-    '<|tool_call>call:get_weather{city:<|"|>Paris}<tool_call|>',  # an unclosed string
-    "<|tool_call>get_weather{}<tool_call|>",  # no call:
+@pytest.mark.parametrize("text, failure", [
+    ('<|tool_call>call:get_weather{city:<|"|>Par', "open"),  # cut off
+    ('<|tool_call>call:get_weather{city:<|"|>Paris}<tool_call|>', "broken"),  # an unclosed string
+    ("<|tool_call>get_weather{}<tool_call|>", "broken"),  # no call:
+    ("<|tool_call>call:get_time{}<tool_call|>", "broken"),  # no function of the request
 ])
-def test_unfinished_and_broken_calls_are_the_models_text(text: str) -> None:
-    as_text(FMT, text)
+def test_unfinished_and_broken_calls_are_the_models_text(text: str, failure: str | None) -> None:
+    assert as_text(FMT, text) == failure

@@ -1,7 +1,7 @@
 """Mistral's calls: the JSON list of its v3 to v7 tokenizers, the name[ARGS]{...} of v11 on (with Mistral Small
 3.2's [CALL_ID]); unfinished and broken calls."""
 import pytest
-from replies import FUNCTIONS, as_text, calls, read
+from replies import FUNCTIONS, as_text, calls, read, read_failing
 
 from zhuzi.server.common.tool_formats.mistral import Mistral
 
@@ -24,10 +24,15 @@ def test_text_before_the_calls_is_content() -> None:
     assert (parsed.content, calls(parsed)) == ("Checking.", TWO[:1])
 
 
-@pytest.mark.parametrize("text", [
-    '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Par',  # cut off
-    '[TOOL_CALLS]get_weather[ARGS]{"city": Paris}',  # broken JSON
-    '[TOOL_CALLS]get_weather{"city": "Paris"}',  # no [ARGS]
+@pytest.mark.parametrize("text, failure", [
+    ('[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Par', "open"),  # cut off
+    ('[TOOL_CALLS]get_weather[ARGS]{"city": Paris}', "open"),  # broken JSON
+    ('[TOOL_CALLS]get_weather{"city": "Paris"}', "open"),  # no [ARGS]
 ])
-def test_unfinished_and_broken_calls_are_the_models_text(text: str) -> None:
-    as_text(FMT, text)
+def test_unfinished_and_broken_calls_are_the_models_text(text: str, failure: str | None) -> None:
+    assert as_text(FMT, text) == failure
+
+
+def test_calls_before_the_one_cut_short_are_whole() -> None:
+    parsed, failure = read_failing(FMT, '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]now[ARGS]{"x')
+    assert (calls(parsed), parsed.content, failure) == (TWO[:1], '[TOOL_CALLS]now[ARGS]{"x', "open")

@@ -23,10 +23,11 @@ def test_a_string_that_looks_like_json_stays_a_string() -> None:
     assert calls(read(FMT, text)) == [("get_weather", {"city": "42"})]
 
 
-@pytest.mark.parametrize("text", [
-    "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n",  # cut off
-    "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</tool_call>",  # no </function>
-    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',  # another format
+@pytest.mark.parametrize("text, failure", [
+    ("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n", "open"),  # cut off
+    ("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</tool_call>", "broken"),  # no </function>
+    ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>', "broken"),  # another format
+    ("<tool_call>\n<function=get_time>\n</function>\n</tool_call>", "broken"),  # no function of the request
 ])
-def test_unfinished_and_broken_calls_are_the_models_text(text: str) -> None:
-    as_text(FMT, text)
+def test_unfinished_and_broken_calls_are_the_models_text(text: str, failure: str | None) -> None:
+    assert as_text(FMT, text) == failure

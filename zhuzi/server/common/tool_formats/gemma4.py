@@ -9,19 +9,25 @@ from typing import Any
 from zhuzi.server.common.tool_formats.format import (
     Call,
     Marker,
+    ObjectScan,
+    Partial,
     ToolFormat,
     arguments_schema,
     is_text,
     json_rule,
+    keyed_arguments,
     listed,
     properties,
     text_rule,
+    value_end,
 )
 
 QUOTE = '<|"|>'
 COMMA = '","'  # in Lark
 _CALL = re.compile(r"\s*call:([^{\s]+)(\{.*\})\s*", re.DOTALL)
 _KEY = re.compile(r"\s*([A-Za-z_][\w.-]*)\s*:")
+_OPENING = re.compile(r"\s*call:([^{\s]+)\{")
+_CLOSING = re.compile(r"\s*\}")
 
 
 class Gemma4(ToolFormat):
@@ -40,6 +46,25 @@ class Gemma4(ToolFormat):
         except ValueError:
             return None
         return [Call(call[1], arguments)] if isinstance(arguments, dict) else None
+
+    def stream(self, body: str, scans: dict[int, ObjectScan]) -> list[Partial]:
+        """The call's JSON, a key more as each value is whole."""
+        if (opening := _OPENING.match(body)) is None:
+            return []
+        pairs: list[tuple[str, Any]] = []
+        at = opening.end()
+        while (closing := _CLOSING.match(body, at)) is None:
+            key = _KEY.match(body, at)
+            end = value_end(body, key.end(), (QUOTE, '"')) if key else None
+            try:
+                value = _as_json(body[key.end():end]) if key and end is not None else None
+            except ValueError:
+                end = None
+            if key is None or end is None:
+                return [Partial(opening[1], keyed_arguments(pairs, False))]
+            pairs.append((key[1], value))
+            at = end + 1 if body[end] == "," else end
+        return [Partial(opening[1], keyed_arguments(pairs, True), closing.end())]
 
     def grammar(self, functions: list[dict[str, Any]], single: bool, marker: Marker) -> list[str]:
         close, quote = marker(self.close), marker(QUOTE)

@@ -8,11 +8,18 @@ from typing import Any
 from zhuzi.server.common.tool_formats.format import (
     Call,
     Marker,
+    ObjectScan,
+    Partial,
     ToolFormat,
     arguments_schema,
     json_call,
+    json_calls,
+    json_header,
     json_rule,
 )
+
+# A call's start, up to its arguments' object: {"name": "...", "arguments": (in a fence or not).
+_HEADER = json_header(r"\s*(?:```(?:json)?\s*)?")
 
 
 class Hermes(ToolFormat):
@@ -20,7 +27,6 @@ class Hermes(ToolFormat):
     open, close = "<tool_call>", "</tool_call>"
     bare = True
     leads = (("```json", "```"),)
-    streams_arguments = True
 
     @staticmethod
     def detect(template: str) -> bool:
@@ -32,6 +38,9 @@ class Hermes(ToolFormat):
             text = text.removeprefix("```json").removeprefix("```").removesuffix("```")
         call = json_call(text)
         return [call] if call else None
+
+    def stream(self, body: str, scans: dict[int, ObjectScan]) -> list[Partial]:
+        return json_calls(body, _HEADER, scans)[:1]
 
     def parse_bare(self, body: str) -> list[Call] | None:
         try:

@@ -5,11 +5,24 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from zhuzi.server.common.tool_formats.format import Call, Marker, ToolFormat, call_of, json_rule, repeated
+from zhuzi.server.common.tool_formats.format import (
+    Call,
+    Marker,
+    ObjectScan,
+    Partial,
+    ToolFormat,
+    call_of,
+    json_calls,
+    json_header,
+    json_rule,
+    repeated,
+)
 from zhuzi.server.common.tool_formats.hermes import call_schema
 
 PYTHON_TAG = "<|python_tag|>"
 SEPARATOR = '"; "'  # in Lark
+# A call's start up to its arguments' object (after the end of the call before it and ";").
+_HEADER = json_header(r"(?:\s*\}\s*;)?\s*", "parameters|arguments")
 
 
 class Llama3Json(ToolFormat):
@@ -42,6 +55,9 @@ class Llama3Json(ToolFormat):
             if not rest.startswith(self.separator):
                 return None
             at = len(body) - len(rest) + len(self.separator)
+
+    def stream(self, body: str, scans: dict[int, ObjectScan]) -> list[Partial]:
+        return json_calls(body, _HEADER, scans)
 
     def parse_bare(self, body: str) -> list[Call] | None:
         try:

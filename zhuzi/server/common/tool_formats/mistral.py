@@ -10,15 +10,22 @@ from typing import Any
 from zhuzi.server.common.tool_formats.format import (
     Call,
     Marker,
+    ObjectScan,
+    Partial,
     ToolFormat,
     arguments_schema,
     call_of,
+    json_calls,
+    json_header,
     json_rule,
 )
 from zhuzi.server.common.tool_formats.hermes import call_schema
 
 OPEN, ARGS = "[TOOL_CALLS]", "[ARGS]"
 _NAMED = re.compile(r"\s*([^\[\]\s]+)(?:\[CALL_ID\][^\[]*)?\[ARGS\](.*)", re.DOTALL)
+# A call's start up to its arguments: name[ARGS] (after [TOOL_CALLS] from the second call on), or a JSON list's item.
+_NAMED_HEADER = re.compile(r"(?:\[TOOL_CALLS\])?\s*(?P<name>[^\[\]\s]+)(?:\[CALL_ID\][^\[]*)?\[ARGS\]\s*(?=\{)")
+_ITEM_HEADER = json_header(r"(?:\s*\})?\s*[\[,]\s*")
 
 
 class Mistral(ToolFormat):
@@ -53,6 +60,11 @@ class Mistral(ToolFormat):
                 return None
             read.append(Call(named[1], arguments))
         return read
+
+    def stream(self, body: str, scans: dict[int, ObjectScan]) -> list[Partial]:
+        if body.lstrip().startswith("["):
+            return json_calls(body, _ITEM_HEADER, scans)
+        return json_calls(body, _NAMED_HEADER, scans, str)
 
     def grammar(self, functions: list[dict[str, Any]], single: bool, marker: Marker) -> list[str]:
         if not self.named:

@@ -4,21 +4,30 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 from typing import Any
 
 from zhuzi.server.common.tool_formats.format import (
     Call,
     Marker,
+    ObjectScan,
+    Partial,
     ToolFormat,
     arguments_schema,
     json_rule,
+    keyed_arguments,
     listed,
     properties,
     repeated,
+    value_end,
 )
 
 _JSON_NAMES = {"true": True, "false": False, "null": None}
 COMMA = '", "'  # in Lark
+_LIST = re.compile(r"\s*\[")
+_CALL = re.compile(r"\s*,?\s*(?P<call>[A-Za-z_][\w.]*)\(")  # a call's start (after the call before it)
+_KEYWORD = re.compile(r"\s*([A-Za-z_]\w*)\s*=")
+_CLOSING = re.compile(r"\s*\)")
 
 
 class Pythonic(ToolFormat):
@@ -38,6 +47,29 @@ class Pythonic(ToolFormat):
             return [_call(node) for node in tree.elts]
         except (SyntaxError, ValueError):
             return None
+
+    def stream(self, body: str, scans: dict[int, ObjectScan]) -> list[Partial]:
+        """The list's calls, each one's JSON a key more as each value is whole."""
+        calls: list[Partial] = []
+        at = opening.end() if (opening := _LIST.match(body)) else len(body) + 1
+        while call := _CALL.match(body, at):
+            pairs: list[tuple[str, Any]] = []
+            at = call.end()
+            while (closing := _CLOSING.match(body, at)) is None:
+                keyword = _KEYWORD.match(body, at)
+                end = value_end(body, keyword.end(), ('"', "'")) if keyword else None
+                try:
+                    value = _literal(ast.parse(body[keyword.end():end].strip(), mode="eval").body) \
+                        if keyword and end is not None else None
+                except (SyntaxError, ValueError):
+                    end = None
+                if keyword is None or end is None:
+                    return calls + [Partial(call[1], keyed_arguments(pairs, False), None, call.start("call"))]
+                pairs.append((keyword[1], value))
+                at = end + 1 if body[end] == "," else end
+            calls.append(Partial(call[1], keyed_arguments(pairs, True), closing.end(), call.start("call")))
+            at = closing.end()
+        return calls
 
     def grammar(self, functions: list[dict[str, Any]], single: bool, marker: Marker) -> list[str]:
         lines = [f"call: {' | '.join(f'c{i}' for i in range(len(functions)))}",

@@ -18,16 +18,22 @@ from typing import Any
 from zhuzi.server.common.tool_formats.format import (
     Call,
     Marker,
+    ObjectScan,
+    Partial,
     ToolFormat,
     arguments_schema,
     is_text,
     json_rule,
+    keyed_arguments,
     properties,
     text_rule,
 )
 
 _FUNCTION = re.compile(r"\s*<function=([^>\n]+)>\n?(.*?)</function>\s*", re.DOTALL)
 _PARAMETER = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.DOTALL)
+_OPENING = re.compile(r"\s*<function=([^>\n]+)>\n?")
+CLOSING = "</function>"
+OPEN_PARAMETER, CLOSE_PARAMETER = "<parameter=", "</parameter>"
 
 
 class Qwen3Coder(ToolFormat):
@@ -52,6 +58,16 @@ class Qwen3Coder(ToolFormat):
             return None
         return [Call(name, arguments)]
 
+    def stream(self, body: str, scans: dict[int, ObjectScan]) -> list[Partial]:
+        """The call's JSON, a parameter more as each one closes (as vLLM streams this format)."""
+        if (opening := _OPENING.match(body)) is None:
+            return []
+        name, closing = opening[1].strip(), body.find(CLOSING, opening.end())
+        inner = body[opening.end():closing if closing >= 0 else len(body)]
+        schema = self.schema(name).get("properties") or {}
+        pairs = [(key, _value(text, schema.get(key) or {})) for key, text in _parameters(inner)]
+        return [Partial(name, keyed_arguments(pairs, closing >= 0), closing + len(CLOSING) if closing >= 0 else None)]
+
     def grammar(self, functions: list[dict[str, Any]], single: bool, marker: Marker) -> list[str]:
         lines = [f"function: {' | '.join(f'f{i}' for i in range(len(functions)))}",
                  f'calls_rest: "\\n" function "\\n" {marker(self.close)}'
@@ -68,6 +84,21 @@ class Qwen3Coder(ToolFormat):
             opening = json.dumps("<function=" + function["name"] + ">\n")
             lines.append(f'f{i}: {opening} {" ".join(parameters)} "</function>"')
         return lines
+
+
+def _parameters(inner: str) -> list[tuple[str, str]]:
+    """The whole parameters in a function's text so far, as _PARAMETER reads them (found with str.find: an open
+    parameter's long value is searched for its end, not matched again, as it grows)."""
+    out, at = [], 0
+    while (start := inner.find(OPEN_PARAMETER, at)) >= 0 and (end := inner.find(CLOSE_PARAMETER, start)) >= 0:
+        head = inner.find(">", start)
+        key = inner[start + len(OPEN_PARAMETER):head]
+        if head < 0 or head > end or not key or "\n" in key:  # no parameter's start: look further on
+            at = start + 1
+            continue
+        out.append((key.strip(), inner[head + 1:end].removeprefix("\n").removesuffix("\n")))
+        at = end + len(CLOSE_PARAMETER)
+    return out
 
 
 def _value(text: str, schema: dict[str, Any]) -> Any:
