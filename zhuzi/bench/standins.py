@@ -60,7 +60,7 @@ SHAPES = {
                         1e-6, tied=True, qkv_bias=True),
     "qwen2.5-7b": Shape("Qwen2.5 7B Instruct (stand-in)", "qwen2", 152064, 3584, 28, 18944, 28, 4, 128, 32768, 1e6,
                         1e-6, qkv_bias=True),
-    # Llama 3's shape and mix; 3.1 adds its long-context RoPE factors, which zhuzi does not read from a GGUF yet
+    # Llama 3's shape and mix; 3.1 adds its long-context RoPE factors
     "llama-3-8b": Shape("Meta Llama 3 8B Instruct (stand-in)", "llama", 128256, 4096, 32, 14336, 32, 8, 128, 8192,
                         5e5, 1e-5),
     "llama-3.1-8b": Shape("Meta Llama 3.1 8B Instruct (stand-in)", "llama", 128256, 4096, 32, 14336, 32, 8, 128,
