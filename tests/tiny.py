@@ -15,6 +15,7 @@ import torch
 import transformers
 from gguf_blocks import random_blocks
 
+from zhuzi.bench.standins import llama3_rope_freqs
 from zhuzi.model.loader import default_model_path
 from zhuzi.tokenizer import HARMONY_MARKERS, Tokenizer
 
@@ -274,7 +275,10 @@ def write_gguf(path: Path, model, arch: str, raw: RawTensors | None = None, drop
     if arch == "granitehybrid":
         _granite_metadata(writer, cfg)
     if (getattr(cfg, "rope_parameters", None) or {}).get("rope_type") == "llama3":
-        writer.add_tensor("rope_freqs.weight", _llama3_rope_freqs(cfg))
+        rope = cfg.rope_parameters  # the converter's rope_freqs
+        writer.add_tensor("rope_freqs.weight", llama3_rope_freqs(
+            cfg.head_dim, rope["rope_theta"], rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"],
+            rope["original_max_position_embeddings"]))
     if experts := getattr(cfg, "num_local_experts", None) or getattr(cfg, "num_experts", None):
         writer.add_expert_count(experts)
         writer.add_expert_used_count(getattr(cfg, "num_experts_per_tok", None) or cfg.top_k_experts)
@@ -519,22 +523,6 @@ def _rope_scaling_metadata(writer: gguf.GGUFWriter, cfg) -> None:
             writer.add_rope_scaling_yarn_beta_fast(rope["beta_fast"])
         if "beta_slow" in rope:
             writer.add_rope_scaling_yarn_beta_slow(rope["beta_slow"])
-
-
-def _llama3_rope_freqs(cfg) -> np.ndarray:
-    """Llama 3.1's long-context RoPE as llama.cpp's converter writes it (rope_freqs, no scaling keys): a divisor
-    per frequency of the float32 base frequencies, 1 where a wave is shorter than the original context over the
-    high factor, the factor where it is longer than the context over the low one, between them the blend
-    1 / ((1 - smooth) / factor + smooth)."""
-    rope, dim = cfg.rope_parameters, cfg.head_dim
-    freqs = 1.0 / rope["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)
-    wavelen = 2 * math.pi / freqs.double()
-    factor, low, high = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]
-    original = rope["original_max_position_embeddings"]
-    smooth = (original / wavelen - low) / (high - low)
-    blend = 1 / ((1 - smooth) / factor + smooth)
-    divisors = torch.where(wavelen < original / high, 1.0, torch.where(wavelen > original / low, factor, blend))
-    return divisors.float().numpy()
 
 
 def _phi3_metadata(writer: gguf.GGUFWriter, cfg) -> None:
