@@ -16,6 +16,7 @@ import torch
 import transformers
 from gguf_blocks import random_blocks
 
+from zhuzi.bench.standins import llama3_rope_freqs
 from zhuzi.model.loader import default_model_path
 from zhuzi.tokenizer import HARMONY_MARKERS, Tokenizer
 
@@ -279,11 +280,14 @@ def write_gguf(path: Path, model, arch: str, raw: RawTensors | None = None, drop
         writer.add_value_length(cfg.head_dim)
         writer.add_sliding_window(cfg.sliding_window)
         writer.add_expert_feed_forward_length(cfg.intermediate_size)
-        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
-        writer.add_rope_scaling_factor(cfg.rope_parameters["factor"])
-        writer.add_rope_scaling_orig_ctx_len(cfg.rope_parameters["original_max_position_embeddings"])
+    _rope_scaling_metadata(writer, cfg)
     if arch == "granitehybrid":
         _granite_metadata(writer, cfg)
+    if (getattr(cfg, "rope_parameters", None) or {}).get("rope_type") == "llama3":
+        rope = cfg.rope_parameters  # the converter's rope_freqs
+        writer.add_tensor("rope_freqs.weight", llama3_rope_freqs(
+            cfg.head_dim, rope["rope_theta"], rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"],
+            rope["original_max_position_embeddings"]))
     if experts := getattr(cfg, "num_local_experts", None) or getattr(cfg, "num_experts", None):
         writer.add_expert_count(experts)
         writer.add_expert_used_count(getattr(cfg, "num_experts_per_tok", None) or cfg.top_k_experts)
@@ -514,6 +518,24 @@ def _gemma4_metadata(writer: gguf.GGUFWriter, model) -> tuple[int | list[int], i
     kv_heads = [cfg.num_attention_heads // layer.self_attn.num_key_value_groups for layer in layers]
     return (widths if len(set(widths)) > 1 else widths[0], kv_heads if len(set(kv_heads)) > 1 else kv_heads[0],
             rope["full_attention"]["rope_theta"], cfg.rms_norm_eps)
+
+
+def _rope_scaling_metadata(writer: gguf.GGUFWriter, cfg) -> None:
+    """What llama.cpp's converter writes of a linear or YaRN RoPE (the global layers' where layers differ): the
+    type and factor, YaRN's original context and the betas the config names."""
+    params = getattr(cfg, "rope_parameters", None) or {}
+    rope = params.get("full_attention", params)
+    kind, factor = rope.get("rope_type"), rope.get("factor")
+    if kind not in ("linear", "yarn") or factor is None:
+        return
+    writer.add_rope_scaling_type(gguf.RopeScalingType(kind))
+    writer.add_rope_scaling_factor(factor)
+    if kind == "yarn":
+        writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+        if "beta_fast" in rope:
+            writer.add_rope_scaling_yarn_beta_fast(rope["beta_fast"])
+        if "beta_slow" in rope:
+            writer.add_rope_scaling_yarn_beta_slow(rope["beta_slow"])
 
 
 def _phi3_metadata(writer: gguf.GGUFWriter, cfg) -> None:

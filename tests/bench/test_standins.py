@@ -6,18 +6,22 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
+import transformers
 from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
 
 from tests.gguf_blocks import random_blocks
 from zhuzi import LLM, SamplingParams
 from zhuzi.bench.llamacpp import LlamaCppError, find_tool
 from zhuzi.bench.standins import (
+    SHAPES,
     SPECIAL_IDS,
     Linear,
     Shape,
     block_samples,
     config_keys,
     fitted_vocab,
+    llama3_rope_freqs,
     synthesize,
     tensors,
 )
@@ -103,6 +107,21 @@ def test_a_stand_in_has_its_shapes_config_and_mix_of_real_blocks_and_runs(name, 
         return
     subprocess.run([str(bench), "-m", str(out), "-t", "1", "-p", "8", "-n", "2", "-r", "1"], check=True,
                    capture_output=True)
+
+
+def test_the_llama_3_1_stand_ins_rope_freqs_turn_as_transformers_llama3_rope():
+    """The frequencies that Llama-3.1-8B's divisors leave are those of transformers' llama3 RoPE for its config."""
+    s = SHAPES["llama-3.1-8b"]
+    factor, low, high, original = s.llama3_rope
+    rope = {"rope_type": "llama3", "rope_theta": s.rope_base, "factor": factor, "low_freq_factor": low,
+            "high_freq_factor": high, "original_max_position_embeddings": original}
+    config = transformers.LlamaConfig(hidden_size=s.hidden, num_attention_heads=s.heads,
+                                      max_position_embeddings=s.context, rope_parameters=rope)
+    expected, _ = transformers.modeling_rope_utils.ROPE_INIT_FUNCTIONS["llama3"](config, "cpu")
+    base = 1.0 / s.rope_base ** (torch.arange(0, s.head_dim, 2, dtype=torch.float32) / s.head_dim)
+    ours = base / torch.from_numpy(llama3_rope_freqs(s.head_dim, s.rope_base, *s.llama3_rope))
+    assert ((ours - expected).abs() / expected).max() < 1e-6
+    assert expected[-1] == pytest.approx(base[-1] / factor)  # the slowest waves turn eightfold slower
 
 
 @pytest.mark.models

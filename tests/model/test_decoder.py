@@ -36,6 +36,12 @@ def greedy_without_cache(model: Decoder, ids: list[int], steps: int) -> list[int
 
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
           "original_max_position_embeddings": 256}
+# tiny.write_gguf's rope base and epsilon, so that a GGUF form is the same model
+GGUF_ROPE = {"rope_theta": 50000.0, "rms_norm_eps": 1e-5}
+# Llama 3.1's RoPE: the waves longer than 64 positions slowed, those past 256 eightfold (PROMPTS[1] reaches 60)
+LLAMA31 = {"rope_scaling": LLAMA3} | GGUF_ROPE
+# Qwen2.5's long-context YaRN (4x) over an original context of 32, so that its ramp spans the tiny heads' dims
+QWEN25_YARN = {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}} | GGUF_ROPE
 # Phi-4-mini's shape of Phi-3: LongRoPE (here within its original context: the short factors and the attention
 # factor of a 32x stretch) over half of each head, tied embeddings; tiny.write_gguf's rope base, so that the
 # GGUF form is the same model.
@@ -49,7 +55,7 @@ GEMMA3_HF = dict(final_logit_softcapping=3.0, query_pre_attn_scalar=24, num_hidd
                  layer_types=["sliding_attention", "full_attention"],
                  rope_parameters={"full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
                                   "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})
-EXTRA = {"llama": {"rope_scaling": LLAMA3}, "phi3": PHI3, "gemma3": GEMMA3_HF, "gemma4-plain": tiny.GEMMA4_PLAIN,
+EXTRA = {"llama": LLAMA31, "qwen2": QWEN25_YARN, "phi3": PHI3, "gemma3": GEMMA3_HF, "gemma4-plain": tiny.GEMMA4_PLAIN,
          "gemma4-moe": tiny.GEMMA4_MOE}
 
 
@@ -175,20 +181,26 @@ def test_mixed_sliding_and_full_layers_match_transformers(tmp_path):
     assert (full_logits(Decoder(ckpt.config, ckpt.tensors), PROMPTS[1]) - expected).abs().max() < 1e-3
 
 
+# The pairs whose GGUF form (tiny.write_gguf) is the same model, and what llama.cpp's converter makes of each
+SAME_AS_GGUF = {"phi3": "attn_qkv, gate and up fused in ffn_up, LongRoPE's factors as tensors",
+                "llama": "Llama 3.1's long-context RoPE as rope_freqs, a divisor per frequency, no scaling keys",
+                "qwen2": "YaRN as rope.scaling keys"}
+
+
 @pytest.fixture
-def phi3_pair(tiny_pair):
-    if tiny_pair[0].config.model_type != "phi3":
-        pytest.skip("Phi-3's own checks")
+def gguf_pair(tiny_pair):
+    if tiny_pair[0].config.model_type not in SAME_AS_GGUF:
+        pytest.skip("no GGUF form of the same model")
     return tiny_pair
 
 
-def test_phi3_gguf_gives_transformers_logits_and_tokens(phi3_pair, tmp_path):
-    """The same model as llama.cpp's converter writes it (attn_qkv, gate and up fused in ffn_up, LongRoPE's
-    factors as tensors) computes what transformers computes, tokens included."""
-    hf, _, _ = phi3_pair
-    ckpt = load_checkpoint(tiny.write_gguf(tmp_path / "phi3.gguf", hf, "phi3"), torch.float32)
-    ours = Decoder(ckpt.config, ckpt.tensors)
-    assert_logits_and_greedy_match(hf, ours)
+def test_gguf_as_llama_cpp_writes_it_gives_transformers_logits_and_tokens(gguf_pair, tmp_path):
+    """The same model as llama.cpp's converter writes it (SAME_AS_GGUF) computes what transformers computes,
+    tokens included."""
+    hf, _, _ = gguf_pair
+    arch = hf.config.model_type
+    ckpt = load_checkpoint(tiny.write_gguf(tmp_path / f"{arch}.gguf", hf, arch), torch.float32)
+    assert_logits_and_greedy_match(hf, Decoder(ckpt.config, ckpt.tensors))
 
 
 def test_gemma3_gguf_as_llama_cpp_writes_it_gives_transformers_logits(tmp_path):

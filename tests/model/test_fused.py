@@ -55,11 +55,18 @@ def block_type(name: str, arch: str) -> gguf.GGMLQuantizationType:
     return LUT_TYPES.get(kind, BLOCK_TYPES[kind]) if arch == "qwen2" else BLOCK_TYPES[kind]
 
 
+# Llama 3.1's RoPE, its original context shorter than IDS (the GGUF's rope_freqs), tiny.write_gguf's rope base
+LLAMA31 = dict(rope_theta=50000.0, rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                 "high_freq_factor": 4.0, "original_max_position_embeddings": 32})
+OWN_GGUF = {"gemma3": dict(head_dim=64, sliding_window=8), "llama": LLAMA31}
+
+
 @pytest.fixture(scope="module", params=["llama", "qwen2", "gemma3"])
 def gguf_file(request, tmp_path_factory):
-    """A tiny model as a GGUF file of blocks (llama: Q/K rows in llama.cpp's order, rotated interleaved)."""
+    """A tiny model as a GGUF file of blocks (llama: Llama 3.1, Q/K rows in llama.cpp's order, rotated
+    interleaved, RoPE frequency factors)."""
     directory = tmp_path_factory.mktemp(f"{request.param}-gguf")
-    own = dict(head_dim=64, sliding_window=8) if request.param == "gemma3" else {}
+    own = OWN_GGUF.get(request.param, {})
     model = tiny.build(request.param, directory, hidden_size=256, intermediate_size=512, num_attention_heads=4,
                        num_key_value_heads=2, vocab_size=1024, **own)  # K-quant rows of 256; whole 16-row groups
     types = {name: block_type(name, request.param) for name in model.state_dict()

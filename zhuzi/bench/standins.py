@@ -8,6 +8,7 @@ the values the blocks hold, so both engines run a stand-in at the real file's sp
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,7 +53,9 @@ class Shape:
     experts_used: int = 0
     expert_ffn: int = 0
     linear: Linear | None = None
-    rope_freqs: bool = False  # Llama 3.1's long-context RoPE factors, a tensor of their own
+    # Llama 3.1's long-context RoPE (factor, low and high frequency factors, original context), which the
+    # converter writes as a tensor of its own (rope_freqs)
+    llama3_rope: tuple[float, float, float, int] | None = None
 
 
 SHAPES = {
@@ -60,11 +63,11 @@ SHAPES = {
                         1e-6, tied=True, qkv_bias=True),
     "qwen2.5-7b": Shape("Qwen2.5 7B Instruct (stand-in)", "qwen2", 152064, 3584, 28, 18944, 28, 4, 128, 32768, 1e6,
                         1e-6, qkv_bias=True),
-    # Llama 3's shape and mix; 3.1 adds its long-context RoPE factors, which zhuzi does not read from a GGUF yet
+    # Llama 3's shape and mix; 3.1 adds its long-context RoPE factors
     "llama-3-8b": Shape("Meta Llama 3 8B Instruct (stand-in)", "llama", 128256, 4096, 32, 14336, 32, 8, 128, 8192,
                         5e5, 1e-5),
     "llama-3.1-8b": Shape("Meta Llama 3.1 8B Instruct (stand-in)", "llama", 128256, 4096, 32, 14336, 32, 8, 128,
-                          131072, 5e5, 1e-5, rope_freqs=True),
+                          131072, 5e5, 1e-5, llama3_rope=(8.0, 1.0, 4.0, 8192)),
     # All 128 experts of each layer, 12 of its 48 layers: 4.8 GB where the whole file is 18.6 GB.
     "qwen3-30b-a3b-width-12-layers": Shape("Qwen3 30B-A3B width, 12 layers (stand-in)", "qwen3moe", 151936, 2048,
                                            12, 6144, 32, 4, 128, 40960, 1e6, 1e-6, qk_norm=True, experts=128,
@@ -155,7 +158,7 @@ def _layer(s: Shape, i: int) -> Iterator[tuple[str, tuple[int, ...]]]:
 def tensors(s: Shape) -> list[Tensor]:
     """Every tensor of the shape's Q4_K_M file, in the converter's order: embedding, layers, output."""
     plan = [("token_embd.weight", (s.hidden, s.vocab), 0, 0)]
-    if s.rope_freqs:
+    if s.llama3_rope:
         plan.append(("rope_freqs.weight", (s.head_dim // 2,), 0, 0))
     order = sorted(range(s.layers), key=str)
     plan += [(f"blk.{i}.{name}", dims, rank, i) for rank, i in enumerate(order) for name, dims in _layer(s, i)]
@@ -163,6 +166,19 @@ def tensors(s: Shape) -> list[Tensor]:
     if not s.tied:
         plan.append(("output.weight", (s.hidden, s.vocab), 0, 0))
     return [Tensor(name, dims, q4_k_m_type(name, dims, rank, layer, s.layers)) for name, dims, rank, layer in plan]
+
+
+def llama3_rope_freqs(head_dim: int, theta: float, factor: float, low: float, high: float,
+                      original: int) -> np.ndarray:
+    """Llama 3.1's long-context RoPE as llama.cpp's converter writes it (rope_freqs): a divisor of each float32
+    base frequency, 1 where its wave is shorter than the original context over `high`, `factor` where it is
+    longer than the context over `low`, and between them 1 / ((1 - smooth) / factor + smooth)."""
+    freqs = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim))
+    wavelen = 2 * math.pi / freqs.astype(np.float64)
+    smooth = (original / wavelen - low) / (high - low)
+    blend = 1 / ((1 - smooth) / factor + smooth)
+    return np.where(wavelen < original / high, 1.0,
+                    np.where(wavelen > original / low, factor, blend)).astype(np.float32)
 
 
 def config_keys(s: Shape) -> dict[str, int | float | list[int]]:
@@ -236,7 +252,9 @@ def _nbytes(t: Tensor) -> int:
     return elements // block * size
 
 
-def _data(t: Tensor, samples: dict[str, np.ndarray]) -> np.ndarray:
+def _data(t: Tensor, samples: dict[str, np.ndarray], s: Shape) -> np.ndarray:
+    if t.name == "rope_freqs.weight":  # values RoPE turns by: the real model's, not blocks'
+        return llama3_rope_freqs(s.head_dim, s.rope_base, *s.llama3_rope).view(np.uint8)
     if t.kind not in samples:
         raise ValueError(f"the source file has no {t.kind} blocks for {t.name}")
     data = np.resize(samples[t.kind], _nbytes(t))
@@ -289,7 +307,7 @@ def synthesize(shape: Shape, source: Path, out: Path) -> Path:
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
     for t in plan:
-        writer.write_tensor_data(_data(t, samples))
+        writer.write_tensor_data(_data(t, samples, shape))
     writer.close()
     return out
 

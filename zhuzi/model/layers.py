@@ -29,8 +29,11 @@ def rope_kind(scaling: dict | None) -> str:
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None, long: bool = False) -> torch.Tensor:
     """Inverse frequencies, with Llama-3 / linear / LongRoPE / YaRN scaling when the checkpoint asks for it (long:
-    LongRoPE's factors for positions past the original context)."""
+    LongRoPE's factors for positions past the original context). A GGUF's frequency factors (llama.cpp's
+    rope_freqs, in the scaling dict as frequency_factors) divide each frequency before the scaling applies."""
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    if scaling and "frequency_factors" in scaling:
+        inv_freq = inv_freq / torch.tensor(scaling["frequency_factors"][:head_dim // 2], dtype=torch.float64)
     kind = rope_kind(scaling)
     if kind == "default":
         return inv_freq.float()

@@ -34,7 +34,7 @@ class Mlp(Enum):
 @dataclass(frozen=True)
 class Rope:
     theta: float
-    scaling: dict | None  # HF's rope_scaling dict (llama3, linear, longrope)
+    scaling: dict | None  # HF's rope_scaling dict (llama3, linear, longrope, ...; a GGUF's frequency_factors)
     rotary_dim: int | None  # the first dims of a head that turn; None: all
     interleaved: bool  # pairs (0, 1), (2, 3), ...: a llama GGUF's Q/K row order
     head_dim: int  # the head size it turns
@@ -117,7 +117,7 @@ class ModelConfig:
     head_dim: int
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
-    rope_scaling: dict | None = None  # HF's rope_scaling dict (e.g. Llama-3 "llama3")
+    rope_scaling: dict | None = None  # HF's rope_scaling dict (e.g. Llama-3 "llama3"), a GGUF's as layers.py reads it
     max_position_embeddings: int = 2048
     tie_word_embeddings: bool = False
     attention_bias: bool = False  # bias on the q/k/v projections

@@ -1,6 +1,7 @@
 """The registry finds each family by its names; a family's declarations (merged tensors, GGUF rules) and the
 layer specs a ModelConfig gives."""
 import dataclasses
+import math
 from pathlib import Path
 
 import pytest
@@ -98,3 +99,30 @@ def test_gemma4_sparse_layers_run_their_dense_mlp_and_the_experts_each_with_norm
                                 "pre_feedforward_layernorm_2.weight", "post_feedforward_layernorm_1.weight",
                                 "post_feedforward_layernorm_2.weight")} <= set(names)
     assert not [n for n in names if ".experts.gate_proj." in n or ".experts.0." in n]
+
+
+LLAMA_GGUF = {"general.architecture": "llama", "llama.vocab_size": 100, "llama.embedding_length": 64,
+              "llama.feed_forward_length": 128, "llama.block_count": 2, "llama.attention.head_count": 4,
+              "llama.context_length": 32768}
+YARN = {"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0}
+
+
+@pytest.mark.parametrize(("keys", "scaling"), [
+    ({}, None),
+    ({"rope.scaling.type": "none", "rope.scaling.factor": 4.0}, None),  # llama.cpp never scales "none"
+    ({"rope.scaling.factor": 8.0}, {"rope_type": "linear", "factor": 8.0}),  # llama.cpp's type where none is named
+    (YARN, {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768, "beta_fast": 32.0,
+            "beta_slow": 1.0}),
+    (YARN | {"rope.scaling.original_context_length": 8192, "rope.scaling.attn_factor": 0.5},
+     {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8192, "beta_fast": 32.0,
+      "beta_slow": 1.0, "attention_factor": 0.5 * (0.1 * math.log(4.0) + 1)}),
+])
+def test_gguf_rope_scaling_keys_read_as_llama_cpp_applies_them(keys, scaling):
+    meta = LLAMA_GGUF | {f"llama.{key}": value for key, value in keys.items()}
+    assert family("llama").gguf_config(GGUFHeader(Path("llama.gguf"), meta, [])).rope_scaling == scaling
+
+
+def test_a_gguf_rope_scaling_of_another_type_is_refused_by_name():
+    meta = LLAMA_GGUF | {"llama.rope.scaling.type": "longrope"}
+    with pytest.raises(ValueError, match="^RoPE scaling 'longrope' in a GGUF file of llama is not supported"):
+        family("llama").gguf_config(GGUFHeader(Path("llama.gguf"), meta, []))

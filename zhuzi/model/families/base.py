@@ -13,6 +13,7 @@ import torch
 
 from zhuzi.model.blocks import BlockWeight
 from zhuzi.model.gguf_header import GGUFHeader
+from zhuzi.model.layers import rope_attention_factor
 from zhuzi.model.model_config import LayerSpec, Mixer, Mlp, ModelConfig, Rope
 
 log = logging.getLogger(__name__)
@@ -49,12 +50,10 @@ class Family:
     qkv_bias: bool = False
     qk_norm: bool = False
     gguf_permuted_qk: bool = False  # llama.cpp's converter orders Q/K rows for interleaved RoPE
-    gguf_rope_scalings: tuple[str, ...] = ()  # a GGUF's rope.scaling.type that the family's mapping reads
     # nano-vllm's packed_modules_mapping: a merged checkpoint tensor -> the module weights it holds, rows in order
     merged: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     gguf_names: Mapping[str, str] = field(default_factory=dict)  # where llama.cpp's layer names map otherwise
     gguf_top_names: Mapping[str, str] = field(default_factory=dict)  # its tensors outside the layers, beside these
-    gguf_rope_freqs: bool = False  # the family's mapping reads a GGUF's RoPE frequency factors (rope_freqs)
     sparse: bool = False  # its layers have experts (a GGUF with expert_count)
     hf_multimodal_class: str | None = None  # the class of its checkpoints that carry a vision tower too
 
@@ -105,10 +104,6 @@ class Family:
         """GGUF metadata -> ModelConfig, as llama.cpp reads it; KeyError for a missing key, ValueError for what
         the family does not run."""
         meta, arch = header.metadata, self.gguf_arch
-        scaling = meta.get(f"{arch}.rope.scaling.type", "none")
-        if (scaling != "none" and scaling not in self.gguf_rope_scalings) or \
-                (header.has("rope_freqs.weight") and not self.gguf_rope_freqs):
-            raise ValueError("RoPE scaling in GGUF files is not supported; use the Hugging Face checkpoint")
         hidden, heads = meta[f"{arch}.embedding_length"], meta[f"{arch}.attention.head_count"]
         config = ModelConfig(
             architecture=self.name,
@@ -121,6 +116,7 @@ class Family:
             head_dim=meta.get(f"{arch}.attention.key_length", hidden // heads),
             rms_norm_eps=meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6),
             rope_theta=meta.get(f"{arch}.rope.freq_base", 10000.0),
+            rope_scaling=gguf_rope_scaling(header, arch),
             max_position_embeddings=meta.get(f"{arch}.context_length", 2048),
             tie_word_embeddings=not header.has("output.weight"),
             rope_interleaved=self.gguf_permuted_qk,
@@ -284,6 +280,33 @@ def hf_rope(raw: dict[str, Any]) -> tuple[float, dict | None]:
     theta = params.pop("rope_theta", raw.get("rope_theta", 10000.0))
     kind = params.get("rope_type", params.get("type", "default"))
     return float(theta), (params if kind != "default" else None)
+
+
+def gguf_rope_scaling(header: GGUFHeader, arch: str) -> dict | None:
+    """RoPE scaling as llama.cpp applies a GGUF's: rope.scaling.type linear (its default where the file names
+    none) or yarn, by rope.scaling.factor (YaRN over the original context, its magnitude times attn_factor); and
+    each frequency divided first by its factor in rope_freqs where the file has one (how llama.cpp's converter
+    writes Llama 3.1's long-context RoPE). ValueError naming any other type."""
+    meta = header.metadata
+    kind = meta.get(f"{arch}.rope.scaling.type", "linear")
+    factor = meta.get(f"{arch}.rope.scaling.factor") or meta.get(f"{arch}.rope.scale_linear") or 1.0
+    if kind not in ("none", "linear", "yarn"):
+        raise ValueError(f"RoPE scaling {kind!r} in a GGUF file of {arch} is not supported; use the Hugging Face "
+                         "checkpoint")
+    scaling: dict[str, Any] = {"rope_type": "default"}
+    if kind == "linear" and factor != 1.0:
+        scaling = {"rope_type": "linear", "factor": factor}
+    if kind == "yarn" and factor != 1.0:
+        scaling = {"rope_type": "yarn", "factor": factor,
+                   "original_max_position_embeddings": meta.get(f"{arch}.rope.scaling.original_context_length")
+                   or meta.get(f"{arch}.context_length"),
+                   "beta_fast": meta.get(f"{arch}.rope.scaling.yarn_beta_fast", 32.0),
+                   "beta_slow": meta.get(f"{arch}.rope.scaling.yarn_beta_slow", 1.0)}
+        if f"{arch}.rope.scaling.attn_factor" in meta:
+            scaling["attention_factor"] = rope_attention_factor(scaling) * meta[f"{arch}.rope.scaling.attn_factor"]
+    if header.has("rope_freqs.weight"):
+        scaling["frequency_factors"] = header.vector("rope_freqs.weight")
+    return scaling if scaling != {"rope_type": "default"} else None
 
 
 def _hf_sliding_window(raw: dict[str, Any]) -> tuple[int | None, list[str] | None]:

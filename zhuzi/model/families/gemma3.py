@@ -57,11 +57,9 @@ class Gemma3(Family):
         """As llama.cpp reads them: what the file does not say (the layer pattern, the local RoPE base, the
         attention scale) is fixed for the family there (llama-model.cpp), and so here."""
         meta = header.metadata
-        factor = meta.get("gemma3.rope.scaling.factor")
         scalar = config.hidden_size // config.num_heads if config.num_layers == HIDDEN_PER_HEAD_SCALE_LAYERS \
             else config.head_dim
-        return dict(rope_scaling={"rope_type": "linear", "factor": factor} if factor and factor != 1 else None,
-                    rope_local_theta=meta.get("gemma3.rope.freq_base_swa", 10000.0),
+        return dict(rope_local_theta=meta.get("gemma3.rope.freq_base_swa", 10000.0),
                     sliding_window=meta.get("gemma3.attention.sliding_window"),
                     layer_types=_layer_types(config.num_layers, PATTERN),
                     query_pre_attn_scalar=float(scalar),
@@ -74,7 +72,7 @@ class Gemma3(Family):
         return tensor.float() - 1.0 if name.endswith("norm.weight") else tensor
 
 
-FAMILY = Gemma3("gemma3", "Gemma3ForCausalLM", "gemma3", qk_norm=True, gguf_rope_scalings=("linear",),
+FAMILY = Gemma3("gemma3", "Gemma3ForCausalLM", "gemma3", qk_norm=True,
                 gguf_names={"ffn_norm": "pre_feedforward_layernorm",
                             "post_attention_norm": "post_attention_layernorm",
                             "post_ffw_norm": "post_feedforward_layernorm"})

@@ -187,7 +187,7 @@ def _proportional(factors: list[float]) -> dict[str, Any]:
     return {"rope_type": "proportional", "partial_rotary_factor": turning / len(factors)}
 
 
-FAMILY = Gemma4("gemma4", "Gemma4ForCausalLM", "gemma4", qk_norm=True, gguf_rope_freqs=True,
+FAMILY = Gemma4("gemma4", "Gemma4ForCausalLM", "gemma4", qk_norm=True,
                 hf_multimodal_class="Gemma4ForConditionalGeneration",
                 gguf_names={"ffn_norm": "pre_feedforward_layernorm", "post_attention_norm": "post_attention_layernorm",
                             "post_ffw_norm": "post_feedforward_layernorm", "pre_ffw_norm_2": EXPERT_NORMS[0],

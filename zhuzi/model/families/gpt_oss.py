@@ -41,19 +41,13 @@ class GptOss(SparseFamily):
             swiglu_alpha=raw.get("swiglu_alpha", 1.702), swiglu_limit=raw.get("swiglu_limit", 7.0))
 
     def gguf_fields(self, header: GGUFHeader, config: ModelConfig) -> dict[str, Any]:
-        """As llama.cpp reads them: the layer pattern is fixed for the family (llama-model.cpp), the YaRN ramp's
-        betas are llama.cpp's defaults where the file has none, and its ends are not rounded (the released
-        config's truncate false)."""
+        """As llama.cpp reads them: the layer pattern is fixed for the family (llama-model.cpp); YaRN's ramp
+        (the common mapping's) has ends that are not rounded (the released config's truncate false)."""
         meta, arch = header.metadata, self.gguf_arch
-        factor = meta.get(f"{arch}.rope.scaling.factor")
-        yarn = {"rope_type": "yarn", "factor": factor, "truncate": False,
-                "original_max_position_embeddings": meta.get(f"{arch}.rope.scaling.original_context_length"),
-                "beta_fast": meta.get(f"{arch}.rope.scaling.yarn_beta_fast", 32.0),
-                "beta_slow": meta.get(f"{arch}.rope.scaling.yarn_beta_slow", 1.0)}
         return super().gguf_fields(header, config) | _features() | dict(
             sliding_window=meta.get(f"{arch}.attention.sliding_window", WINDOW),
             layer_types=_layer_types(config.num_layers),
-            rope_scaling=yarn if meta.get(f"{arch}.rope.scaling.type") == "yarn" and factor else None)
+            rope_scaling=config.rope_scaling and config.rope_scaling | {"truncate": False})
 
     def tensor_names(self, config: ModelConfig, per_expert: bool = False) -> list[str]:
         """With per_expert, a directory's: each sparse layer's experts as transformers stores them."""
@@ -88,5 +82,4 @@ class GptOss(SparseFamily):
 
 
 FAMILY = GptOss("gpt_oss", "GptOssForCausalLM", "gpt-oss", qkv_bias=True, expert_width_key="intermediate_size",
-                gguf_rope_scalings=("yarn",),
                 gguf_names={"attn_sinks": "self_attn.sinks", "post_attention_norm": "post_attention_layernorm"})
