@@ -1,4 +1,4 @@
-"""The benchmark tools (`zhuzi bench offline | decode | structured | serve | polling | scaling`) run end to end
+"""The benchmark tools (`zhuzi bench offline | decode | structured | serve | polling | scaling | models`) run end to end
 on tiny settings.
 
 They drive the real engine, real transformers and a real `zhuzi serve` subprocess; the figures
@@ -47,7 +47,7 @@ def test_cli_lists_every_tool(capsys):
         build_parser().parse_args(["bench", "--help"])
     help_text = capsys.readouterr().out
     assert all(tool in help_text for tool in ("offline", "decode", "structured", "serve", "polling", "scaling", "tools",
-                                              "kv"))
+                                              "kv", "models"))
 
 
 def test_random_prompts_are_seeded_in_range_and_free_of_control_tokens(tokenizer):
@@ -354,3 +354,24 @@ def test_collectives_time_two_gloo_ranks_and_a_layer_split_in_two():
     assert report.layer_whole_us > 0 and report.layer_rank0_us > 0
     assert report.saved_us == pytest.approx(report.layer_whole_us - report.layer_rank0_us)
     assert report.added_us == pytest.approx(2 * report.all_reduce_bf16_p50_us)
+
+
+def test_models_times_a_cold_and_a_warm_first_token_of_each_model_and_both_at_once(smollm2_path, tmp_path, capsys):
+    """Two names for the embedded SmolLM2 (links, not copies) behind `zhuzi serve --models-dir`."""
+    models = tmp_path / "models"
+    models.mkdir()
+    for name in ("a", "b"):
+        (models / f"{name}.gguf").symlink_to(smollm2_path)
+    out = tmp_path / "models.json"
+    report = run_tool(["bench", "models", "--models-dir", str(models), "--rounds", "1", "--threads", "1",
+                       "--probe-len", "8", "--num-prompts", "2", "--max-concurrency", "2", "--input-len", "8",
+                       "--output-len", "4", "--settle", "0", "--json-out", str(out),
+                       "--serve-args=--kv-cache-memory 4MiB --no-engine-process"])
+    (turn,) = report.turns
+    assert (turn.server, turn.round, turn.failed, report.models) == ("zhuzi", 0, 0, ["a", "b"])
+    # the warm-up left both unloaded: each cold first token waited for a load, the warm one did not
+    assert all(turn.cold_ttft_ms[m] > 2 * turn.warm_ttft_ms[m] > 0 for m in "ab")
+    assert turn.output_tok_s > 0 and turn.tpot_ms > 0
+    printed = capsys.readouterr().out
+    assert "| 0 | zhuzi |" in printed and "zhuzi serve --models-dir models --num-threads 1" in printed
+    assert json.loads(out.read_text())["turns"][0]["cold_ttft_ms"]["b"] == pytest.approx(turn.cold_ttft_ms["b"])

@@ -1,8 +1,10 @@
 """Open WebUI, unmodified, in a real browser (Debian's Chromium through Playwright) against a real `zhuzi serve` of
 the default model: once with zhuzi as its OpenAI connection, once as its Ollama connection. zhuzi's model is in
 its list, a reply streams into the page, Stop ends the request on zhuzi's side (its KV pages come back), and a
-second turn reuses the first one's prefix. `make test-webui` installs Open WebUI in a venv of its own and names
-its executable in $OPEN_WEBUI; `make test` leaves these tests out (marker `webui`)."""
+second turn reuses the first one's prefix. Then against a `zhuzi serve --models-dir` of two models, through each
+connection: both are in the list, and each answers a chat (loaded by it). `make test-webui` installs Open WebUI
+in a venv of its own and names its executable in $OPEN_WEBUI; `make test` leaves these tests out (marker
+`webui`)."""
 from __future__ import annotations
 
 import os
@@ -16,13 +18,14 @@ from pathlib import Path
 
 import httpx
 import pytest
-from playwright.sync_api import Page, expect, sync_playwright
+from playwright.sync_api import Browser, Page, expect, sync_playwright
 from server.inspector import launch
 from server.server_process import ServerProcess, free_port, running_server, stop
 
 pytestmark = pytest.mark.webui
 
 MODEL = "SmolLM2-135M-Instruct"
+MODELS = ("smollm2-a", "smollm2-b")  # a models directory's two names for the embedded SmolLM2 (links)
 START_TIMEOUT_S = 600.0  # its first start migrates a fresh database: minutes on two busy cores
 REPLY_TIMEOUT_MS = 300_000
 # Open WebUI's switches for a machine without internet access, and for a test that counts zhuzi's requests.
@@ -107,13 +110,19 @@ class WebUI:
     hosts: set[str] = field(default_factory=set)  # every host the page sent a request to
 
 
-@pytest.fixture(scope="module", params=["openai", "ollama"])
-def webui(request: pytest.FixtureRequest, zhuzi: ServerProcess, tmp_path_factory: pytest.TempPathFactory
-          ) -> Iterator[WebUI]:
-    """The chat page of an Open WebUI whose one connection is zhuzi, through the API of the test's parameter."""
-    data = tmp_path_factory.mktemp(f"open-webui-{request.param}")
-    with running_open_webui(data, connection(request.param, zhuzi)) as url, sync_playwright() as playwright:
-        browser = launch(playwright)
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    """One Chromium for every page of the module (Playwright's sync API runs one at a time in a thread)."""
+    with sync_playwright() as playwright:
+        chromium = launch(playwright)
+        yield chromium
+        chromium.close()
+
+
+@contextmanager
+def chat_page(kind: str, zhuzi: ServerProcess, data: Path, browser: Browser) -> Iterator[WebUI]:
+    """The chat page of an Open WebUI whose one connection is zhuzi, through the API `kind` names."""
+    with running_open_webui(data, connection(kind, zhuzi)) as url:
         ui = WebUI(browser.new_page(viewport={"width": 1280, "height": 800}), url)
         ui.page.set_default_timeout(120_000)
         expect.set_options(timeout=120_000)
@@ -124,7 +133,33 @@ def webui(request: pytest.FixtureRequest, zhuzi: ServerProcess, tmp_path_factory
         expect(ui.page.locator("#chat-input")).to_be_visible()
         yield ui
         ui.page.screenshot(path=data / "chat.png")
-        browser.close()
+        ui.page.close()
+
+
+@pytest.fixture(scope="module", params=["openai", "ollama"])
+def webui(request: pytest.FixtureRequest, zhuzi: ServerProcess, tmp_path_factory: pytest.TempPathFactory,
+          browser: Browser) -> Iterator[WebUI]:
+    with chat_page(request.param, zhuzi, tmp_path_factory.mktemp(f"open-webui-{request.param}"), browser) as ui:
+        yield ui
+
+
+@pytest.fixture(scope="module")
+def many(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> Iterator[ServerProcess]:
+    """`zhuzi serve --models-dir` of MODELS, none loaded until a request names it."""
+    root = tmp_path_factory.mktemp("many")
+    (root / "models").mkdir()
+    for name in MODELS:
+        (root / "models" / f"{name}.gguf").symlink_to(smollm2_path)
+    with running_server(root / "server.log", "--models-dir", str(root / "models")) as server:
+        yield server
+
+
+@pytest.fixture(scope="module", params=["openai", "ollama"])
+def many_webui(request: pytest.FixtureRequest, many: ServerProcess, tmp_path_factory: pytest.TempPathFactory,
+               browser: Browser) -> Iterator[WebUI]:
+    with chat_page(request.param, many, tmp_path_factory.mktemp(f"open-webui-many-{request.param}"),
+                   browser) as ui:
+        yield ui
 
 
 def settled(zhuzi: ServerProcess) -> dict[str, float]:
@@ -134,6 +169,13 @@ def settled(zhuzi: ServerProcess) -> dict[str, float]:
         assert time.monotonic() < deadline, f"zhuzi still runs a request: {now}"
         time.sleep(0.5)
     return now
+
+
+def answered(zhuzi: ServerProcess, model: str) -> float:
+    """The requests zhuzi finished for the model (its model_name label)."""
+    text = httpx.get(zhuzi.url + "/metrics", timeout=30).text
+    return sum(float(v) for v in re.findall(rf'^zhuzi:request_success_total{{[^}}]*model_name="{model}"[^}}]*}} (\S+)$',
+                                            text, re.M))
 
 
 def reply(page: Page) -> str:
@@ -186,3 +228,24 @@ def test_a_second_turn_reuses_the_prefix_cache(webui: WebUI, zhuzi: ServerProces
 
 def test_the_page_reached_nothing_but_open_webui(webui: WebUI) -> None:
     assert webui.hosts == {httpx.URL(webui.url).netloc.decode()}
+
+
+def test_each_model_of_a_models_dir_is_listed_and_answers(many_webui: WebUI, many: ServerProcess) -> None:
+    page, selector = many_webui.page, many_webui.page.locator("#model-selector-model-button")
+    selector.click()
+    for name in MODELS:
+        expect(page.get_by_role("option", name=re.compile(f"Select {name}"))).to_be_visible()
+        many.post("/models/unload", {"model": name})  # the other connection's chats may have loaded it
+    page.keyboard.press("Escape")
+    assert many.get("/health")["models"] == []
+    for name in MODELS:
+        page.goto(many_webui.url)  # a new chat
+        selector.click()
+        page.get_by_role("option", name=re.compile(f"Select {name}")).click()
+        expect(selector).to_have_attribute("aria-label", re.compile(f"Selected model: {name}"))
+        before = answered(many, name)
+        send(page, "What is the capital of France?")
+        expect(page.locator("#response-content-container").last).not_to_be_empty(timeout=REPLY_TIMEOUT_MS)
+        expect(page.get_by_role("button", name="Stop")).to_be_hidden(timeout=REPLY_TIMEOUT_MS)
+        assert answered(many, name) == before + 1  # the chat went to the model chosen, which loaded for it
+        assert name in many.get("/health")["models"]

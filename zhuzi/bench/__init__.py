@@ -1,5 +1,5 @@
 """Benchmark tools, `zhuzi bench offline | decode | sweep | structured | serve | polling | scaling | accuracy | tools |
-kv`:
+kv | models`:
 each times the whole request path and starts its report with the machine line (docs/benchmarks.md).
 """
 from __future__ import annotations
@@ -22,11 +22,12 @@ TOOLS = {
     "accuracy": "greedy agreement, logprob differences and perplexity of each quantization against bf16",
     "tools": "tool calling scored by the Berkeley Function Calling Leaderboard, beside llama-server",
     "kv": "prefill/decode replicas against colocated ones under long prompts, and TTFT after a restart (disk tier)",
+    "models": "many models behind one server: cold and warm first tokens and models at once, beside llama-server",
 }
 
 
 def register(subparsers) -> None:
-    """Add `bench offline | ... | kv` (TOOLS) to the zhuzi command line."""
+    """Add `bench offline | ... | models` (TOOLS) to the zhuzi command line."""
     bench = subparsers.add_parser("bench", help="run a benchmark", description=__doc__,
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
     tools = bench.add_subparsers(dest="bench_tool", required=True, metavar="{" + ",".join(TOOLS) + "}")

@@ -37,7 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--base-url", required=True, help="server root, e.g. http://127.0.0.1:8000")
     parser.add_argument("--endpoint", choices=sorted(ENDPOINT_PATHS), default="chat",
                         help="/v1/chat/completions or /v1/completions (default %(default)s)")
-    parser.add_argument("--model", default=None, help="model name to send (default: the first of GET /v1/models)")
+    parser.add_argument("--model", default=None,
+                        help="model name to send; several, comma-separated, take the conversations in turn (a "
+                             "server of many models) (default: the first of GET /v1/models)")
     parser.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"),
                         help="bearer token (default: $OPENAI_API_KEY)")
     parser.add_argument("--tokenizer", default=None,
@@ -159,10 +161,10 @@ async def benchmark(args: argparse.Namespace) -> ServeReport:
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(timeout=httpx.Timeout(args.timeout), limits=limits) as client:
-        model = args.model or await discover_model(client, base_url, headers)
+        models = args.model.split(",") if args.model else [await discover_model(client, base_url, headers)]
         options = {"temperature": args.temperature} | ({"ignore_eos": True} if args.ignore_eos else {})
-        target = Target(base_url + ENDPOINT_PATHS[args.endpoint], args.endpoint, model, headers, options,
-                        render_template=args.dataset == "sharegpt")
+        targets = [Target(base_url + ENDPOINT_PATHS[args.endpoint], args.endpoint, model, headers, options,
+                          render_template=args.dataset == "sharegpt") for model in models]
         limit = asyncio.Semaphore(args.max_concurrency or len(conversations))
         total = sum(len(c.turns) for c in conversations)
         polls: list[float] = []
@@ -170,13 +172,14 @@ async def benchmark(args: argparse.Namespace) -> ServeReport:
                    for path in args.poll or []}
         longs: list[RequestResult] = []
         load_done = asyncio.Event()
-        sender = asyncio.create_task(send_long_prompts(client, target, args, tokenizer, load_done, longs)) \
+        sender = asyncio.create_task(send_long_prompts(client, targets[0], args, tokenizer, load_done, longs)) \
             if args.long_prompt_len else None
         with tqdm(total=total, desc="requests", disable=args.disable_tqdm) as progress:
             start = time.perf_counter()
             offsets = arrival_offsets(len(conversations), args.request_rate, args.seed)
             per_conversation = await asyncio.gather(*(
-                run_conversation(client, target, i, c, start + offsets[i], limit, tokenizer, progress)
+                run_conversation(client, targets[i % len(targets)], i, c, start + offsets[i], limit, tokenizer,
+                                 progress)
                 for i, c in enumerate(conversations)))
             duration = time.perf_counter() - start
             load_done.set()
@@ -188,7 +191,7 @@ async def benchmark(args: argparse.Namespace) -> ServeReport:
             if isinstance(outcome, Exception):
                 raise RuntimeError(f"--poll {path} failed: {outcome}") from outcome
     results = [r for rs in per_conversation for r in rs]
-    report = summarize(args, base_url, model, results, duration, served_kernels(base_url, headers))
+    report = summarize(args, base_url, ",".join(models), results, duration, served_kernels(base_url, headers))
     if args.poll:
         report.poll_ms, report.polls = Stat.of(polls), len(polls)
     if args.long_prompt_len:
