@@ -103,7 +103,12 @@ def test_a_tool_round_trip(claude: anthropic.Anthropic) -> None:
     answer = claude.messages.create(model=MODEL, max_tokens=30, tools=[WEATHER], tool_choice={"type": "none"},
                                     messages=turns, **GREEDY)
     assert [b.type for b in answer.content] == ["text"] and answer.content[0].text.strip()
-    assert answer.usage.cache_read_input_tokens > 0  # the conversation so far came from the prefix cache
+    # The next turn finds the conversation so far in the prefix cache (the first turn's prompt told of the tools,
+    # which tool_choice none leaves out: only a turn after `answer` shares its prompt).
+    follow_up = [*turns, answer.to_param(), {"role": "user", "content": "Thanks!"}]
+    again = claude.messages.create(model=MODEL, max_tokens=5, tools=[WEATHER], tool_choice={"type": "none"},
+                                   messages=follow_up, **GREEDY)
+    assert again.usage.cache_read_input_tokens >= answer.usage.input_tokens // 16 * 16 - 16
     failed = [*turns[:2], {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id,
                                                         "content": "city not found", "is_error": True}]}]
     ok = [*turns[:2], {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id,
