@@ -12,12 +12,14 @@ import os
 import re
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import ollama
 import openai
+import psutil
 import pytest
 from clock import Clock
 from server_process import ServerProcess, running_server
@@ -205,6 +207,17 @@ def test_an_empty_ollama_request_with_keep_alive_0_unloads_and_never_loads(serve
     assert states(server)["c"] == "unloaded" and loads(server, "c") == before
     assert ollama.Client(host=server.url).chat(model="a", messages=[], keep_alive="0s").done_reason == "unload"
     assert states(server) == {"a": "unloaded", "b": "loaded", "c": "unloaded", "big": "unloaded"}
+    deadline = time.monotonic() + 30
+    while encoders(server) != 1 and time.monotonic() < deadline:  # an unloaded model's helper ends with it
+        time.sleep(0.1)
+    assert encoders(server) == 1
+
+
+def encoders(server: ServerProcess) -> int:
+    """The tokenizer helper processes the server runs: one per loaded model."""
+    children = psutil.Process(server.proc.pid).children(recursive=True)
+    return sum(any("encoder_process.py" in arg for arg in child.cmdline()) for child in children
+               if child.status() != psutil.STATUS_ZOMBIE)
 
 
 def test_a_look_at_a_model_loads_none(server: ServerProcess) -> None:

@@ -230,10 +230,13 @@ class ModelSet:
 
     @staticmethod
     def _stop(model: Model) -> None:
-        """Stop the model's engine (in a thread: its cores take a moment to exit)."""
+        """Stop the model's engine (in a thread: its cores take a moment to exit) and its tokenizer's helper."""
         served, model.served = model.served, None
-        if served is not None:
-            threading.Thread(target=served.engine.close, name=f"zhuzi-stop-{model.spec.id}", daemon=True).start()
+        if served is None:
+            return
+        if (encoder := served.engine.tokenizer.encoder) is not None:
+            encoder.hang_up()
+        threading.Thread(target=served.engine.close, name=f"zhuzi-stop-{model.spec.id}", daemon=True).start()
 
 
 def seconds(duration: str | float | int | None) -> float | None | Literal["default"]:
