@@ -158,11 +158,8 @@ def test_fused_step_on_gguf_blocks_agrees_with_the_per_layer_path(gguf_file):
     assert (written - per_layer_kv[:, :, new].float()).abs().max() <= 0.03 * written.abs().max()
 
 
-@pytest.mark.parametrize("quantization,kv_dtype", [(None, None), ("int4", None), ("gguf", None), ("gguf", Q8_0)])
-def test_rows_never_influence_each_other(checkpoint, gguf_file, quantization, kv_dtype):
-    """A row's logits are the same bits alone or beside others of other lengths, on any thread count (over a
-    q8_0 pool too)."""
-    model = decoder(gguf_file if quantization == "gguf" else checkpoint, quantization=quantization)
+def rows_never_influence_each_other(model: Decoder, kv_dtype: torch.dtype | None) -> None:
+    """A row's logits are the same bits alone or beside others of other lengths, on any thread count."""
     _, kv = prefill(model, IDS[:11], kv_dtype=kv_dtype)  # three sequences, each with its own slots
     prefill(model, IDS[:39], kv=kv, first_slot=64)
     prefill(model, IDS[:24], kv=kv, first_slot=128)
@@ -178,6 +175,17 @@ def test_rows_never_influence_each_other(checkpoint, gguf_file, quantization, kv
                 assert torch.equal(alone[0], together[i])
         finally:
             torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("quantization", [None, "int4"])
+def test_rows_never_influence_each_other(checkpoint, quantization):
+    rows_never_influence_each_other(decoder(checkpoint, quantization=quantization), None)
+
+
+@pytest.mark.parametrize("kv_dtype", [None, Q8_0])
+def test_rows_of_gguf_blocks_never_influence_each_other(gguf_file, kv_dtype):
+    """Over a q8_0 pool too."""
+    rows_never_influence_each_other(decoder(gguf_file, quantization="gguf"), kv_dtype)
 
 
 def test_fused_step_is_used_only_where_it_serves(checkpoint):
