@@ -7,7 +7,7 @@
 // bias, a local layer's window) with RoPE over half of each head (Phi-3's). The kernel rounds
 // matrix inputs (bf16 with AVX-512, q8 blocks for GGUF blocks) and the new K/V: its logits stay within 3 % of
 // the largest (float32 math over bf16 weights, off AVX-512: 0.1 %). Each row's logits are the same bits alone
-// or in a batch, and the step writes only the new tokens' K/V.
+// or in a batch, on one thread or split by query heads over two, and the step writes only the new tokens' K/V.
 #include "block_prefill.h"
 #include "check.h"
 #include "decode_step.h"
@@ -261,13 +261,15 @@ TEST(decode_step_matches_a_float64_forward) {
     for (size_t i = 0; i < kv.size(); i += D) changed += std::memcmp(&kv[i], &before[i], D * 2) != 0;
     CHECK(changed == 2 * L * 3, "%s kinds %d/%d: %d pool rows changed", family.name, layer_kind, head_kind,
           changed);
-    for (int64_t m = 0; m < 3; ++m) {  // each row alone, one thread: the same bits
-      std::vector<uint16_t> alone_kv = before;
-      float alone[V];
-      run(model, s, m, 1, alone_kv, alone, 1);
-      CHECK(!std::memcmp(alone, &logits[m * V], sizeof alone), "%s kinds %d/%d row %ld alone", family.name, layer_kind,
-            head_kind, (long)m);
-    }
+    // each row alone: on one thread, and on two, which split its kv head's two query heads: the same bits
+    for (int64_t m = 0; m < 3; ++m)
+      for (int threads : {1, 2}) {
+        std::vector<uint16_t> alone_kv = before;
+        float alone[V];
+        run(model, s, m, 1, alone_kv, alone, threads);
+        CHECK(!std::memcmp(alone, &logits[m * V], sizeof alone), "%s kinds %d/%d row %ld alone on %d threads",
+              family.name, layer_kind, head_kind, (long)m, threads);
+      }
   }
 }
 

@@ -265,6 +265,14 @@ static void write_head(const float* x, void* pool, int64_t at, int64_t D, bool q
   else quantize_row(x, static_cast<uint16_t*>(pool) + at * D, D);
 }
 
+// The parts a kv head's query heads are split into for attention: the fewest that give every thread an item
+// (Gemma 3 270M decodes one row of one kv head). A head's arithmetic does not depend on its part.
+static int64_t head_parts(int64_t items, int64_t qpk) {
+  for (int64_t p = 1; p < qpk; ++p)
+    if (qpk % p == 0 && items * p >= omp_get_num_threads()) return p;
+  return qpk;
+}
+
 // A row's K and V of kv head kh from its projections into the pool: V (k's projection where values_are_keys),
 // normed where the layer norms it; K normed and turned.
 static void write_kv(const Layer& L, const Args& a, float* k, const float* v, const float* cos, const float* sin,
@@ -332,8 +340,8 @@ static int run(const Args& a) {
       matmul<M>(L.qkv, in, sync, [&](int64_t n0, int count, float out[M][GROUP]) {
         for (int m = 0; m < M; ++m) std::memcpy(&qkv[m * N + n0], out[m], count * 4);
       });
-      // A work item is a row's kv head: its query heads' norms and RoPE, where the layer writes K/V its key's and
-      // value's into the pool, then its attention (which reads that K/V), with no barrier between them.
+      // A row's kv head: its query heads' norms and RoPE, and where the layer writes K/V, its key's and value's
+      // into the pool; the layer's attention reads them after the barrier.
 #pragma omp for schedule(static) nowait
       for (int64_t i = 0; i < M * KV; ++i) {
         const int64_t m = i / KV, kh = i % KV;
@@ -345,16 +353,22 @@ static int run(const Args& a) {
           rope(x, cos, sin, L.rotary_dim, a.rope_interleaved);
           for (int64_t d = 0; d < D; ++d) store(x[d], &q[(m * H + j) * D + d]);
         }
-        if (L.writes) {
-          const int64_t slot = a.slots[m * a.width + a.lens[m] - 1];
-          if (slot < 0 || slot >= a.num_slots) { bad = 1; continue; }
-          float* k = &qkv[m * N + (H + kh) * D];
-          write_kv(L, a, k, L.values_are_keys ? k : k + KV * D, cos, sin, kc, vc, slot * KV + kh);
-        }
+        if (!L.writes) continue;
+        const int64_t slot = a.slots[m * a.width + a.lens[m] - 1];
+        if (slot < 0 || slot >= a.num_slots) { bad = 1; continue; }
+        float* k = &qkv[m * N + (H + kh) * D];
+        write_kv(L, a, k, L.values_are_keys ? k : k + KV * D, cos, sin, kc, vc, slot * KV + kh);
+      }
+      sync();
+      // A work item is a part of a row's kv head's query heads (head_parts).
+      const int64_t parts = head_parts(M * KV, QPK), per = QPK / parts;
+#pragma omp for schedule(dynamic, 1) nowait
+      for (int64_t i = 0; i < M * KV * parts; ++i) {
+        const int64_t m = i / (KV * parts), h0 = i % (KV * parts) * per;
         const int64_t begin = L.window > 0 ? std::max<int64_t>(0, a.lens[m] - L.window) : 0;  // the window's first
         (a.kv_q8 ? attend_heads<uint8_t> : attend_heads<uint16_t>)(
-            D, &q[m * H * D], kc, vc, a.slots + m * a.width + begin, a.lens[m] - begin, &attn[m * H * D],
-            int(kh * QPK), int((kh + 1) * QPK), int(H), int(KV), a.num_slots, L.scale, L.sinks, &bad);
+            D, &q[m * H * D], kc, vc, a.slots + m * a.width + begin, a.lens[m] - begin, &attn[m * H * D], int(h0),
+            int(h0 + per), int(H), int(KV), a.num_slots, L.scale, L.sinks, &bad);
       }
       sync();
       in.use(attn.data(), M, H * D);
