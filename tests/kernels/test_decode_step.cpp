@@ -3,10 +3,11 @@
 // dense bf16, Q8_0 blocks, and Q4_1 blocks with a Q8_0 head (--quantization int8 and int4), and MXFP4 blocks
 // with a Q8_0 head (gpt-oss's experts: a lookup-table type); and in dense bf16, Gemma 3's layers (sandwich norms
 // of (1 + w), a GELU MLP, a query scale, a global layer's RoPE base, then a local layer's, whose window is
-// shorter than two rows' histories), scaled embeddings and soft-capped logits. The kernel rounds
+// shorter than two rows' histories), scaled embeddings and soft-capped logits; gpt-oss's (attention sinks, an O
+// bias, a local layer's window) with RoPE over half of each head (Phi-3's). The kernel rounds
 // matrix inputs (bf16 with AVX-512, q8 blocks for GGUF blocks) and the new K/V: its logits stay within 3 % of
 // the largest (float32 math over bf16 weights, off AVX-512: 0.1 %). Each row's logits are the same bits alone
-// or in a batch, and the step writes only the new tokens' K/V.
+// or in a batch, on one thread or split by query heads over two, and the step writes only the new tokens' K/V.
 #include "block_prefill.h"
 #include "check.h"
 #include "decode_step.h"
@@ -18,13 +19,16 @@ namespace {
 constexpr int64_t L = 2, E = 64, H = 2, KV = 1, D = 32, F = 96, V = 40, SLOTS = 64, POSITIONS = 64;
 constexpr float EPS = 1e-5f;
 
-// What a layer is: its norms' offset, sandwich norms, MLP activation, window, RoPE base, attention scale.
+// What a layer is: its norms' offset, sandwich norms, MLP activation, window, RoPE base, attention scale, the dims
+// RoPE turns, attention sinks and an O bias.
 struct Shape {
   float offset;
   bool sandwich;
   int32_t activation;
   int64_t window;
   double base, scale;
+  int64_t rotary_dim = D;
+  bool sinks = false;
 };
 // A model's layers, and what it does around them.
 struct Family {
@@ -35,6 +39,8 @@ struct Family {
 const Shape LLAMA_LAYER = {0, false, step::SILU, 0, 1e4, 1 / std::sqrt(double(D))};
 const Family LLAMA = {"llama", {LLAMA_LAYER, LLAMA_LAYER}, 1, 0};
 const Family GEMMA3 = {"gemma3", {{1, true, step::GELU_TANH, 0, 1e6, 0.1}, {1, true, step::GELU_TANH, 5, 1e4, 0.1}}, 2, 10};
+const Family GPT_OSS = {"gpt-oss", {{0, false, step::SILU, 5, 1e4, 0.2, D / 2, true},
+                                    {0, false, step::SILU, 0, 1e4, 0.2, D / 2, true}}, 1, 0};
 
 struct Matrix {
   int64_t n, k;
@@ -95,7 +101,7 @@ struct Model {
   std::vector<Matrix> mats;  // per layer: qkv, o, gate_up, down; then the LM head
   std::vector<std::vector<uint16_t>> norms;  // per layer: input, post, q, k, attention out, MLP out; then the final
   std::vector<uint16_t> embed;
-  std::vector<float> cos[L], sin[L];
+  std::vector<float> cos[L], sin[L], sinks[L];
   std::vector<step::Layer> layers;
 
   const Family& family;
@@ -103,25 +109,33 @@ struct Model {
   Model(int layer_kind, int head_kind, const Family& f, check::Rng& g) : embed(bf16_vector(V * E, 0, g)), family(f) {
     for (int64_t l = 0; l < L; ++l) {
       mats.emplace_back((H + 2 * KV) * D, E, layer_kind, true, g);
-      mats.emplace_back(E, H * D, layer_kind, false, g);
+      const Shape& shape = family.layers[l];
+      mats.emplace_back(E, H * D, layer_kind, shape.sinks, g);  // gpt-oss's O bias beside its sinks
       mats.emplace_back(2 * F, E, layer_kind, false, g, 2);
       mats.emplace_back(E, F, layer_kind, false, g);
-      for (int64_t size : {E, E, D, D, E, E}) norms.push_back(bf16_vector(size, 1 - family.layers[l].offset, g));
+      for (int64_t size : {E, E, D, D, E, E}) norms.push_back(bf16_vector(size, 1 - shape.offset, g));
+      const int64_t R = shape.rotary_dim;
       for (int64_t p = 0; p < POSITIONS; ++p)
-        for (int64_t i = 0; i < D / 2; ++i) {
-          const double angle = p * std::pow(family.layers[l].base, -2.0 * double(i) / double(D));
+        for (int64_t i = 0; i < R / 2; ++i) {
+          const double angle = p * std::pow(shape.base, -2.0 * double(i) / double(R));
           cos[l].push_back(float(std::cos(angle))), sin[l].push_back(float(std::sin(angle)));
         }
+      for (int64_t h = 0; h < H && shape.sinks; ++h) sinks[l].push_back(float(g.normal()));
     }
     mats.emplace_back(V, E, head_kind, false, g);
     norms.push_back(bf16_vector(E, 1, g));
     for (int64_t l = 0; l < L; ++l) {
       const auto* n = &norms[6 * l];
       const Shape& shape = family.layers[l];
-      layers.push_back({n[0].data(), mats[4 * l].mat, n[2].data(), n[3].data(), mats[4 * l + 1].mat,
-                        shape.sandwich ? n[4].data() : nullptr, n[1].data(), mats[4 * l + 2].mat, mats[4 * l + 3].mat,
-                        shape.sandwich ? n[5].data() : nullptr, cos[l].data(), sin[l].data(), shape.offset,
-                        float(shape.scale), shape.window, shape.activation});
+      step::Layer x{};
+      x.input_norm = n[0].data(), x.qkv = mats[4 * l].mat, x.q_norm = n[2].data(), x.k_norm = n[3].data();
+      x.o = mats[4 * l + 1].mat, x.attn_out_norm = shape.sandwich ? n[4].data() : nullptr, x.post_norm = n[1].data();
+      x.gate_up = mats[4 * l + 2].mat, x.down = mats[4 * l + 3].mat;
+      x.mlp_out_norm = shape.sandwich ? n[5].data() : nullptr, x.cos = cos[l].data(), x.sin = sin[l].data();
+      x.sinks = shape.sinks ? sinks[l].data() : nullptr, x.norm_offset = shape.offset, x.scale = float(shape.scale);
+      x.output_scale = 1, x.head_dim = D, x.kv_heads = KV, x.ffn = F, x.rotary_dim = shape.rotary_dim;
+      x.window = shape.window, x.pool = 0, x.entry = l, x.writes = 1, x.activation = shape.activation;
+      layers.push_back(x);
     }
   }
 
@@ -138,10 +152,11 @@ struct Model {
       std::vector<double> qkv = mats[4 * l].apply(x);
       for (int64_t j = 0; j < H + KV; ++j) {  // q/k norms and RoPE per head; the new K/V rounded as stored
         rms_norm(qkv, n[j < H ? 2 : 3].data(), shape.offset, j * D, D);
-        for (int64_t i = 0; i < D / 2; ++i) {
-          const double a = qkv[j * D + i], b = qkv[j * D + i + D / 2], c = cos[l][pos * D / 2 + i],
-                       s = sin[l][pos * D / 2 + i];
-          qkv[j * D + i] = a * c - b * s, qkv[j * D + i + D / 2] = b * c + a * s;
+        const int64_t R = shape.rotary_dim;
+        for (int64_t i = 0; i < R / 2; ++i) {
+          const double a = qkv[j * D + i], b = qkv[j * D + i + R / 2], c = cos[l][pos * R / 2 + i],
+                       s = sin[l][pos * R / 2 + i];
+          qkv[j * D + i] = a * c - b * s, qkv[j * D + i + R / 2] = b * c + a * s;
         }
       }
       for (int64_t i = H * D; i < (H + 2 * KV) * D; ++i) qkv[i] = check::from_bf16(check::bf16(float(qkv[i])));
@@ -160,6 +175,7 @@ struct Model {
           s.push_back(dot * shape.scale), top = std::fmax(top, s.back());
         }
         for (double& v : s) v = std::exp(v - top), sum += v;
+        if (shape.sinks) sum += std::exp(sinks[l][hh] - top);  // a sink's share of the attention goes nowhere
         for (size_t t = first; t < rows.size(); ++t)
           for (int64_t d = 0; d < D; ++d) attn[hh * D + d] += s[t - first] / sum * key(t, d, 1);
       }
@@ -195,9 +211,14 @@ struct Step {
 
 int run(const Model& m, const Step& s, int64_t first, int64_t M, std::vector<uint16_t>& kv, float* logits,
         int threads) {
-  step::Args a{m.layers.data(), L, m.norms.back().data(), m.mats.back().mat, H, KV, D, E, F, EPS, 0.f,
-               m.family.embed_scale, m.family.softcap, m.embed.data(), s.ids.data() + first, s.positions.data() + first, kv.data(),
-               SLOTS, s.slots.data() + first * s.width, s.lens.data() + first, s.width, logits, threads};
+  void* pools[] = {kv.data()};
+  step::Args a{};
+  a.layers = m.layers.data(), a.num_layers = L, a.norm = m.norms.back().data(), a.lm_head = m.mats.back().mat;
+  a.heads = H, a.hidden = E, a.eps = EPS, a.softcap = m.family.softcap;
+  a.embed = {m.embed.data(), 0, E * 2, E, m.family.embed_scale};
+  a.ids = s.ids.data() + first, a.positions = s.positions.data() + first, a.pools = pools, a.num_slots = SLOTS;
+  a.slots = s.slots.data() + first * s.width, a.lens = s.lens.data() + first, a.width = s.width, a.logits = logits;
+  a.threads = threads;
   return zhuzi_decode_step(&a, M);
 }
 
@@ -210,7 +231,8 @@ TEST(decode_step_matches_a_float64_forward) {
   };
   for (const auto& [layer_kind, head_kind, family] :
        {Case{step::DENSE, step::DENSE, LLAMA}, {blocks::Q8_0, blocks::Q8_0, LLAMA}, {blocks::Q4_1, blocks::Q8_0, LLAMA},
-        {blocks::MXFP4, blocks::Q8_0, LLAMA}, {step::DENSE, step::DENSE, GEMMA3}}) {
+        {blocks::MXFP4, blocks::Q8_0, LLAMA}, {step::DENSE, step::DENSE, GEMMA3},
+        {step::DENSE, step::DENSE, GPT_OSS}}) {
     check::Rng g(layer_kind + 1);
     const Model model(layer_kind, head_kind, family, g);
     std::vector<uint16_t> kv = bf16_vector(L * 2 * SLOTS * KV * D, 0, g);
@@ -239,13 +261,15 @@ TEST(decode_step_matches_a_float64_forward) {
     for (size_t i = 0; i < kv.size(); i += D) changed += std::memcmp(&kv[i], &before[i], D * 2) != 0;
     CHECK(changed == 2 * L * 3, "%s kinds %d/%d: %d pool rows changed", family.name, layer_kind, head_kind,
           changed);
-    for (int64_t m = 0; m < 3; ++m) {  // each row alone, one thread: the same bits
-      std::vector<uint16_t> alone_kv = before;
-      float alone[V];
-      run(model, s, m, 1, alone_kv, alone, 1);
-      CHECK(!std::memcmp(alone, &logits[m * V], sizeof alone), "%s kinds %d/%d row %ld alone", family.name, layer_kind,
-            head_kind, (long)m);
-    }
+    // each row alone: on one thread, and on two, which split its kv head's two query heads: the same bits
+    for (int64_t m = 0; m < 3; ++m)
+      for (int threads : {1, 2}) {
+        std::vector<uint16_t> alone_kv = before;
+        float alone[V];
+        run(model, s, m, 1, alone_kv, alone, threads);
+        CHECK(!std::memcmp(alone, &logits[m * V], sizeof alone), "%s kinds %d/%d row %ld alone on %d threads",
+              family.name, layer_kind, head_kind, (long)m, threads);
+      }
   }
 }
 

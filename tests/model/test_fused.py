@@ -1,12 +1,15 @@
 """The fused decode step (one native call a step) against the per-layer path and a float32 forward, on
 tiny Llama / Qwen2 (QKV bias) / Qwen3 (q/k norms) / Gemma 3 (local and global layers, windows shorter than the
-prompts) checkpoints in every weight format, and as GGUF files of every block type, under every CPU variant this
-machine runs, in the precision dtype auto picks there (bf16 with AVX512-BF16, else float32 activations over bf16
-weights and KV cache)."""
+prompts) / Gemma 4 (head sizes and KV shapes per layer, shared K/V, per-layer inputs) checkpoints in every weight
+format, Phi-3's (LongRoPE, RoPE over part of each head), and as GGUF files of every block type, under every CPU
+variant this machine runs, in the precision dtype auto picks there (bf16 with AVX512-BF16, else float32 activations
+over bf16 weights and KV cache)."""
 import dataclasses
+from pathlib import Path
 
 import gguf
 import pytest
+import safetensors.torch
 import tiny
 import torch
 
@@ -28,13 +31,31 @@ SHAPE = dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_
 # soft-capped logits of its own
 GEMMA3 = dict(head_dim=32, num_hidden_layers=2, layer_types=["sliding_attention", "full_attention"], sliding_window=8,
               query_pre_attn_scalar=24, final_logit_softcapping=30.0)
-OWN = {"gemma3": GEMMA3}
+# Gemma 4 of the small shapes (tiny.GEMMA4: per-layer inputs, a window shorter than IDS, shared K/V) in four layers,
+# local and global in turn, the last two on the first two's K/V; its global layers' V is K's projection, with KV
+# heads of their own (the large shapes'); head sizes and a per-layer input width the kernel serves
+GEMMA4 = dict(head_dim=32, global_head_dim=64, hidden_size_per_layer_input=32, attention_k_eq_v=True,
+              num_global_key_value_heads=1, num_hidden_layers=4,
+              layer_types=["sliding_attention", "full_attention"] * 2)
+OWN = {"gemma3": GEMMA3, "gemma4": GEMMA4}
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3", "gemma3"])
+def soften_attention(directory: Path, factor: float) -> None:
+    """Gemma 4 scores attention unscaled, q and k RMS-normed: a random checkpoint's norm weights (near 1) give scores
+    of several units, each softmax near one-hot, and bf16's rounding of a score moves it far in either path. Norm
+    weights times factor keep the scores small."""
+    path = directory / "model.safetensors"
+    tensors = safetensors.torch.load_file(path)
+    safetensors.torch.save_file({name: t * factor if name.endswith(("q_norm.weight", "k_norm.weight")) else t
+                                 for name, t in tensors.items()}, path, metadata={"format": "pt"})
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3", "gemma3", "gemma4"])
 def checkpoint(request, tmp_path_factory):
     directory = tmp_path_factory.mktemp(request.param)
     tiny.build(request.param, directory, **SHAPE | OWN.get(request.param, {}))
+    if request.param == "gemma4":
+        soften_attention(directory, 0.4)
     return directory
 
 
@@ -165,11 +186,9 @@ def test_fused_step_on_gguf_blocks_agrees_with_the_per_layer_path(gguf_file):
     assert (written - per_layer_kv[:, :, new].float()).abs().max() <= 0.03 * written.abs().max()
 
 
-@pytest.mark.parametrize("quantization,kv_dtype", [(None, None), ("int4", None), ("gguf", None), ("gguf", Q8_0)])
-def test_rows_never_influence_each_other(checkpoint, gguf_file, quantization, kv_dtype):
-    """A row's logits are the same bits alone or beside others of other lengths, on any thread count (over a
-    q8_0 pool too)."""
-    model = decoder(gguf_file if quantization == "gguf" else checkpoint, quantization=quantization)
+def rows_never_influence_each_other(model: Decoder, kv_dtype: torch.dtype | None) -> None:
+    """A row's logits are the same bits alone or beside others of other lengths, on any thread count: alone on two
+    threads, a layer of fewer KV heads than threads (Gemma 4's global ones) splits its query heads between them."""
     _, kv = prefill(model, IDS[:11], kv_dtype=kv_dtype)  # three sequences, each with its own slots
     prefill(model, IDS[:39], kv=kv, first_slot=64)
     prefill(model, IDS[:24], kv=kv, first_slot=128)
@@ -178,13 +197,25 @@ def test_rows_never_influence_each_other(checkpoint, gguf_file, quantization, kv
     with torch.inference_mode():
         together = model.decode_step(ids, positions, decode_meta(rows), kv.clone())
         threads = torch.get_num_threads()
-        torch.set_num_threads(1)
         try:
             for i, row in enumerate(rows):
-                alone = model.decode_step(ids[i:i + 1], positions[i:i + 1], decode_meta([row]), kv.clone())
-                assert torch.equal(alone[0], together[i])
+                for n in (1, 2):
+                    torch.set_num_threads(n)
+                    alone = model.decode_step(ids[i:i + 1], positions[i:i + 1], decode_meta([row]), kv.clone())
+                    assert torch.equal(alone[0], together[i])
         finally:
             torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("quantization", [None, "int4"])
+def test_rows_never_influence_each_other(checkpoint, quantization):
+    rows_never_influence_each_other(decoder(checkpoint, quantization=quantization), None)
+
+
+@pytest.mark.parametrize("kv_dtype", [None, Q8_0])
+def test_rows_of_gguf_blocks_never_influence_each_other(gguf_file, kv_dtype):
+    """Over a q8_0 pool too."""
+    rows_never_influence_each_other(decoder(gguf_file, quantization="gguf"), kv_dtype)
 
 
 def test_fused_step_is_used_only_where_it_serves(checkpoint):
@@ -220,30 +251,28 @@ def phi3(tmp_path_factory):
     return directory
 
 
-def test_fused_step_serves_phi3_and_steps_aside_for_a_partial_rotary(phi3):
-    """Phi-3's fused checkpoint tensors and LongRoPE tables run fused as the per-layer path runs them; RoPE over
-    part of each head is the per-layer path's alone."""
-    model = decoder(phi3 / "longrope")
+@pytest.mark.parametrize("rope", ["longrope", "partial"])
+def test_fused_step_serves_phi3(phi3, rope):
+    """Phi-3's fused checkpoint tensors, LongRoPE tables and RoPE over part of each head run fused as the per-layer
+    path runs them."""
+    model = decoder(phi3 / rope)
     assert model.fused is not None
     fused, per_layer, _, _ = fused_and_per_layer(model, IDS)
     assert (fused - per_layer).abs().max() <= 0.03 * per_layer.abs().max()
-    assert decoder(phi3 / "partial").fused is None
 
 
 LACKS = {"experts": dict(num_experts=4, num_experts_per_tok=2),
          "an MLP activation other than SiLU or GELU(tanh)": dict(hidden_act="relu"),
-         "RoPE over part of each head": dict(rotary_dim=8), "attention without RoPE": dict(use_rope=False),
-         "scaled residuals or logits": dict(logit_scale=2.0),
+         "attention without RoPE": dict(use_rope=False), "scaled residuals or logits": dict(logit_scale=2.0),
          "a recurrent mixer": dict(architecture="lfm2", layer_types=["conv", "full_attention"], short_conv_kernel=3),
-         "layers of several KV shapes": dict(layer_types=["sliding_attention", "full_attention"], global_head_dim=32),
-         "layers without K/V of their own": dict(layer_types=["full_attention"] * 2, num_kv_shared_layers=1),
-         "V normed or shared with K": dict(value_norm=True), "per-layer embeddings": dict(per_layer_input_size=8),
-         "scaled layer outputs": dict(layer_scalar=True)}
+         "a gated attention output": dict(architecture="qwen3_5", layer_types=["full_attention"] * 2),
+         "heads of a size other than 32, 64, 96, 128, 256": dict(layer_types=["sliding_attention", "full_attention"],
+                                                                  global_head_dim=512)}
 
 
 @pytest.mark.parametrize("feature", LACKS)
 def test_the_step_refuses_a_model_by_the_feature_it_lacks_not_by_its_family(feature):
-    llama = ModelConfig("llama", 100, 64, 128, 2, 4, 2, 16)
+    llama = ModelConfig("llama", 100, 64, 128, 2, 4, 2, 32)
     assert FusedDecode.refusal(llama) is None
     assert FusedDecode.refusal(dataclasses.replace(llama, architecture="gemma3")) is None
     assert FusedDecode.refusal(dataclasses.replace(llama, architecture="gemma4")) is None
@@ -251,6 +280,13 @@ def test_the_step_refuses_a_model_by_the_feature_it_lacks_not_by_its_family(feat
 
 
 SERVES = {"sliding-window attention": dict(sliding_window=8), "sandwich norms": dict(sandwich_norms=True),
+          "RoPE over part of each head": dict(rotary_dim=8), "attention sinks": dict(attention_sinks=True),
+          "an output-projection bias": dict(attention_out_bias=True),
+          "layers of several KV shapes": dict(layer_types=["sliding_attention", "full_attention"], global_head_dim=32),
+          "layers without K/V of their own": dict(layer_types=["full_attention"] * 2, num_kv_shared_layers=1),
+          "V normed": dict(value_norm=True), "V shared with K": dict(layer_types=["full_attention"] * 2,
+                                                                      global_values_are_keys=True),
+          "per-layer embeddings": dict(per_layer_input_size=8), "scaled layer outputs": dict(layer_scalar=True),
           "offset norms": dict(norm_weight_offset=1.0), "a GELU MLP": dict(hidden_act="gelu_pytorch_tanh"),
           "a query scale of its own": dict(query_pre_attn_scalar=8), "scaled embeddings": dict(embedding_scale=8.0),
           "soft-capped logits": dict(final_logit_softcapping=30.0),
@@ -259,6 +295,6 @@ SERVES = {"sliding-window attention": dict(sliding_window=8), "sandwich norms": 
 
 
 @pytest.mark.parametrize("feature", SERVES)
-def test_the_step_takes_what_gemma3_layers_have(feature):
-    llama = ModelConfig("llama", 100, 64, 128, 2, 4, 2, 16)
+def test_the_step_takes_what_gemma_and_gpt_oss_layers_have(feature):
+    llama = ModelConfig("llama", 100, 64, 128, 2, 4, 2, 32)
     assert FusedDecode.refusal(dataclasses.replace(llama, **SERVES[feature])) is None

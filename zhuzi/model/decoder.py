@@ -554,7 +554,7 @@ class Decoder:
         not serve the step (then forward + logits run)."""
         if self.fused is None or meta.prefills or meta.num_decode_tokens != len(input_ids):
             return None
-        return self.fused(input_ids, positions, meta.decode_slots, meta.decode_lengths, kv.tensors[0])
+        return self.fused(input_ids, positions, meta.decode_slots, meta.decode_lengths, kv.tensors)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[rows, vocab] float32 (with tensor parallelism every rank's vocabulary slice, gathered)."""

@@ -180,13 +180,14 @@ static void matmul(const Mat& a, Inputs& in, const Barrier& sync, Emit emit) {
   sync();
 }
 
-// RMSNorm of n values in place, with weight (offset + w).
+// RMSNorm of n values in place, with weight (offset + w), or none (w null).
 static void norm_in_place(float* x, const uint16_t* w, int64_t n, float eps, float offset) {
   const float r = inv_rms(x, n, eps);
-  for (int64_t i = 0; i < n; ++i) x[i] = x[i] * r * (offset + widen(w[i]));
+  for (int64_t i = 0; i < n; ++i) x[i] = w ? x[i] * r * (offset + widen(w[i])) : x[i] * r;
 }
 
-// RoPE: frequency i turns dims (i, i + D/2) (the Hugging Face layout), or (2i, 2i + 1) when interleaved.
+// RoPE over a head's first D dims: frequency i turns dims (i, i + D/2) (the Hugging Face layout), or (2i, 2i + 1)
+// when interleaved.
 static void rope(float* x, const float* cos, const float* sin, int64_t D, bool interleaved) {
   const int64_t half = D / 2, at = interleaved ? 2 : 1, other = interleaved ? 1 : half;
   for (int64_t i = 0; i < half; ++i) {
@@ -196,19 +197,19 @@ static void rope(float* x, const float* cos, const float* sin, int64_t D, bool i
   }
 }
 
-// Row `id` of the embedding, as float, times the embedding scale.
-static void embedding(const Args& a, int64_t id, float* h) {
-  if (!a.embed_type) {
-    for (int64_t i = 0; i < a.hidden; ++i) h[i] = widen(a.embed[id * a.hidden + i]);
+// Row `id` of a table, as float, times its scale.
+static void lookup(const Table& t, int64_t id, float* out) {
+  const auto* row = static_cast<const uint8_t*>(t.rows) + id * t.row_bytes;
+  if (!t.type) {
+    for (int64_t i = 0; i < t.width; ++i) out[i] = widen(reinterpret_cast<const uint16_t*>(row)[i]);
   } else {
-    const auto* row = reinterpret_cast<const uint8_t*>(a.embed) + id * a.embed_row_bytes;
-    blocks::with_format(a.embed_type, [&](auto f) {
+    blocks::with_format(t.type, [&](auto f) {
       using F = decltype(f);
-      for (int64_t b = 0; b < a.hidden / F::QK; ++b) blocks::values<F>(row + b * F::BYTES, h + b * F::QK);
+      for (int64_t b = 0; b < t.width / F::QK; ++b) blocks::values<F>(row + b * F::BYTES, out + b * F::QK);
     });
   }
-  if (a.embed_scale != 1.f)
-    for (int64_t i = 0; i < a.hidden; ++i) h[i] *= a.embed_scale;
+  if (t.scale != 1.f)
+    for (int64_t i = 0; i < t.width; ++i) out[i] *= t.scale;
 }
 
 // The MLP's gate applied to its up value.
@@ -218,36 +219,37 @@ static inline float gated(float g, float u, int32_t activation) {
   return g / (1.f + expf(-g)) * u;
 }
 
-// A sublayer's output (attention's O, the MLP's down) into the residual stream h: added as its row groups come,
-// or, where the layer norms it first (sandwich norms), gathered in sub and normed as whole rows once all are in.
+// A sublayer's output (attention's O, the MLP's down, the per-layer input's projection) into the residual stream
+// h, which is then scaled by `scale` (1 but at a Gemma 4 layer's end): added as its row groups come, or, where the
+// layer norms it first (sandwich norms), gathered in sub and normed as whole rows once all are in.
 template <int M>
 static void to_residual(const Mat& a, Inputs& in, const Barrier& sync, const uint16_t* norm, const Args& args,
-                        float offset, float* h, float* sub) {
+                        float offset, float scale, float* h, float* sub) {
   const int64_t E = args.hidden;
   matmul<M>(a, in, sync, [&](int64_t n0, int count, float out[M][GROUP]) {
     for (int m = 0; m < M; ++m)
       for (int r = 0; r < count; ++r) {
         float* x = (norm ? sub : h) + m * E + n0 + r;
-        *x = norm ? out[m][r] : *x + out[m][r];
+        *x = norm ? out[m][r] : (*x + out[m][r]) * scale;
       }
   });
   if (!norm) return;
 #pragma omp for schedule(static) nowait
   for (int m = 0; m < M; ++m) {
     norm_in_place(sub + m * E, norm, E, args.eps, offset);
-    for (int64_t i = 0; i < E; ++i) h[m * E + i] += sub[m * E + i];
+    for (int64_t i = 0; i < E; ++i) h[m * E + i] = (h[m * E + i] + sub[m * E + i]) * scale;
   }
   sync();
 }
 
-// The query heads of kv head kh: each K/V row is read once for all of them.
+// Query heads h0 .. h1 - 1, all of one kv head's (attend() reads each K/V row once for all of them).
 template <typename TKV>
-static void attend_group(int64_t D, const Act* q, const void* kc, const void* vc, const int64_t* slots,
-                         int64_t len, Act* out, int kh, int H, int KV, int64_t nslots, float scale, int* bad) {
-  const int QPK = H / KV;
+static void attend_heads(int64_t D, const Act* q, const void* kc, const void* vc, const int64_t* slots,
+                         int64_t len, Act* out, int h0, int h1, int H, int KV, int64_t nslots, float scale,
+                         const float* sinks, int* bad) {
   const auto* k = static_cast<const TKV*>(kc);
   const auto* v = static_cast<const TKV*>(vc);
-  auto go = [&](auto fn) { fn(q, k, v, slots, len, out, kh * QPK, (kh + 1) * QPK, H, KV, nslots, scale, nullptr, bad); };
+  auto go = [&](auto fn) { fn(q, k, v, slots, len, out, h0, h1, H, KV, nslots, scale, sinks, bad); };
   switch (D) {
     case 32: go(attend<Act, TKV, 32>); break;
     case 64: go(attend<Act, TKV, 64>); break;
@@ -263,14 +265,60 @@ static void write_head(const float* x, void* pool, int64_t at, int64_t D, bool q
   else quantize_row(x, static_cast<uint16_t*>(pool) + at * D, D);
 }
 
+// The parts a kv head's query heads are split into for attention: the fewest that give every thread an item
+// (Gemma 3 270M decodes one row of one kv head). A head's arithmetic does not depend on its part.
+static int64_t head_parts(int64_t items, int64_t qpk) {
+  for (int64_t p = 1; p < qpk; ++p)
+    if (qpk % p == 0 && items * p >= omp_get_num_threads()) return p;
+  return qpk;
+}
+
+// A row's K and V of kv head kh from its projections into the pool: V (k's projection where values_are_keys),
+// normed where the layer norms it; K normed and turned.
+static void write_kv(const Layer& L, const Args& a, float* k, const float* v, const float* cos, const float* sin,
+                     char* kc, char* vc, int64_t at) {
+  const int64_t D = L.head_dim;
+  float value[256];  // D <= 256 (zhuzi_decode_step)
+  std::memcpy(value, v, D * 4);
+  if (L.value_norm) norm_in_place(value, nullptr, D, a.eps, 0.f);
+  if (L.k_norm) norm_in_place(k, L.k_norm, D, a.eps, L.norm_offset);
+  rope(k, cos, sin, L.rotary_dim, a.rope_interleaved);
+  write_head(k, kc, at, D, a.kv_q8);
+  write_head(value, vc, at, D, a.kv_q8);
+}
+
+// The per-layer inputs of M rows (Args::per_layer): the table's rows looked up before, in pl; the projection of
+// the embeddings (in in) added, both kept in pl.
+template <int M>
+static void per_layer_inputs(const Args& a, Inputs& in, const Barrier& sync, float* pl, float* projected) {
+  const int64_t P = a.per_layer_width, LP = a.num_layers * P;
+  matmul<M>(a.per_layer_projection, in, sync, [&](int64_t n0, int count, float out[M][GROUP]) {
+    for (int m = 0; m < M; ++m)
+      for (int r = 0; r < count; ++r) projected[m * LP + n0 + r] = out[m][r] * a.per_layer_projection_scale;
+  });
+#pragma omp for schedule(static) nowait
+  for (int64_t i = 0; i < M * a.num_layers; ++i) {
+    float* x = projected + i * P;
+    norm_in_place(x, a.per_layer_norm, P, a.eps, a.norm_offset);
+    for (int64_t d = 0; d < P; ++d) pl[i * P + d] = (x[d] + pl[i * P + d]) * 0.70710678f;  // / sqrt(2)
+  }
+  sync();
+}
+
 template <int M>
 static int run(const Args& a) {
-  const int64_t H = a.heads, KV = a.kv_heads, D = a.head_dim, E = a.hidden, F = a.ffn, V = a.lm_head.n;
-  const int64_t QKV = (H + 2 * KV) * D;
-  const int64_t pool = a.num_slots * KV * (a.kv_q8 ? head_width<uint8_t>(D) : 2 * D);  // bytes of a layer's K
-  std::vector<float> h(M * E), sub(M * E), qkv(M * QKV), act(M * F);
-  std::vector<Act> q(M * H * D), attn(M * H * D);
-  for (int m = 0; m < M; ++m) embedding(a, a.ids[m], &h[m * E]);
+  const int64_t H = a.heads, E = a.hidden, V = a.lm_head.n, P = a.per_layer_width, LP = a.num_layers * P;
+  int64_t QKV = 0, HD = 0, F = P;  // the widest layer's
+  for (int64_t l = 0; l < a.num_layers; ++l) {
+    const Layer& L = a.layers[l];
+    QKV = std::max(QKV, L.qkv.n), HD = std::max(HD, H * L.head_dim), F = std::max(F, L.ffn);
+  }
+  std::vector<float> h(M * E), sub(M * E), qkv(M * QKV), act(M * F), pl(M * LP), projected(M * LP);
+  std::vector<Act> q(M * HD), attn(M * HD);
+  for (int m = 0; m < M; ++m) {
+    lookup(a.embed, a.ids[m], &h[m * E]);
+    if (P) lookup(a.per_layer, a.ids[m], &pl[m * LP]);
+  }
   int bad = 0;
   for (int m = 0; m < M; ++m) bad |= a.lens[m] < 1 || a.lens[m] > a.width;
   if (bad) return 1;
@@ -278,59 +326,83 @@ static int run(const Args& a) {
   {
     static thread_local Inputs in;
     const Barrier sync{a.barrier_s};
+    if (P) {
+      in.set(h.data(), M, E);
+      per_layer_inputs<M>(a, in, sync, pl.data(), projected.data());
+    }
     for (int64_t l = 0; l < a.num_layers; ++l) {
       const Layer& L = a.layers[l];
-      char* kc = static_cast<char*>(a.kv) + 2 * l * pool;
+      const int64_t D = L.head_dim, KV = L.kv_heads, QPK = H / KV, N = L.qkv.n;
+      const int64_t pool = a.num_slots * KV * (a.kv_q8 ? head_width<uint8_t>(D) : 2 * D);  // bytes of its K
+      char* kc = static_cast<char*>(a.pools[L.pool]) + 2 * L.entry * pool;
       char* vc = kc + pool;
       in.set(h.data(), M, E, L.input_norm, a.eps, L.norm_offset);
       matmul<M>(L.qkv, in, sync, [&](int64_t n0, int count, float out[M][GROUP]) {
-        for (int m = 0; m < M; ++m) std::memcpy(&qkv[m * QKV + n0], out[m], count * 4);
+        for (int m = 0; m < M; ++m) std::memcpy(&qkv[m * N + n0], out[m], count * 4);
       });
-      // A work item is a row's kv head: its query heads' and its key's norms and RoPE, its K/V into the pool,
-      // then its attention (which reads that K/V), with no barrier between them.
+      // A row's kv head: its query heads' norms and RoPE, and where the layer writes K/V, its key's and value's
+      // into the pool; the layer's attention reads them after the barrier.
 #pragma omp for schedule(static) nowait
       for (int64_t i = 0; i < M * KV; ++i) {
-        const int64_t m = i / KV, kh = i % KV, QPK = H / KV;
-        const float* cos = L.cos + a.positions[m] * (D / 2);
-        const float* sin = L.sin + a.positions[m] * (D / 2);
+        const int64_t m = i / KV, kh = i % KV;
+        const float* cos = L.cos + a.positions[m] * (L.rotary_dim / 2);
+        const float* sin = L.sin + a.positions[m] * (L.rotary_dim / 2);
         for (int64_t j = kh * QPK; j < (kh + 1) * QPK; ++j) {
-          float* x = &qkv[m * QKV + j * D];
+          float* x = &qkv[m * N + j * D];
           if (L.q_norm) norm_in_place(x, L.q_norm, D, a.eps, L.norm_offset);
-          rope(x, cos, sin, D, a.rope_interleaved);
+          rope(x, cos, sin, L.rotary_dim, a.rope_interleaved);
           for (int64_t d = 0; d < D; ++d) store(x[d], &q[(m * H + j) * D + d]);
         }
+        if (!L.writes) continue;
         const int64_t slot = a.slots[m * a.width + a.lens[m] - 1];
         if (slot < 0 || slot >= a.num_slots) { bad = 1; continue; }
-        float* x = &qkv[m * QKV + (H + kh) * D];
-        if (L.k_norm) norm_in_place(x, L.k_norm, D, a.eps, L.norm_offset);
-        rope(x, cos, sin, D, a.rope_interleaved);
-        write_head(x, kc, slot * KV + kh, D, a.kv_q8);
-        write_head(x + KV * D, vc, slot * KV + kh, D, a.kv_q8);
+        float* k = &qkv[m * N + (H + kh) * D];
+        write_kv(L, a, k, L.values_are_keys ? k : k + KV * D, cos, sin, kc, vc, slot * KV + kh);
+      }
+      sync();
+      // A work item is a part of a row's kv head's query heads (head_parts).
+      const int64_t parts = head_parts(M * KV, QPK), per = QPK / parts;
+#pragma omp for schedule(dynamic, 1) nowait
+      for (int64_t i = 0; i < M * KV * parts; ++i) {
+        const int64_t m = i / (KV * parts), h0 = i % (KV * parts) * per;
         const int64_t begin = L.window > 0 ? std::max<int64_t>(0, a.lens[m] - L.window) : 0;  // the window's first
-        (a.kv_q8 ? attend_group<uint8_t> : attend_group<uint16_t>)(
-            D, &q[m * H * D], kc, vc, a.slots + m * a.width + begin, a.lens[m] - begin, &attn[m * H * D], int(kh),
-            int(H), int(KV), a.num_slots, L.scale, &bad);
+        (a.kv_q8 ? attend_heads<uint8_t> : attend_heads<uint16_t>)(
+            D, &q[m * H * D], kc, vc, a.slots + m * a.width + begin, a.lens[m] - begin, &attn[m * H * D], int(h0),
+            int(h0 + per), int(H), int(KV), a.num_slots, L.scale, L.sinks, &bad);
       }
       sync();
       in.use(attn.data(), M, H * D);
-      to_residual<M>(L.o, in, sync, L.attn_out_norm, a, L.norm_offset, h.data(), sub.data());
+      to_residual<M>(L.o, in, sync, L.attn_out_norm, a, L.norm_offset, 1.f, h.data(), sub.data());
       in.set(h.data(), M, E, L.post_norm, a.eps, L.norm_offset);
       // A work item computes 16 gate rows and the 16 matching up rows, and applies the activation itself.
-      const Mat gate = {L.gate_up.kind, L.gate_up.w, L.gate_up.bias, F, E};
+      const int64_t FL = L.ffn;
+      const Mat gate = {L.gate_up.kind, L.gate_up.w, L.gate_up.bias, FL, E};
       Mat up = gate;
-      if (gate.kind == DENSE) up.w = static_cast<const uint16_t*>(gate.w) + F * E;
+      if (gate.kind == DENSE) up.w = static_cast<const uint16_t*>(gate.w) + FL * E;
       else up.w = static_cast<const block_prefill::Part*>(gate.w) + 1;
-#pragma omp for schedule(dynamic, turn(F / GROUP)) nowait
-      for (int64_t c = 0; c < F / GROUP; ++c) {
+#pragma omp for schedule(dynamic, turn(FL / GROUP)) nowait
+      for (int64_t c = 0; c < FL / GROUP; ++c) {
         float g[M][GROUP], u[M][GROUP];
         group_outputs<M>(gate, in, c * GROUP, GROUP, g);
         group_outputs<M>(up, in, c * GROUP, GROUP, u);
         for (int m = 0; m < M; ++m)
-          for (int r = 0; r < GROUP; ++r) act[m * F + c * GROUP + r] = gated(g[m][r], u[m][r], L.activation);
+          for (int r = 0; r < GROUP; ++r) act[m * FL + c * GROUP + r] = gated(g[m][r], u[m][r], L.activation);
       }
       sync();
-      in.set(act.data(), M, F);
-      to_residual<M>(L.down, in, sync, L.mlp_out_norm, a, L.norm_offset, h.data(), sub.data());
+      in.set(act.data(), M, FL);
+      const float scale = P ? 1.f : L.output_scale;  // with a per-layer input, after it
+      to_residual<M>(L.down, in, sync, L.mlp_out_norm, a, L.norm_offset, scale, h.data(), sub.data());
+      if (!P) continue;
+      // The per-layer input: its gate of the residual stream, times the layer's input; projected, normed, added.
+      in.set(h.data(), M, E);
+      matmul<M>(L.input_gate, in, sync, [&](int64_t n0, int count, float out[M][GROUP]) {
+        for (int m = 0; m < M; ++m)
+          for (int r = 0; r < count; ++r)
+            act[m * P + n0 + r] = gated(out[m][r], pl[m * LP + l * P + n0 + r], L.activation);
+      });
+      in.set(act.data(), M, P);
+      to_residual<M>(L.input_proj, in, sync, L.input_out_norm, a, L.norm_offset, L.output_scale, h.data(),
+                     sub.data());
     }
     in.set(h.data(), M, E, a.norm, a.eps, a.norm_offset);
     matmul<M>(a.lm_head, in, sync, [&](int64_t n0, int count, float out[M][GROUP]) {
@@ -342,17 +414,28 @@ static int run(const Args& a) {
   return bad;
 }
 
+// Whether this build serves the layer: a head size attention has a kernel for, whole heads' RoPE pairs, MLP and
+// per-layer input widths of whole 32s.
+static bool serves(const Layer& L, const Args& a) {
+  const int64_t D = L.head_dim, H = a.heads;
+  const bool head = D == 32 || D == 64 || D == 96 || D == 128 || D == 256;
+  return head && L.kv_heads > 0 && H % L.kv_heads == 0 && H * D <= MAXHD && L.ffn % 32 == 0
+         && L.rotary_dim > 0 && L.rotary_dim <= D && L.rotary_dim % 2 == 0;
+}
+
+static bool serves(const Table& t) {
+  return !t.type || block_prefill::serves(t.type, t.width, t.row_bytes);
+}
+
 }  // namespace step
 
 // Returns 0 on success, 1 for a length or slot out of range, 2 for what this build does not serve
-// (M outside 1..8, a shape not a multiple of 32).
+// (M outside 1..8, a shape it lacks a kernel for, serves()).
 extern "C" int zhuzi_decode_step(const void* args, int64_t M) {
   const auto& a = *static_cast<const step::Args*>(args);
-  const int64_t D = a.head_dim;
-  const bool heads = (D == 32 || D == 64 || D == 96 || D == 128 || D == 256) && a.kv_heads > 0
-                     && a.heads % a.kv_heads == 0 && a.heads <= MAXH && a.heads * D <= MAXHD;
-  if (!heads || a.hidden % 32 || a.ffn % 32) return 2;
-  if (a.embed_type && !block_prefill::serves(a.embed_type, a.hidden, a.embed_row_bytes)) return 2;
-  if (M < 1 || M > 8) return 2;
+  bool ok = a.heads <= MAXH && a.hidden % 32 == 0 && a.per_layer_width % 32 == 0 && step::serves(a.embed)
+            && (!a.per_layer_width || step::serves(a.per_layer));
+  for (int64_t l = 0; l < a.num_layers; ++l) ok = ok && step::serves(a.layers[l], a);
+  if (!ok || M < 1 || M > 8) return 2;
   return with_rows<8>(M, [&](auto m) { return step::run<decltype(m)::value>(a); });
 }
