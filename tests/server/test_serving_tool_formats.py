@@ -8,6 +8,7 @@ call's JSON, it calls unasked, and the ollama client gets the calls' arguments a
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -78,24 +79,33 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return directory
 
 
-@pytest.fixture(scope="module", params=list(CALLS))
-def family(request, checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    directory = tmp_path_factory.mktemp(request.param)
-    shutil.copytree(checkpoint, directory, dirs_exist_ok=True)
-    hf = Tokenizer.load(directory).hf
-    hf.chat_template = TEMPLATE.replace("CALL", CALLS[request.param])
-    hf.save_pretrained(directory)
-    # one server per format (each template's choice is under test), each as cheap as a server gets: its engine
-    # in a thread of the server process, a small KV pool
-    with running_server(directory / "server.log", str(directory), "--dtype", "float32", "--num-threads", "1",
-                        "--served-model-name", "tiny", "--no-engine-process", "--kv-cache-memory", "4MiB") as server:
-        assert f"tool calls in {request.param}'s format" in server.log.read_text()
+@pytest.fixture(scope="module")
+def server(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """One server of a model per format (each template's choice is under test), named for its format: one
+    server start, not one per format (seconds each), each model's engine in a thread of it, a small KV pool."""
+    models = tmp_path_factory.mktemp("formats")
+    for name, call in CALLS.items():
+        shutil.copytree(checkpoint, models / name)
+        hf = Tokenizer.load(models / name).hf
+        hf.chat_template = TEMPLATE.replace("CALL", call)
+        hf.save_pretrained(models / name)
+    with running_server(models / "server.log", "--models-dir", str(models), "--dtype", "float32", "--num-threads",
+                        "1", "--no-engine-process", "--kv-cache-memory", "4MiB") as server:
         yield server
 
 
-def test_a_named_call_comes_back_as_tool_calls_in_each_format(family: ServerProcess) -> None:
-    client = openai.OpenAI(base_url=family.api, api_key="none", max_retries=0, timeout=120)
-    args = {"model": "tiny", "messages": QUESTION, "tools": [TOOL], "max_tokens": 300, "temperature": 0,
+@pytest.fixture(scope="module", params=list(CALLS))
+def family(request, server: ServerProcess) -> str:
+    """The model whose template writes calls in this format, loaded."""
+    server.post("/models/load", {"model": request.param})
+    assert re.search(rf"model {request.param} loaded in [\d.]+ s: tool calls in {request.param}'s format",
+                     server.log.read_text())
+    return request.param
+
+
+def test_a_named_call_comes_back_as_tool_calls_in_each_format(server: ServerProcess, family: str) -> None:
+    client = openai.OpenAI(base_url=server.api, api_key="none", max_retries=0, timeout=120)
+    args = {"model": family, "messages": QUESTION, "tools": [TOOL], "max_tokens": 300, "temperature": 0,
             "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}
     choice = client.chat.completions.create(**args).choices[0]
     assert choice.finish_reason == "tool_calls" and not choice.message.content
@@ -106,8 +116,8 @@ def test_a_named_call_comes_back_as_tool_calls_in_each_format(family: ServerProc
     assert not "".join(chunk.choices[0].delta.content or "" for chunk in chunks)  # no byte of call syntax
     assert {d.index for d in deltas} == {0} and deltas[0].function.name == "get_weather"
     assert "".join(d.function.arguments or "" for d in deltas) == call.function.arguments
-    claude = anthropic.Anthropic(base_url=family.url, api_key="none", max_retries=0, timeout=120)
-    message = claude.messages.create(model="tiny", max_tokens=300, messages=QUESTION, tool_choice={
+    claude = anthropic.Anthropic(base_url=server.url, api_key="none", max_retries=0, timeout=120)
+    message = claude.messages.create(model=family, max_tokens=300, messages=QUESTION, tool_choice={
         "type": "tool", "name": "get_weather"}, tools=[{"name": "get_weather", "input_schema": TOOL["function"][
             "parameters"]}], extra_body={"temperature": 0})
     assert message.stop_reason == "tool_use"
@@ -115,11 +125,10 @@ def test_a_named_call_comes_back_as_tool_calls_in_each_format(family: ServerProc
     assert block.type == "tool_use" and block.name == "get_weather" and block.input["city"] in CITY["enum"]
 
 
-def test_a_call_cut_short_is_its_text_and_stop_reason_says_so(family: ServerProcess,
-                                                              request: pytest.FixtureRequest) -> None:
-    fmt = next(f for f in FORMATS if f.name == request.node.callspec.params["family"])
-    client = openai.OpenAI(base_url=family.api, api_key="none", max_retries=0, timeout=120)
-    args = {"model": "tiny", "messages": QUESTION, "tools": [TOOL], "max_tokens": 4, "temperature": 0,
+def test_a_call_cut_short_is_its_text_and_stop_reason_says_so(server: ServerProcess, family: str) -> None:
+    fmt = next(f for f in FORMATS if f.name == family)
+    client = openai.OpenAI(base_url=server.api, api_key="none", max_retries=0, timeout=120)
+    args = {"model": family, "messages": QUESTION, "tools": [TOOL], "max_tokens": 4, "temperature": 0,
             "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}
     choice = client.chat.completions.create(**args).choices[0]
     assert (choice.finish_reason, choice.stop_reason, choice.message.tool_calls) == (
@@ -130,9 +139,9 @@ def test_a_call_cut_short_is_its_text_and_stop_reason_says_so(family: ServerProc
     assert (chunks[-1].finish_reason, chunks[-1].stop_reason) == ("length", "unfinished_tool_call")
 
 
-def test_the_ollama_client_gets_calls_with_arguments_as_objects(family: ServerProcess) -> None:
-    client = ollama.Client(host=family.url, timeout=120)
-    args = {"model": "tiny", "messages": QUESTION, "tools": [TOOL], "format": BARE_CALL,
+def test_the_ollama_client_gets_calls_with_arguments_as_objects(server: ServerProcess, family: str) -> None:
+    client = ollama.Client(host=server.url, timeout=120)
+    args = {"model": family, "messages": QUESTION, "tools": [TOOL], "format": BARE_CALL,
             "options": {"temperature": 0, "num_predict": 60}}
     whole = client.chat(**args)
     assert whole.message.tool_calls and all(call.function.name == "get_weather" and call.function.arguments[

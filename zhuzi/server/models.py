@@ -57,6 +57,13 @@ class ServedModel:
     tool_format: type[ToolFormat]  # how the model writes calls (a harmony model: harmony_parser)
     template: str  # the chat template's text
 
+    @property
+    def formats(self) -> str:
+        """How the model writes its calls and thoughts, as the log says it."""
+        if self.harmony:
+            return "harmony format"
+        return f"tool calls in {self.tool_format.name}'s format" + (", reasoning parser on" if self.reasoning else "")
+
     @classmethod
     def ready(cls, name: str, engine: EngineClient, tool_call_parser: str | None = None,
               reasoning_parser: str | None = None) -> ServedModel:
@@ -192,7 +199,7 @@ class ModelSet:
                           exc_info=None if isinstance(exc, (ValueError, OSError)) else exc)
                 loop.call_soon_threadsafe(self._loaded, model, None, f"{exc}")
                 return
-            log.info("model %s loaded in %.3f s", model.spec.id, time.monotonic() - started)
+            log.info("model %s loaded in %.3f s: %s", model.spec.id, time.monotonic() - started, served.formats)
             loop.call_soon_threadsafe(self._loaded, model, served, None)
 
         threading.Thread(target=load, name=f"zhuzi-load-{model.spec.id}", daemon=True).start()

@@ -240,11 +240,9 @@ class Server:
         self.gateway.batches[served.name] = engine.config.max_num_seqs
         self.default = served
         stats = engine.stats()
-        formats = "harmony format" if self.harmony else f"tool calls in {self.tool_format.name}'s format" + (
-            ", reasoning parser on" if self.reasoning else "")
         log.info("model %s loaded: dtype %s, KV cache %d tokens (%d pages of %d), context %d tokens, %s",
                  self.model_name, engine.config.precision, stats.num_pages * engine.config.page_size,
-                 stats.num_pages, engine.config.page_size, engine.max_model_len, formats)
+                 stats.num_pages, engine.config.page_size, engine.max_model_len, served.formats)
         log.info("serving at http://%s:%d/v1", self.config.host, self.config.port)
 
     def start_loading(self, loop: asyncio.AbstractEventLoop) -> None:
