@@ -16,6 +16,9 @@ from pathlib import Path
 import httpx
 
 START_TIMEOUT_S = 180.0
+# Where a test does not need the engine's own process: its engine in a thread of the server process, one interpreter
+# start fewer (seconds)
+IN_THREAD = ("--no-engine-process",)
 
 
 @dataclass

@@ -14,7 +14,7 @@ import openai
 import pytest
 import tiny
 from open_responses import SpecTransport
-from server_process import ServerProcess, running_server
+from server_process import IN_THREAD, ServerProcess, running_server
 
 from zhuzi.tokenizer import Tokenizer
 
@@ -33,7 +33,7 @@ def gptoss(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerPro
     directory = tmp_path_factory.mktemp("harmony")
     tiny.build_harmony(directory, REPLY)
     with running_server(directory / "server.log", str(directory), "--dtype", "float32", "--num-threads", "1",
-                        "--served-model-name", "gptoss") as server:
+                        "--served-model-name", "gptoss", *IN_THREAD) as server:
         yield server, Tokenizer.load(directory)
 
 
@@ -43,7 +43,7 @@ def thinker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]
     directory = tmp_path_factory.mktemp("harmony-thinker")
     tiny.build_harmony(directory, THOUGHT)
     with running_server(directory / "server.log", str(directory), "--dtype", "float32", "--num-threads", "1",
-                        "--served-model-name", "gptoss") as server:
+                        "--served-model-name", "gptoss", *IN_THREAD) as server:
         yield server
 
 

@@ -12,7 +12,7 @@ import openai
 import pytest
 import tiny
 from open_responses import SpecTransport
-from server_process import ServerProcess, running_server
+from server_process import IN_THREAD, ServerProcess, running_server
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
@@ -22,7 +22,7 @@ def serve_tiny(tmp_path_factory: pytest.TempPathFactory, name: str, build) -> It
     directory = tmp_path_factory.mktemp(name)
     build(directory)
     with running_server(directory / "server.log", str(directory), "--dtype", "float32", "--num-threads", "1",
-                        "--served-model-name", name) as server:
+                        "--served-model-name", name, *IN_THREAD) as server:
         yield server
 
 

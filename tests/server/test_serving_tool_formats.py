@@ -19,7 +19,7 @@ import openai
 import pytest
 import tiny
 import torch
-from server_process import ServerProcess, running_server
+from server_process import IN_THREAD, ServerProcess, running_server
 
 from zhuzi.model.loader import default_model_path
 from zhuzi.server.common.tool_formats import FORMATS
@@ -90,7 +90,7 @@ def server(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         hf.chat_template = TEMPLATE.replace("CALL", call)
         hf.save_pretrained(models / name)
     with running_server(models / "server.log", "--models-dir", str(models), "--dtype", "float32", "--num-threads",
-                        "1", "--no-engine-process", "--kv-cache-memory", "4MiB") as server:
+                        "1", "--kv-cache-memory", "4MiB", *IN_THREAD) as server:
         yield server
 
 
