@@ -16,7 +16,7 @@ import openai
 import pytest
 from inspector import Inspector, launch
 from playwright.sync_api import Browser, expect, sync_playwright
-from server_process import ServerProcess, running_server
+from server_process import IN_THREAD, ServerProcess, running_server
 from tiny import linked, split_gguf
 
 
@@ -41,7 +41,8 @@ def keyed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPro
     # Dense weights: the API tests read the answers (Paris, then Berlin from the stored history), and SmolLM2's
     # greedy answers to them fork at a near-tie on its Q4_1 blocks, the default (llama.cpp's answers on the
     # same file are those of the blocks); other servers of the suite run the default.
-    with running_server(tmp_path_factory.mktemp("keyed") / "server.log", *keys, "--quantization", "none") as server:
+    with running_server(tmp_path_factory.mktemp("keyed") / "server.log", *keys, "--quantization", "none",
+                        *IN_THREAD) as server:
         yield server
 
 

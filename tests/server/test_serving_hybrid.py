@@ -12,7 +12,7 @@ import openai
 import pytest
 import tiny
 from prometheus_client.parser import text_string_to_metric_families
-from server_process import ServerProcess, running_server
+from server_process import IN_THREAD, ServerProcess, running_server
 
 from zhuzi import LLM, SamplingParams
 from zhuzi.model.loader import load_model_config
@@ -35,7 +35,7 @@ def server(model: Path) -> Iterator[ServerProcess]:
     host = 20 * state_bytes  # 10 states, the rest pages: more chats evict turn 1 from host memory too
     with running_server(model / "server.log", str(model), "--dtype", "float32", "--num-threads", "1",
                         "--served-model-name", "hybrid", "--kv-cache-memory", str(budget),
-                        "--kv-offload-memory", str(host), "--kv-offload-dir", str(model / "kv")) as running:
+                        "--kv-offload-memory", str(host), "--kv-offload-dir", str(model / "kv"), *IN_THREAD) as running:
         yield running
 
 

@@ -13,7 +13,7 @@ import time
 import httpx
 import openai
 import pytest
-from server_process import ServerProcess, running_server
+from server_process import IN_THREAD, ServerProcess, running_server
 
 MODEL = "smol"  # --served-model-name
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
@@ -27,7 +27,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> ServerProcess:
     keys = [arg for key in KEYS for arg in ("--api-key", key)]
     limits = ["--rate-limit-rpm", "3", "--rate-limit-tpm", "400", "--max-num-seqs", "1", "--max-waiting", "1"]
     with running_server(tmp_path_factory.mktemp("gateway") / "server.log", "--served-model-name", MODEL,
-                        *keys, *limits) as running:
+                        *keys, *limits, *IN_THREAD) as running:
         yield running
 
 

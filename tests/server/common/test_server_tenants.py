@@ -18,7 +18,7 @@ import anthropic
 import httpx
 import openai
 import pytest
-from server_process import ServerProcess, running_server
+from server_process import IN_THREAD, ServerProcess, running_server
 
 from zhuzi.server.common.gateway import key_id
 
@@ -42,7 +42,7 @@ class Tenancy:
         keys = [arg for key in (ALICE, BOB, QUOTA, SPARE) for arg in ("--api-key", key)]
         return self.stack.enter_context(running_server(
             self.root / f"server-{self.starts}.log", *keys, "--max-num-batched-tokens", str(BUDGET),
-            "--quota-tokens-per-day", f"{QUOTA}=30", "--responses-store", str(self.store)))
+            "--quota-tokens-per-day", f"{QUOTA}=30", "--responses-store", str(self.store), *IN_THREAD))
 
     def kill_and_restart(self) -> None:
         self.server.proc.kill()

@@ -16,7 +16,7 @@ import pytest
 from conftest import KEYS
 from open_responses import SpecTransport, check_event, check_response, check_stream
 from openai.types.responses import ResponseStreamEvent
-from server_process import ServerProcess, running_server
+from server_process import IN_THREAD, ServerProcess, running_server
 
 MODEL = "SmolLM2-135M-Instruct"
 GREEDY = {"model": MODEL, "temperature": 0, "max_output_tokens": 24}
@@ -308,7 +308,7 @@ def test_a_bad_field_is_a_400_naming_it(client: openai.OpenAI, change: dict, wor
 
 def test_a_stored_conversation_outlives_a_killed_server(tmp_path) -> None:
     store = str(tmp_path / "responses.sqlite3")
-    dense = ("--quantization", "none")  # as the keyed server (conftest.py): answers that name the cities
+    dense = ("--quantization", "none", *IN_THREAD)  # as the keyed server (conftest.py): answers that name the cities
     with running_server(tmp_path / "first.log", "--responses-store", store, *dense) as server:
         first = client_for(server, "none").responses.create(input="What is the capital of France?", **GREEDY)
         server.proc.send_signal(signal.SIGKILL)  # no chance to flush or close anything
