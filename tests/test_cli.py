@@ -1,5 +1,23 @@
-"""The command line as a user runs it: a real `zhuzi` process."""
+"""The command line as a user runs it.
+
+Two runners, one command line. `zhuzi(...)` starts a real `python -m zhuzi.cli` process; a process start
+(importing torch and transformers) costs about 5 s, so only the tests that need one pay it. `zhuzi_here(...)`
+runs the same main() in this process, its stdout, stderr and exit status captured as a process's would be.
+
+In a process of their own: generate and chat (they load and run a model), the CPU-kernel variant test
+(--cpu-kernels is the flag that, run for real, switches a process's kernels), and the errors that generate
+reports from its engine (EngineCore seeds torch's global RNG, and may set torch's threads, before a bad model
+path or architecture fails); these also keep the real process's stderr and exit status covered. In this process:
+every `plan` (arithmetic over a config, nothing loaded or selected), `models` (a directory scan), and the
+one-line errors that `serve` or a config check raises before any model is served. zhuzi_here restores
+os.environ (serve sets TOKENIZERS_PARALLELISM) and the root logger (main() calls logging.basicConfig) after each
+command, so nothing leaks from one test into the next.
+"""
+import contextlib
+import io
 import json
+import logging
+import os
 import platform
 import subprocess
 import sys
@@ -8,6 +26,7 @@ import gguf
 import pytest
 import tiny
 
+from zhuzi import cli
 from zhuzi.model import native
 from zhuzi.model.families import FAMILIES
 from zhuzi.model.loader import default_model_path, load_model_config
@@ -16,6 +35,33 @@ from zhuzi.model.loader import default_model_path, load_model_config
 def zhuzi(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "zhuzi.cli", "--log-level", "WARNING", *args], input=stdin,
                           capture_output=True, text=True, timeout=300)
+
+
+def zhuzi_here(*args: str) -> subprocess.CompletedProcess:
+    """zhuzi(*args) run by main() in this process (see the module's docstring): SystemExit's code as the
+    interpreter reports it (a message: on stderr, status 1; a number: the status; None: 0)."""
+    argv = ["--log-level", "WARNING", *args]
+    stdout, stderr = io.StringIO(), io.StringIO()
+    environ, root = dict(os.environ), logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    returncode = 0
+    try:
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            try:
+                cli.main(argv)
+            except SystemExit as exit_:
+                if exit_.code is None or isinstance(exit_.code, int):
+                    returncode = exit_.code or 0
+                else:
+                    print(exit_.code, file=sys.stderr)
+                    returncode = 1
+    finally:
+        os.environ.clear()
+        os.environ.update(environ)
+        root.handlers[:] = handlers
+        root.setLevel(level)
+    return subprocess.CompletedProcess([sys.executable, "-m", "zhuzi.cli", *argv], returncode, stdout.getvalue(),
+                                       stderr.getvalue())
 
 
 def test_generate_prints_a_sensible_continuation():
@@ -34,7 +80,7 @@ def test_chat_streams_replies_and_keeps_the_history():
 
 
 def test_plan_prints_the_weight_and_kv_arithmetic():
-    out = zhuzi("plan", "--kv-cache-memory", "4GiB", "--context", "4096", "--sequences", "4")
+    out = zhuzi_here("plan", "--kv-cache-memory", "4GiB", "--context", "4096", "--sequences", "4")
     assert out.returncode == 0, out.stderr
     assert "KV bytes per token: 2 x 30 layers x 3 kv_heads x 64 head_dim x 2 bytes = 23,040" in out.stdout
     assert "186,400 tokens" in out.stdout  # 4 GiB / (23,040 x 16) = 11,650 pages of 16
@@ -51,7 +97,7 @@ def test_plan_on_a_gpu_shows_both_memories_and_the_tokens_that_fit(tmp_path):
     the CPU: the last layer, the embedding and LM head (1000 x 64 each) and the final norm. The GPU's share
     int(2**30 x 0.9) less the weights and the 0.5 GiB reserve, over 2 x 3 layers x 2 kv_heads x 16 x 2 bytes."""
     tiny.config("llama", layers=4).save_pretrained(tmp_path)
-    out = zhuzi("plan", str(tmp_path), "--device", "cuda", "--n-gpu-layers", "3", "--gpu-memory", "1GiB")
+    out = zhuzi_here("plan", str(tmp_path), "--device", "cuda", "--n-gpu-layers", "3", "--gpu-memory", "1GiB")
     assert out.returncode == 0, out.stderr
     assert "layers 0-2 on cuda, layer 3 and the embedding and LM head on cpu" in out.stdout
     assert f"= 966,367,641 bytes: weights of 3 layers {3 * 36_992 * 2:,}" in out.stdout
@@ -67,15 +113,15 @@ def test_plan_reads_a_models_preset_beneath_the_flags_given(tmp_path):
     preset = tmp_path / "models.toml"
     preset.write_text(f"[default]\nkv-cache-memory = '1GiB'\n[smol]\nmodel = '{default_model_path()}'\n"
                       "kv-cache-dtype = 'q8_0'\nblock-size = 32\n")
-    out = zhuzi("plan", "--models-preset", str(preset), "smol", "--block-size", "64")
+    out = zhuzi_here("plan", "--models-preset", str(preset), "smol", "--block-size", "64")
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith(f'preset [smol] of {preset}: kv-cache-memory = "1GiB", model = "')
     assert "x 1.0625 bytes (q8_0: 8-bit values and an fp16 scale per 32) = 12,240" in out.stdout
     assert "KV pool: 1,073,741,824 bytes = 1,370 pages of 64 tokens" in out.stdout  # 2**30 // (12,240 x 64)
-    out = zhuzi("plan", "--models-preset", str(preset), str(default_model_path()))  # no table: [default]'s
+    out = zhuzi_here("plan", "--models-preset", str(preset), str(default_model_path()))  # no table: [default]'s
     assert "x 2 bytes = 23,040" in out.stdout and "KV pool: 1,073,741,824 bytes = 2,912 pages of 16" in out.stdout
     preset.write_text("[smol]\nblock_size = 32\n")
-    out = zhuzi("plan", "--models-preset", str(preset), "smol")
+    out = zhuzi_here("plan", "--models-preset", str(preset), "smol")
     assert out.returncode != 0 and out.stderr.strip().count("\n") == 0
     assert f"{preset} [smol] block_size: unknown key (did you mean block-size?)" in out.stderr
 
@@ -85,7 +131,7 @@ def test_plan_of_a_mixture_of_experts_counts_the_experts_a_step_reads(tmp_path):
     each layer (float32 values held as bf16)."""
     hf = tiny.build("qwen3_moe", tmp_path)
     path = tiny.write_gguf(tmp_path / "moe.gguf", hf, "qwen3_moe")
-    out = zhuzi("plan", "--model", str(path))
+    out = zhuzi_here("plan", "--model", str(path))
     assert out.returncode == 0, out.stderr
     values = sum(t.numel() for t in hf.state_dict().values())
     step = 2 * (values - (1000 - 1) * 64 - 2 * 2 * 3 * 64 * 32)
@@ -95,7 +141,7 @@ def test_plan_of_a_mixture_of_experts_counts_the_experts_a_step_reads(tmp_path):
 
 
 def test_plan_counts_a_q8_0_kv_cache_at_about_half_the_bytes():
-    out = zhuzi("plan", "--kv-cache-memory", "4GiB", "--kv-cache-dtype", "q8_0")
+    out = zhuzi_here("plan", "--kv-cache-memory", "4GiB", "--kv-cache-dtype", "q8_0")
     assert out.returncode == 0, out.stderr
     assert ("KV bytes per token: 2 x 30 layers x 3 kv_heads x 64 head_dim x 1.0625 bytes (q8_0: 8-bit values and an "
             "fp16 scale per 32) = 12,240") in out.stdout  # 17/32 of bf16's 23,040
@@ -103,14 +149,14 @@ def test_plan_counts_a_q8_0_kv_cache_at_about_half_the_bytes():
 
 
 def test_plan_of_dense_weights():
-    out = zhuzi("plan", "--quantization", "none")
+    out = zhuzi_here("plan", "--quantization", "none")
     assert out.returncode == 0, out.stderr
     assert "weights: 269,030,016 bytes (257 MiB) in memory: dense (2-byte values)" in out.stdout
 
 
 @pytest.mark.parametrize("kernels", [v.name for v in native.runnable() if v.name in ("avx512", "avx2")])
 def test_plan_says_which_dtype_auto_picked_and_why(kernels):
-    out = zhuzi("plan", "--cpu-kernels", kernels, "--quantization", "none")
+    out = zhuzi_here("plan", "--cpu-kernels", kernels, "--quantization", "none")
     assert out.returncode == 0, out.stderr
     if kernels == "avx512":
         assert "dtype auto: bfloat16; the avx512 kernels compute bf16 natively; CPU kernels avx512" in out.stdout
@@ -140,13 +186,13 @@ def test_a_bad_model_path_is_a_one_line_error():
     (["--models-dir", ".", "--keep-alive", "soon"], "'soon' is not a duration"),
 ])
 def test_a_bad_models_dir_or_keep_alive_is_a_one_line_error(args, error):
-    out = zhuzi("serve", *args)
+    out = zhuzi_here("serve", *args)
     assert out.returncode != 0 and out.stderr.strip().count("\n") == 0
     assert error in out.stderr
 
 
 def test_a_bad_speculative_config_is_a_one_line_error():
-    out = zhuzi("generate", "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 0}', "hi")
+    out = zhuzi_here("generate", "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 0}', "hi")
     assert out.returncode != 0 and out.stderr.strip().count("\n") == 0
     assert "num_speculative_tokens must be an integer in [1, 64], got 0" in out.stderr
 
@@ -154,7 +200,7 @@ def test_a_bad_speculative_config_is_a_one_line_error():
 @pytest.mark.parametrize("flag, error", [("--tool-call-parser", "no parser 'hermes2'; choose from openai,"),
                                          ("--reasoning-parser", "no parser 'hermes2'; choose from deepseek_r1,")])
 def test_a_parser_that_does_not_exist_is_a_one_line_error_before_the_model_loads(flag: str, error: str):
-    out = zhuzi("serve", "--port", "1", flag, "hermes2")
+    out = zhuzi_here("serve", "--port", "1", flag, "hermes2")
     assert out.returncode != 0 and out.stderr.strip().count("\n") == 0
     assert error in out.stderr
 
@@ -176,7 +222,7 @@ def gpt2_checkpoint(tmp_path, form: str):
 def test_an_architecture_zhuzi_does_not_run_is_a_one_line_error_listing_those_it_does(tmp_path, command, form):
     path, name = gpt2_checkpoint(tmp_path, form)
     args = ("generate", "--model", str(path), "hi") if command == "generate" else ("serve", str(path), "--port", "1")
-    out = zhuzi(*args)
+    out = (zhuzi if command == "generate" else zhuzi_here)(*args)  # generate: its own process (see the top)
     assert out.returncode != 0 and out.stderr.strip().count("\n") == 0, out.stderr
     assert f"unknown architecture {name}" in out.stderr
     assert all(f.hf_class in out.stderr and f"GGUF {f.gguf_arch}" in out.stderr for f in FAMILIES.values())
@@ -189,7 +235,7 @@ def test_plan_of_a_hybrid_counts_attention_layers_kv_and_each_sequences_states(t
     config = load_model_config(tmp_path)
     assert config.num_parameters == sum(p.numel() for name, p in hf.named_parameters()
                                         if ".q_norm." not in name and ".k_norm." not in name)
-    run = zhuzi("plan", "--model", str(tmp_path), "--dtype", "float32", "--kv-cache-memory",
+    run = zhuzi_here("plan", "--model", str(tmp_path), "--dtype", "float32", "--kv-cache-memory",
                 str(9 * config.state_bytes), "--context", "40", "--sequences", "2")
     assert run.returncode == 0, run.stderr
     out = run.stdout
@@ -203,11 +249,11 @@ def test_models_lists_a_directorys_models_as_a_table_and_the_skipped_files_on_st
     gpt2, _ = gpt2_checkpoint(tmp_path, "gguf")
     (tmp_path / "mmproj-F16.gguf").write_bytes(b"")
     monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "none"))
-    out = zhuzi("models", "--models-dir", str(tmp_path), "--models-dir", "ollama")
+    out = zhuzi_here("models", "--models-dir", str(tmp_path), "--models-dir", "ollama")
     assert out.returncode != 0 and out.stderr.strip() == \
         f"zhuzi: error: --models-dir: {tmp_path / 'none' / 'manifests'} is not a directory (Ollama's store, " \
         "$OLLAMA_MODELS or ~/.ollama/models)"
-    out = zhuzi("models", "--models-dir", str(tmp_path))
+    out = zhuzi_here("models", "--models-dir", str(tmp_path))
     assert out.returncode == 0, out.stderr
     header, *rows = out.stdout.splitlines()
     assert header.split() == ["ID", "SIZE", "FAMILY", "RUNS", "PATH"]
@@ -221,7 +267,7 @@ def test_models_lists_a_directorys_models_as_a_table_and_the_skipped_files_on_st
 def test_models_without_a_models_dir_reads_the_stores_a_person_has(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "no-hub"))
     monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "ollama"))
-    out = zhuzi("models")
+    out = zhuzi_here("models")
     assert out.returncode == 0 and out.stdout.split() == ["ID", "SIZE", "FAMILY", "RUNS", "PATH"]
     assert "no --models-dir given, and no Hugging Face cache or Ollama store here" in out.stderr
     blob = tmp_path / "ollama" / "blobs" / ("sha256-" + "1" * 64)
@@ -231,6 +277,6 @@ def test_models_without_a_models_dir_reads_the_stores_a_person_has(tmp_path, mon
     manifest.parent.mkdir(parents=True)
     manifest.write_text(json.dumps({"layers": [{"mediaType": "application/vnd.ollama.image.model",
                                                 "digest": "sha256:" + "1" * 64}]}))
-    out = zhuzi("models")
+    out = zhuzi_here("models")
     assert out.returncode == 0 and out.stderr == ""
     assert out.stdout.splitlines()[1].split()[:5] == ["smollm2:latest", "98", "MB", "llama", "yes"]
