@@ -14,8 +14,8 @@ from pathlib import Path
 
 import openai
 import pytest
-from inspector import Inspector, launch
-from playwright.sync_api import Browser, expect, sync_playwright
+from inspector import Inspector, inspecting, launch
+from playwright.sync_api import Browser, sync_playwright
 from server_process import IN_THREAD, ServerProcess, running_server
 from tiny import linked, split_gguf
 
@@ -105,11 +105,5 @@ def browser() -> Iterator[Browser]:
 
 @pytest.fixture
 def inspector(browser: Browser, inspect_server: ServerProcess) -> Iterator[Inspector]:
-    expect.set_options(timeout=60_000)  # inspection calls share two busy cores with the step loop
-    context = browser.new_context(viewport={"width": 1500, "height": 950})
-    page = context.new_page()
-    page.set_default_timeout(60_000)
-    ui = Inspector(page, inspect_server).open()
-    yield ui
-    context.close()
-    assert ui.errors == [], f"the browser console logged errors: {ui.errors}"
+    with inspecting(browser, inspect_server) as ui:
+        yield ui

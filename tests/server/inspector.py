@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -21,6 +23,19 @@ def launch(playwright: Playwright) -> Browser:
     if not CHROMIUM.exists():
         raise RuntimeError(f"{CHROMIUM} is missing: `make test` installs Debian's chromium package")
     return playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+
+
+@contextmanager
+def inspecting(browser: Browser, server: ServerProcess) -> Iterator[Inspector]:
+    """The page on the server in a context of its own; on the way out, no error may have reached its console."""
+    expect.set_options(timeout=60_000)  # inspection calls share two busy cores with the step loop
+    context = browser.new_context(viewport={"width": 1500, "height": 950})
+    page = context.new_page()
+    page.set_default_timeout(60_000)
+    inspector = Inspector(page, server).open()
+    yield inspector
+    context.close()
+    assert inspector.errors == [], f"the browser console logged errors: {inspector.errors}"
 
 
 @dataclass

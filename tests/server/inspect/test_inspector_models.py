@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from inspector import Inspector
+from inspector import Inspector, inspecting
 from playwright.sync_api import Browser, expect
 from server_process import ServerProcess
 
@@ -15,14 +15,8 @@ from server_process import ServerProcess
 def ui(browser: Browser, models_server: ServerProcess) -> Iterator[Inspector]:
     models_server.post("/models/unload", {"model": "b"})
     models_server.post("/models/load", {"model": "a"})  # the page picks a loaded model
-    expect.set_options(timeout=60_000)
-    context = browser.new_context(viewport={"width": 1500, "height": 950})
-    page = context.new_page()
-    page.set_default_timeout(60_000)
-    inspector = Inspector(page, models_server).open()
-    yield inspector
-    context.close()
-    assert inspector.errors == [], f"the browser console logged errors: {inspector.errors}"
+    with inspecting(browser, models_server) as inspector:
+        yield inspector
 
 
 def test_the_page_lists_the_models_and_a_picked_one_answers_the_next_message(ui: Inspector) -> None:
